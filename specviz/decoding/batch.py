@@ -1,0 +1,64 @@
+"""The padded batch layout shared by every batched decoder.
+
+A batch is a grid of slots: `tokens` (B, S) and `valid` (B, S). A row's real
+tokens are its valid slots; everything else (left padding, and stale slots
+where a faulty engine leaves them) is masked. Padding is tracked by the mask,
+never by token value: SmolLM2's pad token is also its EOS token.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def left_pad(seqs: list[list[int]], device: torch.device, min_width: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, valid) with every row right-aligned at the same last slot."""
+    width = max(min_width, max(len(s) for s in seqs))
+    tokens = torch.zeros(len(seqs), width, dtype=torch.long)
+    valid = torch.zeros(len(seqs), width, dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        if s:
+            tokens[i, width - len(s):] = torch.tensor(s)
+            valid[i, width - len(s):] = True
+    return tokens.to(device), valid.to(device)
+
+
+def positions(valid: torch.Tensor) -> torch.Tensor:
+    """I2: a slot's position is the number of real tokens before it (0 at the first)."""
+    return (valid.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def attention_bias(valid: torch.Tensor, q_start: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive 4D mask (B, 1, q, kv) for the queries at slots q_start.. over keys 0..S-1.
+
+    A query sees the valid slots at or before it, and always itself: a pad
+    query then attends to something finite instead of producing NaNs that
+    would leak into the cache.
+    """
+    _, S = valid.shape
+    q = torch.arange(q_start, S, device=valid.device)[:, None]
+    kv = torch.arange(S, device=valid.device)[None, :]
+    allowed = (valid[:, None, :] & (kv <= q)[None]) | (kv == q)[None]
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=valid.device)
+    bias.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return bias[:, None]
+
+
+def forward(model, tokens: torch.Tensor, valid: torch.Tensor, q_start: int, cache, vocab: int,
+            pos: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
+    """Run `model` on slots q_start.. of the layout (earlier slots are in `cache`).
+
+    Returns float logits sliced to the shared vocabulary: (B, q, vocab), or
+    (B, 1, vocab) with last_only. `pos` overrides the mask-derived positions
+    (a fault policy may do that; a correct engine never does).
+    """
+    if pos is None:
+        pos = positions(valid)[:, q_start:]
+    out = model(
+        input_ids=tokens[:, q_start:],
+        attention_mask=attention_bias(valid, q_start, model.dtype),
+        position_ids=pos,
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1 if last_only else 0,
+    )
+    return out.logits[..., :vocab].float()

@@ -1,0 +1,37 @@
+"""What every decoder returns, whatever its method."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+Progress = Callable[[int], None]  # called with the number of new tokens just produced
+
+
+@dataclass
+class SequenceOutput:
+    ids: list[int]  # generated ids, through the first EOS, never past it
+    margins: list[float] = field(default_factory=list)  # target top-1 minus top-2 logit per generated token
+
+
+@dataclass
+class DecodeResult:
+    outputs: list[SequenceOutput]
+    seconds: float  # decode wall time, model loading excluded
+    rounds: list = field(default_factory=list)  # speculative methods: their per-round trace records
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(o.ids) for o in self.outputs)
+
+
+def top2_margin(logits: torch.Tensor) -> torch.Tensor:
+    """Top-1 minus top-2 logit along the last dim: how close the argmax was to flipping."""
+    top = logits.topk(2, dim=-1).values
+    return top[..., 0] - top[..., 1]
+
+
+def chunks(n: int, size: int) -> list[range]:
+    """Static batches: consecutive prompts, `size` at a time."""
+    return [range(i, min(i + size, n)) for i in range(0, n, size)]

@@ -1,0 +1,75 @@
+"""The only module that touches transformers' cache internals.
+
+transformers 5.x `DynamicCache` keeps one layer object per decoder layer with
+`keys` and `values` of shape (batch, kv_heads, slots, head_dim). Slot j of a
+row holds the K/V of that row's layout slot j (see decoding/batch.py).
+Keys are stored after RoPE, so moving a row's entries to other slots is valid
+only because the row's logical positions do not change when its padding does.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+def new(model) -> DynamicCache:
+    return DynamicCache(config=model.config)
+
+
+def length(cache: DynamicCache) -> int:
+    return cache.get_seq_length()
+
+
+def crop(cache: DynamicCache, slots: int) -> None:
+    """Keep the first `slots` slots of every row."""
+    extra = length(cache) - slots
+    if extra > 0:
+        cache.crop(-extra)
+
+
+def gather(cache: DynamicCache, rows: torch.Tensor, src: torch.Tensor) -> None:
+    """Rebuild the cache in one indexing op per layer: new row r, slot j takes
+    old row rows[r], slot src[r, j]. Per-row shifts, crops, dropped rows and
+    compaction are all special cases of this."""
+    rows = rows[:, None]
+    for layer in cache.layers:
+        if layer.keys is None or layer.keys.numel() == 0:
+            continue
+        layer.keys = layer.keys[rows, :, src].transpose(1, 2).contiguous()
+        layer.values = layer.values[rows, :, src].transpose(1, 2).contiguous()
+
+
+def select_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
+    cache.batch_select_indices(rows)
+
+
+def row_kv(cache: DynamicCache, layer: int, row: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(keys, values) of one row in one layer: (kv_heads, slots, head_dim)."""
+    lay = cache.layers[layer]
+    return lay.keys[row], lay.values[row]
+
+
+def split(cache: DynamicCache) -> list[DynamicCache]:
+    """One single-row cache per batch row (cross-batch scheduling keeps these)."""
+    batch = cache.layers[0].keys.shape[0]
+    return [
+        DynamicCache(ddp_cache_data=[(lay.keys[i : i + 1], lay.values[i : i + 1]) for lay in cache.layers])
+        for i in range(batch)
+    ]
+
+
+def merge(caches: list[DynamicCache]) -> DynamicCache:
+    """Stack single-row caches into one batch, left-padding each to the longest
+    (pad slots hold zeros and must be masked)."""
+    lengths = [length(c) for c in caches]
+    width = max(lengths)
+    data = []
+    for li in range(len(caches[0].layers)):
+        ks, vs = [], []
+        for c, n in zip(caches, lengths):
+            k, v = c.layers[li].keys, c.layers[li].values
+            pad = width - n
+            ks.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
+            vs.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
+        data.append((torch.cat(ks), torch.cat(vs)))
+    return DynamicCache(ddp_cache_data=data)

@@ -1,0 +1,49 @@
+"""Metrics over a Trace, as defined in the UI glossary (DESIGN §5)."""
+from __future__ import annotations
+
+from .trace import Trace, first_difference
+
+PHASES = ("draft", "verify", "realign", "trace")
+
+
+def acceptance_rate(trace: Trace) -> float | None:
+    """Accepted draft tokens / proposed draft tokens, over active rows."""
+    proposed = sum(len(r.draft_tokens) for r in trace.rows)
+    return sum(r.accepted for r in trace.rows) / proposed if proposed else None
+
+
+def tokens_per_round(trace: Trace) -> float | None:
+    """Emitted tokens / (round, row) records: what one row gains per round, bonus included."""
+    return sum(len(r.emitted) for r in trace.rows) / len(trace.rows) if trace.rows else None
+
+
+def per_position_acceptance(trace: Trace) -> list[float]:
+    """P(draft j accepted | drafts before j accepted), for j = 1..k."""
+    k = trace.manifest.spec.k
+    reached = [sum(r.accepted >= j for r in trace.rows) for j in range(k)]
+    kept = [sum(r.accepted > j for r in trace.rows) for j in range(k)]
+    return [kept[j] / reached[j] if reached[j] else float("nan") for j in range(k)]
+
+
+def phase_seconds(trace: Trace) -> dict[str, float]:
+    return {p: sum(r.timings.get(p, 0.0) for r in trace.rounds) for p in PHASES}
+
+
+def prefix_match(output: list[int], reference: list[int]) -> float:
+    """Fraction of the reference's tokens produced before the first difference."""
+    fork = first_difference(output, reference)
+    if fork is None or not reference:
+        return 1.0
+    return min(fork, len(reference)) / len(reference)
+
+
+def equivalence(trace: Trace) -> dict[str, float]:
+    """Exact match and mean prefix match against the reference, on token ids (fractions)."""
+    seqs = [s for s in trace.sequences if s.reference_ids is not None]
+    if not seqs:
+        return {}
+    return {
+        "exact": sum(s.equivalent for s in seqs) / len(seqs),
+        "prefix": sum(prefix_match(s.output_ids, s.reference_ids) for s in seqs) / len(seqs),
+        "n": len(seqs),
+    }

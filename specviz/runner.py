@@ -1,0 +1,56 @@
+"""From a RunSpec to a Trace: load the pair, encode the prompts, decode with
+the asked method, decode the batch-size-1 reference beside it, record."""
+from __future__ import annotations
+
+import functools
+from .decoding.assisted import hf_assisted
+from .decoding.eqspec import eqspec
+from .decoding.reference import batched_reference, reference
+from .decoding.result import DecodeResult, Progress
+from .models import ModelPair, pair_for
+from .spec import MAX_PROMPT_TOKENS, RunSpec, SpecError
+from .trace import Trace, build_trace
+
+
+
+def encode(spec: RunSpec, pair: ModelPair) -> list[list[int]]:
+    ids = pair.encode(spec.prompts, spec.chat_template)
+    total = sum(len(x) for x in ids)
+    if total > MAX_PROMPT_TOKENS:
+        raise SpecError(f"prompts total {total} tokens; the limit is {MAX_PROMPT_TOKENS}")
+    return ids
+
+
+def decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record: bool = True,
+           progress: Progress | None = None) -> DecodeResult:
+    m = spec.method
+    if m == "reference":
+        return reference(pair, prompt_ids, spec.max_new_tokens, progress)
+    if m == "batched-reference":
+        return batched_reference(pair, prompt_ids, spec.batch_size, spec.max_new_tokens, progress)
+    if m == "hf-assisted":
+        if spec.batch_size != 1:
+            raise SpecError("hf-assisted runs at batch size 1 only (transformers refuses more)")
+        return hf_assisted(pair, prompt_ids, spec.k, spec.max_new_tokens, progress)
+    if m == "eqspec":
+        return eqspec(pair, prompt_ids, spec.batch_size, spec.k, spec.max_new_tokens, record, progress)
+    raise SpecError(f"unknown method {m!r}")
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_reference(pair: ModelPair, prompt_ids: tuple[tuple[int, ...], ...], max_new_tokens: int) -> DecodeResult:
+    return reference(pair, [list(x) for x in prompt_ids], max_new_tokens)
+
+
+def reference_for(pair: ModelPair, prompt_ids: list[list[int]], max_new_tokens: int) -> DecodeResult:
+    """The batch-size-1 reference, computed once per process for the same pair and prompts."""
+    return _cached_reference(pair, tuple(tuple(x) for x in prompt_ids), max_new_tokens)
+
+
+def run(spec: RunSpec, record: bool = True, with_reference: bool = True, progress: Progress | None = None,
+        trust_remote_code: bool = False) -> Trace:
+    pair = pair_for(spec, trust_remote_code)
+    prompt_ids = encode(spec, pair)
+    result = decode(spec, pair, prompt_ids, record, progress)
+    ref = reference_for(pair, prompt_ids, spec.max_new_tokens) if with_reference else None
+    return build_trace(spec, pair, prompt_ids, result, ref)

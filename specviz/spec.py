@@ -1,0 +1,111 @@
+"""RunSpec: the validated, hashable, canonical description of one run.
+
+Everything that decides a run's token ids lives here, so that a spec can be
+hashed (cache key, trace fingerprint) and round-tripped through a share link.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+METHODS = ("reference", "batched-reference", "hf-assisted", "eqspec")
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+DEVICES = ("auto", "cpu", "cuda")
+
+MAX_BATCH_SIZE = 64
+MAX_K = 16
+MAX_NEW_TOKENS = 1024
+MAX_PROMPTS = 4096
+MAX_PROMPT_CHARS = 400_000  # all prompts together; the token bound is checked at encoding
+MAX_PROMPT_TOKENS = 131_072  # all prompts together, after tokenization
+
+EMBEDDED_TARGET = "specviz:smollm2-135m"
+EMBEDDED_DRAFT = "specviz:smollm2-135m-draft"
+TINY_TARGET = "specviz:tiny"
+TINY_DRAFT = "specviz:tiny-draft"
+
+
+class SpecError(ValueError):
+    """A run that cannot be done as asked; the message says what to change."""
+
+
+class RunSpec(BaseModel):
+    """A run: which pair, which prompts, which method, and the knobs that matter."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    target: str = EMBEDDED_TARGET
+    draft: str = EMBEDDED_DRAFT
+    target_revision: str | None = None
+    draft_revision: str | None = None
+    prompts: tuple[str, ...] = Field(min_length=1, max_length=MAX_PROMPTS)
+    chat_template: bool = True
+    method: Literal[METHODS] = "eqspec"
+    batch_size: int = Field(4, ge=1, le=MAX_BATCH_SIZE)
+    k: int = Field(5, ge=1, le=MAX_K)
+    max_new_tokens: int = Field(48, ge=1, le=MAX_NEW_TOKENS)
+    dtype: Literal[DTYPES] = "float32"
+    device: Literal[DEVICES] = "auto"
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    temperature: float = 0.0
+
+    @field_validator("target", "draft")
+    @classmethod
+    def _model_id(cls, v: str) -> str:
+        v = v.strip()
+        if not v:
+            raise ValueError("model id must not be empty")
+        return v
+
+    @field_validator("prompts")
+    @classmethod
+    def _prompts(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for i, p in enumerate(v):
+            if not p.strip():
+                raise ValueError(f"prompt {i} is empty")
+        total = sum(len(p) for p in v)
+        if total > MAX_PROMPT_CHARS:
+            raise ValueError(f"prompts total {total} characters; the limit is {MAX_PROMPT_CHARS}")
+        return v
+
+    @field_validator("temperature")
+    @classmethod
+    def _greedy_only(cls, v: float) -> float:
+        if v != 0.0:
+            raise ValueError("only greedy decoding (temperature 0) is implemented")
+        return v
+
+    @model_validator(mode="after")
+    def _pair(self) -> "RunSpec":
+        if (self.target == EMBEDDED_TARGET) != (self.draft == EMBEDDED_DRAFT) or (
+            self.target == TINY_TARGET
+        ) != (self.draft == TINY_DRAFT):
+            raise ValueError("the built-in drafts only pair with their own targets")
+        return self
+
+    def canonical_json(self) -> str:
+        """Stable text form: sorted keys, no whitespace; the basis of hashing and links."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    def key(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
+
+    @classmethod
+    def build(cls, **fields) -> "RunSpec":
+        """Validate `fields`, turning pydantic's report into one readable SpecError."""
+        try:
+            return cls(**fields)
+        except ValidationError as e:
+            raise SpecError(describe_validation_error(e)) from None
+
+
+def describe_validation_error(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors():
+        where = ".".join(str(x) for x in err["loc"]) or "spec"
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{where}: {msg}")
+    return "; ".join(parts)

@@ -1,0 +1,250 @@
+"""The Trace: the one contract between the engine and everything after it.
+
+Plain, JSON-serializable, versioned data: a manifest, the prompts with their
+ids, one record per (round, row), one per round, one per sequence. Pydantic
+defines it, validates uploads and emits the JSON Schema (docs/trace.schema.json).
+The engine records tensors in bulk; Python objects are built here, once.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import platform
+from importlib.metadata import version
+from typing import Literal
+
+import pandas as pd
+import torch
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from .decoding.eqspec import RoundData
+from .decoding.result import DecodeResult
+from .models import ModelPair
+from .spec import RunSpec, SpecError, describe_validation_error
+
+SCHEMA_VERSION = 1
+MAX_TRACE_BYTES = 64 * 2**20
+
+Source = Literal["draft", "correction", "bonus"]
+CHECKS = ("rectangular", "positions", "mask", "kv", "draft_kv", "bonus")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RowRecord(_Strict):
+    """One row of one round: what was drafted, verified, kept, and the state around it."""
+
+    round: int
+    batch: int
+    row: int
+    seq: int
+    draft_tokens: list[int]
+    draft_probs: list[float]  # the draft's probability of each of its tokens
+    target_tokens: list[int]  # the target's argmax at each of the k+1 verified slots
+    target_probs: list[float]
+    target_margins: list[float]  # top-1 minus top-2 target logit at each verified slot
+    accepted: int
+    emitted: list[int]
+    sources: list[Source]
+    finished: bool
+    pad_before: int
+    pad_after: int | None  # None: the row finished and left the batch
+    content_before: int
+    content_after: int | None
+    pos_first: int  # position ids fed to the target's verify pass: first and last
+    pos_last: int
+    mask_sum: int  # slots visible to the first verified token
+    target_kv_before: int
+    target_kv_after: int | None
+    draft_kv_before: int
+    draft_kv_after: int | None
+    delta: int  # slots this row's KV moved by in the realignment
+    checks: dict[str, bool]  # invariant checks at the start of / during this round
+
+
+class RoundRecord(_Strict):
+    round: int
+    batch: int
+    seqs: list[int]
+    realigned: bool  # caches gathered (some row's offset changed), else only cropped
+    timings: dict[str, float]  # seconds: draft, verify, realign, trace
+
+
+class PromptRecord(_Strict):
+    seq: int
+    text: str
+    ids: list[int]
+
+
+class SequenceRecord(_Strict):
+    seq: int
+    output_ids: list[int]
+    margins: list[float]
+    reference_ids: list[int] | None = None
+    first_divergence: int | None = None  # first index where output_ids and reference_ids differ
+    equivalent: bool | None = None
+
+
+class Manifest(_Strict):
+    spec: RunSpec
+    pair: dict[str, str | None]
+    versions: dict[str, str]
+    device: str
+    device_name: str
+    deterministic: dict[str, bool]
+    created: str
+    decode_seconds: float
+    reference_seconds: float | None = None
+    fingerprint: str  # hash of the spec and every decision: equal fingerprints, equal runs
+
+
+class Trace(_Strict):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    manifest: Manifest
+    prompts: list[PromptRecord]
+    rounds: list[RoundRecord]
+    rows: list[RowRecord]
+    sequences: list[SequenceRecord]
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "Trace":
+        """Parse and validate a trace file; every problem becomes one readable SpecError."""
+        if len(text) > MAX_TRACE_BYTES:
+            raise SpecError(f"trace file is {len(text) / 2**20:.1f} MiB; the limit is {MAX_TRACE_BYTES // 2**20} MiB")
+        try:
+            raw = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise SpecError(f"not a trace file: invalid JSON ({e})") from None
+        if not isinstance(raw, dict) or raw.get("schema_version") != SCHEMA_VERSION:
+            found = raw.get("schema_version") if isinstance(raw, dict) else None
+            raise SpecError(f"not a specviz trace of schema version {SCHEMA_VERSION} (found {found!r})")
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as e:
+            raise SpecError("invalid trace: " + describe_validation_error(e)) from None
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """First index where two id lists differ (a length difference counts); None if equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _environment(pair: ModelPair) -> dict:
+    dev = pair.device
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or platform.machine())
+    return {
+        "versions": {
+            "specviz": version("specviz"),
+            "torch": torch.__version__,
+            "transformers": version("transformers"),
+            "python": platform.python_version(),
+        },
+        "device": str(dev),
+        "device_name": name,
+        "deterministic": {
+            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+            "cudnn_deterministic": torch.backends.cudnn.deterministic,
+            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        },
+    }
+
+
+def _row_records(rounds: list[RoundData]) -> tuple[list[RoundRecord], list[RowRecord]]:
+    round_recs, row_recs = [], []
+    for r, rd in enumerate(rounds):
+        round_recs.append(RoundRecord(round=r, batch=rd.batch, seqs=rd.seqs, realigned=rd.realigned, timings=rd.timings))
+        ints = {n: t.tolist() for n, t in rd.ints.items()}
+        floats = {n: t.tolist() for n, t in rd.floats.items()}
+        checks = {n: t.tolist() for n, t in rd.checks.items()}
+        for row, seq in enumerate(rd.seqs):
+            a, m = ints["accepted"][row], ints["n_emitted"][row]
+            sources = ["draft"] * a + ["bonus" if a == rd.k else "correction"]
+            row_recs.append(RowRecord(
+                round=r, batch=rd.batch, row=row, seq=seq,
+                draft_tokens=ints["draft_tokens"][row], draft_probs=floats["draft_probs"][row],
+                target_tokens=ints["target_tokens"][row], target_probs=floats["target_probs"][row],
+                target_margins=floats["target_margins"][row],
+                accepted=a, emitted=ints["emitted"][row][:m], sources=sources[:m],
+                finished=bool(ints["finished"][row]),
+                **{f: (None if ints[f][row] < 0 else ints[f][row])
+                   for f in ("pad_after", "content_after", "target_kv_after", "draft_kv_after")},
+                **{f: ints[f][row] for f in ("pad_before", "content_before", "pos_first", "pos_last",
+                                             "mask_sum", "target_kv_before", "draft_kv_before", "delta")},
+                checks={n: bool(v[row]) for n, v in checks.items()},
+            ))
+    return round_recs, row_recs
+
+
+def fingerprint(spec: RunSpec, sequences: list[SequenceRecord], rows: list[RowRecord]) -> str:
+    decisions = {
+        "spec": spec.canonical_json(),
+        "outputs": [s.output_ids for s in sequences],
+        "accepted": [r.accepted for r in rows],
+    }
+    return hashlib.sha256(json.dumps(decisions, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def build_trace(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result: DecodeResult,
+                reference: DecodeResult | None = None) -> Trace:
+    rounds, rows = _row_records(result.rounds)
+    sequences = []
+    for seq, out in enumerate(result.outputs):
+        ref = reference.outputs[seq].ids if reference else None
+        fork = first_difference(out.ids, ref) if ref is not None else None
+        sequences.append(SequenceRecord(
+            seq=seq, output_ids=out.ids, margins=out.margins, reference_ids=ref,
+            first_divergence=fork, equivalent=None if ref is None else fork is None,
+        ))
+    manifest = Manifest(
+        spec=spec,
+        pair={k: (None if v is None else str(v)) for k, v in pair.info.items()},
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        decode_seconds=result.seconds,
+        reference_seconds=reference.seconds if reference else None,
+        fingerprint=fingerprint(spec, sequences, rows),
+        **_environment(pair),
+    )
+    prompts = [PromptRecord(seq=i, text=t, ids=ids) for i, (t, ids) in enumerate(zip(spec.prompts, prompt_ids))]
+    return Trace(manifest=manifest, prompts=prompts, rounds=rounds, rows=rows, sequences=sequences)
+
+
+# ---------------------------------------------------------------- tidy views
+
+
+def rows_frame(trace: Trace) -> pd.DataFrame:
+    """One line per (round, row); checks as boolean columns `check_<name>`."""
+    records = []
+    for r in trace.rows:
+        d = r.model_dump(exclude={"checks"})
+        d.update({f"check_{n}": v for n, v in r.checks.items()})
+        records.append(d)
+    return pd.DataFrame.from_records(records)
+
+
+def tokens_frame(trace: Trace) -> pd.DataFrame:
+    """One line per emitted token: where it came from and what both models thought of it."""
+    records, index = [], {}
+    for r in trace.rows:
+        for j, (tok, src) in enumerate(zip(r.emitted, r.sources)):
+            i = index.get(r.seq, 0)
+            index[r.seq] = i + 1
+            records.append({
+                "seq": r.seq, "index": i, "token": tok, "source": src, "round": r.round, "row": r.row,
+                "draft_prob": r.draft_probs[j] if src == "draft" else None,
+                "target_prob": r.target_probs[j], "target_margin": r.target_margins[j],
+                "target_kv": r.target_kv_before + 1 + j,
+            })
+    return pd.DataFrame.from_records(records)
+
+
+def schema() -> dict:
+    return Trace.model_json_schema()

@@ -1,0 +1,30 @@
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every test runs offline, as on CI
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+
+from specviz.models import load_pair  # noqa: E402
+from specviz.prompts import builtin_set  # noqa: E402
+from specviz.spec import TINY_DRAFT, TINY_TARGET  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """The tiny random pair in float64: equality with the reference is exact, always."""
+    return load_pair(TINY_TARGET, TINY_DRAFT, dtype="float64", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """The embedded SmolLM2-135M-Instruct pair in float32."""
+    return load_pair(dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def mixed_prompts(tiny):
+    """Prompt ids of very different lengths: a 1-token prompt, short chats, a ~330-token passage."""
+    ids = tiny.encode(builtin_set("all"))
+    ids.insert(2, tiny.encode(["Hi"], chat_template=False)[0])
+    return ids
