@@ -145,6 +145,13 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_schema(args) -> int:
+    from .trace import schema
+
+    print(json.dumps(schema(), indent=1))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="specviz", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -174,6 +181,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("schema", help="print the trace's JSON Schema (docs/trace.schema.json)")
+    p.set_defaults(func=cmd_schema)
     return ap
 
 

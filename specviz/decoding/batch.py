@@ -47,7 +47,7 @@ def forward(model, tokens: torch.Tensor, valid: torch.Tensor, q_start: int, cach
             pos: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
     """Run `model` on slots q_start.. of the layout (earlier slots are in `cache`).
 
-    Returns float logits sliced to the shared vocabulary: (B, q, vocab), or
+    Returns logits (float32, or float64 for a float64 model) sliced to the shared vocabulary: (B, q, vocab), or
     (B, 1, vocab) with last_only. `pos` overrides the mask-derived positions
     (a fault policy may do that; a correct engine never does).
     """
@@ -61,4 +61,5 @@ def forward(model, tokens: torch.Tensor, valid: torch.Tensor, q_start: int, cach
         use_cache=True,
         logits_to_keep=1 if last_only else 0,
     )
-    return out.logits[..., :vocab].float()
+    logits = out.logits[..., :vocab]
+    return logits if logits.dtype == torch.float64 else logits.float()

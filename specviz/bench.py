@@ -1,0 +1,94 @@
+"""`specviz bench`: every method on the same prompts, side by side in one run.
+
+Throughput, tokens per round, acceptance, and where eqspec's decode time goes.
+Timings on a shared machine are noisy: compare the ratios within one run.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import plotly.graph_objects as go
+from tqdm import tqdm
+
+from . import metrics
+from .runner import decode, encode
+from .models import pair_for
+from .spec import RunSpec
+from .trace import build_trace
+
+
+def _configs(batch_sizes: list[int]) -> list[tuple[str, int]]:
+    return ([("reference", 1)] + [("batched-reference", bs) for bs in batch_sizes if bs > 1]
+            + [("hf-assisted", 1)] + [("eqspec", bs) for bs in batch_sizes])
+
+
+def bench(args) -> list[dict]:
+    from .cli import _spec
+
+    base = _spec(args, k=args.k)
+    pair = pair_for(base, args.trust_remote_code)
+    prompt_ids = encode(base, pair)
+    # Warm-up: the first forward passes pay one-off costs that are nobody's fault.
+    decode(base.model_copy(update={"prompts": base.prompts[:2], "max_new_tokens": 4}), pair, prompt_ids[:2])
+
+    rows = []
+    for method, bs in tqdm(_configs(args.batch_sizes), desc="bench", disable=not sys.stderr.isatty()):
+        spec = base.model_copy(update={"method": method, "batch_size": bs})
+        result = decode(spec, pair, prompt_ids, record=True)
+        t = time.perf_counter()
+        trace = build_trace(spec, pair, prompt_ids, result)
+        build = time.perf_counter() - t
+        row = {"method": method, "batch_size": bs, "tokens": result.new_tokens, "seconds": result.seconds,
+               "tokens_per_s": result.new_tokens / result.seconds}
+        if trace.rows:
+            phases = metrics.phase_seconds(trace)
+            row.update(acceptance=metrics.acceptance_rate(trace), tokens_per_round=metrics.tokens_per_round(trace),
+                       build_seconds=build, **{f"{p}_share": s / result.seconds for p, s in phases.items()})
+        rows.append(row)
+        tqdm.write(_line(row))
+    ref = next(r for r in rows if r["method"] == "reference")["tokens_per_s"]
+    for r in rows:
+        r["vs_reference"] = r["tokens_per_s"] / ref
+    _write(args, base, rows)
+    return rows
+
+
+def _line(r: dict) -> str:
+    s = f"{r['method']:<18} bs {r['batch_size']:>2}: {r['tokens_per_s']:7.1f} tok/s"
+    if "acceptance" in r:
+        s += (f"  acc {r['acceptance']:.2f}  {r['tokens_per_round']:.2f} tok/round  draft {r['draft_share']:.0%}"
+              f"  verify {r['verify_share']:.0%}  realign {r['realign_share']:.1%}  trace {r['trace_share']:.1%}")
+    return s
+
+
+def _fmt(v, pct=False):
+    if v is None:
+        return "-"
+    return f"{v:.1%}" if pct else f"{v:.2f}"
+
+
+def _write(args, spec: RunSpec, rows: list[dict]) -> None:
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    head = ("| method | bs | tok/s | vs reference | acceptance | tokens/round | draft | verify | realign | trace |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+    body = "".join(
+        f"| {r['method']} | {r['batch_size']} | {r['tokens_per_s']:.1f} | {r['vs_reference']:.2f}x | "
+        f"{_fmt(r.get('acceptance'))} | {_fmt(r.get('tokens_per_round'))} | {_fmt(r.get('draft_share'), True)} | "
+        f"{_fmt(r.get('verify_share'), True)} | {_fmt(r.get('realign_share'), True)} | "
+        f"{_fmt(r.get('trace_share'), True)} |\n"
+        for r in rows
+    )
+    command = "specviz bench " + " ".join(sys.argv[2:])
+    note = (f"\n{len(spec.prompts)} prompts, {spec.max_new_tokens} new tokens, k={spec.k}, {spec.dtype}, "
+            f"pair {spec.target} / {spec.draft}. Made by `{command}`.\n")
+    (out / "bench.md").write_text(head + body + note)
+    fig = go.Figure(go.Bar(
+        x=[f"{r['method']} bs{r['batch_size']}" for r in rows], y=[r["tokens_per_s"] for r in rows],
+        text=[f"{r['tokens_per_s']:.0f}" for r in rows], marker_color=[
+            "#888" if "reference" in r["method"] else "#c66" if r["method"] == "hf-assisted" else "#36c" for r in rows],
+    ))
+    fig.update_layout(title="Throughput, side by side in one run", yaxis_title="generated tokens / s")
+    fig.write_html(out / "bench.html", include_plotlyjs="cdn")
+    print(f"wrote {out / 'bench.md'} and {out / 'bench.html'}")

@@ -1,0 +1,69 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from specviz import metrics
+from specviz.runner import run
+from specviz.spec import RunSpec, SpecError
+from specviz.trace import Trace, rows_frame, schema, tokens_frame
+
+DOCS_SCHEMA = Path(__file__).resolve().parents[1] / "docs" / "trace.schema.json"
+
+
+@pytest.fixture(scope="module")
+def trace(tiny):
+    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64", device="cpu",
+                         prompts=("Hi", "Name three rivers.", "Write a long story about a dragon."),
+                         batch_size=3, k=4, max_new_tokens=16)
+    return run(spec)
+
+
+def test_save_load_round_trip_is_exact(trace):
+    again = Trace.from_json(trace.to_json())
+    assert again == trace
+    assert again.manifest.fingerprint == trace.manifest.fingerprint
+
+
+def test_trace_holds_what_the_design_asks(trace):
+    m = trace.manifest
+    assert m.spec.method == "eqspec" and m.versions["torch"] and m.device == "cpu"
+    assert [p.ids for p in trace.prompts] and all(p.ids for p in trace.prompts)
+    assert all(s.equivalent for s in trace.sequences)
+    r = trace.rows[0]
+    assert len(r.draft_tokens) == 4 and len(r.target_tokens) == 5 and len(r.target_margins) == 5
+    assert r.sources[-1] in ("correction", "bonus") and set(r.sources[:-1]) <= {"draft"}
+    assert set(r.checks) == {"rectangular", "positions", "mask", "kv", "draft_kv", "bonus"}
+    assert set(trace.rounds[0].timings) == {"draft", "verify", "realign", "trace"}
+    # Emitted tokens, concatenated per sequence, are the sequence's output.
+    for s in trace.sequences:
+        assert [t for r in trace.rows if r.seq == s.seq for t in r.emitted] == s.output_ids
+
+
+def test_tidy_frames(trace):
+    rows = rows_frame(trace)
+    assert len(rows) == len(trace.rows) and "check_kv" in rows and rows["check_kv"].all()
+    toks = tokens_frame(trace)
+    assert len(toks) == sum(len(s.output_ids) for s in trace.sequences)
+    assert set(toks["source"]) <= {"draft", "correction", "bonus"}
+    acc = metrics.acceptance_rate(trace)
+    assert 0 < acc < 1
+    per_position = metrics.per_position_acceptance(trace)
+    assert len(per_position) == 4 and all(0 <= p <= 1 for p in per_position)
+
+
+def test_schema_file_is_current():
+    assert json.loads(DOCS_SCHEMA.read_text()) == schema()
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda t: t[: len(t) // 2], "invalid JSON"),
+    (lambda t: json.dumps({"schema_version": 99}), "schema version 1"),
+    (lambda t: json.dumps([1, 2]), "schema version 1"),
+    (lambda t: t.replace('"accepted":', '"accepted":"many","x":', 1), "accepted"),
+    (lambda t: json.dumps({**json.loads(t), "prompts": "nope"}), "prompts"),
+    (lambda t: " " * (64 * 2**20 + 1), "the limit is 64 MiB"),
+])
+def test_malformed_traces_are_refused_clearly(trace, mutate, message):
+    with pytest.raises(SpecError, match=message):
+        Trace.from_json(mutate(trace.to_json()))
