@@ -9,6 +9,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from . import metrics
+from .decoding.faults import FAULTS
+from .decoding.faults import PRESETS as FAULT_PRESETS
 from .models import PRESETS, pair_for
 from .prompts import builtin_set, builtin_sets, read_prompts
 from .spec import DEVICES, DTYPES, METHODS, RunSpec, SpecError
@@ -41,6 +43,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", choices=DTYPES, default="float32")
     g.add_argument("--device", choices=DEVICES, default="auto")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--faults", default="", help=f"comma-separated faults or presets: {', '.join([*FAULTS, *FAULT_PRESETS])}")
 
 
 def _prompts(args) -> list[str]:
@@ -59,6 +62,7 @@ def _spec(args, **overrides) -> RunSpec:
         target_revision=args.target_revision, draft_revision=args.draft_revision,
         prompts=tuple(_prompts(args)), chat_template=not args.no_chat_template,
         max_new_tokens=args.max_new_tokens, dtype=args.dtype, device=args.device, seed=args.seed,
+        faults=tuple(f.strip() for f in args.faults.split(",") if f.strip()),
     )
     fields.update(overrides)
     return RunSpec.build(**fields)
@@ -84,6 +88,8 @@ def cmd_run(args) -> int:
         mark = {True: "= reference", False: f"DIVERGES at token {s.first_divergence}", None: ""}[s.equivalent]
         print(f"\n[{s.seq}] {p.text[:70]!r}  ({len(s.output_ids)} tokens) {mark}")
         print("   " + tok.decode(s.output_ids).replace("\n", "\n   "))
+        if s.forensics:
+            print(f"   -> {s.forensics.verdict}: {s.forensics.explanation}")
     print()
     _print_summary(trace)
     if args.json:
@@ -118,20 +124,26 @@ def cmd_verify(args) -> int:
     for m in methods:
         if m not in METHODS:
             raise SpecError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+    speculative = ("eqspec", "hf-assisted")
     configs = [(m, bs, k) for m in methods for bs in args.batch_sizes
-               for k in (args.k if m in ("eqspec", "hf-assisted") else [args.k[0]])
+               for k in (args.k if m in speculative else [args.k[0]])
                if not (m == "hf-assisted" and bs != 1) and not (m == "reference" and bs != 1)]
-    print(f"{'method':<18} {'bs':>3} {'k':>3} {'n':>5} {'exact %':>8} {'prefix %':>9}")
+    print(f"{'method':<18} {'faults':<14} {'bs':>3} {'k':>3} {'n':>5} {'exact %':>8} {'prefix %':>9}  verdicts")
     for m, bs, k in tqdm(configs, desc="verify", leave=False, disable=not sys.stderr.isatty()):
-        spec = _spec(args, method=m, batch_size=bs, k=k)
-        trace = run(spec, record=False, trust_remote_code=args.trust_remote_code)
+        spec = _spec(args, method=m, batch_size=bs, k=k, faults=_spec(args).faults if m == "eqspec" else ())
+        trace = run(spec, record=bool(spec.faults) or args.forensics,
+                    trust_remote_code=args.trust_remote_code)
         eq = metrics.equivalence(trace)
-        row = {"method": m, "batch_size": bs, "k": k, "n": eq["n"], "exact_pct": 100 * eq["exact"],
-               "prefix_pct": 100 * eq["prefix"]}
+        verdicts = metrics.verdict_counts(trace)
+        row = {"method": m, "faults": ",".join(spec.faults), "batch_size": bs, "k": k, "n": eq["n"],
+               "exact_pct": 100 * eq["exact"], "prefix_pct": 100 * eq["prefix"], "verdicts": verdicts,
+               **metrics.waste(trace)}
         rows.append(row)
-        tqdm.write(f"{m:<18} {bs:>3} {k:>3} {eq['n']:>5} {row['exact_pct']:>8.1f} {row['prefix_pct']:>9.1f}")
-        sequences += [{"method": m, "batch_size": bs, "k": k, **s.model_dump(exclude={"margins"})}
-                      for s in trace.sequences]
+        shown = ", ".join(f"{v} {c}" for v, c in verdicts.items()) or "-"
+        tqdm.write(f"{m:<18} {row['faults'] or '-':<14} {bs:>3} {k:>3} {eq['n']:>5} {row['exact_pct']:>8.1f} "
+                   f"{row['prefix_pct']:>9.1f}  {shown}")
+        sequences += [{"method": m, "faults": row["faults"], "batch_size": bs, "k": k,
+                       **s.model_dump(exclude={"margins", "reference_margins"})} for s in trace.sequences]
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "sequences": sequences}, indent=1))
         print(f"wrote {args.json}")
@@ -173,6 +185,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=_int_list, default=[5], help="draft lengths, comma-separated")
     p.add_argument("--json", type=Path)
     p.add_argument("--allow-divergence", action="store_true", help="exit 0 even when a method diverges")
+    p.add_argument("--forensics", action="store_true",
+                   help="record full traces so divergences get logit evidence (slower); always on with --faults")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("bench", help="throughput and phase shares, side by side in one run")

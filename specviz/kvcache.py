@@ -39,6 +39,15 @@ def gather(cache: DynamicCache, rows: torch.Tensor, src: torch.Tensor) -> None:
         layer.values = layer.values[rows, :, src].transpose(1, 2).contiguous()
 
 
+def zero_slots(cache: DynamicCache, lost: torch.Tensor) -> None:
+    """Zero the K/V of the (row, slot) pairs marked in `lost` (B, slots): the
+    `min-crop` fault's entries that were cropped away."""
+    m = lost[:, None, :, None]
+    for layer in cache.layers:
+        layer.keys = layer.keys.masked_fill(m, 0)
+        layer.values = layer.values.masked_fill(m, 0)
+
+
 def select_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
     cache.batch_select_indices(rows)
 

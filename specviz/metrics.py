@@ -47,3 +47,22 @@ def equivalence(trace: Trace) -> dict[str, float]:
         "prefix": sum(prefix_match(s.output_ids, s.reference_ids) for s in seqs) / len(seqs),
         "n": len(seqs),
     }
+
+
+def verdict_counts(trace: Trace) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for s in trace.sequences:
+        if s.forensics:
+            counts[s.forensics.verdict] = counts.get(s.forensics.verdict, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def waste(trace: Trace) -> dict[str, float]:
+    """What a layout costs beyond the real tokens: the share of verified slots'
+    keys that are padding or stale, and the largest target cache."""
+    if not trace.rows:
+        return {}
+    slots = sum(r.target_kv_before + 1 for r in trace.rows)
+    real = sum(r.content_before for r in trace.rows)
+    return {"overhead_slots_pct": 100 * (slots - real) / slots,
+            "peak_target_kv": max(r.target_kv_before for r in trace.rows)}

