@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .decoding.eqspec import RoundData
+from .decoding.round import RoundData
 from .decoding.result import DecodeResult
 from .models import ModelPair
 from .spec import RunSpec, SpecError, describe_validation_error

@@ -13,6 +13,7 @@ Progress = Callable[[int], None]  # called with the number of new tokens just pr
 class SequenceOutput:
     ids: list[int]  # generated ids, through the first EOS, never past it
     margins: list[float] = field(default_factory=list)  # target top-1 minus top-2 logit per generated token
+    finished_at: float | None = None  # seconds from the start of decoding to this sequence's last token
 
 
 @dataclass

@@ -1,0 +1,247 @@
+"""One round of greedy batch speculation on a padded batch, shared by eqspec
+and exspec (they differ only in how a batch is formed and laid out again).
+
+For every row: the draft proposes k tokens from its own KV cache; the target
+scores the last committed token and the k drafts in one pass; the row keeps its
+drafts up to the first disagreement plus the target's own token there (the
+correction, or the bonus after a fully accepted block): 1..k+1 new tokens.
+
+Layout at the start of a round (S slots, see batch.py): the target cache holds
+slots 0..S-2 (every token but the last, which is fed again), the draft cache
+slots 0..S-3 (the draft re-feeds the last two, so that after a fully accepted
+block it catches up on the k-th draft it never fed). Every decision a published
+implementation got wrong goes through a `Policy` (faults.py). The batch also
+carries the provenance of every cache slot (the position its K/V was computed
+at), so that invariant checks see what the cache really holds.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .. import kvcache
+from ..models import ModelPair
+from .batch import forward, positions
+from .faults import Policy
+from .result import SequenceOutput
+
+TOP = 8  # target logits kept per verified slot (for forensics, not saved in the trace)
+
+
+@dataclass
+class Batch:
+    """A padded batch in flight."""
+
+    seqs: list[int]  # sequence id of each row
+    tokens: torch.Tensor  # (B, S)
+    valid: torch.Tensor  # (B, S) real tokens
+    stale: torch.Tensor  # (B, S) slots holding a rejected draft (only a faulty engine keeps them)
+    tcache: object
+    dcache: object
+    t_written: torch.Tensor  # (B, S-1) position each target cache slot was computed at, -1 if none
+    d_written: torch.Tensor  # (B, S-2) the same for the draft cache
+
+
+@dataclass
+class Step:
+    """What one round produced, before the batch is laid out again."""
+
+    emitted: torch.Tensor  # (B, k+1) the row's new tokens are the first n_keep
+    n_keep: torch.Tensor
+    finished: torch.Tensor
+    accepted: torch.Tensor
+    pick: torch.Tensor  # (B, 1) the non-draft token
+    out_tok: torch.Tensor  # (B, S+k+1) old slots + this round's slots, as the policy lays them out
+    out_val: torch.Tensor
+    out_stale: torch.Tensor
+    t_fed: torch.Tensor  # provenance of the target cache after verify, (B, S+k)
+    d_fed: torch.Tensor  # provenance of the draft cache after drafting
+    fields: dict  # recorded per-row tensors and checks (empty when not recording)
+    timings: dict
+
+
+@dataclass
+class RoundData:
+    """One round as recorded: tensors on the CPU, turned into trace records only when saving."""
+
+    batch: int  # index of the static batch (eqspec) or -1 (exspec)
+    seqs: list[int]
+    k: int
+    ints: dict[str, torch.Tensor]
+    floats: dict[str, torch.Tensor]
+    checks: dict[str, torch.Tensor]
+    timings: dict[str, float]  # seconds: draft, verify, realign, trace
+    realigned: bool  # whether the caches had to be gathered (else only cropped or stacked)
+    group: bool | None = None  # exspec: a same-length group (no realignment at all)
+    waits: list[int] | None = None  # exspec: rounds each row had been passed over
+
+
+class Clock:
+    """Phase timer; synchronizes CUDA so a phase is charged for its own kernels."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.t = time.perf_counter()
+
+    def lap(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        dt, self.t = now - self.t, now
+        return dt
+
+
+def _run(pair: ModelPair, policy: Policy, model, tok, val, stl, q_start, cache, **kw):
+    pos = policy.positions(val, stl)
+    logits = forward(model, tok, val, q_start, cache, pair.vocab_size, pos=pos[:, q_start:],
+                     seen=policy.seen(val), **kw)
+    return logits, pos
+
+
+def prefill(pair: ModelPair, policy: Policy, seqs: list[int], tokens, valid) -> Batch:
+    """Fill both caches for a freshly laid-out batch: target slots 0..S-2, draft 0..S-3."""
+    S = tokens.shape[1]
+    stale = torch.zeros_like(valid)
+    tcache, dcache = kvcache.new(pair.target), kvcache.new(pair.draft)
+    _, pos = _run(pair, policy, pair.target, tokens[:, : S - 1], valid[:, : S - 1], stale[:, : S - 1], 0, tcache,
+                  last_only=True)
+    if S > 2:
+        _run(pair, policy, pair.draft, tokens[:, : S - 2], valid[:, : S - 2], stale[:, : S - 2], 0, dcache,
+             last_only=True)
+    written = torch.where(valid[:, : S - 1], pos, -1)
+    return Batch(seqs, tokens, valid, stale, tcache, dcache, written, written[:, : S - 2])
+
+
+def _kv_in_step(written: torch.Tensor, valid: torch.Tensor, slots: int) -> torch.Tensor:
+    """I3 per row: every real token in the first `slots` slots has K/V computed
+    at its own position (by the mask), and the cache holds exactly those slots."""
+    want = torch.where(valid, positions(valid), -1)[:, :slots]
+    return ((written == want) | ~valid[:, :slots]).all(1) & (written.shape[1] == slots)
+
+
+def speculate(pair: ModelPair, policy: Policy, b: Batch, k: int, gen: dict[int, SequenceOutput],
+              max_new_tokens: int, record: bool, clock: Clock) -> Step:
+    """Draft, verify and accept for every row of `b`; append the new tokens to `gen`."""
+    dev = pair.device
+    B, S = b.tokens.shape
+    idx = torch.arange(k + 1, device=dev)
+    fields: dict = {}
+    if record:  # the state this round starts from
+        pad, content = (~b.valid & ~b.stale).sum(1), b.valid.sum(1)
+        fields["checks"] = {
+            "rectangular": pad + content == S,  # else stale slots lie in the row
+            "kv": _kv_in_step(b.t_written, b.valid, S - 1) & b.valid[:, -1],
+            "draft_kv": _kv_in_step(b.d_written, b.valid, S - 2),
+        }
+        fields["pad"], fields["content"] = pad, content
+
+    # -- draft: greedy proposals, the first step re-feeding the last two slots
+    d_tok, d_val, d_stl = b.tokens, b.valid, b.stale
+    drafts, d_probs = [], []
+    q_start, steps = S - 2, policy.draft_steps(k)
+    for j in range(steps):
+        logits, d_pos = _run(pair, policy, pair.draft, d_tok, d_val, d_stl, q_start, b.dcache, last_only=True)
+        nxt = logits[:, -1].argmax(-1)
+        drafts.append(nxt)
+        if record:
+            d_probs.append(logits[:, -1].softmax(-1).gather(1, nxt[:, None])[:, 0])
+        if j < steps - 1:
+            q_start = d_tok.shape[1]
+            d_tok = torch.cat([d_tok, nxt[:, None]], 1)
+            d_val = torch.cat([d_val, torch.ones_like(b.valid[:, :1])], 1)
+            d_stl = torch.cat([d_stl, torch.zeros_like(b.valid[:, :1])], 1)
+    D = torch.stack(drafts, 1)  # (B, steps)
+    d_fed = torch.cat([b.d_written, d_pos[:, S - 2:]], 1)
+    t_draft = clock.lap()
+
+    # -- verify: the last committed token and the k drafts, in one target pass
+    ext_tok = torch.cat([b.tokens, D[:, :k]], 1)
+    ext_val = torch.cat([b.valid, torch.ones_like(D[:, :k], dtype=torch.bool)], 1)
+    ext_stl = torch.cat([b.stale, torch.zeros_like(D[:, :k], dtype=torch.bool)], 1)
+    logits, ext_pos = _run(pair, policy, pair.target, ext_tok, ext_val, ext_stl, S - 1, b.tcache)  # (B, k+1, V)
+    g = logits.argmax(-1)
+    t_fed = torch.cat([b.t_written, ext_pos[:, S - 1:]], 1)
+    t_verify = clock.lap()
+
+    # -- accept: drafts up to the first disagreement, then the target's token there
+    a = (D[:, :k] == g[:, :k]).long().cumprod(1).sum(1)
+    pick = (D if policy.has("draft-bonus") else g).gather(1, a[:, None])
+    emitted = torch.cat([D[:, :k], g[:, k:]], 1).scatter(1, a[:, None], pick)
+    eos = torch.tensor(pair.eos_ids, device=dev)
+    is_eos = torch.isin(emitted, eos) & (idx <= a[:, None])
+    first_eos = torch.where(is_eos.any(1), is_eos.long().argmax(1), k + 1)
+    have = torch.tensor([len(gen[i].ids) for i in b.seqs], device=dev)
+    n_keep = torch.minimum(torch.minimum(a + 1, first_eos + 1), max_new_tokens - have)
+    finished = (first_eos < n_keep) | (have + n_keep >= max_new_tokens)
+    for i, row, m in zip(b.seqs, emitted.tolist(), n_keep.tolist()):
+        gen[i].ids.extend(row[:m])
+
+    # -- the slots after this round, as the policy lays them out
+    if policy.compact:  # the emitted tokens follow the row's real tokens
+        out_tok = torch.cat([b.tokens, emitted], 1)
+        out_val = torch.cat([b.valid, idx[None] < n_keep[:, None]], 1)
+        out_stale = torch.zeros_like(out_val)
+    else:  # rejected drafts stay in place as stale slots; the last token goes after them
+        out_tok = torch.cat([b.tokens, emitted], 1).scatter(1, torch.full_like(pick, S + k), pick)
+        out_val = torch.cat([b.valid, (idx[None] < a[:, None]) | (idx[None] == k)], 1)
+        out_stale = torch.cat([b.stale, (idx[None] >= a[:, None]) & (idx[None] < k)], 1)
+
+    if record:
+        top = logits.topk(TOP, dim=-1)
+        margins = top.values[..., 0] - top.values[..., 1]
+        for i, row, m in zip(b.seqs, margins.tolist(), n_keep.tolist()):
+            gen[i].margins.extend(row[:m])
+        seen = policy.seen(ext_val)
+        fields["checks"].update(
+            positions=(ext_pos == positions(ext_val))[:, S - 1:].all(1),
+            mask=(seen == ext_val).all(1),
+            bonus=pick[:, 0] == g.gather(1, a[:, None])[:, 0],
+        )
+        fields["ints"] = {
+            "draft_tokens": D[:, :k], "target_tokens": g, "emitted": emitted, "accepted": a,
+            "n_emitted": n_keep, "finished": finished.long(),
+            "pos_first": ext_pos[:, S - 1], "pos_last": ext_pos[:, -1], "mask_sum": seen[:, :S].sum(1),
+            "target_top_ids": top.indices,
+        }
+        fields["floats"] = {
+            "draft_probs": torch.stack(d_probs, 1)[:, :k],
+            "target_probs": logits.softmax(-1).gather(2, g[..., None])[..., 0],
+            "target_margins": margins,
+            "target_top_values": top.values.float(),
+        }
+    return Step(emitted, n_keep, finished, a, pick, out_tok, out_val, out_stale, t_fed, d_fed, fields,
+                {"draft": t_draft, "verify": t_verify})
+
+
+def _to_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One device-to-host copy for a dict of same-dtype per-row tensors."""
+    rows = next(iter(tensors.values())).shape[0]
+    flat = torch.cat([t.reshape(rows, -1) for t in tensors.values()], 1).cpu()
+    out, at = {}, 0
+    for name, t in tensors.items():
+        width = t[0].numel()
+        out[name] = flat[:, at:at + width].reshape(t.shape)
+        at += width
+    return out
+
+
+def record_round(step: Step, seqs: list[int], k: int, batch_index: int, S: int, after: dict[str, torch.Tensor],
+                 timings: dict, realigned: bool, **extra) -> RoundData:
+    """Bring one round's tensors to the host. `after` holds each row's pad,
+    content, target_kv and draft_kv after the round (-1 for rows that left)."""
+    f = step.fields
+    B = len(seqs)
+    left = step.finished
+    ints = dict(f["ints"])
+    ints.update(
+        pad_before=f["pad"], content_before=f["content"],
+        target_kv_before=torch.full((B,), S - 1, device=left.device),
+        draft_kv_before=torch.full((B,), S - 2, device=left.device),
+        pad_after=after["pad"], content_after=after["content"],
+        target_kv_after=after["target_kv"], draft_kv_after=after["draft_kv"],
+        delta=torch.where(left, 0, after["pad"] - f["pad"]),
+    )
+    return RoundData(batch_index, list(seqs), k, _to_host(ints), _to_host(f["floats"]), _to_host(f["checks"]),
+                     timings, realigned, **extra)
