@@ -43,6 +43,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", choices=DTYPES, default="float32")
     g.add_argument("--device", choices=DEVICES, default="auto")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--window", type=int, help="exspec: active sequences in the window (default 2 x batch size)")
+    g.add_argument("--max-wait", type=int, default=4, help="exspec: rounds a sequence may be passed over")
     g.add_argument("--faults", default="", help=f"comma-separated faults or presets: {', '.join([*FAULTS, *FAULT_PRESETS])}")
 
 
@@ -63,6 +65,7 @@ def _spec(args, **overrides) -> RunSpec:
         prompts=tuple(_prompts(args)), chat_template=not args.no_chat_template,
         max_new_tokens=args.max_new_tokens, dtype=args.dtype, device=args.device, seed=args.seed,
         faults=tuple(f.strip() for f in args.faults.split(",") if f.strip()),
+        window=args.window, max_wait=args.max_wait,
     )
     fields.update(overrides)
     return RunSpec.build(**fields)
@@ -112,6 +115,10 @@ def _print_summary(trace) -> None:
         line += (f"; acceptance rate {metrics.acceptance_rate(trace):.2f}, "
                  f"{metrics.tokens_per_round(trace):.2f} tokens per round, {len(trace.rounds)} rounds")
     print(line)
+    if metrics.group_rate(trace) is not None:
+        pct = metrics.completion_percentiles(trace)
+        print(f"group rate {metrics.group_rate(trace):.0%}; completion P50/P90/P99 "
+              f"{pct['p50']:.2f}/{pct['p90']:.2f}/{pct['p99']:.2f} s")
     if eq:
         print(f"equivalence with reference: {eq['exact']:.0%} exact, {eq['prefix']:.1%} prefix match (n={eq['n']})")
 
@@ -124,7 +131,7 @@ def cmd_verify(args) -> int:
     for m in methods:
         if m not in METHODS:
             raise SpecError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
-    speculative = ("eqspec", "hf-assisted")
+    speculative = ("eqspec", "exspec", "hf-assisted")
     configs = [(m, bs, k) for m in methods for bs in args.batch_sizes
                for k in (args.k if m in speculative else [args.k[0]])
                if not (m == "hf-assisted" and bs != 1) and not (m == "reference" and bs != 1)]

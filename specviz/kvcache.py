@@ -58,12 +58,13 @@ def row_kv(cache: DynamicCache, layer: int, row: int) -> tuple[torch.Tensor, tor
     return lay.keys[row], lay.values[row]
 
 
-def split(cache: DynamicCache) -> list[DynamicCache]:
-    """One single-row cache per batch row (cross-batch scheduling keeps these)."""
-    batch = cache.layers[0].keys.shape[0]
+def split(cache: DynamicCache, spans: list[tuple[int, int]]) -> list[DynamicCache]:
+    """One single-row cache per batch row, row i keeping slots spans[i] = (start, end)
+    (cross-batch scheduling keeps these). Views, not copies."""
     return [
-        DynamicCache(ddp_cache_data=[(lay.keys[i : i + 1], lay.values[i : i + 1]) for lay in cache.layers])
-        for i in range(batch)
+        DynamicCache(ddp_cache_data=[(lay.keys[i : i + 1, :, lo:hi], lay.values[i : i + 1, :, lo:hi])
+                                     for lay in cache.layers])
+        for i, (lo, hi) in enumerate(spans)
     ]
 
 

@@ -29,6 +29,20 @@ def phase_seconds(trace: Trace) -> dict[str, float]:
     return {p: sum(r.timings.get(p, 0.0) for r in trace.rounds) for p in PHASES}
 
 
+def group_rate(trace: Trace) -> float | None:
+    """exspec: same-length rounds / all rounds."""
+    flags = [r.group for r in trace.rounds if r.group is not None]
+    return sum(flags) / len(flags) if flags else None
+
+
+def completion_percentiles(trace: Trace, qs=(50, 90, 99)) -> dict[str, float]:
+    """Per-sequence completion time (seconds from the start of decoding), P50/P90/P99."""
+    times = sorted(s.completion_seconds for s in trace.sequences if s.completion_seconds is not None)
+    if not times:
+        return {}
+    return {f"p{q}": times[min(len(times) - 1, round(q / 100 * (len(times) - 1)))] for q in qs}
+
+
 def prefix_match(output: list[int], reference: list[int]) -> float:
     """Fraction of the reference's tokens produced before the first difference."""
     fork = first_difference(output, reference)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from .decoding.assisted import hf_assisted
 from .decoding.eqspec import eqspec
+from .decoding.exspec import exspec
 from .decoding.faults import expand
 from .decoding.reference import batched_reference, reference
 from .decoding.result import DecodeResult, Progress
@@ -34,6 +35,10 @@ def decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record: 
         if spec.batch_size != 1:
             raise SpecError("hf-assisted runs at batch size 1 only (transformers refuses more)")
         return hf_assisted(pair, prompt_ids, spec.k, spec.max_new_tokens, progress)
+    if m == "exspec":
+        return exspec(pair, prompt_ids, spec.batch_size, spec.k, spec.max_new_tokens,
+                      window=spec.window or 2 * spec.batch_size, max_wait=spec.max_wait, record=record,
+                      progress=progress)
     if m == "eqspec":
         return eqspec(pair, prompt_ids, spec.batch_size, spec.k, spec.max_new_tokens,
                       faults=expand(spec.faults), record=record, progress=progress)

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-METHODS = ("reference", "batched-reference", "hf-assisted", "eqspec")
+METHODS = ("reference", "batched-reference", "hf-assisted", "eqspec", "exspec")
 SPECULATIVE = ("eqspec",)  # the methods faults can be injected into
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 DEVICES = ("auto", "cpu", "cuda")
@@ -52,6 +52,8 @@ class RunSpec(BaseModel):
     dtype: Literal[DTYPES] = "float32"
     device: Literal[DEVICES] = "auto"
     seed: int = Field(0, ge=0, le=2**31 - 1)
+    window: int | None = Field(None, ge=1, le=4 * MAX_BATCH_SIZE)  # exspec: active sequences (None: 2 x batch)
+    max_wait: int = Field(4, ge=0, le=1024)  # exspec: rounds a sequence may be passed over
     temperature: float = 0.0
 
     @field_validator("target", "draft")
@@ -92,6 +94,12 @@ class RunSpec(BaseModel):
     def _faults_need_speculation(self) -> "RunSpec":
         if self.faults and self.method not in SPECULATIVE:
             raise ValueError(f"faults apply to speculative methods ({', '.join(SPECULATIVE)}), not {self.method}")
+        return self
+
+    @model_validator(mode="after")
+    def _window(self) -> "RunSpec":
+        if self.window is not None and self.window <= self.batch_size:
+            raise ValueError(f"window ({self.window}) must be larger than the batch size ({self.batch_size})")
         return self
 
     @model_validator(mode="after")

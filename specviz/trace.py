@@ -71,6 +71,8 @@ class RoundRecord(_Strict):
     seqs: list[int]
     realigned: bool  # caches gathered (some row's offset changed), else only cropped
     timings: dict[str, float]  # seconds: draft, verify, realign, trace
+    group: bool | None = None  # exspec: a same-length group, needing no realignment
+    waits: list[int] | None = None  # exspec: rounds each row had been passed over
 
 
 class PromptRecord(_Strict):
@@ -105,6 +107,7 @@ class SequenceRecord(_Strict):
     reference_margins: list[float] | None = None
     first_divergence: int | None = None  # first index where output_ids and reference_ids differ
     equivalent: bool | None = None
+    completion_seconds: float | None = None  # from the start of decoding to its last token
     forensics: Forensics | None = None
 
 
@@ -181,7 +184,8 @@ def _environment(pair: ModelPair) -> dict:
 def _row_records(rounds: list[RoundData]) -> tuple[list[RoundRecord], list[RowRecord]]:
     round_recs, row_recs = [], []
     for r, rd in enumerate(rounds):
-        round_recs.append(RoundRecord(round=r, batch=rd.batch, seqs=rd.seqs, realigned=rd.realigned, timings=rd.timings))
+        round_recs.append(RoundRecord(round=r, batch=rd.batch, seqs=rd.seqs, realigned=rd.realigned,
+                                      timings=rd.timings, group=rd.group, waits=rd.waits))
         ints = {n: t.tolist() for n, t in rd.ints.items()}
         floats = {n: t.tolist() for n, t in rd.floats.items()}
         checks = {n: t.tolist() for n, t in rd.checks.items()}
@@ -224,6 +228,7 @@ def build_trace(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], res
             seq=seq, output_ids=out.ids, margins=out.margins,
             reference_ids=ref.ids if ref else None, reference_margins=ref.margins if ref else None,
             first_divergence=fork, equivalent=None if ref is None else fork is None,
+            completion_seconds=out.finished_at,
         ))
     manifest = Manifest(
         spec=spec,

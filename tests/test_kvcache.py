@@ -86,8 +86,11 @@ def test_crop_and_select_rows(tiny, mixed_prompts):
 def test_split_and_merge_round_trip(tiny, mixed_prompts):
     a, b = mixed_prompts[0][:5], mixed_prompts[1][:9]
     _, _, cache, _ = _prefill(tiny, [a, b])
-    rows = kvcache.split(cache)
+    rows = kvcache.split(cache, [(0, 9), (0, 9)])
     assert [kvcache.length(c) for c in rows] == [9, 9]
+    unpadded = kvcache.split(cache, [(4, 9), (0, 9)])
+    assert kvcache.length(unpadded[0]) == 5
+    _assert_row_matches_alone(tiny, unpadded[0], 0, 0, a)
     merged = kvcache.merge(rows)
     for layer in range(len(cache.layers)):
         torch.testing.assert_close(merged.layers[layer].keys, cache.layers[layer].keys, rtol=0, atol=0)

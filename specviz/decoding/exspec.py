@@ -1,0 +1,146 @@
+"""ExSpec: cross-batch scheduling over a pool of per-sequence states.
+
+Instead of realigning a ragged batch every round, every sequence keeps its own
+tokens and its own single-row target and draft caches. Each round forms a
+batch from a sliding window of W active sequences: B sequences of the same
+length stack into a batch with no padding and need no realignment at all;
+when no such group exists, the round falls back to a padded batch (the
+merge pads, the split unpads: a realignment). Sequences that finish leave at
+once and the window refills from the pool.
+
+Bounded waiting (the paper's ExSpec lacks it and pays in tail latency): a
+sequence passed over `max_wait` rounds in a row is forced into the next batch.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from .. import kvcache
+from ..models import ModelPair
+from .batch import left_pad
+from .faults import Policy
+from .result import DecodeResult, Progress, SequenceOutput
+from .round import Batch, Clock, RoundData, prefill, record_round, speculate
+
+CORRECT = Policy(())
+
+
+@dataclass
+class SeqState:
+    seq: int
+    tokens: torch.Tensor  # (1, S) the sequence's slots: real tokens (a 1-token prompt keeps one pad)
+    valid: torch.Tensor
+    tcache: object  # single-row caches: S-1 and S-2 slots
+    dcache: object
+    waited: int = 0  # rounds passed over since it last ran
+
+    @property
+    def width(self) -> int:
+        return self.tokens.shape[1]
+
+
+def _admit(pair: ModelPair, seq: int, ids: list[int]) -> SeqState:
+    # At least 3 slots, so that the draft cache is never empty (pads are masked).
+    b = prefill(pair, CORRECT, [seq], *left_pad([ids], pair.device, min_width=3))
+    return SeqState(seq, b.tokens, b.valid, b.tcache, b.dcache)
+
+
+def choose(active: list[SeqState], batch_size: int, max_wait: int) -> tuple[list[SeqState], bool]:
+    """The round's rows, and whether they form a same-length group.
+
+    A sequence that has waited `max_wait` rounds goes first; otherwise the
+    largest group of equal-length sequences (longest-waiting first); if it is
+    smaller than the batch, the nearest lengths fill it (a fallback round).
+    """
+    if len(active) <= batch_size:
+        chosen = list(active)
+    else:
+        overdue = [s for s in active if s.waited >= max_wait]
+        groups: dict[int, list[SeqState]] = {}
+        for s in active:
+            groups.setdefault(s.width, []).append(s)
+        if overdue:
+            anchor = max(overdue, key=lambda s: s.waited)
+        else:
+            best = max(groups.values(), key=lambda g: (len(g), max(s.waited for s in g)))
+            anchor = max(best, key=lambda s: s.waited)
+        chosen = sorted(active, key=lambda s: (s.waited < max_wait, s.width != anchor.width,
+                                               abs(s.width - anchor.width), -s.waited))[:batch_size]
+    return chosen, len({s.width for s in chosen}) == 1
+
+
+def _merge(pair: ModelPair, rows: list[SeqState]) -> Batch:
+    """Stack the rows' states into one left-padded batch (no padding for a same-length group)."""
+    width = max(s.width for s in rows)
+    pad = lambda t, v: torch.nn.functional.pad(t, (width - t.shape[1], 0), value=v)  # noqa: E731
+    tokens = torch.cat([pad(s.tokens, 0) for s in rows])
+    valid = torch.cat([pad(s.valid, False) for s in rows])
+    tcache = kvcache.merge([s.tcache for s in rows])
+    dcache = kvcache.merge([s.dcache for s in rows])
+    written = torch.where(valid, valid.long().cumsum(1) - 1, -1)
+    return Batch([s.seq for s in rows], tokens, valid, torch.zeros_like(valid), tcache, dcache,
+                 written[:, : width - 1], written[:, : width - 2])
+
+
+@torch.inference_mode()
+def exspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, max_new_tokens: int,
+           window: int, max_wait: int, sort_by_length: bool = True, record: bool = True,
+           progress: Progress | None = None) -> DecodeResult:
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i])) if sort_by_length else range(len(prompts))
+    pool = deque(order)
+    gen = {i: SequenceOutput([]) for i in range(len(prompts))}
+    active: list[SeqState] = []
+    rounds: list[RoundData] = []
+    start = time.perf_counter()
+    while pool or active:
+        while pool and len(active) < window:
+            i = pool.popleft()
+            active.append(_admit(pair, i, prompts[i]))
+        clock = Clock(pair.device)
+        rows, group = choose(active, batch_size, max_wait)
+        waits = [s.waited for s in rows]
+        b = _merge(pair, rows)
+        S = b.tokens.shape[1]
+        step = speculate(pair, CORRECT, b, k, gen, max_new_tokens, record, clock)
+        if progress:
+            progress(int(step.n_keep.sum()))
+
+        # Split back: each continuing row keeps its real slots (contiguous: the policy is
+        # correct), and at least 3 slots in all.
+        first = (~step.out_val).long().cumprod(1).sum(1)  # the row's padding
+        t_spans = [(min(int(first[r]), S + int(step.accepted[r]) - 2), S + int(step.accepted[r]))
+                   for r in range(len(rows))]
+        tparts = kvcache.split(b.tcache, t_spans)
+        dparts = kvcache.split(b.dcache, [(lo, hi - 1) for lo, hi in t_spans])
+        done = step.finished.tolist()
+        for r, s in enumerate(rows):
+            if done[r]:
+                active.remove(s)
+                gen[s.seq].finished_at = time.perf_counter() - start
+                continue
+            lo, hi = t_spans[r]
+            s.tokens, s.valid = step.out_tok[r: r + 1, lo: hi + 1], step.out_val[r: r + 1, lo: hi + 1]
+            s.tcache, s.dcache, s.waited = tparts[r], dparts[r], 0
+        chosen = {s.seq for s in rows}
+        for s in active:
+            if s.seq not in chosen:
+                s.waited += 1
+        timings = {**step.timings, "realign": clock.lap()}
+        if record:
+            gone = step.finished
+            width = torch.tensor([hi + 1 - lo for lo, hi in t_spans], device=gone.device)
+            pads = first - torch.tensor([lo for lo, _ in t_spans], device=gone.device)
+            after = {
+                "pad": torch.where(gone, -1, pads),
+                "content": torch.where(gone, -1, width - pads),
+                "target_kv": torch.where(gone, -1, width - 1),
+                "draft_kv": torch.where(gone, -1, width - 2),
+            }
+            rd = record_round(step, b.seqs, k, -1, S, after, timings, not group, group=group, waits=waits)
+            rd.timings["trace"] = clock.lap()
+            rounds.append(rd)
+    return DecodeResult([gen[i] for i in range(len(prompts))], time.perf_counter() - start, rounds)
