@@ -18,9 +18,15 @@ from .spec import RunSpec
 from .trace import build_trace
 
 
-def _configs(batch_sizes: list[int]) -> list[tuple[str, int]]:
-    return ([("reference", 1)] + [("batched-reference", bs) for bs in batch_sizes if bs > 1]
-            + [("hf-assisted", 1)] + [("eqspec", bs) for bs in batch_sizes])
+def _configs(methods: list[str], batch_sizes: list[int]) -> list[tuple[str, int]]:
+    """Batch-size-1-only methods once; batched-reference only where it differs from reference."""
+    out = []
+    for m in methods:
+        if m in ("reference", "hf-assisted"):
+            out.append((m, 1))
+        else:
+            out += [(m, bs) for bs in batch_sizes if not (m == "batched-reference" and bs == 1)]
+    return out
 
 
 def bench(args) -> list[dict]:
@@ -33,7 +39,8 @@ def bench(args) -> list[dict]:
     decode(base.model_copy(update={"prompts": base.prompts[:2], "max_new_tokens": 4}), pair, prompt_ids[:2])
 
     rows = []
-    for method, bs in tqdm(_configs(args.batch_sizes), desc="bench", disable=not sys.stderr.isatty()):
+    methods = [m.strip() for m in args.methods.split(",")]
+    for method, bs in tqdm(_configs(methods, args.batch_sizes), desc="bench", disable=not sys.stderr.isatty()):
         spec = base.model_copy(update={"method": method, "batch_size": bs})
         result = decode(spec, pair, prompt_ids, record=True)
         t = time.perf_counter()
@@ -45,11 +52,12 @@ def bench(args) -> list[dict]:
             phases = metrics.phase_seconds(trace)
             row.update(acceptance=metrics.acceptance_rate(trace), tokens_per_round=metrics.tokens_per_round(trace),
                        build_seconds=build, **{f"{p}_share": s / result.seconds for p, s in phases.items()})
+        row.update(group_rate=metrics.group_rate(trace), **metrics.completion_percentiles(trace))
         rows.append(row)
         tqdm.write(_line(row))
-    ref = next(r for r in rows if r["method"] == "reference")["tokens_per_s"]
+    base_row = next((r for r in rows if r["method"] == "reference"), rows[0])
     for r in rows:
-        r["vs_reference"] = r["tokens_per_s"] / ref
+        r["vs_base"] = r["tokens_per_s"] / base_row["tokens_per_s"]
     _write(args, base, rows)
     return rows
 
@@ -71,24 +79,26 @@ def _fmt(v, pct=False):
 def _write(args, spec: RunSpec, rows: list[dict]) -> None:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    head = ("| method | bs | tok/s | vs reference | acceptance | tokens/round | draft | verify | realign | trace |\n"
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+    base = rows[0]["method"] if rows[0]["method"] == "reference" else f"{rows[0]['method']} bs {rows[0]['batch_size']}"
+    head = (f"| method | bs | tok/s | vs {base} | acceptance | tokens/round | draft | verify | realign | trace "
+            "| group rate | P50 s | P90 s | P99 s |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
     body = "".join(
-        f"| {r['method']} | {r['batch_size']} | {r['tokens_per_s']:.1f} | {r['vs_reference']:.2f}x | "
+        f"| {r['method']} | {r['batch_size']} | {r['tokens_per_s']:.1f} | {r['vs_base']:.2f}x | "
         f"{_fmt(r.get('acceptance'))} | {_fmt(r.get('tokens_per_round'))} | {_fmt(r.get('draft_share'), True)} | "
         f"{_fmt(r.get('verify_share'), True)} | {_fmt(r.get('realign_share'), True)} | "
-        f"{_fmt(r.get('trace_share'), True)} |\n"
+        f"{_fmt(r.get('trace_share'), True)} | {_fmt(r.get('group_rate'), True)} | {_fmt(r.get('p50'))} | "
+        f"{_fmt(r.get('p90'))} | {_fmt(r.get('p99'))} |\n"
         for r in rows
     )
     command = "specviz bench " + " ".join(sys.argv[2:])
     note = (f"\n{len(spec.prompts)} prompts, {spec.max_new_tokens} new tokens, k={spec.k}, {spec.dtype}, "
             f"pair {spec.target} / {spec.draft}. Made by `{command}`.\n")
-    (out / "bench.md").write_text(head + body + note)
+    (out / f"{args.name}.md").write_text(head + body + note)
     fig = go.Figure(go.Bar(
         x=[f"{r['method']} bs{r['batch_size']}" for r in rows], y=[r["tokens_per_s"] for r in rows],
         text=[f"{r['tokens_per_s']:.0f}" for r in rows], marker_color=[
             "#888" if "reference" in r["method"] else "#c66" if r["method"] == "hf-assisted" else "#36c" for r in rows],
     ))
     fig.update_layout(title="Throughput, side by side in one run", yaxis_title="generated tokens / s")
-    fig.write_html(out / "bench.html", include_plotlyjs="cdn")
-    print(f"wrote {out / 'bench.md'} and {out / 'bench.html'}")
+    fig.write_html(out / f"{args.name}.html", include_plotlyjs="cdn")
+    print(f"wrote {out / (args.name + '.md')} and {out / (args.name + '.html')}")

@@ -37,6 +37,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     g.add_argument("--prompt-set", choices=sorted(builtin_sets()), help="a built-in prompt set (default: quick)")
     g.add_argument("--limit", type=int, help="use only the first N prompts")
+    g.add_argument("--sort-by-length", action="store_true", help="order prompts by length (after --limit)")
     g.add_argument("--no-chat-template", action="store_true", help="feed prompts raw, without the chat template")
     g = p.add_argument_group("decoding")
     g.add_argument("--max-new-tokens", type=int, default=48)
@@ -54,7 +55,8 @@ def _prompts(args) -> list[str]:
         prompts += read_prompts(args.prompts)
     if args.prompt_set or not prompts:
         prompts += builtin_set(args.prompt_set or "quick")
-    return prompts[: args.limit] if args.limit else prompts
+    prompts = prompts[: args.limit] if args.limit else prompts
+    return sorted(prompts, key=len) if args.sort_by_length else prompts
 
 
 def _spec(args, **overrides) -> RunSpec:
@@ -200,7 +202,9 @@ def parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--batch-sizes", type=_int_list, default=[1, 2, 4, 8])
     p.add_argument("--k", type=int, default=5)
+    p.add_argument("--methods", default="reference,batched-reference,hf-assisted,eqspec,exspec")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--name", default="bench", help="file name (without extension) of the table and plot")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("schema", help="print the trace's JSON Schema (docs/trace.schema.json)")
     p.set_defaults(func=cmd_schema)

@@ -66,8 +66,8 @@ def run(spec: RunSpec, record: bool = True, with_reference: bool = True, progres
     """Decode, decode the reference beside it, record, and explain every divergence."""
     pair = pair_for(spec, trust_remote_code)
     prompt_ids = encode(spec, pair)
-    result = decode(spec, pair, prompt_ids, record, progress)
     ref = reference_for(pair, prompt_ids, spec.max_new_tokens) if with_reference else None
+    result = ref if spec.method == "reference" and ref else decode(spec, pair, prompt_ids, record, progress)
     trace = build_trace(spec, pair, prompt_ids, result, ref)
     if ref is not None:
         analyse(trace, result if record else None, pair)
