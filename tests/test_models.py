@@ -12,7 +12,13 @@ from specviz.spec import SpecError
 
 def test_embedded_pair_loads_offline_and_answers(embedded):
     assert embedded.target.config.num_hidden_layers == 30
-    assert embedded.draft.config.num_hidden_layers < 30
+    # The draft is the target plus seeded noise: same shapes, different weights, derived the same way every time.
+    t_w, d_w = embedded.target.model.layers[3].mlp.up_proj.weight, embedded.draft.model.layers[3].mlp.up_proj.weight
+    assert t_w.shape == d_w.shape and not torch.equal(t_w, d_w)
+    from specviz.draft import derive_draft
+
+    again, _ = derive_draft(embedded.target)
+    assert torch.equal(again.model.layers[3].mlp.up_proj.weight, d_w)
     assert embedded.eos_ids == (embedded.tokenizer.eos_token_id,)
     # The draft shares the target's embedding and head instead of copying them.
     assert embedded.draft.lm_head.weight.data_ptr() == embedded.target.lm_head.weight.data_ptr()
