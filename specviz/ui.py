@@ -5,6 +5,8 @@ import gradio as gr
 import pandas as pd
 
 from . import metrics
+from .decoding.faults import FAULTS
+from .decoding.faults import PRESETS as FAULT_PRESETS
 from .models import PRESETS, pair_for
 from .prompts import builtin_set, builtin_sets
 from .runner import run
@@ -21,16 +23,18 @@ def _summary(trace, tokenizer) -> pd.DataFrame:
             "tokens": len(s.output_ids),
             "equivalent": {True: "yes", False: "no", None: "-"}[s.equivalent],
             "first divergence": "" if s.first_divergence is None else s.first_divergence,
+            "verdict": s.forensics.verdict if s.forensics else "",
+            "why": s.forensics.explanation if s.forensics else "",
         })
     return pd.DataFrame(rows)
 
 
-def decode(pair_name, prompt_set, typed, method, batch_size, k, max_new_tokens, dtype,
+def decode(pair_name, prompt_set, typed, method, faults, batch_size, k, max_new_tokens, dtype,
            progress=gr.Progress()):
     try:
         prompts = [ln for ln in (typed or "").splitlines() if ln.strip()] or builtin_set(prompt_set)
         target, draft = PRESETS[pair_name]
-        spec = RunSpec.build(target=target, draft=draft, prompts=tuple(prompts), method=method,
+        spec = RunSpec.build(target=target, draft=draft, prompts=tuple(prompts), method=method, faults=tuple(faults),
                              batch_size=int(batch_size), k=int(k), max_new_tokens=int(max_new_tokens), dtype=dtype)
         total = len(prompts) * spec.max_new_tokens
         done = [0]
@@ -58,6 +62,7 @@ def build() -> gr.Blocks:
             pair = gr.Dropdown(list(PRESETS), value="embedded", label="model pair")
             prompt_set = gr.Dropdown(list(builtin_sets()), value="quick", label="built-in prompts")
             method = gr.Dropdown(list(METHODS), value="eqspec", label="method")
+            faults = gr.Dropdown([*FAULTS, *FAULT_PRESETS], value=[], multiselect=True, label="faults (eqspec)")
             dtype = gr.Dropdown(["float32", "bfloat16", "float64"], value="float32", label="dtype")
         typed = gr.Textbox(lines=3, label="or type prompts (one a line)")
         with gr.Row():
@@ -67,6 +72,6 @@ def build() -> gr.Blocks:
         go = gr.Button("Run", variant="primary")
         status = gr.Markdown()
         table = gr.Dataframe(label="sequences", wrap=True)
-        go.click(decode, [pair, prompt_set, typed, method, batch_size, k, max_new, dtype], [status, table],
+        go.click(decode, [pair, prompt_set, typed, method, faults, batch_size, k, max_new, dtype], [status, table],
                  api_name="run")
     return demo
