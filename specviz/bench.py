@@ -12,8 +12,8 @@ import plotly.graph_objects as go
 from tqdm import tqdm
 
 from . import metrics
-from .runner import decode, encode
 from .models import pair_for
+from .runner import decode, encode
 from .spec import RunSpec
 from .trace import build_trace
 

@@ -3,17 +3,17 @@ the asked method, decode the batch-size-1 reference beside it, record."""
 from __future__ import annotations
 
 import functools
+
 from .decoding.assisted import hf_assisted
 from .decoding.eqspec import eqspec
 from .decoding.exspec import exspec
 from .decoding.faults import expand
 from .decoding.reference import batched_reference, reference
 from .decoding.result import DecodeResult, Progress
+from .forensics import analyse
 from .models import ModelPair, pair_for
 from .spec import MAX_PROMPT_TOKENS, RunSpec, SpecError
-from .forensics import analyse
 from .trace import Trace, build_trace
-
 
 
 def encode(spec: RunSpec, pair: ModelPair) -> list[list[int]]:

@@ -18,8 +18,8 @@ import pandas as pd
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .decoding.round import RoundData
 from .decoding.result import DecodeResult
+from .decoding.round import RoundData
 from .models import ModelPair
 from .spec import RunSpec, SpecError, describe_validation_error
 

@@ -5,6 +5,7 @@ left-padded batch, to separate batching noise from speculation bugs."""
 from __future__ import annotations
 
 import time
+
 import torch
 from transformers import GenerationConfig
 
@@ -12,6 +13,7 @@ from .. import kvcache
 from ..models import ModelPair
 from .batch import forward, left_pad
 from .result import DecodeResult, Progress, SequenceOutput, chunks, top2_margin
+
 
 @torch.inference_mode()
 def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int, progress: Progress | None = None) -> DecodeResult:
