@@ -101,12 +101,17 @@ def cmd_run(args) -> int:
         data = {"spec": spec.model_dump(mode="json"), "fingerprint": trace.manifest.fingerprint,
                 "sequences": [s.model_dump() for s in trace.sequences],
                 "texts": [tok.decode(s.output_ids) for s in trace.sequences]}
-        args.json.write_text(json.dumps(data, indent=1))
+        _write(args.json, json.dumps(data, indent=1))
         print(f"wrote {args.json}")
     if args.trace:
-        args.trace.write_text(trace.to_json())
+        _write(args.trace, trace.to_json())
         print(f"wrote trace {args.trace} (fingerprint {trace.manifest.fingerprint})")
     return 0
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
 
 
 def _print_summary(trace) -> None:
@@ -154,7 +159,7 @@ def cmd_verify(args) -> int:
         sequences += [{"method": m, "faults": row["faults"], "batch_size": bs, "k": k,
                        **s.model_dump(exclude={"margins", "reference_margins"})} for s in trace.sequences]
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "sequences": sequences}, indent=1))
+        _write(args.json, json.dumps({"rows": rows, "sequences": sequences}, indent=1))
         print(f"wrote {args.json}")
     return 0 if all(r["exact_pct"] == 100 for r in rows) or args.allow_divergence else 1
 
