@@ -82,13 +82,11 @@ def _logit_diff(pair: ModelPair, prompt_ids: list[int], prefix: list[int], top_i
     return float((logits[top_ids] - top_values.double()).abs().max())
 
 
-def analyse(trace: Trace, result: DecodeResult | None = None, pair: ModelPair | None = None,
-            batched: DecodeResult | None = None) -> None:
+def analyse(trace: Trace, result: DecodeResult | None = None, pair: ModelPair | None = None) -> None:
     """Fill `forensics` for every divergent sequence of `trace` (in place).
 
     `result` (the DecodeResult the trace was built from) and `pair` enable the
-    fresh batch-size-1 logit comparison; `batched` (batched-reference on the
-    same prompts and batch size) flags divergences that batching alone causes.
+    fresh batch-size-1 logit comparison.
     """
     rows_of: dict[int, list[RowRecord]] = {}
     for r in trace.rows:
@@ -118,9 +116,6 @@ def analyse(trace: Trace, result: DecodeResult | None = None, pair: ModelPair | 
                                         rd.ints["target_top_ids"][rec.row, slot],
                                         rd.floats["target_top_values"][rec.row, slot])
             fresh += 1
-        if batched is not None:
-            alt = first_difference(batched.outputs[s.seq].ids, s.reference_ids)
-            ev.batching_noise = alt is not None and alt <= f
         _verdict(ev)
         s.forensics = ev
 
@@ -141,5 +136,16 @@ def _verdict(ev: Forensics) -> None:
         ev.explanation = ("Every invariant held, yet the fork's margin "
                           f"({ev.margin_reference if ev.margin_reference is None else f'{ev.margin_reference:.3g}'}) "
                           f"is larger than the measured noise ({ev.noise}). This is not a known failure: please report it.")
-    if ev.batching_noise:
-        ev.explanation += " Batched greedy decoding without speculation departs here too: batching noise."
+
+
+def flag_batching_noise(trace: Trace, batched: DecodeResult) -> None:
+    """Mark divergences that batched-reference (same prompts and batch size, no
+    speculation) shows at or before the same token: batching noise."""
+    for s in trace.sequences:
+        ev = s.forensics
+        if ev is None:
+            continue
+        alt = first_difference(batched.outputs[s.seq].ids, s.reference_ids)
+        ev.batching_noise = alt is not None and alt <= ev.fork
+        if ev.batching_noise:
+            ev.explanation += " Batched greedy decoding without speculation departs here too: batching noise."

@@ -10,7 +10,7 @@ from .decoding.exspec import exspec
 from .decoding.faults import expand
 from .decoding.reference import batched_reference, reference
 from .decoding.result import DecodeResult, Progress
-from .forensics import analyse
+from .forensics import analyse, flag_batching_noise
 from .models import ModelPair, pair_for
 from .spec import MAX_PROMPT_TOKENS, RunSpec, SpecError
 from .trace import Trace, build_trace
@@ -74,5 +74,5 @@ def run(spec: RunSpec, record: bool = True, with_reference: bool = True, progres
         if any(s.forensics and not s.forensics.verdict.startswith("sync-bug") for s in trace.sequences):
             # Would batching alone, without speculation, have forked there too?
             batched = _cached_batched(pair, tuple(tuple(x) for x in prompt_ids), spec.batch_size, spec.max_new_tokens)
-            analyse(trace, result if record else None, pair, batched)
+            flag_batching_noise(trace, batched)
     return trace

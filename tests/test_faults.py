@@ -102,3 +102,4 @@ def test_numerics_case_in_bfloat16_is_called_numerics(tiny):
         if s.forensics:
             ev = s.forensics
             assert not ev.failed_checks and ev.margin_reference <= 2 * ev.noise and ev.logit_diff is not None
+            assert ev.batching_noise is not None  # checked against batched-reference
