@@ -67,7 +67,8 @@ def _realign(b: Batch, step, policy: Policy) -> tuple[Batch | None, bool, dict]:
     src, valid, stale, width = _relayout(step.out_val[keep], step.out_stale[keep], policy, S, step.n_keep[keep])
     rows = keep[:, None]
     nothing_moves = bool(((src == torch.arange(width, device=dev)) | ~valid).all())
-    if policy.move_kv and not nothing_moves:
+    moved = policy.move_kv and not nothing_moves
+    if moved:
         kvcache.gather(b.tcache, keep, src[:, : width - 1])
         kvcache.gather(b.dcache, keep, src[:, : width - 2])
         t_written, d_written = step.t_fed[rows, src[:, : width - 1]], step.d_fed[rows, src[:, : width - 2]]
@@ -91,7 +92,7 @@ def _realign(b: Batch, step, policy: Policy) -> tuple[Batch | None, bool, dict]:
     after["target_kv"][keep], after["draft_kv"][keep] = width - 1, width - 2
     seqs = [b.seqs[r] for r in keep.tolist()]
     new = Batch(seqs, step.out_tok[rows, src], valid, stale, b.tcache, b.dcache, t_written, d_written)
-    return new, policy.move_kv and not nothing_moves, after
+    return new, moved, after
 
 
 def _relayout(out_val: torch.Tensor, out_stale: torch.Tensor, policy: Policy, S: int, n_keep: torch.Tensor):

@@ -73,7 +73,7 @@ def choose(active: list[SeqState], batch_size: int, max_wait: int) -> tuple[list
     return chosen, len({s.width for s in chosen}) == 1
 
 
-def _merge(pair: ModelPair, rows: list[SeqState]) -> Batch:
+def _merge(rows: list[SeqState]) -> Batch:
     """Stack the rows' states into one left-padded batch (no padding for a same-length group)."""
     width = max(s.width for s in rows)
     pad = lambda t, v: torch.nn.functional.pad(t, (width - t.shape[1], 0), value=v)  # noqa: E731
@@ -103,7 +103,7 @@ def exspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
         clock = Clock(pair.device)
         rows, group = choose(active, batch_size, max_wait)
         waits = [s.waited for s in rows]
-        b = _merge(pair, rows)
+        b = _merge(rows)
         S = b.tokens.shape[1]
         step = speculate(pair, CORRECT, b, k, gen, max_new_tokens, record, clock)
         if progress:
