@@ -57,11 +57,11 @@ def attention_bias(valid: torch.Tensor, q_start: int, dtype: torch.dtype) -> tor
 
 
 def forward(model, tokens: torch.Tensor, valid: torch.Tensor, q_start: int, cache, vocab: int,
-            pos: torch.Tensor | None = None, seen: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
+            pos: torch.Tensor | None = None, seen: torch.Tensor | None = None, keep: int = 0) -> torch.Tensor:
     """Run `model` on slots q_start.. of the layout (earlier slots are in `cache`).
 
     Returns logits (float32, or float64 for a float64 model) sliced to the shared vocabulary: (B, q, vocab), or
-    (B, 1, vocab) with last_only. `pos` and `seen` override the positions and
+    (B, keep, vocab) for the last `keep` slots only. `pos` and `seen` override the positions and
     the slots the mask lets through, both derived from `valid` by default (a
     fault policy may swap them; a correct engine never does).
     """
@@ -73,7 +73,7 @@ def forward(model, tokens: torch.Tensor, valid: torch.Tensor, q_start: int, cach
         position_ids=pos,
         cache=cache,
         use_cache=True,
-        logits_to_keep=1 if last_only else 0,
+        logits_to_keep=keep,
     )
     logits = out.logits[..., :vocab]
     return logits if logits.dtype == torch.float64 else logits.float()

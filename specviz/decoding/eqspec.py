@@ -17,7 +17,7 @@ from ..models import ModelPair
 from .batch import left_pad, right_pad
 from .faults import Policy
 from .result import DecodeResult, Progress, SequenceOutput, chunks
-from .round import Batch, Clock, RoundData, prefill, record_round, speculate
+from .round import Batch, Clock, RoundData, lay_out, record_round, speculate
 
 
 @torch.inference_mode()
@@ -31,7 +31,7 @@ def eqspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
     for index, chunk in enumerate(chunks(len(prompts), batch_size)):
         seqs = list(chunk)
         gen = {i: SequenceOutput([]) for i in seqs}
-        b = prefill(pair, policy, seqs, *layout([prompts[i] for i in seqs], pair.device, min_width=2))
+        b = lay_out(pair, policy, seqs, *layout([prompts[i] for i in seqs], pair.device, min_width=2))
         while b is not None:
             clock = Clock(pair.device)
             S = b.tokens.shape[1]
@@ -44,7 +44,7 @@ def eqspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
                 gen[i].finished_at = time.perf_counter() - start
             timings = {**step.timings, "realign": clock.lap()}
             if record:
-                rd = record_round(step, old_seqs, k, index, S, after, timings, moved)
+                rd = record_round(step, old_seqs, index, S, after, timings, moved)
                 rd.timings["trace"] = clock.lap()
                 rounds.append(rd)
         for i in seqs:

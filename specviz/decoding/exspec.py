@@ -43,10 +43,16 @@ class SeqState:
         return self.tokens.shape[1]
 
 
-def _admit(pair: ModelPair, seq: int, ids: list[int]) -> SeqState:
-    # At least 3 slots, so that the draft cache is never empty (pads are masked).
-    b = prefill(pair, CORRECT, [seq], *left_pad([ids], pair.device, min_width=3))
-    return SeqState(seq, b.tokens, b.valid, b.tcache, b.dcache)
+def _admit(pair: ModelPair, seqs: list[int], prompts: list[list[int]]) -> list[SeqState]:
+    """Prefill the newly admitted sequences in one batch, then give each its own slots: its real
+    tokens, and at least 3 slots in all, so that its draft cache is never empty (pads are masked)."""
+    b = prefill(pair, CORRECT, seqs, *left_pad([prompts[i] for i in seqs], pair.device, min_width=3))
+    S = b.tokens.shape[1]
+    starts = [min(S - len(prompts[i]), S - 3) for i in seqs]
+    tparts = kvcache.split(b.tcache, [(lo, S - 1) for lo in starts])
+    dparts = kvcache.split(b.dcache, [(lo, S - 2) for lo in starts])
+    return [SeqState(seq, b.tokens[r: r + 1, lo:], b.valid[r: r + 1, lo:], tparts[r], dparts[r])
+            for r, (seq, lo) in enumerate(zip(seqs, starts))]
 
 
 def choose(active: list[SeqState], batch_size: int, max_wait: int) -> tuple[list[SeqState], bool]:
@@ -97,9 +103,9 @@ def exspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
     rounds: list[RoundData] = []
     start = time.perf_counter()
     while pool or active:
-        while pool and len(active) < window:
-            i = pool.popleft()
-            active.append(_admit(pair, i, prompts[i]))
+        admitted = [pool.popleft() for _ in range(min(len(pool), window - len(active)))]
+        if admitted:
+            active += _admit(pair, admitted, prompts)
         clock = Clock(pair.device)
         rows, group = choose(active, batch_size, max_wait)
         waits = [s.waited for s in rows]
@@ -140,7 +146,7 @@ def exspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
                 "target_kv": torch.where(gone, -1, width - 1),
                 "draft_kv": torch.where(gone, -1, width - 2),
             }
-            rd = record_round(step, b.seqs, k, -1, S, after, timings, not group, group=group, waits=waits)
+            rd = record_round(step, b.seqs, -1, S, after, timings, not group, group=group, waits=waits)
             rd.timings["trace"] = clock.lap()
             rounds.append(rd)
     return DecodeResult([gen[i] for i in range(len(prompts))], time.perf_counter() - start, rounds)

@@ -50,7 +50,7 @@ def batched_reference(pair: ModelPair, prompts: list[list[int]], batch_size: int
         cache = kvcache.new(pair.target)
         q_start = 0
         while seqs:
-            logits = forward(pair.target, tokens, valid, q_start, cache, pair.vocab_size, last_only=True)[:, -1]
+            logits = forward(pair.target, tokens, valid, q_start, cache, pair.vocab_size, keep=1)[:, -1]
             nxt = logits.argmax(-1)
             margins = top2_margin(logits).tolist()
             for r, (i, t) in enumerate(zip(seqs, nxt.tolist())):

@@ -9,7 +9,9 @@ correction, or the bonus after a fully accepted block): 1..k+1 new tokens.
 Layout at the start of a round (S slots, see batch.py): the target cache holds
 slots 0..S-2 (every token but the last, which is fed again), the draft cache
 slots 0..S-3 (the draft re-feeds the last two, so that after a fully accepted
-block it catches up on the k-th draft it never fed). Every decision a published
+block it catches up on the k-th draft it never fed). A batch fresh from
+`lay_out` has empty caches: its first round's draft and verify passes are the
+prefill, as in transformers' assisted generation. Every decision a published
 implementation got wrong goes through a `Policy` (faults.py). The batch also
 carries the provenance of every cache slot (the position its K/V was computed
 at), so that invariant checks see what the cache really holds.
@@ -48,6 +50,7 @@ class Batch:
 class Step:
     """What one round produced, before the batch is laid out again."""
 
+    k: int  # drafts proposed this round
     emitted: torch.Tensor  # (B, k+1) the row's new tokens are the first n_keep
     n_keep: torch.Tensor
     finished: torch.Tensor
@@ -100,18 +103,23 @@ def _run(pair: ModelPair, policy: Policy, model, tok, val, stl, q_start, cache, 
     return logits, pos
 
 
-def prefill(pair: ModelPair, policy: Policy, seqs: list[int], tokens, valid) -> Batch:
-    """Fill both caches for a freshly laid-out batch: target slots 0..S-2, draft 0..S-3."""
+def lay_out(pair: ModelPair, policy: Policy, seqs: list[int], tokens, valid) -> Batch:
+    """A freshly laid-out batch with empty caches: the first round's passes fill them."""
     S = tokens.shape[1]
     stale = torch.zeros_like(valid)
-    tcache, dcache = kvcache.new(pair.target), kvcache.new(pair.draft)
-    _, pos = _run(pair, policy, pair.target, tokens[:, : S - 1], valid[:, : S - 1], stale[:, : S - 1], 0, tcache,
-                  last_only=True)
+    written = torch.where(valid[:, : S - 1], policy.positions(valid, stale)[:, : S - 1], -1)
+    return Batch(seqs, tokens, valid, stale, kvcache.new(pair.target), kvcache.new(pair.draft), written,
+                 written[:, : S - 2])
+
+
+def prefill(pair: ModelPair, policy: Policy, seqs: list[int], tokens, valid) -> Batch:
+    """A laid-out batch with both caches filled: target slots 0..S-2, draft 0..S-3."""
+    b = lay_out(pair, policy, seqs, tokens, valid)
+    S = tokens.shape[1]
+    _run(pair, policy, pair.target, tokens[:, : S - 1], valid[:, : S - 1], b.stale[:, : S - 1], 0, b.tcache, keep=1)
     if S > 2:
-        _run(pair, policy, pair.draft, tokens[:, : S - 2], valid[:, : S - 2], stale[:, : S - 2], 0, dcache,
-             last_only=True)
-    written = torch.where(valid[:, : S - 1], pos, -1)
-    return Batch(seqs, tokens, valid, stale, tcache, dcache, written, written[:, : S - 2])
+        _run(pair, policy, pair.draft, tokens[:, : S - 2], valid[:, : S - 2], b.stale[:, : S - 2], 0, b.dcache, keep=1)
+    return b
 
 
 def _kv_in_step(written: torch.Tensor, valid: torch.Tensor, slots: int) -> torch.Tensor:
@@ -123,10 +131,15 @@ def _kv_in_step(written: torch.Tensor, valid: torch.Tensor, slots: int) -> torch
 
 def speculate(pair: ModelPair, policy: Policy, b: Batch, k: int, gen: dict[int, SequenceOutput],
               max_new_tokens: int, record: bool, clock: Clock) -> Step:
-    """Draft, verify and accept for every row of `b`; append the new tokens to `gen`."""
+    """Draft, verify and accept for every row of `b`; append the new tokens to `gen`.
+
+    Near the token budget the round drafts fewer than k: a row that may emit
+    only r more tokens needs at most r-1 drafts (the last is the target's).
+    """
     dev = pair.device
     B, S = b.tokens.shape
-    idx = torch.arange(k + 1, device=dev)
+    have = torch.tensor([len(gen[i].ids) for i in b.seqs], device=dev)
+    k = max(1, min(k, max_new_tokens - 1 - int(have.min())))
     fields: dict = {}
     if record:  # the state this round starts from
         pad, content = (~b.valid & ~b.stale).sum(1), b.valid.sum(1)
@@ -140,19 +153,26 @@ def speculate(pair: ModelPair, policy: Policy, b: Batch, k: int, gen: dict[int, 
     # -- draft: greedy proposals, the first step re-feeding the last two slots
     d_tok, d_val, d_stl = b.tokens, b.valid, b.stale
     drafts, d_probs = [], []
-    q_start, steps = S - 2, policy.draft_steps(k)
+    q_start, steps = (S - 2 if kvcache.length(b.dcache) else 0), policy.draft_steps(k)
+    eos = torch.tensor(pair.eos_ids, device=dev)
+    drafted_eos = torch.zeros(B, dtype=torch.bool, device=dev)
     for j in range(steps):
-        logits, d_pos = _run(pair, policy, pair.draft, d_tok, d_val, d_stl, q_start, b.dcache, last_only=True)
+        logits, d_pos = _run(pair, policy, pair.draft, d_tok, d_val, d_stl, q_start, b.dcache, keep=1)
         nxt = logits[:, -1].argmax(-1)
         drafts.append(nxt)
         if record:
             d_probs.append(logits[:, -1].softmax(-1).gather(1, nxt[:, None])[:, 0])
+        drafted_eos |= torch.isin(nxt, eos)
+        if j < steps - 1 and not policy.has("draft-bonus") and bool(drafted_eos.all()):
+            break  # every row has drafted an EOS: no later draft could be emitted
         if j < steps - 1:
             q_start = d_tok.shape[1]
             d_tok = torch.cat([d_tok, nxt[:, None]], 1)
             d_val = torch.cat([d_val, torch.ones_like(b.valid[:, :1])], 1)
             d_stl = torch.cat([d_stl, torch.zeros_like(b.valid[:, :1])], 1)
     D = torch.stack(drafts, 1)  # (B, steps)
+    k = min(k, D.shape[1])
+    idx = torch.arange(k + 1, device=dev)
     d_fed = torch.cat([b.d_written, d_pos[:, S - 2:]], 1)
     t_draft = clock.lap()
 
@@ -160,7 +180,8 @@ def speculate(pair: ModelPair, policy: Policy, b: Batch, k: int, gen: dict[int, 
     ext_tok = torch.cat([b.tokens, D[:, :k]], 1)
     ext_val = torch.cat([b.valid, torch.ones_like(D[:, :k], dtype=torch.bool)], 1)
     ext_stl = torch.cat([b.stale, torch.zeros_like(D[:, :k], dtype=torch.bool)], 1)
-    logits, ext_pos = _run(pair, policy, pair.target, ext_tok, ext_val, ext_stl, S - 1, b.tcache)  # (B, k+1, V)
+    logits, ext_pos = _run(pair, policy, pair.target, ext_tok, ext_val, ext_stl, S - 1 if kvcache.length(b.tcache) else 0, b.tcache,
+                           keep=k + 1)  # (B, k+1, V)
     g = logits.argmax(-1)
     t_fed = torch.cat([b.t_written, ext_pos[:, S - 1:]], 1)
     t_verify = clock.lap()
@@ -169,10 +190,8 @@ def speculate(pair: ModelPair, policy: Policy, b: Batch, k: int, gen: dict[int, 
     a = (D[:, :k] == g[:, :k]).long().cumprod(1).sum(1)
     pick = (D if policy.has("draft-bonus") else g).gather(1, a[:, None])
     emitted = torch.cat([D[:, :k], g[:, k:]], 1).scatter(1, a[:, None], pick)
-    eos = torch.tensor(pair.eos_ids, device=dev)
     is_eos = torch.isin(emitted, eos) & (idx <= a[:, None])
     first_eos = torch.where(is_eos.any(1), is_eos.long().argmax(1), k + 1)
-    have = torch.tensor([len(gen[i].ids) for i in b.seqs], device=dev)
     n_keep = torch.minimum(torch.minimum(a + 1, first_eos + 1), max_new_tokens - have)
     finished = (first_eos < n_keep) | (have + n_keep >= max_new_tokens)
     for i, row, m in zip(b.seqs, emitted.tolist(), n_keep.tolist()):
@@ -211,7 +230,7 @@ def speculate(pair: ModelPair, policy: Policy, b: Batch, k: int, gen: dict[int, 
             "target_margins": margins,
             "target_top_values": top.values.float(),
         }
-    return Step(emitted, n_keep, finished, a, pick, out_tok, out_val, out_stale, t_fed, d_fed, fields,
+    return Step(k, emitted, n_keep, finished, a, pick, out_tok, out_val, out_stale, t_fed, d_fed, fields,
                 {"draft": t_draft, "verify": t_verify})
 
 
@@ -227,7 +246,7 @@ def _to_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def record_round(step: Step, seqs: list[int], k: int, batch_index: int, S: int, after: dict[str, torch.Tensor],
+def record_round(step: Step, seqs: list[int], batch_index: int, S: int, after: dict[str, torch.Tensor],
                  timings: dict, realigned: bool, **extra) -> RoundData:
     """Bring one round's tensors to the host. `after` holds each row's pad,
     content, target_kv and draft_kv after the round (-1 for rows that left)."""
@@ -243,5 +262,5 @@ def record_round(step: Step, seqs: list[int], k: int, batch_index: int, S: int, 
         target_kv_after=after["target_kv"], draft_kv_after=after["draft_kv"],
         delta=torch.where(left, 0, after["pad"] - f["pad"]),
     )
-    return RoundData(batch_index, list(seqs), k, _to_host(ints), _to_host(f["floats"]), _to_host(f["checks"]),
+    return RoundData(batch_index, list(seqs), step.k, _to_host(ints), _to_host(f["floats"]), _to_host(f["checks"]),
                      timings, realigned, **extra)
