@@ -18,14 +18,17 @@ from .spec import RunSpec
 from .trace import build_trace
 
 
-def _configs(methods: list[str], batch_sizes: list[int]) -> list[tuple[str, int]]:
-    """Batch-size-1-only methods once; batched-reference only where it differs from reference."""
+def _configs(methods: list[str], batch_sizes: list[int], max_waits: list[int]) -> list[tuple[str, int, int | None]]:
+    """(method, batch size, exspec's max-wait): batch-size-1-only methods once; batched-reference only
+    where it differs from reference; exspec once per max-wait."""
     out = []
     for m in methods:
         if m in ("reference", "hf-assisted"):
-            out.append((m, 1))
+            out.append((m, 1, None))
+        elif m == "exspec":
+            out += [(m, bs, w) for bs in batch_sizes for w in max_waits]
         else:
-            out += [(m, bs) for bs in batch_sizes if not (m == "batched-reference" and bs == 1)]
+            out += [(m, bs, None) for bs in batch_sizes if not (m == "batched-reference" and bs == 1)]
     return out
 
 
@@ -40,13 +43,14 @@ def bench(args) -> list[dict]:
 
     rows = []
     methods = [m.strip() for m in args.methods.split(",")]
-    for method, bs in tqdm(_configs(methods, args.batch_sizes), desc="bench", disable=not sys.stderr.isatty()):
-        spec = base.model_copy(update={"method": method, "batch_size": bs})
+    configs = _configs(methods, args.batch_sizes, args.max_waits or [base.max_wait])
+    for method, bs, wait in tqdm(configs, desc="bench", disable=not sys.stderr.isatty()):
+        spec = base.model_copy(update={"method": method, "batch_size": bs, "max_wait": base.max_wait if wait is None else wait})
         result = decode(spec, pair, prompt_ids, record=True)
         t = time.perf_counter()
         trace = build_trace(spec, pair, prompt_ids, result)
         build = time.perf_counter() - t
-        row = {"method": method, "batch_size": bs, "tokens": result.new_tokens, "seconds": result.seconds,
+        row = {"method": method if wait is None else f"{method} max-wait {wait}", "batch_size": bs, "tokens": result.new_tokens, "seconds": result.seconds,
                "tokens_per_s": result.new_tokens / result.seconds}
         if trace.rows:
             phases = metrics.phase_seconds(trace)

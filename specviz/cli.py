@@ -36,8 +36,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prompts", type=Path, help="a file: one prompt a line, or Spec-Bench JSONL (turns[0])")
     g.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     g.add_argument("--prompt-set", choices=sorted(builtin_sets()), help="a built-in prompt set (default: quick)")
-    g.add_argument("--limit", type=int, help="use only the first N prompts")
-    g.add_argument("--sort-by-length", action="store_true", help="order prompts by length (after --limit)")
+    g.add_argument("--limit", type=int, help="use only the first N prompts of the --prompts file")
+    g.add_argument("--sort-by-length", action="store_true", help="order all prompts by length (after --limit)")
     g.add_argument("--no-chat-template", action="store_true", help="feed prompts raw, without the chat template")
     g = p.add_argument_group("decoding")
     g.add_argument("--max-new-tokens", type=int, default=48)
@@ -50,12 +50,12 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _prompts(args) -> list[str]:
+    """Typed prompts, then the built-in set, then the file's first --limit prompts."""
     prompts = list(args.prompt)
-    if args.prompts:
-        prompts += read_prompts(args.prompts)
-    if args.prompt_set or not prompts:
+    if args.prompt_set or not (prompts or args.prompts):
         prompts += builtin_set(args.prompt_set or "quick")
-    prompts = prompts[: args.limit] if args.limit else prompts
+    if args.prompts:
+        prompts += read_prompts(args.prompts)[: args.limit]
     return sorted(prompts, key=len) if args.sort_by_length else prompts
 
 
@@ -209,6 +209,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--methods", default="reference,batched-reference,hf-assisted,eqspec,exspec")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--max-waits", type=_int_list, help="exspec: sweep these max-wait values (default: --max-wait)")
     p.add_argument("--name", default="bench", help="file name (without extension) of the table and plot")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("schema", help="print the trace's JSON Schema (docs/trace.schema.json)")
