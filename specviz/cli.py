@@ -73,16 +73,23 @@ def _spec(args, **overrides) -> RunSpec:
     return RunSpec.build(**fields)
 
 
-def _progress_bar(spec: RunSpec, desc: str) -> tqdm:
-    return tqdm(total=len(spec.prompts) * spec.max_new_tokens, desc=desc, unit="tok", leave=False,
-                disable=not sys.stderr.isatty())
-
-
 def _decode_with_bar(spec: RunSpec, trust_remote_code: bool, record: bool = True):
+    """`run` with one progress bar per phase (the batch-size-1 reference, then the method)."""
     from .runner import run
 
-    with _progress_bar(spec, spec.method) as bar:
-        return run(spec, record=record, progress=bar.update, trust_remote_code=trust_remote_code)
+    bars: dict[str, tqdm] = {}
+
+    def progress(phase: str, n: int) -> None:
+        if phase not in bars:
+            bars[phase] = tqdm(total=len(spec.prompts) * spec.max_new_tokens, desc=phase, unit="tok", leave=False,
+                               disable=not sys.stderr.isatty())
+        bars[phase].update(n)
+
+    try:
+        return run(spec, record=record, progress=progress, trust_remote_code=trust_remote_code)
+    finally:
+        for bar in bars.values():
+            bar.close()
 
 
 def cmd_run(args) -> int:

@@ -3,6 +3,7 @@ the asked method, decode the batch-size-1 reference beside it, record."""
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 from .decoding.assisted import hf_assisted
 from .decoding.eqspec import eqspec
@@ -45,14 +46,19 @@ def decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record: 
     raise SpecError(f"unknown method {m!r}")
 
 
-@functools.lru_cache(maxsize=64)
-def _cached_reference(pair: ModelPair, prompt_ids: tuple[tuple[int, ...], ...], max_new_tokens: int) -> DecodeResult:
-    return reference(pair, [list(x) for x in prompt_ids], max_new_tokens)
+_REFERENCES: dict[tuple, DecodeResult] = {}
+_MAX_REFERENCES = 64
 
 
-def reference_for(pair: ModelPair, prompt_ids: list[list[int]], max_new_tokens: int) -> DecodeResult:
+def reference_for(pair: ModelPair, prompt_ids: list[list[int]], max_new_tokens: int,
+                  progress: Progress | None = None) -> DecodeResult:
     """The batch-size-1 reference, computed once per process for the same pair and prompts."""
-    return _cached_reference(pair, tuple(tuple(x) for x in prompt_ids), max_new_tokens)
+    key = (pair, tuple(tuple(x) for x in prompt_ids), max_new_tokens)
+    if key not in _REFERENCES:
+        if len(_REFERENCES) >= _MAX_REFERENCES:
+            del _REFERENCES[next(iter(_REFERENCES))]
+        _REFERENCES[key] = reference(pair, prompt_ids, max_new_tokens, progress)
+    return _REFERENCES[key]
 
 
 @functools.lru_cache(maxsize=16)
@@ -61,13 +67,19 @@ def _cached_batched(pair: ModelPair, prompt_ids: tuple[tuple[int, ...], ...], ba
     return batched_reference(pair, [list(x) for x in prompt_ids], batch_size, max_new_tokens)
 
 
-def run(spec: RunSpec, record: bool = True, with_reference: bool = True, progress: Progress | None = None,
-        trust_remote_code: bool = False) -> Trace:
-    """Decode, decode the reference beside it, record, and explain every divergence."""
+def run(spec: RunSpec, record: bool = True, with_reference: bool = True,
+        progress: Callable[[str, int], None] | None = None, trust_remote_code: bool = False) -> Trace:
+    """Decode, decode the reference beside it, record, and explain every divergence.
+
+    `progress(phase, n)` hears of every n new tokens: phase "reference" (skipped when cached), then the method.
+    """
+    def phase(name: str) -> Progress | None:
+        return functools.partial(progress, name) if progress else None
+
     pair = pair_for(spec, trust_remote_code)
     prompt_ids = encode(spec, pair)
-    ref = reference_for(pair, prompt_ids, spec.max_new_tokens) if with_reference else None
-    result = ref if spec.method == "reference" and ref else decode(spec, pair, prompt_ids, record, progress)
+    ref = reference_for(pair, prompt_ids, spec.max_new_tokens, phase("reference")) if with_reference else None
+    result = ref if spec.method == "reference" and ref else decode(spec, pair, prompt_ids, record, phase(spec.method))
     trace = build_trace(spec, pair, prompt_ids, result, ref)
     if ref is not None:
         analyse(trace, result if record else None, pair)

@@ -131,6 +131,10 @@ class Trace(_Strict):
     rounds: list[RoundRecord]
     rows: list[RowRecord]
     sequences: list[SequenceRecord]
+    vocab: dict[int, str] = {}  # the text of every token id above, so a trace reads without its tokenizer
+
+    def text(self, ids: list[int]) -> str:
+        return "".join(self.vocab.get(i, f"<{i}>") for i in ids)
 
     def to_json(self) -> str:
         return self.model_dump_json()
@@ -240,7 +244,15 @@ def build_trace(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], res
         **_environment(pair),
     )
     prompts = [PromptRecord(seq=i, text=t, ids=ids) for i, (t, ids) in enumerate(zip(spec.prompts, prompt_ids))]
-    return Trace(manifest=manifest, prompts=prompts, rounds=rounds, rows=rows, sequences=sequences)
+    return Trace(manifest=manifest, prompts=prompts, rounds=rounds, rows=rows, sequences=sequences,
+                 vocab=_vocab(pair, sequences, rows))
+
+
+def _vocab(pair: ModelPair, sequences: list[SequenceRecord], rows: list[RowRecord]) -> dict[int, str]:
+    ids = {i for s in sequences for i in (*s.output_ids, *(s.reference_ids or ()))}
+    ids |= {i for r in rows for i in (*r.draft_tokens, *r.target_tokens)}
+    ids = sorted(ids)
+    return dict(zip(ids, pair.tokenizer.batch_decode([[i] for i in ids])))
 
 
 # ---------------------------------------------------------------- tidy views
