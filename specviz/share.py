@@ -1,0 +1,79 @@
+"""Share links: a run spec and a focus in a URL query string, and back.
+
+`?run=<spec, fingerprint and environment: JSON, zlib, base64url>&seq=3&round=12`.
+The focus stays readable; the spec is compressed because prompts are long.
+Anything a link carries is untrusted: every failure is one readable SpecError.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import zlib
+from dataclasses import dataclass, field
+from urllib.parse import parse_qs, urlencode
+
+from .spec import RunSpec, SpecError
+
+MAX_LINK_CHARS = 16_000  # browsers and servers handle this much reliably
+MAX_PAYLOAD_BYTES = 1_000_000  # after decompression
+
+
+@dataclass(frozen=True)
+class Link:
+    spec: RunSpec
+    seq: int | None = None
+    round: int | None = None
+    fingerprint: str | None = None  # of the run the link was made from
+    env: dict = field(default_factory=dict)  # versions and device of that run
+
+
+def encode(link: Link) -> str:
+    """The query string (with its leading '?') for `link`."""
+    payload = {"spec": json.loads(link.spec.canonical_json()), "fp": link.fingerprint, "env": link.env}
+    packed = zlib.compress(json.dumps(payload, separators=(",", ":")).encode(), 9)
+    query = {"run": base64.urlsafe_b64encode(packed).decode().rstrip("=")}
+    query.update({k: v for k, v in (("seq", link.seq), ("round", link.round)) if v is not None})
+    text = "?" + urlencode(query)
+    if len(text) > MAX_LINK_CHARS:
+        raise SpecError(f"this run's prompts make a {len(text)}-character link (the limit is {MAX_LINK_CHARS}); "
+                        "share the trace file instead")
+    return text
+
+
+def decode(query: str) -> Link | None:
+    """The link in a query string; None when it carries no run (a plain visit)."""
+    if len(query) > MAX_LINK_CHARS:
+        raise SpecError(f"the link is {len(query)} characters long; the limit is {MAX_LINK_CHARS}")
+    params = parse_qs(query.lstrip("?"), keep_blank_values=True)
+    if "run" not in params:
+        return None
+    damaged = SpecError("the link's run is damaged (was it cut off when copied?)")
+    try:
+        packed = base64.urlsafe_b64decode(params["run"][0] + "=" * (-len(params["run"][0]) % 4))
+        inflater = zlib.decompressobj()
+        raw = inflater.decompress(packed, MAX_PAYLOAD_BYTES)
+    except (binascii.Error, ValueError, zlib.error):
+        raise damaged from None
+    if inflater.unconsumed_tail:
+        raise SpecError("the link's run is too large")
+    try:
+        payload = json.loads(raw)
+    except ValueError:
+        raise damaged from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("spec"), dict):
+        raise SpecError("the link's run holds no run spec")
+    spec = RunSpec.build(**payload["spec"])
+    fp, env = payload.get("fp"), payload.get("env") or {}
+    if fp is not None and not isinstance(fp, str) or not isinstance(env, dict):
+        raise SpecError("the link's fingerprint or environment is malformed")
+    return Link(spec, _index(params, "seq"), _index(params, "round"), fp, env)
+
+
+def _index(params: dict, name: str) -> int | None:
+    if name not in params:
+        return None
+    text = params[name][0]
+    if not text.isdigit() or len(text) > 9:
+        raise SpecError(f"the link's {name} must be a whole number ≥ 0, not {text[:20]!r}")
+    return int(text)
