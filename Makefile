@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test bench verify clean
+.PHONY: install chromium run test bench verify clean
 
 install: $(STAMP)
 
@@ -21,7 +21,12 @@ $(STAMP): requirements.txt pyproject.toml
 run: install
 	$(PY) app.py
 
-test: install
+# The browser test drives Debian's Chromium (never a browser Playwright downloads).
+chromium:
+	@command -v chromium >/dev/null || { SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium; }
+
+test: install chromium
 	$(PY) -m pytest -q
 
 bench: install

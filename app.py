@@ -1,5 +1,5 @@
 """Launch the specviz page: `python app.py` (embedded default model, CPU or GPU)."""
-from specviz.ui import build
+from specviz.ui import build, launch
 
 if __name__ == "__main__":
-    build().queue(default_concurrency_limit=1).launch(server_name="0.0.0.0")
+    launch(build(), server_name="0.0.0.0")

@@ -1,77 +1,394 @@
-"""The Gradio page. The only module that imports gradio; it reads traces only."""
+"""The Gradio page. The only module that imports gradio; it reads traces only.
+
+One focus (a sequence and one of its rounds) links every view; clicks on the
+grid, the timeline or the table move it. The page URL always carries the run
+spec and the focus (share.py); opening such a link replays the run.
+"""
 from __future__ import annotations
 
-import gradio as gr
-import pandas as pd
+import json
+import tempfile
+import threading
+from collections import OrderedDict
+from pathlib import Path
 
-from . import metrics
+import gradio as gr
+
+from . import plots, share, views
 from .decoding.faults import FAULTS
 from .decoding.faults import PRESETS as FAULT_PRESETS
-from .models import PRESETS, pair_for
-from .prompts import builtin_set, builtin_sets
+from .models import PRESETS
+from .prompts import builtin_sets, parse_prompts
 from .runner import run
-from .spec import METHODS, RunSpec, SpecError
+from .spec import DTYPES, MAX_BATCH_SIZE, MAX_K, METHODS, RunSpec, SpecError
+from .trace import MAX_TRACE_BYTES, Trace
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+CUSTOM = "custom (type ids below)"
+MAX_PROMPT_FILE_BYTES = 4 * 2**20
+TRACES: OrderedDict[str, Trace] = OrderedDict()  # by spec key: a replayed link is served from here
+MAX_TRACES = 8
+_CANCELLED: set[str] = set()  # sessions whose running decode should stop
+_LOCK = threading.Lock()
+
+# Each example opens straight onto a case worth seeing. Values follow CONTROLS below.
+EXAMPLES = {
+    "clean eqspec": dict(pair="embedded", prompt_set="quick", method="eqspec", faults=[], batch_size=4, k=5,
+                         max_new_tokens=32, dtype="float32"),
+    "bsp-like decay": dict(pair="embedded", prompt_set="quick", method="eqspec", faults=["bsp-like"], batch_size=4,
+                           k=5, max_new_tokens=32, dtype="float32"),
+    "dsd-like collapse": dict(pair="embedded", prompt_set="quick", method="eqspec", faults=["dsd-like"], batch_size=4,
+                              k=5, max_new_tokens=32, dtype="float32"),
+    "numerics near-tie": dict(pair="tiny", prompt_set="all", method="eqspec", faults=[], batch_size=4, k=5,
+                              max_new_tokens=48, dtype="bfloat16"),
+}
+DEFAULTS = dict(pair="embedded", target="", draft="", prompt_set="quick", typed="", method="eqspec", faults=[],
+                batch_size=4, k=5, max_new_tokens=48, dtype="float32", seed=0, window=0, max_wait=4)
 
 
-def _summary(trace, tokenizer) -> pd.DataFrame:
-    rows = []
-    for s, p in zip(trace.sequences, trace.prompts):
-        rows.append({
-            "seq": s.seq,
-            "prompt": p.text[:60],
-            "output": tokenizer.decode(s.output_ids),
-            "tokens": len(s.output_ids),
-            "equivalent": {True: "yes", False: "no", None: "-"}[s.equivalent],
-            "first divergence": "" if s.first_divergence is None else s.first_divergence,
-            "verdict": s.forensics.verdict if s.forensics else "",
-            "why": s.forensics.explanation if s.forensics else "",
-        })
-    return pd.DataFrame(rows)
+class Cancelled(Exception):
+    pass
 
 
-def decode(pair_name, prompt_set, typed, method, faults, batch_size, k, max_new_tokens, dtype,
-           progress=gr.Progress()):
+# ---------------------------------------------------------------- from controls to a spec and a trace
+
+
+def spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, method, faults, batch_size, k,
+                       max_new_tokens, dtype, seed, window, max_wait) -> RunSpec:
+    """The run the controls describe. Prompts: typed ones, else the uploaded file, else the built-in set."""
+    if pair == CUSTOM:
+        if not (target or "").strip() or not (draft or "").strip():
+            raise SpecError("a custom pair needs both a target and a draft model id")
+    else:
+        target, draft = PRESETS[pair]
+    if (typed or "").strip():
+        prompts = parse_prompts(typed, "typed prompts")
+    elif prompt_file:
+        prompts = _read_upload(prompt_file, MAX_PROMPT_FILE_BYTES, parse_prompts)
+    else:
+        prompts = builtin_sets()[prompt_set]
+    return RunSpec.build(target=target.strip(), draft=draft.strip(), prompts=tuple(prompts), method=method,
+                         faults=tuple(faults or ()), batch_size=int(batch_size), k=int(k),
+                         max_new_tokens=int(max_new_tokens), dtype=dtype, seed=int(seed),
+                         window=int(window) or None, max_wait=int(max_wait))
+
+
+def _read_upload(path: str, limit: int, parse):
+    p = Path(path)
+    size = p.stat().st_size
+    if size > limit:
+        raise SpecError(f"{p.name} is {size / 2**20:.1f} MiB; the limit is {limit / 2**20:.0f} MiB")
     try:
-        prompts = [ln for ln in (typed or "").splitlines() if ln.strip()] or builtin_set(prompt_set)
-        target, draft = PRESETS[pair_name]
-        spec = RunSpec.build(target=target, draft=draft, prompts=tuple(prompts), method=method, faults=tuple(faults),
-                             batch_size=int(batch_size), k=int(k), max_new_tokens=int(max_new_tokens), dtype=dtype)
-        total = len(prompts) * spec.max_new_tokens
-        done = [0]
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise SpecError(f"{p.name} is not UTF-8 text") from None
+    return parse(text, p.name) if parse is parse_prompts else parse(text)
 
-        def tick(n):
-            done[0] += n
-            progress(min(done[0] / total, 1.0), desc=f"{done[0]} tokens")
 
+def _decode(spec: RunSpec, progress: gr.Progress, session: str) -> Trace:
+    """The trace for `spec`: from this process's cache, else decoded with progress and a way to stop."""
+    key = spec.key()
+    if key in TRACES:
+        TRACES.move_to_end(key)
+        return TRACES[key]
+    total = len(spec.prompts) * spec.max_new_tokens
+    done: dict[str, int] = {}
+
+    def tick(phase: str, n: int) -> None:
+        if session in _CANCELLED:
+            raise Cancelled
+        done[phase] = done.get(phase, 0) + n
+        label = "reference (target alone, batch size 1)" if phase == "reference" else phase
+        progress(min(done[phase] / total, 1.0), desc=f"{label}: {done[phase]} of ≤{total} tokens")
+
+    _CANCELLED.discard(session)
+    progress(0, desc="loading the model pair")
+    with _LOCK:  # one decode at a time in this process, whatever the queue allows
         trace = run(spec, progress=tick)
+    TRACES[key] = trace
+    if len(TRACES) > MAX_TRACES:
+        TRACES.popitem(last=False)
+    return trace
+
+
+def _save(trace: Trace) -> str:
+    folder = Path(tempfile.gettempdir()) / "specviz-traces"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"trace-{trace.manifest.fingerprint}.json"
+    path.write_text(trace.to_json())
+    return str(path)
+
+
+# ---------------------------------------------------------------- event handlers
+
+
+def run_controls(*values, progress=gr.Progress(), request: gr.Request = None):
+    """Run button and examples: decode what the controls say."""
+    session = request.session_hash if request else ""
+    try:
+        spec = spec_from_controls(*values)
+        trace = _decode(spec, progress, session)
     except SpecError as e:
         raise gr.Error(str(e)) from None
-    eq = metrics.equivalence(trace)
-    line = f"**{spec.method}**: {sum(len(s.output_ids) for s in trace.sequences)} tokens in {trace.manifest.decode_seconds:.1f} s"
-    if trace.rows:
-        line += f"; acceptance rate {metrics.acceptance_rate(trace):.2f}; {metrics.tokens_per_round(trace):.2f} tokens per round"
-    if eq:
-        line += f"; {eq['exact']:.0%} of sequences equal the batch-size-1 reference"
-    return line, _summary(trace, pair_for(spec).tokenizer)
+    except Cancelled:
+        raise gr.Error("stopped; nothing was recorded", title="Stopped") from None
+    return trace, views.headline(trace), _save(trace), None
+
+
+def stop(request: gr.Request = None):
+    if request:
+        _CANCELLED.add(request.session_hash)
+    gr.Info("stopping after the current round…")
+
+
+def open_trace(path: str | None):
+    """Upload: view a trace file without loading any model."""
+    if not path:
+        raise gr.Error("no file")
+    try:
+        trace = _read_upload(path, MAX_TRACE_BYTES, Trace.from_json)
+    except SpecError as e:
+        raise gr.Error(f"{Path(path).name}: {e}") from None
+    return trace, views.headline(trace) + " (opened from a file)", _save(trace), None
+
+
+def open_link(query: str):
+    """Page load: fill the controls from a share link. A bad link gets a message and the default page."""
+    keep = [gr.skip()] * len(DEFAULTS)
+    try:
+        link = share.decode(query or "")
+    except SpecError as e:
+        return *keep, None, f"**That share link could not be used:** {e}. Showing the default page."
+    if link is None:
+        return *keep, None, ""
+    s = link.spec
+    preset = next((name for name, ids in PRESETS.items() if ids == (s.target, s.draft)), CUSTOM)
+    named = next((name for name, ps in builtin_sets().items() if tuple(ps) == s.prompts), None)
+    typed = "" if named else _prompts_as_text(s.prompts)
+    values = dict(pair=preset, target=s.target, draft=s.draft, prompt_set=named or "quick", typed=typed,
+                  method=s.method, faults=list(s.faults), batch_size=s.batch_size, k=s.k,
+                  max_new_tokens=s.max_new_tokens, dtype=s.dtype, seed=s.seed, window=s.window or 0,
+                  max_wait=s.max_wait)
+    pending = {"spec": s.canonical_json(), "fp": link.fingerprint, "env": link.env, "seq": link.seq,
+               "round": link.round}
+    return *[values[n] for n in DEFAULTS], pending, "Replaying the shared run…"
+
+
+def _prompts_as_text(prompts: tuple[str, ...]) -> str:
+    """Prompts for the typed box: one a line, or Spec-Bench JSONL when a prompt spans lines."""
+    if any("\n" in p for p in prompts):
+        return "\n".join(json.dumps({"turns": [p]}) for p in prompts)
+    return "\n".join(prompts)
+
+
+def replay(pending: dict | None, progress=gr.Progress(), request: gr.Request = None):
+    """Decode the linked run (exactly its spec) and say whether it matched the original."""
+    if not pending:
+        return gr.skip(), gr.skip(), gr.skip(), None
+    session = request.session_hash if request else ""
+    try:
+        trace = _decode(RunSpec.model_validate_json(pending["spec"]), progress, session)
+    except SpecError as e:
+        raise gr.Error(f"the shared run cannot be replayed here: {e}") from None
+    except Cancelled:
+        raise gr.Error("stopped; nothing was recorded", title="Stopped") from None
+    return trace, views.headline(trace) + "\n\n" + _replay_report(trace, pending), _save(trace), pending
+
+
+def _replay_report(trace: Trace, pending: dict) -> str:
+    m = trace.manifest
+    here = {"device": m.device, "device_name": m.device_name, **m.versions,
+            **{k: str(v) for k, v in m.deterministic.items()}}
+    if pending.get("fp") is None:
+        verdict = "The link carried no fingerprint to compare with."
+    elif pending["fp"] == m.fingerprint:
+        verdict = f"**Replay matched the shared run exactly** (fingerprint `{m.fingerprint}`)."
+    else:
+        verdict = (f"**Replay drifted from the shared run:** fingerprint `{m.fingerprint}` here, `{pending['fp']}` "
+                   "in the link: some token or acceptance decision differs. Compare the environments:")
+    there = {k: str(v) for k, v in (pending.get("env") or {}).items()}
+    rows = "".join(f"| {k} | {there.get(k, '?')} | {here.get(k, '?')} |\n" for k in dict.fromkeys([*there, *here]))
+    return verdict + "\n\n| | shared run | this replay |\n|---|---|---|\n" + rows
+
+
+def render(trace: Trace | None, seq=None, round=None, note: str = ""):
+    """Every view for `trace` at the focus nearest (seq, round), and the share link for it."""
+    if trace is None:
+        return [gr.skip()] * len(VIEW_NAMES)
+    focus, moved = views.resolve(trace, None if seq is None else int(seq), None if round is None else int(round))
+    m = trace.manifest
+    env = {"device": m.device, "device_name": m.device_name, **m.versions,
+           **{k: str(v) for k, v in m.deterministic.items()}}
+    try:
+        link = share.encode(share.Link(m.spec, focus.seq, focus.round, m.fingerprint, env))
+    except SpecError as e:
+        link, moved = "", moved + str(e)
+    return (
+        views.summary_frame(trace), views.timeline_html(trace, focus), views.grid_html(trace, focus),
+        views.compare_html(trace, focus), views.forensics_html(trace, focus), plots.kv_lanes(trace, focus),
+        plots.phase_timings(trace), views.glossary(trace), focus.seq, focus.round, link,
+        (note + " " + moved).strip(),
+    )
+
+
+VIEW_NAMES = ("table", "timeline", "grid", "compare", "forensics", "lanes", "phases", "glossary", "focus_seq",
+              "focus_round", "link_query", "focus_note")
+
+
+def render_replayed(trace, pending):
+    if not pending:
+        return render(trace)
+    return render(trace, pending.get("seq"), pending.get("round"))
+
+
+def pick(trace, evt: gr.EventData):
+    """A click on a grid cell, a sequence label or a timeline round."""
+    data = evt._data or {}
+    return render(trace, data.get("seq"), data.get("round"))
+
+
+def pick_row(trace, table, evt: gr.SelectData):
+    """A click on the summary table: focus that sequence."""
+    return render(trace, int(table.iloc[evt.index[0]]["seq"]))
+
+
+# ---------------------------------------------------------------- layout
+
+CLICKS = """
+element.addEventListener('click', (e) => {
+  const c = e.target.closest('[data-round]');
+  if (c && c.dataset.round !== '') trigger('click', {seq: Number(c.dataset.seq), round: Number(c.dataset.round)});
+});
+"""
+# After every render: put the link in the address bar and the share box.
+UPDATE_URL = """
+(q) => {
+  if (!q) return '';
+  history.replaceState(null, '', location.pathname + q);
+  return location.origin + location.pathname + q;
+}
+"""
+INTRO = """# specviz
+Batch speculative decoding, checked token by token against the target model alone.
+Pick an example or set up a run; every view below follows one focused sequence and round —
+click a grid cell, a round in the timeline or a table row to move it. The address bar is always a share link."""
+LEGEND = ('<div class="sv-legend"><span class="sv-tok sv-draft">accepted draft</span>'
+          '<span class="sv-tok sv-correction">target correction</span><span class="sv-tok sv-bonus">bonus</span>'
+          '<span class="sv-tok sv-rejected">rejected draft</span><span class="sv-tok sv-fork">first divergence</span>'
+          "</div>")
 
 
 def build() -> gr.Blocks:
     with gr.Blocks(title="specviz") as demo:
-        gr.Markdown("# specviz\nBatch speculative decoding, checked token by token against the target alone.")
+        trace_state = gr.State(None)
+        pending = gr.State(None)
+        gr.Markdown(INTRO)
         with gr.Row():
-            pair = gr.Dropdown(list(PRESETS), value="embedded", label="model pair")
-            prompt_set = gr.Dropdown(list(builtin_sets()), value="quick", label="built-in prompts")
-            method = gr.Dropdown(list(METHODS), value="eqspec", label="method")
-            faults = gr.Dropdown([*FAULTS, *FAULT_PRESETS], value=[], multiselect=True, label="faults (eqspec)")
-            dtype = gr.Dropdown(["float32", "bfloat16", "float64"], value="float32", label="dtype")
-        typed = gr.Textbox(lines=3, label="or type prompts (one a line)")
-        with gr.Row():
-            batch_size = gr.Slider(1, 16, value=4, step=1, label="batch size")
-            k = gr.Slider(1, 16, value=5, step=1, label="k (draft tokens a round)")
-            max_new = gr.Slider(1, 256, value=48, step=1, label="max new tokens")
-        go = gr.Button("Run", variant="primary")
-        status = gr.Markdown()
-        table = gr.Dataframe(label="sequences", wrap=True)
-        go.click(decode, [pair, prompt_set, typed, method, faults, batch_size, k, max_new, dtype], [status, table],
-                 api_name="run")
+            with gr.Column(scale=1, min_width=300):
+                c = _controls()
+                with gr.Row():
+                    run_btn = gr.Button("Run", variant="primary")
+                    stop_btn = gr.Button("Stop", variant="stop")
+                gr.Markdown("**Examples**")
+                example_btns = {name: gr.Button(name, size="sm") for name in EXAMPLES}
+                with gr.Accordion("Trace files", open=False):
+                    download = gr.DownloadButton("Download this trace (JSON)", value=None)
+                    upload = gr.File(label=f"open a trace (JSON, up to {MAX_TRACE_BYTES // 2**20} MiB; no model "
+                                           "needed)", file_types=[".json"], type="filepath")
+            with gr.Column(scale=3):
+                status = gr.Markdown("Run something, pick an example, or open a trace file.", elem_id="sv-status")
+                link_box = gr.Textbox(label="share link (opens this run at this focus)", interactive=False, lines=1,
+                                      max_lines=1, buttons=["copy"], elem_id="sv-link")
+                table = gr.Dataframe(label="sequences (click one to focus it)", interactive=False, wrap=True,
+                                     max_height=260, elem_id="sv-table")
+                with gr.Row():
+                    focus_seq = gr.Number(label="focused sequence", precision=0, minimum=0)
+                    focus_round = gr.Number(label="focused round", precision=0, minimum=0)
+                    focus_note = gr.Markdown()
+                gr.Markdown("### Acceptance grid — sequences × their rounds, accepted / k (click a cell)")
+                with gr.Row():
+                    grid = gr.HTML(js_on_load=CLICKS, elem_id="sv-grid", padding=False)
+                    forensics = gr.HTML(elem_id="sv-forensics", js_on_load=None)
+                gr.Markdown("### Token timeline of the focused sequence (click a round)")
+                gr.HTML(LEGEND, js_on_load=None)
+                timeline = gr.HTML(js_on_load=CLICKS, elem_id="sv-timeline")
+                gr.Markdown("### Reference and speculative text")
+                compare = gr.HTML(elem_id="sv-compare", js_on_load=None)
+                with gr.Tabs():
+                    with gr.Tab("KV and padding lanes"):
+                        lanes = gr.Plot(show_label=False)
+                    with gr.Tab("Phase timings"):
+                        phases = gr.Plot(show_label=False)
+                    with gr.Tab("Glossary"):
+                        glossary = gr.Markdown(views.glossary(None))
+        link_query = gr.Textbox(visible=False)
+
+        controls = [c[n] for n in DEFAULTS]
+        shown = [table, timeline, grid, compare, forensics, lanes, phases, glossary, focus_seq, focus_round,
+                 link_query, focus_note]
+        opened = [trace_state, status, download, pending]
+
+        def show_link(event):
+            return event.then(None, [link_query], [link_box], js=UPDATE_URL, api_visibility="private")
+
+        def then_show(event, fn=render, inputs=(trace_state,)):
+            return show_link(event.success(fn, list(inputs), shown, api_visibility="private"))
+
+        run_inputs = [*controls[:5], c["prompt_file"], *controls[5:]]
+        go = run_btn.click(run_controls, run_inputs, opened, api_name="run", concurrency_id="decode")
+        then_show(go)
+        running = [go]
+        for name, btn in example_btns.items():
+            values = {**DEFAULTS, **EXAMPLES[name]}
+            filled = btn.click(lambda v=values: [v[n] for n in DEFAULTS], None, controls,
+                               api_name="example_" + name.split()[0].replace("-", "_"))
+            ex = filled.then(run_controls, run_inputs, opened, api_visibility="private", concurrency_id="decode")
+            then_show(ex)
+            running.append(ex)
+        stop_btn.click(stop, None, None, cancels=running, api_name="stop")
+
+        then_show(upload.upload(open_trace, [upload], opened, api_name="open_trace"))
+        show_link(grid.click(pick, [trace_state], shown, api_name="pick_cell"))
+        show_link(timeline.click(pick, [trace_state], shown, api_name="pick_round"))
+        show_link(table.select(pick_row, [trace_state, table], shown, api_name="pick_sequence"))
+        for name, box in (("seq", focus_seq), ("round", focus_round)):
+            show_link(box.submit(render, [trace_state, focus_seq, focus_round], shown, api_name=f"focus_{name}"))
+
+        loaded = demo.load(open_link, [link_query], [*controls, pending, status], js="() => location.search",
+                           api_name="open_link")
+        replayed = loaded.then(replay, [pending], opened, api_visibility="private", concurrency_id="decode")
+        then_show(replayed, fn=render_replayed, inputs=(trace_state, pending))
     return demo
+
+
+def _controls() -> dict:
+    c = {}
+    c["pair"] = gr.Dropdown([*PRESETS, CUSTOM], value=DEFAULTS["pair"], label="model pair",
+                            info="embedded: SmolLM2-135M-Instruct and its draft, offline; tiny: a random 3-layer test pair")
+    with gr.Accordion("custom pair (Hub ids or local paths)", open=False):
+        c["target"] = gr.Textbox(label="target model")
+        c["draft"] = gr.Textbox(label="draft model")
+    c["prompt_set"] = gr.Dropdown(list(builtin_sets()), value=DEFAULTS["prompt_set"], label="built-in prompts")
+    c["typed"] = gr.Textbox(lines=3, label="or type prompts", info="one a line, or Spec-Bench JSONL; used when not empty")
+    c["prompt_file"] = gr.File(label="or upload prompts (text or Spec-Bench .jsonl)", file_types=[".txt", ".jsonl"],
+                               type="filepath", height=90)
+    c["method"] = gr.Dropdown(list(METHODS), value=DEFAULTS["method"], label="method")
+    c["faults"] = gr.Dropdown([*FAULTS, *FAULT_PRESETS], value=[], multiselect=True, label="faults (eqspec only)",
+                              info="re-create a published engine's bug")
+    with gr.Row():
+        c["batch_size"] = gr.Slider(1, MAX_BATCH_SIZE, value=DEFAULTS["batch_size"], step=1, label="batch size")
+        c["k"] = gr.Slider(1, MAX_K, value=DEFAULTS["k"], step=1, label="k (drafts a round)")
+    with gr.Row():
+        c["max_new_tokens"] = gr.Slider(1, 256, value=DEFAULTS["max_new_tokens"], step=1, label="max new tokens")
+        c["dtype"] = gr.Dropdown(list(DTYPES), value=DEFAULTS["dtype"], label="dtype")
+    with gr.Accordion("seed and exspec", open=False):
+        c["seed"] = gr.Number(value=DEFAULTS["seed"], precision=0, label="seed")
+        c["window"] = gr.Number(value=DEFAULTS["window"], precision=0, label="exspec window (0: 2 × batch size)")
+        c["max_wait"] = gr.Number(value=DEFAULTS["max_wait"], precision=0, label="exspec max wait (rounds)")
+    return c
+
+
+def launch(demo: gr.Blocks, **kwargs):
+    """Serve `demo` with the page's CSS, one decode at a time, and uploads capped."""
+    demo.queue(default_concurrency_limit=1)
+    return demo.launch(css_paths=[ASSETS / "specviz.css"], max_file_size=MAX_TRACE_BYTES, **kwargs)

@@ -1,36 +1,106 @@
-"""The app serves, and its named API runs a decode whose ids equal the reference."""
-import socket
+"""The app's named API: the default example's trace equals the reference; bad links and trace files
+get clear messages while the server keeps serving."""
+import json
+from pathlib import Path
 
 import pytest
 from gradio_client import Client
 
-from specviz.ui import build
+from specviz import share
+from specviz.spec import RunSpec
+from specviz.trace import MAX_TRACE_BYTES, Trace
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+TINY_RUN = ["tiny", "", "", "quick", "", None, "eqspec", [], 2, 3, 8, "float64", 0, 0, 4]
 
 
 @pytest.fixture(scope="module")
-def client():
-    demo = build()
-    port = _free_port()
-    demo.queue(default_concurrency_limit=1).launch(server_name="127.0.0.1", server_port=port,
-                                                   prevent_thread_lock=True, quiet=True)
-    yield Client(f"http://127.0.0.1:{port}/", verbose=False)
-    demo.close()
+def client(app_url):
+    return Client(app_url, verbose=False)
 
 
-def test_run_api_equals_reference(client, tiny):
-    status, table = client.predict("tiny", "quick", "", "eqspec", [], 2, 3, 8, "float64", api_name="/run")
-    assert "100% of sequences equal the batch-size-1 reference" in status
-    assert len(table["data"]) == 4 and all(row[4] == "yes" for row in table["data"])
+def test_default_example_through_the_named_api_equals_the_reference(client, embedded):
+    controls = client.predict(api_name="/example_clean")  # fills the controls as the button does
+    _, trace_file = client.predict(*controls[:5], None, *controls[5:], api_name="/run")
+    trace = Trace.from_json(Path(trace_file).read_text())
+    assert trace.manifest.spec.target == "specviz:smollm2-135m" and trace.manifest.spec.method == "eqspec"
+    assert [p.ids for p in trace.prompts] == embedded.encode(trace.manifest.spec.prompts)
+    for s in trace.sequences:
+        assert s.reference_ids and s.output_ids == s.reference_ids
 
 
 def test_bad_input_gets_a_message_and_the_server_keeps_serving(client, tiny):
+    bad = list(TINY_RUN)
+    bad[6], bad[7] = "reference", ["no-mask"]
     with pytest.raises(Exception, match="faults apply to speculative methods"):
-        client.predict("tiny", "quick", "", "reference", ["no-mask"], 2, 3, 8, "float64", api_name="/run")
-    status, _ = client.predict("tiny", "quick", "Hello", "reference", [], 1, 3, 4, "float64", api_name="/run")
-    assert "reference" in status
+        client.predict(*bad, api_name="/run")
+    typed = list(TINY_RUN)
+    typed[4] = '{"turns": ["broken'
+    with pytest.raises(Exception, match="typed prompts, line 1"):
+        client.predict(*typed, api_name="/run")
+    status, _ = client.predict(*TINY_RUN, api_name="/run")
+    assert "100% of sequences equal the batch-size-1 reference" in status
+
+
+def _link(**spec_changes) -> str:
+    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", prompts=("Hi!",), dtype="float64")
+    return share.encode(share.Link(spec.model_copy(update=spec_changes), seq=0, round=1, fingerprint="f" * 16))
+
+
+@pytest.mark.parametrize("query, message", [
+    (_link()[:40], "damaged"),
+    ("?run=@@@@", "damaged"),
+    (_link().replace("seq=0", "seq=zero"), "seq must be a whole number"),
+    ("?run=" + "A" * 20_000, "characters long"),
+])
+def test_malformed_share_links_get_a_message_and_the_default_page(client, query, message):
+    status = client.predict(query, api_name="/open_link")[-1]
+    assert "could not be used" in status and message in status
+    status_ok = client.predict(_link(), api_name="/open_link")[-1]
+    assert "Replaying" in status_ok
+
+
+def test_an_out_of_limits_link_names_the_limit(client):
+    import base64
+    import zlib
+
+    spec = {**json.loads(RunSpec.build(prompts=("Hi",)).canonical_json()), "batch_size": 10_000}
+    run = base64.urlsafe_b64encode(zlib.compress(json.dumps({"spec": spec}).encode())).decode()
+    status = client.predict("?run=" + run, api_name="/open_link")[-1]
+    assert "could not be used" in status and "batch_size" in status
+
+
+def _upload(client, tmp_path, name: str, content: bytes):
+    from gradio_client import handle_file
+
+    path = tmp_path / name
+    path.write_bytes(content)
+    return client.predict(handle_file(str(path)), api_name="/open_trace")
+
+
+@pytest.fixture(scope="module")
+def good_trace(client) -> bytes:
+    _, trace_file = client.predict(*TINY_RUN, api_name="/run")
+    return Path(trace_file).read_bytes()
+
+
+def test_a_trace_file_opens_without_a_model(client, tmp_path, good_trace):
+    status, _ = _upload(client, tmp_path, "good.json", good_trace)
+    assert "opened from a file" in status
+
+
+@pytest.mark.parametrize("mangle, message", [
+    (lambda t: t[: len(t) // 2], "invalid JSON"),  # truncated
+    (lambda t: json.dumps({**json.loads(t), "schema_version": 7}).encode(), "schema version 1"),
+    (lambda t: json.dumps({**json.loads(t), "rows": "many"}).encode(), "rows"),
+    (lambda t: json.dumps({**json.loads(t), "sequences": [{"seq": "zero"}]}).encode(), "sequences.0"),
+    (lambda t: b"\xff\xfe binary", "not UTF-8"),
+])
+def test_malformed_trace_files_get_a_message(client, tmp_path, good_trace, mangle, message):
+    with pytest.raises(Exception, match=message):
+        _upload(client, tmp_path, "bad.json", mangle(good_trace))
+    assert "opened from a file" in _upload(client, tmp_path, "good.json", good_trace)[0]
+
+
+def test_an_oversized_trace_file_is_refused(client, tmp_path):
+    with pytest.raises(Exception, match="(?i)size|large|limit"):
+        _upload(client, tmp_path, "huge.json", b" " * (MAX_TRACE_BYTES + 1))

@@ -1,0 +1,83 @@
+"""Plotly figures from a Trace: KV and padding lanes, phase timings."""
+from __future__ import annotations
+
+import plotly.express as px
+import plotly.graph_objects as go
+
+from .metrics import PHASES
+from .trace import Trace
+from .views import Focus, rows_by_seq
+
+LANES = (("pad", "padding"), ("content", "content length"), ("target_kv", "target KV length"),
+         ("draft_kv", "draft KV length"), ("delta", "KV shift (delta)"))
+COLOURS = px.colors.qualitative.D3
+PHASE_COLOURS = {"draft": "#4c78a8", "verify": "#f58518", "realign": "#e45756", "trace": "#9d9d9d"}
+
+
+def _empty(message: str) -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, font={"size": 14})
+    fig.update_layout(xaxis_visible=False, yaxis_visible=False, height=160, margin={"t": 10, "b": 10})
+    return fig
+
+
+def kv_lanes(trace: Trace, focus: Focus) -> go.Figure:
+    """Per row of the focused sequence's batch: padding, content, target and draft KV, and delta over the rounds.
+
+    A static batch (eqspec) shows all its rows; exspec shows the sequences that shared the focused round.
+    """
+    by_seq = rows_by_seq(trace)
+    mine = by_seq.get(focus.seq, [])
+    if not mine:
+        return _empty("No rounds: this method does not speculate.")
+    here = next((r for r in mine if r.round == focus.round), mine[0])
+    if here.batch >= 0:
+        seqs = sorted({r.seq for r in trace.rows if r.batch == here.batch})
+    else:
+        seqs = next(rd.seqs for rd in trace.rounds if rd.round == here.round)
+    # One shared x axis and a y axis per lane, stacked top to bottom. The data is our own and well-formed:
+    # skipping plotly's per-property validation makes this 10x faster (0.3 s -> 0.03 s for 8 rows).
+    gap, n = 0.04, len(LANES)
+    height = (1 - gap * (n - 1)) / n
+    layout = {"height": 150 * n, "margin": {"t": 30, "b": 30, "l": 40, "r": 10}, "hovermode": "closest",
+              "legend": {"orientation": "h", "y": -0.06}, "xaxis": {"title": {"text": "round (start of)"}},
+              "shapes": [{"type": "line", "xref": "x", "yref": "paper", "x0": here.round, "x1": here.round, "y0": 0,
+                          "y1": 1, "line": {"dash": "dot", "color": "#c00"}}], "annotations": []}
+    data = []
+    for i, (field, title) in enumerate(LANES):
+        axis = "y" if i == 0 else f"y{i + 1}"
+        top = 1 - i * (height + gap)
+        layout["yaxis" if i == 0 else f"yaxis{i + 1}"] = {"domain": [top - height, top], "anchor": "x"}
+        layout["annotations"].append({"text": title, "xref": "paper", "yref": "paper", "x": 0.5, "y": top,
+                                      "yanchor": "bottom", "showarrow": False})
+        for c, seq in enumerate(seqs):
+            rows = by_seq[seq]
+            focused = seq == focus.seq
+            colour = COLOURS[c % len(COLOURS)]
+            data.append({
+                "type": "scatter", "xaxis": "x", "yaxis": axis, "mode": "lines+markers", "name": f"seq {seq}",
+                "legendgroup": f"seq {seq}", "showlegend": i == 0, "opacity": 1 if focused else 0.55,
+                "x": [r.round for r in rows],
+                "y": [r.delta if field == "delta" else getattr(r, f"{field}_before") for r in rows],
+                "line": {"width": 3 if focused else 1.2, "color": colour},
+                "marker": {"size": 5 if focused else 3, "color": colour},
+                "hovertemplate": f"seq {seq} · round %{{x}}<br>{title} %{{y}}<extra></extra>",
+            })
+    return go.Figure(data=data, layout=layout, skip_invalid=True)
+
+
+def phase_timings(trace: Trace) -> go.Figure:
+    """Seconds per round spent drafting, verifying, realigning and tracing, stacked."""
+    if not trace.rounds:
+        return _empty("No rounds: this method does not speculate.")
+    x = [rd.round for rd in trace.rounds]
+    total = trace.manifest.decode_seconds
+    fig = go.Figure()
+    for p in PHASES:
+        ys = [1000 * rd.timings.get(p, 0.0) for rd in trace.rounds]
+        fig.add_trace(go.Bar(x=x, y=ys, name=f"{p} {sum(ys) / 1000 / total:.1%}", marker_color=PHASE_COLOURS[p],
+                             hovertemplate=f"round %{{x}}<br>{p} %{{y:.1f}} ms<extra></extra>"))
+    fig.update_layout(barmode="stack", height=300, margin={"t": 40, "b": 30, "l": 40, "r": 10},
+                      title=f"time per round (share of {total:.1f} s decode time in the legend)",
+                      yaxis_title="ms", xaxis_title="round", legend={"orientation": "h", "y": -0.25})
+    return fig

@@ -1,0 +1,345 @@
+"""What the page shows, built from a Trace alone (no model, no gradio).
+
+Every view is linked to one focus: a sequence and one of its rounds. HTML
+views carry `data-seq` / `data-round` on whatever can be clicked, so the page
+turns a click into a new focus.
+"""
+from __future__ import annotations
+
+import html
+from collections import defaultdict
+from dataclasses import dataclass
+
+import pandas as pd
+
+from . import metrics
+from .trace import RowRecord, Trace
+
+CHECK_TEXT = {
+    "rectangular": "I1 rectangular: pad + content = batch width",
+    "positions": "I2 positions follow the mask (cumsum(mask) − 1)",
+    "mask": "mask: exactly the real slots are visible",
+    "kv": "I3 target KV: one entry per real token, at its own position",
+    "draft_kv": "I3 draft KV: the same for the draft's cache",
+    "bonus": "I4 the non-draft token is the target's argmax",
+}
+SOURCE_TEXT = {"draft": "accepted draft", "correction": "target correction", "bonus": "bonus (target, all drafts accepted)"}
+
+
+@dataclass(frozen=True)
+class Focus:
+    seq: int
+    round: int | None  # a global round index the sequence took part in; None for non-speculative traces
+
+
+def rows_by_seq(trace: Trace) -> dict[int, list[RowRecord]]:
+    out: dict[int, list[RowRecord]] = defaultdict(list)
+    for r in trace.rows:
+        out[r.seq].append(r)
+    return out
+
+
+def fork_round(trace: Trace, seq: int, rows: list[RowRecord]) -> int | None:
+    """The round that emitted the sequence's first divergent token."""
+    fork = trace.sequences[seq].first_divergence
+    if fork is None:
+        return None
+    seen = 0
+    for r in rows:
+        seen += len(r.emitted)
+        if fork < seen:
+            return r.round
+    return rows[-1].round if rows else None
+
+
+def resolve(trace: Trace, seq: int | None = None, round: int | None = None) -> tuple[Focus, str]:
+    """A valid focus near the one asked for, and a note when it had to move.
+
+    No sequence asked: the first divergent one (else 0). No valid round: the
+    round of its divergence (else its first round).
+    """
+    note = ""
+    n = len(trace.sequences)
+    if seq is not None and not 0 <= seq < n:
+        note = f"sequence {seq} is not in this run (it has {n}); showing another. "
+        seq = None
+    if seq is None:
+        seq = next((s.seq for s in trace.sequences if s.equivalent is False), 0)
+    rows = rows_by_seq(trace).get(seq, [])
+    rounds = [r.round for r in rows]
+    if round is not None and round not in rounds:
+        if rows:
+            note += f"sequence {seq} took no part in round {round}; showing another. "
+        round = None
+    if round is None and rows:
+        round = fork_round(trace, seq, rows)
+        round = rounds[0] if round is None else round
+    return Focus(seq, round), note
+
+
+# ---------------------------------------------------------------- text helpers
+
+
+def _show(text: str) -> str:
+    """A token's text, escaped, with invisible characters made visible."""
+    if text == "":
+        return "∅"
+    return html.escape(text).replace("\n", "↵").replace("\t", "⇥")
+
+
+def _attr(text: str) -> str:
+    return html.escape(text, quote=True)
+
+
+def _piece(trace: Trace, tok: int) -> str:
+    return trace.vocab.get(tok, f"<{tok}>")
+
+
+# ---------------------------------------------------------------- views
+
+
+def headline(trace: Trace) -> str:
+    """One markdown paragraph: what ran and how it went."""
+    m = trace.manifest
+    s = m.spec
+    tokens = sum(len(q.output_ids) for q in trace.sequences)
+    parts = [(f"**{s.method}**{' + ' + ', '.join(s.faults) if s.faults else ''} on `{s.target}` / `{s.draft}`, "
+              f"{len(trace.sequences)} prompts, batch size {s.batch_size}, k {s.k}, {s.dtype} on {m.device}: "
+              f"{tokens} tokens in {m.decode_seconds:.1f} s")]
+    if trace.rows:
+        parts.append(f"acceptance {metrics.acceptance_rate(trace):.2f}, {metrics.tokens_per_round(trace):.2f} tokens/round")
+    if (g := metrics.group_rate(trace)) is not None:
+        parts.append(f"group rate {g:.0%}")
+    eq = metrics.equivalence(trace)
+    if eq:
+        parts.append(f"**{eq['exact']:.0%} of sequences equal the batch-size-1 reference** "
+                     f"(prefix match {eq['prefix']:.1%})")
+        verdicts = metrics.verdict_counts(trace)
+        if verdicts:
+            parts.append("divergences: " + ", ".join(f"{v} × {c}" for v, c in verdicts.items()))
+    return "; ".join(parts) + f". Fingerprint `{m.fingerprint}`."
+
+
+def summary_frame(trace: Trace) -> pd.DataFrame:
+    """One line per sequence."""
+    by_seq = rows_by_seq(trace)
+    records = []
+    for s, p in zip(trace.sequences, trace.prompts):
+        rows = by_seq.get(s.seq, [])
+        proposed = sum(len(r.draft_tokens) for r in rows)
+        records.append({
+            "seq": s.seq,
+            "prompt": p.text[:48] + ("…" if len(p.text) > 48 else ""),
+            "tokens": len(s.output_ids),
+            "equivalent": {True: "yes", False: "NO", None: "-"}[s.equivalent],
+            "first divergence": "" if s.first_divergence is None else str(s.first_divergence),
+            "verdict": s.forensics.verdict if s.forensics else "",
+            "acceptance": f"{sum(r.accepted for r in rows) / proposed:.2f}" if proposed else "",
+            "tokens/round": f"{sum(len(r.emitted) for r in rows) / len(rows):.2f}" if rows else "",
+        })
+    return pd.DataFrame.from_records(records)
+
+
+def timeline_html(trace: Trace, focus: Focus) -> str:
+    """The focused sequence's tokens as chips, grouped by round, coloured by origin."""
+    seq = trace.sequences[focus.seq]
+    rows = rows_by_seq(trace).get(focus.seq, [])
+    fork = seq.first_divergence
+    ref = seq.reference_ids or []
+    out = [f'<div class="sv-timeline" data-seq="{focus.seq}">']
+    if not rows:  # a non-speculative method: tokens only
+        out.append('<div class="sv-round">')
+        for i, tok in enumerate(seq.output_ids):
+            out.append(_chip(trace, tok, "sv-target", i, fork, ref, f"#{i} · id {tok} · from the target"))
+        out.append("</div>")
+    i = 0
+    for r in rows:
+        sel = " sv-sel" if r.round == focus.round else ""
+        k = len(r.draft_tokens)
+        out.append(f'<div class="sv-round{sel}" data-seq="{focus.seq}" data-round="{r.round}" '
+                   f'title="round {r.round} · batch row {r.row} · accepted {r.accepted} of {k}">'
+                   f'<span class="sv-rn">{r.round}</span>')
+        for j, (tok, src) in enumerate(zip(r.emitted, r.sources)):
+            tip = [f"#{i} · id {tok} · {_piece(trace, tok)!r}", SOURCE_TEXT[src]]
+            if src == "draft":
+                tip.append(f"draft p {r.draft_probs[j]:.3f}")
+            elif j < k:
+                tip.append(f"the draft proposed {_piece(trace, r.draft_tokens[j])!r} (p {r.draft_probs[j]:.3f})")
+            tip.append(f"target p {r.target_probs[j]:.3f} · top-2 margin {r.target_margins[j]:.2f}")
+            tip.append(f"round {r.round} · target KV {r.target_kv_before + 1 + j}")
+            out.append(_chip(trace, tok, f"sv-{src}", i, fork, ref, " · ".join(tip)))
+            i += 1
+        for j in range(r.accepted, k):  # the first rejected draft, then those that came after it
+            tok = r.draft_tokens[j]
+            why = (f"the target chose {_piece(trace, r.target_tokens[j])!r}" if j == r.accepted
+                   else "it followed a rejected draft")
+            tip = f"rejected draft: id {tok} · {_piece(trace, tok)!r} · draft p {r.draft_probs[j]:.3f} · {why}"
+            out.append(f'<span class="sv-tok sv-rejected" title="{_attr(tip)}">{_show(_piece(trace, tok))}</span>')
+        out.append("</div>")
+    out.append("</div>")
+    return "".join(out)
+
+
+def _chip(trace: Trace, tok: int, cls: str, i: int, fork: int | None, ref: list[int], tip: str) -> str:
+    if fork is not None and i == fork:
+        cls += " sv-fork"
+        tip += f" · FIRST DIVERGENCE: the reference has {_piece(trace, ref[i])!r}" if i < len(ref) else \
+            " · FIRST DIVERGENCE: the reference had ended"
+    elif fork is not None and i > fork:
+        cls += " sv-after"
+    return f'<span class="sv-tok {cls}" data-index="{i}" title="{_attr(tip)}">{_show(_piece(trace, tok))}</span>'
+
+
+def grid_html(trace: Trace, focus: Focus) -> str:
+    """Sequences × their rounds; each cell the accepted count out of the round's k."""
+    by_seq = rows_by_seq(trace)
+    if not by_seq:
+        return '<p class="sv-empty">No rounds: this method does not speculate.</p>'
+    width = max(len(v) for v in by_seq.values())
+    out = ['<div class="sv-grid-wrap"><table class="sv-grid"><thead><tr><th>seq</th>']
+    out += [f"<th>{n + 1}</th>" for n in range(width)]
+    out.append("</tr></thead><tbody>")
+    for s in trace.sequences:
+        rows = by_seq.get(s.seq, [])
+        fr = fork_round(trace, s.seq, rows)
+        mark = {True: "✓", False: "✗", None: ""}[s.equivalent]
+        out.append(f'<tr><th class="sv-seq" data-seq="{s.seq}" data-round="{rows[0].round if rows else ""}">'
+                   f"{s.seq} {mark}</th>")
+        for n, r in enumerate(rows):
+            k = len(r.draft_tokens)
+            hue = 120 * r.accepted / k if k else 0
+            cls = "sv-cell" + (" sv-fork" if r.round == fr else "") + (
+                " sv-sel" if (s.seq, r.round) == (focus.seq, focus.round) else "")
+            tip = (f"seq {s.seq} · round {r.round} (its {n + 1}.) · accepted {r.accepted} of {k} · "
+                   f"emitted {len(r.emitted)}" + (" · first divergence" if r.round == fr else ""))
+            out.append(f'<td class="{cls}" data-seq="{s.seq}" data-round="{r.round}" '
+                       f'style="background:hsl({hue:.0f},65%,72%)" title="{_attr(tip)}">{r.accepted}/{k}</td>')
+        out.append("<td></td>" * (width - len(rows)) + "</tr>")
+    out.append("</tbody></table></div>")
+    return "".join(out)
+
+
+def compare_html(trace: Trace, focus: Focus) -> str:
+    """Reference and speculative text side by side, the divergence highlighted."""
+    s = trace.sequences[focus.seq]
+    fork = s.first_divergence
+
+    def column(title: str, ids: list[int]) -> str:
+        if fork is None:
+            body = _show_text(trace.text(ids))
+        else:
+            body = (_show_text(trace.text(ids[:fork])) + '<mark class="sv-fork">' + _show_text(trace.text(ids[fork: fork + 1]))
+                    + "</mark>" + '<span class="sv-after">' + _show_text(trace.text(ids[fork + 1:])) + "</span>")
+        return f'<div class="sv-col"><h4>{html.escape(title)}</h4><div class="sv-text">{body}</div></div>'
+
+    if s.reference_ids is None:
+        return '<p class="sv-empty">No reference was decoded for this trace.</p>'
+    note = ("identical token ids" if fork is None else f"first divergence at token {fork}")
+    return (f'<div class="sv-compare" data-seq="{focus.seq}"><p class="sv-note">sequence {focus.seq}: {note}</p>'
+            + column("reference (target alone, batch size 1)", s.reference_ids)
+            + column(f"{trace.manifest.spec.method}", s.output_ids) + "</div>")
+
+
+def _show_text(text: str) -> str:
+    return html.escape(text)
+
+
+def forensics_html(trace: Trace, focus: Focus) -> str:
+    """The focused sequence's verdict with its evidence, and the focused round's state and checks."""
+    s = trace.sequences[focus.seq]
+    out = [f'<div class="sv-forensics" data-seq="{focus.seq}" data-round="{"" if focus.round is None else focus.round}">']
+    f = s.forensics
+    if s.equivalent:
+        out.append(f'<p class="sv-verdict sv-ok">Sequence {s.seq} equals the reference, token for token.</p>')
+    elif f is None:
+        out.append(f'<p class="sv-verdict">Sequence {s.seq}: no reference to compare with.</p>')
+    else:
+        kind = f.verdict.split(":")[0]
+        out.append(f'<p class="sv-verdict sv-{kind}">Sequence {s.seq}: <b>{html.escape(f.verdict)}</b> — '
+                   f"{html.escape(f.explanation)}</p>")
+        evidence = [
+            ("first divergent token", f.fork),
+            ("emitted in round / batch row", f"{f.round} / {f.row}" if f.round is not None else None),
+            ("speculative token", _tok(trace, f.output_token)),
+            ("reference token", _tok(trace, f.reference_token)),
+            ("top-1 − top-2 margin, batch size 1", _num(f.margin_reference)),
+            ("the same in the emitting pass", _num(f.margin_batched)),
+            ("largest logit difference (batched vs bs 1)", _num(f.logit_diff)),
+            ("logit noise measured on agreeing tokens", _num(f.noise)),
+            ("plain batching (no speculation) forks here too", None if f.batching_noise is None else
+             ("yes" if f.batching_noise else "no")),
+            ("breaking checks failed (first round)", ", ".join(f"{c} (round {r})" for c, r in f.failed_checks.items())
+             or "none"),
+        ]
+        out.append(_table(evidence))
+    row = next((r for r in rows_by_seq(trace).get(focus.seq, []) if r.round == focus.round), None)
+    if row is not None:
+        k = len(row.draft_tokens)
+        out.append(f"<h4>Round {row.round}, batch row {row.row}</h4>")
+        out.append(_table([
+            ("accepted", f"{row.accepted} of {k}"),
+            ("emitted", " ".join(f"{_show(_piece(trace, t))} ({src})" for t, src in zip(row.emitted, row.sources))),
+            ("padding before → after", f"{row.pad_before} → {_opt(row.pad_after)}"),
+            ("content before → after", f"{row.content_before} → {_opt(row.content_after)}"),
+            ("positions fed to verify", f"{row.pos_first} … {row.pos_last}"),
+            ("mask sum (slots visible to the first verified token)", row.mask_sum),
+            ("target KV before → after", f"{row.target_kv_before} → {_opt(row.target_kv_after)}"),
+            ("draft KV before → after", f"{row.draft_kv_before} → {_opt(row.draft_kv_after)}"),
+            ("realignment shift (delta)", row.delta),
+        ]))
+        out.append('<table class="sv-checks"><tr><th>invariant</th><th>held</th></tr>')
+        for name, held in row.checks.items():
+            out.append(f'<tr class="{"sv-held" if held else "sv-broken"}"><td>{html.escape(CHECK_TEXT.get(name, name))}'
+                       f"</td><td>{'✓' if held else '✗'}</td></tr>")
+        out.append("</table>")
+    out.append("</div>")
+    return "".join(out)
+
+
+def _tok(trace: Trace, tok: int | None) -> str | None:
+    return None if tok is None else f"{_show(_piece(trace, tok))} (id {tok})"
+
+
+def _num(v: float | None) -> str | None:
+    return None if v is None else f"{v:.4g}"
+
+
+def _opt(v) -> str:
+    return "left the batch" if v is None else str(v)
+
+
+def _table(items: list[tuple[str, object]]) -> str:
+    cells = "".join(f"<tr><td>{html.escape(name)}</td><td>{value}</td></tr>" for name, value in items if value is not None)
+    return f'<table class="sv-kv">{cells}</table>'
+
+
+def glossary(trace: Trace | None) -> str:
+    """Every metric the page shows, with its formula and (when a trace is open) its value."""
+    def value(fn) -> str:
+        if trace is None:
+            return ""
+        v = fn(trace)
+        return "" if v is None else f" — here **{v:.3g}**" if isinstance(v, float) else f" — here **{v}**"
+
+    def realign_share(t: Trace) -> float | None:
+        return metrics.phase_seconds(t)["realign"] / t.manifest.decode_seconds if t.rows else None
+
+    def throughput(t: Trace) -> float:
+        return sum(len(s.output_ids) for s in t.sequences) / t.manifest.decode_seconds
+
+    positions = metrics.per_position_acceptance(trace) if trace and trace.rows else []
+    lines = [
+        "**acceptance rate** = accepted draft tokens / proposed draft tokens, over active rows" + value(metrics.acceptance_rate),
+        "**tokens per round** = emitted tokens / (round, row) records, bonus included" + value(metrics.tokens_per_round),
+        "**per-position acceptance** = P(draft j accepted | drafts before j accepted)"
+        + (" — here " + ", ".join(f"{p:.2f}" for p in positions) if positions else ""),
+        "**realignment overhead** = realign time / decode time" + value(realign_share),
+        "**group rate** (exspec) = same-length rounds / all rounds" + value(metrics.group_rate),
+        "**throughput** = generated tokens (through EOS) / decode seconds" + value(throughput),
+        "**exact match** = sequences whose token ids equal the batch-size-1 reference / sequences",
+        "**prefix match** = reference tokens before the first difference / reference tokens, averaged",
+        ("**top-2 margin** = the target's top-1 minus top-2 logit; a divergence within the run's measured logit "
+         "noise is `numerics`, one after a failed invariant is `sync-bug:<state>`, anything else `unexplained`"),
+        "**delta** = how many slots a row's KV moved in a realignment (0 when every row gained the same)",
+    ]
+    return "\n".join(f"- {line}" for line in lines)
