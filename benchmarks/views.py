@@ -1,0 +1,42 @@
+"""Server-side time to build every view of the page for a trace (issue: 8 × 128 under 0.5 s, 64 × 256 under 2 s).
+
+Traces come from the tiny pair (fast to decode; the views only see the trace's shape). Each size is timed
+for the default focus and for a focus on the last sequence, median of 5, including the plotly figures'
+JSON encoding that Gradio does before sending them.
+
+    python benchmarks/views.py
+"""
+import statistics
+import time
+from pathlib import Path
+
+from specviz import views
+from specviz.prompts import read_prompts
+from specviz.runner import run
+from specviz.spec import TINY_DRAFT, TINY_TARGET, RunSpec
+from specviz.ui import render
+
+QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
+
+
+def main() -> None:
+    for n, tokens in ((8, 128), (64, 256)):
+        spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, prompts=tuple(read_prompts(QUESTIONS)[:n]),
+                             batch_size=8, k=5, max_new_tokens=tokens, device="cpu", faults=("bsp-like",))
+        trace = run(spec)
+        size = len(trace.to_json()) / 2**20
+        for label, seq in (("default focus", None), ("last sequence", n - 1)):
+            times = []
+            for _ in range(5):
+                t = time.perf_counter()
+                out = render(trace, seq)
+                for fig in out[5:7]:
+                    fig.to_json()
+                times.append(time.perf_counter() - t)
+            focus, _ = views.resolve(trace, seq)
+            print(f"{n:>3} sequences x {tokens} tokens ({len(trace.rows)} round-rows, trace {size:.1f} MiB), "
+                  f"{label} (seq {focus.seq}): median {statistics.median(times):.3f} s, max {max(times):.3f} s")
+
+
+if __name__ == "__main__":
+    main()
