@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import metrics
+from . import determinism, metrics
 from .decoding.faults import FAULTS
 from .decoding.faults import PRESETS as FAULT_PRESETS
 from .models import PRESETS, pair_for
@@ -44,6 +44,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", choices=DTYPES, default="float32")
     g.add_argument("--device", choices=DEVICES, default="auto")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--deterministic", action="store_true",
+                   help="deterministic GPU kernels (fixed cuBLAS workspace, no TF32): reruns repeat bit for bit; slower")
     g.add_argument("--window", type=int, help="exspec: active sequences in the window (default 2 x batch size)")
     g.add_argument("--max-wait", type=int, default=4, help="exspec: rounds a sequence may be passed over")
     g.add_argument("--faults", default="", help=f"comma-separated faults or presets: {', '.join([*FAULTS, *FAULT_PRESETS])}")
@@ -219,6 +221,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if getattr(args, "deterministic", False):
+        determinism.enable()
     try:
         return args.func(args)
     except SpecError as e:
