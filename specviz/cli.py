@@ -11,7 +11,7 @@ from tqdm import tqdm
 from . import determinism, metrics
 from .decoding.faults import FAULTS
 from .decoding.faults import PRESETS as FAULT_PRESETS
-from .models import PRESETS, pair_for
+from .models import PRESETS, Placement, pair_for
 from .prompts import builtin_set, builtin_sets, read_prompts
 from .spec import DEVICES, DTYPES, METHODS, RunSpec, SpecError
 
@@ -32,6 +32,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target-revision")
     g.add_argument("--draft-revision")
     g.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
+    g.add_argument("--device-map", choices=["auto"],
+                   help="spread a target too large for one GPU over the visible GPUs with accelerate (then CPU memory)")
+    g.add_argument("--max-memory", metavar="LIMITS",
+                   help="per-device limits for spreading the target, e.g. 0=20GiB,1=20GiB,cpu=64GiB (implies --device-map auto)")
     g = p.add_argument_group("prompts")
     g.add_argument("--prompts", type=Path, help="a file: one prompt a line, or Spec-Bench JSONL (turns[0])")
     g.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
@@ -75,22 +79,23 @@ def _spec(args, **overrides) -> RunSpec:
     return RunSpec.build(**fields)
 
 
+def _placement(args) -> Placement:
+    return Placement(spread=bool(args.device_map or args.max_memory), max_memory=args.max_memory)
+
+
 def _progress_bar(spec: RunSpec, desc: str) -> tqdm:
     return tqdm(total=len(spec.prompts) * spec.max_new_tokens, desc=desc, unit="tok", leave=False,
                 disable=not sys.stderr.isatty())
 
 
-def _decode_with_bar(spec: RunSpec, trust_remote_code: bool, record: bool = True):
+def cmd_run(args) -> int:
     from .runner import run
 
-    with _progress_bar(spec, spec.method) as bar:
-        return run(spec, record=record, progress=bar.update, trust_remote_code=trust_remote_code)
-
-
-def cmd_run(args) -> int:
     spec = _spec(args, method=args.method, batch_size=args.batch_size, k=args.k)
-    trace = _decode_with_bar(spec, args.trust_remote_code, record=not args.no_record)
-    tok = pair_for(spec, args.trust_remote_code).tokenizer
+    with _progress_bar(spec, spec.method) as bar:
+        trace = run(spec, record=not args.no_record, progress=bar.update, trust_remote_code=args.trust_remote_code,
+                    placement=_placement(args))
+    tok = pair_for(spec, args.trust_remote_code, _placement(args)).tokenizer
     for s, p in zip(trace.sequences, trace.prompts):
         mark = {True: "= reference", False: f"DIVERGES at token {s.first_divergence}", None: ""}[s.equivalent]
         print(f"\n[{s.seq}] {p.text[:70]!r}  ({len(s.output_ids)} tokens) {mark}")
@@ -148,7 +153,7 @@ def cmd_verify(args) -> int:
     for m, bs, k in tqdm(configs, desc="verify", leave=False, disable=not sys.stderr.isatty()):
         spec = _spec(args, method=m, batch_size=bs, k=k, faults=_spec(args).faults if m == "eqspec" else ())
         trace = run(spec, record=bool(spec.faults) or args.forensics,
-                    trust_remote_code=args.trust_remote_code)
+                    trust_remote_code=args.trust_remote_code, placement=_placement(args))
         eq = metrics.equivalence(trace)
         verdicts = metrics.verdict_counts(trace)
         row = {"method": m, "faults": ",".join(spec.faults), "batch_size": bs, "k": k, "n": eq["n"],

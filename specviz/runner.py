@@ -11,7 +11,7 @@ from .decoding.faults import expand
 from .decoding.reference import batched_reference, reference
 from .decoding.result import DecodeResult, Progress
 from .forensics import analyse, flag_batching_noise
-from .models import ModelPair, pair_for
+from .models import ONE_DEVICE, ModelPair, Placement, pair_for
 from .spec import MAX_PROMPT_TOKENS, RunSpec, SpecError
 from .trace import Trace, build_trace
 
@@ -62,9 +62,9 @@ def _cached_batched(pair: ModelPair, prompt_ids: tuple[tuple[int, ...], ...], ba
 
 
 def run(spec: RunSpec, record: bool = True, with_reference: bool = True, progress: Progress | None = None,
-        trust_remote_code: bool = False) -> Trace:
+        trust_remote_code: bool = False, placement: Placement = ONE_DEVICE) -> Trace:
     """Decode, decode the reference beside it, record, and explain every divergence."""
-    pair = pair_for(spec, trust_remote_code)
+    pair = pair_for(spec, trust_remote_code, placement)
     prompt_ids = encode(spec, pair)
     ref = reference_for(pair, prompt_ids, spec.max_new_tokens) if with_reference else None
     result = ref if spec.method == "reference" and ref else decode(spec, pair, prompt_ids, record, progress)
