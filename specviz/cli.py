@@ -138,7 +138,7 @@ def _print_summary(trace) -> None:
 
 
 def cmd_verify(args) -> int:
-    from .runner import run
+    from .shard import is_main, sweep
 
     rows, sequences = [], []
     methods = [m.strip() for m in args.methods.split(",")]
@@ -149,11 +149,16 @@ def cmd_verify(args) -> int:
     configs = [(m, bs, k) for m in methods for bs in args.batch_sizes
                for k in (args.k if m in speculative else [args.k[0]])
                if not (m == "hf-assisted" and bs != 1) and not (m == "reference" and bs != 1)]
-    print(f"{'method':<18} {'faults':<14} {'bs':>3} {'k':>3} {'n':>5} {'exact %':>8} {'prefix %':>9}  verdicts")
-    for m, bs, k in tqdm(configs, desc="verify", leave=False, disable=not sys.stderr.isatty()):
-        spec = _spec(args, method=m, batch_size=bs, k=k, faults=_spec(args).faults if m == "eqspec" else ())
-        trace = run(spec, record=bool(spec.faults) or args.forensics,
-                    trust_remote_code=args.trust_remote_code, placement=_placement(args))
+    faults = _spec(args).faults
+    specs = [_spec(args, method=m, batch_size=bs, k=k, faults=faults if m == "eqspec" else ()) for m, bs, k in configs]
+    main = is_main()  # under `accelerate launch`, the main process reports for all
+    if main:
+        print(f"{'method':<18} {'faults':<14} {'bs':>3} {'k':>3} {'n':>5} {'exact %':>8} {'prefix %':>9}  verdicts")
+    traces = sweep([(spec, bool(spec.faults) or args.forensics) for spec in specs], args.trust_remote_code,
+                   _placement(args))
+    for spec, trace in zip(specs, tqdm(traces, total=len(specs), desc="verify", leave=False,
+                                       disable=not (main and sys.stderr.isatty()))):
+        m, bs, k = spec.method, spec.batch_size, spec.k
         eq = metrics.equivalence(trace)
         verdicts = metrics.verdict_counts(trace)
         row = {"method": m, "faults": ",".join(spec.faults), "batch_size": bs, "k": k, "n": eq["n"],
@@ -165,6 +170,8 @@ def cmd_verify(args) -> int:
                    f"{row['prefix_pct']:>9.1f}  {shown}")
         sequences += [{"method": m, "faults": row["faults"], "batch_size": bs, "k": k,
                        **s.model_dump(exclude={"margins", "reference_margins"})} for s in trace.sequences]
+    if not main:
+        return 0
     if args.json:
         _write(args.json, json.dumps({"rows": rows, "sequences": sequences}, indent=1))
         print(f"wrote {args.json}")

@@ -68,9 +68,15 @@ def run(spec: RunSpec, record: bool = True, with_reference: bool = True, progres
     prompt_ids = encode(spec, pair)
     ref = reference_for(pair, prompt_ids, spec.max_new_tokens) if with_reference else None
     result = ref if spec.method == "reference" and ref else decode(spec, pair, prompt_ids, record, progress)
+    return explain(spec, pair, prompt_ids, result, ref)
+
+
+def explain(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result: DecodeResult,
+            ref: DecodeResult | None) -> Trace:
+    """The trace of a decoded run, every divergence from `ref` explained."""
     trace = build_trace(spec, pair, prompt_ids, result, ref)
     if ref is not None:
-        analyse(trace, result if record else None, pair)
+        analyse(trace, result if result.rounds else None, pair)  # rounds: recorded, so logits can be compared
         if any(s.forensics and not s.forensics.verdict.startswith("sync-bug") for s in trace.sequences):
             # Would batching alone, without speculation, have forked there too?
             batched = _cached_batched(pair, tuple(tuple(x) for x in prompt_ids), spec.batch_size, spec.max_new_tokens)
