@@ -151,13 +151,13 @@ def cmd_verify(args) -> int:
                if not (m == "hf-assisted" and bs != 1) and not (m == "reference" and bs != 1)]
     faults = _spec(args).faults
     specs = [_spec(args, method=m, batch_size=bs, k=k, faults=faults if m == "eqspec" else ()) for m, bs, k in configs]
-    main = is_main()  # under `accelerate launch`, the main process reports for all
-    if main:
+    reports = is_main()  # under `accelerate launch`, the main process reports for all
+    if reports:
         print(f"{'method':<18} {'faults':<14} {'bs':>3} {'k':>3} {'n':>5} {'exact %':>8} {'prefix %':>9}  verdicts")
     traces = sweep([(spec, bool(spec.faults) or args.forensics) for spec in specs], args.trust_remote_code,
                    _placement(args))
     for spec, trace in zip(specs, tqdm(traces, total=len(specs), desc="verify", leave=False,
-                                       disable=not (main and sys.stderr.isatty()))):
+                                       disable=not (reports and sys.stderr.isatty()))):
         m, bs, k = spec.method, spec.batch_size, spec.k
         eq = metrics.equivalence(trace)
         verdicts = metrics.verdict_counts(trace)
@@ -170,7 +170,7 @@ def cmd_verify(args) -> int:
                    f"{row['prefix_pct']:>9.1f}  {shown}")
         sequences += [{"method": m, "faults": row["faults"], "batch_size": bs, "k": k,
                        **s.model_dump(exclude={"margins", "reference_margins"})} for s in trace.sequences]
-    if not main:
+    if not reports:
         return 0
     if args.json:
         _write(args.json, json.dumps({"rows": rows, "sequences": sequences}, indent=1))
