@@ -11,12 +11,15 @@ TINY = ["--pair", "tiny", "--dtype", "float64", "--device", "cpu"]
 
 
 @pytest.fixture
-def restore_flags(monkeypatch):
+def restore_flags():
     """Deterministic mode is process-wide: put everything back for the other tests."""
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    workspace = os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
     saved = (torch.are_deterministic_algorithms_enabled(), torch.backends.cuda.matmul.allow_tf32,
              torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
     yield
+    os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    if workspace is not None:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = workspace
     torch.use_deterministic_algorithms(saved[0])
     (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic,
      torch.backends.cudnn.benchmark) = saved[1:]
