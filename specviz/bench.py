@@ -33,10 +33,10 @@ def _configs(methods: list[str], batch_sizes: list[int], max_waits: list[int]) -
 
 
 def bench(args) -> list[dict]:
-    from .cli import _spec
+    from .cli import _placement, _spec
 
     base = _spec(args, k=args.k)
-    pair = pair_for(base, args.trust_remote_code)
+    pair = pair_for(base, args.trust_remote_code, _placement(args))
     prompt_ids = encode(base, pair)
     # Warm-up: the first forward passes pay one-off costs that are nobody's fault.
     decode(base.model_copy(update={"prompts": base.prompts[:2], "max_new_tokens": 4}), pair, prompt_ids[:2])

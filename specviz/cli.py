@@ -8,10 +8,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import metrics
+from . import determinism, metrics
 from .decoding.faults import FAULTS
 from .decoding.faults import PRESETS as FAULT_PRESETS
-from .models import PRESETS, pair_for
+from .models import PRESETS, Placement, pair_for
 from .prompts import builtin_set, builtin_sets, read_prompts
 from .spec import DEVICES, DTYPES, METHODS, RunSpec, SpecError
 
@@ -32,6 +32,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target-revision")
     g.add_argument("--draft-revision")
     g.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
+    g.add_argument("--device-map", choices=["auto"],
+                   help="spread a target too large for one GPU over the visible GPUs with accelerate (then CPU memory)")
+    g.add_argument("--max-memory", metavar="LIMITS",
+                   help="per-device limits for spreading the target, e.g. 0=20GiB,1=20GiB,cpu=64GiB (implies --device-map auto)")
     g = p.add_argument_group("prompts")
     g.add_argument("--prompts", type=Path, help="a file: one prompt a line, or Spec-Bench JSONL (turns[0])")
     g.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
@@ -44,6 +48,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", choices=DTYPES, default="float32")
     g.add_argument("--device", choices=DEVICES, default="auto")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--deterministic", action="store_true",
+                   help="deterministic GPU kernels (fixed cuBLAS workspace, no TF32): reruns repeat bit for bit; slower")
     g.add_argument("--window", type=int, help="exspec: active sequences in the window (default 2 x batch size)")
     g.add_argument("--max-wait", type=int, default=4, help="exspec: rounds a sequence may be passed over")
     g.add_argument("--faults", default="", help=f"comma-separated faults or presets: {', '.join([*FAULTS, *FAULT_PRESETS])}")
@@ -73,7 +79,11 @@ def _spec(args, **overrides) -> RunSpec:
     return RunSpec.build(**fields)
 
 
-def _decode_with_bar(spec: RunSpec, trust_remote_code: bool, record: bool = True):
+def _placement(args) -> Placement:
+    return Placement(spread=bool(args.device_map or args.max_memory), max_memory=args.max_memory)
+
+
+def _run_with_bars(spec: RunSpec, args, record: bool = True):
     """`run` with one progress bar per phase (the batch-size-1 reference, then the method)."""
     from .runner import run
 
@@ -86,7 +96,8 @@ def _decode_with_bar(spec: RunSpec, trust_remote_code: bool, record: bool = True
         bars[phase].update(n)
 
     try:
-        return run(spec, record=record, progress=progress, trust_remote_code=trust_remote_code)
+        return run(spec, record=record, progress=progress, trust_remote_code=args.trust_remote_code,
+                   placement=_placement(args))
     finally:
         for bar in bars.values():
             bar.close()
@@ -94,8 +105,8 @@ def _decode_with_bar(spec: RunSpec, trust_remote_code: bool, record: bool = True
 
 def cmd_run(args) -> int:
     spec = _spec(args, method=args.method, batch_size=args.batch_size, k=args.k)
-    trace = _decode_with_bar(spec, args.trust_remote_code, record=not args.no_record)
-    tok = pair_for(spec, args.trust_remote_code).tokenizer
+    trace = _run_with_bars(spec, args, record=not args.no_record)
+    tok = pair_for(spec, args.trust_remote_code, _placement(args)).tokenizer
     for s, p in zip(trace.sequences, trace.prompts):
         mark = {True: "= reference", False: f"DIVERGES at token {s.first_divergence}", None: ""}[s.equivalent]
         print(f"\n[{s.seq}] {p.text[:70]!r}  ({len(s.output_ids)} tokens) {mark}")
@@ -138,7 +149,7 @@ def _print_summary(trace) -> None:
 
 
 def cmd_verify(args) -> int:
-    from .runner import run
+    from .shard import is_main, sweep
 
     rows, sequences = [], []
     methods = [m.strip() for m in args.methods.split(",")]
@@ -149,11 +160,16 @@ def cmd_verify(args) -> int:
     configs = [(m, bs, k) for m in methods for bs in args.batch_sizes
                for k in (args.k if m in speculative else [args.k[0]])
                if not (m == "hf-assisted" and bs != 1) and not (m == "reference" and bs != 1)]
-    print(f"{'method':<18} {'faults':<14} {'bs':>3} {'k':>3} {'n':>5} {'exact %':>8} {'prefix %':>9}  verdicts")
-    for m, bs, k in tqdm(configs, desc="verify", leave=False, disable=not sys.stderr.isatty()):
-        spec = _spec(args, method=m, batch_size=bs, k=k, faults=_spec(args).faults if m == "eqspec" else ())
-        trace = run(spec, record=bool(spec.faults) or args.forensics,
-                    trust_remote_code=args.trust_remote_code)
+    faults = _spec(args).faults
+    specs = [_spec(args, method=m, batch_size=bs, k=k, faults=faults if m == "eqspec" else ()) for m, bs, k in configs]
+    reports = is_main()  # under `accelerate launch`, the main process reports for all
+    if reports:
+        print(f"{'method':<18} {'faults':<14} {'bs':>3} {'k':>3} {'n':>5} {'exact %':>8} {'prefix %':>9}  verdicts")
+    traces = sweep([(spec, bool(spec.faults) or args.forensics) for spec in specs], args.trust_remote_code,
+                   _placement(args))
+    for spec, trace in zip(specs, tqdm(traces, total=len(specs), desc="verify", leave=False,
+                                       disable=not (reports and sys.stderr.isatty()))):
+        m, bs, k = spec.method, spec.batch_size, spec.k
         eq = metrics.equivalence(trace)
         verdicts = metrics.verdict_counts(trace)
         row = {"method": m, "faults": ",".join(spec.faults), "batch_size": bs, "k": k, "n": eq["n"],
@@ -165,6 +181,8 @@ def cmd_verify(args) -> int:
                    f"{row['prefix_pct']:>9.1f}  {shown}")
         sequences += [{"method": m, "faults": row["faults"], "batch_size": bs, "k": k,
                        **s.model_dump(exclude={"margins", "reference_margins"})} for s in trace.sequences]
+    if not reports:
+        return 0
     if args.json:
         _write(args.json, json.dumps({"rows": rows, "sequences": sequences}, indent=1))
         print(f"wrote {args.json}")
@@ -226,6 +244,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if getattr(args, "deterministic", False):
+        determinism.enable()
     try:
         return args.func(args)
     except SpecError as e:

@@ -35,8 +35,9 @@ def gather(cache: DynamicCache, rows: torch.Tensor, src: torch.Tensor) -> None:
     for layer in cache.layers:
         if layer.keys is None or layer.keys.numel() == 0:
             continue
-        layer.keys = layer.keys[rows, :, src].transpose(1, 2).contiguous()
-        layer.values = layer.values[rows, :, src].transpose(1, 2).contiguous()
+        r, s = _on(layer, rows), _on(layer, src)
+        layer.keys = layer.keys[r, :, s].transpose(1, 2).contiguous()
+        layer.values = layer.values[r, :, s].transpose(1, 2).contiguous()
 
 
 def zero_slots(cache: DynamicCache, lost: torch.Tensor) -> None:
@@ -44,12 +45,20 @@ def zero_slots(cache: DynamicCache, lost: torch.Tensor) -> None:
     `min-crop` fault's entries that were cropped away."""
     m = lost[:, None, :, None]
     for layer in cache.layers:
-        layer.keys = layer.keys.masked_fill(m, 0)
-        layer.values = layer.values.masked_fill(m, 0)
+        layer.keys = layer.keys.masked_fill(_on(layer, m), 0)
+        layer.values = layer.values.masked_fill(_on(layer, m), 0)
 
 
 def select_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
-    cache.batch_select_indices(rows)
+    for layer in cache.layers:
+        if layer.is_initialized:
+            layer.batch_select_indices(_on(layer, rows))
+
+
+def _on(layer, index: torch.Tensor) -> torch.Tensor:
+    """`index` on the layer's device: a target spread over GPUs keeps each layer's cache beside the layer.
+    A no-op (no copy) on one device."""
+    return index.to(layer.keys.device)
 
 
 def row_kv(cache: DynamicCache, layer: int, row: int) -> tuple[torch.Tensor, torch.Tensor]:

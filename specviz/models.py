@@ -42,6 +42,59 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SPECVIZ_CACHE", Path.home() / ".cache" / "specviz"))
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a Hub or local target's weights go. By default the whole pair sits
+    on one device. `spread` lets accelerate lay the target's layers over the
+    visible GPUs, then CPU memory (device_map="auto"), within `max_memory` if
+    given ("0=20GiB,1=20GiB,cpu=64GiB"). The draft and the engine's tensors
+    stay on the device of the target's input embeddings."""
+
+    spread: bool = False
+    max_memory: str | None = None
+
+    def load_kwargs(self) -> dict:
+        if not self.spread:
+            return {}
+        kwargs = {"device_map": "auto"}
+        if self.max_memory:
+            kwargs["max_memory"] = parse_max_memory(self.max_memory)
+        return kwargs
+
+
+ONE_DEVICE = Placement()
+
+
+def parse_max_memory(text: str) -> dict[int | str, str]:
+    """Parse "0=20GiB,1=20GiB,cpu=64GiB" into accelerate's max_memory: {0: "20GiB", 1: "20GiB", "cpu": "64GiB"}."""
+    from accelerate.utils import convert_file_size_to_int
+
+    limits: dict[int | str, str] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        where, _, size = (x.strip() for x in part.partition("="))
+        if not (where.isdigit() or where == "cpu") or not size:
+            raise SpecError(f"max memory {part!r}: expected DEVICE=SIZE, DEVICE a GPU index or cpu (e.g. 0=20GiB,cpu=64GiB)")
+        try:
+            convert_file_size_to_int(size)
+        except ValueError:
+            raise SpecError(f"max memory {part!r}: {size!r} is not a size like 20GiB or 500MB") from None
+        limits[int(where) if where.isdigit() else where] = size
+    if not limits:
+        raise SpecError("max memory is empty; expected e.g. 0=20GiB,1=20GiB")
+    return limits
+
+
+def input_device(model) -> torch.device:
+    """Where `model` takes its input ids: its input embeddings' device. For a target
+    spread with offloaded embeddings, accelerate runs them on its main device, the
+    first GPU of the map."""
+    weight = model.get_input_embeddings().weight
+    if weight.device.type != "meta":
+        return weight.device
+    gpus = [d for d in model.hf_device_map.values() if d not in ("cpu", "disk")]
+    return torch.device(gpus[0] if gpus else "cpu")
+
+
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -222,10 +275,10 @@ def eos_ids_of(model, tokenizer) -> tuple[int, ...]:
     return tuple(sorted(set(ids)))
 
 
-def _load_hub(model_id: str, revision: str | None, dtype: torch.dtype, trust_remote_code: bool):
+def _load_hub(model_id: str, revision: str | None, dtype: torch.dtype, trust_remote_code: bool, **placement):
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            model_id, revision=revision, dtype=dtype, trust_remote_code=trust_remote_code
+            model_id, revision=revision, dtype=dtype, trust_remote_code=trust_remote_code, **placement
         )
         tok = AutoTokenizer.from_pretrained(model_id, revision=revision, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
@@ -245,10 +298,14 @@ def load_pair(
     dtype: str = "float32",
     device: str = "auto",
     trust_remote_code: bool = False,
+    placement: Placement = ONE_DEVICE,
 ) -> ModelPair:
     torch_dtype = DTYPES[dtype]
     dev = resolve_device(device)
     info = {"target": target, "draft": draft, "target_revision": target_revision, "draft_revision": draft_revision}
+    if placement.spread and (target in (EMBEDDED_TARGET, TINY_TARGET) or device == "cpu"):
+        raise SpecError("spreading a target over GPUs (device map auto, max memory) needs a Hub or local target "
+                        "and device auto or cuda; the built-in pairs fit one device")
     if target == EMBEDDED_TARGET:
         from .draft import derive_draft
 
@@ -262,17 +319,24 @@ def load_pair(
         drf = layer_subset(tgt, [0, 1])
         info["draft_derivation"] = "the tiny target's first two layers"
     else:
-        tgt, tokenizer = _load_hub(target, target_revision, torch_dtype, trust_remote_code)
+        tgt, tokenizer = _load_hub(target, target_revision, torch_dtype, trust_remote_code, **placement.load_kwargs())
         drf, draft_tok = _load_hub(draft, draft_revision, torch_dtype, trust_remote_code)
         check_tokenizers(tokenizer, draft_tok)
         for name, m in (("target", tgt), ("draft", drf)):
             info[f"{name}_commit"] = getattr(m.config, "_commit_hash", None)
-    tgt, drf = tgt.to(dev).eval(), drf.to(dev).eval()
+    if placement.spread:  # accelerate placed the target; moving it would undo that
+        dev = input_device(tgt)
+        devices = getattr(tgt, "hf_device_map", {"": dev}).values()  # no map when it all fit on one device
+        info["target_devices"] = ",".join(sorted({str(torch.device(d)) if isinstance(d, int) else str(d) for d in devices}))
+    else:
+        tgt = tgt.to(dev)
+    tgt, drf = tgt.eval(), drf.to(dev).eval()
     vocab = min(tgt.get_output_embeddings().weight.shape[0], drf.get_output_embeddings().weight.shape[0], len(tokenizer))
     return ModelPair(tgt, drf, tokenizer, eos_ids_of(tgt, tokenizer), vocab, dev, torch_dtype, info)
 
 
-def pair_for(spec: RunSpec, trust_remote_code: bool = False) -> ModelPair:
+def pair_for(spec: RunSpec, trust_remote_code: bool = False, placement: Placement = ONE_DEVICE) -> ModelPair:
     return load_pair(
-        spec.target, spec.draft, spec.target_revision, spec.draft_revision, spec.dtype, spec.device, trust_remote_code
+        spec.target, spec.draft, spec.target_revision, spec.draft_revision, spec.dtype, spec.device, trust_remote_code,
+        placement,
     )

@@ -3,7 +3,7 @@ the asked method, decode the batch-size-1 reference beside it, record."""
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 from .decoding.assisted import hf_assisted
 from .decoding.eqspec import eqspec
@@ -12,7 +12,7 @@ from .decoding.faults import expand
 from .decoding.reference import batched_reference, reference
 from .decoding.result import DecodeResult, Progress
 from .forensics import analyse, flag_batching_noise
-from .models import ModelPair, pair_for
+from .models import ONE_DEVICE, ModelPair, Placement, pair_for
 from .spec import MAX_PROMPT_TOKENS, RunSpec, SpecError
 from .trace import Trace, build_trace
 
@@ -68,7 +68,8 @@ def _cached_batched(pair: ModelPair, prompt_ids: tuple[tuple[int, ...], ...], ba
 
 
 def run(spec: RunSpec, record: bool = True, with_reference: bool = True,
-        progress: Callable[[str, int], None] | None = None, trust_remote_code: bool = False) -> Trace:
+        progress: Callable[[str, int], None] | None = None, trust_remote_code: bool = False,
+        placement: Placement = ONE_DEVICE) -> Trace:
     """Decode, decode the reference beside it, record, and explain every divergence.
 
     `progress(phase, n)` hears of every n new tokens: phase "reference" (skipped when cached), then the method.
@@ -76,13 +77,19 @@ def run(spec: RunSpec, record: bool = True, with_reference: bool = True,
     def phase(name: str) -> Progress | None:
         return functools.partial(progress, name) if progress else None
 
-    pair = pair_for(spec, trust_remote_code)
+    pair = pair_for(spec, trust_remote_code, placement)
     prompt_ids = encode(spec, pair)
     ref = reference_for(pair, prompt_ids, spec.max_new_tokens, phase("reference")) if with_reference else None
     result = ref if spec.method == "reference" and ref else decode(spec, pair, prompt_ids, record, phase(spec.method))
+    return explain(spec, pair, prompt_ids, result, ref)
+
+
+def explain(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result: DecodeResult,
+            ref: DecodeResult | None) -> Trace:
+    """The trace of a decoded run, every divergence from `ref` explained."""
     trace = build_trace(spec, pair, prompt_ids, result, ref)
     if ref is not None:
-        analyse(trace, result if record else None, pair)
+        analyse(trace, result if result.rounds else None, pair)  # rounds: recorded, so logits can be compared
         if any(s.forensics and not s.forensics.verdict.startswith("sync-bug") for s in trace.sequences):
             # Would batching alone, without speculation, have forked there too?
             batched = _cached_batched(pair, tuple(tuple(x) for x in prompt_ids), spec.batch_size, spec.max_new_tokens)

@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from . import determinism
 from .decoding.result import DecodeResult
 from .decoding.round import RoundData
 from .models import ModelPair
@@ -177,11 +178,7 @@ def _environment(pair: ModelPair) -> dict:
         },
         "device": str(dev),
         "device_name": name,
-        "deterministic": {
-            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-            "cudnn_deterministic": torch.backends.cudnn.deterministic,
-            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
-        },
+        "deterministic": determinism.flags(),
     }
 
 

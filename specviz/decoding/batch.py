@@ -75,5 +75,6 @@ def forward(model, tokens: torch.Tensor, valid: torch.Tensor, q_start: int, cach
         use_cache=True,
         logits_to_keep=keep,
     )
-    logits = out.logits[..., :vocab]
+    # A target spread over GPUs returns logits from its last GPU: bring them back to the engine's device.
+    logits = out.logits[..., :vocab].to(tokens.device)
     return logits if logits.dtype == torch.float64 else logits.float()
