@@ -1,5 +1,14 @@
-"""Launch the specviz page: `python app.py` (embedded default model, CPU or GPU)."""
-from specviz.ui import build, launch
+"""Launch the specviz page: `python app.py` (embedded default model, CPU or GPU).
+
+Operator settings come from SPECVIZ_* environment variables (docs/deploy.md).
+"""
+import specviz.gpu  # noqa: F401  first: ZeroGPU needs `spaces` imported before CUDA starts
+from specviz import determinism
+from specviz.settings import Settings
+from specviz.ui import serve
 
 if __name__ == "__main__":
-    launch(build(), server_name="0.0.0.0")
+    settings = Settings.from_env()
+    if settings.deterministic:
+        determinism.enable()
+    serve(settings, server_name="0.0.0.0")

@@ -26,6 +26,7 @@ try:
     import spaces
 except ImportError:
     spaces = None
+ZEROGPU = spaces is not None  # GPU calls then run in a worker process
 
 if TYPE_CHECKING:
     from .spec import RunSpec

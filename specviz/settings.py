@@ -10,7 +10,7 @@ every RunSpec against it and shows `describe()`.
     SPECVIZ_MAX_BATCH_SIZE    default 16
     SPECVIZ_MAX_K             default 8
     SPECVIZ_MAX_NEW_TOKENS    default 256
-    SPECVIZ_MAX_PROMPTS       default 16
+    SPECVIZ_MAX_PROMPTS       default 64
     SPECVIZ_TRUST_REMOTE_CODE default off: models that ship their own code are refused
     SPECVIZ_QUEUE_SIZE        default 16 runs waiting; more are turned away
     SPECVIZ_DETERMINISTIC     default off: deterministic GPU kernels (determinism.py)
@@ -40,7 +40,7 @@ class Settings:
     max_batch_size: int = 16
     max_k: int = 8
     max_new_tokens: int = 256
-    max_prompts: int = 16
+    max_prompts: int = 64
     trust_remote_code: bool = False
     queue_size: int = 16
     deterministic: bool = False

@@ -6,6 +6,7 @@ spec and the focus (share.py); opening such a link replays the run.
 """
 from __future__ import annotations
 
+import functools
 import json
 import tempfile
 import threading
@@ -15,12 +16,14 @@ from pathlib import Path
 import gradio as gr
 
 from . import plots, share, views
+from .gpu import ZEROGPU, gpu
 from .decoding.faults import FAULTS
 from .decoding.faults import PRESETS as FAULT_PRESETS
 from .models import PRESETS
 from .prompts import builtin_sets, parse_prompts
 from .runner import run
-from .spec import DTYPES, MAX_BATCH_SIZE, MAX_K, METHODS, RunSpec, SpecError
+from .settings import Settings
+from .spec import DTYPES, METHODS, RunSpec, SpecError
 from .trace import MAX_TRACE_BYTES, Trace
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -85,8 +88,15 @@ def _read_upload(path: str, limit: int, parse):
     return parse(text, p.name) if parse is parse_prompts else parse(text)
 
 
-def _decode(spec: RunSpec, progress: gr.Progress, session: str) -> Trace:
+@gpu
+def decode_on_gpu(spec: RunSpec, trust_remote_code: bool, progress=None) -> Trace:
+    """All GPU work of a run; returns plain data only (a ZeroGPU worker sends it back)."""
+    return run(spec, progress=progress, trust_remote_code=trust_remote_code)
+
+
+def _decode(spec: RunSpec, settings: Settings, progress: gr.Progress, session: str) -> Trace:
     """The trace for `spec`: from this process's cache, else decoded with progress and a way to stop."""
+    settings.check(spec)
     key = spec.key()
     if key in TRACES:
         TRACES.move_to_end(key)
@@ -104,7 +114,8 @@ def _decode(spec: RunSpec, progress: gr.Progress, session: str) -> Trace:
     _CANCELLED.discard(session)
     progress(0, desc="loading the model pair")
     with _LOCK:  # one decode at a time in this process, whatever the queue allows
-        trace = run(spec, progress=tick)
+        # A ZeroGPU worker is another process: the callback (progress, Stop) stays behind.
+        trace = decode_on_gpu(spec, settings.trust_remote_code, None if ZEROGPU else tick)
     TRACES[key] = trace
     if len(TRACES) > MAX_TRACES:
         TRACES.popitem(last=False)
@@ -122,12 +133,12 @@ def _save(trace: Trace) -> str:
 # ---------------------------------------------------------------- event handlers
 
 
-def run_controls(*values, progress=gr.Progress(), request: gr.Request = None):
+def run_controls(settings: Settings, *values, progress=gr.Progress(), request: gr.Request = None):
     """Run button and examples: decode what the controls say."""
     session = request.session_hash if request else ""
     try:
         spec = spec_from_controls(*values)
-        trace = _decode(spec, progress, session)
+        trace = _decode(spec, settings, progress, session)
     except SpecError as e:
         raise gr.Error(str(e)) from None
     except Cancelled:
@@ -181,13 +192,13 @@ def _prompts_as_text(prompts: tuple[str, ...]) -> str:
     return "\n".join(prompts)
 
 
-def replay(pending: dict | None, progress=gr.Progress(), request: gr.Request = None):
+def replay(settings: Settings, pending: dict | None, progress=gr.Progress(), request: gr.Request = None):
     """Decode the linked run (exactly its spec) and say whether it matched the original."""
     if not pending:
         return gr.skip(), gr.skip(), gr.skip(), None
     session = request.session_hash if request else ""
     try:
-        trace = _decode(RunSpec.model_validate_json(pending["spec"]), progress, session)
+        trace = _decode(RunSpec.model_validate_json(pending["spec"]), settings, progress, session)
     except SpecError as e:
         raise gr.Error(f"the shared run cannot be replayed here: {e}") from None
     except Cancelled:
@@ -278,19 +289,23 @@ LEGEND = ('<div class="sv-legend"><span class="sv-tok sv-draft">accepted draft</
           "</div>")
 
 
-def build() -> gr.Blocks:
+def build(settings: Settings | None = None) -> gr.Blocks:
+    """The page, under `settings` (default: the operator's SPECVIZ_* environment)."""
+    settings = settings or Settings.from_env()
     with gr.Blocks(title="specviz") as demo:
         trace_state = gr.State(None)
         pending = gr.State(None)
         gr.Markdown(INTRO)
         with gr.Row():
             with gr.Column(scale=1, min_width=300):
-                c = _controls()
+                c = _controls(settings)
                 with gr.Row():
                     run_btn = gr.Button("Run", variant="primary")
                     stop_btn = gr.Button("Stop", variant="stop")
                 gr.Markdown("**Examples**")
                 example_btns = {name: gr.Button(name, size="sm") for name in EXAMPLES}
+                with gr.Accordion("Limits on this server", open=False):
+                    gr.Markdown(settings.describe())
                 with gr.Accordion("Trace files", open=False):
                     download = gr.DownloadButton("Download this trace (JSON)", value=None)
                     upload = gr.File(label=f"open a trace (JSON, up to {MAX_TRACE_BYTES // 2**20} MiB; no model "
@@ -335,14 +350,15 @@ def build() -> gr.Blocks:
             return show_link(event.success(fn, list(inputs), shown, api_visibility="private"))
 
         run_inputs = [*controls[:5], c["prompt_file"], *controls[5:]]
-        go = run_btn.click(run_controls, run_inputs, opened, api_name="run", concurrency_id="decode")
+        run_here = functools.partial(run_controls, settings)
+        go = run_btn.click(run_here, run_inputs, opened, api_name="run", concurrency_id="decode")
         then_show(go)
         running = [go]
         for name, btn in example_btns.items():
             values = {**DEFAULTS, **EXAMPLES[name]}
             filled = btn.click(lambda v=values: [v[n] for n in DEFAULTS], None, controls,
                                api_name="example_" + name.split()[0].replace("-", "_"))
-            ex = filled.then(run_controls, run_inputs, opened, api_visibility="private", concurrency_id="decode")
+            ex = filled.then(run_here, run_inputs, opened, api_visibility="private", concurrency_id="decode")
             then_show(ex)
             running.append(ex)
         stop_btn.click(stop, None, None, cancels=running, api_name="stop")
@@ -356,12 +372,12 @@ def build() -> gr.Blocks:
 
         loaded = demo.load(open_link, [link_query], [*controls, pending, status], js="() => location.search",
                            api_name="open_link")
-        replayed = loaded.then(replay, [pending], opened, api_visibility="private", concurrency_id="decode")
+        replayed = loaded.then(functools.partial(replay, settings), [pending], opened, api_visibility="private", concurrency_id="decode")
         then_show(replayed, fn=render_replayed, inputs=(trace_state, pending))
     return demo
 
 
-def _controls() -> dict:
+def _controls(settings: Settings) -> dict:
     c = {}
     c["pair"] = gr.Dropdown([*PRESETS, CUSTOM], value=DEFAULTS["pair"], label="model pair",
                             info="embedded: SmolLM2-135M-Instruct and its draft, offline; tiny: a random 3-layer test pair")
@@ -376,10 +392,10 @@ def _controls() -> dict:
     c["faults"] = gr.Dropdown([*FAULTS, *FAULT_PRESETS], value=[], multiselect=True, label="faults (eqspec only)",
                               info="re-create a published engine's bug")
     with gr.Row():
-        c["batch_size"] = gr.Slider(1, MAX_BATCH_SIZE, value=DEFAULTS["batch_size"], step=1, label="batch size")
-        c["k"] = gr.Slider(1, MAX_K, value=DEFAULTS["k"], step=1, label="k (drafts a round)")
+        c["batch_size"] = gr.Slider(1, settings.max_batch_size, value=DEFAULTS["batch_size"], step=1, label="batch size")
+        c["k"] = gr.Slider(1, settings.max_k, value=DEFAULTS["k"], step=1, label="k (drafts a round)")
     with gr.Row():
-        c["max_new_tokens"] = gr.Slider(1, 256, value=DEFAULTS["max_new_tokens"], step=1, label="max new tokens")
+        c["max_new_tokens"] = gr.Slider(1, settings.max_new_tokens, value=DEFAULTS["max_new_tokens"], step=1, label="max new tokens")
         c["dtype"] = gr.Dropdown(list(DTYPES), value=DEFAULTS["dtype"], label="dtype")
     with gr.Accordion("seed and exspec", open=False):
         c["seed"] = gr.Number(value=DEFAULTS["seed"], precision=0, label="seed")
@@ -388,7 +404,10 @@ def _controls() -> dict:
     return c
 
 
-def launch(demo: gr.Blocks, **kwargs):
-    """Serve `demo` with the page's CSS, one decode at a time, and uploads capped."""
-    demo.queue(default_concurrency_limit=1)
-    return demo.launch(css_paths=[ASSETS / "specviz.css"], max_file_size=MAX_TRACE_BYTES, **kwargs)
+def serve(settings: Settings | None = None, **launch_kwargs) -> gr.Blocks:
+    """Build the page and serve it: one decode at a time, a bounded queue, uploads capped, the page's CSS."""
+    settings = settings or Settings.from_env()
+    demo = build(settings)
+    demo.queue(default_concurrency_limit=1, max_size=settings.queue_size)
+    demo.launch(css_paths=[ASSETS / "specviz.css"], max_file_size=MAX_TRACE_BYTES, **launch_kwargs)
+    return demo

@@ -35,12 +35,11 @@ def app_url():
     """The page, served in this process as `python app.py` serves it."""
     import socket
 
-    from specviz.ui import build, launch
+    from specviz.ui import serve
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    demo = build()
-    launch(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    demo = serve(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     yield f"http://127.0.0.1:{port}/"
     demo.close()

@@ -104,3 +104,18 @@ def test_malformed_trace_files_get_a_message(client, tmp_path, good_trace, mangl
 def test_an_oversized_trace_file_is_refused(client, tmp_path):
     with pytest.raises(Exception, match="(?i)size|large|limit"):
         _upload(client, tmp_path, "huge.json", b" " * (MAX_TRACE_BYTES + 1))
+
+
+def test_operator_limits_are_enforced_with_clear_messages(client):
+    over = list(TINY_RUN)
+    over[8] = 17  # the default SPECVIZ_MAX_BATCH_SIZE is 16: the slider itself stops at it
+    with pytest.raises(Exception, match="greater than maximum value 16"):
+        client.predict(*over, api_name="/run")
+    many = list(TINY_RUN)
+    many[4] = "\n".join(f"prompt {i}" for i in range(65))
+    with pytest.raises(Exception, match=r"the number of prompts 65 is over this server's limit of 64 \(SPECVIZ_MAX_PROMPTS\)"):
+        client.predict(*many, api_name="/run")
+    custom = list(TINY_RUN)
+    custom[:3] = ["custom (type ids below)", "gpt2", "distilgpt2"]
+    with pytest.raises(Exception, match=r"target model 'gpt2' is not allowed on this server"):
+        client.predict(*custom, api_name="/run")

@@ -14,7 +14,7 @@ def test_defaults_are_safe_for_a_public_page():
     assert s == Settings()
     assert s.allowed_models == {m for pair in PRESETS.values() for m in pair}
     assert not s.trust_remote_code and not s.deterministic
-    assert (s.max_batch_size, s.max_k, s.max_new_tokens, s.max_prompts) == (16, 8, 256, 16)
+    assert (s.max_batch_size, s.max_k, s.max_new_tokens, s.max_prompts) == (16, 8, 256, 64)
     s.check(spec())  # the page's default run passes
 
 
@@ -46,7 +46,7 @@ def test_a_disallowed_model_is_refused_by_name():
     ({"batch_size": 32}, r"batch size 32 is over this server's limit of 16 \(SPECVIZ_MAX_BATCH_SIZE\)"),
     ({"k": 9}, r"k 9 is over this server's limit of 8 \(SPECVIZ_MAX_K\)"),
     ({"max_new_tokens": 257}, r"max new tokens 257 is over this server's limit of 256 \(SPECVIZ_MAX_NEW_TOKENS\)"),
-    ({"prompts": ("a",) * 17}, r"the number of prompts 17 is over this server's limit of 16 \(SPECVIZ_MAX_PROMPTS\)"),
+    ({"prompts": ("a",) * 65}, r"the number of prompts 65 is over this server's limit of 64 \(SPECVIZ_MAX_PROMPTS\)"),
 ])
 def test_over_limit_runs_are_refused_with_the_limit_and_its_variable(fields, message):
     Settings().check(spec(batch_size=16, k=8, max_new_tokens=256))  # at the limits: fine
@@ -71,5 +71,5 @@ def test_describe_shows_the_limits_in_force():
     lines = text.splitlines()
     assert all(ln.startswith("- ") for ln in lines)
     assert "`org/a`, `org/b`" in text and "batch size ≤ 8" in text and "k ≤ 8" in text
-    assert "new tokens ≤ 256" in text and "prompts ≤ 16" in text and "refused" in text
+    assert "new tokens ≤ 256" in text and "prompts ≤ 64" in text and "refused" in text
     assert "any model id" in Settings.from_env({"SPECVIZ_ALLOWED_MODELS": "*"}).describe()
