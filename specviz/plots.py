@@ -40,7 +40,7 @@ def kv_lanes(trace: Trace, focus: Focus) -> go.Figure:
     gap, n = 0.04, len(LANES)
     height = (1 - gap * (n - 1)) / n
     layout = {"height": 150 * n, "margin": {"t": 30, "b": 30, "l": 40, "r": 10}, "hovermode": "closest",
-              "legend": {"orientation": "h", "y": -0.06}, "xaxis": {"title": {"text": "round (start of)"}},
+              "legend": {"orientation": "h", "y": -0.06}, "xaxis": {"title": {"text": "round (start of)"}, "anchor": f"y{len(LANES)}"},
               "shapes": [{"type": "line", "xref": "x", "yref": "paper", "x0": here.round, "x1": here.round, "y0": 0,
                           "y1": 1, "line": {"dash": "dot", "color": "#c00"}}], "annotations": []}
     data = []

@@ -206,10 +206,16 @@ def replay(settings: Settings, pending: dict | None, progress=gr.Progress(), req
     return trace, views.headline(trace) + "\n\n" + _replay_report(trace, pending), _save(trace), pending
 
 
+def _environment(trace: Trace) -> dict[str, str]:
+    """What a share link records of where its run ran."""
+    m = trace.manifest
+    return {"device": m.device, "device_name": m.device_name, **m.versions,
+            **{k: str(v) for k, v in m.deterministic.items()}}
+
+
 def _replay_report(trace: Trace, pending: dict) -> str:
     m = trace.manifest
-    here = {"device": m.device, "device_name": m.device_name, **m.versions,
-            **{k: str(v) for k, v in m.deterministic.items()}}
+    here = _environment(trace)
     if pending.get("fp") is None:
         verdict = "The link carried no fingerprint to compare with."
     elif pending["fp"] == m.fingerprint:
@@ -218,8 +224,14 @@ def _replay_report(trace: Trace, pending: dict) -> str:
         verdict = (f"**Replay drifted from the shared run:** fingerprint `{m.fingerprint}` here, `{pending['fp']}` "
                    "in the link: some token or acceptance decision differs. Compare the environments:")
     there = {k: str(v) for k, v in (pending.get("env") or {}).items()}
-    rows = "".join(f"| {k} | {there.get(k, '?')} | {here.get(k, '?')} |\n" for k in dict.fromkeys([*there, *here]))
-    return verdict + "\n\n| | shared run | this replay |\n|---|---|---|\n" + rows
+    keys = list(dict.fromkeys([*there, *here]))
+    same = [f"{k} {here[k]}" for k in keys if there.get(k) == here.get(k)]
+    differ = [k for k in keys if there.get(k) != here.get(k)]
+    text = verdict + "\n\nThe same in both environments: " + (", ".join(same) or "nothing") + "."
+    if differ:
+        text += "\n\n| differs | shared run | this replay |\n|---|---|---|\n" + "".join(
+            f"| {k} | {there.get(k, '?')} | {here.get(k, '?')} |\n" for k in differ)
+    return text
 
 
 def render(trace: Trace | None, seq=None, round=None, note: str = ""):
@@ -228,10 +240,8 @@ def render(trace: Trace | None, seq=None, round=None, note: str = ""):
         return [gr.skip()] * len(VIEW_NAMES)
     focus, moved = views.resolve(trace, None if seq is None else int(seq), None if round is None else int(round))
     m = trace.manifest
-    env = {"device": m.device, "device_name": m.device_name, **m.versions,
-           **{k: str(v) for k, v in m.deterministic.items()}}
     try:
-        link = share.encode(share.Link(m.spec, focus.seq, focus.round, m.fingerprint, env))
+        link = share.encode(share.Link(m.spec, focus.seq, focus.round, m.fingerprint, _environment(trace)))
     except SpecError as e:
         link, moved = "", moved + str(e)
     return (
@@ -331,7 +341,7 @@ def build(settings: Settings | None = None) -> gr.Blocks:
                 compare = gr.HTML(elem_id="sv-compare", js_on_load=None)
                 with gr.Tabs():
                     with gr.Tab("KV and padding lanes"):
-                        lanes = gr.Plot(show_label=False)
+                        lanes = gr.Plot(show_label=False, elem_id="sv-lanes")
                     with gr.Tab("Phase timings"):
                         phases = gr.Plot(show_label=False)
                     with gr.Tab("Glossary"):

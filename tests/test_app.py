@@ -119,3 +119,14 @@ def test_operator_limits_are_enforced_with_clear_messages(client):
     custom[:3] = ["custom (type ids below)", "gpt2", "distilgpt2"]
     with pytest.raises(Exception, match=r"target model 'gpt2' is not allowed on this server"):
         client.predict(*custom, api_name="/run")
+
+
+def test_a_replay_that_drifted_says_so_and_shows_what_differs(good_trace):
+    from specviz.ui import _environment, _replay_report
+
+    trace = Trace.from_json(good_trace)
+    same = _replay_report(trace, {"fp": trace.manifest.fingerprint, "env": _environment(trace)})
+    assert "matched the shared run exactly" in same and "| differs |" not in same
+    elsewhere = {**_environment(trace), "device": "cuda:0", "torch": "2.12.0"}
+    drifted = _replay_report(trace, {"fp": "0" * 16, "env": elsewhere})
+    assert "drifted" in drifted and "| device | cuda:0 | cpu |" in drifted and "| torch | 2.12.0 |" in drifted

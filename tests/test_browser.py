@@ -55,4 +55,5 @@ def test_bsp_like_example_divergence_grid_click_and_share_link(browser, app_url,
     assert cell.get_attribute("data-seq") == seq
     expect(fresh.locator("#sv-timeline .sv-tok.sv-fork")).to_have_count(1)
     assert fresh.inner_text("#sv-forensics") == after
-    fresh.screenshot(path=SHOTS / "share-link.png", full_page=True)
+    expect(fresh.locator("#sv-lanes .main-svg").first).to_be_visible(timeout=60_000)  # plotly has drawn
+    fresh.screenshot(path=SHOTS / "share-link.png", full_page=True)  # the README's screenshot
