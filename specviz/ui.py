@@ -16,9 +16,9 @@ from pathlib import Path
 import gradio as gr
 
 from . import plots, share, views
-from .gpu import ZEROGPU, gpu
 from .decoding.faults import FAULTS
 from .decoding.faults import PRESETS as FAULT_PRESETS
+from .gpu import ZEROGPU, gpu
 from .models import PRESETS
 from .prompts import builtin_sets, parse_prompts
 from .runner import run
