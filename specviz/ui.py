@@ -67,7 +67,7 @@ def spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, meth
     if (typed or "").strip():
         prompts = parse_prompts(typed, "typed prompts")
     elif prompt_file:
-        prompts = _read_upload(prompt_file, MAX_PROMPT_FILE_BYTES, parse_prompts)
+        prompts = parse_prompts(_read_upload(prompt_file, MAX_PROMPT_FILE_BYTES), Path(prompt_file).name)
     else:
         prompts = builtin_sets()[prompt_set]
     return RunSpec.build(target=target.strip(), draft=draft.strip(), prompts=tuple(prompts), method=method,
@@ -76,7 +76,8 @@ def spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, meth
                          window=int(window) or None, max_wait=int(max_wait))
 
 
-def _read_upload(path: str, limit: int, parse):
+def _read_upload(path: str, limit: int) -> str:
+    """An uploaded file's text, refused when over `limit` bytes or not UTF-8."""
     p = Path(path)
     size = p.stat().st_size
     if size > limit:
@@ -85,7 +86,7 @@ def _read_upload(path: str, limit: int, parse):
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise SpecError(f"{p.name} is not UTF-8 text") from None
-    return parse(text, p.name) if parse is parse_prompts else parse(text)
+    return text
 
 
 @gpu
@@ -157,7 +158,7 @@ def open_trace(path: str | None):
     if not path:
         raise gr.Error("no file")
     try:
-        trace = _read_upload(path, MAX_TRACE_BYTES, Trace.from_json)
+        trace = Trace.from_json(_read_upload(path, MAX_TRACE_BYTES))
     except SpecError as e:
         raise gr.Error(f"{Path(path).name}: {e}") from None
     return trace, views.headline(trace) + " (opened from a file)", _save(trace), None

@@ -130,3 +130,19 @@ def test_a_replay_that_drifted_says_so_and_shows_what_differs(good_trace):
     elsewhere = {**_environment(trace), "device": "cuda:0", "torch": "2.12.0"}
     drifted = _replay_report(trace, {"fp": "0" * 16, "env": elsewhere})
     assert "drifted" in drifted and "| device | cuda:0 | cpu |" in drifted and "| torch | 2.12.0 |" in drifted
+
+
+def test_an_uploaded_prompt_file_is_used_and_a_bad_one_explained(client, tmp_path):
+    from gradio_client import handle_file
+
+    good = tmp_path / "prompts.jsonl"
+    good.write_text('{"turns": ["Hello there"]}\n{"turns": ["Two\\nlines"]}\n')
+    with_file = list(TINY_RUN)
+    with_file[5] = handle_file(str(good))
+    _, trace_file = client.predict(*with_file, api_name="/run")
+    assert Trace.from_json(Path(trace_file).read_text()).manifest.spec.prompts == ("Hello there", "Two\nlines")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "no turns"}\n')
+    with_file[5] = handle_file(str(bad))
+    with pytest.raises(Exception, match="bad.jsonl, line 1"):
+        client.predict(*with_file, api_name="/run")
