@@ -87,10 +87,6 @@ def _show(text: str) -> str:
     return html.escape(text).replace("\n", "↵").replace("\t", "⇥")
 
 
-def _attr(text: str) -> str:
-    return html.escape(text, quote=True)
-
-
 def _piece(trace: Trace, tok: int) -> str:
     return trace.vocab.get(tok, f"<{tok}>")
 
@@ -174,7 +170,7 @@ def timeline_html(trace: Trace, focus: Focus) -> str:
             why = (f"the target chose {_piece(trace, r.target_tokens[j])!r}" if j == r.accepted
                    else "it followed a rejected draft")
             tip = f"rejected draft: id {tok} · {_piece(trace, tok)!r} · draft p {r.draft_probs[j]:.3f} · {why}"
-            out.append(f'<span class="sv-tok sv-rejected" title="{_attr(tip)}">{_show(_piece(trace, tok))}</span>')
+            out.append(f'<span class="sv-tok sv-rejected" title="{html.escape(tip)}">{_show(_piece(trace, tok))}</span>')
         out.append("</div>")
     out.append("</div>")
     return "".join(out)
@@ -187,7 +183,7 @@ def _chip(trace: Trace, tok: int, cls: str, i: int, fork: int | None, ref: list[
             " · FIRST DIVERGENCE: the reference had ended"
     elif fork is not None and i > fork:
         cls += " sv-after"
-    return f'<span class="sv-tok {cls}" data-index="{i}" title="{_attr(tip)}">{_show(_piece(trace, tok))}</span>'
+    return f'<span class="sv-tok {cls}" data-index="{i}" title="{html.escape(tip)}">{_show(_piece(trace, tok))}</span>'
 
 
 def grid_html(trace: Trace, focus: Focus) -> str:
@@ -213,7 +209,7 @@ def grid_html(trace: Trace, focus: Focus) -> str:
             tip = (f"seq {s.seq} · round {r.round} (its {n + 1}.) · accepted {r.accepted} of {k} · "
                    f"emitted {len(r.emitted)}" + (" · first divergence" if r.round == fr else ""))
             out.append(f'<td class="{cls}" data-seq="{s.seq}" data-round="{r.round}" '
-                       f'style="background:hsl({hue:.0f},65%,72%)" title="{_attr(tip)}">{r.accepted}/{k}</td>')
+                       f'style="background:hsl({hue:.0f},65%,72%)" title="{html.escape(tip)}">{r.accepted}/{k}</td>')
         out.append("<td></td>" * (width - len(rows)) + "</tr>")
     out.append("</tbody></table></div>")
     return "".join(out)
@@ -226,10 +222,10 @@ def compare_html(trace: Trace, focus: Focus) -> str:
 
     def column(title: str, ids: list[int]) -> str:
         if fork is None:
-            body = _show_text(trace.text(ids))
+            body = html.escape(trace.text(ids))
         else:
-            body = (_show_text(trace.text(ids[:fork])) + '<mark class="sv-fork">' + _show_text(trace.text(ids[fork: fork + 1]))
-                    + "</mark>" + '<span class="sv-after">' + _show_text(trace.text(ids[fork + 1:])) + "</span>")
+            body = (html.escape(trace.text(ids[:fork])) + '<mark class="sv-fork">' + html.escape(trace.text(ids[fork: fork + 1]))
+                    + "</mark>" + '<span class="sv-after">' + html.escape(trace.text(ids[fork + 1:])) + "</span>")
         return f'<div class="sv-col"><h4>{html.escape(title)}</h4><div class="sv-text">{body}</div></div>'
 
     if s.reference_ids is None:
@@ -238,10 +234,6 @@ def compare_html(trace: Trace, focus: Focus) -> str:
     return (f'<div class="sv-compare" data-seq="{focus.seq}"><p class="sv-note">sequence {focus.seq}: {note}</p>'
             + column("reference (target alone, batch size 1)", s.reference_ids)
             + column(f"{trace.manifest.spec.method}", s.output_ids) + "</div>")
-
-
-def _show_text(text: str) -> str:
-    return html.escape(text)
 
 
 def forensics_html(trace: Trace, focus: Focus) -> str:
