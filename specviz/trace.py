@@ -11,7 +11,7 @@ import datetime as _dt
 import hashlib
 import json
 import platform
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from typing import Literal
 
 import pandas as pd
@@ -166,12 +166,20 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def _version(dist: str) -> str:
+    """A distribution's version; a source checkout on PYTHONPATH, never pip-installed, has none."""
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "not installed"
+
+
 def _environment(pair: ModelPair) -> dict:
     dev = pair.device
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or platform.machine())
     return {
         "versions": {
-            "specviz": version("specviz"),
+            "specviz": _version("specviz"),
             "torch": torch.__version__,
             "transformers": version("transformers"),
             "python": platform.python_version(),

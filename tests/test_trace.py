@@ -19,6 +19,25 @@ def trace(tiny):
     return run(spec)
 
 
+def test_a_source_checkout_that_was_never_installed_still_traces(tiny, monkeypatch):
+    """On a GPU box one may put the checkout on PYTHONPATH without `pip install`: no package metadata."""
+    from importlib.metadata import PackageNotFoundError
+
+    import specviz.trace
+
+    installed = specviz.trace.version
+
+    def specviz_missing(dist):
+        if dist == "specviz":
+            raise PackageNotFoundError(dist)
+        return installed(dist)
+
+    monkeypatch.setattr(specviz.trace, "version", specviz_missing)
+    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64", device="cpu",
+                         prompts=("Hi",), batch_size=1, k=2, max_new_tokens=4)
+    assert run(spec).manifest.versions["specviz"] == "not installed"
+
+
 def test_save_load_round_trip_is_exact(trace):
     again = Trace.from_json(trace.to_json())
     assert again == trace
