@@ -91,19 +91,19 @@ class RunSpec(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _faults_need_speculation(self) -> "RunSpec":
+    def _faults_need_speculation(self) -> RunSpec:
         if self.faults and self.method not in SPECULATIVE:
             raise ValueError(f"faults apply to speculative methods ({', '.join(SPECULATIVE)}), not {self.method}")
         return self
 
     @model_validator(mode="after")
-    def _window(self) -> "RunSpec":
+    def _window(self) -> RunSpec:
         if self.window is not None and self.window <= self.batch_size:
             raise ValueError(f"window ({self.window}) must be larger than the batch size ({self.batch_size})")
         return self
 
     @model_validator(mode="after")
-    def _pair(self) -> "RunSpec":
+    def _pair(self) -> RunSpec:
         if (self.target == EMBEDDED_TARGET) != (self.draft == EMBEDDED_DRAFT) or (
             self.target == TINY_TARGET
         ) != (self.draft == TINY_DRAFT):
@@ -118,7 +118,7 @@ class RunSpec(BaseModel):
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
 
     @classmethod
-    def build(cls, **fields) -> "RunSpec":
+    def build(cls, **fields) -> RunSpec:
         """Validate `fields`, turning pydantic's report into one readable SpecError."""
         try:
             return cls(**fields)

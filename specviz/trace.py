@@ -141,7 +141,7 @@ class Trace(_Strict):
         return self.model_dump_json()
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "Trace":
+    def from_json(cls, text: str | bytes) -> Trace:
         """Parse and validate a trace file; every problem becomes one readable SpecError."""
         if len(text) > MAX_TRACE_BYTES:
             raise SpecError(f"trace file is {len(text) / 2**20:.1f} MiB; the limit is {MAX_TRACE_BYTES // 2**20} MiB")
@@ -242,7 +242,7 @@ def build_trace(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], res
     manifest = Manifest(
         spec=spec,
         pair={k: (None if v is None else str(v)) for k, v in pair.info.items()},
-        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         decode_seconds=result.seconds,
         reference_seconds=reference.seconds if reference else None,
         fingerprint=fingerprint(spec, sequences, rows),

@@ -44,7 +44,7 @@ def test_long_and_short_prompts_share_a_batch(tiny, mixed_prompts):
 
 
 def test_no_token_after_eos_and_finished_rows_leave(early_eos, mixed_prompts):
-    pair, ref = early_eos
+    pair, _ = early_eos
     got = eqspec(pair, mixed_prompts[:8], 8, 5, 20)
     for o in got.outputs:
         stops = [i for i, t in enumerate(o.ids) if t in pair.eos_ids]

@@ -53,7 +53,7 @@ def test_per_row_shift_by_gather_keeps_each_row_in_step(tiny, mixed_prompts):
 @torch.inference_mode()
 def test_decoding_after_a_shift_equals_decoding_alone(tiny, mixed_prompts):
     a, b = mixed_prompts[0][:5], mixed_prompts[1][:9]
-    tokens, valid, cache, _ = _prefill(tiny, [a, b])
+    _, _, cache, _ = _prefill(tiny, [a, b])
     # Append one token to both rows, shifting row 0 by +2 in a wider layout.
     nxt = torch.tensor([[11], [12]])
     new_tokens = torch.zeros(2, 12, dtype=torch.long)

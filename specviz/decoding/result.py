@@ -1,8 +1,8 @@
 """What every decoder returns, whatever its method."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
