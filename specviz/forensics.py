@@ -1,44 +1,56 @@
 """Divergence forensics: where each sequence left the reference, and why.
 
-For every divergent sequence: the first differing token, the round and row
-that emitted it, that row's invariant checks up to the fork, the target's
-top-1/top-2 margin there at batch size 1 and in the emitting pass, and the
-largest logit difference between a fresh batch-size-1 pass and that pass.
+Every piece of evidence is recomputed independently of the engine it judges:
+- the noise floor (noise.py): how far two correct computations of the same
+  logits drift on this pair, dtype and device, measured with no speculation;
+- the state check (watch.py): the row that emitted the fork, as the model saw
+  it, against a fresh batch-size-1 recomputation of its real tokens; when its
+  logits differ by more than FACTOR floors, its state was corrupt, and the
+  inputs it was fed (first token, positions, mask, cache entries) say which
+  part;
+- float64 arbitration (recompute.py): the true gap between the reference's
+  token and the speculative one at the fork.
+
 Verdicts:
-  sync-bug:<state>  a breaking invariant failed at or before the fork;
-  numerics          invariants held and the fork was a near-tie: its
-                    batch-size-1 margin is within the logit noise measured on
-                    this run's agreeing tokens;
-  unexplained       neither (shown loudly).
+  sync-bug:bonus      the emitted token is not the argmax of the logits that chose it (I4);
+  sync-bug:<state>    the row's state was corrupt: positions, mask, kv, or `state` when no
+                      single input explains it (or a sequence ran past its end or stopped short);
+                      also when the engine's own invariant checks failed at or before the fork;
+  numerics            the state was clean and the float64 gap at the fork is within the floor's scale;
+  unexplained         anything else, shown loudly.
 """
 from __future__ import annotations
 
-import torch
-
 from .decoding.result import DecodeResult
 from .models import ModelPair
-from .trace import Forensics, RowRecord, SequenceRecord, Trace, first_difference
+from .recompute import float64_logits
+from .trace import Forensics, NoiseFloors, RowRecord, SequenceRecord, Trace, first_difference
 
-# Checks whose failure puts the target's view out of step, by priority when
-# several fail in the same round (positions also spoil the cache's provenance).
+# A correct engine's rows stay within 1.7 floors of a fresh recomputation (measured: the tiny and the embedded
+# pair, float32 and bfloat16, bs 4, k 5); a corrupt state is FACTOR floors away or more. A flip needs the gap
+# between two logits to change sign: twice the per-logit tolerance.
+FACTOR = 4.0
+
+# The engine's own checks whose failure puts the target's view out of step, by priority when several fail in
+# the same round (positions also spoil the cache's provenance).
 BREAKING = ("bonus", "positions", "mask", "kv")
 EXPLAIN = {
-    "bonus": "a correction/bonus token did not come from the target's argmax (I4)",
-    "positions": "position ids fed to the model did not follow the mask (I2)",
-    "mask": "the attention mask let pad or stale slots through",
-    "kv": "the KV cache did not hold each real token's entry at its own position (I3)",
+    "bonus": "a correction/bonus token was not the argmax of the target pass that chose it (I4)",
+    "positions": "the position ids fed to the model did not count the row's real tokens (I2)",
+    "mask": "the attention mask did not show exactly the row's real tokens",
+    "kv": "the KV cache did not hold each real token's entry, computed at its own position (I3)",
+    "state": "the row's state was corrupt, and no single input (first token, positions, mask, cache) explains it",
 }
-MAX_FRESH_PASSES = 64  # batch-size-1 passes for logit differences, per run
 
 
-def _emitter(rows: list[RowRecord], fork: int) -> tuple[RowRecord | None, int]:
-    """The record that emitted token `fork`, and the slot within its round."""
+def _emitter(rows: list[RowRecord], fork: int) -> RowRecord | None:
+    """The record that emitted token `fork`."""
     seen = 0
     for r in rows:
         if fork < seen + len(r.emitted):
-            return r, fork - seen
+            return r
         seen += len(r.emitted)
-    return None, 0
+    return None
 
 
 def _failures(rows: list[RowRecord], until_round: int | None) -> dict[str, int]:
@@ -52,90 +64,143 @@ def _failures(rows: list[RowRecord], until_round: int | None) -> dict[str, int]:
     return failed
 
 
-def _clean_prefix(seq: SequenceRecord, rows: list[RowRecord]) -> int:
-    """How many leading tokens agree with the reference and came from rounds with every check held."""
-    n = len(seq.output_ids) if seq.first_divergence is None else seq.first_divergence
-    emitted = 0
-    for r in rows:
-        if any(not r.checks.get(c, True) for c in BREAKING):
-            return min(n, emitted)
-        emitted += len(r.emitted)
-    return n
+def _first_over(rows: list[RowRecord], field: str, tolerance: float | None) -> int | None:
+    """The first round whose audited difference (`audit` or `audit_draft`) exceeds `tolerance`."""
+    if tolerance is None:
+        return None
+    return next((r.round for r in rows if getattr(r, field) is not None and getattr(r, field) > tolerance), None)
 
 
-def measured_noise(trace: Trace, rows_of: dict[int, list[RowRecord]]) -> float | None:
-    """Largest |batched margin - batch-size-1 margin| over agreeing, in-step tokens of the run."""
-    diffs = []
-    for s in trace.sequences:
-        if s.reference_margins is None:
-            continue
-        n = _clean_prefix(s, rows_of.get(s.seq, []))
-        diffs += [abs(a - b) for a, b in zip(s.margins[:n], s.reference_margins[:n])]
-    return max(diffs) if diffs else None
-
-
-@torch.inference_mode()
-def _logit_diff(pair: ModelPair, prompt_ids: list[int], prefix: list[int], top_ids, top_values) -> float:
-    """Largest |batched - fresh batch-size-1| logit over the batched pass's top tokens at the fork."""
-    x = torch.tensor([prompt_ids + prefix], device=pair.device)
-    logits = pair.target(input_ids=x, logits_to_keep=1).logits[0, -1, : pair.vocab_size].double().cpu()
-    return float((logits[top_ids] - top_values.double()).abs().max())
-
-
-def analyse(trace: Trace, result: DecodeResult | None = None, pair: ModelPair | None = None) -> None:
-    """Fill `forensics` for every divergent sequence of `trace` (in place).
-
-    `result` (the DecodeResult the trace was built from) and `pair` enable the
-    fresh batch-size-1 logit comparison.
-    """
+def analyse(trace: Trace, result: DecodeResult, pair: ModelPair | None) -> None:
+    """Fill `forensics` for every divergent sequence of `trace` (in place), from the watch's findings in
+    `result` (result.forks), the floor in the manifest and, with `pair`, float64 arbitration."""
+    floors = trace.manifest.noise_floor
     rows_of: dict[int, list[RowRecord]] = {}
     for r in trace.rows:
         rows_of.setdefault(r.seq, []).append(r)
-    noise = measured_noise(trace, rows_of)
-    fresh = 0
     for s in trace.sequences:
-        if s.equivalent is not False:
-            s.forensics = None
-            continue
-        f = s.first_divergence
         rows = rows_of.get(s.seq, [])
-        rec, slot = _emitter(rows, f)
-        ev = Forensics(
-            verdict="unexplained", explanation="", fork=f, noise=noise,
-            output_token=s.output_ids[f] if f < len(s.output_ids) else None,
-            reference_token=s.reference_ids[f] if f < len(s.reference_ids) else None,
-            margin_reference=s.reference_margins[f] if s.reference_margins and f < len(s.reference_margins) else None,
-            margin_batched=s.margins[f] if f < len(s.margins) else None,
-        )
-        if rec is not None:
-            ev.round, ev.row = rec.round, rec.row
-        ev.failed_checks = _failures(rows, ev.round)
-        if result is not None and pair is not None and rec is not None and fresh < MAX_FRESH_PASSES:
-            rd = result.rounds[rec.round]
-            ev.logit_diff = _logit_diff(pair, trace.prompts[s.seq].ids, s.reference_ids[:f],
-                                        rd.ints["target_top_ids"][rec.row, slot],
-                                        rd.floats["target_top_values"][rec.row, slot])
-            fresh += 1
-        _verdict(ev)
+        if floors is not None:
+            s.audit_round = _first_over(rows, "audit", FACTOR * floors.target.value)
+            s.audit_draft_round = _first_over(rows, "audit_draft", floors.draft and FACTOR * floors.draft.value)
+        s.forensics = None
+        if s.equivalent is not False:
+            continue
+        ev = _evidence(s, rows, result.forks.get(s.seq))
+        if pair is not None and ev.output_token is not None and ev.reference_token is not None:
+            z = float64_logits(pair, trace.prompts[s.seq].ids + s.output_ids[: ev.fork])
+            if z is not None:
+                ev.margin_float64 = float(z[ev.reference_token] - z[ev.output_token])
+        _verdict(ev, floors)
         s.forensics = ev
 
 
-def _verdict(ev: Forensics) -> None:
+def _evidence(s: SequenceRecord, rows: list[RowRecord], fork) -> Forensics:
+    f = s.first_divergence
+    rec = _emitter(rows, f)
+    ev = Forensics(
+        verdict="unexplained", explanation="", fork=f,
+        output_token=s.output_ids[f] if f < len(s.output_ids) else None,
+        reference_token=s.reference_ids[f] if f < len(s.reference_ids) else None,
+        margin_reference=s.reference_margins[f] if s.reference_margins and f < len(s.reference_margins) else None,
+        margin_batched=s.margins[f] if f < len(s.margins) else None,
+    )
+    if rec is not None:
+        ev.round, ev.row = rec.round, rec.row
+    ev.failed_checks = _failures(rows, ev.round)
+    if fork is not None:
+        ev.state_diff, ev.kv_diff, ev.tokens_fed_ok = fork.state_diff, fork.kv_diff, fork.tokens_ok
+        ev.written_at = fork.written_at
+        ev.positions_fed, ev.positions_expected = fork.positions_fed, fork.positions_expected
+        ev.visible, ev.visible_expected = fork.visible, fork.visible_expected
+        ev.emitting_argmax, ev.margin_batched = fork.emitting_argmax, fork.emitting_margin
+    return ev
+
+
+def _component(ev: Forensics, tolerance: float) -> str:
+    """Which input of the emitting pass was wrong, checked against the truth one at a time."""
+    if ev.tokens_fed_ok is False:
+        return "state"  # it was fed another token than its own last one: rows mixed up
+    if ev.positions_fed is not None and ev.positions_fed != ev.positions_expected:
+        return "positions"
+    if ev.visible is not None and ev.visible != ev.visible_expected:
+        return "mask"
+    if ev.kv_diff is not None and ev.kv_diff > tolerance:
+        # Most ill-fitting entries fit their own token at another position: the positions were wrong when they
+        # were computed. Entries of other tokens: the cache itself was laid out wrong.
+        at_other_positions = sum(at >= 0 for _, at in ev.written_at)
+        return "positions" if at_other_positions > len(ev.written_at) / 2 else "kv"
+    return "state"
+
+
+def _verdict(ev: Forensics, floors: NoiseFloors | None) -> None:
+    at = f"token {ev.fork}" + (f" (round {ev.round}, batch row {ev.row})" if ev.round is not None else "")
+    tolerance = FACTOR * floors.target.value if floors else None
+    # The engine's own checks (its provenance of every cache slot) corroborate; they name the state only where
+    # the independent evidence cannot.
+    invariant = None
     if ev.failed_checks:
         first = min(ev.failed_checks.values())
-        state = next(c for c in BREAKING if ev.failed_checks.get(c) == first)
-        ev.verdict = f"sync-bug:{state}"
-        ev.explanation = f"In round {first}, {EXPLAIN[state]}; the output forked at token {ev.fork}."
-    elif ev.margin_reference is not None and ev.noise is not None and ev.margin_reference <= 2 * ev.noise:
+        invariant = next(c for c in BREAKING if ev.failed_checks.get(c) == first)
+    recorded = (f" The engine's own check found, in round {ev.failed_checks[invariant]}, that {EXPLAIN[invariant]}."
+                if invariant else "")
+    if ev.output_token is None or ev.reference_token is None:
+        ended = "the reference had already ended" if ev.reference_token is None else "the output had stopped"
+        ev.verdict = f"sync-bug:{invariant or 'state'}"
+        ev.explanation = (f"At {at} {ended}: the engine {'ran past the end of' if ev.reference_token is None else 'cut short'} "
+                          "the sequence (EOS or token budget)." + recorded)
+    elif ev.emitting_argmax is not None and ev.emitting_argmax != ev.output_token:
+        ev.verdict = "sync-bug:bonus"
+        ev.explanation = (f"At {at} the engine emitted a token that is not the argmax of the target pass that chose "
+                          f"it (the pass's own logits pick id {ev.emitting_argmax}): {EXPLAIN['bonus']}.")
+    elif ev.state_diff is not None and tolerance is not None and ev.state_diff > tolerance:
+        state = _component(ev, tolerance)
+        ev.verdict = f"sync-bug:{invariant if state == 'state' and invariant else state}"
+        ev.explanation = (f"At {at} the emitting pass's logits differ from a fresh batch-size-1 recomputation of the "
+                          f"row by {ev.state_diff:.3g}, {ev.state_diff / floors.target.value:.3g} times the noise floor "
+                          f"({floors.target.value:.3g}): the row's state was corrupt. {_why(ev, state)}" + recorded)
+    elif invariant is not None:
+        ev.verdict = f"sync-bug:{invariant}"
+        ev.explanation = f"The output forked at {at}." + recorded
+    elif ev.state_diff is None:
+        ev.explanation = (f"The output forked at {at}, but the row that emitted it could not be recomputed (this method "
+                          "is not watched round by round, or the run was not recorded), so numerics cannot be told "
+                          "from a bug here. Record the run with a speculative method to check it.")
+    elif ev.margin_float64 is None:
+        ev.explanation = (f"The row's state was clean at {at}, but the fork could not be arbitrated in float64 (the "
+                          "target is too large to copy to float64), so a near-tie cannot be confirmed.")
+    elif abs(ev.margin_float64) <= 2 * tolerance:
         ev.verdict = "numerics"
-        ev.explanation = (f"Every invariant held. At token {ev.fork} the target's top two logits were "
-                          f"{ev.margin_reference:.3g} apart at batch size 1, within twice the logit noise "
-                          f"measured on this run's agreeing tokens ({ev.noise:.3g}): floating point picked the other.")
+        ev.explanation = (f"At {at} the row's state was clean (within {ev.state_diff / floors.target.value:.2g} noise "
+                          f"floors of a fresh batch-size-1 recomputation), and in float64 the reference's token and "
+                          f"the speculative one are {abs(ev.margin_float64):.3g} logits apart, within the floor's scale "
+                          f"({2 * tolerance:.3g}): a near-tie that floating point tipped.")
     else:
-        ev.verdict = "unexplained"
-        ev.explanation = ("Every invariant held, yet the fork's margin "
-                          f"({ev.margin_reference if ev.margin_reference is None else f'{ev.margin_reference:.3g}'}) "
-                          f"is larger than the measured noise ({ev.noise}). This is not a known failure: please report it.")
+        ev.explanation = (f"At {at} the row's state was clean and every check held, yet in float64 the two tokens are "
+                          f"{abs(ev.margin_float64):.3g} logits apart, far beyond the noise floor "
+                          f"({floors.target.value:.3g}). This is not a known failure: please report it.")
+
+
+def _why(ev: Forensics, state: str) -> str:
+    if state == "positions" and ev.positions_fed == ev.positions_expected:
+        wrong = [(i, at) for i, at in ev.written_at if at >= 0]
+        return ("Its cache held entries computed at the wrong positions in earlier passes: "
+                + ", ".join(f"the token at position {i} was computed at {at}" for i, at in wrong) + ".")
+    if state == "positions":
+        return f"It was fed position ids {span(ev.positions_fed)} where its tokens sit at {span(ev.positions_expected)}."
+    if state == "mask":
+        return (f"Its mask let its verified slots see {span(ev.visible)} key slots where it has "
+                f"{span(ev.visible_expected)} real tokens.")
+    if state == "kv":
+        return (f"Replayed alone over only the cache entries its mask showed, with true positions, it still differs "
+                f"by {ev.kv_diff:.3g}: the cache held the wrong entries.")
+    if ev.tokens_fed_ok is False:
+        return "The first token it was fed is not the sequence's last token: the row was given another sequence's state."
+    return "Its first token, positions, mask and visible cache entries each check out alone: " + EXPLAIN["state"] + "."
+
+
+def span(xs: list[int] | None) -> str:
+    return "?" if not xs else str(xs[0]) if len(xs) == 1 else f"{xs[0]}…{xs[-1]}"
 
 
 def flag_batching_noise(trace: Trace, batched: DecodeResult) -> None:

@@ -61,6 +61,19 @@ def _on(layer, index: torch.Tensor) -> torch.Tensor:
     return index.to(layer.keys.device)
 
 
+def layers_kv(cache: DynamicCache | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every layer's (keys, values) as they are now: references, not copies. Each forward pass
+    replaces these tensors (torch.cat) instead of writing into them, so they keep the state of this moment."""
+    if cache is None:
+        return []
+    return [(lay.keys, lay.values) for lay in cache.layers if lay.is_initialized and lay.keys is not None]
+
+
+def from_kv(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
+    """A cache holding exactly these per-layer (keys, values)."""
+    return DynamicCache(ddp_cache_data=kv)
+
+
 def row_kv(cache: DynamicCache, layer: int, row: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(keys, values) of one row in one layer: (kv_heads, slots, head_dim)."""
     lay = cache.layers[layer]

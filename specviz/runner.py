@@ -11,10 +11,12 @@ from .decoding.exspec import exspec
 from .decoding.faults import expand
 from .decoding.reference import batched_reference, reference
 from .decoding.result import DecodeResult, Progress
-from .forensics import analyse, flag_batching_noise
+from . import noise
+from .forensics import FACTOR, analyse, flag_batching_noise
 from .models import ONE_DEVICE, ModelPair, Placement, pair_for
 from .spec import MAX_PROMPT_TOKENS, RunSpec, SpecError
-from .trace import Trace, build_trace
+from .trace import NoiseFloors, Trace, build_trace
+from .watch import Watch
 
 
 def encode(spec: RunSpec, pair: ModelPair) -> list[list[int]]:
@@ -26,12 +28,25 @@ def encode(spec: RunSpec, pair: ModelPair) -> list[list[int]]:
 
 
 def decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record: bool = True,
-           progress: Progress | None = None) -> DecodeResult:
+           progress: Progress | None = None, reference: DecodeResult | None = None) -> DecodeResult:
+    """Decode with the spec's method. Recorded, and given the reference's outputs, the decode is watched
+    (watch.py): the result then carries the state of every fork's emitting row, and the audit."""
+    if not (record and reference):
+        return _decode(spec, pair, prompt_ids, record, progress, None)
+    watch = Watch(pair, prompt_ids, [o.ids for o in reference.outputs], min(spec.audit, spec.batch_size))
+    with watch.watching():
+        result = _decode(spec, pair, prompt_ids, record, progress, watch)
+    result.forks, result.audit = watch.forks, watch.audit
+    return result
+
+
+def _decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record: bool, progress: Progress | None,
+            watch: Watch | None) -> DecodeResult:
     m = spec.method
     if m == "reference":
         return reference(pair, prompt_ids, spec.max_new_tokens, progress)
     if m == "batched-reference":
-        return batched_reference(pair, prompt_ids, spec.batch_size, spec.max_new_tokens, progress)
+        return batched_reference(pair, prompt_ids, spec.batch_size, spec.max_new_tokens, progress, watch)
     if m == "hf-assisted":
         if spec.batch_size != 1:
             raise SpecError("hf-assisted runs at batch size 1 only (transformers refuses more)")
@@ -39,10 +54,10 @@ def decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record: 
     if m == "exspec":
         return exspec(pair, prompt_ids, spec.batch_size, spec.k, spec.max_new_tokens,
                       window=spec.window or 2 * spec.batch_size, max_wait=spec.max_wait, record=record,
-                      progress=progress)
+                      progress=progress, watch=watch)
     if m == "eqspec":
         return eqspec(pair, prompt_ids, spec.batch_size, spec.k, spec.max_new_tokens,
-                      faults=expand(spec.faults), record=record, progress=progress)
+                      faults=expand(spec.faults), record=record, progress=progress, watch=watch)
     raise SpecError(f"unknown method {m!r}")
 
 
@@ -80,16 +95,33 @@ def run(spec: RunSpec, record: bool = True, with_reference: bool = True,
     pair = pair_for(spec, trust_remote_code, placement)
     prompt_ids = encode(spec, pair)
     ref = reference_for(pair, prompt_ids, spec.max_new_tokens, phase("reference")) if with_reference else None
-    result = ref if spec.method == "reference" and ref else decode(spec, pair, prompt_ids, record, phase(spec.method))
+    if spec.method == "reference" and ref:
+        result = ref
+    else:
+        result = decode(spec, pair, prompt_ids, record, phase(spec.method), ref)
     return explain(spec, pair, prompt_ids, result, ref)
+
+
+def floors_for(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], ref: DecodeResult) -> NoiseFloors | None:
+    """The run's noise floors (noise.py): the target's, and the draft's when the run is audited."""
+    continuations = [o.ids for o in ref.outputs]
+
+    def floor(model):
+        return noise.measure(model, prompt_ids, continuations, spec.k + 1, pair.vocab_size)
+
+    target = floor(pair.target)
+    if target is None:
+        return None
+    return NoiseFloors(target=target, draft=floor(pair.draft) if spec.audit else None, factor=FACTOR)
 
 
 def explain(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result: DecodeResult,
             ref: DecodeResult | None) -> Trace:
     """The trace of a decoded run, every divergence from `ref` explained."""
-    trace = build_trace(spec, pair, prompt_ids, result, ref)
+    floors = floors_for(spec, pair, prompt_ids, ref) if ref is not None and spec.method != "reference" else None
+    trace = build_trace(spec, pair, prompt_ids, result, ref, floors)
     if ref is not None:
-        analyse(trace, result if result.rounds else None, pair)  # rounds: recorded, so logits can be compared
+        analyse(trace, result, pair)
         if any(s.forensics and not s.forensics.verdict.startswith("sync-bug") for s in trace.sequences):
             # Would batching alone, without speculation, have forked there too?
             batched = _cached_batched(pair, tuple(tuple(x) for x in prompt_ids), spec.batch_size, spec.max_new_tokens)

@@ -6,8 +6,9 @@ Static-batch methods split their prompts on batch boundaries, so every batch
 holds the rows, padding and numerics it holds in a single process; exspec
 schedules across its whole pool, so each exspec run stays whole on one
 process. The batch-size-1 reference is split prompt by prompt, once for all
-runs. The main process gathers the decoded outputs and builds and explains
-every trace itself: forensics measure noise over a whole run.
+runs, and every process watches its shares against it (watch.py). The main
+process gathers the decoded outputs and what the watches found, measures the
+noise floor and explains every trace itself.
 """
 from __future__ import annotations
 
@@ -74,9 +75,11 @@ def sweep(runs: list[tuple[RunSpec, bool]], trust_remote_code: bool = False,
     prompt_ids = encode(first, pair)
     n = len(prompt_ids)
 
-    # This process's shares: (rows, batch size, result) for the reference, then for every other run.
+    # The reference first, split prompt by prompt and gathered by every process: each watches its own
+    # share of every other run against it.
     rows = share(n, 1, rank, world)
-    mine = [(rows, 1, reference(pair, [prompt_ids[j] for j in rows], first.max_new_tokens))]
+    ref = _merge(gather_object([(rows, 1, reference(pair, [prompt_ids[j] for j in rows], first.max_new_tokens))]))
+    mine = []  # (rows, batch size, result) of every other run
     for i, (spec, record) in enumerate(runs):
         if spec.method == "reference":
             continue  # the reference above is that run
@@ -84,22 +87,25 @@ def sweep(runs: list[tuple[RunSpec, bool]], trust_remote_code: bool = False,
             rows = range(n) if i % world == rank else range(0)
         else:
             rows = share(n, spec.batch_size, rank, world)
-        mine.append((rows, spec.batch_size, decode(spec, pair, [prompt_ids[j] for j in rows], record)))
+        part = DecodeResult([ref.outputs[j] for j in rows], ref.seconds)
+        mine.append((rows, spec.batch_size, decode(spec, pair, [prompt_ids[j] for j in rows], record, reference=part)))
     shares = gather_object([mine])  # every process's list, in rank order
     if not state.is_main_process:
         return
     merged = iter(_merge([s[j] for s in shares]) for j in range(len(mine)))
-    ref = next(merged)
     for spec, _ in runs:
         yield explain(spec, pair, prompt_ids, ref if spec.method == "reference" else next(merged), ref)
 
 
 def _merge(shares: list[tuple[range, int, DecodeResult]]) -> DecodeResult:
-    """One DecodeResult from the processes' shares of a run: sequence ids and static-batch indices made global."""
-    outputs, rounds = [], []
+    """One DecodeResult from the processes' shares of a run: sequence ids, round and static-batch indices made global."""
+    outputs, rounds, forks, audit = [], [], {}, {}
     for rows, batch_size, result in shares:
+        offset = len(rounds)
         outputs += result.outputs
         for rd in result.rounds:
             batch = rd.batch + rows.start // batch_size if rd.batch >= 0 else rd.batch  # exspec's is -1
             rounds.append(dataclasses.replace(rd, seqs=[rows.start + s for s in rd.seqs], batch=batch))
-    return DecodeResult(outputs, max(result.seconds for _, _, result in shares), rounds)
+        forks.update({rows.start + s: dataclasses.replace(f, round=f.round + offset) for s, f in result.forks.items()})
+        audit.update({(r + offset, rows.start + s): v for (r, s), v in result.audit.items()})
+    return DecodeResult(outputs, max(result.seconds for _, _, result in shares), rounds, forks, audit)

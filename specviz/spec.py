@@ -54,6 +54,7 @@ class RunSpec(BaseModel):
     seed: int = Field(0, ge=0, le=2**31 - 1)
     window: int | None = Field(None, ge=1, le=4 * MAX_BATCH_SIZE)  # exspec: active sequences (None: 2 x batch)
     max_wait: int = Field(4, ge=0, le=1024)  # exspec: rounds a sequence may be passed over
+    audit: int = Field(0, ge=0, le=MAX_BATCH_SIZE)  # rows per round checked against a fresh recomputation; 0: off
     temperature: float = 0.0
 
     @field_validator("target", "draft")

@@ -64,6 +64,8 @@ class RowRecord(_Strict):
     draft_kv_after: int | None
     delta: int  # slots this row's KV moved by in the realignment
     checks: dict[str, bool]  # invariant checks at the start of / during this round
+    audit: float | None = None  # audited rows: largest |verify logit - fresh batch-size-1 logit|
+    audit_draft: float | None = None  # the same for the draft's first pass of the round
 
 
 class RoundRecord(_Strict):
@@ -82,21 +84,49 @@ class PromptRecord(_Strict):
     ids: list[int]
 
 
-class Forensics(_Strict):
-    """Why a sequence departed from the reference, with the evidence."""
+class Floor(_Strict):
+    """One model's noise floor (noise.py): how far two correct computations of the same logits drift."""
 
-    verdict: str  # sync-bug:<positions|mask|kv|bonus>, numerics, or unexplained
+    value: float  # largest |logit difference| over the vocabulary and every compared position, >= resolution
+    median: float  # median over positions of the per-position largest difference
+    resolution: float  # machine epsilon of the dtype times the largest logit: what the dtype can resolve
+    positions: int
+    sequences: int
+    chunk: int  # tokens per batched pass
+    method: str  # how it was measured, in words
+
+
+class NoiseFloors(_Strict):
+    """Measured on this run's pair, dtype and device, with no speculation involved."""
+
+    target: Floor
+    draft: Floor | None = None  # measured for audits
+    factor: float  # a row's state is corrupt beyond factor x floor
+
+
+class Forensics(_Strict):
+    """Why a sequence departed from the reference, with the evidence (forensics.py)."""
+
+    verdict: str  # sync-bug:<bonus|positions|mask|kv|state>, numerics, or unexplained
     explanation: str
     fork: int  # index of the first differing token
     round: int | None = None  # the round and batch row that emitted it (speculative methods)
     row: int | None = None
     output_token: int | None = None
     reference_token: int | None = None
-    failed_checks: dict[str, int] = {}  # breaking check -> first round it failed in, at or before the fork
-    margin_reference: float | None = None  # target top-1 minus top-2 logit at the fork, batch size 1
+    failed_checks: dict[str, int] = {}  # the engine's own breaking checks -> first round failed, at or before the fork
+    margin_reference: float | None = None  # target top-1 minus top-2 logit at the fork: the reference pass (bs 1)
     margin_batched: float | None = None  # the same in the pass that emitted the fork
-    logit_diff: float | None = None  # largest |batched - batch-size-1| logit over the batched top-8 tokens
-    noise: float | None = None  # largest margin difference on agreeing tokens in this run
+    margin_float64: float | None = None  # float64, batch size 1: logit of the reference's token minus the output's
+    state_diff: float | None = None  # largest |emitting - fresh batch-size-1 logit| over the row's verified slots
+    kv_diff: float | None = None  # the row's visible cache entries alone, true positions and plain mask, vs fresh
+    written_at: list[list[int]] = []  # cache entries that fit their token badly: [true position, computed at (-1: none)]
+    tokens_fed_ok: bool | None = None  # the emitting pass was fed the sequence's own last token
+    positions_fed: list[int] | None = None  # position ids of the verified slots, as fed
+    positions_expected: list[int] | None = None  # where those tokens sit in the sequence
+    visible: list[int] | None = None  # key slots each verified slot could attend to
+    visible_expected: list[int] | None = None  # real tokens up to and including each verified slot
+    emitting_argmax: int | None = None  # the emitting pass's own choice at the fork slot
     batching_noise: bool | None = None  # batched-reference (no speculation) already departs here
 
 
@@ -109,6 +139,8 @@ class SequenceRecord(_Strict):
     first_divergence: int | None = None  # first index where output_ids and reference_ids differ
     equivalent: bool | None = None
     completion_seconds: float | None = None  # from the start of decoding to its last token
+    audit_round: int | None = None  # audited runs: first round its target state departed from the noise floor
+    audit_draft_round: int | None = None  # the same for the draft's state
     forensics: Forensics | None = None
 
 
@@ -122,6 +154,7 @@ class Manifest(_Strict):
     created: str
     decode_seconds: float
     reference_seconds: float | None = None
+    noise_floor: NoiseFloors | None = None  # None: no reference was decoded beside the run
     fingerprint: str  # hash of the spec and every decision: equal fingerprints, equal runs
 
 
@@ -190,7 +223,7 @@ def _environment(pair: ModelPair) -> dict:
     }
 
 
-def _row_records(rounds: list[RoundData]) -> tuple[list[RoundRecord], list[RowRecord]]:
+def _row_records(rounds: list[RoundData], audit: dict) -> tuple[list[RoundRecord], list[RowRecord]]:
     round_recs, row_recs = [], []
     for r, rd in enumerate(rounds):
         round_recs.append(RoundRecord(round=r, batch=rd.batch, seqs=rd.seqs, realigned=rd.realigned,
@@ -213,6 +246,7 @@ def _row_records(rounds: list[RoundData]) -> tuple[list[RoundRecord], list[RowRe
                 **{f: ints[f][row] for f in ("pad_before", "content_before", "pos_first", "pos_last",
                                              "mask_sum", "target_kv_before", "draft_kv_before", "delta")},
                 checks={n: bool(v[row]) for n, v in checks.items()},
+                **dict(zip(("audit", "audit_draft"), audit.get((r, seq), ()))),
             ))
     return round_recs, row_recs
 
@@ -227,8 +261,8 @@ def fingerprint(spec: RunSpec, sequences: list[SequenceRecord], rows: list[RowRe
 
 
 def build_trace(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result: DecodeResult,
-                reference: DecodeResult | None = None) -> Trace:
-    rounds, rows = _row_records(result.rounds)
+                reference: DecodeResult | None = None, noise_floor: NoiseFloors | None = None) -> Trace:
+    rounds, rows = _row_records(result.rounds, result.audit)
     sequences = []
     for seq, out in enumerate(result.outputs):
         ref = reference.outputs[seq] if reference else None
@@ -245,6 +279,7 @@ def build_trace(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], res
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         decode_seconds=result.seconds,
         reference_seconds=reference.seconds if reference else None,
+        noise_floor=noise_floor,
         fingerprint=fingerprint(spec, sequences, rows),
         **_environment(pair),
     )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from . import metrics
+from .forensics import span
 from .trace import RowRecord, Trace
 
 CHECK_TEXT = {
@@ -249,21 +250,10 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
         kind = f.verdict.split(":")[0]
         out.append(f'<p class="sv-verdict sv-{kind}">Sequence {s.seq}: <b>{html.escape(f.verdict)}</b> — '
                    f"{html.escape(f.explanation)}</p>")
-        evidence = [
-            ("first divergent token", f.fork),
-            ("emitted in round / batch row", f"{f.round} / {f.row}" if f.round is not None else None),
-            ("speculative token", _tok(trace, f.output_token)),
-            ("reference token", _tok(trace, f.reference_token)),
-            ("top-1 − top-2 margin, batch size 1", _num(f.margin_reference)),
-            ("the same in the emitting pass", _num(f.margin_batched)),
-            ("largest logit difference (batched vs bs 1)", _num(f.logit_diff)),
-            ("logit noise measured on agreeing tokens", _num(f.noise)),
-            ("plain batching (no speculation) forks here too", None if f.batching_noise is None else
-             ("yes" if f.batching_noise else "no")),
-            ("breaking checks failed (first round)", ", ".join(f"{c} (round {r})" for c, r in f.failed_checks.items())
-             or "none"),
-        ]
-        out.append(_table(evidence))
+        out.append(_table(_evidence(trace, f)))
+    if s.audit_round is not None or s.audit_draft_round is not None:
+        out.append(_table([("audit: first round the target's state left the floor", s.audit_round),
+                           ("audit: the same for the draft", s.audit_draft_round)]))
     row = next((r for r in rows_by_seq(trace).get(focus.seq, []) if r.round == focus.round), None)
     if row is not None:
         k = len(row.draft_tokens)
@@ -286,6 +276,39 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
         out.append("</table>")
     out.append("</div>")
     return "".join(out)
+
+
+def _evidence(trace: Trace, f) -> list[tuple[str, object]]:
+    """The verdict's evidence, in the order forensics weighs it (forensics.py)."""
+    floor = trace.manifest.noise_floor
+    ratio = None
+    if floor is not None and f.state_diff is not None:
+        ratio = f"{f.state_diff:.3g} logits = {f.state_diff / floor.target.value:.3g} × the floor (corrupt above {floor.factor:g} ×)"
+    return [
+        ("first divergent token", f.fork),
+        ("emitted in round / batch row", f"{f.round} / {f.row}" if f.round is not None else None),
+        ("speculative token", _tok(trace, f.output_token)),
+        ("reference token", _tok(trace, f.reference_token)),
+        ("noise floor (no speculation, same dtype and device)", None if floor is None else
+         f"{floor.target.value:.3g} logits, over {floor.target.positions} positions of {floor.target.sequences} sequences"),
+        ("state check: emitting pass vs fresh batch-size-1 recomputation", ratio),
+        ("first token fed is the sequence's own last token", None if f.tokens_fed_ok is None else
+         ("yes" if f.tokens_fed_ok else "NO")),
+        ("positions fed / where its tokens sit", None if f.positions_fed is None else
+         f"{span(f.positions_fed)} / {span(f.positions_expected)}"),
+        ("key slots visible / real tokens", None if f.visible is None else f"{span(f.visible)} / {span(f.visible_expected)}"),
+        ("cache replayed alone with true positions, vs fresh", _num(f.kv_diff)),
+        ("cache entries computed at another position", ", ".join(
+            f"position {i} at {at}" if at >= 0 else f"position {i}: another token's" for i, at in f.written_at) or None),
+        ("the emitting pass's own choice", _tok(trace, f.emitting_argmax)),
+        ("top-1 − top-2 margin, batch size 1", _num(f.margin_reference)),
+        ("the same in the emitting pass", _num(f.margin_batched)),
+        ("float64: reference token's logit − speculative token's", _num(f.margin_float64)),
+        ("plain batching (no speculation) forks here too", None if f.batching_noise is None else
+         ("yes" if f.batching_noise else "no")),
+        ("the engine's own checks failed (first round)", ", ".join(f"{c} (round {r})" for c, r in f.failed_checks.items())
+         or "none"),
+    ]
 
 
 def _tok(trace: Trace, tok: int | None) -> str | None:
@@ -316,6 +339,9 @@ def glossary(trace: Trace | None) -> str:
     def realign_share(t: Trace) -> float | None:
         return metrics.phase_seconds(t)["realign"] / t.manifest.decode_seconds if t.rows else None
 
+    def _floor(t: Trace) -> float | None:
+        return t.manifest.noise_floor.target.value if t.manifest.noise_floor else None
+
     def throughput(t: Trace) -> float:
         return sum(len(s.output_ids) for s in t.sequences) / t.manifest.decode_seconds
 
@@ -330,8 +356,20 @@ def glossary(trace: Trace | None) -> str:
         "**throughput** = generated tokens (through EOS) / decode seconds" + value(throughput),
         "**exact match** = sequences whose token ids equal the batch-size-1 reference / sequences",
         "**prefix match** = reference tokens before the first difference / reference tokens, averaged",
-        ("**top-2 margin** = the target's top-1 minus top-2 logit; a divergence within the run's measured logit "
-         "noise is `numerics`, one after a failed invariant is `sync-bug:<state>`, anything else `unexplained`"),
+        "**top-2 margin** = the target's top-1 minus top-2 logit at a position: how close its choice was to flipping",
+        ("**noise floor** = the largest |logit difference| between two correct computations of the same logits on "
+         "this pair, dtype and device, measured with no speculation (a left-padded, cached batch fed k + 1 tokens a "
+         "pass against each sequence alone, teacher-forced on the reference)" + value(_floor)),
+        ("**state check** = the largest |logit difference| between the pass that emitted a token and a fresh "
+         "batch-size-1 recomputation of that row's real tokens (no cache); above factor × floor the row's state was "
+         "corrupt, and its first token, positions, mask and cache entries are checked one at a time"),
+        ("**float64 gap** = the reference token's logit minus the speculative token's, recomputed in float64 at "
+         "batch size 1: the true distance of the near-tie"),
+        ("**verdict** = `sync-bug:<state>` when the state check fails (or the emitted token is not the argmax that "
+         "chose it: `bonus`); `numerics` when the state was clean and the float64 gap is within 2 × factor × floor; "
+         "else `unexplained`"),
+        ("**audit** (run with audit) = the state check on every row of every round, for the target and the draft: "
+         "the first round a row's state left the floor, fork or not"),
         "**delta** = how many slots a row's KV moved in a realignment (0 when every row gained the same)",
     ]
     return "\n".join(f"- {line}" for line in lines)

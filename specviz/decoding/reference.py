@@ -40,7 +40,7 @@ def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int, pr
 
 @torch.inference_mode()
 def batched_reference(pair: ModelPair, prompts: list[list[int]], batch_size: int, max_new_tokens: int,
-                      progress: Progress | None = None) -> DecodeResult:
+                      progress: Progress | None = None, watch=None) -> DecodeResult:
     outputs, start = [None] * len(prompts), time.perf_counter()
     eos = torch.tensor(pair.eos_ids, device=pair.device)
     for chunk in chunks(len(prompts), batch_size):
@@ -50,12 +50,16 @@ def batched_reference(pair: ModelPair, prompts: list[list[int]], batch_size: int
         cache = kvcache.new(pair.target)
         q_start = 0
         while seqs:
+            if watch:
+                watch.start()
             logits = forward(pair.target, tokens, valid, q_start, cache, pair.vocab_size, keep=1)[:, -1]
             nxt = logits.argmax(-1)
             margins = top2_margin(logits).tolist()
             for r, (i, t) in enumerate(zip(seqs, nxt.tolist())):
                 gen[i].ids.append(t)
                 gen[i].margins.append(margins[r])
+            if watch:
+                watch.end(seqs, gen)
             done = torch.isin(nxt, eos) | torch.tensor([len(gen[i].ids) >= max_new_tokens for i in seqs], device=pair.device)
             if progress:
                 progress(len(seqs))

@@ -21,6 +21,10 @@ class DecodeResult:
     outputs: list[SequenceOutput]
     seconds: float  # decode wall time, model loading excluded
     rounds: list = field(default_factory=list)  # speculative methods: their per-round trace records
+    # What a watch (watch.py) found, when the decode was watched: seq -> ForkState at its first divergence,
+    # and (round, seq) -> (target, draft) logit differences of audited rows.
+    forks: dict = field(default_factory=dict)
+    audit: dict = field(default_factory=dict)
 
     @property
     def new_tokens(self) -> int:

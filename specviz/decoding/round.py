@@ -18,6 +18,7 @@ at), so that invariant checks see what the cache really holds.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -87,6 +88,7 @@ class Clock:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.t = time.perf_counter()
+        self.paused = 0.0  # seconds spent outside the engine's phases (the watcher's audit)
 
     def lap(self) -> float:
         if self.cuda:
@@ -94,6 +96,17 @@ class Clock:
         now = time.perf_counter()
         dt, self.t = now - self.t, now
         return dt
+
+    @contextlib.contextmanager
+    def pause(self):
+        """Time inside is charged to no phase of the engine, but counted in `paused`."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            dt = time.perf_counter() - start
+            self.t += dt
+            self.paused += dt
 
 
 def _run(pair: ModelPair, policy: Policy, model, tok, val, stl, q_start, cache, **kw):
@@ -130,12 +143,15 @@ def _kv_in_step(written: torch.Tensor, valid: torch.Tensor, slots: int) -> torch
 
 
 def speculate(pair: ModelPair, policy: Policy, b: Batch, k: int, gen: dict[int, SequenceOutput],
-              max_new_tokens: int, record: bool, clock: Clock) -> Step:
+              max_new_tokens: int, record: bool, clock: Clock, watch=None) -> Step:
     """Draft, verify and accept for every row of `b`; append the new tokens to `gen`.
 
     Near the token budget the round drafts fewer than k: a row that may emit
     only r more tokens needs at most r-1 drafts (the last is the target's).
+    A `watch` (watch.py) hears when the round starts and ends, and which sequence each row is.
     """
+    if watch:
+        watch.start()
     dev = pair.device
     B, S = b.tokens.shape
     have = torch.tensor([len(gen[i].ids) for i in b.seqs], device=dev)
@@ -230,8 +246,12 @@ def speculate(pair: ModelPair, policy: Policy, b: Batch, k: int, gen: dict[int, 
             "target_margins": margins,
             "target_top_values": top.values.float(),
         }
-    return Step(k, emitted, n_keep, finished, a, pick, out_tok, out_val, out_stale, t_fed, d_fed, fields,
-                {"draft": t_draft, "verify": t_verify})
+    timings = {"draft": t_draft, "verify": t_verify}
+    if watch:
+        with clock.pause():
+            watch.end(b.seqs, gen)
+        timings["audit"] = clock.paused
+    return Step(k, emitted, n_keep, finished, a, pick, out_tok, out_val, out_stale, t_fed, d_fed, fields, timings)
 
 
 def _to_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,0 +1,117 @@
+"""Verdicts that a bug cannot fool: bugs planted outside the fault catalogue, by editing the engine's
+source in the test (never as new faults), must each be called a sync bug, never numerics, and the audit
+must see the corruption at or before the fork.
+
+Each mutant replaces one snippet of one engine function with a plausible mistake. Several sit where the
+engine's own invariant checks are blind (the checks share the mutated code), so only the independent
+evidence (watch.py, forensics.py) can catch them.
+"""
+import inspect
+import textwrap
+
+import pytest
+
+from specviz import forensics, runner
+from specviz.decoding import batch, eqspec, exspec, faults, round
+from specviz.prompts import builtin_set
+from specviz.runner import run
+from specviz.spec import RunSpec
+
+# name -> (module, function, snippet, its mutation, modules that imported the function by name, method)
+MUTANTS = {
+    # cache-layout arithmetic: when rows move, the target cache takes each slot from one slot too far left
+    "layout-off-by-one": (eqspec, "_realign", "kvcache.gather(b.tcache, keep, src[:, : width - 1])",
+                          "kvcache.gather(b.tcache, keep, (src[:, : width - 1] - 1).clamp(min=0))", (), "eqspec"),
+    # interference between rows: a realignment gathers each row's cache from another row
+    "rows-interfere": (eqspec, "_realign", "kvcache.gather(b.tcache, keep, src[:, : width - 1])",
+                       "kvcache.gather(b.tcache, keep.flip(0), src[:, : width - 1])", (), "eqspec"),
+    # stale state after a row finishes: the rows after it keep last round's tokens and caches
+    "stale-after-finish": (exspec, "exspec", "gen[s.seq].finished_at = time.perf_counter() - start\n                continue",
+                           "gen[s.seq].finished_at = time.perf_counter() - start\n                break", (runner,), "exspec"),
+    # wrong row order after a batch shrinks: the first rows' caches are kept instead of the survivors'
+    "shrink-row-order": (eqspec, "_realign", "kvcache.select_rows(b.tcache, keep)",
+                         "kvcache.select_rows(b.tcache, torch.arange(len(keep), device=keep.device))", (), "eqspec"),
+    # a corrupted bonus index: the target's token is written one slot late, leaving the rejected draft in place
+    "bonus-index": (round, "speculate", "emitted = torch.cat([D[:, :k], g[:, k:]], 1).scatter(1, a[:, None], pick)",
+                    "emitted = torch.cat([D[:, :k], g[:, k:]], 1).scatter(1, (a[:, None] + 1).clamp(max=k), pick)",
+                    (eqspec, exspec), "eqspec"),
+    # positions counted from the first slot on padded rows: shared by the engine's own checks, so they agree
+    "positions-off-by-one": (batch, "positions", "(valid.long().cumsum(dim=1) - 1).clamp(min=0)",
+                             "(valid.long().cumsum(dim=1) - valid[:, :1].long()).clamp(min=0)", (faults, round),
+                             "eqspec"),
+    # the mask lets the pad slot just before a row's tokens through; the engine's mask check never sees it
+    "mask-leaks-a-pad": (batch, "attention_bias", "allowed = (valid[:, None, :] & (kv <= q)[None]) | (kv == q)[None]",
+                         "allowed = ((valid | valid.roll(-1, 1))[:, None, :] & (kv <= q)[None]) | (kv == q)[None]",
+                         (), "eqspec"),
+}
+# An off-by-one in the draft's catch-up: it re-feeds its last token twice instead of the last two. Greedy
+# output cannot fork on a draft bug (the target picks every token), but the draft's state is corrupt.
+DRAFT_MUTANT = (round, "speculate", "d_tok, d_val, d_stl = b.tokens, b.valid, b.stale",
+                "d_tok, d_val, d_stl = torch.cat([b.tokens[:, :-2], b.tokens[:, -1:], b.tokens[:, -1:]], 1), b.valid, b.stale",
+                (eqspec, exspec), "eqspec")
+
+
+def plant(monkeypatch, module, name, snippet, mutation, importers):
+    """Replace `snippet` by `mutation` in the source of module.name, for the module and those that imported it
+    (under whatever name they gave it)."""
+    original = getattr(module, name)
+    source = textwrap.dedent(inspect.getsource(original))
+    assert source.count(snippet) == 1, f"the mutant's snippet is no longer in {module.__name__}.{name}"
+    namespace = dict(vars(module))
+    exec(compile(source.replace(snippet, mutation), inspect.getsourcefile(module), "exec"), namespace)
+    for m in (module, *importers):
+        for alias in [n for n, v in vars(m).items() if v is original]:
+            monkeypatch.setattr(m, alias, namespace[name])
+
+
+def _run(method, dtype="float32", **kw):
+    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype=dtype, device="cpu",
+                         prompts=tuple(builtin_set("all")[:12]), method=method, batch_size=4, k=5,
+                         max_new_tokens=32, audit=4, **kw)
+    return run(spec)
+
+
+@pytest.mark.parametrize("name", MUTANTS)
+def test_every_divergence_of_a_planted_bug_is_a_sync_bug(name, monkeypatch, tiny):
+    *where, method = MUTANTS[name]
+    plant(monkeypatch, *where)
+    trace = _run(method)
+    floor = trace.manifest.noise_floor.target.value
+    divergent = [s for s in trace.sequences if s.equivalent is False]
+    assert divergent, "the planted bug must change some output"
+    for s in divergent:
+        f = s.forensics
+        assert f.verdict.startswith("sync-bug:"), (s.seq, f.verdict, f.explanation)
+        # The audit saw the corruption at or before the round that emitted the fork.
+        if f.verdict != "sync-bug:bonus":  # a misplaced token corrupts no state: the state check clears it
+            assert s.audit_round is not None and s.audit_round <= f.round, (s.seq, s.audit_round, f.round)
+            assert f.state_diff > forensics.FACTOR * floor
+        else:
+            assert f.output_token != f.emitting_argmax
+
+
+@pytest.mark.parametrize("name, state", [("positions-off-by-one", "positions"), ("mask-leaks-a-pad", "mask"),
+                                         ("bonus-index", "bonus"), ("stale-after-finish", "state")])
+def test_the_state_is_named_where_one_input_explains_it(name, state, monkeypatch, tiny):
+    *where, method = MUTANTS[name]
+    plant(monkeypatch, *where)
+    verdicts = {s.forensics.verdict for s in _run(method).sequences if s.forensics}
+    assert verdicts == {f"sync-bug:{state}"}
+
+
+def test_a_draft_only_bug_forks_nothing_but_the_audit_sees_it(monkeypatch, tiny):
+    *where, method = DRAFT_MUTANT
+    plant(monkeypatch, *where)
+    trace = _run(method)
+    assert all(s.equivalent for s in trace.sequences)  # greedy: the target chooses every token
+    assert all(s.audit_round is None for s in trace.sequences)  # the target's state stayed clean
+    for s in trace.sequences:  # from its first round on: the first draft pass is already fed the wrong token
+        assert s.audit_draft_round == min(r.round for r in trace.rows if r.seq == s.seq)
+
+
+def test_a_correct_run_audits_clean(tiny):
+    for method in ("eqspec", "exspec"):
+        trace = _run(method)
+        assert all(s.equivalent for s in trace.sequences)
+        assert all(s.audit_round is None and s.audit_draft_round is None for s in trace.sequences)
+        assert sum(r.audit is not None for r in trace.rows) == len(trace.rows)  # audit 4 = every row of bs 4
