@@ -13,7 +13,7 @@ from .decoding.faults import FAULTS
 from .decoding.faults import PRESETS as FAULT_PRESETS
 from .models import PRESETS, Placement, pair_for
 from .prompts import builtin_set, builtin_sets, read_prompts
-from .spec import DEVICES, DTYPES, METHODS, RunSpec, SpecError
+from .spec import DEVICES, DTYPES, MAX_BATCH_SIZE, METHODS, RunSpec, SpecError
 
 
 def _int_list(text: str) -> list[int]:
@@ -53,6 +53,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--window", type=int, help="exspec: active sequences in the window (default 2 x batch size)")
     g.add_argument("--max-wait", type=int, default=4, help="exspec: rounds a sequence may be passed over")
     g.add_argument("--faults", default="", help=f"comma-separated faults or presets: {', '.join([*FAULTS, *FAULT_PRESETS])}")
+    g.add_argument("--audit", type=int, nargs="?", const=MAX_BATCH_SIZE, default=0, metavar="ROWS",
+                   help="check every row's state against a fresh batch-size-1 recomputation every round, or ROWS "
+                        "sampled rows a round: finds corruption before (or without) a fork; about one extra "
+                        "batch-size-1 pass of the target and one of the draft per audited row and round")
 
 
 def _prompts(args) -> list[str]:
@@ -73,7 +77,7 @@ def _spec(args, **overrides) -> RunSpec:
         prompts=tuple(_prompts(args)), chat_template=not args.no_chat_template,
         max_new_tokens=args.max_new_tokens, dtype=args.dtype, device=args.device, seed=args.seed,
         faults=tuple(f.strip() for f in args.faults.split(",") if f.strip()),
-        window=args.window, max_wait=args.max_wait,
+        window=args.window, max_wait=args.max_wait, audit=args.audit,
     )
     fields.update(overrides)
     return RunSpec.build(**fields)
@@ -165,7 +169,7 @@ def cmd_verify(args) -> int:
     reports = is_main()  # under `accelerate launch`, the main process reports for all
     if reports:
         print(f"{'method':<18} {'faults':<14} {'bs':>3} {'k':>3} {'n':>5} {'exact %':>8} {'prefix %':>9}  verdicts")
-    traces = sweep([(spec, bool(spec.faults) or args.forensics) for spec in specs], args.trust_remote_code,
+    traces = sweep([(spec, bool(spec.faults or spec.audit) or args.forensics) for spec in specs], args.trust_remote_code,
                    _placement(args))
     for spec, trace in zip(specs, tqdm(traces, total=len(specs), desc="verify", leave=False,
                                        disable=not (reports and sys.stderr.isatty()))):
@@ -175,8 +179,11 @@ def cmd_verify(args) -> int:
         row = {"method": m, "faults": ",".join(spec.faults), "batch_size": bs, "k": k, "n": eq["n"],
                "exact_pct": 100 * eq["exact"], "prefix_pct": 100 * eq["prefix"], "verdicts": verdicts,
                **metrics.waste(trace)}
-        rows.append(row)
         shown = ", ".join(f"{v} {c}" for v, c in verdicts.items()) or "-"
+        if spec.audit:
+            row["audit"] = metrics.audit_counts(trace)
+            shown += "; audit: state departed in {target} (target) and {draft} (draft) sequences".format(**row["audit"])
+        rows.append(row)
         tqdm.write(f"{m:<18} {row['faults'] or '-':<14} {bs:>3} {k:>3} {eq['n']:>5} {row['exact_pct']:>8.1f} "
                    f"{row['prefix_pct']:>9.1f}  {shown}")
         sequences += [{"method": m, "faults": row["faults"], "batch_size": bs, "k": k,
@@ -187,6 +194,47 @@ def cmd_verify(args) -> int:
         _write(args.json, json.dumps({"rows": rows, "sequences": sequences}, indent=1))
         print(f"wrote {args.json}")
     return 0 if all(r["exact_pct"] == 100 for r in rows) or args.allow_divergence else 1
+
+
+def cmd_shrink(args) -> int:
+    from . import share
+    from .runner import run
+    from .shrink import shrink, size
+    from .trace import Trace
+
+    if bool(args.trace) == bool(args.link):
+        raise SpecError("give the divergent run as --trace FILE or --link URL")
+    if args.trace:
+        trace = Trace.from_json(args.trace.read_bytes())
+    else:
+        link = share.decode(args.link.partition("?")[2] or args.link)
+        if link is None:
+            raise SpecError("that link carries no run")
+        trace = _run_with_bars(link.spec, args)
+    spec = trace.manifest.spec
+    divergent = [s.seq for s in trace.sequences if s.equivalent is False]
+    seq = divergent[0] if args.seq is None and divergent else args.seq
+    if seq is None or seq not in divergent:
+        raise SpecError(f"sequence {seq} does not diverge in that run; divergent: {divergent or 'none'}")
+    s = trace.sequences[seq]
+    fork = s.first_divergence
+    token = s.output_ids[fork] if fork < len(s.output_ids) else None
+    print(f"before: {size(spec)}; sequence {seq} forks at token {fork}")
+    with tqdm(desc="shrink", unit="run", disable=not sys.stderr.isatty()) as bar:
+        found = shrink(spec, seq, fork, token, pair_for(spec, args.trust_remote_code), progress=lambda n: bar.update())
+    small = found.trace.sequences[found.seq]
+    verdict = small.forensics.verdict if small.forensics else "-"
+    print(f"after:  {size(found.trace.manifest.spec)}; sequence {found.seq} forks at token {found.fork}: {verdict} "
+          f"({found.trials} runs tried)")
+    rounds = [r.round for r in found.trace.rows if r.seq == found.seq]
+    focus = small.forensics.round if small.forensics and small.forensics.round is not None else (rounds or [None])[0]
+    query = share.encode(share.Link(found.trace.manifest.spec, found.seq, focus, found.trace.manifest.fingerprint,
+                                    share.environment(found.trace.manifest)))
+    print(f"share link: {args.url.rstrip('/')}/{query}")
+    if args.out:
+        _write(args.out, found.trace.to_json())
+        print(f"wrote trace {args.out}")
+    return 0
 
 
 def cmd_bench(args) -> int:
@@ -225,8 +273,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path)
     p.add_argument("--allow-divergence", action="store_true", help="exit 0 even when a method diverges")
     p.add_argument("--forensics", action="store_true",
-                   help="record full traces so divergences get logit evidence (slower); always on with --faults")
+                   help="record full per-round traces (the engine's own invariant checks, margins, timings); always on "
+                        "with --faults and --audit. Every divergence gets its state check and verdict either way")
     p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("shrink", help="the smallest run that still forks where a divergent run forked, as a share link")
+    p.add_argument("--trace", type=Path, help="the divergent run: a trace file (specviz run --trace, or the page's download)")
+    p.add_argument("--link", help="the divergent run: a share link (it is decoded once first)")
+    p.add_argument("--seq", type=int, help="the divergent sequence to keep (default: the first that diverges)")
+    p.add_argument("--url", default="http://localhost:7860/", help="the page the printed share link points to")
+    p.add_argument("--out", type=Path, help="write the smallest run's trace here")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
+    p.add_argument("--deterministic", action="store_true", help="deterministic GPU kernels (see run)")
+    p.set_defaults(func=cmd_shrink, device_map=None, max_memory=None)
 
     p = sub.add_parser("bench", help="throughput and phase shares, side by side in one run")
     _common(p)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .trace import Trace, first_difference
 
-PHASES = ("draft", "verify", "realign", "trace")
+PHASES = ("draft", "verify", "realign", "trace", "watch")
 
 
 def acceptance_rate(trace: Trace) -> float | None:
@@ -69,6 +69,12 @@ def verdict_counts(trace: Trace) -> dict[str, int]:
         if s.forensics:
             counts[s.forensics.verdict] = counts.get(s.forensics.verdict, 0) + 1
     return dict(sorted(counts.items()))
+
+
+def audit_counts(trace: Trace) -> dict[str, int]:
+    """Audited runs: how many sequences' target (and draft) state left the noise floor at some round."""
+    return {"target": sum(s.audit_round is not None for s in trace.sequences),
+            "draft": sum(s.audit_draft_round is not None for s in trace.sequences)}
 
 
 def waste(trace: Trace) -> dict[str, float]:

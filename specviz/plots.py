@@ -11,7 +11,8 @@ from .views import Focus, rows_by_seq
 LANES = (("pad", "padding"), ("content", "content length"), ("target_kv", "target KV length"),
          ("draft_kv", "draft KV length"), ("delta", "KV shift (delta)"))
 COLOURS = px.colors.qualitative.D3
-PHASE_COLOURS = {"draft": "#4c78a8", "verify": "#f58518", "realign": "#e45756", "trace": "#9d9d9d"}
+PHASE_COLOURS = {"draft": "#4c78a8", "verify": "#f58518", "realign": "#e45756", "trace": "#9d9d9d",
+                 "watch": "#b279a2"}
 
 
 def _empty(message: str) -> go.Figure:

@@ -29,11 +29,11 @@ def encode(spec: RunSpec, pair: ModelPair) -> list[list[int]]:
 
 def decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record: bool = True,
            progress: Progress | None = None, reference: DecodeResult | None = None) -> DecodeResult:
-    """Decode with the spec's method. Recorded, and given the reference's outputs, the decode is watched
-    (watch.py): the result then carries the state of every fork's emitting row, and the audit."""
-    if not (record and reference):
+    """Decode with the spec's method. Given the reference's outputs, the decode is watched (watch.py): the
+    result then carries the state of every fork's emitting row, and the audit (recorded runs only)."""
+    if reference is None:
         return _decode(spec, pair, prompt_ids, record, progress, None)
-    watch = Watch(pair, prompt_ids, [o.ids for o in reference.outputs], min(spec.audit, spec.batch_size))
+    watch = Watch(pair, prompt_ids, [o.ids for o in reference.outputs], min(spec.audit, spec.batch_size) if record else 0)
     with watch.watching():
         result = _decode(spec, pair, prompt_ids, record, progress, watch)
     result.forks, result.audit = watch.forks, watch.audit

@@ -28,6 +28,12 @@ class Link:
     env: dict = field(default_factory=dict)  # versions and device of that run
 
 
+def environment(manifest) -> dict[str, str]:
+    """What a link records of where its run ran: device, library versions, determinism flags (a trace's manifest)."""
+    return {"device": manifest.device, "device_name": manifest.device_name, **manifest.versions,
+            **{k: str(v) for k, v in manifest.deterministic.items()}}
+
+
 def encode(link: Link) -> str:
     """The query string (with its leading '?') for `link`."""
     payload = {"spec": json.loads(link.spec.canonical_json()), "fp": link.fingerprint, "env": link.env}

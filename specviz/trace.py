@@ -24,7 +24,7 @@ from .decoding.round import RoundData
 from .models import ModelPair
 from .spec import RunSpec, SpecError, describe_validation_error
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MAX_TRACE_BYTES = 64 * 2**20
 
 Source = Literal["draft", "correction", "bonus"]
@@ -73,7 +73,7 @@ class RoundRecord(_Strict):
     batch: int
     seqs: list[int]
     realigned: bool  # caches gathered (some row's offset changed), else only cropped
-    timings: dict[str, float]  # seconds: draft, verify, realign, trace
+    timings: dict[str, float]  # seconds: draft, verify, realign, trace, watch (forensic checks outside the engine)
     group: bool | None = None  # exspec: a same-length group, needing no realignment
     waits: list[int] | None = None  # exspec: rounds each row had been passed over
 
@@ -159,7 +159,7 @@ class Manifest(_Strict):
 
 
 class Trace(_Strict):
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
     manifest: Manifest
     prompts: list[PromptRecord]
     rounds: list[RoundRecord]
@@ -182,13 +182,29 @@ class Trace(_Strict):
             raw = json.loads(text)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise SpecError(f"not a trace file: invalid JSON ({e})") from None
-        if not isinstance(raw, dict) or raw.get("schema_version") != SCHEMA_VERSION:
-            found = raw.get("schema_version") if isinstance(raw, dict) else None
-            raise SpecError(f"not a specviz trace of schema version {SCHEMA_VERSION} (found {found!r})")
+        found = raw.get("schema_version") if isinstance(raw, dict) else None
+        if found not in MIGRATIONS and found != SCHEMA_VERSION:
+            known = " or ".join(map(str, [*MIGRATIONS, SCHEMA_VERSION]))
+            raise SpecError(f"not a specviz trace of schema version {known} (found {found!r})")
         try:
+            while raw["schema_version"] != SCHEMA_VERSION:
+                raw = MIGRATIONS[raw["schema_version"]](raw)
             return cls.model_validate(raw)
         except ValidationError as e:
             raise SpecError("invalid trace: " + describe_validation_error(e)) from None
+
+
+def _from_version_1(raw: dict) -> dict:
+    """Version 1 judged forks by a noise level measured on the run itself (`noise`) and a top-8 logit difference
+    (`logit_diff`); version 2 replaced both with independent evidence. Old verdicts are kept as recorded."""
+    for s in raw.get("sequences") or []:
+        if isinstance(s, dict) and isinstance(s.get("forensics"), dict):
+            for old in ("noise", "logit_diff"):
+                s["forensics"].pop(old, None)
+    return {**raw, "schema_version": 2}
+
+
+MIGRATIONS = {1: _from_version_1}  # version -> a function that lifts a raw trace of it one version up
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:

@@ -53,7 +53,7 @@ def test_trace_holds_what_the_design_asks(trace):
     assert len(r.draft_tokens) == 4 and len(r.target_tokens) == 5 and len(r.target_margins) == 5
     assert r.sources[-1] in ("correction", "bonus") and set(r.sources[:-1]) <= {"draft"}
     assert set(r.checks) == {"rectangular", "positions", "mask", "kv", "draft_kv", "bonus"}
-    assert set(trace.rounds[0].timings) == {"draft", "verify", "realign", "trace"}
+    assert set(trace.rounds[0].timings) == {"draft", "verify", "realign", "trace", "watch"}
     # Emitted tokens, concatenated per sequence, are the sequence's output.
     for s in trace.sequences:
         assert [t for r in trace.rows if r.seq == s.seq for t in r.emitted] == s.output_ids
@@ -86,3 +86,20 @@ def test_schema_file_is_current():
 def test_malformed_traces_are_refused_clearly(trace, mutate, message):
     with pytest.raises(SpecError, match=message):
         Trace.from_json(mutate(trace.to_json()))
+
+
+def test_a_version_1_trace_still_opens_with_its_verdicts(tiny):
+    """Version 1 judged forks by noise measured on the run itself; its files open, verdicts as recorded."""
+    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64", device="cpu",
+                         prompts=("Hi", "Name three rivers."), batch_size=2, k=3, max_new_tokens=12, faults=("dsd-like",))
+    raw = json.loads(run(spec).to_json())
+    raw["schema_version"] = 1
+    del raw["manifest"]["noise_floor"]
+    for s in raw["sequences"]:
+        if s["forensics"]:
+            s["forensics"] = {k: s["forensics"][k] for k in ("verdict", "explanation", "fork", "round", "row")}
+            s["forensics"].update(noise=0.5, logit_diff=3.0)
+    old = Trace.from_json(json.dumps(raw))
+    assert old.schema_version == 2 and old.manifest.noise_floor is None
+    assert [s.forensics.verdict for s in old.sequences if s.forensics] == \
+        [s["forensics"]["verdict"] for s in raw["sequences"] if s["forensics"]]

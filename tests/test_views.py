@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from specviz import plots, views
+from specviz import metrics, plots, views
 from specviz.prompts import builtin_set
 from specviz.runner import run
 from specviz.spec import TINY_DRAFT, TINY_TARGET, RunSpec
@@ -88,7 +88,7 @@ def test_clean_run_says_equal_and_draws_lanes_and_phases(clean):
     lanes = plots.kv_lanes(clean, focus)
     batch = {r.seq for r in clean.rows if r.batch == views.rows_by_seq(clean)[focus.seq][0].batch}
     assert len(lanes.data) == len(plots.LANES) * len(batch)
-    assert len(plots.phase_timings(clean).data) == 4
+    assert len(plots.phase_timings(clean).data) == len(metrics.PHASES)
 
 
 def test_a_trace_reads_without_its_tokenizer(clean, tiny):

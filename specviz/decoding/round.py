@@ -88,7 +88,7 @@ class Clock:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.t = time.perf_counter()
-        self.paused = 0.0  # seconds spent outside the engine's phases (the watcher's audit)
+        self.paused = 0.0  # seconds spent outside the engine's phases (the watcher's checks)
 
     def lap(self) -> float:
         if self.cuda:
@@ -250,7 +250,7 @@ def speculate(pair: ModelPair, policy: Policy, b: Batch, k: int, gen: dict[int, 
     if watch:
         with clock.pause():
             watch.end(b.seqs, gen)
-        timings["audit"] = clock.paused
+        timings["watch"] = clock.paused
     return Step(k, emitted, n_keep, finished, a, pick, out_tok, out_val, out_stale, t_fed, d_fed, fields, timings)
 
 
