@@ -71,11 +71,17 @@ def _run(method, dtype="float32", **kw):
     return run(spec)
 
 
+@pytest.fixture(scope="module")
+def clean_floor(tiny):
+    return _run("eqspec").manifest.noise_floor
+
+
 @pytest.mark.parametrize("name", MUTANTS)
-def test_every_divergence_of_a_planted_bug_is_a_sync_bug(name, monkeypatch, tiny):
+def test_every_divergence_of_a_planted_bug_is_a_sync_bug(name, monkeypatch, clean_floor):
     *where, method = MUTANTS[name]
     plant(monkeypatch, *where)
     trace = _run(method)
+    assert trace.manifest.noise_floor == clean_floor  # measured without the engine: a bug cannot raise it
     floor = trace.manifest.noise_floor.target.value
     divergent = [s for s in trace.sequences if s.equivalent is False]
     assert divergent, "the planted bug must change some output"
@@ -110,8 +116,8 @@ def test_a_draft_only_bug_forks_nothing_but_the_audit_sees_it(monkeypatch, tiny)
 
 
 def test_a_correct_run_audits_clean(tiny):
-    for method in ("eqspec", "exspec"):
+    for method in ("eqspec", "exspec", "batched-reference"):
         trace = _run(method)
         assert all(s.equivalent for s in trace.sequences)
         assert all(s.audit_round is None and s.audit_draft_round is None for s in trace.sequences)
-        assert sum(r.audit is not None for r in trace.rows) == len(trace.rows)  # audit 4 = every row of bs 4
+        assert sum(r.audit is not None for r in trace.rows) == len(trace.rows)  # audit 4: every row of bs 4
