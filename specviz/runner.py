@@ -15,15 +15,19 @@ from .decoding.reference import batched_reference, reference
 from .decoding.result import DecodeResult, Progress
 from .forensics import analyse, flag_batching_noise
 from .models import ONE_DEVICE, ModelPair, Placement, pair_for
+from .settings import Settings
 from .spec import MAX_PROMPT_TOKENS, RunSpec, SpecError
 from .trace import Trace, build_trace
 
 
-def encode(spec: RunSpec, pair: ModelPair) -> list[list[int]]:
+def encode(spec: RunSpec, pair: ModelPair, limits: Settings | None = None) -> list[list[int]]:
+    """The prompts' token ids, within specviz's bound and, on a served page, the operator's `limits`."""
     ids = pair.encode(spec.prompts, spec.chat_template)
     total = sum(len(x) for x in ids)
     if total > MAX_PROMPT_TOKENS:
         raise SpecError(f"prompts total {total} tokens; the limit is {MAX_PROMPT_TOKENS}")
+    if limits:
+        limits.check_prompt_ids(ids)
     return ids
 
 
@@ -84,16 +88,17 @@ def _cached_batched(pair: ModelPair, prompt_ids: tuple[tuple[int, ...], ...], ba
 
 def run(spec: RunSpec, record: bool = True, with_reference: bool = True,
         progress: Callable[[str, int], None] | None = None, trust_remote_code: bool = False,
-        placement: Placement = ONE_DEVICE) -> Trace:
+        placement: Placement = ONE_DEVICE, limits: Settings | None = None) -> Trace:
     """Decode, decode the reference beside it, record, and explain every divergence.
 
     `progress(phase, n)` hears of every n new tokens: phase "reference" (skipped when cached), then the method.
+    `limits`: a served page's operator settings, whose token limits only the tokenized prompts can show.
     """
     def phase(name: str) -> Progress | None:
         return functools.partial(progress, name) if progress else None
 
     pair = pair_for(spec, trust_remote_code, placement)
-    prompt_ids = encode(spec, pair)
+    prompt_ids = encode(spec, pair, limits)
     ref = reference_for(pair, prompt_ids, spec.max_new_tokens, phase("reference")) if with_reference else None
     result = ref if spec.method == "reference" and ref else decode(spec, pair, prompt_ids, record, phase(spec.method))
     return explain(spec, pair, prompt_ids, result, ref)

@@ -90,9 +90,9 @@ def _read_upload(path: str, limit: int) -> str:
 
 
 @gpu
-def decode_on_gpu(spec: RunSpec, trust_remote_code: bool, progress=None) -> Trace:
+def decode_on_gpu(spec: RunSpec, settings: Settings, progress=None) -> Trace:
     """All GPU work of a run; returns plain data only (a ZeroGPU worker sends it back)."""
-    return run(spec, progress=progress, trust_remote_code=trust_remote_code)
+    return run(spec, progress=progress, trust_remote_code=settings.trust_remote_code, limits=settings)
 
 
 def _decode(spec: RunSpec, settings: Settings, progress: gr.Progress, session: str) -> Trace:
@@ -116,7 +116,7 @@ def _decode(spec: RunSpec, settings: Settings, progress: gr.Progress, session: s
     progress(0, desc="loading the model pair")
     with _LOCK:  # one decode at a time in this process, whatever the queue allows
         # A ZeroGPU worker is another process: the callback (progress, Stop) stays behind.
-        trace = decode_on_gpu(spec, settings.trust_remote_code, None if ZEROGPU else tick)
+        trace = decode_on_gpu(spec, settings, None if ZEROGPU else tick)
     TRACES[key] = trace
     if len(TRACES) > MAX_TRACES:
         TRACES.popitem(last=False)
