@@ -7,7 +7,9 @@ spec and the focus (share.py); opening such a link replays the run.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import os
 import tempfile
 import threading
 from collections import OrderedDict
@@ -123,11 +125,23 @@ def _decode(spec: RunSpec, settings: Settings, progress: gr.Progress, session: s
     return trace
 
 
+@functools.cache
+def _trace_dir() -> Path:
+    """This process's own folder for downloads: private, not a fixed name in the shared temp folder."""
+    return Path(tempfile.mkdtemp(prefix="specviz-traces-"))
+
+
 def _save(trace: Trace) -> str:
-    folder = Path(tempfile.gettempdir()) / "specviz-traces"
-    folder.mkdir(exist_ok=True)
-    path = folder / f"trace-{trace.manifest.fingerprint}.json"
-    path.write_text(trace.to_json())
+    """Write `trace` for download, named after its content's hash as well as its fingerprint: a file
+    never holds another trace than the one its path was handed out for, whatever fingerprint a
+    visitor's upload claims, and equal traces share one file."""
+    text = trace.to_json()
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    path = _trace_dir() / f"trace-{trace.manifest.fingerprint}-{digest}.json"
+    if not path.exists():
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, suffix=".tmp", delete=False) as f:
+            f.write(text)
+        os.replace(f.name, path)  # whole or not at all: another session may be handed the same file
     return str(path)
 
 
