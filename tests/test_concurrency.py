@@ -12,14 +12,14 @@ from specviz.ui import DEFAULTS, _save, spec_from_controls
 
 # Eight small runs on the tiny pair, all different (seeds 900-907 keep them out of other tests' replay cache).
 RUNS = [
-    dict(prompt_set="quick", method="eqspec", batch_size=2, k=3),
-    dict(typed="a\nb\nc", method="eqspec", batch_size=4, k=5, max_new_tokens=12),
-    dict(prompt_set="chat", method="exspec", batch_size=2, k=2, max_wait=2),
-    dict(prompt_set="lists", method="batched-reference", batch_size=3),
-    dict(prompt_set="quick", method="reference"),
-    dict(prompt_set="quick", method="eqspec", faults=["bsp-like"], batch_size=2, k=4),
-    dict(typed="Hello there", method="hf-assisted", batch_size=1, k=3),
-    dict(prompt_set="code", method="eqspec", faults=["no-mask"], batch_size=4, k=2),
+    {"prompt_set": "quick", "method": "eqspec", "batch_size": 2, "k": 3},
+    {"typed": "a\nb\nc", "method": "eqspec", "batch_size": 4, "k": 5, "max_new_tokens": 12},
+    {"prompt_set": "chat", "method": "exspec", "batch_size": 2, "k": 2, "max_wait": 2},
+    {"prompt_set": "lists", "method": "batched-reference", "batch_size": 3},
+    {"prompt_set": "quick", "method": "reference"},
+    {"prompt_set": "quick", "method": "eqspec", "faults": ["bsp-like"], "batch_size": 2, "k": 4},
+    {"typed": "Hello there", "method": "hf-assisted", "batch_size": 1, "k": 3},
+    {"prompt_set": "code", "method": "eqspec", "faults": ["no-mask"], "batch_size": 4, "k": 2},
 ]
 
 

@@ -131,7 +131,7 @@ def test_a_public_server_refuses_local_paths_whatever_the_allowlist(tmp_path, mo
 
 
 def test_float64_is_capped_for_hub_models_and_free_for_the_built_in_pairs():
-    hub = dict(target="HuggingFaceTB/SmolLM2-1.7B-Instruct", draft="HuggingFaceTB/SmolLM2-135M-Instruct")
+    hub = {"target": "HuggingFaceTB/SmolLM2-1.7B-Instruct", "draft": "HuggingFaceTB/SmolLM2-135M-Instruct"}
     with pytest.raises(SpecError, match=r"dtype float64 is wider than this server's limit of float32 for Hub and "
                                         r"local models \(SPECVIZ_MAX_DTYPE\)"):
         Settings().check(spec(dtype="float64", **hub))
