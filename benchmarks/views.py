@@ -4,24 +4,32 @@ Traces come from the tiny pair (fast to decode; the views only see the trace's s
 for the default focus and for a focus on the last sequence, median of 5, including the plotly figures'
 JSON encoding that Gradio does before sending them.
 
-    python benchmarks/views.py
+    python benchmarks/views.py [--prompts FILE]   (default: the carried Spec-Bench slice, 64 questions)
 """
+import argparse
 import statistics
 import time
 from pathlib import Path
 
 from specviz import views
-from specviz.prompts import read_prompts
+from specviz.prompts import SPEC_BENCH_FILE, read_prompts
 from specviz.runner import run
 from specviz.spec import TINY_DRAFT, TINY_TARGET, RunSpec
 from specviz.ui import render
 
-QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
+SIZES = ((8, 128), (64, 256))  # (sequences, new tokens)
 
 
 def main() -> None:
-    for n, tokens in ((8, 128), (64, 256)):
-        spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, prompts=tuple(read_prompts(QUESTIONS)[:n]),
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=Path, default=SPEC_BENCH_FILE,
+                        help="one prompt a line, or Spec-Bench JSONL; needs at least 64 prompts")
+    questions = read_prompts(parser.parse_args().prompts)
+    most = max(n for n, _ in SIZES)
+    if len(questions) < most:
+        parser.error(f"--prompts holds {len(questions)} prompts; the largest trace needs {most}")
+    for n, tokens in SIZES:
+        spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, prompts=tuple(questions[:n]),
                              batch_size=8, k=5, max_new_tokens=tokens, device="cpu", faults=("bsp-like",))
         trace = run(spec)
         size = len(trace.to_json()) / 2**20

@@ -8,6 +8,8 @@ from .spec import SpecError
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 BUILTIN_FILE = ASSETS / "prompts" / "builtin.jsonl"
+# The first 64 Spec-Bench questions (Apache-2.0, see assets/prompts/README.md): the tests' and benchmarks' data.
+SPEC_BENCH_FILE = ASSETS / "prompts" / "spec_bench_slice.jsonl"
 # The default set for the app and quick runs: short, mixed, a few seconds on a CPU.
 QUICK_IDS = (1, 7, 12, 19)
 
@@ -50,11 +52,12 @@ def builtin_records() -> list[dict]:
 
 
 def builtin_sets() -> dict[str, list[str]]:
-    """Named built-in sets: `quick`, `all`, and one per category."""
+    """Named built-in sets: `quick`, `all`, `spec-bench`, and one per category of our own prompts."""
     records = builtin_records()
     sets = {
         "quick": [r["turns"][0] for r in records if r["question_id"] in QUICK_IDS],
         "all": [r["turns"][0] for r in records],
+        "spec-bench": read_prompts(SPEC_BENCH_FILE),
     }
     for r in records:
         sets.setdefault(r["category"], []).append(r["turns"][0])

@@ -3,7 +3,9 @@ the asked method, decode the batch-size-1 reference beside it, record."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 
 from .decoding.assisted import hf_assisted
 from .decoding.eqspec import eqspec
@@ -14,16 +16,20 @@ from .decoding.result import DecodeResult, Progress
 from . import noise
 from .forensics import FACTOR, analyse, flag_batching_noise
 from .models import ONE_DEVICE, ModelPair, Placement, pair_for
+from .settings import Settings
 from .spec import MAX_PROMPT_TOKENS, RunSpec, SpecError
 from .trace import NoiseFloors, Trace, build_trace
 from .watch import Watch
 
 
-def encode(spec: RunSpec, pair: ModelPair) -> list[list[int]]:
+def encode(spec: RunSpec, pair: ModelPair, limits: Settings | None = None) -> list[list[int]]:
+    """The prompts' token ids, within specviz's bound and, on a served page, the operator's `limits`."""
     ids = pair.encode(spec.prompts, spec.chat_template)
     total = sum(len(x) for x in ids)
     if total > MAX_PROMPT_TOKENS:
         raise SpecError(f"prompts total {total} tokens; the limit is {MAX_PROMPT_TOKENS}")
+    if limits:
+        limits.check_prompt_ids(ids)
     return ids
 
 
@@ -61,39 +67,53 @@ def _decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record:
     raise SpecError(f"unknown method {m!r}")
 
 
-_REFERENCES: dict[tuple, DecodeResult] = {}
-_MAX_REFERENCES = 64
+class PerPair:
+    """Results computed from a pair, at most `size` per pair, held only while the pair lives: keyed weakly
+    by the pair, so one evicted from models.load_pair's cache is freed with everything computed from it."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._by_pair: weakref.WeakKeyDictionary[ModelPair, OrderedDict] = weakref.WeakKeyDictionary()
+
+    def get(self, pair: ModelPair, key: Hashable, compute: Callable[[], DecodeResult]) -> DecodeResult:
+        results = self._by_pair.setdefault(pair, OrderedDict())
+        if key not in results:
+            if len(results) >= self.size:
+                results.popitem(last=False)
+            results[key] = compute()
+        return results[key]
+
+
+_REFERENCES = PerPair(64)
+_BATCHED = PerPair(16)
 
 
 def reference_for(pair: ModelPair, prompt_ids: list[list[int]], max_new_tokens: int,
                   progress: Progress | None = None) -> DecodeResult:
     """The batch-size-1 reference, computed once per process for the same pair and prompts."""
-    key = (pair, tuple(tuple(x) for x in prompt_ids), max_new_tokens)
-    if key not in _REFERENCES:
-        if len(_REFERENCES) >= _MAX_REFERENCES:
-            del _REFERENCES[next(iter(_REFERENCES))]
-        _REFERENCES[key] = reference(pair, prompt_ids, max_new_tokens, progress)
-    return _REFERENCES[key]
+    return _REFERENCES.get(pair, (tuple(tuple(x) for x in prompt_ids), max_new_tokens),
+                           lambda: reference(pair, prompt_ids, max_new_tokens, progress))
 
 
-@functools.lru_cache(maxsize=16)
 def _cached_batched(pair: ModelPair, prompt_ids: tuple[tuple[int, ...], ...], batch_size: int,
                     max_new_tokens: int) -> DecodeResult:
-    return batched_reference(pair, [list(x) for x in prompt_ids], batch_size, max_new_tokens)
+    return _BATCHED.get(pair, (prompt_ids, batch_size, max_new_tokens),
+                        lambda: batched_reference(pair, [list(x) for x in prompt_ids], batch_size, max_new_tokens))
 
 
 def run(spec: RunSpec, record: bool = True, with_reference: bool = True,
         progress: Callable[[str, int], None] | None = None, trust_remote_code: bool = False,
-        placement: Placement = ONE_DEVICE) -> Trace:
+        placement: Placement = ONE_DEVICE, limits: Settings | None = None) -> Trace:
     """Decode, decode the reference beside it, record, and explain every divergence.
 
     `progress(phase, n)` hears of every n new tokens: phase "reference" (skipped when cached), then the method.
+    `limits`: a served page's operator settings, whose token limits only the tokenized prompts can show.
     """
     def phase(name: str) -> Progress | None:
         return functools.partial(progress, name) if progress else None
 
     pair = pair_for(spec, trust_remote_code, placement)
-    prompt_ids = encode(spec, pair)
+    prompt_ids = encode(spec, pair, limits)
     ref = reference_for(pair, prompt_ids, spec.max_new_tokens, phase("reference")) if with_reference else None
     if spec.method == "reference" and ref:
         result = ref

@@ -7,7 +7,9 @@ spec and the focus (share.py); opening such a link replays the run.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import os
 import tempfile
 import threading
 from collections import OrderedDict
@@ -90,9 +92,9 @@ def _read_upload(path: str, limit: int) -> str:
 
 
 @gpu
-def decode_on_gpu(spec: RunSpec, trust_remote_code: bool, progress=None) -> Trace:
+def decode_on_gpu(spec: RunSpec, settings: Settings, progress=None) -> Trace:
     """All GPU work of a run; returns plain data only (a ZeroGPU worker sends it back)."""
-    return run(spec, progress=progress, trust_remote_code=trust_remote_code)
+    return run(spec, progress=progress, trust_remote_code=settings.trust_remote_code, limits=settings)
 
 
 def _decode(spec: RunSpec, settings: Settings, progress: gr.Progress, session: str) -> Trace:
@@ -116,18 +118,30 @@ def _decode(spec: RunSpec, settings: Settings, progress: gr.Progress, session: s
     progress(0, desc="loading the model pair")
     with _LOCK:  # one decode at a time in this process, whatever the queue allows
         # A ZeroGPU worker is another process: the callback (progress, Stop) stays behind.
-        trace = decode_on_gpu(spec, settings.trust_remote_code, None if ZEROGPU else tick)
+        trace = decode_on_gpu(spec, settings, None if ZEROGPU else tick)
     TRACES[key] = trace
     if len(TRACES) > MAX_TRACES:
         TRACES.popitem(last=False)
     return trace
 
 
+@functools.cache
+def _trace_dir() -> Path:
+    """This process's own folder for downloads: private, not a fixed name in the shared temp folder."""
+    return Path(tempfile.mkdtemp(prefix="specviz-traces-"))
+
+
 def _save(trace: Trace) -> str:
-    folder = Path(tempfile.gettempdir()) / "specviz-traces"
-    folder.mkdir(exist_ok=True)
-    path = folder / f"trace-{trace.manifest.fingerprint}.json"
-    path.write_text(trace.to_json())
+    """Write `trace` for download, named after its content's hash as well as its fingerprint: a file
+    never holds another trace than the one its path was handed out for, whatever fingerprint a
+    visitor's upload claims, and equal traces share one file."""
+    text = trace.to_json()
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    path = _trace_dir() / f"trace-{trace.manifest.fingerprint}-{digest}.json"
+    if not path.exists():
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, suffix=".tmp", delete=False) as f:
+            f.write(text)
+        os.replace(f.name, path)  # whole or not at all: another session may be handed the same file
     return str(path)
 
 

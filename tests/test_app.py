@@ -119,6 +119,35 @@ def test_operator_limits_are_enforced_with_clear_messages(client):
     custom[:3] = ["custom (type ids below)", "gpt2", "distilgpt2"]
     with pytest.raises(Exception, match=r"target model 'gpt2' is not allowed on this server"):
         client.predict(*custom, api_name="/run")
+    wide = list(TINY_RUN)
+    wide[0] = "smollm2"  # Hub ids: refused before anything is downloaded
+    with pytest.raises(Exception, match=r"dtype float64 is wider than this server's limit of float32 for Hub and "
+                                        r"local models \(SPECVIZ_MAX_DTYPE\)"):
+        client.predict(*wide, api_name="/run")
+    work = list(TINY_RUN)
+    work[4], work[10] = "\n".join(f"prompt {i}" for i in range(40)), 110
+    with pytest.raises(Exception, match=r"prompts × max new tokens 4400 is over this server's limit of 4096 "
+                                        r"\(SPECVIZ_MAX_RUN_TOKENS\)"):
+        client.predict(*work, api_name="/run")
+    long = list(TINY_RUN)
+    long[4] = " ".join(["word"] * 2100)  # about 2,100 tokens in 10,500 characters
+    with pytest.raises(Exception, match=r"prompt 0 is \d+ tokens long, over this server's limit of 2048 "
+                                        r"\(SPECVIZ_MAX_PROMPT_TOKENS\)"):
+        client.predict(*long, api_name="/run")
+    status, _ = client.predict(*TINY_RUN, api_name="/run")  # and the next run goes through
+    assert "100% of sequences equal the batch-size-1 reference" in status
+
+
+def test_a_shared_link_to_another_revision_is_not_replayed():
+    from gradio import Error
+
+    from specviz.settings import Settings
+    from specviz.ui import replay
+
+    spec = RunSpec.build(target="Qwen/Qwen3-8B", draft="Qwen/Qwen3-0.6B", target_revision="refs/pr/7", prompts=("Hi",))
+    with pytest.raises(Error, match=r"cannot be replayed here: revision 'refs/pr/7' of target model 'Qwen/Qwen3-8B' "
+                                    r"is not allowed on this server; .*\(SPECVIZ_ALLOWED_MODELS\)"):
+        replay(Settings(), {"spec": spec.canonical_json()})
 
 
 def test_a_replay_that_drifted_says_so_and_shows_what_differs(good_trace):

@@ -87,14 +87,11 @@ def test_presets_expand_and_unknown_faults_are_refused():
 def test_numerics_case_in_bfloat16_is_called_numerics(tiny):
     """A correct engine in bfloat16 departs from the batch-size-1 reference
     through floating point alone; forensics must say numerics (at least 90%), else unexplained, never sync-bug."""
-    from pathlib import Path
-
     from specviz.forensics import FACTOR
-    from specviz.prompts import read_prompts
+    from specviz.prompts import builtin_set
 
-    bench = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
     spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="bfloat16", device="cpu",
-                         prompts=tuple(read_prompts(bench)[:24]), batch_size=4, k=5, max_new_tokens=48)
+                         prompts=tuple(builtin_set("spec-bench")[:24]), batch_size=4, k=5, max_new_tokens=48)
     trace = run(spec)
     verdicts = _verdicts(trace)
     assert verdicts and verdicts.count("numerics") >= 0.9 * len(verdicts), verdicts

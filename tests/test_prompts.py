@@ -1,12 +1,9 @@
 import json
-from pathlib import Path
 
 import pytest
 
-from specviz.prompts import builtin_set, builtin_sets, parse_prompts, read_prompts
+from specviz.prompts import SPEC_BENCH_FILE, builtin_set, builtin_sets, parse_prompts, read_prompts
 from specviz.spec import SpecError
-
-SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
 
 
 def test_plain_text_is_one_prompt_a_line():
@@ -20,9 +17,13 @@ def test_spec_bench_jsonl_uses_the_first_turn(tmp_path):
     assert read_prompts(f) == ["q0", "q1", "q2"]
 
 
-def test_the_shared_spec_bench_file_parses():
-    prompts = read_prompts(SPEC_BENCH)
-    assert len(prompts) == 480 and all(p.strip() for p in prompts)
+def test_the_carried_spec_bench_slice_is_the_first_64_questions_and_a_builtin_set():
+    records = [json.loads(ln) for ln in SPEC_BENCH_FILE.read_text(encoding="utf-8").splitlines()]
+    assert [r["question_id"] for r in records] == list(range(81, 145))  # Spec-Bench's first 64, in order
+    prompts = read_prompts(SPEC_BENCH_FILE)
+    assert prompts == [r["turns"][0] for r in records] and all(p.strip() for p in prompts)
+    assert builtin_set("spec-bench") == prompts
+    assert (SPEC_BENCH_FILE.parent / "LICENSE-spec-bench.txt").read_text().lstrip().startswith("Apache License")
 
 
 @pytest.mark.parametrize("text,message", [

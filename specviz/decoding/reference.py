@@ -1,13 +1,12 @@
-"""Reference decoders: the target alone, greedy. `reference` (batch size 1,
-through transformers' own `generate`) is the ground truth every other method
-is compared with; `batched-reference` runs the same greedy decoding on the
-left-padded batch, to separate batching noise from speculation bugs."""
+"""Reference decoders: the target alone, greedy. `reference` (batch size 1) is
+the ground truth every other method is compared with; `batched-reference` runs
+the same greedy decoding on the left-padded batch, to separate batching noise
+from speculation bugs."""
 from __future__ import annotations
 
 import time
 
 import torch
-from transformers import GenerationConfig
 
 from .. import kvcache
 from ..models import ModelPair
@@ -17,24 +16,27 @@ from .result import DecodeResult, Progress, SequenceOutput, chunks, top2_margin
 
 @torch.inference_mode()
 def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int, progress: Progress | None = None) -> DecodeResult:
-    # A bare config: plain argmax, whatever sampling defaults the model ships with.
-    config = GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        eos_token_id=list(pair.eos_ids),
-        pad_token_id=pair.eos_ids[0],
-        return_dict_in_generate=True,
-        output_logits=True,
-    )
+    """Plain argmax, one prompt at a time, through the model's own forward, positions and cache.
+
+    Not `generate`: transformers 5 fills every field a GenerationConfig leaves unset from the checkpoint's
+    own generation_config (repetition penalty, suppressed tokens, ...), and it takes the argmax of float32
+    copies of the logits. Here nothing alters the logits, the argmax runs on the model's own dtype, and only
+    over the pair's shared vocabulary, as the engine's does (an output head may be padded beyond it).
+    tests/test_reference.py checks this loop against `generate` for a model without such defaults.
+    """
     outputs, start = [], time.perf_counter()
     for ids in prompts:
-        x = torch.tensor([ids], device=pair.device)
-        out = pair.target.generate(x, attention_mask=torch.ones_like(x), generation_config=config)
-        new = out.sequences[0, len(ids):].tolist()
-        margins = top2_margin(torch.cat(out.logits)[:, : pair.vocab_size].double()).tolist()
-        outputs.append(SequenceOutput(new, margins[: len(new)]))
+        cache, x = kvcache.new(pair.target), torch.tensor([ids], device=pair.device)
+        out = SequenceOutput([])
+        while len(out.ids) < max_new_tokens and (not out.ids or out.ids[-1] not in pair.eos_ids):
+            logits = pair.target(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+            logits = logits[: pair.vocab_size].double()  # exact for every model dtype: the argmax is the model's
+            out.ids.append(int(logits.argmax()))
+            out.margins.append(float(top2_margin(logits)))
+            x = torch.tensor([out.ids[-1:]], device=pair.device)
+        outputs.append(out)
         if progress:
-            progress(len(new))
+            progress(len(out.ids))
     return DecodeResult(outputs, time.perf_counter() - start)
 
 
