@@ -12,8 +12,8 @@ from .decoding.eqspec import eqspec
 from .decoding.exspec import exspec
 from .decoding.faults import expand
 from .decoding.reference import batched_reference, reference
-from .decoding.result import DecodeResult, Progress
 from . import noise
+from .decoding.result import DecodeResult, Progress
 from .forensics import FACTOR, analyse, flag_batching_noise
 from .models import ONE_DEVICE, ModelPair, Placement, pair_for
 from .settings import Settings
@@ -75,7 +75,7 @@ class PerPair:
         self.size = size
         self._by_pair: weakref.WeakKeyDictionary[ModelPair, OrderedDict] = weakref.WeakKeyDictionary()
 
-    def get(self, pair: ModelPair, key: Hashable, compute: Callable[[], DecodeResult]) -> DecodeResult:
+    def get(self, pair: ModelPair, key: Hashable, compute: Callable[[], object]):
         results = self._by_pair.setdefault(pair, OrderedDict())
         if key not in results:
             if len(results) >= self.size:
@@ -86,6 +86,7 @@ class PerPair:
 
 _REFERENCES = PerPair(64)
 _BATCHED = PerPair(16)
+_FLOORS = PerPair(64)
 
 
 def reference_for(pair: ModelPair, prompt_ids: list[list[int]], max_new_tokens: int,
@@ -123,16 +124,20 @@ def run(spec: RunSpec, record: bool = True, with_reference: bool = True,
 
 
 def floors_for(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], ref: DecodeResult) -> NoiseFloors | None:
-    """The run's noise floors (noise.py): the target's, and the draft's when the run is audited."""
+    """The run's noise floors (noise.py): the target's, and the draft's when the run is audited; measured once
+    per process for the same pair, prompts, budget and k."""
     continuations = [o.ids for o in ref.outputs]
 
-    def floor(model):
-        return noise.measure(model, prompt_ids, continuations, spec.k + 1, pair.vocab_size)
+    def floor(role: str):
+        model = pair.target if role == "target" else pair.draft
+        key = (role, tuple(tuple(x) for x in prompt_ids), spec.max_new_tokens, spec.k)
+        return _FLOORS.get(pair, key, lambda: noise.measure(model, prompt_ids, continuations, spec.k + 1,
+                                                            pair.vocab_size))
 
-    target = floor(pair.target)
+    target = floor("target")
     if target is None:
         return None
-    return NoiseFloors(target=target, draft=floor(pair.draft) if spec.audit else None, factor=FACTOR)
+    return NoiseFloors(target=target, draft=floor("draft") if spec.audit else None, factor=FACTOR)
 
 
 def explain(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result: DecodeResult,
