@@ -226,11 +226,7 @@ def cmd_shrink(args) -> int:
     verdict = small.forensics.verdict if small.forensics else "-"
     print(f"after:  {size(found.trace.manifest.spec)}; sequence {found.seq} forks at token {found.fork}: {verdict} "
           f"({found.trials} runs tried)")
-    rounds = [r.round for r in found.trace.rows if r.seq == found.seq]
-    focus = small.forensics.round if small.forensics and small.forensics.round is not None else (rounds or [None])[0]
-    query = share.encode(share.Link(found.trace.manifest.spec, found.seq, focus, found.trace.manifest.fingerprint,
-                                    share.environment(found.trace.manifest)))
-    print(f"share link: {args.url.rstrip('/')}/{query}")
+    print(f"share link: {args.url.rstrip('/')}/{found.link()}")
     if args.out:
         _write(args.out, found.trace.to_json())
         print(f"wrote trace {args.out}")

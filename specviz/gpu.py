@@ -19,6 +19,7 @@ imports this module first.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING
 
@@ -62,9 +63,11 @@ def seconds(spec: RunSpec) -> int:
     return int(min(MAX_SECONDS, max(MIN_SECONDS, math.ceil(estimate))))
 
 
-def gpu(fn):
-    """Run `fn(spec, ...)` on a ZeroGPU slice sized for `spec`; `fn` itself where `spaces` is absent."""
+def gpu(fn=None, *, runs: int = 1):
+    """Run `fn(spec, ...)` on a ZeroGPU slice sized for `runs` runs of `spec`; `fn` itself where `spaces` is absent."""
+    if fn is None:
+        return functools.partial(gpu, runs=runs)
     if spaces is None:
         return fn
     # ZeroGPU calls a callable duration with the function's own arguments, at each call.
-    return spaces.GPU(duration=lambda spec, *args, **kwargs: seconds(spec))(fn)
+    return spaces.GPU(duration=lambda spec, *args, **kwargs: min(MAX_SECONDS, runs * seconds(spec)))(fn)

@@ -17,9 +17,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import share
 from .decoding.result import chunks
 from .models import ModelPair
 from .runner import decode, encode, reference_for, run
+from .settings import Settings
 from .spec import RunSpec, SpecError
 from .trace import Trace, first_difference
 
@@ -36,6 +38,13 @@ class Shrunk:
     def fork(self) -> int:
         return self.trace.sequences[self.seq].first_divergence
 
+    def link(self) -> str:
+        """The share link's query string: this run, focused on the fork (the round that emitted it)."""
+        f = self.trace.sequences[self.seq].forensics
+        m = self.trace.manifest
+        return share.encode(share.Link(m.spec, self.seq, f.round if f else None, m.fingerprint,
+                                       share.environment(m)))
+
 
 def size(spec: RunSpec) -> str:
     return (f"{len(spec.prompts)} prompts, batch size {spec.batch_size}, k {spec.k}, "
@@ -44,9 +53,9 @@ def size(spec: RunSpec) -> str:
 
 class _Search:
     def __init__(self, spec: RunSpec, pair: ModelPair, seq: int, fork: int, token: int | None,
-                 progress: Callable[[int], None] | None):
+                 progress: Callable[[int], None] | None, limits: Settings | None):
         self.pair, self.fork, self.token, self.progress = pair, fork, token, progress
-        self.ids = dict(zip(spec.prompts, encode(spec, pair)))  # prompt text -> its ids
+        self.ids = dict(zip(spec.prompts, encode(spec, pair, limits)))  # prompt text -> its ids
         self.prompt = spec.prompts[seq]
         self.trials = 0
 
@@ -102,13 +111,14 @@ class _Search:
 
 
 def shrink(spec: RunSpec, seq: int, fork: int, token: int | None, pair: ModelPair,
-           progress: Callable[[int], None] | None = None) -> Shrunk:
-    """The smallest run found that still forks at sequence `seq`'s token `fork` with `token`."""
+           progress: Callable[[int], None] | None = None, limits: Settings | None = None) -> Shrunk:
+    """The smallest run found that still forks at sequence `seq`'s token `fork` with `token`. `progress(n)`
+    hears of every candidate run; `limits`, a served page's settings, bound the prompts' tokens."""
     if spec.method == "reference":
         raise SpecError("the reference cannot diverge from itself: nothing to shrink")
     if len(set(spec.prompts)) < len(spec.prompts):
         raise SpecError("the run has repeated prompts; shrink needs each prompt once")
-    search = _Search(spec, pair, seq, fork, token, progress)
+    search = _Search(spec, pair, seq, fork, token, progress, limits)
     prompt = spec.prompts[seq]
 
     spec = search.budget(spec)

@@ -21,9 +21,10 @@ from . import plots, share, views
 from .decoding.faults import FAULTS
 from .decoding.faults import PRESETS as FAULT_PRESETS
 from .gpu import ZEROGPU, gpu
-from .models import PRESETS
+from .models import PRESETS, pair_for
 from .prompts import builtin_sets, parse_prompts
 from .runner import run
+from .shrink import MAX_TRIALS, Shrunk, shrink, size
 from .settings import Settings
 from .spec import DTYPES, METHODS, RunSpec, SpecError
 from .trace import MAX_TRACE_BYTES, Trace
@@ -48,7 +49,7 @@ EXAMPLES = {
                               max_new_tokens=48, dtype="bfloat16"),
 }
 DEFAULTS = dict(pair="embedded", target="", draft="", prompt_set="quick", typed="", method="eqspec", faults=[],
-                batch_size=4, k=5, max_new_tokens=48, dtype="float32", seed=0, window=0, max_wait=4)
+                batch_size=4, k=5, max_new_tokens=48, dtype="float32", seed=0, window=0, max_wait=4, audit=False)
 
 
 class Cancelled(Exception):
@@ -59,7 +60,7 @@ class Cancelled(Exception):
 
 
 def spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, method, faults, batch_size, k,
-                       max_new_tokens, dtype, seed, window, max_wait) -> RunSpec:
+                       max_new_tokens, dtype, seed, window, max_wait, audit) -> RunSpec:
     """The run the controls describe. Prompts: typed ones, else the uploaded file, else the built-in set."""
     if pair == CUSTOM:
         if not (target or "").strip() or not (draft or "").strip():
@@ -75,7 +76,8 @@ def spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, meth
     return RunSpec.build(target=target.strip(), draft=draft.strip(), prompts=tuple(prompts), method=method,
                          faults=tuple(faults or ()), batch_size=int(batch_size), k=int(k),
                          max_new_tokens=int(max_new_tokens), dtype=dtype, seed=int(seed),
-                         window=int(window) or None, max_wait=int(max_wait))
+                         window=int(window) or None, max_wait=int(max_wait),
+                         audit=int(batch_size) if audit else 0)
 
 
 def _read_upload(path: str, limit: int) -> str:
@@ -119,10 +121,57 @@ def _decode(spec: RunSpec, settings: Settings, progress: gr.Progress, session: s
     with _LOCK:  # one decode at a time in this process, whatever the queue allows
         # A ZeroGPU worker is another process: the callback (progress, Stop) stays behind.
         trace = decode_on_gpu(spec, settings, None if ZEROGPU else tick)
-    TRACES[key] = trace
+    _remember(trace)
+    return trace
+
+
+def _remember(trace: Trace) -> None:
+    """Keep a decoded trace for replays of its spec (a link this process has already run opens at once)."""
+    TRACES[trace.manifest.spec.key()] = trace
     if len(TRACES) > MAX_TRACES:
         TRACES.popitem(last=False)
-    return trace
+
+
+@gpu(runs=8)
+def shrink_on_gpu(spec: RunSpec, seq: int, fork: int, token: int | None, settings: Settings, progress=None) -> Shrunk:
+    """All GPU work of a shrink (many small runs); returns plain data only."""
+    pair = pair_for(spec, settings.trust_remote_code)
+    return shrink(spec, seq, fork, token, pair, progress, limits=settings)
+
+
+def shrink_focused(settings: Settings, trace: Trace | None, seq, progress=gr.Progress(), request: gr.Request = None):
+    """The forensic panel's button: the smallest run that still forks where the focused sequence forks."""
+    session = request.session_hash if request else ""
+    if trace is None:
+        raise gr.Error("run something or open a trace first")
+    seq = int(seq or 0)
+    s = trace.sequences[seq] if 0 <= seq < len(trace.sequences) else None
+    if s is None or s.equivalent is not False:
+        raise gr.Error(f"sequence {seq} does not diverge from the reference: nothing to shrink")
+    spec = trace.manifest.spec
+    fork = s.first_divergence
+    token = s.output_ids[fork] if fork < len(s.output_ids) else None
+
+    def tick(n: int) -> None:
+        if session in _CANCELLED:
+            raise Cancelled
+        progress(n / MAX_TRIALS, desc=f"shrink: candidate run {n} of at most {MAX_TRIALS}")
+
+    _CANCELLED.discard(session)
+    try:
+        settings.check(spec)
+        with _LOCK:
+            found = shrink_on_gpu(spec, seq, fork, token, settings, None if ZEROGPU else tick)
+    except SpecError as e:
+        raise gr.Error(f"cannot shrink this run here: {e}") from None
+    except Cancelled:
+        raise gr.Error("stopped; nothing was kept", title="Stopped") from None
+    small = found.trace
+    _remember(small)  # the link below then opens at once
+    verdict = small.sequences[found.seq].forensics.verdict
+    return (f"**Smallest run found** ({found.trials} candidate runs): {size(spec)} → {size(small.manifest.spec)}; "
+            f"its sequence {found.seq} still forks at token {found.fork} (`{verdict}`). "
+            f"[Open it]({found.link()}), or copy the link.")
 
 
 @functools.cache
@@ -194,7 +243,7 @@ def open_link(query: str):
     values = dict(pair=preset, target=s.target, draft=s.draft, prompt_set=named or "quick", typed=typed,
                   method=s.method, faults=list(s.faults), batch_size=s.batch_size, k=s.k,
                   max_new_tokens=s.max_new_tokens, dtype=s.dtype, seed=s.seed, window=s.window or 0,
-                  max_wait=s.max_wait)
+                  max_wait=s.max_wait, audit=s.audit > 0)
     pending = {"spec": s.canonical_json(), "fp": link.fingerprint, "env": link.env, "seq": link.seq,
                "round": link.round}
     return *[values[n] for n in DEFAULTS], pending, "Replaying the shared run…"
@@ -345,10 +394,15 @@ def build(settings: Settings | None = None) -> gr.Blocks:
                     focus_seq = gr.Number(label="focused sequence", precision=0, minimum=0)
                     focus_round = gr.Number(label="focused round", precision=0, minimum=0)
                     focus_note = gr.Markdown()
-                gr.Markdown("### Acceptance grid — sequences × their rounds, accepted / k (click a cell)")
+                gr.Markdown("### Acceptance grid — sequences × their rounds, accepted / k (click a cell)\n"
+                            "Red outline: the round that emitted a sequence's first divergence. Violet corner "
+                            "(audited runs): the round a row's state first left the noise floor.")
                 with gr.Row():
                     grid = gr.HTML(js_on_load=CLICKS, elem_id="sv-grid", padding=False)
-                    forensics = gr.HTML(elem_id="sv-forensics", js_on_load=None)
+                    with gr.Column():
+                        forensics = gr.HTML(elem_id="sv-forensics", js_on_load=None)
+                        shrink_btn = gr.Button("Shrink the focused divergence to a minimal reproducer", size="sm")
+                        shrink_note = gr.Markdown(elem_id="sv-shrink")
                 gr.Markdown("### Token timeline of the focused sequence (click a round)")
                 gr.HTML(LEGEND, js_on_load=None)
                 timeline = gr.HTML(js_on_load=CLICKS, elem_id="sv-timeline")
@@ -386,6 +440,8 @@ def build(settings: Settings | None = None) -> gr.Blocks:
             ex = filled.then(run_here, run_inputs, opened, api_visibility="private", concurrency_id="decode")
             then_show(ex)
             running.append(ex)
+        running.append(shrink_btn.click(functools.partial(shrink_focused, settings), [trace_state, focus_seq],
+                                        [shrink_note], api_name="shrink", concurrency_id="decode"))
         stop_btn.click(stop, None, None, cancels=running, api_name="stop")
 
         then_show(upload.upload(open_trace, [upload], opened, api_name="open_trace"))
@@ -426,6 +482,9 @@ def _controls(settings: Settings) -> dict:
         c["seed"] = gr.Number(value=DEFAULTS["seed"], precision=0, label="seed")
         c["window"] = gr.Number(value=DEFAULTS["window"], precision=0, label="exspec window (0: 2 × batch size)")
         c["max_wait"] = gr.Number(value=DEFAULTS["max_wait"], precision=0, label="exspec max wait (rounds)")
+    c["audit"] = gr.Checkbox(value=DEFAULTS["audit"], label="audit every round",
+                             info="check every row's state against a fresh recomputation each round, fork or not "
+                                  "(about one extra batch-size-1 pass of each model per row and round)")
     return c
 
 

@@ -206,9 +206,12 @@ def grid_html(trace: Trace, focus: Focus) -> str:
             k = len(r.draft_tokens)
             hue = 120 * r.accepted / k if k else 0
             cls = "sv-cell" + (" sv-fork" if r.round == fr else "") + (
-                " sv-sel" if (s.seq, r.round) == (focus.seq, focus.round) else "")
+                " sv-sel" if (s.seq, r.round) == (focus.seq, focus.round) else "") + (
+                " sv-audit" if r.round in (s.audit_round, s.audit_draft_round) else "")
             tip = (f"seq {s.seq} · round {r.round} (its {n + 1}.) · accepted {r.accepted} of {k} · "
-                   f"emitted {len(r.emitted)}" + (" · first divergence" if r.round == fr else ""))
+                   f"emitted {len(r.emitted)}" + (" · first divergence" if r.round == fr else "")
+                   + (" · audit: the target's state left the noise floor here" if r.round == s.audit_round else "")
+                   + (" · audit: the draft's state left the noise floor here" if r.round == s.audit_draft_round else ""))
             out.append(f'<td class="{cls}" data-seq="{s.seq}" data-round="{r.round}" '
                        f'style="background:hsl({hue:.0f},65%,72%)" title="{html.escape(tip)}">{r.accepted}/{k}</td>')
         out.append("<td></td>" * (width - len(rows)) + "</tr>")

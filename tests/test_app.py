@@ -175,3 +175,20 @@ def test_an_uploaded_prompt_file_is_used_and_a_bad_one_explained(client, tmp_pat
     with_file[5] = handle_file(str(bad))
     with pytest.raises(Exception, match="bad.jsonl, line 1"):
         client.predict(*with_file, api_name="/run")
+
+
+def test_the_shrink_button_gives_a_smaller_run_that_opens_on_the_fork(app_url):
+    client = Client(app_url, verbose=False)  # a session of its own: shrink reads the session's trace
+    bsp = list(TINY_RUN)
+    bsp[3], bsp[7], bsp[8], bsp[10], bsp[11] = "all", ["bsp-like"], 4, 16, "float32"
+    _, trace_file = client.predict(*bsp, api_name="/run")
+    trace = Trace.from_json(Path(trace_file).read_text())
+    seq = next(s for s in trace.sequences if s.equivalent is False)
+    note = client.predict(seq.seq, api_name="/shrink")
+    assert "Smallest run found" in note and "sync-bug:" in note
+    query = note.split("](", 1)[1].split(")", 1)[0]
+    link = share.decode(query)
+    assert len(link.spec.prompts) < len(trace.prompts) and link.spec.max_new_tokens <= 16
+    assert "Replaying" in client.predict(query, api_name="/open_link")[-1]
+    with pytest.raises(Exception, match="sequence 10000 does not diverge"):
+        client.predict(10_000, api_name="/shrink")

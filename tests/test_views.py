@@ -106,3 +106,17 @@ def test_non_speculative_traces_show_tokens_without_rounds(tiny):
     assert focus.round is None
     assert views.timeline_html(trace, focus).count("data-index") == len(trace.sequences[focus.seq].output_ids)
     assert "does not speculate" in views.grid_html(trace, focus)
+
+
+def test_the_forensic_panel_shows_the_evidence_and_the_grid_the_audit(tiny):
+    trace = run(_spec(faults=("bsp-like",), audit=3))
+    focus, _ = views.resolve(trace)
+    panel = views.forensics_html(trace, focus)
+    for label in ("noise floor", "state check", "positions fed", "float64", "audit: first round"):
+        assert label in panel, label
+    s = trace.sequences[focus.seq]
+    assert s.audit_round is not None and s.audit_round <= s.forensics.round
+    grid = views.grid_html(trace, focus)
+    marked = re.findall(r'class="sv-cell[^"]*sv-audit[^"]*" data-seq="(\d+)" data-round="(\d+)"', grid)
+    assert (str(s.seq), str(s.audit_round)) in marked
+    assert "noise floor" in views.glossary(trace) and "here **" in views.glossary(trace)
