@@ -87,11 +87,12 @@ def analyse(trace: Trace, result: DecodeResult, pair: ModelPair | None) -> None:
         if s.equivalent is not False:
             continue
         ev = _evidence(s, rows, result.forks.get(s.seq))
-        if pair is not None and ev.output_token is not None and ev.reference_token is not None:
-            z = float64_logits(pair, trace.prompts[s.seq].ids + s.output_ids[: ev.fork])
-            if z is not None:
-                ev.margin_float64 = float(z[ev.reference_token] - z[ev.output_token])
-        _verdict(ev, floors)
+        if not _sync_bug(ev, floors):  # only a clean state needs the float64 arbiter
+            if pair is not None:
+                z = float64_logits(pair, trace.prompts[s.seq].ids + s.output_ids[: ev.fork])
+                if z is not None:
+                    ev.margin_float64 = float(z[ev.reference_token] - z[ev.output_token])
+            _near_tie(ev, floors)
         s.forensics = ev
 
 
@@ -133,8 +134,13 @@ def _component(ev: Forensics, tolerance: float) -> str:
     return "state"
 
 
-def _verdict(ev: Forensics, floors: NoiseFloors | None) -> None:
-    at = f"token {ev.fork}" + (f" (round {ev.round}, batch row {ev.row})" if ev.round is not None else "")
+def _at(ev: Forensics) -> str:
+    return f"token {ev.fork}" + (f" (round {ev.round}, batch row {ev.row})" if ev.round is not None else "")
+
+
+def _sync_bug(ev: Forensics, floors: NoiseFloors | None) -> bool:
+    """Call the fork a sync bug when the evidence shows one (and say which state); False otherwise."""
+    at = _at(ev)
     tolerance = FACTOR * floors.target.value if floors else None
     # The engine's own checks (its provenance of every cache slot) corroborate; they name the state only where
     # the independent evidence cannot.
@@ -162,10 +168,19 @@ def _verdict(ev: Forensics, floors: NoiseFloors | None) -> None:
     elif invariant is not None:
         ev.verdict = f"sync-bug:{invariant}"
         ev.explanation = f"The output forked at {at}." + recorded
-    elif ev.state_diff is None:
-        ev.explanation = (f"The output forked at {at}, but the row that emitted it could not be recomputed (this method "
-                          "is not watched round by round, or the run was not recorded), so numerics cannot be told "
-                          "from a bug here. Record the run with a speculative method to check it.")
+    else:
+        return False
+    return True
+
+
+def _near_tie(ev: Forensics, floors: NoiseFloors | None) -> None:
+    """A clean fork: `numerics` when float64 shows a near-tie at the floor's scale, else `unexplained`."""
+    at = _at(ev)
+    tolerance = FACTOR * floors.target.value if floors else None
+    if ev.state_diff is None or tolerance is None:
+        ev.explanation = (f"The output forked at {at}, but the pass that emitted it could not be checked (hf-assisted "
+                          "decodes inside transformers' generate, where specviz does not watch rounds), so numerics "
+                          "cannot be told from a bug here.")
     elif ev.margin_float64 is None:
         ev.explanation = (f"The row's state was clean at {at}, but the fork could not be arbitrated in float64 (the "
                           "target is too large to copy to float64), so a near-tie cannot be confirmed.")

@@ -112,7 +112,7 @@ def test_the_forensic_panel_shows_the_evidence_and_the_grid_the_audit(tiny):
     trace = run(_spec(faults=("bsp-like",), audit=3))
     focus, _ = views.resolve(trace)
     panel = views.forensics_html(trace, focus)
-    for label in ("noise floor", "state check", "positions fed", "float64", "audit: first round"):
+    for label in ("noise floor", "state check", "positions fed", "own choice", "audit: first round"):
         assert label in panel, label
     s = trace.sequences[focus.seq]
     assert s.audit_round is not None and s.audit_round <= s.forensics.round
