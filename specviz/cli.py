@@ -198,7 +198,6 @@ def cmd_verify(args) -> int:
 
 def cmd_shrink(args) -> int:
     from . import share
-    from .runner import run
     from .shrink import shrink, size
     from .trace import Trace
 

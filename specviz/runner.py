@@ -7,12 +7,12 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
+from . import noise
 from .decoding.assisted import hf_assisted
 from .decoding.eqspec import eqspec
 from .decoding.exspec import exspec
 from .decoding.faults import expand
 from .decoding.reference import batched_reference, reference
-from . import noise
 from .decoding.result import DecodeResult, Progress
 from .forensics import FACTOR, analyse, flag_batching_noise
 from .models import ONE_DEVICE, ModelPair, Placement, pair_for

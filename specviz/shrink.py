@@ -47,8 +47,8 @@ class Shrunk:
 
 
 def size(spec: RunSpec) -> str:
-    return (f"{len(spec.prompts)} prompts, batch size {spec.batch_size}, k {spec.k}, "
-            f"{spec.max_new_tokens} new tokens")
+    n = len(spec.prompts)
+    return f"{n} prompt{'s' * (n != 1)}, batch size {spec.batch_size}, k {spec.k}, {spec.max_new_tokens} new tokens"
 
 
 class _Search:

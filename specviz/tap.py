@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from typing import Self
 
 import torch
 
@@ -53,7 +54,7 @@ class Tap:
         self.enabled = True
         self._hooks = []
 
-    def __enter__(self) -> Tap:
+    def __enter__(self) -> Self:
         self._hooks = [self.model.register_forward_pre_hook(self._before, with_kwargs=True),
                        self.model.register_forward_hook(self._after, with_kwargs=True)]
         return self

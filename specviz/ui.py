@@ -24,8 +24,8 @@ from .gpu import ZEROGPU, gpu
 from .models import PRESETS, pair_for
 from .prompts import builtin_sets, parse_prompts
 from .runner import run
-from .shrink import MAX_TRIALS, Shrunk, shrink, size
 from .settings import Settings
+from .shrink import MAX_TRIALS, Shrunk, shrink, size
 from .spec import DTYPES, METHODS, RunSpec, SpecError
 from .trace import MAX_TRACE_BYTES, Trace
 
