@@ -13,7 +13,7 @@ from .decoding.faults import FAULTS
 from .decoding.faults import PRESETS as FAULT_PRESETS
 from .models import PRESETS, Placement, pair_for
 from .prompts import builtin_set, builtin_sets, read_prompts
-from .spec import DEVICES, DTYPES, MAX_BATCH_SIZE, METHODS, RunSpec, SpecError
+from .spec import DEVICES, DTYPES, ENGINE, MAX_BATCH_SIZE, METHODS, RunSpec, SpecError
 
 
 def _int_list(text: str) -> list[int]:
@@ -196,6 +196,71 @@ def cmd_verify(args) -> int:
     return 0 if all(r["exact_pct"] == 100 for r in rows) or args.allow_divergence else 1
 
 
+def cmd_check(args) -> int:
+    from . import check
+    from .engines import jsonl, python
+    from .runner import encode
+
+    if sum(map(bool, (args.server, args.outputs, args.engine))) != 1:
+        raise SpecError("give the engine as one of --server URL, --outputs FILE or --engine module:function")
+    spec = _spec(args, method=ENGINE, k=args.k)
+    pair = pair_for(spec, args.trust_remote_code, _placement(args))
+    control = None
+    if args.outputs:
+        header, lines = jsonl.parse(args.outputs.read_bytes(), args.outputs.name)
+        texts, ids = check.prompts_of(lines, pair, spec.chat_template)
+        spec = RunSpec.build(**{**spec.model_dump(), "prompts": tuple(texts)})
+        engine = jsonl.from_lines(header, lines, pair.tokenizer, args.outputs.name)
+        if args.control:
+            c_header, c_lines = jsonl.parse(args.control.read_bytes(), args.control.name)
+            if check.prompts_of(c_lines, pair, spec.chat_template)[1] != ids:
+                raise SpecError(f"{args.control.name} does not hold the same prompts, in the same order, as {args.outputs.name}")
+            control = jsonl.from_lines(c_header, c_lines, pair.tokenizer, args.control.name)
+    else:
+        ids = encode(spec, pair)
+        if args.server:
+            from .engines import server
+
+            def ask(url, model):
+                return server.from_server(url, model, ids, spec.max_new_tokens, concurrency=args.concurrency,
+                                          timeout=args.timeout, tokenizer=pair.tokenizer)
+            engine = ask(args.server, args.served_model)
+            if args.control_server:
+                control = ask(args.control_server, args.control_served_model or args.served_model)
+        else:
+            settings = {"max_new_tokens": spec.max_new_tokens, "k": spec.k, "dtype": spec.dtype,
+                        "device": str(pair.device), "eos_ids": list(pair.eos_ids)}
+            engine = python.from_callable(args.engine, ids, settings)
+            if args.control_engine:
+                control = python.from_callable(args.control_engine, ids, settings)
+    trace = check.check(spec, pair, ids, engine, control)
+    _print_check(trace)
+    if args.json:
+        _write(args.json, json.dumps({"engine": trace.manifest.engine.model_dump(), "summary": check.summary(trace),
+                                      "sequences": [s.model_dump() for s in trace.sequences]}, indent=1))
+        print(f"wrote {args.json}")
+    if args.trace:
+        _write(args.trace, trace.to_json())
+        print(f"wrote trace {args.trace}")
+    return 0
+
+
+def _print_check(trace) -> None:
+    print(f"{'engine':<44} {'n':>4} {'errors':>6} {'exact %':>8} {'prefix %':>9} {'tok/s':>7}  verdicts")
+    from .check import summary
+
+    for row in summary(trace):
+        tps = "-" if row["tokens_per_second"] is None else f"{row['tokens_per_second']:.1f}"
+        shown = ", ".join(f"{v} {c}" for v, c in row["verdicts"].items()) or "-"
+        print(f"{row['engine'][:44]:<44} {row['n']:>4} {row['errors']:>6} {row['exact_pct']:>8.1f} "
+              f"{row['prefix_pct']:>9.1f} {tps:>7}  {shown}")
+    for s in trace.sequences:
+        if s.forensics:
+            print(f"  [{s.seq}] {s.forensics.verdict}: {s.forensics.explanation}")
+        elif s.engine.error:
+            print(f"  [{s.seq}] no answer: {s.engine.error}")
+
+
 def cmd_shrink(args) -> int:
     from . import share
     from .shrink import shrink, size
@@ -240,9 +305,10 @@ def cmd_bench(args) -> int:
 
 
 def cmd_schema(args) -> int:
+    from .engines import jsonl
     from .trace import schema
 
-    print(json.dumps(schema(), indent=1))
+    print(json.dumps(jsonl.schema() if args.outputs else schema(), indent=1))
     return 0
 
 
@@ -272,6 +338,27 @@ def parser() -> argparse.ArgumentParser:
                         "with --faults and --audit. Every divergence gets its state check and verdict either way")
     p.set_defaults(func=cmd_verify)
 
+    p = sub.add_parser("check", help="an engine's outputs (a server, a file, a callable) against the batch-size-1 "
+                                     "reference of the same weights; every difference judged")
+    _common(p)
+    g = p.add_argument_group("the engine under test (one of)")
+    g.add_argument("--server", help="an OpenAI-compatible server's base URL, e.g. http://localhost:8000 (vLLM, SGLang, ...)")
+    g.add_argument("--outputs", type=Path, help="a JSONL file of its outputs (docs/engines.md; `specviz schema --outputs`)")
+    g.add_argument("--engine", help="a Python callable module:function that takes prompt ids and settings")
+    g = p.add_argument_group("a control run: the same engine without speculation (optional)")
+    g.add_argument("--control-server", help="its server's base URL")
+    g.add_argument("--control-served-model", help="its served model name (default: --served-model)")
+    g.add_argument("--control", type=Path, help="its outputs file (the same prompts, in the same order)")
+    g.add_argument("--control-engine", help="its callable module:function")
+    g = p.add_argument_group("server options")
+    g.add_argument("--served-model", help="the model name the server serves (default: the server's only model)")
+    g.add_argument("--concurrency", type=int, default=8, help="requests in flight, so the server batches them")
+    g.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for one answer")
+    p.add_argument("--k", type=int, default=5, help="the engine's draft length, if it speculates (sizes the noise floor's passes)")
+    p.add_argument("--json", type=Path, help="write the summary and every sequence here")
+    p.add_argument("--trace", type=Path, help="write the check as a trace (opens in the app)")
+    p.set_defaults(func=cmd_check)
+
     p = sub.add_parser("shrink", help="the smallest run that still forks where a divergent run forked, as a share link")
     p.add_argument("--trace", type=Path, help="the divergent run: a trace file (specviz run --trace, or the page's download)")
     p.add_argument("--link", help="the divergent run: a share link (it is decoded once first)")
@@ -292,6 +379,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="bench", help="file name (without extension) of the table and plot")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("schema", help="print the trace's JSON Schema (docs/trace.schema.json)")
+    p.add_argument("--outputs", action="store_true",
+                   help="the JSON Schema of an engine outputs file instead (docs/engine-outputs.schema.json)")
     p.set_defaults(func=cmd_schema)
     return ap
 

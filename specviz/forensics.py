@@ -21,9 +21,11 @@ Verdicts:
 """
 from __future__ import annotations
 
+import torch
+
 from .decoding.result import DecodeResult
 from .models import ModelPair
-from .recompute import float64_logits
+from .recompute import float64_logits, fresh_logits
 from .trace import Forensics, NoiseFloors, RowRecord, SequenceRecord, Trace, first_difference
 
 # A correct engine's rows stay within 1.7 floors of a fresh recomputation (measured: the tiny and the embedded
@@ -229,3 +231,134 @@ def flag_batching_noise(trace: Trace, batched: DecodeResult) -> None:
         ev.batching_noise = alt is not None and alt <= ev.fork
         if ev.batching_noise:
             ev.explanation += " Batched greedy decoding without speculation departs here too: batching noise."
+
+
+# ---------------------------------------------------------------- engines judged from outside (check.py)
+
+REPEAT_N = 4  # loops are measured on repeated n-grams of this length
+
+
+def judge_engine(trace: Trace, pair: ModelPair) -> None:
+    """Fill `gaps` for every sequence of an engine check, and `forensics` for every divergent one (in place).
+
+    A correct greedy engine writes, at every position, the target's own argmax given its own prefix, up to
+    numerics. So its whole output is teacher-forced through the reference (one fresh batch-size-1 pass): a
+    token whose logit sits more than the tolerance below the target's choice is one the target would not
+    have written. The tolerance is 2 x FACTOR x the floor: ours, or the engine's own drift from the reference
+    where a control run (the engine without speculation) reports log-probabilities.
+    """
+    floor = trace.manifest.noise_floor.target.value
+    drift = _control_drift(trace, pair)
+    tolerance = 2 * FACTOR * max(floor, drift or 0.0)
+    for s in trace.sequences:
+        if s.engine is None or s.engine.error is not None:
+            continue
+        prompt = trace.prompts[s.seq].ids
+        logits = _teacher_forced(pair, prompt, s.output_ids)
+        s.gaps = [float(z.max() - z[t]) for z, t in zip(logits, s.output_ids)]
+        s.forensics = None
+        if s.equivalent is False:
+            s.forensics = _judge(s, pair, prompt, logits, tolerance)
+
+
+def _teacher_forced(pair: ModelPair, prompt: list[int], output: list[int]) -> torch.Tensor:
+    """The reference's logits for each token of `output`, on its own prefix: (len(output), vocab) float64."""
+    if not output:
+        return torch.zeros(0, pair.vocab_size, dtype=torch.float64)
+    return fresh_logits(pair.target, prompt + output[:-1], len(output), pair.vocab_size)
+
+
+def _control_drift(trace: Trace, pair: ModelPair) -> float | None:
+    """How far the engine's own log-probabilities, without speculation, sit from the reference's, over the tokens
+    where that control run follows the reference: the engine's noise floor (None without such logprobs)."""
+    drift = None
+    for s in trace.sequences:
+        c = s.control
+        if c is None or c.error or not c.logprobs:
+            continue
+        agree = first_difference(c.ids, s.reference_ids)
+        n = min(len(c.logprobs), len(c.ids) if agree is None else agree)
+        if n == 0:
+            continue
+        ours = _teacher_forced(pair, trace.prompts[s.seq].ids, c.ids[:n]).log_softmax(-1)
+        diffs = [abs(ours[i, t] - lp) for i, (t, lp) in enumerate(zip(c.ids[:n], c.logprobs[:n]))]
+        drift = max(drift or 0.0, float(max(diffs)))
+    return drift
+
+
+def _repeated(ids: list[int]) -> float | None:
+    grams = [tuple(ids[i:i + REPEAT_N]) for i in range(len(ids) - REPEAT_N + 1)]
+    return None if not grams else 1 - len(set(grams)) / len(grams)
+
+
+def _judge(s: SequenceRecord, pair: ModelPair, prompt: list[int], logits: torch.Tensor, tolerance: float) -> Forensics:
+    f = s.first_divergence
+    out, ref = s.output_ids, s.reference_ids
+    ev = Forensics(verdict="unexplained", explanation="", fork=f, tolerance=tolerance,
+                   output_token=out[f] if f < len(out) else None, reference_token=ref[f] if f < len(ref) else None,
+                   margin_reference=s.reference_margins[f] if s.reference_margins and f < len(s.reference_margins) else None)
+    if s.control is not None and not s.control.error:
+        ev.control_fork = first_difference(s.control.ids, ref)
+    if ev.output_token is not None:
+        z = logits[f]
+        ev.engine_rank = 1 + int((z > z[ev.output_token]).sum())
+        if s.engine.logprobs and f < len(s.engine.logprobs):
+            ev.engine_logprob = s.engine.logprobs[f]
+        after = logits[f:].log_softmax(-1)
+        ev.nll = float(-after[torch.arange(len(out) - f), torch.tensor(out[f:])].mean())
+        ev.repeated = _repeated(out[f:])
+        if len(ref) > f:
+            reference_after = _teacher_forced(pair, prompt + ref[:f], ref[f:]).log_softmax(-1)
+            ev.reference_nll = float(-reference_after[torch.arange(len(ref) - f), torch.tensor(ref[f:])].mean())
+    ev.first_bad = next((i for i in range(f, len(out)) if s.gaps[i] > tolerance), None)
+    _engine_verdict(ev, s, pair, prompt)
+    return ev
+
+
+def _engine_verdict(ev: Forensics, s: SequenceRecord, pair: ModelPair, prompt: list[int]) -> None:
+    f = ev.fork
+    control_same = (ev.control_fork == f and f < len(s.control.ids) and s.control.ids[f] == ev.output_token)
+    if s.engine.approximate:
+        ev.explanation = (f"The output departs from the reference at token {f}, but the engine gave text only: its "
+                          "ids were re-tokenized by specviz and may not be the ones it chose, so no verdict is given. "
+                          "Ask the server for token ids.")
+    elif ev.output_token is None:
+        ev.explanation = (f"The engine stopped after {f} tokens without an end-of-sequence token (finish reason "
+                          f"{s.engine.finish_reason!r}) where the reference goes on: a server-side limit, or a bug.")
+    elif s.control is not None and not s.control.error and (ev.control_fork is None or ev.control_fork > f):
+        ev.verdict = "engine-bug"
+        ev.explanation = (f"At token {f} speculation changed the output: the same engine without speculation follows "
+                          f"the reference there{'' if ev.control_fork is None else f' (it departs only at token {ev.control_fork})'}.")
+    elif ev.first_bad is not None and not control_same:
+        where = "The fork token" if ev.first_bad == f else f"Token {ev.first_bad}, after the fork,"
+        ev.verdict = "engine-bug"
+        ev.explanation = (f"{where} sits {s.gaps[ev.first_bad]:.3g} logits below what the target itself would write "
+                          f"on that prefix, beyond anything numerics explains here ({ev.tolerance:.3g}): the engine "
+                          f"wrote text the target would not{_symptom(ev)}.")
+    else:
+        z = float64_logits(pair, prompt + s.output_ids[:f])
+        if z is not None:
+            ev.margin_float64 = float(z[ev.reference_token] - z[ev.output_token])
+        near = ev.margin_float64 is not None and abs(ev.margin_float64) <= ev.tolerance
+        tail = ("; the same engine without speculation departs here too, with the same token: this engine differs "
+                "from transformers anyway, speculation or not" if control_same else "")
+        if near and ev.first_bad is None:
+            ev.verdict = "numerics"
+            ev.explanation = (f"At token {f} the two tokens are {abs(ev.margin_float64):.3g} logits apart in float64, "
+                              f"within the floor's scale ({ev.tolerance:.3g}), and every later token is the target's own "
+                              f"choice up to numerics: a near-tie that floating point tipped{tail}.")
+        else:
+            ev.explanation = (f"At token {f} the engine's token is "
+                              f"{'not confirmed as a near-tie in float64' if ev.margin_float64 is None else f'{abs(ev.margin_float64):.3g} logits from the reference token in float64'}"
+                              f"{tail}. This is not a known pattern: please report it.")
+
+
+def _symptom(ev: Forensics) -> str:
+    """The paper's symptoms, measured: loops (repeated 4-grams) and gibberish (high NLL under the reference)."""
+    parts = []
+    if ev.repeated is not None and ev.repeated >= 0.3:
+        parts.append(f"{ev.repeated:.0%} of its 4-grams after the fork repeat (a loop)")
+    if ev.nll is not None and ev.reference_nll is not None and ev.nll > ev.reference_nll + 2:
+        parts.append(f"its text after the fork costs {ev.nll:.2f} nats a token under the target, against "
+                     f"{ev.reference_nll:.2f} for the reference's own (gibberish)")
+    return "; " + " and ".join(parts) if parts else ""

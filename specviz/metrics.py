@@ -53,12 +53,12 @@ def prefix_match(output: list[int], reference: list[int]) -> float:
 
 def equivalence(trace: Trace) -> dict[str, float]:
     """Exact match and mean prefix match against the reference, on token ids (fractions)."""
-    seqs = [s for s in trace.sequences if s.reference_ids is not None]
+    seqs = [s for s in trace.sequences if s.reference_ids is not None and s.equivalent is not None]  # answered
     if not seqs:
         return {}
     return {
         "exact": sum(s.equivalent for s in seqs) / len(seqs),
-        "prefix": sum(prefix_match(s.output_ids, s.reference_ids) for s in seqs) / len(seqs),
+        "prefix": sum(1.0 if s.equivalent else prefix_match(s.output_ids, s.reference_ids) for s in seqs) / len(seqs),
         "n": len(seqs),
     }
 

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 METHODS = ("reference", "batched-reference", "hf-assisted", "eqspec", "exspec")
+ENGINE = "engine"  # the method of an engine check's trace: outputs from outside, judged against the reference
 SPECULATIVE = ("eqspec",)  # the methods faults can be injected into
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 DEVICES = ("auto", "cpu", "cuda")
@@ -44,7 +45,7 @@ class RunSpec(BaseModel):
     draft_revision: str | None = None
     prompts: tuple[str, ...] = Field(min_length=1, max_length=MAX_PROMPTS)
     chat_template: bool = True
-    method: Literal[METHODS] = "eqspec"
+    method: Literal[(*METHODS, ENGINE)] = "eqspec"
     faults: tuple[str, ...] = ()  # fault or preset names (decoding/faults.py), for speculative methods
     batch_size: int = Field(4, ge=1, le=MAX_BATCH_SIZE)
     k: int = Field(5, ge=1, le=MAX_K)

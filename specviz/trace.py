@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from . import determinism
 from .decoding.result import DecodeResult
 from .decoding.round import RoundData
+from .engines.base import EngineInfo, EngineOutput
 from .models import ModelPair
 from .spec import RunSpec, SpecError, describe_validation_error
 
@@ -128,6 +129,15 @@ class Forensics(_Strict):
     visible_expected: list[int] | None = None  # real tokens up to and including each verified slot
     emitting_argmax: int | None = None  # the emitting pass's own choice at the fork slot
     batching_noise: bool | None = None  # batched-reference (no speculation) already departs here
+    # Engine checks (check.py), judged from outside: the engine's tokens teacher-forced through the reference.
+    engine_rank: int | None = None  # rank of the engine's fork token under the reference (1: its own choice)
+    engine_logprob: float | None = None  # the engine's own log-probability of its fork token, where it gave one
+    tolerance: float | None = None  # largest logit gap numerics can explain here (2 x factor x the floor used)
+    first_bad: int | None = None  # first token, at or after the fork, whose reference gap exceeds the tolerance
+    control_fork: int | None = None  # where the same engine without speculation departs (None: it does not)
+    repeated: float | None = None  # share of repeated 4-grams in the output after the fork (loops)
+    nll: float | None = None  # mean negative log-likelihood, under the reference, of the output after the fork
+    reference_nll: float | None = None  # the same for the reference's own continuation
 
 
 class SequenceRecord(_Strict):
@@ -141,6 +151,10 @@ class SequenceRecord(_Strict):
     completion_seconds: float | None = None  # from the start of decoding to its last token
     audit_round: int | None = None  # audited runs: first round its target state departed from the noise floor
     audit_draft_round: int | None = None  # the same for the draft's state
+    engine: EngineOutput | None = None  # engine checks: what the engine returned for this prompt
+    control: EngineOutput | None = None  # and the same engine without speculation, when given
+    gaps: list[float] | None = None  # engine checks: per output token, the reference's top logit minus that token's,
+    #                                  on the engine's own prefix (0: the target's own greedy choice)
     forensics: Forensics | None = None
 
 
@@ -155,6 +169,8 @@ class Manifest(_Strict):
     decode_seconds: float
     reference_seconds: float | None = None
     noise_floor: NoiseFloors | None = None  # None: no reference was decoded beside the run
+    engine: EngineInfo | None = None  # engine checks: the engine under test, as it described itself
+    control: EngineInfo | None = None  # and its run without speculation, when given
     fingerprint: str  # hash of the spec and every decision: equal fingerprints, equal runs
 
 

@@ -6,6 +6,6 @@ them, its log-probabilities; and the engine's name, version and speculative
 settings as it reports them. specviz supplies the batch-size-1 reference of
 the same target weights and judges every difference from the outside.
 """
-from .base import EngineOutput, EngineRun
+from .base import EngineInfo, EngineOutput, EngineRun
 
-__all__ = ["EngineOutput", "EngineRun"]
+__all__ = ["EngineInfo", "EngineOutput", "EngineRun"]

@@ -1,4 +1,4 @@
-"""What every engine adapter returns."""
+"""What every engine adapter returns, and what a trace keeps of it."""
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
@@ -19,12 +19,21 @@ class EngineOutput(_Strict):
     error: str | None = None  # this prompt failed (the server stopped answering, timed out, ...): the rest is kept
 
 
-class EngineRun(_Strict):
-    """An engine's outputs for a list of prompts, and what it said about itself."""
+class EngineInfo(_Strict):
+    """What the engine said about itself."""
 
     name: str  # e.g. "vllm", or module:function
     version: str | None = None
     source: str  # "file", "server" or "callable"
-    settings: dict = {}  # the engine's configuration as it reports it (speculative method, k, dtype, ...)
+    settings: dict = {}  # its configuration as it reports it (speculative method, k, dtype, ...)
+    seconds: float | None = None  # wall time it took for all prompts, where known
+
+
+class EngineRun(EngineInfo):
+    """An engine's outputs for a list of prompts."""
+
     outputs: list[EngineOutput]
-    seconds: float | None = None  # wall time the engine took for all prompts, where known
+    # An engine that reports its rounds in specviz's trace schema (trace.RowRecord, trace.RoundRecord, as dicts)
+    # gets every white-box view too.
+    rows: list[dict] = []
+    rounds: list[dict] = []

@@ -1,0 +1,133 @@
+"""specviz check: an engine judged from outside, by its ids alone, against the batch-size-1 reference.
+
+The engines here are our own, wrapped as a researcher's callable that hands over ids only: the correct
+engine, and the bsp-like and dsd-like re-creations of published bugs. Black-box verdicts must agree with
+what the white-box run of the same engine knows.
+"""
+import json
+import re
+
+import pytest
+
+from specviz import cli
+from specviz.decoding.eqspec import eqspec
+from specviz.decoding.reference import batched_reference
+from specviz.models import load_pair
+from specviz.prompts import builtin_set
+from specviz.runner import run
+from specviz.spec import TINY_DRAFT, TINY_TARGET, RunSpec
+from specviz.trace import Trace
+
+BUDGET = 24
+
+
+def _pair(settings):
+    return load_pair(TINY_TARGET, TINY_DRAFT, dtype=settings["dtype"], device="cpu")
+
+
+def _eqspec(prompt_ids, settings, faults=()):
+    return [o.ids for o in eqspec(_pair(settings), prompt_ids, 4, settings["k"], settings["max_new_tokens"],
+                                  faults=faults).outputs]
+
+
+# The callables a user would point --engine at (module:function): ids in, ids out.
+def correct(prompt_ids, settings):
+    return _eqspec(prompt_ids, settings)
+
+
+def bsp_like(prompt_ids, settings):
+    return {"outputs": _eqspec(prompt_ids, settings, ("positions-from-slots", "keep-rejected-kv", "right-padding")),
+            "name": "bsp-like", "settings": {"k": settings["k"]}}
+
+
+def dsd_like(prompt_ids, settings):
+    return _eqspec(prompt_ids, settings, ("no-mask", "growing-padding", "draft-bonus"))
+
+
+def no_speculation(prompt_ids, settings):
+    return [o.ids for o in batched_reference(_pair(settings), prompt_ids, 4, settings["max_new_tokens"]).outputs]
+
+
+def _check(tmp_path, *engine_args) -> Trace:
+    out = tmp_path / "check.json"
+    assert cli.main(["check", "--pair", "tiny", "--dtype", "float32", "--device", "cpu", "--prompt-set", "all",
+                     "--max-new-tokens", str(BUDGET), "--trace", str(out), *engine_args]) == 0
+    return Trace.from_json(out.read_text())
+
+
+def _white_box(faults) -> Trace:
+    return run(RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float32", device="cpu",
+                             prompts=tuple(builtin_set("all")), batch_size=4, k=5, max_new_tokens=BUDGET,
+                             faults=faults))
+
+
+def test_a_correct_engine_equals_the_reference_and_gets_no_verdicts(tmp_path, tiny):
+    trace = _check(tmp_path, "--engine", "test_check:correct")
+    assert trace.manifest.spec.method == "engine" and trace.manifest.engine.source == "callable"
+    assert all(s.equivalent for s in trace.sequences)
+    floor = trace.manifest.noise_floor.target.value
+    assert max(g for s in trace.sequences for g in s.gaps) <= 8 * floor  # every token the target's own choice
+
+
+def test_in_bfloat16_a_correct_engine_is_numerics_never_an_engine_bug(tmp_path, tiny):
+    """And when its control run (here: itself) departs at the same token, never an engine bug either."""
+    for control in ((), ("--control-engine", "test_check:correct")):
+        trace = _check(tmp_path, "--dtype", "bfloat16", "--prompt-set", "spec-bench", "--max-new-tokens", "48",
+                       "--engine", "test_check:correct", *control)
+        verdicts = [s.forensics.verdict for s in trace.sequences if s.forensics]
+        assert verdicts and "engine-bug" not in verdicts
+        assert verdicts.count("numerics") >= 0.9 * len(verdicts), verdicts
+
+
+@pytest.mark.parametrize("engine, faults", [("bsp_like", ("bsp-like",)), ("dsd_like", ("dsd-like",))])
+def test_a_broken_engine_is_an_engine_bug_wherever_the_white_box_sees_a_sync_bug(engine, faults, tmp_path, tiny):
+    white = _white_box(faults)
+    black = _check(tmp_path, "--engine", f"test_check:{engine}")
+    for w, b in zip(white.sequences, black.sequences):
+        assert w.output_ids == b.output_ids  # the same engine, seen from outside
+        if w.forensics and w.forensics.verdict.startswith("sync-bug"):
+            assert b.forensics.verdict == "engine-bug", (b.seq, b.forensics.explanation)
+
+
+def test_a_control_run_says_speculation_changed_it(tmp_path, tiny):
+    trace = _check(tmp_path, "--engine", "test_check:bsp_like", "--control-engine", "test_check:no_speculation")
+    divergent = [s for s in trace.sequences if s.equivalent is False]
+    assert divergent and all(s.forensics.verdict == "engine-bug" for s in divergent)
+    assert all("speculation changed the output" in s.forensics.explanation for s in divergent
+               if s.forensics.control_fork is None or s.forensics.control_fork > s.forensics.fork)
+    assert trace.manifest.control.name == "test_check:no_speculation"
+
+
+def test_a_file_of_outputs_gives_the_same_report_as_the_live_engine(tmp_path, tiny):
+    live = _check(tmp_path, "--engine", "test_check:dsd_like")
+    lines = [json.dumps({"engine": {"name": "dsd-like", "settings": {"k": 5}}})]
+    lines += [json.dumps({"prompt_ids": p.ids, "output_ids": s.output_ids}) for p, s in zip(live.prompts, live.sequences)]
+    path = tmp_path / "outputs.jsonl"
+    path.write_text("\n".join(lines))
+    filed = _check(tmp_path, "--outputs", str(path))
+    assert filed.manifest.engine.source == "file" and filed.manifest.engine.name == "dsd-like"
+    assert [p.ids for p in filed.prompts] == [p.ids for p in live.prompts]
+    for a, b in zip(live.sequences, filed.sequences):
+        assert (a.first_divergence, a.gaps) == (b.first_divergence, b.gaps)
+        assert (a.forensics and a.forensics.model_dump()) == (b.forensics and b.forensics.model_dump())
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"prompt": "hi"}', "line 1: .*output_ids"),
+    ('{"prompt": "hi", "output_ids": [1]}\n{"prompt_ids": [1], "prompt": "x", "output_ids": [2]}', "line 2: .*exactly one"),
+    ('{"prompt": "hi", "output_ids": "many"}', "line 1: output_ids"),
+    ('{"prompt": "hi", "output_ids": [1], "extra": 1}', "line 1: extra"),
+    ("not json", "line 1: not a JSON object"),
+    ("", "no output lines"),
+])
+def test_a_file_with_the_wrong_schema_gets_a_message_naming_the_line(content, message, tmp_path, capsys, tiny):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    assert cli.main(["check", "--pair", "tiny", "--device", "cpu", "--outputs", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.jsonl" in err and re.search(message, err), err
+
+
+def test_an_engine_that_is_not_there_gets_a_message(tmp_path, capsys, tiny):
+    assert cli.main(["check", "--pair", "tiny", "--device", "cpu", "--engine", "no_such_module:f"]) == 2
+    assert "cannot import 'no_such_module'" in capsys.readouterr().err
