@@ -209,8 +209,9 @@ def cmd_check(args) -> int:
     if args.outputs:
         header, lines = jsonl.parse(args.outputs.read_bytes(), args.outputs.name)
         texts, ids = check.prompts_of(lines, pair, spec.chat_template)
-        spec = RunSpec.build(**{**spec.model_dump(), "prompts": tuple(texts)})
         engine = jsonl.from_lines(header, lines, pair.tokenizer, args.outputs.name)
+        budget = max(1, *(len(o.ids) for o in engine.outputs))  # the engine's budget, as far as the file shows it
+        spec = RunSpec.build(**{**spec.model_dump(), "prompts": tuple(texts), "max_new_tokens": budget})
         if args.control:
             c_header, c_lines = jsonl.parse(args.control.read_bytes(), args.control.name)
             if check.prompts_of(c_lines, pair, spec.chat_template)[1] != ids:
