@@ -34,12 +34,15 @@ def encode(spec: RunSpec, pair: ModelPair, limits: Settings | None = None) -> li
 
 
 def decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record: bool = True,
-           progress: Progress | None = None, reference: DecodeResult | None = None) -> DecodeResult:
+           progress: Progress | None = None, reference: DecodeResult | None = None,
+           floors: NoiseFloors | None = None) -> DecodeResult:
     """Decode with the spec's method. Given the reference's outputs, the decode is watched (watch.py): the
-    result then carries the state of every fork's emitting row, and the audit (recorded runs only)."""
+    result then carries the state of every fork's emitting row, and the audit (recorded runs only). With the run's
+    `floors`, the watch spares itself narrowing down the inputs of a fork whose state is clean."""
     if reference is None:
         return _decode(spec, pair, prompt_ids, record, progress, None)
-    watch = Watch(pair, prompt_ids, [o.ids for o in reference.outputs], min(spec.audit, spec.batch_size) if record else 0)
+    watch = Watch(pair, prompt_ids, [o.ids for o in reference.outputs], min(spec.audit, spec.batch_size) if record else 0,
+                  tolerance=FACTOR * floors.target.value if floors else None)
     with watch.watching():
         result = _decode(spec, pair, prompt_ids, record, progress, watch)
     result.forks, result.audit = watch.forks, watch.audit
@@ -119,7 +122,8 @@ def run(spec: RunSpec, record: bool = True, with_reference: bool = True,
     if spec.method == "reference" and ref:
         result = ref
     else:
-        result = decode(spec, pair, prompt_ids, record, phase(spec.method), ref)
+        floors = floors_for(spec, pair, prompt_ids, ref) if ref else None
+        result = decode(spec, pair, prompt_ids, record, phase(spec.method), ref, floors)
     return explain(spec, pair, prompt_ids, result, ref)
 
 

@@ -52,8 +52,10 @@ class ForkState:
 
 
 class Watch:
-    def __init__(self, pair, prompt_ids: list[list[int]], reference_ids: list[list[int]], audit_rows: int = 0):
+    def __init__(self, pair, prompt_ids: list[list[int]], reference_ids: list[list[int]], audit_rows: int = 0,
+                 tolerance: float | None = None):
         self.pair = pair
+        self.tolerance = tolerance  # a state within it is clean: its inputs need no narrowing (None: always narrow)
         self.prompts = prompt_ids
         self.references = reference_ids
         self.audit_rows = audit_rows  # rows audited per round; 0: audit off
@@ -127,12 +129,13 @@ class Watch:
         vis = call.visible(row, keep)
         emitting = call.logits[row, slot, : self.pair.vocab_size].double()
         top = emitting.topk(2).values
+        clean = self.tolerance is not None and diff <= self.tolerance  # nothing to narrow down
         return ForkState(
             round=r, row=row, slot=slot, state_diff=diff, tokens_ok=fed[0] == truth[-1],
             positions_fed=fed_pos, positions_expected=expected,
             visible=None if vis is None else vis.sum(1).tolist(), visible_expected=[p + 1 for p in expected],
-            kv_diff=self._kv_alone(call, row, fed, expected, vis, fresh),
-            written_at=self._written_at(call, row, truth, vis),
+            kv_diff=None if clean else self._kv_alone(call, row, fed, expected, vis, fresh),
+            written_at=[] if clean else self._written_at(call, row, truth, vis),
             emitting_argmax=int(emitting.argmax()), emitting_margin=float(top[0] - top[1]),
         )
 
