@@ -76,7 +76,8 @@ def phase_timings(trace: Trace) -> go.Figure:
     fig = go.Figure()
     for p in PHASES:
         ys = [1000 * rd.timings.get(p, 0.0) for rd in trace.rounds]
-        fig.add_trace(go.Bar(x=x, y=ys, name=f"{p} {sum(ys) / 1000 / total:.1%}", marker_color=PHASE_COLOURS[p],
+        share = f" {sum(ys) / 1000 / total:.1%}" if total else ""  # 0: the decode time is not known
+        fig.add_trace(go.Bar(x=x, y=ys, name=p + share, marker_color=PHASE_COLOURS[p],
                              hovertemplate=f"round %{{x}}<br>{p} %{{y:.1f}} ms<extra></extra>"))
     fig.update_layout(barmode="stack", height=300, margin={"t": 40, "b": 30, "l": 40, "r": 10},
                       title=f"time per round (share of {total:.1f} s decode time in the legend)",

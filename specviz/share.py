@@ -9,14 +9,18 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 import zlib
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, urlencode
 
 from .spec import RunSpec, SpecError
+from .trace import FINGERPRINT
+from .untrusted import parse_json
 
 MAX_LINK_CHARS = 16_000  # browsers and servers handle this much reliably
-MAX_PAYLOAD_BYTES = 1_000_000  # after decompression
+MAX_PAYLOAD_BYTES = 256 * 2**10  # after decompression; what a 16,000-character link of real prompts inflates to, ×4
+MAX_ENV_ITEMS, MAX_ENV_CHARS = 32, 200  # the environment a link records: a few short, flat fields
 
 
 @dataclass(frozen=True)
@@ -37,13 +41,16 @@ def environment(manifest) -> dict[str, str]:
 def encode(link: Link) -> str:
     """The query string (with its leading '?') for `link`."""
     payload = {"spec": json.loads(link.spec.canonical_json()), "fp": link.fingerprint, "env": link.env}
-    packed = zlib.compress(json.dumps(payload, separators=(",", ":")).encode(), 9)
-    query = {"run": base64.urlsafe_b64encode(packed).decode().rstrip("=")}
+    raw = json.dumps(payload, separators=(",", ":")).encode()
+    query = {"run": base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode().rstrip("=")}
     query.update({k: v for k, v in (("seq", link.seq), ("round", link.round)) if v is not None})
     text = "?" + urlencode(query)
     if len(text) > MAX_LINK_CHARS:
         raise SpecError(f"this run's prompts make a {len(text)}-character link (the limit is {MAX_LINK_CHARS}); "
                         "share the trace file instead")
+    if len(raw) > MAX_PAYLOAD_BYTES:  # so that every link made here opens
+        raise SpecError(f"this run's prompts make a link of {len(raw) // 2**10} KiB uncompressed (the limit is "
+                        f"{MAX_PAYLOAD_BYTES // 2**10} KiB); share the trace file instead")
     return text
 
 
@@ -64,22 +71,28 @@ def decode(query: str) -> Link | None:
     if inflater.unconsumed_tail:
         raise SpecError("the link's run is too large")
     try:
-        payload = json.loads(raw)
-    except ValueError:
+        payload = parse_json(raw)
+    except SpecError:
         raise damaged from None
     if not isinstance(payload, dict) or not isinstance(payload.get("spec"), dict):
         raise SpecError("the link's run holds no run spec")
     spec = RunSpec.build(**payload["spec"])
     fp, env = payload.get("fp"), payload.get("env") or {}
-    if fp is not None and not isinstance(fp, str) or not isinstance(env, dict):
+    if fp is not None and not (isinstance(fp, str) and re.fullmatch(FINGERPRINT, fp)) or not _flat(env):
         raise SpecError("the link's fingerprint or environment is malformed")
     return Link(spec, _index(params, "seq"), _index(params, "round"), fp, env)
+
+
+def _flat(env: object) -> bool:
+    """A few short text fields, as `ui` records them; anything else a link carries is not ours."""
+    return isinstance(env, dict) and len(env) <= MAX_ENV_ITEMS and all(
+        isinstance(v, str) and len(k) <= MAX_ENV_CHARS and len(v) <= MAX_ENV_CHARS for k, v in env.items())
 
 
 def _index(params: dict, name: str) -> int | None:
     if name not in params:
         return None
     text = params[name][0]
-    if not text.isdigit() or len(text) > 9:
+    if not (text.isascii() and text.isdigit()) or len(text) > 9:  # not "٣" or "²", which isdigit() accepts
         raise SpecError(f"the link's {name} must be a whole number ≥ 0, not {text[:20]!r}")
     return int(text)

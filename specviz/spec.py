@@ -128,10 +128,24 @@ class RunSpec(BaseModel):
             raise SpecError(describe_validation_error(e)) from None
 
 
+MAX_PROBLEMS_LISTED = 3
+MAX_PROBLEMS_READ = 10_000  # each problem pydantic reports becomes a Python dict when read: ~2.5 µs
+
+
 def describe_validation_error(e: ValidationError) -> str:
+    """pydantic's report in a few words: the first problems and where they are, stranger text cut short."""
+    n = e.error_count()
+    if n > MAX_PROBLEMS_READ:
+        return f"{n} problems, too many to list"
     parts = []
-    for err in e.errors():
-        where = ".".join(str(x) for x in err["loc"]) or "spec"
-        msg = err["msg"].removeprefix("Value error, ")
-        parts.append(f"{where}: {msg}")
+    for err in e.errors(include_url=False, include_context=False, include_input=False)[:MAX_PROBLEMS_LISTED]:
+        where = ".".join(_cut(str(x), 40) for x in err["loc"])
+        msg = _cut(err["msg"].removeprefix("Value error, "), 200)
+        parts.append(f"{where}: {msg}" if where else msg)
+    if n > MAX_PROBLEMS_LISTED:
+        parts.append(f"and {n - MAX_PROBLEMS_LISTED} more")
     return "; ".join(parts)
+
+
+def _cut(text: str, most: int) -> str:
+    return text if len(text) <= most else text[: most - 1] + "…"

@@ -11,12 +11,13 @@ import datetime as _dt
 import hashlib
 import json
 import platform
+from collections import defaultdict
 from importlib.metadata import PackageNotFoundError, version
 from typing import Literal
 
 import pandas as pd
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from . import determinism
 from .decoding.result import DecodeResult
@@ -24,9 +25,11 @@ from .decoding.round import RoundData
 from .engines.base import EngineInfo, EngineOutput
 from .models import ModelPair
 from .spec import RunSpec, SpecError, describe_validation_error
+from .untrusted import parse_json
 
 SCHEMA_VERSION = 2
 MAX_TRACE_BYTES = 64 * 2**20
+FINGERPRINT = "[0-9a-f]{16}"  # also a file name (ui._save): nothing else may pass
 
 Source = Literal["draft", "correction", "bonus"]
 CHECKS = ("rectangular", "positions", "mask", "kv", "draft_kv", "bonus")
@@ -166,12 +169,12 @@ class Manifest(_Strict):
     device_name: str
     deterministic: dict[str, bool]
     created: str
-    decode_seconds: float
+    decode_seconds: float = Field(ge=0)  # 0: not known (an engine's outputs file)
     reference_seconds: float | None = None
     noise_floor: NoiseFloors | None = None  # None: no reference was decoded beside the run
     engine: EngineInfo | None = None  # engine checks: the engine under test, as it described itself
     control: EngineInfo | None = None  # and its run without speculation, when given
-    fingerprint: str  # hash of the spec and every decision: equal fingerprints, equal runs
+    fingerprint: str = Field(pattern=f"^{FINGERPRINT}$")  # hash of the spec and every decision: equal fingerprints, equal runs
 
 
 class Trace(_Strict):
@@ -186,22 +189,48 @@ class Trace(_Strict):
     def text(self, ids: list[int]) -> str:
         return "".join(self.vocab.get(i, f"<{i}>") for i in ids)
 
+    @model_validator(mode="after")
+    def _consistent(self) -> Trace:
+        """What the views rely on beyond types: records numbered in order, rows that match their rounds."""
+        n = len(self.sequences)
+        if [p.seq for p in self.prompts] != list(range(n)) or [s.seq for s in self.sequences] != list(range(n)):
+            raise ValueError("prompts and sequences must be numbered 0, 1, 2, … in order, one of each per prompt")
+        for s in self.sequences:
+            fork = None if s.reference_ids is None else first_difference(s.output_ids, s.reference_ids)
+            if (s.first_divergence, s.equivalent) != (fork, None if s.reference_ids is None else fork is None):
+                raise ValueError(f"sequence {s.seq}: first_divergence and equivalent do not match its ids")
+        if [rd.round for rd in self.rounds] != list(range(len(self.rounds))):
+            raise ValueError("rounds must be numbered 0, 1, 2, … in order")
+        by_round = defaultdict(list)
+        for r in self.rows:
+            k = len(r.draft_tokens)
+            if not (len(r.draft_probs) == k and len(r.target_tokens) == len(r.target_probs) == len(r.target_margins)
+                    == k + 1 and 0 <= r.accepted <= k and len(r.emitted) == len(r.sources) <= r.accepted + 1):
+                raise ValueError(f"round {r.round}, row {r.row}: its lists do not fit its {k} drafts")
+            by_round[r.round].append((r.row, r.seq))
+        for rd in self.rounds:
+            if by_round.pop(rd.round, []) != list(enumerate(rd.seqs)) or not all(0 <= q < n for q in rd.seqs):
+                raise ValueError(f"round {rd.round}: its rows are not one per sequence it lists")
+        if by_round:
+            raise ValueError(f"rows of rounds that are not recorded: {sorted(by_round)[:5]}")
+        return self
+
     def to_json(self) -> str:
         return self.model_dump_json()
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> Trace:
+    def from_json(cls, data: str | bytes) -> Trace:
         """Parse and validate a trace file; every problem becomes one readable SpecError."""
-        if len(text) > MAX_TRACE_BYTES:
-            raise SpecError(f"trace file is {len(text) / 2**20:.1f} MiB; the limit is {MAX_TRACE_BYTES // 2**20} MiB")
+        if len(data) > MAX_TRACE_BYTES:
+            raise SpecError(f"trace file is {len(data) / 2**20:.1f} MiB; the limit is {MAX_TRACE_BYTES // 2**20} MiB")
         try:
-            raw = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise SpecError(f"not a trace file: invalid JSON ({e})") from None
+            raw = parse_json(data)
+        except SpecError as e:
+            raise SpecError(f"not a trace file: {e}") from None
         found = raw.get("schema_version") if isinstance(raw, dict) else None
-        if found not in MIGRATIONS and found != SCHEMA_VERSION:
+        if type(found) is not int or found not in MIGRATIONS and found != SCHEMA_VERSION:
             known = " or ".join(map(str, [*MIGRATIONS, SCHEMA_VERSION]))
-            raise SpecError(f"not a specviz trace of schema version {known} (found {found!r})")
+            raise SpecError(f"not a specviz trace of schema version {known} (found {_shown(found)})")
         try:
             while raw["schema_version"] != SCHEMA_VERSION:
                 raw = MIGRATIONS[raw["schema_version"]](raw)
@@ -213,7 +242,8 @@ class Trace(_Strict):
 def _from_version_1(raw: dict) -> dict:
     """Version 1 judged forks by a noise level measured on the run itself (`noise`) and a top-8 logit difference
     (`logit_diff`); version 2 replaced both with independent evidence. Old verdicts are kept as recorded."""
-    for s in raw.get("sequences") or []:
+    sequences = raw.get("sequences")
+    for s in sequences if isinstance(sequences, list) else []:  # anything else is left for validation to report
         if isinstance(s, dict) and isinstance(s.get("forensics"), dict):
             for old in ("noise", "logit_diff"):
                 s["forensics"].pop(old, None)
@@ -221,6 +251,13 @@ def _from_version_1(raw: dict) -> dict:
 
 
 MIGRATIONS = {1: _from_version_1}  # version -> a function that lifts a raw trace of it one version up
+
+
+def _shown(value: object) -> str:
+    """A stranger's JSON value in a message: short, and never repr'd when nested (1000 levels break repr)."""
+    if value is None or isinstance(value, (int, float, str)):
+        return repr(value)[:40]
+    return f"a JSON {'array' if isinstance(value, list) else 'object'}"
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:

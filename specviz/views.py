@@ -285,7 +285,7 @@ def _evidence(trace: Trace, f) -> list[tuple[str, object]]:
     """The verdict's evidence, in the order forensics weighs it (forensics.py)."""
     floor = trace.manifest.noise_floor
     ratio = None
-    if floor is not None and f.state_diff is not None:
+    if floor is not None and f.state_diff is not None and floor.target.value:  # a stranger's floor may be 0
         ratio = f"{f.state_diff:.3g} logits = {f.state_diff / floor.target.value:.3g} × the floor (corrupt above {floor.factor:g} ×)"
     return [
         ("first divergent token", f.fork),
@@ -340,13 +340,13 @@ def glossary(trace: Trace | None) -> str:
         return "" if v is None else f" — here **{v:.3g}**" if isinstance(v, float) else f" — here **{v}**"
 
     def realign_share(t: Trace) -> float | None:
-        return metrics.phase_seconds(t)["realign"] / t.manifest.decode_seconds if t.rows else None
+        return metrics.phase_seconds(t)["realign"] / t.manifest.decode_seconds if t.rows and t.manifest.decode_seconds else None
 
     def _floor(t: Trace) -> float | None:
         return t.manifest.noise_floor.target.value if t.manifest.noise_floor else None
 
-    def throughput(t: Trace) -> float:
-        return sum(len(s.output_ids) for s in t.sequences) / t.manifest.decode_seconds
+    def throughput(t: Trace) -> float | None:
+        return sum(len(s.output_ids) for s in t.sequences) / t.manifest.decode_seconds if t.manifest.decode_seconds else None
 
     positions = metrics.per_position_acceptance(trace) if trace and trace.rows else []
     lines = [

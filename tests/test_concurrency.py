@@ -69,7 +69,8 @@ def test_eight_simultaneous_sessions_each_get_their_own_run_and_files(app_url, t
 
 def test_saved_traces_with_one_fingerprint_never_share_a_file():
     trace = run(spec_from_controls(*controls(0)))
-    other = trace.model_copy(update={"sequences": trace.sequences[:1]})  # another trace claiming the same fingerprint
+    # Another trace claiming the same fingerprint (a well-formed one: a trace whose parts disagree is refused).
+    other = trace.model_copy(update={"manifest": trace.manifest.model_copy(update={"device_name": "elsewhere"})})
     assert other.manifest.fingerprint == trace.manifest.fingerprint
     paths = _save(trace), _save(other), _save(trace)
     assert paths[0] != paths[1] and paths[0] == paths[2]

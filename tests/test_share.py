@@ -18,7 +18,7 @@ def _run_param(payload) -> str:
 
 
 def test_a_link_carries_spec_focus_fingerprint_and_environment():
-    link = share.Link(SPEC, seq=1, round=7, fingerprint="abc123", env={"torch": "2.13.0", "device": "cpu"})
+    link = share.Link(SPEC, seq=1, round=7, fingerprint="0123456789abcdef", env={"torch": "2.13.0", "device": "cpu"})
     query = share.encode(link)
     assert query.startswith("?run=") and "seq=1" in query and "round=7" in query
     assert share.decode(query) == link

@@ -1,0 +1,28 @@
+"""JSON from strangers (share links, trace files), parsed at a cost bounded by its size.
+
+Callers cap the size first. orjson then parses strict JSON (UTF-8, no NaN) and stops at 1024 levels of
+nesting inside its own parser, so a page of `[` is refused in microseconds where Python's json raised
+RecursionError. Parsing costs at most ~25 ms per MiB, measured on the worst shapes (benchmarks/fuzz.py).
+"""
+from __future__ import annotations
+
+import gc
+
+import orjson
+
+from .spec import SpecError
+
+
+def parse_json(data: bytes | str) -> object:
+    """The value `data` holds, or a SpecError saying why it is not JSON."""
+    # Millions of small lists would each count towards a cyclic GC pass, making the parse ~6x slower;
+    # a freshly parsed tree holds no cycles.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        raise SpecError(f"invalid JSON ({e})") from None
+    finally:
+        if collecting:
+            gc.enable()
