@@ -22,9 +22,11 @@ run: install
 	$(PY) app.py
 
 # The browser test drives Debian's Chromium (never a browser Playwright downloads).
+# Its screenshots of CJK and emoji text need those fonts.
 chromium:
-	@command -v chromium >/dev/null || { SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-		$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium; }
+	@{ command -v chromium && fc-list | grep -q NotoSansCJK && fc-list | grep -q NotoColorEmoji; } >/dev/null || \
+		{ SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive \
+		$$SUDO apt-get install -y -q chromium fonts-noto-cjk fonts-noto-color-emoji; }
 
 test: install chromium
 	$(PY) -m pytest -q

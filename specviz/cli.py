@@ -14,6 +14,7 @@ from .decoding.faults import PRESETS as FAULT_PRESETS
 from .models import PRESETS, Placement, pair_for
 from .prompts import builtin_set, builtin_sets, read_prompts
 from .spec import DEVICES, DTYPES, ENGINE, MAX_BATCH_SIZE, METHODS, RunSpec, SpecError
+from .text import clip
 
 
 def _int_list(text: str) -> list[int]:
@@ -113,7 +114,7 @@ def cmd_run(args) -> int:
     tok = pair_for(spec, args.trust_remote_code, _placement(args)).tokenizer
     for s, p in zip(trace.sequences, trace.prompts):
         mark = {True: "= reference", False: f"DIVERGES at token {s.first_divergence}", None: ""}[s.equivalent]
-        print(f"\n[{s.seq}] {p.text[:70]!r}  ({len(s.output_ids)} tokens) {mark}")
+        print(f"\n[{s.seq}] {clip(p.text, 70)!r}  ({len(s.output_ids)} tokens) {mark}")
         print("   " + tok.decode(s.output_ids).replace("\n", "\n   "))
         if s.forensics:
             print(f"   -> {s.forensics.verdict}: {s.forensics.explanation}")

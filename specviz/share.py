@@ -40,6 +40,8 @@ def environment(manifest) -> dict[str, str]:
 
 def encode(link: Link) -> str:
     """The query string (with its leading '?') for `link`."""
+    if not _flat(link.env):
+        raise SpecError(f"a link records at most {MAX_ENV_ITEMS} environment fields of {MAX_ENV_CHARS} characters")
     payload = {"spec": json.loads(link.spec.canonical_json()), "fp": link.fingerprint, "env": link.env}
     raw = json.dumps(payload, separators=(",", ":")).encode()
     query = {"run": base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode().rstrip("=")}

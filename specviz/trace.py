@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from . import determinism
+from . import determinism, text
 from .decoding.result import DecodeResult
 from .decoding.round import RoundData
 from .engines.base import EngineInfo, EngineOutput
@@ -27,7 +27,7 @@ from .models import ModelPair
 from .spec import RunSpec, SpecError, describe_validation_error
 from .untrusted import parse_json
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: sequences carry whole-character pieces (text.py)
 MAX_TRACE_BYTES = 64 * 2**20
 FINGERPRINT = "[0-9a-f]{16}"  # also a file name (ui._save): nothing else may pass
 
@@ -146,8 +146,10 @@ class Forensics(_Strict):
 class SequenceRecord(_Strict):
     seq: int
     output_ids: list[int]
+    output_pieces: list[str | None]  # per token: the whole characters it completes; None when it only starts one
     margins: list[float]
     reference_ids: list[int] | None = None
+    reference_pieces: list[str | None] | None = None
     reference_margins: list[float] | None = None
     first_divergence: int | None = None  # first index where output_ids and reference_ids differ
     equivalent: bool | None = None
@@ -178,16 +180,13 @@ class Manifest(_Strict):
 
 
 class Trace(_Strict):
-    schema_version: Literal[2] = SCHEMA_VERSION
+    schema_version: Literal[3] = SCHEMA_VERSION
     manifest: Manifest
     prompts: list[PromptRecord]
     rounds: list[RoundRecord]
     rows: list[RowRecord]
     sequences: list[SequenceRecord]
-    vocab: dict[int, str] = {}  # the text of every token id above, so a trace reads without its tokenizer
-
-    def text(self, ids: list[int]) -> str:
-        return "".join(self.vocab.get(i, f"<{i}>") for i in ids)
+    vocab: dict[int, str] = {}  # each token id's own text, so a trace reads without its tokenizer
 
     @model_validator(mode="after")
     def _consistent(self) -> Trace:
@@ -196,6 +195,9 @@ class Trace(_Strict):
         if [p.seq for p in self.prompts] != list(range(n)) or [s.seq for s in self.sequences] != list(range(n)):
             raise ValueError("prompts and sequences must be numbered 0, 1, 2, … in order, one of each per prompt")
         for s in self.sequences:
+            if len(s.output_pieces) != len(s.output_ids) or (s.reference_pieces is None) != (s.reference_ids is None) \
+                    or s.reference_ids is not None and len(s.reference_pieces) != len(s.reference_ids):
+                raise ValueError(f"sequence {s.seq}: one piece of text per token id is needed")
             fork = None if s.reference_ids is None else first_difference(s.output_ids, s.reference_ids)
             if (s.first_divergence, s.equivalent) != (fork, None if s.reference_ids is None else fork is None):
                 raise ValueError(f"sequence {s.seq}: first_divergence and equivalent do not match its ids")
@@ -204,8 +206,10 @@ class Trace(_Strict):
         by_round = defaultdict(list)
         for r in self.rows:
             k = len(r.draft_tokens)
+            a = min(max(r.accepted, 0), k)  # the sources it implies, built within bounds even when it is out of them
+            sources = (["draft"] * a + ["bonus" if a == k else "correction"])[: len(r.emitted)]
             if not (len(r.draft_probs) == k and len(r.target_tokens) == len(r.target_probs) == len(r.target_margins)
-                    == k + 1 and 0 <= r.accepted <= k and len(r.emitted) == len(r.sources) <= r.accepted + 1):
+                    == k + 1 and a == r.accepted and len(r.emitted) == len(r.sources) and r.sources == sources):
                 raise ValueError(f"round {r.round}, row {r.row}: its lists do not fit its {k} drafts")
             by_round[r.round].append((r.row, r.seq))
         for rd in self.rounds:
@@ -250,7 +254,24 @@ def _from_version_1(raw: dict) -> dict:
     return {**raw, "schema_version": 2}
 
 
-MIGRATIONS = {1: _from_version_1}  # version -> a function that lifts a raw trace of it one version up
+def _from_version_2(raw: dict) -> dict:
+    """Version 2 kept no whole-character pieces: each token's own text stands in, as version 2 showed it."""
+    vocab = raw["vocab"] if isinstance(raw.get("vocab"), dict) else {}
+
+    def own(ids):
+        if isinstance(ids, list) and all(type(i) is int for i in ids):
+            return [vocab.get(str(i), f"<{i}>") for i in ids]
+        return None
+
+    sequences = raw.get("sequences")
+    for s in sequences if isinstance(sequences, list) else []:  # anything else is left for validation to report
+        if isinstance(s, dict):
+            s.setdefault("output_pieces", own(s.get("output_ids")))
+            s.setdefault("reference_pieces", own(s.get("reference_ids")))
+    return {**raw, "schema_version": 3}
+
+
+MIGRATIONS = {1: _from_version_1, 2: _from_version_2}  # version -> a function that lifts a raw trace one version up
 
 
 def _shown(value: object) -> str:
@@ -336,9 +357,11 @@ def build_trace(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], res
     for seq, out in enumerate(result.outputs):
         ref = reference.outputs[seq] if reference else None
         fork = first_difference(out.ids, ref.ids) if ref else None
+        before = prompt_ids[seq][-1] if prompt_ids[seq] else None
         sequences.append(SequenceRecord(
-            seq=seq, output_ids=out.ids, margins=out.margins,
+            seq=seq, output_ids=out.ids, output_pieces=text.pieces(pair.tokenizer, out.ids, before), margins=out.margins,
             reference_ids=ref.ids if ref else None, reference_margins=ref.margins if ref else None,
+            reference_pieces=text.pieces(pair.tokenizer, ref.ids, before) if ref else None,
             first_divergence=fork, equivalent=None if ref is None else fork is None,
             completion_seconds=out.finished_at,
         ))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import html
 import json
 import os
 import tempfile
@@ -54,6 +55,11 @@ DEFAULTS = dict(pair="embedded", target="", draft="", prompt_set="quick", typed=
 
 class Cancelled(Exception):
     pass
+
+
+def _error(message: str, **kwargs) -> gr.Error:
+    """gr.Error shows its message as HTML (sanitized, yet an <img> still loads): it may quote a stranger."""
+    return gr.Error(html.escape(message, quote=False), **kwargs)
 
 
 # ---------------------------------------------------------------- from controls to a spec and a trace
@@ -163,7 +169,7 @@ def shrink_focused(settings: Settings, trace: Trace | None, seq, progress=gr.Pro
         with _LOCK:
             found = shrink_on_gpu(spec, seq, fork, token, settings, None if ZEROGPU else tick)
     except SpecError as e:
-        raise gr.Error(f"cannot shrink this run here: {e}") from None
+        raise _error(f"cannot shrink this run here: {e}") from None
     except Cancelled:
         raise gr.Error("stopped; nothing was kept", title="Stopped") from None
     small = found.trace
@@ -204,7 +210,7 @@ def run_controls(settings: Settings, *values, progress=gr.Progress(), request: g
         spec = spec_from_controls(*values)
         trace = _decode(spec, settings, progress, session)
     except SpecError as e:
-        raise gr.Error(str(e)) from None
+        raise _error(str(e)) from None
     except Cancelled:
         raise gr.Error("stopped; nothing was recorded", title="Stopped") from None
     return trace, views.headline(trace), _save(trace), None
@@ -223,7 +229,7 @@ def open_trace(path: str | None):
     try:
         trace = Trace.from_json(_read_upload(path, MAX_TRACE_BYTES))
     except SpecError as e:
-        raise gr.Error(f"{Path(path).name}: {e}") from None
+        raise _error(f"{Path(path).name}: {e}") from None
     return trace, views.headline(trace) + " (opened from a file)", _save(trace), None
 
 
@@ -233,7 +239,7 @@ def open_link(query: str):
     try:
         link = share.decode(query or "")
     except SpecError as e:
-        return *keep, None, f"**That share link could not be used:** {e}. Showing the default page."
+        return *keep, None, f"**That share link could not be used:** {views.md(str(e))}. Showing the default page."
     if link is None:
         return *keep, None, ""
     s = link.spec
@@ -264,7 +270,7 @@ def replay(settings: Settings, pending: dict | None, progress=gr.Progress(), req
     try:
         trace = _decode(RunSpec.model_validate_json(pending["spec"]), settings, progress, session)
     except SpecError as e:
-        raise gr.Error(f"the shared run cannot be replayed here: {e}") from None
+        raise _error(f"the shared run cannot be replayed here: {e}") from None
     except Cancelled:
         raise gr.Error("stopped; nothing was recorded", title="Stopped") from None
     return trace, views.headline(trace) + "\n\n" + _replay_report(trace, pending), _save(trace), pending
@@ -278,6 +284,7 @@ def _environment(trace: Trace) -> dict[str, str]:
 
 
 def _replay_report(trace: Trace, pending: dict) -> str:
+    """Markdown: whether the replay matched, and the two environments (the link's is a stranger's text)."""
     m = trace.manifest
     here = _environment(trace)
     if pending.get("fp") is None:
@@ -285,16 +292,17 @@ def _replay_report(trace: Trace, pending: dict) -> str:
     elif pending["fp"] == m.fingerprint:
         verdict = f"**Replay matched the shared run exactly** (fingerprint `{m.fingerprint}`)."
     else:
-        verdict = (f"**Replay drifted from the shared run:** fingerprint `{m.fingerprint}` here, `{pending['fp']}` "
-                   "in the link: some token or acceptance decision differs. Compare the environments:")
+        verdict = (f"**Replay drifted from the shared run:** fingerprint `{m.fingerprint}` here, "
+                   f"`{pending['fp']}` in the link: some token or acceptance decision differs. "  # both: 16 hex digits
+                   "Compare the environments:")
     there = {k: str(v) for k, v in (pending.get("env") or {}).items()}
     keys = list(dict.fromkeys([*there, *here]))
-    same = [f"{k} {here[k]}" for k in keys if there.get(k) == here.get(k)]
+    same = [f"{views.md(k)} {views.md(here[k])}" for k in keys if there.get(k) == here.get(k)]
     differ = [k for k in keys if there.get(k) != here.get(k)]
     text = verdict + "\n\nThe same in both environments: " + (", ".join(same) or "nothing") + "."
     if differ:
         text += "\n\n| differs | shared run | this replay |\n|---|---|---|\n" + "".join(
-            f"| {k} | {there.get(k, '?')} | {here.get(k, '?')} |\n" for k in differ)
+            f"| {views.md(k)} | {views.md(there.get(k, '?'))} | {views.md(here.get(k, '?'))} |\n" for k in differ)
     return text
 
 
@@ -383,13 +391,15 @@ def build(settings: Settings | None = None) -> gr.Blocks:
                 with gr.Accordion("Trace files", open=False):
                     download = gr.DownloadButton("Download this trace (JSON)", value=None)
                     upload = gr.File(label=f"open a trace (JSON, up to {MAX_TRACE_BYTES // 2**20} MiB; no model "
-                                           "needed)", file_types=[".json"], type="filepath")
+                                           "needed)", file_types=[".json"], type="filepath", elem_id="sv-upload")
             with gr.Column(scale=3):
-                status = gr.Markdown("Run something, pick an example, or open a trace file.", elem_id="sv-status")
+                # Stranger text reaches the status escaped (views.md); no $$ in it may become LaTeX either.
+                status = gr.Markdown("Run something, pick an example, or open a trace file.", elem_id="sv-status",
+                                     latex_delimiters=[])
                 link_box = gr.Textbox(label="share link (opens this run at this focus)", interactive=False, lines=1,
                                       max_lines=1, buttons=["copy"], elem_id="sv-link")
                 table = gr.Dataframe(label="sequences (click one to focus it)", interactive=False, wrap=True,
-                                     max_height=260, elem_id="sv-table")
+                                     max_height=260, elem_id="sv-table", datatype="str")  # cells as plain text
                 with gr.Row():
                     focus_seq = gr.Number(label="focused sequence", precision=0, minimum=0)
                     focus_round = gr.Number(label="focused round", precision=0, minimum=0)

@@ -7,14 +7,15 @@ turns a click into a new focus.
 from __future__ import annotations
 
 import html
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 
 import pandas as pd
 
-from . import metrics
+from . import metrics, text
 from .forensics import span
-from .trace import RowRecord, Trace
+from .trace import RowRecord, SequenceRecord, Trace
 
 CHECK_TEXT = {
     "rectangular": "I1 rectangular: pad + content = batch width",
@@ -79,17 +80,49 @@ def resolve(trace: Trace, seq: int | None = None, round: int | None = None) -> t
 
 
 # ---------------------------------------------------------------- text helpers
+# Every string in a trace or a link was written by a stranger: it is escaped wherever it becomes HTML
+# (html.escape) or Markdown (md), and token texts are shown as whole characters (text.py).
+
+PART = "…"  # a token holding only part of a character: the character shows on the token that completes it
+_MD_PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")
 
 
-def _show(text: str) -> str:
-    """A token's text, escaped, with invisible characters made visible."""
-    if text == "":
+def md(stranger: str) -> str:
+    """Text as inert Markdown: every ASCII punctuation mark backslash-escaped (CommonMark allows it for each),
+    so no link, image, HTML tag, code span or emphasis can start, and lines joined, so no block can either."""
+    return _MD_PUNCTUATION.sub(r"\\\g<0>", " ".join(stranger.splitlines()))
+
+
+def _visible(piece: str | None) -> str:
+    """A token's text with invisible characters made visible (not escaped)."""
+    if piece is None:
+        return PART
+    if piece == "":
         return "∅"
-    return html.escape(text).replace("\n", "↵").replace("\t", "⇥")
+    return piece.replace("\n", "↵").replace("\t", "⇥")
 
 
-def _piece(trace: Trace, tok: int) -> str:
-    return trace.vocab.get(tok, f"<{tok}>")
+def _show(piece: str | None) -> str:
+    return html.escape(_visible(piece))
+
+
+def _own(trace: Trace, tok: int) -> str | None:
+    """A token's own text; None when it holds only part of a character (alone, it decodes to U+FFFD)."""
+    piece = trace.vocab.get(tok, f"<{tok}>")
+    return None if text.REPLACEMENT in piece else piece
+
+
+def _says(piece: str | None) -> str:
+    """A token's text for a tooltip."""
+    return "part of a character split across tokens" if piece is None else repr(piece)
+
+
+def _reads(pieces: list[str | None], i: int) -> str:
+    """What token i of a sequence reads as, for a tooltip: a partial token names the character it starts."""
+    if pieces[i] is not None:
+        return repr(pieces[i])
+    end = text.character_at(pieces, i)[1]
+    return f"the first bytes of {pieces[end - 1]!r}, which token #{end - 1} completes"
 
 
 # ---------------------------------------------------------------- views
@@ -100,8 +133,9 @@ def headline(trace: Trace) -> str:
     m = trace.manifest
     s = m.spec
     tokens = sum(len(q.output_ids) for q in trace.sequences)
-    parts = [(f"**{s.method}**{' + ' + ', '.join(s.faults) if s.faults else ''} on `{s.target}` / `{s.draft}`, "
-              f"{len(trace.sequences)} prompts, batch size {s.batch_size}, k {s.k}, {s.dtype} on {m.device}: "
+    faults = md(" + " + ", ".join(s.faults)) if s.faults else ""
+    parts = [(f"**{md(s.method)}**{faults} on {md(s.target)} / {md(s.draft)}, "
+              f"{len(trace.sequences)} prompts, batch size {s.batch_size}, k {s.k}, {md(s.dtype)} on {md(m.device)}: "
               f"{tokens} tokens in {m.decode_seconds:.1f} s")]
     if trace.rows:
         parts.append(f"acceptance {metrics.acceptance_rate(trace):.2f}, {metrics.tokens_per_round(trace):.2f} tokens/round")
@@ -113,8 +147,8 @@ def headline(trace: Trace) -> str:
                      f"(prefix match {eq['prefix']:.1%})")
         verdicts = metrics.verdict_counts(trace)
         if verdicts:
-            parts.append("divergences: " + ", ".join(f"{v} × {c}" for v, c in verdicts.items()))
-    return "; ".join(parts) + f". Fingerprint `{m.fingerprint}`."
+            parts.append("divergences: " + ", ".join(f"{md(v)} × {c}" for v, c in verdicts.items()))
+    return "; ".join(parts) + f". Fingerprint `{m.fingerprint}`."  # 16 hex digits: the schema's pattern
 
 
 def summary_frame(trace: Trace) -> pd.DataFrame:
@@ -126,7 +160,7 @@ def summary_frame(trace: Trace) -> pd.DataFrame:
         proposed = sum(len(r.draft_tokens) for r in rows)
         records.append({
             "seq": s.seq,
-            "prompt": p.text[:48] + ("…" if len(p.text) > 48 else ""),
+            "prompt": text.clip(p.text, 48),
             "tokens": len(s.output_ids),
             "equivalent": {True: "yes", False: "NO", None: "-"}[s.equivalent],
             "first divergence": "" if s.first_divergence is None else str(s.first_divergence),
@@ -141,13 +175,11 @@ def timeline_html(trace: Trace, focus: Focus) -> str:
     """The focused sequence's tokens as chips, grouped by round, coloured by origin."""
     seq = trace.sequences[focus.seq]
     rows = rows_by_seq(trace).get(focus.seq, [])
-    fork = seq.first_divergence
-    ref = seq.reference_ids or []
     out = [f'<div class="sv-timeline" data-seq="{focus.seq}">']
     if not rows:  # a non-speculative method: tokens only
         out.append('<div class="sv-round">')
         for i, tok in enumerate(seq.output_ids):
-            out.append(_chip(trace, tok, "sv-target", i, fork, ref, f"#{i} · id {tok} · from the target"))
+            out.append(_chip(seq, i, "sv-target", f"#{i} · id {tok} · {_reads(seq.output_pieces, i)} · from the target"))
         out.append("</div>")
     i = 0
     for r in rows:
@@ -157,34 +189,40 @@ def timeline_html(trace: Trace, focus: Focus) -> str:
                    f'title="round {r.round} · batch row {r.row} · accepted {r.accepted} of {k}">'
                    f'<span class="sv-rn">{r.round}</span>')
         for j, (tok, src) in enumerate(zip(r.emitted, r.sources)):
-            tip = [f"#{i} · id {tok} · {_piece(trace, tok)!r}", SOURCE_TEXT[src]]
+            tip = [f"#{i} · id {tok} · {_reads(seq.output_pieces, i)}", SOURCE_TEXT[src]]
             if src == "draft":
                 tip.append(f"draft p {r.draft_probs[j]:.3f}")
             elif j < k:
-                tip.append(f"the draft proposed {_piece(trace, r.draft_tokens[j])!r} (p {r.draft_probs[j]:.3f})")
+                tip.append(f"the draft proposed {_says(_own(trace, r.draft_tokens[j]))} (p {r.draft_probs[j]:.3f})")
             tip.append(f"target p {r.target_probs[j]:.3f} · top-2 margin {r.target_margins[j]:.2f}")
             tip.append(f"round {r.round} · target KV {r.target_kv_before + 1 + j}")
-            out.append(_chip(trace, tok, f"sv-{src}", i, fork, ref, " · ".join(tip)))
+            out.append(_chip(seq, i, f"sv-{src}", " · ".join(tip)))
             i += 1
         for j in range(r.accepted, k):  # the first rejected draft, then those that came after it
             tok = r.draft_tokens[j]
-            why = (f"the target chose {_piece(trace, r.target_tokens[j])!r}" if j == r.accepted
+            why = (f"the target chose {_says(_own(trace, r.target_tokens[j]))}" if j == r.accepted
                    else "it followed a rejected draft")
-            tip = f"rejected draft: id {tok} · {_piece(trace, tok)!r} · draft p {r.draft_probs[j]:.3f} · {why}"
-            out.append(f'<span class="sv-tok sv-rejected" title="{html.escape(tip)}">{_show(_piece(trace, tok))}</span>')
+            piece = _own(trace, tok)
+            tip = f"rejected draft: id {tok} · {_says(piece)} · draft p {r.draft_probs[j]:.3f} · {why}"
+            part = " sv-part" if piece is None else ""
+            out.append(f'<span class="sv-tok sv-rejected{part}" title="{html.escape(tip)}">{_show(piece)}</span>')
         out.append("</div>")
     out.append("</div>")
     return "".join(out)
 
 
-def _chip(trace: Trace, tok: int, cls: str, i: int, fork: int | None, ref: list[int], tip: str) -> str:
+def _chip(s: SequenceRecord, i: int, cls: str, tip: str) -> str:
+    """Output token i of sequence s: its whole characters, or PART when it only starts one."""
+    fork = s.first_divergence
     if fork is not None and i == fork:
         cls += " sv-fork"
-        tip += f" · FIRST DIVERGENCE: the reference has {_piece(trace, ref[i])!r}" if i < len(ref) else \
-            " · FIRST DIVERGENCE: the reference had ended"
+        tip += (f" · FIRST DIVERGENCE: the reference has {_reads(s.reference_pieces, i)}" if i < len(s.reference_ids)
+                else " · FIRST DIVERGENCE: the reference had ended")
     elif fork is not None and i > fork:
         cls += " sv-after"
-    return f'<span class="sv-tok {cls}" data-index="{i}" title="{html.escape(tip)}">{_show(_piece(trace, tok))}</span>'
+    piece = s.output_pieces[i]
+    cls += " sv-part" if piece is None else ""
+    return f'<span class="sv-tok {cls}" data-index="{i}" title="{html.escape(tip)}">{_show(piece)}</span>'
 
 
 def grid_html(trace: Trace, focus: Focus) -> str:
@@ -224,20 +262,21 @@ def compare_html(trace: Trace, focus: Focus) -> str:
     s = trace.sequences[focus.seq]
     fork = s.first_divergence
 
-    def column(title: str, ids: list[int]) -> str:
+    def column(title: str, pieces: list[str | None]) -> str:
         if fork is None:
-            body = html.escape(trace.text(ids))
-        else:
-            body = (html.escape(trace.text(ids[:fork])) + '<mark class="sv-fork">' + html.escape(trace.text(ids[fork: fork + 1]))
-                    + "</mark>" + '<span class="sv-after">' + html.escape(trace.text(ids[fork + 1:])) + "</span>")
+            body = html.escape(text.joined(pieces))
+        else:  # mark the whole character the first divergent token belongs to
+            a, b = text.character_at(pieces, fork) if fork < len(pieces) else (fork, fork)
+            body = (html.escape(text.joined(pieces[:a])) + '<mark class="sv-fork">' + html.escape(text.joined(pieces[a:b]))
+                    + "</mark>" + '<span class="sv-after">' + html.escape(text.joined(pieces[b:])) + "</span>")
         return f'<div class="sv-col"><h4>{html.escape(title)}</h4><div class="sv-text">{body}</div></div>'
 
     if s.reference_ids is None:
         return '<p class="sv-empty">No reference was decoded for this trace.</p>'
     note = ("identical token ids" if fork is None else f"first divergence at token {fork}")
     return (f'<div class="sv-compare" data-seq="{focus.seq}"><p class="sv-note">sequence {focus.seq}: {note}</p>'
-            + column("reference (target alone, batch size 1)", s.reference_ids)
-            + column(f"{trace.manifest.spec.method}", s.output_ids) + "</div>")
+            + column("reference (target alone, batch size 1)", s.reference_pieces)
+            + column(f"{trace.manifest.spec.method}", s.output_pieces) + "</div>")
 
 
 def forensics_html(trace: Trace, focus: Focus) -> str:
@@ -250,7 +289,7 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
     elif f is None:
         out.append(f'<p class="sv-verdict">Sequence {s.seq}: no reference to compare with.</p>')
     else:
-        kind = f.verdict.split(":")[0]
+        kind = html.escape(f.verdict.split(":")[0])
         out.append(f'<p class="sv-verdict sv-{kind}">Sequence {s.seq}: <b>{html.escape(f.verdict)}</b> — '
                    f"{html.escape(f.explanation)}</p>")
         out.append(_table(_evidence(trace, f)))
@@ -263,7 +302,7 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
         out.append(f"<h4>Round {row.round}, batch row {row.row}</h4>")
         out.append(_table([
             ("accepted", f"{row.accepted} of {k}"),
-            ("emitted", " ".join(f"{_show(_piece(trace, t))} ({src})" for t, src in zip(row.emitted, row.sources))),
+            ("emitted", " ".join(f"{_visible(_own(trace, t))} ({src})" for t, src in zip(row.emitted, row.sources))),
             ("padding before → after", f"{row.pad_before} → {_opt(row.pad_after)}"),
             ("content before → after", f"{row.content_before} → {_opt(row.content_after)}"),
             ("positions fed to verify", f"{row.pos_first} … {row.pos_last}"),
@@ -315,7 +354,7 @@ def _evidence(trace: Trace, f) -> list[tuple[str, object]]:
 
 
 def _tok(trace: Trace, tok: int | None) -> str | None:
-    return None if tok is None else f"{_show(_piece(trace, tok))} (id {tok})"
+    return None if tok is None else f"{_visible(_own(trace, tok))} (id {tok})"
 
 
 def _num(v: float | None) -> str | None:
@@ -327,7 +366,9 @@ def _opt(v) -> str:
 
 
 def _table(items: list[tuple[str, object]]) -> str:
-    cells = "".join(f"<tr><td>{html.escape(name)}</td><td>{value}</td></tr>" for name, value in items if value is not None)
+    """Names and values as plain text (both escaped here)."""
+    cells = "".join(f"<tr><td>{html.escape(name)}</td><td>{html.escape(str(value))}</td></tr>"
+                    for name, value in items if value is not None)
     return f'<table class="sv-kv">{cells}</table>'
 
 

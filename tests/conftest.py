@@ -43,3 +43,34 @@ def app_url():
     demo = serve(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     yield f"http://127.0.0.1:{port}/"
     demo.close()
+
+
+@pytest.fixture(scope="session")
+def hostile(tiny):
+    """A real tiny-pair trace with sync-bug divergences (so every view has content), and a script-carrying
+    payload in every string field its schema accepts one in (tests/hostile.py)."""
+    from hostile import hostile_trace
+
+    from specviz.runner import run
+    from specviz.spec import RunSpec
+
+    spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64", device="cpu", faults=("bsp-like",),
+                         prompts=("Hi!", "Name three rivers.", "Write a long story about a dragon."), batch_size=3,
+                         k=3, max_new_tokens=12)
+    return hostile_trace(run(spec))
+
+
+CJK_PROMPT = "日本の首都はどこですか？日本語で答えてください。"
+EMOJI_PROMPT = "Reply with three emoji only: 🙂🎉🚀 and say why."
+FLAGS_PROMPT = "Name the country of each flag in one word: " + "🇫🇷🇯🇵🇧🇷🇮🇳🇰🇷🇩🇪🇮🇹🇪🇸🇲🇽🇨🇦"
+
+
+@pytest.fixture(scope="session")
+def cjk_emoji(embedded):
+    """The embedded pair on a CJK, an emoji and a flags prompt, with bsp-like faults so that they fork: its
+    tokenizer splits many of these characters over 2–4 tokens."""
+    from specviz.runner import run
+    from specviz.spec import RunSpec
+
+    return run(RunSpec.build(prompts=(CJK_PROMPT, EMOJI_PROMPT, FLAGS_PROMPT), faults=("bsp-like",), batch_size=3,
+                             k=3, max_new_tokens=24, device="cpu"))

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 from gradio_client import Client
+from hostile import markdown_text
 
 from specviz import share
 from specviz.spec import RunSpec
@@ -53,7 +54,7 @@ def _link(**spec_changes) -> str:
     ("?run=" + "A" * 20_000, "characters long"),
 ])
 def test_malformed_share_links_get_a_message_and_the_default_page(client, query, message):
-    status = client.predict(query, api_name="/open_link")[-1]
+    status = markdown_text(client.predict(query, api_name="/open_link")[-1])
     assert "could not be used" in status and message in status
     status_ok = client.predict(_link(), api_name="/open_link")[-1]
     assert "Replaying" in status_ok
@@ -65,7 +66,7 @@ def test_an_out_of_limits_link_names_the_limit(client):
 
     spec = {**json.loads(RunSpec.build(prompts=("Hi",)).canonical_json()), "batch_size": 10_000}
     run = base64.urlsafe_b64encode(zlib.compress(json.dumps({"spec": spec}).encode())).decode()
-    status = client.predict("?run=" + run, api_name="/open_link")[-1]
+    status = markdown_text(client.predict("?run=" + run, api_name="/open_link")[-1])
     assert "could not be used" in status and "batch_size" in status
 
 
@@ -158,7 +159,9 @@ def test_a_replay_that_drifted_says_so_and_shows_what_differs(good_trace):
     assert "matched the shared run exactly" in same and "| differs |" not in same
     elsewhere = {**_environment(trace), "device": "cuda:0", "torch": "2.12.0"}
     drifted = _replay_report(trace, {"fp": "0" * 16, "env": elsewhere})
-    assert "drifted" in drifted and "| device | cuda:0 | cpu |" in drifted and "| torch | 2.12.0 |" in drifted
+    shown = markdown_text(drifted)
+    assert "drifted" in shown and "differs shared run this replay" in shown
+    assert "device cuda:0 cpu" in shown and f"torch 2.12.0 {trace.manifest.versions['torch']}" in shown
 
 
 def test_an_uploaded_prompt_file_is_used_and_a_bad_one_explained(client, tmp_path):

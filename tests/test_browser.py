@@ -57,3 +57,58 @@ def test_bsp_like_example_divergence_grid_click_and_share_link(browser, app_url,
     assert fresh.inner_text("#sv-forensics") == after
     expect(fresh.locator("#sv-lanes .main-svg").first).to_be_visible(timeout=60_000)  # plotly has drawn
     fresh.screenshot(path=SHOTS / "share-link.png", full_page=True)  # the README's screenshot
+
+
+def _open_trace_file(page, app_url: str, path) -> None:
+    """Load the page and open a trace file through its "open a trace" control, as a visitor would."""
+    page.goto(app_url)
+    page.get_by_text("Trace files").click()
+    page.locator("#sv-upload input[type=file]").set_input_files(str(path))
+    expect(page.locator("#sv-status")).to_contain_text("opened from a file", timeout=60_000)
+    expect(page.locator("#sv-timeline .sv-tok").first).to_be_visible(timeout=60_000)
+
+
+def test_a_hostile_trace_runs_no_script_and_asks_no_other_origin(browser, app_url, hostile, tmp_path):
+    from hostile import EVIL, HOSTILE, PAYLOADS
+
+    from specviz import share
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "hostile.json"
+    path.write_text(hostile.to_json())
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    asked = []
+    page.on("request", lambda r: asked.append(r.url))
+    _open_trace_file(page, app_url, path)
+    expect(page.locator("#sv-forensics")).to_contain_text(PAYLOADS[0])  # shown, as text
+    expect(page.locator("#sv-table")).to_contain_text("<script>")
+    for chip in page.locator("#sv-timeline .sv-tok").all()[:6]:  # the payloads' onmouseover, were they live
+        chip.hover()
+    page.get_by_role("tab", name="Glossary").click()
+    page.screenshot(path=SHOTS / "hostile-trace.png")  # the top of the page: status, table, grid, forensics
+    # A link naming models this server refuses: the error quotes them, in a toast.
+    page.goto(app_url + share.encode(share.Link(hostile.manifest.spec, 0, 0, None, {HOSTILE[:150]: HOSTILE[:200]})))
+    expect(page.get_by_text("cannot be replayed here")).to_be_visible(timeout=60_000)
+    expect(page.get_by_text("is not allowed on this server").first).to_be_visible()
+    page.wait_for_timeout(1000)  # an image the toast let through would have been asked for by now
+    assert page.evaluate("window.__pwned") is None
+    origin = app_url.rstrip("/")
+    assert [u for u in asked if not u.startswith(origin + "/")] == [], f"asked {EVIL}?"
+    # The sentinel works: the same payload, made live on purpose, sets it.
+    page.evaluate("p => { document.body.insertAdjacentHTML('beforeend', p) }", PAYLOADS[0])
+    page.wait_for_function("window.__pwned === 1")
+
+
+def test_cjk_and_emoji_show_whole_characters_in_the_compare_view(browser, app_url, cjk_emoji, embedded, tmp_path):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "cjk-emoji.json"
+    path.write_text(cjk_emoji.to_json())
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    _open_trace_file(page, app_url, path)
+    for s in cjk_emoji.sequences[:2]:  # the CJK prompt, then the emoji one
+        page.locator(f'#sv-grid th.sv-seq[data-seq="{s.seq}"]').click()
+        texts = page.locator("#sv-compare .sv-text")
+        expect(texts.nth(1)).to_have_text(embedded.tokenizer.decode(s.output_ids), timeout=60_000)
+        expect(texts.nth(0)).to_have_text(embedded.tokenizer.decode(s.reference_ids))
+        page.locator("#sv-compare").screenshot(path=SHOTS / f"cjk-emoji-{s.seq}.png")
+    page.screenshot(path=SHOTS / "cjk-emoji.png", full_page=True)
