@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 from .spec import SpecError
+from .untrusted import parse_json
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 BUILTIN_FILE = ASSETS / "prompts" / "builtin.jsonl"
@@ -25,9 +26,9 @@ def parse_prompts(text: str, name: str = "prompts") -> list[str]:
     prompts = []
     for n, ln in enumerate(lines, 1):
         try:
-            obj = json.loads(ln)
+            obj = parse_json(ln)
             turn = obj["turns"][0]
-        except (json.JSONDecodeError, KeyError, IndexError, TypeError):
+        except (SpecError, KeyError, IndexError, TypeError):
             raise SpecError(
                 f"{name}, line {n}: expected a JSON object with a non-empty list 'turns' "
                 "(Spec-Bench format), or use plain text with one prompt a line"

@@ -6,8 +6,9 @@ hashed (cache key, trace fingerprint) and round-tripped through a share link.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
-from typing import Literal
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -28,13 +29,38 @@ EMBEDDED_TARGET = "specviz:smollm2-135m"
 EMBEDDED_DRAFT = "specviz:smollm2-135m-draft"
 TINY_TARGET = "specviz:tiny"
 TINY_DRAFT = "specviz:tiny-draft"
+MAX_PROBLEMS_LISTED = 3  # in one message about a stranger's input
 
 
 class SpecError(ValueError):
     """A run that cannot be done as asked; the message says what to change."""
 
 
-class RunSpec(BaseModel):
+T = TypeVar("T")
+K = TypeVar("K")
+# Collections of a stranger's data stop validating at their first bad item: one in every item of a huge list
+# would cost pydantic an error object each (18 s for 10 million).
+Many = Annotated[list[T], Field(fail_fast=True)]
+Map = Annotated[dict[K, T], Field(fail_fast=True)]
+
+
+class Strict(BaseModel):
+    """Unknown fields are refused. pydantic reports each one, so an object with more keys than a few beyond
+    the model's is refused in one error (a stranger's million keys would otherwise cost seconds)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: object) -> object:
+        if isinstance(data, dict) and len(data) > len(cls.model_fields) + MAX_PROBLEMS_LISTED:
+            unknown = itertools.islice((k for k in data if k not in cls.model_fields), MAX_PROBLEMS_LISTED)
+            raise ValueError(f"{len(data)} fields, of {len(cls.model_fields)} known; unknown: "
+                             + ", ".join(repr(k)[:40] for k in unknown) + ", …")
+        return data
+
+
+class RunSpec(Strict):
     """A run: which pair, which prompts, which method, and the knobs that matter."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -43,10 +69,10 @@ class RunSpec(BaseModel):
     draft: str = EMBEDDED_DRAFT
     target_revision: str | None = None
     draft_revision: str | None = None
-    prompts: tuple[str, ...] = Field(min_length=1, max_length=MAX_PROMPTS)
+    prompts: tuple[str, ...] = Field(min_length=1, max_length=MAX_PROMPTS, fail_fast=True)
     chat_template: bool = True
     method: Literal[(*METHODS, ENGINE)] = "eqspec"
-    faults: tuple[str, ...] = ()  # fault or preset names (decoding/faults.py), for speculative methods
+    faults: tuple[str, ...] = Field((), fail_fast=True)  # fault or preset names (decoding/faults.py), for speculative methods
     batch_size: int = Field(4, ge=1, le=MAX_BATCH_SIZE)
     k: int = Field(5, ge=1, le=MAX_K)
     max_new_tokens: int = Field(48, ge=1, le=MAX_NEW_TOKENS)
@@ -128,7 +154,6 @@ class RunSpec(BaseModel):
             raise SpecError(describe_validation_error(e)) from None
 
 
-MAX_PROBLEMS_LISTED = 3
 MAX_PROBLEMS_READ = 10_000  # each problem pydantic reports becomes a Python dict when read: ~2.5 µs
 
 

@@ -17,14 +17,14 @@ from typing import Literal
 
 import pandas as pd
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from . import determinism, text
 from .decoding.result import DecodeResult
 from .decoding.round import RoundData
 from .engines.base import EngineInfo, EngineOutput
 from .models import ModelPair
-from .spec import RunSpec, SpecError, describe_validation_error
+from .spec import Many, Map, RunSpec, SpecError, Strict, describe_validation_error
 from .untrusted import parse_json
 
 SCHEMA_VERSION = 3  # 3: sequences carry whole-character pieces (text.py)
@@ -35,25 +35,21 @@ Source = Literal["draft", "correction", "bonus"]
 CHECKS = ("rectangular", "positions", "mask", "kv", "draft_kv", "bonus")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class RowRecord(_Strict):
+class RowRecord(Strict):
     """One row of one round: what was drafted, verified, kept, and the state around it."""
 
     round: int
     batch: int
     row: int
     seq: int
-    draft_tokens: list[int]
-    draft_probs: list[float]  # the draft's probability of each of its tokens
-    target_tokens: list[int]  # the target's argmax at each of the k+1 verified slots
-    target_probs: list[float]
-    target_margins: list[float]  # top-1 minus top-2 target logit at each verified slot
+    draft_tokens: Many[int]
+    draft_probs: Many[float]  # the draft's probability of each of its tokens
+    target_tokens: Many[int]  # the target's argmax at each of the k+1 verified slots
+    target_probs: Many[float]
+    target_margins: Many[float]  # top-1 minus top-2 target logit at each verified slot
     accepted: int
-    emitted: list[int]
-    sources: list[Source]
+    emitted: Many[int]
+    sources: Many[Source]
     finished: bool
     pad_before: int
     pad_after: int | None  # None: the row finished and left the batch
@@ -67,28 +63,28 @@ class RowRecord(_Strict):
     draft_kv_before: int
     draft_kv_after: int | None
     delta: int  # slots this row's KV moved by in the realignment
-    checks: dict[str, bool]  # invariant checks at the start of / during this round
+    checks: Map[str, bool]  # invariant checks at the start of / during this round
     audit: float | None = None  # audited rows: largest |verify logit - fresh batch-size-1 logit|
     audit_draft: float | None = None  # the same for the draft's first pass of the round
 
 
-class RoundRecord(_Strict):
+class RoundRecord(Strict):
     round: int
     batch: int
-    seqs: list[int]
+    seqs: Many[int]
     realigned: bool  # caches gathered (some row's offset changed), else only cropped
-    timings: dict[str, float]  # seconds: draft, verify, realign, trace, watch (forensic checks outside the engine)
+    timings: Map[str, float]  # seconds: draft, verify, realign, trace, watch (forensic checks outside the engine)
     group: bool | None = None  # exspec: a same-length group, needing no realignment
-    waits: list[int] | None = None  # exspec: rounds each row had been passed over
+    waits: Many[int] | None = None  # exspec: rounds each row had been passed over
 
 
-class PromptRecord(_Strict):
+class PromptRecord(Strict):
     seq: int
     text: str
-    ids: list[int]
+    ids: Many[int]
 
 
-class Floor(_Strict):
+class Floor(Strict):
     """One model's noise floor (noise.py): how far two correct computations of the same logits drift."""
 
     value: float  # largest |logit difference| over the vocabulary and every compared position, >= resolution
@@ -100,7 +96,7 @@ class Floor(_Strict):
     method: str  # how it was measured, in words
 
 
-class NoiseFloors(_Strict):
+class NoiseFloors(Strict):
     """Measured on this run's pair, dtype and device, with no speculation involved."""
 
     target: Floor
@@ -108,7 +104,7 @@ class NoiseFloors(_Strict):
     factor: float  # a row's state is corrupt beyond factor x floor
 
 
-class Forensics(_Strict):
+class Forensics(Strict):
     """Why a sequence departed from the reference, with the evidence (forensics.py)."""
 
     verdict: str  # sync-bug:<bonus|positions|mask|kv|state>, numerics, or unexplained
@@ -118,18 +114,18 @@ class Forensics(_Strict):
     row: int | None = None
     output_token: int | None = None
     reference_token: int | None = None
-    failed_checks: dict[str, int] = {}  # the engine's own breaking checks -> first round failed, at or before the fork
+    failed_checks: Map[str, int] = {}  # the engine's own breaking checks -> first round failed, at or before the fork
     margin_reference: float | None = None  # target top-1 minus top-2 logit at the fork: the reference pass (bs 1)
     margin_batched: float | None = None  # the same in the pass that emitted the fork
     margin_float64: float | None = None  # float64, batch size 1: logit of the reference's token minus the output's
     state_diff: float | None = None  # largest |emitting - fresh batch-size-1 logit| over the row's verified slots
     kv_diff: float | None = None  # the row's visible cache entries alone, true positions and plain mask, vs fresh
-    written_at: list[list[int]] = []  # cache entries that fit their token badly: [true position, computed at (-1: none)]
+    written_at: Many[Many[int]] = []  # cache entries that fit their token badly: [true position, computed at (-1: none)]
     tokens_fed_ok: bool | None = None  # the emitting pass was fed the sequence's own last token
-    positions_fed: list[int] | None = None  # position ids of the verified slots, as fed
-    positions_expected: list[int] | None = None  # where those tokens sit in the sequence
-    visible: list[int] | None = None  # key slots each verified slot could attend to
-    visible_expected: list[int] | None = None  # real tokens up to and including each verified slot
+    positions_fed: Many[int] | None = None  # position ids of the verified slots, as fed
+    positions_expected: Many[int] | None = None  # where those tokens sit in the sequence
+    visible: Many[int] | None = None  # key slots each verified slot could attend to
+    visible_expected: Many[int] | None = None  # real tokens up to and including each verified slot
     emitting_argmax: int | None = None  # the emitting pass's own choice at the fork slot
     batching_noise: bool | None = None  # batched-reference (no speculation) already departs here
     # Engine checks (check.py), judged from outside: the engine's tokens teacher-forced through the reference.
@@ -143,14 +139,14 @@ class Forensics(_Strict):
     reference_nll: float | None = None  # the same for the reference's own continuation
 
 
-class SequenceRecord(_Strict):
+class SequenceRecord(Strict):
     seq: int
-    output_ids: list[int]
-    output_pieces: list[str | None]  # per token: the whole characters it completes; None when it only starts one
-    margins: list[float]
-    reference_ids: list[int] | None = None
-    reference_pieces: list[str | None] | None = None
-    reference_margins: list[float] | None = None
+    output_ids: Many[int]
+    output_pieces: Many[str | None]  # per token: the whole characters it completes; None when it only starts one
+    margins: Many[float]
+    reference_ids: Many[int] | None = None
+    reference_pieces: Many[str | None] | None = None
+    reference_margins: Many[float] | None = None
     first_divergence: int | None = None  # first index where output_ids and reference_ids differ
     equivalent: bool | None = None
     completion_seconds: float | None = None  # from the start of decoding to its last token
@@ -158,18 +154,18 @@ class SequenceRecord(_Strict):
     audit_draft_round: int | None = None  # the same for the draft's state
     engine: EngineOutput | None = None  # engine checks: what the engine returned for this prompt
     control: EngineOutput | None = None  # and the same engine without speculation, when given
-    gaps: list[float] | None = None  # engine checks: per output token, the reference's top logit minus that token's,
+    gaps: Many[float] | None = None  # engine checks: per output token, the reference's top logit minus that token's,
     #                                  on the engine's own prefix (0: the target's own greedy choice)
     forensics: Forensics | None = None
 
 
-class Manifest(_Strict):
+class Manifest(Strict):
     spec: RunSpec
-    pair: dict[str, str | None]
-    versions: dict[str, str]
+    pair: Map[str, str | None]
+    versions: Map[str, str]
     device: str
     device_name: str
-    deterministic: dict[str, bool]
+    deterministic: Map[str, bool]
     created: str
     decode_seconds: float = Field(ge=0)  # 0: not known (an engine's outputs file)
     reference_seconds: float | None = None
@@ -179,14 +175,14 @@ class Manifest(_Strict):
     fingerprint: str = Field(pattern=f"^{FINGERPRINT}$")  # hash of the spec and every decision: equal fingerprints, equal runs
 
 
-class Trace(_Strict):
+class Trace(Strict):
     schema_version: Literal[3] = SCHEMA_VERSION
     manifest: Manifest
-    prompts: list[PromptRecord]
-    rounds: list[RoundRecord]
-    rows: list[RowRecord]
-    sequences: list[SequenceRecord]
-    vocab: dict[int, str] = {}  # each token id's own text, so a trace reads without its tokenizer
+    prompts: Many[PromptRecord]
+    rounds: Many[RoundRecord]
+    rows: Many[RowRecord]
+    sequences: Many[SequenceRecord]
+    vocab: Map[int, str] = {}  # each token id's own text, so a trace reads without its tokenizer
 
     @model_validator(mode="after")
     def _consistent(self) -> Trace:

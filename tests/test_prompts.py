@@ -31,6 +31,7 @@ def test_the_carried_spec_bench_slice_is_the_first_64_questions_and_a_builtin_se
     ('{"turns": ["ok"]}\n{"turns": []}', "line 2: expected a JSON object"),
     ('{"turns": ["ok"]}\nnot json', "line 2"),
     ('{"turns": [""]}', "turns[0] must be a non-empty string"),
+    ('{"turns": ' + "[" * 100_000, "line 1: expected a JSON object"),  # Python's json raised RecursionError
 ])
 def test_bad_prompt_files_say_what_is_wrong(text, message):
     with pytest.raises(SpecError, match=message.replace("[", r"\[").replace("]", r"\]")):

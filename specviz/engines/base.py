@@ -1,25 +1,21 @@
 """What every engine adapter returns, and what a trace keeps of it."""
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from ..spec import Many, Map, Strict
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class EngineOutput(_Strict):
+class EngineOutput(Strict):
     """One prompt's answer from the engine."""
 
-    ids: list[int] = []  # output token ids, as the engine produced them
-    logprobs: list[float] | None = None  # the engine's log-probability of each output token, where given
-    top_logprobs: list[dict[int, float]] | None = None  # per output token: the engine's top alternatives, where given
+    ids: Many[int] = []  # output token ids, as the engine produced them
+    logprobs: Many[float] | None = None  # the engine's log-probability of each output token, where given
+    top_logprobs: Many[Map[int, float]] | None = None  # per output token: the engine's top alternatives, where given
     approximate: bool = False  # the engine gave text only: ids re-tokenized by specviz, so not exact
     finish_reason: str | None = None  # as reported ("stop", "length", ...)
     error: str | None = None  # this prompt failed (the server stopped answering, timed out, ...): the rest is kept
 
 
-class EngineInfo(_Strict):
+class EngineInfo(Strict):
     """What the engine said about itself."""
 
     name: str  # e.g. "vllm", or module:function
@@ -32,7 +28,7 @@ class EngineInfo(_Strict):
 class EngineRun(EngineInfo):
     """An engine's outputs for a list of prompts."""
 
-    outputs: list[EngineOutput]
+    outputs: Many[EngineOutput]
     # An engine that reports its rounds in specviz's trace schema (trace.RowRecord, trace.RoundRecord, as dicts)
     # gets every white-box view too.
     rows: list[dict] = []
