@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from . import metrics
 from .decoding.result import DecodeResult, SequenceOutput
+from .engines import jsonl, python
 from .engines.base import EngineInfo, EngineRun
 from .engines.jsonl import OutputLine
 from .forensics import judge_engine
 from .models import ModelPair
-from .runner import floors_for, reference_for
+from .runner import encode, floors_for, reference_for
+from .settings import Settings
 from .spec import RunSpec, SpecError, describe_validation_error
 from .trace import RoundRecord, RowRecord, Trace, build_trace
 
@@ -27,6 +28,51 @@ def prompts_of(lines: list[OutputLine], pair: ModelPair, chat_template: bool) ->
     ids = [line.prompt_ids or pair.encode([line.prompt], chat_template)[0] for line in lines]
     texts = [line.prompt if line.prompt is not None else pair.tokenizer.decode(line.prompt_ids) for line in lines]
     return texts, ids
+
+
+def from_files(spec: RunSpec, pair: ModelPair, outputs: tuple[bytes, str], control: tuple[bytes, str] | None = None,
+               limits: Settings | None = None) -> Trace:
+    """Check an engine from its outputs file ((content, name); docs/engines.md), and its control run's file. The
+    prompts are the file's; the reference's budget is its longest output."""
+    header, lines = jsonl.parse(*outputs)
+    texts, ids = prompts_of(lines, pair, spec.chat_template)
+    if limits:
+        limits.check_prompt_ids(ids)
+    engine = jsonl.from_lines(header, lines, pair.tokenizer, outputs[1])
+    budget = max(1, *(len(o.ids) for o in engine.outputs))  # the engine's budget, as far as the file shows it
+    spec = RunSpec.build(**{**spec.model_dump(), "prompts": tuple(texts), "max_new_tokens": budget})
+    if limits:
+        limits.check(spec)
+    control_run = None
+    if control is not None:
+        c_header, c_lines = jsonl.parse(*control)
+        if prompts_of(c_lines, pair, spec.chat_template)[1] != ids:
+            raise SpecError(f"{control[1]} does not hold the same prompts, in the same order, as {outputs[1]}")
+        control_run = jsonl.from_lines(c_header, c_lines, pair.tokenizer, control[1])
+    return check(spec, pair, ids, engine, control_run)
+
+
+def from_servers(spec: RunSpec, pair: ModelPair, engine: tuple[str, str | None], control: tuple[str, str | None] | None,
+                 concurrency: int, timeout: float, limits: Settings | None = None) -> Trace:
+    """Check an engine behind an OpenAI-compatible server ((url, served model)), and its control run's server."""
+    from .engines import server
+
+    ids = encode(spec, pair, limits)
+
+    def ask(url: str, model: str | None) -> EngineRun:
+        return server.from_server(url, model, ids, spec.max_new_tokens, concurrency=concurrency, timeout=timeout,
+                                  tokenizer=pair.tokenizer)
+
+    return check(spec, pair, ids, ask(*engine), ask(*control) if control else None)
+
+
+def from_callables(spec: RunSpec, pair: ModelPair, engine: str, control: str | None) -> Trace:
+    """Check a Python callable module:function (engines/python.py), and a control callable."""
+    ids = encode(spec, pair)
+    settings = {"max_new_tokens": spec.max_new_tokens, "k": spec.k, "dtype": spec.dtype, "device": str(pair.device),
+                "eos_ids": list(pair.eos_ids)}
+    return check(spec, pair, ids, python.from_callable(engine, ids, settings),
+                 python.from_callable(control, ids, settings) if control else None)
 
 
 def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: EngineRun,
@@ -55,32 +101,6 @@ def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: E
             s.equivalent, s.first_divergence = True, None  # re-tokenized text: the same text is the same answer
     judge_engine(trace, pair)
     return trace
-
-
-def summary(trace: Trace) -> list[dict]:
-    """Table-1 rows of an engine check: the engine, then its control run when given."""
-    rows = []
-    for role, info in (("engine", trace.manifest.engine), ("control", trace.manifest.control)):
-        if info is None:
-            continue
-        answers = [(getattr(s, role), s) for s in trace.sequences]
-        answered = [(o, s) for o, s in answers if not o.error]
-        if role == "engine":
-            exact = [bool(s.equivalent) for _, s in answered]
-            prefix = [1.0 if s.equivalent else metrics.prefix_match(o.ids, s.reference_ids) for o, s in answered]
-        else:
-            exact = [o.ids == s.reference_ids for o, s in answered]
-            prefix = [metrics.prefix_match(o.ids, s.reference_ids) for o, s in answered]
-        tokens = sum(len(o.ids) for o, _ in answered)
-        rows.append({
-            "engine": " ".join(x for x in (info.name, info.version, "(control, no speculation)" * (role == "control")) if x),
-            "role": role, "n": len(answered), "errors": len(answers) - len(answered),
-            "exact_pct": 100 * sum(exact) / len(exact) if exact else 0.0,
-            "prefix_pct": 100 * sum(prefix) / len(prefix) if prefix else 0.0,
-            "tokens_per_second": tokens / info.seconds if info.seconds else None,
-            "verdicts": metrics.verdict_counts(trace) if role == "engine" else {},
-        })
-    return rows
 
 
 def _info(run: EngineRun) -> EngineInfo:

@@ -199,46 +199,22 @@ def cmd_verify(args) -> int:
 
 def cmd_check(args) -> int:
     from . import check
-    from .engines import jsonl, python
-    from .runner import encode
 
     if sum(map(bool, (args.server, args.outputs, args.engine))) != 1:
         raise SpecError("give the engine as one of --server URL, --outputs FILE or --engine module:function")
     spec = _spec(args, method=ENGINE, k=args.k)
     pair = pair_for(spec, args.trust_remote_code, _placement(args))
-    control = None
     if args.outputs:
-        header, lines = jsonl.parse(args.outputs.read_bytes(), args.outputs.name)
-        texts, ids = check.prompts_of(lines, pair, spec.chat_template)
-        engine = jsonl.from_lines(header, lines, pair.tokenizer, args.outputs.name)
-        budget = max(1, *(len(o.ids) for o in engine.outputs))  # the engine's budget, as far as the file shows it
-        spec = RunSpec.build(**{**spec.model_dump(), "prompts": tuple(texts), "max_new_tokens": budget})
-        if args.control:
-            c_header, c_lines = jsonl.parse(args.control.read_bytes(), args.control.name)
-            if check.prompts_of(c_lines, pair, spec.chat_template)[1] != ids:
-                raise SpecError(f"{args.control.name} does not hold the same prompts, in the same order, as {args.outputs.name}")
-            control = jsonl.from_lines(c_header, c_lines, pair.tokenizer, args.control.name)
+        control = (args.control.read_bytes(), args.control.name) if args.control else None
+        trace = check.from_files(spec, pair, (args.outputs.read_bytes(), args.outputs.name), control)
+    elif args.server:
+        control = (args.control_server, args.control_served_model or args.served_model) if args.control_server else None
+        trace = check.from_servers(spec, pair, (args.server, args.served_model), control, args.concurrency, args.timeout)
     else:
-        ids = encode(spec, pair)
-        if args.server:
-            from .engines import server
-
-            def ask(url, model):
-                return server.from_server(url, model, ids, spec.max_new_tokens, concurrency=args.concurrency,
-                                          timeout=args.timeout, tokenizer=pair.tokenizer)
-            engine = ask(args.server, args.served_model)
-            if args.control_server:
-                control = ask(args.control_server, args.control_served_model or args.served_model)
-        else:
-            settings = {"max_new_tokens": spec.max_new_tokens, "k": spec.k, "dtype": spec.dtype,
-                        "device": str(pair.device), "eos_ids": list(pair.eos_ids)}
-            engine = python.from_callable(args.engine, ids, settings)
-            if args.control_engine:
-                control = python.from_callable(args.control_engine, ids, settings)
-    trace = check.check(spec, pair, ids, engine, control)
+        trace = check.from_callables(spec, pair, args.engine, args.control_engine)
     _print_check(trace)
     if args.json:
-        _write(args.json, json.dumps({"engine": trace.manifest.engine.model_dump(), "summary": check.summary(trace),
+        _write(args.json, json.dumps({"engine": trace.manifest.engine.model_dump(), "summary": metrics.engine_summary(trace),
                                       "sequences": [s.model_dump() for s in trace.sequences]}, indent=1))
         print(f"wrote {args.json}")
     if args.trace:
@@ -249,9 +225,7 @@ def cmd_check(args) -> int:
 
 def _print_check(trace) -> None:
     print(f"{'engine':<44} {'n':>4} {'errors':>6} {'exact %':>8} {'prefix %':>9} {'tok/s':>7}  verdicts")
-    from .check import summary
-
-    for row in summary(trace):
+    for row in metrics.engine_summary(trace):
         tps = "-" if row["tokens_per_second"] is None else f"{row['tokens_per_second']:.1f}"
         shown = ", ".join(f"{v} {c}" for v, c in row["verdicts"].items()) or "-"
         print(f"{row['engine'][:44]:<44} {row['n']:>4} {row['errors']:>6} {row['exact_pct']:>8.1f} "

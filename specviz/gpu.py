@@ -53,6 +53,7 @@ def forward_passes(spec: RunSpec) -> int:
         "hf-assisted": prompts * rounds * (spec.k + 1),
         "eqspec": batches * rounds * (spec.k + 1),
         "exspec": batches * rounds * (spec.k + 1),
+        "engine": prompts * 3,  # an engine check: teacher-forced passes over each output and its reference
     }[spec.method]
     return prompts * tokens + method
 

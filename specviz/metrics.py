@@ -86,3 +86,29 @@ def waste(trace: Trace) -> dict[str, float]:
     real = sum(r.content_before for r in trace.rows)
     return {"overhead_slots_pct": 100 * (slots - real) / slots,
             "peak_target_kv": max(r.target_kv_before for r in trace.rows)}
+
+
+def engine_summary(trace: Trace) -> list[dict]:
+    """Table-1 rows of an engine check: the engine, then its control run when given."""
+    rows = []
+    for role, info in (("engine", trace.manifest.engine), ("control", trace.manifest.control)):
+        if info is None:
+            continue
+        answers = [(getattr(s, role), s) for s in trace.sequences]
+        answered = [(o, s) for o, s in answers if not o.error]
+        if role == "engine":
+            exact = [bool(s.equivalent) for _, s in answered]
+            prefix = [1.0 if s.equivalent else prefix_match(o.ids, s.reference_ids) for o, s in answered]
+        else:
+            exact = [o.ids == s.reference_ids for o, s in answered]
+            prefix = [prefix_match(o.ids, s.reference_ids) for o, s in answered]
+        tokens = sum(len(o.ids) for o, _ in answered)
+        rows.append({
+            "engine": " ".join(x for x in (info.name, info.version, "(control, no speculation)" * (role == "control")) if x),
+            "role": role, "n": len(answered), "errors": len(answers) - len(answered),
+            "exact_pct": 100 * sum(exact) / len(exact) if exact else 0.0,
+            "prefix_pct": 100 * sum(prefix) / len(prefix) if prefix else 0.0,
+            "tokens_per_second": tokens / info.seconds if info.seconds else None,
+            "verdicts": verdict_counts(trace) if role == "engine" else {},
+        })
+    return rows

@@ -23,12 +23,15 @@ and shows `describe()`.
     SPECVIZ_TRUST_REMOTE_CODE  default off: models that ship their own code are refused
     SPECVIZ_QUEUE_SIZE         default 16 runs waiting; more are turned away
     SPECVIZ_DETERMINISTIC      default off: deterministic GPU kernels (determinism.py)
+    SPECVIZ_ENGINE_SERVERS     default none: comma-separated origins (http://host:port) of engine servers the
+                               "Check an engine" tab may send prompts to; none on a public server, whatever it says
 """
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
@@ -66,6 +69,8 @@ class Settings:
     max_dtype: str = "float32"  # float64 doubles a Hub model's memory; the built-in pairs are exempt
     devices: frozenset[str] = frozenset({"auto", "cuda"})  # cpu would hold a GPU server's queue at CPU speed
     public: bool = False  # refuse local paths, whatever the allowlist
+    # A server URL makes this machine send requests where a visitor says: none by default, never when public.
+    engine_servers: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:
@@ -88,6 +93,7 @@ class Settings:
             devices=_choices(environ, "SPECVIZ_DEVICES", d.devices, DEVICES),
             # Spaces do not say whether they are public, and their visibility can change while they run.
             public=_bool(environ, "SPECVIZ_PUBLIC", bool(environ.get("SPACE_ID"))),
+            engine_servers=tuple(u.strip() for u in environ.get("SPECVIZ_ENGINE_SERVERS", "").split(",") if u.strip()),
         )
 
     def check(self, spec: RunSpec) -> None:
@@ -125,6 +131,16 @@ class Settings:
         what = f"revision {rev} of {role} model {model!r}" if known else f"{role} model {model!r}"
         raise SpecError(f"{what} is not allowed on this server; allowed: {', '.join(listed)} (SPECVIZ_ALLOWED_MODELS)")
 
+    def check_server(self, url: str) -> None:
+        """Refuse an engine server URL this page may not send requests to."""
+        if self.public:
+            raise SpecError("this server is public: it does not send requests to a server a visitor names "
+                            "(SPECVIZ_PUBLIC); upload the engine's outputs file instead")
+        if _origin(url) not in {_origin(u) for u in self.engine_servers}:
+            allowed = ", ".join(self.engine_servers) or "none"
+            raise SpecError(f"engine server {url!r} is not allowed on this server; allowed: {allowed} "
+                            "(SPECVIZ_ENGINE_SERVERS); upload the engine's outputs file instead")
+
     def check_prompt_ids(self, prompt_ids: list[list[int]]) -> None:
         """Refuse prompts too long for this server once tokenized: a long prompt, not a long text, costs memory."""
         longest = max(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
@@ -151,6 +167,8 @@ class Settings:
             f"- models' own code (trust_remote_code): {'allowed' if self.trust_remote_code else 'refused'}",
             f"- queue: {self.queue_size} runs",
             f"- deterministic GPU kernels: {'on' if self.deterministic else 'off'}",
+            "- engine servers the check may ask: " + (", ".join(f"`{u}`" for u in self.engine_servers)
+                                                     if self.engine_servers and not self.public else "none"),
         ])
 
 
@@ -164,6 +182,12 @@ def is_local_path(model: str) -> bool:
     except HFValidationError:
         return True
     return os.path.exists(model)
+
+
+def _origin(url: str) -> tuple[str, str]:
+    """Scheme and host:port: what a server URL is allowed by (a prefix would let http://host.evil.com through)."""
+    parts = urlsplit(url.strip())
+    return parts.scheme.lower(), parts.netloc.lower()
 
 
 def _entry(model: str, revision: str | None) -> str:

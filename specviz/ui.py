@@ -18,7 +18,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from . import plots, share, views
+from . import check, plots, share, views
 from .decoding.faults import FAULTS
 from .decoding.faults import PRESETS as FAULT_PRESETS
 from .gpu import ZEROGPU, gpu
@@ -27,7 +27,7 @@ from .prompts import builtin_sets, parse_prompts
 from .runner import run
 from .settings import Settings
 from .shrink import MAX_TRIALS, Shrunk, shrink, size
-from .spec import DTYPES, METHODS, RunSpec, SpecError
+from .spec import DTYPES, ENGINE, METHODS, RunSpec, SpecError
 from .trace import MAX_TRACE_BYTES, Trace
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -216,6 +216,55 @@ def run_controls(settings: Settings, *values, progress=gr.Progress(), request: g
     return trace, views.headline(trace), _save(trace), None
 
 
+@gpu
+def check_on_gpu(spec: RunSpec, settings: Settings, outputs: tuple[bytes, str] | None,
+                 control: tuple[bytes, str] | None, servers: tuple[tuple[str, str | None], tuple | None] | None) -> Trace:
+    """All work of an engine check (the reference, the judging passes); returns plain data only."""
+    pair = pair_for(spec, settings.trust_remote_code)
+    if outputs is not None:
+        return check.from_files(spec, pair, outputs, control, limits=settings)
+    engine, control_server = servers
+    return check.from_servers(spec, pair, engine, control_server, concurrency=8, timeout=300, limits=settings)
+
+
+def check_engine(settings: Settings, pair, target, dtype, outputs, control, server, served_model, control_server,
+                 prompt_set, max_new_tokens, progress=gr.Progress()):
+    """The check tab: an outputs file (and a control file), or, where the operator allows it, a server."""
+    try:
+        if pair == CUSTOM:
+            target = (target or "").strip()
+            if not target:
+                raise SpecError("a custom reference needs a target model id")
+            draft = target  # no draft: the reference is the target alone
+        else:
+            target, draft = PRESETS[pair]
+        files = None
+        if outputs:
+            files = ((_read_upload(outputs, MAX_TRACE_BYTES).encode(), Path(outputs).name),
+                     (_read_upload(control, MAX_TRACE_BYTES).encode(), Path(control).name) if control else None)
+        elif (server or "").strip():
+            settings.check_server(server.strip())
+            if (control_server or "").strip():
+                settings.check_server(control_server.strip())
+        else:
+            raise SpecError("upload the engine's outputs file" + (", or give a server URL" if settings.engine_servers
+                                                                   and not settings.public else ""))
+        prompts = builtin_sets()[prompt_set or "quick"]
+        spec = RunSpec.build(target=target, draft=draft, prompts=tuple(prompts), method=ENGINE, dtype=dtype,
+                             max_new_tokens=int(max_new_tokens or 48))
+        if files is None:
+            settings.check(spec)
+        progress(0, desc="the reference, then the judging passes")
+        servers = None if files else ((server.strip(), (served_model or "").strip() or None),
+                                      (control_server.strip(), (served_model or "").strip() or None)
+                                      if (control_server or "").strip() else None)
+        with _LOCK:
+            trace = check_on_gpu(spec, settings, *(files or (None, None)), servers)
+    except SpecError as e:
+        raise _error(str(e)) from None
+    return trace, views.headline(trace), _save(trace), None
+
+
 def stop(request: gr.Request = None):
     if request:
         _CANCELLED.add(request.session_hash)
@@ -276,17 +325,10 @@ def replay(settings: Settings, pending: dict | None, progress=gr.Progress(), req
     return trace, views.headline(trace) + "\n\n" + _replay_report(trace, pending), _save(trace), pending
 
 
-def _environment(trace: Trace) -> dict[str, str]:
-    """What a share link records of where its run ran."""
-    m = trace.manifest
-    return {"device": m.device, "device_name": m.device_name, **m.versions,
-            **{k: str(v) for k, v in m.deterministic.items()}}
-
-
 def _replay_report(trace: Trace, pending: dict) -> str:
     """Markdown: whether the replay matched, and the two environments (the link's is a stranger's text)."""
     m = trace.manifest
-    here = _environment(trace)
+    here = share.environment(m)
     if pending.get("fp") is None:
         verdict = "The link carried no fingerprint to compare with."
     elif pending["fp"] == m.fingerprint:
@@ -313,7 +355,9 @@ def render(trace: Trace | None, seq=None, round=None, note: str = ""):
     focus, moved = views.resolve(trace, None if seq is None else int(seq), None if round is None else int(round))
     m = trace.manifest
     try:
-        link = share.encode(share.Link(m.spec, focus.seq, focus.round, m.fingerprint, _environment(trace)))
+        if m.engine is not None:
+            raise SpecError("an engine check cannot be replayed from a link (the engine is not here): share its trace file")
+        link = share.encode(share.Link(m.spec, focus.seq, focus.round, m.fingerprint, share.environment(m)))
     except SpecError as e:
         link, moved = "", moved + str(e)
     return (
@@ -380,12 +424,17 @@ def build(settings: Settings | None = None) -> gr.Blocks:
         gr.Markdown(INTRO)
         with gr.Row():
             with gr.Column(scale=1, min_width=300):
-                c = _controls(settings)
-                with gr.Row():
-                    run_btn = gr.Button("Run", variant="primary")
-                    stop_btn = gr.Button("Stop", variant="stop")
-                gr.Markdown("**Examples**")
-                example_btns = {name: gr.Button(name, size="sm") for name in EXAMPLES}
+                with gr.Tabs():
+                    with gr.Tab("Run a method"):
+                        c = _controls(settings)
+                        with gr.Row():
+                            run_btn = gr.Button("Run", variant="primary")
+                            stop_btn = gr.Button("Stop", variant="stop")
+                        gr.Markdown("**Examples**")
+                        example_btns = {name: gr.Button(name, size="sm") for name in EXAMPLES}
+                    with gr.Tab("Check an engine", elem_id="sv-check-tab"):
+                        e = _engine_controls(settings)
+                        check_btn = gr.Button("Check", variant="primary")
                 with gr.Accordion("Limits on this server", open=False):
                     gr.Markdown(settings.describe())
                 with gr.Accordion("Trace files", open=False):
@@ -450,6 +499,11 @@ def build(settings: Settings | None = None) -> gr.Blocks:
             ex = filled.then(run_here, run_inputs, opened, api_visibility="private", concurrency_id="decode")
             then_show(ex)
             running.append(ex)
+        engine_inputs = [e[n] for n in ENGINE_CONTROLS]
+        checked = check_btn.click(functools.partial(check_engine, settings), engine_inputs, opened,
+                                  api_name="check_engine", concurrency_id="decode")
+        then_show(checked)
+        running.append(checked)
         running.append(shrink_btn.click(functools.partial(shrink_focused, settings), [trace_state, focus_seq],
                                         [shrink_note], api_name="shrink", concurrency_id="decode"))
         stop_btn.click(stop, None, None, cancels=running, api_name="stop")
@@ -496,6 +550,32 @@ def _controls(settings: Settings) -> dict:
                              info="check every row's state against a fresh recomputation each round, fork or not "
                                   "(about one extra batch-size-1 pass of each model per row and round)")
     return c
+
+
+ENGINE_CONTROLS = ("pair", "target", "dtype", "outputs", "control", "server", "served_model", "control_server",
+                   "prompt_set", "max_new_tokens")
+
+
+def _engine_controls(settings: Settings) -> dict:
+    e = {}
+    gr.Markdown("An engine's outputs (vLLM, SGLang, TGI, llama.cpp, your own) against the batch-size-1 reference of "
+                "the same weights: every difference judged numerics or a bug, from the engine's token ids alone. "
+                "The file format is in docs/engines.md (`specviz schema --outputs`).")
+    e["pair"] = gr.Dropdown([*PRESETS, CUSTOM], value=DEFAULTS["pair"], label="reference: the engine's target weights")
+    e["target"] = gr.Textbox(label="custom target (Hub id or local path)", visible=True)
+    e["dtype"] = gr.Dropdown(list(DTYPES), value="float32", label="reference dtype")
+    e["outputs"] = gr.File(label="the engine's outputs (JSONL)", file_types=[".jsonl", ".json", ".txt"],
+                           type="filepath", height=90)
+    e["control"] = gr.File(label="optional: the same engine without speculation (JSONL, the same prompts)",
+                           file_types=[".jsonl", ".json", ".txt"], type="filepath", height=90)
+    servers = bool(settings.engine_servers) and not settings.public
+    with gr.Accordion("or ask a server (OpenAI-compatible)", open=False, visible=servers):
+        e["server"] = gr.Textbox(label="server URL", info="allowed: " + (", ".join(settings.engine_servers) or "none"))
+        e["served_model"] = gr.Textbox(label="served model (blank: the server's only model)")
+        e["control_server"] = gr.Textbox(label="optional: a server of the same engine without speculation")
+        e["prompt_set"] = gr.Dropdown(list(builtin_sets()), value="quick", label="prompts to send")
+        e["max_new_tokens"] = gr.Slider(1, settings.max_new_tokens, value=48, step=1, label="max new tokens")
+    return e
 
 
 def serve(settings: Settings | None = None, **launch_kwargs) -> gr.Blocks:

@@ -132,6 +132,8 @@ def headline(trace: Trace) -> str:
     """One markdown paragraph: what ran and how it went."""
     m = trace.manifest
     s = m.spec
+    if m.engine is not None:
+        return engine_headline(trace)
     tokens = sum(len(q.output_ids) for q in trace.sequences)
     faults = md(" + " + ", ".join(s.faults)) if s.faults else ""
     parts = [(f"**{md(s.method)}**{faults} on {md(s.target)} / {md(s.draft)}, "
@@ -149,6 +151,22 @@ def headline(trace: Trace) -> str:
         if verdicts:
             parts.append("divergences: " + ", ".join(f"{md(v)} × {c}" for v, c in verdicts.items()))
     return "; ".join(parts) + f". Fingerprint `{m.fingerprint}`."  # 16 hex digits: the schema's pattern
+
+
+def engine_headline(trace: Trace) -> str:
+    """An engine check: the engine as it described itself (a stranger's words), and a Table-1 row per run."""
+    m, s = trace.manifest, trace.manifest.spec
+    e = m.engine
+    head = (f"**engine check** of {md(' '.join(x for x in (e.name, e.version) if x))} ({md(e.source)}) against the "
+            f"batch-size-1 reference of {md(s.target)} in {md(s.dtype)}, {len(trace.sequences)} prompts, "
+            f"up to {s.max_new_tokens} new tokens. Fingerprint `{m.fingerprint}`.")
+    rows = ["| run | answered | no answer | exact % | prefix % | tok/s | verdicts |", "|---|---:|---:|---:|---:|---:|---|"]
+    for r in metrics.engine_summary(trace):
+        tps = "-" if r["tokens_per_second"] is None else f"{r['tokens_per_second']:.1f}"
+        verdicts = ", ".join(f"{md(v)} × {c}" for v, c in r["verdicts"].items()) or "-"
+        rows.append(f"| {md(r['engine'])} | {r['n']} | {r['errors']} | {r['exact_pct']:.1f} | {r['prefix_pct']:.1f} | "
+                    f"{tps} | {verdicts} |")
+    return head + "\n\n" + "\n".join(rows)
 
 
 def summary_frame(trace: Trace) -> pd.DataFrame:
@@ -176,7 +194,12 @@ def timeline_html(trace: Trace, focus: Focus) -> str:
     seq = trace.sequences[focus.seq]
     rows = rows_by_seq(trace).get(focus.seq, [])
     out = [f'<div class="sv-timeline" data-seq="{focus.seq}">']
-    if not rows:  # a non-speculative method: tokens only
+    if not rows and seq.gaps is not None:  # an engine check: each token against the target's own choice
+        out.append('<div class="sv-round">')
+        for i, tok in enumerate(seq.output_ids):
+            out.append(_engine_chip(trace, seq, i, tok))
+        out.append("</div>")
+    elif not rows:  # a non-speculative method: tokens only
         out.append('<div class="sv-round">')
         for i, tok in enumerate(seq.output_ids):
             out.append(_chip(seq, i, "sv-target", f"#{i} · id {tok} · {_reads(seq.output_pieces, i)} · from the target"))
@@ -209,6 +232,30 @@ def timeline_html(trace: Trace, focus: Focus) -> str:
         out.append("</div>")
     out.append("</div>")
     return "".join(out)
+
+
+def _engine_chip(trace: Trace, s: SequenceRecord, i: int, tok: int) -> str:
+    """An engine's output token, coloured by the reference's surprise at it: the target's own choice (up to
+    numerics), or how far below the target's choice it sits on the engine's own prefix."""
+    tolerance = engine_tolerance(trace)
+    gap = s.gaps[i]
+    tip = [f"#{i} · id {tok} · {_reads(s.output_pieces, i)}"]
+    if gap <= tolerance:
+        cls = "sv-own"
+        tip.append("the target's own choice here" + (f" (up to numerics: {gap:.3g} logits below)" if gap else ""))
+    else:
+        cls = "sv-surprise"
+        tip.append(f"{gap:.3g} logits below the target's choice on this prefix: the target would not write it")
+    if s.engine and s.engine.logprobs and i < len(s.engine.logprobs):
+        tip.append(f"the engine's log-probability {s.engine.logprobs[i]:.3f}")
+    return _chip(s, i, cls, " · ".join(tip))
+
+
+def engine_tolerance(trace: Trace) -> float:
+    """The largest gap an engine check puts down to numerics (as its forensics did), else 2 x factor x the floor."""
+    f = next((s.forensics for s in trace.sequences if s.forensics and s.forensics.tolerance is not None), None)
+    floors = trace.manifest.noise_floor
+    return f.tolerance if f else 2 * floors.factor * floors.target.value if floors else 0.0
 
 
 def _chip(s: SequenceRecord, i: int, cls: str, tip: str) -> str:
@@ -329,7 +376,7 @@ def _evidence(trace: Trace, f) -> list[tuple[str, object]]:
     return [
         ("first divergent token", f.fork),
         ("emitted in round / batch row", f"{f.round} / {f.row}" if f.round is not None else None),
-        ("speculative token", _tok(trace, f.output_token)),
+        ("engine's token" if trace.manifest.engine else "speculative token", _tok(trace, f.output_token)),
         ("reference token", _tok(trace, f.reference_token)),
         ("noise floor (no speculation, same dtype and device)", None if floor is None else
          f"{floor.target.value:.3g} logits, over {floor.target.positions} positions of {floor.target.sequences} sequences"),
@@ -348,8 +395,18 @@ def _evidence(trace: Trace, f) -> list[tuple[str, object]]:
         ("float64: reference token's logit − speculative token's", _num(f.margin_float64)),
         ("plain batching (no speculation) forks here too", None if f.batching_noise is None else
          ("yes" if f.batching_noise else "no")),
-        ("the engine's own checks failed (first round)", ", ".join(f"{c} (round {r})" for c, r in f.failed_checks.items())
-         or "none"),
+        ("the engine's own checks failed (first round)", None if trace.manifest.engine else ", ".join(
+            f"{c} (round {r})" for c, r in f.failed_checks.items()) or "none"),
+        # An engine check, judged from outside
+        ("rank of the engine's token under the target", f.engine_rank),
+        ("the engine's own log-probability of it", _num(f.engine_logprob)),
+        ("largest gap numerics explains here (2 × factor × floor)", _num(f.tolerance)),
+        ("first token beyond it, at or after the fork", f.first_bad),
+        ("the same engine without speculation departs at", None if trace.manifest.control is None else
+         "never" if f.control_fork is None else f.control_fork),
+        ("repeated 4-grams after the fork", None if f.repeated is None else f"{f.repeated:.0%}"),
+        ("nats a token after the fork, under the target: engine / reference", None if f.nll is None else
+         f"{f.nll:.2f} / {_num(f.reference_nll)}"),
     ]
 
 
@@ -415,5 +472,12 @@ def glossary(trace: Trace | None) -> str:
         ("**audit** (run with audit) = the state check on every row of every round, for the target and the draft: "
          "the first round a row's state left the floor, fork or not"),
         "**delta** = how many slots a row's KV moved in a realignment (0 when every row gained the same)",
+        ("**engine check** = another engine's outputs (a server, a file, a callable) against the batch-size-1 "
+         "reference of the same weights; every output token is teacher-forced through the target"),
+        ("**gap** (engine checks) = the target's top logit minus the engine token's, on the engine's own prefix: 0 "
+         "where the engine wrote the target's own choice; beyond 2 × factor × floor, a token the target would not write"),
+        ("**engine-bug** = the same engine without speculation follows the reference where the speculative run forks, "
+         "or a token at or after the fork has a gap beyond the tolerance; `numerics` = a float64 near-tie at the "
+         "fork and the target's own choices after it"),
     ]
     return "\n".join(f"- {line}" for line in lines)

@@ -297,7 +297,7 @@ def malformed_trace(seed: int, i: int, real: str) -> bytes:
 
 def real_link_and_trace() -> tuple[str, str]:
     """A real share link and trace file to mutate: the tiny pair with a fault, so that every field has content."""
-    from specviz import share, ui
+    from specviz import share
     from specviz.runner import run
     from specviz.spec import TINY_DRAFT, TINY_TARGET, RunSpec
 
@@ -310,7 +310,7 @@ def real_link_and_trace() -> tuple[str, str]:
     rounds = [rd.model_copy(update={"timings": dict.fromkeys(rd.timings, 0.001)}) for rd in trace.rounds]
     sequences = [s.model_copy(update={"completion_seconds": 0.5}) for s in trace.sequences]
     trace = trace.model_copy(update={"manifest": m, "rounds": rounds, "sequences": sequences})
-    link = share.Link(spec, 0, 1, m.fingerprint, ui._environment(trace))
+    link = share.Link(spec, 0, 1, m.fingerprint, share.environment(trace.manifest))
     return share.encode(link), trace.to_json()
 
 

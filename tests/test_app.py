@@ -152,12 +152,12 @@ def test_a_shared_link_to_another_revision_is_not_replayed():
 
 
 def test_a_replay_that_drifted_says_so_and_shows_what_differs(good_trace):
-    from specviz.ui import _environment, _replay_report
+    from specviz.ui import _replay_report
 
     trace = Trace.from_json(good_trace)
-    same = _replay_report(trace, {"fp": trace.manifest.fingerprint, "env": _environment(trace)})
+    same = _replay_report(trace, {"fp": trace.manifest.fingerprint, "env": share.environment(trace.manifest)})
     assert "matched the shared run exactly" in same and "| differs |" not in same
-    elsewhere = {**_environment(trace), "device": "cuda:0", "torch": "2.12.0"}
+    elsewhere = {**share.environment(trace.manifest), "device": "cuda:0", "torch": "2.12.0"}
     drifted = _replay_report(trace, {"fp": "0" * 16, "env": elsewhere})
     shown = markdown_text(drifted)
     assert "drifted" in shown and "differs shared run this replay" in shown
@@ -195,3 +195,38 @@ def test_the_shrink_button_gives_a_smaller_run_that_opens_on_the_fork(app_url):
     assert "Replaying" in client.predict(query, api_name="/open_link")[-1]
     with pytest.raises(Exception, match="sequence 10000 does not diverge"):
         client.predict(10_000, api_name="/shrink")
+
+
+def _outputs_file(tmp_path, trace: Trace, tamper: int | None = None) -> str:
+    """An engine's outputs file made from a run's outputs; `tamper`: that sequence's token 2 replaced."""
+    lines = [json.dumps({"engine": {"name": "my-engine", "version": "1.2", "settings": {"k": 3}}})]
+    for p, s in zip(trace.prompts, trace.sequences):
+        ids = list(s.output_ids)
+        if s.seq == tamper and len(ids) > 2:
+            ids[2] = (ids[2] + 1) % 1000
+        lines.append(json.dumps({"prompt_ids": p.ids, "output_ids": ids}))
+    path = tmp_path / "outputs.jsonl"
+    path.write_text("\n".join(lines))
+    return str(path)
+
+
+def test_the_check_tab_judges_an_uploaded_outputs_file(tmp_path, good_trace, app_url):
+    from gradio_client import handle_file
+
+    client = Client(app_url, verbose=False)
+    checked = ["tiny", "", "float64", None, None, "", "", "", "quick", 8]
+    checked[3] = handle_file(_outputs_file(tmp_path, Trace.from_json(good_trace), tamper=0))
+    status, trace_file = client.predict(*checked, api_name="/check_engine")
+    trace = Trace.from_json(Path(trace_file).read_text())
+    assert trace.manifest.engine.name == "my-engine" and trace.manifest.spec.method == "engine"
+    assert "engine check" in status and "my\\-engine 1\\.2" in status and "engine\\-bug × 1" in status
+    assert trace.sequences[0].forensics.verdict == "engine-bug"
+    assert all(s.equivalent for s in trace.sequences[1:])
+
+
+def test_the_check_tab_asks_no_server_unless_the_operator_allows_it(app_url):
+    client = Client(app_url, verbose=False)
+    with pytest.raises(Exception, match=r"engine server 'http://example\.org:8000' is not allowed on this server; "
+                                        r"allowed: none \(SPECVIZ_ENGINE_SERVERS\)"):
+        client.predict("tiny", "", "float64", None, None, "http://example.org:8000", "", "", "quick", 8,
+                       api_name="/check_engine")

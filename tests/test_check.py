@@ -131,3 +131,22 @@ def test_a_file_with_the_wrong_schema_gets_a_message_naming_the_line(content, me
 def test_an_engine_that_is_not_there_gets_a_message(tmp_path, capsys, tiny):
     assert cli.main(["check", "--pair", "tiny", "--device", "cpu", "--engine", "no_such_module:f"]) == 2
     assert "cannot import 'no_such_module'" in capsys.readouterr().err
+
+
+def test_the_page_shows_an_engine_check(tmp_path, tiny):
+    from specviz import ui, views
+
+    trace = _check(tmp_path, "--engine", "test_check:bsp_like", "--control-engine", "test_check:no_speculation")
+    focus, _ = views.resolve(trace)
+    s = trace.sequences[focus.seq]
+    chips = views.timeline_html(trace, focus)
+    own, surprise = chips.count("sv-own"), chips.count("sv-surprise")
+    assert own + surprise == len(s.output_ids)
+    assert surprise == sum(g > s.forensics.tolerance for g in s.gaps) > 0  # the tokens the target would not write
+    panel = views.forensics_html(trace, focus)
+    assert "engine-bug" in panel and "rank of the engine" in panel and "without speculation departs at" in panel
+    headline = views.headline(trace)
+    assert "engine check" in headline and r"\(control\, no speculation\)" in headline
+    link, note = ui.render(trace)[-2:]
+    assert link == "" and "share its trace file" in note
+    assert Trace.from_json(trace.to_json()) == trace

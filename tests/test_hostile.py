@@ -52,7 +52,7 @@ def test_every_view_at_every_focus_shows_the_payload_as_text(hostile):
 
 def test_markdown_carries_stranger_text_inert(hostile):
     assert live_markdown(views.headline(hostile)) == []
-    env = {**ui._environment(hostile), **{f"{HOSTILE[:150]} {i}": HOSTILE[:200] for i in range(3)}}
+    env = {**share.environment(hostile.manifest), **{f"{HOSTILE[:150]} {i}": HOSTILE[:200] for i in range(3)}}
     env = {k[:200]: v[:200] for k, v in env.items()}  # a link's environment is short, flat text
     query = share.encode(share.Link(hostile.manifest.spec, 0, 1, "0123456789abcdef", env))
     pending = ui.open_link(query)[-2]

@@ -175,3 +175,17 @@ def test_the_runner_checks_the_tokenized_prompts_before_decoding(tiny):
                                         r"\(SPECVIZ_MAX_PROMPT_TOKENS\)"):
         run(long, limits=Settings())
     assert run(long).sequences[0].output_ids  # the command line is the operator's own: no limit applies
+
+
+def test_engine_servers_are_refused_unless_listed_and_always_when_public():
+    with pytest.raises(SpecError, match=r"allowed: none \(SPECVIZ_ENGINE_SERVERS\)"):
+        Settings().check_server("http://localhost:8000")
+    listed = Settings.from_env({"SPECVIZ_ENGINE_SERVERS": "http://localhost:8000"})
+    listed.check_server("http://localhost:8000/v1")
+    for sneaky in ("http://localhost:8000.evil.com", "http://localhost:8001", "https://localhost:8000"):
+        with pytest.raises(SpecError, match="SPECVIZ_ENGINE_SERVERS"):
+            listed.check_server(sneaky)
+    public = Settings.from_env({"SPECVIZ_ENGINE_SERVERS": "http://localhost:8000", "SPACE_ID": "me/specviz"})
+    with pytest.raises(SpecError, match=r"public.*\(SPECVIZ_PUBLIC\)"):
+        public.check_server("http://localhost:8000")
+    assert "engine servers the check may ask: none" in public.describe()
