@@ -5,9 +5,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
+from specviz.engines.vllm import vllm_python, vllm_server  # noqa: E402
 from specviz.models import load_pair  # noqa: E402
 from specviz.prompts import builtin_set  # noqa: E402
-from specviz.spec import TINY_DRAFT, TINY_TARGET  # noqa: E402
+from specviz.spec import TINY_DRAFT, TINY_TARGET, SpecError  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -43,3 +44,18 @@ def app_url():
     demo = serve(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     yield f"http://127.0.0.1:{port}/"
     demo.close()
+
+
+@pytest.fixture(scope="session")
+def vllm(request, tmp_path_factory):
+    """A real vLLM server on the embedded target, in the mode its test asks for (indirect parametrization:
+    none, ngram or draft; see specviz/engines/vllm.py). Session scope: pytest runs the tests of one mode
+    together, so each mode starts once (about 75-150 s here), one server at a time."""
+    try:
+        vllm_python()
+    except SpecError as e:
+        if os.environ.get("CI"):  # `make test` installs it: on CI its absence is a failure
+            raise
+        pytest.skip(str(e))
+    with vllm_server(request.param, tmp_path_factory.mktemp("vllm") / f"{request.param}.log") as server:
+        yield server
