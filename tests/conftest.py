@@ -5,6 +5,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
+from specviz.engines.vllm import vllm_python, vllm_server  # noqa: E402
 from specviz.models import load_pair  # noqa: E402
 from specviz.prompts import builtin_set  # noqa: E402
 from specviz.spec import TINY_DRAFT, TINY_TARGET  # noqa: E402
@@ -74,3 +75,14 @@ def cjk_emoji(embedded):
 
     return run(RunSpec.build(prompts=(CJK_PROMPT, EMOJI_PROMPT, FLAGS_PROMPT), faults=("bsp-like",), batch_size=3,
                              k=3, max_new_tokens=24, device="cpu"))
+
+
+@pytest.fixture(scope="session")
+def vllm(request, tmp_path_factory):
+    """A real vLLM server on the embedded target, in the mode its test asks for (indirect parametrization:
+    none, ngram or draft; see specviz/engines/vllm.py). Session scope: pytest runs the tests of one mode
+    together, so each mode starts once (about 75-150 s here), one server at a time. Without `make vllm`
+    (which `make test` runs) it fails, saying so: these tests are part of the suite."""
+    vllm_python()
+    with vllm_server(request.param, tmp_path_factory.mktemp("vllm") / f"{request.param}.log") as server:
+        yield server

@@ -93,4 +93,4 @@ def test_model_weights_go_to_a_mounted_cache_directory(docker):
 
 def test_the_build_context_leaves_out_local_state():
     ignored = (ROOT / ".dockerignore").read_text().split()
-    assert {".git", ".venv"} <= set(ignored)
+    assert {".git", ".venv", ".venv-vllm"} <= set(ignored)

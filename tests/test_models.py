@@ -73,3 +73,17 @@ def test_pad_equal_to_eos_never_truncates_or_corrupts_prompts(tiny):
     batched = batched_reference(tiny, raw, 3, 10)
     assert [o.ids for o in batched.outputs] == [o.ids for o in ref.outputs]
     assert all(len(o.ids) > 0 for o in ref.outputs)
+
+
+def test_the_embedded_draft_folder_loads_back_as_the_derived_draft(embedded):
+    from transformers import AutoModelForCausalLM
+
+    from specviz.draft import embedded_draft_dir
+
+    folder = embedded_draft_dir()
+    assert embedded_draft_dir() == folder  # written once, then reused
+    saved = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = torch.tensor(embedded.encode(["What is the capital of France?"]))
+    with torch.inference_mode():
+        assert torch.equal(saved(ids).logits, embedded.draft(ids).logits)
+    assert AutoTokenizer.from_pretrained(folder).get_vocab() == embedded.tokenizer.get_vocab()

@@ -12,6 +12,7 @@ class EngineOutput(Strict):
     top_logprobs: Many[Map[int, float]] | None = None  # per output token: the engine's top alternatives, where given
     approximate: bool = False  # the engine gave text only: ids re-tokenized by specviz, so not exact
     finish_reason: str | None = None  # as reported ("stop", "length", ...)
+    warning: str | None = None  # the output is kept but suspect (e.g. fewer tokens than asked, no stop reason)
     error: str | None = None  # this prompt failed (the server stopped answering, timed out, ...): the rest is kept
 
 

