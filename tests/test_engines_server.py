@@ -187,3 +187,64 @@ def test_text_only_is_re_tokenized_and_marked_approximate(tiny):
     want = tiny.tokenizer(text, add_special_tokens=False)["input_ids"] + [tiny.tokenizer.eos_token_id]
     assert all(o.approximate and o.ids == want and o.logprobs is None and o.error is None for o in run.outputs)
     assert "text only" in blind.outputs[0].error
+
+
+# ---------------------------------------------------------------- specviz check against the real vLLM
+
+
+def outputs_file(trace) -> bytes:
+    """The engine's outputs of a check, written as an outputs file (docs/engines.md)."""
+    e = trace.manifest.engine
+    lines = [{"engine": {"name": e.name, "version": e.version, "settings": e.settings}}]
+    for p, s in zip(trace.prompts, trace.sequences):
+        out = s.engine
+        lines.append({"prompt_ids": p.ids, "output_ids": out.ids, "logprobs": out.logprobs,
+                      "top_logprobs": [{str(t): lp for t, lp in top.items()} for top in out.top_logprobs],
+                      "finish_reason": out.finish_reason})
+    return "\n".join(json.dumps(line) for line in lines).encode()
+
+
+@pytest.mark.parametrize("vllm", MODES, indirect=True)
+def test_check_on_vllm_equals_the_reference_and_a_file_of_its_outputs_reports_the_same(vllm, embedded):
+    from specviz import check, metrics
+    from specviz.spec import RunSpec
+
+    spec = RunSpec.build(prompts=tuple(builtin_set("chat")), method="engine", max_new_tokens=NEW_TOKENS, device="cpu")
+    live = check.from_servers(spec, embedded, (vllm.url, vllm.served_model), None, concurrency=8, timeout=300)
+    [row] = metrics.engine_summary(live)
+    assert row["exact_pct"] == 100 and row["n"] == len(spec.prompts) and row["tokens_per_second"] > 0
+    assert live.manifest.engine.name == "vllm"
+    filed = check.from_files(spec, embedded, (outputs_file(live), "vllm.jsonl"))
+    assert filed.manifest.engine.source == "file" and filed.manifest.engine.version == live.manifest.engine.version
+    for a, b in zip(live.sequences, filed.sequences):
+        assert (a.output_ids, a.equivalent, a.gaps, a.forensics) == (b.output_ids, b.equivalent, b.gaps, b.forensics)
+        assert (a.engine.logprobs, a.engine.top_logprobs) == (b.engine.logprobs, b.engine.top_logprobs)
+
+
+def test_vllm_in_bfloat16_every_divergence_is_judged_and_none_is_an_engine_bug_its_control_shares(embedded, tmp_path):
+    """vLLM's bfloat16 kernels are not transformers': outputs depart from our bfloat16 reference with or
+    without speculation. Where the same engine without speculation departs at the same token, the verdict
+    may not blame speculation."""
+    from specviz import check
+    from specviz.engines.vllm import vllm_server
+    from specviz.models import load_pair
+    from specviz.runner import encode
+    from specviz.spec import RunSpec
+
+    spec = RunSpec.build(prompts=tuple(builtin_set("chat")), method="engine", max_new_tokens=NEW_TOKENS,
+                         dtype="bfloat16", device="cpu")
+    pair = load_pair(dtype="bfloat16", device="cpu")
+    ids = encode(spec, pair)
+    runs = {}
+    for mode in ("none", "ngram"):
+        with vllm_server(mode, tmp_path / f"{mode}.log", dtype="bfloat16") as server:
+            runs[mode] = from_server(server.url, server.served_model, ids, NEW_TOKENS, tokenizer=pair.tokenizer,
+                                     launch=server.launch)
+    trace = check.check(spec, pair, ids, runs["ngram"], runs["none"])
+    for s in trace.sequences:
+        assert s.engine.error is None
+        if s.equivalent is False:
+            f = s.forensics
+            assert f.verdict in ("numerics", "engine-bug", "unexplained") and f.explanation
+            control_same = f.control_fork == f.fork and s.control.ids[f.fork:f.fork + 1] == [f.output_token]
+            assert not (control_same and f.verdict == "engine-bug"), f.explanation

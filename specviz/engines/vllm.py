@@ -71,13 +71,13 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def vllm_server(mode: str, log: Path, k: int = 5, max_num_seqs: int = 8, threads: int = 2,
-                startup_timeout: float = 600.0) -> Iterator[VllmServer]:
+                startup_timeout: float = 600.0, dtype: str = "float32") -> Iterator[VllmServer]:
     """Serve the embedded target with vLLM in `mode` until the block ends; its output goes to `log`.
 
     `threads`: the CPUs its workers are bound to (the first ones this process may use)."""
     spec = speculative_config(mode, k)
     port = _free_port()
-    args = ["--model", str(embedded_target_dir()), "--served-model-name", SERVED_MODEL, "--dtype", "float32",
+    args = ["--model", str(embedded_target_dir()), "--served-model-name", SERVED_MODEL, "--dtype", dtype,
             "--max-model-len", "2048", "--max-num-seqs", str(max_num_seqs), "--seed", "0",
             "--host", "127.0.0.1", "--port", str(port)]
     if spec:
@@ -98,7 +98,7 @@ def vllm_server(mode: str, log: Path, k: int = 5, max_num_seqs: int = 8, threads
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(proc, url, log, startup_timeout)
-        yield VllmServer(url, SERVED_MODEL, {"mode": mode, "args": args, "env": env}, log)
+        yield VllmServer(url, SERVED_MODEL, {"mode": mode, "dtype": dtype, "args": args, "env": env}, log)
     finally:
         _stop(proc)
 
