@@ -310,12 +310,15 @@ def _judge(s: SequenceRecord, pair: ModelPair, prompt: list[int], logits: torch.
         if len(ref) > f:
             reference_after = _teacher_forced(pair, prompt + ref[:f], ref[f:]).log_softmax(-1)
             ev.reference_nll = float(-reference_after[torch.arange(len(ref) - f), torch.tensor(ref[f:])].mean())
+        z64 = float64_logits(pair, prompt + out[:f])  # the true gap between the two tokens at the fork
+        if z64 is not None and ev.reference_token is not None:
+            ev.margin_float64 = float(z64[ev.reference_token] - z64[ev.output_token])
     ev.first_bad = next((i for i in range(f, len(out)) if s.gaps[i] > tolerance), None)
-    _engine_verdict(ev, s, pair, prompt)
+    _engine_verdict(ev, s)
     return ev
 
 
-def _engine_verdict(ev: Forensics, s: SequenceRecord, pair: ModelPair, prompt: list[int]) -> None:
+def _engine_verdict(ev: Forensics, s: SequenceRecord) -> None:
     f = ev.fork
     control_same = (ev.control_fork == f and f < len(s.control.ids) and s.control.ids[f] == ev.output_token)
     if s.engine.approximate:
@@ -336,9 +339,6 @@ def _engine_verdict(ev: Forensics, s: SequenceRecord, pair: ModelPair, prompt: l
                           f"on that prefix, beyond anything numerics explains here ({ev.tolerance:.3g}): the engine "
                           f"wrote text the target would not{_symptom(ev)}.")
     else:
-        z = float64_logits(pair, prompt + s.output_ids[:f])
-        if z is not None:
-            ev.margin_float64 = float(z[ev.reference_token] - z[ev.output_token])
         near = ev.margin_float64 is not None and abs(ev.margin_float64) <= ev.tolerance
         tail = ("; the same engine without speculation departs here too, with the same token: this engine differs "
                 "from transformers anyway, speculation or not" if control_same else "")

@@ -392,7 +392,7 @@ def _evidence(trace: Trace, f) -> list[tuple[str, object]]:
         ("the emitting pass's own choice", _tok(trace, f.emitting_argmax)),
         ("top-1 − top-2 margin, batch size 1", _num(f.margin_reference)),
         ("the same in the emitting pass", _num(f.margin_batched)),
-        ("float64: reference token's logit − speculative token's", _num(f.margin_float64)),
+        ("float64: the reference token's logit − the divergent token's", _num(f.margin_float64)),
         ("plain batching (no speculation) forks here too", None if f.batching_noise is None else
          ("yes" if f.batching_noise else "no")),
         ("the engine's own checks failed (first round)", None if trace.manifest.engine else ", ".join(

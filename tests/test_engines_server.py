@@ -248,3 +248,23 @@ def test_vllm_in_bfloat16_every_divergence_is_judged_and_none_is_an_engine_bug_i
             assert f.verdict in ("numerics", "engine-bug", "unexplained") and f.explanation
             control_same = f.control_fork == f.fork and s.control.ids[f.fork:f.fork + 1] == [f.output_token]
             assert not (control_same and f.verdict == "engine-bug"), f.explanation
+
+
+def test_a_check_keeps_every_answer_when_the_server_stalls_on_one(tiny):
+    from specviz import check, metrics
+    from specviz.spec import TINY_DRAFT, TINY_TARGET, RunSpec
+
+    spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64", device="cpu", method="engine",
+                         prompts=tuple(builtin_set("quick")), max_new_tokens=8)
+    ids = tiny.encode(spec.prompts)
+    ref = {tuple(p): o.ids for p, o in zip(ids, reference_for(tiny, ids, 8).outputs)}
+    stalled = ids[2]
+
+    def answer(body):
+        return "stall" if body["prompt"] == stalled else completion(ref[tuple(body["prompt"])], finish="length")
+
+    with fake_server(answer) as url:
+        trace = check.from_servers(spec, tiny, (url, "fake"), None, concurrency=4, timeout=1.0)
+    [row] = metrics.engine_summary(trace)
+    assert (row["n"], row["errors"], row["exact_pct"]) == (3, 1, 100.0)
+    assert trace.sequences[2].equivalent is None and "no answer" in trace.sequences[2].engine.error
