@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from .decoding.result import DecodeResult, SequenceOutput
-from .engines import jsonl, python
+from .engines import jsonl, python, server
 from .engines.base import EngineInfo, EngineRun
 from .engines.jsonl import OutputLine
 from .forensics import judge_engine
@@ -55,8 +55,6 @@ def from_files(spec: RunSpec, pair: ModelPair, outputs: tuple[bytes, str], contr
 def from_servers(spec: RunSpec, pair: ModelPair, engine: tuple[str, str | None], control: tuple[str, str | None] | None,
                  concurrency: int, timeout: float, limits: Settings | None = None) -> Trace:
     """Check an engine behind an OpenAI-compatible server ((url, served model)), and its control run's server."""
-    from .engines import server
-
     ids = encode(spec, pair, limits)
 
     def ask(url: str, model: str | None) -> EngineRun:

@@ -150,3 +150,12 @@ def test_the_page_shows_an_engine_check(tmp_path, tiny):
     link, note = ui.render(trace)[-2:]
     assert link == "" and "share its trace file" in note
     assert Trace.from_json(trace.to_json()) == trace
+
+
+def test_the_outputs_schema_file_is_current():
+    from pathlib import Path
+
+    from specviz.engines import jsonl
+
+    published = Path(__file__).resolve().parents[1] / "docs" / "engine-outputs.schema.json"
+    assert json.loads(published.read_text()) == jsonl.schema()
