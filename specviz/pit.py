@@ -1,0 +1,192 @@
+"""Is a sampler drawing from the target's distribution? The randomized probability integral transform.
+
+For an emitted token x with target probabilities p at its prefix, U = F(x-) + V * p(x), where F(x-) is the mass
+of the tokens before x and V an independent uniform draw. Under a correct sampler the U values are i.i.d.
+uniform on (0, 1), whatever p is; a wrong sampler shows as a non-uniform split. Splits are made by things known
+before the token is drawn (slot in the round, row, rounds, pairs of rows), so each one is uniform too under H0.
+"""
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+import plotly.graph_objects as go
+import torch
+from scipy import stats
+
+from .spec import Many, Strict
+
+BINS = 20  # equal bins on [0, 1] for the chi-square test and the histograms
+MIN = 50  # a split with fewer values is not tested: it would add to the Bonferroni count and cannot reject
+CHUNK = 1 << 22  # elements of probs summed at once: 32 MB in float64, whatever the vocabulary
+PANELS = 12  # histograms in the figure: the pooled split and the worst others
+COLUMNS = 4
+OK, WARN = "#4c78a8", "#e45756"
+
+
+def pit(probs: torch.Tensor, tokens: torch.Tensor, draws: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """(u, mass) per token: u = F(x-) + draw * p(x), mass = p(x), both float64.
+
+    probs (n, V): the target's probabilities after temperature/top-k/top-p, rows summing to 1; tokens (n,) the
+    emitted ids; draws (n,) uniform on (0, 1), independent of everything else. F(x-) is summed a chunk of rows at
+    a time, so no (n, V) float64 temporary exists. A token the target gives probability 0 gets u = NaN: it is
+    impossible under the target, and callers count it apart.
+    """
+    n, vocab = probs.shape
+    ids = torch.arange(vocab, device=probs.device)
+    below = torch.empty(n, dtype=torch.float64, device=probs.device)
+    step = max(1, CHUNK // vocab)
+    for i in range(0, n, step):
+        below[i:i + step] = torch.where(ids < tokens[i:i + step, None], probs[i:i + step].double(), 0).sum(1)
+    mass = probs.gather(1, tokens[:, None])[:, 0].double()
+    u = below + draws.to(below) * mass
+    u[mass == 0] = math.nan
+    return u.cpu().numpy(), mass.cpu().numpy()
+
+
+class Split(Strict):
+    """One tested split of the PIT values and its uniformity test."""
+
+    name: str  # what the values share: "all tokens", "slot 0", "row 3", "rounds 0-9", "row pairs", ...
+    n: int  # values tested
+    ks: float  # Kolmogorov-Smirnov p-value against uniform(0, 1)
+    chi2: float  # chi-square p-value over the bins of counts
+    p: float  # the split's p-value: min(1, 2 * min(ks, chi2)), Bonferroni over its two tests
+    counts: Many[int]  # values per equal bin on [0, 1]; len(counts) bins (see bins())
+
+
+class Distribution(Strict):
+    """The verdict on a sampler: do its tokens come from the target's distribution?"""
+
+    verdict: Literal["consistent", "not the target's distribution", "too few tokens"]
+    alpha: float  # the family-wise significance level of the verdict
+    p: float | None  # smallest split p times the number of splits tested (Bonferroni), at most 1; 0 with an
+    # impossible token; None when too few tokens were tested
+    failing: str | None  # the split with the smallest p, or "impossible tokens", when rejected
+    tokens: int  # PIT values in the pooled split
+    impossible: int  # emitted tokens the target gives probability 0; any one of them rejects
+    splits: Many[Split]  # the tested splits, the pooled one first, in the caller's order
+    skipped: Many[str]  # splits with fewer than min_count values: not tested
+
+
+def bins(n: int) -> int:
+    """BINS, or fewer for small n so that each bin expects at least 5 values (the chi-square rule of thumb)."""
+    return max(2, min(BINS, n // 5))
+
+
+def uniformity(values: np.ndarray, name: str) -> Split:
+    """KS and binned chi-square tests of values against uniform(0, 1).
+
+    KS sees a shifted or tilted distribution; chi-square sees atoms and narrow bumps (a missing randomisation,
+    rows that repeat each other). Values must lie in [0, 1]: drop the NaNs of impossible tokens first.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    outside = np.count_nonzero(~((values >= 0) & (values <= 1)))
+    if outside:
+        raise ValueError(f"{name}: {outside} values outside [0, 1] (NaN: an impossible token, count it apart; "
+                         "above 1: F(x) in place of F(x-))")
+    k = bins(len(values))
+    counts = np.bincount(np.minimum((values * k).astype(np.int64), k - 1), minlength=k)
+    ks = float(stats.kstest(values, "uniform").pvalue)
+    chi2 = float(stats.chisquare(counts).pvalue)
+    return Split(name=name, n=len(values), ks=ks, chi2=chi2, p=min(1.0, 2 * min(ks, chi2)), counts=counts.tolist())
+
+
+def judge(samples: dict[str, np.ndarray], impossible: int = 0, alpha: float = 0.001, min_count: int = MIN) -> Distribution:
+    """Test every split with at least min_count values; Bonferroni across them.
+
+    samples maps split names to values uniform under H0, the pooled split ("all tokens") first. A smaller split
+    is listed in skipped, untested; when the pooled one is, nothing is tested ("too few tokens"). An impossible
+    token rejects on its own: no sampler from the target can emit it.
+    """
+    pooled = len(next(iter(samples.values()), []))
+    tested = {name: v for name, v in samples.items() if len(v) >= min_count} if pooled >= min_count else {}
+    splits = [uniformity(v, name) for name, v in tested.items()]
+    skipped = [name for name in samples if name not in tested]
+    worst = min(splits, key=lambda s: s.p, default=None)
+    p = min(1.0, worst.p * len(splits)) if worst else None
+    if impossible:
+        verdict, p, failing = "not the target's distribution", 0.0, "impossible tokens"
+    elif worst is None:
+        verdict, failing = "too few tokens", None
+    elif p < alpha:
+        verdict, failing = "not the target's distribution", worst.name
+    else:
+        verdict, failing = "consistent", None
+    return Distribution(verdict=verdict, alpha=alpha, p=p, failing=failing, tokens=pooled, impossible=impossible,
+                        splits=splits, skipped=skipped)
+
+
+def pair_differences(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(a - b) mod 1 over the common length: uniform when the two rows' U values are independent.
+
+    Two rows of one batch that share a random stream and a prompt emit the same tokens; with independent V
+    draws their difference is (V_a - V_b) * p(x) mod 1, which piles up near 0 (and, wrapped, near 1) whenever
+    p(x) < 1. NaNs (impossible tokens) stay NaN.
+    """
+    m = min(len(a), len(b))
+    return np.mod(a[:m] - b[:m], 1.0)
+
+
+def row_pairs(rows: list[np.ndarray]) -> np.ndarray:
+    """The "row pairs" split: pair_differences of rows (0, 1), (2, 3), ... of one batch, each row's U values in
+    output order; disjoint pairs keep the differences independent of each other. NaNs are dropped."""
+    d = np.concatenate([pair_differences(rows[i], rows[i + 1]) for i in range(0, len(rows) - 1, 2)] or [np.empty(0)])
+    return d[~np.isnan(d)]
+
+
+def band(n: int, k: int, alpha: float) -> tuple[int, int]:
+    """The counts one of k equal bins holds under uniformity with probability 1 - alpha / k at least
+    (Bonferroni over the panel's bins): a bar outside says, alone, that the panel is not uniform at alpha."""
+    q = alpha / k / 2
+    return int(stats.binom.ppf(q, n, 1 / k)), int(stats.binom.ppf(1 - q, n, 1 / k))
+
+
+def figure(dist: Distribution) -> go.Figure:
+    """PIT histograms as small multiples: the pooled split, then the splits with the smallest p.
+
+    Bars are counts over the expected count (1 under uniformity); the grey band holds each bar with probability
+    1 - alpha at least. A split in the warning colour fails alone after Bonferroni across the tested splits.
+    """
+    if not dist.splits:
+        fig = go.Figure()
+        fig.add_annotation(text=f"No PIT histogram: {dist.verdict}.", showarrow=False, font={"size": 14})
+        fig.update_layout(xaxis_visible=False, yaxis_visible=False, height=160, margin={"t": 10, "b": 10})
+        return fig
+    shown = dist.splits[:1] + sorted(dist.splits[1:], key=lambda s: s.p)[:PANELS - 1]
+    rows = math.ceil(len(shown) / COLUMNS)
+    gap_x, gap_y = 0.04, 0.3 / rows
+    w, h = (1 - gap_x * (COLUMNS - 1)) / COLUMNS, (1 - gap_y * (rows - 1)) / rows
+    layout = {"height": 60 + 200 * rows, "margin": {"t": 50, "b": 30, "l": 40, "r": 10}, "bargap": 0,
+              "showlegend": False, "hovermode": "closest", "annotations": [],
+              "title": {"text": f"PIT histograms: count / expected; grey band: {1 - dist.alpha:.3g} per panel, "
+                                f"Bonferroni over its bins; red: p below {dist.alpha:g} / {len(dist.splits)} splits",
+                        "font": {"size": 13}}}
+    data = []
+    for i, s in enumerate(shown):
+        r, c = divmod(i, COLUMNS)
+        x0, y1 = c * (w + gap_x), 1 - r * (h + gap_y)
+        ax = "" if i == 0 else str(i + 1)
+        layout[f"xaxis{ax}"] = {"domain": [x0, x0 + w], "anchor": f"y{ax}", "range": [0, 1]}
+        layout[f"yaxis{ax}"] = {"domain": [y1 - h, y1], "anchor": f"x{ax}", "rangemode": "tozero"}
+        fails = s.p * len(dist.splits) < dist.alpha
+        layout["annotations"].append({"text": f"{s.name} · n={s.n} · p={s.p:.2g}", "x": x0 + w / 2, "y": y1,
+                                      "xref": "paper", "yref": "paper", "xanchor": "center", "yanchor": "bottom",
+                                      "showarrow": False, "font": {"size": 11, "color": WARN if fails else "#333"}})
+        k = len(s.counts)
+        expected = s.n / k
+        lo, hi = band(s.n, k, dist.alpha)
+        axes = {"xaxis": f"x{ax}", "yaxis": f"y{ax}"}
+        data.append({"type": "scatter", **axes, "name": "band", "x": [0, 1, 1, 0, 0],
+                     "y": [lo / expected, lo / expected, hi / expected, hi / expected, lo / expected],
+                     "fill": "toself", "fillcolor": "rgba(0,0,0,0.1)", "line": {"width": 0}, "mode": "lines",
+                     "hoverinfo": "text", "text": f"{1 - dist.alpha:.3g} band per bin (Bonferroni over {k} bins): "
+                                                  f"{lo}-{hi} values"})
+        data.append({"type": "bar", **axes, "name": s.name, "x": [(j + 0.5) / k for j in range(k)],
+                     "y": [v / expected for v in s.counts], "width": 1 / k, "customdata": s.counts,
+                     "marker": {"color": WARN if fails else OK},
+                     "hovertemplate": f"u %{{x:.3f}}: %{{customdata}} values, {expected:.1f} expected<extra></extra>"})
+        data.append({"type": "scatter", **axes, "name": "expected", "x": [0, 1], "y": [1, 1], "mode": "lines",
+                     "line": {"color": "#333", "width": 1, "dash": "dot"}, "hoverinfo": "skip"})
+    return go.Figure(data=data, layout=layout, skip_invalid=True)
