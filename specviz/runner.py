@@ -7,7 +7,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
-from . import noise
+from . import distribution, noise
 from .decoding.assisted import hf_assisted
 from .decoding.eqspec import eqspec
 from .decoding.exspec import exspec
@@ -51,11 +51,11 @@ def decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record: 
 
 def _decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record: bool, progress: Progress | None,
             watch: Watch | None) -> DecodeResult:
-    m = spec.method
+    m, sampling = spec.method, spec.sampling()
     if m == "reference":
-        return reference(pair, prompt_ids, spec.max_new_tokens, progress)
+        return reference(pair, prompt_ids, spec.max_new_tokens, progress, sampling)
     if m == "batched-reference":
-        return batched_reference(pair, prompt_ids, spec.batch_size, spec.max_new_tokens, progress, watch)
+        return batched_reference(pair, prompt_ids, spec.batch_size, spec.max_new_tokens, progress, watch, sampling)
     if m == "hf-assisted":
         if spec.batch_size != 1:
             raise SpecError("hf-assisted runs at batch size 1 only (transformers refuses more)")
@@ -63,10 +63,10 @@ def _decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record:
     if m == "exspec":
         return exspec(pair, prompt_ids, spec.batch_size, spec.k, spec.max_new_tokens,
                       window=spec.window or 2 * spec.batch_size, max_wait=spec.max_wait, record=record,
-                      progress=progress, watch=watch)
+                      progress=progress, watch=watch, sampling=sampling)
     if m == "eqspec":
         return eqspec(pair, prompt_ids, spec.batch_size, spec.k, spec.max_new_tokens,
-                      faults=expand(spec.faults), record=record, progress=progress, watch=watch)
+                      faults=expand(spec.faults), record=record, progress=progress, watch=watch, sampling=sampling)
     raise SpecError(f"unknown method {m!r}")
 
 
@@ -108,9 +108,11 @@ def _cached_batched(pair: ModelPair, prompt_ids: tuple[tuple[int, ...], ...], ba
 def run(spec: RunSpec, record: bool = True, with_reference: bool = True,
         progress: Callable[[str, int], None] | None = None, trust_remote_code: bool = False,
         placement: Placement = ONE_DEVICE, limits: Settings | None = None) -> Trace:
-    """Decode, decode the reference beside it, record, and explain every divergence.
+    """Decode, decode the reference beside it, record, and explain every divergence. A sampled run has no
+    token-by-token reference: its tokens are scored under the target instead (distribution.py).
 
-    `progress(phase, n)` hears of every n new tokens: phase "reference" (skipped when cached), then the method.
+    `progress(phase, n)` hears of every n new tokens: phase "reference" (skipped when cached), then the method,
+    then, for a sampled run, "distribution" (its tokens scored).
     `limits`: a served page's operator settings, whose token limits only the tokenized prompts can show.
     """
     def phase(name: str) -> Progress | None:
@@ -118,6 +120,12 @@ def run(spec: RunSpec, record: bool = True, with_reference: bool = True,
 
     pair = pair_for(spec, trust_remote_code, placement)
     prompt_ids = encode(spec, pair, limits)
+    if not spec.sampling().greedy:
+        result = decode(spec, pair, prompt_ids, record, phase(spec.method))
+        trace = build_trace(spec, pair, prompt_ids, result)
+        if with_reference:
+            distribution.judge(trace, pair, prompt_ids, phase("distribution"))
+        return trace
     ref = reference_for(pair, prompt_ids, spec.max_new_tokens, phase("reference")) if with_reference else None
     if spec.method == "reference" and ref:
         result = ref
@@ -146,7 +154,11 @@ def floors_for(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], ref:
 
 def explain(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result: DecodeResult,
             ref: DecodeResult | None) -> Trace:
-    """The trace of a decoded run, every divergence from `ref` explained."""
+    """The trace of a decoded run, every divergence from `ref` explained; a sampled run's distribution judged."""
+    if not spec.sampling().greedy:
+        trace = build_trace(spec, pair, prompt_ids, result)
+        distribution.judge(trace, pair, prompt_ids)
+        return trace
     floors = floors_for(spec, pair, prompt_ids, ref) if ref is not None and spec.method != "reference" else None
     trace = build_trace(spec, pair, prompt_ids, result, ref, floors)
     if ref is not None:

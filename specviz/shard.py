@@ -67,6 +67,8 @@ def sweep(runs: list[tuple[RunSpec, bool]], trust_remote_code: bool = False,
             "dtype", "device")
     if any(getattr(spec, f) != getattr(first, f) for spec, _ in runs for f in same):
         raise SpecError("a sharded sweep runs one pair on one prompt list with one token budget")
+    if any(not spec.sampling().greedy for spec, _ in runs):
+        raise SpecError("a sharded sweep runs greedy runs only: a sampled run's draws follow its whole prompt list")
     if placement.spread:
         raise SpecError("a sharded sweep cannot spread the target over GPUs: every process would use every GPU")
     state = _state()

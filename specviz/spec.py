@@ -8,7 +8,10 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from typing import Annotated, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Literal, TypeVar
+
+if TYPE_CHECKING:
+    from .decoding.sampling import Sampling
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -30,6 +33,8 @@ EMBEDDED_DRAFT = "specviz:smollm2-135m-draft"
 TINY_TARGET = "specviz:tiny"
 TINY_DRAFT = "specviz:tiny-draft"
 MAX_PROBLEMS_LISTED = 3  # in one message about a stranger's input
+MAX_TEMPERATURE = 10.0
+SAMPLING_FIELDS = ("top_k", "top_p", "draft_temperature", "draft_top_k", "draft_top_p")
 
 
 class SpecError(ValueError):
@@ -82,7 +87,13 @@ class RunSpec(Strict):
     window: int | None = Field(None, ge=1, le=4 * MAX_BATCH_SIZE)  # exspec: active sequences (None: 2 x batch)
     max_wait: int = Field(4, ge=0, le=1024)  # exspec: rounds a sequence may be passed over
     audit: int = Field(0, ge=0, le=MAX_BATCH_SIZE)  # rows per round checked against a fresh recomputation; 0: off
-    temperature: float = 0.0
+    # Sampling: the target's temperature (0: greedy), top-k (0: off) and top-p (1: off); the draft's own, where set.
+    temperature: float = Field(0.0, ge=0, le=MAX_TEMPERATURE)
+    top_k: int = Field(0, ge=0, le=2**20)
+    top_p: float = Field(1.0, gt=0, le=1)
+    draft_temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE)
+    draft_top_k: int | None = Field(None, ge=0, le=2**20)
+    draft_top_p: float | None = Field(None, gt=0, le=1)
 
     @field_validator("target", "draft")
     @classmethod
@@ -111,18 +122,35 @@ class RunSpec(Strict):
         expand(v)  # raises on unknown names
         return tuple(dict.fromkeys(v))
 
-    @field_validator("temperature")
-    @classmethod
-    def _greedy_only(cls, v: float) -> float:
-        if v != 0.0:
-            raise ValueError("only greedy decoding (temperature 0) is implemented")
-        return v
-
     @model_validator(mode="after")
     def _faults_need_speculation(self) -> RunSpec:
         if self.faults and self.method not in SPECULATIVE:
             raise ValueError(f"faults apply to speculative methods ({', '.join(SPECULATIVE)}), not {self.method}")
         return self
+
+    @model_validator(mode="after")
+    def _sampling(self) -> RunSpec:
+        from .decoding.faults import SAMPLING
+
+        if self.temperature > 0:
+            if self.method == "hf-assisted":
+                raise ValueError("hf-assisted runs greedy only here; sample with eqspec or exspec")
+            if self.audit:
+                raise ValueError("the audit compares with the greedy reference; a sampled run is judged by its "
+                                 "distribution instead")
+        elif any(getattr(self, f) != RunSpec.model_fields[f].default for f in SAMPLING_FIELDS):
+            raise ValueError("top-k, top-p and the draft's sampling settings need a temperature above 0")
+        elif set(SAMPLING) & set(self.faults):
+            raise ValueError("sampling faults need a temperature above 0")
+        return self
+
+    def sampling(self) -> Sampling:
+        from .decoding.sampling import Sampler, Sampling
+
+        target = Sampler(self.temperature, self.top_k, self.top_p)
+        draft = Sampler(*(t if d is None else d for t, d in zip(
+            (self.temperature, self.top_k, self.top_p), (self.draft_temperature, self.draft_top_k, self.draft_top_p))))
+        return Sampling(target, draft, self.seed)
 
     @model_validator(mode="after")
     def _window(self) -> RunSpec:
@@ -140,7 +168,11 @@ class RunSpec(Strict):
 
     def canonical_json(self) -> str:
         """Stable text form: sorted keys, no whitespace; the basis of hashing and links."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        fields = self.model_dump(mode="json")
+        for f in SAMPLING_FIELDS:  # left out at their defaults, so that the keys of greedy runs stay what they were
+            if fields[f] == RunSpec.model_fields[f].default:
+                del fields[f]
+        return json.dumps(fields, sort_keys=True, separators=(",", ":"))
 
     def key(self) -> str:
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]

@@ -13,6 +13,7 @@ import json
 import platform
 from collections import defaultdict
 from importlib.metadata import PackageNotFoundError, version
+import typing
 from typing import Literal
 
 import pandas as pd
@@ -24,14 +25,16 @@ from .decoding.result import DecodeResult
 from .decoding.round import RoundData
 from .engines.base import EngineInfo, EngineOutput
 from .models import ModelPair
+from .pit import Distribution
 from .spec import Many, Map, RunSpec, SpecError, Strict, describe_validation_error
 from .untrusted import parse_json
 
-SCHEMA_VERSION = 3  # 3: sequences carry whole-character pieces (text.py)
+SCHEMA_VERSION = 4  # 3: sequences carry whole-character pieces (text.py); 4: sampled runs
 MAX_TRACE_BYTES = 64 * 2**20
 FINGERPRINT = "[0-9a-f]{16}"  # also a file name (ui._save): nothing else may pass
 
 Source = Literal["draft", "correction", "bonus"]
+PickFrom = Literal["target", "residual", "draft"]
 CHECKS = ("rectangular", "positions", "mask", "kv", "draft_kv", "bonus")
 
 
@@ -66,6 +69,11 @@ class RowRecord(Strict):
     checks: Map[str, bool]  # invariant checks at the start of / during this round
     audit: float | None = None  # audited rows: largest |verify logit - fresh batch-size-1 logit|
     audit_draft: float | None = None  # the same for the draft's first pass of the round
+    # Sampled runs (speculative sampling): draft_probs holds q of each draft, after the draft's temperature/top-k/top-p.
+    target_draft_probs: Many[float] | None = None  # p of each draft, after the target's temperature/top-k/top-p
+    accept_draws: Many[float] | None = None  # the uniform draw of each draft's decision: accepted iff draw < p/q
+    pick_draw: float | None = None  # the uniform draw the non-draft token was sampled with
+    pick_from: PickFrom | None = None  # the distribution the non-draft token was drawn from, as the engine did it
 
 
 class RoundRecord(Strict):
@@ -156,7 +164,17 @@ class SequenceRecord(Strict):
     control: EngineOutput | None = None  # and the same engine without speculation, when given
     gaps: Many[float] | None = None  # engine checks: per output token, the reference's top logit minus that token's,
     #                                  on the engine's own prefix (0: the target's own greedy choice)
+    pit: Many[float | None] | None = None  # sampled runs: each token's randomized PIT under the target, recomputed
+    #                                        at batch size 1 (distribution.py); None where the target gives it 0
     forensics: Forensics | None = None
+
+
+class Decisions(Strict):
+    """Sampled runs: every recorded accept/reject decision re-derived from its recorded p, q and draw."""
+
+    checked: int
+    mismatches: int
+    first: Many[Many[int]] = []  # [round, row, slot] of the first mismatches (at most 20)
 
 
 class Manifest(Strict):
@@ -176,13 +194,15 @@ class Manifest(Strict):
 
 
 class Trace(Strict):
-    schema_version: Literal[3] = SCHEMA_VERSION
+    schema_version: Literal[4] = SCHEMA_VERSION
     manifest: Manifest
     prompts: Many[PromptRecord]
     rounds: Many[RoundRecord]
     rows: Many[RowRecord]
     sequences: Many[SequenceRecord]
     vocab: Map[int, str] = {}  # each token id's own text, so a trace reads without its tokenizer
+    distribution: Distribution | None = None  # sampled runs: are the tokens drawn from the target's distribution?
+    decisions: Decisions | None = None  # sampled speculative runs: the decision audit
 
     @model_validator(mode="after")
     def _consistent(self) -> Trace:
@@ -191,6 +211,8 @@ class Trace(Strict):
         if [p.seq for p in self.prompts] != list(range(n)) or [s.seq for s in self.sequences] != list(range(n)):
             raise ValueError("prompts and sequences must be numbered 0, 1, 2, … in order, one of each per prompt")
         for s in self.sequences:
+            if s.pit is not None and len(s.pit) != len(s.output_ids):
+                raise ValueError(f"sequence {s.seq}: one PIT value per token id is needed")
             if len(s.output_pieces) != len(s.output_ids) or (s.reference_pieces is None) != (s.reference_ids is None) \
                     or s.reference_ids is not None and len(s.reference_pieces) != len(s.reference_ids):
                 raise ValueError(f"sequence {s.seq}: one piece of text per token id is needed")
@@ -204,8 +226,10 @@ class Trace(Strict):
             k = len(r.draft_tokens)
             a = min(max(r.accepted, 0), k)  # the sources it implies, built within bounds even when it is out of them
             sources = (["draft"] * a + ["bonus" if a == k else "correction"])[: len(r.emitted)]
+            drawn = (r.target_draft_probs, r.accept_draws)
             if not (len(r.draft_probs) == k and len(r.target_tokens) == len(r.target_probs) == len(r.target_margins)
-                    == k + 1 and a == r.accepted and len(r.emitted) == len(r.sources) and r.sources == sources):
+                    == k + 1 and a == r.accepted and len(r.emitted) == len(r.sources) and r.sources == sources
+                    and all(d is None or len(d) == k for d in drawn)):
                 raise ValueError(f"round {r.round}, row {r.row}: its lists do not fit its {k} drafts")
             by_round[r.round].append((r.row, r.seq))
         for rd in self.rounds:
@@ -267,7 +291,12 @@ def _from_version_2(raw: dict) -> dict:
     return {**raw, "schema_version": 3}
 
 
-MIGRATIONS = {1: _from_version_1, 2: _from_version_2}  # version -> a function that lifts a raw trace one version up
+def _from_version_3(raw: dict) -> dict:
+    """Version 4 added sampled runs' fields, all optional: a version-3 trace is a version-4 greedy one."""
+    return {**raw, "schema_version": 4}
+
+
+MIGRATIONS = {1: _from_version_1, 2: _from_version_2, 3: _from_version_3}  # version -> a function that lifts a raw trace one version up
 
 
 def _shown(value: object) -> str:
@@ -333,8 +362,17 @@ def _row_records(rounds: list[RoundData], audit: dict) -> tuple[list[RoundRecord
                                              "mask_sum", "target_kv_before", "draft_kv_before", "delta")},
                 checks={n: bool(v[row]) for n, v in checks.items()},
                 **dict(zip(("audit", "audit_draft"), audit.get((r, seq), ()))),
+                **_drawn(ints, floats, row),
             ))
     return round_recs, row_recs
+
+
+def _drawn(ints: dict, floats: dict, row: int) -> dict:
+    """A sampled round's draws and probabilities for one row (nothing for a greedy round)."""
+    if "accept_draws" not in floats:
+        return {}
+    return {"target_draft_probs": floats["target_draft_probs"][row], "accept_draws": floats["accept_draws"][row],
+            "pick_draw": floats["pick_draws"][row][0], "pick_from": typing.get_args(PickFrom)[ints["pick_from"][row]]}
 
 
 def fingerprint(spec: RunSpec, sequences: list[SequenceRecord], rows: list[RowRecord]) -> str:

@@ -17,12 +17,14 @@ from ..models import ModelPair
 from .batch import left_pad, right_pad
 from .faults import Policy
 from .result import DecodeResult, Progress, SequenceOutput, chunks
+from .sampling import GREEDY, Sampling
 from .round import Batch, Clock, RoundData, lay_out, record_round, speculate
 
 
 @torch.inference_mode()
 def eqspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, max_new_tokens: int,
-           faults: tuple[str, ...] = (), record: bool = True, progress: Progress | None = None, watch=None) -> DecodeResult:
+           faults: tuple[str, ...] = (), record: bool = True, progress: Progress | None = None, watch=None,
+           sampling: Sampling = GREEDY) -> DecodeResult:
     policy = Policy(tuple(faults))
     layout = right_pad if policy.has("right-padding") else left_pad
     outputs: list[SequenceOutput | None] = [None] * len(prompts)
@@ -35,7 +37,7 @@ def eqspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
         while b is not None:
             clock = Clock(pair.device)
             S = b.tokens.shape[1]
-            step = speculate(pair, policy, b, k, gen, max_new_tokens, record, clock, watch)
+            step = speculate(pair, policy, b, k, gen, max_new_tokens, record, clock, watch, sampling)
             if progress:
                 progress(int(step.n_keep.sum()))
             old_seqs = b.seqs

@@ -24,6 +24,7 @@ from ..models import ModelPair
 from .batch import left_pad
 from .faults import Policy
 from .result import DecodeResult, Progress, SequenceOutput
+from .sampling import GREEDY, Sampling
 from .round import Batch, Clock, RoundData, prefill, record_round, speculate
 
 CORRECT = Policy(())
@@ -95,7 +96,7 @@ def _merge(rows: list[SeqState]) -> Batch:
 @torch.inference_mode()
 def exspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, max_new_tokens: int,
            window: int, max_wait: int, sort_by_length: bool = True, record: bool = True,
-           progress: Progress | None = None, watch=None) -> DecodeResult:
+           progress: Progress | None = None, watch=None, sampling: Sampling = GREEDY) -> DecodeResult:
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i])) if sort_by_length else range(len(prompts))
     pool = deque(order)
     gen = {i: SequenceOutput([]) for i in range(len(prompts))}
@@ -111,7 +112,7 @@ def exspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
         waits = [s.waited for s in rows]
         b = _merge(rows)
         S = b.tokens.shape[1]
-        step = speculate(pair, CORRECT, b, k, gen, max_new_tokens, record, clock, watch)
+        step = speculate(pair, CORRECT, b, k, gen, max_new_tokens, record, clock, watch, sampling)
         if progress:
             progress(int(step.n_keep.sum()))
 

@@ -6,11 +6,12 @@ is the correct engine. Faults compose: any set can be asked for.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from .batch import positions as mask_positions
+from .sampling import Sampler, inverse_cdf
 
 # name -> (kind, what it does)
 FAULTS = {
@@ -22,7 +23,16 @@ FAULTS = {
     "keep-rejected-kv": ("wasteful", "rejected drafts stay in the cache as masked stale slots"),
     "growing-padding": ("wasteful", "padding is only ever added, never removed"),
     "right-padding": ("wasteful", "prompts are padded on the right (the pad block sits after the prompt)"),
+    # Sampling faults (temperature > 0): the text stays fluent, only the distribution is wrong.
+    "residual-from-draft": ("sampling", "after a rejection the token is drawn from the draft's q, not the residual"),
+    "residual-unclamped": ("sampling", "the residual is p - q without max(0, .)"),
+    "residual-unnormalised": ("sampling", "the residual max(0, p - q) is drawn from without renormalising it"),
+    "accept-q-over-p": ("sampling", "a draft is accepted with probability min(1, q/p) instead of min(1, p/q)"),
+    "temperature-draft-only": ("sampling", "temperature is applied to the draft only: the target verifies at 1"),
+    "top-p-not-in-residual": ("sampling", "top-k and top-p truncate p for acceptance but not in the residual"),
+    "shared-stream": ("sampling", "every row draws the same random numbers (one stream for the batch)"),
 }
+SAMPLING = tuple(f for f, (kind, _) in FAULTS.items() if kind == "sampling")
 PRESETS = {
     "bsp-like": ("positions-from-slots", "keep-rejected-kv", "right-padding"),
     "dsd-like": ("no-mask", "growing-padding", "draft-bonus"),
@@ -87,3 +97,28 @@ class Policy:
     @property
     def move_kv(self) -> bool:
         return not self.has("no-kv-shift")
+
+    # -- speculative sampling (Leviathan et al.; Chen et al.)
+
+    def target_sampler(self, sampler: Sampler) -> Sampler:
+        return replace(sampler, temperature=1.0) if self.has("temperature-draft-only") else sampler
+
+    def stream(self, seqs: torch.Tensor) -> torch.Tensor:
+        """The random stream each row draws from: its own sequence's."""
+        return torch.zeros_like(seqs) if self.has("shared-stream") else seqs
+
+    def accept(self, p: torch.Tensor, q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Accept a draft with probability min(1, p/q): u < p/q, written without dividing."""
+        return u * p < q if self.has("accept-q-over-p") else u * q < p
+
+    def residual(self, sampler: Sampler, logits: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
+                 u: torch.Tensor) -> torch.Tensor:
+        """The token after a rejection: a draw from max(0, p - q), normalised (p = sampler.probs(logits))."""
+        if self.has("residual-from-draft"):
+            return inverse_cdf(q, u)
+        if self.has("top-p-not-in-residual"):
+            p = sampler.probs(logits, truncate=False)
+        diff = p - q
+        if self.has("residual-unclamped"):
+            return inverse_cdf(diff, u)
+        return inverse_cdf(diff.clamp(min=0), u, normalised=not self.has("residual-unnormalised"))

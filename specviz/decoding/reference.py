@@ -1,7 +1,8 @@
-"""Reference decoders: the target alone, greedy. `reference` (batch size 1) is
-the ground truth every other method is compared with; `batched-reference` runs
-the same greedy decoding on the left-padded batch, to separate batching noise
-from speculation bugs."""
+"""Reference decoders: the target alone, greedy or sampled. `reference` (batch
+size 1) is the ground truth every other method is compared with;
+`batched-reference` runs the same decoding on the left-padded batch, to separate
+batching noise from speculation bugs. Sampled, both draw each token with the
+stream every method uses for the target's own tokens (sampling.py)."""
 from __future__ import annotations
 
 import time
@@ -12,11 +13,21 @@ from .. import kvcache
 from ..models import ModelPair
 from .batch import forward, left_pad
 from .result import DecodeResult, Progress, SequenceOutput, chunks, top2_margin
+from .sampling import GREEDY, TARGET, Sampling, inverse_cdf, uniform
+
+
+def choose(logits: torch.Tensor, sampling: Sampling, seqs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Each row's next token from its logits (B, V): the argmax, or a draw from the target's distribution."""
+    if sampling.greedy:
+        return logits.argmax(-1)
+    return inverse_cdf(sampling.target.probs(logits), uniform(sampling.seed, seqs, index, TARGET))
 
 
 @torch.inference_mode()
-def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int, progress: Progress | None = None) -> DecodeResult:
-    """Plain argmax, one prompt at a time, through the model's own forward, positions and cache.
+def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int, progress: Progress | None = None,
+              sampling: Sampling = GREEDY) -> DecodeResult:
+    """Plain argmax (or a draw, when sampling), one prompt at a time, through the model's own forward,
+    positions and cache.
 
     Not `generate`: transformers 5 fills every field a GenerationConfig leaves unset from the checkpoint's
     own generation_config (repetition penalty, suppressed tokens, ...), and it takes the argmax of float32
@@ -25,13 +36,14 @@ def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int, pr
     tests/test_reference.py checks this loop against `generate` for a model without such defaults.
     """
     outputs, start = [], time.perf_counter()
-    for ids in prompts:
+    for seq, ids in enumerate(prompts):
         cache, x = kvcache.new(pair.target), torch.tensor([ids], device=pair.device)
         out = SequenceOutput([])
         while len(out.ids) < max_new_tokens and (not out.ids or out.ids[-1] not in pair.eos_ids):
             logits = pair.target(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
             logits = logits[: pair.vocab_size].double()  # exact for every model dtype: the argmax is the model's
-            out.ids.append(int(logits.argmax()))
+            at = torch.tensor([[seq, len(out.ids)]], device=pair.device)
+            out.ids.append(int(choose(logits[None], sampling, at[:, 0], at[:, 1])))
             out.margins.append(float(top2_margin(logits)))
             x = torch.tensor([out.ids[-1:]], device=pair.device)
         outputs.append(out)
@@ -42,7 +54,7 @@ def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int, pr
 
 @torch.inference_mode()
 def batched_reference(pair: ModelPair, prompts: list[list[int]], batch_size: int, max_new_tokens: int,
-                      progress: Progress | None = None, watch=None) -> DecodeResult:
+                      progress: Progress | None = None, watch=None, sampling: Sampling = GREEDY) -> DecodeResult:
     outputs, start = [None] * len(prompts), time.perf_counter()
     eos = torch.tensor(pair.eos_ids, device=pair.device)
     for chunk in chunks(len(prompts), batch_size):
@@ -55,7 +67,8 @@ def batched_reference(pair: ModelPair, prompts: list[list[int]], batch_size: int
             if watch:
                 watch.start()
             logits = forward(pair.target, tokens, valid, q_start, cache, pair.vocab_size, keep=1)[:, -1]
-            nxt = logits.argmax(-1)
+            have = torch.tensor([len(gen[i].ids) for i in seqs], device=pair.device)
+            nxt = choose(logits, sampling, torch.tensor(seqs, device=pair.device), have)
             margins = top2_margin(logits).tolist()
             for r, (i, t) in enumerate(zip(seqs, nxt.tolist())):
                 gen[i].ids.append(t)

@@ -5,6 +5,9 @@ For every row: the draft proposes k tokens from its own KV cache; the target
 scores the last committed token and the k drafts in one pass; the row keeps its
 drafts up to the first disagreement plus the target's own token there (the
 correction, or the bonus after a fully accepted block): 1..k+1 new tokens.
+When sampling, a draft d is accepted with probability min(1, p(d)/q(d)); the
+first rejected one is replaced by a draw from max(0, p - q), normalised, and a
+fully accepted block gains a bonus drawn from p (speculative sampling).
 
 Layout at the start of a round (S slots, see batch.py): the target cache holds
 slots 0..S-2 (every token but the last, which is fed again), the draft cache
@@ -29,6 +32,7 @@ from ..models import ModelPair
 from .batch import forward, positions
 from .faults import Policy
 from .result import SequenceOutput
+from .sampling import ACCEPT, DRAFT, GREEDY, RESIDUAL, TARGET, Sampling, inverse_cdf, uniform
 
 TOP = 8  # target logits kept per verified slot (for forensics, not saved in the trace)
 
@@ -143,7 +147,7 @@ def _kv_in_step(written: torch.Tensor, valid: torch.Tensor, slots: int) -> torch
 
 
 def speculate(pair: ModelPair, policy: Policy, b: Batch, k: int, gen: dict[int, SequenceOutput],
-              max_new_tokens: int, record: bool, clock: Clock, watch=None) -> Step:
+              max_new_tokens: int, record: bool, clock: Clock, watch=None, sampling: Sampling = GREEDY) -> Step:
     """Draft, verify and accept for every row of `b`; append the new tokens to `gen`.
 
     Near the token budget the round drafts fewer than k: a row that may emit
@@ -166,18 +170,23 @@ def speculate(pair: ModelPair, policy: Policy, b: Batch, k: int, gen: dict[int, 
         }
         fields["pad"], fields["content"] = pad, content
 
-    # -- draft: greedy proposals, the first step re-feeding the last two slots
+    stream = policy.stream(torch.tensor(b.seqs, device=dev))
+    # -- draft: proposals, the first step re-feeding the last two slots
     d_tok, d_val, d_stl = b.tokens, b.valid, b.stale
-    drafts, d_probs = [], []
+    drafts, d_probs, qs = [], [], []
     q_start, steps = (S - 2 if kvcache.length(b.dcache) else 0), policy.draft_steps(k)
     eos = torch.tensor(pair.eos_ids, device=dev)
     drafted_eos = torch.zeros(B, dtype=torch.bool, device=dev)
     for j in range(steps):
         logits, d_pos = _run(pair, policy, pair.draft, d_tok, d_val, d_stl, q_start, b.dcache, keep=1)
-        nxt = logits[:, -1].argmax(-1)
+        if sampling.greedy:
+            nxt = logits[:, -1].argmax(-1)
+            if record:
+                d_probs.append(logits[:, -1].softmax(-1).gather(1, nxt[:, None])[:, 0])
+        else:
+            qs.append(sampling.draft.probs(logits[:, -1]))
+            nxt = inverse_cdf(qs[-1], uniform(sampling.seed, stream, have + j, DRAFT))
         drafts.append(nxt)
-        if record:
-            d_probs.append(logits[:, -1].softmax(-1).gather(1, nxt[:, None])[:, 0])
         drafted_eos |= torch.isin(nxt, eos)
         if j < steps - 1 and not policy.has("draft-bonus") and bool(drafted_eos.all()):
             break  # every row has drafted an EOS: no later draft could be emitted
@@ -202,9 +211,13 @@ def speculate(pair: ModelPair, policy: Policy, b: Batch, k: int, gen: dict[int, 
     t_fed = torch.cat([b.t_written, ext_pos[:, S - 1:]], 1)
     t_verify = clock.lap()
 
-    # -- accept: drafts up to the first disagreement, then the target's token there
-    a = (D[:, :k] == g[:, :k]).long().cumprod(1).sum(1)
-    pick = (D if policy.has("draft-bonus") else g).gather(1, a[:, None])
+    # -- accept: drafts up to the first disagreement (or rejection), then the target's token there
+    if sampling.greedy:
+        a = (D[:, :k] == g[:, :k]).long().cumprod(1).sum(1)
+        own = g.gather(1, a[:, None])[:, 0]
+    else:
+        a, own, drawn = _accept_sampled(policy, sampling, logits, torch.stack(qs, 1), D, k, stream, have)
+    pick = D.gather(1, a[:, None]) if policy.has("draft-bonus") else own[:, None]
     emitted = torch.cat([D[:, :k], g[:, k:]], 1).scatter(1, a[:, None], pick)
     is_eos = torch.isin(emitted, eos) & (idx <= a[:, None])
     first_eos = torch.where(is_eos.any(1), is_eos.long().argmax(1), k + 1)
@@ -232,7 +245,7 @@ def speculate(pair: ModelPair, policy: Policy, b: Batch, k: int, gen: dict[int, 
         fields["checks"].update(
             positions=(ext_pos == positions(ext_val))[:, S - 1:].all(1),
             mask=(seen == ext_val).all(1),
-            bonus=pick[:, 0] == g.gather(1, a[:, None])[:, 0],
+            bonus=pick[:, 0] == own,
         )
         fields["ints"] = {
             "draft_tokens": D[:, :k], "target_tokens": g, "emitted": emitted, "accepted": a,
@@ -241,17 +254,40 @@ def speculate(pair: ModelPair, policy: Policy, b: Batch, k: int, gen: dict[int, 
             "target_top_ids": top.indices,
         }
         fields["floats"] = {
-            "draft_probs": torch.stack(d_probs, 1)[:, :k],
+            "draft_probs": torch.stack(d_probs, 1)[:, :k] if sampling.greedy else drawn["draft_probs"],
             "target_probs": logits.softmax(-1).gather(2, g[..., None])[..., 0],
             "target_margins": margins,
             "target_top_values": top.values.float(),
         }
+        if not sampling.greedy:
+            fields["floats"].update(drawn)
+            # trace.PickFrom: 0 target (the bonus), 1 residual, 2 draft (a fault takes the draft's own token)
+            fields["ints"]["pick_from"] = torch.full_like(a, 2) if policy.has("draft-bonus") else (a < k).long()
     timings = {"draft": t_draft, "verify": t_verify}
     if watch:
         with clock.pause():
             watch.end(b.seqs, gen)
         timings["watch"] = clock.paused
     return Step(k, emitted, n_keep, finished, a, pick, out_tok, out_val, out_stale, t_fed, d_fed, fields, timings)
+
+
+def _accept_sampled(policy: Policy, sampling: Sampling, logits: torch.Tensor, Q: torch.Tensor, D: torch.Tensor,
+                    k: int, stream: torch.Tensor, have: torch.Tensor):
+    """Speculative sampling's decisions for every row: the accepted count, the target's own token at the first
+    slot not accepted (from the residual, or from p after a fully accepted block), and what was drawn."""
+    B, idx = D.shape[0], torch.arange(k, device=D.device)
+    target = policy.target_sampler(sampling.target)
+    P = target.probs(logits)  # (B, k+1, V)
+    p = P[:, :k].gather(2, D[:, :k, None])[..., 0].double()
+    q = Q[:, :k].gather(2, D[:, :k, None])[..., 0].double()
+    u = uniform(sampling.seed, stream, have[:, None] + idx, ACCEPT)
+    a = policy.accept(p, q, u).long().cumprod(1).sum(1)
+    rows, bonus = torch.arange(B, device=D.device), a == k
+    v = uniform(sampling.seed, stream, have + a, torch.where(bonus, TARGET, RESIDUAL))
+    P_a, Q_a = P[rows, a], Q[rows, a.clamp(max=k - 1)]
+    own = torch.where(bonus, inverse_cdf(P_a, v), policy.residual(target, logits[rows, a], P_a, Q_a, v))
+    drawn = {"draft_probs": q, "target_draft_probs": p, "accept_draws": u, "pick_draws": v[:, None]}
+    return a, own, drawn
 
 
 def _to_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

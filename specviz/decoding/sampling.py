@@ -1,0 +1,98 @@
+"""Sampling: a model's logits turned into the distribution it samples from, and
+reproducible draws from it.
+
+A `Sampler` applies temperature, then top-k, then top-p, in the order and with
+the boundary conventions of transformers' logits warpers and vLLM's sampler
+(a token stays in the nucleus unless the tokens below it already hold 1 - top_p).
+
+Every random number is a counter-based draw: a hash of (seed, sequence,
+output index, purpose). A sequence's draws do not depend on which rows it
+shares a batch with, how the batch is laid out, or the order rows are served
+in, so a run repeats bit for bit and eqspec, exspec and the reference consume
+the same numbers at the same token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# What a draw is for: its own stream, so that no two decisions ever share a number.
+DRAFT, ACCEPT, RESIDUAL, TARGET, PIT = range(5)
+
+
+@dataclass(frozen=True)
+class Sampler:
+    temperature: float = 0.0  # 0: greedy (argmax)
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def probs(self, logits: torch.Tensor, truncate: bool = True) -> torch.Tensor:
+        """The distribution over the last dim (float32 for float32 logits, float64 for float64).
+        `truncate=False`: temperature only, no top-k or top-p (what a sampling fault may use)."""
+        if self.greedy:  # a point mass on the argmax (a greedy draft proposing to a sampling target)
+            return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
+        z = logits / self.temperature
+        if truncate and self.top_k and self.top_k < z.shape[-1]:
+            kth = z.topk(self.top_k, dim=-1).values[..., -1:]
+            z = z.masked_fill(z < kth, float("-inf"))
+        if truncate and self.top_p < 1.0:
+            srt, order = z.sort(dim=-1)  # ascending
+            below = srt.softmax(-1).cumsum(-1)
+            drop = below <= 1 - self.top_p
+            drop[..., -1] = False  # the most likely token always stays
+            z = z.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+        return z.softmax(-1)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a run samples: the target's settings, the draft's, and the seed of every row's stream."""
+
+    target: Sampler = Sampler()
+    draft: Sampler = Sampler()
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.target.greedy
+
+
+GREEDY = Sampling()
+
+
+def _signed(x: int) -> int:
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+GOLDEN, MUL1, MUL2 = (_signed(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finalizer on int64 tensors: multiplication wraps; `>>` is arithmetic, hence the masks."""
+    x = x ^ ((x >> 30) & ((1 << 34) - 1))
+    x = x * MUL1
+    x = x ^ ((x >> 27) & ((1 << 37) - 1))
+    x = x * MUL2
+    return x ^ ((x >> 31) & ((1 << 33) - 1))
+
+
+def uniform(seed: int, seqs: torch.Tensor, index: torch.Tensor, purpose: int | torch.Tensor) -> torch.Tensor:
+    """Draws in (0, 1), float64, one per element of `index` (B,) or (B, n); `seqs` (B,) names each row's stream."""
+    seqs = seqs.reshape(-1, *([1] * (index.dim() - 1)))
+    h = _mix(torch.full_like(index, seed) + GOLDEN)
+    for part in (seqs, index, torch.as_tensor(purpose, device=index.device)):
+        h = _mix((h ^ part) + GOLDEN)
+    return (((h >> 11) & ((1 << 53) - 1)).double() + 0.5) * 2.0 ** -53
+
+
+def inverse_cdf(weights: torch.Tensor, u: torch.Tensor, normalised: bool = True) -> torch.Tensor:
+    """The token whose cumulative weight first exceeds u times the total: one exact draw from the normalised
+    `weights` (..., V) per draw u (...). `normalised=False` compares with u alone (a fault's sampler)."""
+    cdf = weights.double().cumsum(-1)
+    idx = (cdf < u[..., None] * (cdf[..., -1:] if normalised else 1.0)).sum(-1)
+    return idx.clamp(max=weights.shape[-1] - 1)

@@ -1,0 +1,114 @@
+"""The verdict on a sampled run: are its tokens drawn from the target's distribution?
+
+Independent of the engine: each sequence's tokens are teacher-forced through the
+target alone (batch size 1, no cache, nothing of the engine's layout), its
+distribution at every prefix is rebuilt with the run's temperature, top-k and
+top-p, and each token gets its randomized PIT (pit.py). Under a correct sampler
+the values are independent and uniform; they are pooled and split by what is
+known before a token is drawn (its slot in the round, its batch row, the
+rounds, pairs of rows), and every split is tested.
+
+Beside it, the decision audit re-derives every recorded accept/reject decision
+from the recorded p, q and draw: a correct engine has no mismatch.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+from . import pit
+from .decoding.sampling import PIT, uniform
+from .models import ModelPair
+from .recompute import fresh_logits
+from .trace import Decisions, Trace
+
+PIT_SEED = 0x5EC7  # the PIT's own draws: never the engine's (those are seeded by the run)
+ROUND_SPLITS = 4  # the rounds (or, without rounds, the token indices) cut in this many ranges
+MAX_LISTED = 20
+
+
+def judge(trace: Trace, pair: ModelPair, prompt_ids: list[list[int]], progress=None) -> None:
+    """Score every sequence under the target, then fill `trace.distribution`, each sequence's `pit` and, for
+    speculative runs, `trace.decisions`."""
+    sampler = trace.manifest.spec.sampling().target
+    for s in trace.sequences:
+        if s.output_ids:
+            logits = fresh_logits(pair.target, prompt_ids[s.seq] + s.output_ids[:-1], len(s.output_ids),
+                                  pair.vocab_size)
+            seqs = torch.tensor([s.seq])
+            draws = uniform(PIT_SEED, seqs, torch.arange(len(s.output_ids))[None], PIT)[0]
+            u, _ = pit.pit(sampler.probs(logits), torch.tensor(s.output_ids), draws)
+            s.pit = [None if np.isnan(x) else float(x) for x in u]
+        else:
+            s.pit = []
+        if progress:
+            progress(len(s.output_ids))
+    trace.distribution = pit.judge(samples(trace), impossible=sum(x is None for s in trace.sequences for x in s.pit))
+    if trace.rows:
+        trace.decisions = decisions(trace)
+
+
+def samples(trace: Trace) -> dict[str, np.ndarray]:
+    """The PIT values pooled, then split by slot in the round (speculative runs), batch row, round range and
+    row pairs; impossible tokens (None) are counted apart, not tested."""
+    where = _token_places(trace)
+    groups: dict[str, list[float]] = defaultdict(list, {"all tokens": []})  # pooled first, even when empty
+    k = trace.manifest.spec.k
+    last_round = max((r for places in where.values() for _, _, r in places), default=0)
+    for s in trace.sequences:
+        for u, (slot, row, rnd) in zip(s.pit or (), where[s.seq]):
+            if u is None:
+                continue
+            groups["all tokens"].append(u)
+            if slot is not None:
+                groups[f"slot {slot}" + (" (bonus)" if slot == k else "")].append(u)
+            groups[f"row {row}"].append(u)
+            lo = rnd * ROUND_SPLITS // (last_round + 1)
+            groups[f"rounds {_range(lo, last_round)}"].append(u)
+    out = {name: np.array(values) for name, values in sorted(groups.items(), key=lambda kv: _order(kv[0]))}
+    rows = [np.array([np.nan if u is None else u for u in s.pit or ()]) for s in trace.sequences]
+    out["row pairs"] = pit.row_pairs(rows)
+    return out
+
+
+def _range(lo: int, last: int) -> str:
+    """The rounds of range `lo` of ROUND_SPLITS over rounds 0..last."""
+    first = next(r for r in range(last + 1) if r * ROUND_SPLITS // (last + 1) == lo)
+    end = max(r for r in range(last + 1) if r * ROUND_SPLITS // (last + 1) == lo)
+    return f"{first}–{end}"
+
+
+def _order(name: str) -> tuple:
+    kind, _, rest = name.partition(" ")
+    number = int(rest.split()[0].split("–")[0]) if rest[:1].isdigit() else 0
+    return ({"all": 0, "slot": 1, "row": 2, "rounds": 3}.get(kind, 4), number)
+
+
+def _token_places(trace: Trace) -> dict[int, list[tuple[int | None, int, int]]]:
+    """Per sequence, per output token: (slot in its round or None, batch row, round or token index)."""
+    places: dict[int, list] = defaultdict(list)
+    if trace.rows:
+        for r in trace.rows:
+            places[r.seq] += [(j, r.row, r.round) for j in range(len(r.emitted))]
+    else:  # the target alone: a sequence's row in its static batch, and each token's index for its round
+        size = trace.manifest.spec.batch_size if trace.manifest.spec.method == "batched-reference" else 1
+        for s in trace.sequences:
+            places[s.seq] = [(None, s.seq % size, i) for i in range(len(s.output_ids))]
+    return places
+
+
+def decisions(trace: Trace) -> Decisions:
+    """Accepted iff draw < p/q, i.e. draw * q < p (as the engine computes it), for every decided draft: those
+    accepted and the first rejected one. The recorded values are the engine's float64 ones, so a correct engine
+    re-derives exactly."""
+    checked, bad = 0, []
+    for r in trace.rows:
+        if r.accept_draws is None:
+            continue
+        for j in range(min(r.accepted + 1, len(r.draft_tokens))):
+            checked += 1
+            if (r.accept_draws[j] * r.draft_probs[j] < r.target_draft_probs[j]) != (j < r.accepted):
+                bad.append([r.round, r.row, j])
+    return Decisions(checked=checked, mismatches=len(bad), first=bad[:MAX_LISTED])
