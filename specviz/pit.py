@@ -1,8 +1,11 @@
 """Is a sampler drawing from the target's distribution? The randomized probability integral transform.
 
 For an emitted token x with target probabilities p at its prefix, U = F(x-) + V * p(x), where F(x-) is the mass
-of the tokens before x and V an independent uniform draw. Under a correct sampler the U values are i.i.d.
-uniform on (0, 1), whatever p is; a wrong sampler shows as a non-uniform split. Splits are made by things known
+of the tokens ranked before x and V an independent uniform draw. Under a correct sampler the U values are
+i.i.d. uniform on (0, 1), whatever p is and whatever order ranks the tokens, as long as p alone fixes it; a wrong
+sampler shows as a non-uniform split. The order here is most probable first: a sampler that favours likely
+tokens (too low a temperature, a draft's own picks) piles values near 0, one that favours unlikely tokens near 1,
+where an order by token id would scatter both over (0, 1). Splits are made by things known
 before the token is drawn (slot in the round, row, rounds, pairs of rows), so each one is uniform too under H0.
 """
 from __future__ import annotations
@@ -38,7 +41,10 @@ def pit(probs: torch.Tensor, tokens: torch.Tensor, draws: torch.Tensor) -> tuple
     below = torch.empty(n, dtype=torch.float64, device=probs.device)
     step = max(1, CHUNK // vocab)
     for i in range(0, n, step):
-        below[i:i + step] = torch.where(ids < tokens[i:i + step, None], probs[i:i + step].double(), 0).sum(1)
+        p, x = probs[i:i + step].double(), tokens[i:i + step, None]
+        px = p.gather(1, x)
+        ranked_before = (p > px) | ((p == px) & (ids < x))  # more probable, or as probable with a smaller id
+        below[i:i + step] = torch.where(ranked_before, p, 0).sum(1)
     mass = probs.gather(1, tokens[:, None])[:, 0].double()
     u = below + draws.to(below) * mass
     u[mass == 0] = math.nan

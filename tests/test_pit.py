@@ -8,10 +8,17 @@ from specviz.pit import BINS, WARN, Distribution, figure, judge, pair_difference
 
 # A tiny vocabulary with the exact zeros top-k/top-p leave, the last token among them.
 P = np.array([0.30, 0.20, 0.15, 0.0, 0.12, 0.10, 0.13, 0.0])
-# Samples the power test needs: a p' at total-variation distance 0.02 from P was rejected (p < 0.001) for all
-# 20 seeds tried at 20,000 tokens (mass moved 0->6, 0->1, 4->5, or +-0.01 alternating over 6 tokens), not at
-# 10,000 (12 to 19 of 20). 30,000 leaves a margin: the largest p over those 80 runs was 2.3e-7.
+# Samples the power test needs (tokens ranked most probable first): a p' at total-variation distance 0.02 from P
+# was rejected (p < 0.001) for all 20 seeds tried at 20,000 tokens (mass moved 0->6, 0->1, 4->5, or +-0.01
+# alternating over 6 tokens), not at 10,000 (16 to 20 of 20). 30,000 leaves a margin: the largest p over those
+# 80 runs was 1.6e-10.
 N = 30_000
+
+
+def ranked_below(p: np.ndarray, t: int) -> float:
+    """F(x-) by hand: the mass of the tokens more probable than t, or as probable with a smaller id."""
+    ids = np.arange(len(p))
+    return p[(p > p[t]) | ((p == p[t]) & (ids < t))].sum()
 
 
 def sample(q, n, seed):
@@ -39,9 +46,10 @@ def test_the_target_sampler_is_consistent_and_one_at_tv_002_is_rejected():
 
 def test_a_wrong_pit_rejects_the_right_sampler():
     tokens, draws, u, mass = sample(P, N, seed=3)
-    below, upto = np.concatenate([[0], np.cumsum(P)])[tokens], np.cumsum(P)[tokens]
+    below = np.array([ranked_below(P, t) for t in range(len(P))])[tokens]
+    upto = below + P[tokens]
     assert np.allclose(u, below + draws * P[tokens]) and np.array_equal(mass, P[tokens])
-    # The randomisation forgotten (the bin's midpoint), or F(x) in place of F(x-) without it (a sum over y <= x):
+    # The randomisation forgotten (the bin's midpoint), or F(x) in place of F(x-) without it (x counted too):
     for broken in (below + 0.5 * P[tokens], upto):
         assert judge({"all tokens": broken}).p < 1e-6
     # F(x) in place of F(x-) with it: the last possible token goes past 1, which no PIT can.
@@ -59,7 +67,7 @@ def test_chunked_pit_equals_a_direct_computation(monkeypatch):
     draws = torch.rand(13, generator=g, dtype=torch.float64)
     monkeypatch.setattr(pitmod, "CHUNK", 50 * 4)  # 4 rows a chunk, the last one short
     u, mass = pit(probs, tokens, draws)
-    direct = [probs[i, :t].sum() + draws[i] * probs[i, t] for i, t in enumerate(tokens.tolist())]
+    direct = [ranked_below(probs[i].numpy(), t) + draws[i] * probs[i, t] for i, t in enumerate(tokens.tolist())]
     assert np.isnan(u[5]) and mass[5] == 0
     keep = np.arange(13) != 5
     assert np.allclose(u[keep], np.array(direct)[keep], rtol=0, atol=1e-15)
