@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -48,7 +49,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-new-tokens", type=int, default=48)
     g.add_argument("--dtype", choices=DTYPES, default="float32")
     g.add_argument("--device", choices=DEVICES, default="auto")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, help="sampled runs: every sequence's random stream derives from it")
     g.add_argument("--deterministic", action="store_true",
                    help="deterministic GPU kernels (fixed cuBLAS workspace, no TF32): reruns repeat bit for bit; slower")
     g.add_argument("--window", type=int, help="exspec: active sequences in the window (default 2 x batch size)")
@@ -58,6 +59,13 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="check every row's state against a fresh batch-size-1 recomputation every round, or ROWS "
                         "sampled rows a round: finds corruption before (or without) a fork; about one extra "
                         "batch-size-1 pass of the target and one of the draft per audited row and round")
+    g = p.add_argument_group("sampling (temperature 0: greedy)")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=0, help="0: off")
+    g.add_argument("--top-p", type=float, default=1.0, help="1: off")
+    g.add_argument("--draft-temperature", type=float, help="the draft's own (default: the target's)")
+    g.add_argument("--draft-top-k", type=int, help="the draft's own (default: the target's)")
+    g.add_argument("--draft-top-p", type=float, help="the draft's own (default: the target's)")
 
 
 def _prompts(args) -> list[str]:
@@ -79,6 +87,8 @@ def _spec(args, **overrides) -> RunSpec:
         max_new_tokens=args.max_new_tokens, dtype=args.dtype, device=args.device, seed=args.seed,
         faults=tuple(f.strip() for f in args.faults.split(",") if f.strip()),
         window=args.window, max_wait=args.max_wait, audit=args.audit,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, draft_temperature=args.draft_temperature,
+        draft_top_k=args.draft_top_k, draft_top_p=args.draft_top_p,
     )
     fields.update(overrides)
     return RunSpec.build(**fields)
@@ -151,6 +161,20 @@ def _print_summary(trace) -> None:
               f"{pct['p50']:.2f}/{pct['p90']:.2f}/{pct['p99']:.2f} s")
     if eq:
         print(f"equivalence with reference: {eq['exact']:.0%} exact, {eq['prefix']:.1%} prefix match (n={eq['n']})")
+    if trace.distribution:
+        print(f"distribution: {_distribution(trace)}")
+
+
+def _distribution(trace) -> str:
+    """A sampled run's verdict in one line."""
+    d, line = trace.distribution, trace.distribution.verdict
+    if d.p is not None:
+        line += f" (p = {d.p:.2g}, {d.tokens} tokens" + (f"; fails: {d.failing}" if d.failing else "") + ")"
+    if d.impossible:
+        line += f"; {d.impossible} tokens the target gives probability 0"
+    if trace.decisions:
+        line += f"; decision audit: {trace.decisions.mismatches} of {trace.decisions.checked} decisions mismatch"
+    return line
 
 
 def cmd_verify(args) -> int:
@@ -175,12 +199,16 @@ def cmd_verify(args) -> int:
     for spec, trace in zip(specs, tqdm(traces, total=len(specs), desc="verify", leave=False,
                                        disable=not (reports and sys.stderr.isatty()))):
         m, bs, k = spec.method, spec.batch_size, spec.k
-        eq = metrics.equivalence(trace)
+        eq = metrics.equivalence(trace) or {"n": len(trace.sequences), "exact": math.nan, "prefix": math.nan}
         verdicts = metrics.verdict_counts(trace)
         row = {"method": m, "faults": ",".join(spec.faults), "batch_size": bs, "k": k, "n": eq["n"],
                "exact_pct": 100 * eq["exact"], "prefix_pct": 100 * eq["prefix"], "verdicts": verdicts,
                **metrics.waste(trace)}
         shown = ", ".join(f"{v} {c}" for v, c in verdicts.items()) or "-"
+        if trace.distribution:  # a sampled run: no token reference, a verdict on its distribution
+            row["distribution"] = trace.distribution.model_dump(exclude={"splits"})
+            row["decisions"] = trace.decisions.model_dump() if trace.decisions else None
+            shown = _distribution(trace)
         if spec.audit:
             row["audit"] = metrics.audit_counts(trace)
             shown += "; audit: state departed in {target} (target) and {draft} (draft) sequences".format(**row["audit"])
@@ -194,7 +222,9 @@ def cmd_verify(args) -> int:
     if args.json:
         _write(args.json, json.dumps({"rows": rows, "sequences": sequences}, indent=1))
         print(f"wrote {args.json}")
-    return 0 if all(r["exact_pct"] == 100 for r in rows) or args.allow_divergence else 1
+    sound = all(r["distribution"]["verdict"] == "consistent" if "distribution" in r else r["exact_pct"] == 100
+                for r in rows)
+    return 0 if sound or args.allow_divergence else 1
 
 
 def cmd_check(args) -> int:

@@ -347,13 +347,13 @@ def _row_records(rounds: list[RoundData], audit: dict) -> tuple[list[RoundRecord
         floats = {n: t.tolist() for n, t in rd.floats.items()}
         checks = {n: t.tolist() for n, t in rd.checks.items()}
         for row, seq in enumerate(rd.seqs):
-            a, m = ints["accepted"][row], ints["n_emitted"][row]
-            sources = ["draft"] * a + ["bonus" if a == rd.k else "correction"]
+            a, m, k = ints["accepted"][row], ints["n_emitted"][row], ints["drafts"][row]  # k: the row's own drafts
+            sources = ["draft"] * a + ["bonus" if a == k else "correction"]
             row_recs.append(RowRecord(
                 round=r, batch=rd.batch, row=row, seq=seq,
-                draft_tokens=ints["draft_tokens"][row], draft_probs=floats["draft_probs"][row],
-                target_tokens=ints["target_tokens"][row], target_probs=floats["target_probs"][row],
-                target_margins=floats["target_margins"][row],
+                draft_tokens=ints["draft_tokens"][row][:k], draft_probs=floats["draft_probs"][row][:k],
+                target_tokens=ints["target_tokens"][row][:k + 1], target_probs=floats["target_probs"][row][:k + 1],
+                target_margins=floats["target_margins"][row][:k + 1],
                 accepted=a, emitted=ints["emitted"][row][:m], sources=sources[:m],
                 finished=bool(ints["finished"][row]),
                 **{f: (None if ints[f][row] < 0 else ints[f][row])
@@ -362,16 +362,16 @@ def _row_records(rounds: list[RoundData], audit: dict) -> tuple[list[RoundRecord
                                              "mask_sum", "target_kv_before", "draft_kv_before", "delta")},
                 checks={n: bool(v[row]) for n, v in checks.items()},
                 **dict(zip(("audit", "audit_draft"), audit.get((r, seq), ()))),
-                **_drawn(ints, floats, row),
+                **_drawn(ints, floats, row, k),
             ))
     return round_recs, row_recs
 
 
-def _drawn(ints: dict, floats: dict, row: int) -> dict:
-    """A sampled round's draws and probabilities for one row (nothing for a greedy round)."""
+def _drawn(ints: dict, floats: dict, row: int, k: int) -> dict:
+    """A sampled round's draws and probabilities for one row and its k drafts (nothing for a greedy round)."""
     if "accept_draws" not in floats:
         return {}
-    return {"target_draft_probs": floats["target_draft_probs"][row], "accept_draws": floats["accept_draws"][row],
+    return {"target_draft_probs": floats["target_draft_probs"][row][:k], "accept_draws": floats["accept_draws"][row][:k],
             "pick_draw": floats["pick_draws"][row][0], "pick_from": typing.get_args(PickFrom)[ints["pick_from"][row]]}
 
 

@@ -59,10 +59,13 @@ def test_self_speculation_accepts_everything(tiny, mixed_prompts):
     k, n = 4, 21
     prompts = [p[:12] for p in mixed_prompts[:4] if len(p) >= 12]  # equal lengths: no realignment at all
     got = eqspec(same, prompts, 4, k, n)
-    # 21 = 4 rounds of k+1, then one token left: the last round drafts only 1
+    # 21 = 4 rounds of k+1, then one token left: the last round drafts only 1, and each row, with room for
+    # no draft, takes the target's own token
     assert [rd.k for rd in got.rounds] == [k, k, k, k, 1]
+    rows = len(prompts)
+    assert [rd.ints["drafts"].tolist() for rd in got.rounds] == [[k] * rows] * 4 + [[0] * rows]
     for rd in got.rounds:
-        assert (rd.ints["accepted"] == rd.k).all()
+        assert (rd.ints["accepted"] == rd.ints["drafts"]).all()
         n_em = rd.ints["n_emitted"]
         assert ((n_em == rd.k + 1) | (rd.ints["finished"] == 1)).all()
         assert not rd.realigned

@@ -211,12 +211,15 @@ def speculate(pair: ModelPair, policy: Policy, b: Batch, k: int, gen: dict[int, 
     t_fed = torch.cat([b.t_written, ext_pos[:, S - 1:]], 1)
     t_verify = clock.lap()
 
-    # -- accept: drafts up to the first disagreement (or rejection), then the target's token there
+    # -- accept: drafts up to the first disagreement (or rejection), then the target's token there. A row never
+    # accepts past its own budget (its `room`), whatever the batch drafted: its tokens and draws are then the
+    # same in any batch.
+    room = (max_new_tokens - 1 - have).clamp(min=0, max=k)
     if sampling.greedy:
-        a = (D[:, :k] == g[:, :k]).long().cumprod(1).sum(1)
+        a = torch.minimum((D[:, :k] == g[:, :k]).long().cumprod(1).sum(1), room)
         own = g.gather(1, a[:, None])[:, 0]
     else:
-        a, own, drawn = _accept_sampled(policy, sampling, logits, torch.stack(qs, 1), D, k, stream, have)
+        a, own, drawn = _accept_sampled(policy, sampling, logits, torch.stack(qs, 1), D, room, stream, have)
     pick = D.gather(1, a[:, None]) if policy.has("draft-bonus") else own[:, None]
     emitted = torch.cat([D[:, :k], g[:, k:]], 1).scatter(1, a[:, None], pick)
     is_eos = torch.isin(emitted, eos) & (idx <= a[:, None])
@@ -249,7 +252,7 @@ def speculate(pair: ModelPair, policy: Policy, b: Batch, k: int, gen: dict[int, 
         )
         fields["ints"] = {
             "draft_tokens": D[:, :k], "target_tokens": g, "emitted": emitted, "accepted": a,
-            "n_emitted": n_keep, "finished": finished.long(),
+            "n_emitted": n_keep, "finished": finished.long(), "drafts": room,
             "pos_first": ext_pos[:, S - 1], "pos_last": ext_pos[:, -1], "mask_sum": seen[:, :S].sum(1),
             "target_top_ids": top.indices,
         }
@@ -262,7 +265,7 @@ def speculate(pair: ModelPair, policy: Policy, b: Batch, k: int, gen: dict[int, 
         if not sampling.greedy:
             fields["floats"].update(drawn)
             # trace.PickFrom: 0 target (the bonus), 1 residual, 2 draft (a fault takes the draft's own token)
-            fields["ints"]["pick_from"] = torch.full_like(a, 2) if policy.has("draft-bonus") else (a < k).long()
+            fields["ints"]["pick_from"] = torch.full_like(a, 2) if policy.has("draft-bonus") else (a < room).long()
     timings = {"draft": t_draft, "verify": t_verify}
     if watch:
         with clock.pause():
@@ -272,17 +275,19 @@ def speculate(pair: ModelPair, policy: Policy, b: Batch, k: int, gen: dict[int, 
 
 
 def _accept_sampled(policy: Policy, sampling: Sampling, logits: torch.Tensor, Q: torch.Tensor, D: torch.Tensor,
-                    k: int, stream: torch.Tensor, have: torch.Tensor):
-    """Speculative sampling's decisions for every row: the accepted count, the target's own token at the first
-    slot not accepted (from the residual, or from p after a fully accepted block), and what was drawn."""
+                    room: torch.Tensor, stream: torch.Tensor, have: torch.Tensor):
+    """Speculative sampling's decisions for every row: the accepted count (at most the row's `room`), the
+    target's own token at the first slot not accepted (from the residual, or from p after a fully accepted
+    block), and what was drawn."""
+    k = logits.shape[1] - 1
     B, idx = D.shape[0], torch.arange(k, device=D.device)
     target = policy.target_sampler(sampling.target)
     P = target.probs(logits)  # (B, k+1, V)
     p = P[:, :k].gather(2, D[:, :k, None])[..., 0].double()
     q = Q[:, :k].gather(2, D[:, :k, None])[..., 0].double()
     u = uniform(sampling.seed, stream, have[:, None] + idx, ACCEPT)
-    a = policy.accept(p, q, u).long().cumprod(1).sum(1)
-    rows, bonus = torch.arange(B, device=D.device), a == k
+    a = torch.minimum(policy.accept(p, q, u).long().cumprod(1).sum(1), room)
+    rows, bonus = torch.arange(B, device=D.device), a == room
     v = uniform(sampling.seed, stream, have + a, torch.where(bonus, TARGET, RESIDUAL))
     P_a, Q_a = P[rows, a], Q[rows, a.clamp(max=k - 1)]
     own = torch.where(bonus, inverse_cdf(P_a, v), policy.residual(target, logits[rows, a], P_a, Q_a, v))
