@@ -112,3 +112,46 @@ def engine_summary(trace: Trace) -> list[dict]:
             "verdicts": verdict_counts(trace) if role == "engine" else {},
         })
     return rows
+
+
+# ---------------------------------------------------------------- sampled runs
+
+
+def sampled(trace: Trace) -> bool:
+    """A run that samples (temperature > 0): no token-by-token reference; judged by its distribution instead."""
+    return trace.manifest.spec.temperature > 0
+
+
+def mismatched(r) -> list[int]:
+    """A sampled row's draft slots whose recorded decision does not follow its recorded draw: accepted iff
+    u * q < p (as the engine computes it, and distribution.decisions re-derives it), for the drafts that were
+    decided (those accepted and the first rejected one)."""
+    if r.accept_draws is None:
+        return []
+    return [j for j in range(min(r.accepted + 1, len(r.draft_tokens)))
+            if (r.accept_draws[j] * r.draft_probs[j] < r.target_draft_probs[j]) != (j < r.accepted)]
+
+
+def mean_pit(s) -> float | None:
+    """A sequence's mean PIT over its possible tokens (0.5 expected under a correct sampler)."""
+    values = [u for u in s.pit or () if u is not None]
+    return sum(values) / len(values) if values else None
+
+
+def impossible(s) -> int:
+    """A sequence's tokens the target gives probability 0 (recomputed at batch size 1)."""
+    return sum(u is None for u in s.pit or ())
+
+
+def distribution_summary(trace: Trace) -> dict | None:
+    """A sampled run's verdict in one row: the PIT test and the decision audit (None: not a judged sampled run)."""
+    d = trace.distribution
+    if d is None:
+        return None
+    audit = trace.decisions
+    worst = min((s.p for s in d.splits), default=None)
+    return {"verdict": d.verdict, "p": d.p, "alpha": d.alpha, "failing": d.failing, "tokens": d.tokens,
+            "splits_p": None if worst is None else min(1.0, worst * len(d.splits)),  # the PIT test alone
+            "impossible": d.impossible, "splits": len(d.splits), "skipped": len(d.skipped),
+            "checked": audit.checked if audit else None, "mismatches": audit.mismatches if audit else None,
+            "first": list(audit.first) if audit else []}

@@ -1,10 +1,13 @@
-"""Plotly figures from a Trace: KV and padding lanes, phase timings."""
+"""Plotly figures from a Trace: KV and padding lanes, phase timings, a sampled run's PIT histograms."""
 from __future__ import annotations
+
+import html
 
 import plotly.express as px
 import plotly.graph_objects as go
 
-from .metrics import PHASES
+from . import pit
+from .metrics import PHASES, sampled
 from .trace import Trace
 from .views import Focus, rows_by_seq
 
@@ -83,3 +86,19 @@ def phase_timings(trace: Trace) -> go.Figure:
                       title=f"time per round (share of {total:.1f} s decode time in the legend)",
                       yaxis_title="ms", xaxis_title="round", legend={"orientation": "h", "y": -0.25})
     return fig
+
+
+def pit_histograms(trace: Trace | None) -> go.Figure:
+    """A sampled run's PIT histograms (pit.figure), one panel per split; an explanatory empty figure otherwise.
+
+    Split names come from the trace (a stranger's text): plotly reads tags such as <a href> in its texts, so
+    they are escaped here (plotly turns the entities back into plain characters).
+    """
+    if trace is None or not sampled(trace):
+        return _empty("Greedy run: checked token by token against the reference.<br>"
+                      "PIT histograms are drawn for sampled runs (temperature above 0).")
+    dist = trace.distribution
+    if dist is None:
+        return _empty("This sampled run was not judged: its trace holds no distribution test.")
+    splits = [s.model_copy(update={"name": html.escape(s.name)}) for s in dist.splits]
+    return pit.figure(dist.model_copy(update={"splits": splits}))

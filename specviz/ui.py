@@ -11,6 +11,7 @@ import hashlib
 import html
 import json
 import os
+import re
 import tempfile
 import threading
 from collections import OrderedDict
@@ -27,7 +28,7 @@ from .prompts import builtin_sets, parse_prompts
 from .runner import run
 from .settings import Settings
 from .shrink import MAX_TRIALS, Shrunk, shrink, size
-from .spec import DTYPES, ENGINE, METHODS, RunSpec, SpecError
+from .spec import DTYPES, ENGINE, MAX_TEMPERATURE, METHODS, RunSpec, SpecError
 from .trace import MAX_TRACE_BYTES, Trace
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -39,18 +40,31 @@ _CANCELLED: set[str] = set()  # sessions whose running decode should stop
 _LOCK = threading.Lock()
 
 # Each example opens straight onto a case worth seeing. Values follow CONTROLS below.
+_EMBEDDED = {"pair": "embedded", "prompt_set": "quick", "method": "eqspec", "faults": [], "batch_size": 4, "k": 5,
+             "max_new_tokens": 32, "dtype": "float32"}
+_SAMPLED = {**_EMBEDDED, "k": 3, "max_new_tokens": 24, "temperature": 0.8, "top_p": 0.95}
 EXAMPLES = {
-    "clean eqspec": dict(pair="embedded", prompt_set="quick", method="eqspec", faults=[], batch_size=4, k=5,
-                         max_new_tokens=32, dtype="float32"),
-    "bsp-like decay": dict(pair="embedded", prompt_set="quick", method="eqspec", faults=["bsp-like"], batch_size=4,
-                           k=5, max_new_tokens=32, dtype="float32"),
-    "dsd-like collapse": dict(pair="embedded", prompt_set="quick", method="eqspec", faults=["dsd-like"], batch_size=4,
-                              k=5, max_new_tokens=32, dtype="float32"),
-    "numerics near-tie": dict(pair="tiny", prompt_set="all", method="eqspec", faults=[], batch_size=4, k=5,
-                              max_new_tokens=48, dtype="bfloat16"),
+    "clean eqspec": _EMBEDDED,
+    "bsp-like decay": {**_EMBEDDED, "faults": ["bsp-like"]},
+    "dsd-like collapse": {**_EMBEDDED, "faults": ["dsd-like"]},
+    "numerics near-tie": {"pair": "tiny", "prompt_set": "all", "method": "eqspec", "faults": [], "batch_size": 4,
+                          "k": 5, "max_new_tokens": 48, "dtype": "bfloat16"},
+    # Sampled runs have no token-by-token reference: the distribution panel judges them. k 3 and 24 tokens keep
+    # them quick on a CPU (no reference to decode either); the fault still emits tokens outside the target's nucleus.
+    "sampled eqspec": {**_SAMPLED, "faults": []},
+    "sampling fault: draft-only temperature": {**_SAMPLED, "faults": ["temperature-draft-only"]},
 }
-DEFAULTS = dict(pair="embedded", target="", draft="", prompt_set="quick", typed="", method="eqspec", faults=[],
-                batch_size=4, k=5, max_new_tokens=48, dtype="float32", seed=0, window=0, max_wait=4, audit=False)
+# The controls, in the order of spec_from_controls' arguments (less prompt_file, which follows "typed").
+DEFAULTS = {"pair": "embedded", "target": "", "draft": "", "prompt_set": "quick", "typed": "", "method": "eqspec",
+            "faults": [], "batch_size": 4, "k": 5, "max_new_tokens": 48, "dtype": "float32", "seed": 0, "window": 0,
+            "max_wait": 4, "audit": False, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "draft_temperature": None,
+            "draft_top_k": None, "draft_top_p": None}
+TEMPERATURE_MAX = 2.0  # the slider's range; a link may carry up to spec.MAX_TEMPERATURE
+TOP_P_MIN = 0.05
+
+
+PHASE_TEXT = {"reference": "reference (target alone, batch size 1)",
+              "distribution": "distribution (each token scored under the target, batch size 1)"}
 
 
 class Cancelled(Exception):
@@ -66,8 +80,10 @@ def _error(message: str, **kwargs) -> gr.Error:
 
 
 def spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, method, faults, batch_size, k,
-                       max_new_tokens, dtype, seed, window, max_wait, audit) -> RunSpec:
-    """The run the controls describe. Prompts: typed ones, else the uploaded file, else the built-in set."""
+                       max_new_tokens, dtype, seed, window, max_wait, audit, temperature=0.0, top_k=0, top_p=1.0,
+                       draft_temperature=None, draft_top_k=None, draft_top_p=None) -> RunSpec:
+    """The run the controls describe. Prompts: typed ones, else the uploaded file, else the built-in set.
+    Sampling: temperature 0 is greedy; top-k 0 and top-p 1 are off; a blank draft setting is the target's."""
     if pair == CUSTOM:
         if not (target or "").strip() or not (draft or "").strip():
             raise SpecError("a custom pair needs both a target and a draft model id")
@@ -83,7 +99,15 @@ def spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, meth
                          faults=tuple(faults or ()), batch_size=int(batch_size), k=int(k),
                          max_new_tokens=int(max_new_tokens), dtype=dtype, seed=int(seed),
                          window=int(window) or None, max_wait=int(max_wait),
-                         audit=int(batch_size) if audit else 0)
+                         audit=int(batch_size) if audit else 0, temperature=_real(temperature, 0.0),
+                         top_k=int(top_k or 0), top_p=_real(top_p, 1.0), draft_temperature=_real(draft_temperature),
+                         draft_top_k=None if draft_top_k is None else int(draft_top_k),
+                         draft_top_p=_real(draft_top_p))
+
+
+def _real(value, blank: float | None = None) -> float | None:
+    """A slider's or number box's value, rounded past a slider's float noise (0.15000000000000002: 0.15)."""
+    return blank if value is None else round(float(value), 6)
 
 
 def _read_upload(path: str, limit: int) -> str:
@@ -119,7 +143,7 @@ def _decode(spec: RunSpec, settings: Settings, progress: gr.Progress, session: s
         if session in _CANCELLED:
             raise Cancelled
         done[phase] = done.get(phase, 0) + n
-        label = "reference (target alone, batch size 1)" if phase == "reference" else phase
+        label = PHASE_TEXT.get(phase, phase)
         progress(min(done[phase] / total, 1.0), desc=f"{label}: {done[phase]} of ≤{total} tokens")
 
     _CANCELLED.discard(session)
@@ -152,6 +176,9 @@ def shrink_focused(settings: Settings, trace: Trace | None, seq, progress=gr.Pro
         raise gr.Error("run something or open a trace first")
     seq = int(seq or 0)
     s = trace.sequences[seq] if 0 <= seq < len(trace.sequences) else None
+    if s is not None and s.reference_ids is None and trace.manifest.spec.temperature > 0:
+        raise gr.Error("a sampled run has no token-by-token reference to diverge from: nothing to shrink (its "
+                       "distribution panel judges it)")
     if s is None or s.equivalent is not False:
         raise gr.Error(f"sequence {seq} does not diverge from the reference: nothing to shrink")
     spec = trace.manifest.spec
@@ -203,11 +230,17 @@ def _save(trace: Trace) -> str:
 # ---------------------------------------------------------------- event handlers
 
 
-def run_controls(settings: Settings, *values, progress=gr.Progress(), request: gr.Request = None):
-    """Run button and examples: decode what the controls say."""
+def run_controls(settings: Settings, pair, target, draft, prompt_set, typed, prompt_file, method, faults, batch_size,
+                 k, max_new_tokens, dtype, seed, window, max_wait, audit=False, temperature=0.0, top_k=0, top_p=1.0,
+                 draft_temperature=None, draft_top_k=None, draft_top_p=None, progress=gr.Progress(),
+                 request: gr.Request = None):
+    """Run button and examples: decode what the controls say. The parameters are spec_from_controls'; those with
+    defaults may be left out by an API client (the draft's own sampling settings default to blank)."""
     session = request.session_hash if request else ""
     try:
-        spec = spec_from_controls(*values)
+        spec = spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, method, faults, batch_size, k,
+                                  max_new_tokens, dtype, seed, window, max_wait, audit, temperature, top_k, top_p,
+                                  draft_temperature, draft_top_k, draft_top_p)
         trace = _decode(spec, settings, progress, session)
     except SpecError as e:
         raise _error(str(e)) from None
@@ -279,7 +312,7 @@ def open_trace(path: str | None):
         trace = Trace.from_json(_read_upload(path, MAX_TRACE_BYTES))
     except SpecError as e:
         raise _error(f"{Path(path).name}: {e}") from None
-    return trace, views.headline(trace) + " (opened from a file)", _save(trace), None
+    return trace, views.headline(trace, " (opened from a file)"), _save(trace), None
 
 
 def open_link(query: str):
@@ -295,10 +328,15 @@ def open_link(query: str):
     preset = next((name for name, ids in PRESETS.items() if ids == (s.target, s.draft)), CUSTOM)
     named = next((name for name, ps in builtin_sets().items() if tuple(ps) == s.prompts), None)
     typed = "" if named else _prompts_as_text(s.prompts)
-    values = dict(pair=preset, target=s.target, draft=s.draft, prompt_set=named or "quick", typed=typed,
-                  method=s.method, faults=list(s.faults), batch_size=s.batch_size, k=s.k,
-                  max_new_tokens=s.max_new_tokens, dtype=s.dtype, seed=s.seed, window=s.window or 0,
-                  max_wait=s.max_wait, audit=s.audit > 0)
+    values = {"pair": preset, "target": s.target, "draft": s.draft, "prompt_set": named or "quick", "typed": typed,
+              "method": s.method, "faults": list(s.faults), "batch_size": s.batch_size, "k": s.k,
+              "max_new_tokens": s.max_new_tokens, "dtype": s.dtype, "seed": s.seed, "window": s.window or 0,
+              "max_wait": s.max_wait, "audit": s.audit > 0, "top_k": s.top_k, "draft_temperature": s.draft_temperature,
+              "draft_top_k": s.draft_top_k, "draft_top_p": s.draft_top_p,
+              # A link may carry what the sliders do not reach (the CLI's temperature 5): they widen to it.
+              "temperature": s.temperature if s.temperature <= TEMPERATURE_MAX else gr.update(
+                  value=s.temperature, maximum=s.temperature),
+              "top_p": s.top_p if s.top_p >= TOP_P_MIN else gr.update(value=s.top_p, minimum=s.top_p)}
     pending = {"spec": s.canonical_json(), "fp": link.fingerprint, "env": link.env, "seq": link.seq,
                "round": link.round}
     return *[values[n] for n in DEFAULTS], pending, "Replaying the shared run…"
@@ -333,10 +371,17 @@ def _replay_report(trace: Trace, pending: dict) -> str:
         verdict = "The link carried no fingerprint to compare with."
     elif pending["fp"] == m.fingerprint:
         verdict = f"**Replay matched the shared run exactly** (fingerprint `{m.fingerprint}`)."
+        if m.spec.temperature > 0:
+            verdict += " Every draw fell the same way: the same tokens and the same accept/reject decisions."
     else:
         verdict = (f"**Replay drifted from the shared run:** fingerprint `{m.fingerprint}` here, "
-                   f"`{pending['fp']}` in the link: some token or acceptance decision differs. "  # both: 16 hex digits
-                   "Compare the environments:")
+                   f"`{pending['fp']}` in the link: some token or acceptance decision differs. ")  # both: 16 hex digits
+        if m.spec.temperature > 0:
+            verdict += ("This run samples, but its random numbers are counter-based (the seed, the sequence, the "
+                        "token's index), the same in every environment: a drift means some probability was computed "
+                        "differently here and a draw fell on its other side. Each run's sample is judged on its own "
+                        "(the distribution verdict above is this replay's). ")
+        verdict += "Compare the environments:"
     there = {k: str(v) for k, v in (pending.get("env") or {}).items()}
     keys = list(dict.fromkeys([*there, *here]))
     same = [f"{views.md(k)} {views.md(here[k])}" for k in keys if there.get(k) == here.get(k)]
@@ -364,12 +409,12 @@ def render(trace: Trace | None, seq=None, round=None, note: str = ""):
         views.summary_frame(trace), views.timeline_html(trace, focus), views.grid_html(trace, focus),
         views.compare_html(trace, focus), views.forensics_html(trace, focus), plots.kv_lanes(trace, focus),
         plots.phase_timings(trace), views.glossary(trace), focus.seq, focus.round, link,
-        (note + " " + moved).strip(),
+        (note + " " + moved).strip(), plots.pit_histograms(trace), views.distribution_md(trace),
     )
 
 
 VIEW_NAMES = ("table", "timeline", "grid", "compare", "forensics", "lanes", "phases", "glossary", "focus_seq",
-              "focus_round", "link_query", "focus_note")
+              "focus_round", "link_query", "focus_note", "pit", "pit_verdict")
 
 
 def render_replayed(trace, pending):
@@ -406,13 +451,22 @@ UPDATE_URL = """
 }
 """
 INTRO = """# specviz
-Batch speculative decoding, checked token by token against the target model alone.
-Pick an example or set up a run; every view below follows one focused sequence and round —
-click a grid cell, a round in the timeline or a table row to move it. The address bar is always a share link."""
+Batch speculative decoding, checked token by token against the target model alone — or, for a sampled run
+(temperature above 0), by whether its tokens are drawn from the target's distribution. Pick an example or set up
+a run; every view below follows one focused sequence and round — click a grid cell, a round in the timeline or a
+table row to move it. The address bar is always a share link."""
 LEGEND = ('<div class="sv-legend"><span class="sv-tok sv-draft">accepted draft</span>'
           '<span class="sv-tok sv-correction">target correction</span><span class="sv-tok sv-bonus">bonus</span>'
           '<span class="sv-tok sv-rejected">rejected draft</span><span class="sv-tok sv-fork">first divergence</span>'
+          '<span class="sv-tok sv-impossible">impossible under the target</span>'
+          '<span class="sv-tok sv-mismatch">decision against its draw</span>'
           "</div>")
+
+
+def example_api_name(name: str) -> str:
+    """An example's API name: its first word ("bsp-like decay": example_bsp_like; "sampling fault: …":
+    example_sampling)."""
+    return "example_" + re.sub(r"\W+", "_", name.split()[0]).strip("_")
 
 
 def build(settings: Settings | None = None) -> gr.Blocks:
@@ -455,13 +509,20 @@ def build(settings: Settings | None = None) -> gr.Blocks:
                     focus_note = gr.Markdown()
                 gr.Markdown("### Acceptance grid — sequences × their rounds, accepted / k (click a cell)\n"
                             "Red outline: the round that emitted a sequence's first divergence. Violet corner "
-                            "(audited runs): the round a row's state first left the noise floor.")
+                            "(audited runs): the round a row's state first left the noise floor. Sampled runs: a "
+                            "red corner marks a round that emitted a token impossible under the target, a dotted "
+                            "violet outline a decision that does not follow its draw.")
                 with gr.Row():
                     grid = gr.HTML(js_on_load=CLICKS, elem_id="sv-grid", padding=False)
                     with gr.Column():
                         forensics = gr.HTML(elem_id="sv-forensics", js_on_load=None)
                         shrink_btn = gr.Button("Shrink the focused divergence to a minimal reproducer", size="sm")
                         shrink_note = gr.Markdown(elem_id="sv-shrink")
+                with gr.Accordion("Distribution (sampled runs): are the tokens drawn from the target's distribution?",
+                                  open=True, elem_id="sv-distribution"):
+                    pit_verdict = gr.Markdown(views.distribution_md(None), elem_id="sv-pit-verdict",
+                                              latex_delimiters=[])
+                    pit_plot = gr.Plot(show_label=False, elem_id="sv-pit")
                 gr.Markdown("### Token timeline of the focused sequence (click a round)")
                 gr.HTML(LEGEND, js_on_load=None)
                 timeline = gr.HTML(js_on_load=CLICKS, elem_id="sv-timeline")
@@ -478,7 +539,7 @@ def build(settings: Settings | None = None) -> gr.Blocks:
 
         controls = [c[n] for n in DEFAULTS]
         shown = [table, timeline, grid, compare, forensics, lanes, phases, glossary, focus_seq, focus_round,
-                 link_query, focus_note]
+                 link_query, focus_note, pit_plot, pit_verdict]
         opened = [trace_state, status, download, pending]
 
         def show_link(event):
@@ -495,7 +556,7 @@ def build(settings: Settings | None = None) -> gr.Blocks:
         for name, btn in example_btns.items():
             values = {**DEFAULTS, **EXAMPLES[name]}
             filled = btn.click(lambda v=values: [v[n] for n in DEFAULTS], None, controls,
-                               api_name="example_" + name.split()[0].replace("-", "_"))
+                               api_name=example_api_name(name))
             ex = filled.then(run_here, run_inputs, opened, api_visibility="private", concurrency_id="decode")
             then_show(ex)
             running.append(ex)
@@ -535,13 +596,25 @@ def _controls(settings: Settings) -> dict:
                                type="filepath", height=90)
     c["method"] = gr.Dropdown(list(METHODS), value=DEFAULTS["method"], label="method")
     c["faults"] = gr.Dropdown([*FAULTS, *FAULT_PRESETS], value=[], multiselect=True, label="faults (eqspec only)",
-                              info="re-create a published engine's bug")
+                              info="re-create a published engine's bug; the sampling faults need a temperature above 0")
     with gr.Row():
         c["batch_size"] = gr.Slider(1, settings.max_batch_size, value=DEFAULTS["batch_size"], step=1, label="batch size")
         c["k"] = gr.Slider(1, settings.max_k, value=DEFAULTS["k"], step=1, label="k (drafts a round)")
     with gr.Row():
         c["max_new_tokens"] = gr.Slider(1, settings.max_new_tokens, value=DEFAULTS["max_new_tokens"], step=1, label="max new tokens")
         c["dtype"] = gr.Dropdown(list(DTYPES), value=DEFAULTS["dtype"], label="dtype")
+    c["temperature"] = gr.Slider(0, TEMPERATURE_MAX, value=DEFAULTS["temperature"], step=0.05, label="temperature",
+                                 info="0: greedy, checked token by token against the reference; above 0: speculative "
+                                      "sampling, judged by the distribution of its tokens", elem_id="sv-temperature")
+    with gr.Row():
+        c["top_k"] = gr.Number(value=DEFAULTS["top_k"], precision=0, minimum=0, label="top-k (0: off)",
+                               elem_id="sv-top-k")
+        c["top_p"] = gr.Slider(TOP_P_MIN, 1, value=DEFAULTS["top_p"], step=0.01, label="top-p (1: off)",
+                               elem_id="sv-top-p")
+    with gr.Accordion("the draft's own sampling (blank: the target's)", open=False):
+        c["draft_temperature"] = gr.Number(value=None, minimum=0, maximum=MAX_TEMPERATURE, label="draft temperature")
+        c["draft_top_k"] = gr.Number(value=None, precision=0, minimum=0, label="draft top-k (0: off)")
+        c["draft_top_p"] = gr.Number(value=None, minimum=0, maximum=1, label="draft top-p (1: off)")
     with gr.Accordion("seed and exspec", open=False):
         c["seed"] = gr.Number(value=DEFAULTS["seed"], precision=0, label="seed")
         c["window"] = gr.Number(value=DEFAULTS["window"], precision=0, label="exspec window (0: 2 × batch size)")

@@ -23,9 +23,15 @@ CHECK_TEXT = {
     "mask": "mask: exactly the real slots are visible",
     "kv": "I3 target KV: one entry per real token, at its own position",
     "draft_kv": "I3 draft KV: the same for the draft's cache",
-    "bonus": "I4 the non-draft token is the target's argmax",
+    "bonus": "I4 the non-draft token is the target's own (its argmax; when sampling, its draw)",
 }
 SOURCE_TEXT = {"draft": "accepted draft", "correction": "target correction", "bonus": "bonus (target, all drafts accepted)"}
+# A sampled round's non-draft token: the distribution it was drawn from (trace.PickFrom).
+PICK_TEXT = {
+    "target": "drawn from the target's p (every draft accepted: the bonus)",
+    "residual": "drawn from the residual norm(max(0, p − q)) after the draft was rejected",
+    "draft": "the draft's own token, not drawn from the target at all (a fault)",
+}
 
 
 @dataclass(frozen=True)
@@ -65,9 +71,14 @@ def resolve(trace: Trace, seq: int | None = None, round: int | None = None) -> t
     if seq is not None and not 0 <= seq < n:
         note = f"sequence {seq} is not in this run (it has {n}); showing another. "
         seq = None
+    by_seq = rows_by_seq(trace)
     if seq is None:
-        seq = next((s.seq for s in trace.sequences if s.equivalent is False), 0)
-    rows = rows_by_seq(trace).get(seq, [])
+        seq = next((s.seq for s in trace.sequences if s.equivalent is False), None)
+    if seq is None:  # a sampled run: the first sequence with an impossible token, else a wrong decision
+        seq = next((s.seq for s in trace.sequences if metrics.impossible(s)), None)
+    if seq is None:
+        seq = next((r.seq for r in trace.rows if metrics.mismatched(r)), 0)
+    rows = by_seq.get(seq, [])
     rounds = [r.round for r in rows]
     if round is not None and round not in rounds:
         if rows:
@@ -75,8 +86,23 @@ def resolve(trace: Trace, seq: int | None = None, round: int | None = None) -> t
         round = None
     if round is None and rows:
         round = fork_round(trace, seq, rows)
+        round = evidence_round(trace, seq, rows) if round is None else round
         round = rounds[0] if round is None else round
     return Focus(seq, round), note
+
+
+def evidence_round(trace: Trace, seq: int, rows: list[RowRecord]) -> int | None:
+    """A sampled sequence's round to open on: the one that emitted its first impossible token, else its first
+    round with a decision that does not follow its draw."""
+    s = trace.sequences[seq]
+    first = next((i for i, u in enumerate(s.pit or ()) if u is None), None)
+    if first is not None:
+        seen = 0
+        for r in rows:
+            seen += len(r.emitted)
+            if first < seen:
+                return r.round
+    return next((r.round for r in rows if metrics.mismatched(r)), None)
 
 
 # ---------------------------------------------------------------- text helpers
@@ -128,17 +154,19 @@ def _reads(pieces: list[str | None], i: int) -> str:
 # ---------------------------------------------------------------- views
 
 
-def headline(trace: Trace) -> str:
-    """One markdown paragraph: what ran and how it went."""
+def headline(trace: Trace, note: str = "") -> str:
+    """One markdown paragraph: what ran and how it went, `note` (our own words) at its end; a table follows it
+    for engine checks and sampled runs."""
     m = trace.manifest
     s = m.spec
     if m.engine is not None:
-        return engine_headline(trace)
+        return engine_headline(trace, note)
     tokens = sum(len(q.output_ids) for q in trace.sequences)
     faults = md(" + " + ", ".join(s.faults)) if s.faults else ""
+    sampling = f", **sampled** at {md(sampling_text(s))}" if metrics.sampled(trace) else ""
     parts = [(f"**{md(s.method)}**{faults} on {md(s.target)} / {md(s.draft)}, "
-              f"{len(trace.sequences)} prompts, batch size {s.batch_size}, k {s.k}, {md(s.dtype)} on {md(m.device)}: "
-              f"{tokens} tokens in {m.decode_seconds:.1f} s")]
+              f"{len(trace.sequences)} prompts, batch size {s.batch_size}, k {s.k}, {md(s.dtype)} on {md(m.device)}"
+              f"{sampling}: {tokens} tokens in {m.decode_seconds:.1f} s")]
     if trace.rows:
         parts.append(f"acceptance {metrics.acceptance_rate(trace):.2f}, {metrics.tokens_per_round(trace):.2f} tokens/round")
     if (g := metrics.group_rate(trace)) is not None:
@@ -150,16 +178,100 @@ def headline(trace: Trace) -> str:
         verdicts = metrics.verdict_counts(trace)
         if verdicts:
             parts.append("divergences: " + ", ".join(f"{md(v)} × {c}" for v, c in verdicts.items()))
-    return "; ".join(parts) + f". Fingerprint `{m.fingerprint}`."  # 16 hex digits: the schema's pattern
+    text = "; ".join(parts) + f". Fingerprint `{m.fingerprint}`.{note}"  # 16 hex digits: the schema's pattern
+    if metrics.sampled(trace):
+        text += "\n\n" + distribution_row(trace)
+    return text
 
 
-def engine_headline(trace: Trace) -> str:
+def sampling_text(spec) -> str:
+    """A sampled run's settings in words: the target's, then the draft's own where it has any."""
+    def words(t: float, k: int, p: float) -> str:
+        return ", ".join([f"temperature {t:g}", *([f"top-k {k}"] if k else []), *([f"top-p {p:g}"] if p < 1 else [])])
+
+    out = words(spec.temperature, spec.top_k, spec.top_p)
+    own = (spec.draft_temperature, spec.draft_top_k, spec.draft_top_p)
+    if any(x is not None for x in own):
+        t, k, p = (mine if o is None else o for mine, o in zip((spec.temperature, spec.top_k, spec.top_p), own))
+        out += "; the draft at " + words(t, k, p)
+    return out
+
+
+def _p(p: float | None) -> str:
+    return "—" if p is None else f"{p:.3g}"
+
+
+def _places(first: list[list[int]]) -> str:
+    return ", ".join(f"[{', '.join(map(str, x))}]" for x in first)
+
+
+def distribution_row(trace: Trace) -> str:
+    """A sampled run's summary row (markdown): in place of the exact and prefix match of a greedy run."""
+    d = metrics.distribution_summary(trace)
+    head = ("| sampled run | verdict | p | failing split | tokens tested | impossible tokens | decision mismatches |\n"
+            "|---|---|---:|---|---:|---:|---:|\n")
+    if d is None:
+        return head + "| distribution | not judged (no distribution in this trace) | — | — | — | — | — |"
+    mismatches = "—" if d["checked"] is None else f"{d['mismatches']} of {d['checked']}"
+    if d["mismatches"]:
+        mismatches = f"**{mismatches}**"
+    return head + (f"| distribution | **{md(d['verdict'])}** | {_p(d['p'])} | {md(d['failing'] or '—')} | "
+                   f"{d['tokens']} | {d['impossible']} | {mismatches} |")
+
+
+def distribution_md(trace: Trace | None) -> str:
+    """The PIT panel's verdict: the test, its p, the failing split, and the decision audit, in a few lines."""
+    if trace is None:
+        return ("A sampled run (temperature above 0) is judged here: each token's randomized PIT under the target, "
+                "recomputed at batch size 1, must be uniform in every split; every accept/reject decision is "
+                "re-derived from its recorded p, q and draw.")
+    if not metrics.sampled(trace):
+        return ("**Greedy run** (temperature 0): checked token by token against the batch-size-1 reference (the "
+                "sequence table and the forensic panel). The distribution test is for sampled runs.")
+    d = metrics.distribution_summary(trace)
+    if d is None:
+        return "**Not judged:** this sampled run's trace holds no distribution test (it was run without one)."
+    ok = d["verdict"] == "consistent"
+    splits = f"{d['splits']} split" + ("s" if d["splits"] != 1 else "")
+    if d["impossible"]:
+        test = (f"p = {_p(d['p'])}: an impossible token rejects alone" + (
+            "" if d["splits_p"] is None else
+            f" (the PIT splits alone: p = {_p(d['splits_p'])}, the smallest split's p × {splits} tested)"))
+    elif d["p"] is None:
+        test = "too few tokens to test (a split needs 50)"
+    else:
+        test = (f"p = {_p(d['p'])} (the smallest split's p × {splits} tested, Bonferroni) "
+                + ("≥" if ok else "<") + f" α = {d['alpha']:g}")
+    lines = [f"**Verdict: {md(d['verdict'])}** — {test}"
+             + ("" if ok or d["failing"] is None else f"; failing: **{md(d['failing'])}**") + "."]
+    lines.append(f"{d['tokens']} tokens tested; **{d['impossible']} impossible** (probability 0 under the target: "
+                 "no correct sampler emits one)" if d["impossible"] else
+                 f"{d['tokens']} tokens tested; no impossible token")
+    if d["skipped"]:
+        lines[-1] += f"; {d['skipped']} splits too small to test"
+    lines[-1] += "."
+    if d["checked"] is not None:
+        audit = (f"Decision audit: {d['checked']} accept/reject decisions re-derived from their recorded p, q and "
+                 f"draw u (accepted iff u < p/q): ")
+        if d["mismatches"]:
+            shown = d["first"][:5]
+            audit += (f"**{d['mismatches']} do not follow their draw**; the first at (round, row, slot) "
+                      f"{md(_places(shown))}" + (", …" if d["mismatches"] > len(shown) else "") + ". "
+                      + ("The engine does not sample as it records, whatever the PIT test can see yet."
+                         if ok else ""))
+        else:
+            audit += "all follow their draw."
+        lines.append(audit)
+    return "\n\n".join(lines)
+
+
+def engine_headline(trace: Trace, note: str = "") -> str:
     """An engine check: the engine as it described itself (a stranger's words), and a Table-1 row per run."""
     m, s = trace.manifest, trace.manifest.spec
     e = m.engine
     head = (f"**engine check** of {md(' '.join(x for x in (e.name, e.version) if x))} ({md(e.source)}) against the "
             f"batch-size-1 reference of {md(s.target)} in {md(s.dtype)}, {len(trace.sequences)} prompts, "
-            f"up to {s.max_new_tokens} new tokens. Fingerprint `{m.fingerprint}`.")
+            f"up to {s.max_new_tokens} new tokens. Fingerprint `{m.fingerprint}`.{note}")
     rows = ["| run | answered | no answer | exact % | prefix % | tok/s | verdicts |", "|---|---:|---:|---:|---:|---:|---|"]
     for r in metrics.engine_summary(trace):
         tps = "-" if r["tokens_per_second"] is None else f"{r['tokens_per_second']:.1f}"
@@ -170,22 +282,33 @@ def engine_headline(trace: Trace) -> str:
 
 
 def summary_frame(trace: Trace) -> pd.DataFrame:
-    """One line per sequence."""
+    """One line per sequence. A sampled run has no reference to diverge from: its lines say how its tokens
+    score under the target instead (mean PIT, impossible tokens) and whether its decisions follow their draws."""
     by_seq = rows_by_seq(trace)
+    sampled = metrics.sampled(trace)
     records = []
     for s, p in zip(trace.sequences, trace.prompts):
         rows = by_seq.get(s.seq, [])
         proposed = sum(len(r.draft_tokens) for r in rows)
-        records.append({
-            "seq": s.seq,
-            "prompt": text.clip(p.text, 48),
-            "tokens": len(s.output_ids),
-            "equivalent": {True: "yes", False: "NO", None: "-"}[s.equivalent],
-            "first divergence": "" if s.first_divergence is None else str(s.first_divergence),
-            "verdict": s.forensics.verdict if s.forensics else "",
+        record = {"seq": s.seq, "prompt": text.clip(p.text, 48), "tokens": len(s.output_ids)}
+        if sampled:
+            mean = metrics.mean_pit(s)
+            record.update({
+                "mean PIT": "—" if mean is None else f"{mean:.3f}",
+                "impossible tokens": "—" if s.pit is None else str(metrics.impossible(s)),
+                "decision mismatches": str(sum(len(metrics.mismatched(r)) for r in rows)) if rows else "—",
+            })
+        else:
+            record.update({
+                "equivalent": {True: "yes", False: "NO", None: "-"}[s.equivalent],
+                "first divergence": "" if s.first_divergence is None else str(s.first_divergence),
+                "verdict": s.forensics.verdict if s.forensics else "",
+            })
+        record.update({
             "acceptance": f"{sum(r.accepted for r in rows) / proposed:.2f}" if proposed else "",
             "tokens/round": f"{sum(len(r.emitted) for r in rows) / len(rows):.2f}" if rows else "",
         })
+        records.append(record)
     return pd.DataFrame.from_records(records)
 
 
@@ -201,37 +324,71 @@ def timeline_html(trace: Trace, focus: Focus) -> str:
         out.append("</div>")
     elif not rows:  # a non-speculative method: tokens only
         out.append('<div class="sv-round">')
+        drawn = " · sampled from the target's p" if metrics.sampled(trace) else " · from the target"
         for i, tok in enumerate(seq.output_ids):
-            out.append(_chip(seq, i, "sv-target", f"#{i} · id {tok} · {_reads(seq.output_pieces, i)} · from the target"))
+            out.append(_chip(seq, i, "sv-target", f"#{i} · id {tok} · {_reads(seq.output_pieces, i)}{drawn}"))
         out.append("</div>")
     i = 0
     for r in rows:
         sel = " sv-sel" if r.round == focus.round else ""
         k = len(r.draft_tokens)
+        sampled = r.accept_draws is not None
+        wrong = metrics.mismatched(r)
         out.append(f'<div class="sv-round{sel}" data-seq="{focus.seq}" data-round="{r.round}" '
-                   f'title="round {r.round} · batch row {r.row} · accepted {r.accepted} of {k}">'
+                   f'title="round {r.round} · batch row {r.row} · accepted {r.accepted} of {k}'
+                   + (f" · {len(wrong)} decision(s) do not follow their draw" if wrong else "") + '">'
                    f'<span class="sv-rn">{r.round}</span>')
         for j, (tok, src) in enumerate(zip(r.emitted, r.sources)):
             tip = [f"#{i} · id {tok} · {_reads(seq.output_pieces, i)}", SOURCE_TEXT[src]]
-            if src == "draft":
-                tip.append(f"draft p {r.draft_probs[j]:.3f}")
-            elif j < k:
-                tip.append(f"the draft proposed {_says(_own(trace, r.draft_tokens[j]))} (p {r.draft_probs[j]:.3f})")
-            tip.append(f"target p {r.target_probs[j]:.3f} · top-2 margin {r.target_margins[j]:.2f}")
+            if sampled:
+                if src == "draft":
+                    tip.append(decision_text(r, j))
+                else:
+                    tip.append(PICK_TEXT.get(r.pick_from, "drawn from an unknown distribution")
+                               + ("" if r.pick_draw is None else f", with draw v {r.pick_draw:.4g}"))
+                    if j < k:
+                        tip.append(f"the draft proposed {_says(_own(trace, r.draft_tokens[j]))}: {decision_text(r, j)}")
+                tip.append(f"target top-2 margin {r.target_margins[j]:.2f} (logits)")
+            else:
+                if src == "draft":
+                    tip.append(f"draft p {r.draft_probs[j]:.3f}")
+                elif j < k:
+                    tip.append(f"the draft proposed {_says(_own(trace, r.draft_tokens[j]))} (p {r.draft_probs[j]:.3f})")
+                tip.append(f"target p {r.target_probs[j]:.3f} · top-2 margin {r.target_margins[j]:.2f}")
             tip.append(f"round {r.round} · target KV {r.target_kv_before + 1 + j}")
-            out.append(_chip(seq, i, f"sv-{src}", " · ".join(tip)))
+            out.append(_chip(seq, i, f"sv-{src}" + (" sv-mismatch" if src == "draft" and j in wrong else ""),
+                             " · ".join(tip)))
             i += 1
         for j in range(r.accepted, k):  # the first rejected draft, then those that came after it
             tok = r.draft_tokens[j]
-            why = (f"the target chose {_says(_own(trace, r.target_tokens[j]))}" if j == r.accepted
-                   else "it followed a rejected draft")
             piece = _own(trace, tok)
-            tip = f"rejected draft: id {tok} · {_says(piece)} · draft p {r.draft_probs[j]:.3f} · {why}"
-            part = " sv-part" if piece is None else ""
-            out.append(f'<span class="sv-tok sv-rejected{part}" title="{html.escape(tip)}">{_show(piece)}</span>')
+            if sampled:
+                tip = f"rejected draft: id {tok} · {_says(piece)} · {decision_text(r, j)}"
+            else:
+                why = (f"the target chose {_says(_own(trace, r.target_tokens[j]))}" if j == r.accepted
+                       else "it followed a rejected draft")
+                tip = f"rejected draft: id {tok} · {_says(piece)} · draft p {r.draft_probs[j]:.3f} · {why}"
+            cls = " sv-part" if piece is None else ""
+            cls += " sv-mismatch" if j in wrong else ""
+            out.append(f'<span class="sv-tok sv-rejected{cls}" title="{html.escape(tip)}">{_show(piece)}</span>')
         out.append("</div>")
     out.append("</div>")
     return "".join(out)
+
+
+def decision_text(r: RowRecord, j: int) -> str:
+    """Draft j of a sampled row, for a tooltip: q, p, the accept probability min(1, p/q), the draw u and the
+    decision, and whether the decision follows the draw (u · q < p, as distribution.decisions re-derives it)."""
+    q, p, u = r.draft_probs[j], r.target_draft_probs[j], r.accept_draws[j]
+    ratio = min(1.0, p / q) if q > 0 else 1.0
+    text_ = f"draft q {q:.4g} · target p {p:.4g} · accept probability min(1, p/q) {ratio:.4g} · draw u {u:.4g}"
+    if j > r.accepted:
+        return text_ + " · not decided: it followed a rejected draft"
+    accepted, rule = j < r.accepted, u * q < p
+    text_ += " · " + ("ACCEPTED" if accepted else "REJECTED")
+    if accepted == rule:
+        return text_ + (" (u < p/q)" if rule else " (u ≥ p/q)")
+    return text_ + f", yet u {'<' if rule else '≥'} p/q: this decision does not follow its draw"
 
 
 def _engine_chip(trace: Trace, s: SequenceRecord, i: int, tok: int) -> str:
@@ -267,6 +424,12 @@ def _chip(s: SequenceRecord, i: int, cls: str, tip: str) -> str:
                 else " · FIRST DIVERGENCE: the reference had ended")
     elif fork is not None and i > fork:
         cls += " sv-after"
+    if s.pit is not None and i < len(s.pit):
+        if s.pit[i] is None:
+            cls += " sv-impossible"
+            tip += " · IMPOSSIBLE under the target: probability 0 at batch size 1 (no correct sampler emits it)"
+        else:
+            tip += f" · PIT {s.pit[i]:.3f} under the target"
     piece = s.output_pieces[i]
     cls += " sv-part" if piece is None else ""
     return f'<span class="sv-tok {cls}" data-index="{i}" title="{html.escape(tip)}">{_show(piece)}</span>'
@@ -284,21 +447,29 @@ def grid_html(trace: Trace, focus: Focus) -> str:
     for s in trace.sequences:
         rows = by_seq.get(s.seq, [])
         fr = fork_round(trace, s.seq, rows)
-        mark = {True: "✓", False: "✗", None: ""}[s.equivalent]
+        mark = {True: "✓", False: "✗", None: "⚠" if metrics.impossible(s) else ""}[s.equivalent]
         out.append(f'<tr><th class="sv-seq" data-seq="{s.seq}" data-round="{rows[0].round if rows else ""}">'
                    f"{s.seq} {mark}</th>")
+        start = 0
         for n, r in enumerate(rows):
             k = len(r.draft_tokens)
             hue = 120 * r.accepted / k if k else 0
+            bad = sum(u is None for u in (s.pit or [])[start:start + len(r.emitted)])
+            start += len(r.emitted)
+            wrong = metrics.mismatched(r)
             cls = "sv-cell" + (" sv-fork" if r.round == fr else "") + (
                 " sv-sel" if (s.seq, r.round) == (focus.seq, focus.round) else "") + (
-                " sv-audit" if r.round in (s.audit_round, s.audit_draft_round) else "")
+                " sv-audit" if r.round in (s.audit_round, s.audit_draft_round) else "") + (
+                " sv-impossible" if bad else "") + (" sv-mismatch" if wrong else "")
             tip = (f"seq {s.seq} · round {r.round} (its {n + 1}.) · accepted {r.accepted} of {k} · "
                    f"emitted {len(r.emitted)}" + (" · first divergence" if r.round == fr else "")
                    + (" · audit: the target's state left the noise floor here" if r.round == s.audit_round else "")
-                   + (" · audit: the draft's state left the noise floor here" if r.round == s.audit_draft_round else ""))
+                   + (" · audit: the draft's state left the noise floor here" if r.round == s.audit_draft_round else "")
+                   + (f" · {bad} token(s) impossible under the target" if bad else "")
+                   + (f" · {len(wrong)} decision(s) do not follow their draw" if wrong else ""))
+            colour = f"hsl({hue:.0f},65%,72%)" if k else "#e4e4e4"  # no drafts: the row's budget ended the round
             out.append(f'<td class="{cls}" data-seq="{s.seq}" data-round="{r.round}" '
-                       f'style="background:hsl({hue:.0f},65%,72%)" title="{html.escape(tip)}">{r.accepted}/{k}</td>')
+                       f'style="background:{colour}" title="{html.escape(tip)}">{r.accepted}/{k}</td>')
         out.append("<td></td>" * (width - len(rows)) + "</tr>")
     out.append("</tbody></table></div>")
     return "".join(out)
@@ -318,6 +489,12 @@ def compare_html(trace: Trace, focus: Focus) -> str:
                     + "</mark>" + '<span class="sv-after">' + html.escape(text.joined(pieces[b:])) + "</span>")
         return f'<div class="sv-col"><h4>{html.escape(title)}</h4><div class="sv-text">{body}</div></div>'
 
+    if s.reference_ids is None and metrics.sampled(trace):
+        note = ("a sampled run has no token-by-token reference: this text is one draw, and the distribution "
+                "panel judges whether the run's draws come from the target's distribution")
+        return (f'<div class="sv-compare" data-seq="{focus.seq}"><p class="sv-note">sequence {focus.seq}: {note}</p>'
+                + column(f"{trace.manifest.spec.method}, sampled at {sampling_text(trace.manifest.spec)}",
+                         s.output_pieces) + "</div>")
     if s.reference_ids is None:
         return '<p class="sv-empty">No reference was decoded for this trace.</p>'
     note = ("identical token ids" if fork is None else f"first divergence at token {fork}")
@@ -333,6 +510,8 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
     f = s.forensics
     if s.equivalent:
         out.append(f'<p class="sv-verdict sv-ok">Sequence {s.seq} equals the reference, token for token.</p>')
+    elif f is None and metrics.sampled(trace):
+        out.append(_sampled_verdict(trace, s))
     elif f is None:
         out.append(f'<p class="sv-verdict">Sequence {s.seq}: no reference to compare with.</p>')
     else:
@@ -358,12 +537,59 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
             ("draft KV before → after", f"{row.draft_kv_before} → {_opt(row.draft_kv_after)}"),
             ("realignment shift (delta)", row.delta),
         ]))
+        if row.accept_draws is not None:
+            out.append(_draws_table(trace, row))
         out.append('<table class="sv-checks"><tr><th>invariant</th><th>held</th></tr>')
         for name, held in row.checks.items():
             out.append(f'<tr class="{"sv-held" if held else "sv-broken"}"><td>{html.escape(CHECK_TEXT.get(name, name))}'
                        f"</td><td>{'✓' if held else '✗'}</td></tr>")
         out.append("</table>")
     out.append("</div>")
+    return "".join(out)
+
+
+def _sampled_verdict(trace: Trace, s: SequenceRecord) -> str:
+    """A sampled sequence has no reference to diverge from: how its tokens score under the target instead."""
+    spec = trace.manifest.spec
+    head = f"Sequence {s.seq} was sampled at {html.escape(sampling_text(spec))}: no token-by-token reference"
+    if s.pit is None:
+        return f'<p class="sv-verdict">{head}; its tokens were not scored under the target.</p>'
+    bad = metrics.impossible(s)
+    wrong = sum(len(metrics.mismatched(r)) for r in rows_by_seq(trace).get(s.seq, []))
+    mean = metrics.mean_pit(s)
+    facts = [f"{len(s.pit)} tokens", f"mean PIT {'—' if mean is None else f'{mean:.3f}'} (0.5 expected)"]
+    if bad:
+        first = next(i for i, u in enumerate(s.pit) if u is None)
+        facts.append(f"<b>{bad} impossible under the target</b> (probability 0; the first is token #{first})")
+    if wrong:
+        facts.append(f"<b>{wrong} decision(s) that do not follow their draw</b>")
+    cls = " sv-sync-bug" if bad or wrong else ""
+    return (f'<p class="sv-verdict{cls}">{head}; its tokens are judged with the whole run\'s, by their randomized '
+            f"PIT under the target recomputed at batch size 1 (the distribution panel): {'; '.join(facts)}.</p>")
+
+
+def _draws_table(trace: Trace, row: RowRecord) -> str:
+    """A sampled round's draws for one row: each draft's q, p, min(1, p/q), u and decision, then the non-draft
+    token and where it was drawn from. A decision that does not follow its draw is marked."""
+    wrong = metrics.mismatched(row)
+    out = [('<table class="sv-checks"><tr><th>slot</th><th>draft token</th><th>q (draft)</th><th>p (target)</th>'
+            "<th>min(1, p/q)</th><th>draw u</th><th>decision</th></tr>")]
+    for j, tok in enumerate(row.draft_tokens):
+        q, p, u = row.draft_probs[j], row.target_draft_probs[j], row.accept_draws[j]
+        decision = "accepted" if j < row.accepted else "rejected" if j == row.accepted else "not decided"
+        if j in wrong:
+            decision += " — does not follow u < p/q"
+        cells = (j, f"{_visible(_own(trace, tok))} (id {tok})", f"{q:.4g}", f"{p:.4g}",
+                 f"{min(1.0, p / q) if q > 0 else 1.0:.4g}", f"{u:.4g}", decision)
+        out.append(f'<tr class="{"sv-broken" if j in wrong else "sv-held"}">'
+                   + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    out.append("</table>")
+    a = row.accepted
+    if a < len(row.emitted):
+        tok = row.emitted[a]
+        where = PICK_TEXT.get(row.pick_from, "drawn from an unknown distribution")
+        draw = "" if row.pick_draw is None else f", with draw v {row.pick_draw:.4g}"
+        out.append(_table([(f"slot {a}: {_visible(_own(trace, tok))} (id {tok})", where + draw)]))
     return "".join(out)
 
 
@@ -446,6 +672,21 @@ def glossary(trace: Trace | None) -> str:
     def throughput(t: Trace) -> float | None:
         return sum(len(s.output_ids) for s in t.sequences) / t.manifest.decode_seconds if t.manifest.decode_seconds else None
 
+    def _dist(t: Trace) -> dict | None:
+        return metrics.distribution_summary(t)
+
+    def _verdict(t: Trace) -> str | None:
+        d = _dist(t)
+        return None if d is None else f"{md(d['verdict'])}, p {_p(d['p'])}"
+
+    def _mismatches(t: Trace) -> str | None:
+        d = _dist(t)
+        return None if d is None or d["checked"] is None else f"{d['mismatches']} of {d['checked']}"
+
+    def _mean_pit(t: Trace) -> float | None:
+        values = [u for s in t.sequences for u in s.pit or () if u is not None]
+        return sum(values) / len(values) if values else None
+
     positions = metrics.per_position_acceptance(trace) if trace and trace.rows else []
     lines = [
         "**acceptance rate** = accepted draft tokens / proposed draft tokens, over active rows" + value(metrics.acceptance_rate),
@@ -479,5 +720,21 @@ def glossary(trace: Trace | None) -> str:
         ("**engine-bug** = the same engine without speculation follows the reference where the speculative run forks, "
          "or a token at or after the fork has a gap beyond the tolerance; `numerics` = a float64 near-tie at the "
          "fork and the target's own choices after it"),
+        ("**temperature, top-k, top-p** (sampled runs) = the target's logits divided by the temperature, cut to "
+         "the k most likely tokens, then to the smallest set holding top-p of the mass; the draft uses the same "
+         "unless given its own. Temperature 0 is greedy"),
+        ("**accept probability** = min(1, p/q) for a draft token with draft probability q and target probability p: "
+         "accepted iff its draw u < p/q. After a rejection the token is drawn from the **residual** "
+         "norm(max(0, p − q)); after k accepted drafts the bonus is drawn from p"),
+        ("**PIT** (randomized probability integral transform) = F(x−) + V · p(x) for an emitted token x, with F(x−) the "
+         "target's mass of the tokens ranked before x (most probable first) and V uniform: uniform on (0, 1) under a "
+         "correct sampler, whatever p is; a sampler that favours likely tokens piles its values near 0 (a mean PIT "
+         "below 0.5), one that favours unlikely tokens near 1. p is recomputed at batch size 1, outside the engine"
+         + value(_mean_pit)),
+        ("**distribution verdict** = every split of the PIT values (pooled, by slot, by batch row, by rounds, row "
+         "pairs) tested against uniform (Kolmogorov–Smirnov and chi-square), Bonferroni across splits: rejected "
+         "when p < α, or at once by one **impossible token** (probability 0 under the target)" + value(_verdict)),
+        ("**decision audit** = every recorded accept/reject decision re-derived from its recorded p, q and u: a "
+         "correct engine has no mismatch" + value(_mismatches)),
     ]
     return "\n".join(f"- {line}" for line in lines)

@@ -7,7 +7,7 @@ import pytest
 from gradio_client import Client
 from hostile import markdown_text
 
-from specviz import share
+from specviz import share, views
 from specviz.spec import RunSpec
 from specviz.trace import MAX_TRACE_BYTES, Trace
 
@@ -230,3 +230,74 @@ def test_the_check_tab_asks_no_server_unless_the_operator_allows_it(app_url):
                                         r"allowed: none \(SPECVIZ_ENGINE_SERVERS\)"):
         client.predict("tiny", "", "float64", None, None, "http://example.org:8000", "", "", "quick", 8,
                        api_name="/check_engine")
+
+
+SAMPLED = [*TINY_RUN, False, 0.8, 40, 0.9, None, None, None]  # audit off; temperature, top-k, top-p; the draft's own
+
+
+def test_the_sampling_controls_make_the_spec_and_a_sampled_link_replays_exactly(client):
+    from specviz import ui
+    from specviz.settings import Settings
+
+    status, trace_file = client.predict(*SAMPLED, api_name="/run")
+    trace = Trace.from_json(Path(trace_file).read_text())
+    spec = trace.manifest.spec
+    assert (spec.temperature, spec.top_k, spec.top_p, spec.draft_temperature) == (0.8, 40, 0.9, None)
+    assert spec == ui.spec_from_controls(*SAMPLED)
+    assert trace.distribution is not None and all(s.reference_ids is None for s in trace.sequences)
+    assert "sampled** at temperature 0\\.8\\, top\\-k 40\\, top\\-p 0\\.9" in status and "| distribution |" in status
+    # The link fills the controls back to the same spec, and carries it exactly.
+    link = share.encode(share.Link(spec, 0, None, trace.manifest.fingerprint, share.environment(trace.manifest)))
+    *controls, _pending, note = client.predict(link, api_name="/open_link")
+    assert "Replaying" in note
+    assert ui.spec_from_controls(*controls[:5], None, *controls[5:]) == spec
+    own = ui.spec_from_controls(*SAMPLED[:-3], 0.5, 0, 0.99)  # the draft's own settings, in the accordion
+    assert (own.draft_temperature, own.draft_top_k, own.draft_top_p) == (0.5, 0, 0.99)
+    controls = ui.open_link(share.encode(share.Link(own)))[:len(ui.DEFAULTS)]
+    assert ui.spec_from_controls(*controls[:5], None, *controls[5:]) == own
+    # Replayed afresh (not from this process's cache): the same fingerprint, and the report says so.
+    ui.TRACES.pop(spec.key(), None)
+    replayed, report, _, _ = ui.replay(Settings(), {"spec": spec.canonical_json(), "fp": trace.manifest.fingerprint,
+                                                   "env": share.environment(trace.manifest)})
+    assert replayed is not trace and replayed.manifest.fingerprint == trace.manifest.fingerprint
+    assert "Replay matched the shared run exactly" in report and "Every draw fell the same way" in report
+    assert markdown_text(views.distribution_row(replayed)) in markdown_text(report)
+
+
+def test_a_sampled_replay_that_drifted_says_what_that_means(client):
+    from specviz import ui
+
+    _, trace_file = client.predict(*SAMPLED, api_name="/run")
+    trace = Trace.from_json(Path(trace_file).read_text())
+    elsewhere = {**share.environment(trace.manifest), "device": "cuda:0"}
+    shown = markdown_text(ui._replay_report(trace, {"fp": "0" * 16, "env": elsewhere}))
+    assert "drifted" in shown and "random numbers are counter-based" in shown and "device cuda:0 cpu" in shown
+
+
+def test_out_of_range_sampling_is_refused_with_a_message(client):
+    from specviz.ui import DEFAULTS
+
+    top_p_without_temperature = [*TINY_RUN, False, 0, 0, 0.9]
+    with pytest.raises(Exception, match="need a temperature above 0"):
+        client.predict(*top_p_without_temperature, api_name="/run")
+    sampling_fault_greedy = list(TINY_RUN)
+    sampling_fault_greedy[7] = ["accept-q-over-p"]
+    with pytest.raises(Exception, match="sampling faults need a temperature above 0"):
+        client.predict(*sampling_fault_greedy, api_name="/run")
+    with pytest.raises(Exception, match="audit compares with the greedy reference"):
+        client.predict(*TINY_RUN, True, 0.8, api_name="/run")
+    hot = share.encode(share.Link(RunSpec.build(prompts=("Hi",), temperature=5.0, top_p=0.01)))
+    values = dict(zip(DEFAULTS, client.predict(hot, api_name="/open_link")))
+    assert values["temperature"] == {"__type__": "update", "value": 5.0, "maximum": 5.0}  # the slider widens to it
+    assert values["top_p"] == {"__type__": "update", "value": 0.01, "minimum": 0.01}
+
+
+def test_the_sampling_examples_fill_the_controls(client):
+    from specviz import ui
+
+    names = [n for n in ui.EXAMPLES if ui.EXAMPLES[n].get("temperature")]
+    assert {ui.example_api_name(n) for n in names} == {"example_sampled", "example_sampling"}
+    values = dict(zip(ui.DEFAULTS, client.predict(api_name="/example_sampling")))
+    assert values["faults"] == ["temperature-draft-only"] and (values["temperature"], values["top_p"]) == (0.8, 0.95)
+    greedy = dict(zip(ui.DEFAULTS, client.predict(api_name="/example_clean")))
+    assert (greedy["temperature"], greedy["top_k"], greedy["top_p"]) == (0, 0, 1)  # an example resets sampling

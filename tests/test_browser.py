@@ -112,3 +112,41 @@ def test_cjk_and_emoji_show_whole_characters_in_the_compare_view(browser, app_ur
         expect(texts.nth(0)).to_have_text(embedded.tokenizer.decode(s.reference_ids))
         page.locator("#sv-compare").screenshot(path=SHOTS / f"cjk-emoji-{s.seq}.png")
     page.screenshot(path=SHOTS / "cjk-emoji.png", full_page=True)
+
+
+@pytest.fixture(scope="module")
+def sampled_trace(tiny, tmp_path_factory):
+    """The page's sampling-fault example (temperature on the draft only) run on the tiny pair, as a trace file."""
+    from specviz.runner import run
+    from specviz.ui import DEFAULTS, EXAMPLES, spec_from_controls
+
+    values = {**DEFAULTS, **EXAMPLES["sampling fault: draft-only temperature"], "pair": "tiny"}
+    trace = run(spec_from_controls(*[values[n] for n in list(DEFAULTS)[:5]], None,
+                                   *[values[n] for n in list(DEFAULTS)[5:]]))
+    path = tmp_path_factory.mktemp("sampled") / "sampled.json"
+    path.write_text(trace.to_json())
+    return trace, path
+
+
+def test_a_sampled_trace_shows_its_pit_panel_verdict_and_each_drafts_draws(browser, app_url, sampled_trace):
+    trace, path = sampled_trace
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    _open_trace_file(page, app_url, path)
+    verdict = page.locator("#sv-pit-verdict")
+    expect(verdict).to_contain_text("Verdict: not the target's distribution", timeout=60_000)
+    expect(verdict).to_contain_text(f"{trace.distribution.impossible} impossible")
+    expect(verdict).to_contain_text("Decision audit")
+    expect(page.locator("#sv-pit .main-svg").first).to_be_visible(timeout=60_000)  # plotly has drawn
+    expect(page.locator("#sv-pit")).to_contain_text("all tokens")
+    expect(page.locator("#sv-status")).to_contain_text("sampled at temperature 0.8, top-p 0.95")
+    expect(page.locator("#sv-table")).to_contain_text("mean PIT")
+    # The page opens on the first impossible token's round; its chip says so, and every draft chip its draws.
+    expect(page.locator("#sv-timeline .sv-tok.sv-impossible").first).to_be_visible()
+    chip = page.locator("#sv-timeline .sv-tok.sv-draft").first
+    chip.hover()
+    tip = chip.get_attribute("title")
+    assert all(part in tip for part in ("draft q", "target p", "min(1, p/q)", "draw u", "ACCEPTED")), tip
+    expect(page.locator("#sv-forensics")).to_contain_text("min(1, p/q)")
+    page.locator("#sv-distribution").screenshot(path=SHOTS / "pit-panel.png")
+    page.screenshot(path=SHOTS / "sampled-trace.png", full_page=True)

@@ -120,3 +120,179 @@ def test_the_forensic_panel_shows_the_evidence_and_the_grid_the_audit(tiny):
     marked = re.findall(r'class="sv-cell[^"]*sv-audit[^"]*" data-seq="(\d+)" data-round="(\d+)"', grid)
     assert (str(s.seq), str(s.audit_round)) in marked
     assert "noise floor" in views.glossary(trace) and "here **" in views.glossary(trace)
+
+
+# ---------------------------------------------------------------- sampled runs (temperature > 0)
+
+
+@pytest.fixture(scope="module")
+def drawn(tiny) -> Trace:
+    """A sampled run whose engine accepts with min(1, q/p): decisions that do not follow their recorded draw."""
+    return run(_spec(temperature=0.8, top_p=0.95, faults=("accept-q-over-p",)))
+
+
+@pytest.fixture(scope="module")
+def outside(tiny) -> Trace:
+    """A sampled run whose target verifies at temperature 1: tokens outside the target's nucleus (impossible)."""
+    return run(_spec(temperature=0.8, top_p=0.95, faults=("temperature-draft-only",)))
+
+
+def _tips(page: str) -> list[tuple[str, str]]:
+    """(class, title) of every chip, titles unescaped."""
+    import html
+
+    return [(c, html.unescape(t)) for c, t in re.findall(r'class="sv-tok ([^"]*)"[^>]*title="([^"]*)"', page)]
+
+
+def test_every_sampled_draft_chip_shows_q_p_the_accept_probability_its_draw_and_the_decision(drawn):
+    assert drawn.decisions.mismatches > 0
+    flagged, non_draft = [], 0
+    for s in drawn.sequences:
+        tips = _tips(views.timeline_html(drawn, views.Focus(s.seq, None)))
+        rows = views.rows_by_seq(drawn)[s.seq]
+        emitted = [t for t in tips if "sv-rejected" not in t[0]]
+        rejected = [t for t in tips if "sv-rejected" in t[0]]
+        assert len(emitted) == len(s.output_ids)
+        assert len(rejected) == sum(len(r.draft_tokens) - r.accepted for r in rows)
+        drafts = iter([t for t in emitted if "sv-draft" in t[0]])
+        others = iter([t for t in emitted if "sv-draft" not in t[0]])
+        rejected = iter(rejected)
+        for r in rows:
+            shown_drafts = [j for j, src in enumerate(r.sources) if src == "draft"]  # the budget may cut a round
+            for j in [*shown_drafts, *range(r.accepted, len(r.draft_tokens))]:
+                cls, tip = next(drafts) if j < r.accepted else next(rejected)
+                q, p, u = r.draft_probs[j], r.target_draft_probs[j], r.accept_draws[j]
+                for shown in (f"draft q {q:.4g}", f"target p {p:.4g}", f"min(1, p/q) {min(1, p / q):.4g}",
+                              f"draw u {u:.4g}"):
+                    assert shown in tip, (shown, tip)
+                if j < r.accepted:
+                    assert "ACCEPTED" in tip
+                elif j == r.accepted:
+                    assert "REJECTED" in tip
+                else:
+                    assert "not decided" in tip
+                if "does not follow its draw" in tip:
+                    assert "sv-mismatch" in cls
+                    flagged.append([r.round, r.row, j])
+            if r.accepted < len(r.emitted):  # the non-draft token: where it was drawn from
+                _, tip = next(others)
+                non_draft += 1
+                where = {"residual": "residual norm(max(0, p − q))", "target": "drawn from the target's p"}
+                assert where[r.pick_from] in tip and f"draw v {r.pick_draw:.4g}" in tip
+                if r.accepted < len(r.draft_tokens):  # and the rejected draft it replaces
+                    assert "the draft proposed" in tip and "REJECTED" in tip
+    assert non_draft > 0
+    # The chips flag exactly the decisions distribution.py's audit found, computed apart from the views.
+    assert sorted(flagged) == sorted(drawn.decisions.first) and len(flagged) == drawn.decisions.mismatches
+
+
+def test_a_sampled_run_opens_on_its_evidence_and_its_chips_carry_their_pit(outside):
+    focus, _ = views.resolve(outside)
+    s = outside.sequences[focus.seq]
+    first = s.pit.index(None)  # the first sequence with an impossible token, at the round that emitted it
+    assert all(None not in t.pit for t in outside.sequences[:focus.seq])
+    assert focus.round == views.evidence_round(outside, s.seq, views.rows_by_seq(outside)[s.seq])
+    page = views.timeline_html(outside, focus)
+    chips = re.findall(r'class="sv-tok ([^"]*)" data-index="(\d+)" title="([^"]*)"', page)
+    assert [int(i) for c, i, _ in chips if "sv-impossible" in c] == [i for i, u in enumerate(s.pit) if u is None]
+    assert "IMPOSSIBLE under the target" in chips[first][2]
+    assert all(f"PIT {u:.3f}" in t for (_, _, t), u in zip(chips, s.pit) if u is not None)
+    grid = views.grid_html(outside, focus)
+    assert re.search(rf'class="sv-cell[^"]*sv-impossible[^"]*" data-seq="{s.seq}" data-round="{focus.round}"', grid)
+
+
+def test_a_sampled_run_claims_no_divergence_and_summarises_its_distribution(outside, clean):
+    table = views.summary_frame(outside)
+    assert {"equivalent", "first divergence", "verdict"}.isdisjoint(table.columns)
+    assert list(table["impossible tokens"]) == [str(sum(u is None for u in s.pit)) for s in outside.sequences]
+    means = [sum(u for u in s.pit if u is not None) / sum(u is not None for u in s.pit) for s in outside.sequences]
+    assert list(table["mean PIT"]) == [f"{m:.3f}" for m in means]
+    d = outside.distribution
+    assert d.verdict == "not the target's distribution" and d.impossible > 0
+    row = hostile_free_text(views.headline(outside))
+    assert "equal the batch-size-1 reference" not in row
+    assert (f"distribution not the target's distribution 0 impossible tokens {d.tokens} {d.impossible} "
+            f"0 of {outside.decisions.checked}") in row
+    assert "sampled at temperature 0.8, top-p 0.95" in row
+    # A greedy run keeps its exact and prefix match, and its columns.
+    assert "100% of sequences equal the batch-size-1 reference" in views.headline(clean)
+    assert "| sampled run |" not in views.headline(clean) and "equivalent" in views.summary_frame(clean).columns
+
+
+def hostile_free_text(markdown: str) -> str:
+    from hostile import markdown_text
+
+    return markdown_text(markdown)
+
+
+def test_the_pit_panel_shows_the_histograms_and_the_verdict(outside, drawn, clean):
+    fig = plots.pit_histograms(outside)
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert len(bars) == min(len(outside.distribution.splits), 12) >= 1
+    assert bars[0].name == "all tokens" and sum(bars[0].customdata) == outside.distribution.splits[0].n
+    line = hostile_free_text(views.distribution_md(outside))
+    d = outside.distribution
+    alone = min(1, min(x.p for x in d.splits) * len(d.splits))
+    assert (f"Verdict: not the target's distribution — p = 0: an impossible token rejects alone (the PIT splits "
+            f"alone: p = {alone:.3g}, the smallest split's p × {len(d.splits)} split") in line
+    assert f"failing: impossible tokens. {d.tokens} tokens tested; {d.impossible} impossible" in line
+    assert f"{outside.decisions.checked} accept/reject decisions re-derived" in line and "all follow their draw" in line
+    audit = hostile_free_text(views.distribution_md(drawn))
+    first = ", ".join(f"[{r}, {w}, {j}]" for r, w, j in drawn.decisions.first[:5])
+    assert f"{drawn.decisions.mismatches} do not follow their draw; the first at (round, row, slot) {first}" in audit
+    greedy = plots.pit_histograms(clean)
+    assert not greedy.data and "Greedy run" in greedy.layout.annotations[0].text
+    assert "Greedy run" in views.distribution_md(clean) and "judged here" in views.distribution_md(None)
+
+
+def test_the_forensic_panel_shows_a_sampled_rounds_draws(drawn):
+    s, r = next((drawn.sequences[r.seq], r) for r in drawn.rows if r.accepted < len(r.draft_tokens))
+    panel = views.forensics_html(drawn, views.Focus(s.seq, r.round))
+    assert "no token-by-token reference" in panel and "mean PIT" in panel
+    rows = re.findall(r'<tr class="sv-(held|broken)"><td>(\d+)</td><td>[^<]*</td>((?:<td>[^<]*</td>){5})</tr>', panel)
+    assert [int(j) for _, j, _ in rows] == list(range(len(r.draft_tokens)))
+    j = r.accepted
+    cells = re.findall(r"<td>([^<]*)</td>", rows[j][2])
+    assert cells == [f"{r.draft_probs[j]:.4g}", f"{r.target_draft_probs[j]:.4g}",
+                     f"{min(1, r.target_draft_probs[j] / r.draft_probs[j]):.4g}", f"{r.accept_draws[j]:.4g}",
+                     "rejected" + (" — does not follow u &lt; p/q" if rows[j][0] == "broken" else "")]
+    assert "residual" in panel and f"draw v {r.pick_draw:.4g}" in panel
+    assert "one draw" in views.compare_html(drawn, views.Focus(s.seq, r.round))
+
+
+def test_the_sampling_example_is_caught_on_the_tiny_pair(tiny):
+    """The page's sampling-fault example, on the tiny pair (the page runs it on the embedded one): rejected, and
+    the correct example's settings are not."""
+    from specviz.ui import DEFAULTS, EXAMPLES, spec_from_controls
+
+    def controls(name: str) -> list:
+        values = {**DEFAULTS, **EXAMPLES[name], "pair": "tiny"}
+        return [*[values[n] for n in list(DEFAULTS)[:5]], None, *[values[n] for n in list(DEFAULTS)[5:]]]
+
+    caught = run(spec_from_controls(*controls("sampling fault: draft-only temperature")))
+    assert caught.manifest.spec.faults == ("temperature-draft-only",) and caught.manifest.spec.top_p == 0.95
+    d = caught.distribution
+    assert d.verdict == "not the target's distribution" and d.p < 0.001
+    assert "not the target\\'s distribution" in views.headline(caught)
+    correct = run(spec_from_controls(*controls("sampled eqspec")))
+    assert correct.distribution.verdict == "consistent" and correct.decisions.mismatches == 0
+
+
+def test_a_hostile_sampled_trace_shows_stranger_text_as_text(outside):
+    from hostile import HOSTILE, PAYLOADS, hostile_trace, live_markdown, live_markup
+
+    from specviz import ui
+
+    trace = hostile_trace(outside)
+    d = trace.distribution
+    assert HOSTILE in d.failing and all(HOSTILE in s.name for s in d.splits) and all(HOSTILE in n for n in d.skipped)
+    for seq in range(len(trace.sequences)):
+        out = dict(zip(ui.VIEW_NAMES, ui.render(trace, seq)))
+        for name in ("timeline", "grid", "compare", "forensics"):
+            assert live_markup(out[name], {"div", "span", "p", "b", "h4", "table", "thead", "tbody", "tr", "th", "td", "mark"},
+                               {"class", "title", "style", "data-seq", "data-round", "data-index"}) == [], name
+        assert live_markdown(out["pit_verdict"]) == [] and PAYLOADS[0] in hostile_free_text(out["pit_verdict"])
+        assert live_markdown(views.headline(trace)) == []
+        texts = [a.text for a in out["pit"].layout.annotations] + [t.name or "" for t in out["pit"].data]
+        assert not any("<img" in t or "<script" in t or "<a " in t for t in texts)  # plotly reads those tags
+        assert any("&lt;img src=x" in t for t in texts)  # shown, escaped: plotly turns the entities to text
