@@ -18,12 +18,12 @@ from specviz.prompts import builtin_set
 from specviz.runner import run
 from specviz.spec import RunSpec
 
-SETTINGS = dict(temperature=0.8, top_p=0.95, batch_size=4, k=5, device="cpu")
+SETTINGS = {"temperature": 0.8, "batch_size": 4, "k": 5, "device": "cpu"}
 
 
-def _run(prompts, method="eqspec", faults=(), seed=0, max_new_tokens=32):
+def _run(prompts, top_p, method="eqspec", faults=(), seed=0, max_new_tokens=32):
     start = time.perf_counter()
-    trace = run(RunSpec.build(prompts=tuple(prompts), method=method, faults=faults, seed=seed,
+    trace = run(RunSpec.build(prompts=tuple(prompts), method=method, faults=faults, seed=seed, top_p=top_p,
                               max_new_tokens=max_new_tokens, **SETTINGS))
     return trace, time.perf_counter() - start
 
@@ -45,13 +45,14 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=20, help="seeds per correct sampler")
     ap.add_argument("--prompt-set", default="all")
     ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--top-p", type=float, default=0.95, help="1: off (then no token is impossible)")
     ap.add_argument("--faults", default=",".join([*SAMPLING, "draft-bonus"]))
     ap.add_argument("--skip-correct", action="store_true")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     prompts = builtin_set(args.prompt_set)
-    lines = [f"Embedded pair, float32, this CPU; temperature 0.8, top-p 0.95, batch size 4, k 5, "
-             f"{args.max_new_tokens} new tokens a prompt. Verdicts at alpha 0.001.", ""]
+    lines = [(f"Embedded pair, float32, this CPU; temperature 0.8, top-p {args.top_p}, batch size 4, k 5, "
+              f"{args.max_new_tokens} new tokens a prompt. Verdicts at alpha 0.001."), ""]
 
     if not args.skip_correct:
         lines += ["## The correct samplers over seeds", "", HEADER]
@@ -59,7 +60,7 @@ def main() -> None:
         for method in ("eqspec", "exspec"):
             rejected[method] = 0
             for seed in range(args.seeds):
-                trace, seconds = _run(prompts, method, seed=seed, max_new_tokens=args.max_new_tokens)
+                trace, seconds = _run(prompts, args.top_p, method, seed=seed, max_new_tokens=args.max_new_tokens)
                 rejected[method] += trace.distribution.verdict != "consistent"
                 lines.append(_row(f"{method}, seed {seed}", trace, seconds))
                 print(lines[-1], flush=True)
@@ -71,7 +72,7 @@ def main() -> None:
         while True:
             same = fault == "shared-stream"  # shows when rows see the same prompt
             chosen = [prompts[0]] * n if same else (prompts * (1 + n // len(prompts)))[:n]
-            trace, seconds = _run(chosen, faults=(fault,), max_new_tokens=args.max_new_tokens)
+            trace, seconds = _run(chosen, args.top_p, faults=(fault,), max_new_tokens=args.max_new_tokens)
             if trace.distribution.verdict == "not the target's distribution" or n >= 4 * len(prompts):
                 lines.append(_row(f"{fault}, {n} prompts" + (" (one prompt, repeated)" if same else ""), trace, seconds))
                 print(lines[-1], flush=True)

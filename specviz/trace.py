@@ -11,9 +11,9 @@ import datetime as _dt
 import hashlib
 import json
 import platform
+import typing
 from collections import defaultdict
 from importlib.metadata import PackageNotFoundError, version
-import typing
 from typing import Literal
 
 import pandas as pd

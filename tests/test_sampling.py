@@ -16,7 +16,7 @@ from specviz.runner import run
 from specviz.spec import TINY_DRAFT, TINY_TARGET, RunSpec
 
 PROMPTS = ("Write a short poem about the sea.", "Explain recursion.", "List three fruits.", "What is 2+2?")
-SAMPLED = dict(temperature=0.8, top_p=0.95)
+SAMPLED = {"temperature": 0.8, "top_p": 0.95}
 
 
 def _tiny(prompts=PROMPTS * 4, dtype="float32", **fields):
@@ -77,7 +77,7 @@ def test_a_sequence_draws_the_same_tokens_whatever_its_batch():
     """Every draw is keyed by (seed, sequence, token index, purpose): in float64, where batching changes no
     probability that matters, eqspec at batch size 1 and 4 and exspec emit the same tokens, and so do the
     reference and batched-reference."""
-    ids = lambda t: [s.output_ids for s in t.sequences]  # noqa: E731
+    ids = lambda t: [s.output_ids for s in t.sequences]
     eq1 = _tiny(PROMPTS, dtype="float64", batch_size=1, max_new_tokens=24)
     assert ids(_tiny(PROMPTS, dtype="float64", batch_size=4, max_new_tokens=24)) == ids(eq1)
     assert ids(_tiny(PROMPTS, dtype="float64", method="exspec", batch_size=2, max_new_tokens=24)) == ids(eq1)
@@ -111,7 +111,7 @@ def test_the_correct_samplers_are_consistent_on_the_embedded_pair(embedded, meth
 # top-p 0.95 the faults that put mass outside the nucleus emit impossible tokens; a draft that comes from the
 # draft's q shows when q is flatter than p (the draft at 0.6, the target at 0.3).
 SHOWS = {fault: {} for fault in [*SAMPLING, "draft-bonus"]}
-SHOWS["residual-from-draft"] = dict(temperature=0.3, draft_temperature=0.6)
+SHOWS["residual-from-draft"] = {"temperature": 0.3, "draft_temperature": 0.6}
 
 
 def _fault_run(fault, **fields):
