@@ -5,11 +5,17 @@ prompts; specviz decodes the batch-size-1 reference of the same target weights b
 noise floor (noise.py), and judges every difference from outside (forensics.judge_engine). A control run of
 the same engine without speculation, when given, separates "speculation changed it" from "this engine
 differs from transformers anyway". The result is a trace like any other, of method `engine`.
+
+A sampled check (the spec's temperature above 0, with its top-k, top-p and seed) has no token reference: the
+engine samples (a server is asked with those settings, a callable is told them, a file is taken as it is),
+and its tokens, by their ids alone, are scored under the target recomputed at batch size 1 with the same
+temperature, top-k and top-p: their randomized PIT must be uniform (distribution.judge).
 """
 from __future__ import annotations
 
 from pydantic import ValidationError
 
+from . import distribution
 from .decoding.result import DecodeResult, SequenceOutput
 from .engines import jsonl, python, server
 from .engines.base import EngineInfo, EngineRun
@@ -59,7 +65,7 @@ def from_servers(spec: RunSpec, pair: ModelPair, engine: tuple[str, str | None],
 
     def ask(url: str, model: str | None) -> EngineRun:
         return server.from_server(url, model, ids, spec.max_new_tokens, concurrency=concurrency, timeout=timeout,
-                                  tokenizer=pair.tokenizer)
+                                  tokenizer=pair.tokenizer, **sampling_of(spec))
 
     return check(spec, pair, ids, ask(*engine), ask(*control) if control else None)
 
@@ -68,7 +74,7 @@ def from_callables(spec: RunSpec, pair: ModelPair, engine: str, control: str | N
     """Check a Python callable module:function (engines/python.py), and a control callable."""
     ids = encode(spec, pair)
     settings = {"max_new_tokens": spec.max_new_tokens, "k": spec.k, "dtype": spec.dtype, "device": str(pair.device),
-                "eos_ids": list(pair.eos_ids)}
+                "eos_ids": list(pair.eos_ids), **sampling_of(spec)}
     return check(spec, pair, ids, python.from_callable(engine, ids, settings),
                  python.from_callable(control, ids, settings) if control else None)
 
@@ -79,17 +85,15 @@ def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: E
     for run, role in ((engine, "engine"), (control, "control run")):
         if run is not None and len(run.outputs) != len(prompt_ids):
             raise SpecError(f"the {role} answered {len(run.outputs)} prompts of {len(prompt_ids)}")
+    if not spec.sampling().greedy:
+        return check_sampled(spec, pair, prompt_ids, engine, control)
     ref = reference_for(pair, prompt_ids, spec.max_new_tokens)
     answered = DecodeResult([SequenceOutput(o.ids) for o in engine.outputs], engine.seconds or 0.0)
     trace = build_trace(spec, pair, prompt_ids, answered, ref, floors_for(spec, pair, prompt_ids, ref))
     trace.manifest.engine = _info(engine)
     if control is not None:
         trace.manifest.control = _info(control)
-    try:  # an engine that reports its rounds in our schema gets the white-box views too
-        trace.rows = [RowRecord.model_validate(r) for r in engine.rows]
-        trace.rounds = [RoundRecord.model_validate(r) for r in engine.rounds]
-    except ValidationError as e:
-        raise SpecError(f"the engine's rounds are not in specviz's trace schema: {describe_validation_error(e)}") from None
+    _rounds(trace, engine)  # an engine that reports its rounds in our schema gets the white-box views too
     for s in trace.sequences:
         s.engine = engine.outputs[s.seq]
         s.control = control.outputs[s.seq] if control else None
@@ -99,6 +103,68 @@ def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: E
             s.equivalent, s.first_divergence = True, None  # re-tokenized text: the same text is the same answer
     judge_engine(trace, pair)
     return trace
+
+
+def sampling_of(spec: RunSpec) -> dict:
+    """What an engine is told of a sampled check: temperature, top-p, top-k (0: off) and the seed; nothing for a
+    greedy one (its engines are asked as they always were)."""
+    if spec.sampling().greedy:
+        return {}
+    return {"temperature": spec.temperature, "top_p": spec.top_p, "top_k": spec.top_k, "seed": spec.seed}
+
+
+def check_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: EngineRun,
+                  control: EngineRun | None = None) -> Trace:
+    """The trace of a sampling engine's outputs, judged by their distribution: every token's randomized PIT under
+    the target recomputed at batch size 1 with the spec's temperature, top-k and top-p (distribution.judge).
+
+    Only the engine's own ids can be judged: an output re-tokenized from text (a server that gave text only, a
+    file's `output_text`) is refused, since a tokenizer may split the text otherwise than the engine drew it,
+    and the PIT would then test the tokenizer. So is an id outside the target's vocabulary, and a control run
+    (there is no reference to depart from: check the engine without speculation on its own)."""
+    if control is not None:
+        raise SpecError("a sampled check has no token reference, so no control run: check the engine without "
+                        "speculation on its own, with the same settings, and compare the two verdicts")
+    answered = [o for o in engine.outputs if not o.error]
+    text_only = sum(o.approximate for o in answered)
+    if text_only:
+        raise SpecError(f"{text_only} of the engine's {len(answered)} answers are text, re-tokenized here: a "
+                        "sampled check judges each token the engine drew, so it needs the engine's own token ids "
+                        "(an outputs file's output_ids; from a server, return_token_ids)")
+    outside = next(((i, t) for i, o in enumerate(engine.outputs) for t in o.ids if not 0 <= t < pair.vocab_size),
+                   None)
+    if outside:
+        raise SpecError(f"output {outside[0]} holds token id {outside[1]}, outside the target's vocabulary "
+                        f"(0-{pair.vocab_size - 1}): not this target's tokens")
+    result = DecodeResult([SequenceOutput(o.ids) for o in engine.outputs], engine.seconds or 0.0)
+    trace = build_trace(spec, pair, prompt_ids, result)
+    trace.manifest.engine = _info(engine)
+    _rounds(trace, engine)  # an engine that reports its rounds in our schema: its PIT is split by slot and row too
+    for s in trace.sequences:
+        s.engine = engine.outputs[s.seq]
+    distribution.judge(trace, pair, prompt_ids)
+    return trace
+
+
+def sampled_summary(trace: Trace) -> dict:
+    """A sampled check in one row: the engine, its answers and tokens, the verdict and its evidence."""
+    d, info = trace.distribution, trace.manifest.engine
+    answered = [s for s in trace.sequences if not s.engine.error]
+    tokens = sum(len(s.output_ids) for s in answered)
+    worst = min(d.splits, key=lambda x: x.p, default=None)
+    return {"engine": " ".join(x for x in (info.name, info.version) if x), "n": len(answered),
+            "errors": len(trace.sequences) - len(answered), "tokens": tokens, "verdict": d.verdict, "p": d.p,
+            "alpha": d.alpha, "splits": len(d.splits), "worst_split": worst.name if worst else None,
+            "worst_split_p": worst.p if worst else None, "impossible": d.impossible,
+            "tokens_per_second": tokens / info.seconds if info.seconds else None}
+
+
+def _rounds(trace: Trace, engine: EngineRun) -> None:
+    try:
+        trace.rows = [RowRecord.model_validate(r) for r in engine.rows]
+        trace.rounds = [RoundRecord.model_validate(r) for r in engine.rounds]
+    except ValidationError as e:
+        raise SpecError(f"the engine's rounds are not in specviz's trace schema: {describe_validation_error(e)}") from None
 
 
 def _info(run: EngineRun) -> EngineInfo:

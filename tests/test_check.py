@@ -12,6 +12,7 @@ import pytest
 from specviz import cli
 from specviz.decoding.eqspec import eqspec
 from specviz.decoding.reference import batched_reference
+from specviz.decoding.sampling import Sampler, Sampling
 from specviz.models import load_pair
 from specviz.prompts import builtin_set
 from specviz.runner import run
@@ -42,6 +43,14 @@ def bsp_like(prompt_ids, settings):
 
 def dsd_like(prompt_ids, settings):
     return _eqspec(prompt_ids, settings, ("no-mask", "growing-padding", "draft-bonus"))
+
+
+def sampled(prompt_ids, settings):
+    """A sampling engine: eqspec with the temperature, top-k, top-p and seed the check hands over."""
+    sampler = Sampler(settings["temperature"], settings["top_k"], settings["top_p"])
+    result = eqspec(_pair(settings), prompt_ids, 4, settings["k"], settings["max_new_tokens"],
+                    sampling=Sampling(sampler, sampler, settings["seed"]))
+    return {"outputs": [o.ids for o in result.outputs], "name": "sampled eqspec", "settings": settings}
 
 
 def no_speculation(prompt_ids, settings):
@@ -150,6 +159,32 @@ def test_the_page_shows_an_engine_check(tmp_path, tiny):
     link, note = ui.render(trace)[-2:]
     assert link == "" and "share its trace file" in note
     assert Trace.from_json(trace.to_json()) == trace
+
+
+def test_a_sampled_check_tells_a_callable_its_settings_and_judges_its_ids_by_their_distribution(tiny):
+    """No reference at temperature > 0: the engine's tokens are scored under the target (the PIT); a file of the
+    same ids gets the same values, a file of text is refused."""
+    from specviz import check
+    from specviz.spec import SpecError
+
+    spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float32", device="cpu", method="engine",
+                         prompts=tuple(builtin_set("quick")), max_new_tokens=BUDGET, temperature=0.8, top_k=50,
+                         top_p=0.95, seed=2)
+    pair = _pair({"dtype": "float32"})
+    live = check.from_callables(spec, pair, "test_check:sampled", None)
+    told = live.manifest.engine.settings
+    assert (told["temperature"], told["top_k"], told["top_p"], told["seed"]) == (0.8, 50, 0.95, 2)
+    d = live.distribution
+    assert (d.verdict, d.impossible) == ("consistent", 0) and d.tokens == sum(len(s.output_ids) for s in live.sequences)
+    assert all(s.reference_ids is None and s.forensics is None for s in live.sequences)
+    assert Trace.from_json(live.to_json()) == live
+    lines = [json.dumps({"prompt_ids": p.ids, "output_ids": s.output_ids}) for p, s in zip(live.prompts, live.sequences)]
+    filed = check.from_files(spec, pair, ("\n".join(lines).encode(), "outputs.jsonl"))
+    assert [s.pit for s in filed.sequences] == [s.pit for s in live.sequences]
+    assert filed.distribution.model_dump() == d.model_dump()
+    text = [json.dumps({"prompt_ids": p.ids, "output_text": "Paris."}) for p in live.prompts]
+    with pytest.raises(SpecError, match="4 of the engine's 4 answers are text"):
+        check.from_files(spec, pair, ("\n".join(text).encode(), "text.jsonl"))
 
 
 def test_the_outputs_schema_file_is_current():

@@ -1,8 +1,11 @@
 """An OpenAI-compatible completions server as an engine (docs/engines.md).
 
 Each prompt goes out as token ids (the caller applied the chat template) to
-/v1/completions, greedy (temperature 0) with the reference's token budget,
-`concurrency` requests in flight so that the server batches them. We ask for
+/v1/completions, greedy (temperature 0) or, for a sampled check, with the
+check's temperature, top-p and top-k, every other sampling knob neutral, and a
+seed of its own per prompt (request_seed: the check's seed and the prompt's
+index, so a run repeats), with the check's token budget and `concurrency`
+requests in flight so that the server batches them. We ask for
 the generated ids (`return_token_ids`) and for the logprob of each chosen
 token with its top alternatives keyed by id (`return_tokens_as_token_ids`):
 vLLM honours both. A server that ignores them returns text only; that text is
@@ -25,13 +28,34 @@ from .base import EngineOutput, EngineRun
 
 TOKEN_ID = re.compile(r"token_id:(\d+)")
 # vLLM's Prometheus counters of speculative decoding, e.g. `vllm:spec_decode_num_drafts_total{...} 12.0`.
-SPEC_COUNTER = re.compile(r"^vllm:spec_decode_num_(\w+?)_total(?:\{([^}]*)\})? (\S+)$", re.M)
+SPEC_COUNTER = re.compile(r"^vllm:spec_decode_num_(\w+?)_total(?:\{([^}]*)\})? (\S+)$", re.MULTILINE)
+SEEDS_PER_RUN = 4096  # a request's seed: the run's seed x this + the prompt's index (at most spec.MAX_PROMPTS)
+# The sampling knobs a sampled request sets to "off", so that a server's or a model's defaults (vLLM takes them
+# from the checkpoint's generation_config) cannot change the distribution behind the check's back.
+NEUTRAL = {"min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
+def request_seed(seed: int, index: int) -> int:
+    """The seed of prompt `index`'s request in a sampled run seeded `seed`: one stream per prompt, the same
+    streams every time the run is repeated."""
+    return seed * SEEDS_PER_RUN + index
+
+
+def sampling_request(temperature: float, top_p: float = 1.0, top_k: int = 0) -> dict:
+    """The sampling fields of a completions request: temperature 0 alone for greedy (as always); else the
+    temperature, top-p, top-k (-1 when off: vLLM 0.32 takes 0 or -1 for off, older versions and SGLang only
+    -1) and every other knob neutral."""
+    if temperature == 0:
+        return {"temperature": 0}
+    return {"temperature": temperature, "top_p": top_p, "top_k": top_k or -1, **NEUTRAL}
 
 
 def from_server(url: str, served_model: str | None, prompt_ids: list[list[int]], max_new_tokens: int,
                 concurrency: int = 8, timeout: float = 300.0, top_logprobs: int = 5, tokenizer=None,
-                launch: dict | None = None) -> EngineRun:
-    """Greedy completions of `prompt_ids` from the server at `url` (given with or without /v1).
+                launch: dict | None = None, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                seed: int = 0) -> EngineRun:
+    """Completions of `prompt_ids` from the server at `url` (given with or without /v1): greedy, or sampled
+    at `temperature` > 0 with `top_p`, `top_k` (0: off) and prompt i's request seeded request_seed(seed, i).
 
     `served_model` None takes the one model the server serves. `timeout` (seconds) bounds each request's
     wait for its answer. `tokenizer` (the pair's) re-tokenizes text-only answers; without one they are
@@ -42,12 +66,15 @@ def from_server(url: str, served_model: str | None, prompt_ids: list[list[int]],
         card = _model_card(client, base, served_model)
         version = (_get_json(client, "/version") or {}).get("version")
         before = _spec_counters(client)
-        request = {"model": card["id"], "max_tokens": max_new_tokens, "temperature": 0,
+        sampled = sampling_request(temperature, top_p, top_k)
+        request = {"model": card["id"], "max_tokens": max_new_tokens, **sampled,
                    "logprobs": top_logprobs or None, "return_token_ids": True, "return_tokens_as_token_ids": True}
 
-        def complete(ids: list[int]) -> tuple[EngineOutput, str | None]:
+        def complete(i: int) -> tuple[EngineOutput, str | None]:
+            ids = prompt_ids[i]
+            sent = {**request, "prompt": ids, **({"seed": request_seed(seed, i)} if temperature else {})}
             try:
-                r = client.post("/v1/completions", json={**request, "prompt": ids})
+                r = client.post("/v1/completions", json=sent)
             except httpx.TimeoutException:
                 return EngineOutput(error=f"no answer from {base} within {timeout:g} s"), None
             except httpx.TransportError as e:
@@ -63,13 +90,15 @@ def from_server(url: str, served_model: str | None, prompt_ids: list[list[int]],
 
         start = time.perf_counter()
         with ThreadPoolExecutor(max(1, concurrency)) as pool:
-            answers = list(pool.map(complete, prompt_ids))
+            answers = list(pool.map(complete, range(len(prompt_ids))))
         seconds = time.perf_counter() - start
         after = _spec_counters(client)
     settings = {"served_model": card["id"], "model_root": card.get("root"), "max_model_len": card.get("max_model_len"),
                 "system_fingerprint": next((fp for _, fp in answers if fp), None)}
     if before is not None and after:
         settings["spec_decode"] = {name: after[name] - before.get(name, 0) for name in after}
+    if temperature:
+        settings["sampling"] = {**sampled, "seed": seed, "request_seed": f"seed x {SEEDS_PER_RUN} + prompt index"}
     if launch:
         settings["launch"] = launch
     return EngineRun(name=card.get("owned_by") or "openai-compatible", version=version, source="server",

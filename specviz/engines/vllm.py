@@ -10,7 +10,8 @@ stops it and its child processes on exit. Modes:
 - ngram: prompt-lookup speculation, n-grams of 2 to 4 tokens, k tokens a draft;
 - draft: draft-model speculation with the embedded draft's folder, k tokens a draft.
 
-Greedy decoding is the request's business (temperature 0, see server.py).
+Greedy or sampled decoding is the request's business (temperature 0, or the
+check's temperature, top-p, top-k and a seed per request: see server.py).
 """
 from __future__ import annotations
 
@@ -71,10 +72,12 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def vllm_server(mode: str, log: Path, k: int = 5, max_num_seqs: int = 8, threads: int = 2,
-                startup_timeout: float = 600.0, dtype: str = "float32") -> Iterator[VllmServer]:
+                startup_timeout: float = 600.0, dtype: str = "float32",
+                extra_env: dict[str, str] | None = None) -> Iterator[VllmServer]:
     """Serve the embedded target with vLLM in `mode` until the block ends; its output goes to `log`.
 
-    `threads`: the CPUs its workers are bound to (the first ones this process may use)."""
+    `threads`: the CPUs its workers are bound to (the first ones this process may use). `extra_env`: more
+    environment variables for the server (recorded in its launch, like the others)."""
     spec = speculative_config(mode, k)
     port = _free_port()
     args = ["--model", str(embedded_target_dir()), "--served-model-name", SERVED_MODEL, "--dtype", dtype,
@@ -88,6 +91,7 @@ def vllm_server(mode: str, log: Path, k: int = 5, max_num_seqs: int = 8, threads
         "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cpus)),  # "auto" would keep one core of two for itself
         "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",  # never phone home
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+        **(extra_env or {}),
     }
     command = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", *args]
     log.parent.mkdir(parents=True, exist_ok=True)
