@@ -258,8 +258,10 @@ def _print_check(trace) -> None:
     for row in metrics.engine_summary(trace):
         tps = "-" if row["tokens_per_second"] is None else f"{row['tokens_per_second']:.1f}"
         shown = ", ".join(f"{v} {c}" for v, c in row["verdicts"].items()) or "-"
-        print(f"{row['engine'][:44]:<44} {row['n']:>4} {row['errors']:>6} {row['exact_pct']:>8.1f} "
-              f"{row['prefix_pct']:>9.1f} {tps:>7}  {shown}")
+        print(f"{row['engine'][:44]:<44} {row['n']:>4} {row['errors']:>6} {metrics.percent(row['exact_pct']):>8} "
+              f"{metrics.percent(row['prefix_pct']):>9} {tps:>7}  {shown}")
+    if trace.distribution:
+        print(f"distribution: {_distribution(trace)}")
     for s in trace.sequences:
         if s.forensics:
             print(f"  [{s.seq}] {s.forensics.verdict}: {s.forensics.explanation}")

@@ -18,7 +18,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from . import pit
+from . import metrics, pit
 from .decoding.sampling import PIT, uniform
 from .models import ModelPair
 from .recompute import fresh_logits
@@ -64,7 +64,8 @@ def samples(trace: Trace) -> dict[str, np.ndarray]:
             groups["all tokens"].append(u)
             if slot is not None:
                 groups[f"slot {slot}" + (" (bonus)" if slot == k else "")].append(u)
-            groups[f"row {row}"].append(u)
+            if row is not None:
+                groups[f"row {row}"].append(u)
             lo = rnd * ROUND_SPLITS // (last_round + 1)
             groups[f"rounds {_range(lo, last_round)}"].append(u)
     out = {name: np.array(values) for name, values in sorted(groups.items(), key=lambda kv: _order(kv[0]))}
@@ -87,15 +88,18 @@ def _order(name: str) -> tuple:
 
 
 def _token_places(trace: Trace) -> dict[int, list[tuple[int | None, int, int]]]:
-    """Per sequence, per output token: (slot in its round or None, batch row, round or token index)."""
+    """Per sequence, per output token: (slot in its round or None, batch row or None, round or token index).
+    Without rounds (the target alone, an engine judged from outside) a token's index stands in for its round,
+    and only batched-reference knows its rows."""
     places: dict[int, list] = defaultdict(list)
     if trace.rows:
         for r in trace.rows:
             places[r.seq] += [(j, r.row, r.round) for j in range(len(r.emitted))]
-    else:  # the target alone: a sequence's row in its static batch, and each token's index for its round
-        size = trace.manifest.spec.batch_size if trace.manifest.spec.method == "batched-reference" else 1
+    else:
+        spec = trace.manifest.spec
         for s in trace.sequences:
-            places[s.seq] = [(None, s.seq % size, i) for i in range(len(s.output_ids))]
+            row = s.seq % spec.batch_size if spec.method == "batched-reference" else None
+            places[s.seq] = [(None, row, i) for i in range(len(s.output_ids))]
     return places
 
 
@@ -103,12 +107,7 @@ def decisions(trace: Trace) -> Decisions:
     """Accepted iff draw < p/q, i.e. draw * q < p (as the engine computes it), for every decided draft: those
     accepted and the first rejected one. The recorded values are the engine's float64 ones, so a correct engine
     re-derives exactly."""
-    checked, bad = 0, []
-    for r in trace.rows:
-        if r.accept_draws is None:
-            continue
-        for j in range(min(r.accepted + 1, len(r.draft_tokens))):
-            checked += 1
-            if (r.accept_draws[j] * r.draft_probs[j] < r.target_draft_probs[j]) != (j < r.accepted):
-                bad.append([r.round, r.row, j])
+    drawn = [r for r in trace.rows if r.accept_draws is not None]
+    checked = sum(min(r.accepted + 1, len(r.draft_tokens)) for r in drawn)
+    bad = [[r.round, r.row, j] for r in drawn for j in metrics.mismatched(r)]
     return Decisions(checked=checked, mismatches=len(bad), first=bad[:MAX_LISTED])

@@ -88,15 +88,23 @@ def waste(trace: Trace) -> dict[str, float]:
             "peak_target_kv": max(r.target_kv_before for r in trace.rows)}
 
 
+def percent(value: float | None) -> str:
+    """A percentage for a table; "-" where there is none."""
+    return "-" if value is None else f"{value:.1f}"
+
+
 def engine_summary(trace: Trace) -> list[dict]:
-    """Table-1 rows of an engine check: the engine, then its control run when given."""
+    """Table-1 rows of an engine check: the engine, then its control run when given. A sampled check has no
+    exact or prefix match (None): its verdict is on its distribution."""
     rows = []
     for role, info in (("engine", trace.manifest.engine), ("control", trace.manifest.control)):
         if info is None:
             continue
         answers = [(getattr(s, role), s) for s in trace.sequences]
         answered = [(o, s) for o, s in answers if not o.error]
-        if role == "engine":
+        if trace.distribution is not None:  # a sampled check: no token reference, a verdict on the distribution
+            exact = prefix = []
+        elif role == "engine":
             exact = [bool(s.equivalent) for _, s in answered]
             prefix = [1.0 if s.equivalent else prefix_match(o.ids, s.reference_ids) for o, s in answered]
         else:
@@ -106,10 +114,11 @@ def engine_summary(trace: Trace) -> list[dict]:
         rows.append({
             "engine": " ".join(x for x in (info.name, info.version, "(control, no speculation)" * (role == "control")) if x),
             "role": role, "n": len(answered), "errors": len(answers) - len(answered),
-            "exact_pct": 100 * sum(exact) / len(exact) if exact else 0.0,
-            "prefix_pct": 100 * sum(prefix) / len(prefix) if prefix else 0.0,
+            "exact_pct": 100 * sum(exact) / len(exact) if exact else None,
+            "prefix_pct": 100 * sum(prefix) / len(prefix) if prefix else None,
             "tokens_per_second": tokens / info.seconds if info.seconds else None,
-            "verdicts": verdict_counts(trace) if role == "engine" else {},
+            "verdicts": (verdict_counts(trace) if trace.distribution is None else {trace.distribution.verdict: 1})
+            if role == "engine" else {},
         })
     return rows
 
@@ -124,8 +133,8 @@ def sampled(trace: Trace) -> bool:
 
 def mismatched(r) -> list[int]:
     """A sampled row's draft slots whose recorded decision does not follow its recorded draw: accepted iff
-    u * q < p (as the engine computes it, and distribution.decisions re-derives it), for the drafts that were
-    decided (those accepted and the first rejected one)."""
+    u * q < p, as the engine computes it, for the drafts that were decided (those accepted and the first
+    rejected one). The recorded values are the engine's float64 ones: a correct engine re-derives exactly."""
     if r.accept_draws is None:
         return []
     return [j for j in range(min(r.accepted + 1, len(r.draft_tokens)))

@@ -276,8 +276,8 @@ def engine_headline(trace: Trace, note: str = "") -> str:
     for r in metrics.engine_summary(trace):
         tps = "-" if r["tokens_per_second"] is None else f"{r['tokens_per_second']:.1f}"
         verdicts = ", ".join(f"{md(v)} × {c}" for v, c in r["verdicts"].items()) or "-"
-        rows.append(f"| {md(r['engine'])} | {r['n']} | {r['errors']} | {r['exact_pct']:.1f} | {r['prefix_pct']:.1f} | "
-                    f"{tps} | {verdicts} |")
+        rows.append(f"| {md(r['engine'])} | {r['n']} | {r['errors']} | {metrics.percent(r['exact_pct'])} | "
+                    f"{metrics.percent(r['prefix_pct'])} | {tps} | {verdicts} |")
     return head + "\n\n" + "\n".join(rows)
 
 

@@ -156,7 +156,8 @@ def test_the_page_shows_an_engine_check(tmp_path, tiny):
     assert "engine-bug" in panel and "rank of the engine" in panel and "without speculation departs at" in panel
     headline = views.headline(trace)
     assert "engine check" in headline and r"\(control\, no speculation\)" in headline
-    link, note = ui.render(trace)[-2:]
+    views_out = dict(zip(ui.VIEW_NAMES, ui.render(trace)))
+    link, note = views_out["link_query"], views_out["focus_note"]
     assert link == "" and "share its trace file" in note
     assert Trace.from_json(trace.to_json()) == trace
 

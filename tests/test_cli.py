@@ -37,6 +37,21 @@ def test_verify_prints_table_one_and_writes_json(tiny, tmp_path, capsys):
     assert all(r["exact_pct"] == 100 and r["prefix_pct"] == 100 and r["n"] == 7 for r in rows)
 
 
+def test_sampled_verify_judges_each_run_by_its_distribution_and_fails_on_a_fault(tiny, tmp_path, capsys):
+    """Sampled runs in `verify`: no exact-match claim, the distribution's verdict instead, and exit 1 when a
+    sampling fault makes a run not the target's distribution."""
+    sampled = [*TINY, "--temperature", "0.8", "--top-p", "0.95", "--prompt-set", "all", "--max-new-tokens", "24",
+               "--batch-sizes", "4", "--k", "4"]
+    out = tmp_path / "verify.json"
+    assert main(["verify", *sampled, "--methods", "batched-reference,eqspec,exspec", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["method"], r["distribution"]["verdict"]) for r in rows] == [
+        ("batched-reference", "consistent"), ("eqspec", "consistent"), ("exspec", "consistent")]
+    assert rows[1]["decisions"]["mismatches"] == 0 and capsys.readouterr().out.count("consistent (p = ") == 3
+    assert main(["verify", *sampled, "--methods", "eqspec", "--faults", "temperature-draft-only"]) == 1
+    assert "not the target's distribution" in capsys.readouterr().out
+
+
 def test_bad_input_exits_2_with_a_message(capsys, tmp_path):
     assert main(["run", *TINY, "--k", "40", "--prompt", "x"]) == 2
     assert "k: Input should be less than or equal to 16" in capsys.readouterr().err
