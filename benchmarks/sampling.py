@@ -44,15 +44,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=20, help="seeds per correct sampler")
     ap.add_argument("--prompt-set", default="all")
+    ap.add_argument("--prompts", type=int, help="only the first N prompts of the set")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--top-p", type=float, default=0.95, help="1: off (then no token is impossible)")
     ap.add_argument("--faults", default=",".join([*SAMPLING, "draft-bonus"]))
     ap.add_argument("--skip-correct", action="store_true")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    prompts = builtin_set(args.prompt_set)
-    lines = [(f"Embedded pair, float32, this CPU; temperature 0.8, top-p {args.top_p}, batch size 4, k 5, "
-              f"{args.max_new_tokens} new tokens a prompt. Verdicts at alpha 0.001."), ""]
+    prompts = builtin_set(args.prompt_set)[: args.prompts]
+    lines = [(f"Embedded pair, float32, this CPU; the first {len(prompts)} prompts of `{args.prompt_set}`; "
+              f"temperature 0.8, top-p {args.top_p}, batch size 4, k 5, {args.max_new_tokens} new tokens a prompt. "
+              "Verdicts at alpha 0.001."), ""]
 
     if not args.skip_correct:
         lines += ["## The correct samplers over seeds", "", HEADER]

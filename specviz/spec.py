@@ -10,10 +10,10 @@ import itertools
 import json
 from typing import TYPE_CHECKING, Annotated, Literal, TypeVar
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
 if TYPE_CHECKING:
     from .decoding.sampling import Sampling
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 METHODS = ("reference", "batched-reference", "hf-assisted", "eqspec", "exspec")
 ENGINE = "engine"  # the method of an engine check's trace: outputs from outside, judged against the reference
