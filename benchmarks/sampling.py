@@ -43,6 +43,8 @@ HEADER = ("| run | tokens | verdict | p (Bonferroni) | failing split | worst spl
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=20, help="seeds per correct sampler")
+    ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--methods", default="eqspec,exspec", help="the correct samplers to run over seeds")
     ap.add_argument("--prompt-set", default="all")
     ap.add_argument("--prompts", type=int, help="only the first N prompts of the set")
     ap.add_argument("--max-new-tokens", type=int, default=32)
@@ -59,9 +61,9 @@ def main() -> None:
     if not args.skip_correct:
         lines += ["## The correct samplers over seeds", "", HEADER]
         rejected = {}
-        for method in ("eqspec", "exspec"):
+        for method in args.methods.split(","):
             rejected[method] = 0
-            for seed in range(args.seeds):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
                 trace, seconds = _run(prompts, args.top_p, method, seed=seed, max_new_tokens=args.max_new_tokens)
                 rejected[method] += trace.distribution.verdict != "consistent"
                 lines.append(_row(f"{method}, seed {seed}", trace, seconds))

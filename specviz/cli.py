@@ -194,7 +194,9 @@ def cmd_verify(args) -> int:
     reports = is_main()  # under `accelerate launch`, the main process reports for all
     if reports:
         print(f"{'method':<18} {'faults':<14} {'bs':>3} {'k':>3} {'n':>5} {'exact %':>8} {'prefix %':>9}  verdicts")
-    traces = sweep([(spec, bool(spec.faults or spec.audit) or args.forensics) for spec in specs], args.trust_remote_code,
+    # Recorded runs: those with something to explain, and sampled ones (their decisions are audited, their PIT split by slot).
+    recorded = [bool(spec.faults or spec.audit or spec.temperature) or args.forensics for spec in specs]
+    traces = sweep(list(zip(specs, recorded)), args.trust_remote_code,
                    _placement(args))
     for spec, trace in zip(specs, tqdm(traces, total=len(specs), desc="verify", leave=False,
                                        disable=not (reports and sys.stderr.isatty()))):
