@@ -71,7 +71,7 @@ def main() -> None:
         lines += ["", "False positives: " + ", ".join(f"{m} {r} of {args.seeds} seeds" for m, r in rejected.items()), ""]
 
     lines += ["## Each sampling fault: the smallest prompt count (doubling) that rejects it", "", HEADER]
-    for fault in args.faults.split(","):
+    for fault in filter(None, args.faults.split(",")):
         n = 2
         while True:
             same = fault == "shared-stream"  # shows when rows see the same prompt

@@ -9,7 +9,7 @@ from hostile import parse_html
 
 from specviz import text, views
 from specviz.cli import main
-from specviz.trace import Trace
+from specviz.trace import SCHEMA_VERSION, Trace
 
 REPLACEMENT = "\ufffd"
 
@@ -75,7 +75,7 @@ def test_a_version_2_trace_still_opens(cjk_emoji):
     for s in old["sequences"]:
         del s["output_pieces"], s["reference_pieces"]
     back = Trace.from_json(json.dumps(old))
-    assert back.schema_version == 3 and back.sequences[0].output_pieces == [
+    assert back.schema_version == SCHEMA_VERSION and back.sequences[0].output_pieces == [
         cjk_emoji.vocab[i] for i in cjk_emoji.sequences[0].output_ids]  # what version 2 showed: each token alone
 
 
