@@ -54,37 +54,28 @@ def samples(trace: Trace) -> dict[str, np.ndarray]:
     """The PIT values pooled, then split by slot in the round (speculative runs), batch row, round range and
     row pairs; impossible tokens (None) are counted apart, not tested."""
     where = _token_places(trace)
-    groups: dict[str, list[float]] = defaultdict(list, {"all tokens": []})  # pooled first, even when empty
     k = trace.manifest.spec.k
-    last_round = max((r for places in where.values() for _, _, r in places), default=0)
+    last = max((r for places in where.values() for _, _, r in places), default=0)
+    part = [r * ROUND_SPLITS // (last + 1) for r in range(last + 1)]  # each round's range
+    pooled, by_slot, by_row, by_part = [], defaultdict(list), defaultdict(list), defaultdict(list)
     for s in trace.sequences:
         for u, (slot, row, rnd) in zip(s.pit or (), where[s.seq]):
             if u is None:
                 continue
-            groups["all tokens"].append(u)
+            pooled.append(u)
             if slot is not None:
-                groups[f"slot {slot}" + (" (bonus)" if slot == k else "")].append(u)
+                by_slot[slot].append(u)
             if row is not None:
-                groups[f"row {row}"].append(u)
-            lo = rnd * ROUND_SPLITS // (last_round + 1)
-            groups[f"rounds {_range(lo, last_round)}"].append(u)
-    out = {name: np.array(values) for name, values in sorted(groups.items(), key=lambda kv: _order(kv[0]))}
-    rows = [np.array([np.nan if u is None else u for u in s.pit or ()]) for s in trace.sequences]
-    out["row pairs"] = pit.row_pairs(rows)
+                by_row[row].append(u)
+            by_part[part[rnd]].append(u)
+    out = {"all tokens": pooled}
+    out |= {f"slot {j}" + (" (bonus)" if j == k else ""): by_slot[j] for j in sorted(by_slot)}
+    out |= {f"row {r}": by_row[r] for r in sorted(by_row)}
+    out |= {f"rounds {part.index(p)}–{last - part[::-1].index(p)}": by_part[p] for p in sorted(by_part)}
+    out = {name: np.array(values) for name, values in out.items()}
+    out["row pairs"] = pit.row_pairs([np.array([np.nan if u is None else u for u in s.pit or ()])
+                                      for s in trace.sequences])
     return out
-
-
-def _range(lo: int, last: int) -> str:
-    """The rounds of range `lo` of ROUND_SPLITS over rounds 0..last."""
-    first = next(r for r in range(last + 1) if r * ROUND_SPLITS // (last + 1) == lo)
-    end = max(r for r in range(last + 1) if r * ROUND_SPLITS // (last + 1) == lo)
-    return f"{first}–{end}"
-
-
-def _order(name: str) -> tuple:
-    kind, _, rest = name.partition(" ")
-    number = int(rest.split()[0].split("–")[0]) if rest[:1].isdigit() else 0
-    return ({"all": 0, "slot": 1, "row": 2, "rounds": 3}.get(kind, 4), number)
 
 
 def _token_places(trace: Trace) -> dict[int, list[tuple[int | None, int, int]]]:
