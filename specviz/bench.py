@@ -12,23 +12,22 @@ import plotly.graph_objects as go
 from tqdm import tqdm
 
 from . import metrics
+from .methods import METHODS, grid
 from .models import pair_for
 from .runner import decode, encode
 from .spec import RunSpec
 from .trace import build_trace
 
 
-def _configs(methods: list[str], batch_sizes: list[int], max_waits: list[int]) -> list[tuple[str, int, int | None]]:
-    """(method, batch size, exspec's max-wait): batch-size-1-only methods once; batched-reference only
-    where it differs from reference; exspec once per max-wait."""
+def _configs(args) -> list[dict]:
+    """The runs (methods.grid) at one k; batched-reference only where it differs from reference;
+    exspec once per max-wait."""
     out = []
-    for m in methods:
-        if m in ("reference", "hf-assisted"):
-            out.append((m, 1, None))
-        elif m == "exspec":
-            out += [(m, bs, w) for bs in batch_sizes for w in max_waits]
-        else:
-            out += [(m, bs, None) for bs in batch_sizes if not (m == "batched-reference" and bs == 1)]
+    for c in grid(args.methods, args.drafter, args.batch_sizes, [args.k]):
+        if c["method"] == "batched-reference" and c["batch_size"] == 1:
+            continue
+        waits = args.max_waits if c["method"] == "exspec" and args.max_waits else [None]
+        out += [dict(c, max_wait=w) for w in waits]
     return out
 
 
@@ -42,15 +41,17 @@ def bench(args) -> list[dict]:
     decode(base.model_copy(update={"prompts": base.prompts[:2], "max_new_tokens": 4}), pair, prompt_ids[:2])
 
     rows = []
-    methods = [m.strip() for m in args.methods.split(",")]
-    configs = _configs(methods, args.batch_sizes, args.max_waits or [base.max_wait])
-    for method, bs, wait in tqdm(configs, desc="bench", disable=not sys.stderr.isatty()):
-        spec = base.model_copy(update={"method": method, "batch_size": bs, "max_wait": base.max_wait if wait is None else wait})
+    for c in tqdm(_configs(args), desc="bench", disable=not sys.stderr.isatty()):
+        wait = c.pop("max_wait")
+        spec = _spec(args, **c, max_wait=base.max_wait if wait is None else wait)
+        method, bs = spec.method, spec.batch_size
         result = decode(spec, pair, prompt_ids, record=True)
         t = time.perf_counter()
         trace = build_trace(spec, pair, prompt_ids, result)
         build = time.perf_counter() - t
-        row = {"method": method if wait is None else f"{method} max-wait {wait}", "batch_size": bs, "tokens": result.new_tokens, "seconds": result.seconds,
+        row = {"method": method if wait is None else f"{method} max-wait {wait}",
+               "drafter": spec.drafter if METHODS[method].speculative else "-", "batch_size": bs,
+               "tokens": result.new_tokens, "seconds": result.seconds,
                "tokens_per_s": result.new_tokens / result.seconds}
         if trace.rows:
             phases = metrics.phase_seconds(trace)
@@ -67,7 +68,7 @@ def bench(args) -> list[dict]:
 
 
 def _line(r: dict) -> str:
-    s = f"{r['method']:<18} bs {r['batch_size']:>2}: {r['tokens_per_s']:7.1f} tok/s"
+    s = f"{r['method']:<18} {r['drafter']:<6} bs {r['batch_size']:>2}: {r['tokens_per_s']:7.1f} tok/s"
     if "acceptance" in r:
         s += (f"  acc {r['acceptance']:.2f}  {r['tokens_per_round']:.2f} tok/round  draft {r['draft_share']:.0%}"
               f"  verify {r['verify_share']:.0%}  realign {r['realign_share']:.1%}  trace {r['trace_share']:.1%}")
@@ -84,10 +85,10 @@ def _write(args, spec: RunSpec, rows: list[dict]) -> None:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     base = rows[0]["method"] if rows[0]["method"] == "reference" else f"{rows[0]['method']} bs {rows[0]['batch_size']}"
-    head = (f"| method | bs | tok/s | vs {base} | acceptance | tokens/round | draft | verify | realign | trace "
-            "| group rate | P50 s | P90 s | P99 s |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+    head = (f"| method | drafter | bs | tok/s | vs {base} | acceptance | tokens/round | draft | verify | realign | trace "
+            "| group rate | P50 s | P90 s | P99 s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
     body = "".join(
-        f"| {r['method']} | {r['batch_size']} | {r['tokens_per_s']:.1f} | {r['vs_base']:.2f}x | "
+        f"| {r['method']} | {r['drafter']} | {r['batch_size']} | {r['tokens_per_s']:.1f} | {r['vs_base']:.2f}x | "
         f"{_fmt(r.get('acceptance'))} | {_fmt(r.get('tokens_per_round'))} | {_fmt(r.get('draft_share'), True)} | "
         f"{_fmt(r.get('verify_share'), True)} | {_fmt(r.get('realign_share'), True)} | "
         f"{_fmt(r.get('trace_share'), True)} | {_fmt(r.get('group_rate'), True)} | {_fmt(r.get('p50'))} | "
@@ -95,11 +96,13 @@ def _write(args, spec: RunSpec, rows: list[dict]) -> None:
         for r in rows
     )
     command = "specviz bench " + " ".join(sys.argv[2:])
-    note = (f"\n{len(spec.prompts)} prompts, {spec.max_new_tokens} new tokens, k={spec.k}, {spec.dtype}, "
+    lookup = f", lookup n-grams {spec.ngram_min}-{spec.ngram_max}" if "lookup" in args.drafter else ""
+    note = (f"\n{len(spec.prompts)} prompts, {spec.max_new_tokens} new tokens, k={spec.k}{lookup}, {spec.dtype}, "
             f"pair {spec.target} / {spec.draft}. Made by `{command}`.\n")
     (out / f"{args.name}.md").write_text(head + body + note)
     fig = go.Figure(go.Bar(
-        x=[f"{r['method']} bs{r['batch_size']}" for r in rows], y=[r["tokens_per_s"] for r in rows],
+        x=[f"{r['method']}{'' if r['drafter'] in ('-', 'model') else ' ' + r['drafter']} bs{r['batch_size']}"
+           for r in rows], y=[r["tokens_per_s"] for r in rows],
         text=[f"{r['tokens_per_s']:.0f}" for r in rows], marker_color=[
             "#888" if "reference" in r["method"] else "#c66" if r["method"] == "hf-assisted" else "#36c" for r in rows],
     ))

@@ -12,9 +12,10 @@ from tqdm import tqdm
 from . import determinism, metrics
 from .decoding.faults import FAULTS
 from .decoding.faults import PRESETS as FAULT_PRESETS
+from .methods import DRAFTERS, METHODS, grid
 from .models import PRESETS, Placement, pair_for
 from .prompts import builtin_set, builtin_sets, read_prompts
-from .spec import DEVICES, DTYPES, ENGINE, MAX_BATCH_SIZE, METHODS, RunSpec, SpecError
+from .spec import DEVICES, DTYPES, ENGINE, LOOKUP_FIELDS, MAX_BATCH_SIZE, RunSpec, SpecError
 from .text import clip
 
 
@@ -54,6 +55,11 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="deterministic GPU kernels (fixed cuBLAS workspace, no TF32): reruns repeat bit for bit; slower")
     g.add_argument("--window", type=int, help="exspec: active sequences in the window (default 2 x batch size)")
     g.add_argument("--max-wait", type=int, default=4, help="exspec: rounds a sequence may be passed over")
+    g.add_argument("--drafter", type=_drafters, default=["model"], metavar="DRAFTER",
+                   help="what proposes the drafts: " + "; ".join(f"{n}: {d}" for n, d in DRAFTERS.items())
+                        + " (verify and bench: several, comma-separated)")
+    g.add_argument("--ngram-min", type=int, help="lookup: the shortest n-gram matched (default 1)")
+    g.add_argument("--ngram-max", type=int, help="lookup: the longest n-gram matched, tried first (default 3)")
     g.add_argument("--faults", default="", help=f"comma-separated faults or presets: {', '.join([*FAULTS, *FAULT_PRESETS])}")
     g.add_argument("--audit", type=int, nargs="?", const=MAX_BATCH_SIZE, default=0, metavar="ROWS",
                    help="check every row's state against a fresh batch-size-1 recomputation every round, or ROWS "
@@ -66,6 +72,22 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-temperature", type=float, help="the draft's own (default: the target's)")
     g.add_argument("--draft-top-k", type=int, help="the draft's own (default: the target's)")
     g.add_argument("--draft-top-p", type=float, help="the draft's own (default: the target's)")
+
+
+def _names_of(known: dict, what: str):
+    """An argparse type: comma-separated names, each one of `known`."""
+    def names(text: str) -> list[str]:
+        got = [x.strip() for x in text.split(",") if x.strip()]
+        unknown = [n for n in got if n not in known]
+        if unknown or not got:
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(unknown) or repr(text)}; choose from "
+                                             + ", ".join(known))
+        return got
+    return names
+
+
+_drafters = _names_of(DRAFTERS, "drafter")
+_methods = _names_of(METHODS, "method")
 
 
 def _prompts(args) -> list[str]:
@@ -88,9 +110,14 @@ def _spec(args, **overrides) -> RunSpec:
         faults=tuple(f.strip() for f in args.faults.split(",") if f.strip()),
         window=args.window, max_wait=args.max_wait, audit=args.audit,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, draft_temperature=args.draft_temperature,
-        draft_top_k=args.draft_top_k, draft_top_p=args.draft_top_p,
+        draft_top_k=args.draft_top_k, draft_top_p=args.draft_top_p, drafter=args.drafter[0],
     )
     fields.update(overrides)
+    ngrams = {f: getattr(args, f) for f in LOOKUP_FIELDS if getattr(args, f) is not None}
+    if ngrams and "lookup" not in args.drafter:
+        raise SpecError("--ngram-min and --ngram-max set the lookup drafter; add --drafter lookup")
+    if fields["drafter"] == "lookup":  # the runs of other drafters in a sweep leave them out
+        fields.update(ngrams)
     return RunSpec.build(**fields)
 
 
@@ -119,6 +146,8 @@ def _run_with_bars(spec: RunSpec, args, record: bool = True):
 
 
 def cmd_run(args) -> int:
+    if len(args.drafter) > 1:
+        raise SpecError("run takes one drafter; verify and bench compare several")
     spec = _spec(args, method=args.method, batch_size=args.batch_size, k=args.k)
     trace = _run_with_bars(spec, args, record=not args.no_record)
     tok = pair_for(spec, args.trust_remote_code, _placement(args)).tokenizer
@@ -181,19 +210,13 @@ def cmd_verify(args) -> int:
     from .shard import is_main, sweep
 
     rows, sequences = [], []
-    methods = [m.strip() for m in args.methods.split(",")]
-    for m in methods:
-        if m not in METHODS:
-            raise SpecError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
-    speculative = ("eqspec", "exspec", "hf-assisted")
-    configs = [(m, bs, k) for m in methods for bs in args.batch_sizes
-               for k in (args.k if m in speculative else [args.k[0]])
-               if not (m == "hf-assisted" and bs != 1) and not (m == "reference" and bs != 1)]
     faults = _spec(args).faults
-    specs = [_spec(args, method=m, batch_size=bs, k=k, faults=faults if m == "eqspec" else ()) for m, bs, k in configs]
+    specs = [_spec(args, **c, faults=faults if METHODS[c["method"]].faults else ())
+             for c in grid(args.methods, args.drafter, args.batch_sizes, args.k)]
     reports = is_main()  # under `accelerate launch`, the main process reports for all
     if reports:
-        print(f"{'method':<18} {'faults':<14} {'bs':>3} {'k':>3} {'n':>5} {'exact %':>8} {'prefix %':>9}  verdicts")
+        print(f"{'method':<18} {'drafter':<8} {'faults':<14} {'bs':>3} {'k':>3} {'n':>5} {'exact %':>8} {'prefix %':>9}"
+              "  verdicts")
     # Recorded runs: those with something to explain, and sampled ones (their decisions are audited, their PIT split by slot).
     recorded = [bool(spec.faults or spec.audit or spec.temperature) or args.forensics for spec in specs]
     traces = sweep(list(zip(specs, recorded)), args.trust_remote_code,
@@ -203,7 +226,8 @@ def cmd_verify(args) -> int:
         m, bs, k = spec.method, spec.batch_size, spec.k
         eq = metrics.equivalence(trace) or {"n": len(trace.sequences), "exact": math.nan, "prefix": math.nan}
         verdicts = metrics.verdict_counts(trace)
-        row = {"method": m, "faults": ",".join(spec.faults), "batch_size": bs, "k": k, "n": eq["n"],
+        drafter = spec.drafter if METHODS[m].speculative else "-"
+        row = {"method": m, "drafter": drafter, "faults": ",".join(spec.faults), "batch_size": bs, "k": k, "n": eq["n"],
                "exact_pct": 100 * eq["exact"], "prefix_pct": 100 * eq["prefix"], "verdicts": verdicts,
                **metrics.waste(trace)}
         shown = ", ".join(f"{v} {c}" for v, c in verdicts.items()) or "-"
@@ -215,9 +239,9 @@ def cmd_verify(args) -> int:
             row["audit"] = metrics.audit_counts(trace)
             shown += "; audit: state departed in {target} (target) and {draft} (draft) sequences".format(**row["audit"])
         rows.append(row)
-        tqdm.write(f"{m:<18} {row['faults'] or '-':<14} {bs:>3} {k:>3} {eq['n']:>5} {row['exact_pct']:>8.1f} "
-                   f"{row['prefix_pct']:>9.1f}  {shown}")
-        sequences += [{"method": m, "faults": row["faults"], "batch_size": bs, "k": k,
+        tqdm.write(f"{m:<18} {drafter:<8} {row['faults'] or '-':<14} {bs:>3} {k:>3} {eq['n']:>5} "
+                   f"{row['exact_pct']:>8.1f} {row['prefix_pct']:>9.1f}  {shown}")
+        sequences += [{"method": m, "drafter": drafter, "faults": row["faults"], "batch_size": bs, "k": k,
                        **s.model_dump(exclude={"margins", "reference_margins"})} for s in trace.sequences]
     if not reports:
         return 0
@@ -328,7 +352,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="decode prompts with one method; print outputs, write JSON or a trace")
     _common(p)
-    p.add_argument("--method", choices=METHODS, default="eqspec")
+    p.add_argument("--method", choices=list(METHODS), default="eqspec")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--json", type=Path, help="write outputs and token ids here")
@@ -338,7 +362,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("verify", help="equivalence table: exact and prefix match against reference")
     _common(p)
-    p.add_argument("--methods", default="batched-reference,eqspec")
+    p.add_argument("--methods", type=_methods, default=["batched-reference", "eqspec"])
     p.add_argument("--batch-sizes", type=_int_list, default=[1, 4])
     p.add_argument("--k", type=_int_list, default=[5], help="draft lengths, comma-separated")
     p.add_argument("--json", type=Path)
@@ -383,7 +407,7 @@ def parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--batch-sizes", type=_int_list, default=[1, 2, 4, 8])
     p.add_argument("--k", type=int, default=5)
-    p.add_argument("--methods", default="reference,batched-reference,hf-assisted,eqspec,exspec")
+    p.add_argument("--methods", type=_methods, default=list(METHODS))
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--max-waits", type=_int_list, help="exspec: sweep these max-wait values (default: --max-wait)")
     p.add_argument("--name", default="bench", help="file name (without extension) of the table and plot")

@@ -29,6 +29,9 @@ except ImportError:
     spaces = None
 ZEROGPU = spaces is not None  # GPU calls then run in a worker process
 
+from .methods import METHODS  # noqa: E402 (after `spaces`; neither imports torch)
+from .spec import ENGINE  # noqa: E402
+
 if TYPE_CHECKING:
     from .spec import RunSpec
 
@@ -41,21 +44,12 @@ MIN_SECONDS, MAX_SECONDS = 30, 300
 
 
 def forward_passes(spec: RunSpec) -> int:
-    """Forward passes a run costs: the batch-size-1 reference always runs beside it
-    (prompts x new tokens); speculation costs k draft passes and one verify a round,
-    counted at two tokens a round, the low end of what the preset pairs accept."""
+    """Forward passes a run costs: the batch-size-1 reference always runs beside it (prompts x new tokens),
+    then the method's own (methods.py); an engine check costs teacher-forced passes over each output and its
+    reference."""
     prompts, tokens = len(spec.prompts), spec.max_new_tokens
-    batches = math.ceil(prompts / spec.batch_size)
-    rounds = math.ceil(tokens / 2)
-    method = {
-        "reference": 0,  # the reference is the run
-        "batched-reference": batches * tokens,
-        "hf-assisted": prompts * rounds * (spec.k + 1),
-        "eqspec": batches * rounds * (spec.k + 1),
-        "exspec": batches * rounds * (spec.k + 1),
-        "engine": prompts * 3,  # an engine check: teacher-forced passes over each output and its reference
-    }[spec.method]
-    return prompts * tokens + method
+    own = prompts * 3 if spec.method == ENGINE else METHODS[spec.method].passes(spec)
+    return prompts * tokens + own
 
 
 def seconds(spec: RunSpec) -> int:

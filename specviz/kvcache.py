@@ -5,6 +5,9 @@ transformers 5.x `DynamicCache` keeps one layer object per decoder layer with
 row holds the K/V of that row's layout slot j (see decoding/batch.py).
 Keys are stored after RoPE, so moving a row's entries to other slots is valid
 only because the row's logical positions do not change when its padding does.
+
+`None` is the cache of a drafter that keeps none (prompt lookup): every
+operation on it does nothing, so the decoders move "both caches" alike.
 """
 from __future__ import annotations
 
@@ -16,21 +19,25 @@ def new(model) -> DynamicCache:
     return DynamicCache(config=model.config)
 
 
-def length(cache: DynamicCache) -> int:
-    return cache.get_seq_length()
+def length(cache: DynamicCache | None) -> int:
+    return 0 if cache is None else cache.get_seq_length()
 
 
-def crop(cache: DynamicCache, slots: int) -> None:
+def crop(cache: DynamicCache | None, slots: int) -> None:
     """Keep the first `slots` slots of every row."""
+    if cache is None:
+        return
     extra = length(cache) - slots
     if extra > 0:
         cache.crop(-extra)
 
 
-def gather(cache: DynamicCache, rows: torch.Tensor, src: torch.Tensor) -> None:
+def gather(cache: DynamicCache | None, rows: torch.Tensor, src: torch.Tensor) -> None:
     """Rebuild the cache in one indexing op per layer: new row r, slot j takes
     old row rows[r], slot src[r, j]. Per-row shifts, crops, dropped rows and
     compaction are all special cases of this."""
+    if cache is None:
+        return
     rows = rows[:, None]
     for layer in cache.layers:
         if layer.keys is None or layer.keys.numel() == 0:
@@ -40,16 +47,20 @@ def gather(cache: DynamicCache, rows: torch.Tensor, src: torch.Tensor) -> None:
         layer.values = layer.values[r, :, s].transpose(1, 2).contiguous()
 
 
-def zero_slots(cache: DynamicCache, lost: torch.Tensor) -> None:
+def zero_slots(cache: DynamicCache | None, lost: torch.Tensor) -> None:
     """Zero the K/V of the (row, slot) pairs marked in `lost` (B, slots): the
     `min-crop` fault's entries that were cropped away."""
+    if cache is None:
+        return
     m = lost[:, None, :, None]
     for layer in cache.layers:
         layer.keys = layer.keys.masked_fill(_on(layer, m), 0)
         layer.values = layer.values.masked_fill(_on(layer, m), 0)
 
 
-def select_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
+def select_rows(cache: DynamicCache | None, rows: torch.Tensor) -> None:
+    if cache is None:
+        return
     for layer in cache.layers:
         if layer.is_initialized:
             layer.batch_select_indices(_on(layer, rows))
@@ -80,9 +91,11 @@ def row_kv(cache: DynamicCache, layer: int, row: int) -> tuple[torch.Tensor, tor
     return lay.keys[row], lay.values[row]
 
 
-def split(cache: DynamicCache, spans: list[tuple[int, int]]) -> list[DynamicCache]:
+def split(cache: DynamicCache | None, spans: list[tuple[int, int]]) -> list[DynamicCache | None]:
     """One single-row cache per batch row, row i keeping slots spans[i] = (start, end)
     (cross-batch scheduling keeps these). Views, not copies."""
+    if cache is None:
+        return [None] * len(spans)
     return [
         DynamicCache(ddp_cache_data=[(lay.keys[i : i + 1, :, lo:hi], lay.values[i : i + 1, :, lo:hi])
                                      for lay in cache.layers])
@@ -90,9 +103,11 @@ def split(cache: DynamicCache, spans: list[tuple[int, int]]) -> list[DynamicCach
     ]
 
 
-def merge(caches: list[DynamicCache]) -> DynamicCache:
+def merge(caches: list[DynamicCache | None]) -> DynamicCache | None:
     """Stack single-row caches into one batch, left-padding each to the longest
     (pad slots hold zeros and must be masked)."""
+    if caches[0] is None:
+        return None
     lengths = [length(c) for c in caches]
     width = max(lengths)
     data = []

@@ -8,13 +8,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
 from . import distribution, noise
-from .decoding.assisted import hf_assisted
-from .decoding.eqspec import eqspec
-from .decoding.exspec import exspec
-from .decoding.faults import expand
 from .decoding.reference import batched_reference, reference
 from .decoding.result import DecodeResult, Progress
 from .forensics import FACTOR, analyse, flag_batching_noise
+from .methods import METHODS
 from .models import ONE_DEVICE, ModelPair, Placement, pair_for
 from .settings import Settings
 from .spec import MAX_PROMPT_TOKENS, RunSpec, SpecError
@@ -51,23 +48,9 @@ def decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record: 
 
 def _decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record: bool, progress: Progress | None,
             watch: Watch | None) -> DecodeResult:
-    m, sampling = spec.method, spec.sampling()
-    if m == "reference":
-        return reference(pair, prompt_ids, spec.max_new_tokens, progress, sampling)
-    if m == "batched-reference":
-        return batched_reference(pair, prompt_ids, spec.batch_size, spec.max_new_tokens, progress, watch, sampling)
-    if m == "hf-assisted":
-        if spec.batch_size != 1:
-            raise SpecError("hf-assisted runs at batch size 1 only (transformers refuses more)")
-        return hf_assisted(pair, prompt_ids, spec.k, spec.max_new_tokens, progress)
-    if m == "exspec":
-        return exspec(pair, prompt_ids, spec.batch_size, spec.k, spec.max_new_tokens,
-                      window=spec.window or 2 * spec.batch_size, max_wait=spec.max_wait, record=record,
-                      progress=progress, watch=watch, sampling=sampling)
-    if m == "eqspec":
-        return eqspec(pair, prompt_ids, spec.batch_size, spec.k, spec.max_new_tokens,
-                      faults=expand(spec.faults), record=record, progress=progress, watch=watch, sampling=sampling)
-    raise SpecError(f"unknown method {m!r}")
+    if spec.method not in METHODS:
+        raise SpecError(f"{spec.method!r} is not a decoding method; choose from {', '.join(METHODS)}")
+    return METHODS[spec.method].decode(spec, pair, prompt_ids, progress, record, watch)
 
 
 class PerPair:

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .methods import DRAFTERS, METHODS
+
 if TYPE_CHECKING:
     from .decoding.sampling import Sampling
 
-METHODS = ("reference", "batched-reference", "hf-assisted", "eqspec", "exspec")
 ENGINE = "engine"  # the method of an engine check's trace: outputs from outside, judged against the reference
-SPECULATIVE = ("eqspec",)  # the methods faults can be injected into
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -35,6 +35,10 @@ TINY_DRAFT = "specviz:tiny-draft"
 MAX_PROBLEMS_LISTED = 3  # in one message about a stranger's input
 MAX_TEMPERATURE = 10.0
 SAMPLING_FIELDS = ("top_k", "top_p", "draft_temperature", "draft_top_k", "draft_top_p")
+LOOKUP_FIELDS = ("ngram_min", "ngram_max")
+MAX_NGRAM = 16
+# Left out of the canonical form at their defaults, so that the keys of runs made before them stay what they were.
+OMITTED_AT_DEFAULT = (*SAMPLING_FIELDS, "drafter", *LOOKUP_FIELDS)
 
 
 class SpecError(ValueError):
@@ -77,6 +81,9 @@ class RunSpec(Strict):
     prompts: tuple[str, ...] = Field(min_length=1, max_length=MAX_PROMPTS, fail_fast=True)
     chat_template: bool = True
     method: Literal[(*METHODS, ENGINE)] = "eqspec"
+    drafter: Literal[tuple(DRAFTERS)] = "model"  # what proposes the drafts (speculative methods)
+    ngram_min: int = Field(1, ge=1, le=MAX_NGRAM)  # prompt lookup: the shortest n-gram matched
+    ngram_max: int = Field(3, ge=1, le=MAX_NGRAM)  # and the longest (tried first)
     faults: tuple[str, ...] = Field((), fail_fast=True)  # fault or preset names (decoding/faults.py), for speculative methods
     batch_size: int = Field(4, ge=1, le=MAX_BATCH_SIZE)
     k: int = Field(5, ge=1, le=MAX_K)
@@ -123,9 +130,31 @@ class RunSpec(Strict):
         return tuple(dict.fromkeys(v))
 
     @model_validator(mode="after")
-    def _faults_need_speculation(self) -> RunSpec:
-        if self.faults and self.method not in SPECULATIVE:
-            raise ValueError(f"faults apply to speculative methods ({', '.join(SPECULATIVE)}), not {self.method}")
+    def _method_allows(self) -> RunSpec:
+        if self.method == ENGINE:
+            return self
+        m = METHODS[self.method]
+        if self.faults and not m.faults:
+            takes = ", ".join(n for n, x in METHODS.items() if x.faults)
+            raise ValueError(f"faults apply to {takes}, not {self.method}")
+        if m.max_batch_size is not None and self.batch_size > m.max_batch_size:
+            raise ValueError(f"{self.method} runs at batch size {m.max_batch_size} at most")
+        if self.drafter not in m.drafters and self.drafter != "model":
+            raise ValueError(f"{self.method} drafts nothing: the {self.drafter} drafter needs a speculative method")
+        if self.temperature > 0 and not m.samples:
+            raise ValueError(f"{self.method} runs greedy only here; sample with "
+                             + " or ".join(n for n, x in METHODS.items() if x.samples and x.speculative))
+        return self
+
+    @model_validator(mode="after")
+    def _lookup(self) -> RunSpec:
+        if self.drafter != "lookup":
+            if any(getattr(self, f) != RunSpec.model_fields[f].default for f in LOOKUP_FIELDS):
+                raise ValueError("n-gram sizes set the lookup drafter; choose drafter lookup")
+        elif self.ngram_min > self.ngram_max:
+            raise ValueError(f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max})")
+        elif self.method == "hf-assisted" and self.ngram_min != 1:
+            raise ValueError("transformers' prompt lookup always matches down to 1 token: hf-assisted needs ngram_min 1")
         return self
 
     @model_validator(mode="after")
@@ -133,8 +162,6 @@ class RunSpec(Strict):
         from .decoding.faults import SAMPLING
 
         if self.temperature > 0:
-            if self.method == "hf-assisted":
-                raise ValueError("hf-assisted runs greedy only here; sample with eqspec or exspec")
             if self.audit:
                 raise ValueError("the audit compares with the greedy reference; a sampled run is judged by its "
                                  "distribution instead")
@@ -169,7 +196,7 @@ class RunSpec(Strict):
     def canonical_json(self) -> str:
         """Stable text form: sorted keys, no whitespace; the basis of hashing and links."""
         fields = self.model_dump(mode="json")
-        for f in SAMPLING_FIELDS:  # left out at their defaults, so that the keys of greedy runs stay what they were
+        for f in OMITTED_AT_DEFAULT:
             if fields[f] == RunSpec.model_fields[f].default:
                 del fields[f]
         return json.dumps(fields, sort_keys=True, separators=(",", ":"))

@@ -1,6 +1,8 @@
 """`hf-assisted`: transformers' own assisted generation, as an external
 cross-check. Batch size 1 only (transformers refuses more), constant k, no
-confidence cut-off, plain argmax over the pair's shared vocabulary."""
+confidence cut-off, plain argmax over the pair's shared vocabulary. With
+`lookup`, transformers' prompt lookup (`prompt_lookup_num_tokens`) drafts
+instead of the draft model: the anchor our own lookup drafter is held to."""
 from __future__ import annotations
 
 import contextlib
@@ -41,10 +43,12 @@ def bare_generation_configs(pair: ModelPair, k: int):
 
 @torch.inference_mode()
 def hf_assisted(pair: ModelPair, prompts: list[list[int]], k: int, max_new_tokens: int,
-                progress: Progress | None = None) -> DecodeResult:
+                progress: Progress | None = None, lookup: int | None = None) -> DecodeResult:
+    """`lookup`: the longest n-gram transformers' prompt lookup matches (it tries down to 1); None: the draft."""
     config = GenerationConfig(
         max_new_tokens=max_new_tokens, do_sample=False,
         eos_token_id=list(pair.eos_ids), pad_token_id=pair.eos_ids[0],
+        **({"prompt_lookup_num_tokens": k, "max_matching_ngram_size": lookup} if lookup else {}),
     )
     vocabulary = LogitsProcessorList([SharedVocabulary(pair.vocab_size)])
     outputs, start = [], time.perf_counter()
@@ -52,7 +56,7 @@ def hf_assisted(pair: ModelPair, prompts: list[list[int]], k: int, max_new_token
         for ids in prompts:
             x = torch.tensor([ids], device=pair.device)
             out = pair.target.generate(x, attention_mask=torch.ones_like(x), generation_config=config,
-                                       assistant_model=pair.draft, logits_processor=vocabulary)
+                                       assistant_model=None if lookup else pair.draft, logits_processor=vocabulary)
             outputs.append(SequenceOutput(out[0, len(ids):].tolist()))
             if progress:
                 progress(len(outputs[-1].ids))

@@ -15,17 +15,20 @@ import torch
 from .. import kvcache
 from ..models import ModelPair
 from .batch import left_pad, right_pad
+from .drafters import ModelDrafter
 from .faults import Policy
 from .result import DecodeResult, Progress, SequenceOutput, chunks
+from .round import Batch, Clock, Drafter, RoundData, lay_out, record_round, speculate
 from .sampling import GREEDY, Sampling
-from .round import Batch, Clock, RoundData, lay_out, record_round, speculate
 
 
 @torch.inference_mode()
 def eqspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, max_new_tokens: int,
            faults: tuple[str, ...] = (), record: bool = True, progress: Progress | None = None, watch=None,
-           sampling: Sampling = GREEDY) -> DecodeResult:
+           sampling: Sampling = GREEDY, drafter: Drafter | None = None) -> DecodeResult:
+    """`drafter`: what proposes the drafts (drafters.py); the pair's draft model by default."""
     policy = Policy(tuple(faults))
+    drafter = drafter or ModelDrafter(pair)
     layout = right_pad if policy.has("right-padding") else left_pad
     outputs: list[SequenceOutput | None] = [None] * len(prompts)
     rounds: list[RoundData] = []
@@ -33,11 +36,11 @@ def eqspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
     for index, chunk in enumerate(chunks(len(prompts), batch_size)):
         seqs = list(chunk)
         gen = {i: SequenceOutput([]) for i in seqs}
-        b = lay_out(pair, policy, seqs, *layout([prompts[i] for i in seqs], pair.device, min_width=2))
+        b = lay_out(pair, policy, drafter, seqs, *layout([prompts[i] for i in seqs], pair.device, min_width=2))
         while b is not None:
             clock = Clock(pair.device)
             S = b.tokens.shape[1]
-            step = speculate(pair, policy, b, k, gen, max_new_tokens, record, clock, watch, sampling)
+            step = speculate(pair, policy, drafter, b, k, gen, max_new_tokens, record, clock, watch, sampling)
             if progress:
                 progress(int(step.n_keep.sum()))
             old_seqs = b.seqs
@@ -91,7 +94,7 @@ def _realign(b: Batch, step, policy: Policy) -> tuple[Batch | None, bool, dict]:
     d_written = d_written.masked_fill(~valid[:, : width - 2], -1)
     after["pad"][keep] = (~valid & ~stale).sum(1)
     after["content"][keep] = valid.sum(1)
-    after["target_kv"][keep], after["draft_kv"][keep] = width - 1, width - 2
+    after["target_kv"][keep], after["draft_kv"][keep] = width - 1, width - 2 if b.dcache is not None else 0
     seqs = [b.seqs[r] for r in keep.tolist()]
     new = Batch(seqs, step.out_tok[rows, src], valid, stale, b.tcache, b.dcache, t_written, d_written)
     return new, moved, after

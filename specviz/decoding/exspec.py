@@ -22,10 +22,11 @@ import torch
 from .. import kvcache
 from ..models import ModelPair
 from .batch import left_pad
+from .drafters import ModelDrafter
 from .faults import Policy
 from .result import DecodeResult, Progress, SequenceOutput
+from .round import Batch, Clock, Drafter, RoundData, prefill, record_round, speculate
 from .sampling import GREEDY, Sampling
-from .round import Batch, Clock, RoundData, prefill, record_round, speculate
 
 CORRECT = Policy(())
 
@@ -44,10 +45,10 @@ class SeqState:
         return self.tokens.shape[1]
 
 
-def _admit(pair: ModelPair, seqs: list[int], prompts: list[list[int]]) -> list[SeqState]:
+def _admit(pair: ModelPair, drafter: Drafter, seqs: list[int], prompts: list[list[int]]) -> list[SeqState]:
     """Prefill the newly admitted sequences in one batch, then give each its own slots: its real
     tokens, and at least 3 slots in all, so that its draft cache is never empty (pads are masked)."""
-    b = prefill(pair, CORRECT, seqs, *left_pad([prompts[i] for i in seqs], pair.device, min_width=3))
+    b = prefill(pair, CORRECT, drafter, seqs, *left_pad([prompts[i] for i in seqs], pair.device, min_width=3))
     S = b.tokens.shape[1]
     starts = [min(S - len(prompts[i]), S - 3) for i in seqs]
     tparts = kvcache.split(b.tcache, [(lo, S - 1) for lo in starts])
@@ -96,7 +97,10 @@ def _merge(rows: list[SeqState]) -> Batch:
 @torch.inference_mode()
 def exspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, max_new_tokens: int,
            window: int, max_wait: int, sort_by_length: bool = True, record: bool = True,
-           progress: Progress | None = None, watch=None, sampling: Sampling = GREEDY) -> DecodeResult:
+           progress: Progress | None = None, watch=None, sampling: Sampling = GREEDY,
+           drafter: Drafter | None = None) -> DecodeResult:
+    """`drafter`: what proposes the drafts (drafters.py); the pair's draft model by default."""
+    drafter = drafter or ModelDrafter(pair)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i])) if sort_by_length else range(len(prompts))
     pool = deque(order)
     gen = {i: SequenceOutput([]) for i in range(len(prompts))}
@@ -106,13 +110,13 @@ def exspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
     while pool or active:
         admitted = [pool.popleft() for _ in range(min(len(pool), window - len(active)))]
         if admitted:
-            active += _admit(pair, admitted, prompts)
+            active += _admit(pair, drafter, admitted, prompts)
         clock = Clock(pair.device)
         rows, group = choose(active, batch_size, max_wait)
         waits = [s.waited for s in rows]
         b = _merge(rows)
         S = b.tokens.shape[1]
-        step = speculate(pair, CORRECT, b, k, gen, max_new_tokens, record, clock, watch, sampling)
+        step = speculate(pair, CORRECT, drafter, b, k, gen, max_new_tokens, record, clock, watch, sampling)
         if progress:
             progress(int(step.n_keep.sum()))
 
@@ -145,7 +149,7 @@ def exspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
                 "pad": torch.where(gone, -1, pads),
                 "content": torch.where(gone, -1, width - pads),
                 "target_kv": torch.where(gone, -1, width - 1),
-                "draft_kv": torch.where(gone, -1, width - 2),
+                "draft_kv": torch.where(gone, -1, width - 2 if b.dcache is not None else 0),
             }
             rd = record_round(step, b.seqs, -1, S, after, timings, not group, group=group, waits=waits)
             rd.timings["trace"] = clock.lap()

@@ -1,18 +1,19 @@
 """One round of greedy batch speculation on a padded batch, shared by eqspec
 and exspec (they differ only in how a batch is formed and laid out again).
 
-For every row: the draft proposes k tokens from its own KV cache; the target
-scores the last committed token and the k drafts in one pass; the row keeps its
+For every row: the drafter (drafters.py) proposes up to k tokens; the target
+scores the last committed token and the drafts in one pass; the row keeps its
 drafts up to the first disagreement plus the target's own token there (the
-correction, or the bonus after a fully accepted block): 1..k+1 new tokens.
+correction, or the bonus after its last draft): 1..k+1 new tokens. A row
+offered no drafts takes the target's next token alone.
 When sampling, a draft d is accepted with probability min(1, p(d)/q(d)); the
 first rejected one is replaced by a draw from max(0, p - q), normalised, and a
 fully accepted block gains a bonus drawn from p (speculative sampling).
 
 Layout at the start of a round (S slots, see batch.py): the target cache holds
-slots 0..S-2 (every token but the last, which is fed again), the draft cache
-slots 0..S-3 (the draft re-feeds the last two, so that after a fully accepted
-block it catches up on the k-th draft it never fed). A batch fresh from
+slots 0..S-2 (every token but the last, which is fed again), a draft model's
+cache slots 0..S-3 (the draft re-feeds the last two, so that after a fully
+accepted block it catches up on the k-th draft it never fed). A batch fresh from
 `lay_out` has empty caches: its first round's draft and verify passes are the
 prefill, as in transformers' assisted generation. Every decision a published
 implementation got wrong goes through a `Policy` (faults.py). The batch also
@@ -29,10 +30,13 @@ import torch
 
 from .. import kvcache
 from ..models import ModelPair
-from .batch import forward, positions
+from .batch import positions
+from .drafters import ModelDrafter, PromptLookup, run_model
 from .faults import Policy
 from .result import SequenceOutput
-from .sampling import ACCEPT, DRAFT, GREEDY, RESIDUAL, TARGET, Sampling, inverse_cdf, uniform
+from .sampling import ACCEPT, GREEDY, RESIDUAL, TARGET, Sampling, inverse_cdf, uniform
+
+Drafter = ModelDrafter | PromptLookup
 
 TOP = 8  # target logits kept per verified slot (for forensics, not saved in the trace)
 
@@ -46,7 +50,7 @@ class Batch:
     valid: torch.Tensor  # (B, S) real tokens
     stale: torch.Tensor  # (B, S) slots holding a rejected draft (only a faulty engine keeps them)
     tcache: object
-    dcache: object
+    dcache: object  # the drafter's cache; None for a drafter that keeps none (kvcache.py then does nothing)
     t_written: torch.Tensor  # (B, S-1) position each target cache slot was computed at, -1 if none
     d_written: torch.Tensor  # (B, S-2) the same for the draft cache
 
@@ -55,12 +59,10 @@ class Batch:
 class Step:
     """What one round produced, before the batch is laid out again."""
 
-    k: int  # drafts proposed this round
-    emitted: torch.Tensor  # (B, k+1) the row's new tokens are the first n_keep
-    n_keep: torch.Tensor
+    k: int  # the most drafts any row was offered this round
+    n_keep: torch.Tensor  # (B,) new tokens each row kept
     finished: torch.Tensor
     accepted: torch.Tensor
-    pick: torch.Tensor  # (B, 1) the non-draft token
     out_tok: torch.Tensor  # (B, S+k+1) old slots + this round's slots, as the policy lays them out
     out_val: torch.Tensor
     out_stale: torch.Tensor
@@ -113,29 +115,22 @@ class Clock:
             self.paused += dt
 
 
-def _run(pair: ModelPair, policy: Policy, model, tok, val, stl, q_start, cache, **kw):
-    pos = policy.positions(val, stl)
-    logits = forward(model, tok, val, q_start, cache, pair.vocab_size, pos=pos[:, q_start:],
-                     seen=policy.seen(val), **kw)
-    return logits, pos
-
-
-def lay_out(pair: ModelPair, policy: Policy, seqs: list[int], tokens, valid) -> Batch:
+def lay_out(pair: ModelPair, policy: Policy, drafter: Drafter, seqs: list[int], tokens, valid) -> Batch:
     """A freshly laid-out batch with empty caches: the first round's passes fill them."""
     S = tokens.shape[1]
     stale = torch.zeros_like(valid)
     written = torch.where(valid[:, : S - 1], policy.positions(valid, stale)[:, : S - 1], -1)
-    return Batch(seqs, tokens, valid, stale, kvcache.new(pair.target), kvcache.new(pair.draft), written,
+    return Batch(seqs, tokens, valid, stale, kvcache.new(pair.target), drafter.new_cache(), written,
                  written[:, : S - 2])
 
 
-def prefill(pair: ModelPair, policy: Policy, seqs: list[int], tokens, valid) -> Batch:
-    """A laid-out batch with both caches filled: target slots 0..S-2, draft 0..S-3."""
-    b = lay_out(pair, policy, seqs, tokens, valid)
+def prefill(pair: ModelPair, policy: Policy, drafter: Drafter, seqs: list[int], tokens, valid) -> Batch:
+    """A laid-out batch with both caches filled: target slots 0..S-2, a draft model's 0..S-3."""
+    b = lay_out(pair, policy, drafter, seqs, tokens, valid)
     S = tokens.shape[1]
-    _run(pair, policy, pair.target, tokens[:, : S - 1], valid[:, : S - 1], b.stale[:, : S - 1], 0, b.tcache, keep=1)
-    if S > 2:
-        _run(pair, policy, pair.draft, tokens[:, : S - 2], valid[:, : S - 2], b.stale[:, : S - 2], 0, b.dcache, keep=1)
+    run_model(pair, policy, pair.target, tokens[:, : S - 1], valid[:, : S - 1], b.stale[:, : S - 1], 0, b.tcache,
+              keep=1)
+    drafter.prefill(policy, b.dcache, tokens, valid, b.stale)
     return b
 
 
@@ -146,18 +141,19 @@ def _kv_in_step(written: torch.Tensor, valid: torch.Tensor, slots: int) -> torch
     return ((written == want) | ~valid[:, :slots]).all(1) & (written.shape[1] == slots)
 
 
-def speculate(pair: ModelPair, policy: Policy, b: Batch, k: int, gen: dict[int, SequenceOutput],
+def speculate(pair: ModelPair, policy: Policy, drafter: Drafter, b: Batch, k: int, gen: dict[int, SequenceOutput],
               max_new_tokens: int, record: bool, clock: Clock, watch=None, sampling: Sampling = GREEDY) -> Step:
     """Draft, verify and accept for every row of `b`; append the new tokens to `gen`.
 
     Near the token budget the round drafts fewer than k: a row that may emit
     only r more tokens needs at most r-1 drafts (the last is the target's).
+    The verify pass is as wide as the most drafts any row was offered.
     A `watch` (watch.py) hears when the round starts and ends, and which sequence each row is.
     """
     if watch:
         watch.start()
     dev = pair.device
-    B, S = b.tokens.shape
+    S = b.tokens.shape[1]
     have = torch.tensor([len(gen[i].ids) for i in b.seqs], device=dev)
     k = max(1, min(k, max_new_tokens - 1 - int(have.min())))
     fields: dict = {}
@@ -166,60 +162,39 @@ def speculate(pair: ModelPair, policy: Policy, b: Batch, k: int, gen: dict[int, 
         fields["checks"] = {
             "rectangular": pad + content == S,  # else stale slots lie in the row
             "kv": _kv_in_step(b.t_written, b.valid, S - 1) & b.valid[:, -1],
-            "draft_kv": _kv_in_step(b.d_written, b.valid, S - 2),
+            # a drafter without a cache has nothing to keep in step
+            "draft_kv": _kv_in_step(b.d_written, b.valid, S - 2) | (b.dcache is None),
         }
-        fields["pad"], fields["content"] = pad, content
+        fields["pad"], fields["content"], fields["draft_cache"] = pad, content, b.dcache is not None
 
     stream = policy.stream(torch.tensor(b.seqs, device=dev))
-    # -- draft: proposals, the first step re-feeding the last two slots
-    d_tok, d_val, d_stl = b.tokens, b.valid, b.stale
-    drafts, d_probs, qs = [], [], []
-    q_start, steps = (S - 2 if kvcache.length(b.dcache) else 0), policy.draft_steps(k)
-    eos = torch.tensor(pair.eos_ids, device=dev)
-    drafted_eos = torch.zeros(B, dtype=torch.bool, device=dev)
-    for j in range(steps):
-        logits, d_pos = _run(pair, policy, pair.draft, d_tok, d_val, d_stl, q_start, b.dcache, keep=1)
-        if sampling.greedy:
-            nxt = logits[:, -1].argmax(-1)
-            if record:
-                d_probs.append(logits[:, -1].softmax(-1).gather(1, nxt[:, None])[:, 0])
-        else:
-            qs.append(sampling.draft.probs(logits[:, -1]))
-            nxt = inverse_cdf(qs[-1], uniform(sampling.seed, stream, have + j, DRAFT))
-        drafts.append(nxt)
-        drafted_eos |= torch.isin(nxt, eos)
-        if j < steps - 1 and not policy.has("draft-bonus") and bool(drafted_eos.all()):
-            break  # every row has drafted an EOS: no later draft could be emitted
-        if j < steps - 1:
-            q_start = d_tok.shape[1]
-            d_tok = torch.cat([d_tok, nxt[:, None]], 1)
-            d_val = torch.cat([d_val, torch.ones_like(b.valid[:, :1])], 1)
-            d_stl = torch.cat([d_stl, torch.zeros_like(b.valid[:, :1])], 1)
-    D = torch.stack(drafts, 1)  # (B, steps)
-    k = min(k, D.shape[1])
+    # -- draft
+    prop = drafter.propose(policy, b, k, sampling, stream, have)
+    D = prop.tokens
+    k = min(k, int(prop.counts.max()))
     idx = torch.arange(k + 1, device=dev)
-    d_fed = torch.cat([b.d_written, d_pos[:, S - 2:]], 1)
+    eos = torch.tensor(pair.eos_ids, device=dev)
     t_draft = clock.lap()
 
     # -- verify: the last committed token and the k drafts, in one target pass
     ext_tok = torch.cat([b.tokens, D[:, :k]], 1)
     ext_val = torch.cat([b.valid, torch.ones_like(D[:, :k], dtype=torch.bool)], 1)
     ext_stl = torch.cat([b.stale, torch.zeros_like(D[:, :k], dtype=torch.bool)], 1)
-    logits, ext_pos = _run(pair, policy, pair.target, ext_tok, ext_val, ext_stl, S - 1 if kvcache.length(b.tcache) else 0, b.tcache,
-                           keep=k + 1)  # (B, k+1, V)
+    logits, ext_pos = run_model(pair, policy, pair.target, ext_tok, ext_val, ext_stl,
+                                S - 1 if kvcache.length(b.tcache) else 0, b.tcache, keep=k + 1)  # (B, k+1, V)
     g = logits.argmax(-1)
     t_fed = torch.cat([b.t_written, ext_pos[:, S - 1:]], 1)
     t_verify = clock.lap()
 
     # -- accept: drafts up to the first disagreement (or rejection), then the target's token there. A row never
-    # accepts past its own budget (its `room`), whatever the batch drafted: its tokens and draws are then the
-    # same in any batch.
-    room = (max_new_tokens - 1 - have).clamp(min=0, max=k)
+    # accepts past its own budget or the drafts it was offered (its `room`), whatever the batch drafted: its
+    # tokens and draws are then the same in any batch.
+    room = torch.minimum((max_new_tokens - 1 - have).clamp(min=0, max=k), prop.counts)
     if sampling.greedy:
         a = torch.minimum((D[:, :k] == g[:, :k]).long().cumprod(1).sum(1), room)
         own = g.gather(1, a[:, None])[:, 0]
     else:
-        a, own, drawn = _accept_sampled(policy, sampling, logits, torch.stack(qs, 1), D, room, stream, have)
+        a, own, drawn = _accept_sampled(policy, sampling, logits, prop.probs, D, room, stream, have)
     pick = D.gather(1, a[:, None]) if policy.has("draft-bonus") else own[:, None]
     emitted = torch.cat([D[:, :k], g[:, k:]], 1).scatter(1, a[:, None], pick)
     is_eos = torch.isin(emitted, eos) & (idx <= a[:, None])
@@ -257,7 +232,7 @@ def speculate(pair: ModelPair, policy: Policy, b: Batch, k: int, gen: dict[int, 
             "target_top_ids": top.indices,
         }
         fields["floats"] = {
-            "draft_probs": torch.stack(d_probs, 1)[:, :k] if sampling.greedy else drawn["draft_probs"],
+            "draft_probs": prop.confidence[:, :k],
             "target_probs": logits.softmax(-1).gather(2, g[..., None])[..., 0],
             "target_margins": margins,
             "target_top_values": top.values.float(),
@@ -271,7 +246,7 @@ def speculate(pair: ModelPair, policy: Policy, b: Batch, k: int, gen: dict[int, 
         with clock.pause():
             watch.end(b.seqs, gen)
         timings["watch"] = clock.paused
-    return Step(k, emitted, n_keep, finished, a, pick, out_tok, out_val, out_stale, t_fed, d_fed, fields, timings)
+    return Step(k, n_keep, finished, a, out_tok, out_val, out_stale, t_fed, prop.fed, fields, timings)
 
 
 def _accept_sampled(policy: Policy, sampling: Sampling, logits: torch.Tensor, Q: torch.Tensor, D: torch.Tensor,
@@ -289,16 +264,17 @@ def _accept_sampled(policy: Policy, sampling: Sampling, logits: torch.Tensor, Q:
     a = torch.minimum(policy.accept(p, q, u).long().cumprod(1).sum(1), room)
     rows, bonus = torch.arange(B, device=D.device), a == room
     v = uniform(sampling.seed, stream, have + a, torch.where(bonus, TARGET, RESIDUAL))
-    P_a, Q_a = P[rows, a], Q[rows, a.clamp(max=k - 1)]
+    P_a = P[rows, a]
+    Q_a = Q[rows, a.clamp(max=k - 1)] if k else P_a  # with no drafts every row takes its bonus: Q_a is unread
     own = torch.where(bonus, inverse_cdf(P_a, v), policy.residual(target, logits[rows, a], P_a, Q_a, v))
-    drawn = {"draft_probs": q, "target_draft_probs": p, "accept_draws": u, "pick_draws": v[:, None]}
+    drawn = {"target_draft_probs": p, "accept_draws": u, "pick_draws": v[:, None]}
     return a, own, drawn
 
 
 def _to_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """One device-to-host copy for a dict of same-dtype per-row tensors."""
     rows = next(iter(tensors.values())).shape[0]
-    flat = torch.cat([t.reshape(rows, -1) for t in tensors.values()], 1).cpu()
+    flat = torch.cat([t.reshape(rows, t[0].numel()) for t in tensors.values()], 1).cpu()
     out, at = {}, 0
     for name, t in tensors.items():
         width = t[0].numel()
@@ -310,7 +286,7 @@ def _to_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def record_round(step: Step, seqs: list[int], batch_index: int, S: int, after: dict[str, torch.Tensor],
                  timings: dict, realigned: bool, **extra) -> RoundData:
     """Bring one round's tensors to the host. `after` holds each row's pad,
-    content, target_kv and draft_kv after the round (-1 for rows that left)."""
+    content, target_kv and draft_kv after the round (-1 for rows that left; a drafter without a cache: 0)."""
     f = step.fields
     B = len(seqs)
     left = step.finished
@@ -318,7 +294,7 @@ def record_round(step: Step, seqs: list[int], batch_index: int, S: int, after: d
     ints.update(
         pad_before=f["pad"], content_before=f["content"],
         target_kv_before=torch.full((B,), S - 1, device=left.device),
-        draft_kv_before=torch.full((B,), S - 2, device=left.device),
+        draft_kv_before=torch.full((B,), S - 2 if f["draft_cache"] else 0, device=left.device),
         pad_after=after["pad"], content_after=after["content"],
         target_kv_after=after["target_kv"], draft_kv_after=after["draft_kv"],
         delta=torch.where(left, 0, after["pad"] - f["pad"]),

@@ -1,0 +1,137 @@
+"""Drafters: what proposes the tokens a round verifies (round.py).
+
+A drafter proposes up to k tokens for every row of a padded batch, with a count per row: 0 is allowed, and
+that row then takes one token from the target this round. eqspec and exspec verify whatever it proposes; a
+row never accepts more drafts than it was offered. What was accepted reaches a drafter through the batch it
+is given next round (the committed tokens and, for a draft model, its realigned cache), as transformers'
+`CandidateGenerator` learns it from `input_ids`.
+
+- `ModelDrafter`: a draft model with its own KV cache, laid out like the target's.
+- `PromptLookup`: n-gram lookup in each row's own prompt and output; no model, no cache.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import kvcache
+from ..models import ModelPair
+from .batch import forward
+from .faults import Policy
+from .sampling import DRAFT, Sampling, inverse_cdf, uniform
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor  # (B, n): a row's slots past its count hold filler the target never accepts
+    counts: torch.Tensor  # (B,) drafts each row offers, 0..n
+    probs: torch.Tensor | None  # (B, n, V) the distribution each draft was drawn from; sampled rounds only
+    confidence: torch.Tensor  # (B, n) the drafter's probability of each of its drafts (recorded)
+    fed: torch.Tensor  # (B, S+n-1) the position each draft cache slot was computed at afterwards, -1 if none
+
+
+def run_model(pair: ModelPair, policy: Policy, model, tok, val, stl, q_start, cache, **kw):
+    """`model` over slots q_start.. with the positions and mask the policy derives: (logits, positions)."""
+    pos = policy.positions(val, stl)
+    logits = forward(model, tok, val, q_start, cache, pair.vocab_size, pos=pos[:, q_start:],
+                     seen=policy.seen(val), **kw)
+    return logits, pos
+
+
+class ModelDrafter:
+    """A draft model proposing k tokens a row, one pass each. Its cache holds slots 0..S-3 at a round's start:
+    the first pass re-feeds the last two slots, so that after a fully accepted block it catches up on the
+    k-th draft it never fed."""
+
+    name = "model"
+
+    def __init__(self, pair: ModelPair):
+        self.pair = pair
+
+    def new_cache(self):
+        return kvcache.new(self.pair.draft)
+
+    def prefill(self, policy: Policy, cache, tokens: torch.Tensor, valid: torch.Tensor, stale: torch.Tensor) -> None:
+        S = tokens.shape[1]
+        if S > 2:
+            run_model(self.pair, policy, self.pair.draft, tokens[:, : S - 2], valid[:, : S - 2], stale[:, : S - 2], 0,
+                      cache, keep=1)
+
+    def propose(self, policy: Policy, b, k: int, sampling: Sampling, stream: torch.Tensor,
+                have: torch.Tensor) -> Proposal:
+        S = b.tokens.shape[1]
+        d_tok, d_val, d_stl = b.tokens, b.valid, b.stale
+        drafts, probs = [], []
+        q_start, steps = (S - 2 if kvcache.length(b.dcache) else 0), policy.draft_steps(k)
+        eos = torch.tensor(self.pair.eos_ids, device=b.tokens.device)
+        drafted_eos = torch.zeros(len(b.seqs), dtype=torch.bool, device=b.tokens.device)
+        for j in range(steps):
+            logits, d_pos = run_model(self.pair, policy, self.pair.draft, d_tok, d_val, d_stl, q_start, b.dcache,
+                                      keep=1)
+            if sampling.greedy:
+                probs.append(logits[:, -1].softmax(-1))
+                nxt = logits[:, -1].argmax(-1)
+            else:
+                probs.append(sampling.draft.probs(logits[:, -1]))
+                nxt = inverse_cdf(probs[-1], uniform(sampling.seed, stream, have + j, DRAFT))
+            drafts.append(nxt)
+            drafted_eos |= torch.isin(nxt, eos)
+            if j < steps - 1 and not policy.has("draft-bonus") and bool(drafted_eos.all()):
+                break  # every row has drafted an EOS: no later draft could be emitted
+            if j < steps - 1:
+                q_start = d_tok.shape[1]
+                d_tok = torch.cat([d_tok, nxt[:, None]], 1)
+                d_val = torch.cat([d_val, torch.ones_like(b.valid[:, :1])], 1)
+                d_stl = torch.cat([d_stl, torch.zeros_like(b.valid[:, :1])], 1)
+        D, Q = torch.stack(drafts, 1), torch.stack(probs, 1)
+        confidence = Q.gather(2, D[..., None])[..., 0]
+        counts = torch.full_like(have, D.shape[1])
+        return Proposal(D, counts, None if sampling.greedy else Q, confidence,
+                        torch.cat([b.d_written, d_pos[:, S - 2:]], 1))
+
+
+class PromptLookup:
+    """Prompt lookup: each row proposes the tokens that followed an earlier occurrence of its own last n tokens,
+    in its prompt or its output so far. The longest n in [min_n, max_n] with a match wins, and of its matches
+    the earliest, as transformers' `PromptLookupCandidateGenerator` and vLLM's `NgramProposer` choose. A row
+    with no match offers nothing; one whose match lies near its end offers the fewer tokens that follow it.
+    Every row is searched at once: one window comparison per n over the batch."""
+
+    name = "lookup"
+
+    def __init__(self, pair: ModelPair, min_n: int, max_n: int):
+        self.vocab_size = pair.vocab_size
+        self.min_n, self.max_n = min_n, max_n
+
+    def new_cache(self):
+        return None
+
+    def prefill(self, policy: Policy, cache, tokens, valid, stale) -> None:
+        pass
+
+    def propose(self, policy: Policy, b, k: int, sampling: Sampling, stream: torch.Tensor,
+                have: torch.Tensor) -> Proposal:
+        B, S = b.tokens.shape
+        n_out = policy.draft_steps(k)  # a draft-bonus engine takes one token more from its drafter
+        # Each row's real tokens, right-aligned (pads and stale slots moved first): its history.
+        hist = b.tokens.gather(1, torch.argsort(b.valid.to(torch.int8), dim=1, stable=True))
+        first_real = S - b.valid.sum(1)
+        slot = torch.arange(S, device=hist.device)
+        found = torch.zeros(B, dtype=torch.bool, device=hist.device)
+        begin = torch.zeros(B, dtype=torch.long, device=hist.device)  # where the proposed tokens start
+        for n in range(min(self.max_n, S - 1), self.min_n - 1, -1):
+            windows = hist.unfold(1, n, 1)[:, : S - n]  # windows followed by at least one token
+            hit = (windows == hist[:, None, S - n:]).all(-1) & (slot[None, : S - n] >= first_real[:, None])
+            new = hit.any(1) & ~found
+            begin = torch.where(new, hit.long().argmax(1) + n, begin)  # argmax: the first hit
+            found |= new
+        follow = torch.where(found, S - begin, 0)  # the tokens after the match, to the row's end
+        j = torch.arange(n_out, device=hist.device)
+        at = (begin[:, None] + j).clamp(max=S - 1)
+        tokens = torch.where(j < follow[:, None], hist.gather(1, at), hist[:, -1:])  # filler: the row's last token
+        probs = None
+        if not sampling.greedy:  # a lookup is certain of its drafts: q is a point mass on each
+            probs = torch.nn.functional.one_hot(tokens, self.vocab_size).float()
+        return Proposal(tokens, follow.clamp(max=k), probs, torch.ones(tokens.shape, device=hist.device),
+                        torch.full((B, S + n_out - 1), -1, device=hist.device))
