@@ -53,7 +53,8 @@ def builtin_records() -> list[dict]:
 
 
 def builtin_sets() -> dict[str, list[str]]:
-    """Named built-in sets: `quick`, `all`, `spec-bench`, and one per category of our own prompts."""
+    """Named built-in sets: `quick`, `all`, `spec-bench`, one per category of our own prompts, and
+    `summarize+code`."""
     records = builtin_records()
     sets = {
         "quick": [r["turns"][0] for r in records if r["question_id"] in QUICK_IDS],
@@ -62,6 +63,8 @@ def builtin_sets() -> dict[str, list[str]]:
     }
     for r in records:
         sets.setdefault(r["category"], []).append(r["turns"][0])
+    # Answers that draw on their own prompt (summaries, code, code edits): where prompt lookup pays.
+    sets["summarize+code"] = sets["summarize"] + sets["code"]
     return sets
 
 
