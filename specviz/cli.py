@@ -10,8 +10,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from . import determinism, metrics
-from .decoding.faults import FAULTS
-from .decoding.faults import PRESETS as FAULT_PRESETS
+from .decoding.catalogue import FAULTS
+from .decoding.catalogue import PRESETS as FAULT_PRESETS
 from .models import PRESETS, Placement, pair_for
 from .prompts import builtin_set, builtin_sets, read_prompts
 from .spec import DEVICES, DTYPES, ENGINE, MAX_BATCH_SIZE, METHODS, RunSpec, SpecError

@@ -9,9 +9,9 @@ from collections.abc import Callable, Hashable
 
 from . import distribution, noise
 from .decoding.assisted import hf_assisted
+from .decoding.catalogue import expand
 from .decoding.eqspec import eqspec
 from .decoding.exspec import exspec
-from .decoding.faults import expand
 from .decoding.reference import batched_reference, reference
 from .decoding.result import DecodeResult, Progress
 from .forensics import FACTOR, analyse, flag_batching_noise

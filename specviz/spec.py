@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .decoding.catalogue import SAMPLING, expand
+
 if TYPE_CHECKING:
     from .decoding.sampling import Sampling
 
@@ -117,8 +119,6 @@ class RunSpec(Strict):
     @field_validator("faults")
     @classmethod
     def _faults(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        from .decoding.faults import expand
-
         expand(v)  # raises on unknown names
         return tuple(dict.fromkeys(v))
 
@@ -130,8 +130,6 @@ class RunSpec(Strict):
 
     @model_validator(mode="after")
     def _sampling(self) -> RunSpec:
-        from .decoding.faults import SAMPLING
-
         if self.temperature > 0:
             if self.method == "hf-assisted":
                 raise ValueError("hf-assisted runs greedy only here; sample with eqspec or exspec")
