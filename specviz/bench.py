@@ -13,9 +13,9 @@ from tqdm import tqdm
 
 from . import metrics
 from .models import pair_for
+from .recording import build_trace
 from .runner import decode, encode
 from .spec import RunSpec
-from .trace import build_trace
 
 
 def _configs(methods: list[str], batch_sizes: list[int], max_waits: list[int]) -> list[tuple[str, int, int | None]]:
