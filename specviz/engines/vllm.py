@@ -28,8 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from ..draft import embedded_draft_dir
-from ..models import embedded_target_dir
+from ..checkpoints import embedded_draft_dir, embedded_target_dir
 from ..spec import SpecError
 
 MODES = ("none", "ngram", "draft")
