@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 from tqdm import tqdm
 
 from . import metrics
-from .models import pair_for
+from .models import Placement, pair_for
 from .recording import build_trace
 from .runner import decode, encode
 from .spec import RunSpec
@@ -32,11 +32,10 @@ def _configs(methods: list[str], batch_sizes: list[int], max_waits: list[int]) -
     return out
 
 
-def bench(args) -> list[dict]:
-    from .cli import _placement, _spec
-
-    base = _spec(args, k=args.k)
-    pair = pair_for(base, args.trust_remote_code, _placement(args))
+def bench(args, base: RunSpec, placement: Placement) -> list[dict]:
+    """Every method of args.methods at each of args.batch_sizes, on base's prompts and pair (the CLI builds
+    base and placement from the same args)."""
+    pair = pair_for(base, args.trust_remote_code, placement)
     prompt_ids = encode(base, pair)
     # Warm-up: the first forward passes pay one-off costs that are nobody's fault.
     decode(base.model_copy(update={"prompts": base.prompts[:2], "max_new_tokens": 4}), pair, prompt_ids[:2])

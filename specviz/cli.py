@@ -310,7 +310,7 @@ def cmd_shrink(args) -> int:
 def cmd_bench(args) -> int:
     from .bench import bench
 
-    bench(args)
+    bench(args, _spec(args, k=args.k), _placement(args))
     return 0
 
 
