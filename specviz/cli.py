@@ -9,13 +9,15 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import determinism, metrics
+from . import determinism, metrics, share
 from .decoding.catalogue import FAULTS
 from .decoding.catalogue import PRESETS as FAULT_PRESETS
+from .engines import jsonl
 from .models import PRESETS, Placement, pair_for
 from .prompts import builtin_set, builtin_sets, read_prompts
 from .spec import DEVICES, DTYPES, ENGINE, MAX_BATCH_SIZE, METHODS, RunSpec, SpecError
 from .text import clip
+from .trace import Trace, schema
 
 
 def _int_list(text: str) -> list[int]:
@@ -272,9 +274,7 @@ def _print_check(trace) -> None:
 
 
 def cmd_shrink(args) -> int:
-    from . import share
     from .shrink import shrink, size
-    from .trace import Trace
 
     if bool(args.trace) == bool(args.link):
         raise SpecError("give the divergent run as --trace FILE or --link URL")
@@ -315,9 +315,6 @@ def cmd_bench(args) -> int:
 
 
 def cmd_schema(args) -> int:
-    from .engines import jsonl
-    from .trace import schema
-
     print(json.dumps(jsonl.schema() if args.outputs else schema(), indent=1))
     return 0
 
