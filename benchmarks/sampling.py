@@ -13,7 +13,7 @@ import argparse
 import time
 from pathlib import Path
 
-from specviz.decoding.faults import SAMPLING
+from specviz.decoding.catalogue import SAMPLING
 from specviz.prompts import builtin_set
 from specviz.runner import run
 from specviz.spec import RunSpec

@@ -13,43 +13,40 @@ from tqdm import tqdm
 
 from . import metrics
 from .methods import METHODS, grid
-from .models import pair_for
+from .models import Placement, pair_for
+from .recording import build_trace
 from .runner import decode, encode
 from .spec import RunSpec
-from .trace import build_trace
 
 
-def _configs(args) -> list[dict]:
-    """The runs (methods.grid) at one k; batched-reference only where it differs from reference;
-    exspec once per max-wait."""
+def configs(args) -> list[dict]:
+    """The runs (methods.grid) at one k, as spec fields: batched-reference only where it differs from
+    reference; exspec once per max-wait."""
     out = []
     for c in grid(args.methods, args.drafter, args.batch_sizes, [args.k]):
         if c["method"] == "batched-reference" and c["batch_size"] == 1:
             continue
         waits = args.max_waits if c["method"] == "exspec" and args.max_waits else [None]
-        out += [dict(c, max_wait=w) for w in waits]
+        out += [dict(c, **({} if w is None else {"max_wait": w})) for w in waits]
     return out
 
 
-def bench(args) -> list[dict]:
-    from .cli import _placement, _spec
-
-    base = _spec(args, k=args.k)
-    pair = pair_for(base, args.trust_remote_code, _placement(args))
+def bench(args, specs: list[RunSpec], placement: Placement) -> list[dict]:
+    """Each of `specs` (the CLI builds them from configs(args)) on the same prompts and pair, in turn."""
+    base = specs[0]
+    pair = pair_for(base, args.trust_remote_code, placement)
     prompt_ids = encode(base, pair)
     # Warm-up: the first forward passes pay one-off costs that are nobody's fault.
     decode(base.model_copy(update={"prompts": base.prompts[:2], "max_new_tokens": 4}), pair, prompt_ids[:2])
 
     rows = []
-    for c in tqdm(_configs(args), desc="bench", disable=not sys.stderr.isatty()):
-        wait = c.pop("max_wait")
-        spec = _spec(args, **c, max_wait=base.max_wait if wait is None else wait)
+    for spec in tqdm(specs, desc="bench", disable=not sys.stderr.isatty()):
         method, bs = spec.method, spec.batch_size
         result = decode(spec, pair, prompt_ids, record=True)
         t = time.perf_counter()
         trace = build_trace(spec, pair, prompt_ids, result)
         build = time.perf_counter() - t
-        row = {"method": method if wait is None else f"{method} max-wait {wait}",
+        row = {"method": f"{method} max-wait {spec.max_wait}" if method == "exspec" and args.max_waits else method,
                "drafter": spec.drafter if METHODS[method].speculative else "-", "batch_size": bs,
                "tokens": result.new_tokens, "seconds": result.seconds,
                "tokens_per_s": result.new_tokens / result.seconds}
@@ -63,7 +60,7 @@ def bench(args) -> list[dict]:
     base_row = next((r for r in rows if r["method"] == "reference"), rows[0])
     for r in rows:
         r["vs_base"] = r["tokens_per_s"] / base_row["tokens_per_s"]
-    _write(args, base, rows)
+    _write(args, next((s for s in specs if s.drafter == "lookup"), base), rows)
     return rows
 
 
@@ -96,7 +93,7 @@ def _write(args, spec: RunSpec, rows: list[dict]) -> None:
         for r in rows
     )
     command = "specviz bench " + " ".join(sys.argv[2:])
-    lookup = f", lookup n-grams {spec.ngram_min}-{spec.ngram_max}" if "lookup" in args.drafter else ""
+    lookup = f", lookup n-grams {spec.ngram_min}-{spec.ngram_max}" if spec.drafter == "lookup" else ""
     note = (f"\n{len(spec.prompts)} prompts, {spec.max_new_tokens} new tokens, k={spec.k}{lookup}, {spec.dtype}, "
             f"pair {spec.target} / {spec.draft}. Made by `{command}`.\n")
     (out / f"{args.name}.md").write_text(head + body + note)

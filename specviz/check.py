@@ -22,10 +22,11 @@ from .engines.base import EngineInfo, EngineRun
 from .engines.jsonl import OutputLine
 from .forensics import judge_engine
 from .models import ModelPair
+from .recording import build_trace
 from .runner import encode, floors_for, reference_for
 from .settings import Settings
 from .spec import RunSpec, SpecError, describe_validation_error
-from .trace import RoundRecord, RowRecord, Trace, build_trace
+from .trace import RoundRecord, RowRecord, Trace
 
 
 def prompts_of(lines: list[OutputLine], pair: ModelPair, chat_template: bool) -> tuple[list[str], list[list[int]]]:

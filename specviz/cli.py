@@ -9,14 +9,16 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import determinism, metrics
-from .decoding.faults import FAULTS
-from .decoding.faults import PRESETS as FAULT_PRESETS
+from . import determinism, metrics, share
+from .decoding.catalogue import FAULTS
+from .decoding.catalogue import PRESETS as FAULT_PRESETS
+from .engines import jsonl
 from .methods import DRAFTERS, METHODS, grid
 from .models import PRESETS, Placement, pair_for
 from .prompts import builtin_set, builtin_sets, read_prompts
 from .spec import DEVICES, DTYPES, ENGINE, LOOKUP_FIELDS, MAX_BATCH_SIZE, RunSpec, SpecError
 from .text import clip
+from .trace import Trace, schema
 
 
 def _int_list(text: str) -> list[int]:
@@ -296,9 +298,7 @@ def _print_check(trace) -> None:
 
 
 def cmd_shrink(args) -> int:
-    from . import share
     from .shrink import shrink, size
-    from .trace import Trace
 
     if bool(args.trace) == bool(args.link):
         raise SpecError("give the divergent run as --trace FILE or --link URL")
@@ -332,16 +332,16 @@ def cmd_shrink(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import bench
+    from .bench import bench, configs
 
-    bench(args)
+    runs = configs(args)
+    if not runs:
+        raise SpecError("nothing to run: none of these methods runs at these batch sizes")
+    bench(args, [_spec(args, k=args.k, **c) for c in runs], _placement(args))
     return 0
 
 
 def cmd_schema(args) -> int:
-    from .engines import jsonl
-    from .trace import schema
-
     print(json.dumps(jsonl.schema() if args.outputs else schema(), indent=1))
     return 0
 

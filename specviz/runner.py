@@ -13,9 +13,10 @@ from .decoding.result import DecodeResult, Progress
 from .forensics import FACTOR, analyse, flag_batching_noise
 from .methods import METHODS
 from .models import ONE_DEVICE, ModelPair, Placement, pair_for
+from .recording import build_trace
 from .settings import Settings
 from .spec import MAX_PROMPT_TOKENS, RunSpec, SpecError
-from .trace import NoiseFloors, Trace, build_trace
+from .trace import NoiseFloors, Trace
 from .watch import Watch
 
 

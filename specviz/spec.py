@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .decoding.catalogue import SAMPLING, expand
 from .methods import DRAFTERS, METHODS
 
 if TYPE_CHECKING:
@@ -124,8 +125,6 @@ class RunSpec(Strict):
     @field_validator("faults")
     @classmethod
     def _faults(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        from .decoding.faults import expand
-
         expand(v)  # raises on unknown names
         return tuple(dict.fromkeys(v))
 
@@ -159,8 +158,6 @@ class RunSpec(Strict):
 
     @model_validator(mode="after")
     def _sampling(self) -> RunSpec:
-        from .decoding.faults import SAMPLING
-
         if self.temperature > 0:
             if self.audit:
                 raise ValueError("the audit compares with the greedy reference; a sampled run is judged by its "

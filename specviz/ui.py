@@ -20,8 +20,8 @@ from pathlib import Path
 import gradio as gr
 
 from . import check, plots, share, views
-from .decoding.faults import FAULTS
-from .decoding.faults import PRESETS as FAULT_PRESETS
+from .decoding.catalogue import FAULTS
+from .decoding.catalogue import PRESETS as FAULT_PRESETS
 from .gpu import ZEROGPU, gpu
 from .models import PRESETS, pair_for
 from .prompts import builtin_sets, parse_prompts

@@ -12,7 +12,8 @@ from specviz.decoding.batch import left_pad
 from specviz.decoding.drafters import PromptLookup
 from specviz.decoding.eqspec import eqspec
 from specviz.decoding.exspec import exspec
-from specviz.decoding.faults import FAULTS, STATE_OF, Policy
+from specviz.decoding.catalogue import FAULTS, STATE_OF
+from specviz.decoding.faults import Policy
 from specviz.decoding.reference import reference
 from specviz.decoding.round import lay_out
 from specviz.decoding.sampling import GREEDY

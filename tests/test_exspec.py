@@ -5,7 +5,7 @@ import pytest
 from specviz import metrics
 from specviz.decoding.exspec import SeqState, choose, exspec
 from specviz.decoding.reference import reference
-from specviz.models import layer_subset
+from specviz.draft import layer_subset
 from specviz.runner import run
 from specviz.spec import RunSpec, SpecError
 

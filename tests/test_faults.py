@@ -3,7 +3,7 @@ forensics names the state it breaks."""
 import pytest
 
 from specviz import metrics
-from specviz.decoding.faults import FAULTS, PRESETS, STATE_OF, expand
+from specviz.decoding.catalogue import FAULTS, PRESETS, STATE_OF, expand
 from specviz.runner import run
 from specviz.spec import RunSpec, SpecError
 

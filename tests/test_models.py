@@ -4,9 +4,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from specviz.checkpoints import embedded_tokenizer_dir
 from specviz.decoding.batch import left_pad
 from specviz.decoding.reference import batched_reference, reference
-from specviz.models import embedded_tokenizer_dir, load_pair, tiny_target
+from specviz.models import load_pair, tiny_target
 from specviz.spec import SpecError
 
 
@@ -78,7 +79,7 @@ def test_pad_equal_to_eos_never_truncates_or_corrupts_prompts(tiny):
 def test_the_embedded_draft_folder_loads_back_as_the_derived_draft(embedded):
     from transformers import AutoModelForCausalLM
 
-    from specviz.draft import embedded_draft_dir
+    from specviz.checkpoints import embedded_draft_dir
 
     folder = embedded_draft_dir()
     assert embedded_draft_dir() == folder  # written once, then reused

@@ -8,9 +8,11 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from specviz.checkpoints import embedded_tokenizer_dir
 from specviz.decoding.eqspec import eqspec
 from specviz.decoding.reference import reference
-from specviz.models import Placement, embedded_tokenizer_dir, layer_subset, load_pair, parse_max_memory, tiny_target
+from specviz.draft import layer_subset
+from specviz.models import Placement, load_pair, parse_max_memory, tiny_target
 from specviz.spec import TINY_DRAFT, TINY_TARGET, SpecError
 
 # The tiny target's embedding (25.2 MB in float64) and its first layer fit; the rest goes to disk.

@@ -7,7 +7,8 @@ from transformers import GenerationConfig
 from specviz.decoding.assisted import hf_assisted
 from specviz.decoding.eqspec import eqspec
 from specviz.decoding.reference import batched_reference, reference
-from specviz.models import layer_subset, tiny_target
+from specviz.draft import layer_subset
+from specviz.models import tiny_target
 
 NEW = 12
 

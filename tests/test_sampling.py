@@ -9,7 +9,8 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from specviz import share
 from specviz.decoding import faults as faults_module
-from specviz.decoding.faults import SAMPLING, Policy
+from specviz.decoding.catalogue import SAMPLING
+from specviz.decoding.faults import Policy
 from specviz.decoding.sampling import ACCEPT, DRAFT, TARGET, Sampler, inverse_cdf, uniform
 from specviz.prompts import builtin_set
 from specviz.runner import run

@@ -1,12 +1,17 @@
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+import specviz
 from specviz import metrics
+from specviz.frames import rows_frame, tokens_frame
 from specviz.runner import run
 from specviz.spec import RunSpec, SpecError
-from specviz.trace import SCHEMA_VERSION, Trace, rows_frame, schema, tokens_frame
+from specviz.trace import SCHEMA_VERSION, Trace, schema
 
 DOCS_SCHEMA = Path(__file__).resolve().parents[1] / "docs" / "trace.schema.json"
 
@@ -23,16 +28,16 @@ def test_a_source_checkout_that_was_never_installed_still_traces(tiny, monkeypat
     """On a GPU box one may put the checkout on PYTHONPATH without `pip install`: no package metadata."""
     from importlib.metadata import PackageNotFoundError
 
-    import specviz.trace
+    import specviz.recording
 
-    installed = specviz.trace.version
+    installed = specviz.recording.version
 
     def specviz_missing(dist):
         if dist == "specviz":
             raise PackageNotFoundError(dist)
         return installed(dist)
 
-    monkeypatch.setattr(specviz.trace, "version", specviz_missing)
+    monkeypatch.setattr(specviz.recording, "version", specviz_missing)
     spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64", device="cpu",
                          prompts=("Hi",), batch_size=1, k=2, max_new_tokens=4)
     assert run(spec).manifest.versions["specviz"] == "not installed"
@@ -42,6 +47,31 @@ def test_save_load_round_trip_is_exact(trace):
     again = Trace.from_json(trace.to_json())
     assert again == trace
     assert again.manifest.fingerprint == trace.manifest.fingerprint
+
+
+def test_a_trace_file_loads_without_torch(trace, tmp_path):
+    """The schema stands alone: a process that never imports torch, transformers, scipy, plotly or pandas loads,
+    validates and saves a greedy and a sampled trace (the sampled one carries draws and a distribution verdict)."""
+    sampled = run(RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64", device="cpu",
+                                prompts=("Hi", "Name three rivers."), batch_size=2, k=3, max_new_tokens=8, temperature=0.8))
+    assert sampled.distribution and sampled.rows[0].accept_draws is not None
+    for name, t in (("greedy", trace), ("sampled", sampled)):
+        (tmp_path / f"{name}.json").write_text(t.to_json())
+    code = (
+        "import pathlib, sys\n"
+        "from specviz.trace import Trace\n"
+        "for p in pathlib.Path(sys.argv[1]).glob('*.json'):\n"
+        "    p.with_suffix('.again').write_text(Trace.from_json(p.read_bytes()).to_json())\n"
+        "bad = {'torch', 'transformers', 'scipy', 'plotly', 'pandas'} & set(sys.modules)\n"
+        "assert not bad, bad\n"
+    )
+    root = Path(specviz.__file__).resolve().parents[1]  # the checkout under test, not another installed copy
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))}
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=root, env=env, capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    for name, t in (("greedy", trace), ("sampled", sampled)):
+        assert Trace.from_json((tmp_path / f"{name}.again").read_bytes()) == t
 
 
 def test_trace_holds_what_the_design_asks(trace):

@@ -7,7 +7,7 @@ port with the embedded target's folder in float32, waits for /health, and
 stops it and its child processes on exit. Modes:
 
 - none:  no speculation;
-- ngram: prompt-lookup speculation, n-grams of 2 to 4 tokens, k tokens a draft;
+- ngram: prompt-lookup speculation, n-grams of 2 to 4 tokens (or as asked), k tokens a draft;
 - draft: draft-model speculation with the embedded draft's folder, k tokens a draft.
 
 Greedy or sampled decoding is the request's business (temperature 0, or the
@@ -28,8 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from ..draft import embedded_draft_dir
-from ..models import embedded_target_dir
+from ..checkpoints import embedded_draft_dir, embedded_target_dir
 from ..spec import SpecError
 
 MODES = ("none", "ngram", "draft")
@@ -54,11 +53,12 @@ def vllm_python() -> Path:
     return path
 
 
-def speculative_config(mode: str, k: int) -> dict | None:
+def speculative_config(mode: str, k: int, ngram: tuple[int, int] = (2, 4)) -> dict | None:
     if mode == "none":
         return None
     if mode == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": ngram[0],
+                "prompt_lookup_max": ngram[1]}
     if mode == "draft":
         return {"method": "draft_model", "model": str(embedded_draft_dir()), "num_speculative_tokens": k}
     raise SpecError(f"unknown vLLM mode {mode!r}; choose from {', '.join(MODES)}")
@@ -73,12 +73,13 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def vllm_server(mode: str, log: Path, k: int = 5, max_num_seqs: int = 8, threads: int = 2,
                 startup_timeout: float = 600.0, dtype: str = "float32",
-                extra_env: dict[str, str] | None = None) -> Iterator[VllmServer]:
+                extra_env: dict[str, str] | None = None, ngram: tuple[int, int] = (2, 4)) -> Iterator[VllmServer]:
     """Serve the embedded target with vLLM in `mode` until the block ends; its output goes to `log`.
+    `ngram`: the shortest and longest n-gram the ngram mode matches.
 
     `threads`: the CPUs its workers are bound to (the first ones this process may use). `extra_env`: more
     environment variables for the server (recorded in its launch, like the others)."""
-    spec = speculative_config(mode, k)
+    spec = speculative_config(mode, k, ngram)
     port = _free_port()
     args = ["--model", str(embedded_target_dir()), "--served-model-name", SERVED_MODEL, "--dtype", dtype,
             "--max-model-len", "2048", "--max-num-seqs", str(max_num_seqs), "--seed", "0",
