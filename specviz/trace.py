@@ -4,7 +4,7 @@ Plain, JSON-serializable, versioned data: a manifest, the prompts with their
 ids, one record per (round, row), one per round, one per sequence. Pydantic
 defines it, validates uploads and emits the JSON Schema (docs/trace.schema.json).
 Building one from a decode is recording.py's; this module needs neither torch
-nor the models, so a trace file loads and validates wherever pydantic does.
+nor the models, so a trace file loads and validates with pydantic and orjson alone.
 """
 from __future__ import annotations
 
