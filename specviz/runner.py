@@ -8,10 +8,15 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
 from . import distribution, noise
+from .decoding.assisted import hf_assisted
+from .decoding.catalogue import expand
+from .decoding.drafters import ModelDrafter, PromptLookup
+from .decoding.eqspec import eqspec
+from .decoding.exspec import exspec
 from .decoding.reference import batched_reference, reference
 from .decoding.result import DecodeResult, Progress
+from .decoding.round import Drafter
 from .forensics import FACTOR, analyse, flag_batching_noise
-from .methods import METHODS
 from .models import ONE_DEVICE, ModelPair, Placement, pair_for
 from .recording import build_trace
 from .settings import Settings
@@ -49,9 +54,34 @@ def decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record: 
 
 def _decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record: bool, progress: Progress | None,
             watch: Watch | None) -> DecodeResult:
-    if spec.method not in METHODS:
-        raise SpecError(f"{spec.method!r} is not a decoding method; choose from {', '.join(METHODS)}")
-    return METHODS[spec.method].decode(spec, pair, prompt_ids, progress, record, watch)
+    if spec.method not in DECODERS:
+        raise SpecError(f"{spec.method!r} is not a decoding method; choose from {', '.join(DECODERS)}")
+    return DECODERS[spec.method](spec, pair, prompt_ids, progress, record, watch)
+
+
+def drafter(spec: RunSpec, pair: ModelPair) -> Drafter:
+    """The spec's drafter over `pair` (decoding/drafters.py)."""
+    if spec.drafter == "lookup":
+        return PromptLookup(pair, spec.ngram_min, spec.ngram_max)
+    return ModelDrafter(pair)
+
+
+# How each method of methods.METHODS runs: (spec, pair, prompt ids, progress, record, watch) -> DecodeResult.
+DECODERS = {
+    "reference": lambda spec, pair, ids, progress, record, watch: reference(
+        pair, ids, spec.max_new_tokens, progress, spec.sampling()),
+    "batched-reference": lambda spec, pair, ids, progress, record, watch: batched_reference(
+        pair, ids, spec.batch_size, spec.max_new_tokens, progress, watch, spec.sampling()),
+    "hf-assisted": lambda spec, pair, ids, progress, record, watch: hf_assisted(
+        pair, ids, spec.k, spec.max_new_tokens, progress, lookup=spec.ngram_max if spec.drafter == "lookup" else None),
+    "eqspec": lambda spec, pair, ids, progress, record, watch: eqspec(
+        pair, ids, spec.batch_size, spec.k, spec.max_new_tokens, faults=expand(spec.faults), record=record,
+        progress=progress, watch=watch, sampling=spec.sampling(), drafter=drafter(spec, pair)),
+    "exspec": lambda spec, pair, ids, progress, record, watch: exspec(
+        pair, ids, spec.batch_size, spec.k, spec.max_new_tokens, window=spec.window or 2 * spec.batch_size,
+        max_wait=spec.max_wait, record=record, progress=progress, watch=watch, sampling=spec.sampling(),
+        drafter=drafter(spec, pair)),
+}
 
 
 class PerPair:

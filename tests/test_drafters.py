@@ -9,17 +9,18 @@ from transformers.generation.candidate_generator import PromptLookupCandidateGen
 
 from specviz import gpu, metrics
 from specviz.decoding.batch import left_pad
+from specviz.decoding.catalogue import FAULTS, STATE_OF
 from specviz.decoding.drafters import PromptLookup
 from specviz.decoding.eqspec import eqspec
 from specviz.decoding.exspec import exspec
-from specviz.decoding.catalogue import FAULTS, STATE_OF
 from specviz.decoding.faults import Policy
 from specviz.decoding.reference import reference
 from specviz.decoding.round import lay_out
 from specviz.decoding.sampling import GREEDY
+from specviz.methods import DRAFTERS, METHODS
 from specviz.models import load_pair
 from specviz.prompts import builtin_set
-from specviz.runner import run
+from specviz.runner import DECODERS, run
 from specviz.spec import TINY_DRAFT, TINY_TARGET, RunSpec, SpecError
 
 CORRECT = Policy(())
@@ -185,6 +186,11 @@ def test_spec_says_what_a_drafter_needs():
         with pytest.raises(SpecError, match=says):
             RunSpec.build(**base, **bad)
     RunSpec.build(**base, drafter="lookup", faults=("bsp-like",))  # faults stay allowed with lookup drafts
+
+
+def test_every_declared_method_runs_and_nothing_undeclared():
+    assert DECODERS.keys() == METHODS.keys()
+    assert {d for m in METHODS.values() for d in m.drafters} == set(DRAFTERS)
 
 
 def test_lookup_costs_no_draft_passes_in_the_gpu_estimate():
