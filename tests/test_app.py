@@ -32,7 +32,7 @@ def test_default_example_through_the_named_api_equals_the_reference(client, embe
 def test_bad_input_gets_a_message_and_the_server_keeps_serving(client, tiny):
     bad = list(TINY_RUN)
     bad[6], bad[7] = "reference", ["no-mask"]
-    with pytest.raises(Exception, match="faults apply to speculative methods"):
+    with pytest.raises(Exception, match="faults apply to eqspec, not reference"):
         client.predict(*bad, api_name="/run")
     typed = list(TINY_RUN)
     typed[4] = '{"turns": ["broken'
