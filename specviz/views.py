@@ -199,7 +199,9 @@ def headline(trace: Trace, note: str = "", timing: str | None = None) -> str:
               f"{len(trace.sequences)} prompts, batch size {s.batch_size}, k {s.k}, {md(s.dtype)} on {md(m.device)}"
               f"{sampling}: {tokens} tokens in {m.decode_seconds:.1f} s")]
     if trace.rows:
-        parts.append(f"acceptance {metrics.acceptance_rate(trace):.2f}, {metrics.tokens_per_round(trace):.2f} tokens/round")
+        acceptance = metrics.acceptance_rate(trace)  # None: no row was offered a draft (prompt lookup found nothing)
+        parts.append(("no drafts offered" if acceptance is None else f"acceptance {acceptance:.2f}")
+                     + f", {metrics.tokens_per_round(trace):.2f} tokens/round")
     if (g := metrics.group_rate(trace)) is not None:
         parts.append(f"group rate {g:.0%}")
     eq = metrics.equivalence(trace)
@@ -244,8 +246,9 @@ def speed_md(trace: Trace, timing: str | None = None) -> str:
         return ""
     m, s = trace.manifest, trace.manifest.spec
     r = sp["ratio"]
-    head = (f"**Speed-up: {r:.2f}×** the batch-size-1 reference's tokens/s" if r >= 1 else
-            f"**Speed-up: {r:.2f}×** — slower than the batch-size-1 reference")
+    head = f"**Speed-up: {r:.2f}×** " + ("the batch-size-1 reference's tokens/s" if f"{r:.2f}" == "1.00" else
+                                          "— faster than the batch-size-1 reference" if r > 1 else
+                                          "— slower than the batch-size-1 reference")
     device = m.device if m.device_name in ("", m.device) else f"{m.device} ({m.device_name})"
     where = TIMING_TEXT.get(timing, FILE_TIMING).format(created=m.created, device=device)
     out = (f"{head}: {sp['tokens_per_second']:.1f} tokens/s ({sp['tokens']} tokens in {sp['seconds']:.2f} s) "

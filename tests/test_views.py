@@ -394,6 +394,15 @@ def test_the_forensic_panel_headline_and_lanes_name_the_drafter(lookup):
     assert f"Rows offered none — here **{none} of {len(lookup.rows)}**" in views.glossary(lookup)
 
 
+def test_a_lookup_run_that_found_nothing_to_draft_says_so(tiny):
+    trace = run(_spec(drafter="lookup", ngram_min=3, chat_template=False, prompts=("Hi", "Name three rivers."),
+                      batch_size=2, max_new_tokens=4))
+    assert trace.rows and not any(r.draft_tokens for r in trace.rows) and metrics.acceptance_rate(trace) is None
+    assert "no drafts offered, 1.00 tokens/round" in views.headline(trace)
+    page = views.grid_html(trace, views.resolve(trace)[0])
+    assert page.count("sv-nodraft") == len(trace.rows) and "no earlier occurrence of its last n-gram, n 3" in page
+
+
 def test_a_hostile_lookup_trace_shows_stranger_text_as_text(lookup):
     from hostile import hostile_trace, live_markdown, live_markup
 
@@ -432,6 +441,22 @@ def test_the_summary_says_the_speed_up_over_the_reference_and_where_it_was_timed
     assert metrics.speedup(itself) is None and "Speed-up" not in views.headline(itself)
     slow = clean.model_copy(update={"manifest": clean.manifest.model_copy(update={
         "decode_seconds": 10 * clean.manifest.reference_seconds})})
-    assert "slower than the batch-size-1 reference" in hostile_free_text(views.headline(slow))
-    assert "speed-up" in views.glossary(clean) and "here **" in views.glossary(clean).split("**speed-up**")[1]
+    assert "Speed-up: 0.10× — slower than the batch-size-1 reference" in hostile_free_text(views.headline(slow))
+    even = clean.model_copy(update={"manifest": clean.manifest.model_copy(update={
+        "decode_seconds": clean.manifest.reference_seconds * 1.001})})
+    assert "Speed-up: 1.00× the batch-size-1 reference's tokens/s" in hostile_free_text(views.headline(even))
+    line = next(x for x in views.glossary(clean).splitlines() if x.startswith("- **speed-up**"))
+    assert line.endswith(f" — here **{metrics.speedup(clean)['ratio']:.3g}**")
 
+
+def test_the_prompt_lookup_example_is_a_batch_size_1_lookup_run_on_the_copying_prompts():
+    from specviz.prompts import builtin_sets
+    from specviz.ui import DEFAULTS, EXAMPLES, example_api_name, spec_from_controls
+
+    name = next(n for n in EXAMPLES if EXAMPLES[n].get("drafter") == "lookup")
+    assert example_api_name(name) == "example_prompt"
+    values = {**DEFAULTS, **EXAMPLES[name]}
+    spec = spec_from_controls(*[values[n] for n in list(DEFAULTS)[:5]], None, *[values[n] for n in list(DEFAULTS)[5:]])
+    assert (spec.method, spec.drafter, spec.batch_size, spec.k) == ("eqspec", "lookup", 1, 5)
+    assert spec.prompts == tuple(builtin_sets()["summarize+code"]) and spec.target == "specviz:smollm2-135m"
+    assert (spec.ngram_min, spec.ngram_max) == (2, 3)
