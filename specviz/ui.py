@@ -55,9 +55,10 @@ EXAMPLES = {
     "sampled eqspec": {**_SAMPLED, "faults": []},
     "sampling fault: draft-only temperature": {**_SAMPLED, "faults": ["temperature-draft-only"]},
     # Answers that copy from their prompt (summaries, code, code edits): prompt lookup drafts them with no draft
-    # model. Batch size 1 against the batch-size-1 reference: the speed-up in the summary is lookup's alone. On a
-    # busy 2-core CPU (k 5, 32 tokens) n-grams 2-3 ran 1.12x the reference's tokens/s, 1-3 1.04x (a 1-gram
-    # matches often, and wrongly), 2-4 1.13x, and the draft model 0.60x; the page says what each run measured.
+    # model. Batch size 1 against the batch-size-1 reference: no batching in the speed-up the summary states. On a
+    # busy 2-core CPU at one thread (k 5, 32 tokens) n-grams 2-3 ran 1.00-1.12x the reference's tokens/s over three
+    # runs; in one sweep 1-3 ran 1.04x (a 1-gram matches often, and wrongly), 2-4 1.13x, 3-4 1.11x and the draft
+    # model 0.60x. The page says what each run measured.
     "prompt lookup: summaries and code edits": {**_EMBEDDED, "prompt_set": "summarize+code", "batch_size": 1,
                                                 "drafter": "lookup", "ngram_min": 2, "ngram_max": 3},
 }
