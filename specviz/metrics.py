@@ -20,9 +20,10 @@ def tokens_per_round(trace: Trace) -> float | None:
 
 
 def per_position_acceptance(trace: Trace) -> list[float]:
-    """P(draft j accepted | drafts before j accepted), for j = 1..k."""
+    """P(draft j accepted | drafts before j accepted, and a draft j offered), for j = 1..k: a row offered fewer
+    drafts (prompt lookup, the token budget) has no draft j to accept or reject."""
     k = trace.manifest.spec.k
-    reached = [sum(r.accepted >= j for r in trace.rows) for j in range(k)]
+    reached = [sum(r.accepted >= j and len(r.draft_tokens) > j for r in trace.rows) for j in range(k)]
     kept = [sum(r.accepted > j for r in trace.rows) for j in range(k)]
     return [kept[j] / reached[j] if reached[j] else float("nan") for j in range(k)]
 

@@ -811,7 +811,7 @@ def glossary(trace: Trace | None) -> str:
     lines = [
         "**acceptance rate** = accepted draft tokens / proposed draft tokens, over active rows" + value(metrics.acceptance_rate),
         "**tokens per round** = emitted tokens / (round, row) records, bonus included" + value(metrics.tokens_per_round),
-        "**per-position acceptance** = P(draft j accepted | drafts before j accepted)"
+        "**per-position acceptance** = P(draft j accepted | drafts before j accepted and a draft j offered)"
         + (" — here " + ", ".join(f"{p:.2f}" for p in positions) if positions else ""),
         "**realignment overhead** = realign time / decode time" + value(realign_share),
         "**group rate** (exspec) = same-length rounds / all rounds" + value(metrics.group_rate),

@@ -1,4 +1,5 @@
 """The page's views, built from a trace alone: focus, chips, grid cells, forensics, lanes."""
+import math
 import re
 
 import pytest
@@ -392,6 +393,14 @@ def test_the_forensic_panel_headline_and_lanes_name_the_drafter(lookup):
                        for s in sorted({x.seq for x in batch})}
     none = sum(not x.draft_tokens for x in lookup.rows)
     assert f"Rows offered none — here **{none} of {len(lookup.rows)}**" in views.glossary(lookup)
+
+
+def test_per_position_acceptance_counts_only_rows_offered_that_draft(lookup):
+    offered = [[r for r in lookup.rows if r.accepted >= j and len(r.draft_tokens) > j] for j in range(5)]
+    assert len(offered[0]) < sum(r.accepted >= 0 for r in lookup.rows)  # rows offered none are left out
+    want = [sum(r.accepted > j for r in rows) / len(rows) if rows else None for j, rows in enumerate(offered)]
+    got = metrics.per_position_acceptance(lookup)
+    assert [None if math.isnan(g) else g for g in got] == want  # nan where no row was offered draft j
 
 
 def test_a_lookup_run_that_found_nothing_to_draft_says_so(tiny):
