@@ -1,6 +1,8 @@
 """Metrics over a Trace, as defined in the UI glossary (DESIGN §5)."""
 from __future__ import annotations
 
+import math
+
 from .trace import Trace, first_difference
 
 PHASES = ("draft", "verify", "realign", "trace", "watch")
@@ -18,9 +20,10 @@ def tokens_per_round(trace: Trace) -> float | None:
 
 
 def per_position_acceptance(trace: Trace) -> list[float]:
-    """P(draft j accepted | drafts before j accepted), for j = 1..k."""
+    """P(draft j accepted | drafts before j accepted, and a draft j offered), for j = 1..k: a row offered fewer
+    drafts (prompt lookup, the token budget) has no draft j to accept or reject."""
     k = trace.manifest.spec.k
-    reached = [sum(r.accepted >= j for r in trace.rows) for j in range(k)]
+    reached = [sum(r.accepted >= j and len(r.draft_tokens) > j for r in trace.rows) for j in range(k)]
     kept = [sum(r.accepted > j for r in trace.rows) for j in range(k)]
     return [kept[j] / reached[j] if reached[j] else float("nan") for j in range(k)]
 
@@ -86,6 +89,27 @@ def waste(trace: Trace) -> dict[str, float]:
     real = sum(r.content_before for r in trace.rows)
     return {"overhead_slots_pct": 100 * (slots - real) / slots,
             "peak_target_kv": max(r.target_kv_before for r in trace.rows)}
+
+
+def speedup(trace: Trace) -> dict | None:
+    """The run's tokens/s against the batch-size-1 reference's, both from the trace's manifest (decode_seconds,
+    reference_seconds); None where there is no reference time to compare with (a sampled run, the reference
+    itself, an engine check, a trace without one)."""
+    m = trace.manifest
+    if m.engine is not None or m.spec.method == "reference" or not trace.sequences:
+        return None
+    if any(s.reference_ids is None for s in trace.sequences):
+        return None
+    seconds, ref_seconds = m.decode_seconds, m.reference_seconds
+    if not all(x is not None and math.isfinite(x) and x > 0 for x in (seconds, ref_seconds)):
+        return None
+    tokens = sum(len(s.output_ids) for s in trace.sequences)
+    ref_tokens = sum(len(s.reference_ids) for s in trace.sequences)
+    if not tokens or not ref_tokens:
+        return None
+    tps, ref_tps = tokens / seconds, ref_tokens / ref_seconds
+    return {"ratio": tps / ref_tps, "tokens": tokens, "seconds": seconds, "tokens_per_second": tps,
+            "reference_tokens": ref_tokens, "reference_seconds": ref_seconds, "reference_tokens_per_second": ref_tps}
 
 
 def percent(value: float | None) -> str:

@@ -12,7 +12,20 @@ from .trace import Trace
 from .views import Focus, rows_by_seq
 
 LANES = (("pad", "padding"), ("content", "content length"), ("target_kv", "target KV length"),
-         ("draft_kv", "draft KV length"), ("delta", "KV shift (delta)"))
+         ("draft_kv", "draft KV length"), ("delta", "KV shift (delta)"), ("drafts", "drafts offered (the row's own k)"))
+
+
+def lanes(trace: Trace) -> tuple[tuple[str, str], ...]:
+    """The lanes a run has: prompt lookup keeps no draft cache (its draft KV lane would be all 0)."""
+    return tuple(lane for lane in LANES if not (lane[0] == "draft_kv" and trace.manifest.spec.drafter == "lookup"))
+
+
+def _lane_value(r, field: str) -> int:
+    if field == "delta":
+        return r.delta
+    if field == "drafts":
+        return len(r.draft_tokens)
+    return getattr(r, f"{field}_before")
 COLOURS = px.colors.qualitative.D3
 PHASE_COLOURS = {"draft": "#4c78a8", "verify": "#f58518", "realign": "#e45756", "trace": "#9d9d9d",
                  "watch": "#b279a2"}
@@ -26,7 +39,8 @@ def _empty(message: str) -> go.Figure:
 
 
 def kv_lanes(trace: Trace, focus: Focus) -> go.Figure:
-    """Per row of the focused sequence's batch: padding, content, target and draft KV, and delta over the rounds.
+    """Per row of the focused sequence's batch: padding, content, target and draft KV, delta, and the drafts each
+    row was offered, over the rounds.
 
     A static batch (eqspec) shows all its rows; exspec shows the sequences that shared the focused round.
     """
@@ -41,14 +55,15 @@ def kv_lanes(trace: Trace, focus: Focus) -> go.Figure:
         seqs = next(rd.seqs for rd in trace.rounds if rd.round == here.round)
     # One shared x axis and a y axis per lane, stacked top to bottom. The data is our own and well-formed:
     # skipping plotly's per-property validation makes this 10x faster (0.3 s -> 0.03 s for 8 rows).
-    gap, n = 0.04, len(LANES)
+    shown = lanes(trace)
+    gap, n = 0.04, len(shown)
     height = (1 - gap * (n - 1)) / n
     layout = {"height": 150 * n, "margin": {"t": 30, "b": 30, "l": 40, "r": 10}, "hovermode": "closest",
-              "legend": {"orientation": "h", "y": -0.06}, "xaxis": {"title": {"text": "round (start of)"}, "anchor": f"y{len(LANES)}"},
+              "legend": {"orientation": "h", "y": -0.06}, "xaxis": {"title": {"text": "round (start of)"}, "anchor": f"y{n}"},
               "shapes": [{"type": "line", "xref": "x", "yref": "paper", "x0": here.round, "x1": here.round, "y0": 0,
                           "y1": 1, "line": {"dash": "dot", "color": "#c00"}}], "annotations": []}
     data = []
-    for i, (field, title) in enumerate(LANES):
+    for i, (field, title) in enumerate(shown):
         axis = "y" if i == 0 else f"y{i + 1}"
         top = 1 - i * (height + gap)
         layout["yaxis" if i == 0 else f"yaxis{i + 1}"] = {"domain": [top - height, top], "anchor": "x"}
@@ -62,7 +77,7 @@ def kv_lanes(trace: Trace, focus: Focus) -> go.Figure:
                 "type": "scatter", "xaxis": "x", "yaxis": axis, "mode": "lines+markers", "name": f"seq {seq}",
                 "legendgroup": f"seq {seq}", "showlegend": i == 0, "opacity": 1 if focused else 0.55,
                 "x": [r.round for r in rows],
-                "y": [r.delta if field == "delta" else getattr(r, f"{field}_before") for r in rows],
+                "y": [_lane_value(r, field) for r in rows],
                 "line": {"width": 3 if focused else 1.2, "color": colour},
                 "marker": {"size": 5 if focused else 3, "color": colour},
                 "hovertemplate": f"seq {seq} · round %{{x}}<br>{title} %{{y}}<extra></extra>",

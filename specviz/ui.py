@@ -23,12 +23,13 @@ from . import check, plots, share, views
 from .decoding.catalogue import FAULTS
 from .decoding.catalogue import PRESETS as FAULT_PRESETS
 from .gpu import ZEROGPU, gpu
+from .methods import DRAFTERS, METHODS
 from .models import PRESETS, pair_for
 from .prompts import builtin_sets, parse_prompts
 from .runner import run
 from .settings import Settings
 from .shrink import MAX_TRIALS, Shrunk, shrink, size
-from .spec import DTYPES, ENGINE, MAX_TEMPERATURE, METHODS, RunSpec, SpecError
+from .spec import DTYPES, ENGINE, MAX_NGRAM, MAX_TEMPERATURE, RunSpec, SpecError
 from .trace import MAX_TRACE_BYTES, Trace
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -53,12 +54,19 @@ EXAMPLES = {
     # them quick on a CPU (no reference to decode either); the fault still emits tokens outside the target's nucleus.
     "sampled eqspec": {**_SAMPLED, "faults": []},
     "sampling fault: draft-only temperature": {**_SAMPLED, "faults": ["temperature-draft-only"]},
+    # Answers that copy from their prompt (summaries, code, code edits): prompt lookup drafts them with no draft
+    # model. Batch size 1 against the batch-size-1 reference: no batching in the speed-up the summary states. On a
+    # busy 2-core CPU at one thread (k 5, 32 tokens) n-grams 2-3 ran 1.00-1.12x the reference's tokens/s over three
+    # runs; in one sweep 1-3 ran 1.04x (a 1-gram matches often, and wrongly), 2-4 1.13x, 3-4 1.11x and the draft
+    # model 0.60x. The page says what each run measured.
+    "prompt lookup: summaries and code edits": {**_EMBEDDED, "prompt_set": "summarize+code", "batch_size": 1,
+                                                "drafter": "lookup", "ngram_min": 2, "ngram_max": 3},
 }
 # The controls, in the order of spec_from_controls' arguments (less prompt_file, which follows "typed").
 DEFAULTS = {"pair": "embedded", "target": "", "draft": "", "prompt_set": "quick", "typed": "", "method": "eqspec",
             "faults": [], "batch_size": 4, "k": 5, "max_new_tokens": 48, "dtype": "float32", "seed": 0, "window": 0,
             "max_wait": 4, "audit": False, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "draft_temperature": None,
-            "draft_top_k": None, "draft_top_p": None}
+            "draft_top_k": None, "draft_top_p": None, "drafter": "model", "ngram_min": 1, "ngram_max": 3}
 TEMPERATURE_MAX = 2.0  # the slider's range; a link may carry up to spec.MAX_TEMPERATURE
 TOP_P_MIN = 0.05
 
@@ -81,9 +89,11 @@ def _error(message: str, **kwargs) -> gr.Error:
 
 def spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, method, faults, batch_size, k,
                        max_new_tokens, dtype, seed, window, max_wait, audit, temperature=0.0, top_k=0, top_p=1.0,
-                       draft_temperature=None, draft_top_k=None, draft_top_p=None) -> RunSpec:
+                       draft_temperature=None, draft_top_k=None, draft_top_p=None, drafter="model", ngram_min=1,
+                       ngram_max=3) -> RunSpec:
     """The run the controls describe. Prompts: typed ones, else the uploaded file, else the built-in set.
-    Sampling: temperature 0 is greedy; top-k 0 and top-p 1 are off; a blank draft setting is the target's."""
+    Sampling: temperature 0 is greedy; top-k 0 and top-p 1 are off; a blank draft setting is the target's.
+    The n-gram sizes belong to prompt lookup: with the draft model they are not read (the page hides them)."""
     if pair == CUSTOM:
         if not (target or "").strip() or not (draft or "").strip():
             raise SpecError("a custom pair needs both a target and a draft model id")
@@ -102,7 +112,8 @@ def spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, meth
                          audit=int(batch_size) if audit else 0, temperature=_real(temperature, 0.0),
                          top_k=int(top_k or 0), top_p=_real(top_p, 1.0), draft_temperature=_real(draft_temperature),
                          draft_top_k=None if draft_top_k is None else int(draft_top_k),
-                         draft_top_p=_real(draft_top_p))
+                         draft_top_p=_real(draft_top_p), drafter=drafter or "model",
+                         **({"ngram_min": int(ngram_min), "ngram_max": int(ngram_max)} if drafter == "lookup" else {}))
 
 
 def _real(value, blank: float | None = None) -> float | None:
@@ -129,13 +140,15 @@ def decode_on_gpu(spec: RunSpec, settings: Settings, progress=None) -> Trace:
     return run(spec, progress=progress, trust_remote_code=settings.trust_remote_code, limits=settings)
 
 
-def _decode(spec: RunSpec, settings: Settings, progress: gr.Progress, session: str) -> Trace:
-    """The trace for `spec`: from this process's cache, else decoded with progress and a way to stop."""
+def _decode(spec: RunSpec, settings: Settings, progress: gr.Progress, session: str) -> tuple[Trace, str | None]:
+    """The trace for `spec`: from this process's cache, else decoded with progress and a way to stop; and where
+    its times come from (views.TIMING_TEXT): "cached", "now" (the reference decoded in this run too), "reused"
+    (the reference from an earlier run of the same prompts), None where the progress cannot tell (ZeroGPU)."""
     settings.check(spec)
     key = spec.key()
     if key in TRACES:
         TRACES.move_to_end(key)
-        return TRACES[key]
+        return TRACES[key], "cached"
     total = len(spec.prompts) * spec.max_new_tokens
     done: dict[str, int] = {}
 
@@ -152,7 +165,7 @@ def _decode(spec: RunSpec, settings: Settings, progress: gr.Progress, session: s
         # A ZeroGPU worker is another process: the callback (progress, Stop) stays behind.
         trace = decode_on_gpu(spec, settings, None if ZEROGPU else tick)
     _remember(trace)
-    return trace
+    return trace, None if ZEROGPU else "now" if "reference" in done else "reused"  # the reference ticks unless cached
 
 
 def _remember(trace: Trace) -> None:
@@ -232,21 +245,22 @@ def _save(trace: Trace) -> str:
 
 def run_controls(settings: Settings, pair, target, draft, prompt_set, typed, prompt_file, method, faults, batch_size,
                  k, max_new_tokens, dtype, seed, window, max_wait, audit=False, temperature=0.0, top_k=0, top_p=1.0,
-                 draft_temperature=None, draft_top_k=None, draft_top_p=None, progress=gr.Progress(),
-                 request: gr.Request = None):
+                 draft_temperature=None, draft_top_k=None, draft_top_p=None, drafter="model", ngram_min=1,
+                 ngram_max=3, progress=gr.Progress(), request: gr.Request = None):
     """Run button and examples: decode what the controls say. The parameters are spec_from_controls'; those with
-    defaults may be left out by an API client (the draft's own sampling settings default to blank)."""
+    defaults may be left out by an API client (the draft's own sampling settings default to blank, the drafter
+    to the draft model)."""
     session = request.session_hash if request else ""
     try:
         spec = spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, method, faults, batch_size, k,
                                   max_new_tokens, dtype, seed, window, max_wait, audit, temperature, top_k, top_p,
-                                  draft_temperature, draft_top_k, draft_top_p)
-        trace = _decode(spec, settings, progress, session)
+                                  draft_temperature, draft_top_k, draft_top_p, drafter, ngram_min, ngram_max)
+        trace, timing = _decode(spec, settings, progress, session)
     except SpecError as e:
         raise _error(str(e)) from None
     except Cancelled:
         raise gr.Error("stopped; nothing was recorded", title="Stopped") from None
-    return trace, views.headline(trace), _save(trace), None
+    return trace, views.headline(trace, timing=timing), _save(trace), None
 
 
 @gpu
@@ -332,7 +346,8 @@ def open_link(query: str):
               "method": s.method, "faults": list(s.faults), "batch_size": s.batch_size, "k": s.k,
               "max_new_tokens": s.max_new_tokens, "dtype": s.dtype, "seed": s.seed, "window": s.window or 0,
               "max_wait": s.max_wait, "audit": s.audit > 0, "top_k": s.top_k, "draft_temperature": s.draft_temperature,
-              "draft_top_k": s.draft_top_k, "draft_top_p": s.draft_top_p,
+              "draft_top_k": s.draft_top_k, "draft_top_p": s.draft_top_p, "drafter": s.drafter,
+              "ngram_min": s.ngram_min, "ngram_max": s.ngram_max,
               # A link may carry what the sliders do not reach (the CLI's temperature 5): they widen to it.
               "temperature": s.temperature if s.temperature <= TEMPERATURE_MAX else gr.update(
                   value=s.temperature, maximum=s.temperature),
@@ -355,12 +370,12 @@ def replay(settings: Settings, pending: dict | None, progress=gr.Progress(), req
         return gr.skip(), gr.skip(), gr.skip(), None
     session = request.session_hash if request else ""
     try:
-        trace = _decode(RunSpec.model_validate_json(pending["spec"]), settings, progress, session)
+        trace, timing = _decode(RunSpec.model_validate_json(pending["spec"]), settings, progress, session)
     except SpecError as e:
         raise _error(f"the shared run cannot be replayed here: {e}") from None
     except Cancelled:
         raise gr.Error("stopped; nothing was recorded", title="Stopped") from None
-    return trace, views.headline(trace) + "\n\n" + _replay_report(trace, pending), _save(trace), pending
+    return trace, views.headline(trace, timing=timing) + "\n\n" + _replay_report(trace, pending), _save(trace), pending
 
 
 def _replay_report(trace: Trace, pending: dict) -> str:
@@ -460,6 +475,7 @@ LEGEND = ('<div class="sv-legend"><span class="sv-tok sv-draft">accepted draft</
           '<span class="sv-tok sv-rejected">rejected draft</span><span class="sv-tok sv-fork">first divergence</span>'
           '<span class="sv-tok sv-impossible">impossible under the target</span>'
           '<span class="sv-tok sv-mismatch">decision against its draw</span>'
+          '<span class="sv-nodraft">no drafts offered: the target\'s own token follows</span>'
           "</div>")
 
 
@@ -507,8 +523,11 @@ def build(settings: Settings | None = None) -> gr.Blocks:
                     focus_seq = gr.Number(label="focused sequence", precision=0, minimum=0)
                     focus_round = gr.Number(label="focused round", precision=0, minimum=0)
                     focus_note = gr.Markdown()
-                gr.Markdown("### Acceptance grid — sequences × their rounds, accepted / k (click a cell)\n"
-                            "Red outline: the round that emitted a sequence's first divergence. Violet corner "
+                gr.Markdown("### Acceptance grid — sequences × their rounds, accepted / drafts offered (click a cell)\n"
+                            "Each cell counts against the drafts its own row was offered, which prompt lookup and "
+                            "the token budget make differ between rows; a hatched — cell: no drafts offered, the "
+                            "target's own token alone. Red outline: the round that emitted a sequence's first "
+                            "divergence. Violet corner "
                             "(audited runs): the round a row's state first left the noise floor. Sampled runs: a "
                             "red corner marks a round that emitted a token impossible under the target, a dotted "
                             "violet outline a decision that does not follow its draw.")
@@ -576,11 +595,36 @@ def build(settings: Settings | None = None) -> gr.Blocks:
         for name, box in (("seq", focus_seq), ("round", focus_round)):
             show_link(box.submit(render, [trace_state, focus_seq, focus_round], shown, api_name=f"focus_{name}"))
 
+        c["method"].change(method_allows, [c["method"], c["drafter"]], [c["method"], c["faults"], c["drafter"], c["k"]],
+                           api_visibility="private", queue=False, show_progress="hidden")
+        c["drafter"].change(drafter_shows, [c["drafter"]], [c["drafter"], c["ngram_min"], c["ngram_max"]],
+                            api_visibility="private", queue=False, show_progress="hidden")
         loaded = demo.load(open_link, [link_query], [*controls, pending, status], js="() => location.search",
                            api_name="open_link")
         replayed = loaded.then(functools.partial(replay, settings), [pending], opened, api_visibility="private", concurrency_id="decode")
         then_show(replayed, fn=render_replayed, inputs=(trace_state, pending))
     return demo
+
+
+def method_allows(method: str, drafter: str):
+    """What the method registry (methods.py) lets `method` take, as updates of its info and of the faults,
+    drafter and k controls: faults only where it declares them, a drafter and k only where it speculates. A value
+    the method cannot take is reset, so that the page never holds a spec it refuses."""
+    m = METHODS.get(method)
+    if m is None:
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+    takes = m.drafters or ("model",)
+    return (gr.update(info=m.summary),
+            gr.update(interactive=m.faults) if m.faults else gr.update(interactive=False, value=[]),
+            gr.update(interactive=m.speculative) if drafter in takes else gr.update(interactive=m.speculative,
+                                                                                  value=takes[0]),
+            gr.update(interactive=m.speculative))
+
+
+def drafter_shows(drafter: str):
+    """The drafter's description, and the n-gram sizes where they apply (prompt lookup)."""
+    lookup = drafter == "lookup"
+    return gr.update(info=DRAFTERS.get(drafter, "")), gr.update(visible=lookup), gr.update(visible=lookup)
 
 
 def _controls(settings: Settings) -> dict:
@@ -594,9 +638,20 @@ def _controls(settings: Settings) -> dict:
     c["typed"] = gr.Textbox(lines=3, label="or type prompts", info="one a line, or Spec-Bench JSONL; used when not empty")
     c["prompt_file"] = gr.File(label="or upload prompts (text or Spec-Bench .jsonl)", file_types=[".txt", ".jsonl"],
                                type="filepath", height=90)
-    c["method"] = gr.Dropdown(list(METHODS), value=DEFAULTS["method"], label="method")
-    c["faults"] = gr.Dropdown([*FAULTS, *FAULT_PRESETS], value=[], multiselect=True, label="faults (eqspec only)",
-                              info="re-create a published engine's bug; the sampling faults need a temperature above 0")
+    c["method"] = gr.Dropdown(list(METHODS), value=DEFAULTS["method"], label="method",
+                              info=METHODS[DEFAULTS["method"]].summary, elem_id="sv-method")
+    c["drafter"] = gr.Dropdown(list(DRAFTERS), value=DEFAULTS["drafter"], label="drafter",
+                               info=DRAFTERS[DEFAULTS["drafter"]], elem_id="sv-drafter")
+    with gr.Row():
+        lookup = DEFAULTS["drafter"] == "lookup"
+        c["ngram_min"] = gr.Slider(1, MAX_NGRAM, value=DEFAULTS["ngram_min"], step=1, label="shortest n-gram",
+                                   visible=lookup, elem_id="sv-ngram-min")
+        c["ngram_max"] = gr.Slider(1, MAX_NGRAM, value=DEFAULTS["ngram_max"], step=1, label="longest n-gram (tried first)",
+                                   visible=lookup, elem_id="sv-ngram-max")
+    with_faults = " and ".join(n for n, m in METHODS.items() if m.faults)
+    c["faults"] = gr.Dropdown([*FAULTS, *FAULT_PRESETS], value=[], multiselect=True, label=f"faults ({with_faults} only)",
+                              info="re-create a published engine's bug; the sampling faults need a temperature above 0",
+                              interactive=METHODS[DEFAULTS["method"]].faults, elem_id="sv-faults")
     with gr.Row():
         c["batch_size"] = gr.Slider(1, settings.max_batch_size, value=DEFAULTS["batch_size"], step=1, label="batch size")
         c["k"] = gr.Slider(1, settings.max_k, value=DEFAULTS["k"], step=1, label="k (drafts a round)")

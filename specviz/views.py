@@ -47,6 +47,34 @@ def rows_by_seq(trace: Trace) -> dict[int, list[RowRecord]]:
     return out
 
 
+def round_widths(trace: Trace) -> dict[int, int]:
+    """Each round's width: the most drafts any of its rows was offered (what its verify pass checked). A row may
+    be offered fewer, or none (prompt lookup found no match; the token budget ends the row)."""
+    out: dict[int, int] = defaultdict(int)
+    for r in trace.rows:
+        out[r.round] = max(out[r.round], len(r.draft_tokens))
+    return out
+
+
+def no_drafts(trace: Trace, have: int) -> str:
+    """A row offered no drafts, that already had `have` tokens: why, and what it emitted instead."""
+    spec = trace.manifest.spec
+    if spec.max_new_tokens - 1 - have <= 0:
+        why = "its token budget left room for one token only"
+    elif spec.drafter == "lookup":
+        why = f"prompt lookup found no earlier occurrence of its last n-gram, n {drafter_ngrams(spec)}"
+    else:
+        why = "its drafter proposed nothing"
+    return f"{NO_DRAFTS} ({why}): the target's own token alone"
+
+
+def drafter_ngrams(spec) -> str:
+    return str(spec.ngram_min) if spec.ngram_min == spec.ngram_max else f"{spec.ngram_min}–{spec.ngram_max}"
+
+
+NO_DRAFTS = "no drafts offered"
+
+
 def fork_round(trace: Trace, seq: int, rows: list[RowRecord]) -> int | None:
     """The round that emitted the sequence's first divergent token."""
     fork = trace.sequences[seq].first_divergence
@@ -154,9 +182,10 @@ def _reads(pieces: list[str | None], i: int) -> str:
 # ---------------------------------------------------------------- views
 
 
-def headline(trace: Trace, note: str = "") -> str:
-    """One markdown paragraph: what ran and how it went, `note` (our own words) at its end; a table follows it
-    for engine checks and sampled runs."""
+def headline(trace: Trace, note: str = "", timing: str | None = None) -> str:
+    """One markdown paragraph: what ran and how it went, `note` (our own words) at its end; then the speed-up
+    over the batch-size-1 reference (speed_md, `timing` its word on where the times come from), and a table for
+    engine checks and sampled runs."""
     m = trace.manifest
     s = m.spec
     if m.engine is not None:
@@ -164,11 +193,15 @@ def headline(trace: Trace, note: str = "") -> str:
     tokens = sum(len(q.output_ids) for q in trace.sequences)
     faults = md(" + " + ", ".join(s.faults)) if s.faults else ""
     sampling = f", **sampled** at {md(sampling_text(s))}" if metrics.sampled(trace) else ""
-    parts = [(f"**{md(s.method)}**{faults} on {md(s.target)} / {md(s.draft)}, "
+    models = (f"{md(s.target)}, drafts by **{md(drafter_text(s))}**" if s.drafter == "lookup"
+              else f"{md(s.target)} / {md(s.draft)}")
+    parts = [(f"**{md(s.method)}**{faults} on {models}, "
               f"{len(trace.sequences)} prompts, batch size {s.batch_size}, k {s.k}, {md(s.dtype)} on {md(m.device)}"
               f"{sampling}: {tokens} tokens in {m.decode_seconds:.1f} s")]
     if trace.rows:
-        parts.append(f"acceptance {metrics.acceptance_rate(trace):.2f}, {metrics.tokens_per_round(trace):.2f} tokens/round")
+        acceptance = metrics.acceptance_rate(trace)  # None: no row was offered a draft (prompt lookup found nothing)
+        parts.append(("no drafts offered" if acceptance is None else f"acceptance {acceptance:.2f}")
+                     + f", {metrics.tokens_per_round(trace):.2f} tokens/round")
     if (g := metrics.group_rate(trace)) is not None:
         parts.append(f"group rate {g:.0%}")
     eq = metrics.equivalence(trace)
@@ -179,9 +212,57 @@ def headline(trace: Trace, note: str = "") -> str:
         if verdicts:
             parts.append("divergences: " + ", ".join(f"{md(v)} × {c}" for v, c in verdicts.items()))
     text = "; ".join(parts) + f". Fingerprint `{m.fingerprint}`.{note}"  # 16 hex digits: the schema's pattern
+    if speed := speed_md(trace, timing):
+        text += "\n\n" + speed
     if metrics.sampled(trace):
         text += "\n\n" + distribution_row(trace)
     return text
+
+
+def drafter_text(spec) -> str:
+    """What proposed a run's drafts, in words: the draft model, or prompt lookup with its n-gram sizes."""
+    if spec.drafter != "lookup":
+        return "the draft model"
+    return f"prompt lookup (n-grams {drafter_ngrams(spec)}, no draft model)"
+
+
+# Where the page came by a run's times (ui.py knows; a trace file alone does not).
+TIMING_TEXT = {
+    "now": "both measured on this machine in this run",
+    "reused": ("the run's measured on this machine in this run; the reference's when this process first decoded "
+               "it for the same pair, prompts and budget (reused here, not timed again)"),
+    "cached": ("measured on this machine when this process first ran this spec, at {created} (the run is served "
+               "from its cache; the reference's time is from then or from an earlier run of the same prompts)"),
+}
+FILE_TIMING = ("measured on {device} when this trace was made, at {created}; the reference is decoded once per "
+               "process for the same pair, prompts and budget, so its time may come from an earlier run there")
+
+
+def speed_md(trace: Trace, timing: str | None = None) -> str:
+    """The run's tokens/s against the batch-size-1 reference's (metrics.speedup), and where both times come
+    from: `timing` one of TIMING_TEXT's keys, None when only the trace is known. Empty without a reference time."""
+    sp = metrics.speedup(trace)
+    if sp is None:
+        return ""
+    m, s = trace.manifest, trace.manifest.spec
+    r = sp["ratio"]
+    head = f"**Speed-up: {r:.2f}×** " + ("the batch-size-1 reference's tokens/s" if f"{r:.2f}" == "1.00" else
+                                          "— faster than the batch-size-1 reference" if r > 1 else
+                                          "— slower than the batch-size-1 reference")
+    device = m.device if m.device_name in ("", m.device) else f"{m.device} ({m.device_name})"
+    where = TIMING_TEXT.get(timing, FILE_TIMING).format(created=m.created, device=device)
+    out = (f"{head}: {sp['tokens_per_second']:.1f} tokens/s ({sp['tokens']} tokens in {sp['seconds']:.2f} s) "
+           f"against {sp['reference_tokens_per_second']:.1f} ({sp['reference_tokens']} tokens in "
+           f"{sp['reference_seconds']:.2f} s), {md(where)}.")
+    if timing in TIMING_TEXT:
+        out += f" Device: {md(device)}."
+    if s.batch_size > 1:
+        out += (f" The run decodes up to {s.batch_size} prompts at once, the reference one at a time: batching is "
+                "part of this ratio.")
+    traced = sum(metrics.phase_seconds(trace)[p] for p in ("trace", "watch"))
+    if traced >= 0.005:
+        out += f" The run's time includes {traced:.2f} s of recording its trace and watching for forks."
+    return out
 
 
 def sampling_text(spec) -> str:
@@ -329,20 +410,32 @@ def timeline_html(trace: Trace, focus: Focus) -> str:
             out.append(_chip(seq, i, "sv-target", f"#{i} · id {tok} · {_reads(seq.output_pieces, i)}{drawn}"))
         out.append("</div>")
     i = 0
+    widths = round_widths(trace)
     for r in rows:
         sel = " sv-sel" if r.round == focus.round else ""
         k = len(r.draft_tokens)
         sampled = r.accept_draws is not None
         wrong = metrics.mismatched(r)
-        out.append(f'<div class="sv-round{sel}" data-seq="{focus.seq}" data-round="{r.round}" '
-                   f'title="round {r.round} · batch row {r.row} · accepted {r.accepted} of {k}'
+        if k:
+            offered = f"accepted {r.accepted} of its {k} drafts" + (
+                f" (others in this round were offered up to {widths[r.round]})" if k < widths[r.round] else "")
+        else:
+            offered = no_drafts(trace, i)
+        out.append(f'<div class="sv-round{sel}{"" if k else " sv-nodrafts"}" data-seq="{focus.seq}" '
+                   f'data-round="{r.round}" title="round {r.round} · batch row {r.row} · {html.escape(offered)}'
                    + (f" · {len(wrong)} decision(s) do not follow their draw" if wrong else "") + '">'
                    f'<span class="sv-rn">{r.round}</span>')
+        if not k:
+            out.append(f'<span class="sv-nodraft" title="{html.escape(offered)}">no drafts</span>')
         for j, (tok, src) in enumerate(zip(r.emitted, r.sources)):
-            tip = [f"#{i} · id {tok} · {_reads(seq.output_pieces, i)}", SOURCE_TEXT[src]]
+            tip = [f"#{i} · id {tok} · {_reads(seq.output_pieces, i)}",
+                   SOURCE_TEXT[src] if k else "the target's own token (no drafts were offered this round)"]
             if sampled:
                 if src == "draft":
                     tip.append(decision_text(r, j))
+                elif not k and r.pick_from == "target":
+                    tip.append("drawn from the target's p" + ("" if r.pick_draw is None else
+                                                              f", with draw v {r.pick_draw:.4g}"))
                 else:
                     tip.append(PICK_TEXT.get(r.pick_from, "drawn from an unknown distribution")
                                + ("" if r.pick_draw is None else f", with draw v {r.pick_draw:.4g}"))
@@ -436,11 +529,13 @@ def _chip(s: SequenceRecord, i: int, cls: str, tip: str) -> str:
 
 
 def grid_html(trace: Trace, focus: Focus) -> str:
-    """Sequences × their rounds; each cell the accepted count out of the round's k."""
+    """Sequences × their rounds; each cell the accepted count out of the drafts that row was offered (its own k,
+    which prompt lookup and the token budget make differ between rows), or a "no drafts" cell."""
     by_seq = rows_by_seq(trace)
     if not by_seq:
         return '<p class="sv-empty">No rounds: this method does not speculate.</p>'
     width = max(len(v) for v in by_seq.values())
+    widths = round_widths(trace)
     out = ['<div class="sv-grid-wrap"><table class="sv-grid"><thead><tr><th>seq</th>']
     out += [f"<th>{n + 1}</th>" for n in range(width)]
     out.append("</tr></thead><tbody>")
@@ -460,16 +555,23 @@ def grid_html(trace: Trace, focus: Focus) -> str:
             cls = "sv-cell" + (" sv-fork" if r.round == fr else "") + (
                 " sv-sel" if (s.seq, r.round) == (focus.seq, focus.round) else "") + (
                 " sv-audit" if r.round in (s.audit_round, s.audit_draft_round) else "") + (
-                " sv-impossible" if bad else "") + (" sv-mismatch" if wrong else "")
-            tip = (f"seq {s.seq} · round {r.round} (its {n + 1}.) · accepted {r.accepted} of {k} · "
+                " sv-impossible" if bad else "") + (" sv-mismatch" if wrong else "") + ("" if k else " sv-nodraft")
+            if k:
+                offered = f"accepted {r.accepted} of its {k} drafts" + (
+                    f" (the round's widest row was offered {widths[r.round]})" if k < widths[r.round] else "")
+            else:
+                offered = no_drafts(trace, start - len(r.emitted))
+            tip = (f"seq {s.seq} · round {r.round} (its {n + 1}.) · {offered} · "
                    f"emitted {len(r.emitted)}" + (" · first divergence" if r.round == fr else "")
                    + (" · audit: the target's state left the noise floor here" if r.round == s.audit_round else "")
                    + (" · audit: the draft's state left the noise floor here" if r.round == s.audit_draft_round else "")
                    + (f" · {bad} token(s) impossible under the target" if bad else "")
                    + (f" · {len(wrong)} decision(s) do not follow their draw" if wrong else ""))
-            colour = f"hsl({hue:.0f},65%,72%)" if k else "#e4e4e4"  # no drafts: the row's budget ended the round
+            # background-color alone: the corners (audit, impossible) and the no-drafts stripes are background images
+            colour = f"hsl({hue:.0f},65%,72%)" if k else "#ececec"
             out.append(f'<td class="{cls}" data-seq="{s.seq}" data-round="{r.round}" '
-                       f'style="background:{colour}" title="{html.escape(tip)}">{r.accepted}/{k}</td>')
+                       f'style="background-color:{colour}" title="{html.escape(tip)}">'
+                       f'{f"{r.accepted}/{k}" if k else "—"}</td>')
         out.append("<td></td>" * (width - len(rows)) + "</tr>")
     out.append("</tbody></table></div>")
     return "".join(out)
@@ -525,23 +627,31 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
     row = next((r for r in rows_by_seq(trace).get(focus.seq, []) if r.round == focus.round), None)
     if row is not None:
         k = len(row.draft_tokens)
+        widest = round_widths(trace)[row.round]
+        have = sum(len(r.emitted) for r in rows_by_seq(trace)[focus.seq] if r.round < row.round)
+        lookup = trace.manifest.spec.drafter == "lookup"
         out.append(f"<h4>Round {row.round}, batch row {row.row}</h4>")
         out.append(_table([
-            ("accepted", f"{row.accepted} of {k}"),
+            ("drafts offered to this row", f"{k}" + (f" (the round's widest row: {widest})" if k < widest else "")
+             + (f" — {no_drafts(trace, have)}" if not k else "")),
+            ("accepted", f"{row.accepted} of {k}" if k else "—"),
             ("emitted", " ".join(f"{_visible(_own(trace, t))} ({src})" for t, src in zip(row.emitted, row.sources))),
             ("padding before → after", f"{row.pad_before} → {_opt(row.pad_after)}"),
             ("content before → after", f"{row.content_before} → {_opt(row.content_after)}"),
             ("positions fed to verify", f"{row.pos_first} … {row.pos_last}"),
             ("mask sum (slots visible to the first verified token)", row.mask_sum),
             ("target KV before → after", f"{row.target_kv_before} → {_opt(row.target_kv_after)}"),
-            ("draft KV before → after", f"{row.draft_kv_before} → {_opt(row.draft_kv_after)}"),
+            ("draft KV before → after", "— (prompt lookup keeps no draft cache)" if lookup else
+             f"{row.draft_kv_before} → {_opt(row.draft_kv_after)}"),
             ("realignment shift (delta)", row.delta),
         ]))
         if row.accept_draws is not None:
             out.append(_draws_table(trace, row))
         out.append('<table class="sv-checks"><tr><th>invariant</th><th>held</th></tr>')
         for name, held in row.checks.items():
-            out.append(f'<tr class="{"sv-held" if held else "sv-broken"}"><td>{html.escape(CHECK_TEXT.get(name, name))}'
+            says = CHECK_TEXT.get(name, name) if not (lookup and name == "draft_kv") else \
+                "I3 draft KV: nothing to check (prompt lookup keeps no draft cache)"
+            out.append(f'<tr class="{"sv-held" if held else "sv-broken"}"><td>{html.escape(says)}'
                        f"</td><td>{'✓' if held else '✗'}</td></tr>")
         out.append("</table>")
     out.append("</div>")
@@ -687,15 +797,34 @@ def glossary(trace: Trace | None) -> str:
         values = [u for s in t.sequences for u in s.pit or () if u is not None]
         return sum(values) / len(values) if values else None
 
+    def _speedup(t: Trace) -> float | None:
+        sp = metrics.speedup(t)
+        return None if sp is None else sp["ratio"]
+
+    def _drafter(t: Trace) -> str | None:
+        return md(drafter_text(t.manifest.spec)) if t.rows else None
+
+    def _no_drafts(t: Trace) -> str | None:
+        return f"{sum(not r.draft_tokens for r in t.rows)} of {len(t.rows)}" if t.rows else None
+
     positions = metrics.per_position_acceptance(trace) if trace and trace.rows else []
     lines = [
         "**acceptance rate** = accepted draft tokens / proposed draft tokens, over active rows" + value(metrics.acceptance_rate),
         "**tokens per round** = emitted tokens / (round, row) records, bonus included" + value(metrics.tokens_per_round),
-        "**per-position acceptance** = P(draft j accepted | drafts before j accepted)"
+        "**per-position acceptance** = P(draft j accepted | drafts before j accepted and a draft j offered)"
         + (" — here " + ", ".join(f"{p:.2f}" for p in positions) if positions else ""),
         "**realignment overhead** = realign time / decode time" + value(realign_share),
         "**group rate** (exspec) = same-length rounds / all rounds" + value(metrics.group_rate),
         "**throughput** = generated tokens (through EOS) / decode seconds" + value(throughput),
+        ("**speed-up** = the run's throughput / the batch-size-1 reference's (its tokens / its decode seconds), both "
+         "from the trace; the run's time includes recording its trace" + value(_speedup)),
+        ("**drafter** = what proposes a round's drafts: the draft model (one forward pass a draft), or prompt lookup "
+         "(the tokens that followed the row's last n-gram where it first occurred earlier in its prompt and output; "
+         "no model, the longest n first)" + value(_drafter)),
+        ("**drafts offered** (a row's own k) = the drafts its round proposed for that row: k, fewer near its token "
+         "budget or where prompt lookup's match runs short, none where no n-gram matches — the row then takes the "
+         "target's own token alone (a — cell in the grid, \"no drafts\" in the timeline). Rows offered none"
+         + value(_no_drafts)),
         "**exact match** = sequences whose token ids equal the batch-size-1 reference / sequences",
         "**prefix match** = reference tokens before the first difference / reference tokens, averaged",
         "**top-2 margin** = the target's top-1 minus top-2 logit at a position: how close its choice was to flipping",

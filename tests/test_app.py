@@ -32,7 +32,7 @@ def test_default_example_through_the_named_api_equals_the_reference(client, embe
 def test_bad_input_gets_a_message_and_the_server_keeps_serving(client, tiny):
     bad = list(TINY_RUN)
     bad[6], bad[7] = "reference", ["no-mask"]
-    with pytest.raises(Exception, match="faults apply to speculative methods"):
+    with pytest.raises(Exception, match="faults apply to eqspec, not reference"):
         client.predict(*bad, api_name="/run")
     typed = list(TINY_RUN)
     typed[4] = '{"turns": ["broken'
@@ -248,7 +248,7 @@ def test_the_sampling_controls_make_the_spec_and_a_sampled_link_replays_exactly(
     assert "sampled** at temperature 0\\.8\\, top\\-k 40\\, top\\-p 0\\.9" in status and "| distribution |" in status
     # The link fills the controls back to the same spec, and carries it exactly.
     link = share.encode(share.Link(spec, 0, None, trace.manifest.fingerprint, share.environment(trace.manifest)))
-    *controls, _pending, note = client.predict(link, api_name="/open_link")
+    *controls, note = client.predict(link, api_name="/open_link")  # the pending State is not an API output
     assert "Replaying" in note
     assert ui.spec_from_controls(*controls[:5], None, *controls[5:]) == spec
     own = ui.spec_from_controls(*SAMPLED[:-3], 0.5, 0, 0.99)  # the draft's own settings, in the accordion
@@ -301,3 +301,70 @@ def test_the_sampling_examples_fill_the_controls(client):
     assert values["faults"] == ["temperature-draft-only"] and (values["temperature"], values["top_p"]) == (0.8, 0.95)
     greedy = dict(zip(ui.DEFAULTS, client.predict(api_name="/example_clean")))
     assert (greedy["temperature"], greedy["top_k"], greedy["top_p"]) == (0, 0, 1)  # an example resets sampling
+
+
+# Typed prompts of this test's own, so that their reference is decoded first here (the timing note says so).
+LOOKUP = [*TINY_RUN[:4], "Name three rivers. Name three rivers.\nHi", *TINY_RUN[5:], False, 0, 0, 1, None, None, None,
+          "lookup", 2, 4]
+
+
+def test_the_drafter_controls_make_the_spec_and_a_lookup_link_restores_them(client):
+    from specviz import ui
+
+    status, trace_file = client.predict(*LOOKUP, api_name="/run")
+    trace = Trace.from_json(Path(trace_file).read_text())
+    spec = trace.manifest.spec
+    assert (spec.method, spec.drafter, spec.ngram_min, spec.ngram_max) == ("eqspec", "lookup", 2, 4)
+    assert spec == ui.spec_from_controls(*LOOKUP)
+    shown = markdown_text(status)
+    assert "drafts by prompt lookup (n-grams 2–4, no draft model)" in shown
+    assert f"Speed-up: {views.metrics.speedup(trace)['ratio']:.2f}×" in shown
+    assert "both measured on this machine in this run" in shown  # its reference decoded in this run
+    # The same spec again: served from the process's cache, and said so; another k: the reference reused.
+    assert "when this process first ran this spec" in markdown_text(client.predict(*LOOKUP, api_name="/run")[0])
+    other_k = list(LOOKUP)
+    other_k[9] = 4
+    assert "reused here, not timed again" in markdown_text(client.predict(*other_k, api_name="/run")[0])
+    # The link fills the drafter and n-gram controls back to the same spec.
+    link = share.encode(share.Link(spec, 0, None, trace.manifest.fingerprint, share.environment(trace.manifest)))
+    *controls, note = client.predict(link, api_name="/open_link")  # the pending State is not an API output
+    values = dict(zip(ui.DEFAULTS, controls))
+    assert "Replaying" in note and (values["drafter"], values["ngram_min"], values["ngram_max"]) == ("lookup", 2, 4)
+    assert ui.spec_from_controls(*controls[:5], None, *controls[5:]) == spec
+    # With the draft model the (hidden) n-gram sliders are not read, and its link restores the draft model.
+    model = ui.spec_from_controls(*LOOKUP[:-3], "model", 2, 4)
+    assert (model.drafter, model.ngram_min, model.ngram_max) == ("model", 1, 3)
+    values = dict(zip(ui.DEFAULTS, ui.open_link(share.encode(share.Link(model)))))
+    assert values["drafter"] == "model" and ui.spec_from_controls(*[values[n] for n in list(ui.DEFAULTS)[:5]], None,
+                                                                  *[values[n] for n in list(ui.DEFAULTS)[5:]]) == model
+
+
+def test_the_method_registry_drives_the_method_drafter_and_fault_controls():
+    from specviz import ui
+    from specviz.methods import DRAFTERS, METHODS
+    from specviz.settings import Settings
+
+    page = ui.build(Settings())
+    by_id = {b.elem_id: b for b in page.blocks.values() if getattr(b, "elem_id", None)}
+    assert [v for _, v in by_id["sv-method"].choices] == list(METHODS)
+    assert [v for _, v in by_id["sv-drafter"].choices] == list(DRAFTERS)
+    assert by_id["sv-method"].info == METHODS["eqspec"].summary and by_id["sv-drafter"].info == DRAFTERS["model"]
+    assert not by_id["sv-ngram-min"].visible and not by_id["sv-ngram-max"].visible  # the draft model: no n-grams
+    for name, m in METHODS.items():
+        info, faults, drafter, k = ui.method_allows(name, "lookup")
+        assert info["info"] == m.summary
+        assert faults["interactive"] == m.faults and faults.get("value", "kept") == ("kept" if m.faults else [])
+        assert drafter["interactive"] == k["interactive"] == m.speculative
+        assert drafter.get("value", "kept") == ("kept" if "lookup" in m.drafters else "model")
+    info, low, high = ui.drafter_shows("lookup")
+    assert info["info"] == DRAFTERS["lookup"] and low["visible"] and high["visible"]
+    assert not any(x["visible"] for x in ui.drafter_shows("model")[1:])
+
+
+def test_the_prompt_lookup_example_fills_the_drafter_and_other_examples_reset_it(client):
+    from specviz import ui
+
+    values = dict(zip(ui.DEFAULTS, client.predict(api_name="/example_prompt")))
+    assert (values["drafter"], values["ngram_min"], values["ngram_max"]) == ("lookup", 2, 3)
+    assert (values["prompt_set"], values["method"], values["batch_size"], values["k"]) == ("summarize+code", "eqspec", 1, 5)
+    assert dict(zip(ui.DEFAULTS, client.predict(api_name="/example_clean")))["drafter"] == "model"

@@ -150,3 +150,45 @@ def test_a_sampled_trace_shows_its_pit_panel_verdict_and_each_drafts_draws(brows
     expect(page.locator("#sv-forensics")).to_contain_text("min(1, p/q)")
     page.locator("#sv-distribution").screenshot(path=SHOTS / "pit-panel.png")
     page.screenshot(path=SHOTS / "sampled-trace.png", full_page=True)
+
+
+def test_prompt_lookup_example_says_its_speed_up_and_shows_rows_offered_no_drafts(browser, app_url, embedded):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(app_url)
+    expect(page.locator("#sv-ngram-min")).to_be_hidden()  # the draft model: no n-gram sizes
+    page.get_by_role("button", name="prompt lookup: summaries and code edits").click()
+    expect(page.locator("#sv-ngram-min")).to_be_visible()  # the example's drafter is prompt lookup
+    status = page.locator("#sv-status")
+    expect(status).to_contain_text("Speed-up:", timeout=DECODE_MS)
+    expect(status).to_contain_text("drafts by prompt lookup (n-grams 2–3, no draft model)")
+    said = " ".join(status.inner_text().split())
+    assert re.search(r"Speed-up: \d+\.\d\d× (the batch-size-1 reference's tokens/s|— (faster|slower) than the "
+                     r"batch-size-1 reference): \d+\.\d tokens/s \(\d+ tokens in \d+\.\d\d s\) against \d+\.\d \(\d+ tokens in "
+                     r"\d+\.\d\d s\), (both|the run's) measured on this machine in this run", said), said
+    assert "batching is part of this ratio" not in said  # batch size 1: the ratio is prompt lookup's alone
+    # Rows offered no drafts beside rows offered some; one of the focused sequence's, clicked, opens its round.
+    expect(page.locator("#sv-grid td.sv-cell.sv-nodraft").first).to_be_visible()
+    assert page.locator("#sv-grid td.sv-cell:not(.sv-nodraft)").count() > 0
+    seq = page.locator("#sv-grid td.sv-cell.sv-sel").get_attribute("data-seq")
+    cell = page.locator(f'#sv-grid td.sv-cell.sv-nodraft[data-seq="{seq}"]').first
+    assert cell.inner_text() == "—" and "no drafts offered" in cell.get_attribute("title")
+    round_ = cell.get_attribute("data-round")
+    cell.click()
+    expect(page.locator("#sv-forensics .sv-forensics")).to_have_attribute("data-round", round_, timeout=60_000)
+    expect(page.locator("#sv-forensics")).to_contain_text("no drafts offered")
+    focused = page.locator("#sv-timeline .sv-round.sv-sel")
+    expect(focused.locator(".sv-nodraft")).to_have_text("no drafts")
+    expect(focused.locator(".sv-tok")).to_have_count(1)  # the target's own token alone
+    assert "no drafts were offered" in focused.locator(".sv-tok").get_attribute("title")
+    page.screenshot(path=SHOTS / "example-prompt-lookup.png", full_page=True)
+    page.locator("#sv-grid").screenshot(path=SHOTS / "example-prompt-lookup-grid.png")
+    # The link restores the drafter and its n-grams, and replays the run (from this process's cache).
+    fresh = browser.new_page(viewport={"width": 1400, "height": 1000})
+    fresh.goto(page.url)
+    expect(fresh.locator("#sv-status")).to_contain_text("matched the shared run exactly", timeout=DECODE_MS)
+    expect(fresh.locator("#sv-status")).to_contain_text("when this process first ran this spec")
+    expect(fresh.locator("#sv-drafter input")).to_have_value("lookup")
+    expect(fresh.locator("#sv-ngram-min input[type=number]")).to_have_value("2")
+    expect(fresh.locator("#sv-ngram-max input[type=number]")).to_have_value("3")
+    expect(fresh.locator("#sv-grid td.sv-cell.sv-sel")).to_have_attribute("data-round", round_)

@@ -1,4 +1,5 @@
 """The page's views, built from a trace alone: focus, chips, grid cells, forensics, lanes."""
+import math
 import re
 
 import pytest
@@ -296,3 +297,175 @@ def test_a_hostile_sampled_trace_shows_stranger_text_as_text(outside):
         texts = [a.text for a in out["pit"].layout.annotations] + [t.name or "" for t in out["pit"].data]
         assert not any("<img" in t or "<script" in t or "<a " in t for t in texts)  # plotly reads those tags
         assert any("&lt;img src=x" in t for t in texts)  # shown, escaped: plotly turns the entities to text
+
+
+# ---------------------------------------------------------------- prompt lookup: per-row drafts, 0 included
+
+
+@pytest.fixture(scope="module")
+def lookup(tiny) -> Trace:
+    """Prompt lookup on the tiny pair: in round 0 one row is offered no drafts ("Hi" repeats nothing), one the
+    full k (a thrice-repeated sentence) and one fewer (its match runs into the prompt's end)."""
+    return run(_spec(drafter="lookup", chat_template=False, batch_size=3, k=5, max_new_tokens=6,
+                     prompts=("Hi", "Name three rivers. Name three rivers. Name three rivers.", "red blue red blue")))
+
+
+def _cells(page: str) -> dict[tuple[int, int], tuple[str, str, str]]:
+    """(seq, round) -> (class, title, text) of every grid cell, titles unescaped."""
+    import html
+
+    return {(int(s), int(r)): (c, html.unescape(t), html.unescape(x)) for c, s, r, t, x in re.findall(
+        r'<td class="(sv-cell[^"]*)" data-seq="(\d+)" data-round="(\d+)" style="[^"]*" title="([^"]*)">([^<]*)</td>',
+        page)}
+
+
+def _had(trace: Trace, row) -> int:
+    """Tokens the row's sequence had before the row's round."""
+    return sum(len(r.emitted) for r in views.rows_by_seq(trace)[row.seq] if r.round < row.round)
+
+
+def test_the_grid_counts_each_row_against_its_own_drafts_and_marks_rows_offered_none(lookup):
+    rows = lookup.rows
+    widest = views.round_widths(lookup)
+    none = [r for r in rows if not r.draft_tokens]
+    fewer = [r for r in rows if 0 < len(r.draft_tokens) < widest[r.round]]
+    assert none and fewer and widest[0] == 5  # the run shows all three kinds in one round
+    assert {len(r.draft_tokens) for r in rows if r.round == 0} == {0, 2, 5}
+    cells = _cells(views.grid_html(lookup, views.resolve(lookup)[0]))
+    assert len(cells) == len(rows)
+    for r in rows:
+        cls, tip, text = cells[r.seq, r.round]
+        k = len(r.draft_tokens)
+        if k:
+            assert "sv-nodraft" not in cls and text == f"{r.accepted}/{k}", (cls, text)  # its own k, not the round's
+            assert f"accepted {r.accepted} of its {k} drafts" in tip
+            assert ("the round's widest row was offered 5" in tip) == (r in fewer)
+        else:
+            assert "sv-nodraft" in cls and text == "—"
+            assert "no drafts offered" in tip and "the target's own token alone" in tip
+            budget = _had(lookup, r) >= lookup.manifest.spec.max_new_tokens - 1
+            assert ("token budget" in tip) == budget and ("no earlier occurrence of its last n-gram, n 1–3" in tip) != budget
+    assert any("prompt lookup found no earlier occurrence" in cells[r.seq, r.round][1] for r in none)
+
+
+def test_the_timeline_shows_a_row_offered_no_drafts_and_only_a_rows_own_slots(lookup):
+    widest = views.round_widths(lookup)
+    for s in lookup.sequences:
+        rows = views.rows_by_seq(lookup)[s.seq]
+        page = views.timeline_html(lookup, views.Focus(s.seq, rows[0].round))
+        tips = _tips(page)
+        assert len([t for t in tips if "sv-rejected" not in t[0]]) == len(s.output_ids)
+        assert len([t for t in tips if "sv-rejected" in t[0]]) == sum(len(r.draft_tokens) - r.accepted for r in rows)
+        rounds = re.findall(r'<div class="sv-round[^"]*?( sv-nodrafts)?" data-seq="\d+" data-round="(\d+)" '
+                            r'title="([^"]*)"><span class="sv-rn">\d+</span>(<span class="sv-nodraft")?', page)
+        assert [int(r) for _, r, _, _ in rounds] == [r.round for r in rows]
+        for (marked, _, title, marker), r in zip(rounds, rows):
+            empty = not r.draft_tokens
+            assert bool(marked) == bool(marker) == empty
+            assert ("no drafts offered" in title) == empty
+            assert ("others in this round were offered up to" in title) == (0 < len(r.draft_tokens) < widest[r.round])
+        own = [t for c, t in tips if "no drafts were offered" in t]
+        assert len(own) == sum(not r.draft_tokens for r in rows)  # its one token: the target's own, not a "bonus"
+        assert not any("all drafts accepted" in t for t in own)
+    # The row offered 2 of the round's 5 shows its own 2 drafts, struck through: no empty slots for the others.
+    r = next(r for r in lookup.rows if r.round == 0 and len(r.draft_tokens) == 2)
+    first = views.timeline_html(lookup, views.Focus(r.seq, 0)).split('<div class="sv-round', 2)[1]
+    assert first.count("sv-rejected") == 2 - r.accepted and first.count("data-index") == len(r.emitted)
+
+
+def test_the_forensic_panel_headline_and_lanes_name_the_drafter(lookup):
+    r = next(r for r in lookup.rows if r.round == 0 and not r.draft_tokens)
+    panel = views.forensics_html(lookup, views.Focus(r.seq, r.round))
+    assert "<td>drafts offered to this row</td><td>0 (the round&#x27;s widest row: 5) — no drafts offered" in panel
+    assert "prompt lookup keeps no draft cache" in panel
+    line = hostile_free_text(views.headline(lookup))
+    assert "eqspec on specviz:tiny, drafts by prompt lookup (n-grams 1–3, no draft model), 3 prompts" in line
+    assert "specviz:tiny-draft" not in line
+    model = hostile_free_text(views.headline(run(_spec(max_new_tokens=4))))
+    assert "drafts by" not in model and "specviz:tiny / specviz:tiny-draft" in model  # the draft model
+    focus, _ = views.resolve(lookup)
+    lanes = plots.kv_lanes(lookup, focus)
+    names = [a.text for a in lanes.layout.annotations]
+    assert "draft KV length" not in names and "drafts offered (the row's own k)" in names
+    batch = [x for x in lookup.rows if x.batch == r.batch]
+    offered = {t.name: list(t.y) for t in lanes.data if t.yaxis == f"y{len(names)}"}  # the last lane
+    assert offered == {f"seq {s}": [len(x.draft_tokens) for x in batch if x.seq == s]
+                       for s in sorted({x.seq for x in batch})}
+    none = sum(not x.draft_tokens for x in lookup.rows)
+    assert f"Rows offered none — here **{none} of {len(lookup.rows)}**" in views.glossary(lookup)
+
+
+def test_per_position_acceptance_counts_only_rows_offered_that_draft(lookup):
+    offered = [[r for r in lookup.rows if r.accepted >= j and len(r.draft_tokens) > j] for j in range(5)]
+    assert len(offered[0]) < sum(r.accepted >= 0 for r in lookup.rows)  # rows offered none are left out
+    want = [sum(r.accepted > j for r in rows) / len(rows) if rows else None for j, rows in enumerate(offered)]
+    got = metrics.per_position_acceptance(lookup)
+    assert [None if math.isnan(g) else g for g in got] == want  # nan where no row was offered draft j
+
+
+def test_a_lookup_run_that_found_nothing_to_draft_says_so(tiny):
+    trace = run(_spec(drafter="lookup", ngram_min=3, chat_template=False, prompts=("Hi", "Name three rivers."),
+                      batch_size=2, max_new_tokens=4))
+    assert trace.rows and not any(r.draft_tokens for r in trace.rows) and metrics.acceptance_rate(trace) is None
+    assert "no drafts offered, 1.00 tokens/round" in views.headline(trace)
+    page = views.grid_html(trace, views.resolve(trace)[0])
+    assert page.count("sv-nodraft") == len(trace.rows) and "no earlier occurrence of its last n-gram, n 3" in page
+
+
+def test_a_hostile_lookup_trace_shows_stranger_text_as_text(lookup):
+    from hostile import hostile_trace, live_markdown, live_markup
+
+    from specviz import ui
+
+    trace = hostile_trace(lookup)
+    for seq in range(len(trace.sequences)):
+        out = dict(zip(ui.VIEW_NAMES, ui.render(trace, seq)))
+        for name in ("timeline", "grid", "forensics"):
+            assert live_markup(out[name], {"div", "span", "p", "b", "h4", "table", "thead", "tbody", "tr", "th", "td"},
+                               {"class", "title", "style", "data-seq", "data-round", "data-index"}) == [], name
+    assert live_markdown(views.headline(trace)) == [] and "Speed-up" in views.headline(trace)
+
+
+# ---------------------------------------------------------------- the speed-up over the reference
+
+
+def test_the_summary_says_the_speed_up_over_the_reference_and_where_it_was_timed(clean, lookup, outside, tiny):
+    for trace in (clean, lookup):
+        m = trace.manifest
+        tps = sum(len(s.output_ids) for s in trace.sequences) / m.decode_seconds
+        ref = sum(len(s.reference_ids) for s in trace.sequences) / m.reference_seconds
+        assert metrics.speedup(trace)["ratio"] == pytest.approx(tps / ref)
+        shown = hostile_free_text(views.headline(trace, timing="now"))
+        assert (f"Speed-up: {tps / ref:.2f}× " in shown and f"{tps:.1f} tokens/s" in shown
+                and f"against {ref:.1f} " in shown), shown
+        assert "both measured on this machine in this run" in shown and f"Device: {m.device}" in shown
+        assert "batching is part of this ratio" in shown  # batch size 3 against the reference's 1
+        assert "when this process first decoded it" in hostile_free_text(views.headline(trace, timing="reused"))
+        assert f"when this process first ran this spec, at {m.created}" in hostile_free_text(
+            views.headline(trace, timing="cached"))
+        assert f"when this trace was made, at {m.created}" in hostile_free_text(views.headline(trace))  # a file
+    # No reference time, no claim: a sampled run, the reference itself.
+    assert metrics.speedup(outside) is None and "Speed-up" not in views.headline(outside)
+    itself = run(_spec(method="reference", max_new_tokens=4))
+    assert metrics.speedup(itself) is None and "Speed-up" not in views.headline(itself)
+    slow = clean.model_copy(update={"manifest": clean.manifest.model_copy(update={
+        "decode_seconds": 10 * clean.manifest.reference_seconds})})
+    assert "Speed-up: 0.10× — slower than the batch-size-1 reference" in hostile_free_text(views.headline(slow))
+    even = clean.model_copy(update={"manifest": clean.manifest.model_copy(update={
+        "decode_seconds": clean.manifest.reference_seconds * 1.001})})
+    assert "Speed-up: 1.00× the batch-size-1 reference's tokens/s" in hostile_free_text(views.headline(even))
+    line = next(x for x in views.glossary(clean).splitlines() if x.startswith("- **speed-up**"))
+    assert line.endswith(f" — here **{metrics.speedup(clean)['ratio']:.3g}**")
+
+
+def test_the_prompt_lookup_example_is_a_batch_size_1_lookup_run_on_the_copying_prompts():
+    from specviz.prompts import builtin_sets
+    from specviz.ui import DEFAULTS, EXAMPLES, example_api_name, spec_from_controls
+
+    name = next(n for n in EXAMPLES if EXAMPLES[n].get("drafter") == "lookup")
+    assert example_api_name(name) == "example_prompt"
+    values = {**DEFAULTS, **EXAMPLES[name]}
+    spec = spec_from_controls(*[values[n] for n in list(DEFAULTS)[:5]], None, *[values[n] for n in list(DEFAULTS)[5:]])
+    assert (spec.method, spec.drafter, spec.batch_size, spec.k) == ("eqspec", "lookup", 1, 5)
+    assert spec.prompts == tuple(builtin_sets()["summarize+code"]) and spec.target == "specviz:smollm2-135m"
+    assert (spec.ngram_min, spec.ngram_max) == (2, 3)
