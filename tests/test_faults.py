@@ -80,7 +80,7 @@ def test_presets_expand_and_unknown_faults_are_refused():
     assert expand(["no-mask", "dsd-like"]) == expand(["dsd-like"])
     with pytest.raises(SpecError, match="unknown fault 'nope'"):
         RunSpec.build(prompts=("x",), faults=("nope",))
-    with pytest.raises(SpecError, match="faults apply to speculative methods"):
+    with pytest.raises(SpecError, match="faults apply to eqspec, not reference"):
         RunSpec.build(prompts=("x",), method="reference", faults=("no-mask",))
 
 

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from specviz import forensics, runner
-from specviz.decoding import batch, eqspec, exspec, faults, round
+from specviz.decoding import batch, drafters, eqspec, exspec, faults, round
 from specviz.prompts import builtin_set
 from specviz.runner import run
 from specviz.spec import RunSpec
@@ -46,20 +46,21 @@ MUTANTS = {
 }
 # An off-by-one in the draft's catch-up: it re-feeds its last token twice instead of the last two. Greedy
 # output cannot fork on a draft bug (the target picks every token), but the draft's state is corrupt.
-DRAFT_MUTANT = (round, "speculate", "d_tok, d_val, d_stl = b.tokens, b.valid, b.stale",
+DRAFT_MUTANT = (drafters.ModelDrafter, "propose", "d_tok, d_val, d_stl = b.tokens, b.valid, b.stale",
                 "d_tok, d_val, d_stl = torch.cat([b.tokens[:, :-2], b.tokens[:, -1:], b.tokens[:, -1:]], 1), b.valid, b.stale",
-                (eqspec, exspec), "eqspec")
+                (), "eqspec")
 
 
-def plant(monkeypatch, module, name, snippet, mutation, importers):
-    """Replace `snippet` by `mutation` in the source of module.name, for the module and those that imported it
-    (under whatever name they gave it)."""
-    original = getattr(module, name)
+def plant(monkeypatch, holder, name, snippet, mutation, importers):
+    """Replace `snippet` by `mutation` in the source of holder.name (a module's function or a class's method),
+    for the holder and the modules that imported it (under whatever name they gave it)."""
+    original = getattr(holder, name)
     source = textwrap.dedent(inspect.getsource(original))
-    assert source.count(snippet) == 1, f"the mutant's snippet is no longer in {module.__name__}.{name}"
+    assert source.count(snippet) == 1, f"the mutant's snippet is no longer in {holder.__name__}.{name}"
+    module = inspect.getmodule(original)
     namespace = dict(vars(module))
     exec(compile(source.replace(snippet, mutation), inspect.getsourcefile(module), "exec"), namespace)  # noqa: S102  our own source, edited
-    for m in (module, *importers):
+    for m in (holder, *importers):
         for alias in [n for n, v in vars(m).items() if v is original]:
             monkeypatch.setattr(m, alias, namespace[name])
 
