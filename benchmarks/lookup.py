@@ -111,7 +111,7 @@ def _sum(parts: list[dict]) -> dict:
 
 
 def _stats(run: dict) -> dict:
-    traces = run.get("traces") or [run["trace"]]
+    traces = run.get("traces") or ([run["trace"]] if "trace" in run else [])  # vLLM's runs have none
     rows = [r for t in traces for r in t.rows]
     out = {"tokens": sum(map(len, run["ids"])), "seconds": run["seconds"]}
     if rows:
