@@ -56,11 +56,11 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("batched-reference", "the target alone on the padded batch: batching noise without speculation",
            passes=lambda spec: _batches(spec) * spec.max_new_tokens),
     Method("hf-assisted", "transformers' own assisted generation (greedy), an external cross-check",
-           passes=lambda spec: _rounds(spec, 1), drafters=("model", "lookup"), samples=False, max_batch_size=1),
+           passes=lambda spec: _rounds(spec, 1), drafters=tuple(DRAFTERS), samples=False, max_batch_size=1),
     Method("eqspec", "static batches realigned every round (unpad, append, repad)",
-           passes=lambda spec: _rounds(spec, spec.batch_size), drafters=("model", "lookup"), faults=True),
+           passes=lambda spec: _rounds(spec, spec.batch_size), drafters=tuple(DRAFTERS), faults=True),
     Method("exspec", "a window of sequences, same-length groups batched without realignment",
-           passes=lambda spec: _rounds(spec, spec.batch_size), drafters=("model", "lookup")),
+           passes=lambda spec: _rounds(spec, spec.batch_size), drafters=tuple(DRAFTERS)),
 )}
 
 

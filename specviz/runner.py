@@ -10,12 +10,11 @@ from collections.abc import Callable, Hashable
 from . import distribution, noise
 from .decoding.assisted import hf_assisted
 from .decoding.catalogue import expand
-from .decoding.drafters import ModelDrafter, PromptLookup
+from .decoding.drafters import Drafter, ModelDrafter, PromptLookup
 from .decoding.eqspec import eqspec
 from .decoding.exspec import exspec
 from .decoding.reference import batched_reference, reference
 from .decoding.result import DecodeResult, Progress
-from .decoding.round import Drafter
 from .forensics import FACTOR, analyse, flag_batching_noise
 from .models import ONE_DEVICE, ModelPair, Placement, pair_for
 from .recording import build_trace

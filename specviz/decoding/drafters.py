@@ -135,3 +135,6 @@ class PromptLookup:
             probs = torch.nn.functional.one_hot(tokens, self.vocab_size).float()
         return Proposal(tokens, follow.clamp(max=k), probs, torch.ones(tokens.shape, device=hist.device),
                         torch.full((B, S + n_out - 1), -1, device=hist.device))
+
+
+Drafter = ModelDrafter | PromptLookup

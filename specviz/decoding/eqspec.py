@@ -15,10 +15,10 @@ import torch
 from .. import kvcache
 from ..models import ModelPair
 from .batch import left_pad, right_pad
-from .drafters import ModelDrafter
+from .drafters import Drafter, ModelDrafter
 from .faults import Policy
 from .result import DecodeResult, Progress, SequenceOutput, chunks
-from .round import Batch, Clock, Drafter, RoundData, lay_out, record_round, speculate
+from .round import Batch, Clock, RoundData, lay_out, record_round, speculate
 from .sampling import GREEDY, Sampling
 
 

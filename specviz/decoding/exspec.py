@@ -22,10 +22,10 @@ import torch
 from .. import kvcache
 from ..models import ModelPair
 from .batch import left_pad
-from .drafters import ModelDrafter
+from .drafters import Drafter, ModelDrafter
 from .faults import Policy
 from .result import DecodeResult, Progress, SequenceOutput
-from .round import Batch, Clock, Drafter, RoundData, prefill, record_round, speculate
+from .round import Batch, Clock, RoundData, prefill, record_round, speculate
 from .sampling import GREEDY, Sampling
 
 CORRECT = Policy(())

@@ -31,12 +31,10 @@ import torch
 from .. import kvcache
 from ..models import ModelPair
 from .batch import positions
-from .drafters import ModelDrafter, PromptLookup, run_model
+from .drafters import Drafter, run_model
 from .faults import Policy
 from .result import SequenceOutput
 from .sampling import ACCEPT, GREEDY, RESIDUAL, TARGET, Sampling, inverse_cdf, uniform
-
-Drafter = ModelDrafter | PromptLookup
 
 TOP = 8  # target logits kept per verified slot (for forensics, not saved in the trace)
 
