@@ -31,7 +31,7 @@ PHASE_COLOURS = {"draft": "#4c78a8", "verify": "#f58518", "realign": "#e45756", 
                  "watch": "#b279a2"}
 
 
-def _empty(message: str) -> go.Figure:
+def empty(message: str) -> go.Figure:
     fig = go.Figure()
     fig.add_annotation(text=message, showarrow=False, font={"size": 14})
     fig.update_layout(xaxis_visible=False, yaxis_visible=False, height=160, margin={"t": 10, "b": 10})
@@ -47,7 +47,7 @@ def kv_lanes(trace: Trace, focus: Focus) -> go.Figure:
     by_seq = rows_by_seq(trace)
     mine = by_seq.get(focus.seq, [])
     if not mine:
-        return _empty("No rounds: this method does not speculate.")
+        return empty("No rounds: this method does not speculate.")
     here = next((r for r in mine if r.round == focus.round), mine[0])
     if here.batch >= 0:
         seqs = sorted({r.seq for r in trace.rows if r.batch == here.batch})
@@ -88,7 +88,7 @@ def kv_lanes(trace: Trace, focus: Focus) -> go.Figure:
 def phase_timings(trace: Trace) -> go.Figure:
     """Seconds per round spent drafting, verifying, realigning and tracing, stacked."""
     if not trace.rounds:
-        return _empty("No rounds: this method does not speculate.")
+        return empty("No rounds: this method does not speculate.")
     x = [rd.round for rd in trace.rounds]
     total = trace.manifest.decode_seconds
     fig = go.Figure()
@@ -110,10 +110,10 @@ def pit_histograms(trace: Trace | None) -> go.Figure:
     they are escaped here (plotly turns the entities back into plain characters).
     """
     if trace is None or not sampled(trace):
-        return _empty("Greedy run: checked token by token against the reference.<br>"
+        return empty("Greedy run: checked token by token against the reference.<br>"
                       "PIT histograms are drawn for sampled runs (temperature above 0).")
     dist = trace.distribution
     if dist is None:
-        return _empty("This sampled run was not judged: its trace holds no distribution test.")
+        return empty("This sampled run was not judged: its trace holds no distribution test.")
     splits = [s.model_copy(update={"name": html.escape(s.name)}) for s in dist.splits]
     return pit.figure(dist.model_copy(update={"splits": splits}))

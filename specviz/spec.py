@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from typing import TYPE_CHECKING, Annotated, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -68,6 +68,14 @@ class Strict(BaseModel):
             raise ValueError(f"{len(data)} fields, of {len(cls.model_fields)} known; unknown: "
                              + ", ".join(repr(k)[:40] for k in unknown) + ", …")
         return data
+
+    @classmethod
+    def build(cls, **fields) -> Self:
+        """Validate `fields`, turning pydantic's report into one readable SpecError."""
+        try:
+            return cls(**fields)
+        except ValidationError as e:
+            raise SpecError(describe_validation_error(e)) from None
 
 
 class RunSpec(Strict):
@@ -200,14 +208,6 @@ class RunSpec(Strict):
 
     def key(self) -> str:
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
-
-    @classmethod
-    def build(cls, **fields) -> RunSpec:
-        """Validate `fields`, turning pydantic's report into one readable SpecError."""
-        try:
-            return cls(**fields)
-        except ValidationError as e:
-            raise SpecError(describe_validation_error(e)) from None
 
 
 MAX_PROBLEMS_READ = 10_000  # each problem pydantic reports becomes a Python dict when read: ~2.5 µs

@@ -157,6 +157,19 @@ class SequenceRecord(Strict):
     forensics: Forensics | None = None
 
 
+def check_sequence(s: SequenceRecord) -> None:
+    """What the views rely on in one sequence beyond types: a piece (and PIT value) per token id, and a
+    first_divergence and equivalent that follow from its ids. Raises ValueError."""
+    if s.pit is not None and len(s.pit) != len(s.output_ids):
+        raise ValueError(f"sequence {s.seq}: one PIT value per token id is needed")
+    if len(s.output_pieces) != len(s.output_ids) or (s.reference_pieces is None) != (s.reference_ids is None) \
+            or s.reference_ids is not None and len(s.reference_pieces) != len(s.reference_ids):
+        raise ValueError(f"sequence {s.seq}: one piece of text per token id is needed")
+    fork = None if s.reference_ids is None else first_difference(s.output_ids, s.reference_ids)
+    if (s.first_divergence, s.equivalent) != (fork, None if s.reference_ids is None else fork is None):
+        raise ValueError(f"sequence {s.seq}: first_divergence and equivalent do not match its ids")
+
+
 class Split(Strict):
     """One tested split of the PIT values and its uniformity test."""
 
@@ -224,14 +237,7 @@ class Trace(Strict):
         if [p.seq for p in self.prompts] != list(range(n)) or [s.seq for s in self.sequences] != list(range(n)):
             raise ValueError("prompts and sequences must be numbered 0, 1, 2, … in order, one of each per prompt")
         for s in self.sequences:
-            if s.pit is not None and len(s.pit) != len(s.output_ids):
-                raise ValueError(f"sequence {s.seq}: one PIT value per token id is needed")
-            if len(s.output_pieces) != len(s.output_ids) or (s.reference_pieces is None) != (s.reference_ids is None) \
-                    or s.reference_ids is not None and len(s.reference_pieces) != len(s.reference_ids):
-                raise ValueError(f"sequence {s.seq}: one piece of text per token id is needed")
-            fork = None if s.reference_ids is None else first_difference(s.output_ids, s.reference_ids)
-            if (s.first_divergence, s.equivalent) != (fork, None if s.reference_ids is None else fork is None):
-                raise ValueError(f"sequence {s.seq}: first_divergence and equivalent do not match its ids")
+            check_sequence(s)
         if [rd.round for rd in self.rounds] != list(range(len(self.rounds))):
             raise ValueError("rounds must be numbered 0, 1, 2, … in order")
         by_round = defaultdict(list)
@@ -267,7 +273,7 @@ class Trace(Strict):
         found = raw.get("schema_version") if isinstance(raw, dict) else None
         if type(found) is not int or found not in MIGRATIONS and found != SCHEMA_VERSION:
             known = " or ".join(map(str, [*MIGRATIONS, SCHEMA_VERSION]))
-            raise SpecError(f"not a specviz trace of schema version {known} (found {_shown(found)})")
+            raise SpecError(f"not a specviz trace of schema version {known} (found {shown(found)})")
         try:
             while raw["schema_version"] != SCHEMA_VERSION:
                 raw = MIGRATIONS[raw["schema_version"]](raw)
@@ -312,7 +318,7 @@ def _from_version_3(raw: dict) -> dict:
 MIGRATIONS = {1: _from_version_1, 2: _from_version_2, 3: _from_version_3}  # version -> a function that lifts a raw trace one version up
 
 
-def _shown(value: object) -> str:
+def shown(value: object) -> str:
     """A stranger's JSON value in a message: short, and never repr'd when nested (1000 levels break repr)."""
     if value is None or isinstance(value, (int, float, str)):
         return repr(value)[:40]
