@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -13,10 +12,11 @@ from . import determinism, metrics, share
 from .decoding.catalogue import FAULTS
 from .decoding.catalogue import PRESETS as FAULT_PRESETS
 from .engines import jsonl
-from .methods import DRAFTERS, METHODS, grid
+from .methods import DRAFTERS, METHODS
 from .models import PRESETS, Placement, pair_for
 from .prompts import builtin_set, builtin_sets, read_prompts
 from .spec import DEVICES, DTYPES, ENGINE, LOOKUP_FIELDS, MAX_BATCH_SIZE, RunSpec, SpecError
+from .sweep import NO_FAULTS, Sweep, report, row_of
 from .text import clip
 from .trace import Trace, schema
 
@@ -62,7 +62,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                         + " (verify and bench: several, comma-separated)")
     g.add_argument("--ngram-min", type=int, help="lookup: the shortest n-gram matched (default 1)")
     g.add_argument("--ngram-max", type=int, help="lookup: the longest n-gram matched, tried first (default 3)")
-    g.add_argument("--faults", default="", help=f"comma-separated faults or presets: {', '.join([*FAULTS, *FAULT_PRESETS])}")
+    g.add_argument("--faults", default="", help=f"comma-separated faults or presets: {', '.join([*FAULTS, *FAULT_PRESETS])}"
+                                                 " (in the methods that take faults)")
     g.add_argument("--audit", type=int, nargs="?", const=MAX_BATCH_SIZE, default=0, metavar="ROWS",
                    help="check every row's state against a fresh batch-size-1 recomputation every round, or ROWS "
                         "sampled rows a round: finds corruption before (or without) a fork; about one extra "
@@ -208,50 +209,64 @@ def _distribution(trace) -> str:
     return line
 
 
+_faults = _names_of({NO_FAULTS: "", **FAULTS, **FAULT_PRESETS}, "fault")
+
+
+def _fault_set(text: str) -> tuple[str, ...]:
+    """A --fault-sets item: comma-joined fault or preset names, or `none`."""
+    names = _faults(text)
+    if NO_FAULTS in names and len(names) > 1:
+        raise argparse.ArgumentTypeError(f"{NO_FAULTS!r} is the set of no faults: give it alone")
+    return () if names == [NO_FAULTS] else tuple(names)
+
+
+def _sweep(args) -> Sweep:
+    """verify's runs: the methods × drafters × fault sets × batch sizes × k on one base spec."""
+    if args.fault_sets and args.faults:
+        raise SpecError("give one fault set as --faults or several as --fault-sets, not both")
+    # The base carries the lookup drafter's n-gram sizes when it is swept; every run sets its own method and drafter.
+    drafter = "lookup" if "lookup" in args.drafter else args.drafter[0]
+    base = _spec(args, method="eqspec", drafter=drafter, faults=(), batch_size=min(args.batch_sizes, default=1))
+    return Sweep.build(base=base, methods=args.methods, drafters=args.drafter,
+                       fault_sets=args.fault_sets or [_spec(args).faults], batch_sizes=args.batch_sizes, ks=args.k)
+
+
+def _print_row(spec: RunSpec, trace: Trace) -> Trace:
+    """One line of verify's table, printed as its run is done."""
+    row = row_of(spec, trace)
+    shown = ", ".join(f"{v} {c}" for v, c in row.verdicts.items()) or "-"
+    if trace.distribution:  # a sampled run: no token reference, a verdict on its distribution
+        shown = _distribution(trace)
+    if row.audit:
+        shown += "; audit: state departed in {target} (target) and {draft} (draft) sequences".format(**row.audit)
+    tqdm.write(f"{row.method:<18} {row.drafter:<8} {row.faults or '-':<14} {row.batch_size:>3} {row.k:>3} {row.n:>5} "
+               f"{metrics.percent(row.exact_pct):>8} {metrics.percent(row.prefix_pct):>9}  {shown}")
+    return trace
+
+
 def cmd_verify(args) -> int:
     from .shard import is_main, sweep
 
-    rows, sequences = [], []
-    faults = _spec(args).faults
-    specs = [_spec(args, **c, faults=faults if METHODS[c["method"]].faults else ())
-             for c in grid(args.methods, args.drafter, args.batch_sizes, args.k)]
+    plan = _sweep(args)
+    specs = plan.specs()
     reports = is_main()  # under `accelerate launch`, the main process reports for all
     if reports:
         print(f"{'method':<18} {'drafter':<8} {'faults':<14} {'bs':>3} {'k':>3} {'n':>5} {'exact %':>8} {'prefix %':>9}"
               "  verdicts")
-    # Recorded runs: those with something to explain, and sampled ones (their decisions are audited, their PIT split by slot).
-    recorded = [bool(spec.faults or spec.audit or spec.temperature) or args.forensics for spec in specs]
-    traces = sweep(list(zip(specs, recorded)), args.trust_remote_code,
-                   _placement(args))
-    for spec, trace in zip(specs, tqdm(traces, total=len(specs), desc="verify", leave=False,
-                                       disable=not (reports and sys.stderr.isatty()))):
-        m, bs, k = spec.method, spec.batch_size, spec.k
-        eq = metrics.equivalence(trace) or {"n": len(trace.sequences), "exact": math.nan, "prefix": math.nan}
-        verdicts = metrics.verdict_counts(trace)
-        drafter = spec.drafter if METHODS[m].speculative else "-"
-        row = {"method": m, "drafter": drafter, "faults": ",".join(spec.faults), "batch_size": bs, "k": k, "n": eq["n"],
-               "exact_pct": 100 * eq["exact"], "prefix_pct": 100 * eq["prefix"], "verdicts": verdicts,
-               **metrics.waste(trace)}
-        shown = ", ".join(f"{v} {c}" for v, c in verdicts.items()) or "-"
-        if trace.distribution:  # a sampled run: no token reference, a verdict on its distribution
-            row["distribution"] = trace.distribution.model_dump(exclude={"splits"})
-            row["decisions"] = trace.decisions.model_dump() if trace.decisions else None
-            shown = _distribution(trace)
-        if spec.audit:
-            row["audit"] = metrics.audit_counts(trace)
-            shown += "; audit: state departed in {target} (target) and {draft} (draft) sequences".format(**row["audit"])
-        rows.append(row)
-        tqdm.write(f"{m:<18} {drafter:<8} {row['faults'] or '-':<14} {bs:>3} {k:>3} {eq['n']:>5} "
-                   f"{row['exact_pct']:>8.1f} {row['prefix_pct']:>9.1f}  {shown}")
-        sequences += [{"method": m, "drafter": drafter, "faults": row["faults"], "batch_size": bs, "k": k,
-                       **s.model_dump(exclude={"margins", "reference_margins"})} for s in trace.sequences]
-    if not reports:
+    # Recorded runs: every one for a report (its accept lengths and rounds come from the records), else those with
+    # something to explain, and sampled ones (their decisions are audited, their PIT split by slot).
+    recorded = [bool(args.json or spec.faults or spec.audit or spec.temperature or args.forensics) for spec in specs]
+    traces = sweep(list(zip(specs, recorded)), args.trust_remote_code, _placement(args))
+    if not reports:  # this process decoded its shares for the main one
+        for _ in traces:
+            pass
         return 0
+    bar = tqdm(traces, total=len(specs), desc="verify", leave=False, disable=not sys.stderr.isatty())
+    done = report(plan, (_print_row(spec, trace) for spec, trace in zip(specs, bar)))
     if args.json:
-        _write(args.json, json.dumps({"rows": rows, "sequences": sequences}, indent=1))
+        _write(args.json, done.to_json())
         print(f"wrote {args.json}")
-    sound = all(r["distribution"]["verdict"] == "consistent" if "distribution" in r else r["exact_pct"] == 100
-                for r in rows)
+    sound = all(r.distribution.verdict == "consistent" if r.distribution else r.exact_pct == 100 for r in done.rows)
     return 0 if sound or args.allow_divergence else 1
 
 
@@ -334,10 +349,10 @@ def cmd_shrink(args) -> int:
 def cmd_bench(args) -> int:
     from .bench import bench, configs
 
-    runs = configs(args)
+    runs = configs(args, _spec(args).faults)
     if not runs:
         raise SpecError("nothing to run: none of these methods runs at these batch sizes")
-    bench(args, [_spec(args, k=args.k, **c) for c in runs], _placement(args))
+    bench(args, [_spec(args, **c) for c in runs], _placement(args))
     return 0
 
 
@@ -365,7 +380,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", type=_methods, default=["batched-reference", "eqspec"])
     p.add_argument("--batch-sizes", type=_int_list, default=[1, 4])
     p.add_argument("--k", type=_int_list, default=[5], help="draft lengths, comma-separated")
-    p.add_argument("--json", type=Path)
+    p.add_argument("--fault-sets", type=_fault_set, nargs="+", metavar="SET",
+                   help=f"sweep fault sets: each comma-joined faults or presets, or {NO_FAULTS!r} (no faults), e.g. "
+                        f"{NO_FAULTS} bsp-like no-mask,min-crop; the methods that take no faults run once, without")
+    p.add_argument("--json", type=Path, help="write the sweep report here (every run recorded): the page's Sweep tab "
+                                             "loads it")
     p.add_argument("--allow-divergence", action="store_true", help="exit 0 even when a method diverges")
     p.add_argument("--forensics", action="store_true",
                    help="record full per-round traces (the engine's own invariant checks, margins, timings); always on "

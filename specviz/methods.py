@@ -7,7 +7,7 @@ plain data: the spec and the trace schema read them without torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 # name -> what proposes the drafts
@@ -64,13 +64,16 @@ METHODS: dict[str, Method] = {m.name: m for m in (
 )}
 
 
-def grid(methods: list[str], drafters: list[str], batch_sizes: list[int], ks: list[int]) -> list[dict]:
-    """The runs a sweep (verify, bench) makes, as spec fields: every method with each of `drafters` it takes,
-    at the batch sizes it runs at (an unbatched method once), each k for a speculative method."""
+def grid(methods: list[str], drafters: list[str], batch_sizes: list[int], ks: list[int],
+         fault_sets: Sequence[tuple[str, ...]] = ((),)) -> list[dict]:
+    """The runs a sweep (verify, bench) makes, as spec fields: every method with each of `drafters` it takes and
+    each of `fault_sets` (a method that takes no faults once, with none), at the batch sizes it runs at (an
+    unbatched method once), each k for a speculative method."""
     out = []
     for name in methods:
         m = METHODS[name]
         for d in [d for d in drafters if d in m.drafters] if m.speculative else ["model"]:
-            out += [dict(method=name, drafter=d, batch_size=bs, k=k)
-                    for bs in m.batch_sizes(batch_sizes) for k in (ks if m.speculative else ks[:1])]
+            for faults in fault_sets if m.faults else [()]:
+                out += [{"method": name, "drafter": d, "faults": tuple(faults), "batch_size": bs, "k": k}
+                        for bs in m.batch_sizes(batch_sizes) for k in (ks if m.speculative else ks[:1])]
     return out
