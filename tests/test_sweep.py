@@ -1,0 +1,218 @@
+"""Sweeps: `verify --fault-sets ... --json` writes a SweepReport that loads, matches its runs and reruns; a stranger's
+report is refused with a message, or shown escaped."""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import specviz
+from specviz import sweepviews
+from specviz.cli import main
+from specviz.methods import grid
+from specviz.prompts import builtin_set
+from specviz.runner import run
+from specviz.spec import TINY_DRAFT, TINY_TARGET, RunSpec, SpecError
+from specviz.sweep import SweepReport
+from specviz.trace import MAX_TRACE_BYTES, Distribution
+
+PAYLOAD = "<img src=x onerror=alert(1)>"
+VERIFY = ["verify", "--pair", "tiny", "--dtype", "float64", "--device", "cpu", "--prompt-set", "lists",
+          "--max-new-tokens", "12", "--k", "5"]
+SWEEP = [*VERIFY, "--methods", "batched-reference,eqspec", "--fault-sets", "none", "bsp-like", "--batch-sizes", "1,4"]
+# The runs, in methods.grid order: a method without faults (batched-reference) runs once per batch size.
+RUNS = [("batched-reference", "", 1), ("batched-reference", "", 4), ("eqspec", "", 1), ("eqspec", "", 4),
+        ("eqspec", "bsp-like", 1), ("eqspec", "bsp-like", 4)]
+
+
+@pytest.fixture(scope="module")
+def written(tiny, tmp_path_factory):
+    path = tmp_path_factory.mktemp("sweep") / "sweep.json"
+    assert main([*SWEEP, "--json", str(path), "--allow-divergence"]) == 0
+    return path
+
+
+@pytest.fixture(scope="module")
+def report(written):
+    return SweepReport.from_json(written.read_bytes())
+
+
+def test_the_report_holds_one_row_per_run_in_the_sweeps_order(report):
+    assert [(r.method, r.faults, r.batch_size) for r in report.rows] == RUNS
+    assert [(s.method, s.faults, s.batch_size) for s in report.sweep.specs()] == [
+        (m, (f,) if f else (), bs) for m, f, bs in RUNS]
+    assert all(r.exact_pct == 100 for r in report.rows[:4])  # the reference's equals, faults or none
+    assert report.rows[5].exact_pct < 100 and report.rows[5].verdicts  # bsp-like at batch size 4, explained
+    assert [r.label() for r in report.rows] == ["batched-reference"] * 2 + ["eqspec"] * 2 + ["eqspec · bsp-like"] * 2
+    assert report.rows[3].column() == "bs 4 · k 5" and report.rows[0].drafter == "-"
+    assert [(s.run, s.seq) for s in report.sequences] == [(r, q) for r in range(6) for q in range(4)]
+
+
+def test_a_divergent_sweep_fails_verify_without_allow_divergence(tiny):
+    assert main([*VERIFY, "--methods", "eqspec", "--fault-sets", "bsp-like", "--batch-sizes", "4"]) == 1
+
+
+def test_spec_of_reruns_the_run_its_row_and_sequences_describe(report):
+    spec = report.spec_of(5)
+    assert spec == RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, prompts=tuple(builtin_set("lists")),
+                                 max_new_tokens=12, dtype="float64", device="cpu", method="eqspec",
+                                 faults=("bsp-like",), batch_size=4, k=5)
+    trace = run(spec)
+    row, sequences = report.rows[5], report.sequences[20:]
+    assert [s.output_ids for s in sequences] == [s.output_ids for s in trace.sequences]
+    assert [s.forensics.verdict for s in sequences if s.forensics] == [
+        s.forensics.verdict for s in trace.sequences if s.forensics]
+    # Accept lengths, offered and accepted drafts count the (round, row) records; rounds, each sequence's tokens.
+    assert sum(row.accept_lengths) == len(trace.rows)
+    assert row.accept_lengths == [sum(r.accepted == j for r in trace.rows) for j in range(6)]
+    assert row.offered == [sum(len(r.draft_tokens) > j for r in trace.rows) for j in range(5)]
+    assert row.accepted == [sum(r.accepted > j for r in trace.rows) for j in range(5)]
+    for s in sequences:
+        assert s.rounds == [len(r.emitted) for r in trace.rows if r.seq == s.seq]
+        assert sum(s.rounds) == len(s.output_ids)
+
+
+def test_non_speculative_runs_have_no_rounds(report):
+    assert report.rows[0].accept_lengths == [] and all(s.rounds == [] for s in report.sequences[:4])
+
+
+def test_the_report_loads_without_torch_plotly_or_pandas(written):
+    code = ("import sys\nfrom specviz.sweep import SweepReport\n"
+            "r = SweepReport.from_json(open(sys.argv[1], 'rb').read())\nassert r.spec_of(5).faults == ('bsp-like',)\n"
+            "bad = {'torch', 'transformers', 'plotly', 'pandas'} & set(sys.modules)\nassert not bad, bad\n")
+    root = Path(specviz.__file__).resolve().parents[1]  # the checkout under test, not another installed copy
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))}
+    done = subprocess.run([sys.executable, "-c", code, str(written)], cwd=root, env=env, capture_output=True,
+                          text=True, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def test_fault_sets_run_in_the_methods_that_take_faults_only():
+    runs = grid(["reference", "eqspec", "exspec"], ["model"], [1, 4], [5], [(), ("bsp-like",), ("no-mask",)])
+    assert [(c["method"], c["faults"], c["batch_size"]) for c in runs] == [
+        ("reference", (), 1), *(("eqspec", f, bs) for f in [(), ("bsp-like",), ("no-mask",)] for bs in (1, 4)),
+        ("exspec", (), 1), ("exspec", (), 4)]
+    assert all(c["faults"] == () for c in grid(["eqspec"], ["model"], [1], [5]))  # no fault sets: none
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--fault-sets", "none,bsp-like"], "give it alone"),
+    (["--fault-sets", "none", PAYLOAD], "unknown fault"),
+    (["--faults", "no-mask", "--fault-sets", "none"], "not both"),
+])
+def test_bad_fault_sets_are_refused_with_a_message(args, says, capsys):
+    try:
+        code = main(["verify", "--pair", "tiny", "--device", "cpu", *args])
+    except SystemExit as e:  # argparse refuses a bad value itself
+        code = e.code
+    assert code == 2 and says in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- a stranger's file
+
+
+def _edited(written, edit) -> bytes:
+    raw = json.loads(written.read_text())
+    edit(raw)
+    return json.dumps(raw).encode()
+
+
+@pytest.mark.parametrize("edit,says", [
+    (lambda raw: raw.pop("version") and raw.pop("sweep"), "re-run specviz verify --json"),
+    (lambda raw: raw.update(version=2), "version 1"),
+    (lambda raw: raw["rows"].pop(), "5 rows for the sweep's 6 runs"),
+    (lambda raw: raw["rows"].reverse(), "row 0 is not run 0"),
+    (lambda raw: raw["sequences"][3].update(run=99), "sequence 3 should be sequence 3 of run 0"),
+    (lambda raw: raw["sequences"].pop(), "23 sequences for 6 runs of 4 prompts"),
+    (lambda raw: raw["sequences"][21].update(rounds=[1]), "rounds do not add up"),
+    (lambda raw: raw["sequences"][21].update(first_divergence=10**6), "do not match its ids"),
+    (lambda raw: raw["sweep"]["fault_sets"].append([PAYLOAD]), "unknown fault"),
+    (lambda raw: raw["sweep"].update(drafters=["model", "lookup"], batch_sizes=list(range(1, 65)), ks=list(range(1, 17))),
+     "up to 8192 runs; a sweep makes 4096 at most"),
+    (lambda raw: raw["rows"][0].update(exact_pct=1e9), "less than or equal to 100"),
+])
+def test_a_bad_report_is_refused_with_a_message(written, edit, says):
+    with pytest.raises(SpecError, match=re.escape(says)):
+        SweepReport.from_json(_edited(written, edit))
+
+
+@pytest.mark.parametrize("data,says", [
+    (b"{not json", "not a sweep report: invalid JSON"),
+    (b"[1, 2]", "not a sweep report: a JSON array"),
+    (b'{"schema_version": 4}', "a run's trace, not a sweep report"),
+    (b" " * (MAX_TRACE_BYTES + 1), "the limit is 64 MiB"),
+])
+def test_what_is_no_report_is_refused_with_a_message(data, says):
+    with pytest.raises(SpecError, match=re.escape(says)):
+        SweepReport.from_json(data)
+
+
+def test_stranger_text_is_escaped_in_every_view(written):
+    """Verdict names load (they are free text); a fault name cannot, so the row is planted after loading."""
+    def plant(raw):
+        raw["rows"][5]["verdicts"] = {PAYLOAD: 4}
+        for s in raw["sequences"][20:]:
+            if s["forensics"]:
+                s["forensics"]["verdict"] = PAYLOAD
+    report = SweepReport.from_json(_edited(written, plant))
+    rows = [*report.rows[:4], *(r.model_copy(update={"faults": PAYLOAD}) for r in report.rows[4:])]
+    report = report.model_copy(update={"rows": rows})
+    shown = [sweepviews.heatmap_html(report), sweepviews.heatmap_html(report, "prefix_pct", selected=5)]
+    figures = (sweepviews.verdict_bars, sweepviews.divergence_histogram, sweepviews.accept_length_histogram,
+               sweepviews.acceptance_curves)
+    shown += [str(figure(report).to_dict()) for figure in figures]  # not to_json: it writes < as \u003c anyway
+    assert all(PAYLOAD not in text and "<img" not in text for text in shown)
+    assert "&lt;img src=x onerror=alert(1)&gt;" in shown[0]
+
+
+# ---------------------------------------------------------------- views
+
+
+def test_heatmap_cells_hold_their_runs_values(report):
+    html = sweepviews.heatmap_html(report, selected=5)
+    assert html.startswith('<div class="sv-heat-wrap"><table class="sv-heat" data-metric="exact_pct">')
+    cells = re.findall(r'<td class="(sv-hcell[^"]*)" data-run="(\d+)"[^>]*>([^<]*)</td>', html)
+    assert sorted(int(i) for _, i, _ in cells) == list(range(6))
+    for cls, i, text in cells:
+        row = report.rows[int(i)]
+        assert text == f"{row.exact_pct:.0f}"  # 4 sequences: a multiple of 25
+        assert ("sv-sel" in cls) == (i == "5")
+    labels = re.findall(r'<th class="sv-hlabel">([^<]*)</th>', html)
+    assert labels == ["batched-reference", "eqspec", "eqspec · bsp-like"]
+    assert re.findall(r"<th>(bs[^<]*)</th>", html) == ["bs 1 · k 5", "bs 4 · k 5"]
+    assert "prefix match" in sweepviews.heatmap_html(report, "prefix_pct")
+
+
+def test_a_cell_says_100_and_0_only_when_exactly_so():
+    assert [sweepviews._percent(v) for v in (0, 0.4, 50.5, 99.6, 100)] == ["0", "1", "50", "99", "100"]
+
+
+def test_a_missing_combination_is_an_empty_cell_and_a_sampled_run_a_dash(report):
+    judged = Distribution(verdict="not the target's distribution", alpha=0.01, p=0.0, failing="slot 0", tokens=48,
+                          impossible=0, splits=[], skipped=[])
+    rows = [*report.rows[:5], report.rows[5].model_copy(update={"exact_pct": None, "distribution": judged})]
+    html = sweepviews.heatmap_html(report.model_copy(update={"rows": rows[1:]}))  # batched-reference at bs 1 gone
+    assert html.count("<td></td>") == 1
+    assert re.search(r'data-run="4"[^>]*title="[^"]*not the target&#x27;s distribution[^"]*">—</td>', html)
+
+
+def test_figures_count_every_sequence(report):
+    bars = sweepviews.verdict_bars(report)
+    assert bars.data[0].name == "equivalent"
+    assert {t.name for t in bars.data[1:]} == set(report.rows[4].verdicts) | set(report.rows[5].verdicts)
+    assert [sum(t.y[i] for t in bars.data) for i in range(6)] == [r.n for r in report.rows]
+    forks = sweepviews.divergence_histogram(report)
+    divergent = [s for s in report.sequences if s.equivalent is False]
+    assert [t.name for t in forks.data] == ["eqspec · bsp-like"] and sum(forks.data[0].y) == len(divergent)
+    assert forks.layout.xaxis.title.text == "first divergent token index"
+    lengths = sweepviews.accept_length_histogram(report)
+    assert [t.name for t in lengths.data] == ["eqspec", "eqspec · bsp-like"]
+    assert all(abs(sum(t.y) - 1) < 1e-12 for t in lengths.data)
+    curves = sweepviews.acceptance_curves(report)
+    assert len(curves.data) == 4 and all(list(t.x) == [1, 2, 3, 4, 5] for t in curves.data)
+    assert all(y is None or 0 <= y <= 1 for t in curves.data for y in t.y)
+    summary = sweepviews.summary_md(report)
+    assert "**6 runs**" in summary and "4 of 6 greedy runs equal the reference" in summary
