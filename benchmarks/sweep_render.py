@@ -1,0 +1,79 @@
+"""Server-side time to show a 64-run sweep report in the Sweep tab (budget: under 1 s, figures included).
+
+The report is a real one: eqspec on the tiny pair, float32, the quick prompts, 4 fault sets × batch sizes
+1, 2, 4, 8 × k 1, 2, 4, 5 = 64 runs, made by `specviz verify --json` and saved before anything is timed. Each
+repeat then does what the page's server does to show it: SweepReport.from_json on the file's bytes, both
+heatmaps, the four figures and each figure's to_json() (what Gradio sends), and the summary.
+
+    OMP_NUM_THREADS=1 python benchmarks/sweep_render.py [--report out/sweep-64.json] [--repeats 7]
+"""
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from specviz import sweepviews
+from specviz.cli import main as specviz
+from specviz.sweep import SweepReport
+
+FAULT_SETS = ("none", "bsp-like", "dsd-like", "no-kv-shift")  # correct, two presets, a fault only batches show
+VERIFY = ["verify", "--pair", "tiny", "--dtype", "float32", "--device", "cpu", "--prompt-set", "quick",
+          "--methods", "eqspec", "--fault-sets", *FAULT_SETS, "--batch-sizes", "1,2,4,8", "--k", "1,2,4,5",
+          "--allow-divergence"]
+RESULT = Path(__file__).parent / "results" / "sweep-render.md"
+FIGURES = (sweepviews.verdict_bars, sweepviews.divergence_histogram, sweepviews.accept_length_histogram,
+           sweepviews.acceptance_curves)
+
+
+def show(data: bytes) -> dict[str, float]:
+    """Everything the page's server does to show a report, each step's seconds."""
+    seconds, t = {}, time.perf_counter()
+    report = SweepReport.from_json(data)
+    seconds["from_json"] = time.perf_counter() - t
+    t = time.perf_counter()
+    for metric in sweepviews.METRICS:
+        sweepviews.heatmap_html(report, metric, selected=0)
+    sweepviews.summary_md(report)
+    seconds["heatmaps + summary"] = time.perf_counter() - t
+    for figure in FIGURES:
+        t = time.perf_counter()
+        figure(report).to_json()
+        seconds[figure.__name__] = time.perf_counter() - t
+    seconds["total"] = sum(seconds.values())
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--report", type=Path, default=Path("out/sweep-64.json"), help="made here if missing")
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    if not args.report.exists():
+        t = time.perf_counter()
+        specviz([*VERIFY, "--json", str(args.report)])
+        print(f"made {args.report} in {time.perf_counter() - t:.0f} s")
+    data = args.report.read_bytes()
+    report = SweepReport.from_json(data)
+    assert report.sweep.size() == 64, report.sweep.size()
+    runs = [show(data) for _ in range(args.repeats)]
+    lines = [f"| {step} | {statistics.median(r[step] for r in runs):.3f} | {max(r[step] for r in runs):.3f} |"
+             for step in runs[0]]
+    table = "| step | median s | max s |\n|---|---:|---:|\n" + "\n".join(lines)
+    print(table)
+    machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs (shared), "
+               f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, Python {sys.version.split()[0]}")
+    RESULT.write_text(
+        f"# Sweep tab: server time to show a 64-run report\n\n"
+        f"{len(report.rows)} runs, {len(report.sequences)} sequences, report {len(data) / 2**20:.2f} MiB "
+        f"(`specviz {' '.join(VERIFY)} --json {args.report}`). {args.repeats} repeats of everything the page's server "
+        f"does to show it: load and validate, both heatmaps and the summary, each figure built and serialized "
+        f"(to_json, as Gradio does).\n\n{table}\n\nMachine: {machine}. "
+        f"Made by `OMP_NUM_THREADS=1 python benchmarks/sweep_render.py`.\n")
+    print(f"wrote {RESULT}")
+
+
+if __name__ == "__main__":
+    main()
