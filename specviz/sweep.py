@@ -17,7 +17,7 @@ from . import metrics
 from .methods import DRAFTERS, METHODS, grid
 from .spec import LOOKUP_FIELDS, Many, Map, RunSpec, SpecError, Strict, describe_validation_error
 from .trace import MAX_TRACE_BYTES, Decisions, Distribution, SequenceRecord, Trace, check_sequence, shown
-from .untrusted import parse_json
+from .untrusted import parse_file
 
 REPORT_VERSION = 1
 NO_FAULTS = "none"  # the fault set with no faults, as the CLI and the page name it
@@ -165,12 +165,7 @@ class SweepReport(Strict):
     @classmethod
     def from_json(cls, data: str | bytes) -> SweepReport:
         """Parse and validate a stranger's report file; every problem becomes one readable SpecError."""
-        if len(data) > MAX_TRACE_BYTES:
-            raise SpecError(f"sweep report is {len(data) / 2**20:.1f} MiB; the limit is {MAX_TRACE_BYTES // 2**20} MiB")
-        try:
-            raw = parse_json(data)
-        except SpecError as e:
-            raise SpecError(f"not a sweep report: {e}") from None
+        raw = parse_file(data, "sweep report", MAX_TRACE_BYTES)
         if not isinstance(raw, dict):
             raise SpecError(f"not a sweep report: {shown(raw)} where an object was expected")
         if "schema_version" in raw:

@@ -15,7 +15,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from .engines.base import EngineInfo, EngineOutput
 from .spec import Many, Map, RunSpec, SpecError, Strict, describe_validation_error
-from .untrusted import parse_json
+from .untrusted import parse_file
 
 SCHEMA_VERSION = 4  # 3: sequences carry whole-character pieces (text.py); 4: sampled runs
 MAX_TRACE_BYTES = 64 * 2**20
@@ -264,12 +264,7 @@ class Trace(Strict):
     @classmethod
     def from_json(cls, data: str | bytes) -> Trace:
         """Parse and validate a trace file; every problem becomes one readable SpecError."""
-        if len(data) > MAX_TRACE_BYTES:
-            raise SpecError(f"trace file is {len(data) / 2**20:.1f} MiB; the limit is {MAX_TRACE_BYTES // 2**20} MiB")
-        try:
-            raw = parse_json(data)
-        except SpecError as e:
-            raise SpecError(f"not a trace file: {e}") from None
+        raw = parse_file(data, "trace file", MAX_TRACE_BYTES)
         found = raw.get("schema_version") if isinstance(raw, dict) else None
         if type(found) is not int or found not in MIGRATIONS and found != SCHEMA_VERSION:
             known = " or ".join(map(str, [*MIGRATIONS, SCHEMA_VERSION]))

@@ -26,3 +26,13 @@ def parse_json(data: bytes | str) -> object:
     finally:
         if collecting:
             gc.enable()
+
+
+def parse_file(data: bytes | str, what: str, limit: int) -> object:
+    """A stranger's file of JSON (`what`: "trace file", "sweep report"), refused over `limit` bytes."""
+    if len(data) > limit:
+        raise SpecError(f"{what} is {len(data) / 2**20:.1f} MiB; the limit is {limit // 2**20} MiB")
+    try:
+        return parse_json(data)
+    except SpecError as e:
+        raise SpecError(f"not a {what}: {e}") from None
