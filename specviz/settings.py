@@ -66,6 +66,7 @@ class Settings:
     # Each batch builds a (batch, longest, longest) attention mask: bound the longest prompt, and the total.
     max_prompt_tokens: int = 2048
     max_total_prompt_tokens: int = 16_384
+    max_sweep_runs: int = 36  # runs one sweep of the page may make (each within the limits above)
     max_dtype: str = "float32"  # float64 doubles a Hub model's memory; the built-in pairs are exempt
     devices: frozenset[str] = frozenset({"auto", "cuda"})  # cpu would hold a GPU server's queue at CPU speed
     public: bool = False  # refuse local paths, whatever the allowlist
@@ -89,6 +90,7 @@ class Settings:
             max_prompt_tokens=_int(environ, "SPECVIZ_MAX_PROMPT_TOKENS", d.max_prompt_tokens, _spec.MAX_PROMPT_TOKENS),
             max_total_prompt_tokens=_int(environ, "SPECVIZ_MAX_TOTAL_PROMPT_TOKENS", d.max_total_prompt_tokens,
                                          _spec.MAX_PROMPT_TOKENS),
+            max_sweep_runs=_int(environ, "SPECVIZ_MAX_SWEEP_RUNS", d.max_sweep_runs, 4096),
             max_dtype=_choice(environ, "SPECVIZ_MAX_DTYPE", d.max_dtype, tuple(WIDTH)),
             devices=_choices(environ, "SPECVIZ_DEVICES", d.devices, DEVICES),
             # Spaces do not say whether they are public, and their visibility can change while they run.
@@ -118,6 +120,18 @@ class Settings:
         ):
             if value > limit:
                 raise SpecError(f"{what} {value} is over this server's limit of {limit} ({var})")
+
+    def check_sweep(self, specs: list[RunSpec]) -> None:
+        """Refuse a sweep this server does not run: too many runs, or a run it does not allow (which, and why)."""
+        if len(specs) > self.max_sweep_runs:
+            raise SpecError(f"this sweep makes {len(specs)} runs, over this server's limit of {self.max_sweep_runs} "
+                            "(SPECVIZ_MAX_SWEEP_RUNS)")
+        for i, spec in enumerate(specs):
+            try:
+                self.check(spec)
+            except SpecError as e:
+                raise SpecError(f"run {i + 1} of the sweep ({spec.method}, batch size {spec.batch_size}, k {spec.k}): "
+                                f"{e}") from None
 
     def _check_model(self, role: str, model: str, revision: str | None) -> None:
         if self.public and is_local_path(model):
@@ -162,6 +176,7 @@ class Settings:
              f"prompts ≤ {self.max_prompts}, prompts × new tokens ≤ {self.max_run_tokens}"),
             (f"- prompt tokens (chat template included): the longest ≤ {self.max_prompt_tokens}, "
              f"all together ≤ {self.max_total_prompt_tokens}"),
+            f"- sweeps: up to {self.max_sweep_runs} runs, each within the limits above",
             f"- dtype: up to {self.max_dtype} for Hub and local models, any for the built-in pairs",
             f"- devices: {', '.join(sorted(self.devices))}",
             f"- models' own code (trust_remote_code): {'allowed' if self.trust_remote_code else 'refused'}",

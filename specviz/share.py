@@ -1,6 +1,7 @@
-"""Share links: a run spec and a focus in a URL query string, and back.
+"""Share links: a run spec and a focus in a URL query string, and back; and a sweep the same way.
 
-`?run=<spec, fingerprint and environment: JSON, zlib, base64url>&seq=3&round=12`.
+`?run=<spec, fingerprint and environment: JSON, zlib, base64url>&seq=3&round=12`;
+`?sweep=<the sweep: its base spec and axes, packed the same way>&cell=4` (cell: the run picked in it).
 The focus stays readable; the spec is compressed because prompts are long.
 Anything a link carries is untrusted: every failure is one readable SpecError.
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qs, urlencode
 
 from .spec import RunSpec, SpecError
+from .sweep import Sweep
 from .trace import FINGERPRINT
 from .untrusted import parse_json
 
@@ -43,39 +45,36 @@ def encode(link: Link) -> str:
     if not _flat(link.env):
         raise SpecError(f"a link records at most {MAX_ENV_ITEMS} environment fields of {MAX_ENV_CHARS} characters")
     payload = {"spec": json.loads(link.spec.canonical_json()), "fp": link.fingerprint, "env": link.env}
+    return _query("run", payload, (("seq", link.seq), ("round", link.round)), "this run's prompts", "trace file")
+
+
+def encode_sweep(sweep: Sweep, cell: int | None = None) -> str:
+    """The query string (with its leading '?') for `sweep`, with run `cell` picked in it."""
+    payload = {"base": json.loads(sweep.base.canonical_json()),
+               **sweep.model_dump(mode="json", include={"methods", "drafters", "fault_sets", "batch_sizes", "ks"})}
+    return _query("sweep", payload, (("cell", cell),), "this sweep's prompts", "report file")
+
+
+def _query(name: str, payload: dict, readable: tuple, what: str, instead: str) -> str:
     raw = json.dumps(payload, separators=(",", ":")).encode()
-    query = {"run": base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode().rstrip("=")}
-    query.update({k: v for k, v in (("seq", link.seq), ("round", link.round)) if v is not None})
+    query = {name: base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode().rstrip("=")}
+    query.update({k: v for k, v in readable if v is not None})
     text = "?" + urlencode(query)
     if len(text) > MAX_LINK_CHARS:
-        raise SpecError(f"this run's prompts make a {len(text)}-character link (the limit is {MAX_LINK_CHARS}); "
-                        "share the trace file instead")
+        raise SpecError(f"{what} make a {len(text)}-character link (the limit is {MAX_LINK_CHARS}); "
+                        f"share the {instead} instead")
     if len(raw) > MAX_PAYLOAD_BYTES:  # so that every link made here opens
-        raise SpecError(f"this run's prompts make a link of {len(raw) // 2**10} KiB uncompressed (the limit is "
-                        f"{MAX_PAYLOAD_BYTES // 2**10} KiB); share the trace file instead")
+        raise SpecError(f"{what} make a link of {len(raw) // 2**10} KiB uncompressed (the limit is "
+                        f"{MAX_PAYLOAD_BYTES // 2**10} KiB); share the {instead} instead")
     return text
 
 
 def decode(query: str) -> Link | None:
-    """The link in a query string; None when it carries no run (a plain visit)."""
-    if len(query) > MAX_LINK_CHARS:
-        raise SpecError(f"the link is {len(query)} characters long; the limit is {MAX_LINK_CHARS}")
-    params = parse_qs(query.lstrip("?"), keep_blank_values=True)
+    """The link in a query string; None when it carries no run (a plain visit, or a sweep's link)."""
+    params = _params(query)
     if "run" not in params:
         return None
-    damaged = SpecError("the link's run is damaged (was it cut off when copied?)")
-    try:
-        packed = base64.urlsafe_b64decode(params["run"][0] + "=" * (-len(params["run"][0]) % 4))
-        inflater = zlib.decompressobj()
-        raw = inflater.decompress(packed, MAX_PAYLOAD_BYTES)
-    except (binascii.Error, ValueError, zlib.error):
-        raise damaged from None
-    if inflater.unconsumed_tail:
-        raise SpecError("the link's run is too large")
-    try:
-        payload = parse_json(raw)
-    except SpecError:
-        raise damaged from None
+    payload = _payload(params, "run")
     if not isinstance(payload, dict) or not isinstance(payload.get("spec"), dict):
         raise SpecError("the link's run holds no run spec")
     spec = RunSpec.build(**payload["spec"])
@@ -83,6 +82,41 @@ def decode(query: str) -> Link | None:
     if fp is not None and not (isinstance(fp, str) and re.fullmatch(FINGERPRINT, fp)) or not _flat(env):
         raise SpecError("the link's fingerprint or environment is malformed")
     return Link(spec, _index(params, "seq"), _index(params, "round"), fp, env)
+
+
+def decode_sweep(query: str) -> tuple[Sweep, int | None] | None:
+    """The sweep in a query string and the run picked in it; None when it carries no sweep."""
+    params = _params(query)
+    if "sweep" not in params:
+        return None
+    payload = _payload(params, "sweep")
+    if not isinstance(payload, dict) or not isinstance(payload.get("base"), dict):
+        raise SpecError("the link's sweep holds no base run spec")
+    base = RunSpec.build(**payload.pop("base"))
+    return Sweep.build(base=base, **payload), _index(params, "cell")
+
+
+def _params(query: str) -> dict:
+    if len(query) > MAX_LINK_CHARS:
+        raise SpecError(f"the link is {len(query)} characters long; the limit is {MAX_LINK_CHARS}")
+    return parse_qs(query.lstrip("?"), keep_blank_values=True)
+
+
+def _payload(params: dict, name: str) -> object:
+    """The JSON packed in the link's `name` parameter."""
+    damaged = SpecError(f"the link's {name} is damaged (was it cut off when copied?)")
+    try:
+        packed = base64.urlsafe_b64decode(params[name][0] + "=" * (-len(params[name][0]) % 4))
+        inflater = zlib.decompressobj()
+        raw = inflater.decompress(packed, MAX_PAYLOAD_BYTES)
+    except (binascii.Error, ValueError, zlib.error):
+        raise damaged from None
+    if inflater.unconsumed_tail:
+        raise SpecError(f"the link's {name} is too large")
+    try:
+        return parse_json(raw)
+    except SpecError:
+        raise damaged from None
 
 
 def _flat(env: object) -> bool:
