@@ -16,7 +16,7 @@ from .methods import DRAFTERS, METHODS
 from .models import PRESETS, Placement, pair_for
 from .prompts import builtin_set, builtin_sets, read_prompts
 from .spec import DEVICES, DTYPES, ENGINE, LOOKUP_FIELDS, MAX_BATCH_SIZE, RunSpec, SpecError
-from .sweep import NO_FAULTS, Sweep, report, row_of
+from .sweep import NO_FAULTS, Sweep, SweepReport, report, row_of
 from .text import clip
 from .trace import Trace, schema
 
@@ -357,7 +357,8 @@ def cmd_bench(args) -> int:
 
 
 def cmd_schema(args) -> int:
-    print(json.dumps(jsonl.schema() if args.outputs else schema(), indent=1))
+    print(json.dumps(jsonl.schema() if args.outputs else SweepReport.model_json_schema() if args.report else schema(),
+                     indent=1))
     return 0
 
 
@@ -434,6 +435,8 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("schema", help="print the trace's JSON Schema (docs/trace.schema.json)")
     p.add_argument("--outputs", action="store_true",
                    help="the JSON Schema of an engine outputs file instead (docs/engine-outputs.schema.json)")
+    p.add_argument("--report", action="store_true",
+                   help="the JSON Schema of a sweep report instead (verify --json; docs/sweep-report.schema.json)")
     p.set_defaults(func=cmd_schema)
     return ap
 

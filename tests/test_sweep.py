@@ -216,3 +216,9 @@ def test_figures_count_every_sequence(report):
     assert all(y is None or 0 <= y <= 1 for t in curves.data for y in t.y)
     summary = sweepviews.summary_md(report)
     assert "**6 runs**" in summary and "4 of 6 greedy runs equal the reference" in summary
+
+
+def test_the_published_report_schema_is_the_codes(capsys):
+    assert main(["schema", "--report"]) == 0
+    published = Path(__file__).resolve().parents[1] / "docs" / "sweep-report.schema.json"
+    assert json.loads(published.read_text()) == json.loads(capsys.readouterr().out) == SweepReport.model_json_schema()
