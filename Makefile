@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install vllm chromium run test bench verify clean
+.PHONY: install vllm chromium run test bench traces clean
 
 install: $(STAMP)
 
@@ -47,6 +47,15 @@ test: install vllm chromium
 
 bench: install
 	$(VENV)/bin/specviz bench --prompt-set all
+
+# The finished traces the page opens on (assets/traces), re-recorded by today's engine: the specs of the page's
+# "bsp-like decay" and "numerics near-tie" examples. tests/test_bundled.py fails when they drift from the engine.
+TRACE_RUN := $(VENV)/bin/specviz run --method eqspec --batch-size 4 --k 5
+traces: install
+	$(TRACE_RUN) --pair embedded --prompt-set quick --faults bsp-like --max-new-tokens 32 \
+		--trace assets/traces/bsp-like-decay.json
+	$(TRACE_RUN) --pair tiny --prompt-set all --dtype bfloat16 --max-new-tokens 48 \
+		--trace assets/traces/numerics-near-tie.json
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache

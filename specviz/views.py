@@ -147,7 +147,7 @@ def md(stranger: str) -> str:
     return _MD_PUNCTUATION.sub(r"\\\g<0>", " ".join(stranger.splitlines()))
 
 
-def _visible(piece: str | None) -> str:
+def visible(piece: str | None) -> str:
     """A token's text with invisible characters made visible (not escaped)."""
     if piece is None:
         return PART
@@ -157,7 +157,7 @@ def _visible(piece: str | None) -> str:
 
 
 def _show(piece: str | None) -> str:
-    return html.escape(_visible(piece))
+    return html.escape(visible(piece))
 
 
 def _own(trace: Trace, tok: int) -> str | None:
@@ -171,7 +171,7 @@ def _says(piece: str | None) -> str:
     return "part of a character split across tokens" if piece is None else repr(piece)
 
 
-def _reads(pieces: list[str | None], i: int) -> str:
+def reads(pieces: list[str | None], i: int) -> str:
     """What token i of a sequence reads as, for a tooltip: a partial token names the character it starts."""
     if pieces[i] is not None:
         return repr(pieces[i])
@@ -381,16 +381,26 @@ def summary_frame(trace: Trace) -> pd.DataFrame:
             })
         else:
             record.update({
-                "equivalent": {True: "yes", False: "NO", None: "-"}[s.equivalent],
-                "first divergence": "" if s.first_divergence is None else str(s.first_divergence),
+                "equal": {True: "yes", False: "NO", None: "-"}[s.equivalent],
+                "diverges at": "" if s.first_divergence is None else str(s.first_divergence),
                 "verdict": s.forensics.verdict if s.forensics else "",
             })
         record.update({
             "acceptance": f"{sum(r.accepted for r in rows) / proposed:.2f}" if proposed else "",
-            "tokens/round": f"{sum(len(r.emitted) for r in rows) / len(rows):.2f}" if rows else "",
+            "tokens a round": f"{sum(len(r.emitted) for r in rows) / len(rows):.2f}" if rows else "",
         })
         records.append(record)
     return pd.DataFrame.from_records(records)
+
+
+def column_widths(frame: pd.DataFrame) -> list[str]:
+    """The sequence table's column widths: none so narrow that a header breaks inside a word (Gradio sizes
+    columns from their cells alone, and wrapped "equivalent" letter by letter); the prompt takes the rest.
+    About 8.5 px a header character and 8 a cell's (monospace), plus the cell's padding and menu button."""
+    def width(column: str) -> int:
+        longest_cell = max((len(str(v)) for v in frame[column]), default=0)
+        return max(int(max(len(w) for w in column.split()) * 8.5) + 30, longest_cell * 8 + 28)
+    return ["auto" if c == "prompt" else f"{width(c)}px" for c in frame.columns]
 
 
 def timeline_html(trace: Trace, focus: Focus) -> str:
@@ -407,7 +417,7 @@ def timeline_html(trace: Trace, focus: Focus) -> str:
         out.append('<div class="sv-round">')
         drawn = " · sampled from the target's p" if metrics.sampled(trace) else " · from the target"
         for i, tok in enumerate(seq.output_ids):
-            out.append(_chip(seq, i, "sv-target", f"#{i} · id {tok} · {_reads(seq.output_pieces, i)}{drawn}"))
+            out.append(_chip(seq, i, "sv-target", f"#{i} · id {tok} · {reads(seq.output_pieces, i)}{drawn}"))
         out.append("</div>")
     i = 0
     widths = round_widths(trace)
@@ -428,7 +438,7 @@ def timeline_html(trace: Trace, focus: Focus) -> str:
         if not k:
             out.append(f'<span class="sv-nodraft" title="{html.escape(offered)}">no drafts</span>')
         for j, (tok, src) in enumerate(zip(r.emitted, r.sources)):
-            tip = [f"#{i} · id {tok} · {_reads(seq.output_pieces, i)}",
+            tip = [f"#{i} · id {tok} · {reads(seq.output_pieces, i)}",
                    SOURCE_TEXT[src] if k else "the target's own token (no drafts were offered this round)"]
             if sampled:
                 if src == "draft":
@@ -489,7 +499,7 @@ def _engine_chip(trace: Trace, s: SequenceRecord, i: int, tok: int) -> str:
     numerics), or how far below the target's choice it sits on the engine's own prefix."""
     tolerance = engine_tolerance(trace)
     gap = s.gaps[i]
-    tip = [f"#{i} · id {tok} · {_reads(s.output_pieces, i)}"]
+    tip = [f"#{i} · id {tok} · {reads(s.output_pieces, i)}"]
     if gap <= tolerance:
         cls = "sv-own"
         tip.append("the target's own choice here" + (f" (up to numerics: {gap:.3g} logits below)" if gap else ""))
@@ -513,7 +523,7 @@ def _chip(s: SequenceRecord, i: int, cls: str, tip: str) -> str:
     fork = s.first_divergence
     if fork is not None and i == fork:
         cls += " sv-fork"
-        tip += (f" · FIRST DIVERGENCE: the reference has {_reads(s.reference_pieces, i)}" if i < len(s.reference_ids)
+        tip += (f" · FIRST DIVERGENCE: the reference has {reads(s.reference_pieces, i)}" if i < len(s.reference_ids)
                 else " · FIRST DIVERGENCE: the reference had ended")
     elif fork is not None and i > fork:
         cls += " sv-after"
@@ -635,7 +645,7 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
             ("drafts offered to this row", f"{k}" + (f" (the round's widest row: {widest})" if k < widest else "")
              + (f" — {no_drafts(trace, have)}" if not k else "")),
             ("accepted", f"{row.accepted} of {k}" if k else "—"),
-            ("emitted", " ".join(f"{_visible(_own(trace, t))} ({src})" for t, src in zip(row.emitted, row.sources))),
+            ("emitted", " ".join(f"{visible(_own(trace, t))} ({src})" for t, src in zip(row.emitted, row.sources))),
             ("padding before → after", f"{row.pad_before} → {_opt(row.pad_after)}"),
             ("content before → after", f"{row.content_before} → {_opt(row.content_after)}"),
             ("positions fed to verify", f"{row.pos_first} … {row.pos_last}"),
@@ -689,7 +699,7 @@ def _draws_table(trace: Trace, row: RowRecord) -> str:
         decision = "accepted" if j < row.accepted else "rejected" if j == row.accepted else "not decided"
         if j in wrong:
             decision += " — does not follow u < p/q"
-        cells = (j, f"{_visible(_own(trace, tok))} (id {tok})", f"{q:.4g}", f"{p:.4g}",
+        cells = (j, f"{visible(_own(trace, tok))} (id {tok})", f"{q:.4g}", f"{p:.4g}",
                  f"{min(1.0, p / q) if q > 0 else 1.0:.4g}", f"{u:.4g}", decision)
         out.append(f'<tr class="{"sv-broken" if j in wrong else "sv-held"}">'
                    + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
@@ -699,7 +709,7 @@ def _draws_table(trace: Trace, row: RowRecord) -> str:
         tok = row.emitted[a]
         where = PICK_TEXT.get(row.pick_from, "drawn from an unknown distribution")
         draw = "" if row.pick_draw is None else f", with draw v {row.pick_draw:.4g}"
-        out.append(_table([(f"slot {a}: {_visible(_own(trace, tok))} (id {tok})", where + draw)]))
+        out.append(_table([(f"slot {a}: {visible(_own(trace, tok))} (id {tok})", where + draw)]))
     return "".join(out)
 
 
@@ -747,7 +757,7 @@ def _evidence(trace: Trace, f) -> list[tuple[str, object]]:
 
 
 def _tok(trace: Trace, tok: int | None) -> str | None:
-    return None if tok is None else f"{_visible(_own(trace, tok))} (id {tok})"
+    return None if tok is None else f"{visible(_own(trace, tok))} (id {tok})"
 
 
 def _num(v: float | None) -> str | None:

@@ -248,7 +248,7 @@ def test_the_sampling_controls_make_the_spec_and_a_sampled_link_replays_exactly(
     assert "sampled** at temperature 0\\.8\\, top\\-k 40\\, top\\-p 0\\.9" in status and "| distribution |" in status
     # The link fills the controls back to the same spec, and carries it exactly.
     link = share.encode(share.Link(spec, 0, None, trace.manifest.fingerprint, share.environment(trace.manifest)))
-    *controls, note = client.predict(link, api_name="/open_link")  # the pending State is not an API output
+    *controls, _download, note = client.predict(link, api_name="/open_link")  # States are not API outputs
     assert "Replaying" in note
     assert ui.spec_from_controls(*controls[:5], None, *controls[5:]) == spec
     own = ui.spec_from_controls(*SAMPLED[:-3], 0.5, 0, 0.99)  # the draft's own settings, in the accordion
@@ -327,7 +327,7 @@ def test_the_drafter_controls_make_the_spec_and_a_lookup_link_restores_them(clie
     assert "reused here, not timed again" in markdown_text(client.predict(*other_k, api_name="/run")[0])
     # The link fills the drafter and n-gram controls back to the same spec.
     link = share.encode(share.Link(spec, 0, None, trace.manifest.fingerprint, share.environment(trace.manifest)))
-    *controls, note = client.predict(link, api_name="/open_link")  # the pending State is not an API output
+    *controls, _download, note = client.predict(link, api_name="/open_link")  # States are not API outputs
     values = dict(zip(ui.DEFAULTS, controls))
     assert "Replaying" in note and (values["drafter"], values["ngram_min"], values["ngram_max"]) == ("lookup", 2, 4)
     assert ui.spec_from_controls(*controls[:5], None, *controls[5:]) == spec

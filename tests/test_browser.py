@@ -23,17 +23,31 @@ def browser():
         b.close()
 
 
-def test_bsp_like_example_divergence_grid_click_and_share_link(browser, app_url, embedded):
+def _lines(page, selector: str) -> list[tuple[str, int]]:
+    """Each matching element's text and the number of lines it is laid out on."""
+    return page.eval_on_selector_all(selector, """els => els.map(e => {
+        const r = document.createRange(); r.selectNodeContents(e);
+        const tops = new Set([...r.getClientRects()].map(q => Math.round(q.top)));
+        return [e.textContent.trim(), tops.size];
+    })""")
+
+
+def test_a_fresh_page_shows_a_real_fork_at_once_then_a_click_and_its_share_link(browser, app_url):
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.goto(app_url)
-    page.get_by_role("button", name="bsp-like decay").click()
-    expect(page.locator("#sv-grid td.sv-cell").first).to_be_visible(timeout=DECODE_MS)
-    expect(page.locator("#sv-timeline .sv-round").first).to_be_visible()
-    expect(page.locator("#sv-timeline .sv-tok.sv-fork")).to_have_count(1)  # the focused sequence's divergence
-    assert page.locator("#sv-grid td.sv-cell.sv-fork").count() >= 1
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    page.goto(app_url)  # no click: the bundled bsp-like trace, focused on its first fork
+    expect(page.locator("#sv-grid td.sv-cell.sv-fork.sv-sel")).to_be_visible(timeout=60_000)
     expect(page.locator("#sv-forensics")).to_contain_text("sync-bug")
-    page.screenshot(path=SHOTS / "bsp-like.png", full_page=True)
+    expect(page.locator("#sv-timeline .sv-tok.sv-fork")).to_have_count(1)
+    status = page.locator("#sv-status")
+    expect(status).to_contain_text("You are looking at a real case, bundled with specviz")
+    expect(status).to_contain_text("To run your own")
+    expect(page.locator("#sv-lanes .main-svg").first).to_be_visible(timeout=60_000)  # plotly has drawn
+    # At 1280 px the sequence table's headers break between words, never inside one ("equi vale nt").
+    headers = _lines(page, "#sv-table th .header")
+    assert headers and all(lines <= len(text.split()) for text, lines in headers), headers
+    page.screenshot(path=SHOTS / "first-page.png", full_page=True)
+    page.screenshot(path=SHOTS / "first-page-top.png")  # what a visitor sees first: the README's screenshot
 
     selected = page.locator("#sv-grid td.sv-cell.sv-sel")
     seq = selected.get_attribute("data-seq")
@@ -47,7 +61,7 @@ def test_bsp_like_example_divergence_grid_click_and_share_link(browser, app_url,
     expect(page).to_have_url(re.compile(rf"\?run=.*&seq={seq}&round={round_}$"))  # the address bar is the share link
     page.screenshot(path=SHOTS / "bsp-like-clicked.png", full_page=True)
 
-    fresh = browser.new_page(viewport={"width": 1400, "height": 1000})
+    fresh = browser.new_page(viewport={"width": 1280, "height": 1000})
     fresh.goto(page.url)
     expect(fresh.locator("#sv-status")).to_contain_text("matched the shared run exactly", timeout=DECODE_MS)
     cell = fresh.locator("#sv-grid td.sv-cell.sv-sel")
@@ -55,8 +69,25 @@ def test_bsp_like_example_divergence_grid_click_and_share_link(browser, app_url,
     assert cell.get_attribute("data-seq") == seq
     expect(fresh.locator("#sv-timeline .sv-tok.sv-fork")).to_have_count(1)
     assert fresh.inner_text("#sv-forensics") == after
-    expect(fresh.locator("#sv-lanes .main-svg").first).to_be_visible(timeout=60_000)  # plotly has drawn
-    fresh.screenshot(path=SHOTS / "share-link.png", full_page=True)  # the README's screenshot
+    expect(fresh.locator("#sv-lanes .main-svg").first).to_be_visible(timeout=60_000)
+    fresh.screenshot(path=SHOTS / "share-link.png", full_page=True)
+
+
+def test_at_phone_width_the_page_opens_on_the_case_and_never_scrolls_sideways(browser, app_url):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True,
+                            has_touch=True)
+    page.goto(app_url)
+    expect(page.locator("#sv-grid td.sv-cell.sv-fork.sv-sel")).to_be_visible(timeout=60_000)
+    expect(page.locator("#sv-forensics")).to_contain_text("sync-bug")
+    width = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+    assert width[0] <= width[1], width  # wide things (the grid, the table) scroll inside their own boxes
+    # The case comes before the controls: a phone's first screen is the welcome line and the verdict, not a form.
+    status_y = page.locator("#sv-status").bounding_box()["y"]
+    assert status_y < page.get_by_role("button", name="Run", exact=True).bounding_box()["y"]
+    assert status_y < 844
+    page.screenshot(path=SHOTS / "phone.png")
+    page.screenshot(path=SHOTS / "phone-full.png", full_page=True)
 
 
 def _open_trace_file(page, app_url: str, path) -> None:
@@ -192,3 +223,99 @@ def test_prompt_lookup_example_says_its_speed_up_and_shows_rows_offered_no_draft
     expect(fresh.locator("#sv-ngram-min input[type=number]")).to_have_value("2")
     expect(fresh.locator("#sv-ngram-max input[type=number]")).to_have_value("3")
     expect(fresh.locator("#sv-grid td.sv-cell.sv-sel")).to_have_attribute("data-round", round_)
+
+
+def _heat_cell(page, metric: str, label: str, column: int):
+    """The heatmap cell of run `label` (method · faults) in its `column`-th (batch size, k) column."""
+    row = page.locator(f"#sv-sweep-{metric} tr").filter(has=page.locator("th.sv-hlabel", has_text=label))
+    return row.locator("td").nth(column)
+
+
+def test_a_sweep_shows_where_equivalence_breaks_a_cell_opens_its_run_and_compare_finds_the_fork(
+        browser, app_url, embedded):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    page.goto(app_url)
+    page.get_by_role("tab", name="Sweep").click()
+    # The tab's defaults: eqspec with no fault, bsp-like and dsd-like, at bs 1, 4 and 8, k 5, on the quick prompts.
+    page.locator("#sv-sweep-run").click()
+    expect(page.locator("#sv-sweep-exact td.sv-hcell")).to_have_count(9, timeout=DECODE_MS)
+    for column in range(3):
+        expect(_heat_cell(page, "exact", "eqspec", column)).to_have_text("100")
+    for fault in ("eqspec · bsp-like", "eqspec · dsd-like"):
+        below = [int(_heat_cell(page, "exact", fault, c).inner_text()) for c in range(3)]
+        assert all(v <= 100 for v in below) and min(below) < 100, (fault, below)
+        assert int(_heat_cell(page, "exact", fault, 1).inner_text()) < 100  # at bs 4
+    expect(page.locator("#sv-sweep-summary")).to_contain_text("9 runs")
+    for plot in ("verdicts", "divergence", "accept", "acceptance"):
+        expect(page.locator(f"#sv-sweep-{plot} .main-svg").first).to_be_visible(timeout=60_000)
+    expect(page.locator("#sv-sweep-verdicts")).to_contain_text("sync-bug")
+    link = page.locator("#sv-sweep-link input, #sv-sweep-link textarea").first.input_value()
+    assert "?sweep=" in link
+    page.screenshot(path=SHOTS / "sweep.png", full_page=True)
+
+    # dsd-like at batch size 4: its run opens in the run view, focused on a fork.
+    _heat_cell(page, "exact", "eqspec · dsd-like", 1).click()
+    expect(page.locator("#sv-status")).to_contain_text("run 8 of the sweep", timeout=DECODE_MS)
+    expect(page.locator("#sv-status")).to_contain_text("dsd-like")
+    expect(page.locator("#sv-grid td.sv-cell.sv-fork.sv-sel")).to_be_visible(timeout=60_000)
+    expect(page.locator("#sv-forensics")).to_contain_text("sync-bug")
+    page.screenshot(path=SHOTS / "sweep-cell-opened.png", full_page=True)
+
+    # bsp-like at bs 4 in the run view: the index its table reports is where compare marks eqspec and it parting.
+    page.get_by_role("tab", name="Sweep").click()
+    dsd_like = page.url  # the run view's share link
+    _heat_cell(page, "exact", "eqspec · bsp-like", 1).click()
+    expect(page.locator("#sv-status")).to_contain_text("run 5 of the sweep", timeout=DECODE_MS)
+    expect(page).not_to_have_url(dsd_like, timeout=60_000)  # the run view has rendered bsp-like's run
+    seq = page.locator("#sv-grid td.sv-cell.sv-sel").get_attribute("data-seq")
+    note = page.locator(f'#sv-compare .sv-compare[data-seq="{seq}"] .sv-note')  # the run view's texts, side by side
+    expect(note).to_contain_text(re.compile(r"first divergence at token \d+"))
+    fork = re.search(r"first divergence at token (\d+)", note.inner_text()).group(1)
+    page.get_by_role("tab", name="Compare two runs").click()
+    _pick(page, "#sv-compare-a", "eqspec · bs 4 · k 5 · sweep")
+    _pick(page, "#sv-compare-b", "eqspec · bsp-like · bs 4 · k 5 · sweep")
+    page.locator("#sv-compare-seq input").fill(seq)
+    page.locator("#sv-compare-seq input").press("Enter")
+    aligned = page.locator(f'#sv-compare-aligned .sv-sbs[data-seq="{seq}"]')
+    expect(aligned).to_have_attribute("data-first", fork, timeout=60_000)
+    expect(aligned.locator(f'td.sv-first[data-index="{fork}"]')).to_have_count(3)  # reference, A and B
+    expect(page.locator("#sv-compare-summary")).to_contain_text(f"first differ at token {fork}")
+    page.screenshot(path=SHOTS / "compare.png", full_page=True)
+
+    # The sweep's link replays it in a fresh page (from this process's cache).
+    fresh = browser.new_page(viewport={"width": 1280, "height": 1000})
+    fresh.goto(link)
+    expect(fresh.locator("#sv-sweep-exact td.sv-hcell")).to_have_count(9, timeout=DECODE_MS)
+    expect(fresh.locator("#sv-sweep-status")).to_contain_text("replayed on this server")
+    cells = "els => els.map(e => e.dataset.run + ':' + e.textContent)"
+    assert fresh.eval_on_selector_all("#sv-sweep-exact td.sv-hcell", cells) == page.eval_on_selector_all(
+        "#sv-sweep-exact td.sv-hcell", cells)
+
+
+def _pick(page, dropdown: str, label: str) -> None:
+    page.locator(f"{dropdown} input").click()
+    page.locator(dropdown).get_by_role("option", name=label, exact=True).click()
+    expect(page.locator(f"{dropdown} input")).to_have_value(label)
+
+
+def test_a_verify_json_report_written_by_the_cli_opens_in_the_sweep_view(browser, app_url, tiny, tmp_path):
+    from specviz.cli import main
+    from specviz.sweep import SweepReport
+
+    path = tmp_path / "verify.json"
+    assert main(["verify", "--pair", "tiny", "--device", "cpu", "--methods", "eqspec", "--fault-sets", "none",
+                 "bsp-like", "--batch-sizes", "1,4", "--k", "3", "--max-new-tokens", "12", "--allow-divergence",
+                 "--json", str(path)]) == 0
+    report = SweepReport.from_json(path.read_text())
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    page.goto(app_url)
+    page.get_by_role("tab", name="Sweep").click()
+    page.locator("#sv-sweep-upload input[type=file]").set_input_files(str(path))
+    cells = page.locator("#sv-sweep-exact td.sv-hcell")
+    expect(cells).to_have_count(len(report.rows), timeout=60_000)
+    shown = {int(cells.nth(i).get_attribute("data-run")): cells.nth(i).inner_text() for i in range(len(report.rows))}
+    assert all(abs(int(shown[i]) - r.exact_pct) < 1 for i, r in enumerate(report.rows)), shown  # the file's numbers
+    assert shown[0] == "100" and shown[3] != "100"  # eqspec at bs 1 equals the reference; bsp-like at bs 4 does not
+    expect(page.locator("#sv-sweep-summary")).to_contain_text("4 runs")
+    page.screenshot(path=SHOTS / "sweep-from-verify-json.png", full_page=True)

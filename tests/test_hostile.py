@@ -44,7 +44,7 @@ def test_every_view_at_every_focus_shows_the_payload_as_text(hostile):
         assert live_markdown(out["glossary"]) == [] and live_markdown(out["focus_note"]) == []
         for fig in (out["lanes"], out["phases"]):  # plotly reads <a href> and <img> in its texts: none may come
             assert "__pwned" not in fig.to_json() and "evil" not in fig.to_json()
-        cells = out["table"].to_numpy().ravel().tolist()  # a Dataframe of datatype "str": text, whatever it holds
+        cells = out["table"]["value"].to_numpy().ravel().tolist()  # a Dataframe of datatype "str": text, whatever it holds
         assert any(PAYLOADS[0] in str(c) for c in cells)
     shown = "".join(parse_html(views.timeline_html(hostile, views.resolve(hostile)[0])).text)
     assert PAYLOADS[0] in shown  # seen, as text

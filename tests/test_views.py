@@ -85,7 +85,7 @@ def test_clean_run_says_equal_and_draws_lanes_and_phases(clean):
     focus, _ = views.resolve(clean)
     assert "equals the reference" in views.forensics_html(clean, focus)
     assert "identical token ids" in views.compare_html(clean, focus)
-    assert all(v == "yes" for v in views.summary_frame(clean)["equivalent"])
+    assert all(v == "yes" for v in views.summary_frame(clean)["equal"])
     lanes = plots.kv_lanes(clean, focus)
     batch = {r.seq for r in clean.rows if r.batch == views.rows_by_seq(clean)[focus.seq][0].batch}
     assert len(lanes.data) == len(plots.LANES) * len(batch)
@@ -204,7 +204,7 @@ def test_a_sampled_run_opens_on_its_evidence_and_its_chips_carry_their_pit(outsi
 
 def test_a_sampled_run_claims_no_divergence_and_summarises_its_distribution(outside, clean):
     table = views.summary_frame(outside)
-    assert {"equivalent", "first divergence", "verdict"}.isdisjoint(table.columns)
+    assert {"equal", "diverges at", "verdict"}.isdisjoint(table.columns)
     assert list(table["impossible tokens"]) == [str(sum(u is None for u in s.pit)) for s in outside.sequences]
     means = [sum(u for u in s.pit if u is not None) / sum(u is not None for u in s.pit) for s in outside.sequences]
     assert list(table["mean PIT"]) == [f"{m:.3f}" for m in means]
@@ -217,7 +217,7 @@ def test_a_sampled_run_claims_no_divergence_and_summarises_its_distribution(outs
     assert "sampled at temperature 0.8, top-p 0.95" in row
     # A greedy run keeps its exact and prefix match, and its columns.
     assert "100% of sequences equal the batch-size-1 reference" in views.headline(clean)
-    assert "| sampled run |" not in views.headline(clean) and "equivalent" in views.summary_frame(clean).columns
+    assert "| sampled run |" not in views.headline(clean) and "equal" in views.summary_frame(clean).columns
 
 
 def hostile_free_text(markdown: str) -> str:
