@@ -2,8 +2,9 @@
 
 The report is a real one: eqspec on the tiny pair, float32, the quick prompts, 4 fault sets × batch sizes
 1, 2, 4, 8 × k 1, 2, 4, 5 = 64 runs, made by `specviz verify --json` and saved before anything is timed. Each
-repeat then does what the page's server does to show it: SweepReport.from_json on the file's bytes, both
-heatmaps, the four figures and each figure's to_json() (what Gradio sends), and the summary.
+repeat then runs the page's own handlers for an opened report: ui.open_report (read, validate, keep a copy to
+download), ui.render_sweep (summary, both heatmaps, the four figures, the share link), each figure's to_json()
+(what Gradio sends), and ui.remember_sides (the compare tab's pickers gain the 64 runs).
 
     OMP_NUM_THREADS=1 python benchmarks/sweep_render.py [--report out/sweep-64.json] [--repeats 7]
 """
@@ -15,8 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from specviz import sweepviews
+from specviz import ui
 from specviz.cli import main as specviz
+from specviz.settings import Settings
 from specviz.sweep import SweepReport
 
 FAULT_SETS = ("none", "bsp-like", "dsd-like", "no-kv-shift")  # correct, two presets, a fault only batches show
@@ -24,24 +26,23 @@ VERIFY = ["verify", "--pair", "tiny", "--dtype", "float32", "--device", "cpu", "
           "--methods", "eqspec", "--fault-sets", *FAULT_SETS, "--batch-sizes", "1,2,4,8", "--k", "1,2,4,5",
           "--allow-divergence"]
 RESULT = Path(__file__).parent / "results" / "sweep-render.md"
-FIGURES = (sweepviews.verdict_bars, sweepviews.divergence_histogram, sweepviews.accept_length_histogram,
-           sweepviews.acceptance_curves)
 
 
-def show(data: bytes) -> dict[str, float]:
-    """Everything the page's server does to show a report, each step's seconds."""
+def show(path: Path) -> dict[str, float]:
+    """Everything the page's server does to show a report file, each step's seconds."""
     seconds, t = {}, time.perf_counter()
-    report = SweepReport.from_json(data)
-    seconds["from_json"] = time.perf_counter() - t
+    report, _, _ = ui.open_report(str(path))
+    seconds["open_report (read, validate)"] = time.perf_counter() - t
     t = time.perf_counter()
-    for metric in sweepviews.METRICS:
-        sweepviews.heatmap_html(report, metric, selected=0)
-    sweepviews.summary_md(report)
-    seconds["heatmaps + summary"] = time.perf_counter() - t
-    for figure in FIGURES:
-        t = time.perf_counter()
-        figure(report).to_json()
-        seconds[figure.__name__] = time.perf_counter() - t
+    views = dict(zip(ui.SWEEP_VIEW_NAMES, ui.render_sweep(Settings(max_sweep_runs=64), report, 0)))  # with its link
+    seconds["render_sweep (heatmaps, figures, link)"] = time.perf_counter() - t
+    t = time.perf_counter()
+    for figure in ("verdicts", "divergence", "accept_lengths", "acceptance"):
+        views[figure].to_json()
+    seconds["figures to_json"] = time.perf_counter() - t
+    t = time.perf_counter()
+    ui.remember_sides({}, report)
+    seconds["remember_sides (compare pickers)"] = time.perf_counter() - t
     seconds["total"] = sum(seconds.values())
     return seconds
 
@@ -58,7 +59,7 @@ def main() -> None:
     data = args.report.read_bytes()
     report = SweepReport.from_json(data)
     assert report.sweep.size() == 64, report.sweep.size()
-    runs = [show(data) for _ in range(args.repeats)]
+    runs = [show(args.report) for _ in range(args.repeats)]
     lines = [f"| {step} | {statistics.median(r[step] for r in runs):.3f} | {max(r[step] for r in runs):.3f} |"
              for step in runs[0]]
     table = "| step | median s | max s |\n|---|---:|---:|\n" + "\n".join(lines)
@@ -69,8 +70,8 @@ def main() -> None:
         f"# Sweep tab: server time to show a 64-run report\n\n"
         f"{len(report.rows)} runs, {len(report.sequences)} sequences, report {len(data) / 2**20:.2f} MiB "
         f"(`specviz {' '.join(VERIFY)} --json {args.report}`). {args.repeats} repeats of everything the page's server "
-        f"does to show it: load and validate, both heatmaps and the summary, each figure built and serialized "
-        f"(to_json, as Gradio does).\n\n{table}\n\nMachine: {machine}. "
+        f"does to show it, the page's own handlers: open the file (read, validate), render every view of the Sweep tab "
+        f"with its share link, serialize each figure (to_json, as Gradio does), and list the runs for the compare tab.\n\n{table}\n\nMachine: {machine}. "
         f"Made by `OMP_NUM_THREADS=1 python benchmarks/sweep_render.py`.\n")
     print(f"wrote {RESULT}")
 
