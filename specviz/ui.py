@@ -793,7 +793,7 @@ def build(settings: Settings | None = None) -> gr.Blocks:
                     link_box = gr.Textbox(label="share link (opens this run at this focus)", interactive=False, lines=1,
                                           max_lines=1, buttons=["copy"], elem_id="sv-link")
                     table = gr.Dataframe(label="sequences (click one to focus it)", interactive=False, wrap=True,
-                                         max_height=260, elem_id="sv-table", datatype="str")  # cells as plain text
+                                         max_height=320, elem_id="sv-table", datatype="str")  # cells as plain text
                     with gr.Row():
                         focus_seq = gr.Number(label="focused sequence", precision=0, minimum=0)
                         focus_round = gr.Number(label="focused round", precision=0, minimum=0)

@@ -393,14 +393,17 @@ def summary_frame(trace: Trace) -> pd.DataFrame:
     return pd.DataFrame.from_records(records)
 
 
+PROMPT_COLUMN_PX = 200  # the prompt wraps (the table's cells do): the other columns fit beside it at 1280 px
+
+
 def column_widths(frame: pd.DataFrame) -> list[str]:
     """The sequence table's column widths: none so narrow that a header breaks inside a word (Gradio sizes
-    columns from their cells alone, and wrapped "equivalent" letter by letter); the prompt takes the rest.
-    About 8.5 px a header character and 8 a cell's (monospace), plus the cell's padding and menu button."""
+    columns from their cells alone, and wrapped "equivalent" letter by letter), and no wider than its longest
+    word or cell. About 8 px a header character and 8 a cell's (monospace), plus the cell's padding."""
     def width(column: str) -> int:
         longest_cell = max((len(str(v)) for v in frame[column]), default=0)
-        return max(int(max(len(w) for w in column.split()) * 8.5) + 30, longest_cell * 8 + 28)
-    return ["auto" if c == "prompt" else f"{width(c)}px" for c in frame.columns]
+        return max(max(len(w) for w in column.split()) * 8 + 28, longest_cell * 8 + 24)
+    return [f"{PROMPT_COLUMN_PX}px" if c == "prompt" else f"{width(c)}px" for c in frame.columns]
 
 
 def timeline_html(trace: Trace, focus: Focus) -> str:
