@@ -598,8 +598,7 @@ def _save_report(found: SweepReport) -> str:
 
 
 def render_sweep(settings: Settings, found: SweepReport | None, cell=None):
-    """Every view of the Sweep tab, the sweep's share link (or why it has none), and the runs it adds to the
-    compare tab's pickers."""
+    """Every view of the Sweep tab, and the sweep's share link (or, in the summary, why it has none)."""
     if found is None:
         return [gr.skip()] * len(SWEEP_VIEW_NAMES)
     try:
@@ -634,18 +633,14 @@ def open_cell(settings: Settings, found: SweepReport | None, evt: gr.EventData, 
         raise _error(f"this run cannot be opened here: {e}") from None
     except Cancelled:
         raise gr.Error("stopped; nothing was recorded", title="Stopped") from None
-    where = f" (run {run + 1} of the sweep: {sidebyside.run_label(**_placed(found, run))})"
-    return trace, _headline(trace, timing, where), _save(trace), None, gr.Tabs(selected="run"), run
+    where = f"run {run + 1} of the sweep: {sidebyside.row_label(found.rows[run])}"
+    return (trace, _headline(trace, timing, f" ({where})"), _save(trace), None, gr.Tabs(selected="run"), run,
+            f"Opened {where} in the Run view.")  # the Sweep tab's status: a decode's progress shows there too
 
 
 def outline_cell(found: SweepReport, cell: int):
     """The heatmaps with the opened run's cell outlined (the rest of the tab stays as it is)."""
     return tuple(sweepviews.heatmap_html(found, metric, cell) for metric in ("exact_pct", "prefix_pct"))
-
-
-def _placed(found: SweepReport, run: int) -> dict:
-    r = found.rows[run]
-    return {"method": r.method, "drafter": r.drafter, "faults": r.faults, "batch_size": r.batch_size, "k": r.k}
 
 
 def open_sweep_link(query: str):
@@ -702,7 +697,8 @@ def remember_sides(sides: dict | None, *found) -> tuple:
     labels = list(sides)
     if not new:
         return sides, gr.skip(), gr.skip()
-    a = new[0].label if len(new) > 1 else labels[-2] if len(labels) > 1 else labels[-1]
+    kept = [side.label for side in new if side.label in sides]  # a sweep larger than MAX_SIDES keeps its last runs
+    a = kept[0] if len(kept) > 1 else labels[-2] if len(labels) > 1 else labels[-1]
     return sides, gr.update(choices=labels, value=a), gr.update(choices=labels, value=labels[-1])
 
 
@@ -907,7 +903,7 @@ def build(settings: Settings | None = None) -> gr.Blocks:
             return open_cell(settings, found, evt, progress, request)  # gradio finds EventData in no partial
 
         for heatmap in (w["exact"], w["prefix"]):
-            opened_cell = heatmap.click(open_cell_here, [w["report"]], [*opened, tabs, w["cell"]],
+            opened_cell = heatmap.click(open_cell_here, [w["report"]], [*opened, tabs, w["cell"], w["status"]],
                                         api_name="open_cell" if heatmap is w["exact"] else None,
                                         api_visibility="public" if heatmap is w["exact"] else "private",
                                         concurrency_id="decode")

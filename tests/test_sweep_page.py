@@ -76,7 +76,8 @@ def test_bad_sweep_links_and_controls_get_a_message(swept):
 
 def test_a_cell_opens_its_run_in_the_run_view_at_its_fork_and_compare_marks_where_two_runs_part(swept):
     found, _, _ = swept
-    trace, status, _, pending, tabs, cell = ui.open_cell(Settings(), found, Click(3))
+    trace, status, _, pending, tabs, cell, said = ui.open_cell(Settings(), found, Click(3))
+    assert said == "Opened run 4 of the sweep: eqspec · bsp-like · bs 4 · k 5 in the Run view."
     assert trace.manifest.spec == found.spec_of(3) and pending is None and cell == 3
     assert tabs.selected == "run" and "run 4 of the sweep: eqspec · bsp-like · bs 4 · k 5" in status
     views = dict(zip(ui.VIEW_NAMES, ui.render(trace)))
@@ -110,7 +111,8 @@ def test_compare_marks_rounds_a_run_that_ends_early_and_refuses_other_prompts():
     a = _side("A <b>bold</b>", ((1, 2, 3, 4, 5),), rounds=((2, 3),), reference=ref)
     b = _side("B", ((1, 2, 3),), rounds=((1, 2),), reference=ref)
     html = sidebyside.aligned_html(a, b, 0)
-    assert 'data-first="3"' in html and "<b>bold</b>" not in html  # a label is a stranger's text
+    assert 'data-first="3"' in html and "<b>bold</b>" not in html  # a label is a stranger's text, and so is
+    assert "<1>" not in html and "&lt;1&gt;" in html  # every token's text
     assert html.count("sv-rstart") == 4  # A's rounds start at 0 and 2, B's at 0 and 1
     assert html.count('class="sv-sbs-end"') == 2  # B ended: its tokens 3 and 4 are empty cells
     assert "B wrote nothing (it had ended)" in sidebyside.summary_md(a, b, 0)
