@@ -2,9 +2,9 @@
 
 The report is a real one: eqspec on the tiny pair, float32, the quick prompts, 4 fault sets × batch sizes
 1, 2, 4, 8 × k 1, 2, 4, 5 = 64 runs, made by `specviz verify --json` and saved before anything is timed. Each
-repeat then runs the page's own handlers for an opened report: ui.open_report (read, validate, keep a copy to
-download), ui.render_sweep (summary, both heatmaps, the four figures, the share link), each figure's to_json()
-(what Gradio sends), and ui.remember_sides (the compare tab's pickers gain the 64 runs).
+repeat then runs the page's own handlers for an opened report: sweeptab.open_report (read, validate, keep a copy to
+download), sweeptab.render_sweep (summary, both heatmaps, the four figures, the share link), each figure's to_json()
+(what Gradio sends), and sweeptab.remember_sides (the compare tab's pickers gain the 64 runs).
 
     OMP_NUM_THREADS=1 python benchmarks/sweep_render.py [--report out/sweep-64.json] [--repeats 7]
 """
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from specviz import ui
+from specviz import sweeptab
 from specviz.cli import main as specviz
 from specviz.settings import Settings
 from specviz.sweep import SweepReport
@@ -31,17 +31,17 @@ RESULT = Path(__file__).parent / "results" / "sweep-render.md"
 def show(path: Path) -> dict[str, float]:
     """Everything the page's server does to show a report file, each step's seconds."""
     seconds, t = {}, time.perf_counter()
-    report, _, _ = ui.open_report(str(path))
+    report, _, _ = sweeptab.open_report(str(path))
     seconds["open_report (read, validate)"] = time.perf_counter() - t
     t = time.perf_counter()
-    views = dict(zip(ui.SWEEP_VIEW_NAMES, ui.render_sweep(Settings(max_sweep_runs=64), report, 0)))  # with its link
+    views = dict(zip(sweeptab.SWEEP_VIEW_NAMES, sweeptab.render_sweep(Settings(max_sweep_runs=64), report, 0)))  # with its link
     seconds["render_sweep (heatmaps, figures, link)"] = time.perf_counter() - t
     t = time.perf_counter()
     for figure in ("verdicts", "divergence", "accept_lengths", "acceptance"):
         views[figure].to_json()
     seconds["figures to_json"] = time.perf_counter() - t
     t = time.perf_counter()
-    ui.remember_sides({}, report)
+    sweeptab.remember_sides({}, report)
     seconds["remember_sides (compare pickers)"] = time.perf_counter() - t
     seconds["total"] = sum(seconds.values())
     return seconds

@@ -10,7 +10,7 @@ import html
 from dataclasses import dataclass
 
 from . import views
-from .sweep import SweepReport
+from .sweep import RunRow, SweepReport
 from .trace import Trace, first_difference
 
 TOKENS_PER_LINE = 12  # aligned columns a line; lines wrap, so a phone shows them too
@@ -34,6 +34,11 @@ def run_label(method: str, drafter: str, faults: str, batch_size: int, k: int) -
     return " · ".join(parts)
 
 
+def row_label(row: RunRow) -> str:
+    """A sweep run's name in the pickers, from its report row."""
+    return run_label(row.method, row.drafter, row.faults, row.batch_size, row.k)
+
+
 def side_of_trace(trace: Trace) -> Side:
     m = trace.manifest
     s = m.spec
@@ -53,7 +58,7 @@ def side_of_trace(trace: Trace) -> Side:
 def side_of_report(report: SweepReport, run: int) -> Side:
     row = report.rows[run]
     seqs = sorted((q for q in report.sequences if q.run == run), key=lambda q: q.seq)
-    return Side(run_label(row.method, row.drafter, row.faults, row.batch_size, row.k) + " · sweep",
+    return Side(row_label(row) + " · sweep",
                 tuple(report.sweep.base.prompts), tuple(tuple(q.output_ids) for q in seqs),
                 tuple(tuple(q.output_pieces) for q in seqs), tuple(tuple(q.rounds) for q in seqs),
                 tuple(None if q.reference_ids is None else tuple(q.reference_ids) for q in seqs),

@@ -19,7 +19,7 @@ from .untrusted import parse_file
 
 SCHEMA_VERSION = 4  # 3: sequences carry whole-character pieces (text.py); 4: sampled runs
 MAX_TRACE_BYTES = 64 * 2**20
-FINGERPRINT = "[0-9a-f]{16}"  # also a file name (ui._save): nothing else may pass
+FINGERPRINT = "[0-9a-f]{16}"  # also a file name (serving.save): nothing else may pass
 
 Source = Literal["draft", "correction", "bonus"]
 PickFrom = Literal["target", "residual", "draft"]

@@ -1,4 +1,6 @@
-"""The Gradio page. The only module that imports gradio; it reads traces only.
+"""The Gradio page: its Run view, its layout and its wiring (the Sweep and Compare tabs are sweeptab.py's, the
+decodes and files all handlers share serving.py's). Gradio is imported by these three modules only; they read
+traces only.
 
 One focus (a sequence and one of its rounds) links every view; clicks on the
 grid, the timeline or the table move it. The page URL always carries the run
@@ -7,39 +9,26 @@ spec and the focus (share.py); opening such a link replays the run.
 from __future__ import annotations
 
 import functools
-import hashlib
-import html
 import json
-import os
 import re
-import tempfile
-import threading
-from collections import OrderedDict
 from pathlib import Path
 
 import gradio as gr
 
-from . import check, plots, share, sidebyside, sweepviews, views
+from . import check, plots, serving, share, sweeptab, views
 from .decoding.catalogue import FAULTS
 from .decoding.catalogue import PRESETS as FAULT_PRESETS
 from .gpu import ZEROGPU, gpu
 from .methods import DRAFTERS, METHODS
 from .models import PRESETS, pair_for
 from .prompts import builtin_sets, parse_prompts
-from .runner import run
 from .settings import Settings
 from .shrink import MAX_TRIALS, Shrunk, shrink, size
 from .spec import DTYPES, ENGINE, MAX_NGRAM, MAX_TEMPERATURE, RunSpec, SpecError
-from .sweep import NO_FAULTS, Sweep, SweepReport, report
 from .trace import MAX_TRACE_BYTES, Trace
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CUSTOM = "custom (type ids below)"
 MAX_PROMPT_FILE_BYTES = 4 * 2**20
-TRACES: OrderedDict[str, Trace] = OrderedDict()  # by spec key: a replayed link is served from here
-MAX_TRACES = 48  # a sweep's runs (SPECVIZ_MAX_SWEEP_RUNS) stay, so its cells and its link open at once
-_CANCELLED: set[str] = set()  # sessions whose running decode should stop
-_LOCK = threading.Lock()
 
 # Each example opens straight onto a case worth seeing. Values follow CONTROLS below.
 _EMBEDDED = {"pair": "embedded", "prompt_set": "quick", "method": "eqspec", "faults": [], "batch_size": 4, "k": 5,
@@ -68,9 +57,6 @@ DEFAULTS = {"pair": "embedded", "target": "", "draft": "", "prompt_set": "quick"
             "faults": [], "batch_size": 4, "k": 5, "max_new_tokens": 48, "dtype": "float32", "seed": 0, "window": 0,
             "max_wait": 4, "audit": False, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "draft_temperature": None,
             "draft_top_k": None, "draft_top_p": None, "drafter": "model", "ngram_min": 1, "ngram_max": 3}
-# Finished traces our own engine made (`make traces`), served without decoding: the first page opens on the first,
-# and the examples of the same spec open at once. tests/test_bundled.py keeps them equal to today's engine.
-BUNDLED = {"bsp-like decay": "bsp-like-decay.json", "numerics near-tie": "numerics-near-tie.json"}
 FIRST_PAGE = "bsp-like decay"
 WELCOME = ("**You are looking at a real case, bundled with specviz:** {what}, recorded by its own engine. The red "
            "outline in the grid is the round that wrote a sequence's first divergent token; the panel beside it says "
@@ -84,36 +70,16 @@ TEMPERATURE_MAX = 2.0  # the slider's range; a link may carry up to spec.MAX_TEM
 TOP_P_MIN = 0.05
 
 
-PHASE_TEXT = {"reference": "reference (target alone, batch size 1)",
-              "distribution": "distribution (each token scored under the target, batch size 1)"}
 
 
-class Cancelled(Exception):
-    pass
 
 
-@functools.cache
-def bundled() -> dict[str, Trace]:
-    """The bundled traces by example name, parsed once per process."""
-    return {name: Trace.from_json((ASSETS / "traces" / file).read_text(encoding="utf-8"))
-            for name, file in BUNDLED.items()}
 
 
-def _bundled_for(spec: RunSpec) -> Trace | None:
-    key = spec.key()
-    return next((t for t in bundled().values() if t.manifest.spec.key() == key), None)
 
 
-def _headline(trace: Trace, timing: str | None, note: str = "") -> str:
-    """views.headline, saying so when the trace is a bundled one (its times are the file's)."""
-    if timing == "bundled":
-        note += " (bundled with specviz; its times are from when it was recorded, `make traces` records it anew)"
-    return views.headline(trace, note, timing=timing)
 
 
-def _error(message: str, **kwargs) -> gr.Error:
-    """gr.Error shows its message as HTML (sanitized, yet an <img> still loads): it may quote a stranger."""
-    return gr.Error(html.escape(message, quote=False), **kwargs)
 
 
 # ---------------------------------------------------------------- from controls to a spec and a trace
@@ -134,7 +100,7 @@ def spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, meth
     if (typed or "").strip():
         prompts = parse_prompts(typed, "typed prompts")
     elif prompt_file:
-        prompts = parse_prompts(_read_upload(prompt_file, MAX_PROMPT_FILE_BYTES), Path(prompt_file).name)
+        prompts = parse_prompts(serving.read_upload(prompt_file, MAX_PROMPT_FILE_BYTES), Path(prompt_file).name)
     else:
         prompts = builtin_sets()[prompt_set]
     return RunSpec.build(target=target.strip(), draft=draft.strip(), prompts=tuple(prompts), method=method,
@@ -153,61 +119,12 @@ def _real(value, blank: float | None = None) -> float | None:
     return blank if value is None else round(float(value), 6)
 
 
-def _read_upload(path: str, limit: int) -> str:
-    """An uploaded file's text, refused when over `limit` bytes or not UTF-8."""
-    p = Path(path)
-    size = p.stat().st_size
-    if size > limit:
-        raise SpecError(f"{p.name} is {size / 2**20:.1f} MiB; the limit is {limit / 2**20:.0f} MiB")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise SpecError(f"{p.name} is not UTF-8 text") from None
-    return text
 
 
-@gpu
-def decode_on_gpu(spec: RunSpec, settings: Settings, progress=None) -> Trace:
-    """All GPU work of a run; returns plain data only (a ZeroGPU worker sends it back)."""
-    return run(spec, progress=progress, trust_remote_code=settings.trust_remote_code, limits=settings)
 
 
-def _decode(spec: RunSpec, settings: Settings, progress: gr.Progress, session: str) -> tuple[Trace, str | None]:
-    """The trace for `spec`: from this process's cache, else decoded with progress and a way to stop; and where
-    its times come from (views.TIMING_TEXT): "cached", "now" (the reference decoded in this run too), "reused"
-    (the reference from an earlier run of the same prompts), "bundled" (a trace shipped in assets/traces), None
-    where the progress cannot tell (ZeroGPU)."""
-    settings.check(spec)
-    if (trace := _bundled_for(spec)) is not None:
-        return trace, "bundled"
-    key = spec.key()
-    if key in TRACES:
-        TRACES.move_to_end(key)
-        return TRACES[key], "cached"
-    total = len(spec.prompts) * spec.max_new_tokens
-    done: dict[str, int] = {}
-
-    def tick(phase: str, n: int) -> None:
-        if session in _CANCELLED:
-            raise Cancelled
-        done[phase] = done.get(phase, 0) + n
-        label = PHASE_TEXT.get(phase, phase)
-        progress(min(done[phase] / total, 1.0), desc=f"{label}: {done[phase]} of ≤{total} tokens")
-
-    _CANCELLED.discard(session)
-    progress(0, desc="loading the model pair")
-    with _LOCK:  # one decode at a time in this process, whatever the queue allows
-        # A ZeroGPU worker is another process: the callback (progress, Stop) stays behind.
-        trace = decode_on_gpu(spec, settings, None if ZEROGPU else tick)
-    _remember(trace)
-    return trace, None if ZEROGPU else "now" if "reference" in done else "reused"  # the reference ticks unless cached
 
 
-def _remember(trace: Trace) -> None:
-    """Keep a decoded trace for replays of its spec (a link this process has already run opens at once)."""
-    TRACES[trace.manifest.spec.key()] = trace
-    if len(TRACES) > MAX_TRACES:
-        TRACES.popitem(last=False)
 
 
 @gpu(runs=8)
@@ -234,50 +151,31 @@ def shrink_focused(settings: Settings, trace: Trace | None, seq, progress=gr.Pro
     token = s.output_ids[fork] if fork < len(s.output_ids) else None
 
     def tick(n: int) -> None:
-        if session in _CANCELLED:
-            raise Cancelled
+        if session in serving.CANCELLED:
+            raise serving.Cancelled
         progress(n / MAX_TRIALS, desc=f"shrink: candidate run {n} of at most {MAX_TRIALS}")
 
-    _CANCELLED.discard(session)
+    serving.CANCELLED.discard(session)
     try:
         settings.check(spec)
-        with _LOCK:
+        with serving.LOCK:
             found = shrink_on_gpu(spec, seq, fork, token, settings, None if ZEROGPU else tick)
     except SpecError as e:
-        raise _error(f"cannot shrink this run here: {e}") from None
-    except Cancelled:
+        raise serving.error(f"cannot shrink this run here: {e}") from None
+    except serving.Cancelled:
         raise gr.Error("stopped; nothing was kept", title="Stopped") from None
     small = found.trace
-    _remember(small)  # the link below then opens at once
+    serving.remember(small)  # the link below then opens at once
     verdict = small.sequences[found.seq].forensics.verdict
     return (f"**Smallest run found** ({found.trials} candidate runs): {size(spec)} → {size(small.manifest.spec)}; "
             f"its sequence {found.seq} still forks at token {found.fork} (`{verdict}`). "
             f"[Open it]({found.link()}), or copy the link.")
 
 
-@functools.cache
-def _trace_dir() -> Path:
-    """This process's own folder for downloads: private, not a fixed name in the shared temp folder."""
-    return Path(tempfile.mkdtemp(prefix="specviz-traces-"))
 
 
-def _save(trace: Trace) -> str:
-    """Write `trace` for download, named after its content's hash as well as its fingerprint: a file
-    never holds another trace than the one its path was handed out for, whatever fingerprint a
-    visitor's upload claims, and equal traces share one file."""
-    text = trace.to_json()
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    return _write_once(f"trace-{trace.manifest.fingerprint}-{digest}.json", text)
 
 
-def _write_once(name: str, text: str) -> str:
-    """`text` in this process's download folder under `name` (unless already there), and its path."""
-    path = _trace_dir() / name
-    if not path.exists():
-        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, suffix=".tmp", delete=False) as f:
-            f.write(text)
-        os.replace(f.name, path)  # whole or not at all: another session may be handed the same file
-    return str(path)
 
 
 # ---------------------------------------------------------------- event handlers
@@ -295,12 +193,12 @@ def run_controls(settings: Settings, pair, target, draft, prompt_set, typed, pro
         spec = spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, method, faults, batch_size, k,
                                   max_new_tokens, dtype, seed, window, max_wait, audit, temperature, top_k, top_p,
                                   draft_temperature, draft_top_k, draft_top_p, drafter, ngram_min, ngram_max)
-        trace, timing = _decode(spec, settings, progress, session)
+        trace, timing = serving.decode(spec, settings, progress, session)
     except SpecError as e:
-        raise _error(str(e)) from None
-    except Cancelled:
+        raise serving.error(str(e)) from None
+    except serving.Cancelled:
         raise gr.Error("stopped; nothing was recorded", title="Stopped") from None
-    return trace, _headline(trace, timing), _save(trace), None
+    return trace, serving.headline(trace, timing), serving.save(trace), None
 
 
 @gpu
@@ -327,8 +225,8 @@ def check_engine(settings: Settings, pair, target, dtype, outputs, control, serv
             target, draft = PRESETS[pair]
         files = None
         if outputs:
-            files = ((_read_upload(outputs, MAX_TRACE_BYTES).encode(), Path(outputs).name),
-                     (_read_upload(control, MAX_TRACE_BYTES).encode(), Path(control).name) if control else None)
+            files = ((serving.read_upload(outputs, MAX_TRACE_BYTES).encode(), Path(outputs).name),
+                     (serving.read_upload(control, MAX_TRACE_BYTES).encode(), Path(control).name) if control else None)
         elif (server or "").strip():
             settings.check_server(server.strip())
             if (control_server or "").strip():
@@ -345,34 +243,21 @@ def check_engine(settings: Settings, pair, target, dtype, outputs, control, serv
         servers = None if files else ((server.strip(), (served_model or "").strip() or None),
                                       (control_server.strip(), (served_model or "").strip() or None)
                                       if (control_server or "").strip() else None)
-        with _LOCK:
+        with serving.LOCK:
             trace = check_on_gpu(spec, settings, *(files or (None, None)), servers)
     except SpecError as e:
-        raise _error(str(e)) from None
-    return trace, views.headline(trace), _save(trace), None
+        raise serving.error(str(e)) from None
+    return trace, views.headline(trace), serving.save(trace), None
 
 
-def stop(request: gr.Request = None):
-    if request:
-        _CANCELLED.add(request.session_hash)
-    gr.Info("stopping after the current round…")
 
 
-def _uploaded(path: str | None, parse):
-    """A visitor's uploaded file, read (capped) and parsed by `parse` (a from_json); a bad one is a message
-    naming the file."""
-    if not path:
-        raise gr.Error("no file")
-    try:
-        return parse(_read_upload(path, MAX_TRACE_BYTES))
-    except SpecError as e:
-        raise _error(f"{Path(path).name}: {e}") from None
 
 
 def open_trace(path: str | None):
     """Upload: view a trace file without loading any model."""
-    trace = _uploaded(path, Trace.from_json)
-    return trace, views.headline(trace, " (opened from a file)"), _save(trace), None
+    trace = serving.uploaded(path, Trace.from_json)
+    return trace, views.headline(trace, " (opened from a file)"), serving.save(trace), None
 
 
 def open_link(query: str):
@@ -384,7 +269,7 @@ def open_link(query: str):
     except SpecError as e:
         return *keep, *_first_page(f"**That share link could not be used:** {views.md(str(e))}.")
     if link is None:
-        if "sweep=" in (query or ""):  # a sweep's link: the Sweep tab opens it (open_sweep_link)
+        if "sweep=" in (query or ""):  # a sweep's link: the Sweep tab opens it (sweeptab.open_sweep_link)
             return *keep, gr.skip(), gr.skip(), None, "This link is a sweep's: see the Sweep tab; click a cell there to open its run here."
         return *keep, *_first_page()
     s = link.spec
@@ -409,9 +294,9 @@ def open_link(query: str):
 def _first_page(problem: str = "") -> tuple[Trace, str, None, str]:
     """The trace, download, pending replay (none) and status of the page a visitor first sees: the FIRST_PAGE
     bundled trace."""
-    trace = bundled()[FIRST_PAGE]
-    status = WELCOME.format(what=BUNDLED_WHAT[FIRST_PAGE]) + "\n\n" + _headline(trace, "bundled")
-    return trace, _save(trace), None, (f"{problem} Showing a bundled case instead.\n\n" if problem else "") + status
+    trace = serving.bundled()[FIRST_PAGE]
+    status = WELCOME.format(what=BUNDLED_WHAT[FIRST_PAGE]) + "\n\n" + serving.headline(trace, "bundled")
+    return trace, serving.save(trace), None, (f"{problem} Showing a bundled case instead.\n\n" if problem else "") + status
 
 
 def _prompts_as_text(prompts: tuple[str, ...]) -> str:
@@ -427,12 +312,12 @@ def replay(settings: Settings, pending: dict | None, progress=gr.Progress(), req
         return gr.skip(), gr.skip(), gr.skip(), None
     session = request.session_hash if request else ""
     try:
-        trace, timing = _decode(RunSpec.model_validate_json(pending["spec"]), settings, progress, session)
+        trace, timing = serving.decode(RunSpec.model_validate_json(pending["spec"]), settings, progress, session)
     except SpecError as e:
-        raise _error(f"the shared run cannot be replayed here: {e}") from None
-    except Cancelled:
+        raise serving.error(f"the shared run cannot be replayed here: {e}") from None
+    except serving.Cancelled:
         raise gr.Error("stopped; nothing was recorded", title="Stopped") from None
-    return trace, views.headline(trace, timing=timing) + "\n\n" + _replay_report(trace, pending), _save(trace), pending
+    return trace, views.headline(trace, timing=timing) + "\n\n" + _replay_report(trace, pending), serving.save(trace), pending
 
 
 def _replay_report(trace: Trace, pending: dict) -> str:
@@ -510,205 +395,40 @@ def pick_row(trace, table, evt: gr.SelectData):
 
 # ---------------------------------------------------------------- the sweep tab
 
-SWEEP_DEFAULTS = {"pair": "embedded", "prompt_set": "quick", "max_new_tokens": 32, "dtype": "float32",
-                  "methods": ["eqspec"], "drafters": ["model"], "fault_sets": [NO_FAULTS, "bsp-like", "dsd-like"],
-                  "batch_sizes": [1, 4, 8], "ks": [5]}
-SWEEP_BATCH_SIZES = (1, 2, 3, 4, 8, 16, 32, 64)
-SWEEP_KS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 
 
-def sweep_from_controls(pair, prompt_set, max_new_tokens, dtype, methods, drafters, fault_sets, batch_sizes,
-                        ks) -> Sweep:
-    """The sweep the Sweep tab's controls describe: each fault set is one fault or preset (or none)."""
-    target, draft = PRESETS[pair]
-    base = RunSpec.build(target=target, draft=draft, prompts=tuple(builtin_sets()[prompt_set]),
-                         max_new_tokens=int(max_new_tokens), dtype=dtype)
-    missing = [what for what, chosen in (("a method", methods), ("a drafter", drafters), ("a fault set", fault_sets),
-                                         ("a batch size", batch_sizes), ("a k", ks)) if not chosen]
-    if missing:
-        raise SpecError("pick at least " + ", ".join(missing))
-    return Sweep.build(base=base, methods=tuple(methods), drafters=tuple(drafters),
-                       fault_sets=tuple(() if f == NO_FAULTS else (f,) for f in fault_sets),
-                       batch_sizes=tuple(sorted(int(b) for b in batch_sizes)), ks=tuple(sorted(int(k) for k in ks)))
 
 
-def _sweep_controls_of(sweep: Sweep) -> list:
-    """The Sweep tab's control values for `sweep` (a link's), in SWEEP_DEFAULTS' order; a control that cannot
-    hold it (prompts not a built-in set, a fault set of several faults) keeps its value, and the sweep runs as
-    the link says."""
-    b = sweep.base
-    preset = next((name for name, ids in PRESETS.items() if ids == (b.target, b.draft)), None)
-    named = next((name for name, ps in builtin_sets().items() if tuple(ps) == b.prompts), None)
-    values = {"pair": preset, "prompt_set": named, "max_new_tokens": b.max_new_tokens, "dtype": b.dtype,
-              "methods": list(sweep.methods), "drafters": list(sweep.drafters),
-              "fault_sets": [NO_FAULTS if not f else f[0] for f in sweep.fault_sets]
-              if all(len(f) <= 1 for f in sweep.fault_sets) else None,
-              "batch_sizes": list(sweep.batch_sizes), "ks": list(sweep.ks)}
-    return [gr.skip() if values[n] is None else values[n] for n in SWEEP_DEFAULTS]
 
 
-class _RunOf:
-    """_decode's progress for run i of n in a sweep: the whole sweep's fraction, and which run it is on."""
-
-    def __init__(self, progress, i: int, n: int, label: str):
-        self.progress, self.i, self.n, self.label = progress, i, n, label
-
-    def __call__(self, fraction: float, desc: str = "") -> None:
-        self.progress((self.i + fraction) / self.n, desc=f"run {self.i + 1} of {self.n} ({self.label}): {desc}")
 
 
-def _sweep_traces(sweep: Sweep, settings: Settings, progress, session: str) -> list[Trace]:
-    """Every run of `sweep`, each through _decode (its cache, the bundle, else decoded): refused whole, before any
-    work, when the server does not allow it."""
-    specs = sweep.specs()
-    settings.check_sweep(specs)
-    traces = []
-    for i, spec in enumerate(specs):
-        label = sidebyside.run_label(spec.method, spec.drafter, ",".join(spec.faults), spec.batch_size, spec.k)
-        traces.append(_decode(spec, settings, _RunOf(progress, i, len(specs), label), session)[0])
-    return traces
 
 
-def run_sweep(settings: Settings, pair, prompt_set, max_new_tokens, dtype, methods, drafters, fault_sets,
-              batch_sizes, ks, progress=gr.Progress(), request: gr.Request = None):
-    """The Sweep tab's Run button: every run of the sweep, then its report."""
-    session = request.session_hash if request else ""
-    try:
-        sweep = sweep_from_controls(pair, prompt_set, max_new_tokens, dtype, methods, drafters, fault_sets,
-                                    batch_sizes, ks)
-        found = report(sweep, _sweep_traces(sweep, settings, progress, session))
-    except SpecError as e:
-        raise _error(str(e)) from None
-    except Cancelled:
-        raise gr.Error("stopped; the runs finished so far stay cached, so running the sweep again resumes",
-                       title="Stopped") from None
-    return found, _save_report(found), None
 
 
-def open_report(path: str | None):
-    """Upload: a `specviz verify --json` report, shown without running anything."""
-    found = _uploaded(path, SweepReport.from_json)
-    return found, _save_report(found), None
 
 
-def _save_report(found: SweepReport) -> str:
-    """The report as a file to download, named after its content's hash (as _save names traces)."""
-    text = found.to_json()
-    return _write_once(f"sweep-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json", text)
 
 
-def render_sweep(settings: Settings, found: SweepReport | None, cell=None):
-    """Every view of the Sweep tab, and the sweep's share link (or, in the summary, why it has none)."""
-    if found is None:
-        return [gr.skip()] * len(SWEEP_VIEW_NAMES)
-    try:
-        settings.check_sweep(found.sweep.specs())
-        link = share.encode_sweep(found.sweep, None if cell is None else int(cell))
-        note = ""
-    except SpecError as e:
-        link, note = "", (f"**No share link:** {views.md(str(e))}: a visitor's link could not replay it here. "
-                          "Share the report file instead (Download the report below).")
-    selected = None if cell is None else int(cell)
-    return (sweepviews.summary_md(found) + ("\n\n" + note if note else ""),
-            sweepviews.heatmap_html(found, "exact_pct", selected), sweepviews.heatmap_html(found, "prefix_pct", selected),
-            sweepviews.verdict_bars(found), sweepviews.divergence_histogram(found),
-            sweepviews.accept_length_histogram(found), sweepviews.acceptance_curves(found), link)
 
 
-SWEEP_VIEW_NAMES = ("summary", "exact", "prefix", "verdicts", "divergence", "accept_lengths", "acceptance", "link_query")
 
 
-def open_cell(settings: Settings, found: SweepReport | None, evt: gr.EventData, progress=gr.Progress(),
-              request: gr.Request = None):
-    """A click on a heatmap cell: that run's trace in the run view, at its first divergence (decoded unless this
-    process has it)."""
-    data = evt._data or {}
-    run = data.get("run")
-    if found is None or not isinstance(run, int) or not 0 <= run < len(found.rows):
-        raise gr.Error("that cell is not a run of this sweep")
-    session = request.session_hash if request else ""
-    try:
-        trace, timing = _decode(found.spec_of(run), settings, progress, session)
-    except SpecError as e:
-        raise _error(f"this run cannot be opened here: {e}") from None
-    except Cancelled:
-        raise gr.Error("stopped; nothing was recorded", title="Stopped") from None
-    where = f"run {run + 1} of the sweep: {sidebyside.row_label(found.rows[run])}"
-    return (trace, _headline(trace, timing, f" ({where})"), _save(trace), None, gr.Tabs(selected="run"), run,
-            f"Opened {where} in the Run view.")  # the Sweep tab's status: a decode's progress shows there too
 
 
-def outline_cell(found: SweepReport, cell: int):
-    """The heatmaps with the opened run's cell outlined (the rest of the tab stays as it is)."""
-    return tuple(sweepviews.heatmap_html(found, metric, cell) for metric in ("exact_pct", "prefix_pct"))
 
 
-def open_sweep_link(query: str):
-    """Page load: a sweep's link fills the Sweep tab and opens it, to be replayed; anything else leaves it be."""
-    keep = [gr.skip()] * len(SWEEP_DEFAULTS)
-    try:
-        found = share.decode_sweep(query or "")
-    except SpecError as e:
-        return *keep, None, f"**That sweep link could not be used:** {views.md(str(e))}.", gr.skip()
-    if found is None:
-        return *keep, None, gr.skip(), gr.skip()
-    sweep, cell = found
-    return (*_sweep_controls_of(sweep), {"sweep": sweep.model_dump_json(), "cell": cell}, "Replaying the shared sweep…",
-            gr.Tabs(selected="sweep"))
 
 
-def replay_sweep(settings: Settings, pending: dict | None, progress=gr.Progress(), request: gr.Request = None):
-    """Run a linked sweep, when this server allows it; otherwise say why and what to ask for instead."""
-    if not pending:
-        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
-    session = request.session_hash if request else ""
-    try:
-        sweep = Sweep.model_validate_json(pending["sweep"])
-        found = report(sweep, _sweep_traces(sweep, settings, progress, session))
-    except SpecError as e:
-        raise _error(f"the shared sweep cannot be replayed here: {e}. Ask whoever shared it for its report file "
-                     "(the Sweep tab's download, or specviz verify --json) and open that instead") from None
-    except Cancelled:
-        raise gr.Error("stopped; nothing was recorded", title="Stopped") from None
-    return found, _save_report(found), pending.get("cell"), "The shared sweep, replayed on this server."
 
 
 # ---------------------------------------------------------------- the compare tab
 
-MAX_SIDES = 48  # runs a session keeps to compare (the oldest go first)
 
 
-def remember_sides(sides: dict | None, *found) -> tuple:
-    """Add the runs just shown (a trace, or a sweep report's runs) to the compare tab's pickers. A fresh pick
-    goes to B, and A keeps the run before it, so the last two runs shown are compared (a sweep: its first run
-    and its last)."""
-    sides = dict(sides or {})
-    new = []
-    for f in found:
-        if isinstance(f, Trace):
-            new.append(sidebyside.side_of_trace(f))
-        elif isinstance(f, SweepReport):
-            new += [sidebyside.side_of_report(f, i) for i in range(len(f.rows))]
-    for side in new:
-        sides.pop(side.label, None)
-        sides[side.label] = side
-    while len(sides) > MAX_SIDES:
-        sides.pop(next(iter(sides)))
-    labels = list(sides)
-    if not new:
-        return sides, gr.skip(), gr.skip()
-    kept = [side.label for side in new if side.label in sides]  # a sweep larger than MAX_SIDES keeps its last runs
-    a = kept[0] if len(kept) > 1 else labels[-2] if len(labels) > 1 else labels[-1]
-    return sides, gr.update(choices=labels, value=a), gr.update(choices=labels, value=labels[-1])
 
 
-def compare_runs(sides: dict | None, a: str | None, b: str | None, seq):
-    """The compare tab: where runs A and B first part on sequence `seq`, and their aligned tokens."""
-    sides = sides or {}
-    if a not in sides or b not in sides:
-        return "Pick two runs: every run this page has shown you (the run view's, a sweep's) is listed.", ""
-    seq = int(seq or 0)
-    return sidebyside.summary_md(sides[a], sides[b], seq), sidebyside.aligned_html(sides[a], sides[b], seq)
 
 
 # ---------------------------------------------------------------- layout
@@ -717,13 +437,6 @@ CLICKS = """
 element.addEventListener('click', (e) => {
   const c = e.target.closest('[data-round]');
   if (c && c.dataset.round !== '') trigger('click', {seq: Number(c.dataset.seq), round: Number(c.dataset.round)});
-});
-"""
-# A sweep's heatmap cell: open its run.
-CELL_CLICKS = """
-element.addEventListener('click', (e) => {
-  const c = e.target.closest('[data-run]');
-  if (c) trigger('click', {run: Number(c.dataset.run)});
 });
 """
 # After every render: put the link in the address bar and the share box.
@@ -826,9 +539,9 @@ def build(settings: Settings | None = None) -> gr.Blocks:
                         with gr.Tab("Glossary"):
                             glossary = gr.Markdown(views.glossary(None))
             with gr.Tab("Sweep", id="sweep", elem_id="sv-sweep-tab"):
-                w = _sweep_tab(settings)
+                w = sweeptab.sweep_tab(settings)
             with gr.Tab("Compare two runs", id="compare", elem_id="sv-compare-tab"):
-                p = _compare_tab()
+                p = sweeptab.compare_tab()
         link_query = gr.Textbox(visible=False)
 
         controls = [c[n] for n in DEFAULTS]
@@ -842,7 +555,7 @@ def build(settings: Settings | None = None) -> gr.Blocks:
         def then_show(event, fn=render, inputs=(trace_state,)):
             shown_run = event.success(fn, list(inputs), shown, api_visibility="private")
             show_link(shown_run)
-            shown_run.then(remember_sides, [sides, trace_state], [sides, p["a"], p["b"]], api_visibility="private")
+            shown_run.then(sweeptab.remember_sides, [sides, trace_state], [sides, p["a"], p["b"]], api_visibility="private")
             return shown_run
 
         run_inputs = [*controls[:5], c["prompt_file"], *controls[5:]]
@@ -864,7 +577,7 @@ def build(settings: Settings | None = None) -> gr.Blocks:
         running.append(checked)
         running.append(shrink_btn.click(functools.partial(shrink_focused, settings), [trace_state, focus_seq],
                                         [shrink_note], api_name="shrink", concurrency_id="decode"))
-        stop_btn.click(stop, None, None, cancels=running, api_name="stop")
+        stop_btn.click(serving.stop, None, None, cancels=running, api_name="stop")
 
         then_show(upload.upload(open_trace, [upload], opened, api_name="open_trace"))
         show_link(grid.click(pick, [trace_state], shown, api_name="pick_cell"))
@@ -884,23 +597,23 @@ def build(settings: Settings | None = None) -> gr.Blocks:
         then_show(replayed, fn=render_replayed, inputs=(trace_state, pending))
 
         # The Sweep tab: run or open a report, show it, click a cell into the run view.
-        sweep_controls = [w[n] for n in SWEEP_DEFAULTS]
+        sweep_controls = [w[n] for n in sweeptab.SWEEP_DEFAULTS]
         found_out = [w["report"], w["download"], w["cell"]]
-        sweep_shown = [w[n] for n in SWEEP_VIEW_NAMES]
+        sweep_shown = [w[n] for n in sweeptab.SWEEP_VIEW_NAMES]
 
         def then_show_sweep(event):
-            shown_sweep = event.success(functools.partial(render_sweep, settings), [w["report"], w["cell"]],
+            shown_sweep = event.success(functools.partial(sweeptab.render_sweep, settings), [w["report"], w["cell"]],
                                         sweep_shown, api_visibility="private")
             shown_sweep.then(None, [w["link_query"]], [w["link_box"]], js=UPDATE_URL, api_visibility="private")
-            shown_sweep.then(remember_sides, [sides, w["report"]], [sides, p["a"], p["b"]], api_visibility="private")
+            shown_sweep.then(sweeptab.remember_sides, [sides, w["report"]], [sides, p["a"], p["b"]], api_visibility="private")
 
-        swept = w["run"].click(functools.partial(run_sweep, settings), sweep_controls, found_out, api_name="sweep",
+        swept = w["run"].click(functools.partial(sweeptab.run_sweep, settings), sweep_controls, found_out, api_name="sweep",
                                concurrency_id="decode")
         then_show_sweep(swept)
-        w["stop"].click(stop, None, None, cancels=[swept], api_visibility="private")
-        then_show_sweep(w["upload"].upload(open_report, [w["upload"]], found_out, api_name="open_report"))
+        w["stop"].click(serving.stop, None, None, cancels=[swept], api_visibility="private")
+        then_show_sweep(w["upload"].upload(sweeptab.open_report, [w["upload"]], found_out, api_name="open_report"))
         def open_cell_here(found, evt: gr.EventData, progress=gr.Progress(), request: gr.Request = None):
-            return open_cell(settings, found, evt, progress, request)  # gradio finds EventData in no partial
+            return sweeptab.open_cell(settings, found, evt, progress, request)  # gradio finds EventData in no partial
 
         for heatmap in (w["exact"], w["prefix"]):
             opened_cell = heatmap.click(open_cell_here, [w["report"]], [*opened, tabs, w["cell"], w["status"]],
@@ -908,83 +621,24 @@ def build(settings: Settings | None = None) -> gr.Blocks:
                                         api_visibility="public" if heatmap is w["exact"] else "private",
                                         concurrency_id="decode")
             then_show(opened_cell)
-            opened_cell.success(outline_cell, [w["report"], w["cell"]], [w["exact"], w["prefix"]],
+            opened_cell.success(sweeptab.outline_cell, [w["report"], w["cell"]], [w["exact"], w["prefix"]],
                                 api_visibility="private")
-        sweep_loaded = demo.load(open_sweep_link, [w["link_query"]], [*sweep_controls, w["pending"], w["status"], tabs],
+        sweep_loaded = demo.load(sweeptab.open_sweep_link, [w["link_query"]], [*sweep_controls, w["pending"], w["status"], tabs],
                                  js="() => location.search", api_name="open_sweep_link")
-        then_show_sweep(sweep_loaded.then(functools.partial(replay_sweep, settings), [w["pending"]],
+        then_show_sweep(sweep_loaded.then(functools.partial(sweeptab.replay_sweep, settings), [w["pending"]],
                                           [*found_out, w["status"]], api_visibility="private",
                                           concurrency_id="decode"))
 
         # The compare tab: any two runs shown so far.
         compared = [sides, p["a"], p["b"], p["seq"]]
         for picker in (p["a"], p["b"], p["seq"]):
-            picker.change(compare_runs, compared, [p["summary"], p["aligned"]], api_visibility="private",
+            picker.change(sweeptab.compare_runs, compared, [p["summary"], p["aligned"]], api_visibility="private",
                           show_progress="hidden")
     return demo
 
 
-def _sweep_tab(settings: Settings) -> dict:
-    """The Sweep tab's controls and views, by name (SWEEP_DEFAULTS, SWEEP_VIEW_NAMES and the rest)."""
-    w = {"report": gr.State(None), "cell": gr.State(None), "pending": gr.State(None),
-         "link_query": gr.Textbox(visible=False)}
-    d = SWEEP_DEFAULTS
-    with gr.Row():
-        with gr.Column(scale=1, min_width=300):
-            gr.Markdown("Every run of a table of methods × fault sets × batch sizes × k, each checked token by token "
-                        "against the batch-size-1 reference (greedy). Or open a `specviz verify --json` report.")
-            w["pair"] = gr.Dropdown(list(PRESETS), value=d["pair"], label="model pair")
-            w["prompt_set"] = gr.Dropdown(list(builtin_sets()), value=d["prompt_set"], label="built-in prompts")
-            with gr.Row():
-                w["max_new_tokens"] = gr.Slider(1, settings.max_new_tokens, value=d["max_new_tokens"], step=1,
-                                                label="max new tokens")
-                w["dtype"] = gr.Dropdown(list(DTYPES), value=d["dtype"], label="dtype")
-            w["methods"] = gr.CheckboxGroup(list(METHODS), value=d["methods"], label="methods", elem_id="sv-sweep-methods")
-            w["drafters"] = gr.CheckboxGroup(list(DRAFTERS), value=d["drafters"], label="drafters")
-            w["fault_sets"] = gr.CheckboxGroup([NO_FAULTS, *FAULTS, *FAULT_PRESETS], value=d["fault_sets"],
-                                               label="faults: one run for each (the methods that take faults)",
-                                               elem_id="sv-sweep-faults")
-            w["batch_sizes"] = gr.CheckboxGroup([b for b in SWEEP_BATCH_SIZES if b <= settings.max_batch_size],
-                                                value=d["batch_sizes"], label="batch sizes", elem_id="sv-sweep-bs")
-            w["ks"] = gr.CheckboxGroup([k for k in SWEEP_KS if k <= settings.max_k], value=d["ks"],
-                                       label="k (drafts a round)", elem_id="sv-sweep-k")
-            with gr.Row():
-                w["run"] = gr.Button("Run the sweep", variant="primary", elem_id="sv-sweep-run")
-                w["stop"] = gr.Button("Stop", variant="stop")
-            w["upload"] = gr.File(label="or open a report (specviz verify --json)", file_types=[".json"],
-                                  type="filepath", elem_id="sv-sweep-upload", height=90)
-            w["download"] = gr.DownloadButton("Download the report (JSON)", value=None, elem_id="sv-sweep-download")
-        with gr.Column(scale=3, elem_id="sv-sweep-views"):
-            w["status"] = gr.Markdown("", elem_id="sv-sweep-status", latex_delimiters=[])
-            w["summary"] = gr.Markdown("Run a sweep or open a report.", elem_id="sv-sweep-summary",
-                                       latex_delimiters=[])
-            w["link_box"] = gr.Textbox(label="share link (replays this sweep)", interactive=False, lines=1,
-                                       max_lines=1, buttons=["copy"], elem_id="sv-sweep-link")
-            gr.Markdown("### Equivalence — sequences equal to the reference (click a cell to open its run)")
-            with gr.Row():
-                w["exact"] = gr.HTML(js_on_load=CELL_CLICKS, elem_id="sv-sweep-exact")
-                w["prefix"] = gr.HTML(js_on_load=CELL_CLICKS, elem_id="sv-sweep-prefix")
-            with gr.Row():
-                w["verdicts"] = gr.Plot(show_label=False, elem_id="sv-sweep-verdicts")
-                w["divergence"] = gr.Plot(show_label=False, elem_id="sv-sweep-divergence")
-            with gr.Row():
-                w["accept_lengths"] = gr.Plot(show_label=False, elem_id="sv-sweep-accept")
-                w["acceptance"] = gr.Plot(show_label=False, elem_id="sv-sweep-acceptance")
-    return w
 
 
-def _compare_tab() -> dict:
-    p = {}
-    gr.Markdown("Two runs of the same prompts, token by token under the reference's: a bar where a round starts, "
-                "pink where a run departs from the reference, red at the first token where the two runs part. "
-                "The pickers list every run this page has shown you (the run view's and a sweep's).")
-    with gr.Row():
-        p["a"] = gr.Dropdown([], label="run A", elem_id="sv-compare-a")
-        p["b"] = gr.Dropdown([], label="run B", elem_id="sv-compare-b")
-        p["seq"] = gr.Number(value=0, precision=0, minimum=0, label="sequence", elem_id="sv-compare-seq")
-    p["summary"] = gr.Markdown("Pick two runs.", elem_id="sv-compare-summary", latex_delimiters=[])
-    p["aligned"] = gr.HTML(elem_id="sv-compare-aligned", js_on_load=None)
-    return p
 
 
 def method_allows(method: str, drafter: str):
@@ -1092,5 +746,5 @@ def serve(settings: Settings | None = None, **launch_kwargs) -> gr.Blocks:
     settings = settings or Settings.from_env()
     demo = build(settings)
     demo.queue(default_concurrency_limit=1, max_size=settings.queue_size)
-    demo.launch(css_paths=[ASSETS / "specviz.css"], max_file_size=MAX_TRACE_BYTES, **launch_kwargs)
+    demo.launch(css_paths=[serving.ASSETS / "specviz.css"], max_file_size=MAX_TRACE_BYTES, **launch_kwargs)
     return demo

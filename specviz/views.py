@@ -226,7 +226,7 @@ def drafter_text(spec) -> str:
     return f"prompt lookup (n-grams {drafter_ngrams(spec)}, no draft model)"
 
 
-# Where the page came by a run's times (ui.py knows; a trace file alone does not).
+# Where the page came by a run's times (serving.py knows; a trace file alone does not).
 TIMING_TEXT = {
     "now": "both measured on this machine in this run",
     "reused": ("the run's measured on this machine in this run; the reference's when this process first decoded "

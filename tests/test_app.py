@@ -236,7 +236,7 @@ SAMPLED = [*TINY_RUN, False, 0.8, 40, 0.9, None, None, None]  # audit off; tempe
 
 
 def test_the_sampling_controls_make_the_spec_and_a_sampled_link_replays_exactly(client):
-    from specviz import ui
+    from specviz import serving, ui
     from specviz.settings import Settings
 
     status, trace_file = client.predict(*SAMPLED, api_name="/run")
@@ -256,7 +256,7 @@ def test_the_sampling_controls_make_the_spec_and_a_sampled_link_replays_exactly(
     controls = ui.open_link(share.encode(share.Link(own)))[:len(ui.DEFAULTS)]
     assert ui.spec_from_controls(*controls[:5], None, *controls[5:]) == own
     # Replayed afresh (not from this process's cache): the same fingerprint, and the report says so.
-    ui.TRACES.pop(spec.key(), None)
+    serving.TRACES.pop(spec.key(), None)
     replayed, report, _, _ = ui.replay(Settings(), {"spec": spec.canonical_json(), "fp": trace.manifest.fingerprint,
                                                    "env": share.environment(trace.manifest)})
     assert replayed is not trace and replayed.manifest.fingerprint == trace.manifest.fingerprint

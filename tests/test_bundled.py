@@ -4,17 +4,17 @@ import json
 
 import pytest
 
-from specviz import share, ui
+from specviz import serving, share, ui
 from specviz.runner import run
 from specviz.settings import Settings
 from specviz.trace import SCHEMA_VERSION, Trace
 
-NAMES = list(ui.BUNDLED)
+NAMES = list(serving.BUNDLED)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_a_bundled_trace_is_current_and_is_what_the_engine_writes_today(name):
-    raw = (ui.ASSETS / "traces" / ui.BUNDLED[name]).read_text(encoding="utf-8")
+    raw = (serving.ASSETS / "traces" / serving.BUNDLED[name]).read_text(encoding="utf-8")
     assert json.loads(raw)["schema_version"] == SCHEMA_VERSION, "the schema moved on: run `make traces`"
     bundled = Trace.from_json(raw)
     today = run(bundled.manifest.spec)
@@ -29,7 +29,7 @@ def test_a_bundled_trace_is_current_and_is_what_the_engine_writes_today(name):
 
 
 def test_the_bundled_cases_are_what_their_names_say():
-    traces = ui.bundled()
+    traces = serving.bundled()
     decay = [s.forensics.verdict for s in traces["bsp-like decay"].sequences if s.forensics]
     assert decay and all(v.startswith("sync-bug") for v in decay)
     ties = [s.forensics.verdict for s in traces["numerics near-tie"].sequences if s.forensics]
@@ -39,7 +39,7 @@ def test_the_bundled_cases_are_what_their_names_say():
 def test_the_first_page_opens_the_bundled_decay_at_its_fork_and_its_link_replays_it_at_once():
     *controls, trace, download, pending, status = ui.open_link("")
     assert all(c is not None for c in controls) and pending is None  # controls untouched (skips), nothing to replay
-    assert trace is ui.bundled()[ui.FIRST_PAGE] and Trace.from_json(open(download).read()) == trace
+    assert trace is serving.bundled()[ui.FIRST_PAGE] and Trace.from_json(open(download).read()) == trace
     assert status.startswith("**You are looking at a real case") and "To run your own" in status
     assert "bundled with specviz" in status
     views = dict(zip(ui.VIEW_NAMES, ui.render(trace)))
@@ -59,5 +59,5 @@ def test_the_first_page_opens_the_bundled_decay_at_its_fork_and_its_link_replays
 
 def test_a_bad_link_says_so_and_still_opens_the_bundled_case():
     *_, trace, _, pending, status = ui.open_link("?run=@@@@")
-    assert trace is ui.bundled()[ui.FIRST_PAGE] and pending is None
+    assert trace is serving.bundled()[ui.FIRST_PAGE] and pending is None
     assert status.startswith("**That share link could not be used") and "Showing a bundled case instead" in status

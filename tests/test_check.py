@@ -198,14 +198,14 @@ def test_the_outputs_schema_file_is_current():
 
 
 def test_two_engines_compare_token_by_token_where_they_part(tmp_path, tiny):
-    from specviz import sidebyside, ui
+    from specviz import sidebyside, sweeptab
 
     good = _check(tmp_path, "--engine", "test_check:correct")
     bad = _check(tmp_path, "--engine", "test_check:bsp_like")
-    sides, a, b = ui.remember_sides(ui.remember_sides({}, good)[0], bad)
+    sides, a, b = sweeptab.remember_sides(sweeptab.remember_sides({}, good)[0], bad)
     assert (a["value"], b["value"]) == (sidebyside.side_of_trace(good).label, sidebyside.side_of_trace(bad).label)
     assert b["value"].startswith("engine bsp-like · ")
     s = next(s for s in bad.sequences if s.equivalent is False)
-    summary, aligned = ui.compare_runs(sides, a["value"], b["value"], s.seq)
+    summary, aligned = sweeptab.compare_runs(sides, a["value"], b["value"], s.seq)
     assert f"first differ at token {s.first_divergence}:" in summary and "equal to the batch-size-1 reference" in summary
     assert f'data-first="{s.first_divergence}"' in aligned

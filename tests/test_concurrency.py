@@ -8,7 +8,8 @@ from gradio_client import Client, handle_file
 
 from specviz.runner import run
 from specviz.trace import Trace
-from specviz.ui import DEFAULTS, _save, spec_from_controls
+from specviz.serving import save
+from specviz.ui import DEFAULTS, spec_from_controls
 
 # Eight small runs on the tiny pair, all different (seeds 900-907 keep them out of other tests' replay cache).
 RUNS = [
@@ -72,6 +73,6 @@ def test_saved_traces_with_one_fingerprint_never_share_a_file():
     # Another trace claiming the same fingerprint (a well-formed one: a trace whose parts disagree is refused).
     other = trace.model_copy(update={"manifest": trace.manifest.model_copy(update={"device_name": "elsewhere"})})
     assert other.manifest.fingerprint == trace.manifest.fingerprint
-    paths = _save(trace), _save(other), _save(trace)
+    paths = save(trace), save(other), save(trace)
     assert paths[0] != paths[1] and paths[0] == paths[2]
     assert Trace.from_json(Path(paths[0]).read_text()) == trace and Trace.from_json(Path(paths[1]).read_text()) == other

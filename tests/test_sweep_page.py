@@ -3,7 +3,7 @@ server's limit on sweeps, a click into the run view, and two runs compared token
 import gradio as gr
 import pytest
 
-from specviz import share, sidebyside, ui
+from specviz import share, sidebyside, sweeptab, ui
 from specviz.settings import Settings
 from specviz.spec import RunSpec
 from specviz.sweep import Sweep
@@ -21,7 +21,7 @@ class Click:
 
 @pytest.fixture(scope="module")
 def swept():
-    found, download, cell = ui.run_sweep(Settings(), *CONTROLS)
+    found, download, cell = sweeptab.run_sweep(Settings(), *CONTROLS)
     return found, download, cell
 
 
@@ -32,17 +32,17 @@ def test_a_sweep_runs_each_configuration_and_its_link_replays_it(swept):
         ("eqspec", 1, 100.0), ("eqspec", 4, 100.0), ("eqspec · bsp-like", 1, found.rows[2].exact_pct),
         ("eqspec · bsp-like", 4, found.rows[3].exact_pct)]
     assert found.rows[3].exact_pct < 100 and found.rows[3].verdicts
-    views = dict(zip(ui.SWEEP_VIEW_NAMES, ui.render_sweep(Settings(), found, 3)))
+    views = dict(zip(sweeptab.SWEEP_VIEW_NAMES, sweeptab.render_sweep(Settings(), found, 3)))
     assert views["exact"].count('class="sv-hcell') == 4 and 'class="sv-hcell sv-sel" data-run="3"' in views["exact"]
     assert "4 runs" in views["summary"] and "No share link" not in views["summary"]
     sweep, cell = share.decode_sweep(views["link_query"])
     assert sweep == found.sweep and cell == 3
     # Opening the link fills the tab's controls and opens it; the replay serves the runs from this process's cache.
-    *controls, pending, status, tabs = ui.open_sweep_link(views["link_query"])
+    *controls, pending, status, tabs = sweeptab.open_sweep_link(views["link_query"])
     assert controls == [CONTROLS[0], CONTROLS[1], 16, "float32", ["eqspec"], ["model"], ["none", "bsp-like"], [1, 4],
                         [5]]
     assert status == "Replaying the shared sweep…" and tabs.selected == "sweep"
-    replayed, _, cell, said = ui.replay_sweep(Settings(), pending)
+    replayed, _, cell, said = sweeptab.replay_sweep(Settings(), pending)
     assert replayed.to_json() == found.to_json() and cell == 3 and "replayed" in said
 
 
@@ -50,33 +50,33 @@ def test_a_sweep_over_the_servers_limit_is_refused_and_its_report_offered_instea
     found, _, _ = swept
     small = Settings(max_sweep_runs=3)
     with pytest.raises(gr.Error, match="4 runs, over this server's limit of 3 \\(SPECVIZ_MAX_SWEEP_RUNS\\)"):
-        ui.run_sweep(small, *CONTROLS)
-    views = dict(zip(ui.SWEEP_VIEW_NAMES, ui.render_sweep(small, found)))
+        sweeptab.run_sweep(small, *CONTROLS)
+    views = dict(zip(sweeptab.SWEEP_VIEW_NAMES, sweeptab.render_sweep(small, found)))
     assert views["link_query"] == "" and "No share link" in views["summary"]
     assert "report file" in views["summary"]
     pending = {"sweep": found.sweep.model_dump_json(), "cell": None}
     with pytest.raises(gr.Error, match="report file"):
-        ui.replay_sweep(small, pending)
+        sweeptab.replay_sweep(small, pending)
     # A run the server refuses (a batch size over its limit) refuses the whole sweep before any work.
     with pytest.raises(gr.Error, match="batch size 4 is over this server's limit of 2"):
-        ui.run_sweep(Settings(max_batch_size=2), *CONTROLS)
+        sweeptab.run_sweep(Settings(max_batch_size=2), *CONTROLS)
 
 
 def test_bad_sweep_links_and_controls_get_a_message(swept):
-    *_, pending, status, _ = ui.open_sweep_link("?sweep=@@@@")
+    *_, pending, status, _ = sweeptab.open_sweep_link("?sweep=@@@@")
     assert pending is None and "could not be used" in status and "damaged" in status
     good = share.encode_sweep(swept[0].sweep)
-    *_, pending, status, _ = ui.open_sweep_link(good[:60])
+    *_, pending, status, _ = sweeptab.open_sweep_link(good[:60])
     assert pending is None and "could not be used" in status
-    *_, pending, status, tabs = ui.open_sweep_link("?run=abc")  # a run's link: not the Sweep tab's business
+    *_, pending, status, tabs = sweeptab.open_sweep_link("?run=abc")  # a run's link: not the Sweep tab's business
     assert pending is None and tabs == gr.skip()
     with pytest.raises(gr.Error, match="pick at least a batch size"):
-        ui.run_sweep(Settings(), *CONTROLS[:7], [], [5])
+        sweeptab.run_sweep(Settings(), *CONTROLS[:7], [], [5])
 
 
 def test_a_cell_opens_its_run_in_the_run_view_at_its_fork_and_compare_marks_where_two_runs_part(swept):
     found, _, _ = swept
-    trace, status, _, pending, tabs, cell, said = ui.open_cell(Settings(), found, Click(3))
+    trace, status, _, pending, tabs, cell, said = sweeptab.open_cell(Settings(), found, Click(3))
     assert said == "Opened run 4 of the sweep: eqspec · bsp-like · bs 4 · k 5 in the Run view."
     assert trace.manifest.spec == found.spec_of(3) and pending is None and cell == 3
     assert tabs.selected == "run" and "run 4 of the sweep: eqspec · bsp-like · bs 4 · k 5" in status
@@ -84,19 +84,19 @@ def test_a_cell_opens_its_run_in_the_run_view_at_its_fork_and_compare_marks_wher
     first = next(s for s in trace.sequences if s.equivalent is False)
     assert views["focus_seq"] == first.seq and "sv-fork sv-sel" in views["grid"]
     with pytest.raises(gr.Error, match="not a run of this sweep"):
-        ui.open_cell(Settings(), found, Click(99))
+        sweeptab.open_cell(Settings(), found, Click(99))
 
-    sides, a, b = ui.remember_sides({}, found)
+    sides, a, b = sweeptab.remember_sides({}, found)
     assert (a["value"], b["value"]) == ("eqspec · bs 1 · k 5 · sweep", "eqspec · bsp-like · bs 4 · k 5 · sweep")
-    sides, a, b = ui.remember_sides(sides, trace)  # the run view's run joins them, as B
+    sides, a, b = sweeptab.remember_sides(sides, trace)  # the run view's run joins them, as B
     assert b["value"].startswith("eqspec · bsp-like · bs 4 · k 5 · ") and len(sides) == 5
-    summary, aligned = ui.compare_runs(sides, "eqspec · bs 4 · k 5 · sweep", b["value"], first.seq)
+    summary, aligned = sweeptab.compare_runs(sides, "eqspec · bs 4 · k 5 · sweep", b["value"], first.seq)
     fork = first.first_divergence
     assert f"first differ at token {fork}:" in summary and f'data-first="{fork}"' in aligned
     assert aligned.count(f'sv-first" data-index="{fork}"') + aligned.count(f'sv-first sv-rstart" data-index="{fork}"') \
         == 3  # outlined in the reference's row, A's and B's
     # The report's run and the run view's trace of the same spec are the same tokens.
-    summary, aligned = ui.compare_runs(sides, "eqspec · bsp-like · bs 4 · k 5 · sweep", b["value"], first.seq)
+    summary, aligned = sweeptab.compare_runs(sides, "eqspec · bsp-like · bs 4 · k 5 · sweep", b["value"], first.seq)
     assert "write the same" in summary and 'data-first=""' in aligned
 
 
