@@ -122,14 +122,16 @@ def aligned_html(a: Side, b: Side, seq: int) -> str:
     out = [f'<div class="sv-sbs" data-seq="{seq}" data-first="{"" if first is None else first}">']
     for start in range(0, max(width, 1), TOKENS_PER_LINE):
         cols = range(start, min(start + TOKENS_PER_LINE, width))
+        pad = "<td></td>" * (TOKENS_PER_LINE - len(cols))  # a short last line keeps the others' column widths
         out.append('<table class="sv-sbs-line"><thead><tr><th></th>' + "".join(
-            f'<th class="{"sv-first" if i == first else ""}">{i}</th>' for i in cols) + "</tr></thead><tbody>")
+            f'<th class="{"sv-first" if i == first else ""}">{i}</th>' for i in cols)
+            + "<th></th>" * (TOKENS_PER_LINE - len(cols)) + "</tr></thead><tbody>")
         for (name, ids, pieces, _), round_starts in zip(rows, starts):
             out.append(f'<tr><th class="sv-sbs-name" title="{html.escape(name)}">{html.escape(name.split(":")[0])}'
                        "</th>")
             for i in cols:
                 out.append(_cell(ids, pieces, ref, i, first, round_starts))
-            out.append("</tr>")
+            out.append(pad + "</tr>")
         out.append("</tbody></table>")
     return "".join(out) + "</div>"
 
