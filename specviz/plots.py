@@ -26,6 +26,8 @@ def _lane_value(r, field: str) -> int:
     if field == "drafts":
         return len(r.draft_tokens)
     return getattr(r, f"{field}_before")
+
+
 COLOURS = px.colors.qualitative.D3
 PHASE_COLOURS = {"draft": "#4c78a8", "verify": "#f58518", "realign": "#e45756", "trace": "#9d9d9d",
                  "watch": "#b279a2"}

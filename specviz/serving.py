@@ -44,9 +44,13 @@ def bundled() -> dict[str, Trace]:
             for name, file in BUNDLED.items()}
 
 
+@functools.cache
+def _bundled_by_key() -> dict[str, Trace]:
+    return {t.manifest.spec.key(): t for t in bundled().values()}
+
+
 def bundled_for(spec: RunSpec) -> Trace | None:
-    key = spec.key()
-    return next((t for t in bundled().values() if t.manifest.spec.key() == key), None)
+    return _bundled_by_key().get(spec.key())
 
 
 def headline(trace: Trace, timing: str | None, note: str = "") -> str:

@@ -74,9 +74,7 @@ def decode(query: str) -> Link | None:
     params = _params(query)
     if "run" not in params:
         return None
-    payload = _payload(params, "run")
-    if not isinstance(payload, dict) or not isinstance(payload.get("spec"), dict):
-        raise SpecError("the link's run holds no run spec")
+    payload = _payload(params, "run", "spec", "run spec")
     spec = RunSpec.build(**payload["spec"])
     fp, env = payload.get("fp"), payload.get("env") or {}
     if fp is not None and not (isinstance(fp, str) and re.fullmatch(FINGERPRINT, fp)) or not _flat(env):
@@ -89,11 +87,14 @@ def decode_sweep(query: str) -> tuple[Sweep, int | None] | None:
     params = _params(query)
     if "sweep" not in params:
         return None
-    payload = _payload(params, "sweep")
-    if not isinstance(payload, dict) or not isinstance(payload.get("base"), dict):
-        raise SpecError("the link's sweep holds no base run spec")
+    payload = _payload(params, "sweep", "base", "base run spec")
     base = RunSpec.build(**payload.pop("base"))
     return Sweep.build(base=base, **payload), _index(params, "cell")
+
+
+def is_sweep(query: str) -> bool:
+    """Whether a query string is a sweep's link (decode_sweep reads it; decode leaves it)."""
+    return "sweep" in _params(query)
 
 
 def _params(query: str) -> dict:
@@ -102,8 +103,8 @@ def _params(query: str) -> dict:
     return parse_qs(query.lstrip("?"), keep_blank_values=True)
 
 
-def _payload(params: dict, name: str) -> object:
-    """The JSON packed in the link's `name` parameter."""
+def _payload(params: dict, name: str, key: str, what: str) -> dict:
+    """The JSON object packed in the link's `name` parameter, which must hold `key` (`what`) as an object."""
     damaged = SpecError(f"the link's {name} is damaged (was it cut off when copied?)")
     try:
         packed = base64.urlsafe_b64decode(params[name][0] + "=" * (-len(params[name][0]) % 4))
@@ -114,9 +115,12 @@ def _payload(params: dict, name: str) -> object:
     if inflater.unconsumed_tail:
         raise SpecError(f"the link's {name} is too large")
     try:
-        return parse_json(raw)
+        payload = parse_json(raw)
     except SpecError:
         raise damaged from None
+    if not isinstance(payload, dict) or not isinstance(payload.get(key), dict):
+        raise SpecError(f"the link's {name} holds no {what}")
+    return payload
 
 
 def _flat(env: object) -> bool:

@@ -10,8 +10,8 @@ import html
 from dataclasses import dataclass
 
 from . import views
-from .sweep import RunRow, SweepReport
-from .trace import Trace, first_difference
+from .sweep import SweepReport, run_name
+from .trace import SequenceRecord, Trace, first_difference
 
 TOKENS_PER_LINE = 12  # aligned columns a line; lines wrap, so a phone shows them too
 
@@ -27,42 +27,26 @@ class Side:
     reference_pieces: tuple[tuple[str | None, ...] | None, ...]
 
 
-def run_label(method: str, drafter: str, faults: str, batch_size: int, k: int) -> str:
-    """A run's name in the pickers: eqspec · bsp-like · bs 4 · k 5 (the drafter only when not the draft model)."""
-    parts = [method, *([drafter] if drafter not in ("model", "-") else []), *([faults] if faults else []),
-             f"bs {batch_size}", f"k {k}"]
-    return " · ".join(parts)
-
-
-def row_label(row: RunRow) -> str:
-    """A sweep run's name in the pickers, from its report row."""
-    return run_label(row.method, row.drafter, row.faults, row.batch_size, row.k)
-
-
 def side_of_trace(trace: Trace) -> Side:
     m = trace.manifest
-    s = m.spec
-    if m.engine is not None:
-        label = f"engine {m.engine.name} · {m.fingerprint[:8]}"
-    else:
-        label = run_label(s.method, s.drafter, ",".join(s.faults), s.batch_size, s.k) + f" · {m.fingerprint[:8]}"
+    name = f"engine {m.engine.name}" if m.engine is not None else run_name(m.spec)
     by_seq = views.rows_by_seq(trace)
-    seqs = trace.sequences
-    return Side(label, tuple(p.text for p in trace.prompts), tuple(tuple(q.output_ids) for q in seqs),
-                tuple(tuple(q.output_pieces) for q in seqs),
-                tuple(tuple(len(r.emitted) for r in by_seq.get(q.seq, [])) for q in seqs),
-                tuple(None if q.reference_ids is None else tuple(q.reference_ids) for q in seqs),
-                tuple(None if q.reference_pieces is None else tuple(q.reference_pieces) for q in seqs))
+    rounds = [[len(r.emitted) for r in by_seq.get(q.seq, [])] for q in trace.sequences]
+    return _side(f"{name} · {m.fingerprint[:8]}", [p.text for p in trace.prompts], trace.sequences, rounds)
 
 
 def side_of_report(report: SweepReport, run: int) -> Side:
-    row = report.rows[run]
-    seqs = sorted((q for q in report.sequences if q.run == run), key=lambda q: q.seq)
-    return Side(row_label(row) + " · sweep",
-                tuple(report.sweep.base.prompts), tuple(tuple(q.output_ids) for q in seqs),
-                tuple(tuple(q.output_pieces) for q in seqs), tuple(tuple(q.rounds) for q in seqs),
-                tuple(None if q.reference_ids is None else tuple(q.reference_ids) for q in seqs),
-                tuple(None if q.reference_pieces is None else tuple(q.reference_pieces) for q in seqs))
+    seqs = report.sequences_of(run)
+    return _side(report.rows[run].name() + " · sweep", report.sweep.base.prompts, seqs, [q.rounds for q in seqs])
+
+
+def _side(label: str, prompts, seqs: list[SequenceRecord], rounds: list[list[int]]) -> Side:
+    def frozen(values):
+        return None if values is None else tuple(values)
+
+    return Side(label, tuple(prompts), tuple(tuple(q.output_ids) for q in seqs), tuple(tuple(q.output_pieces) for q in seqs),
+                tuple(map(tuple, rounds)), tuple(frozen(q.reference_ids) for q in seqs),
+                tuple(frozen(q.reference_pieces) for q in seqs))
 
 
 def problem(a: Side, b: Side, seq: int) -> str | None:

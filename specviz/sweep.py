@@ -32,6 +32,17 @@ def _placed(method: str, drafter: str, faults: tuple[str, ...], batch_size: int,
             "batch_size": batch_size, "k": k}
 
 
+def _label(method: str, drafter: str, faults: str) -> str:
+    """A run's row in a sweep (placed): the method, the drafter where it is not the draft model, the faults."""
+    return " · ".join(x for x in (method, drafter not in ("model", "-") and drafter, faults) if x)
+
+
+def run_name(spec: RunSpec) -> str:
+    """A run's name as a sweep's row names it (RunRow.name): eqspec · bsp-like · bs 4 · k 5."""
+    place = _placed(**{a: getattr(spec, a) for a in AXES})
+    return f"{_label(place['method'], place['drafter'], place['faults'])} · bs {spec.batch_size} · k {spec.k}"
+
+
 class Sweep(Strict):
     """What a sweep is: one base spec and its axes. The base's own method, drafter, faults, batch size and k
     are placeholders; each run sets them (spec_of, specs)."""
@@ -106,11 +117,15 @@ class RunRow(Strict):
     accepted: Many[int] = Field(default_factory=list)  # [j]: records that accepted the draft at position j
 
     def label(self) -> str:
-        """The heatmap's row: method, the drafter where it is not the draft model, the faults."""
-        return " · ".join(x for x in (self.method, self.drafter not in ("model", "-") and self.drafter, self.faults) if x)
+        """The heatmap's row."""
+        return _label(self.method, self.drafter, self.faults)
 
     def column(self) -> str:
         return f"bs {self.batch_size} · k {self.k}"
+
+    def name(self) -> str:
+        """The run's own name, its row and its column: eqspec · bsp-like · bs 4 · k 5."""
+        return f"{self.label()} · {self.column()}"
 
 
 class SweepSequence(SequenceRecord):
@@ -158,6 +173,11 @@ class SweepReport(Strict):
 
     def spec_of(self, run: int) -> RunSpec:
         return self.sweep.specs()[run]
+
+    def sequences_of(self, run: int) -> list[SweepSequence]:
+        """Run `run`'s sequences in prompt order (the report keeps them run by run: _consistent checks it)."""
+        n = len(self.sweep.base.prompts)
+        return self.sequences[run * n:(run + 1) * n]
 
     def to_json(self) -> str:
         return self.model_dump_json()

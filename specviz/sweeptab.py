@@ -15,7 +15,7 @@ from .models import PRESETS
 from .prompts import builtin_sets
 from .settings import Settings
 from .spec import DTYPES, RunSpec, SpecError
-from .sweep import NO_FAULTS, Sweep, SweepReport, report
+from .sweep import NO_FAULTS, Sweep, SweepReport, report, run_name
 from .trace import Trace
 
 SWEEP_DEFAULTS = {"pair": "embedded", "prompt_set": "quick", "max_new_tokens": 32, "dtype": "float32",
@@ -70,11 +70,8 @@ def _sweep_traces(sweep: Sweep, settings: Settings, progress, session: str) -> l
     work, when the server does not allow it."""
     specs = sweep.specs()
     settings.check_sweep(specs)
-    traces = []
-    for i, spec in enumerate(specs):
-        label = sidebyside.run_label(spec.method, spec.drafter, ",".join(spec.faults), spec.batch_size, spec.k)
-        traces.append(serving.decode(spec, settings, _RunOf(progress, i, len(specs), label), session)[0])
-    return traces
+    return [serving.decode(spec, settings, _RunOf(progress, i, len(specs), run_name(spec)), session)[0]
+            for i, spec in enumerate(specs)]
 
 
 def run_sweep(settings: Settings, pair, prompt_set, max_new_tokens, dtype, methods, drafters, fault_sets,
@@ -141,7 +138,7 @@ def open_cell(settings: Settings, found: SweepReport | None, evt: gr.EventData, 
         raise serving.error(f"this run cannot be opened here: {e}") from None
     except serving.Cancelled:
         raise gr.Error("stopped; nothing was recorded", title="Stopped") from None
-    where = f"run {run + 1} of the sweep: {sidebyside.row_label(found.rows[run])}"
+    where = f"run {run + 1} of the sweep: {found.rows[run].name()}"
     return (trace, serving.headline(trace, timing, f" ({where})"), serving.save(trace), None, gr.Tabs(selected="run"), run,
             f"Opened {where} in the Run view.")  # the Sweep tab's status: a decode's progress shows there too
 

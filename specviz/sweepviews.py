@@ -31,10 +31,6 @@ def _figure(data: list[dict], **layout) -> go.Figure:
     return go.Figure(data=data, layout={**LAYOUT, **layout}, skip_invalid=True)
 
 
-def _where(row: RunRow) -> str:
-    return f"{row.label()} · {row.column()}"
-
-
 # ---------------------------------------------------------------- heatmap
 
 
@@ -48,10 +44,10 @@ def _cell(run: int, row: RunRow, metric: str, selected: int | None) -> str:
     value = getattr(row, metric)
     if value is None:  # sampled: judged by its distribution, not token by token
         verdict = row.distribution.verdict if row.distribution else "not judged"
-        tip, text, colour = f"{_where(row)} · sampled, no token reference · distribution: {verdict}", "—", "#e4e4e4"
+        tip, text, colour = f"{row.name()} · sampled, no token reference · distribution: {verdict}", "—", "#e4e4e4"
     else:
         verdicts = ", ".join(f"{v} {c}" for v, c in row.verdicts.items())
-        tip = f"{_where(row)} · {value:.1f}% of {row.n} sequences" + (f" · {verdicts}" if verdicts else "")
+        tip = f"{row.name()} · {value:.1f}% of {row.n} sequences" + (f" · {verdicts}" if verdicts else "")
         text, colour = _percent(value), f"hsl({1.2 * value:.0f},65%,72%)"  # red (0%) to green (100%), as the grid
     return (f'<td class="{cls}" data-run="{run}" style="background-color:{colour}" '
             f'title="{html.escape(tip)}">{text}</td>')
@@ -102,7 +98,7 @@ def verdict_bars(report: SweepReport) -> go.Figure:
         counts[s.run][_outcome(s)] += 1
     names = sorted(set().union(*counts), key=lambda n: (n != EQUIVALENT, n))
     sync_bugs = [n for n in names if n.startswith("sync-bug")]
-    x = [html.escape(_where(r)) for r in report.rows]
+    x = [html.escape(r.name()) for r in report.rows]
     data = [{"type": "bar", "name": html.escape(n), "x": x, "y": [c[n] for c in counts],
              "marker": {"color": _outcome_colour(n, sync_bugs)},
              "hovertemplate": f"%{{x}}<br>{html.escape(n)}: %{{y}}<extra></extra>"} for n in names]
@@ -165,11 +161,12 @@ def acceptance_curves(report: SweepReport) -> go.Figure:
             r = report.rows[i]
             if not any(r.offered):
                 continue
-            data.append({"type": "scatter", "mode": "lines+markers", "name": html.escape(label), "legendgroup": html.escape(label),
+            data.append({"type": "scatter", "mode": "lines+markers", "name": html.escape(label),
+                         "legendgroup": html.escape(label),
                          "showlegend": first, "x": list(range(1, len(r.offered) + 1)),
                          "y": [a / o if o else None for a, o in zip(r.accepted, r.offered)],
                          "line": {"color": COLOURS[c % len(COLOURS)], "width": 1.5},
-                         "hovertemplate": f"{html.escape(_where(r))}<br>draft %{{x}}: %{{y:.0%}} accepted<extra></extra>"})
+                         "hovertemplate": f"{html.escape(r.name())}<br>draft %{{x}}: %{{y:.0%}} accepted<extra></extra>"})
             first = False
     if not data:
         return empty("No drafts offered: no run here speculates, or its rounds were not recorded.")

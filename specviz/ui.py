@@ -70,18 +70,6 @@ TEMPERATURE_MAX = 2.0  # the slider's range; a link may carry up to spec.MAX_TEM
 TOP_P_MIN = 0.05
 
 
-
-
-
-
-
-
-
-
-
-
-
-
 # ---------------------------------------------------------------- from controls to a spec and a trace
 
 
@@ -117,14 +105,6 @@ def spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, meth
 def _real(value, blank: float | None = None) -> float | None:
     """A slider's or number box's value, rounded past a slider's float noise (0.15000000000000002: 0.15)."""
     return blank if value is None else round(float(value), 6)
-
-
-
-
-
-
-
-
 
 
 @gpu(runs=8)
@@ -170,12 +150,6 @@ def shrink_focused(settings: Settings, trace: Trace | None, seq, progress=gr.Pro
     return (f"**Smallest run found** ({found.trials} candidate runs): {size(spec)} → {size(small.manifest.spec)}; "
             f"its sequence {found.seq} still forks at token {found.fork} (`{verdict}`). "
             f"[Open it]({found.link()}), or copy the link.")
-
-
-
-
-
-
 
 
 # ---------------------------------------------------------------- event handlers
@@ -250,10 +224,6 @@ def check_engine(settings: Settings, pair, target, dtype, outputs, control, serv
     return trace, views.headline(trace), serving.save(trace), None
 
 
-
-
-
-
 def open_trace(path: str | None):
     """Upload: view a trace file without loading any model."""
     trace = serving.uploaded(path, Trace.from_json)
@@ -269,8 +239,9 @@ def open_link(query: str):
     except SpecError as e:
         return *keep, *_first_page(f"**That share link could not be used:** {views.md(str(e))}.")
     if link is None:
-        if "sweep=" in (query or ""):  # a sweep's link: the Sweep tab opens it (sweeptab.open_sweep_link)
-            return *keep, gr.skip(), gr.skip(), None, "This link is a sweep's: see the Sweep tab; click a cell there to open its run here."
+        if share.is_sweep(query or ""):  # the Sweep tab opens it (sweeptab.open_sweep_link)
+            return (*keep, gr.skip(), gr.skip(), None,
+                    "This link is a sweep's: see the Sweep tab; click a cell there to open its run here.")
         return *keep, *_first_page()
     s = link.spec
     preset = next((name for name, ids in PRESETS.items() if ids == (s.target, s.draft)), CUSTOM)
@@ -317,7 +288,7 @@ def replay(settings: Settings, pending: dict | None, progress=gr.Progress(), req
         raise serving.error(f"the shared run cannot be replayed here: {e}") from None
     except serving.Cancelled:
         raise gr.Error("stopped; nothing was recorded", title="Stopped") from None
-    return trace, views.headline(trace, timing=timing) + "\n\n" + _replay_report(trace, pending), serving.save(trace), pending
+    return trace, serving.headline(trace, timing) + "\n\n" + _replay_report(trace, pending), serving.save(trace), pending
 
 
 def _replay_report(trace: Trace, pending: dict) -> str:
@@ -364,7 +335,8 @@ def render(trace: Trace | None, seq=None, round=None, note: str = ""):
         link, moved = "", moved + str(e)
     frame = views.summary_frame(trace)
     return (
-        gr.update(value=frame, column_widths=views.column_widths(frame)), views.timeline_html(trace, focus), views.grid_html(trace, focus),
+        gr.update(value=frame, column_widths=views.column_widths(frame)), views.timeline_html(trace, focus),
+        views.grid_html(trace, focus),
         views.compare_html(trace, focus), views.forensics_html(trace, focus), plots.kv_lanes(trace, focus),
         plots.phase_timings(trace), views.glossary(trace), focus.seq, focus.round, link,
         (note + " " + moved).strip(), plots.pit_histograms(trace), views.distribution_md(trace),
@@ -391,44 +363,6 @@ def pick(trace, evt: gr.EventData):
 def pick_row(trace, table, evt: gr.SelectData):
     """A click on the summary table: focus that sequence."""
     return render(trace, int(table.iloc[evt.index[0]]["seq"]))
-
-
-# ---------------------------------------------------------------- the sweep tab
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# ---------------------------------------------------------------- the compare tab
-
-
-
-
-
 
 
 # ---------------------------------------------------------------- layout
@@ -635,10 +569,6 @@ def build(settings: Settings | None = None) -> gr.Blocks:
             picker.change(sweeptab.compare_runs, compared, [p["summary"], p["aligned"]], api_visibility="private",
                           show_progress="hidden")
     return demo
-
-
-
-
 
 
 def method_allows(method: str, drafter: str):
