@@ -2,9 +2,10 @@
 
 The engine (a file of its outputs, an OpenAI-compatible server, a Python callable; engines/) answers the
 prompts; specviz decodes the batch-size-1 reference of the same target weights beside it, measures its own
-noise floor (noise.py), and judges every difference from outside (forensics.judge_engine). A control run of
-the same engine without speculation, when given, separates "speculation changed it" from "this engine
-differs from transformers anyway". The result is a trace like any other, of method `engine`.
+rounding (yardstick.py), and judges every difference from outside (forensics.judge_engine). A control run of
+the same engine without speculation, when given, measures that engine's own rounding (enginenoise.py): a fork
+within it is the engine's numerics, one beyond it a bug. The result is a trace like any other, of method
+`engine`.
 
 A sampled check (the spec's temperature above 0, with its top-k, top-p and seed) has no token reference: the
 engine samples (a server is asked with those settings, a callable is told them, a file is taken as it is),
@@ -23,7 +24,7 @@ from .engines.jsonl import OutputLine
 from .forensics import judge_engine
 from .models import ModelPair
 from .recording import build_trace
-from .runner import encode, floors_for, reference_for
+from .runner import encode, reference_for, yardsticks_for
 from .settings import Settings
 from .spec import RunSpec, SpecError, describe_validation_error
 from .trace import RoundRecord, RowRecord, Trace
@@ -90,7 +91,7 @@ def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: E
         return check_sampled(spec, pair, prompt_ids, engine, control)
     ref = reference_for(pair, prompt_ids, spec.max_new_tokens)
     answered = DecodeResult([SequenceOutput(o.ids) for o in engine.outputs], engine.seconds or 0.0)
-    trace = build_trace(spec, pair, prompt_ids, answered, ref, floors_for(spec, pair, prompt_ids, ref))
+    trace = build_trace(spec, pair, prompt_ids, answered, ref, yardsticks_for(spec, pair, prompt_ids, ref))
     trace.manifest.engine = _info(engine)
     if control is not None:
         trace.manifest.control = _info(control)

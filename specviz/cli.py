@@ -193,8 +193,24 @@ def _print_summary(trace) -> None:
               f"{pct['p50']:.2f}/{pct['p90']:.2f}/{pct['p99']:.2f} s")
     if eq:
         print(f"equivalence with reference: {eq['exact']:.0%} exact, {eq['prefix']:.1%} prefix match (n={eq['n']})")
+    _print_yardsticks(trace)
     if trace.distribution:
         print(f"distribution: {_distribution(trace)}")
+
+
+def _print_yardsticks(trace) -> None:
+    """What the verdicts were judged against, and how far an engine departs from the model at all."""
+    ys = trace.manifest.yardstick
+    if ys is None:
+        return
+    if ys.target is not None:
+        print(f"judged against {ys.target.describe()}")
+        if ys.target.anomaly:
+            print(f"WARNING: the yardstick itself is suspect: {ys.target.anomaly}")
+    if ys.engine is not None:
+        print(f"engine verdicts: {ys.engine.describe()}")
+    for f in trace.manifest.fidelity:
+        print(f"  {f.describe()}")
 
 
 def _distribution(trace) -> str:
@@ -303,6 +319,7 @@ def _print_check(trace) -> None:
         shown = ", ".join(f"{v} {c}" for v, c in row["verdicts"].items()) or "-"
         print(f"{row['engine'][:44]:<44} {row['n']:>4} {row['errors']:>6} {metrics.percent(row['exact_pct']):>8} "
               f"{metrics.percent(row['prefix_pct']):>9} {tps:>7}  {shown}")
+    _print_yardsticks(trace)
     if trace.distribution:
         print(f"distribution: {_distribution(trace)}")
     for s in trace.sequences:
@@ -408,7 +425,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--served-model", help="the model name the server serves (default: the server's only model)")
     g.add_argument("--concurrency", type=int, default=8, help="requests in flight, so the server batches them")
     g.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for one answer")
-    p.add_argument("--k", type=int, default=5, help="the engine's draft length, if it speculates (sizes the noise floor's passes)")
+    p.add_argument("--k", type=int, default=5,
+                   help="the engine's draft length, if it speculates (a verify pass's k + 1 positions size the tolerance)")
     p.add_argument("--json", type=Path, help="write the summary and every sequence here")
     p.add_argument("--trace", type=Path, help="write the check as a trace (opens in the app)")
     p.set_defaults(func=cmd_check)

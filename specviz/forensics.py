@@ -1,13 +1,16 @@
 """Divergence forensics: where each sequence left the reference, and why.
 
 Every piece of evidence is recomputed independently of the engine it judges:
-- the noise floor (noise.py): how far two correct computations of the same
-  logits drift on this pair, dtype and device, measured with no speculation;
+- the rounding yardstick (yardstick.py): how far a correct computation of the
+  target's logits sits from float64 truth in the run's dtype, measured on
+  fresh batch-size-1 passes without a cache, which the verify path's kernels
+  never run; its tolerance is what two correct computations can differ by,
+  at a stated false-alarm rate;
 - the state check (watch.py): the row that emitted the fork, as the model saw
-  it, against a fresh batch-size-1 recomputation of its real tokens; when its
-  logits differ by more than FACTOR floors, its state was corrupt, and the
-  inputs it was fed (first token, positions, mask, cache entries) say which
-  part;
+  it, against a fresh batch-size-1 recomputation of its real tokens; beyond
+  the tolerance its state or its computation was wrong, and the inputs it was
+  fed (first token, positions, mask), the pass rebuilt from correct inputs,
+  and its cache entries say which;
 - float64 arbitration (recompute.py): the true gap between the reference's
   token and the speculative one at the fork.
 
@@ -16,22 +19,20 @@ Verdicts:
   sync-bug:<state>    the row's state was corrupt: positions, mask, kv, or `state` when no
                       single input explains it (or a sequence ran past its end or stopped short);
                       also when the engine's own invariant checks failed at or before the fork;
-  numerics            the state was clean and the float64 gap at the fork is within the floor's scale;
-  unexplained         anything else, shown loudly.
+  kernel-bug          every input was right, and the same pass rebuilt from correct inputs still
+                      computes logits a fresh batch-size-1 pass does not: the verify computation;
+  numerics            the state was clean and the float64 gap at the fork is within what rounding flips;
+  unexplained         anything else, with the evidence that is missing.
 """
 from __future__ import annotations
 
 import torch
 
+from . import enginenoise
 from .decoding.result import DecodeResult
 from .models import ModelPair
-from .recompute import float64_logits, fresh_logits
-from .trace import Forensics, NoiseFloors, RowRecord, SequenceRecord, Trace, first_difference
-
-# A correct engine's rows stay within 1.7 floors of a fresh recomputation (measured: the tiny and the embedded
-# pair, float32 and bfloat16, bs 4, k 5); a corrupt state is FACTOR floors away or more. A flip needs the gap
-# between two logits to change sign: twice the per-logit tolerance.
-FACTOR = 4.0
+from .recompute import ARBITER_MAX_PARAMS, float64_logits
+from .trace import EngineNoise, Fidelity, Forensics, Rounding, RowRecord, SequenceRecord, Trace, Yardsticks, first_difference
 
 # The engine's own checks whose failure puts the target's view out of step, by priority when several fail in
 # the same round (positions also spoil the cache's provenance).
@@ -43,6 +44,8 @@ EXPLAIN = {
     "kv": "the KV cache did not hold each real token's entry, computed at its own position (I3)",
     "state": "the row's state was corrupt, and no single input (first token, positions, mask, cache) explains it",
 }
+NO_YARDSTICK = (f"no float64 copy of the target could be made (it is spread over devices or has more than "
+                f"{ARBITER_MAX_PARAMS:,} parameters), so its rounding cannot be measured")
 
 
 def _emitter(rows: list[RowRecord], fork: int) -> RowRecord | None:
@@ -75,26 +78,29 @@ def _first_over(rows: list[RowRecord], field: str, tolerance: float | None) -> i
 
 def analyse(trace: Trace, result: DecodeResult, pair: ModelPair | None) -> None:
     """Fill `forensics` for every divergent sequence of `trace` (in place), from the watch's findings in
-    `result` (result.forks), the floor in the manifest and, with `pair`, float64 arbitration."""
-    floors = trace.manifest.noise_floor
+    `result` (result.forks), the yardstick in the manifest and, with `pair`, float64 arbitration."""
+    ys = trace.manifest.yardstick
+    rounding = ys.target if ys else None
     rows_of: dict[int, list[RowRecord]] = {}
     for r in trace.rows:
         rows_of.setdefault(r.seq, []).append(r)
     for s in trace.sequences:
         rows = rows_of.get(s.seq, [])
-        if floors is not None:
-            s.audit_round = _first_over(rows, "audit", FACTOR * floors.target.value)
-            s.audit_draft_round = _first_over(rows, "audit_draft", floors.draft and FACTOR * floors.draft.value)
+        if rounding is not None:
+            s.audit_round = _first_over(rows, "audit", rounding.tolerance)
+            s.audit_draft_round = _first_over(rows, "audit_draft", ys.draft and ys.draft.tolerance)
         s.forensics = None
         if s.equivalent is not False:
             continue
         ev = _evidence(s, rows, result.forks.get(s.seq))
-        if not _sync_bug(ev, floors):  # only a clean state needs the float64 arbiter
+        if rounding is not None:
+            ev.tolerance, ev.alpha, ev.yardstick = rounding.tolerance, rounding.alpha, rounding.describe()
+        if not _sync_bug(ev, rounding):  # only a clean state needs the float64 arbiter
             if pair is not None:
                 z = float64_logits(pair, trace.prompts[s.seq].ids + s.output_ids[: ev.fork])
                 if z is not None:
                     ev.margin_float64 = float(z[ev.reference_token] - z[ev.output_token])
-            _near_tie(ev, floors)
+            _near_tie(ev, rounding)
         s.forensics = ev
 
 
@@ -113,6 +119,7 @@ def _evidence(s: SequenceRecord, rows: list[RowRecord], fork) -> Forensics:
     ev.failed_checks = _failures(rows, ev.round)
     if fork is not None:
         ev.state_diff, ev.kv_diff, ev.tokens_fed_ok = fork.state_diff, fork.kv_diff, fork.tokens_ok
+        ev.kernel_diff, ev.kernel_diff_float64 = fork.kernel_diff, fork.kernel_diff_float64
         ev.written_at = fork.written_at
         ev.positions_fed, ev.positions_expected = fork.positions_fed, fork.positions_expected
         ev.visible, ev.visible_expected = fork.visible, fork.visible_expected
@@ -120,7 +127,14 @@ def _evidence(s: SequenceRecord, rows: list[RowRecord], fork) -> Forensics:
     return ev
 
 
-def _component(ev: Forensics, tolerance: float) -> str:
+def _kernel_departs(ev: Forensics, rounding: Rounding) -> bool:
+    """The pass rebuilt from correct inputs departs from a fresh one: in the run's dtype beyond its rounding, or in
+    float64 (where rounding is nil) beyond float64's."""
+    return (ev.kernel_diff is not None and ev.kernel_diff > rounding.tolerance or ev.kernel_diff_float64 is not None
+            and rounding.float64_tolerance is not None and ev.kernel_diff_float64 > rounding.float64_tolerance)
+
+
+def _component(ev: Forensics, rounding: Rounding) -> str:
     """Which input of the emitting pass was wrong, checked against the truth one at a time."""
     if ev.tokens_fed_ok is False:
         return "state"  # it was fed another token than its own last one: rows mixed up
@@ -128,7 +142,9 @@ def _component(ev: Forensics, tolerance: float) -> str:
         return "positions"
     if ev.visible is not None and ev.visible != ev.visible_expected:
         return "mask"
-    if ev.kv_diff is not None and ev.kv_diff > tolerance:
+    if _kernel_departs(ev, rounding):
+        return "kernel"  # right inputs, wrong logits: the computation itself
+    if ev.kv_diff is not None and ev.kv_diff > rounding.tolerance:
         # Most ill-fitting entries fit their own token at another position: the positions were wrong when they
         # were computed. Entries of other tokens: the cache itself was laid out wrong.
         at_other_positions = sum(at >= 0 for _, at in ev.written_at)
@@ -140,10 +156,10 @@ def _at(ev: Forensics) -> str:
     return f"token {ev.fork}" + (f" (round {ev.round}, batch row {ev.row})" if ev.round is not None else "")
 
 
-def _sync_bug(ev: Forensics, floors: NoiseFloors | None) -> bool:
-    """Call the fork a sync bug when the evidence shows one (and say which state); False otherwise."""
+def _sync_bug(ev: Forensics, rounding: Rounding | None) -> bool:
+    """Call the fork a sync bug (or a kernel bug) when the evidence shows one, and say which; False otherwise."""
     at = _at(ev)
-    tolerance = FACTOR * floors.target.value if floors else None
+    tolerance = rounding.tolerance if rounding else None
     # The engine's own checks (its provenance of every cache slot) corroborate; they name the state only where
     # the independent evidence cannot.
     invariant = None
@@ -162,40 +178,78 @@ def _sync_bug(ev: Forensics, floors: NoiseFloors | None) -> bool:
         ev.explanation = (f"At {at} the engine emitted a token that is not the argmax of the target pass that chose "
                           f"it (the pass's own logits pick id {ev.emitting_argmax}): {EXPLAIN['bonus']}.")
     elif ev.state_diff is not None and tolerance is not None and ev.state_diff > tolerance:
-        state = _component(ev, tolerance)
-        ev.verdict = f"sync-bug:{invariant if state == 'state' and invariant else state}"
-        ev.explanation = (f"At {at} the emitting pass's logits differ from a fresh batch-size-1 recomputation of the "
-                          f"row by {ev.state_diff:.3g}, {ev.state_diff / floors.target.value:.3g} times the noise floor "
-                          f"({floors.target.value:.3g}): the row's state was corrupt. {_why(ev, state)}" + recorded)
+        state = _component(ev, rounding)
+        beyond = (f"At {at} the emitting pass's logits differ from a fresh batch-size-1 recomputation of the row by "
+                  f"{ev.state_diff:.3g}, {ev.state_diff / tolerance:.3g} times what rounding in {rounding.dtype} allows "
+                  f"({tolerance:.3g}; two correct computations differ by more with probability {rounding.alpha:.2g})")
+        if state == "kernel":
+            ev.verdict = "kernel-bug"
+            ev.explanation = (f"{beyond}, though its first token, positions and mask were right. "
+                              f"{_rebuilt(ev, rounding)}" + recorded)
+        else:
+            ev.verdict = f"sync-bug:{invariant if state == 'state' and invariant else state}"
+            ev.explanation = f"{beyond}: the row's state was corrupt. {_why(ev, state)}" + recorded
     elif invariant is not None:
         ev.verdict = f"sync-bug:{invariant}"
         ev.explanation = f"The output forked at {at}." + recorded
+    elif rounding is not None and _kernel_departs(ev, rounding):
+        ev.verdict = "kernel-bug"
+        ev.explanation = (f"At {at} the emitting pass's logits are within rounding of a fresh batch-size-1 "
+                          f"recomputation ({ev.state_diff:.3g} against {tolerance:.3g} in {rounding.dtype}), so the fork "
+                          f"alone could be rounding. {_rebuilt(ev, rounding)}")
     else:
         return False
     return True
 
 
-def _near_tie(ev: Forensics, floors: NoiseFloors | None) -> None:
-    """A clean fork: `numerics` when float64 shows a near-tie at the floor's scale, else `unexplained`."""
+def _rebuilt(ev: Forensics, rounding: Rounding) -> str:
+    """What the pass rebuilt from correct inputs shows: a computation the model itself does not make."""
+    where = []
+    if ev.kernel_diff_float64 is not None and rounding.float64_tolerance is not None \
+            and ev.kernel_diff_float64 > rounding.float64_tolerance:
+        where.append(f"in float64 by {ev.kernel_diff_float64:.3g}, where rounding explains {rounding.float64_tolerance:.2g}")
+    if ev.kernel_diff is not None and ev.kernel_diff > rounding.tolerance:
+        where.append(f"in {rounding.dtype} by {ev.kernel_diff:.3g}")
+    return ("Rebuilt from correct inputs (each row's cache from a fresh prefill of its real tokens, true positions, a "
+            f"plain mask), the same pass still departs from a fresh one, {' and '.join(where)}: the batched verify "
+            "computes logits the model itself does not. A bug in the kernels of a pass of several queries over a "
+            "cache, not in the state.")
+
+
+def _near_tie(ev: Forensics, rounding: Rounding | None) -> None:
+    """A clean fork: `numerics` when float64 shows a gap that rounding flips, else `unexplained`."""
     at = _at(ev)
-    tolerance = FACTOR * floors.target.value if floors else None
-    if ev.state_diff is None or tolerance is None:
+    if ev.state_diff is None:
         ev.explanation = (f"The output forked at {at}, but the pass that emitted it could not be checked (hf-assisted "
                           "decodes inside transformers' generate, where specviz does not watch rounds), so numerics "
                           "cannot be told from a bug here.")
+    elif rounding is None:
+        ev.explanation = (f"The output forked at {at}, but {NO_YARDSTICK}: neither the row's state nor the fork can "
+                          "be judged against it. Run a target small enough to copy to float64 to judge this fork.")
+    elif rounding.anomaly:
+        ev.explanation = f"The output forked at {at}, but the yardstick itself is suspect: {rounding.anomaly}."
     elif ev.margin_float64 is None:
         ev.explanation = (f"The row's state was clean at {at}, but the fork could not be arbitrated in float64 (the "
                           "target is too large to copy to float64), so a near-tie cannot be confirmed.")
-    elif abs(ev.margin_float64) <= 2 * tolerance:
+    elif abs(ev.margin_float64) <= rounding.tolerance:
         ev.verdict = "numerics"
-        ev.explanation = (f"At {at} the row's state was clean (within {ev.state_diff / floors.target.value:.2g} noise "
-                          f"floors of a fresh batch-size-1 recomputation), and in float64 the reference's token and "
-                          f"the speculative one are {abs(ev.margin_float64):.3g} logits apart, within the floor's scale "
-                          f"({2 * tolerance:.3g}): a near-tie that floating point tipped.")
+        ev.explanation = (f"At {at} the row's state was clean (its logits within {ev.state_diff:.3g} of a fresh "
+                          f"batch-size-1 recomputation), and in float64 the reference's token and the speculative one "
+                          f"are {abs(ev.margin_float64):.3g} logits apart, within what rounding in {rounding.dtype} flips "
+                          f"({rounding.tolerance:.3g}; a correct pair of computations differs by more with probability "
+                          f"{rounding.alpha:.2g}): a near-tie that floating point tipped.")
+    elif ev.margin_float64 < 0:
+        ev.explanation = (f"At {at} the row's state was clean, and in float64 the speculative token is the better one, "
+                          f"by {-ev.margin_float64:.3g} logits, beyond what rounding in {rounding.dtype} flips "
+                          f"({rounding.tolerance:.3g}): the batch-size-1 reference took the worse token here. Its own "
+                          "path (one query a pass over a cache) is the suspect; recompute it, or compare with "
+                          "batched-reference and hf-assisted.")
     else:
-        ev.explanation = (f"At {at} the row's state was clean and every check held, yet in float64 the two tokens are "
-                          f"{abs(ev.margin_float64):.3g} logits apart, far beyond the noise floor "
-                          f"({floors.target.value:.3g}). This is not a known failure: please report it.")
+        ev.explanation = (f"At {at} the row's state was clean (within {ev.state_diff:.3g} of a fresh batch-size-1 "
+                          f"recomputation) and every check held, yet in float64 the two tokens are "
+                          f"{ev.margin_float64:.3g} logits apart, beyond what rounding in {rounding.dtype} flips "
+                          f"({rounding.tolerance:.3g}). Neither a corrupt state nor rounding explains it; the missing "
+                          "evidence is a check of every round's state before the fork: run it again with --audit.")
 
 
 def _why(ev: Forensics, state: str) -> str:
@@ -239,51 +293,72 @@ REPEAT_N = 4  # loops are measured on repeated n-grams of this length
 
 
 def judge_engine(trace: Trace, pair: ModelPair) -> None:
-    """Fill `gaps` for every sequence of an engine check, and `forensics` for every divergent one (in place).
+    """Fill `gaps` for every sequence of an engine check, `forensics` for every divergent one, the engine's
+    yardstick and each run's fidelity (in place).
 
-    A correct greedy engine writes, at every position, the target's own argmax given its own prefix, up to
-    numerics. So its whole output is teacher-forced through the reference (one fresh batch-size-1 pass): a
-    token whose logit sits more than the tolerance below the target's choice is one the target would not
-    have written. The tolerance is 2 x FACTOR x the floor: ours, or the engine's own drift from the reference
-    where a control run (the engine without speculation) reports log-probabilities.
+    A correct greedy engine writes, at every position, the target's own argmax given its own prefix, up to its
+    rounding. So its whole output is teacher-forced through the target in float64 (one fresh batch-size-1 pass):
+    a token whose logit sits further below the target's choice than that engine's rounding reaches is one the
+    target would not have written. The engine's rounding is measured on its control run (enginenoise.py); without
+    one only transformers' rounding is known, and a fork beyond it is left unexplained, saying so.
     """
-    floor = trace.manifest.noise_floor.target.value
-    drift = _control_drift(trace, pair)
-    tolerance = 2 * FACTOR * max(floor, drift or 0.0)
+    model, truth = enginenoise.truth_model(pair)
+    ys = trace.manifest.yardstick or Yardsticks(target=None)
+    rounding = ys.target.tolerance if ys.target else 0.0
+    scored = {}  # (role, seq) -> (logits, gaps, margins) for every answered output
     for s in trace.sequences:
-        if s.engine is None or s.engine.error is not None:
+        for role, out in (("engine", s.engine), ("control", s.control)):
+            if out is not None and out.error is None:
+                logits = enginenoise.teacher_forced(model, pair.vocab_size, trace.prompts[s.seq].ids, out.ids)
+                scored[role, s.seq] = (logits, *enginenoise.gaps_and_margins(logits, out.ids))
+    ys.engine = _engine_noise(trace, scored, truth, rounding)
+    trace.manifest.yardstick = ys
+    for s in trace.sequences:
+        if ("engine", s.seq) not in scored:
             continue
-        prompt = trace.prompts[s.seq].ids
-        logits = _teacher_forced(pair, prompt, s.output_ids)
-        s.gaps = [float(z.max() - z[t]) for z, t in zip(logits, s.output_ids)]
+        logits, s.gaps, _ = scored["engine", s.seq]
         s.forensics = None
         if s.equivalent is False:
-            s.forensics = _judge(s, pair, prompt, logits, tolerance)
+            s.forensics = _judge(s, model, trace.prompts[s.seq].ids, logits, ys)
+    trace.manifest.fidelity = [f for role in ("engine", "control") if (f := _fidelity(trace, scored, role, ys.engine))]
 
 
-def _teacher_forced(pair: ModelPair, prompt: list[int], output: list[int]) -> torch.Tensor:
-    """The reference's logits for each token of `output`, on its own prefix: (len(output), vocab) float64."""
-    if not output:
-        return torch.zeros(0, pair.vocab_size, dtype=torch.float64)
-    return fresh_logits(pair.target, prompt + output[:-1], len(output), pair.vocab_size)
+def _engine_noise(trace: Trace, scored: dict, truth: str, rounding: float) -> EngineNoise:
+    """The engine's rounding from its control run's tokens (and log-probabilities, where it gave them)."""
+    controls = [(s, scored["control", s.seq]) for s in trace.sequences if ("control", s.seq) in scored]
+    if not controls:
+        return EngineNoise(source="none", truth=truth, tokens=0, departures=[], rounding=rounding, tolerance=rounding,
+                           alpha=enginenoise.ALPHA, method="no control run: only transformers' own rounding in this "
+                           "dtype is known, and every engine is granted it")
+    gaps = [g for _, (_, gs, _) in controls for g in gs]
+    margins = [m for _, (_, _, ms) in controls for m in ms]
+    fit = enginenoise.fit_sigma(gaps, margins)
+    squares = [x for s, (logits, _, _) in controls if s.control.logprobs
+               for x in enginenoise.sigma_from_logprobs(logits, s.control.ids, s.control.logprobs)]
+    sigma_lp = enginenoise.robust_sigma(squares)
+    departures = sorted((g for g in gaps if g > 0), reverse=True)
+    return EngineNoise(
+        source="control", truth=truth, tokens=len(gaps), departures=departures[: enginenoise.MAX_DEPARTURES],
+        sigma=fit and fit[0], sigma_upper=fit and fit[1], sigma_logprobs=sigma_lp, rounding=rounding,
+        tolerance=enginenoise.tolerance(fit and fit[1], sigma_lp, rounding), alpha=enginenoise.ALPHA,
+        method=(f"the control's {len(gaps)} tokens teacher-forced through the target in {truth}: {len(departures)} "
+                "depart from its argmax; a Gaussian noise on logit differences fitted to those gaps and to the "
+                "margins of the tokens it kept" + (f", and to {len(squares)} log-probabilities" if squares else "")
+                + "; tolerance: its 99th percentile at the 95% upper bound, at least transformers' own rounding"))
 
 
-def _control_drift(trace: Trace, pair: ModelPair) -> float | None:
-    """How far the engine's own log-probabilities, without speculation, sit from the reference's, over the tokens
-    where that control run follows the reference: the engine's noise floor (None without such logprobs)."""
-    drift = None
-    for s in trace.sequences:
-        c = s.control
-        if c is None or c.error or not c.logprobs:
-            continue
-        agree = first_difference(c.ids, s.reference_ids)
-        n = min(len(c.logprobs), len(c.ids) if agree is None else agree)
-        if n == 0:
-            continue
-        ours = _teacher_forced(pair, trace.prompts[s.seq].ids, c.ids[:n]).log_softmax(-1)
-        diffs = [abs(ours[i, t] - lp) for i, (t, lp) in enumerate(zip(c.ids[:n], c.logprobs[:n]))]
-        drift = max(drift or 0.0, float(max(diffs)))
-    return drift
+def _fidelity(trace: Trace, scored: dict, role: str, noise: EngineNoise) -> Fidelity | None:
+    """How far one run (the engine, or its control) departs from the model."""
+    runs = [(s, getattr(s, role), scored[role, s.seq]) for s in trace.sequences if (role, s.seq) in scored]
+    if not runs:
+        return None
+    gaps = [g for _, _, (_, gs, _) in runs for g in gs]
+    fit = enginenoise.fit_sigma(gaps, [m for _, _, (_, _, ms) in runs for m in ms])
+    errors = [abs(lp - float(logits[i].log_softmax(-1)[t])) for _, out, (logits, _, _) in runs if out.logprobs
+              for i, (t, lp) in enumerate(zip(out.ids, out.logprobs))]
+    return Fidelity(role=role, outputs=len(runs), equal=sum(out.ids == s.reference_ids for s, out, _ in runs),
+                    tokens=len(gaps), departures=sum(g > 0 for g in gaps), beyond=sum(g > noise.tolerance for g in gaps),
+                    largest_gap=max(gaps, default=0.0), sigma=fit and fit[0], logprob_error=max(errors, default=None))
 
 
 def _repeated(ids: list[int]) -> float | None:
@@ -291,16 +366,18 @@ def _repeated(ids: list[int]) -> float | None:
     return None if not grams else 1 - len(set(grams)) / len(grams)
 
 
-def _judge(s: SequenceRecord, pair: ModelPair, prompt: list[int], logits: torch.Tensor, tolerance: float) -> Forensics:
+def _judge(s: SequenceRecord, model, prompt: list[int], logits: torch.Tensor, ys: Yardsticks) -> Forensics:
     f = s.first_divergence
     out, ref = s.output_ids, s.reference_ids
-    ev = Forensics(verdict="unexplained", explanation="", fork=f, tolerance=tolerance,
-                   output_token=out[f] if f < len(out) else None, reference_token=ref[f] if f < len(ref) else None,
+    noise = ys.engine
+    ev = Forensics(verdict="unexplained", explanation="", fork=f, tolerance=noise.tolerance, alpha=noise.alpha,
+                   yardstick=noise.describe(), output_token=out[f] if f < len(out) else None,
+                   reference_token=ref[f] if f < len(ref) else None,
                    margin_reference=s.reference_margins[f] if s.reference_margins and f < len(s.reference_margins) else None)
     if s.control is not None and not s.control.error:
         ev.control_fork = first_difference(s.control.ids, ref)
     if ev.output_token is not None:
-        z = logits[f]
+        z = logits[f]  # the engine's prefix is the reference's up to the fork
         ev.engine_rank = 1 + int((z > z[ev.output_token]).sum())
         if s.engine.logprobs and f < len(s.engine.logprobs):
             ev.engine_logprob = s.engine.logprobs[f]
@@ -308,19 +385,23 @@ def _judge(s: SequenceRecord, pair: ModelPair, prompt: list[int], logits: torch.
         ev.nll = float(-after[torch.arange(len(out) - f), torch.tensor(out[f:])].mean())
         ev.repeated = _repeated(out[f:])
         if len(ref) > f:
-            reference_after = _teacher_forced(pair, prompt + ref[:f], ref[f:]).log_softmax(-1)
+            reference_after = enginenoise.teacher_forced(model, logits.shape[1], prompt + ref[:f], ref[f:]).log_softmax(-1)
             ev.reference_nll = float(-reference_after[torch.arange(len(ref) - f), torch.tensor(ref[f:])].mean())
-        z64 = float64_logits(pair, prompt + out[:f])  # the true gap between the two tokens at the fork
-        if z64 is not None and ev.reference_token is not None:
-            ev.margin_float64 = float(z64[ev.reference_token] - z64[ev.output_token])
-    ev.first_bad = next((i for i in range(f, len(out)) if s.gaps[i] > tolerance), None)
-    _engine_verdict(ev, s)
+        if ev.reference_token is not None and noise.truth == "float64":
+            ev.margin_float64 = float(z[ev.reference_token] - z[ev.output_token])
+    ev.first_bad = next((i for i in range(f, len(out)) if s.gaps[i] > noise.tolerance), None)
+    _engine_verdict(ev, s, noise)
     return ev
 
 
-def _engine_verdict(ev: Forensics, s: SequenceRecord) -> None:
+def _engine_verdict(ev: Forensics, s: SequenceRecord, noise: EngineNoise) -> None:
     f = ev.fork
-    control_same = (ev.control_fork == f and f < len(s.control.ids) and s.control.ids[f] == ev.output_token)
+    control = s.control is not None and not s.control.error
+    control_same = control and ev.control_fork == f and f < len(s.control.ids) and s.control.ids[f] == ev.output_token
+    own = control_same and ev.first_bad == f  # the fork token is beyond rounding, and the control wrote it too
+    changed = (" The same engine without speculation follows the reference there" +
+               ("" if ev.control_fork is None else f" (it departs only at token {ev.control_fork})") +
+               ": speculation changed the output." if control and (ev.control_fork is None or ev.control_fork > f) else "")
     if s.engine.approximate:
         ev.explanation = (f"The output departs from the reference at token {f}, but the engine gave text only: its "
                           "ids were re-tokenized by specviz and may not be the ones it chose, so no verdict is given. "
@@ -328,29 +409,29 @@ def _engine_verdict(ev: Forensics, s: SequenceRecord) -> None:
     elif ev.output_token is None:
         ev.explanation = (f"The engine stopped after {f} tokens without an end-of-sequence token (finish reason "
                           f"{s.engine.finish_reason!r}) where the reference goes on: a server-side limit, or a bug.")
-    elif s.control is not None and not s.control.error and (ev.control_fork is None or ev.control_fork > f):
-        ev.verdict = "engine-bug"
-        ev.explanation = (f"At token {f} speculation changed the output: the same engine without speculation follows "
-                          f"the reference there{'' if ev.control_fork is None else f' (it departs only at token {ev.control_fork})'}.")
-    elif ev.first_bad is not None and not control_same:
-        where = "The fork token" if ev.first_bad == f else f"Token {ev.first_bad}, after the fork,"
-        ev.verdict = "engine-bug"
-        ev.explanation = (f"{where} sits {s.gaps[ev.first_bad]:.3g} logits below what the target itself would write "
-                          f"on that prefix, beyond anything numerics explains here ({ev.tolerance:.3g}): the engine "
-                          f"wrote text the target would not{_symptom(ev)}.")
+    elif ev.first_bad is None:
+        ev.verdict = "numerics"
+        ev.explanation = (f"At token {f} the engine's token is {s.gaps[f]:.3g} logits below the target's own choice in "
+                          f"{noise.truth}, and every later token is within {noise.tolerance:.3g} of it: "
+                          f"{noise.describe()}. A near-tie its kernels tipped." + changed
+                          + (" The same engine without speculation writes the same token here." if control_same else ""))
+    elif own:
+        ev.explanation = (f"At token {f} the engine's token is {s.gaps[f]:.3g} logits below the target's choice in "
+                          f"{noise.truth}, beyond the tolerance ({noise.describe()}), but the same engine without "
+                          "speculation writes the same token here: speculation did not change it. The engine departs "
+                          "from the model with or without speculation: compare its weights and kernels with the target's.")
     else:
-        near = ev.margin_float64 is not None and abs(ev.margin_float64) <= ev.tolerance
-        tail = ("; the same engine without speculation departs here too, with the same token: this engine differs "
-                "from transformers anyway, speculation or not" if control_same else "")
-        if near and ev.first_bad is None:
-            ev.verdict = "numerics"
-            ev.explanation = (f"At token {f} the two tokens are {abs(ev.margin_float64):.3g} logits apart in float64, "
-                              f"within the floor's scale ({ev.tolerance:.3g}), and every later token is the target's own "
-                              f"choice up to numerics: a near-tie that floating point tipped{tail}.")
+        where = "The fork token" if ev.first_bad == f else f"Token {ev.first_bad}, after the fork,"
+        beyond = (f"{where} sits {s.gaps[ev.first_bad]:.3g} logits below what the target itself would write on that "
+                  f"prefix (in {noise.truth}); {noise.describe()}")
+        if noise.source == "control":
+            ev.verdict = "engine-bug"
+            ev.explanation = f"{beyond}. The engine wrote text the target would not{_symptom(ev)}." + changed
         else:
-            ev.explanation = (f"At token {f} the engine's token is "
-                              f"{'not confirmed as a near-tie in float64' if ev.margin_float64 is None else f'{abs(ev.margin_float64):.3g} logits from the reference token in float64'}"
-                              f"{tail}. This is not a known pattern: please report it.")
+            ev.explanation = (f"{beyond}{_symptom(ev)}. Whether this engine's kernels round that coarsely is not "
+                              "measured. Missing evidence: its run without speculation (the same server and settings, "
+                              "speculation off: --control FILE, --control-server URL or --control-engine), which "
+                              "measures its rounding and decides this fork.")
 
 
 def _symptom(ev: Forensics) -> str:

@@ -75,7 +75,7 @@ def verdict_counts(trace: Trace) -> dict[str, int]:
 
 
 def audit_counts(trace: Trace) -> dict[str, int]:
-    """Audited runs: how many sequences' target (and draft) state left the noise floor at some round."""
+    """Audited runs: how many sequences' target (and draft) state left rounding at some round."""
     return {"target": sum(s.audit_round is not None for s in trace.sequences),
             "draft": sum(s.audit_draft_round is not None for s in trace.sequences)}
 

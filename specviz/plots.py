@@ -119,3 +119,61 @@ def pit_histograms(trace: Trace | None) -> go.Figure:
         return empty("This sampled run was not judged: its trace holds no distribution test.")
     splits = [s.model_copy(update={"name": html.escape(s.name)}) for s in dist.splits]
     return pit.figure(dist.model_copy(update={"splits": splits}))
+
+
+def yardstick(trace: Trace | None, focus: Focus | None) -> go.Figure:
+    """Where the focused fork falls on the yardstick that judged it: the target's rounding (a white-box run) or
+    the engine's own, from its control run (an engine check), on a log axis of logits."""
+    ys = trace.manifest.yardstick if trace else None
+    if ys is None or (ys.target is None and ys.engine is None):
+        return empty("No yardstick: no reference was decoded beside this run.")
+    seq = trace.sequences[focus.seq] if focus is not None else None
+    f = seq.forensics if seq is not None else None
+    return _engine_yardstick(ys.engine, seq, f) if ys.engine is not None else _rounding_yardstick(ys.target, f)
+
+
+def _marks(fig: go.Figure, marks: list[tuple[str, float | None, str]]) -> None:
+    """Vertical lines at the evidence's values, each named (values at or below 0 have no place on a log axis)."""
+    for name, x, colour in marks:
+        if x is not None and x > 0:
+            fig.add_vline(x=x, line={"color": colour, "dash": "dot" if colour == "#c00" else "solid", "width": 2})
+            fig.add_trace(go.Scatter(x=[x], y=[1.02], mode="markers", marker={"color": colour, "size": 9,
+                          "symbol": "triangle-down"}, name=f"{name}: {x:.3g}", hovertemplate=f"{name}: {x:.3g}<extra></extra>"))
+
+
+def _rounding_yardstick(r, f) -> go.Figure:
+    fig = go.Figure(go.Scatter(x=[max(q, 1e-300) for q in r.quantiles], y=r.levels, mode="lines", name="rounding per position",
+                               line={"color": "#4c78a8", "width": 3},
+                               hovertemplate="%{y:.0%} of positions round within %{x:.3g} of float64<extra></extra>"))
+    marks = [("tolerance" + ("" if r.alpha is None else f" (α {r.alpha:.2g})"), r.tolerance, "#c00")]
+    if f is not None:
+        gap = None if f.margin_float64 is None else abs(f.margin_float64)
+        marks += [("state check", f.state_diff, "#f58518"), ("|float64 gap| at the fork", gap, "#54a24b"),
+                  ("rebuilt from correct inputs", f.kernel_diff, "#b279a2"),
+                  ("float64 tolerance", f.kernel_diff_float64 is not None and r.float64_tolerance or None, "#9d9d9d"),
+                  ("rebuilt in float64", f.kernel_diff_float64, "#e45756")]
+    _marks(fig, marks)
+    fig.update_layout(height=300, margin={"t": 40, "b": 40, "l": 50, "r": 10}, legend={"orientation": "h", "y": -0.35},
+                      title=f"rounding of the target in {html.escape(r.dtype)}, {r.positions} positions, against float64",
+                      xaxis={"type": "log", "title": {"text": "logits"}}, yaxis={"title": {"text": "share of positions"},
+                                                                              "range": [0, 1.08]})
+    return fig
+
+
+def _engine_yardstick(noise, seq, f) -> go.Figure:
+    fig = go.Figure()
+    if noise.departures:
+        fig.add_trace(go.Histogram(x=noise.departures, name="control's departures (float64 gaps)", marker_color="#4c78a8",
+                                   histnorm="probability", hovertemplate="%{y:.0%} of departures near %{x:.3g}<extra></extra>"))
+    marks = [("engine tolerance" + f" (α {noise.alpha:g})", noise.tolerance, "#c00"),
+             ("transformers' rounding", noise.rounding, "#9d9d9d")]
+    if f is not None:
+        marks += [("gap at the fork", seq.gaps[f.fork] if f.fork < len(seq.gaps) else None, "#54a24b"),
+                  ("first gap beyond", seq.gaps[f.first_bad] if f.first_bad is not None else None, "#e45756")]
+    _marks(fig, marks)
+    where = "no control run" if noise.source == "none" else f"its control run's {noise.tokens} tokens"
+    fig.update_layout(height=300, margin={"t": 40, "b": 40, "l": 50, "r": 10}, legend={"orientation": "h", "y": -0.35},
+                      title=f"the engine's rounding, from {where}",
+                      xaxis={"type": "log", "title": {"text": "logits (float64 gap)"}},
+                      yaxis={"title": {"text": "share of departures"}})
+    return fig

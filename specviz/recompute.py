@@ -1,5 +1,5 @@
 """Independent recomputation: one sequence alone, no cache, nothing of the engine's
-layout; in the run's dtype, or in float64 to arbitrate a near-tie."""
+layout; in the run's dtype, or in float64 as the truth that rounding departs from."""
 from __future__ import annotations
 
 import copy
@@ -7,10 +7,10 @@ import weakref
 
 import torch
 
-# A float64 copy of the target lives in CPU memory; past this size forensics do without it
-# (and then never call a fork numerics).
+# A float64 copy of a model lives in CPU memory; past this size forensics do without it
+# (and then have no yardstick for rounding, so never call a fork numerics).
 ARBITER_MAX_PARAMS = 1_500_000_000
-_ARBITERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # pair -> its float64 target (or None)
+_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {dtype: its copy (or None)}
 
 
 @torch.inference_mode()
@@ -21,16 +21,22 @@ def fresh_logits(model, ids: list[int], last: int, vocab: int) -> torch.Tensor:
     return out.logits[0, :, :vocab].double().cpu()
 
 
+def copy_in(model, dtype: torch.dtype):
+    """`model` in `dtype` on the CPU (the model itself when it already is), made once per model; None when it
+    is too large to copy or spread over devices."""
+    if model.dtype == dtype and model.get_input_embeddings().weight.device.type == "cpu":
+        return model
+    copies = _COPIES.setdefault(model, {})
+    if dtype not in copies:
+        params = sum(p.numel() for p in model.parameters())
+        copies[dtype] = (copy.deepcopy(model).to("cpu", dtype).eval()
+                         if params <= ARBITER_MAX_PARAMS and not hasattr(model, "hf_device_map") else None)
+    return copies[dtype]
+
+
 def float64_target(pair):
-    """The pair's target in float64 on the CPU (the target itself when it runs in float64), made once per pair;
-    None when it is too large to copy."""
-    if pair.dtype == torch.float64:
-        return pair.target
-    if pair not in _ARBITERS:
-        params = sum(p.numel() for p in pair.target.parameters())
-        _ARBITERS[pair] = (copy.deepcopy(pair.target).to("cpu", torch.float64).eval()
-                           if params <= ARBITER_MAX_PARAMS and not hasattr(pair.target, "hf_device_map") else None)
-    return _ARBITERS[pair]
+    """The pair's target in float64 on the CPU: the truth its rounding is measured from (None: too large)."""
+    return copy_in(pair.target, torch.float64)
 
 
 def float64_logits(pair, ids: list[int]) -> torch.Tensor | None:

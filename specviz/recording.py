@@ -18,7 +18,7 @@ from .decoding.result import DecodeResult
 from .decoding.round import RoundData
 from .models import ModelPair
 from .spec import RunSpec
-from .trace import Manifest, NoiseFloors, PickFrom, PromptRecord, RoundRecord, RowRecord, SequenceRecord, Trace, first_difference
+from .trace import Manifest, PickFrom, PromptRecord, RoundRecord, RowRecord, SequenceRecord, Trace, Yardsticks, first_difference
 
 
 def _version(dist: str) -> str:
@@ -92,7 +92,7 @@ def fingerprint(spec: RunSpec, sequences: list[SequenceRecord], rows: list[RowRe
 
 
 def build_trace(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result: DecodeResult,
-                reference: DecodeResult | None = None, noise_floor: NoiseFloors | None = None) -> Trace:
+                reference: DecodeResult | None = None, yardsticks: Yardsticks | None = None) -> Trace:
     rounds, rows = _row_records(result.rounds, result.audit)
     sequences = []
     for seq, out in enumerate(result.outputs):
@@ -112,7 +112,7 @@ def build_trace(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], res
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         decode_seconds=result.seconds,
         reference_seconds=reference.seconds if reference else None,
-        noise_floor=noise_floor,
+        yardstick=yardsticks,
         fingerprint=fingerprint(spec, sequences, rows),
         **_environment(pair),
     )

@@ -7,7 +7,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
-from . import distribution, noise
+from . import distribution, yardstick
 from .decoding.assisted import hf_assisted
 from .decoding.catalogue import expand
 from .decoding.drafters import Drafter, ModelDrafter, PromptLookup
@@ -15,12 +15,13 @@ from .decoding.eqspec import eqspec
 from .decoding.exspec import exspec
 from .decoding.reference import batched_reference, reference
 from .decoding.result import DecodeResult, Progress
-from .forensics import FACTOR, analyse, flag_batching_noise
+from .forensics import analyse, flag_batching_noise
 from .models import ONE_DEVICE, ModelPair, Placement, pair_for
+from .prompts import builtin_set
 from .recording import build_trace
 from .settings import Settings
 from .spec import MAX_PROMPT_TOKENS, RunSpec, SpecError
-from .trace import NoiseFloors, Trace
+from .trace import Trace, Yardsticks
 from .watch import Watch
 
 
@@ -37,14 +38,14 @@ def encode(spec: RunSpec, pair: ModelPair, limits: Settings | None = None) -> li
 
 def decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record: bool = True,
            progress: Progress | None = None, reference: DecodeResult | None = None,
-           floors: NoiseFloors | None = None) -> DecodeResult:
+           yardsticks: Yardsticks | None = None) -> DecodeResult:
     """Decode with the spec's method. Given the reference's outputs, the decode is watched (watch.py): the
     result then carries the state of every fork's emitting row, and the audit (recorded runs only). With the run's
-    `floors`, the watch spares itself narrowing down the inputs of a fork whose state is clean."""
+    `yardsticks`, the watch spares itself narrowing down the inputs of a fork whose state is clean."""
     if reference is None:
         return _decode(spec, pair, prompt_ids, record, progress, None)
     watch = Watch(pair, prompt_ids, [o.ids for o in reference.outputs], min(spec.audit, spec.batch_size) if record else 0,
-                  tolerance=FACTOR * floors.target.value if floors else None)
+                  tolerance=yardsticks.target.tolerance if yardsticks else None)
     with watch.watching():
         result = _decode(spec, pair, prompt_ids, record, progress, watch)
     result.forks, result.audit = watch.forks, watch.audit
@@ -102,7 +103,8 @@ class PerPair:
 
 _REFERENCES = PerPair(64)
 _BATCHED = PerPair(16)
-_FLOORS = PerPair(64)
+_CALIBRATION = PerPair(4)
+_ROUNDING = PerPair(64)
 
 
 def reference_for(pair: ModelPair, prompt_ids: list[list[int]], max_new_tokens: int,
@@ -143,26 +145,34 @@ def run(spec: RunSpec, record: bool = True, with_reference: bool = True,
     if spec.method == "reference" and ref:
         result = ref
     else:
-        floors = floors_for(spec, pair, prompt_ids, ref) if ref else None
-        result = decode(spec, pair, prompt_ids, record, phase(spec.method), ref, floors)
+        yardsticks = yardsticks_for(spec, pair, prompt_ids, ref) if ref else None
+        result = decode(spec, pair, prompt_ids, record, phase(spec.method), ref, yardsticks)
     return explain(spec, pair, prompt_ids, result, ref)
 
 
-def floors_for(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], ref: DecodeResult) -> NoiseFloors | None:
-    """The run's noise floors (noise.py): the target's, and the draft's when the run is audited; measured once
-    per process for the same pair, prompts, budget and k."""
-    continuations = [o.ids for o in ref.outputs]
+def yardsticks_for(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], ref: DecodeResult) -> Yardsticks | None:
+    """The run's yardsticks (yardstick.py): the target's rounding, and the draft's when the run is audited; measured
+    on fresh passes over the built-in prompts (once per process and pair) and the reference's own continuations
+    (once per prompts and budget). None without a float64 copy of the target."""
+    longest = sorted(range(len(prompt_ids)), key=lambda i: -len(ref.outputs[i].ids))[: yardstick.SEQUENCES]
+    sequences = [prompt_ids[i] + ref.outputs[i].ids for i in longest]
 
-    def floor(role: str):
+    def measured(role: str):
         model = pair.target if role == "target" else pair.draft
-        key = (role, tuple(tuple(x) for x in prompt_ids), spec.max_new_tokens, spec.k)
-        return _FLOORS.get(pair, key, lambda: noise.measure(model, prompt_ids, continuations, spec.k + 1,
-                                                            pair.vocab_size))
+        calibration = _CALIBRATION.get(pair, role, lambda: yardstick.sample(
+            model, pair.encode(builtin_set("all") + builtin_set("spec-bench")), pair.vocab_size,
+            enough=yardstick.CALIBRATION_POSITIONS))
+        if calibration is None:
+            return None
+        key = (role, tuple(tuple(x) for x in prompt_ids), spec.max_new_tokens)
+        samples = _ROUNDING.get(pair, key, lambda: calibration + yardstick.sample(
+            model, sequences, pair.vocab_size, calibration.seen))
+        return yardstick.rounding(samples, pair.dtype, spec.k + 1)
 
-    target = floor("target")
+    target = measured("target")
     if target is None:
         return None
-    return NoiseFloors(target=target, draft=floor("draft") if spec.audit else None, factor=FACTOR)
+    return Yardsticks(target=target, draft=measured("draft") if spec.audit else None)
 
 
 def explain(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result: DecodeResult,
@@ -172,8 +182,8 @@ def explain(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result:
         trace = build_trace(spec, pair, prompt_ids, result)
         distribution.judge(trace, pair, prompt_ids)
         return trace
-    floors = floors_for(spec, pair, prompt_ids, ref) if ref is not None and spec.method != "reference" else None
-    trace = build_trace(spec, pair, prompt_ids, result, ref, floors)
+    yardsticks = yardsticks_for(spec, pair, prompt_ids, ref) if ref is not None and spec.method != "reference" else None
+    trace = build_trace(spec, pair, prompt_ids, result, ref, yardsticks)
     if ref is not None:
         analyse(trace, result, pair)
         if any(s.forensics and not s.forensics.verdict.startswith("sync-bug") for s in trace.sequences):

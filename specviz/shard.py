@@ -8,7 +8,7 @@ schedules across its whole pool, so each exspec run stays whole on one
 process. The batch-size-1 reference is split prompt by prompt, once for all
 runs, and every process watches its shares against it (watch.py). The main
 process gathers the decoded outputs and what the watches found, measures the
-noise floor and explains every trace itself.
+rounding yardstick and explains every trace itself.
 """
 from __future__ import annotations
 

@@ -110,7 +110,7 @@ class RunRow(Strict):
     peak_target_kv: int | None = None
     distribution: Distribution | None = None  # sampled runs: the verdict on the distribution (its splits left out)
     decisions: Decisions | None = None  # sampled speculative runs: the decision audit
-    audit: Map[str, int] | None = None  # audited runs: sequences whose target (draft) state left the noise floor
+    audit: Map[str, int] | None = None  # audited runs: sequences whose target (draft) state left rounding
     # Counted over (round, row) records; [] where no rounds were recorded.
     accept_lengths: Many[int] = Field(default_factory=list)  # [j]: records that accepted exactly j drafts
     offered: Many[int] = Field(default_factory=list)  # [j]: records offered a draft at position j

@@ -17,7 +17,7 @@ from .engines.base import EngineInfo, EngineOutput
 from .spec import Many, Map, RunSpec, SpecError, Strict, describe_validation_error
 from .untrusted import parse_file
 
-SCHEMA_VERSION = 4  # 3: sequences carry whole-character pieces (text.py); 4: sampled runs
+SCHEMA_VERSION = 5  # 3: sequences carry whole-character pieces (text.py); 4: sampled runs; 5: yardsticks
 MAX_TRACE_BYTES = 64 * 2**20
 FINGERPRINT = "[0-9a-f]{16}"  # also a file name (serving.save): nothing else may pass
 
@@ -80,30 +80,97 @@ class PromptRecord(Strict):
     ids: Many[int]
 
 
-class Floor(Strict):
-    """One model's noise floor (noise.py): how far two correct computations of the same logits drift."""
+class Rounding(Strict):
+    """A model's rounding in the run's dtype (yardstick.py): how far a correct computation of its logits sits from
+    float64 truth, measured on fresh batch-size-1 passes without a cache, which no bug in the batched, cached
+    verify path can reach. The white-box verdicts' yardstick."""
 
-    value: float  # largest |logit difference| over the vocabulary and every compared position, >= resolution
-    median: float  # median over positions of the per-position largest difference
-    resolution: float  # machine epsilon of the dtype times the largest logit: what the dtype can resolve
-    positions: int
-    sequences: int
-    chunk: int  # tokens per batched pass
+    dtype: str
     method: str  # how it was measured, in words
+    positions: int  # distinct positions measured
+    sequences: int
+    levels: Many[float]  # quantile levels in [0, 1], ascending
+    quantiles: Many[float]  # per position, the largest |logit - float64 logit| over the vocabulary, at those levels
+    resolution: float  # machine epsilon of the dtype times the largest logit: nothing is measured finer
+    slots: int | None = None  # positions one comparison spans (a verify pass: k + 1)
+    tolerance: float  # two correct computations of `slots` positions differ by more than this with probability alpha
+    float64_tolerance: float | None = None  # the same scaled to float64's unit roundoff: for passes rebuilt in float64
+    alpha: float | None = None  # that probability: the stated false-alarm rate of one comparison (None: not stated)
+    relative: float | None = None  # largest error / (unit roundoff x the largest logit there)
+    expected: float | None = None  # the largest `relative` this dtype is known to show
+    anomaly: str | None = None  # set when `relative` is far above `expected`: the yardstick itself is suspect
+
+    def describe(self) -> str:
+        """The yardstick in words, for a verdict or a summary."""
+        rate = "no false-alarm rate stated" if self.alpha is None else f"false-alarm rate {self.alpha:.2g}"
+        return (f"rounding of the target in {self.dtype}: tolerance {self.tolerance:.3g} logits, {rate}, "
+                f"from {self.positions} positions of {self.sequences} sequences measured fresh against float64")
 
 
-class NoiseFloors(Strict):
-    """Measured on this run's pair, dtype and device, with no speculation involved."""
+class EngineNoise(Strict):
+    """An engine's own rounding, measured on its run without speculation (enginenoise.py), which cannot contain a
+    speculation bug: where its tokens depart from the target's float64 argmax, and by how much, against the
+    margins it kept. The engine verdicts' yardstick."""
 
-    target: Floor
-    draft: Floor | None = None  # measured for audits
-    factor: float  # a row's state is corrupt beyond factor x floor
+    source: Literal["control", "none"]  # none: no control run was given, only transformers' rounding is known
+    truth: str  # "float64", or the target's dtype where no float64 copy could be made
+    tokens: int  # control tokens scored
+    departures: Many[float]  # float64 gaps of the control's tokens that are not the target's argmax, largest first
+    sigma: float | None = None  # the control's noise on a logit difference (Gaussian, fitted to flips and kept margins)
+    sigma_upper: float | None = None  # its 95% upper bound
+    sigma_logprobs: float | None = None  # the same noise read off the control's log-probabilities, where it gave them
+    rounding: float  # transformers' own tolerance in this dtype (Rounding.tolerance): every engine gets at least it
+    tolerance: float  # the largest float64 gap this engine's own rounding explains, at false-alarm rate alpha
+    alpha: float
+    method: str
+
+    def describe(self) -> str:
+        """What the yardstick explains, and from what."""
+        if self.source == "none":
+            return (f"transformers' own rounding in this dtype explains gaps up to {self.rounding:.3g} (no control run "
+                    "measured this engine's)")
+        seen = "none departing" if not self.departures else \
+            f"{len(self.departures)} departing, by up to {self.departures[0]:.3g}"
+        lp = "" if self.sigma_logprobs is None else f", {self.sigma_logprobs:.3g} from its log-probabilities"
+        return (f"this engine's own rounding explains gaps up to {self.tolerance:.3g} (from its control run: "
+                f"{self.tokens} tokens, {seen}; noise sigma at most {self.sigma_upper:.3g}{lp}; false-alarm rate "
+                f"{self.alpha:g})")
+
+
+class Fidelity(Strict):
+    """How far one run of an engine departs from the model at all, with or without speculation (descriptive: a run
+    never judges itself)."""
+
+    role: Literal["engine", "control"]
+    outputs: int
+    equal: int  # outputs equal to the reference
+    tokens: int
+    departures: int  # tokens that are not the target's float64 argmax on their own prefix
+    beyond: int  # departures beyond the tolerance
+    largest_gap: float  # the largest float64 gap of any of its tokens
+    sigma: float | None = None  # its noise on a logit difference, fitted as EngineNoise.sigma is
+    logprob_error: float | None = None  # the largest |engine log-probability - float64 log-probability|
+
+    def describe(self) -> str:
+        sigma = "" if self.sigma is None else f"; noise sigma {self.sigma:.3g}"
+        lp = "" if self.logprob_error is None else f"; log-probabilities within {self.logprob_error:.3g}"
+        return (f"{self.role}: {self.equal} of {self.outputs} outputs equal the reference; {self.departures} of "
+                f"{self.tokens} tokens are not the target's float64 argmax on their own prefix, {self.beyond} beyond "
+                f"the tolerance; largest gap {self.largest_gap:.3g}{sigma}{lp}")
+
+
+class Yardsticks(Strict):
+    """What this run's verdicts were judged against: measured on its pair, dtype and device, never on the run."""
+
+    target: Rounding | None  # None: no float64 copy of the target could be made
+    draft: Rounding | None = None  # measured for audits
+    engine: EngineNoise | None = None  # engine checks
 
 
 class Forensics(Strict):
     """Why a sequence departed from the reference, with the evidence (forensics.py)."""
 
-    verdict: str  # sync-bug:<bonus|positions|mask|kv|state>, numerics, or unexplained
+    verdict: str  # sync-bug:<bonus|positions|mask|kv|state>, kernel-bug, numerics, engine-bug or unexplained
     explanation: str
     fork: int  # index of the first differing token
     round: int | None = None  # the round and batch row that emitted it (speculative methods)
@@ -115,6 +182,8 @@ class Forensics(Strict):
     margin_batched: float | None = None  # the same in the pass that emitted the fork
     margin_float64: float | None = None  # float64, batch size 1: logit of the reference's token minus the output's
     state_diff: float | None = None  # largest |emitting - fresh batch-size-1 logit| over the row's verified slots
+    kernel_diff: float | None = None  # the same pass rebuilt from correct inputs (fresh caches, true positions), vs fresh
+    kernel_diff_float64: float | None = None  # the same in float64, against a fresh float64 pass
     kv_diff: float | None = None  # the row's visible cache entries alone, true positions and plain mask, vs fresh
     written_at: Many[Many[int]] = []  # cache entries that fit their token badly: [true position, computed at (-1: none)]
     tokens_fed_ok: bool | None = None  # the emitting pass was fed the sequence's own last token
@@ -127,7 +196,9 @@ class Forensics(Strict):
     # Engine checks (check.py), judged from outside: the engine's tokens teacher-forced through the reference.
     engine_rank: int | None = None  # rank of the engine's fork token under the reference (1: its own choice)
     engine_logprob: float | None = None  # the engine's own log-probability of its fork token, where it gave one
-    tolerance: float | None = None  # largest logit gap numerics can explain here (2 x factor x the floor used)
+    tolerance: float | None = None  # largest logit difference rounding explains here (the yardstick's)
+    alpha: float | None = None  # the false-alarm rate the verdict was judged at
+    yardstick: str | None = None  # which yardstick judged it, in words
     first_bad: int | None = None  # first token, at or after the fork, whose reference gap exceeds the tolerance
     control_fork: int | None = None  # where the same engine without speculation departs (None: it does not)
     repeated: float | None = None  # share of repeated 4-grams in the output after the fork (loops)
@@ -213,14 +284,15 @@ class Manifest(Strict):
     created: str
     decode_seconds: float = Field(ge=0)  # 0: not known (an engine's outputs file)
     reference_seconds: float | None = None
-    noise_floor: NoiseFloors | None = None  # None: no reference was decoded beside the run
+    yardstick: Yardsticks | None = None  # None: no reference was decoded beside the run (or nothing to measure)
+    fidelity: Many[Fidelity] = []  # engine checks: how far the engine, and its control, depart from the model
     engine: EngineInfo | None = None  # engine checks: the engine under test, as it described itself
     control: EngineInfo | None = None  # and its run without speculation, when given
     fingerprint: str = Field(pattern=f"^{FINGERPRINT}$")  # hash of the spec and every decision: equal fingerprints, equal runs
 
 
 class Trace(Strict):
-    schema_version: Literal[4] = SCHEMA_VERSION
+    schema_version: Literal[5] = SCHEMA_VERSION
     manifest: Manifest
     prompts: Many[PromptRecord]
     rounds: Many[RoundRecord]
@@ -310,7 +382,29 @@ def _from_version_3(raw: dict) -> dict:
     return {**raw, "schema_version": 4}
 
 
-MIGRATIONS = {1: _from_version_1, 2: _from_version_2, 3: _from_version_3}  # version -> a function that lifts a raw trace one version up
+def _from_version_4(raw: dict) -> dict:
+    """Version 4 judged by a noise floor measured through the batched, cached kernel path it judged (so a bug there
+    raised it): its floor becomes the yardstick it was, as recorded, with no false-alarm rate stated."""
+    manifest = raw.get("manifest")
+    floors = manifest.pop("noise_floor", None) if isinstance(manifest, dict) else None
+    if isinstance(floors, dict):  # anything else is left for validation to report
+        manifest["yardstick"] = {role: _floor_as_rounding(f, floors.get("factor"), manifest)
+                                 for role, f in floors.items() if role in ("target", "draft") and isinstance(f, dict)}
+    return {**raw, "schema_version": 5}
+
+
+def _floor_as_rounding(floor: dict, factor: object, manifest: dict) -> dict:
+    spec = manifest.get("spec")
+    return {"dtype": spec.get("dtype", "?") if isinstance(spec, dict) else "?",
+            "method": f"version 4's noise floor: {floor.get('method')}",
+            **{k: floor.get(k) for k in ("positions", "sequences", "resolution")}, "slots": floor.get("chunk"),
+            "levels": [0.5, 1.0], "quantiles": [floor.get("median"), floor.get("value")],
+            "tolerance": factor * floor["value"] if isinstance(factor, (int, float)) and
+            isinstance(floor.get("value"), (int, float)) else floor.get("value")}
+
+
+# version -> a function that lifts a raw trace one version up
+MIGRATIONS = {1: _from_version_1, 2: _from_version_2, 3: _from_version_3, 4: _from_version_4}
 
 
 def shown(value: object) -> str:

@@ -340,11 +340,12 @@ def render(trace: Trace | None, seq=None, round=None, note: str = ""):
         views.compare_html(trace, focus), views.forensics_html(trace, focus), plots.kv_lanes(trace, focus),
         plots.phase_timings(trace), views.glossary(trace), focus.seq, focus.round, link,
         (note + " " + moved).strip(), plots.pit_histograms(trace), views.distribution_md(trace),
+        plots.yardstick(trace, focus),
     )
 
 
 VIEW_NAMES = ("table", "timeline", "grid", "compare", "forensics", "lanes", "phases", "glossary", "focus_seq",
-              "focus_round", "link_query", "focus_note", "pit", "pit_verdict")
+              "focus_round", "link_query", "focus_note", "pit", "pit_verdict", "yardstick")
 
 
 def render_replayed(trace, pending):
@@ -446,13 +447,16 @@ def build(settings: Settings | None = None) -> gr.Blocks:
                                 "the token budget make differ between rows; a hatched — cell: no drafts offered, the "
                                 "target's own token alone. Red outline: the round that emitted a sequence's first "
                                 "divergence. Violet corner "
-                                "(audited runs): the round a row's state first left the noise floor. Sampled runs: a "
+                                "(audited runs): the round a row's state first left rounding. Sampled runs: a "
                                 "red corner marks a round that emitted a token impossible under the target, a dotted "
                                 "violet outline a decision that does not follow its draw.")
                     with gr.Row():
                         grid = gr.HTML(js_on_load=CLICKS, elem_id="sv-grid", padding=False)
                         with gr.Column():
                             forensics = gr.HTML(elem_id="sv-forensics", js_on_load=None)
+                            with gr.Accordion("The yardstick: where this fork falls on it", open=True,
+                                              elem_id="sv-yardstick-box"):
+                                yardstick_plot = gr.Plot(show_label=False, elem_id="sv-yardstick")
                             shrink_btn = gr.Button("Shrink the focused divergence to a minimal reproducer", size="sm")
                             shrink_note = gr.Markdown(elem_id="sv-shrink")
                     with gr.Accordion("Distribution (sampled runs): are the tokens drawn from the target's distribution?",
@@ -480,7 +484,7 @@ def build(settings: Settings | None = None) -> gr.Blocks:
 
         controls = [c[n] for n in DEFAULTS]
         shown = [table, timeline, grid, compare, forensics, lanes, phases, glossary, focus_seq, focus_round,
-                 link_query, focus_note, pit_plot, pit_verdict]
+                 link_query, focus_note, pit_plot, pit_verdict, yardstick_plot]
         opened = [trace_state, status, download, pending]
 
         def show_link(event):

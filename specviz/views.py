@@ -515,10 +515,14 @@ def _engine_chip(trace: Trace, s: SequenceRecord, i: int, tok: int) -> str:
 
 
 def engine_tolerance(trace: Trace) -> float:
-    """The largest gap an engine check puts down to numerics (as its forensics did), else 2 x factor x the floor."""
+    """The largest gap an engine check puts down to the engine's rounding (its yardstick's; as its forensics did)."""
     f = next((s.forensics for s in trace.sequences if s.forensics and s.forensics.tolerance is not None), None)
-    floors = trace.manifest.noise_floor
-    return f.tolerance if f else 2 * floors.factor * floors.target.value if floors else 0.0
+    ys = trace.manifest.yardstick
+    if f is not None:
+        return f.tolerance
+    if ys is not None and ys.engine is not None:
+        return ys.engine.tolerance
+    return ys.target.tolerance if ys is not None and ys.target is not None else 0.0
 
 
 def _chip(s: SequenceRecord, i: int, cls: str, tip: str) -> str:
@@ -576,8 +580,8 @@ def grid_html(trace: Trace, focus: Focus) -> str:
                 offered = no_drafts(trace, start - len(r.emitted))
             tip = (f"seq {s.seq} · round {r.round} (its {n + 1}.) · {offered} · "
                    f"emitted {len(r.emitted)}" + (" · first divergence" if r.round == fr else "")
-                   + (" · audit: the target's state left the noise floor here" if r.round == s.audit_round else "")
-                   + (" · audit: the draft's state left the noise floor here" if r.round == s.audit_draft_round else "")
+                   + (" · audit: the target's state left rounding here" if r.round == s.audit_round else "")
+                   + (" · audit: the draft's state left rounding here" if r.round == s.audit_draft_round else "")
                    + (f" · {bad} token(s) impossible under the target" if bad else "")
                    + (f" · {len(wrong)} decision(s) do not follow their draw" if wrong else ""))
             # background-color alone: the corners (audit, impossible) and the no-drafts stripes are background images
@@ -635,7 +639,7 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
                    f"{html.escape(f.explanation)}</p>")
         out.append(_table(_evidence(trace, f)))
     if s.audit_round is not None or s.audit_draft_round is not None:
-        out.append(_table([("audit: first round the target's state left the floor", s.audit_round),
+        out.append(_table([("audit: first round the target's state left rounding", s.audit_round),
                            ("audit: the same for the draft", s.audit_draft_round)]))
     row = next((r for r in rows_by_seq(trace).get(focus.seq, []) if r.round == focus.round), None)
     if row is not None:
@@ -718,23 +722,32 @@ def _draws_table(trace: Trace, row: RowRecord) -> str:
 
 def _evidence(trace: Trace, f) -> list[tuple[str, object]]:
     """The verdict's evidence, in the order forensics weighs it (forensics.py)."""
-    floor = trace.manifest.noise_floor
-    ratio = None
-    if floor is not None and f.state_diff is not None and floor.target.value:  # a stranger's floor may be 0
-        ratio = f"{f.state_diff:.3g} logits = {f.state_diff / floor.target.value:.3g} × the floor (corrupt above {floor.factor:g} ×)"
+    ys = trace.manifest.yardstick
+    rounding = ys.target if ys else None
+    engine = ys.engine if ys else None
+
+    def beyond(diff: float | None) -> str | None:
+        if diff is None or rounding is None or not rounding.tolerance:  # a stranger's tolerance may be 0
+            return _num(diff)
+        return f"{diff:.3g} logits = {diff / rounding.tolerance:.3g} × the rounding tolerance"
+
     return [
         ("first divergent token", f.fork),
         ("emitted in round / batch row", f"{f.round} / {f.row}" if f.round is not None else None),
         ("engine's token" if trace.manifest.engine else "speculative token", _tok(trace, f.output_token)),
         ("reference token", _tok(trace, f.reference_token)),
-        ("noise floor (no speculation, same dtype and device)", None if floor is None else
-         f"{floor.target.value:.3g} logits, over {floor.target.positions} positions of {floor.target.sequences} sequences"),
-        ("state check: emitting pass vs fresh batch-size-1 recomputation", ratio),
+        ("judged against", f.yardstick),
+        ("rounding tolerance (two correct computations differ by more with probability α)", None if rounding is None
+         or engine is not None else f"{rounding.tolerance:.3g} logits in {rounding.dtype}, α = "
+         + ("not stated" if rounding.alpha is None else f"{rounding.alpha:.2g}")),
+        ("rounding yardstick suspect", rounding.anomaly if rounding else None),
+        ("state check: emitting pass vs fresh batch-size-1 recomputation", beyond(f.state_diff)),
         ("first token fed is the sequence's own last token", None if f.tokens_fed_ok is None else
          ("yes" if f.tokens_fed_ok else "NO")),
         ("positions fed / where its tokens sit", None if f.positions_fed is None else
          f"{span(f.positions_fed)} / {span(f.positions_expected)}"),
         ("key slots visible / real tokens", None if f.visible is None else f"{span(f.visible)} / {span(f.visible_expected)}"),
+        ("the same pass rebuilt from correct inputs, vs fresh", beyond(f.kernel_diff)),
         ("cache replayed alone with true positions, vs fresh", _num(f.kv_diff)),
         ("cache entries computed at another position", ", ".join(
             f"position {i} at {at}" if at >= 0 else f"position {i}: another token's" for i, at in f.written_at) or None),
@@ -749,7 +762,8 @@ def _evidence(trace: Trace, f) -> list[tuple[str, object]]:
         # An engine check, judged from outside
         ("rank of the engine's token under the target", f.engine_rank),
         ("the engine's own log-probability of it", _num(f.engine_logprob)),
-        ("largest gap numerics explains here (2 × factor × floor)", _num(f.tolerance)),
+        ("largest gap the engine's rounding explains", None if engine is None else
+         f"{_num(f.tolerance)} at false-alarm rate {_num(f.alpha)}"),
         ("first token beyond it, at or after the fork", f.first_bad),
         ("the same engine without speculation departs at", None if trace.manifest.control is None else
          "never" if f.control_fork is None else f.control_fork),
@@ -789,8 +803,9 @@ def glossary(trace: Trace | None) -> str:
     def realign_share(t: Trace) -> float | None:
         return metrics.phase_seconds(t)["realign"] / t.manifest.decode_seconds if t.rows and t.manifest.decode_seconds else None
 
-    def _floor(t: Trace) -> float | None:
-        return t.manifest.noise_floor.target.value if t.manifest.noise_floor else None
+    def _tolerance(t: Trace) -> float | None:
+        ys = t.manifest.yardstick
+        return ys.target.tolerance if ys and ys.target else None
 
     def throughput(t: Trace) -> float | None:
         return sum(len(s.output_ids) for s in t.sequences) / t.manifest.decode_seconds if t.manifest.decode_seconds else None
@@ -841,27 +856,36 @@ def glossary(trace: Trace | None) -> str:
         "**exact match** = sequences whose token ids equal the batch-size-1 reference / sequences",
         "**prefix match** = reference tokens before the first difference / reference tokens, averaged",
         "**top-2 margin** = the target's top-1 minus top-2 logit at a position: how close its choice was to flipping",
-        ("**noise floor** = the largest |logit difference| between two correct computations of the same logits on "
-         "this pair, dtype and device, measured with no speculation (a left-padded, cached batch fed k + 1 tokens a "
-         "pass against each sequence alone, teacher-forced on the reference)" + value(_floor)),
+        ("**rounding** (the yardstick) = per position, the largest |logit difference| between the target in the run's "
+         "dtype and a float64 copy, both fresh (batch size 1, no cache: a path no verify-kernel bug reaches), over "
+         "the built-in prompts and the reference's continuations on this pair and device"),
+        ("**rounding tolerance** = twice the order statistic of those positions that a correct computation of a "
+         "verify pass's k + 1 positions, or the one it is compared with, exceeds with probability at most α: two "
+         "correct computations differ by more with probability α (the stated false-alarm rate)" + value(_tolerance)),
         ("**state check** = the largest |logit difference| between the pass that emitted a token and a fresh "
-         "batch-size-1 recomputation of that row's real tokens (no cache); above factor × floor the row's state was "
-         "corrupt, and its first token, positions, mask and cache entries are checked one at a time"),
+         "batch-size-1 recomputation of that row's real tokens (no cache); beyond the rounding tolerance its first "
+         "token, positions and mask are checked, the pass is rebuilt from correct inputs, and its cache entries "
+         "are replayed, one at a time"),
         ("**float64 gap** = the reference token's logit minus the speculative token's, recomputed in float64 at "
          "batch size 1: the true distance of the near-tie"),
-        ("**verdict** = `sync-bug:<state>` when the state check fails (or the emitted token is not the argmax that "
-         "chose it: `bonus`); `numerics` when the state was clean and the float64 gap is within 2 × factor × floor; "
-         "else `unexplained`"),
+        ("**verdict** = `sync-bug:<state>` when the state check fails on a wrong input (or the emitted token is not "
+         "the argmax that chose it: `bonus`); `kernel-bug` when every input was right and the pass rebuilt from "
+         "correct inputs still departs; `numerics` when the state was clean and the float64 gap is within the "
+         "rounding tolerance; else `unexplained`, with the evidence that is missing"),
         ("**audit** (run with audit) = the state check on every row of every round, for the target and the draft: "
-         "the first round a row's state left the floor, fork or not"),
+         "the first round a row's state left rounding, fork or not"),
         "**delta** = how many slots a row's KV moved in a realignment (0 when every row gained the same)",
         ("**engine check** = another engine's outputs (a server, a file, a callable) against the batch-size-1 "
          "reference of the same weights; every output token is teacher-forced through the target"),
-        ("**gap** (engine checks) = the target's top logit minus the engine token's, on the engine's own prefix: 0 "
-         "where the engine wrote the target's own choice; beyond 2 × factor × floor, a token the target would not write"),
-        ("**engine-bug** = the same engine without speculation follows the reference where the speculative run forks, "
-         "or a token at or after the fork has a gap beyond the tolerance; `numerics` = a float64 near-tie at the "
-         "fork and the target's own choices after it"),
+        ("**gap** (engine checks) = the target's top logit minus the engine token's, in float64 on the engine's own "
+         "prefix: 0 where the engine wrote the target's own choice"),
+        ("**engine rounding** = the engine's own noise on a logit difference, fitted to its control run (the same "
+         "engine without speculation, which holds no speculation bug): the gaps where the control departs from the "
+         "target's float64 argmax and the margins where it does not (and its log-probabilities, where given); its "
+         "tolerance is the 99th percentile at the 95% upper bound, at least transformers' own rounding"),
+        ("**engine-bug** = a token at or after the fork has a gap beyond the engine's own rounding; `numerics` = "
+         "every gap from the fork on within it; without a control run a gap beyond transformers' rounding is "
+         "`unexplained`, asking for one"),
         ("**temperature, top-k, top-p** (sampled runs) = the target's logits divided by the temperature, cut to "
          "the k most likely tokens, then to the smallest set holding top-p of the mass; the draft uses the same "
          "unless given its own. Temperature 0 is greedy"),

@@ -8,14 +8,17 @@ starts and ends, and which sequence each batch row is. At the end of a round:
   against what it should have been fed: its last real token, its true
   positions, a mask that shows exactly its real tokens, and logits equal to a
   fresh batch-size-1 recomputation of its real tokens (no cache, same dtype).
-  When the logits differ, its visible cache entries are replayed alone with
-  true positions and a plain mask, to tell a corrupt cache from the rest;
+  When the logits differ, the whole pass is rebuilt from correct inputs (each
+  row's cache from a fresh prefill, true positions, a plain mask) to tell a
+  wrong computation (a kernel) from a wrong state, and the row's visible cache
+  entries are replayed alone with true positions and a plain mask, to tell a
+  corrupt cache from the rest;
 - in audit mode, every row (or a sample of rows per round) gets the same
   logits comparison, for the target and for the draft, fork or not: state can
   go wrong long before an output forks, or without it ever forking.
 
 Findings are raw numbers; forensics.py turns them into verdicts against the
-noise floor (noise.py).
+rounding yardstick (yardstick.py).
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from . import kvcache
-from .recompute import fresh_logits
+from .recompute import copy_in, fresh_logits
 from .tap import Call, Tap
 
 WRITTEN_AT_SLOTS = 4  # visible cache entries whose provenance is searched, the worst-fitting first
@@ -40,6 +43,8 @@ class ForkState:
     row: int
     slot: int  # the verified slot whose logits chose the fork token
     state_diff: float  # largest |emitting - fresh batch-size-1 logit| over the row's verified slots
+    kernel_diff: float | None  # the pass rebuilt from correct inputs: the same difference (None: not rebuilt)
+    kernel_diff_float64: float | None  # the same, rebuilt in float64 against a fresh float64 pass (None: no copy)
     tokens_ok: bool  # the first token fed was the sequence's last real token
     positions_fed: list[int] | None  # position ids of the verified slots (None: the model was given none)
     positions_expected: list[int]
@@ -62,6 +67,7 @@ class Watch:
         self.seen = [0] * len(prompt_ids)  # tokens of each sequence already looked at
         self.rounds = 0
         self.forks: dict[int, ForkState] = {}  # seq -> its first divergence
+        self._rebuilds: dict[tuple[int, torch.dtype], torch.Tensor | None] = {}  # (round, dtype) -> rebuilt logits
         self.audit: dict[tuple[int, int], tuple[float, float | None]] = {}  # (round, seq) -> target, draft differences
         self._target = Tap(pair.target, keep_cache=True)
         self._draft = Tap(pair.draft, keep_cache=False)
@@ -85,13 +91,14 @@ class Watch:
         if verify is None or verify.logits is None:
             return
         audited = self._audited(len(seqs), r)
+        befores = [self.seen[s] for s in seqs]
+        truths = [self.prompts[s] + gen[s].ids[:before] for s, before in zip(seqs, befores)]  # each row's real tokens
         with self._target.off(), self._draft.off():  # our own recomputations are not the engine's calls
-            for row, s in enumerate(seqs):
+            for row, (s, before, truth) in enumerate(zip(seqs, befores, truths)):
                 ids = gen[s].ids
-                before, self.seen[s] = self.seen[s], len(ids)
-                truth = self.prompts[s] + ids[:before]
+                self.seen[s] = len(ids)
                 if s not in self.forks and (fork := self._fork(s, before, ids)) is not None:
-                    self.forks[s] = self._inspect(verify, r, row, truth, fork - before)
+                    self.forks[s] = self._inspect(verify, r, row, truths, fork - before)
                 if row in audited:
                     self.audit[(r, s)] = (self._state_diff(verify, row, truth)[0], self._draft_diff(drafted, row, truth))
 
@@ -121,7 +128,8 @@ class Watch:
         fresh = fresh_logits(self.pair.draft, truth, 1, vocab)[0]
         return float((call.logits[row, -1, :vocab].double().cpu() - fresh).abs().max())
 
-    def _inspect(self, call: Call, r: int, row: int, truth: list[int], slot: int) -> ForkState:
+    def _inspect(self, call: Call, r: int, row: int, truths: list[list[int]], slot: int) -> ForkState:
+        truth = truths[row]
         diff, fed, fresh = self._state_diff(call, row, truth)
         keep = len(fed)
         expected = list(range(len(truth) - 1, len(truth) - 1 + keep))
@@ -132,12 +140,54 @@ class Watch:
         clean = self.tolerance is not None and diff <= self.tolerance  # nothing to narrow down
         return ForkState(
             round=r, row=row, slot=slot, state_diff=diff, tokens_ok=fed[0] == truth[-1],
+            kernel_diff=None if clean else self._rebuilt_diff(r, call, row, truths, self.pair.target, fresh),
+            kernel_diff_float64=self._kernel_float64(r, call, row, truths, fed),
             positions_fed=fed_pos, positions_expected=expected,
             visible=None if vis is None else vis.sum(1).tolist(), visible_expected=[p + 1 for p in expected],
             kv_diff=None if clean else self._kv_alone(call, row, fed, expected, vis, fresh),
             written_at=[] if clean else self._written_at(call, row, truth, vis),
             emitting_argmax=int(emitting.argmax()), emitting_margin=float(top[0] - top[1]),
         )
+
+    def _kernel_float64(self, r: int, call: Call, row: int, truths: list[list[int]], fed: list[int]) -> float | None:
+        """The pass rebuilt from correct inputs in float64, against a fresh float64 pass: rounding is nil there, so
+        a difference is the computation's own, whatever the run's dtype (None without a float64 copy)."""
+        model = copy_in(self.pair.target, torch.float64)
+        if model is None:
+            return None
+        fresh = fresh_logits(model, truths[row] + fed[1:], len(fed), self.pair.vocab_size)
+        return self._rebuilt_diff(r, call, row, truths, model, fresh)
+
+    def _rebuilt_diff(self, r: int, call: Call, row: int, truths: list[list[int]], model, fresh) -> float | None:
+        key = (r, model.dtype)  # one rebuild per pass and precision, for every row that forks in it
+        if key not in self._rebuilds:
+            self._rebuilds = {k: v for k, v in self._rebuilds.items() if k[0] == r}  # earlier passes' are done
+            self._rebuilds[key] = self._rebuild(call, truths, model)
+        logits = self._rebuilds[key]
+        return None if logits is None else float((logits[row] - fresh).abs().max())
+
+    @torch.inference_mode()
+    def _rebuild(self, call: Call, truths: list[list[int]], model) -> torch.Tensor | None:
+        """The emitting pass again with every input rebuilt correct, through `model`: each row's cache from a fresh
+        prefill of its real tokens (no cache there: another kernel path), its own last token and the same drafts
+        fed at their true positions, a plain padding mask; the same rows, the same number of queries over a cache.
+        What differs from a fresh pass now is the computation's, not the state's. (B, keep, vocab) float64; None
+        when some row has no real token before its last (nothing to cache)."""
+        if any(len(t) < 2 for t in truths):
+            return None
+        keep = call.logits.shape[1]
+        device = model.get_input_embeddings().weight.device
+        caches = []
+        for t in truths:
+            caches.append(kvcache.new(model))
+            model(input_ids=torch.tensor([t[:-1]], device=device), cache=caches[-1], logits_to_keep=1)
+        cache = kvcache.merge(caches)
+        width = kvcache.length(cache)
+        fed = [[t[-1]] + call.input_ids[b, call.input_ids.shape[1] - keep + 1:].tolist() for b, t in enumerate(truths)]
+        mask = torch.tensor([[0] * (width - len(t) + 1) + [1] * (len(t) - 1 + keep) for t in truths], device=device)
+        positions = torch.tensor([list(range(len(t) - 1, len(t) - 1 + keep)) for t in truths], device=device)
+        out = model(input_ids=torch.tensor(fed, device=device), attention_mask=mask, position_ids=positions, cache=cache)
+        return out.logits[..., : self.pair.vocab_size].double().cpu()
 
     def _shown(self, call: Call, vis, expected_count: int) -> torch.Tensor | None:
         """The cache slots the row's first verified slot could see; None when there is no cache or the mask showed

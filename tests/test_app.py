@@ -197,7 +197,7 @@ def test_the_shrink_button_gives_a_smaller_run_that_opens_on_the_fork(app_url):
         client.predict(10_000, api_name="/shrink")
 
 
-def _outputs_file(tmp_path, trace: Trace, tamper: int | None = None) -> str:
+def _outputs_file(tmp_path, trace: Trace, tamper: int | None = None, name: str = "outputs.jsonl") -> str:
     """An engine's outputs file made from a run's outputs; `tamper`: that sequence's token 2 replaced."""
     lines = [json.dumps({"engine": {"name": "my-engine", "version": "1.2", "settings": {"k": 3}}})]
     for p, s in zip(trace.prompts, trace.sequences):
@@ -205,7 +205,7 @@ def _outputs_file(tmp_path, trace: Trace, tamper: int | None = None) -> str:
         if s.seq == tamper and len(ids) > 2:
             ids[2] = (ids[2] + 1) % 1000
         lines.append(json.dumps({"prompt_ids": p.ids, "output_ids": ids}))
-    path = tmp_path / "outputs.jsonl"
+    path = tmp_path / name
     path.write_text("\n".join(lines))
     return str(path)
 
@@ -216,6 +216,9 @@ def test_the_check_tab_judges_an_uploaded_outputs_file(tmp_path, good_trace, app
     client = Client(app_url, verbose=False)
     checked = ["tiny", "", "float64", None, None, "", "", "", "quick", 8]
     checked[3] = handle_file(_outputs_file(tmp_path, Trace.from_json(good_trace), tamper=0))
+    status, _ = client.predict(*checked, api_name="/check_engine")
+    assert "unexplained × 1" in status  # without its control run, this engine's rounding is not known
+    checked[4] = handle_file(_outputs_file(tmp_path, Trace.from_json(good_trace), name="control.jsonl"))
     status, trace_file = client.predict(*checked, api_name="/check_engine")
     trace = Trace.from_json(Path(trace_file).read_text())
     assert trace.manifest.engine.name == "my-engine" and trace.manifest.spec.method == "engine"

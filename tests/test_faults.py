@@ -87,7 +87,6 @@ def test_presets_expand_and_unknown_faults_are_refused():
 def test_numerics_case_in_bfloat16_is_called_numerics(tiny):
     """A correct engine in bfloat16 departs from the batch-size-1 reference
     through floating point alone; forensics must say numerics (at least 90%), else unexplained, never sync-bug."""
-    from specviz.forensics import FACTOR
     from specviz.prompts import builtin_set
 
     spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="bfloat16", device="cpu",
@@ -96,13 +95,14 @@ def test_numerics_case_in_bfloat16_is_called_numerics(tiny):
     verdicts = _verdicts(trace)
     assert verdicts and verdicts.count("numerics") >= 0.9 * len(verdicts), verdicts
     assert set(verdicts) <= {"numerics", "unexplained"}, verdicts
-    floor = trace.manifest.noise_floor.target
-    assert floor.positions >= 8 and floor.value > floor.resolution  # bfloat16 noise is well above one ulp
+    rounding = trace.manifest.yardstick.target
+    assert rounding.positions >= 1200 and rounding.alpha <= 0.01  # enough positions for the stated rate
+    assert rounding.tolerance > 2 * rounding.resolution and rounding.anomaly is None  # bfloat16 is well above one ulp
     for s in trace.sequences:
         if s.forensics and s.forensics.verdict == "numerics":
             ev = s.forensics
-            assert not ev.failed_checks and ev.state_diff <= FACTOR * floor.value
-            assert abs(ev.margin_float64) <= 2 * FACTOR * floor.value
+            assert not ev.failed_checks and ev.state_diff <= rounding.tolerance
+            assert abs(ev.margin_float64) <= rounding.tolerance and ev.alpha == rounding.alpha
             assert ev.batching_noise is not None  # checked against batched-reference
 
 

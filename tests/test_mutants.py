@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from specviz import forensics, runner
+from specviz import runner
 from specviz.decoding import batch, drafters, eqspec, exspec, faults, round
 from specviz.prompts import builtin_set
 from specviz.runner import run
@@ -73,17 +73,17 @@ def _run(method, dtype="float32", **kw):
 
 
 @pytest.fixture(scope="module")
-def clean_floor(tiny):
-    return _run("eqspec").manifest.noise_floor
+def clean_yardstick(tiny):
+    return _run("eqspec").manifest.yardstick
 
 
 @pytest.mark.parametrize("name", MUTANTS)
-def test_every_divergence_of_a_planted_bug_is_a_sync_bug(name, monkeypatch, clean_floor):
+def test_every_divergence_of_a_planted_bug_is_a_sync_bug(name, monkeypatch, clean_yardstick):
     *where, method = MUTANTS[name]
     plant(monkeypatch, *where)
     trace = _run(method)
-    assert trace.manifest.noise_floor == clean_floor  # measured without the engine: a bug cannot raise it
-    floor = trace.manifest.noise_floor.target.value
+    assert trace.manifest.yardstick == clean_yardstick  # measured without the engine: a bug cannot raise it
+    tolerance = trace.manifest.yardstick.target.tolerance
     divergent = [s for s in trace.sequences if s.equivalent is False]
     assert divergent, "the planted bug must change some output"
     for s in divergent:
@@ -92,7 +92,7 @@ def test_every_divergence_of_a_planted_bug_is_a_sync_bug(name, monkeypatch, clea
         # The audit saw the corruption at or before the round that emitted the fork.
         if f.verdict != "sync-bug:bonus":  # a misplaced token corrupts no state: the state check clears it
             assert s.audit_round is not None and s.audit_round <= f.round, (s.seq, s.audit_round, f.round)
-            assert f.state_diff > forensics.FACTOR * floor
+            assert f.state_diff > tolerance
         else:
             assert f.output_token != f.emitting_argmax
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import specviz
-from specviz import metrics
+from specviz import metrics, views
 from specviz.frames import rows_frame, tokens_frame
 from specviz.runner import run
 from specviz.spec import RunSpec, SpecError
@@ -124,13 +124,37 @@ def test_a_version_1_trace_still_opens_with_its_verdicts(tiny):
                          prompts=("Hi", "Name three rivers."), batch_size=2, k=3, max_new_tokens=12, faults=("dsd-like",))
     raw = json.loads(run(spec).to_json())
     raw["schema_version"] = 1
-    del raw["manifest"]["noise_floor"]
+    del raw["manifest"]["yardstick"], raw["manifest"]["fidelity"]  # version 5's
     for s in raw["sequences"]:
         del s["output_pieces"], s["reference_pieces"]  # version 3's
         if s["forensics"]:
             s["forensics"] = {k: s["forensics"][k] for k in ("verdict", "explanation", "fork", "round", "row")}
             s["forensics"].update(noise=0.5, logit_diff=3.0)
     old = Trace.from_json(json.dumps(raw))
-    assert old.schema_version == SCHEMA_VERSION and old.manifest.noise_floor is None
+    assert old.schema_version == SCHEMA_VERSION and old.manifest.yardstick is None
     assert [s.forensics.verdict for s in old.sequences if s.forensics] == \
         [s["forensics"]["verdict"] for s in raw["sequences"] if s["forensics"]]
+
+
+def test_a_version_4_trace_keeps_its_noise_floor_as_the_yardstick_it_was(tiny):
+    """Version 4 judged by a floor measured through the batched, cached path: it opens with that floor as its
+    yardstick, its verdicts as recorded, and no false-alarm rate claimed for it."""
+    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64", device="cpu",
+                         prompts=("Hi", "Name three rivers."), batch_size=2, k=3, max_new_tokens=12, faults=("dsd-like",))
+    raw = json.loads(run(spec).to_json())
+    raw["schema_version"] = 4
+    del raw["manifest"]["yardstick"], raw["manifest"]["fidelity"]
+    raw["manifest"]["noise_floor"] = {"target": {"value": 2e-6, "median": 1e-6, "resolution": 1e-15, "positions": 88,
+                                                 "sequences": 2, "chunk": 4, "method": "teacher-forced, batched"},
+                                      "draft": None, "factor": 4.0}
+    for s in raw["sequences"]:
+        if s["forensics"]:
+            for new in ("kernel_diff", "alpha", "yardstick"):
+                del s["forensics"][new]
+    old = Trace.from_json(json.dumps(raw))
+    r = old.manifest.yardstick.target
+    assert (r.tolerance, r.quantiles, r.positions, r.slots, r.alpha) == (8e-6, [1e-6, 2e-6], 88, 4, None)
+    assert r.method.startswith("version 4's noise floor: teacher-forced") and old.manifest.yardstick.draft is None
+    assert [s.forensics.verdict for s in old.sequences if s.forensics] == \
+        [s["forensics"]["verdict"] for s in raw["sequences"] if s["forensics"]]
+    views.forensics_html(old, views.Focus(seq=0, round=None))  # the page shows it

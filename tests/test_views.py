@@ -113,14 +113,15 @@ def test_the_forensic_panel_shows_the_evidence_and_the_grid_the_audit(tiny):
     trace = run(_spec(faults=("bsp-like",), audit=3))
     focus, _ = views.resolve(trace)
     panel = views.forensics_html(trace, focus)
-    for label in ("noise floor", "state check", "positions fed", "own choice", "audit: first round"):
+    for label in ("judged against", "rounding tolerance", "state check", "positions fed", "own choice",
+                  "audit: first round"):
         assert label in panel, label
     s = trace.sequences[focus.seq]
     assert s.audit_round is not None and s.audit_round <= s.forensics.round
     grid = views.grid_html(trace, focus)
     marked = re.findall(r'class="sv-cell[^"]*sv-audit[^"]*" data-seq="(\d+)" data-round="(\d+)"', grid)
     assert (str(s.seq), str(s.audit_round)) in marked
-    assert "noise floor" in views.glossary(trace) and "here **" in views.glossary(trace)
+    assert "rounding tolerance" in views.glossary(trace) and "here **" in views.glossary(trace)
 
 
 # ---------------------------------------------------------------- sampled runs (temperature > 0)

@@ -1,0 +1,58 @@
+"""A bug inside the batched verify kernel must not hide as numerics.
+
+Each bug (tests/kernel_bugs.py) is planted in the target's attention, only where a pass has several queries over
+a non-empty cache: ids, positions, masks and caches stay right. The rounding yardstick is measured on fresh
+passes without a cache, which never run it, so it cannot move; every fork it causes is a kernel bug (or a sync
+bug, or unexplained), never numerics, on both pairs, in float32 and bfloat16.
+"""
+import pytest
+from kernel_bugs import BUGS, planted
+
+from specviz.prompts import builtin_set
+from specviz.runner import run
+from specviz.spec import TINY_DRAFT, TINY_TARGET, RunSpec
+
+PAIRS = {"tiny": (dict(target=TINY_TARGET, draft=TINY_DRAFT), builtin_set("all")[:12], 32),
+         "embedded": ({}, builtin_set("quick"), 24)}
+
+
+def _spec(pair: str, dtype: str) -> RunSpec:
+    models, prompts, budget = PAIRS[pair]
+    return RunSpec.build(**models, dtype=dtype, device="cpu", prompts=tuple(prompts), batch_size=4, k=5,
+                         max_new_tokens=budget)
+
+
+@pytest.fixture(scope="module")
+def clean():
+    """The correct runs, by (pair, dtype): their verdicts and yardsticks."""
+    return {(p, d): run(_spec(p, d)) for p in PAIRS for d in ("float32", "bfloat16")}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("pair", list(PAIRS))
+@pytest.mark.parametrize("bug", list(BUGS))
+def test_a_kernel_bug_in_the_verify_pass_is_never_numerics(bug, pair, dtype, clean, monkeypatch):
+    with planted(monkeypatch, bug):
+        trace = run(_spec(pair, dtype))
+    correct = clean[pair, dtype]
+    assert trace.manifest.yardstick == correct.manifest.yardstick  # fresh passes only: the bug cannot move it
+    forks = [s.forensics for s in trace.sequences if s.forensics]
+    assert forks, "the planted bug must change some output"
+    for f in forks:
+        assert f.verdict != "numerics", f.explanation
+        assert f.verdict == "kernel-bug", f.explanation  # every input right, the computation wrong: named
+        r = trace.manifest.yardstick.target
+        assert f.kernel_diff_float64 > 1e6 * r.float64_tolerance  # rebuilt in float64, it is no rounding at all
+        assert f"{f.kernel_diff_float64:.3g}" in f.explanation and f.alpha == r.alpha
+
+
+def test_correct_runs_rebuild_within_float64_rounding(clean):
+    """The other side: a correct verify kernel, rebuilt in float64, stays within float64's own rounding at every
+    fork, so the check never accuses it (bfloat16's forks are numerics)."""
+    for (pair, dtype), trace in clean.items():
+        r = trace.manifest.yardstick.target
+        for s in trace.sequences:
+            if s.forensics:
+                assert s.forensics.verdict == "numerics", (pair, dtype, s.forensics.explanation)
+                assert s.forensics.kernel_diff_float64 <= r.float64_tolerance
+    assert any(s.forensics for (_, dtype), t in clean.items() if dtype == "bfloat16" for s in t.sequences)
