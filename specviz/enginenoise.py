@@ -13,8 +13,8 @@ gap g has probability P(noise > g); a kept token of margin m has P(noise < m). s
 maximum-likelihood fit to both (a censored sample: departures alone would only show that
 noise reached somewhere), with a likelihood-ratio 95% upper bound; where the engine gave
 log-probabilities, their departures from float64 read the same sigma directly. A fork is
-that engine's numerics while its float64 gap stays within z(1 - alpha) times the larger
-bound, and never less than transformers' own tolerance in the dtype.
+that engine's numerics while its float64 gap stays within z(1 - alpha) times the larger of
+the two. Without a control, only transformers' own rounding in the dtype is known.
 """
 from __future__ import annotations
 
@@ -97,7 +97,6 @@ def robust_sigma(scaled_squares: list[float]) -> float | None:
     return math.sqrt(float(torch.tensor(scaled_squares).median()) / stats.chi2.ppf(0.5, 1))
 
 
-def tolerance(sigma_upper: float | None, sigma_logprobs: float | None, rounding: float, alpha: float = ALPHA) -> float:
+def tolerance(sigma_upper: float | None, sigma_logprobs: float | None, alpha: float = ALPHA) -> float:
     """The largest float64 gap the engine's rounding explains at false-alarm rate alpha."""
-    scale = max(x for x in (sigma_upper, sigma_logprobs, 0.0) if x is not None)
-    return max(stats.norm.isf(alpha) * scale, rounding)
+    return stats.norm.isf(alpha) * max(x for x in (sigma_upper, sigma_logprobs, 0.0) if x is not None)

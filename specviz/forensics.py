@@ -340,11 +340,11 @@ def _engine_noise(trace: Trace, scored: dict, truth: str, rounding: float) -> En
     return EngineNoise(
         source="control", truth=truth, tokens=len(gaps), departures=departures[: enginenoise.MAX_DEPARTURES],
         sigma=fit and fit[0], sigma_upper=fit and fit[1], sigma_logprobs=sigma_lp, rounding=rounding,
-        tolerance=enginenoise.tolerance(fit and fit[1], sigma_lp, rounding), alpha=enginenoise.ALPHA,
+        tolerance=enginenoise.tolerance(fit and fit[1], sigma_lp), alpha=enginenoise.ALPHA,
         method=(f"the control's {len(gaps)} tokens teacher-forced through the target in {truth}: {len(departures)} "
                 "depart from its argmax; a Gaussian noise on logit differences fitted to those gaps and to the "
                 "margins of the tokens it kept" + (f", and to {len(squares)} log-probabilities" if squares else "")
-                + "; tolerance: its 99th percentile at the 95% upper bound, at least transformers' own rounding"))
+                + "; tolerance: its 99th percentile at the 95% upper bound"))
 
 
 def _fidelity(trace: Trace, scored: dict, role: str, noise: EngineNoise) -> Fidelity | None:
@@ -411,9 +411,11 @@ def _engine_verdict(ev: Forensics, s: SequenceRecord, noise: EngineNoise) -> Non
                           f"{s.engine.finish_reason!r}) where the reference goes on: a server-side limit, or a bug.")
     elif ev.first_bad is None:
         ev.verdict = "numerics"
-        ev.explanation = (f"At token {f} the engine's token is {s.gaps[f]:.3g} logits below the target's own choice in "
-                          f"{noise.truth}, and every later token is within {noise.tolerance:.3g} of it: "
-                          f"{noise.describe()}. A near-tie its kernels tipped." + changed
+        here = (f"the engine wrote the target's own choice in {noise.truth}: the batch-size-1 reference took another "
+                "there, a near-tie its own rounding tipped" if s.gaps[f] == 0 else
+                f"the engine's token is {s.gaps[f]:.3g} logits below the target's own choice in {noise.truth}")
+        ev.explanation = (f"At token {f} {here}, and every later token is within {noise.tolerance:.3g} of the target's "
+                          f"choice: {noise.describe()}. A near-tie that rounding tipped." + changed
                           + (" The same engine without speculation writes the same token here." if control_same else ""))
     elif own:
         ev.explanation = (f"At token {f} the engine's token is {s.gaps[f]:.3g} logits below the target's choice in "

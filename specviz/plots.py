@@ -154,7 +154,7 @@ def _rounding_yardstick(r, f) -> go.Figure:
                   ("rebuilt in float64", f.kernel_diff_float64, "#e45756")]
     _marks(fig, marks)
     fig.update_layout(height=300, margin={"t": 40, "b": 40, "l": 50, "r": 10}, legend={"orientation": "h", "y": -0.35},
-                      title=f"rounding of the target in {html.escape(r.dtype)}, {r.positions} positions, against float64",
+                      title=f"the target's rounding in {html.escape(r.dtype)} ({r.positions} positions)",
                       xaxis={"type": "log", "title": {"text": "logits"}}, yaxis={"title": {"text": "share of positions"},
                                                                               "range": [0, 1.08]})
     return fig
@@ -171,9 +171,9 @@ def _engine_yardstick(noise, seq, f) -> go.Figure:
         marks += [("gap at the fork", seq.gaps[f.fork] if f.fork < len(seq.gaps) else None, "#54a24b"),
                   ("first gap beyond", seq.gaps[f.first_bad] if f.first_bad is not None else None, "#e45756")]
     _marks(fig, marks)
-    where = "no control run" if noise.source == "none" else f"its control run's {noise.tokens} tokens"
+    where = "no control run" if noise.source == "none" else f"its control's {noise.tokens} tokens"
     fig.update_layout(height=300, margin={"t": 40, "b": 40, "l": 50, "r": 10}, legend={"orientation": "h", "y": -0.35},
-                      title=f"the engine's rounding, from {where}",
+                      title=f"the engine's rounding ({where})",
                       xaxis={"type": "log", "title": {"text": "logits (float64 gap)"}},
                       yaxis={"title": {"text": "share of departures"}})
     return fig

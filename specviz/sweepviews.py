@@ -21,7 +21,7 @@ METRICS = {
     "prefix_pct": "prefix match: mean % of the reference's tokens produced before the first divergence",
 }
 EQUIVALENT = "equivalent"
-OUTCOME_COLOURS = {EQUIVALENT: "#59a14f", "numerics": "#edc948", "unexplained": "#7f0000",
+OUTCOME_COLOURS = {EQUIVALENT: "#59a14f", "numerics": "#edc948", "unexplained": "#7f0000", "kernel-bug": "#8c2d7a",
                    "divergent, no verdict": "#bab0ac", "sampled: no token reference": "#d9d9d9"}
 SYNC_BUG_COLOURS = ("#e15759", "#ff9d9a", "#b6452c", "#f28e2b", "#d37295")
 LAYOUT = {"height": 340, "margin": {"t": 40, "b": 40, "l": 50, "r": 10}, "legend": {"orientation": "h", "y": -0.3}}

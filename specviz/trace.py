@@ -100,6 +100,12 @@ class Rounding(Strict):
     expected: float | None = None  # the largest `relative` this dtype is known to show
     anomaly: str | None = None  # set when `relative` is far above `expected`: the yardstick itself is suspect
 
+    def place(self, difference: float) -> float:
+        """Where a difference between two computations falls on the yardstick: the share of measured positions
+        whose rounding, doubled, lies below it (1.0: beyond every one)."""
+        below = [level for level, q in zip(self.levels, self.quantiles) if 2 * q < difference]
+        return below[-1] if below else 0.0
+
     def describe(self) -> str:
         """The yardstick in words, for a verdict or a summary."""
         rate = "no false-alarm rate stated" if self.alpha is None else f"false-alarm rate {self.alpha:.2g}"
@@ -119,7 +125,7 @@ class EngineNoise(Strict):
     sigma: float | None = None  # the control's noise on a logit difference (Gaussian, fitted to flips and kept margins)
     sigma_upper: float | None = None  # its 95% upper bound
     sigma_logprobs: float | None = None  # the same noise read off the control's log-probabilities, where it gave them
-    rounding: float  # transformers' own tolerance in this dtype (Rounding.tolerance): every engine gets at least it
+    rounding: float  # transformers' own tolerance in this dtype (Rounding.tolerance): the yardstick without a control
     tolerance: float  # the largest float64 gap this engine's own rounding explains, at false-alarm rate alpha
     alpha: float
     method: str

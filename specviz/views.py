@@ -729,7 +729,8 @@ def _evidence(trace: Trace, f) -> list[tuple[str, object]]:
     def beyond(diff: float | None) -> str | None:
         if diff is None or rounding is None or not rounding.tolerance:  # a stranger's tolerance may be 0
             return _num(diff)
-        return f"{diff:.3g} logits = {diff / rounding.tolerance:.3g} × the rounding tolerance"
+        return (f"{diff:.3g} logits = {diff / rounding.tolerance:.3g} × the rounding tolerance, beyond twice the "
+                f"rounding of {rounding.place(diff):.0%} of measured positions")
 
     return [
         ("first divergent token", f.fork),
@@ -748,13 +749,17 @@ def _evidence(trace: Trace, f) -> list[tuple[str, object]]:
          f"{span(f.positions_fed)} / {span(f.positions_expected)}"),
         ("key slots visible / real tokens", None if f.visible is None else f"{span(f.visible)} / {span(f.visible_expected)}"),
         ("the same pass rebuilt from correct inputs, vs fresh", beyond(f.kernel_diff)),
+        ("the same, rebuilt in float64, vs fresh float64", None if f.kernel_diff_float64 is None else
+         f"{f.kernel_diff_float64:.3g} logits (float64's rounding tolerance: "
+         + ("?" if rounding is None or rounding.float64_tolerance is None else f"{rounding.float64_tolerance:.2g}") + ")"),
         ("cache replayed alone with true positions, vs fresh", _num(f.kv_diff)),
         ("cache entries computed at another position", ", ".join(
             f"position {i} at {at}" if at >= 0 else f"position {i}: another token's" for i, at in f.written_at) or None),
         ("the emitting pass's own choice", _tok(trace, f.emitting_argmax)),
         ("top-1 − top-2 margin, batch size 1", _num(f.margin_reference)),
         ("the same in the emitting pass", _num(f.margin_batched)),
-        ("float64: the reference token's logit − the divergent token's", _num(f.margin_float64)),
+        ("float64: the reference token's logit − the divergent token's", None if f.margin_float64 is None else
+         f"{f.margin_float64:.4g}" + ("" if engine else f" (its size: {beyond(abs(f.margin_float64))})")),
         ("plain batching (no speculation) forks here too", None if f.batching_noise is None else
          ("yes" if f.batching_noise else "no")),
         ("the engine's own checks failed (first round)", None if trace.manifest.engine else ", ".join(
@@ -882,7 +887,7 @@ def glossary(trace: Trace | None) -> str:
         ("**engine rounding** = the engine's own noise on a logit difference, fitted to its control run (the same "
          "engine without speculation, which holds no speculation bug): the gaps where the control departs from the "
          "target's float64 argmax and the margins where it does not (and its log-probabilities, where given); its "
-         "tolerance is the 99th percentile at the 95% upper bound, at least transformers' own rounding"),
+         "tolerance is the 99th percentile at the 95% upper bound (without a control, transformers' own rounding)"),
         ("**engine-bug** = a token at or after the fork has a gap beyond the engine's own rounding; `numerics` = "
          "every gap from the fork on within it; without a control run a gap beyond transformers' rounding is "
          "`unexplained`, asking for one"),

@@ -142,10 +142,3 @@ def rounding(samples: Samples, dtype: torch.dtype, slots: int, alpha: float = AL
                     slots=slots, tolerance=tolerance, alpha=stated, relative=relative,
                     float64_tolerance=tolerance * torch.finfo(torch.float64).eps / torch.finfo(dtype).eps,
                     expected=expected, anomaly=anomaly)
-
-
-def rank(r: Rounding, difference: float) -> float:
-    """Where a difference between two computations falls on the yardstick: the share of measured positions
-    whose rounding, doubled, lies below it (1.0: beyond every one)."""
-    below = [lv for lv, q in zip(r.levels, r.quantiles) if 2 * q < difference]
-    return below[-1] if below else 0.0

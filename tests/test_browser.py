@@ -43,6 +43,12 @@ def test_a_fresh_page_shows_a_real_fork_at_once_then_a_click_and_its_share_link(
     expect(status).to_contain_text("You are looking at a real case, bundled with specviz")
     expect(status).to_contain_text("To run your own")
     expect(page.locator("#sv-lanes .main-svg").first).to_be_visible(timeout=60_000)  # plotly has drawn
+    # Beside the verdict, its yardstick: the rounding distribution, the tolerance and the fork's state check on it.
+    yardstick = page.locator("#sv-yardstick")
+    expect(yardstick.locator(".main-svg").first).to_be_visible(timeout=60_000)
+    for name in ("rounding per position", "tolerance (α", "state check:"):
+        expect(yardstick).to_contain_text(name)
+    expect(page.locator("#sv-forensics")).to_contain_text("judged against")
     # At 1280 px the sequence table's headers break between words, never inside one ("equi vale nt").
     headers = _lines(page, "#sv-table th .header")
     assert headers and all(lines <= len(text.split()) for text, lines in headers), headers
