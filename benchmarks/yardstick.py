@@ -23,11 +23,12 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import AttentionInterface
 
-from specviz import kvcache, runner
-from specviz.prompts import builtin_set
-from specviz.recompute import copy_in, fresh_logits
-from specviz.runner import run
-from specviz.spec import TINY_DRAFT, TINY_TARGET, RunSpec
+from specviz.decoding import kvcache
+from specviz.forensics.recompute import copy_in, fresh_logits
+from specviz.run import runner
+from specviz.run.runner import run
+from specviz.spec.prompts import builtin_set
+from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
 
 PAIRS = {"tiny": (dict(target=TINY_TARGET, draft=TINY_DRAFT), "all", 32), "embedded": ({}, "quick", 24)}
 FACTOR = 4.0  # version 4: a state is corrupt beyond 4 floors

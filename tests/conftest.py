@@ -1,14 +1,16 @@
+import contextlib
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every test runs offline, as on CI
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("SPECVIZ_MAX_PAIRS", "12")  # every pair the suite uses stays loaded, with its references and yardsticks
 
 import pytest  # noqa: E402
 
 from specviz.engines.vllm import vllm_python, vllm_server  # noqa: E402
-from specviz.models import load_pair  # noqa: E402
-from specviz.prompts import builtin_set  # noqa: E402
-from specviz.spec import TINY_DRAFT, TINY_TARGET  # noqa: E402
+from specviz.models.pairs import load_pair  # noqa: E402
+from specviz.spec.prompts import builtin_set  # noqa: E402
+from specviz.spec.run import TINY_DRAFT, TINY_TARGET  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +38,7 @@ def app_url():
     """The page, served in this process as `python app.py` serves it."""
     import socket
 
-    from specviz.ui import serve
+    from specviz.app.page import serve
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -52,8 +54,8 @@ def hostile(tiny):
     payload in every string field its schema accepts one in (tests/hostile.py)."""
     from hostile import hostile_trace
 
-    from specviz.runner import run
-    from specviz.spec import RunSpec
+    from specviz.run.runner import run
+    from specviz.spec.run import RunSpec
 
     spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64", device="cpu", faults=("bsp-like",),
                          prompts=("Hi!", "Name three rivers.", "Write a long story about a dragon."), batch_size=3,
@@ -70,19 +72,58 @@ FLAGS_PROMPT = "Name the country of each flag in one word: " + "🇫🇷🇯🇵
 def cjk_emoji(embedded):
     """The embedded pair on a CJK, an emoji and a flags prompt, with bsp-like faults so that they fork: its
     tokenizer splits many of these characters over 2–4 tokens."""
-    from specviz.runner import run
-    from specviz.spec import RunSpec
+    from specviz.run.runner import run
+    from specviz.spec.run import RunSpec
 
     return run(RunSpec.build(prompts=(CJK_PROMPT, EMOJI_PROMPT, FLAGS_PROMPT), faults=("bsp-like",), batch_size=3,
                              k=3, max_new_tokens=24, device="cpu"))
 
 
+class VllmServers:
+    """Real vLLM servers on the embedded target, at most one up at a time: two would share this machine's two
+    cores (and vLLM's CPU build binds its workers to them). Asking for another mode or dtype stops the one up."""
+
+    def __init__(self, logs):
+        self.logs, self.up, self.stack, self.server = logs, None, None, None
+
+    def serve(self, mode: str, dtype: str = "float32"):
+        if self.up != (mode, dtype):
+            self.close()
+            self.stack = contextlib.ExitStack()
+            self.server = self.stack.enter_context(vllm_server(mode, self.logs / f"{mode}-{dtype}.log", dtype=dtype,
+                                                               eager=True))
+            self.up = (mode, dtype)
+        return self.server
+
+    def close(self) -> None:
+        if self.stack is not None:
+            self.stack.close()
+        self.up, self.stack, self.server = None, None, None
+
+
 @pytest.fixture(scope="session")
-def vllm(request, tmp_path_factory):
-    """A real vLLM server on the embedded target, in the mode its test asks for (indirect parametrization:
-    none, ngram or draft; see specviz/engines/vllm.py). Session scope: pytest runs the tests of one mode
-    together, so each mode starts once (about 75-150 s here), one server at a time. Without `make vllm`
-    (which `make test` runs) it fails, saying so: these tests are part of the suite."""
+def vllm_servers(tmp_path_factory):
+    """Without `make vllm` (which `make test` runs) the first test to ask fails, saying so: these tests are part
+    of the suite."""
     vllm_python()
-    with vllm_server(request.param, tmp_path_factory.mktemp("vllm") / f"{request.param}.log") as server:
-        yield server
+    servers = VllmServers(tmp_path_factory.mktemp("vllm"))
+    yield servers
+    servers.close()
+
+
+class Served:
+    """One mode's float32 server, (re)started whenever a test reaches for its url, model or launch."""
+
+    def __init__(self, servers: VllmServers, mode: str):
+        self.servers, self.mode = servers, mode
+
+    def __getattr__(self, name: str):
+        return getattr(self.servers.serve(self.mode), name)
+
+
+@pytest.fixture(scope="session")
+def vllm(request, vllm_servers):
+    """A real vLLM server on the embedded target in float32, in the mode its test asks for (indirect
+    parametrization: none, ngram or draft; see specviz/engines/vllm.py). pytest runs the tests of one mode
+    together, so each mode starts about once (75-150 s here)."""
+    return Served(vllm_servers, request.param)

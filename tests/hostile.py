@@ -297,9 +297,9 @@ def malformed_trace(seed: int, i: int, real: str) -> bytes:
 
 def real_link_and_trace() -> tuple[str, str]:
     """A real share link and trace file to mutate: the tiny pair with a fault, so that every field has content."""
-    from specviz import share
-    from specviz.runner import run
-    from specviz.spec import TINY_DRAFT, TINY_TARGET, RunSpec
+    from specviz.run.runner import run
+    from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
+    from specviz.trace import share
 
     spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64", device="cpu", faults=("bsp-like",),
                          prompts=("Hi!", "Name three rivers."), batch_size=2, k=3, max_new_tokens=12)

@@ -7,9 +7,10 @@ import pytest
 from gradio_client import Client
 from hostile import markdown_text
 
-from specviz import share, views
-from specviz.spec import RunSpec
-from specviz.trace import MAX_TRACE_BYTES, Trace
+from specviz.app import summary, views
+from specviz.spec.run import RunSpec
+from specviz.trace import share
+from specviz.trace.schema import MAX_TRACE_BYTES, Trace
 
 TINY_RUN = ["tiny", "", "", "quick", "", None, "eqspec", [], 2, 3, 8, "float64", 0, 0, 4]
 
@@ -142,8 +143,8 @@ def test_operator_limits_are_enforced_with_clear_messages(client):
 def test_a_shared_link_to_another_revision_is_not_replayed():
     from gradio import Error
 
-    from specviz.settings import Settings
-    from specviz.ui import replay
+    from specviz.app.runview import replay
+    from specviz.run.settings import Settings
 
     spec = RunSpec.build(target="Qwen/Qwen3-8B", draft="Qwen/Qwen3-0.6B", target_revision="refs/pr/7", prompts=("Hi",))
     with pytest.raises(Error, match=r"cannot be replayed here: revision 'refs/pr/7' of target model 'Qwen/Qwen3-8B' "
@@ -152,7 +153,7 @@ def test_a_shared_link_to_another_revision_is_not_replayed():
 
 
 def test_a_replay_that_drifted_says_so_and_shows_what_differs(good_trace):
-    from specviz.ui import _replay_report
+    from specviz.app.runview import _replay_report
 
     trace = Trace.from_json(good_trace)
     same = _replay_report(trace, {"fp": trace.manifest.fingerprint, "env": share.environment(trace.manifest)})
@@ -239,8 +240,9 @@ SAMPLED = [*TINY_RUN, False, 0.8, 40, 0.9, None, None, None]  # audit off; tempe
 
 
 def test_the_sampling_controls_make_the_spec_and_a_sampled_link_replays_exactly(client):
-    from specviz import serving, ui
-    from specviz.settings import Settings
+    from specviz.app import runview as ui
+    from specviz.app import serving
+    from specviz.run.settings import Settings
 
     status, trace_file = client.predict(*SAMPLED, api_name="/run")
     trace = Trace.from_json(Path(trace_file).read_text())
@@ -264,11 +266,11 @@ def test_the_sampling_controls_make_the_spec_and_a_sampled_link_replays_exactly(
                                                    "env": share.environment(trace.manifest)})
     assert replayed is not trace and replayed.manifest.fingerprint == trace.manifest.fingerprint
     assert "Replay matched the shared run exactly" in report and "Every draw fell the same way" in report
-    assert markdown_text(views.distribution_row(replayed)) in markdown_text(report)
+    assert markdown_text(summary.distribution_row(replayed)) in markdown_text(report)
 
 
 def test_a_sampled_replay_that_drifted_says_what_that_means(client):
-    from specviz import ui
+    from specviz.app import runview as ui
 
     _, trace_file = client.predict(*SAMPLED, api_name="/run")
     trace = Trace.from_json(Path(trace_file).read_text())
@@ -278,7 +280,7 @@ def test_a_sampled_replay_that_drifted_says_what_that_means(client):
 
 
 def test_out_of_range_sampling_is_refused_with_a_message(client):
-    from specviz.ui import DEFAULTS
+    from specviz.app.runview import DEFAULTS
 
     top_p_without_temperature = [*TINY_RUN, False, 0, 0, 0.9]
     with pytest.raises(Exception, match="need a temperature above 0"):
@@ -296,10 +298,11 @@ def test_out_of_range_sampling_is_refused_with_a_message(client):
 
 
 def test_the_sampling_examples_fill_the_controls(client):
-    from specviz import ui
+    from specviz.app import page
+    from specviz.app import runview as ui
 
     names = [n for n in ui.EXAMPLES if ui.EXAMPLES[n].get("temperature")]
-    assert {ui.example_api_name(n) for n in names} == {"example_sampled", "example_sampling"}
+    assert {page.example_api_name(n) for n in names} == {"example_sampled", "example_sampling"}
     values = dict(zip(ui.DEFAULTS, client.predict(api_name="/example_sampling")))
     assert values["faults"] == ["temperature-draft-only"] and (values["temperature"], values["top_p"]) == (0.8, 0.95)
     greedy = dict(zip(ui.DEFAULTS, client.predict(api_name="/example_clean")))
@@ -312,7 +315,7 @@ LOOKUP = [*TINY_RUN[:4], "Name three rivers. Name three rivers.\nHi", *TINY_RUN[
 
 
 def test_the_drafter_controls_make_the_spec_and_a_lookup_link_restores_them(client):
-    from specviz import ui
+    from specviz.app import runview as ui
 
     status, trace_file = client.predict(*LOOKUP, api_name="/run")
     trace = Trace.from_json(Path(trace_file).read_text())
@@ -343,12 +346,13 @@ def test_the_drafter_controls_make_the_spec_and_a_lookup_link_restores_them(clie
 
 
 def test_the_method_registry_drives_the_method_drafter_and_fault_controls():
-    from specviz import ui
-    from specviz.methods import DRAFTERS, METHODS
-    from specviz.settings import Settings
+    from specviz.app import page
+    from specviz.app import runview as ui
+    from specviz.run.settings import Settings
+    from specviz.spec.methods import DRAFTERS, METHODS
 
-    page = ui.build(Settings())
-    by_id = {b.elem_id: b for b in page.blocks.values() if getattr(b, "elem_id", None)}
+    blocks = page.build(Settings())
+    by_id = {b.elem_id: b for b in blocks.blocks.values() if getattr(b, "elem_id", None)}
     assert [v for _, v in by_id["sv-method"].choices] == list(METHODS)
     assert [v for _, v in by_id["sv-drafter"].choices] == list(DRAFTERS)
     assert by_id["sv-method"].info == METHODS["eqspec"].summary and by_id["sv-drafter"].info == DRAFTERS["model"]
@@ -365,7 +369,7 @@ def test_the_method_registry_drives_the_method_drafter_and_fault_controls():
 
 
 def test_the_prompt_lookup_example_fills_the_drafter_and_other_examples_reset_it(client):
-    from specviz import ui
+    from specviz.app import runview as ui
 
     values = dict(zip(ui.DEFAULTS, client.predict(api_name="/example_prompt")))
     assert (values["drafter"], values["ngram_min"], values["ngram_max"]) == ("lookup", 2, 3)

@@ -23,6 +23,20 @@ def browser():
         b.close()
 
 
+@pytest.fixture
+def new_page(browser):
+    """Pages for one test, closed when it ends: an open page's renderer keeps taking CPU from the decodes that
+    later tests wait on."""
+    pages = []
+
+    def make(**kwargs):
+        pages.append(browser.new_page(**kwargs))
+        return pages[-1]
+    yield make
+    for page in pages:
+        page.close()
+
+
 def _lines(page, selector: str) -> list[tuple[str, int]]:
     """Each matching element's text and the number of lines it is laid out on."""
     return page.eval_on_selector_all(selector, """els => els.map(e => {
@@ -32,9 +46,9 @@ def _lines(page, selector: str) -> list[tuple[str, int]]:
     })""")
 
 
-def test_a_fresh_page_shows_a_real_fork_at_once_then_a_click_and_its_share_link(browser, app_url):
+def test_a_fresh_page_shows_a_real_fork_at_once_then_a_click_and_its_share_link(new_page, app_url):
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    page = new_page(viewport={"width": 1280, "height": 1000})
     page.goto(app_url)  # no click: the bundled bsp-like trace, focused on its first fork
     expect(page.locator("#sv-grid td.sv-cell.sv-fork.sv-sel")).to_be_visible(timeout=60_000)
     expect(page.locator("#sv-forensics")).to_contain_text("sync-bug")
@@ -71,7 +85,7 @@ def test_a_fresh_page_shows_a_real_fork_at_once_then_a_click_and_its_share_link(
     expect(page).to_have_url(re.compile(rf"\?run=.*&seq={seq}&round={round_}$"))  # the address bar is the share link
     page.screenshot(path=SHOTS / "bsp-like-clicked.png", full_page=True)
 
-    fresh = browser.new_page(viewport={"width": 1280, "height": 1000})
+    fresh = new_page(viewport={"width": 1280, "height": 1000})
     fresh.goto(page.url)
     expect(fresh.locator("#sv-status")).to_contain_text("matched the shared run exactly", timeout=DECODE_MS)
     cell = fresh.locator("#sv-grid td.sv-cell.sv-sel")
@@ -83,9 +97,9 @@ def test_a_fresh_page_shows_a_real_fork_at_once_then_a_click_and_its_share_link(
     fresh.screenshot(path=SHOTS / "share-link.png", full_page=True)
 
 
-def test_at_phone_width_the_page_opens_on_the_case_and_never_scrolls_sideways(browser, app_url):
+def test_at_phone_width_the_page_opens_on_the_case_and_never_scrolls_sideways(new_page, app_url):
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True,
+    page = new_page(viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True,
                             has_touch=True)
     page.goto(app_url)
     expect(page.locator("#sv-grid td.sv-cell.sv-fork.sv-sel")).to_be_visible(timeout=60_000)
@@ -109,15 +123,15 @@ def _open_trace_file(page, app_url: str, path) -> None:
     expect(page.locator("#sv-timeline .sv-tok").first).to_be_visible(timeout=60_000)
 
 
-def test_a_hostile_trace_runs_no_script_and_asks_no_other_origin(browser, app_url, hostile, tmp_path):
+def test_a_hostile_trace_runs_no_script_and_asks_no_other_origin(new_page, app_url, hostile, tmp_path):
     from hostile import EVIL, HOSTILE, PAYLOADS
 
-    from specviz import share
+    from specviz.trace import share
 
     SHOTS.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "hostile.json"
     path.write_text(hostile.to_json())
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page = new_page(viewport={"width": 1400, "height": 1000})
     asked = []
     page.on("request", lambda r: asked.append(r.url))
     _open_trace_file(page, app_url, path)
@@ -140,11 +154,11 @@ def test_a_hostile_trace_runs_no_script_and_asks_no_other_origin(browser, app_ur
     page.wait_for_function("window.__pwned === 1")
 
 
-def test_cjk_and_emoji_show_whole_characters_in_the_compare_view(browser, app_url, cjk_emoji, embedded, tmp_path):
+def test_cjk_and_emoji_show_whole_characters_in_the_compare_view(new_page, app_url, cjk_emoji, embedded, tmp_path):
     SHOTS.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "cjk-emoji.json"
     path.write_text(cjk_emoji.to_json())
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page = new_page(viewport={"width": 1400, "height": 1000})
     _open_trace_file(page, app_url, path)
     for s in cjk_emoji.sequences[:2]:  # the CJK prompt, then the emoji one
         page.locator(f'#sv-grid th.sv-seq[data-seq="{s.seq}"]').click()
@@ -158,8 +172,8 @@ def test_cjk_and_emoji_show_whole_characters_in_the_compare_view(browser, app_ur
 @pytest.fixture(scope="module")
 def sampled_trace(tiny, tmp_path_factory):
     """The page's sampling-fault example (temperature on the draft only) run on the tiny pair, as a trace file."""
-    from specviz.runner import run
-    from specviz.ui import DEFAULTS, EXAMPLES, spec_from_controls
+    from specviz.app.runview import DEFAULTS, EXAMPLES, spec_from_controls
+    from specviz.run.runner import run
 
     values = {**DEFAULTS, **EXAMPLES["sampling fault: draft-only temperature"], "pair": "tiny"}
     trace = run(spec_from_controls(*[values[n] for n in list(DEFAULTS)[:5]], None,
@@ -169,10 +183,10 @@ def sampled_trace(tiny, tmp_path_factory):
     return trace, path
 
 
-def test_a_sampled_trace_shows_its_pit_panel_verdict_and_each_drafts_draws(browser, app_url, sampled_trace):
+def test_a_sampled_trace_shows_its_pit_panel_verdict_and_each_drafts_draws(new_page, app_url, sampled_trace):
     trace, path = sampled_trace
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page = new_page(viewport={"width": 1400, "height": 1000})
     _open_trace_file(page, app_url, path)
     verdict = page.locator("#sv-pit-verdict")
     expect(verdict).to_contain_text("Verdict: not the target's distribution", timeout=60_000)
@@ -193,13 +207,16 @@ def test_a_sampled_trace_shows_its_pit_panel_verdict_and_each_drafts_draws(brows
     page.screenshot(path=SHOTS / "sampled-trace.png", full_page=True)
 
 
-def test_prompt_lookup_example_says_its_speed_up_and_shows_rows_offered_no_drafts(browser, app_url, embedded):
+def test_prompt_lookup_example_says_its_speed_up_and_shows_rows_offered_no_drafts(new_page, app_url, embedded):
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page = new_page(viewport={"width": 1400, "height": 1000})
     page.goto(app_url)
+    expect(page.locator("#sv-grid td.sv-cell.sv-fork.sv-sel")).to_be_visible(timeout=60_000)  # the first page is in
     expect(page.locator("#sv-ngram-min")).to_be_hidden()  # the draft model: no n-gram sizes
     page.get_by_role("button", name="prompt lookup: summaries and code edits").click()
-    expect(page.locator("#sv-ngram-min")).to_be_visible()  # the example's drafter is prompt lookup
+    # The example's drafter is prompt lookup: its n-gram sizes come with the example's values, before its decode.
+    expect(page.locator("#sv-ngram-min")).to_be_visible(timeout=60_000)
+    expect(page.locator("#sv-ngram-min input[type=number]")).to_have_value("2")
     status = page.locator("#sv-status")
     # (the first page's bundled case states a speed-up too: wait for this run's own words)
     expect(status).to_contain_text("drafts by prompt lookup (n-grams 2–3, no draft model)", timeout=DECODE_MS)
@@ -226,7 +243,7 @@ def test_prompt_lookup_example_says_its_speed_up_and_shows_rows_offered_no_draft
     page.screenshot(path=SHOTS / "example-prompt-lookup.png", full_page=True)
     page.locator("#sv-grid").screenshot(path=SHOTS / "example-prompt-lookup-grid.png")
     # The link restores the drafter and its n-grams, and replays the run (from this process's cache).
-    fresh = browser.new_page(viewport={"width": 1400, "height": 1000})
+    fresh = new_page(viewport={"width": 1400, "height": 1000})
     fresh.goto(page.url)
     expect(fresh.locator("#sv-status")).to_contain_text("matched the shared run exactly", timeout=DECODE_MS)
     expect(fresh.locator("#sv-status")).to_contain_text("when this process first ran this spec")
@@ -242,13 +259,15 @@ def _heat_cell(page, metric: str, label: str, column: int):
     return row.locator("td").nth(column)
 
 
-def test_a_sweep_shows_where_equivalence_breaks_a_cell_opens_its_run_and_compare_finds_the_fork(
-        browser, app_url, embedded):
+def test_a_sweep_shows_where_equivalence_breaks_a_cell_opens_its_run_and_compare_finds_the_fork(new_page, app_url, tiny):
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    page = new_page(viewport={"width": 1280, "height": 1000})
     page.goto(app_url)
     page.get_by_role("tab", name="Sweep").click()
-    # The tab's defaults: eqspec with no fault, bsp-like and dsd-like, at bs 1, 4 and 8, k 5, on the quick prompts.
+    # The tab's defaults (eqspec with no fault, bsp-like and dsd-like, at bs 1, 4 and 8, k 5, on the quick prompts)
+    # on the tiny pair in float64, where a correct engine equals the reference exactly: the page is under test here.
+    _pick(page, "#sv-sweep-pair", "tiny")
+    _pick(page, "#sv-sweep-dtype", "float64")
     page.locator("#sv-sweep-run").click()
     expect(page.locator("#sv-sweep-exact td.sv-hcell")).to_have_count(9, timeout=DECODE_MS)
     for column in range(3):
@@ -295,7 +314,7 @@ def test_a_sweep_shows_where_equivalence_breaks_a_cell_opens_its_run_and_compare
     page.screenshot(path=SHOTS / "compare.png", full_page=True)
 
     # The sweep's link replays it in a fresh page (from this process's cache).
-    fresh = browser.new_page(viewport={"width": 1280, "height": 1000})
+    fresh = new_page(viewport={"width": 1280, "height": 1000})
     fresh.goto(link)
     expect(fresh.locator("#sv-sweep-exact td.sv-hcell")).to_have_count(9, timeout=DECODE_MS)
     expect(fresh.locator("#sv-sweep-status")).to_contain_text("replayed on this server")
@@ -310,16 +329,16 @@ def _pick(page, dropdown: str, label: str) -> None:
     expect(page.locator(f"{dropdown} input")).to_have_value(label)
 
 
-def test_a_verify_json_report_written_by_the_cli_opens_in_the_sweep_view(browser, app_url, tiny, tmp_path):
-    from specviz.cli import main
-    from specviz.sweep import SweepReport
+def test_a_verify_json_report_written_by_the_cli_opens_in_the_sweep_view(new_page, app_url, tiny, tmp_path):
+    from specviz.cli.main import main
+    from specviz.trace.sweep import SweepReport
 
     path = tmp_path / "verify.json"
     assert main(["verify", "--pair", "tiny", "--device", "cpu", "--methods", "eqspec", "--fault-sets", "none",
                  "bsp-like", "--batch-sizes", "1,4", "--k", "3", "--max-new-tokens", "12", "--allow-divergence",
                  "--json", str(path)]) == 0
     report = SweepReport.from_json(path.read_text())
-    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    page = new_page(viewport={"width": 1280, "height": 1000})
     page.goto(app_url)
     page.get_by_role("tab", name="Sweep").click()
     page.locator("#sv-sweep-upload input[type=file]").set_input_files(str(path))

@@ -4,10 +4,13 @@ import json
 
 import pytest
 
-from specviz import serving, share, ui
-from specviz.runner import run
-from specviz.settings import Settings
-from specviz.trace import SCHEMA_VERSION, Trace
+from specviz.app import runview as ui
+from specviz.app import serving
+from specviz.run.runner import run
+from specviz.run.settings import Settings
+from specviz.trace import share
+from specviz.trace.migrations import SCHEMA_VERSION
+from specviz.trace.schema import Trace
 
 NAMES = list(serving.BUNDLED)
 

@@ -11,15 +11,16 @@ import re
 import pytest
 import torch
 
-from specviz import cli
+from specviz.app.panel import forensics_html
+from specviz.cli import main as cli
 from specviz.decoding.eqspec import eqspec
 from specviz.decoding.reference import batched_reference
 from specviz.decoding.sampling import Sampler, Sampling
-from specviz.models import load_pair
-from specviz.prompts import builtin_set
-from specviz.runner import run
-from specviz.spec import TINY_DRAFT, TINY_TARGET, RunSpec
-from specviz.trace import Trace
+from specviz.models.pairs import load_pair
+from specviz.run.runner import run
+from specviz.spec.prompts import builtin_set
+from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
+from specviz.trace.schema import Trace
 
 BUDGET = 24
 
@@ -116,10 +117,15 @@ def test_without_a_control_run_a_fork_beyond_transformers_rounding_asks_for_one(
             assert s.gaps[f.first_bad] > trace.manifest.yardstick.target.tolerance
 
 
-def test_a_control_run_says_speculation_changed_it(tmp_path, tiny):
+def test_a_control_run_says_speculation_changed_it(tmp_path, tiny, capsys):
     trace = _check(tmp_path, "--engine", "test_check:bsp_like", "--control-engine", "test_check:no_speculation")
     divergent = [s for s in trace.sequences if s.equivalent is False]
     assert divergent and all(s.forensics.verdict == "engine-bug" for s in divergent)
+    # Every engine-bug comes with the smallest request that shows it: the prompt's ids, up to the fork token.
+    printed = capsys.readouterr().out
+    s, f = divergent[0], divergent[0].forensics
+    assert (f"reproduce: prompt ids {trace.prompts[s.seq].ids}, greedy, {f.fork + 1} tokens: token {f.fork} should "
+            f"be {f.reference_token}, is {f.output_token}") in printed
     assert all("speculation changed the output" in s.forensics.explanation for s in divergent
                if s.forensics.control_fork is None or s.forensics.control_fork > s.forensics.fork)
     assert trace.manifest.control.name == "test_check:no_speculation"
@@ -143,7 +149,9 @@ def test_a_file_of_outputs_gives_the_same_report_as_the_live_engine(tmp_path, ti
     ('{"prompt": "hi"}', "line 1: .*output_ids"),
     ('{"prompt": "hi", "output_ids": [1]}\n{"prompt_ids": [1], "prompt": "x", "output_ids": [2]}', "line 2: .*exactly one"),
     ('{"prompt": "hi", "output_ids": "many"}', "line 1: output_ids"),
-    ('{"prompt": "hi", "output_ids": [1], "extra": 1}', "line 1: extra"),
+    ('[{"prompt": "hi", "output_ids": [1]}]', "line 1: not a JSON object .*a line is a JSON object, not list"),
+    ('{"choices": [{"token_ids": [1]}]}', "line 1: .*names no prompt ids"),
+    ('{"request": {"prompt": [1]}, "response": {"content": "x"}}', "line 1: .*neither an OpenAI-compatible"),
     ("not json", "line 1: not a JSON object"),
     ("", "no output lines"),
 ])
@@ -161,18 +169,19 @@ def test_an_engine_that_is_not_there_gets_a_message(tmp_path, capsys, tiny):
 
 
 def test_the_page_shows_an_engine_check(tmp_path, tiny):
-    from specviz import ui, views
+    from specviz.app import runview as ui
+    from specviz.app import summary, tokens, views
 
     trace = _check(tmp_path, "--engine", "test_check:bsp_like", "--control-engine", "test_check:no_speculation")
     focus, _ = views.resolve(trace)
     s = trace.sequences[focus.seq]
-    chips = views.timeline_html(trace, focus)
+    chips = tokens.timeline_html(trace, focus)
     own, surprise = chips.count("sv-own"), chips.count("sv-surprise")
     assert own + surprise == len(s.output_ids)
     assert surprise == sum(g > s.forensics.tolerance for g in s.gaps) > 0  # the tokens the target would not write
-    panel = views.forensics_html(trace, focus)
-    assert "engine-bug" in panel and "rank of the engine" in panel and "without speculation departs at" in panel
-    headline = views.headline(trace)
+    shown = forensics_html(trace, focus)
+    assert "engine-bug" in shown and "rank of the engine" in shown and "without speculation departs at" in shown
+    headline = summary.headline(trace)
     assert "engine check" in headline and r"\(control\, no speculation\)" in headline
     views_out = dict(zip(ui.VIEW_NAMES, ui.render(trace)))
     link, note = views_out["link_query"], views_out["focus_note"]
@@ -183,8 +192,8 @@ def test_the_page_shows_an_engine_check(tmp_path, tiny):
 def test_a_sampled_check_tells_a_callable_its_settings_and_judges_its_ids_by_their_distribution(tiny):
     """No reference at temperature > 0: the engine's tokens are scored under the target (the PIT); a file of the
     same ids gets the same values, a file of text is refused."""
-    from specviz import check
-    from specviz.spec import SpecError
+    from specviz.run import check
+    from specviz.spec.run import SpecError
 
     spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float32", device="cpu", method="engine",
                          prompts=tuple(builtin_set("quick")), max_new_tokens=BUDGET, temperature=0.8, top_k=50,
@@ -216,7 +225,7 @@ def test_the_outputs_schema_file_is_current():
 
 
 def test_two_engines_compare_token_by_token_where_they_part(tmp_path, tiny):
-    from specviz import sidebyside, sweeptab
+    from specviz.app import sidebyside, sweeptab
 
     good = _check(tmp_path, "--engine", "test_check:correct")
     bad = _check(tmp_path, "--engine", "test_check:bsp_like")

@@ -1,7 +1,7 @@
 import json
 
-from specviz.cli import main
-from specviz.trace import Trace
+from specviz.cli.main import main
+from specviz.trace.schema import Trace
 
 TINY = ["--pair", "tiny", "--dtype", "float64", "--device", "cpu"]
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 from gradio_client import Client, handle_file
 
-from specviz.runner import run
-from specviz.serving import save
-from specviz.trace import Trace
-from specviz.ui import DEFAULTS, spec_from_controls
+from specviz.app.runview import DEFAULTS, spec_from_controls
+from specviz.app.serving import save
+from specviz.run.runner import run
+from specviz.trace.schema import Trace
 
 # Eight small runs on the tiny pair, all different (seeds 900-907 keep them out of other tests' replay cache).
 RUNS = [

@@ -3,9 +3,9 @@ import os
 import pytest
 import torch
 
-from specviz import determinism
-from specviz.cli import main
-from specviz.trace import Trace
+from specviz.cli.main import main
+from specviz.decoding import determinism
+from specviz.trace.schema import Trace
 
 TINY = ["--pair", "tiny", "--dtype", "float64", "--device", "cpu"]
 

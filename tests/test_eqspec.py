@@ -6,7 +6,7 @@ import pytest
 from specviz.decoding.assisted import hf_assisted
 from specviz.decoding.eqspec import eqspec
 from specviz.decoding.reference import reference
-from specviz.draft import layer_subset
+from specviz.models.draft import layer_subset
 
 
 @pytest.fixture(scope="module")

@@ -2,12 +2,12 @@ import dataclasses
 
 import pytest
 
-from specviz import metrics
 from specviz.decoding.exspec import SeqState, choose, exspec
 from specviz.decoding.reference import reference
-from specviz.draft import layer_subset
-from specviz.runner import run
-from specviz.spec import RunSpec, SpecError
+from specviz.models.draft import layer_subset
+from specviz.run.runner import run
+from specviz.spec.run import RunSpec, SpecError
+from specviz.trace import metrics
 
 
 @pytest.mark.parametrize("k", [1, 5])

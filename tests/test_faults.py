@@ -2,10 +2,10 @@
 forensics names the state it breaks."""
 import pytest
 
-from specviz import metrics
-from specviz.decoding.catalogue import FAULTS, PRESETS, STATE_OF, expand
-from specviz.runner import run
-from specviz.spec import RunSpec, SpecError
+from specviz.run.runner import run
+from specviz.spec.faults import FAULTS, PRESETS, STATE_OF, expand
+from specviz.spec.run import RunSpec, SpecError
+from specviz.trace import metrics
 
 BREAKING = [f for f, (kind, _) in FAULTS.items() if kind == "breaking"]
 WASTEFUL = [f for f, (kind, _) in FAULTS.items() if kind == "wasteful"]
@@ -20,7 +20,7 @@ def _run(faults, batch_size, prompts, **kw):
 
 @pytest.fixture(scope="module")
 def prompts():
-    from specviz.prompts import builtin_set
+    from specviz.spec.prompts import builtin_set
 
     return builtin_set("all")[:8]
 
@@ -87,7 +87,7 @@ def test_presets_expand_and_unknown_faults_are_refused():
 def test_numerics_case_in_bfloat16_is_called_numerics(tiny):
     """A correct engine in bfloat16 departs from the batch-size-1 reference
     through floating point alone; forensics must say numerics (at least 90%), else unexplained, never sync-bug."""
-    from specviz.prompts import builtin_set
+    from specviz.spec.prompts import builtin_set
 
     spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="bfloat16", device="cpu",
                          prompts=tuple(builtin_set("spec-bench")[:24]), batch_size=4, k=5, max_new_tokens=48)
@@ -108,7 +108,7 @@ def test_numerics_case_in_bfloat16_is_called_numerics(tiny):
 
 def test_embedded_pair_in_bfloat16_stays_numerics():
     """Real weights, real near-ties: the correct engine on SmolLM2 in bfloat16 (about 3 minutes here)."""
-    from specviz.prompts import builtin_set
+    from specviz.spec.prompts import builtin_set
 
     spec = RunSpec.build(dtype="bfloat16", device="cpu", prompts=tuple(builtin_set("all")[:8]), batch_size=4, k=5,
                          max_new_tokens=32)

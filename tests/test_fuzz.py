@@ -9,7 +9,7 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from hostile import malformed_link, malformed_links, malformed_trace, malformed_traces, real_link_and_trace
 
-from specviz import ui
+from specviz.app import runview as ui
 
 SEED = 12  # benchmarks/fuzz.py times the same inputs
 LINKS, TRACES = 10_000, 1000

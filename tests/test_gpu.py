@@ -4,8 +4,8 @@ import types
 
 import pytest
 
-from specviz import gpu
-from specviz.spec import RunSpec
+from specviz.run import gpu
+from specviz.spec.run import RunSpec
 
 
 @pytest.fixture

@@ -10,9 +10,11 @@ import pytest
 from gradio_client import Client, handle_file
 from hostile import HOSTILE, PAYLOADS, live_markdown, live_markup, parse_html
 
-from specviz import share, ui, views
-from specviz.settings import Settings
-from specviz.trace import FINGERPRINT, Trace
+from specviz.app import runview as ui
+from specviz.app import summary, tokens, views
+from specviz.run.settings import Settings
+from specviz.trace import share
+from specviz.trace.schema import FINGERPRINT, Trace
 
 # What the views write, and nothing else.
 VIEW_TAGS = {"div", "span", "p", "b", "h4", "table", "thead", "tbody", "tr", "th", "td", "mark"}
@@ -46,12 +48,12 @@ def test_every_view_at_every_focus_shows_the_payload_as_text(hostile):
             assert "__pwned" not in fig.to_json() and "evil" not in fig.to_json()
         cells = out["table"]["value"].to_numpy().ravel().tolist()  # a Dataframe of datatype "str": text, whatever it holds
         assert any(PAYLOADS[0] in str(c) for c in cells)
-    shown = "".join(parse_html(views.timeline_html(hostile, views.resolve(hostile)[0])).text)
+    shown = "".join(parse_html(tokens.timeline_html(hostile, views.resolve(hostile)[0])).text)
     assert PAYLOADS[0] in shown  # seen, as text
 
 
 def test_markdown_carries_stranger_text_inert(hostile):
-    assert live_markdown(views.headline(hostile)) == []
+    assert live_markdown(summary.headline(hostile)) == []
     env = {**share.environment(hostile.manifest), **{f"{HOSTILE[:150]} {i}": HOSTILE[:200] for i in range(3)}}
     env = {k[:200]: v[:200] for k, v in env.items()}  # a link's environment is short, flat text
     query = share.encode(share.Link(hostile.manifest.spec, 0, 1, "0123456789abcdef", env))

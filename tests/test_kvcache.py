@@ -1,6 +1,6 @@
 import torch
 
-from specviz import kvcache
+from specviz.decoding import kvcache
 from specviz.decoding.batch import forward, left_pad
 
 

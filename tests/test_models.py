@@ -4,11 +4,11 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from specviz.checkpoints import embedded_tokenizer_dir
 from specviz.decoding.batch import left_pad
 from specviz.decoding.reference import batched_reference, reference
-from specviz.models import load_pair, tiny_target
-from specviz.spec import SpecError
+from specviz.models.checkpoints import embedded_tokenizer_dir
+from specviz.models.pairs import load_pair, tiny_target
+from specviz.spec.run import SpecError
 
 
 def test_embedded_pair_loads_offline_and_answers(embedded):
@@ -16,7 +16,7 @@ def test_embedded_pair_loads_offline_and_answers(embedded):
     # The draft is the target plus seeded noise: same shapes, different weights, derived the same way every time.
     t_w, d_w = embedded.target.model.layers[3].mlp.up_proj.weight, embedded.draft.model.layers[3].mlp.up_proj.weight
     assert t_w.shape == d_w.shape and not torch.equal(t_w, d_w)
-    from specviz.draft import derive_draft
+    from specviz.models.draft import derive_draft
 
     again, _ = derive_draft(embedded.target)
     assert torch.equal(again.model.layers[3].mlp.up_proj.weight, d_w)
@@ -79,7 +79,7 @@ def test_pad_equal_to_eos_never_truncates_or_corrupts_prompts(tiny):
 def test_the_embedded_draft_folder_loads_back_as_the_derived_draft(embedded):
     from transformers import AutoModelForCausalLM
 
-    from specviz.checkpoints import embedded_draft_dir
+    from specviz.models.checkpoints import embedded_draft_dir
 
     folder = embedded_draft_dir()
     assert embedded_draft_dir() == folder  # written once, then reused

@@ -11,11 +11,10 @@ import textwrap
 
 import pytest
 
-from specviz import runner
 from specviz.decoding import batch, drafters, eqspec, exspec, faults, round
-from specviz.prompts import builtin_set
-from specviz.runner import run
-from specviz.spec import RunSpec
+from specviz.run.runner import run
+from specviz.spec.prompts import builtin_set
+from specviz.spec.run import RunSpec
 
 # name -> (module, function, snippet, its mutation, modules that imported the function by name, method)
 MUTANTS = {
@@ -26,15 +25,15 @@ MUTANTS = {
     "rows-interfere": (eqspec, "_realign", "kvcache.gather(b.tcache, keep, src[:, : width - 1])",
                        "kvcache.gather(b.tcache, keep.flip(0), src[:, : width - 1])", (), "eqspec"),
     # stale state after a row finishes: the rows after it keep last round's tokens and caches
-    "stale-after-finish": (exspec, "exspec", "gen[s.seq].finished_at = time.perf_counter() - start\n                continue",
-                           "gen[s.seq].finished_at = time.perf_counter() - start\n                break", (runner,), "exspec"),
+    "stale-after-finish": (exspec, "_split_back", "gen[s.seq].finished_at = time.perf_counter() - start\n            continue",
+                           "gen[s.seq].finished_at = time.perf_counter() - start\n            break", (), "exspec"),
     # wrong row order after a batch shrinks: the first rows' caches are kept instead of the survivors'
     "shrink-row-order": (eqspec, "_realign", "kvcache.select_rows(b.tcache, keep)",
                          "kvcache.select_rows(b.tcache, torch.arange(len(keep), device=keep.device))", (), "eqspec"),
     # a corrupted bonus index: the target's token is written one slot late, leaving the rejected draft in place
-    "bonus-index": (round, "speculate", "emitted = torch.cat([D[:, :k], g[:, k:]], 1).scatter(1, a[:, None], pick)",
+    "bonus-index": (round, "accept", "emitted = torch.cat([D[:, :k], g[:, k:]], 1).scatter(1, a[:, None], pick)",
                     "emitted = torch.cat([D[:, :k], g[:, k:]], 1).scatter(1, (a[:, None] + 1).clamp(max=k), pick)",
-                    (eqspec, exspec), "eqspec"),
+                    (), "eqspec"),
     # positions counted from the first slot on padded rows: shared by the engine's own checks, so they agree
     "positions-off-by-one": (batch, "positions", "(valid.long().cumsum(dim=1) - 1).clamp(min=0)",
                              "(valid.long().cumsum(dim=1) - valid[:, :1].long()).clamp(min=0)", (faults, round),

@@ -3,8 +3,11 @@ import pytest
 import torch
 from scipy import stats
 
-from specviz import pit as pitmod
-from specviz.pit import BINS, WARN, Distribution, figure, judge, pair_differences, pit, row_pairs, uniformity
+from specviz.app.plots import WARN
+from specviz.app.plots import pit_figure as figure
+from specviz.forensics import pit as pitmod
+from specviz.forensics.pit import BINS, judge, pair_differences, pit, row_pairs, uniformity
+from specviz.trace.evidence import Distribution
 
 # A tiny vocabulary with the exact zeros top-k/top-p leave, the last token among them.
 P = np.array([0.30, 0.20, 0.15, 0.0, 0.12, 0.10, 0.13, 0.0])

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from specviz.prompts import SPEC_BENCH_FILE, builtin_set, builtin_sets, parse_prompts, read_prompts
-from specviz.spec import SpecError
+from specviz.spec.prompts import SPEC_BENCH_FILE, builtin_set, builtin_sets, parse_prompts, read_prompts
+from specviz.spec.run import SpecError
 
 
 def test_plain_text_is_one_prompt_a_line():

@@ -7,8 +7,8 @@ from transformers import GenerationConfig
 from specviz.decoding.assisted import hf_assisted
 from specviz.decoding.eqspec import eqspec
 from specviz.decoding.reference import batched_reference, reference
-from specviz.draft import layer_subset
-from specviz.models import tiny_target
+from specviz.models.draft import layer_subset
+from specviz.models.pairs import tiny_target
 
 NEW = 12
 

@@ -7,14 +7,14 @@ import torch
 from scipy import stats
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from specviz import share
 from specviz.decoding import faults as faults_module
-from specviz.decoding.catalogue import SAMPLING
 from specviz.decoding.faults import Policy
 from specviz.decoding.sampling import ACCEPT, DRAFT, TARGET, Sampler, inverse_cdf, uniform
-from specviz.prompts import builtin_set
-from specviz.runner import run
-from specviz.spec import TINY_DRAFT, TINY_TARGET, RunSpec
+from specviz.run.runner import run
+from specviz.spec.faults import SAMPLING
+from specviz.spec.prompts import builtin_set
+from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
+from specviz.trace import share
 
 PROMPTS = ("Write a short poem about the sea.", "Explain recursion.", "List three fruits.", "What is 2+2?")
 SAMPLED = {"temperature": 0.8, "top_p": 0.95}

@@ -2,10 +2,9 @@ import re
 
 import pytest
 
-from specviz.models import PRESETS
-from specviz.prompts import builtin_set
-from specviz.settings import Settings, SettingsError, is_local_path
-from specviz.spec import EMBEDDED_DRAFT, EMBEDDED_TARGET, RunSpec, SpecError
+from specviz.run.settings import Settings, SettingsError, is_local_path
+from specviz.spec.prompts import builtin_set
+from specviz.spec.run import EMBEDDED_DRAFT, EMBEDDED_TARGET, PRESETS, RunSpec, SpecError
 
 
 def spec(**fields) -> RunSpec:
@@ -165,7 +164,7 @@ def test_prompt_tokens_are_capped_once_tokenized():
 
 
 def test_the_runner_checks_the_tokenized_prompts_before_decoding(tiny):
-    from specviz.runner import run
+    from specviz.run.runner import run
 
     long_prompt = " ".join(["word"] * 2100)  # about 2,100 tokens: far below the 400,000-character bound
     long = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64",

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import specviz
-from specviz.cli import main
-from specviz.shard import share
+from specviz.cli.main import main
+from specviz.run.shard import share
 
 ROOT = Path(specviz.__file__).resolve().parent.parent
 VERIFY = ["verify", "--pair", "tiny", "--dtype", "float64", "--device", "cpu", "--prompt-set", "lists",

@@ -5,8 +5,8 @@ import zlib
 
 import pytest
 
-from specviz import share
-from specviz.spec import RunSpec, SpecError
+from specviz.spec.run import RunSpec, SpecError
+from specviz.trace import share
 
 SPEC = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", prompts=("Hi!", "two\nlines"),
                      faults=("bsp-like",), batch_size=2, k=3, max_new_tokens=9, dtype="float64")

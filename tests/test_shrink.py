@@ -1,11 +1,13 @@
 """specviz shrink: a divergent run reduced to a smaller one that forks at the same token, as a share link."""
 import pytest
 
-from specviz import cli, share, views
-from specviz.prompts import builtin_set
-from specviz.runner import run
-from specviz.spec import RunSpec
-from specviz.trace import Trace
+from specviz.app import views
+from specviz.cli import main as cli
+from specviz.run.runner import run
+from specviz.spec.prompts import builtin_set
+from specviz.spec.run import RunSpec
+from specviz.trace import share
+from specviz.trace.schema import Trace
 
 
 def _spec(faults) -> RunSpec:

@@ -1,6 +1,6 @@
 import pytest
 
-from specviz.spec import MAX_PROMPT_CHARS, RunSpec, SpecError
+from specviz.spec.run import MAX_PROMPT_CHARS, RunSpec, SpecError
 
 GOOD = dict(prompts=("Hello",))
 

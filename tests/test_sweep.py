@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 
 import specviz
-from specviz import sweepviews
-from specviz.cli import main
-from specviz.methods import grid
-from specviz.prompts import builtin_set
-from specviz.runner import run
-from specviz.spec import TINY_DRAFT, TINY_TARGET, RunSpec, SpecError
-from specviz.sweep import SweepReport
-from specviz.trace import MAX_TRACE_BYTES, Distribution
+from specviz.app import sweepviews
+from specviz.cli.main import main
+from specviz.run.runner import run
+from specviz.spec.methods import grid
+from specviz.spec.prompts import builtin_set
+from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec, SpecError
+from specviz.trace.evidence import Distribution
+from specviz.trace.schema import MAX_TRACE_BYTES
+from specviz.trace.sweep import SweepReport
 
 PAYLOAD = "<img src=x onerror=alert(1)>"
 VERIFY = ["verify", "--pair", "tiny", "--dtype", "float64", "--device", "cpu", "--prompt-set", "lists",
@@ -80,7 +81,7 @@ def test_non_speculative_runs_have_no_rounds(report):
 
 
 def test_the_report_loads_without_torch_plotly_or_pandas(written):
-    code = ("import sys\nfrom specviz.sweep import SweepReport\n"
+    code = ("import sys\nfrom specviz.trace.sweep import SweepReport\n"
             "r = SweepReport.from_json(open(sys.argv[1], 'rb').read())\nassert r.spec_of(5).faults == ('bsp-like',)\n"
             "bad = {'torch', 'transformers', 'plotly', 'pandas'} & set(sys.modules)\nassert not bad, bad\n")
     root = Path(specviz.__file__).resolve().parents[1]  # the checkout under test, not another installed copy

@@ -3,10 +3,12 @@ server's limit on sweeps, a click into the run view, and two runs compared token
 import gradio as gr
 import pytest
 
-from specviz import share, sidebyside, sweeptab, ui
-from specviz.settings import Settings
-from specviz.spec import RunSpec
-from specviz.sweep import Sweep
+from specviz.app import runview as ui
+from specviz.app import sidebyside, sweeptab
+from specviz.run.settings import Settings
+from specviz.spec.run import RunSpec
+from specviz.trace import share
+from specviz.trace.sweep import Sweep
 
 # eqspec with no fault and with bsp-like, at batch sizes 1 and 4, k 5, on the tiny pair's quick prompts.
 CONTROLS = ("tiny", "quick", 16, "float32", ["eqspec"], ["model"], ["none", "bsp-like"], [1, 4], [5])

@@ -7,9 +7,11 @@ import re
 from conftest import FLAGS_PROMPT
 from hostile import parse_html
 
-from specviz import text, views
-from specviz.cli import main
-from specviz.trace import SCHEMA_VERSION, Trace
+from specviz.app import summary, tokens, views
+from specviz.cli.main import main
+from specviz.trace import text
+from specviz.trace.migrations import SCHEMA_VERSION
+from specviz.trace.schema import Trace
 
 REPLACEMENT = "\ufffd"
 
@@ -29,7 +31,7 @@ def test_the_compare_view_shows_whole_characters(cjk_emoji, embedded):
     split = 0
     for s in cjk_emoji.sequences:
         split += s.output_pieces.count(None)
-        page = views.compare_html(cjk_emoji, views.Focus(s.seq, None))
+        page = tokens.compare_html(cjk_emoji, views.Focus(s.seq, None))
         for (before, marked, after), ids in zip(_columns(page), (s.reference_ids, s.output_ids)):
             assert before + marked + after == embedded.tokenizer.decode(ids)  # as the tokenizer decodes it all
     assert split >= 10 and sum(s.equivalent is False for s in cjk_emoji.sequences) >= 2
@@ -46,14 +48,14 @@ def test_a_fork_inside_a_character_marks_the_whole_character(cjk_emoji, embedded
         "output_ids": output, "output_pieces": text.pieces(tok, output, before), "reference_ids": reference,
         "reference_pieces": text.pieces(tok, reference, before), "first_divergence": 1, "equivalent": False})
     trace = cjk_emoji.model_copy(update={"sequences": [forked, *cjk_emoji.sequences[1:]]})
-    columns = _columns(views.compare_html(trace, views.Focus(0, None)))
+    columns = _columns(tokens.compare_html(trace, views.Focus(0, None)))
     assert columns == [("", "東", "京"), ("", "来", "京")]
 
 
 def test_chips_show_whole_characters_and_say_when_a_token_only_starts_one(cjk_emoji, embedded):
     parts = 0
     for s in cjk_emoji.sequences:
-        page = views.timeline_html(cjk_emoji, views.Focus(s.seq, None))
+        page = tokens.timeline_html(cjk_emoji, views.Focus(s.seq, None))
         chips = [tuple(map(html.unescape, m)) for m in re.findall(
             r'<span class="sv-tok ([^"]*)" data-index="\d+" title="([^"]*)">([^<]*)</span>', page)]
         assert len(chips) == len(s.output_ids)
@@ -88,7 +90,7 @@ def test_a_split_character_goes_whole_on_the_token_that_completes_it(embedded):
 
 
 def test_prompts_are_cut_between_characters(cjk_emoji, tiny, capsys):
-    table = views.summary_frame(cjk_emoji)
+    table = summary.summary_frame(cjk_emoji)
     cut = table["prompt"][2]
     assert FLAGS_PROMPT.index("🇫🇷") == 43 and cut == FLAGS_PROMPT[: 43 + 2 * 5] + "…"  # 48 characters: 5 whole flags
     prompt = "x" * 69 + "🇫🇷🇯🇵"

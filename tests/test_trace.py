@@ -7,11 +7,14 @@ from pathlib import Path
 import pytest
 
 import specviz
-from specviz import metrics, views
-from specviz.frames import rows_frame, tokens_frame
-from specviz.runner import run
-from specviz.spec import RunSpec, SpecError
-from specviz.trace import SCHEMA_VERSION, Trace, schema
+from specviz.app import views
+from specviz.app.panel import forensics_html
+from specviz.run.runner import run
+from specviz.spec.run import RunSpec, SpecError
+from specviz.trace import metrics
+from specviz.trace.frames import rows_frame, tokens_frame
+from specviz.trace.migrations import SCHEMA_VERSION
+from specviz.trace.schema import Trace, schema
 
 DOCS_SCHEMA = Path(__file__).resolve().parents[1] / "docs" / "trace.schema.json"
 
@@ -28,16 +31,16 @@ def test_a_source_checkout_that_was_never_installed_still_traces(tiny, monkeypat
     """On a GPU box one may put the checkout on PYTHONPATH without `pip install`: no package metadata."""
     from importlib.metadata import PackageNotFoundError
 
-    import specviz.recording
+    import specviz.decoding.recording
 
-    installed = specviz.recording.version
+    installed = specviz.decoding.recording.version
 
     def specviz_missing(dist):
         if dist == "specviz":
             raise PackageNotFoundError(dist)
         return installed(dist)
 
-    monkeypatch.setattr(specviz.recording, "version", specviz_missing)
+    monkeypatch.setattr(specviz.decoding.recording, "version", specviz_missing)
     spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64", device="cpu",
                          prompts=("Hi",), batch_size=1, k=2, max_new_tokens=4)
     assert run(spec).manifest.versions["specviz"] == "not installed"
@@ -59,7 +62,7 @@ def test_a_trace_file_loads_without_torch(trace, tmp_path):
         (tmp_path / f"{name}.json").write_text(t.to_json())
     code = (
         "import pathlib, sys\n"
-        "from specviz.trace import Trace\n"
+        "from specviz.trace.schema import Trace\n"
         "for p in pathlib.Path(sys.argv[1]).glob('*.json'):\n"
         "    p.with_suffix('.again').write_text(Trace.from_json(p.read_bytes()).to_json())\n"
         "bad = {'torch', 'transformers', 'scipy', 'plotly', 'pandas'} & set(sys.modules)\n"
@@ -157,4 +160,4 @@ def test_a_version_4_trace_keeps_its_noise_floor_as_the_yardstick_it_was(tiny):
     assert r.method.startswith("version 4's noise floor: teacher-forced") and old.manifest.yardstick.draft is None
     assert [s.forensics.verdict for s in old.sequences if s.forensics] == \
         [s["forensics"]["verdict"] for s in raw["sequences"] if s["forensics"]]
-    views.forensics_html(old, views.Focus(seq=0, round=None))  # the page shows it
+    forensics_html(old, views.Focus(seq=0, round=None))  # the page shows it

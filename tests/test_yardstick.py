@@ -8,12 +8,16 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import AttentionInterface
 
-from specviz import cli, plots, runner, views, yardstick
-from specviz.models import load_pair
-from specviz.prompts import builtin_set
-from specviz.runner import run
-from specviz.spec import TINY_DRAFT, TINY_TARGET, RunSpec
-from specviz.trace import Trace
+from specviz.app import plots, views
+from specviz.app.panel import forensics_html
+from specviz.cli import main as cli
+from specviz.forensics import yardstick
+from specviz.models.pairs import load_pair
+from specviz.run import runner
+from specviz.run.runner import run
+from specviz.spec.prompts import builtin_set
+from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
+from specviz.trace.schema import Trace
 
 TINY = dict(target=TINY_TARGET, draft=TINY_DRAFT)
 
@@ -107,6 +111,6 @@ def test_the_page_shows_where_the_fork_falls_on_its_yardstick(tiny):
     assert names[0] == "rounding per position" and list(fig.data[0].x) == [max(q, 1e-300) for q in r.quantiles]
     assert any(n.startswith(f"tolerance (α {r.alpha:.2g}): {r.tolerance:.3g}") for n in names)
     assert any(n.startswith("state check:") for n in names) and any(n.startswith("|float64 gap|") for n in names)
-    panel = views.forensics_html(trace, views.Focus(seq=seq, round=f.round))
+    panel = forensics_html(trace, views.Focus(seq=seq, round=f.round))
     assert "judged against" in panel and f"{r.tolerance:.3g} logits in bfloat16" in panel
     assert math.isclose(f.tolerance, r.tolerance) and f.alpha == r.alpha

@@ -11,8 +11,8 @@ import time
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from ..models import ModelPair
-from .result import DecodeResult, Progress, SequenceOutput
+from specviz.decoding.result import DecodeResult, Progress, SequenceOutput
+from specviz.models.pairs import ModelPair
 
 
 class SharedVocabulary(LogitsProcessor):

@@ -12,14 +12,15 @@ is given next round (the committed tokens and, for a draft model, its realigned 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from .. import kvcache
-from ..models import ModelPair
-from .batch import forward
-from .faults import Policy
-from .sampling import DRAFT, Sampling, inverse_cdf, uniform
+from specviz.decoding import kvcache
+from specviz.decoding.batch import forward
+from specviz.decoding.faults import Policy
+from specviz.decoding.sampling import DRAFT, Sampling, inverse_cdf, uniform
+from specviz.models.pairs import ModelPair
 
 
 @dataclass
@@ -29,6 +30,30 @@ class Proposal:
     probs: torch.Tensor | None  # (B, n, V) the distribution each draft was drawn from; sampled rounds only
     confidence: torch.Tensor  # (B, n) the drafter's probability of each of its drafts (recorded)
     fed: torch.Tensor  # (B, S+n-1) the position each draft cache slot was computed at afterwards, -1 if none
+
+
+class Drafter(Protocol):
+    """What proposes a round's drafts. Verification never knows which drafter it has (transformers'
+    `CandidateGenerator`): it reads a `Proposal`."""
+
+    name: str  # as spec/methods.py's DRAFTERS names it
+
+    def new_cache(self):
+        """The drafter's own cache for a freshly laid-out batch (None: it keeps none)."""
+
+    def prefill(self, policy: Policy, cache, tokens: torch.Tensor, valid: torch.Tensor, stale: torch.Tensor) -> None:
+        """Fill `cache` with a laid-out batch's slots 0..S-3."""
+
+    def propose(self, policy: Policy, b, k: int, sampling: Sampling, stream: torch.Tensor,
+                have: torch.Tensor) -> Proposal:
+        """Up to k drafts for every row of batch `b`, whose rows already have `have` tokens."""
+
+
+def drafter_for(spec, pair: ModelPair) -> Drafter:
+    """The drafter a RunSpec asks for, over `pair`."""
+    if spec.drafter == "lookup":
+        return PromptLookup(pair, spec.ngram_min, spec.ngram_max)
+    return ModelDrafter(pair)
 
 
 def run_model(pair: ModelPair, policy: Policy, model, tok, val, stl, q_start, cache, **kw):
@@ -136,5 +161,3 @@ class PromptLookup:
         return Proposal(tokens, follow.clamp(max=k), probs, torch.ones(tokens.shape, device=hist.device),
                         torch.full((B, S + n_out - 1), -1, device=hist.device))
 
-
-Drafter = ModelDrafter | PromptLookup

@@ -1,4 +1,4 @@
-"""EqSpec: static-batch greedy speculative decoding that stays in step.
+"""EqSpec: static-batch speculative decoding that stays in step.
 
 Consecutive prompts form static batches. Each round (round.py) every row
 gains 1..k+1 tokens; then the batch is laid out again ("unpad, append,
@@ -12,14 +12,14 @@ import time
 
 import torch
 
-from .. import kvcache
-from ..models import ModelPair
-from .batch import left_pad, right_pad
-from .drafters import Drafter, ModelDrafter
-from .faults import Policy
-from .result import DecodeResult, Progress, SequenceOutput, chunks
-from .round import Batch, Clock, RoundData, lay_out, record_round, speculate
-from .sampling import GREEDY, Sampling
+from specviz.decoding import kvcache
+from specviz.decoding.batch import left_pad, right_pad
+from specviz.decoding.drafters import Drafter, ModelDrafter
+from specviz.decoding.faults import Policy
+from specviz.decoding.result import DecodeResult, Progress, SequenceOutput, chunks
+from specviz.decoding.round import Batch, Clock, Decoding, RoundData, lay_out, record_round, speculate
+from specviz.decoding.sampling import GREEDY, Sampling
+from specviz.models.pairs import ModelPair
 
 
 @torch.inference_mode()
@@ -29,6 +29,7 @@ def eqspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
     """`drafter`: what proposes the drafts (drafters.py); the pair's draft model by default."""
     policy = Policy(tuple(faults))
     drafter = drafter or ModelDrafter(pair)
+    d = Decoding(pair, policy, drafter, max_new_tokens, sampling, record, watch)
     layout = right_pad if policy.has("right-padding") else left_pad
     outputs: list[SequenceOutput | None] = [None] * len(prompts)
     rounds: list[RoundData] = []
@@ -40,7 +41,7 @@ def eqspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
         while b is not None:
             clock = Clock(pair.device)
             S = b.tokens.shape[1]
-            step = speculate(pair, policy, drafter, b, k, gen, max_new_tokens, record, clock, watch, sampling)
+            step = speculate(d, b, k, gen, clock)
             if progress:
                 progress(int(step.n_keep.sum()))
             old_seqs = b.seqs

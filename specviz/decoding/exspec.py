@@ -19,14 +19,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import kvcache
-from ..models import ModelPair
-from .batch import left_pad
-from .drafters import Drafter, ModelDrafter
-from .faults import Policy
-from .result import DecodeResult, Progress, SequenceOutput
-from .round import Batch, Clock, RoundData, prefill, record_round, speculate
-from .sampling import GREEDY, Sampling
+from specviz.decoding import kvcache
+from specviz.decoding.batch import left_pad
+from specviz.decoding.drafters import Drafter, ModelDrafter
+from specviz.decoding.faults import Policy
+from specviz.decoding.result import DecodeResult, Progress, SequenceOutput
+from specviz.decoding.round import Batch, Clock, Decoding, RoundData, prefill, record_round, speculate
+from specviz.decoding.sampling import GREEDY, Sampling
+from specviz.models.pairs import ModelPair
 
 CORRECT = Policy(())
 
@@ -101,6 +101,7 @@ def exspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
            drafter: Drafter | None = None) -> DecodeResult:
     """`drafter`: what proposes the drafts (drafters.py); the pair's draft model by default."""
     drafter = drafter or ModelDrafter(pair)
+    d = Decoding(pair, CORRECT, drafter, max_new_tokens, sampling, record, watch)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i])) if sort_by_length else range(len(prompts))
     pool = deque(order)
     gen = {i: SequenceOutput([]) for i in range(len(prompts))}
@@ -116,42 +117,49 @@ def exspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
         waits = [s.waited for s in rows]
         b = _merge(rows)
         S = b.tokens.shape[1]
-        step = speculate(pair, CORRECT, drafter, b, k, gen, max_new_tokens, record, clock, watch, sampling)
+        step = speculate(d, b, k, gen, clock)
         if progress:
             progress(int(step.n_keep.sum()))
 
-        # Split back: each continuing row keeps its real slots (contiguous: the policy is
-        # correct), and at least 3 slots in all.
-        first = (~step.out_val).long().cumprod(1).sum(1)  # the row's padding
-        t_spans = [(min(int(first[r]), S + int(step.accepted[r]) - 2), S + int(step.accepted[r]))
-                   for r in range(len(rows))]
-        tparts = kvcache.split(b.tcache, t_spans)
-        dparts = kvcache.split(b.dcache, [(lo, hi - 1) for lo, hi in t_spans])
-        done = step.finished.tolist()
-        for r, s in enumerate(rows):
-            if done[r]:
-                active.remove(s)
-                gen[s.seq].finished_at = time.perf_counter() - start
-                continue
-            lo, hi = t_spans[r]
-            s.tokens, s.valid = step.out_tok[r: r + 1, lo: hi + 1], step.out_val[r: r + 1, lo: hi + 1]
-            s.tcache, s.dcache, s.waited = tparts[r], dparts[r], 0
+        first, t_spans = _split_back(rows, b, step, active, gen, start)
         chosen = {s.seq for s in rows}
         for s in active:
             if s.seq not in chosen:
                 s.waited += 1
         timings = {**step.timings, "realign": clock.lap()}
         if record:
-            gone = step.finished
-            width = torch.tensor([hi + 1 - lo for lo, hi in t_spans], device=gone.device)
-            pads = first - torch.tensor([lo for lo, _ in t_spans], device=gone.device)
-            after = {
-                "pad": torch.where(gone, -1, pads),
-                "content": torch.where(gone, -1, width - pads),
-                "target_kv": torch.where(gone, -1, width - 1),
-                "draft_kv": torch.where(gone, -1, width - 2 if b.dcache is not None else 0),
-            }
-            rd = record_round(step, b.seqs, -1, S, after, timings, not group, group=group, waits=waits)
+            rd = record_round(step, b.seqs, -1, S, _after(step, first, t_spans, b.dcache is not None), timings,
+                              not group, group=group, waits=waits)
             rd.timings["trace"] = clock.lap()
             rounds.append(rd)
     return DecodeResult([gen[i] for i in range(len(prompts))], time.perf_counter() - start, rounds)
+
+
+def _split_back(rows: list[SeqState], b: Batch, step, active: list[SeqState], gen: dict, start: float):
+    """Each continuing row keeps its real slots of the round's batch (contiguous: the policy is correct), and at
+    least 3 slots in all; a finished row leaves the window. Returns each row's padding and its target slots."""
+    S = b.tokens.shape[1]
+    first = (~step.out_val).long().cumprod(1).sum(1)  # the row's padding
+    t_spans = [(min(int(first[r]), S + int(step.accepted[r]) - 2), S + int(step.accepted[r])) for r in range(len(rows))]
+    tparts = kvcache.split(b.tcache, t_spans)
+    dparts = kvcache.split(b.dcache, [(lo, hi - 1) for lo, hi in t_spans])
+    done = step.finished.tolist()
+    for r, s in enumerate(rows):
+        if done[r]:
+            active.remove(s)
+            gen[s.seq].finished_at = time.perf_counter() - start
+            continue
+        lo, hi = t_spans[r]
+        s.tokens, s.valid = step.out_tok[r: r + 1, lo: hi + 1], step.out_val[r: r + 1, lo: hi + 1]
+        s.tcache, s.dcache, s.waited = tparts[r], dparts[r], 0
+    return first, t_spans
+
+
+def _after(step, first: torch.Tensor, t_spans: list[tuple[int, int]], draft_cache: bool) -> dict[str, torch.Tensor]:
+    """Each row's pad, content, target and draft KV lengths after the round (-1 for rows that left)."""
+    gone = step.finished
+    width = torch.tensor([hi + 1 - lo for lo, hi in t_spans], device=gone.device)
+    pads = first - torch.tensor([lo for lo, _ in t_spans], device=gone.device)
+    return {"pad": torch.where(gone, -1, pads), "content": torch.where(gone, -1, width - pads),
+            "target_kv": torch.where(gone, -1, width - 1),
+            "draft_kv": torch.where(gone, -1, width - 2 if draft_cache else 0)}

@@ -1,4 +1,4 @@
-"""The faults as the engine meets them: each fault (catalogue.py) swaps one decision of the correct
+"""The faults as the engine meets them: each fault (spec/faults.py) swaps one decision of the correct
 engine, faithful to what the paper found in published batch implementations.
 
 The engine asks a `Policy` at each decision point; with no faults the policy
@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .batch import positions as mask_positions
-from .sampling import Sampler, inverse_cdf
+from specviz.decoding.batch import positions as mask_positions
+from specviz.decoding.sampling import Sampler, inverse_cdf
 
 
 @dataclass(frozen=True)

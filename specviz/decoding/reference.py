@@ -9,11 +9,11 @@ import time
 
 import torch
 
-from .. import kvcache
-from ..models import ModelPair
-from .batch import forward, left_pad
-from .result import DecodeResult, Progress, SequenceOutput, chunks, top2_margin
-from .sampling import GREEDY, TARGET, Sampling, inverse_cdf, uniform
+from specviz.decoding import kvcache
+from specviz.decoding.batch import forward, left_pad
+from specviz.decoding.result import DecodeResult, Progress, SequenceOutput, chunks, top2_margin
+from specviz.decoding.sampling import GREEDY, TARGET, Sampling, inverse_cdf, uniform
+from specviz.models.pairs import ModelPair
 
 
 def choose(logits: torch.Tensor, sampling: Sampling, seqs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""One round of greedy batch speculation on a padded batch, shared by eqspec
-and exspec (they differ only in how a batch is formed and laid out again).
+"""One round of batch speculation on a padded batch, shared by eqspec and exspec
+(they differ only in how a batch is formed and laid out again), in four steps:
+draft, verify, accept, lay out; recording what a round did is kept apart.
 
 For every row: the drafter (drafters.py) proposes up to k tokens; the target
 scores the last committed token and the drafts in one pass; the row keeps its
@@ -28,13 +29,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import kvcache
-from ..models import ModelPair
-from .batch import positions
-from .drafters import Drafter, run_model
-from .faults import Policy
-from .result import SequenceOutput
-from .sampling import ACCEPT, GREEDY, RESIDUAL, TARGET, Sampling, inverse_cdf, uniform
+from specviz.decoding import kvcache
+from specviz.decoding.batch import positions
+from specviz.decoding.drafters import Drafter, run_model
+from specviz.decoding.faults import Policy
+from specviz.decoding.result import SequenceOutput
+from specviz.decoding.sampling import ACCEPT, GREEDY, RESIDUAL, TARGET, Sampling, inverse_cdf, uniform
+from specviz.models.pairs import ModelPair
 
 TOP = 8  # target logits kept per verified slot (for forensics, not saved in the trace)
 
@@ -139,112 +140,168 @@ def _kv_in_step(written: torch.Tensor, valid: torch.Tensor, slots: int) -> torch
     return ((written == want) | ~valid[:, :slots]).all(1) & (written.shape[1] == slots)
 
 
-def speculate(pair: ModelPair, policy: Policy, drafter: Drafter, b: Batch, k: int, gen: dict[int, SequenceOutput],
-              max_new_tokens: int, record: bool, clock: Clock, watch=None, sampling: Sampling = GREEDY) -> Step:
-    """Draft, verify and accept for every row of `b`; append the new tokens to `gen`.
+@dataclass(frozen=True)
+class Decoding:
+    """What stays the same over a decode's rounds: the pair, the policy (the correct engine, or its faults), the
+    drafter, how it samples, the token budget, whether rounds are recorded, and the watch (watch.py) that hears
+    when each round starts and ends."""
 
-    Near the token budget the round drafts fewer than k: a row that may emit
-    only r more tokens needs at most r-1 drafts (the last is the target's).
-    The verify pass is as wide as the most drafts any row was offered.
-    A `watch` (watch.py) hears when the round starts and ends, and which sequence each row is.
+    pair: ModelPair
+    policy: Policy
+    drafter: Drafter
+    max_new_tokens: int
+    sampling: Sampling = GREEDY
+    record: bool = True
+    watch: object | None = None
+
+
+@dataclass
+class Verified:
+    """The verify pass: the last committed token and the drafts scored in one target pass."""
+
+    tokens: torch.Tensor  # (B, S+k) the slots it was fed: the batch's, then the drafts
+    valid: torch.Tensor
+    stale: torch.Tensor
+    positions: torch.Tensor  # (B, S+k) the position ids the policy derived
+    logits: torch.Tensor  # (B, k+1, V) at the last committed token and each draft
+    argmax: torch.Tensor  # (B, k+1)
+
+
+@dataclass
+class Accepted:
+    """Each row's decision: the drafts it kept and the token that follows them."""
+
+    room: torch.Tensor  # (B,) the drafts a row may accept: its budget, and the drafts it was offered
+    accepted: torch.Tensor  # (B,) drafts kept
+    own: torch.Tensor  # (B,) the target's token after them (the correction, or the bonus)
+    pick: torch.Tensor  # (B, 1) the token the row takes there (a fault may take the draft's)
+    emitted: torch.Tensor  # (B, k+1) the drafts kept, then the picked token, then filler
+    n_keep: torch.Tensor  # (B,) new tokens, up to the first EOS and within the budget
+    finished: torch.Tensor
+    drawn: dict  # sampled rounds: every draw, for the trace
+
+
+def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clock: Clock) -> Step:
+    """Draft, verify, accept and lay out every row of `b`; append the new tokens to `gen`.
+
+    Near the token budget the round drafts fewer than k: a row that may emit only r more tokens needs at most
+    r-1 drafts (the last is the target's). The verify pass is as wide as the most drafts any row was offered.
     """
-    if watch:
-        watch.start()
-    dev = pair.device
-    S = b.tokens.shape[1]
-    have = torch.tensor([len(gen[i].ids) for i in b.seqs], device=dev)
-    k = max(1, min(k, max_new_tokens - 1 - int(have.min())))
-    fields: dict = {}
-    if record:  # the state this round starts from
-        pad, content = (~b.valid & ~b.stale).sum(1), b.valid.sum(1)
-        fields["checks"] = {
-            "rectangular": pad + content == S,  # else stale slots lie in the row
-            "kv": _kv_in_step(b.t_written, b.valid, S - 1) & b.valid[:, -1],
-            # a drafter without a cache has nothing to keep in step
-            "draft_kv": _kv_in_step(b.d_written, b.valid, S - 2) | (b.dcache is None),
-        }
-        fields["pad"], fields["content"], fields["draft_cache"] = pad, content, b.dcache is not None
-
-    stream = policy.stream(torch.tensor(b.seqs, device=dev))
-    # -- draft
-    prop = drafter.propose(policy, b, k, sampling, stream, have)
-    D = prop.tokens
+    if d.watch:
+        d.watch.start()
+    have = torch.tensor([len(gen[i].ids) for i in b.seqs], device=d.pair.device)
+    k = max(1, min(k, d.max_new_tokens - 1 - int(have.min())))
+    before = _state_before(b) if d.record else {}
+    stream = d.policy.stream(torch.tensor(b.seqs, device=d.pair.device))
+    prop = d.drafter.propose(d.policy, b, k, d.sampling, stream, have)
     k = min(k, int(prop.counts.max()))
-    idx = torch.arange(k + 1, device=dev)
-    eos = torch.tensor(pair.eos_ids, device=dev)
     t_draft = clock.lap()
-
-    # -- verify: the last committed token and the k drafts, in one target pass
-    ext_tok = torch.cat([b.tokens, D[:, :k]], 1)
-    ext_val = torch.cat([b.valid, torch.ones_like(D[:, :k], dtype=torch.bool)], 1)
-    ext_stl = torch.cat([b.stale, torch.zeros_like(D[:, :k], dtype=torch.bool)], 1)
-    logits, ext_pos = run_model(pair, policy, pair.target, ext_tok, ext_val, ext_stl,
-                                S - 1 if kvcache.length(b.tcache) else 0, b.tcache, keep=k + 1)  # (B, k+1, V)
-    g = logits.argmax(-1)
-    t_fed = torch.cat([b.t_written, ext_pos[:, S - 1:]], 1)
+    v = verify(d, b, prop.tokens[:, :k])
     t_verify = clock.lap()
+    acc = accept(d, v, prop, have, stream)
+    for i, row, m in zip(b.seqs, acc.emitted.tolist(), acc.n_keep.tolist()):
+        gen[i].ids.extend(row[:m])
+    out_tok, out_val, out_stale = slots_after(d.policy, b, acc, k)
+    fields = _recorded(d, b, prop, v, acc, before, gen) if d.record else {}
+    timings = {"draft": t_draft, "verify": t_verify}
+    if d.watch:
+        with clock.pause():
+            d.watch.end(b.seqs, gen)
+        timings["watch"] = clock.paused
+    t_fed = torch.cat([b.t_written, v.positions[:, b.tokens.shape[1] - 1:]], 1)
+    return Step(k, acc.n_keep, acc.finished, acc.accepted, out_tok, out_val, out_stale, t_fed, prop.fed, fields,
+                timings)
 
-    # -- accept: drafts up to the first disagreement (or rejection), then the target's token there. A row never
-    # accepts past its own budget or the drafts it was offered (its `room`), whatever the batch drafted: its
-    # tokens and draws are then the same in any batch.
-    room = torch.minimum((max_new_tokens - 1 - have).clamp(min=0, max=k), prop.counts)
-    if sampling.greedy:
+
+def verify(d: Decoding, b: Batch, drafts: torch.Tensor) -> Verified:
+    """The target over the last committed token and the drafts, in one pass (the prefill too, on an empty cache)."""
+    S, k = b.tokens.shape[1], drafts.shape[1]
+    tok = torch.cat([b.tokens, drafts], 1)
+    val = torch.cat([b.valid, torch.ones_like(drafts, dtype=torch.bool)], 1)
+    stl = torch.cat([b.stale, torch.zeros_like(drafts, dtype=torch.bool)], 1)
+    logits, pos = run_model(d.pair, d.policy, d.pair.target, tok, val, stl, S - 1 if kvcache.length(b.tcache) else 0,
+                            b.tcache, keep=k + 1)
+    return Verified(tok, val, stl, pos, logits, logits.argmax(-1))
+
+
+def accept(d: Decoding, v: Verified, prop, have: torch.Tensor, stream: torch.Tensor) -> Accepted:
+    """Drafts up to the first disagreement (or rejection), then the target's token there. A row never accepts past
+    its own budget or the drafts it was offered (its `room`), whatever the batch drafted: its tokens and draws are
+    then the same in any batch."""
+    k = v.logits.shape[1] - 1
+    D, g = prop.tokens, v.argmax
+    room = torch.minimum((d.max_new_tokens - 1 - have).clamp(min=0, max=k), prop.counts)
+    drawn = {}
+    if d.sampling.greedy:
         a = torch.minimum((D[:, :k] == g[:, :k]).long().cumprod(1).sum(1), room)
         own = g.gather(1, a[:, None])[:, 0]
     else:
-        a, own, drawn = _accept_sampled(policy, sampling, logits, prop.probs, D, room, stream, have)
-    pick = D.gather(1, a[:, None]) if policy.has("draft-bonus") else own[:, None]
+        a, own, drawn = _accept_sampled(d.policy, d.sampling, v.logits, prop.probs, D, room, stream, have)
+    pick = D.gather(1, a[:, None]) if d.policy.has("draft-bonus") else own[:, None]
     emitted = torch.cat([D[:, :k], g[:, k:]], 1).scatter(1, a[:, None], pick)
-    is_eos = torch.isin(emitted, eos) & (idx <= a[:, None])
+    idx = torch.arange(k + 1, device=D.device)
+    is_eos = torch.isin(emitted, torch.tensor(d.pair.eos_ids, device=D.device)) & (idx <= a[:, None])
     first_eos = torch.where(is_eos.any(1), is_eos.long().argmax(1), k + 1)
-    n_keep = torch.minimum(torch.minimum(a + 1, first_eos + 1), max_new_tokens - have)
-    finished = (first_eos < n_keep) | (have + n_keep >= max_new_tokens)
-    for i, row, m in zip(b.seqs, emitted.tolist(), n_keep.tolist()):
-        gen[i].ids.extend(row[:m])
+    n_keep = torch.minimum(torch.minimum(a + 1, first_eos + 1), d.max_new_tokens - have)
+    finished = (first_eos < n_keep) | (have + n_keep >= d.max_new_tokens)
+    return Accepted(room, a, own, pick, emitted, n_keep, finished, drawn)
 
-    # -- the slots after this round, as the policy lays them out
+
+def slots_after(policy: Policy, b: Batch, acc: Accepted, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The slots after this round, as the policy lays them out: tokens, real slots and stale slots, (B, S+k+1)."""
+    S = b.tokens.shape[1]
+    idx = torch.arange(k + 1, device=b.tokens.device)
     if policy.compact:  # the emitted tokens follow the row's real tokens
-        out_tok = torch.cat([b.tokens, emitted], 1)
-        out_val = torch.cat([b.valid, idx[None] < n_keep[:, None]], 1)
-        out_stale = torch.zeros_like(out_val)
-    else:  # rejected drafts stay in place as stale slots; the last token goes after them
-        out_tok = torch.cat([b.tokens, emitted], 1).scatter(1, torch.full_like(pick, S + k), pick)
-        out_val = torch.cat([b.valid, (idx[None] < a[:, None]) | (idx[None] == k)], 1)
-        out_stale = torch.cat([b.stale, (idx[None] >= a[:, None]) & (idx[None] < k)], 1)
+        return (torch.cat([b.tokens, acc.emitted], 1), torch.cat([b.valid, idx[None] < acc.n_keep[:, None]], 1),
+                torch.zeros(b.tokens.shape[0], S + k + 1, dtype=torch.bool, device=b.tokens.device))
+    # rejected drafts stay in place as stale slots; the last token goes after them
+    a = acc.accepted[:, None]
+    return (torch.cat([b.tokens, acc.emitted], 1).scatter(1, torch.full_like(acc.pick, S + k), acc.pick),
+            torch.cat([b.valid, (idx[None] < a) | (idx[None] == k)], 1),
+            torch.cat([b.stale, (idx[None] >= a) & (idx[None] < k)], 1))
 
-    if record:
-        top = logits.topk(TOP, dim=-1)
-        margins = top.values[..., 0] - top.values[..., 1]
-        for i, row, m in zip(b.seqs, margins.tolist(), n_keep.tolist()):
-            gen[i].margins.extend(row[:m])
-        seen = policy.seen(ext_val)
-        fields["checks"].update(
-            positions=(ext_pos == positions(ext_val))[:, S - 1:].all(1),
-            mask=(seen == ext_val).all(1),
-            bonus=pick[:, 0] == own,
-        )
-        fields["ints"] = {
-            "draft_tokens": D[:, :k], "target_tokens": g, "emitted": emitted, "accepted": a,
-            "n_emitted": n_keep, "finished": finished.long(), "drafts": room,
-            "pos_first": ext_pos[:, S - 1], "pos_last": ext_pos[:, -1], "mask_sum": seen[:, :S].sum(1),
-            "target_top_ids": top.indices,
-        }
-        fields["floats"] = {
-            "draft_probs": prop.confidence[:, :k],
-            "target_probs": logits.softmax(-1).gather(2, g[..., None])[..., 0],
-            "target_margins": margins,
-            "target_top_values": top.values.float(),
-        }
-        if not sampling.greedy:
-            fields["floats"].update(drawn)
-            # trace.PickFrom: 0 target (the bonus), 1 residual, 2 draft (a fault takes the draft's own token)
-            fields["ints"]["pick_from"] = torch.full_like(a, 2) if policy.has("draft-bonus") else (a < room).long()
-    timings = {"draft": t_draft, "verify": t_verify}
-    if watch:
-        with clock.pause():
-            watch.end(b.seqs, gen)
-        timings["watch"] = clock.paused
-    return Step(k, n_keep, finished, a, out_tok, out_val, out_stale, t_fed, prop.fed, fields, timings)
+
+def _state_before(b: Batch) -> dict:
+    """What a recorded round keeps of the state it starts from, and the invariants that state holds."""
+    S = b.tokens.shape[1]
+    pad, content = (~b.valid & ~b.stale).sum(1), b.valid.sum(1)
+    checks = {
+        "rectangular": pad + content == S,  # else stale slots lie in the row
+        "kv": _kv_in_step(b.t_written, b.valid, S - 1) & b.valid[:, -1],
+        "draft_kv": _kv_in_step(b.d_written, b.valid, S - 2) | (b.dcache is None),  # no cache: nothing out of step
+    }
+    return {"checks": checks, "pad": pad, "content": content, "draft_cache": b.dcache is not None}
+
+
+def _recorded(d: Decoding, b: Batch, prop, v: Verified, acc: Accepted, before: dict,
+              gen: dict[int, SequenceOutput]) -> dict:
+    """A recorded round's per-row tensors and checks (still on the device; record_round brings them over)."""
+    S, k = b.tokens.shape[1], v.logits.shape[1] - 1
+    top = v.logits.topk(TOP, dim=-1)
+    margins = top.values[..., 0] - top.values[..., 1]
+    for i, row, m in zip(b.seqs, margins.tolist(), acc.n_keep.tolist()):
+        gen[i].margins.extend(row[:m])
+    seen = d.policy.seen(v.valid)
+    fields = {**before, "checks": {**before["checks"],
+                                   "positions": (v.positions == positions(v.valid))[:, S - 1:].all(1),
+                                   "mask": (seen == v.valid).all(1), "bonus": acc.pick[:, 0] == acc.own}}
+    fields["ints"] = {
+        "draft_tokens": prop.tokens[:, :k], "target_tokens": v.argmax, "emitted": acc.emitted,
+        "accepted": acc.accepted, "n_emitted": acc.n_keep, "finished": acc.finished.long(), "drafts": acc.room,
+        "pos_first": v.positions[:, S - 1], "pos_last": v.positions[:, -1], "mask_sum": seen[:, :S].sum(1),
+        "target_top_ids": top.indices,
+    }
+    fields["floats"] = {
+        "draft_probs": prop.confidence[:, :k],
+        "target_probs": v.logits.softmax(-1).gather(2, v.argmax[..., None])[..., 0],
+        "target_margins": margins, "target_top_values": top.values.float(),
+    }
+    if not d.sampling.greedy:
+        fields["floats"].update(acc.drawn)
+        # trace.PickFrom: 0 target (the bonus), 1 residual, 2 draft (a fault takes the draft's own token)
+        fields["ints"]["pick_from"] = (torch.full_like(acc.accepted, 2) if d.policy.has("draft-bonus")
+                                       else (acc.accepted < acc.room).long())
+    return fields
 
 
 def _accept_sampled(policy: Policy, sampling: Sampling, logits: torch.Tensor, Q: torch.Tensor, D: torch.Tensor,

@@ -65,6 +65,11 @@ class Sampling:
 GREEDY = Sampling()
 
 
+def sampling_of(spec) -> Sampling:
+    """How the run `spec` (a RunSpec) samples: the target's settings, the draft's, the seed."""
+    return Sampling(Sampler(spec.temperature, spec.top_k, spec.top_p), Sampler(*spec.draft_sampling()), spec.seed)
+
+
 def _signed(x: int) -> int:
     return x - (1 << 64) if x >= 1 << 63 else x
 

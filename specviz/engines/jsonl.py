@@ -10,7 +10,14 @@ Each prompt line gives the prompt as token ids (`prompt_ids`, exactly what the e
 ids (`output_ids`) or, failing that, text (`output_text`: re-tokenized, and marked approximate).
 Optional: `logprobs` (the engine's log-probability of each output token), `top_logprobs` (per token, its
 top alternatives as {"id": logprob}), `finish_reason`, and `error` (this prompt failed). The JSON Schema is
-docs/engine-outputs.schema.json (`specviz schema --outputs`).
+docs/engine-outputs.schema.json (`specviz schema --outputs`). Optional too: `drafts` and `accepted` (the draft
+tokens the engine offered for this prompt and accepted, where it counts them).
+
+Files as users have them: fields this format does not name are ignored and listed (`EngineInfo.ignored`), not
+refused. A line may also be a server's raw answer: `{"request": {...}, "response": {...}}` as sent to and
+answered by an OpenAI-compatible `/v1/completions` or llama.cpp's `/completion` (dialects.py reads the
+answer; the prompt comes from the request), or a bare OpenAI-compatible answer that carries its prompt's ids
+(vLLM's `prompt_token_ids`).
 """
 from __future__ import annotations
 
@@ -18,16 +25,19 @@ import json
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from ..spec import MAX_PROMPTS, SpecError, describe_validation_error
-from .base import EngineOutput, EngineRun
+from specviz.engines.base import EngineRun
+from specviz.engines.dialects import read_choice, read_llamacpp
+from specviz.spec.run import MAX_PROMPTS, SpecError, describe_validation_error
+from specviz.trace.records import EngineOutput
 
 MAX_FILE_BYTES = 64 * 2**20
+MAX_IGNORED = 32  # ignored field names listed, at most
 
 
 class Header(BaseModel):
     """The optional first line: what the engine says about itself."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
     name: str
     version: str | None = None
@@ -37,7 +47,7 @@ class Header(BaseModel):
 class OutputLine(BaseModel):
     """One prompt and the engine's answer."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
     prompt: str | None = None
     prompt_ids: list[int] | None = None
@@ -46,6 +56,8 @@ class OutputLine(BaseModel):
     logprobs: list[float] | None = None
     top_logprobs: list[dict[int, float]] | None = None
     finish_reason: str | None = None
+    drafts: int | None = None
+    accepted: int | None = None
     error: str | None = None
 
     @model_validator(mode="after")
@@ -66,15 +78,16 @@ def schema() -> dict:
                       OutputLine.model_json_schema()]}
 
 
-def parse(text: str | bytes, name: str) -> tuple[Header | None, list[OutputLine]]:
-    """The header and the lines of an outputs file; every problem is one SpecError naming the file and line."""
+def parse(text: str | bytes, name: str) -> tuple[Header | None, list[OutputLine], list[str]]:
+    """The header, the lines of an outputs file and the fields it holds that this format does not name; every
+    problem is one SpecError naming the file and line."""
     if len(text) > MAX_FILE_BYTES:
         raise SpecError(f"{name} is {len(text) / 2**20:.1f} MiB; the limit is {MAX_FILE_BYTES // 2**20} MiB")
     try:
         text = text.decode("utf-8") if isinstance(text, bytes) else text
     except UnicodeDecodeError:
         raise SpecError(f"{name} is not UTF-8 text") from None
-    header, lines = None, []
+    header, lines, ignored = None, [], set()
     for n, raw in enumerate(text.splitlines(), 1):
         if not raw.strip():
             continue
@@ -84,8 +97,12 @@ def parse(text: str | bytes, name: str) -> tuple[Header | None, list[OutputLine]
                 if set(obj) != {"engine"}:
                     raise ValueError("the header line holds only `engine`")
                 header = Header.model_validate(obj["engine"])
+                if isinstance(obj["engine"], dict):
+                    ignored.update(f"engine.{k}" for k in obj["engine"] if k not in Header.model_fields)
             else:
-                lines.append(OutputLine.model_validate(obj))
+                fields = _as_output_line(obj)
+                ignored.update(k for k in fields if k not in OutputLine.model_fields)
+                lines.append(OutputLine.model_validate(fields))
         except ValidationError as e:
             raise SpecError(f"{name}, line {n}: {describe_validation_error(e)}") from None
         except (ValueError, RecursionError) as e:
@@ -94,11 +111,53 @@ def parse(text: str | bytes, name: str) -> tuple[Header | None, list[OutputLine]
             raise SpecError(f"{name} holds more than {MAX_PROMPTS} prompts")
     if not lines:
         raise SpecError(f"{name}: no output lines")
-    return header, lines
+    return header, lines, sorted(ignored)[:MAX_IGNORED]
 
 
-def from_lines(header: Header | None, lines: list[OutputLine], tokenizer, name: str) -> EngineRun:
-    """The engine run a file describes; text outputs are re-tokenized (without special tokens) and marked approximate."""
+def _as_output_line(obj: object) -> dict:
+    """A line's fields in this format's terms: as they are, or read off a server's raw answer."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"a line is a JSON object, not {type(obj).__name__}")
+    if "request" in obj and "response" in obj:
+        request, response = obj["request"], obj["response"]
+        if not isinstance(request, dict) or not isinstance(response, dict):
+            raise ValueError("`request` and `response` are the JSON objects sent to and answered by the server")
+        prompt = request.get("prompt")
+        key = "prompt_ids" if isinstance(prompt, list) else "prompt"
+        rest = {k: v for k, v in obj.items() if k not in ("request", "response")}  # listed as ignored, if unknown
+        return {**rest, key: prompt, **_answer(response, prompt if key == "prompt_ids" else None)}
+    if "choices" in obj:
+        try:
+            prompt = obj["choices"][0]["prompt_token_ids"]
+        except (KeyError, IndexError, TypeError):
+            raise ValueError("a bare server answer names no prompt ids (`prompt_token_ids`): give each line as "
+                             '{"request": ..., "response": ...}') from None
+        return {"prompt_ids": prompt, **_answer(obj, prompt)}
+    return obj
+
+
+def _answer(response: dict, prompt: list | None) -> dict:
+    """The output fields of a raw OpenAI-compatible or llama.cpp answer."""
+    if "choices" in response:
+        choice = response["choices"][0]
+        if choice.get("token_ids") is None:  # text only: re-tokenized by from_lines, marked approximate
+            return {"output_text": choice.get("text") or "", "finish_reason": choice.get("finish_reason")}
+        out = read_choice(choice, None, 0)
+    elif "tokens" in response or "stop_type" in response:
+        out = read_llamacpp(response, None, 0)
+    else:
+        raise ValueError("`response` is neither an OpenAI-compatible completion (`choices`) nor llama.cpp's "
+                         "(`tokens`)")
+    if out.error:
+        return {"error": out.error}
+    return {"output_ids": out.ids, "logprobs": out.logprobs, "top_logprobs": out.top_logprobs,
+            "finish_reason": out.finish_reason, "drafts": out.drafts, "accepted": out.accepted}
+
+
+def from_lines(header: Header | None, lines: list[OutputLine], tokenizer, name: str,
+               ignored: list[str] = ()) -> EngineRun:
+    """The engine run a file describes; text outputs are re-tokenized (without special tokens) and marked
+    approximate. `ignored`: the file's fields this format does not name, recorded."""
     outputs = []
     for line in lines:
         if line.error is not None:
@@ -107,6 +166,8 @@ def from_lines(header: Header | None, lines: list[OutputLine], tokenizer, name: 
         approximate = line.output_ids is None
         ids = tokenizer(line.output_text, add_special_tokens=False)["input_ids"] if approximate else line.output_ids
         outputs.append(EngineOutput(ids=ids, logprobs=line.logprobs, top_logprobs=line.top_logprobs,
-                                    approximate=approximate, finish_reason=line.finish_reason))
+                                    approximate=approximate, finish_reason=line.finish_reason, drafts=line.drafts,
+                                    accepted=line.accepted))
     info = header or Header(name=name)
-    return EngineRun(name=info.name, version=info.version, settings=info.settings, source="file", outputs=outputs)
+    return EngineRun(name=info.name, version=info.version, settings=info.settings, source="file", outputs=outputs,
+                     ignored=list(ignored))

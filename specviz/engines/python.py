@@ -16,8 +16,9 @@ import time
 
 from pydantic import ValidationError
 
-from ..spec import SpecError, describe_validation_error
-from .base import EngineOutput, EngineRun
+from specviz.engines.base import EngineRun
+from specviz.spec.run import SpecError, describe_validation_error
+from specviz.trace.records import EngineOutput
 
 
 def load(target: str):

@@ -1,19 +1,15 @@
-"""An OpenAI-compatible completions server as an engine (docs/engines.md).
+"""An engine behind an HTTP server: OpenAI-compatible completions (vLLM and others), or llama.cpp's own
+(docs/engines.md). Which one is read off /v1/models (llama.cpp's cards are owned by "llamacpp"); what each
+is sent and how its answers are read is dialects.py's.
 
-Each prompt goes out as token ids (the caller applied the chat template) to
-/v1/completions, greedy (temperature 0) or, for a sampled check, with the
-check's temperature, top-p and top-k, every other sampling knob neutral, and a
-seed of its own per prompt (request_seed: the check's seed and the prompt's
-index, so a run repeats), with the check's token budget and `concurrency`
-requests in flight so that the server batches them. We ask for
-the generated ids (`return_token_ids`) and for the logprob of each chosen
-token with its top alternatives keyed by id (`return_tokens_as_token_ids`):
-vLLM honours both. A server that ignores them returns text only; that text is
-re-tokenized with the pair's tokenizer and the ids are marked approximate.
+Each prompt goes out as token ids (the caller applied the chat template), greedy or, for a sampled check,
+with the check's temperature, top-p and top-k and a seed of its own per prompt (request_seed: the check's
+seed and the prompt's index, so a run repeats), with the check's token budget and `concurrency` requests in
+flight so that the server batches them. The server's speculative-decoding counters (/metrics, where it has
+them) are read before and after.
 
-A prompt that fails (timeout, dropped connection, HTTP error) gets `error` and
-the others keep their outputs; only a server that does not answer at all, or
-does not serve the asked model, stops the run.
+A prompt that fails (timeout, dropped connection, HTTP error) gets `error` and the others keep their outputs;
+only a server that does not answer at all, or does not serve the asked model, stops the run.
 """
 from __future__ import annotations
 
@@ -23,16 +19,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from ..spec import SpecError
-from .base import EngineOutput, EngineRun
+from specviz.engines.base import EngineRun
+from specviz.engines.dialects import LlamaCpp, OpenAI
+from specviz.spec.run import SpecError
+from specviz.trace.records import EngineOutput
 
-TOKEN_ID = re.compile(r"token_id:(\d+)")
-# vLLM's Prometheus counters of speculative decoding, e.g. `vllm:spec_decode_num_drafts_total{...} 12.0`.
-SPEC_COUNTER = re.compile(r"^vllm:spec_decode_num_(\w+?)_total(?:\{([^}]*)\})? (\S+)$", re.MULTILINE)
+# Speculative-decoding counters, e.g. `vllm:spec_decode_num_drafts_total{...} 12.0` (llama.cpp names them alike).
+SPEC_COUNTER = re.compile(r"^(?:vllm|llamacpp):spec_decode_num_(\w+?)_total(?:\{([^}]*)\})? (\S+)$", re.MULTILINE)
 SEEDS_PER_RUN = 4096  # a request's seed: the run's seed x this + the prompt's index (at most spec.MAX_PROMPTS)
-# The sampling knobs a sampled request sets to "off", so that a server's or a model's defaults (vLLM takes them
-# from the checkpoint's generation_config) cannot change the distribution behind the check's back.
-NEUTRAL = {"min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
 def request_seed(seed: int, index: int) -> int:
@@ -41,40 +35,30 @@ def request_seed(seed: int, index: int) -> int:
     return seed * SEEDS_PER_RUN + index
 
 
-def sampling_request(temperature: float, top_p: float = 1.0, top_k: int = 0) -> dict:
-    """The sampling fields of a completions request: temperature 0 alone for greedy (as always); else the
-    temperature, top-p, top-k (-1 when off: vLLM 0.32 takes 0 or -1 for off, older versions and SGLang only
-    -1) and every other knob neutral."""
-    if temperature == 0:
-        return {"temperature": 0}
-    return {"temperature": temperature, "top_p": top_p, "top_k": top_k or -1, **NEUTRAL}
-
-
 def from_server(url: str, served_model: str | None, prompt_ids: list[list[int]], max_new_tokens: int,
                 concurrency: int = 8, timeout: float = 300.0, top_logprobs: int = 5, tokenizer=None,
                 launch: dict | None = None, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                seed: int = 0) -> EngineRun:
+                seed: int = 0, order: list[int] | None = None) -> EngineRun:
     """Completions of `prompt_ids` from the server at `url` (given with or without /v1): greedy, or sampled
     at `temperature` > 0 with `top_p`, `top_k` (0: off) and prompt i's request seeded request_seed(seed, i).
 
     `served_model` None takes the one model the server serves. `timeout` (seconds) bounds each request's
     wait for its answer. `tokenizer` (the pair's) re-tokenizes text-only answers; without one they are
-    errors. `launch` is how the server was started, where the caller knows it: recorded as given.
+    errors. `launch` is how the server was started, where the caller knows it: recorded as given. `order`: the
+    order the prompts are sent in (each still answered as prompt i, with its own seed); default, as given.
     """
     base = url.rstrip("/").removesuffix("/v1")
     with httpx.Client(base_url=base, timeout=timeout) as client:
         card = _model_card(client, base, served_model)
-        version = (_get_json(client, "/version") or {}).get("version")
+        llama = card.get("owned_by") == "llamacpp"
+        dialect = (LlamaCpp if llama else OpenAI)(card["id"], max_new_tokens, temperature, top_p, top_k, top_logprobs)
+        name, version = _describe(client, card, llama)
         before = _spec_counters(client)
-        sampled = sampling_request(temperature, top_p, top_k)
-        request = {"model": card["id"], "max_tokens": max_new_tokens, **sampled,
-                   "logprobs": top_logprobs or None, "return_token_ids": True, "return_tokens_as_token_ids": True}
 
         def complete(i: int) -> tuple[EngineOutput, str | None]:
             ids = prompt_ids[i]
-            sent = {**request, "prompt": ids, **({"seed": request_seed(seed, i)} if temperature else {})}
             try:
-                r = client.post("/v1/completions", json=sent)
+                r = client.post(dialect.path, json=dialect.request(ids, request_seed(seed, i) if temperature else None))
             except httpx.TimeoutException:
                 return EngineOutput(error=f"no answer from {base} within {timeout:g} s"), None
             except httpx.TransportError as e:
@@ -83,65 +67,34 @@ def from_server(url: str, served_model: str | None, prompt_ids: list[list[int]],
                 return EngineOutput(error=f"{base} answered HTTP {r.status_code}: {r.text[:300]}"), None
             try:
                 body = r.json()
-                choice = body["choices"][0]
-            except (ValueError, KeyError, IndexError, TypeError):
+                return dialect.read(body, ids, max_new_tokens, tokenizer), body.get("system_fingerprint")
+            except (ValueError, KeyError, IndexError, TypeError, AttributeError):
                 return EngineOutput(error=f"{base} answered without a completion: {r.text[:300]}"), None
-            return read_choice(choice, ids, max_new_tokens, tokenizer), body.get("system_fingerprint")
 
         start = time.perf_counter()
+        sent = list(range(len(prompt_ids))) if order is None else list(order)
         with ThreadPoolExecutor(max(1, concurrency)) as pool:
-            answers = list(pool.map(complete, range(len(prompt_ids))))
+            answered = dict(zip(sent, pool.map(complete, sent)))
+        answers = [answered[i] for i in range(len(prompt_ids))]
         seconds = time.perf_counter() - start
         after = _spec_counters(client)
     settings = {"served_model": card["id"], "model_root": card.get("root"), "max_model_len": card.get("max_model_len"),
-                "system_fingerprint": next((fp for _, fp in answers if fp), None)}
+                "system_fingerprint": next((fp for _, fp in answers if fp), None), "api": dialect.name}
     if before is not None and after:
         settings["spec_decode"] = {name: after[name] - before.get(name, 0) for name in after}
     if temperature:
-        settings["sampling"] = {**sampled, "seed": seed, "request_seed": f"seed x {SEEDS_PER_RUN} + prompt index"}
+        settings["sampling"] = {**dialect.sampling, "seed": seed, "request_seed": f"seed x {SEEDS_PER_RUN} + prompt index"}
     if launch:
         settings["launch"] = launch
-    return EngineRun(name=card.get("owned_by") or "openai-compatible", version=version, source="server",
-                     settings=settings, outputs=[out for out, _ in answers], seconds=seconds)
+    return EngineRun(name=name, version=version, source="server", settings=settings,
+                     outputs=[out for out, _ in answers], seconds=seconds)
 
 
-def read_choice(choice: dict, prompt: list[int], max_new_tokens: int, tokenizer=None) -> EngineOutput:
-    """One completion choice as an EngineOutput: its ids (or its text re-tokenized), logprobs where given,
-    and what looks wrong with it."""
-    finish = choice.get("finish_reason")
-    ids, approximate = choice.get("token_ids"), False
-    if ids is None:
-        if tokenizer is None:
-            return EngineOutput(finish_reason=finish, error="the server returned text only, and no tokenizer "
-                                "was given to re-tokenize it")
-        ids, approximate = tokenizer(choice.get("text") or "", add_special_tokens=False)["input_ids"], True
-        if finish == "stop" and tokenizer.eos_token_id is not None:
-            ids.append(tokenizer.eos_token_id)  # we send no stop strings: "stop" is the EOS, which the text omits
-    out = EngineOutput(ids=ids, approximate=approximate, finish_reason=finish)
-    if not approximate:  # logprobs follow the server's tokens, which re-tokenized text need not match
-        out.logprobs, out.top_logprobs = _read_logprobs(choice.get("logprobs"), len(ids))
-    seen = choice.get("prompt_token_ids")
-    if seen is not None and list(seen) != list(prompt):
-        out.error = f"the server decoded a different prompt ({len(seen)} tokens) from the one sent ({len(prompt)})"
-    elif len(ids) < max_new_tokens and finish != "stop":
-        out.warning = (f"{len(ids)} of {max_new_tokens} tokens with finish reason {finish!r}: "
-                       "the server cut this output short")
-    return out
-
-
-def _read_logprobs(logprobs: dict | None, n: int) -> tuple[list[float] | None, list[dict[int, float]] | None]:
-    """The OpenAI completions logprobs block: per token its logprob, and its top alternatives when keyed by
-    id ("token_id:N"); None for what is missing, partial or keyed by text."""
-    if not logprobs:
-        return None, None
-    chosen = logprobs.get("token_logprobs") or []
-    chosen = chosen if len(chosen) == n and None not in chosen else None
-    top = logprobs.get("top_logprobs") or []
-    try:
-        top = [{int(TOKEN_ID.fullmatch(k)[1]): v for k, v in alts.items()} for alts in top] if len(top) == n else None
-    except (TypeError, AttributeError):  # a missing step, or alternatives keyed by text
-        top = None
-    return chosen, top
+def _describe(client: httpx.Client, card: dict, llama: bool) -> tuple[str, str | None]:
+    """The engine's name and version: llama.cpp's build from /props, vLLM's from /version."""
+    if llama:
+        return "llama.cpp", (_get_json(client, "/props") or {}).get("build_info")
+    return card.get("owned_by") or "openai-compatible", (_get_json(client, "/version") or {}).get("version")
 
 
 def _get_json(client: httpx.Client, path: str) -> dict | None:

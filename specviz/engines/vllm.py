@@ -18,18 +18,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
-from ..checkpoints import embedded_draft_dir, embedded_target_dir
-from ..spec import SpecError
+from specviz.engines.process import free_port, serving
+from specviz.models.checkpoints import embedded_draft_dir, embedded_target_dir
+from specviz.spec.run import SpecError
 
 MODES = ("none", "ngram", "draft")
 SERVED_MODEL = "smollm2"
@@ -64,28 +59,28 @@ def speculative_config(mode: str, k: int, ngram: tuple[int, int] = (2, 4)) -> di
     raise SpecError(f"unknown vLLM mode {mode!r}; choose from {', '.join(MODES)}")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def vllm_server(mode: str, log: Path, k: int = 5, max_num_seqs: int = 8, threads: int = 2,
                 startup_timeout: float = 600.0, dtype: str = "float32",
-                extra_env: dict[str, str] | None = None, ngram: tuple[int, int] = (2, 4)) -> Iterator[VllmServer]:
+                extra_env: dict[str, str] | None = None, ngram: tuple[int, int] = (2, 4),
+                eager: bool = False) -> Iterator[VllmServer]:
     """Serve the embedded target with vLLM in `mode` until the block ends; its output goes to `log`.
-    `ngram`: the shortest and longest n-gram the ngram mode matches.
+    `ngram`: the shortest and longest n-gram the ngram mode matches. `eager`: vLLM's eager mode, without the
+    graph compile that takes most of a start (76 s of it here, every time: vLLM 0.32 fails to reload its compile
+    cache on CPU; eager starts in under 1 s). Its kernels round differently: in bfloat16, 13 of 19 outputs
+    differ from the compiled mode's.
 
     `threads`: the CPUs its workers are bound to (the first ones this process may use). `extra_env`: more
     environment variables for the server (recorded in its launch, like the others)."""
     spec = speculative_config(mode, k, ngram)
-    port = _free_port()
+    port = free_port()
     args = ["--model", str(embedded_target_dir()), "--served-model-name", SERVED_MODEL, "--dtype", dtype,
             "--max-model-len", "2048", "--max-num-seqs", str(max_num_seqs), "--seed", "0",
             "--host", "127.0.0.1", "--port", str(port)]
     if spec:
         args += ["--speculative-config", json.dumps(spec)]
+    if eager:
+        args.append("--enforce-eager")
     cpus = sorted(os.sched_getaffinity(0))[:threads]
     env = {
         "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: plenty for 8 sequences of 2,048 tokens
@@ -95,44 +90,6 @@ def vllm_server(mode: str, log: Path, k: int = 5, max_num_seqs: int = 8, threads
         **(extra_env or {}),
     }
     command = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", *args]
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "wb") as out:
-        # A session of its own: stopping it stops the engine and worker processes it starts.
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **env}, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(proc, url, log, startup_timeout)
+    with serving("vLLM", command, env, log, url, "/health", startup_timeout):
         yield VllmServer(url, SERVED_MODEL, {"mode": mode, "dtype": dtype, "args": args, "env": env}, log)
-    finally:
-        _stop(proc)
-
-
-def _wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SpecError(f"vLLM exited with code {proc.returncode} before serving {url}.\n{_tail(log)}")
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise SpecError(f"vLLM did not answer {url}/health within {timeout:g} s.\n{_tail(log)}")
-
-
-def _tail(log: Path, lines: int = 40) -> str:
-    text = log.read_text(errors="replace").splitlines()[-lines:]
-    return f"Last {len(text)} lines of {log}:\n" + "\n".join(text)
-
-
-def _stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
-    """SIGTERM to the server's process group; SIGKILL, after `grace` seconds, to whatever of it is left."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(grace)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()

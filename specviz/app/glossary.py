@@ -1,0 +1,122 @@
+"""Every metric and verdict the page shows, with its formula and, when a trace is open, its value: a table of
+definitions, the page's Glossary tab."""
+from __future__ import annotations
+
+from specviz.app.summary import drafter_text, p_value
+from specviz.app.views import md
+from specviz.trace import metrics
+from specviz.trace.schema import Trace
+
+
+def glossary(trace: Trace | None) -> str:
+    """Every metric the page shows, with its formula and (when a trace is open) its value."""
+    def value(fn) -> str:
+        if trace is None:
+            return ""
+        v = fn(trace)
+        return "" if v is None else f" — here **{v:.3g}**" if isinstance(v, float) else f" — here **{v}**"
+
+    def realign_share(t: Trace) -> float | None:
+        return metrics.phase_seconds(t)["realign"] / t.manifest.decode_seconds if t.rows and t.manifest.decode_seconds else None
+
+    def _tolerance(t: Trace) -> float | None:
+        ys = t.manifest.yardstick
+        return ys.target.tolerance if ys and ys.target else None
+
+    def throughput(t: Trace) -> float | None:
+        return sum(len(s.output_ids) for s in t.sequences) / t.manifest.decode_seconds if t.manifest.decode_seconds else None
+
+    def _dist(t: Trace) -> dict | None:
+        return metrics.distribution_summary(t)
+
+    def _verdict(t: Trace) -> str | None:
+        d = _dist(t)
+        return None if d is None else f"{md(d['verdict'])}, p {p_value(d['p'])}"
+
+    def _mismatches(t: Trace) -> str | None:
+        d = _dist(t)
+        return None if d is None or d["checked"] is None else f"{d['mismatches']} of {d['checked']}"
+
+    def _mean_pit(t: Trace) -> float | None:
+        values = [u for s in t.sequences for u in s.pit or () if u is not None]
+        return sum(values) / len(values) if values else None
+
+    def _speedup(t: Trace) -> float | None:
+        sp = metrics.speedup(t)
+        return None if sp is None else sp["ratio"]
+
+    def _drafter(t: Trace) -> str | None:
+        return md(drafter_text(t.manifest.spec)) if t.rows else None
+
+    def _no_drafts(t: Trace) -> str | None:
+        return f"{sum(not r.draft_tokens for r in t.rows)} of {len(t.rows)}" if t.rows else None
+
+    positions = metrics.per_position_acceptance(trace) if trace and trace.rows else []
+    lines = [
+        "**acceptance rate** = accepted draft tokens / proposed draft tokens, over active rows" + value(metrics.acceptance_rate),
+        "**tokens per round** = emitted tokens / (round, row) records, bonus included" + value(metrics.tokens_per_round),
+        "**per-position acceptance** = P(draft j accepted | drafts before j accepted and a draft j offered)"
+        + (" — here " + ", ".join(f"{p:.2f}" for p in positions) if positions else ""),
+        "**realignment overhead** = realign time / decode time" + value(realign_share),
+        "**group rate** (exspec) = same-length rounds / all rounds" + value(metrics.group_rate),
+        "**throughput** = generated tokens (through EOS) / decode seconds" + value(throughput),
+        ("**speed-up** = the run's throughput / the batch-size-1 reference's (its tokens / its decode seconds), both "
+         "from the trace; the run's time includes recording its trace" + value(_speedup)),
+        ("**drafter** = what proposes a round's drafts: the draft model (one forward pass a draft), or prompt lookup "
+         "(the tokens that followed the row's last n-gram where it first occurred earlier in its prompt and output; "
+         "no model, the longest n first)" + value(_drafter)),
+        ("**drafts offered** (a row's own k) = the drafts its round proposed for that row: k, fewer near its token "
+         "budget or where prompt lookup's match runs short, none where no n-gram matches — the row then takes the "
+         "target's own token alone (a — cell in the grid, \"no drafts\" in the timeline). Rows offered none"
+         + value(_no_drafts)),
+        "**exact match** = sequences whose token ids equal the batch-size-1 reference / sequences",
+        "**prefix match** = reference tokens before the first difference / reference tokens, averaged",
+        "**top-2 margin** = the target's top-1 minus top-2 logit at a position: how close its choice was to flipping",
+        ("**rounding** (the yardstick) = per position, the largest |logit difference| between the target in the run's "
+         "dtype and a float64 copy, both fresh (batch size 1, no cache: a path no verify-kernel bug reaches), over "
+         "the built-in prompts and the reference's continuations on this pair and device"),
+        ("**rounding tolerance** = twice the order statistic of those positions that a correct computation of a "
+         "verify pass's k + 1 positions, or the one it is compared with, exceeds with probability at most α: two "
+         "correct computations differ by more with probability α (the stated false-alarm rate)" + value(_tolerance)),
+        ("**state check** = the largest |logit difference| between the pass that emitted a token and a fresh "
+         "batch-size-1 recomputation of that row's real tokens (no cache); beyond the rounding tolerance its first "
+         "token, positions and mask are checked, the pass is rebuilt from correct inputs, and its cache entries "
+         "are replayed, one at a time"),
+        ("**float64 gap** = the reference token's logit minus the speculative token's, recomputed in float64 at "
+         "batch size 1: the true distance of the near-tie"),
+        ("**verdict** = `sync-bug:<state>` when the state check fails on a wrong input (or the emitted token is not "
+         "the argmax that chose it: `bonus`); `kernel-bug` when every input was right and the pass rebuilt from "
+         "correct inputs still departs; `numerics` when the state was clean and the float64 gap is within the "
+         "rounding tolerance; else `unexplained`, with the evidence that is missing"),
+        ("**audit** (run with audit) = the state check on every row of every round, for the target and the draft: "
+         "the first round a row's state left rounding, fork or not"),
+        "**delta** = how many slots a row's KV moved in a realignment (0 when every row gained the same)",
+        ("**engine check** = another engine's outputs (a server, a file, a callable) against the batch-size-1 "
+         "reference of the same weights; every output token is teacher-forced through the target"),
+        ("**gap** (engine checks) = the target's top logit minus the engine token's, in float64 on the engine's own "
+         "prefix: 0 where the engine wrote the target's own choice"),
+        ("**engine rounding** = the engine's own noise on a logit difference, fitted to its control run (the same "
+         "engine without speculation, which holds no speculation bug): the gaps where the control departs from the "
+         "target's float64 argmax and the margins where it does not (and its log-probabilities, where given); its "
+         "tolerance is the 99th percentile at the 95% upper bound (without a control, transformers' own rounding)"),
+        ("**engine-bug** = a token at or after the fork has a gap beyond the engine's own rounding; `numerics` = "
+         "every gap from the fork on within it; without a control run a gap beyond transformers' rounding is "
+         "`unexplained`, asking for one"),
+        ("**temperature, top-k, top-p** (sampled runs) = the target's logits divided by the temperature, cut to "
+         "the k most likely tokens, then to the smallest set holding top-p of the mass; the draft uses the same "
+         "unless given its own. Temperature 0 is greedy"),
+        ("**accept probability** = min(1, p/q) for a draft token with draft probability q and target probability p: "
+         "accepted iff its draw u < p/q. After a rejection the token is drawn from the **residual** "
+         "norm(max(0, p − q)); after k accepted drafts the bonus is drawn from p"),
+        ("**PIT** (randomized probability integral transform) = F(x−) + V · p(x) for an emitted token x, with F(x−) the "
+         "target's mass of the tokens ranked before x (most probable first) and V uniform: uniform on (0, 1) under a "
+         "correct sampler, whatever p is; a sampler that favours likely tokens piles its values near 0 (a mean PIT "
+         "below 0.5), one that favours unlikely tokens near 1. p is recomputed at batch size 1, outside the engine"
+         + value(_mean_pit)),
+        ("**distribution verdict** = every split of the PIT values (pooled, by slot, by batch row, by rounds, row "
+         "pairs) tested against uniform (Kolmogorov–Smirnov and chi-square), Bonferroni across splits: rejected "
+         "when p < α, or at once by one **impossible token** (probability 0 under the target)" + value(_verdict)),
+        ("**decision audit** = every recorded accept/reject decision re-derived from its recorded p, q and u: a "
+         "correct engine has no mismatch" + value(_mismatches)),
+    ]
+    return "\n".join(f"- {line}" for line in lines)

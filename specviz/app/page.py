@@ -1,0 +1,396 @@
+"""The Gradio page: its layout and its wiring. The Run view's handlers are runview.py's, the Sweep and Compare
+tabs sweeptab.py's; every decode, shrink and engine check goes through serving.py. Gradio is imported by these
+modules only, and they read traces only.
+
+One focus (a sequence and one of its rounds) links every view; clicks on the
+grid, the timeline or the table move it. The page URL always carries the run
+spec and the focus (trace/share.py); opening such a link replays the run.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+import gradio as gr
+
+from specviz.app import serving, summary, sweeptab
+from specviz.app.glossary import glossary as glossary_text
+from specviz.app.runview import (
+    CUSTOM,
+    DEFAULTS,
+    EXAMPLES,
+    TEMPERATURE_MAX,
+    TOP_P_MIN,
+    VIEW_NAMES,
+    check_engine,
+    drafter_shows,
+    method_allows,
+    open_link,
+    open_trace,
+    pick,
+    pick_row,
+    render,
+    render_replayed,
+    replay,
+    run_controls,
+    shrink_focused,
+)
+from specviz.run.settings import Settings
+from specviz.spec.faults import FAULTS
+from specviz.spec.faults import PRESETS as FAULT_PRESETS
+from specviz.spec.methods import DRAFTERS, METHODS
+from specviz.spec.prompts import builtin_sets
+from specviz.spec.run import DTYPES, MAX_NGRAM, MAX_TEMPERATURE, PRESETS
+from specviz.trace.schema import MAX_TRACE_BYTES
+
+CLICKS = """
+element.addEventListener('click', (e) => {
+  const c = e.target.closest('[data-round]');
+  if (c && c.dataset.round !== '') trigger('click', {seq: Number(c.dataset.seq), round: Number(c.dataset.round)});
+});
+"""
+# After every render: put the link in the address bar and the share box.
+UPDATE_URL = """
+(q) => {
+  if (!q) return '';
+  history.replaceState(null, '', location.pathname + q);
+  return location.origin + location.pathname + q;
+}
+"""
+INTRO = """# specviz
+Batch speculative decoding, checked token by token against the target model alone — or, for a sampled run
+(temperature above 0), by whether its tokens are drawn from the target's distribution. Pick an example or set up
+a run; every view below follows one focused sequence and round — click a grid cell, a round in the timeline or a
+table row to move it. The address bar is always a share link."""
+LEGEND = ('<div class="sv-legend"><span class="sv-tok sv-draft">accepted draft</span>'
+          '<span class="sv-tok sv-correction">target correction</span><span class="sv-tok sv-bonus">bonus</span>'
+          '<span class="sv-tok sv-rejected">rejected draft</span><span class="sv-tok sv-fork">first divergence</span>'
+          '<span class="sv-tok sv-impossible">impossible under the target</span>'
+          '<span class="sv-tok sv-mismatch">decision against its draw</span>'
+          '<span class="sv-nodraft">no drafts offered: the target\'s own token follows</span>'
+          "</div>")
+
+
+GRID_HELP = ("### Acceptance grid — sequences × their rounds, accepted / drafts offered (click a cell)\n"
+             "Each cell counts against the drafts its own row was offered, which prompt lookup and the token budget "
+             "make differ between rows; a hatched — cell: no drafts offered, the target's own token alone. Red "
+             "outline: the round that emitted a sequence's first divergence. Violet corner (audited runs): the round "
+             "a row's state first left rounding. Sampled runs: a red corner marks a round that emitted a token "
+             "impossible under the target, a dotted violet outline a decision that does not follow its draw.")
+
+
+def example_api_name(name: str) -> str:
+    """An example's API name: its first word ("bsp-like decay": example_bsp_like; "sampling fault: …":
+    example_sampling)."""
+    return "example_" + re.sub(r"\W+", "_", name.split()[0]).strip("_")
+
+
+def build(settings: Settings | None = None) -> gr.Blocks:
+    """The page, under `settings` (default: the operator's SPECVIZ_* environment)."""
+    settings = settings or Settings.from_env()
+    with gr.Blocks(title="specviz") as demo:
+        page = Page(demo, settings, trace=gr.State(None), pending=gr.State(None),
+                    sides=gr.State({}))  # sides: the runs shown so far, for the compare tab (label -> Side)
+        gr.Markdown(INTRO)
+        with gr.Tabs(elem_id="sv-tabs") as page.tabs:
+            with gr.Tab("Run view", id="run"), gr.Row():
+                with gr.Column(scale=1, min_width=300):
+                    page.c, page.e, page.buttons = _run_controls_column(settings)
+                with gr.Column(scale=3, elem_id="sv-views"):
+                    page.v = _views_column()
+            with gr.Tab("Sweep", id="sweep", elem_id="sv-sweep-tab"):
+                page.w = sweeptab.sweep_tab(settings)
+            with gr.Tab("Compare two runs", id="compare", elem_id="sv-compare-tab"):
+                page.p = sweeptab.compare_tab()
+        page.v["link_query"] = gr.Textbox(visible=False)
+        page.wire_run_view()
+        page.wire_sweep_tab()
+        page.wire_compare_tab()
+    return demo
+
+
+def _run_controls_column(settings: Settings) -> tuple[dict, dict, dict]:
+    """The Run view's left column: the run's controls, the engine check's, and their buttons."""
+    buttons = {}
+    with gr.Tabs():
+        with gr.Tab("Run a method"):
+            c = _controls(settings)
+            with gr.Row():
+                buttons["run"] = gr.Button("Run", variant="primary")
+                buttons["stop"] = gr.Button("Stop", variant="stop")
+            gr.Markdown("**Examples**")
+            buttons["examples"] = {name: gr.Button(name, size="sm") for name in EXAMPLES}
+        with gr.Tab("Check an engine", elem_id="sv-check-tab"):
+            e = _engine_controls(settings)
+            buttons["check"] = gr.Button("Check", variant="primary")
+    with gr.Accordion("Limits on this server", open=False):
+        gr.Markdown(settings.describe())
+    with gr.Accordion("Trace files", open=False):
+        buttons["download"] = gr.DownloadButton("Download this trace (JSON)", value=None)
+        buttons["upload"] = gr.File(label=f"open a trace (JSON, up to {MAX_TRACE_BYTES // 2**20} MiB; no model needed)",
+                                    file_types=[".json"], type="filepath", elem_id="sv-upload")
+    return c, e, buttons
+
+
+def _views_column() -> dict:
+    """The Run view's views, by the names runview.VIEW_NAMES gives render's outputs, and the status around them."""
+    v = {}
+    # Stranger text reaches the status escaped (views.md); no $$ in it may become LaTeX either.
+    v["status"] = gr.Markdown("Run something, pick an example, or open a trace file.", elem_id="sv-status",
+                              latex_delimiters=[])
+    v["link_box"] = gr.Textbox(label="share link (opens this run at this focus)", interactive=False, lines=1,
+                               max_lines=1, buttons=["copy"], elem_id="sv-link")
+    v["table"] = gr.Dataframe(label="sequences (click one to focus it)", interactive=False, wrap=True, max_height=320,
+                              elem_id="sv-table", datatype="str")  # cells as plain text
+    with gr.Row():
+        v["focus_seq"] = gr.Number(label="focused sequence", precision=0, minimum=0)
+        v["focus_round"] = gr.Number(label="focused round", precision=0, minimum=0)
+        v["focus_note"] = gr.Markdown()
+    gr.Markdown(GRID_HELP)
+    with gr.Row():
+        v["grid"] = gr.HTML(js_on_load=CLICKS, elem_id="sv-grid", padding=False)
+        with gr.Column():
+            v["forensics"] = gr.HTML(elem_id="sv-forensics", js_on_load=None)
+            with gr.Accordion("The yardstick: where this fork falls on it", open=True, elem_id="sv-yardstick-box"):
+                v["yardstick"] = gr.Plot(show_label=False, elem_id="sv-yardstick")
+            v["shrink"] = gr.Button("Shrink the focused divergence to a minimal reproducer", size="sm")
+            v["shrink_note"] = gr.Markdown(elem_id="sv-shrink")
+    with gr.Accordion("Distribution (sampled runs): are the tokens drawn from the target's distribution?", open=True,
+                      elem_id="sv-distribution"):
+        v["pit_verdict"] = gr.Markdown(summary.distribution_md(None), elem_id="sv-pit-verdict", latex_delimiters=[])
+        v["pit"] = gr.Plot(show_label=False, elem_id="sv-pit")
+    gr.Markdown("### Token timeline of the focused sequence (click a round)")
+    gr.HTML(LEGEND, js_on_load=None)
+    v["timeline"] = gr.HTML(js_on_load=CLICKS, elem_id="sv-timeline")
+    gr.Markdown("### Reference and speculative text")
+    v["compare"] = gr.HTML(elem_id="sv-compare", js_on_load=None)
+    with gr.Tabs():
+        with gr.Tab("KV and padding lanes"):
+            v["lanes"] = gr.Plot(show_label=False, elem_id="sv-lanes")
+        with gr.Tab("Phase timings"):
+            v["phases"] = gr.Plot(show_label=False)
+        with gr.Tab("Glossary"):
+            v["glossary"] = gr.Markdown(glossary_text(None))
+    return v
+
+
+@dataclass
+class Page:
+    """The page's components, and the wiring between them."""
+
+    demo: gr.Blocks
+    settings: Settings
+    trace: gr.State
+    pending: gr.State
+    sides: gr.State
+    tabs: gr.Tabs = None
+    c: dict = None  # the run's controls
+    e: dict = None  # the engine check's controls
+    buttons: dict = None
+    v: dict = None  # the Run view's views
+    w: dict = None  # the Sweep tab
+    p: dict = None  # the Compare tab
+
+    @property
+    def shown(self) -> list:
+        return [self.v[n] for n in VIEW_NAMES]
+
+    @property
+    def opened(self) -> list:
+        """What a handler that opens a trace sets: the trace, the status, the download and a link's pending replay."""
+        return [self.trace, self.v["status"], self.buttons["download"], self.pending]
+
+    def show_link(self, event):
+        return event.then(None, [self.v["link_query"]], [self.v["link_box"]], js=UPDATE_URL, api_visibility="private")
+
+    def then_show(self, event, fn=render, inputs=None):
+        """After `event` opens a trace: every view, the link, and the trace offered to the compare tab."""
+        shown_run = event.success(fn, inputs or [self.trace], self.shown, api_visibility="private")
+        self.show_link(shown_run)
+        shown_run.then(sweeptab.remember_sides, [self.sides, self.trace], [self.sides, self.p["a"], self.p["b"]],
+                       api_visibility="private")
+        return shown_run
+
+    def wire_run_view(self) -> None:
+        c, b, settings = self.c, self.buttons, self.settings
+        controls = [c[n] for n in DEFAULTS]
+        run_inputs = [*controls[:5], c["prompt_file"], *controls[5:]]
+        run_here = functools.partial(run_controls, settings)
+        running = [b["run"].click(run_here, run_inputs, self.opened, api_name="run", concurrency_id="decode")]
+        for name, btn in b["examples"].items():
+            values = {**DEFAULTS, **EXAMPLES[name]}
+            filled = btn.click(lambda v=values: [v[n] for n in DEFAULTS], None, controls, api_name=example_api_name(name))
+            # The drafter's controls follow before the decode starts (its change event, unqueued, waits on a busy CPU).
+            shown = filled.then(drafter_shows, [c["drafter"]], [c["drafter"], c["ngram_min"], c["ngram_max"]],
+                                api_visibility="private", show_progress="hidden")
+            running.append(shown.then(run_here, run_inputs, self.opened, api_visibility="private",
+                                      concurrency_id="decode"))
+        running.append(b["check"].click(functools.partial(check_engine, settings), [self.e[n] for n in ENGINE_CONTROLS],
+                                        self.opened, api_name="check_engine", concurrency_id="decode"))
+        for event in running:
+            self.then_show(event)
+        running.append(self.v["shrink"].click(functools.partial(shrink_focused, settings),
+                                              [self.trace, self.v["focus_seq"]], [self.v["shrink_note"]],
+                                              api_name="shrink", concurrency_id="decode"))
+        b["stop"].click(serving.stop, None, None, cancels=running, api_name="stop")
+        self.then_show(b["upload"].upload(open_trace, [b["upload"]], self.opened, api_name="open_trace"))
+        self._wire_focus()
+        c["method"].change(method_allows, [c["method"], c["drafter"]], [c["method"], c["faults"], c["drafter"], c["k"]],
+                           api_visibility="private", queue=False, show_progress="hidden")
+        c["drafter"].change(drafter_shows, [c["drafter"]], [c["drafter"], c["ngram_min"], c["ngram_max"]],
+                            api_visibility="private", queue=False, show_progress="hidden")
+        loaded = self.demo.load(open_link, [self.v["link_query"]],
+                                [*controls, self.trace, b["download"], self.pending, self.v["status"]],
+                                js="() => location.search", api_name="open_link")
+        self.then_show(loaded)  # the first page's bundled trace (a link's run is shown once replayed)
+        replayed = loaded.then(functools.partial(replay, settings), [self.pending], self.opened,
+                               api_visibility="private", concurrency_id="decode")
+        self.then_show(replayed, fn=render_replayed, inputs=[self.trace, self.pending])
+
+    def _wire_focus(self) -> None:
+        """Clicks on the grid, the timeline and the table, and the focus boxes, move the focus."""
+        v = self.v
+        self.show_link(v["grid"].click(pick, [self.trace], self.shown, api_name="pick_cell"))
+        self.show_link(v["timeline"].click(pick, [self.trace], self.shown, api_name="pick_round"))
+        self.show_link(v["table"].select(pick_row, [self.trace, v["table"]], self.shown, api_name="pick_sequence"))
+        for name in ("seq", "round"):
+            self.show_link(v[f"focus_{name}"].submit(render, [self.trace, v["focus_seq"], v["focus_round"]], self.shown,
+                                                     api_name=f"focus_{name}"))
+
+    def then_show_sweep(self, event) -> None:
+        w = self.w
+        shown_sweep = event.success(functools.partial(sweeptab.render_sweep, self.settings), [w["report"], w["cell"]],
+                                    [w[n] for n in sweeptab.SWEEP_VIEW_NAMES], api_visibility="private")
+        shown_sweep.then(None, [w["link_query"]], [w["link_box"]], js=UPDATE_URL, api_visibility="private")
+        shown_sweep.then(sweeptab.remember_sides, [self.sides, w["report"]], [self.sides, self.p["a"], self.p["b"]],
+                         api_visibility="private")
+
+    def wire_sweep_tab(self) -> None:
+        """Run or open a report, show it, click a cell into the Run view."""
+        w, settings = self.w, self.settings
+        sweep_controls = [w[n] for n in sweeptab.SWEEP_DEFAULTS]
+        found_out = [w["report"], w["download"], w["cell"]]
+        swept = w["run"].click(functools.partial(sweeptab.run_sweep, settings), sweep_controls, found_out,
+                               api_name="sweep", concurrency_id="decode")
+        self.then_show_sweep(swept)
+        w["stop"].click(serving.stop, None, None, cancels=[swept], api_visibility="private")
+        self.then_show_sweep(w["upload"].upload(sweeptab.open_report, [w["upload"]], found_out, api_name="open_report"))
+
+        def open_cell_here(found, evt: gr.EventData, progress=gr.Progress(), request: gr.Request = None):
+            return sweeptab.open_cell(settings, found, evt, progress, request)  # gradio finds EventData in no partial
+
+        for heatmap in (w["exact"], w["prefix"]):
+            exact = heatmap is w["exact"]
+            opened_cell = heatmap.click(open_cell_here, [w["report"]], [*self.opened, self.tabs, w["cell"], w["status"]],
+                                        api_name="open_cell" if exact else None,
+                                        api_visibility="public" if exact else "private", concurrency_id="decode")
+            self.then_show(opened_cell)
+            opened_cell.success(sweeptab.outline_cell, [w["report"], w["cell"]], [w["exact"], w["prefix"]],
+                                api_visibility="private")
+        sweep_loaded = self.demo.load(sweeptab.open_sweep_link, [w["link_query"]],
+                                      [*sweep_controls, w["pending"], w["status"], self.tabs],
+                                      js="() => location.search", api_name="open_sweep_link")
+        self.then_show_sweep(sweep_loaded.then(functools.partial(sweeptab.replay_sweep, settings), [w["pending"]],
+                                               [*found_out, w["status"]], api_visibility="private",
+                                               concurrency_id="decode"))
+
+    def wire_compare_tab(self) -> None:
+        """Any two runs shown so far, side by side."""
+        p = self.p
+        for picker in (p["a"], p["b"], p["seq"]):
+            picker.change(sweeptab.compare_runs, [self.sides, p["a"], p["b"], p["seq"]], [p["summary"], p["aligned"]],
+                          api_visibility="private", show_progress="hidden")
+
+
+def _controls(settings: Settings) -> dict:
+    c = {}
+    c["pair"] = gr.Dropdown([*PRESETS, CUSTOM], value=DEFAULTS["pair"], label="model pair",
+                            info="embedded: SmolLM2-135M-Instruct and its draft, offline; tiny: a random 3-layer test pair")
+    with gr.Accordion("custom pair (Hub ids or local paths)", open=False):
+        c["target"] = gr.Textbox(label="target model")
+        c["draft"] = gr.Textbox(label="draft model")
+    c["prompt_set"] = gr.Dropdown(list(builtin_sets()), value=DEFAULTS["prompt_set"], label="built-in prompts")
+    c["typed"] = gr.Textbox(lines=3, label="or type prompts", info="one a line, or Spec-Bench JSONL; used when not empty")
+    c["prompt_file"] = gr.File(label="or upload prompts (text or Spec-Bench .jsonl)", file_types=[".txt", ".jsonl"],
+                               type="filepath", height=90)
+    c["method"] = gr.Dropdown(list(METHODS), value=DEFAULTS["method"], label="method",
+                              info=METHODS[DEFAULTS["method"]].summary, elem_id="sv-method")
+    c["drafter"] = gr.Dropdown(list(DRAFTERS), value=DEFAULTS["drafter"], label="drafter",
+                               info=DRAFTERS[DEFAULTS["drafter"]], elem_id="sv-drafter")
+    with gr.Row():
+        lookup = DEFAULTS["drafter"] == "lookup"
+        c["ngram_min"] = gr.Slider(1, MAX_NGRAM, value=DEFAULTS["ngram_min"], step=1, label="shortest n-gram",
+                                   visible=lookup, elem_id="sv-ngram-min")
+        c["ngram_max"] = gr.Slider(1, MAX_NGRAM, value=DEFAULTS["ngram_max"], step=1, label="longest n-gram (tried first)",
+                                   visible=lookup, elem_id="sv-ngram-max")
+    with_faults = " and ".join(n for n, m in METHODS.items() if m.faults)
+    c["faults"] = gr.Dropdown([*FAULTS, *FAULT_PRESETS], value=[], multiselect=True, label=f"faults ({with_faults} only)",
+                              info="re-create a published engine's bug; the sampling faults need a temperature above 0",
+                              interactive=METHODS[DEFAULTS["method"]].faults, elem_id="sv-faults")
+    with gr.Row():
+        c["batch_size"] = gr.Slider(1, settings.max_batch_size, value=DEFAULTS["batch_size"], step=1, label="batch size")
+        c["k"] = gr.Slider(1, settings.max_k, value=DEFAULTS["k"], step=1, label="k (drafts a round)")
+    with gr.Row():
+        c["max_new_tokens"] = gr.Slider(1, settings.max_new_tokens, value=DEFAULTS["max_new_tokens"], step=1,
+                                        label="max new tokens")
+        c["dtype"] = gr.Dropdown(list(DTYPES), value=DEFAULTS["dtype"], label="dtype")
+    c["temperature"] = gr.Slider(0, TEMPERATURE_MAX, value=DEFAULTS["temperature"], step=0.05, label="temperature",
+                                 info="0: greedy, checked token by token against the reference; above 0: speculative "
+                                      "sampling, judged by the distribution of its tokens", elem_id="sv-temperature")
+    with gr.Row():
+        c["top_k"] = gr.Number(value=DEFAULTS["top_k"], precision=0, minimum=0, label="top-k (0: off)",
+                               elem_id="sv-top-k")
+        c["top_p"] = gr.Slider(TOP_P_MIN, 1, value=DEFAULTS["top_p"], step=0.01, label="top-p (1: off)",
+                               elem_id="sv-top-p")
+    with gr.Accordion("the draft's own sampling (blank: the target's)", open=False):
+        c["draft_temperature"] = gr.Number(value=None, minimum=0, maximum=MAX_TEMPERATURE, label="draft temperature")
+        c["draft_top_k"] = gr.Number(value=None, precision=0, minimum=0, label="draft top-k (0: off)")
+        c["draft_top_p"] = gr.Number(value=None, minimum=0, maximum=1, label="draft top-p (1: off)")
+    with gr.Accordion("seed and exspec", open=False):
+        c["seed"] = gr.Number(value=DEFAULTS["seed"], precision=0, label="seed")
+        c["window"] = gr.Number(value=DEFAULTS["window"], precision=0, label="exspec window (0: 2 × batch size)")
+        c["max_wait"] = gr.Number(value=DEFAULTS["max_wait"], precision=0, label="exspec max wait (rounds)")
+    c["audit"] = gr.Checkbox(value=DEFAULTS["audit"], label="audit every round",
+                             info="check every row's state against a fresh recomputation each round, fork or not "
+                                  "(about one extra batch-size-1 pass of each model per row and round)")
+    return c
+
+
+ENGINE_CONTROLS = ("pair", "target", "dtype", "outputs", "control", "server", "served_model", "control_server",
+                   "prompt_set", "max_new_tokens", "determinism")
+
+
+def _engine_controls(settings: Settings) -> dict:
+    e = {}
+    gr.Markdown("An engine's outputs (vLLM, SGLang, TGI, llama.cpp, your own) against the batch-size-1 reference of "
+                "the same weights: every difference judged numerics or a bug, from the engine's token ids alone. "
+                "The file format is in docs/engines.md (`specviz schema --outputs`).")
+    e["pair"] = gr.Dropdown([*PRESETS, CUSTOM], value=DEFAULTS["pair"], label="reference: the engine's target weights")
+    e["target"] = gr.Textbox(label="custom target (Hub id or local path)", visible=True)
+    e["dtype"] = gr.Dropdown(list(DTYPES), value="float32", label="reference dtype")
+    e["outputs"] = gr.File(label="the engine's outputs (JSONL)", file_types=[".jsonl", ".json", ".txt"],
+                           type="filepath", height=90)
+    e["control"] = gr.File(label="optional: the same engine without speculation (JSONL, the same prompts)",
+                           file_types=[".jsonl", ".json", ".txt"], type="filepath", height=90)
+    servers = bool(settings.engine_servers) and not settings.public
+    with gr.Accordion("or ask a server (llama.cpp, vLLM or any OpenAI-compatible)", open=False, visible=servers):
+        e["server"] = gr.Textbox(label="server URL", info="allowed: " + (", ".join(settings.engine_servers) or "none")
+                                 + "; llama.cpp's llama-server is asked in its own API, any other as OpenAI's")
+        e["served_model"] = gr.Textbox(label="served model (blank: the server's only model)")
+        e["control_server"] = gr.Textbox(label="optional: a server of the same engine without speculation")
+        e["prompt_set"] = gr.Dropdown(list(builtin_sets()), value="quick", label="prompts to send")
+        e["max_new_tokens"] = gr.Slider(1, settings.max_new_tokens, value=48, step=1, label="max new tokens")
+        e["determinism"] = gr.Checkbox(False, label="ask every prompt twice more",
+                                       info="the same requests again, then in reverse order (other slots, other batch "
+                                            "company): every prompt answered otherwise is reported with its fork")
+    return e
+
+
+def serve(settings: Settings | None = None, **launch_kwargs) -> gr.Blocks:
+    """Build the page and serve it: one decode at a time, a bounded queue, uploads capped, the page's CSS."""
+    settings = settings or Settings.from_env()
+    demo = build(settings)
+    demo.queue(default_concurrency_limit=1, max_size=settings.queue_size)
+    demo.launch(css_paths=[serving.ASSETS / "specviz.css"], max_file_size=MAX_TRACE_BYTES, **launch_kwargs)
+    return demo

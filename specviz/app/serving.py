@@ -1,0 +1,232 @@
+"""The serving layer: all the page's handlers reach decoding, shrinking and engine checks through here, one at a
+time (on a GPU where one is lent); decodes are served from this process's cache of traces or from the bundled
+ones where they can be; a way to stop them; visitors' uploads read within limits; downloads written once.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import html
+import os
+import tempfile
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+import gradio as gr
+
+from specviz.app import summary
+from specviz.models.pairs import pair_for
+from specviz.run import check
+from specviz.run.gpu import ZEROGPU, gpu
+from specviz.run.runner import run
+from specviz.run.settings import Settings
+from specviz.run.shrink import MAX_TRIALS, Shrunk, shrink, size
+from specviz.spec.run import RunSpec, SpecError
+from specviz.trace.schema import MAX_TRACE_BYTES, Trace
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+TRACES: OrderedDict[str, Trace] = OrderedDict()  # by spec key: a replayed link is served from here
+MAX_TRACES = 48  # a sweep's runs (SPECVIZ_MAX_SWEEP_RUNS) stay, so its cells and its link open at once
+CANCELLED: set[str] = set()  # sessions whose running decode should stop
+LOCK = threading.Lock()  # every decode, shrink and check holds it: one at a time in this process
+# Finished traces our own engine made (`make traces`), served without decoding: the first page opens on one,
+# and the examples of the same spec open at once. tests/test_bundled.py keeps them equal to today's engine.
+BUNDLED = {"bsp-like decay": "bsp-like-decay.json", "numerics near-tie": "numerics-near-tie.json"}
+PHASE_TEXT = {"reference": "reference (target alone, batch size 1)",
+              "distribution": "distribution (each token scored under the target, batch size 1)"}
+
+
+class Cancelled(Exception):
+    pass
+
+
+@functools.cache
+def bundled() -> dict[str, Trace]:
+    """The bundled traces by example name, parsed once per process."""
+    return {name: Trace.from_json((ASSETS / "traces" / file).read_text(encoding="utf-8"))
+            for name, file in BUNDLED.items()}
+
+
+@functools.cache
+def _bundled_by_key() -> dict[str, Trace]:
+    return {t.manifest.spec.key(): t for t in bundled().values()}
+
+
+def bundled_for(spec: RunSpec) -> Trace | None:
+    return _bundled_by_key().get(spec.key())
+
+
+def headline(trace: Trace, timing: str | None, note: str = "") -> str:
+    """summary.headline, saying so when the trace is a bundled one (its times are the file's)."""
+    if timing == "bundled":
+        note += " (bundled with specviz; its times are from when it was recorded, `make traces` records it anew)"
+    return summary.headline(trace, note, timing=timing)
+
+
+def error(message: str, **kwargs) -> gr.Error:
+    """gr.Error shows its message as HTML (sanitized, yet an <img> still loads): it may quote a stranger."""
+    return gr.Error(html.escape(message, quote=False), **kwargs)
+
+
+@contextlib.contextmanager
+def as_page_errors(refused: str = "", then: str = "", stopped: str = "nothing was recorded"):
+    """A handler's SpecError as the page's error (between `refused` and `then`, escaped), and a Stop as
+    "stopped; `stopped`"."""
+    try:
+        yield
+    except SpecError as e:
+        raise error(f"{refused}{e}{then}") from None
+    except Cancelled:
+        raise gr.Error(f"stopped; {stopped}", title="Stopped") from None
+
+
+def read_upload(path: str, limit: int) -> str:
+    """An uploaded file's text, refused when over `limit` bytes or not UTF-8."""
+    p = Path(path)
+    size = p.stat().st_size
+    if size > limit:
+        raise SpecError(f"{p.name} is {size / 2**20:.1f} MiB; the limit is {limit / 2**20:.0f} MiB")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise SpecError(f"{p.name} is not UTF-8 text") from None
+    return text
+
+
+@gpu
+def decode_on_gpu(spec: RunSpec, settings: Settings, progress=None) -> Trace:
+    """All GPU work of a run; returns plain data only (a ZeroGPU worker sends it back)."""
+    return run(spec, progress=progress, trust_remote_code=settings.trust_remote_code, limits=settings)
+
+
+def decode(spec: RunSpec, settings: Settings, progress: gr.Progress, session: str) -> tuple[Trace, str | None]:
+    """The trace for `spec`: from this process's cache, else decoded with progress and a way to stop; and where
+    its times come from (summary.TIMING_TEXT): "cached", "now" (the reference decoded in this run too), "reused"
+    (the reference from an earlier run of the same prompts), "bundled" (a trace shipped in assets/traces), None
+    where the progress cannot tell (ZeroGPU)."""
+    settings.check(spec)
+    if (trace := bundled_for(spec)) is not None:
+        return trace, "bundled"
+    key = spec.key()
+    if key in TRACES:
+        TRACES.move_to_end(key)
+        return TRACES[key], "cached"
+    total = len(spec.prompts) * spec.max_new_tokens
+    done: dict[str, int] = {}
+
+    def tick(phase: str, n: int) -> None:
+        if session in CANCELLED:
+            raise Cancelled
+        done[phase] = done.get(phase, 0) + n
+        label = PHASE_TEXT.get(phase, phase)
+        progress(min(done[phase] / total, 1.0), desc=f"{label}: {done[phase]} of ≤{total} tokens")
+
+    CANCELLED.discard(session)
+    progress(0, desc="loading the model pair")
+    with LOCK:
+        # A ZeroGPU worker is another process: the callback (progress, Stop) stays behind.
+        trace = decode_on_gpu(spec, settings, None if ZEROGPU else tick)
+    remember(trace)
+    return trace, None if ZEROGPU else "now" if "reference" in done else "reused"  # the reference ticks unless cached
+
+
+@gpu(runs=8)
+def _shrink_on_gpu(spec: RunSpec, seq: int, fork: int, token: int | None, settings: Settings, progress=None) -> Shrunk:
+    """All GPU work of a shrink (many small runs); returns plain data only."""
+    pair = pair_for(spec, settings.trust_remote_code)
+    return shrink(spec, seq, fork, token, pair, progress, limits=settings)
+
+
+def shrink_fork(trace: Trace, seq: int, settings: Settings, progress: gr.Progress, session: str) -> str:
+    """The smallest run found that still forks where sequence `seq` of `trace` forks, said in Markdown with its
+    link (the trace it made is kept, so the link opens at once)."""
+    spec, s = trace.manifest.spec, trace.sequences[seq]
+    fork = s.first_divergence
+    token = s.output_ids[fork] if fork < len(s.output_ids) else None
+
+    def tick(n: int) -> None:
+        if session in CANCELLED:
+            raise Cancelled
+        progress(n / MAX_TRIALS, desc=f"shrink: candidate run {n} of at most {MAX_TRIALS}")
+
+    CANCELLED.discard(session)
+    with LOCK:
+        found = _shrink_on_gpu(spec, seq, fork, token, settings, None if ZEROGPU else tick)
+    small = found.trace
+    remember(small)
+    verdict = small.sequences[found.seq].forensics.verdict
+    return (f"**Smallest run found** ({found.trials} candidate runs): {size(spec)} → {size(small.manifest.spec)}; "
+            f"its sequence {found.seq} still forks at token {found.fork} (`{verdict}`). "
+            f"[Open it]({found.link()}), or copy the link.")
+
+
+@gpu
+def _check_on_gpu(spec: RunSpec, settings: Settings, outputs: tuple[bytes, str] | None,
+                  control: tuple[bytes, str] | None, servers: tuple[tuple[str, str | None], tuple | None] | None,
+                  determinism: bool = False) -> Trace:
+    """All work of an engine check (the reference, the judging passes); returns plain data only."""
+    pair = pair_for(spec, settings.trust_remote_code)
+    if outputs is not None:
+        return check.from_files(spec, pair, outputs, control, limits=settings)
+    engine, control_server = servers
+    return check.from_servers(spec, pair, engine, control_server, concurrency=8, timeout=300, limits=settings,
+                              determinism=determinism)
+
+
+def check_engine(spec: RunSpec, settings: Settings, files: tuple | None, servers: tuple | None,
+                 determinism: bool = False) -> Trace:
+    """An engine check: from its outputs file (and a control's), or from its servers' (asked every prompt twice
+    more when `determinism`)."""
+    with LOCK:
+        return _check_on_gpu(spec, settings, *(files or (None, None)), servers, determinism)
+
+
+def remember(trace: Trace) -> None:
+    """Keep a decoded trace for replays of its spec (a link this process has already run opens at once)."""
+    TRACES[trace.manifest.spec.key()] = trace
+    if len(TRACES) > MAX_TRACES:
+        TRACES.popitem(last=False)
+
+
+@functools.cache
+def _trace_dir() -> Path:
+    """This process's own folder for downloads: private, not a fixed name in the shared temp folder."""
+    return Path(tempfile.mkdtemp(prefix="specviz-traces-"))
+
+
+def save(trace: Trace) -> str:
+    """Write `trace` for download, named after its content's hash as well as its fingerprint: a file
+    never holds another trace than the one its path was handed out for, whatever fingerprint a
+    visitor's upload claims, and equal traces share one file."""
+    text = trace.to_json()
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return write_once(f"trace-{trace.manifest.fingerprint}-{digest}.json", text)
+
+
+def write_once(name: str, text: str) -> str:
+    """`text` in this process's download folder under `name` (unless already there), and its path."""
+    path = _trace_dir() / name
+    if not path.exists():
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, suffix=".tmp", delete=False) as f:
+            f.write(text)
+        os.replace(f.name, path)  # whole or not at all: another session may be handed the same file
+    return str(path)
+
+
+def stop(request: gr.Request = None):
+    if request:
+        CANCELLED.add(request.session_hash)
+    gr.Info("stopping after the current round…")
+
+
+def uploaded(path: str | None, parse):
+    """A visitor's uploaded file, read (capped) and parsed by `parse` (a from_json); a bad one is a message
+    naming the file."""
+    if not path:
+        raise gr.Error("no file")
+    try:
+        return parse(read_upload(path, MAX_TRACE_BYTES))
+    except SpecError as e:
+        raise error(f"{Path(path).name}: {e}") from None

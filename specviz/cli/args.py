@@ -1,0 +1,134 @@
+"""The command line's arguments: those every command shares (the pair, the prompts, decoding, sampling), their
+types, and a RunSpec made of them."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from specviz.models.pairs import Placement
+from specviz.spec.faults import FAULTS
+from specviz.spec.faults import PRESETS as FAULT_PRESETS
+from specviz.spec.methods import DRAFTERS, METHODS
+from specviz.spec.prompts import builtin_set, builtin_sets, read_prompts
+from specviz.spec.run import DEVICES, DTYPES, LOOKUP_FIELDS, MAX_BATCH_SIZE, PRESETS, RunSpec, SpecError
+from specviz.trace.sweep import NO_FAULTS
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model pair")
+    g.add_argument("--pair", choices=sorted(PRESETS), default="embedded",
+                   help="a preset pair (default: embedded SmolLM2-135M-Instruct and its draft)")
+    g.add_argument("--target", help="target model: Hub id or local path (overrides --pair)")
+    g.add_argument("--draft", help="draft model: Hub id or local path (overrides --pair)")
+    g.add_argument("--target-revision")
+    g.add_argument("--draft-revision")
+    g.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
+    g.add_argument("--device-map", choices=["auto"],
+                   help="spread a target too large for one GPU over the visible GPUs with accelerate (then CPU memory)")
+    g.add_argument("--max-memory", metavar="LIMITS",
+                   help="per-device limits for spreading the target, e.g. 0=20GiB,1=20GiB,cpu=64GiB (implies --device-map auto)")
+    g = p.add_argument_group("prompts")
+    g.add_argument("--prompts", type=Path, help="a file: one prompt a line, or Spec-Bench JSONL (turns[0])")
+    g.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
+    g.add_argument("--prompt-set", choices=sorted(builtin_sets()), help="a built-in prompt set (default: quick)")
+    g.add_argument("--limit", type=int, help="use only the first N prompts of the --prompts file")
+    g.add_argument("--sort-by-length", action="store_true", help="order all prompts by length (after --limit)")
+    g.add_argument("--no-chat-template", action="store_true", help="feed prompts raw, without the chat template")
+    g = p.add_argument_group("decoding")
+    g.add_argument("--max-new-tokens", type=int, default=48)
+    g.add_argument("--dtype", choices=DTYPES, default="float32")
+    g.add_argument("--device", choices=DEVICES, default="auto")
+    g.add_argument("--seed", type=int, default=0, help="sampled runs: every sequence's random stream derives from it")
+    g.add_argument("--deterministic", action="store_true",
+                   help="deterministic GPU kernels (fixed cuBLAS workspace, no TF32): reruns repeat bit for bit; slower")
+    g.add_argument("--window", type=int, help="exspec: active sequences in the window (default 2 x batch size)")
+    g.add_argument("--max-wait", type=int, default=4, help="exspec: rounds a sequence may be passed over")
+    g.add_argument("--drafter", type=drafters, default=["model"], metavar="DRAFTER",
+                   help="what proposes the drafts: " + "; ".join(f"{n}: {d}" for n, d in DRAFTERS.items())
+                        + " (verify and bench: several, comma-separated)")
+    g.add_argument("--ngram-min", type=int, help="lookup: the shortest n-gram matched (default 1)")
+    g.add_argument("--ngram-max", type=int, help="lookup: the longest n-gram matched, tried first (default 3)")
+    g.add_argument("--faults", default="", help=f"comma-separated faults or presets: {', '.join([*FAULTS, *FAULT_PRESETS])}"
+                                                 " (in the methods that take faults)")
+    g.add_argument("--audit", type=int, nargs="?", const=MAX_BATCH_SIZE, default=0, metavar="ROWS",
+                   help="check every row's state against a fresh batch-size-1 recomputation every round, or ROWS "
+                        "sampled rows a round: finds corruption before (or without) a fork; about one extra "
+                        "batch-size-1 pass of the target and one of the draft per audited row and round")
+    g = p.add_argument_group("sampling (temperature 0: greedy)")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=0, help="0: off")
+    g.add_argument("--top-p", type=float, default=1.0, help="1: off")
+    g.add_argument("--draft-temperature", type=float, help="the draft's own (default: the target's)")
+    g.add_argument("--draft-top-k", type=int, help="the draft's own (default: the target's)")
+    g.add_argument("--draft-top-p", type=float, help="the draft's own (default: the target's)")
+
+
+def _names_of(known: dict, what: str):
+    """An argparse type: comma-separated names, each one of `known`."""
+    def names(text: str) -> list[str]:
+        got = [x.strip() for x in text.split(",") if x.strip()]
+        unknown = [n for n in got if n not in known]
+        if unknown or not got:
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(unknown) or repr(text)}; choose from "
+                                             + ", ".join(known))
+        return got
+    return names
+
+
+drafters = _names_of(DRAFTERS, "drafter")
+
+
+methods = _names_of(METHODS, "method")
+
+
+def prompts_of(args) -> list[str]:
+    """Typed prompts, then the built-in set, then the file's first --limit prompts."""
+    prompts = list(args.prompt)
+    if args.prompt_set or not (prompts or args.prompts):
+        prompts += builtin_set(args.prompt_set or "quick")
+    if args.prompts:
+        prompts += read_prompts(args.prompts)[: args.limit]
+    return sorted(prompts, key=len) if args.sort_by_length else prompts
+
+
+def spec_of(args, **overrides) -> RunSpec:
+    target, draft = PRESETS[args.pair]
+    fields = dict(
+        target=args.target or target, draft=args.draft or draft,
+        target_revision=args.target_revision, draft_revision=args.draft_revision,
+        prompts=tuple(prompts_of(args)), chat_template=not args.no_chat_template,
+        max_new_tokens=args.max_new_tokens, dtype=args.dtype, device=args.device, seed=args.seed,
+        faults=tuple(f.strip() for f in args.faults.split(",") if f.strip()),
+        window=args.window, max_wait=args.max_wait, audit=args.audit,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, draft_temperature=args.draft_temperature,
+        draft_top_k=args.draft_top_k, draft_top_p=args.draft_top_p, drafter=args.drafter[0],
+    )
+    fields.update(overrides)
+    ngrams = {f: getattr(args, f) for f in LOOKUP_FIELDS if getattr(args, f) is not None}
+    if ngrams and "lookup" not in args.drafter:
+        raise SpecError("--ngram-min and --ngram-max set the lookup drafter; add --drafter lookup")
+    if fields["drafter"] == "lookup":  # the runs of other drafters in a sweep leave them out
+        fields.update(ngrams)
+    return RunSpec.build(**fields)
+
+
+def placement_of(args) -> Placement:
+    return Placement(spread=bool(args.device_map or args.max_memory), max_memory=args.max_memory)
+
+
+_faults = _names_of({NO_FAULTS: "", **FAULTS, **FAULT_PRESETS}, "fault")
+
+
+def fault_set(text: str) -> tuple[str, ...]:
+    """A --fault-sets item: comma-joined fault or preset names, or `none`."""
+    names = _faults(text)
+    if NO_FAULTS in names and len(names) > 1:
+        raise argparse.ArgumentTypeError(f"{NO_FAULTS!r} is the set of no faults: give it alone")
+    return () if names == [NO_FAULTS] else tuple(names)

@@ -1,0 +1,295 @@
+"""The command line's commands: run, verify, check, shrink, bench, schema; what each prints and writes."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from specviz.cli.args import placement_of, spec_of
+from specviz.engines import jsonl
+from specviz.engines.dialects import LlamaCpp, OpenAI
+from specviz.models.pairs import pair_for
+from specviz.spec.run import ENGINE, RunSpec, SpecError
+from specviz.trace import metrics, share
+from specviz.trace.schema import Trace, schema
+from specviz.trace.sweep import Sweep, SweepReport, report, row_of
+from specviz.trace.text import clip
+
+
+def _run_with_bars(spec: RunSpec, args, record: bool = True):
+    """`run` with one progress bar per phase (the batch-size-1 reference, then the method)."""
+    from specviz.run.runner import run
+
+    bars: dict[str, tqdm] = {}
+
+    def progress(phase: str, n: int) -> None:
+        if phase not in bars:
+            bars[phase] = tqdm(total=len(spec.prompts) * spec.max_new_tokens, desc=phase, unit="tok", leave=False,
+                               disable=not sys.stderr.isatty())
+        bars[phase].update(n)
+
+    try:
+        return run(spec, record=record, progress=progress, trust_remote_code=args.trust_remote_code,
+                   placement=placement_of(args))
+    finally:
+        for bar in bars.values():
+            bar.close()
+
+
+def cmd_run(args) -> int:
+    if len(args.drafter) > 1:
+        raise SpecError("run takes one drafter; verify and bench compare several")
+    spec = spec_of(args, method=args.method, batch_size=args.batch_size, k=args.k)
+    trace = _run_with_bars(spec, args, record=not args.no_record)
+    tok = pair_for(spec, args.trust_remote_code, placement_of(args)).tokenizer
+    for s, p in zip(trace.sequences, trace.prompts):
+        mark = {True: "= reference", False: f"DIVERGES at token {s.first_divergence}", None: ""}[s.equivalent]
+        print(f"\n[{s.seq}] {clip(p.text, 70)!r}  ({len(s.output_ids)} tokens) {mark}")
+        print("   " + tok.decode(s.output_ids).replace("\n", "\n   "))
+        if s.forensics:
+            print(f"   -> {s.forensics.verdict}: {s.forensics.explanation}")
+    print()
+    _print_summary(trace)
+    if args.json:
+        data = {"spec": spec.model_dump(mode="json"), "fingerprint": trace.manifest.fingerprint,
+                "sequences": [s.model_dump() for s in trace.sequences],
+                "texts": [tok.decode(s.output_ids) for s in trace.sequences]}
+        _write(args.json, json.dumps(data, indent=1))
+    if args.trace:
+        _write(args.trace, trace.to_json(), f"trace {trace.manifest.fingerprint} to")
+    return 0
+
+
+def _write(path: Path, text: str, what: str = "") -> None:
+    """Write `text` to `path` (its folders made) and say so."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(f"wrote {what + ' ' if what else ''}{path}")  # e.g. "wrote trace 1f0c… to out.json"
+
+
+def _print_summary(trace) -> None:
+    m = trace.manifest
+    eq = metrics.equivalence(trace)
+    line = f"{m.spec.method}: {sum(len(s.output_ids) for s in trace.sequences)} tokens in {m.decode_seconds:.1f} s"
+    if trace.rows:
+        line += (f"; acceptance rate {metrics.acceptance_rate(trace):.2f}, "
+                 f"{metrics.tokens_per_round(trace):.2f} tokens per round, {len(trace.rounds)} rounds")
+    print(line)
+    if metrics.group_rate(trace) is not None:
+        pct = metrics.completion_percentiles(trace)
+        print(f"group rate {metrics.group_rate(trace):.0%}; completion P50/P90/P99 "
+              f"{pct['p50']:.2f}/{pct['p90']:.2f}/{pct['p99']:.2f} s")
+    if eq:
+        print(f"equivalence with reference: {eq['exact']:.0%} exact, {eq['prefix']:.1%} prefix match (n={eq['n']})")
+    _print_yardsticks(trace)
+    if trace.distribution:
+        print(f"distribution: {_distribution(trace)}")
+
+
+def _print_yardsticks(trace) -> None:
+    """What the verdicts were judged against, and how far an engine departs from the model at all."""
+    ys = trace.manifest.yardstick
+    if ys is None:
+        return
+    if ys.target is not None:
+        print(f"judged against {ys.target.describe()}")
+        if ys.target.anomaly:
+            print(f"WARNING: the yardstick itself is suspect: {ys.target.anomaly}")
+    if ys.engine is not None:
+        print(f"engine verdicts: {ys.engine.describe()}")
+    for f in trace.manifest.fidelity:
+        print(f"  {f.describe()}")
+
+
+def _distribution(trace) -> str:
+    """A sampled run's verdict in one line."""
+    d, line = trace.distribution, trace.distribution.verdict
+    if d.p is not None:
+        line += f" (p = {d.p:.2g}, {d.tokens} tokens" + (f"; fails: {d.failing}" if d.failing else "") + ")"
+    if d.impossible:
+        line += f"; {d.impossible} tokens the target gives probability 0"
+    if trace.decisions:
+        line += f"; decision audit: {trace.decisions.mismatches} of {trace.decisions.checked} decisions mismatch"
+    return line
+
+
+def _sweep(args) -> Sweep:
+    """verify's runs: the methods × drafters × fault sets × batch sizes × k on one base spec."""
+    if args.fault_sets and args.faults:
+        raise SpecError("give one fault set as --faults or several as --fault-sets, not both")
+    # The base carries the lookup drafter's n-gram sizes when it is swept; every run sets its own method and drafter.
+    drafter = "lookup" if "lookup" in args.drafter else args.drafter[0]
+    base = spec_of(args, method="eqspec", drafter=drafter, faults=(), batch_size=min(args.batch_sizes, default=1))
+    return Sweep.build(base=base, methods=args.methods, drafters=args.drafter,
+                       fault_sets=args.fault_sets or [spec_of(args).faults], batch_sizes=args.batch_sizes, ks=args.k)
+
+
+def _print_row(spec: RunSpec, trace: Trace) -> Trace:
+    """One line of verify's table, printed as its run is done."""
+    row = row_of(spec, trace)
+    shown = ", ".join(f"{v} {c}" for v, c in row.verdicts.items()) or "-"
+    if trace.distribution:  # a sampled run: no token reference, a verdict on its distribution
+        shown = _distribution(trace)
+    if row.audit:
+        shown += "; audit: state departed in {target} (target) and {draft} (draft) sequences".format(**row.audit)
+    tqdm.write(f"{row.method:<18} {row.drafter:<8} {row.faults or '-':<14} {row.batch_size:>3} {row.k:>3} {row.n:>5} "
+               f"{metrics.percent(row.exact_pct):>8} {metrics.percent(row.prefix_pct):>9}  {shown}")
+    return trace
+
+
+def cmd_verify(args) -> int:
+    from specviz.run.shard import is_main, sweep
+
+    plan = _sweep(args)
+    specs = plan.specs()
+    reports = is_main()  # under `accelerate launch`, the main process reports for all
+    if reports:
+        print(f"{'method':<18} {'drafter':<8} {'faults':<14} {'bs':>3} {'k':>3} {'n':>5} {'exact %':>8} {'prefix %':>9}"
+              "  verdicts")
+    # Recorded runs: every one for a report (its accept lengths and rounds come from the records), else those with
+    # something to explain, and sampled ones (their decisions are audited, their PIT split by slot).
+    recorded = [bool(args.json or spec.faults or spec.audit or spec.temperature or args.forensics) for spec in specs]
+    traces = sweep(list(zip(specs, recorded)), args.trust_remote_code, placement_of(args))
+    if not reports:  # this process decoded its shares for the main one
+        for _ in traces:
+            pass
+        return 0
+    bar = tqdm(traces, total=len(specs), desc="verify", leave=False, disable=not sys.stderr.isatty())
+    done = report(plan, (_print_row(spec, trace) for spec, trace in zip(specs, bar)))
+    if args.json:
+        _write(args.json, done.to_json())
+    sound = all(r.distribution.verdict == "consistent" if r.distribution else r.exact_pct == 100 for r in done.rows)
+    return 0 if sound or args.allow_divergence else 1
+
+
+def cmd_check(args) -> int:
+    from specviz.run import check
+
+    if sum(map(bool, (args.server, args.outputs, args.engine))) != 1:
+        raise SpecError("give the engine as one of --server URL, --outputs FILE or --engine module:function")
+    spec = spec_of(args, method=ENGINE, k=args.k)
+    pair = pair_for(spec, args.trust_remote_code, placement_of(args))
+    if args.determinism and not args.server:
+        raise SpecError("--determinism asks a server again: give the engine as --server URL")
+    if args.outputs:
+        control = (args.control.read_bytes(), args.control.name) if args.control else None
+        trace = check.from_files(spec, pair, (args.outputs.read_bytes(), args.outputs.name), control)
+    elif args.server:
+        control = (args.control_server, args.control_served_model or args.served_model) if args.control_server else None
+        trace = check.from_servers(spec, pair, (args.server, args.served_model), control, args.concurrency, args.timeout,
+                                   determinism=args.determinism)
+    else:
+        trace = check.from_callables(spec, pair, args.engine, args.control_engine)
+    _print_check(trace)
+    if args.json:
+        _write(args.json, json.dumps({"engine": trace.manifest.engine.model_dump(), "summary": metrics.engine_summary(trace),
+                                      "sequences": [s.model_dump() for s in trace.sequences]}, indent=1))
+    if args.trace:
+        _write(args.trace, trace.to_json(), "trace")
+    return 0
+
+
+def _print_check(trace) -> None:
+    print(f"{'engine':<44} {'n':>4} {'errors':>6} {'exact %':>8} {'prefix %':>9} {'tok/s':>7}  verdicts")
+    for row in metrics.engine_summary(trace):
+        tps = "-" if row["tokens_per_second"] is None else f"{row['tokens_per_second']:.1f}"
+        shown = ", ".join(f"{v} {c}" for v, c in row["verdicts"].items()) or "-"
+        print(f"{row['engine'][:44]:<44} {row['n']:>4} {row['errors']:>6} {metrics.percent(row['exact_pct']):>8} "
+              f"{metrics.percent(row['prefix_pct']):>9} {tps:>7}  {shown}")
+    _print_yardsticks(trace)
+    _print_engine_facts(trace)
+    if trace.distribution:
+        print(f"distribution: {_distribution(trace)}")
+    for s in trace.sequences:
+        if s.forensics:
+            print(f"  [{s.seq}] {s.forensics.verdict}: {s.forensics.explanation}")
+            if s.forensics.verdict == "engine-bug":
+                print(f"    reproduce: {_reproducer(trace, s)}")
+        elif s.engine.error:
+            print(f"  [{s.seq}] no answer: {s.engine.error}")
+
+
+def _reproducer(trace, s) -> str:
+    """The smallest request that shows an engine-bug fork: the prompt's ids, greedy, up to the fork token."""
+    e, f = trace.manifest.engine, s.forensics
+    budget = f.fork + 1
+    dialects = {d.name: d for d in (LlamaCpp, OpenAI)}
+    if e.source == "server" and e.settings.get("api") in dialects:
+        asked = dialects[e.settings["api"]](e.settings.get("served_model") or "", budget, 0.0, 1.0, 0, 0)
+        body = json.dumps(asked.request(trace.prompts[s.seq].ids, None), separators=(",", ":"))
+        return f"POST {asked.path} {body} (token {f.fork} should be {f.reference_token}, is {f.output_token})"
+    return (f"prompt ids {trace.prompts[s.seq].ids}, greedy, {budget} tokens: token {f.fork} should be "
+            f"{f.reference_token}, is {f.output_token}")
+
+
+def _print_engine_facts(trace) -> None:
+    """What the engine said besides its outputs: its drafts, the fields of its file left unread, its determinism."""
+    engine = trace.manifest.engine
+    accepted, offered = metrics.engine_drafts(trace)
+    if offered:
+        print(f"engine drafts, per request: {accepted} of {offered} draft tokens accepted ({accepted / offered:.0%})")
+    counters = engine.settings.get("spec_decode") or {}
+    if counters.get("draft_tokens"):
+        drafts = counters.get("drafts") or 0
+        positions = sorted((k for k in counters if k.startswith("accepted_tokens_per_pos_")),
+                           key=lambda k: int(k.rsplit("_", 1)[1]))
+        by_position = [counters[k] / drafts for k in positions]
+        print(f"engine drafts, its /metrics: {counters['accepted_tokens']:.0f} of {counters['draft_tokens']:.0f} draft "
+              f"tokens accepted in {drafts:.0f} drafts" + (
+                  "; accepted by position: " + " ".join(f"{a:.2f}" for a in by_position) if drafts and by_position
+                  else ""))
+    if engine.ignored:
+        print(f"ignored fields of the outputs file: {', '.join(engine.ignored)}")
+    if trace.manifest.determinism:
+        print(trace.manifest.determinism.describe())
+
+
+def cmd_shrink(args) -> int:
+    from specviz.run.shrink import shrink, size
+
+    if bool(args.trace) == bool(args.link):
+        raise SpecError("give the divergent run as --trace FILE or --link URL")
+    if args.trace:
+        trace = Trace.from_json(args.trace.read_bytes())
+    else:
+        link = share.decode(args.link.partition("?")[2] or args.link)
+        if link is None:
+            raise SpecError("that link carries no run")
+        trace = _run_with_bars(link.spec, args)
+    spec = trace.manifest.spec
+    divergent = [s.seq for s in trace.sequences if s.equivalent is False]
+    seq = divergent[0] if args.seq is None and divergent else args.seq
+    if seq is None or seq not in divergent:
+        raise SpecError(f"sequence {seq} does not diverge in that run; divergent: {divergent or 'none'}")
+    s = trace.sequences[seq]
+    fork = s.first_divergence
+    token = s.output_ids[fork] if fork < len(s.output_ids) else None
+    print(f"before: {size(spec)}; sequence {seq} forks at token {fork}")
+    with tqdm(desc="shrink", unit="run", disable=not sys.stderr.isatty()) as bar:
+        found = shrink(spec, seq, fork, token, pair_for(spec, args.trust_remote_code), progress=lambda n: bar.update())
+    small = found.trace.sequences[found.seq]
+    verdict = small.forensics.verdict if small.forensics else "-"
+    print(f"after:  {size(found.trace.manifest.spec)}; sequence {found.seq} forks at token {found.fork}: {verdict} "
+          f"({found.trials} runs tried)")
+    print(f"share link: {args.url.rstrip('/')}/{found.link()}")
+    if args.out:
+        _write(args.out, found.trace.to_json(), "trace")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from specviz.run.bench import bench, configs
+
+    runs = configs(args, spec_of(args).faults)
+    if not runs:
+        raise SpecError("nothing to run: none of these methods runs at these batch sizes")
+    bench(args, [spec_of(args, **c) for c in runs], placement_of(args))
+    return 0
+
+
+def cmd_schema(args) -> int:
+    print(json.dumps(jsonl.schema() if args.outputs else SweepReport.model_json_schema() if args.report else schema(),
+                     indent=1))
+    return 0

@@ -1,0 +1,127 @@
+"""specviz on the command line: run, verify, check, shrink, bench and schema, without a browser."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from specviz.cli.args import add_common, fault_set, int_list, methods
+from specviz.cli.commands import cmd_bench, cmd_check, cmd_run, cmd_schema, cmd_shrink, cmd_verify
+from specviz.decoding import determinism
+from specviz.spec.methods import METHODS
+from specviz.spec.run import SpecError
+from specviz.trace.sweep import NO_FAULTS
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="specviz", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+    for add in (_add_run, _add_verify, _add_check, _add_shrink, _add_bench, _add_schema):
+        add(sub)
+    return ap
+
+
+def _add_run(sub) -> None:
+    p = sub.add_parser("run", help="decode prompts with one method; print outputs, write JSON or a trace")
+    add_common(p)
+    p.add_argument("--method", choices=list(METHODS), default="eqspec")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--k", type=int, default=5)
+    p.add_argument("--json", type=Path, help="write outputs and token ids here")
+    p.add_argument("--trace", type=Path, help="write the full trace (JSON) here")
+    p.add_argument("--no-record", action="store_true", help="do not record the per-round trace")
+    p.set_defaults(func=cmd_run)
+
+
+def _add_verify(sub) -> None:
+    p = sub.add_parser("verify", help="equivalence table: exact and prefix match against reference")
+    add_common(p)
+    p.add_argument("--methods", type=methods, default=["batched-reference", "eqspec"])
+    p.add_argument("--batch-sizes", type=int_list, default=[1, 4])
+    p.add_argument("--k", type=int_list, default=[5], help="draft lengths, comma-separated")
+    p.add_argument("--fault-sets", type=fault_set, nargs="+", metavar="SET",
+                   help=f"sweep fault sets: each comma-joined faults or presets, or {NO_FAULTS!r} (no faults), e.g. "
+                        f"{NO_FAULTS} bsp-like no-mask,min-crop; the methods that take no faults run once, without")
+    p.add_argument("--json", type=Path, help="write the sweep report here (every run recorded): the page's Sweep tab "
+                                             "loads it")
+    p.add_argument("--allow-divergence", action="store_true", help="exit 0 even when a method diverges")
+    p.add_argument("--forensics", action="store_true",
+                   help="record full per-round traces (the engine's own invariant checks, margins, timings); always on "
+                        "with --faults and --audit. Every divergence gets its state check and verdict either way")
+    p.set_defaults(func=cmd_verify)
+
+
+def _add_check(sub) -> None:
+    p = sub.add_parser("check", help="an engine's outputs (a server, a file, a callable) against the batch-size-1 "
+                                     "reference of the same weights; every difference judged")
+    add_common(p)
+    g = p.add_argument_group("the engine under test (one of)")
+    g.add_argument("--server", help="a server's base URL, e.g. http://localhost:8000: llama.cpp's llama-server, or "
+                                    "OpenAI-compatible (vLLM, SGLang, ...); which one is asked of the server")
+    g.add_argument("--outputs", type=Path, help="a JSONL file of its outputs (docs/engines.md; `specviz schema --outputs`)")
+    g.add_argument("--engine", help="a Python callable module:function that takes prompt ids and settings")
+    g = p.add_argument_group("a control run: the same engine without speculation (it measures the engine's rounding)")
+    g.add_argument("--control-server", help="its server's base URL")
+    g.add_argument("--control-served-model", help="its served model name (default: --served-model)")
+    g.add_argument("--control", type=Path, help="its outputs file (the same prompts, in the same order)")
+    g.add_argument("--control-engine", help="its callable module:function")
+    g = p.add_argument_group("server options")
+    g.add_argument("--served-model", help="the model name the server serves (default: the server's only model)")
+    g.add_argument("--concurrency", type=int, default=8, help="requests in flight, so the server batches them")
+    g.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for one answer")
+    g.add_argument("--determinism", action="store_true",
+                   help="ask every prompt twice more (the same requests again, then in reverse order: other slots and "
+                        "batch company) and report every prompt answered otherwise, with its fork")
+    p.add_argument("--k", type=int, default=5,
+                   help="the engine's draft length, if it speculates (a verify pass's k + 1 positions size the tolerance)")
+    p.add_argument("--json", type=Path, help="write the summary and every sequence here")
+    p.add_argument("--trace", type=Path, help="write the check as a trace (opens in the app)")
+    p.set_defaults(func=cmd_check)
+
+
+def _add_shrink(sub) -> None:
+    p = sub.add_parser("shrink", help="the smallest run that still forks where a divergent run forked, as a share link")
+    p.add_argument("--trace", type=Path, help="the divergent run: a trace file (specviz run --trace, or the page's download)")
+    p.add_argument("--link", help="the divergent run: a share link (it is decoded once first)")
+    p.add_argument("--seq", type=int, help="the divergent sequence to keep (default: the first that diverges)")
+    p.add_argument("--url", default="http://localhost:7860/", help="the page the printed share link points to")
+    p.add_argument("--out", type=Path, help="write the smallest run's trace here")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
+    p.add_argument("--deterministic", action="store_true", help="deterministic GPU kernels (see run)")
+    p.set_defaults(func=cmd_shrink, device_map=None, max_memory=None)
+
+
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="throughput and phase shares, side by side in one run")
+    add_common(p)
+    p.add_argument("--batch-sizes", type=int_list, default=[1, 2, 4, 8])
+    p.add_argument("--k", type=int, default=5)
+    p.add_argument("--methods", type=methods, default=list(METHODS))
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--max-waits", type=int_list, help="exspec: sweep these max-wait values (default: --max-wait)")
+    p.add_argument("--name", default="bench", help="file name (without extension) of the table and plot")
+    p.set_defaults(func=cmd_bench)
+
+
+def _add_schema(sub) -> None:
+    p = sub.add_parser("schema", help="print the trace's JSON Schema (docs/trace.schema.json)")
+    p.add_argument("--outputs", action="store_true",
+                   help="the JSON Schema of an engine outputs file instead (docs/engine-outputs.schema.json)")
+    p.add_argument("--report", action="store_true",
+                   help="the JSON Schema of a sweep report instead (verify --json; docs/sweep-report.schema.json)")
+    p.set_defaults(func=cmd_schema)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if getattr(args, "deterministic", False):
+        determinism.enable()
+    try:
+        return args.func(args)
+    except SpecError as e:
+        print(f"specviz: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

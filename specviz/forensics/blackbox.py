@@ -1,0 +1,171 @@
+"""The black-box judge: an engine from outside (run/check.py), by its token ids alone.
+
+A correct greedy engine writes, at every position, the target's own argmax given its own prefix, up to its
+rounding. So its whole output is teacher-forced through the target in float64 (one fresh batch-size-1 pass):
+a token whose logit sits further below the target's choice than that engine's rounding reaches is one the
+target would not have written. The engine's rounding is measured on its control run (enginenoise.py); without
+one only transformers' rounding is known, and a fork beyond it is left unexplained, saying what would decide it.
+
+Verdicts: `numerics` (of that engine), `engine-bug`, `unexplained` with the evidence that is missing.
+"""
+from __future__ import annotations
+
+import torch
+
+from specviz.forensics import enginenoise
+from specviz.models.pairs import ModelPair
+from specviz.trace.evidence import EngineForensics, EngineNoise, Fidelity, Yardsticks
+from specviz.trace.records import SequenceRecord, first_difference
+from specviz.trace.schema import Trace
+
+REPEAT_N = 4  # loops are measured on repeated n-grams of this length
+
+
+def judge_engine(trace: Trace, pair: ModelPair) -> None:
+    """Fill `gaps` for every sequence of an engine check, `forensics` for every divergent one, the engine's
+    yardstick and each run's fidelity (in place)."""
+    model, truth = enginenoise.truth_model(pair)
+    forced = enginenoise.TeacherForcing(model, pair.vocab_size)
+    ys = trace.manifest.yardstick or Yardsticks(target=None)
+    rounding = ys.target.tolerance if ys.target else 0.0
+    scored = {}  # (role, seq) -> (logits, gaps, margins) for every answered output
+    for s in trace.sequences:
+        for role, out in (("engine", s.engine), ("control", s.control)):
+            if out is not None and out.error is None:
+                logits = forced(trace.prompts[s.seq].ids, out.ids)
+                scored[role, s.seq] = (logits, *enginenoise.gaps_and_margins(logits, out.ids))
+    ys.engine = _engine_noise(trace, scored, truth, rounding)
+    trace.manifest.yardstick = ys
+    for s in trace.sequences:
+        if ("engine", s.seq) not in scored:
+            continue
+        logits, s.gaps, _ = scored["engine", s.seq]
+        s.forensics = None
+        if s.equivalent is False:
+            s.forensics = _judge(s, forced, trace.prompts[s.seq].ids, logits, ys)
+    trace.manifest.fidelity = [f for role in ("engine", "control") if (f := _fidelity(trace, scored, role, ys.engine))]
+
+
+def _engine_noise(trace: Trace, scored: dict, truth: str, rounding: float) -> EngineNoise:
+    """The engine's rounding from its control run's tokens (and log-probabilities, where it gave them)."""
+    controls = [(s, scored["control", s.seq]) for s in trace.sequences if ("control", s.seq) in scored]
+    if not controls:
+        return EngineNoise(source="none", truth=truth, tokens=0, departures=[], rounding=rounding, tolerance=rounding,
+                           alpha=enginenoise.ALPHA, method="no control run: only transformers' own rounding in this "
+                           "dtype is known, and every engine is granted it")
+    gaps = [g for _, (_, gs, _) in controls for g in gs]
+    margins = [m for _, (_, _, ms) in controls for m in ms]
+    fit = enginenoise.fit_sigma(gaps, margins)
+    squares = [x for s, (logits, _, _) in controls if s.control.logprobs
+               for x in enginenoise.sigma_from_logprobs(logits, s.control.ids, s.control.logprobs)]
+    sigma_lp = enginenoise.robust_sigma(squares)
+    departures = sorted((g for g in gaps if g > 0), reverse=True)
+    return EngineNoise(
+        source="control", truth=truth, tokens=len(gaps), departures=departures[: enginenoise.MAX_DEPARTURES],
+        sigma=fit and fit[0], sigma_upper=fit and fit[1], sigma_logprobs=sigma_lp, rounding=rounding,
+        tolerance=enginenoise.tolerance(fit and fit[1], sigma_lp), alpha=enginenoise.ALPHA,
+        method=(f"the control's {len(gaps)} tokens teacher-forced through the target in {truth}: {len(departures)} "
+                "depart from its argmax; a Gaussian noise on logit differences fitted to those gaps and to the "
+                "margins of the tokens it kept" + (f", and to {len(squares)} log-probabilities" if squares else "")
+                + "; tolerance: its 99th percentile at the 95% upper bound"))
+
+
+def _fidelity(trace: Trace, scored: dict, role: str, noise: EngineNoise) -> Fidelity | None:
+    """How far one run (the engine, or its control) departs from the model."""
+    runs = [(s, getattr(s, role), scored[role, s.seq]) for s in trace.sequences if (role, s.seq) in scored]
+    if not runs:
+        return None
+    gaps = [g for _, _, (_, gs, _) in runs for g in gs]
+    fit = enginenoise.fit_sigma(gaps, [m for _, _, (_, _, ms) in runs for m in ms])
+    errors = [abs(lp - float(logits[i].log_softmax(-1)[t])) for _, out, (logits, _, _) in runs if out.logprobs
+              for i, (t, lp) in enumerate(zip(out.ids, out.logprobs))]
+    return Fidelity(role=role, outputs=len(runs), equal=sum(out.ids == s.reference_ids for s, out, _ in runs),
+                    tokens=len(gaps), departures=sum(g > 0 for g in gaps), beyond=sum(g > noise.tolerance for g in gaps),
+                    largest_gap=max(gaps, default=0.0), sigma=fit and fit[0], logprob_error=max(errors, default=None))
+
+
+def _repeated(ids: list[int]) -> float | None:
+    grams = [tuple(ids[i:i + REPEAT_N]) for i in range(len(ids) - REPEAT_N + 1)]
+    return None if not grams else 1 - len(set(grams)) / len(grams)
+
+
+def _judge(s: SequenceRecord, forced: enginenoise.TeacherForcing, prompt: list[int], logits: torch.Tensor,
+           ys: Yardsticks) -> EngineForensics:
+    f = s.first_divergence
+    out, ref = s.output_ids, s.reference_ids
+    noise = ys.engine
+    ev = EngineForensics(verdict="unexplained", explanation="", fork=f, tolerance=noise.tolerance, alpha=noise.alpha,
+                   yardstick=noise.describe(), output_token=out[f] if f < len(out) else None,
+                   reference_token=ref[f] if f < len(ref) else None,
+                   margin_reference=s.reference_margins[f] if s.reference_margins and f < len(s.reference_margins) else None)
+    if s.control is not None and not s.control.error:
+        ev.control_fork = first_difference(s.control.ids, ref)
+    if ev.output_token is not None:
+        z = logits[f]  # the engine's prefix is the reference's up to the fork
+        ev.engine_rank = 1 + int((z > z[ev.output_token]).sum())
+        if s.engine.logprobs and f < len(s.engine.logprobs):
+            ev.engine_logprob = s.engine.logprobs[f]
+        after = logits[f:].log_softmax(-1)
+        ev.nll = float(-after[torch.arange(len(out) - f), torch.tensor(out[f:])].mean())
+        ev.repeated = _repeated(out[f:])
+        if len(ref) > f:
+            reference_after = forced(prompt, ref)[f:].log_softmax(-1)
+            ev.reference_nll = float(-reference_after[torch.arange(len(ref) - f), torch.tensor(ref[f:])].mean())
+        if ev.reference_token is not None and noise.truth == "float64":
+            ev.margin_float64 = float(z[ev.reference_token] - z[ev.output_token])
+    ev.first_bad = next((i for i in range(f, len(out)) if s.gaps[i] > noise.tolerance), None)
+    _engine_verdict(ev, s, noise)
+    return ev
+
+
+def _engine_verdict(ev: EngineForensics, s: SequenceRecord, noise: EngineNoise) -> None:
+    f = ev.fork
+    control = s.control is not None and not s.control.error
+    control_same = control and ev.control_fork == f and f < len(s.control.ids) and s.control.ids[f] == ev.output_token
+    own = control_same and ev.first_bad == f  # the fork token is beyond rounding, and the control wrote it too
+    changed = (" The same engine without speculation follows the reference there" +
+               ("" if ev.control_fork is None else f" (it departs only at token {ev.control_fork})") +
+               ": speculation changed the output." if control and (ev.control_fork is None or ev.control_fork > f) else "")
+    if s.engine.approximate:
+        ev.explanation = (f"The output departs from the reference at token {f}, but the engine gave text only: its "
+                          "ids were re-tokenized by specviz and may not be the ones it chose, so no verdict is given. "
+                          "Ask the server for token ids.")
+    elif ev.output_token is None:
+        ev.explanation = (f"The engine stopped after {f} tokens without an end-of-sequence token (finish reason "
+                          f"{s.engine.finish_reason!r}) where the reference goes on: a server-side limit, or a bug.")
+    elif ev.first_bad is None:
+        ev.verdict = "numerics"
+        here = (f"the engine wrote the target's own choice in {noise.truth}: the batch-size-1 reference took another "
+                "there, a near-tie its own rounding tipped" if s.gaps[f] == 0 else
+                f"the engine's token is {s.gaps[f]:.3g} logits below the target's own choice in {noise.truth}")
+        ev.explanation = (f"At token {f} {here}, and every later token is within {noise.tolerance:.3g} of the target's "
+                          f"choice: {noise.describe()}. A near-tie that rounding tipped." + changed
+                          + (" The same engine without speculation writes the same token here." if control_same else ""))
+    elif own:
+        ev.explanation = (f"At token {f} the engine's token is {s.gaps[f]:.3g} logits below the target's choice in "
+                          f"{noise.truth}, beyond the tolerance ({noise.describe()}), but the same engine without "
+                          "speculation writes the same token here: speculation did not change it. The engine departs "
+                          "from the model with or without speculation: compare its weights and kernels with the target's.")
+    else:
+        where = "The fork token" if ev.first_bad == f else f"Token {ev.first_bad}, after the fork,"
+        beyond = (f"{where} sits {s.gaps[ev.first_bad]:.3g} logits below what the target itself would write on that "
+                  f"prefix (in {noise.truth}); {noise.describe()}")
+        if noise.source == "control":
+            ev.verdict = "engine-bug"
+            ev.explanation = f"{beyond}. The engine wrote text the target would not{_symptom(ev)}." + changed
+        else:
+            ev.explanation = (f"{beyond}{_symptom(ev)}. Whether this engine's kernels round that coarsely is not "
+                              "measured. Missing evidence: its run without speculation (the same server and settings, "
+                              "speculation off: --control FILE, --control-server URL or --control-engine), which "
+                              "measures its rounding and decides this fork.")
+
+
+def _symptom(ev: EngineForensics) -> str:
+    """The paper's symptoms, measured: loops (repeated 4-grams) and gibberish (high NLL under the reference)."""
+    parts = []
+    if ev.repeated is not None and ev.repeated >= 0.3:
+        parts.append(f"{ev.repeated:.0%} of its 4-grams after the fork repeat (a loop)")
+    if ev.nll is not None and ev.reference_nll is not None and ev.nll > ev.reference_nll + 2:
+        parts.append(f"its text after the fork costs {ev.nll:.2f} nats a token under the target, against "
+                     f"{ev.reference_nll:.2f} for the reference's own (gibberish)")
+    return "; " + " and ".join(parts) if parts else ""

@@ -1,0 +1,123 @@
+"""An engine's own rounding, measured on its run without speculation.
+
+A real engine's kernels round differently from transformers' (llama.cpp quantizes
+activations, vLLM fuses; both change with batch shape), so our rounding cannot judge
+them. Their control run (the same engine, the same weights, speculation off) cannot hold
+a speculation bug, so its tokens measure the engine's rounding. Teacher-forced through the
+target in float64, each control token is either the true argmax on its own prefix (the
+engine's noise stayed below that position's top-2 margin) or a departure of a known
+float64 gap (the noise reached past it).
+
+Model the engine's noise on a logit difference as Gaussian of scale sigma. A departure of
+gap g has probability P(noise > g); a kept token of margin m has P(noise < m). sigma is the
+maximum-likelihood fit to both (a censored sample: departures alone would only show that
+noise reached somewhere), with a likelihood-ratio 95% upper bound; where the engine gave
+log-probabilities, their departures from float64 read the same sigma directly. A fork is
+that engine's numerics while its float64 gap stays within z(1 - alpha) times the larger of
+the two. Without a control, only transformers' own rounding in the dtype is known.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from scipy import optimize, stats
+
+from specviz.decoding import kvcache
+from specviz.forensics.recompute import float64_target, fresh_logits
+
+ALPHA = 0.01
+CHI2_95 = stats.chi2.ppf(0.95, 1)
+SIGMA_RANGE = (1e-9, 1e3)
+MAX_DEPARTURES = 200  # kept in the trace, the largest first
+
+
+def truth_model(pair):
+    """The target the truth is computed with: its float64 copy, else itself (and the trace says so)."""
+    model = float64_target(pair)
+    return (model, "float64") if model is not None else (pair.target, str(pair.dtype).removeprefix("torch."))
+
+
+class TeacherForcing:
+    """The target's logits for each token of an output on its own prefix, (len(output), vocab) float64, for
+    several outputs of the same prompt in turn (an engine's, its control's, the reference's): the prompt is
+    prefilled once into a fresh cache of this model's own, and each output is one pass over it (cropped back
+    after). Batch size 1 throughout; nothing of any engine's is reused."""
+
+    def __init__(self, model, vocab: int):
+        self.model, self.vocab = model, vocab
+        self._prompt: list[int] | None = None
+        self._cache = None
+
+    @torch.inference_mode()
+    def __call__(self, prompt: list[int], output: list[int]) -> torch.Tensor:
+        if not output:
+            return torch.zeros(0, self.vocab, dtype=torch.float64)
+        if len(prompt) < 2:  # nothing to cache
+            return fresh_logits(self.model, prompt + output[:-1], len(output), self.vocab)
+        device = self.model.get_input_embeddings().weight.device
+        if self._prompt != prompt:
+            self._cache = kvcache.new(self.model)
+            self.model(input_ids=torch.tensor([prompt[:-1]], device=device), cache=self._cache, logits_to_keep=1)
+            self._prompt = list(prompt)
+        out = self.model(input_ids=torch.tensor([prompt[-1:] + output[:-1]], device=device), cache=self._cache)
+        kvcache.crop(self._cache, len(prompt) - 1)
+        return out.logits[0, :, : self.vocab].double().cpu()
+
+
+def gaps_and_margins(logits: torch.Tensor, output: list[int]) -> tuple[list[float], list[float]]:
+    """Per token: the target's top logit minus the token's (0: its own choice), and its top-1 minus top-2 margin."""
+    if not output:
+        return [], []
+    top = logits.topk(2, -1).values
+    chosen = logits.gather(1, torch.tensor(output)[:, None])[:, 0]
+    return (top[:, 0] - chosen).tolist(), (top[:, 0] - top[:, 1]).tolist()
+
+
+def _log_likelihood(sigma: float, departures: list[float], kept: list[float]) -> float:
+    return float(stats.norm.logsf([g / sigma for g in departures]).sum() + stats.norm.logcdf([m / sigma for m in kept]).sum())
+
+
+def fit_sigma(gaps: list[float], margins: list[float]) -> tuple[float, float] | None:
+    """(sigma, its 95% upper bound) from tokens' float64 gaps (a departure where > 0) and margins (where kept);
+    None without tokens."""
+    departures = [g for g in gaps if g > 0]
+    kept = [m for g, m in zip(gaps, margins) if g == 0 and m > 0]
+    if not departures and not kept:
+        return None
+    lo, hi = (math.log(x) for x in SIGMA_RANGE)
+
+    def nll(log_sigma: float) -> float:
+        return -_log_likelihood(math.exp(log_sigma), departures, kept)
+
+    best = lo if not departures else optimize.minimize_scalar(nll, bounds=(lo, hi), method="bounded").x
+    bound = nll(best) + CHI2_95 / 2
+    upper = hi if nll(hi) <= bound else optimize.brentq(lambda x: nll(x) - bound, best, hi)
+    return (math.exp(best) if departures else 0.0), math.exp(upper)
+
+
+def sigma_from_logprobs(logits: torch.Tensor, output: list[int], logprobs: list[float]) -> list[float]:
+    """Per token, the squared log-probability error scaled to a logit difference's noise: with independent noise
+    of variance s^2 on each logit, log p(t) moves by about (1 - p_t) e_t - sum_v!=t p_v e_v, of variance
+    s^2 ((1 - p_t)^2 + sum_v!=t p_v^2), and a difference of two logits has variance 2 s^2."""
+    n = min(len(output), len(logprobs))
+    if not n:
+        return []
+    p = logits[:n].softmax(-1)
+    idx = torch.tensor(output[:n])[:, None]
+    pt = p.gather(1, idx)[:, 0]
+    spread = (1 - pt) ** 2 + (p ** 2).sum(-1) - pt ** 2
+    error = torch.tensor(logprobs[:n], dtype=torch.float64) - logits[:n].log_softmax(-1).gather(1, idx)[:, 0]
+    return (2 * error ** 2 / spread.clamp(min=1e-12)).tolist()
+
+
+def robust_sigma(scaled_squares: list[float]) -> float | None:
+    """sigma from scaled squared errors: their median over the median of a chi-square with one degree of freedom."""
+    if not scaled_squares:
+        return None
+    return math.sqrt(float(torch.tensor(scaled_squares).median()) / stats.chi2.ppf(0.5, 1))
+
+
+def tolerance(sigma_upper: float | None, sigma_logprobs: float | None, alpha: float = ALPHA) -> float:
+    """The largest float64 gap the engine's rounding explains at false-alarm rate alpha."""
+    return stats.norm.isf(alpha) * max(x for x in (sigma_upper, sigma_logprobs, 0.0) if x is not None)

@@ -1,0 +1,283 @@
+"""The white-box judge: where each sequence of one of our runs left the reference, and why.
+
+Every piece of evidence is recomputed independently of the engine it judges:
+- the rounding yardstick (yardstick.py): how far a correct computation of the
+  target's logits sits from float64 truth in the run's dtype, measured on
+  fresh batch-size-1 passes without a cache, which the verify path's kernels
+  never run; its tolerance is what two correct computations can differ by,
+  at a stated false-alarm rate;
+- the state check (watch.py): the row that emitted the fork, as the model saw
+  it, against a fresh batch-size-1 recomputation of its real tokens; beyond
+  the tolerance its state or its computation was wrong, and the inputs it was
+  fed (first token, positions, mask), the pass rebuilt from correct inputs,
+  and its cache entries say which;
+- float64 arbitration (recompute.py): the true gap between the reference's
+  token and the speculative one at the fork.
+
+Verdicts:
+  sync-bug:bonus      the emitted token is not the argmax of the logits that chose it (I4);
+  sync-bug:<state>    the row's state was corrupt: positions, mask, kv, or `state` when no
+                      single input explains it (or a sequence ran past its end or stopped short);
+                      also when the engine's own invariant checks failed at or before the fork;
+  kernel-bug          every input was right, and the same pass rebuilt from correct inputs still
+                      computes logits a fresh batch-size-1 pass does not: the verify computation;
+  numerics            the state was clean and the float64 gap at the fork is within what rounding flips;
+  unexplained         anything else, with the evidence that is missing.
+"""
+from __future__ import annotations
+
+from specviz.decoding.result import DecodeResult
+from specviz.forensics.recompute import ARBITER_MAX_PARAMS, float64_logits
+from specviz.models.pairs import ModelPair
+from specviz.trace.evidence import Rounding, RunForensics
+from specviz.trace.records import RowRecord, SequenceRecord, first_difference
+from specviz.trace.schema import Trace
+from specviz.trace.text import span
+
+# The engine's own checks whose failure puts the target's view out of step, by priority when several fail in
+# the same round (positions also spoil the cache's provenance).
+BREAKING = ("bonus", "positions", "mask", "kv")
+EXPLAIN = {
+    "bonus": "a correction/bonus token was not the argmax of the target pass that chose it (I4)",
+    "positions": "the position ids fed to the model did not count the row's real tokens (I2)",
+    "mask": "the attention mask did not show exactly the row's real tokens",
+    "kv": "the KV cache did not hold each real token's entry, computed at its own position (I3)",
+    "state": "the row's state was corrupt, and no single input (first token, positions, mask, cache) explains it",
+}
+NO_YARDSTICK = (f"no float64 copy of the target could be made (it is spread over devices or has more than "
+                f"{ARBITER_MAX_PARAMS:,} parameters), so its rounding cannot be measured")
+
+
+def _emitter(rows: list[RowRecord], fork: int) -> RowRecord | None:
+    """The record that emitted token `fork`."""
+    seen = 0
+    for r in rows:
+        if fork < seen + len(r.emitted):
+            return r
+        seen += len(r.emitted)
+    return None
+
+
+def _failures(rows: list[RowRecord], until_round: int | None) -> dict[str, int]:
+    failed: dict[str, int] = {}
+    for r in rows:
+        if until_round is not None and r.round > until_round:
+            break
+        for c in BREAKING:
+            if not r.checks.get(c, True):
+                failed.setdefault(c, r.round)
+    return failed
+
+
+def _first_over(rows: list[RowRecord], field: str, tolerance: float | None) -> int | None:
+    """The first round whose audited difference (`audit` or `audit_draft`) exceeds `tolerance`."""
+    if tolerance is None:
+        return None
+    return next((r.round for r in rows if getattr(r, field) is not None and getattr(r, field) > tolerance), None)
+
+
+def analyse(trace: Trace, result: DecodeResult, pair: ModelPair | None) -> None:
+    """Fill `forensics` for every divergent sequence of `trace` (in place), from the watch's findings in
+    `result` (result.forks), the yardstick in the manifest and, with `pair`, float64 arbitration."""
+    ys = trace.manifest.yardstick
+    rounding = ys.target if ys else None
+    rows_of: dict[int, list[RowRecord]] = {}
+    for r in trace.rows:
+        rows_of.setdefault(r.seq, []).append(r)
+    for s in trace.sequences:
+        rows = rows_of.get(s.seq, [])
+        if rounding is not None:
+            s.audit_round = _first_over(rows, "audit", rounding.tolerance)
+            s.audit_draft_round = _first_over(rows, "audit_draft", ys.draft and ys.draft.tolerance)
+        s.forensics = None
+        if s.equivalent is not False:
+            continue
+        ev = _evidence(s, rows, result.forks.get(s.seq))
+        if rounding is not None:
+            ev.tolerance, ev.alpha, ev.yardstick = rounding.tolerance, rounding.alpha, rounding.describe()
+        if not _sync_bug(ev, rounding):  # only a clean state needs the float64 arbiter
+            if pair is not None:
+                z = float64_logits(pair, trace.prompts[s.seq].ids + s.output_ids[: ev.fork])
+                if z is not None:
+                    ev.margin_float64 = float(z[ev.reference_token] - z[ev.output_token])
+            _near_tie(ev, rounding)
+        s.forensics = ev
+
+
+def _evidence(s: SequenceRecord, rows: list[RowRecord], fork) -> RunForensics:
+    f = s.first_divergence
+    rec = _emitter(rows, f)
+    ev = RunForensics(
+        verdict="unexplained", explanation="", fork=f,
+        output_token=s.output_ids[f] if f < len(s.output_ids) else None,
+        reference_token=s.reference_ids[f] if f < len(s.reference_ids) else None,
+        margin_reference=s.reference_margins[f] if s.reference_margins and f < len(s.reference_margins) else None,
+        margin_batched=s.margins[f] if f < len(s.margins) else None,
+    )
+    if rec is not None:
+        ev.round, ev.row = rec.round, rec.row
+    ev.failed_checks = _failures(rows, ev.round)
+    if fork is not None:
+        ev.state_diff, ev.kv_diff, ev.tokens_fed_ok = fork.state_diff, fork.kv_diff, fork.tokens_ok
+        ev.kernel_diff, ev.kernel_diff_float64 = fork.kernel_diff, fork.kernel_diff_float64
+        ev.written_at = fork.written_at
+        ev.positions_fed, ev.positions_expected = fork.positions_fed, fork.positions_expected
+        ev.visible, ev.visible_expected = fork.visible, fork.visible_expected
+        ev.emitting_argmax, ev.margin_batched = fork.emitting_argmax, fork.emitting_margin
+    return ev
+
+
+def _kernel_departs(ev: RunForensics, rounding: Rounding) -> bool:
+    """The pass rebuilt from correct inputs departs from a fresh one: in the run's dtype beyond its rounding, or in
+    float64 (where rounding is nil) beyond float64's."""
+    return (ev.kernel_diff is not None and ev.kernel_diff > rounding.tolerance or ev.kernel_diff_float64 is not None
+            and rounding.float64_tolerance is not None and ev.kernel_diff_float64 > rounding.float64_tolerance)
+
+
+def _component(ev: RunForensics, rounding: Rounding) -> str:
+    """Which input of the emitting pass was wrong, checked against the truth one at a time."""
+    if ev.tokens_fed_ok is False:
+        return "state"  # it was fed another token than its own last one: rows mixed up
+    if ev.positions_fed is not None and ev.positions_fed != ev.positions_expected:
+        return "positions"
+    if ev.visible is not None and ev.visible != ev.visible_expected:
+        return "mask"
+    if _kernel_departs(ev, rounding):
+        return "kernel"  # right inputs, wrong logits: the computation itself
+    if ev.kv_diff is not None and ev.kv_diff > rounding.tolerance:
+        # Most ill-fitting entries fit their own token at another position: the positions were wrong when they
+        # were computed. Entries of other tokens: the cache itself was laid out wrong.
+        at_other_positions = sum(at >= 0 for _, at in ev.written_at)
+        return "positions" if at_other_positions > len(ev.written_at) / 2 else "kv"
+    return "state"
+
+
+def _at(ev: RunForensics) -> str:
+    return f"token {ev.fork}" + (f" (round {ev.round}, batch row {ev.row})" if ev.round is not None else "")
+
+
+def _sync_bug(ev: RunForensics, rounding: Rounding | None) -> bool:
+    """Call the fork a sync bug (or a kernel bug) when the evidence shows one, and say which; False otherwise."""
+    at = _at(ev)
+    tolerance = rounding.tolerance if rounding else None
+    # The engine's own checks (its provenance of every cache slot) corroborate; they name the state only where
+    # the independent evidence cannot.
+    invariant = None
+    if ev.failed_checks:
+        first = min(ev.failed_checks.values())
+        invariant = next(c for c in BREAKING if ev.failed_checks.get(c) == first)
+    recorded = (f" The engine's own check found, in round {ev.failed_checks[invariant]}, that {EXPLAIN[invariant]}."
+                if invariant else "")
+    if ev.output_token is None or ev.reference_token is None:
+        ended = "the reference had already ended" if ev.reference_token is None else "the output had stopped"
+        ev.verdict = f"sync-bug:{invariant or 'state'}"
+        ev.explanation = (f"At {at} {ended}: the engine {'ran past the end of' if ev.reference_token is None else 'cut short'} "
+                          "the sequence (EOS or token budget)." + recorded)
+    elif ev.emitting_argmax is not None and ev.emitting_argmax != ev.output_token:
+        ev.verdict = "sync-bug:bonus"
+        ev.explanation = (f"At {at} the engine emitted a token that is not the argmax of the target pass that chose "
+                          f"it (the pass's own logits pick id {ev.emitting_argmax}): {EXPLAIN['bonus']}.")
+    elif ev.state_diff is not None and tolerance is not None and ev.state_diff > tolerance:
+        state = _component(ev, rounding)
+        beyond = (f"At {at} the emitting pass's logits differ from a fresh batch-size-1 recomputation of the row by "
+                  f"{ev.state_diff:.3g}, {ev.state_diff / tolerance:.3g} times what rounding in {rounding.dtype} allows "
+                  f"({tolerance:.3g}; two correct computations differ by more with probability {rounding.alpha:.2g})")
+        if state == "kernel":
+            ev.verdict = "kernel-bug"
+            ev.explanation = (f"{beyond}, though its first token, positions and mask were right. "
+                              f"{_rebuilt(ev, rounding)}" + recorded)
+        else:
+            ev.verdict = f"sync-bug:{invariant if state == 'state' and invariant else state}"
+            ev.explanation = f"{beyond}: the row's state was corrupt. {_why(ev, state)}" + recorded
+    elif invariant is not None:
+        ev.verdict = f"sync-bug:{invariant}"
+        ev.explanation = f"The output forked at {at}." + recorded
+    elif rounding is not None and _kernel_departs(ev, rounding):
+        ev.verdict = "kernel-bug"
+        ev.explanation = (f"At {at} the emitting pass's logits are within rounding of a fresh batch-size-1 "
+                          f"recomputation ({ev.state_diff:.3g} against {tolerance:.3g} in {rounding.dtype}), so the fork "
+                          f"alone could be rounding. {_rebuilt(ev, rounding)}")
+    else:
+        return False
+    return True
+
+
+def _rebuilt(ev: RunForensics, rounding: Rounding) -> str:
+    """What the pass rebuilt from correct inputs shows: a computation the model itself does not make."""
+    where = []
+    if ev.kernel_diff_float64 is not None and rounding.float64_tolerance is not None \
+            and ev.kernel_diff_float64 > rounding.float64_tolerance:
+        where.append(f"in float64 by {ev.kernel_diff_float64:.3g}, where rounding explains {rounding.float64_tolerance:.2g}")
+    if ev.kernel_diff is not None and ev.kernel_diff > rounding.tolerance:
+        where.append(f"in {rounding.dtype} by {ev.kernel_diff:.3g}")
+    return ("Rebuilt from correct inputs (each row's cache from a fresh prefill of its real tokens, true positions, a "
+            f"plain mask), the same pass still departs from a fresh one, {' and '.join(where)}: the batched verify "
+            "computes logits the model itself does not. A bug in the kernels of a pass of several queries over a "
+            "cache, not in the state.")
+
+
+def _near_tie(ev: RunForensics, rounding: Rounding | None) -> None:
+    """A clean fork: `numerics` when float64 shows a gap that rounding flips, else `unexplained`."""
+    at = _at(ev)
+    if ev.state_diff is None:
+        ev.explanation = (f"The output forked at {at}, but the pass that emitted it could not be checked (hf-assisted "
+                          "decodes inside transformers' generate, where specviz does not watch rounds), so numerics "
+                          "cannot be told from a bug here.")
+    elif rounding is None:
+        ev.explanation = (f"The output forked at {at}, but {NO_YARDSTICK}: neither the row's state nor the fork can "
+                          "be judged against it. Run a target small enough to copy to float64 to judge this fork.")
+    elif rounding.anomaly:
+        ev.explanation = f"The output forked at {at}, but the yardstick itself is suspect: {rounding.anomaly}."
+    elif ev.margin_float64 is None:
+        ev.explanation = (f"The row's state was clean at {at}, but the fork could not be arbitrated in float64 (the "
+                          "target is too large to copy to float64), so a near-tie cannot be confirmed.")
+    elif abs(ev.margin_float64) <= rounding.tolerance:
+        ev.verdict = "numerics"
+        ev.explanation = (f"At {at} the row's state was clean (its logits within {ev.state_diff:.3g} of a fresh "
+                          f"batch-size-1 recomputation), and in float64 the reference's token and the speculative one "
+                          f"are {abs(ev.margin_float64):.3g} logits apart, within what rounding in {rounding.dtype} flips "
+                          f"({rounding.tolerance:.3g}; a correct pair of computations differs by more with probability "
+                          f"{rounding.alpha:.2g}): a near-tie that floating point tipped.")
+    elif ev.margin_float64 < 0:
+        ev.explanation = (f"At {at} the row's state was clean, and in float64 the speculative token is the better one, "
+                          f"by {-ev.margin_float64:.3g} logits, beyond what rounding in {rounding.dtype} flips "
+                          f"({rounding.tolerance:.3g}): the batch-size-1 reference took the worse token here. Its own "
+                          "path (one query a pass over a cache) is the suspect; recompute it, or compare with "
+                          "batched-reference and hf-assisted.")
+    else:
+        ev.explanation = (f"At {at} the row's state was clean (within {ev.state_diff:.3g} of a fresh batch-size-1 "
+                          f"recomputation) and every check held, yet in float64 the two tokens are "
+                          f"{ev.margin_float64:.3g} logits apart, beyond what rounding in {rounding.dtype} flips "
+                          f"({rounding.tolerance:.3g}). Neither a corrupt state nor rounding explains it; the missing "
+                          "evidence is a check of every round's state before the fork: run it again with --audit.")
+
+
+def _why(ev: RunForensics, state: str) -> str:
+    if state == "positions" and ev.positions_fed == ev.positions_expected:
+        wrong = [(i, at) for i, at in ev.written_at if at >= 0]
+        return ("Its cache held entries computed at the wrong positions in earlier passes: "
+                + ", ".join(f"the token at position {i} was computed at {at}" for i, at in wrong) + ".")
+    if state == "positions":
+        return f"It was fed position ids {span(ev.positions_fed)} where its tokens sit at {span(ev.positions_expected)}."
+    if state == "mask":
+        return (f"Its mask let its verified slots see {span(ev.visible)} key slots where it has "
+                f"{span(ev.visible_expected)} real tokens.")
+    if state == "kv":
+        return (f"Replayed alone over only the cache entries its mask showed, with true positions, it still differs "
+                f"by {ev.kv_diff:.3g}: the cache held the wrong entries.")
+    if ev.tokens_fed_ok is False:
+        return "The first token it was fed is not the sequence's last token: the row was given another sequence's state."
+    return "Its first token, positions, mask and visible cache entries each check out alone: " + EXPLAIN["state"] + "."
+
+
+def flag_batching_noise(trace: Trace, batched: DecodeResult) -> None:
+    """Mark divergences that batched-reference (same prompts and batch size, no
+    speculation) shows at or before the same token: batching noise."""
+    for s in trace.sequences:
+        ev = s.forensics
+        if ev is None:
+            continue
+        alt = first_difference(batched.outputs[s.seq].ids, s.reference_ids)
+        ev.batching_noise = alt is not None and alt <= ev.fork
+        if ev.batching_noise:
+            ev.explanation += " Batched greedy decoding without speculation departs here too: batching noise."

@@ -1,0 +1,144 @@
+"""The rounding yardstick: how far a correct computation of a model's logits sits from
+float64 truth, in the run's dtype, on this pair and device, measured on computations that
+a bug in the batched, cached verify path cannot reach.
+
+Each measured sequence (the reference's own continuations, then the built-in prompts as
+calibration) runs through the model twice, fresh (batch size 1, no cache, one pass): in
+the run's dtype and as a float64 copy. At every position the largest |logit difference|
+over the vocabulary is one sample of the dtype's rounding. Positions whose prefix an
+earlier sequence already had give the same sample again (chat templates repeat): skipped.
+
+No shape is assumed for the distribution. A correct computation's error at a position is
+exchangeable with the n samples, so it exceeds the j-th smallest with probability
+(n + 1 - j) / (n + 1). Two correct computations that each stay within q of the truth over
+their `slots` positions differ by at most 2q: the tolerance is 2q at the smallest j that
+keeps the chance of either leaving q, over 2 x slots positions, within alpha. With too
+few samples for alpha, q is the largest and the larger rate is stated.
+
+A float64 run cannot be measured against float64: its rounding is a float32 copy's,
+scaled by the ratio of the two unit roundoffs (rounding error is first order in it). The
+same scaling gives float64's tolerance for passes forensics rebuild in float64, where any
+difference beyond it is the computation's own.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from specviz.forensics.recompute import copy_in, fresh_logits
+from specviz.trace.evidence import Rounding
+
+ALPHA = 0.01  # the false-alarm rate one comparison is judged at
+SEQUENCES = 8  # of the reference's continuations, the longest, at most this many
+MAX_POSITIONS = 512  # per sequence, its last
+CALIBRATION_POSITIONS = 1300  # from the built-in prompts: enough for 1% at k = 5 (2 x 6 slots / 1300) on its own
+LEVELS = tuple(i / 100 for i in range(101))
+# The largest error / (unit roundoff x the position's largest logit) measured on the embedded and tiny pairs on
+# CPU (benchmarks/results/yardstick.md); a yardstick ANOMALY times above what its dtype shows is itself suspect.
+KNOWN_RELATIVE = {"float32": 67.0, "bfloat16": 16.0, "float16": 67.0}
+ANOMALY = 10.0
+NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float64: "float64"}
+
+
+@dataclass
+class Samples:
+    """Per measured position: the largest |logit - float64 logit| and that error relative to the dtype's unit
+    roundoff times the position's largest logit."""
+
+    errors: torch.Tensor
+    relative: torch.Tensor
+    sequences: int
+    largest_logit: float
+    seen: tuple[tuple[int, ...], ...]  # the sequences measured, so that later ones skip their shared prefixes
+
+    def __add__(self, other: Samples) -> Samples:
+        return Samples(torch.cat([self.errors, other.errors]), torch.cat([self.relative, other.relative]),
+                       self.sequences + other.sequences, max(self.largest_logit, other.largest_logit),
+                       self.seen + other.seen)
+
+
+def _shared(ids: list[int], seen) -> int:
+    """Leading tokens `ids` shares with the longest matching sequence in `seen`."""
+    best = 0
+    for other in seen:
+        n = 0
+        for a, b in zip(ids, other):
+            if a != b:
+                break
+            n += 1
+        best = max(best, n)
+    return best
+
+
+@torch.inference_mode()
+def sample(model, sequences: list[list[int]], vocab: int, seen: tuple = (), enough: int | None = None) -> Samples | None:
+    """The rounding of `model` at the new positions of `sequences`, stopping once it has `enough` (None without
+    a float64 copy of it)."""
+    scale = 1.0
+    truth, measured = copy_in(model, torch.float64), model
+    if model.dtype == torch.float64:  # measure a float32 copy, then scale its rounding down to float64's
+        measured = copy_in(model, torch.float32)
+        scale = torch.finfo(torch.float64).eps / torch.finfo(torch.float32).eps
+    if truth is None or measured is None:
+        return None
+    unit = torch.finfo(measured.dtype).eps / 2
+    errors, relative, kept, largest = [], [], [], 0.0
+    for ids in sequences:
+        if enough is not None and sum(len(e) for e in errors) >= enough:
+            break
+        new = min(len(ids) - _shared(ids, seen + tuple(kept)), MAX_POSITIONS)
+        kept.append(tuple(ids))
+        if new <= 0:
+            continue
+        z = fresh_logits(measured, ids, new, vocab)
+        z64 = fresh_logits(truth, ids, new, vocab)
+        err = (z - z64).abs().amax(-1)
+        top = z64.abs().amax(-1)
+        errors.append(err * scale)
+        relative.append(err / (unit * top.clamp(min=1e-30)))
+        largest = max(largest, float(top.max()))
+    if not errors:
+        return Samples(torch.zeros(0), torch.zeros(0), 0, 0.0, tuple(kept))
+    return Samples(torch.cat(errors).double(), torch.cat(relative).double(), len(errors), largest, tuple(kept))
+
+
+def threshold(errors: torch.Tensor, slots: int, alpha: float) -> tuple[float, float]:
+    """(q, the false-alarm rate it gives): the order statistic that a correct computation of `slots` positions,
+    or the one it is compared with, leaves with probability at most alpha (or the largest, at its rate)."""
+    n = len(errors)
+    spare = max(1, math.floor(alpha * (n + 1) / (2 * slots)))  # samples allowed above q
+    q = float(errors.sort().values[n - spare])
+    return q, min(1.0, 2 * slots * spare / (n + 1))
+
+
+def rounding(samples: Samples, dtype: torch.dtype, slots: int, alpha: float = ALPHA) -> Rounding | None:
+    """The yardstick from `samples` of a model running in `dtype`, for comparisons of `slots` positions."""
+    if samples is None or not len(samples.errors):
+        return None
+    name = NAMES.get(dtype, str(dtype))
+    q, stated = threshold(samples.errors, slots, alpha)
+    resolution = torch.finfo(dtype).eps * samples.largest_logit
+    relative = float(samples.relative.max())
+    expected = KNOWN_RELATIVE.get("float32" if dtype == torch.float64 else name)
+    anomaly = None
+    if expected is not None and relative > ANOMALY * expected:
+        anomaly = (f"this model's own fresh passes in {name} depart from float64 by {relative:.3g} times the dtype's "
+                   f"unit roundoff at the largest logit, where {name} shows at most {expected:g} on the pairs specviz "
+                   f"measured: the model's kernels are suspect even without a cache, so no fork is put down to "
+                   f"rounding against it")
+    method = (f"each of {samples.sequences} sequences (the reference's continuations, then the built-in prompts) "
+              f"through the target twice, fresh (batch size 1, no cache): in {name} and in float64; per position "
+              "the largest |logit difference| over the vocabulary"
+              + ("; measured on a float32 copy and scaled by float64's unit roundoff over float32's"
+                 if dtype == torch.float64 else "")
+              + f". Tolerance: twice the order statistic that a correct pass of {slots} positions, or the one it "
+              "is compared with, exceeds with at most the stated probability")
+    levels = torch.tensor(LEVELS, dtype=torch.float64)
+    tolerance = max(2 * q, 2 * resolution)
+    return Rounding(dtype=name, method=method, positions=len(samples.errors), sequences=samples.sequences,
+                    levels=list(LEVELS), quantiles=samples.errors.quantile(levels).tolist(), resolution=resolution,
+                    slots=slots, tolerance=tolerance, alpha=stated, relative=relative,
+                    float64_tolerance=tolerance * torch.finfo(torch.float64).eps / torch.finfo(dtype).eps,
+                    expected=expected, anomaly=anomaly)

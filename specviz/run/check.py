@@ -1,0 +1,180 @@
+"""`specviz check`: did speculative decoding change an engine's outputs, and is each difference numerics or a bug?
+
+The engine (a file of its outputs, an OpenAI-compatible server, a Python callable; engines/) answers the
+prompts; specviz decodes the batch-size-1 reference of the same target weights beside it, measures its own
+rounding (yardstick.py), and judges every difference from outside (forensics.judge_engine). A control run of
+the same engine without speculation, when given, measures that engine's own rounding (enginenoise.py): a fork
+within it is the engine's numerics, one beyond it a bug. The result is a trace like any other, of method
+`engine`.
+
+A sampled check (the spec's temperature above 0, with its top-k, top-p and seed) has no token reference: the
+engine samples (a server is asked with those settings, a callable is told them, a file is taken as it is),
+and its tokens, by their ids alone, are scored under the target recomputed at batch size 1 with the same
+temperature, top-k and top-p: their randomized PIT must be uniform (distribution.judge).
+"""
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from specviz.decoding.recording import build_trace
+from specviz.decoding.result import DecodeResult, SequenceOutput
+from specviz.engines import jsonl, python, server
+from specviz.engines.base import EngineRun
+from specviz.engines.jsonl import OutputLine
+from specviz.forensics import distribution, repeats
+from specviz.forensics.blackbox import judge_engine
+from specviz.models.pairs import ModelPair
+from specviz.run.runner import encode, reference_for, yardsticks_for
+from specviz.run.settings import Settings
+from specviz.spec.run import RunSpec, SpecError, describe_validation_error
+from specviz.trace.records import EngineInfo, RoundRecord, RowRecord
+from specviz.trace.schema import Trace
+
+
+def prompts_of(lines: list[OutputLine], pair: ModelPair, chat_template: bool) -> tuple[list[str], list[list[int]]]:
+    """The prompts of an outputs file, as text and as ids: ids as given, text through the tokenizer (and the chat
+    template, as for any run)."""
+    ids = [line.prompt_ids or pair.encode([line.prompt], chat_template)[0] for line in lines]
+    texts = [line.prompt if line.prompt is not None else pair.tokenizer.decode(line.prompt_ids) for line in lines]
+    return texts, ids
+
+
+def from_files(spec: RunSpec, pair: ModelPair, outputs: tuple[bytes, str], control: tuple[bytes, str] | None = None,
+               limits: Settings | None = None) -> Trace:
+    """Check an engine from its outputs file ((content, name); docs/engines.md), and its control run's file. The
+    prompts are the file's; the reference's budget is its longest output."""
+    header, lines, ignored = jsonl.parse(*outputs)
+    texts, ids = prompts_of(lines, pair, spec.chat_template)
+    if limits:
+        limits.check_prompt_ids(ids)
+    engine = jsonl.from_lines(header, lines, pair.tokenizer, outputs[1], ignored)
+    budget = max(1, *(len(o.ids) for o in engine.outputs))  # the engine's budget, as far as the file shows it
+    spec = RunSpec.build(**{**spec.model_dump(), "prompts": tuple(texts), "max_new_tokens": budget})
+    if limits:
+        limits.check(spec)
+    control_run = None
+    if control is not None:
+        c_header, c_lines, c_ignored = jsonl.parse(*control)
+        if prompts_of(c_lines, pair, spec.chat_template)[1] != ids:
+            raise SpecError(f"{control[1]} does not hold the same prompts, in the same order, as {outputs[1]}")
+        control_run = jsonl.from_lines(c_header, c_lines, pair.tokenizer, control[1], c_ignored)
+    return check(spec, pair, ids, engine, control_run)
+
+
+def from_servers(spec: RunSpec, pair: ModelPair, engine: tuple[str, str | None], control: tuple[str, str | None] | None,
+                 concurrency: int, timeout: float, limits: Settings | None = None, determinism: bool = False) -> Trace:
+    """Check an engine behind a server (OpenAI-compatible or llama.cpp: (url, served model)), and its control
+    run's server. `determinism`: ask the engine every prompt twice more (repeats.py) and record what differs."""
+    ids = encode(spec, pair, limits)
+
+    def ask(url: str, model: str | None, order: list[int] | None = None) -> EngineRun:
+        return server.from_server(url, model, ids, spec.max_new_tokens, concurrency=concurrency, timeout=timeout,
+                                  tokenizer=pair.tokenizer, order=order, **sampling_settings(spec))
+
+    first = ask(*engine)
+    again = {"again": ask(*engine), "reordered": ask(*engine, order=list(reversed(range(len(ids)))))} if determinism else {}
+    trace = check(spec, pair, ids, first, ask(*control) if control else None)
+    if determinism:
+        trace.manifest.determinism = repeats.compare(first.outputs, {name: run.outputs for name, run in again.items()})
+    return trace
+
+
+def from_callables(spec: RunSpec, pair: ModelPair, engine: str, control: str | None) -> Trace:
+    """Check a Python callable module:function (engines/python.py), and a control callable."""
+    ids = encode(spec, pair)
+    settings = {"max_new_tokens": spec.max_new_tokens, "k": spec.k, "dtype": spec.dtype, "device": str(pair.device),
+                "eos_ids": list(pair.eos_ids), **sampling_settings(spec)}
+    return check(spec, pair, ids, python.from_callable(engine, ids, settings),
+                 python.from_callable(control, ids, settings) if control else None)
+
+
+def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: EngineRun,
+          control: EngineRun | None = None) -> Trace:
+    """The trace of `engine`'s outputs for `prompt_ids`, judged against the reference (`spec`: method engine)."""
+    for run, role in ((engine, "engine"), (control, "control run")):
+        if run is not None and len(run.outputs) != len(prompt_ids):
+            raise SpecError(f"the {role} answered {len(run.outputs)} prompts of {len(prompt_ids)}")
+    if not spec.greedy:
+        return check_sampled(spec, pair, prompt_ids, engine, control)
+    ref = reference_for(pair, prompt_ids, spec.max_new_tokens)
+    answered = DecodeResult([SequenceOutput(o.ids) for o in engine.outputs], engine.seconds or 0.0)
+    trace = build_trace(spec, pair, prompt_ids, answered, ref, yardsticks_for(spec, pair, prompt_ids, ref))
+    trace.manifest.engine = _info(engine)
+    if control is not None:
+        trace.manifest.control = _info(control)
+    _rounds(trace, engine)  # an engine that reports its rounds in our schema gets the white-box views too
+    for s in trace.sequences:
+        s.engine = engine.outputs[s.seq]
+        s.control = control.outputs[s.seq] if control else None
+        if s.engine.error:  # no answer: nothing to compare
+            s.equivalent = s.first_divergence = None
+        elif s.engine.approximate and pair.tokenizer.decode(s.output_ids) == pair.tokenizer.decode(s.reference_ids):
+            s.equivalent, s.first_divergence = True, None  # re-tokenized text: the same text is the same answer
+    judge_engine(trace, pair)
+    return trace
+
+
+def sampling_settings(spec: RunSpec) -> dict:
+    """What an engine is told of a sampled check: temperature, top-p, top-k (0: off) and the seed; nothing for a
+    greedy one (its engines are asked as they always were)."""
+    if spec.greedy:
+        return {}
+    return {"temperature": spec.temperature, "top_p": spec.top_p, "top_k": spec.top_k, "seed": spec.seed}
+
+
+def check_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: EngineRun,
+                  control: EngineRun | None = None) -> Trace:
+    """The trace of a sampling engine's outputs, judged by their distribution: every token's randomized PIT under
+    the target recomputed at batch size 1 with the spec's temperature, top-k and top-p (distribution.judge).
+
+    Only the engine's own ids can be judged: an output re-tokenized from text (a server that gave text only, a
+    file's `output_text`) is refused, since a tokenizer may split the text otherwise than the engine drew it,
+    and the PIT would then test the tokenizer. So is an id outside the target's vocabulary, and a control run
+    (there is no reference to depart from: check the engine without speculation on its own)."""
+    if control is not None:
+        raise SpecError("a sampled check has no token reference, so no control run: check the engine without "
+                        "speculation on its own, with the same settings, and compare the two verdicts")
+    answered = [o for o in engine.outputs if not o.error]
+    text_only = sum(o.approximate for o in answered)
+    if text_only:
+        raise SpecError(f"{text_only} of the engine's {len(answered)} answers are text, re-tokenized here: a "
+                        "sampled check judges each token the engine drew, so it needs the engine's own token ids "
+                        "(an outputs file's output_ids; from a server, return_token_ids)")
+    outside = next(((i, t) for i, o in enumerate(engine.outputs) for t in o.ids if not 0 <= t < pair.vocab_size),
+                   None)
+    if outside:
+        raise SpecError(f"output {outside[0]} holds token id {outside[1]}, outside the target's vocabulary "
+                        f"(0-{pair.vocab_size - 1}): not this target's tokens")
+    result = DecodeResult([SequenceOutput(o.ids) for o in engine.outputs], engine.seconds or 0.0)
+    trace = build_trace(spec, pair, prompt_ids, result)
+    trace.manifest.engine = _info(engine)
+    _rounds(trace, engine)  # an engine that reports its rounds in our schema: its PIT is split by slot and row too
+    for s in trace.sequences:
+        s.engine = engine.outputs[s.seq]
+    distribution.judge(trace, pair, prompt_ids)
+    return trace
+
+
+def sampled_summary(trace: Trace) -> dict:
+    """A sampled check in one row: the engine, its answers and tokens, the verdict and its evidence."""
+    d, info = trace.distribution, trace.manifest.engine
+    answered = [s for s in trace.sequences if not s.engine.error]
+    tokens = sum(len(s.output_ids) for s in answered)
+    worst = min(d.splits, key=lambda x: x.p, default=None)
+    return {"engine": " ".join(x for x in (info.name, info.version) if x), "n": len(answered),
+            "errors": len(trace.sequences) - len(answered), "tokens": tokens, "verdict": d.verdict, "p": d.p,
+            "alpha": d.alpha, "splits": len(d.splits), "worst_split": worst.name if worst else None,
+            "worst_split_p": worst.p if worst else None, "impossible": d.impossible,
+            "tokens_per_second": tokens / info.seconds if info.seconds else None}
+
+
+def _rounds(trace: Trace, engine: EngineRun) -> None:
+    try:
+        trace.rows = [RowRecord.model_validate(r) for r in engine.rows]
+        trace.rounds = [RoundRecord.model_validate(r) for r in engine.rounds]
+    except ValidationError as e:
+        raise SpecError(f"the engine's rounds are not in specviz's trace schema: {describe_validation_error(e)}") from None
+
+
+def _info(run: EngineRun) -> EngineInfo:
+    return EngineInfo(**run.model_dump(include=set(EngineInfo.model_fields)))

@@ -1,0 +1,159 @@
+"""From a RunSpec to a Trace: load the pair, encode the prompts, decode with
+the asked method, decode the batch-size-1 reference beside it, record."""
+from __future__ import annotations
+
+import functools
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+
+from specviz.decoding import decoders
+from specviz.decoding.decoders import Job
+from specviz.decoding.recording import build_trace
+from specviz.decoding.reference import batched_reference, reference
+from specviz.decoding.result import DecodeResult, Progress
+from specviz.forensics import distribution, yardstick
+from specviz.forensics.watch import Watch
+from specviz.forensics.whitebox import analyse, flag_batching_noise
+from specviz.models.pairs import ONE_DEVICE, ModelPair, Placement, pair_for
+from specviz.run.settings import Settings
+from specviz.spec.prompts import builtin_set
+from specviz.spec.run import MAX_PROMPT_TOKENS, RunSpec, SpecError
+from specviz.trace.evidence import Yardsticks
+from specviz.trace.schema import Trace
+
+
+def encode(spec: RunSpec, pair: ModelPair, limits: Settings | None = None) -> list[list[int]]:
+    """The prompts' token ids, within specviz's bound and, on a served page, the operator's `limits`."""
+    ids = pair.encode(spec.prompts, spec.chat_template)
+    total = sum(len(x) for x in ids)
+    if total > MAX_PROMPT_TOKENS:
+        raise SpecError(f"prompts total {total} tokens; the limit is {MAX_PROMPT_TOKENS}")
+    if limits:
+        limits.check_prompt_ids(ids)
+    return ids
+
+
+def decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record: bool = True,
+           progress: Progress | None = None, reference: DecodeResult | None = None,
+           yardsticks: Yardsticks | None = None) -> DecodeResult:
+    """Decode with the spec's method (decoding/decoders.py). Given the reference's outputs, the decode is watched
+    (watch.py): the result then carries the state of every fork's emitting row, and the audit (recorded runs only).
+    With the run's `yardsticks`, the watch spares itself narrowing down the inputs of a fork whose state is clean."""
+    if reference is None:
+        return decoders.decode(Job(spec, pair, prompt_ids, record, progress))
+    watch = Watch(pair, prompt_ids, [o.ids for o in reference.outputs], min(spec.audit, spec.batch_size) if record else 0,
+                  tolerance=yardsticks.target.tolerance if yardsticks else None)
+    with watch.watching():
+        result = decoders.decode(Job(spec, pair, prompt_ids, record, progress, watch))
+    result.forks, result.audit = watch.forks, watch.audit
+    return result
+
+
+class PerPair:
+    """Results computed from a pair, at most `size` per pair, held only while the pair lives: keyed weakly
+    by the pair, so one evicted from models.load_pair's cache is freed with everything computed from it."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._by_pair: weakref.WeakKeyDictionary[ModelPair, OrderedDict] = weakref.WeakKeyDictionary()
+
+    def get(self, pair: ModelPair, key: Hashable, compute: Callable[[], object]):
+        results = self._by_pair.setdefault(pair, OrderedDict())
+        if key not in results:
+            if len(results) >= self.size:
+                results.popitem(last=False)
+            results[key] = compute()
+        return results[key]
+
+
+_REFERENCES = PerPair(64)
+_BATCHED = PerPair(16)
+_CALIBRATION = PerPair(4)
+_ROUNDING = PerPair(64)
+
+
+def reference_for(pair: ModelPair, prompt_ids: list[list[int]], max_new_tokens: int,
+                  progress: Progress | None = None) -> DecodeResult:
+    """The batch-size-1 reference, computed once per process for the same pair and prompts."""
+    return _REFERENCES.get(pair, (tuple(tuple(x) for x in prompt_ids), max_new_tokens),
+                           lambda: reference(pair, prompt_ids, max_new_tokens, progress))
+
+
+def _cached_batched(pair: ModelPair, prompt_ids: tuple[tuple[int, ...], ...], batch_size: int,
+                    max_new_tokens: int) -> DecodeResult:
+    return _BATCHED.get(pair, (prompt_ids, batch_size, max_new_tokens),
+                        lambda: batched_reference(pair, [list(x) for x in prompt_ids], batch_size, max_new_tokens))
+
+
+def run(spec: RunSpec, record: bool = True, with_reference: bool = True,
+        progress: Callable[[str, int], None] | None = None, trust_remote_code: bool = False,
+        placement: Placement = ONE_DEVICE, limits: Settings | None = None) -> Trace:
+    """Decode, decode the reference beside it, record, and explain every divergence. A sampled run has no
+    token-by-token reference: its tokens are scored under the target instead (distribution.py).
+
+    `progress(phase, n)` hears of every n new tokens: phase "reference" (skipped when cached), then the method,
+    then, for a sampled run, "distribution" (its tokens scored).
+    `limits`: a served page's operator settings, whose token limits only the tokenized prompts can show.
+    """
+    def phase(name: str) -> Progress | None:
+        return functools.partial(progress, name) if progress else None
+
+    pair = pair_for(spec, trust_remote_code, placement)
+    prompt_ids = encode(spec, pair, limits)
+    if not spec.greedy:
+        result = decode(spec, pair, prompt_ids, record, phase(spec.method))
+        trace = build_trace(spec, pair, prompt_ids, result)
+        if with_reference:
+            distribution.judge(trace, pair, prompt_ids, phase("distribution"))
+        return trace
+    ref = reference_for(pair, prompt_ids, spec.max_new_tokens, phase("reference")) if with_reference else None
+    if spec.method == "reference" and ref:
+        result = ref
+    else:
+        yardsticks = yardsticks_for(spec, pair, prompt_ids, ref) if ref else None
+        result = decode(spec, pair, prompt_ids, record, phase(spec.method), ref, yardsticks)
+    return explain(spec, pair, prompt_ids, result, ref)
+
+
+def yardsticks_for(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], ref: DecodeResult) -> Yardsticks | None:
+    """The run's yardsticks (yardstick.py): the target's rounding, and the draft's when the run is audited; measured
+    on fresh passes over the built-in prompts (once per process and pair) and the reference's own continuations
+    (once per prompts and budget). None without a float64 copy of the target."""
+    longest = sorted(range(len(prompt_ids)), key=lambda i: -len(ref.outputs[i].ids))[: yardstick.SEQUENCES]
+    sequences = [prompt_ids[i] + ref.outputs[i].ids for i in longest]
+
+    def measured(role: str):
+        model = pair.target if role == "target" else pair.draft
+        calibration = _CALIBRATION.get(pair, role, lambda: yardstick.sample(
+            model, pair.encode(builtin_set("all") + builtin_set("spec-bench")), pair.vocab_size,
+            enough=yardstick.CALIBRATION_POSITIONS))
+        if calibration is None:
+            return None
+        key = (role, tuple(tuple(x) for x in prompt_ids), spec.max_new_tokens)
+        samples = _ROUNDING.get(pair, key, lambda: calibration + yardstick.sample(
+            model, sequences, pair.vocab_size, calibration.seen))
+        return yardstick.rounding(samples, pair.dtype, spec.k + 1)
+
+    target = measured("target")
+    if target is None:
+        return None
+    return Yardsticks(target=target, draft=measured("draft") if spec.audit else None)
+
+
+def explain(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result: DecodeResult,
+            ref: DecodeResult | None) -> Trace:
+    """The trace of a decoded run, every divergence from `ref` explained; a sampled run's distribution judged."""
+    if not spec.greedy:
+        trace = build_trace(spec, pair, prompt_ids, result)
+        distribution.judge(trace, pair, prompt_ids)
+        return trace
+    yardsticks = yardsticks_for(spec, pair, prompt_ids, ref) if ref is not None and spec.method != "reference" else None
+    trace = build_trace(spec, pair, prompt_ids, result, ref, yardsticks)
+    if ref is not None:
+        analyse(trace, result, pair)
+        if any(s.forensics and not s.forensics.verdict.startswith("sync-bug") for s in trace.sequences):
+            # Would batching alone, without speculation, have forked there too?
+            batched = _cached_batched(pair, tuple(tuple(x) for x in prompt_ids), spec.batch_size, spec.max_new_tokens)
+            flag_batching_noise(trace, batched)
+    return trace

@@ -1,0 +1,113 @@
+"""Sharded sweeps: a list of runs split between the processes of `accelerate
+launch` (GPUs or nodes), reported once by the main process, exactly as one
+process would report them.
+
+Static-batch methods split their prompts on batch boundaries, so every batch
+holds the rows, padding and numerics it holds in a single process; exspec
+schedules across its whole pool, so each exspec run stays whole on one
+process. The batch-size-1 reference is split prompt by prompt, once for all
+runs, and every process watches its shares against it (watch.py). The main
+process gathers the decoded outputs and what the watches found, measures the
+rounding yardstick and explains every trace itself.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+from collections.abc import Iterator
+
+import torch
+
+from specviz.decoding.reference import reference
+from specviz.decoding.result import DecodeResult
+from specviz.models.pairs import ONE_DEVICE, Placement, pair_for
+from specviz.run.runner import decode, encode, explain, run
+from specviz.spec.run import RunSpec, SpecError
+from specviz.trace.schema import Trace
+
+
+def world_size() -> int:
+    """Processes in this launch (`accelerate launch` and torchrun set WORLD_SIZE)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+@functools.cache
+def _state():
+    from accelerate import PartialState
+
+    return PartialState(cpu=not torch.cuda.is_available())  # gloo between CPU processes, else NCCL
+
+
+def is_main() -> bool:
+    """Whether this process reports. Call it before loading models: under a launch it sets this process's GPU."""
+    return world_size() == 1 or _state().is_main_process
+
+
+def share(n: int, batch_size: int, rank: int, world: int) -> range:
+    """The prompts of process `rank`: a run of whole static batches of `batch_size` (the last may be short)."""
+    batches = math.ceil(n / batch_size)
+    lo, hi = rank * batches // world, (rank + 1) * batches // world
+    return range(min(lo * batch_size, n), min(hi * batch_size, n))
+
+
+def sweep(runs: list[tuple[RunSpec, bool]], trust_remote_code: bool = False,
+          placement: Placement = ONE_DEVICE) -> Iterator[Trace]:
+    """The trace of each (spec, record) in `runs`, in order. Under a launch of N > 1
+    processes every process decodes its share, and only the main one yields."""
+    if world_size() == 1:
+        for spec, record in runs:
+            yield run(spec, record=record, trust_remote_code=trust_remote_code, placement=placement)
+        return
+    from accelerate.utils import gather_object
+
+    first = runs[0][0]
+    same = ("target", "draft", "target_revision", "draft_revision", "prompts", "chat_template", "max_new_tokens",
+            "dtype", "device")
+    if any(getattr(spec, f) != getattr(first, f) for spec, _ in runs for f in same):
+        raise SpecError("a sharded sweep runs one pair on one prompt list with one token budget")
+    if any(not spec.greedy for spec, _ in runs):
+        raise SpecError("a sharded sweep runs greedy runs only: a sampled run's draws follow its whole prompt list")
+    if placement.spread:
+        raise SpecError("a sharded sweep cannot spread the target over GPUs: every process would use every GPU")
+    state = _state()
+    rank, world = state.process_index, state.num_processes
+    pair = pair_for(first, trust_remote_code)
+    prompt_ids = encode(first, pair)
+    n = len(prompt_ids)
+
+    # The reference first, split prompt by prompt and gathered by every process: each watches its own
+    # share of every other run against it.
+    rows = share(n, 1, rank, world)
+    ref = _merge(gather_object([(rows, 1, reference(pair, [prompt_ids[j] for j in rows], first.max_new_tokens))]))
+    mine = []  # (rows, batch size, result) of every other run
+    for i, (spec, record) in enumerate(runs):
+        if spec.method == "reference":
+            continue  # the reference above is that run
+        if spec.method == "exspec":  # its schedule spans the whole pool: one process runs it all
+            rows = range(n) if i % world == rank else range(0)
+        else:
+            rows = share(n, spec.batch_size, rank, world)
+        part = DecodeResult([ref.outputs[j] for j in rows], ref.seconds)
+        mine.append((rows, spec.batch_size, decode(spec, pair, [prompt_ids[j] for j in rows], record, reference=part)))
+    shares = gather_object([mine])  # every process's list, in rank order
+    if not state.is_main_process:
+        return
+    merged = iter(_merge([s[j] for s in shares]) for j in range(len(mine)))
+    for spec, _ in runs:
+        yield explain(spec, pair, prompt_ids, ref if spec.method == "reference" else next(merged), ref)
+
+
+def _merge(shares: list[tuple[range, int, DecodeResult]]) -> DecodeResult:
+    """One DecodeResult from the processes' shares of a run: sequence ids, round and static-batch indices made global."""
+    outputs, rounds, forks, audit = [], [], {}, {}
+    for rows, batch_size, result in shares:
+        offset = len(rounds)
+        outputs += result.outputs
+        for rd in result.rounds:
+            batch = rd.batch + rows.start // batch_size if rd.batch >= 0 else rd.batch  # exspec's is -1
+            rounds.append(dataclasses.replace(rd, seqs=[rows.start + s for s in rd.seqs], batch=batch))
+        forks.update({rows.start + s: dataclasses.replace(f, round=f.round + offset) for s, f in result.forks.items()})
+        audit.update({(r + offset, rows.start + s): v for (r, s), v in result.audit.items()})
+    return DecodeResult(outputs, max(result.seconds for _, _, result in shares), rounds, forks, audit)

@@ -1,0 +1,79 @@
+"""The decoding methods and drafters, declared once: what each needs and what it costs.
+
+The spec validates against these declarations, the CLI, the app and the bench list and combine them from
+here, and the GPU estimate counts their passes. How each one runs is decoding/decoders.py's. Declarations are
+plain data: the spec and the trace schema read them without torch.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+# name -> what proposes the drafts
+DRAFTERS = {
+    "model": "the draft model, one forward pass per draft",
+    "lookup": "prompt lookup: the tokens that followed the last n-gram's earliest earlier occurrence; no model",
+}
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    summary: str
+    passes: Callable[..., int]  # (spec) -> forward passes a run costs, beside the reference's
+    drafters: tuple[str, ...] = ()  # empty: the target alone (k and the drafter do not apply)
+    faults: bool = False  # faults (decoding/faults.py) can be injected
+    samples: bool = True  # runs sampled (temperature > 0) as well as greedy
+    batched: bool = True  # False: one prompt at a time, whatever the batch size
+    max_batch_size: int | None = None
+
+    @property
+    def speculative(self) -> bool:
+        return bool(self.drafters)
+
+    def batch_sizes(self, asked: list[int]) -> list[int]:
+        """The batch sizes worth running of those `asked` (a sweep runs an unbatched method once)."""
+        if not self.batched:
+            return [1]
+        return [bs for bs in asked if self.max_batch_size is None or bs <= self.max_batch_size]
+
+
+def _rounds(spec, rows_at_once: int) -> int:
+    """Speculative rounds, counted at two tokens a round (the low end of what the preset pairs accept), each
+    costing a verify pass and, with a draft model, k draft passes."""
+    per_round = spec.k + 1 if spec.drafter == "model" else 1
+    return math.ceil(len(spec.prompts) / rows_at_once) * math.ceil(spec.max_new_tokens / 2) * per_round
+
+
+def _batches(spec) -> int:
+    return math.ceil(len(spec.prompts) / spec.batch_size)
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("reference", "the target alone, one prompt at a time: the ground truth",
+           passes=lambda spec: 0, batched=False),  # the reference is the run
+    Method("batched-reference", "the target alone on the padded batch: batching noise without speculation",
+           passes=lambda spec: _batches(spec) * spec.max_new_tokens),
+    Method("hf-assisted", "transformers' own assisted generation (greedy), an external cross-check",
+           passes=lambda spec: _rounds(spec, 1), drafters=tuple(DRAFTERS), samples=False, max_batch_size=1),
+    Method("eqspec", "static batches realigned every round (unpad, append, repad)",
+           passes=lambda spec: _rounds(spec, spec.batch_size), drafters=tuple(DRAFTERS), faults=True),
+    Method("exspec", "a window of sequences, same-length groups batched without realignment",
+           passes=lambda spec: _rounds(spec, spec.batch_size), drafters=tuple(DRAFTERS)),
+)}
+
+
+def grid(methods: list[str], drafters: list[str], batch_sizes: list[int], ks: list[int],
+         fault_sets: Sequence[tuple[str, ...]] = ((),)) -> list[dict]:
+    """The runs a sweep (verify, bench) makes, as spec fields: every method with each of `drafters` it takes and
+    each of `fault_sets` (a method that takes no faults once, with none), at the batch sizes it runs at (an
+    unbatched method once), each k for a speculative method."""
+    out = []
+    for name in methods:
+        m = METHODS[name]
+        for d in [d for d in drafters if d in m.drafters] if m.speculative else ["model"]:
+            for faults in fault_sets if m.faults else [()]:
+                out += [{"method": name, "drafter": d, "faults": tuple(faults), "batch_size": bs, "k": k}
+                        for bs in m.batch_sizes(batch_sizes) for k in (ks if m.speculative else ks[:1])]
+    return out

@@ -1,0 +1,239 @@
+"""RunSpec: the validated, hashable, canonical description of one run.
+
+Everything that decides a run's token ids lives here, so that a spec can be
+hashed (cache key, trace fingerprint) and round-tripped through a share link.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from typing import Annotated, Literal, Self, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from specviz.spec.faults import SAMPLING, expand
+from specviz.spec.methods import DRAFTERS, METHODS
+
+ENGINE = "engine"  # the method of an engine check's trace: outputs from outside, judged against the reference
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+DEVICES = ("auto", "cpu", "cuda")
+
+MAX_BATCH_SIZE = 64
+MAX_K = 16
+MAX_NEW_TOKENS = 1024
+MAX_PROMPTS = 4096
+MAX_PROMPT_CHARS = 400_000  # all prompts together; the token bound is checked at encoding
+MAX_PROMPT_TOKENS = 131_072  # all prompts together, after tokenization
+
+EMBEDDED_TARGET = "specviz:smollm2-135m"
+EMBEDDED_DRAFT = "specviz:smollm2-135m-draft"
+TINY_TARGET = "specviz:tiny"
+TINY_DRAFT = "specviz:tiny-draft"
+# name -> (target, draft). The Hub pairs are for machines with a GPU and Hub access.
+PRESETS = {
+    "embedded": (EMBEDDED_TARGET, EMBEDDED_DRAFT),
+    "tiny": (TINY_TARGET, TINY_DRAFT),
+    "qwen3": ("Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B"),
+    "vicuna": ("lmsys/vicuna-7b-v1.3", "double7/vicuna-68m"),
+    "smollm2": ("HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+}
+MAX_PROBLEMS_LISTED = 3  # in one message about a stranger's input
+MAX_TEMPERATURE = 10.0
+SAMPLING_FIELDS = ("top_k", "top_p", "draft_temperature", "draft_top_k", "draft_top_p")
+LOOKUP_FIELDS = ("ngram_min", "ngram_max")
+MAX_NGRAM = 16
+# Left out of the canonical form at their defaults, so that the keys of runs made before them stay what they were.
+OMITTED_AT_DEFAULT = (*SAMPLING_FIELDS, "drafter", *LOOKUP_FIELDS)
+
+
+class SpecError(ValueError):
+    """A run that cannot be done as asked; the message says what to change."""
+
+
+T = TypeVar("T")
+K = TypeVar("K")
+# Collections of a stranger's data stop validating at their first bad item: one in every item of a huge list
+# would cost pydantic an error object each (18 s for 10 million).
+Many = Annotated[list[T], Field(fail_fast=True)]
+Map = Annotated[dict[K, T], Field(fail_fast=True)]
+
+
+class Strict(BaseModel):
+    """Unknown fields are refused. pydantic reports each one, so an object with more keys than a few beyond
+    the model's is refused in one error (a stranger's million keys would otherwise cost seconds)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: object) -> object:
+        if isinstance(data, dict) and len(data) > len(cls.model_fields) + MAX_PROBLEMS_LISTED:
+            unknown = itertools.islice((k for k in data if k not in cls.model_fields), MAX_PROBLEMS_LISTED)
+            raise ValueError(f"{len(data)} fields, of {len(cls.model_fields)} known; unknown: "
+                             + ", ".join(repr(k)[:40] for k in unknown) + ", …")
+        return data
+
+    @classmethod
+    def build(cls, **fields) -> Self:
+        """Validate `fields`, turning pydantic's report into one readable SpecError."""
+        try:
+            return cls(**fields)
+        except ValidationError as e:
+            raise SpecError(describe_validation_error(e)) from None
+
+
+class RunSpec(Strict):
+    """A run: which pair, which prompts, which method, and the knobs that matter."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    target: str = EMBEDDED_TARGET
+    draft: str = EMBEDDED_DRAFT
+    target_revision: str | None = None
+    draft_revision: str | None = None
+    prompts: tuple[str, ...] = Field(min_length=1, max_length=MAX_PROMPTS, fail_fast=True)
+    chat_template: bool = True
+    method: Literal[(*METHODS, ENGINE)] = "eqspec"
+    drafter: Literal[tuple(DRAFTERS)] = "model"  # what proposes the drafts (speculative methods)
+    ngram_min: int = Field(1, ge=1, le=MAX_NGRAM)  # prompt lookup: the shortest n-gram matched
+    ngram_max: int = Field(3, ge=1, le=MAX_NGRAM)  # and the longest (tried first)
+    faults: tuple[str, ...] = Field((), fail_fast=True)  # fault or preset names (decoding/faults.py), for speculative methods
+    batch_size: int = Field(4, ge=1, le=MAX_BATCH_SIZE)
+    k: int = Field(5, ge=1, le=MAX_K)
+    max_new_tokens: int = Field(48, ge=1, le=MAX_NEW_TOKENS)
+    dtype: Literal[DTYPES] = "float32"
+    device: Literal[DEVICES] = "auto"
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    window: int | None = Field(None, ge=1, le=4 * MAX_BATCH_SIZE)  # exspec: active sequences (None: 2 x batch)
+    max_wait: int = Field(4, ge=0, le=1024)  # exspec: rounds a sequence may be passed over
+    audit: int = Field(0, ge=0, le=MAX_BATCH_SIZE)  # rows per round checked against a fresh recomputation; 0: off
+    # Sampling: the target's temperature (0: greedy), top-k (0: off) and top-p (1: off); the draft's own, where set.
+    temperature: float = Field(0.0, ge=0, le=MAX_TEMPERATURE)
+    top_k: int = Field(0, ge=0, le=2**20)
+    top_p: float = Field(1.0, gt=0, le=1)
+    draft_temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE)
+    draft_top_k: int | None = Field(None, ge=0, le=2**20)
+    draft_top_p: float | None = Field(None, gt=0, le=1)
+
+    @field_validator("target", "draft")
+    @classmethod
+    def _model_id(cls, v: str) -> str:
+        v = v.strip()
+        if not v:
+            raise ValueError("model id must not be empty")
+        return v
+
+    @field_validator("prompts")
+    @classmethod
+    def _prompts(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for i, p in enumerate(v):
+            if not p.strip():
+                raise ValueError(f"prompt {i} is empty")
+        total = sum(len(p) for p in v)
+        if total > MAX_PROMPT_CHARS:
+            raise ValueError(f"prompts total {total} characters; the limit is {MAX_PROMPT_CHARS}")
+        return v
+
+    @field_validator("faults")
+    @classmethod
+    def _faults(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        expand(v)  # raises on unknown names
+        return tuple(dict.fromkeys(v))
+
+    @model_validator(mode="after")
+    def _method_allows(self) -> RunSpec:
+        if self.method == ENGINE:
+            return self
+        m = METHODS[self.method]
+        if self.faults and not m.faults:
+            takes = ", ".join(n for n, x in METHODS.items() if x.faults)
+            raise ValueError(f"faults apply to {takes}, not {self.method}")
+        if m.max_batch_size is not None and self.batch_size > m.max_batch_size:
+            raise ValueError(f"{self.method} runs at batch size {m.max_batch_size} at most")
+        if self.drafter not in m.drafters and self.drafter != "model":
+            raise ValueError(f"{self.method} drafts nothing: the {self.drafter} drafter needs a speculative method")
+        if self.temperature > 0 and not m.samples:
+            raise ValueError(f"{self.method} runs greedy only here; sample with "
+                             + " or ".join(n for n, x in METHODS.items() if x.samples and x.speculative))
+        return self
+
+    @model_validator(mode="after")
+    def _lookup(self) -> RunSpec:
+        if self.drafter != "lookup":
+            if any(getattr(self, f) != RunSpec.model_fields[f].default for f in LOOKUP_FIELDS):
+                raise ValueError("n-gram sizes set the lookup drafter; choose drafter lookup")
+        elif self.ngram_min > self.ngram_max:
+            raise ValueError(f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max})")
+        elif self.method == "hf-assisted" and self.ngram_min != 1:
+            raise ValueError("transformers' prompt lookup always matches down to 1 token: hf-assisted needs ngram_min 1")
+        return self
+
+    @model_validator(mode="after")
+    def _sampling(self) -> RunSpec:
+        if self.temperature > 0:
+            if self.audit:
+                raise ValueError("the audit compares with the greedy reference; a sampled run is judged by its "
+                                 "distribution instead")
+        elif any(getattr(self, f) != RunSpec.model_fields[f].default for f in SAMPLING_FIELDS):
+            raise ValueError("top-k, top-p and the draft's sampling settings need a temperature above 0")
+        elif set(SAMPLING) & set(self.faults):
+            raise ValueError("sampling faults need a temperature above 0")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        """Temperature 0: the target's argmax at every token (decoding/sampling.py builds the samplers)."""
+        return self.temperature == 0
+
+    def draft_sampling(self) -> tuple[float, int, float]:
+        """The draft's temperature, top-k and top-p: its own where set, else the target's."""
+        return tuple(t if d is None else d for t, d in zip(
+            (self.temperature, self.top_k, self.top_p), (self.draft_temperature, self.draft_top_k, self.draft_top_p)))
+
+    @model_validator(mode="after")
+    def _window(self) -> RunSpec:
+        if self.window is not None and self.window <= self.batch_size:
+            raise ValueError(f"window ({self.window}) must be larger than the batch size ({self.batch_size})")
+        return self
+
+    @model_validator(mode="after")
+    def _pair(self) -> RunSpec:
+        if (self.target == EMBEDDED_TARGET) != (self.draft == EMBEDDED_DRAFT) or (
+            self.target == TINY_TARGET
+        ) != (self.draft == TINY_DRAFT):
+            raise ValueError("the built-in drafts only pair with their own targets")
+        return self
+
+    def canonical_json(self) -> str:
+        """Stable text form: sorted keys, no whitespace; the basis of hashing and links."""
+        fields = self.model_dump(mode="json")
+        for f in OMITTED_AT_DEFAULT:
+            if fields[f] == RunSpec.model_fields[f].default:
+                del fields[f]
+        return json.dumps(fields, sort_keys=True, separators=(",", ":"))
+
+    def key(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
+
+
+MAX_PROBLEMS_READ = 10_000  # each problem pydantic reports becomes a Python dict when read: ~2.5 µs
+
+
+def describe_validation_error(e: ValidationError) -> str:
+    """pydantic's report in a few words: the first problems and where they are, stranger text cut short."""
+    n = e.error_count()
+    if n > MAX_PROBLEMS_READ:
+        return f"{n} problems, too many to list"
+    parts = []
+    for err in e.errors(include_url=False, include_context=False, include_input=False)[:MAX_PROBLEMS_LISTED]:
+        where = ".".join(_cut(str(x), 40) for x in err["loc"])
+        msg = _cut(err["msg"].removeprefix("Value error, "), 200)
+        parts.append(f"{where}: {msg}" if where else msg)
+    if n > MAX_PROBLEMS_LISTED:
+        parts.append(f"and {n - MAX_PROBLEMS_LISTED} more")
+    return "; ".join(parts)
+
+
+def _cut(text: str, most: int) -> str:
+    return text if len(text) <= most else text[: most - 1] + "…"

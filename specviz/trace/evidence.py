@@ -1,0 +1,227 @@
+"""The evidence a trace keeps of its verdicts: the yardsticks they were judged against (forensics/yardstick.py,
+forensics/enginenoise.py), how far an engine departs from the model, the two judges' verdicts, and a sampled
+run's distribution test and decision audit."""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Discriminator, Tag
+
+from specviz.spec.run import Many, Map, Strict
+
+
+class Rounding(Strict):
+    """A model's rounding in the run's dtype (yardstick.py): how far a correct computation of its logits sits from
+    float64 truth, measured on fresh batch-size-1 passes without a cache, which no bug in the batched, cached
+    verify path can reach. The white-box verdicts' yardstick."""
+
+    dtype: str
+    method: str  # how it was measured, in words
+    positions: int  # distinct positions measured
+    sequences: int
+    levels: Many[float]  # quantile levels in [0, 1], ascending
+    quantiles: Many[float]  # per position, the largest |logit - float64 logit| over the vocabulary, at those levels
+    resolution: float  # machine epsilon of the dtype times the largest logit: nothing is measured finer
+    slots: int | None = None  # positions one comparison spans (a verify pass: k + 1)
+    tolerance: float  # two correct computations of `slots` positions differ by more than this with probability alpha
+    float64_tolerance: float | None = None  # the same scaled to float64's unit roundoff: for passes rebuilt in float64
+    alpha: float | None = None  # that probability: the stated false-alarm rate of one comparison (None: not stated)
+    relative: float | None = None  # largest error / (unit roundoff x the largest logit there)
+    expected: float | None = None  # the largest `relative` this dtype is known to show
+    anomaly: str | None = None  # set when `relative` is far above `expected`: the yardstick itself is suspect
+
+    def place(self, difference: float) -> float:
+        """Where a difference between two computations falls on the yardstick: the share of measured positions
+        whose rounding, doubled, lies below it (1.0: beyond every one)."""
+        below = [level for level, q in zip(self.levels, self.quantiles) if 2 * q < difference]
+        return below[-1] if below else 0.0
+
+    def describe(self) -> str:
+        """The yardstick in words, for a verdict or a summary."""
+        rate = "no false-alarm rate stated" if self.alpha is None else f"false-alarm rate {self.alpha:.2g}"
+        return (f"rounding of the target in {self.dtype}: tolerance {self.tolerance:.3g} logits, {rate}, "
+                f"from {self.positions} positions of {self.sequences} sequences measured fresh against float64")
+
+
+class EngineNoise(Strict):
+    """An engine's own rounding, measured on its run without speculation (enginenoise.py), which cannot contain a
+    speculation bug: where its tokens depart from the target's float64 argmax, and by how much, against the
+    margins it kept. The engine verdicts' yardstick."""
+
+    source: Literal["control", "none"]  # none: no control run was given, only transformers' rounding is known
+    truth: str  # "float64", or the target's dtype where no float64 copy could be made
+    tokens: int  # control tokens scored
+    departures: Many[float]  # float64 gaps of the control's tokens that are not the target's argmax, largest first
+    sigma: float | None = None  # the control's noise on a logit difference (Gaussian, fitted to flips and kept margins)
+    sigma_upper: float | None = None  # its 95% upper bound
+    sigma_logprobs: float | None = None  # the same noise read off the control's log-probabilities, where it gave them
+    rounding: float  # transformers' own tolerance in this dtype (Rounding.tolerance): the yardstick without a control
+    tolerance: float  # the largest float64 gap this engine's own rounding explains, at false-alarm rate alpha
+    alpha: float
+    method: str
+
+    def describe(self) -> str:
+        """What the yardstick explains, and from what."""
+        if self.source == "none":
+            return (f"transformers' own rounding in this dtype explains gaps up to {self.rounding:.3g} (no control run "
+                    "measured this engine's)")
+        seen = "none departing" if not self.departures else \
+            f"{len(self.departures)} departing, by up to {self.departures[0]:.3g}"
+        lp = "" if self.sigma_logprobs is None else f", {self.sigma_logprobs:.3g} from its log-probabilities"
+        return (f"this engine's own rounding explains gaps up to {self.tolerance:.3g} (from its control run: "
+                f"{self.tokens} tokens, {seen}; noise sigma at most {self.sigma_upper:.3g}{lp}; false-alarm rate "
+                f"{self.alpha:g})")
+
+
+class Fidelity(Strict):
+    """How far one run of an engine departs from the model at all, with or without speculation (descriptive: a run
+    never judges itself)."""
+
+    role: Literal["engine", "control"]
+    outputs: int
+    equal: int  # outputs equal to the reference
+    tokens: int
+    departures: int  # tokens that are not the target's float64 argmax on their own prefix
+    beyond: int  # departures beyond the tolerance
+    largest_gap: float  # the largest float64 gap of any of its tokens
+    sigma: float | None = None  # its noise on a logit difference, fitted as EngineNoise.sigma is
+    logprob_error: float | None = None  # the largest |engine log-probability - float64 log-probability|
+
+    def describe(self) -> str:
+        sigma = "" if self.sigma is None else f"; noise sigma {self.sigma:.3g}"
+        lp = "" if self.logprob_error is None else f"; log-probabilities within {self.logprob_error:.3g}"
+        return (f"{self.role}: {self.equal} of {self.outputs} outputs equal the reference; {self.departures} of "
+                f"{self.tokens} tokens are not the target's float64 argmax on their own prefix, {self.beyond} beyond "
+                f"the tolerance; largest gap {self.largest_gap:.3g}{sigma}{lp}")
+
+
+class Yardsticks(Strict):
+    """What this run's verdicts were judged against: measured on its pair, dtype and device, never on the run."""
+
+    target: Rounding | None  # None: no float64 copy of the target could be made
+    draft: Rounding | None = None  # measured for audits
+    engine: EngineNoise | None = None  # engine checks
+
+
+class Verdict(Strict):
+    """Why a sequence departed from the reference: what both judges record."""
+
+    verdict: str  # sync-bug:<bonus|positions|mask|kv|state>, kernel-bug, numerics, engine-bug or unexplained
+    explanation: str
+    fork: int  # index of the first differing token
+    output_token: int | None = None
+    reference_token: int | None = None
+    margin_reference: float | None = None  # target top-1 minus top-2 logit at the fork: the reference pass (bs 1)
+    margin_float64: float | None = None  # float64, batch size 1: logit of the reference's token minus the output's
+    tolerance: float | None = None  # largest logit difference rounding explains here (the yardstick's)
+    alpha: float | None = None  # the false-alarm rate the verdict was judged at
+    yardstick: str | None = None  # which yardstick judged it, in words
+
+
+class RunForensics(Verdict):
+    """The white-box judge's verdict on one of our runs, with its evidence (forensics/whitebox.py): the watched
+    state of the row that emitted the fork, recomputed against the truth."""
+
+    judge: Literal["run"] = "run"
+    round: int | None = None  # the round and batch row that emitted it (speculative methods)
+    row: int | None = None
+    failed_checks: Map[str, int] = {}  # the engine's own breaking checks -> first round failed, at or before the fork
+    margin_batched: float | None = None  # the same in the pass that emitted the fork
+    state_diff: float | None = None  # largest |emitting - fresh batch-size-1 logit| over the row's verified slots
+    kernel_diff: float | None = None  # the same pass rebuilt from correct inputs (fresh caches, true positions), vs fresh
+    kernel_diff_float64: float | None = None  # the same in float64, against a fresh float64 pass
+    kv_diff: float | None = None  # the row's visible cache entries alone, true positions and plain mask, vs fresh
+    written_at: Many[Many[int]] = []  # cache entries that fit their token badly: [true position, computed at (-1: none)]
+    tokens_fed_ok: bool | None = None  # the emitting pass was fed the sequence's own last token
+    positions_fed: Many[int] | None = None  # position ids of the verified slots, as fed
+    positions_expected: Many[int] | None = None  # where those tokens sit in the sequence
+    visible: Many[int] | None = None  # key slots each verified slot could attend to
+    visible_expected: Many[int] | None = None  # real tokens up to and including each verified slot
+    emitting_argmax: int | None = None  # the emitting pass's own choice at the fork slot
+    batching_noise: bool | None = None  # batched-reference (no speculation) already departs here
+
+
+class EngineForensics(Verdict):
+    """The black-box judge's verdict on an engine from outside, by its token ids alone (forensics/blackbox.py):
+    its tokens teacher-forced through the target, against the engine's own rounding."""
+
+    judge: Literal["engine"] = "engine"
+    engine_rank: int | None = None  # rank of the engine's fork token under the reference (1: its own choice)
+    engine_logprob: float | None = None  # the engine's own log-probability of its fork token, where it gave one
+    first_bad: int | None = None  # first token, at or after the fork, whose reference gap exceeds the tolerance
+    control_fork: int | None = None  # where the same engine without speculation departs (None: it does not)
+    repeated: float | None = None  # share of repeated 4-grams in the output after the fork (loops)
+    nll: float | None = None  # mean negative log-likelihood, under the reference, of the output after the fork
+    reference_nll: float | None = None  # the same for the reference's own continuation
+
+
+def _judge_of(data) -> str:
+    """Which judge wrote a verdict: its `judge`, else (a verdict written before judges were told apart) the
+    fields only an engine check records."""
+    if not isinstance(data, dict):
+        return getattr(data, "judge", "run")
+    return data.get("judge") or ("engine" if any(data.get(f) is not None for f in ENGINE_ONLY) else "run")
+
+
+ENGINE_ONLY = tuple(EngineForensics.model_fields.keys() - Verdict.model_fields.keys() - {"judge"})
+Forensics = Annotated[Annotated[RunForensics, Tag("run")] | Annotated[EngineForensics, Tag("engine")],
+                      Discriminator(_judge_of)]
+
+
+class Split(Strict):
+    """One tested split of the PIT values and its uniformity test."""
+
+    name: str  # what the values share: "all tokens", "slot 0", "row 3", "rounds 0-9", "row pairs", ...
+    n: int  # values tested
+    ks: float  # Kolmogorov-Smirnov p-value against uniform(0, 1)
+    chi2: float  # chi-square p-value over the bins of counts
+    p: float  # the split's p-value: min(1, 2 * min(ks, chi2)), Bonferroni over its two tests
+    counts: Many[int]  # values per equal bin on [0, 1]; len(counts) bins (see pit.bins())
+
+
+class Distribution(Strict):
+    """The verdict on a sampler: do its tokens come from the target's distribution?"""
+
+    verdict: Literal["consistent", "not the target's distribution", "too few tokens"]
+    alpha: float  # the family-wise significance level of the verdict
+    p: float | None  # smallest split p times the number of splits tested (Bonferroni), at most 1; 0 with an
+    # impossible token; None when too few tokens were tested
+    failing: str | None  # the split with the smallest p, or "impossible tokens", when rejected
+    tokens: int  # PIT values in the pooled split
+    impossible: int  # emitted tokens the target gives probability 0; any one of them rejects
+    splits: Many[Split]  # the tested splits, the pooled one first, in the caller's order
+    skipped: Many[str]  # splits with fewer than min_count values: not tested
+
+
+class Decisions(Strict):
+    """Sampled runs: every recorded accept/reject decision re-derived from its recorded p, q and draw."""
+
+    checked: int
+    mismatches: int
+    first: Many[Many[int]] = []  # [round, row, slot] of the first mismatches (at most 20)
+
+
+class Repeat(Strict):
+    """A prompt the engine answered otherwise when asked again."""
+
+    seq: int
+    run: str  # which repeat: "again" (the same requests, in the same order) or "reordered" (other slots and company)
+    index: int  # the first token where the two answers part
+    first: int | None  # the first answer's token there (None: it had ended)
+    then: int | None  # the repeat's
+
+
+class Determinism(Strict):
+    """Engine checks: does the engine answer the same prompt alike every time it is asked?"""
+
+    runs: Map[str, str]  # each repeat's name -> how it was asked, in words
+    prompts: int  # prompts answered every time, and so compared
+    differing: Many[Repeat]  # each (prompt, repeat) whose answer departs from the first
+
+    def describe(self) -> str:
+        if not self.differing:
+            return f"determinism: the {self.prompts} prompts got the same answer every time ({', '.join(self.runs)})"
+        seqs = sorted({r.seq for r in self.differing})
+        return (f"determinism: {len(seqs)} of {self.prompts} prompts got another answer when asked again "
+                f"({', '.join(f'{name} {sum(r.run == name for r in self.differing)}' for name in self.runs)}); "
+                "first at " + ", ".join(f"[{r.seq}] token {r.index}" for r in self.differing[:5]))

@@ -1,0 +1,133 @@
+"""The trace's records: one per (round, row), one per round, one per prompt, one per sequence, and what an
+engine under test returned. Plain, JSON-serializable data (pydantic), validated on load."""
+from __future__ import annotations
+
+from typing import Literal
+
+from specviz.spec.run import Many, Map, Strict
+from specviz.trace.evidence import Forensics
+
+Source = Literal["draft", "correction", "bonus"]
+PickFrom = Literal["target", "residual", "draft"]
+CHECKS = ("rectangular", "positions", "mask", "kv", "draft_kv", "bonus")
+
+
+class RowRecord(Strict):
+    """One row of one round: what was drafted, verified, kept, and the state around it."""
+
+    round: int
+    batch: int
+    row: int
+    seq: int
+    draft_tokens: Many[int]
+    draft_probs: Many[float]  # the draft's probability of each of its tokens
+    target_tokens: Many[int]  # the target's argmax at each of the k+1 verified slots
+    target_probs: Many[float]
+    target_margins: Many[float]  # top-1 minus top-2 target logit at each verified slot
+    accepted: int
+    emitted: Many[int]
+    sources: Many[Source]
+    finished: bool
+    pad_before: int
+    pad_after: int | None  # None: the row finished and left the batch
+    content_before: int
+    content_after: int | None
+    pos_first: int  # position ids fed to the target's verify pass: first and last
+    pos_last: int
+    mask_sum: int  # slots visible to the first verified token
+    target_kv_before: int
+    target_kv_after: int | None
+    draft_kv_before: int
+    draft_kv_after: int | None
+    delta: int  # slots this row's KV moved by in the realignment
+    checks: Map[str, bool]  # invariant checks at the start of / during this round
+    audit: float | None = None  # audited rows: largest |verify logit - fresh batch-size-1 logit|
+    audit_draft: float | None = None  # the same for the draft's first pass of the round
+    # Sampled runs (speculative sampling): draft_probs holds q of each draft, after the draft's temperature/top-k/top-p.
+    target_draft_probs: Many[float] | None = None  # p of each draft, after the target's temperature/top-k/top-p
+    accept_draws: Many[float] | None = None  # the uniform draw of each draft's decision: accepted iff draw < p/q
+    pick_draw: float | None = None  # the uniform draw the non-draft token was sampled with
+    pick_from: PickFrom | None = None  # the distribution the non-draft token was drawn from, as the engine did it
+
+
+class RoundRecord(Strict):
+    round: int
+    batch: int
+    seqs: Many[int]
+    realigned: bool  # caches gathered (some row's offset changed), else only cropped
+    timings: Map[str, float]  # seconds: draft, verify, realign, trace, watch (forensic checks outside the engine)
+    group: bool | None = None  # exspec: a same-length group, needing no realignment
+    waits: Many[int] | None = None  # exspec: rounds each row had been passed over
+
+
+class PromptRecord(Strict):
+    seq: int
+    text: str
+    ids: Many[int]
+
+class EngineOutput(Strict):
+    """One prompt's answer from the engine."""
+
+    ids: Many[int] = []  # output token ids, as the engine produced them
+    logprobs: Many[float] | None = None  # the engine's log-probability of each output token, where given
+    top_logprobs: Many[Map[int, float]] | None = None  # per output token: the engine's top alternatives, where given
+    approximate: bool = False  # the engine gave text only: ids re-tokenized by specviz, so not exact
+    finish_reason: str | None = None  # as reported ("stop", "length", ...)
+    drafts: int | None = None  # draft tokens the engine offered for this prompt, where it counts them (llama.cpp)
+    accepted: int | None = None  # of those, the ones it accepted
+    warning: str | None = None  # the output is kept but suspect (e.g. fewer tokens than asked, no stop reason)
+    error: str | None = None  # this prompt failed (the server stopped answering, timed out, ...): the rest is kept
+
+
+class EngineInfo(Strict):
+    """What the engine said about itself."""
+
+    name: str  # e.g. "vllm", or module:function
+    version: str | None = None
+    source: str  # "file", "server" or "callable"
+    settings: dict = {}  # its configuration as it reports it (speculative method, k, dtype, ...)
+    seconds: float | None = None  # wall time it took for all prompts, where known
+    ignored: Many[str] = []  # fields of its outputs file that specviz does not read (listed, never refused)
+
+
+class SequenceRecord(Strict):
+    seq: int
+    output_ids: Many[int]
+    output_pieces: Many[str | None]  # per token: the whole characters it completes; None when it only starts one
+    margins: Many[float]
+    reference_ids: Many[int] | None = None
+    reference_pieces: Many[str | None] | None = None
+    reference_margins: Many[float] | None = None
+    first_divergence: int | None = None  # first index where output_ids and reference_ids differ
+    equivalent: bool | None = None
+    completion_seconds: float | None = None  # from the start of decoding to its last token
+    audit_round: int | None = None  # audited runs: first round its target state departed from the noise floor
+    audit_draft_round: int | None = None  # the same for the draft's state
+    engine: EngineOutput | None = None  # engine checks: what the engine returned for this prompt
+    control: EngineOutput | None = None  # and the same engine without speculation, when given
+    gaps: Many[float] | None = None  # engine checks: per output token, the reference's top logit minus that token's,
+    #                                  on the engine's own prefix (0: the target's own greedy choice)
+    pit: Many[float | None] | None = None  # sampled runs: each token's randomized PIT under the target, recomputed
+    #                                        at batch size 1 (distribution.py); None where the target gives it 0
+    forensics: Forensics | None = None
+
+
+def check_sequence(s: SequenceRecord) -> None:
+    """What the views rely on in one sequence beyond types: a piece (and PIT value) per token id, and a
+    first_divergence and equivalent that follow from its ids. Raises ValueError."""
+    if s.pit is not None and len(s.pit) != len(s.output_ids):
+        raise ValueError(f"sequence {s.seq}: one PIT value per token id is needed")
+    if len(s.output_pieces) != len(s.output_ids) or (s.reference_pieces is None) != (s.reference_ids is None) \
+            or s.reference_ids is not None and len(s.reference_pieces) != len(s.reference_ids):
+        raise ValueError(f"sequence {s.seq}: one piece of text per token id is needed")
+    fork = None if s.reference_ids is None else first_difference(s.output_ids, s.reference_ids)
+    if (s.first_divergence, s.equivalent) != (fork, None if s.reference_ids is None else fork is None):
+        raise ValueError(f"sequence {s.seq}: first_divergence and equivalent do not match its ids")
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """First index where two id lists differ (a length difference counts); None if equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
