@@ -68,7 +68,7 @@ def server_binary() -> Path:
     """llama-server: $SPECVIZ_LLAMA_SERVER, else the cached build."""
     path = Path(os.environ.get("SPECVIZ_LLAMA_SERVER", build_dir() / "bin" / "llama-server"))
     if not path.exists():
-        raise SpecError(f"llama-server is not at {path}: run `make llama` to build it there (about 15 minutes on "
+        raise SpecError(f"llama-server is not at {path}: run `make llama` to build it there (about 7 minutes on "
                         "2 cores), or set SPECVIZ_LLAMA_SERVER to another one")
     return path
 
