@@ -39,7 +39,16 @@ def sampling_request(temperature: float, top_p: float = 1.0, top_k: int = 0) -> 
     return {"temperature": temperature, "top_p": top_p, "top_k": top_k or -1, **NEUTRAL}
 
 
-class OpenAI:
+class Dialect:
+    """A server's request format: `base` holds every field but the prompt and its seed."""
+
+    base: dict
+
+    def request(self, prompt: list[int], seed: int | None) -> dict:
+        return {**self.base, "prompt": prompt, **({"seed": seed} if seed is not None else {})}
+
+
+class OpenAI(Dialect):
     """OpenAI-compatible completions, with vLLM's extras."""
 
     name = "openai-compatible"
@@ -51,15 +60,12 @@ class OpenAI:
         self.base = {"model": model, "max_tokens": max_new_tokens, **self.sampling,
                      "logprobs": top_logprobs or None, "return_token_ids": True, "return_tokens_as_token_ids": True}
 
-    def request(self, prompt: list[int], seed: int | None) -> dict:
-        return {**self.base, "prompt": prompt, **({"seed": seed} if seed is not None else {})}
-
     @staticmethod
     def read(body: dict, prompt: list[int] | None, max_new_tokens: int, tokenizer=None) -> EngineOutput:
         return read_choice(body["choices"][0], prompt, max_new_tokens, tokenizer)
 
 
-class LlamaCpp:
+class LlamaCpp(Dialect):
     """llama.cpp's native completion endpoint."""
 
     name = "llama.cpp"
@@ -71,9 +77,6 @@ class LlamaCpp:
                          {"temperature": temperature, "top_p": top_p, "top_k": top_k, **LLAMA_NEUTRAL})
         self.base = {"n_predict": max_new_tokens, **self.sampling, "return_tokens": True,
                      "n_probs": top_logprobs, "cache_prompt": False}
-
-    def request(self, prompt: list[int], seed: int | None) -> dict:
-        return {**self.base, "prompt": prompt, **({"seed": seed} if seed is not None else {})}
 
     @staticmethod
     def read(body: dict, prompt: list[int] | None, max_new_tokens: int, tokenizer=None) -> EngineOutput:
@@ -146,7 +149,7 @@ def _openai_logprobs(logprobs: dict | None, n: int) -> tuple[list[float] | None,
 
 def _llamacpp_logprobs(probs: list | None, n: int) -> tuple[list[float] | None, list[dict[int, float]] | None]:
     """llama.cpp's completion_probabilities: per token {"id", "logprob", "top_logprobs": [{"id", "logprob"}]};
-    None for what is missing or partial. Under speculation llama.cpp computes them for a request's first token
+    None for what is missing or partial. Under speculation llama.cpp computes them for a request's first round
     only: the others come with no alternatives and a placeholder logprob of 0, which is no measurement."""
     if not isinstance(probs, list) or len(probs) != n:
         return None, None
