@@ -92,7 +92,7 @@ def test_a_trace_file_opens_without_a_model(client, tmp_path, good_trace):
 
 @pytest.mark.parametrize("mangle, message", [
     (lambda t: t[: len(t) // 2], "invalid JSON"),  # truncated
-    (lambda t: json.dumps({**json.loads(t), "schema_version": 7}).encode(), "schema version 1"),
+    (lambda t: json.dumps({**json.loads(t), "schema_version": 99}).encode(), "schema version 1"),
     (lambda t: json.dumps({**json.loads(t), "rows": "many"}).encode(), "rows"),
     (lambda t: json.dumps({**json.loads(t), "sequences": [{"seq": "zero"}]}).encode(), "sequences.0"),
     (lambda t: b"\xff\xfe binary", "not UTF-8"),
@@ -289,8 +289,6 @@ def test_out_of_range_sampling_is_refused_with_a_message(client):
     sampling_fault_greedy[7] = ["accept-q-over-p"]
     with pytest.raises(Exception, match="sampling faults need a temperature above 0"):
         client.predict(*sampling_fault_greedy, api_name="/run")
-    with pytest.raises(Exception, match="audit compares with the greedy reference"):
-        client.predict(*TINY_RUN, True, 0.8, api_name="/run")
     hot = share.encode(share.Link(RunSpec.build(prompts=("Hi",), temperature=5.0, top_p=0.01)))
     values = dict(zip(DEFAULTS, client.predict(hot, api_name="/open_link")))
     assert values["temperature"] == {"__type__": "update", "value": 5.0, "maximum": 5.0}  # the slider widens to it

@@ -29,6 +29,8 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
         out.append(f'<p class="sv-verdict sv-{kind}">Sequence {s.seq}: <b>{html.escape(f.verdict)}</b> — '
                    f"{html.escape(f.explanation)}</p>")
         out.append(_table(_evidence(trace, f)))
+        if metrics.sampled(trace):  # its state named; its tokens still judged by their distribution
+            out.append(_sampled_verdict(trace, s))
     if s.audit_round is not None or s.audit_draft_round is not None:
         out.append(_table([("audit: first round the target's state left rounding", s.audit_round),
                            ("audit: the same for the draft", s.audit_draft_round)]))
@@ -114,7 +116,7 @@ def _draws_table(trace: Trace, row: RowRecord) -> str:
 def _evidence(trace: Trace, f: RunForensics | EngineForensics) -> list[tuple[str, object]]:
     """The verdict's evidence, in the order its judge weighed it."""
     common = [
-        ("first divergent token", f.fork),
+        ("first token drawn in the corrupt round" if metrics.sampled(trace) else "first divergent token", f.fork),
         ("engine's token" if f.judge == "engine" else "speculative token", _tok(trace, f.output_token)),
         ("reference token", _tok(trace, f.reference_token)),
         ("judged against", f.yardstick),

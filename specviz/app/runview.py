@@ -174,11 +174,11 @@ def check_engine(settings: Settings, pair, target, dtype, outputs, control, serv
                              max_new_tokens=int(max_new_tokens or 48))
         if files is None:
             settings.check(spec)
-        progress(0, desc="the reference, then the judging passes")
+        progress(0, desc="the outputs teacher-forced through the target, then the reference where they do not prove it")
         servers = None if files else ((server.strip(), (served_model or "").strip() or None),
                                       (control_server.strip(), (served_model or "").strip() or None)
                                       if (control_server or "").strip() else None)
-        trace = serving.check_engine(spec, settings, files, servers, bool(determinism) and files is None)
+        trace = serving.check_engine(spec, settings, files, servers, bool(determinism) and files is None, progress)
     return trace, summary.headline(trace), serving.save(trace), None
 
 

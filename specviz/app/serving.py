@@ -165,22 +165,30 @@ def shrink_fork(trace: Trace, seq: int, settings: Settings, progress: gr.Progres
 @gpu
 def _check_on_gpu(spec: RunSpec, settings: Settings, outputs: tuple[bytes, str] | None,
                   control: tuple[bytes, str] | None, servers: tuple[tuple[str, str | None], tuple | None] | None,
-                  determinism: bool = False) -> Trace:
-    """All work of an engine check (the reference, the judging passes); returns plain data only."""
+                  determinism: bool = False, progress=None) -> Trace:
+    """All work of an engine check (the judging passes, the reference where they cannot prove it); returns plain
+    data only."""
     pair = pair_for(spec, settings.trust_remote_code)
     if outputs is not None:
-        return check.from_files(spec, pair, outputs, control, limits=settings)
+        return check.from_files(spec, pair, outputs, control, limits=settings, judging=check.Judging(progress=progress))
     engine, control_server = servers
     return check.from_servers(spec, pair, engine, control_server, concurrency=8, timeout=300, limits=settings,
-                              determinism=determinism)
+                              determinism=determinism, judging=check.Judging(progress=progress))
 
 
 def check_engine(spec: RunSpec, settings: Settings, files: tuple | None, servers: tuple | None,
-                 determinism: bool = False) -> Trace:
+                 determinism: bool = False, progress: gr.Progress | None = None) -> Trace:
     """An engine check: from its outputs file (and a control's), or from its servers' (asked every prompt twice
-    more when `determinism`)."""
+    more when `determinism`), its phases counted on `progress`."""
+    done: dict[str, int] = {}
+
+    def tick(phase: str, n: int) -> None:
+        done[phase] = done.get(phase, 0) + n
+        progress((done[phase], None), desc=f"{phase}: {done[phase]} tokens", unit="tokens")
+
     with LOCK:
-        return _check_on_gpu(spec, settings, *(files or (None, None)), servers, determinism)
+        return _check_on_gpu(spec, settings, *(files or (None, None)), servers, determinism,
+                             None if ZEROGPU or progress is None else tick)
 
 
 def remember(trace: Trace) -> None:

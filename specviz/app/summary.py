@@ -192,13 +192,17 @@ def engine_headline(trace: Trace, note: str = "") -> str:
 
 
 def engine_facts(trace: Trace) -> list[str]:
-    """What an engine check learnt besides the outputs (Markdown): the drafts the engine counted, the fields of its
-    file that were ignored, whether it answered alike when asked again."""
+    """What an engine check learnt besides the outputs (Markdown): the drafts the engine counted, how the
+    references were obtained, the fields of its file that were ignored, whether it answered alike when asked
+    again."""
     m, lines = trace.manifest, []
     accepted, offered = metrics.engine_drafts(trace)
     if offered:
         lines.append(f"**Engine drafts** (its own count, per request): {accepted} of {offered} draft tokens accepted "
                      f"({accepted / offered:.0%}).")
+    proofs = metrics.reference_proofs(trace)
+    if proofs:
+        lines.append(f"**Reference:** {proofs}.")
     if m.engine.ignored:
         lines.append("**Ignored fields** of the outputs file: " + ", ".join(md(f) for f in m.engine.ignored) + ".")
     if m.determinism:

@@ -162,6 +162,9 @@ def _chip(s: SequenceRecord, i: int, cls: str, tip: str) -> str:
                 else " · FIRST DIVERGENCE: the reference had ended")
     elif fork is not None and i > fork:
         cls += " sv-after"
+    elif fork is None and s.forensics is not None and i == s.forensics.fork:  # a sampled run's corrupt state
+        cls += " sv-fork"
+        tip += f" · FIRST TOKEN DRAWN FROM A CORRUPT STATE (round {s.forensics.round}): {s.forensics.verdict}"
     if s.pit is not None and i < len(s.pit):
         if s.pit[i] is None:
             cls += " sv-impossible"
@@ -187,7 +190,7 @@ def grid_html(trace: Trace, focus: Focus) -> str:
     for s in trace.sequences:
         rows = by_seq.get(s.seq, [])
         fr = fork_round(trace, s.seq, rows)
-        mark = {True: "✓", False: "✗", None: "⚠" if metrics.impossible(s) else ""}[s.equivalent]
+        mark = {True: "✓", False: "✗", None: "⚠" if metrics.impossible(s) or s.forensics else ""}[s.equivalent]
         out.append(f'<tr><th class="sv-seq" data-seq="{s.seq}" data-round="{rows[0].round if rows else ""}">'
                    f"{s.seq} {mark}</th>")
         start = 0
@@ -207,7 +210,8 @@ def grid_html(trace: Trace, focus: Focus) -> str:
             else:
                 offered = no_drafts(trace, start - len(r.emitted))
             tip = (f"seq {s.seq} · round {r.round} (its {n + 1}.) · {offered} · "
-                   f"emitted {len(r.emitted)}" + (" · first divergence" if r.round == fr else "")
+                   f"emitted {len(r.emitted)}" + (f" · {'first divergence' if s.equivalent is False else 'its state found corrupt'}"
+                                                  if r.round == fr else "")
                    + (" · audit: the target's state left rounding here" if r.round == s.audit_round else "")
                    + (" · audit: the draft's state left rounding here" if r.round == s.audit_draft_round else "")
                    + (f" · {bad} token(s) impossible under the target" if bad else "")

@@ -75,10 +75,12 @@ NO_DRAFTS = "no drafts offered"
 
 
 def fork_round(trace: Trace, seq: int, rows: list[RowRecord]) -> int | None:
-    """The round that emitted the sequence's first divergent token."""
-    fork = trace.sequences[seq].first_divergence
+    """The round that emitted the sequence's first divergent token; in a sampled run, the round its state was found
+    corrupt in (forensics/whitebox.py)."""
+    s = trace.sequences[seq]
+    fork = s.first_divergence
     if fork is None:
-        return None
+        return s.forensics.round if s.forensics and s.reference_ids is None else None
     seen = 0
     for r in rows:
         seen += len(r.emitted)
@@ -90,7 +92,7 @@ def fork_round(trace: Trace, seq: int, rows: list[RowRecord]) -> int | None:
 def resolve(trace: Trace, seq: int | None = None, round: int | None = None) -> tuple[Focus, str]:
     """A valid focus near the one asked for, and a note when it had to move.
 
-    No sequence asked: the first divergent one (else 0). No valid round: the
+    No sequence asked: the first divergent one, or with a verdict (else 0). No valid round: the
     round of its divergence (else its first round).
     """
     note = ""
@@ -99,8 +101,8 @@ def resolve(trace: Trace, seq: int | None = None, round: int | None = None) -> t
         note = f"sequence {seq} is not in this run (it has {n}); showing another. "
         seq = None
     by_seq = rows_by_seq(trace)
-    if seq is None:
-        seq = next((s.seq for s in trace.sequences if s.equivalent is False), None)
+    if seq is None:  # a sampled run's verdict names its corrupt state as a fork's does
+        seq = next((s.seq for s in trace.sequences if s.equivalent is False or s.forensics), None)
     if seq is None:  # a sampled run: the first sequence with an impossible token, else a wrong decision
         seq = next((s.seq for s in trace.sequences if metrics.impossible(s)), None)
     if seq is None:

@@ -1,8 +1,10 @@
 """The command line's commands: run, verify, check, shrink, bench, schema; what each prints and writes."""
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm import tqdm
@@ -18,24 +20,30 @@ from specviz.trace.sweep import Sweep, SweepReport, report, row_of
 from specviz.trace.text import clip
 
 
-def _run_with_bars(spec: RunSpec, args, record: bool = True):
-    """`run` with one progress bar per phase (the batch-size-1 reference, then the method)."""
-    from specviz.run.runner import run
-
+@contextlib.contextmanager
+def _bars(total: Callable[[str], int | None]):
+    """A progress callback `(phase, n)` drawing one bar per phase, of `total(phase)` units (None: a count)."""
     bars: dict[str, tqdm] = {}
 
     def progress(phase: str, n: int) -> None:
         if phase not in bars:
-            bars[phase] = tqdm(total=len(spec.prompts) * spec.max_new_tokens, desc=phase, unit="tok", leave=False,
-                               disable=not sys.stderr.isatty())
+            bars[phase] = tqdm(total=total(phase), desc=phase, unit="tok", leave=False, disable=not sys.stderr.isatty())
         bars[phase].update(n)
 
     try:
-        return run(spec, record=record, progress=progress, trust_remote_code=args.trust_remote_code,
-                   placement=placement_of(args))
+        yield progress
     finally:
         for bar in bars.values():
             bar.close()
+
+
+def _run_with_bars(spec: RunSpec, args, record: bool = True):
+    """`run` with one progress bar per phase (the batch-size-1 reference, then the method)."""
+    from specviz.run.runner import run
+
+    with _bars(lambda phase: len(spec.prompts) * spec.max_new_tokens) as progress:
+        return run(spec, record=record, progress=progress, trust_remote_code=args.trust_remote_code,
+                   placement=placement_of(args))
 
 
 def cmd_run(args) -> int:
@@ -173,15 +181,18 @@ def cmd_check(args) -> int:
     pair = pair_for(spec, args.trust_remote_code, placement_of(args))
     if args.determinism and not args.server:
         raise SpecError("--determinism asks a server again: give the engine as --server URL")
-    if args.outputs:
-        control = (args.control.read_bytes(), args.control.name) if args.control else None
-        trace = check.from_files(spec, pair, (args.outputs.read_bytes(), args.outputs.name), control)
-    elif args.server:
-        control = (args.control_server, args.control_served_model or args.served_model) if args.control_server else None
-        trace = check.from_servers(spec, pair, (args.server, args.served_model), control, args.concurrency, args.timeout,
-                                   determinism=args.determinism)
-    else:
-        trace = check.from_callables(spec, pair, args.engine, args.control_engine)
+    with _bars(lambda phase: None) as progress:  # the budget of an outputs file is its longest output
+        judging = check.Judging(args.decode_reference, progress, args.checkpoint)
+        if args.outputs:
+            control = (args.control.read_bytes(), args.control.name) if args.control else None
+            trace = check.from_files(spec, pair, (args.outputs.read_bytes(), args.outputs.name), control,
+                                     judging=judging)
+        elif args.server:
+            control = (args.control_server, args.control_served_model or args.served_model) if args.control_server else None
+            trace = check.from_servers(spec, pair, (args.server, args.served_model), control, args.concurrency,
+                                       args.timeout, determinism=args.determinism, judging=judging)
+        else:
+            trace = check.from_callables(spec, pair, args.engine, args.control_engine, judging)
     _print_check(trace)
     if args.json:
         _write(args.json, json.dumps({"engine": trace.manifest.engine.model_dump(), "summary": metrics.engine_summary(trace),
@@ -199,6 +210,8 @@ def _print_check(trace) -> None:
         print(f"{row['engine'][:44]:<44} {row['n']:>4} {row['errors']:>6} {metrics.percent(row['exact_pct']):>8} "
               f"{metrics.percent(row['prefix_pct']):>9} {tps:>7}  {shown}")
     _print_yardsticks(trace)
+    if proofs := metrics.reference_proofs(trace):
+        print(f"reference: {proofs}")
     _print_engine_facts(trace)
     if trace.distribution:
         print(f"distribution: {_distribution(trace)}")

@@ -74,6 +74,12 @@ def _add_check(sub) -> None:
                         "batch company) and report every prompt answered otherwise, with its fork")
     p.add_argument("--k", type=int, default=5,
                    help="the engine's draft length, if it speculates (a verify pass's k + 1 positions size the tolerance)")
+    p.add_argument("--decode-reference", action="store_true",
+                   help="decode the reference token by token for every prompt, instead of proving it from the outputs "
+                        "by teacher forcing and decoding only from a fork or near-tie on (slower; the same verdicts)")
+    p.add_argument("--checkpoint", type=Path,
+                   help="keep every prompt's judging in this file as it is done; the same command run again after a "
+                        "stop (a crash, Ctrl-C) takes up the prompts judged already, where the engine answered alike")
     p.add_argument("--json", type=Path, help="write the summary and every sequence here")
     p.add_argument("--trace", type=Path, help="write the check as a trace (opens in the app)")
     p.set_defaults(func=cmd_check)

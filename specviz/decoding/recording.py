@@ -105,6 +105,7 @@ def build_trace(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], res
         sequences.append(SequenceRecord(
             seq=seq, output_ids=out.ids, output_pieces=text.pieces(pair.tokenizer, out.ids, before), margins=out.margins,
             reference_ids=ref.ids if ref else None, reference_margins=ref.margins if ref else None,
+            reference_proof=ref.proof if ref else None,
             reference_pieces=text.pieces(pair.tokenizer, ref.ids, before) if ref else None,
             first_divergence=fork, equivalent=None if ref is None else fork is None,
             completion_seconds=out.finished_at,

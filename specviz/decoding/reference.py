@@ -25,9 +25,10 @@ def choose(logits: torch.Tensor, sampling: Sampling, seqs: torch.Tensor, index: 
 
 @torch.inference_mode()
 def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int, progress: Progress | None = None,
-              sampling: Sampling = GREEDY) -> DecodeResult:
+              sampling: Sampling = GREEDY, known: list[SequenceOutput] | None = None) -> DecodeResult:
     """Plain argmax (or a draw, when sampling), one prompt at a time, through the model's own forward,
-    positions and cache.
+    positions and cache. `known`: each prompt's leading reference tokens, already established (proof.py): the
+    decode goes on after them, their prompt and tokens prefilled in one pass.
 
     Not `generate`: transformers 5 fills every field a GenerationConfig leaves unset from the checkpoint's
     own generation_config (repetition penalty, suppressed tokens, ...), and it takes the argmax of float32
@@ -37,8 +38,9 @@ def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int, pr
     """
     outputs, start = [], time.perf_counter()
     for seq, ids in enumerate(prompts):
-        cache, x = kvcache.new(pair.target), torch.tensor([ids], device=pair.device)
-        out = SequenceOutput([])
+        out = SequenceOutput([]) if known is None else known[seq]
+        given = len(out.ids)
+        cache, x = kvcache.new(pair.target), torch.tensor([ids + out.ids], device=pair.device)
         while len(out.ids) < max_new_tokens and (not out.ids or out.ids[-1] not in pair.eos_ids):
             logits = pair.target(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
             logits = logits[: pair.vocab_size].double()  # exact for every model dtype: the argmax is the model's
@@ -48,7 +50,7 @@ def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int, pr
             x = torch.tensor([out.ids[-1:]], device=pair.device)
         outputs.append(out)
         if progress:
-            progress(len(out.ids))
+            progress(len(out.ids) - given)
     return DecodeResult(outputs, time.perf_counter() - start)
 
 

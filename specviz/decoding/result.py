@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specviz.trace.records import ReferenceProof
+
 Progress = Callable[[int], None]  # called with the number of new tokens just produced
 
 
@@ -14,6 +16,7 @@ class SequenceOutput:
     ids: list[int]  # generated ids, through the first EOS, never past it
     margins: list[float] = field(default_factory=list)  # target top-1 minus top-2 logit per generated token
     finished_at: float | None = None  # seconds from the start of decoding to this sequence's last token
+    proof: ReferenceProof | None = None  # a reference proved by teacher forcing, not decoded (forensics/proof.py)
 
 
 @dataclass

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from specviz.decoding.result import Progress
 from specviz.forensics import enginenoise
-from specviz.models.pairs import ModelPair
 from specviz.trace.evidence import EngineForensics, EngineNoise, Fidelity, Yardsticks
 from specviz.trace.records import SequenceRecord, first_difference
 from specviz.trace.schema import Trace
@@ -21,28 +21,35 @@ from specviz.trace.schema import Trace
 REPEAT_N = 4  # loops are measured on repeated n-grams of this length
 
 
-def judge_engine(trace: Trace, pair: ModelPair) -> None:
+def force_outputs(forcing: enginenoise.TeacherForcing, prompt: list[int], outputs: dict[str, list[int]],
+                  progress: Progress | None = None) -> dict[str, enginenoise.Forced]:
+    """One prompt's outputs ({role: ids}: the engine's, the control's) teacher-forced; the prompt is prefilled
+    once, and an output equal to another's is forced once."""
+    done: dict[tuple[int, ...], enginenoise.Forced] = {}
+    for ids in outputs.values():
+        if tuple(ids) not in done:
+            done[tuple(ids)] = enginenoise.force(forcing, prompt, ids)
+            if progress:
+                progress(len(ids))
+    return {role: done[tuple(ids)] for role, ids in outputs.items()}
+
+
+def judge_engine(trace: Trace, forcing: enginenoise.TeacherForcing, truth: str,
+                 scored: dict[tuple[str, int], enginenoise.Forced]) -> None:
     """Fill `gaps` for every sequence of an engine check, `forensics` for every divergent one, the engine's
-    yardstick and each run's fidelity (in place)."""
-    model, truth = enginenoise.truth_model(pair)
-    forced = enginenoise.TeacherForcing(model, pair.vocab_size)
+    yardstick and each run's fidelity (in place), from its runs' outputs teacher-forced in `truth`: (role, seq) ->
+    Forced (force_outputs)."""
     ys = trace.manifest.yardstick or Yardsticks(target=None)
     rounding = ys.target.tolerance if ys.target else 0.0
-    scored = {}  # (role, seq) -> (logits, gaps, margins) for every answered output
-    for s in trace.sequences:
-        for role, out in (("engine", s.engine), ("control", s.control)):
-            if out is not None and out.error is None:
-                logits = forced(trace.prompts[s.seq].ids, out.ids)
-                scored[role, s.seq] = (logits, *enginenoise.gaps_and_margins(logits, out.ids))
     ys.engine = _engine_noise(trace, scored, truth, rounding)
     trace.manifest.yardstick = ys
     for s in trace.sequences:
         if ("engine", s.seq) not in scored:
             continue
-        logits, s.gaps, _ = scored["engine", s.seq]
+        s.gaps = scored["engine", s.seq].gaps
         s.forensics = None
         if s.equivalent is False:
-            s.forensics = _judge(s, forced, trace.prompts[s.seq].ids, logits, ys)
+            s.forensics = _judge(s, forcing, trace.prompts[s.seq].ids, ys)
     trace.manifest.fidelity = [f for role in ("engine", "control") if (f := _fidelity(trace, scored, role, ys.engine))]
 
 
@@ -53,11 +60,11 @@ def _engine_noise(trace: Trace, scored: dict, truth: str, rounding: float) -> En
         return EngineNoise(source="none", truth=truth, tokens=0, departures=[], rounding=rounding, tolerance=rounding,
                            alpha=enginenoise.ALPHA, method="no control run: only transformers' own rounding in this "
                            "dtype is known, and every engine is granted it")
-    gaps = [g for _, (_, gs, _) in controls for g in gs]
-    margins = [m for _, (_, _, ms) in controls for m in ms]
+    gaps = [g for _, forced in controls for g in forced.gaps]
+    margins = [m for _, forced in controls for m in forced.margins]
     fit = enginenoise.fit_sigma(gaps, margins)
-    squares = [x for s, (logits, _, _) in controls if s.control.logprobs
-               for x in enginenoise.sigma_from_logprobs(logits, s.control.ids, s.control.logprobs)]
+    squares = [x for s, forced in controls if s.control.logprobs
+               for x in enginenoise.sigma_from_logprobs(forced, s.control.logprobs)]
     sigma_lp = enginenoise.robust_sigma(squares)
     departures = sorted((g for g in gaps if g > 0), reverse=True)
     return EngineNoise(
@@ -75,10 +82,10 @@ def _fidelity(trace: Trace, scored: dict, role: str, noise: EngineNoise) -> Fide
     runs = [(s, getattr(s, role), scored[role, s.seq]) for s in trace.sequences if (role, s.seq) in scored]
     if not runs:
         return None
-    gaps = [g for _, _, (_, gs, _) in runs for g in gs]
-    fit = enginenoise.fit_sigma(gaps, [m for _, _, (_, _, ms) in runs for m in ms])
-    errors = [abs(lp - float(logits[i].log_softmax(-1)[t])) for _, out, (logits, _, _) in runs if out.logprobs
-              for i, (t, lp) in enumerate(zip(out.ids, out.logprobs))]
+    gaps = [g for _, _, forced in runs for g in forced.gaps]
+    fit = enginenoise.fit_sigma(gaps, [m for _, _, forced in runs for m in forced.margins])
+    errors = [abs(lp - truth) for _, out, forced in runs if out.logprobs
+              for lp, truth in zip(out.logprobs, forced.logprobs)]
     return Fidelity(role=role, outputs=len(runs), equal=sum(out.ids == s.reference_ids for s, out, _ in runs),
                     tokens=len(gaps), departures=sum(g > 0 for g in gaps), beyond=sum(g > noise.tolerance for g in gaps),
                     largest_gap=max(gaps, default=0.0), sigma=fit and fit[0], logprob_error=max(errors, default=None))
@@ -89,8 +96,7 @@ def _repeated(ids: list[int]) -> float | None:
     return None if not grams else 1 - len(set(grams)) / len(grams)
 
 
-def _judge(s: SequenceRecord, forced: enginenoise.TeacherForcing, prompt: list[int], logits: torch.Tensor,
-           ys: Yardsticks) -> EngineForensics:
+def _judge(s: SequenceRecord, forced: enginenoise.TeacherForcing, prompt: list[int], ys: Yardsticks) -> EngineForensics:
     f = s.first_divergence
     out, ref = s.output_ids, s.reference_ids
     noise = ys.engine
@@ -101,6 +107,7 @@ def _judge(s: SequenceRecord, forced: enginenoise.TeacherForcing, prompt: list[i
     if s.control is not None and not s.control.error:
         ev.control_fork = first_difference(s.control.ids, ref)
     if ev.output_token is not None:
+        logits = forced(prompt, out)  # again, whole: few sequences diverge, and only these are kept whole
         z = logits[f]  # the engine's prefix is the reference's up to the fork
         ev.engine_rank = 1 + int((z > z[ev.output_token]).sum())
         if s.engine.logprobs and f < len(s.engine.logprobs):

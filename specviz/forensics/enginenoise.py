@@ -19,6 +19,7 @@ the two. Without a control, only transformers' own rounding in the dtype is know
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from scipy import optimize, stats
@@ -65,13 +66,30 @@ class TeacherForcing:
         return out.logits[0, :, : self.vocab].double().cpu()
 
 
-def gaps_and_margins(logits: torch.Tensor, output: list[int]) -> tuple[list[float], list[float]]:
-    """Per token: the target's top logit minus the token's (0: its own choice), and its top-1 minus top-2 margin."""
+@dataclass
+class Forced:
+    """One output teacher-forced through the target: per token, what the judges read of the target's logits on
+    its own prefix. The logits themselves are dropped, so that a check holds O(tokens), not O(tokens x vocab)."""
+
+    gaps: list[float]  # the top logit minus the token's (0: the target's own choice)
+    margins: list[float]  # top-1 minus top-2
+    logprobs: list[float]  # the token's log-probability
+    spreads: list[float]  # (1 - p_t)^2 + sum over v != t of p_v^2: how noise on the logits moves log p_t
+
+
+def force(forcing: TeacherForcing, prompt: list[int], output: list[int]) -> Forced:
+    """`output` teacher-forced on `prompt`, read down to what the judges need."""
     if not output:
-        return [], []
+        return Forced([], [], [], [])
+    logits = forcing(prompt, output)
     top = logits.topk(2, -1).values
-    chosen = logits.gather(1, torch.tensor(output)[:, None])[:, 0]
-    return (top[:, 0] - chosen).tolist(), (top[:, 0] - top[:, 1]).tolist()
+    idx = torch.tensor(output)[:, None]
+    logp = logits.log_softmax(-1)
+    p = logp.exp()
+    pt = p.gather(1, idx)[:, 0]
+    return Forced(gaps=(top[:, 0] - logits.gather(1, idx)[:, 0]).tolist(), margins=(top[:, 0] - top[:, 1]).tolist(),
+                  logprobs=logp.gather(1, idx)[:, 0].tolist(),
+                  spreads=((1 - pt) ** 2 + (p ** 2).sum(-1) - pt ** 2).tolist())
 
 
 def _log_likelihood(sigma: float, departures: list[float], kept: list[float]) -> float:
@@ -96,19 +114,12 @@ def fit_sigma(gaps: list[float], margins: list[float]) -> tuple[float, float] | 
     return (math.exp(best) if departures else 0.0), math.exp(upper)
 
 
-def sigma_from_logprobs(logits: torch.Tensor, output: list[int], logprobs: list[float]) -> list[float]:
+def sigma_from_logprobs(forced: Forced, logprobs: list[float]) -> list[float]:
     """Per token, the squared log-probability error scaled to a logit difference's noise: with independent noise
     of variance s^2 on each logit, log p(t) moves by about (1 - p_t) e_t - sum_v!=t p_v e_v, of variance
     s^2 ((1 - p_t)^2 + sum_v!=t p_v^2), and a difference of two logits has variance 2 s^2."""
-    n = min(len(output), len(logprobs))
-    if not n:
-        return []
-    p = logits[:n].softmax(-1)
-    idx = torch.tensor(output[:n])[:, None]
-    pt = p.gather(1, idx)[:, 0]
-    spread = (1 - pt) ** 2 + (p ** 2).sum(-1) - pt ** 2
-    error = torch.tensor(logprobs[:n], dtype=torch.float64) - logits[:n].log_softmax(-1).gather(1, idx)[:, 0]
-    return (2 * error ** 2 / spread.clamp(min=1e-12)).tolist()
+    return [2 * (lp - truth) ** 2 / max(spread, 1e-12)
+            for lp, truth, spread in zip(logprobs, forced.logprobs, forced.spreads)]
 
 
 def robust_sigma(scaled_squares: list[float]) -> float | None:

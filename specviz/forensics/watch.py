@@ -15,7 +15,10 @@ starts and ends, and which sequence each batch row is. At the end of a round:
   corrupt cache from the rest;
 - in audit mode, every row (or a sample of rows per round) gets the same
   logits comparison, for the target and for the draft, fork or not: state can
-  go wrong long before an output forks, or without it ever forking.
+  go wrong long before an output forks, or without it ever forking. A sampled
+  run has no reference to fork from: there the first audited row of each
+  sequence whose state departs beyond the yardstick's tolerance is inspected
+  as a fork's emitting row is, to name what was wrong with it.
 
 Findings are raw numbers; whitebox.py turns them into verdicts against the
 rounding yardstick (yardstick.py).
@@ -57,7 +60,7 @@ class ForkState:
 
 
 class Watch:
-    def __init__(self, pair, prompt_ids: list[list[int]], reference_ids: list[list[int]], audit_rows: int = 0,
+    def __init__(self, pair, prompt_ids: list[list[int]], reference_ids: list[list[int]] | None, audit_rows: int = 0,
                  tolerance: float | None = None):
         self.pair = pair
         self.tolerance = tolerance  # a state within it is clean: its inputs need no narrowing (None: always narrow)
@@ -66,7 +69,9 @@ class Watch:
         self.audit_rows = audit_rows  # rows audited per round; 0: audit off
         self.seen = [0] * len(prompt_ids)  # tokens of each sequence already looked at
         self.rounds = 0
-        self.forks: dict[int, ForkState] = {}  # seq -> its first divergence
+        # seq -> the emitting row at its first divergence; without a reference (a sampled run), the row at its first
+        # audited round whose state departs beyond `tolerance`
+        self.forks: dict[int, ForkState] = {}
         self._rebuilds: dict[tuple[int, torch.dtype], torch.Tensor | None] = {}  # (round, dtype) -> rebuilt logits
         self.audit: dict[tuple[int, int], tuple[float, float | None]] = {}  # (round, seq) -> target, draft differences
         self._target = Tap(pair.target, keep_cache=True)
@@ -101,6 +106,9 @@ class Watch:
                     self.forks[s] = self._inspect(verify, r, row, truths, fork - before)
                 if row in audited:
                     self.audit[(r, s)] = (self._state_diff(verify, row, truth)[0], self._draft_diff(drafted, row, truth))
+                    if self.references is None and s not in self.forks and self.tolerance is not None \
+                            and self.audit[(r, s)][0] > self.tolerance:
+                        self.forks[s] = self._inspect(verify, r, row, truths, 0)
 
     def _audited(self, rows: int, r: int) -> set[int]:
         if self.audit_rows >= rows:
@@ -108,6 +116,8 @@ class Watch:
         return set(random.Random(r).sample(range(rows), self.audit_rows))  # seeded: a rerun audits the same rows
 
     def _fork(self, s: int, before: int, ids: list[int]) -> int | None:
+        if self.references is None:
+            return None
         ref = self.references[s]
         return next((i for i in range(before, len(ids)) if i >= len(ref) or ids[i] != ref[i]), None)
 

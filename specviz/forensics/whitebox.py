@@ -38,7 +38,8 @@ from specviz.trace.text import span
 # the same round (positions also spoil the cache's provenance).
 BREAKING = ("bonus", "positions", "mask", "kv")
 EXPLAIN = {
-    "bonus": "a correction/bonus token was not the argmax of the target pass that chose it (I4)",
+    "bonus": ("a correction/bonus token was not the target's own (the argmax of the pass that chose it, or its draw "
+              "when sampling) (I4)"),
     "positions": "the position ids fed to the model did not count the row's real tokens (I2)",
     "mask": "the attention mask did not show exactly the row's real tokens",
     "kv": "the KV cache did not hold each real token's entry, computed at its own position (I3)",
@@ -104,6 +105,81 @@ def analyse(trace: Trace, result: DecodeResult, pair: ModelPair | None) -> None:
         s.forensics = ev
 
 
+def analyse_sampled(trace: Trace, result: DecodeResult) -> None:
+    """An audited sampled run (in place): each sequence's first audited round beyond the yardstick and, where its
+    target state departed, `forensics` naming what was wrong with it, from the watch's inspection of that row
+    (result.forks); where the state held but the engine's own checks failed, the check that failed first. A
+    sampled run has no reference to fork from: the fork is the first token that round emitted."""
+    ys = trace.manifest.yardstick
+    rows_of: dict[int, list[RowRecord]] = {}
+    for r in trace.rows:
+        rows_of.setdefault(r.seq, []).append(r)
+    for s in trace.sequences:
+        rows = rows_of.get(s.seq, [])
+        s.audit_round = _first_over(rows, "audit", ys.target.tolerance)
+        s.audit_draft_round = _first_over(rows, "audit_draft", ys.draft and ys.draft.tolerance)
+        state, failed = result.forks.get(s.seq), _failures(rows, None)
+        s.forensics = None
+        if state is not None or failed:
+            s.forensics = _sampled_verdict(s, rows, state, failed, ys.target)
+
+
+def _sampled_verdict(s: SequenceRecord, rows: list[RowRecord], state, failed: dict[str, int],
+                     rounding: Rounding) -> RunForensics:
+    first_round = state.round if state is not None else min(failed.values())
+    fork = sum(len(r.emitted) for r in rows if r.round < first_round)
+    ev = RunForensics(verdict="unexplained", explanation="", fork=fork,
+                      output_token=s.output_ids[fork] if fork < len(s.output_ids) else None,
+                      failed_checks=_failures(rows, first_round), tolerance=rounding.tolerance, alpha=rounding.alpha,
+                      yardstick=rounding.describe())
+    rec = next((r for r in rows if r.round == first_round), None)
+    if rec is not None:
+        ev.round, ev.row = rec.round, rec.row
+    invariant = _first_invariant(ev)
+    recorded = (f" The engine's own check found, in round {ev.failed_checks[invariant]}, that {EXPLAIN[invariant]}."
+                if invariant else "")
+    first = f" The first token drawn from that round is token {fork}; every later draw of this row rests on it."
+    if state is None:
+        ev.verdict = f"sync-bug:{invariant}"
+        ev.explanation = (f"Every audited round of this sequence kept its target state within rounding of a fresh "
+                          f"batch-size-1 recomputation, but the engine's own check failed in round {first_round}: "
+                          f"{EXPLAIN[invariant]}." + first)
+        return ev
+    _fill_state(ev, state)
+    ev.emitting_argmax = ev.margin_batched = None  # a sampled token is a draw, not the pass's argmax
+    component = _component(ev, rounding)
+    beyond = (f"In round {state.round} (batch row {state.row}) the target's verify logits for this sequence differ from "
+              f"a fresh batch-size-1 recomputation by {state.state_diff:.3g}, {state.state_diff / rounding.tolerance:.3g} "
+              f"times what rounding in {rounding.dtype} allows ({rounding.tolerance:.3g}; two correct computations "
+              f"differ by more with probability {rounding.alpha:.2g})")
+    if component == "kernel":
+        ev.verdict = "kernel-bug"
+        ev.explanation = f"{beyond}, though its first token, positions and mask were right. {_rebuilt(ev, rounding)}"
+    else:
+        ev.verdict = f"sync-bug:{invariant if component == 'state' and invariant else component}"
+        ev.explanation = f"{beyond}: the row's state was corrupt. {_why(ev, component)}"
+    ev.explanation += recorded + first
+    return ev
+
+
+def _first_invariant(ev: RunForensics) -> str | None:
+    """The engine's own breaking check that failed first, at or before the fork (None: none failed)."""
+    if not ev.failed_checks:
+        return None
+    first = min(ev.failed_checks.values())
+    return next(c for c in BREAKING if ev.failed_checks.get(c) == first)
+
+
+def _fill_state(ev: RunForensics, fork) -> None:
+    """The watch's inspection of the emitting row (watch.ForkState), as evidence."""
+    ev.state_diff, ev.kv_diff, ev.tokens_fed_ok = fork.state_diff, fork.kv_diff, fork.tokens_ok
+    ev.kernel_diff, ev.kernel_diff_float64 = fork.kernel_diff, fork.kernel_diff_float64
+    ev.written_at = fork.written_at
+    ev.positions_fed, ev.positions_expected = fork.positions_fed, fork.positions_expected
+    ev.visible, ev.visible_expected = fork.visible, fork.visible_expected
+    ev.emitting_argmax, ev.margin_batched = fork.emitting_argmax, fork.emitting_margin
+
+
 def _evidence(s: SequenceRecord, rows: list[RowRecord], fork) -> RunForensics:
     f = s.first_divergence
     rec = _emitter(rows, f)
@@ -118,12 +194,7 @@ def _evidence(s: SequenceRecord, rows: list[RowRecord], fork) -> RunForensics:
         ev.round, ev.row = rec.round, rec.row
     ev.failed_checks = _failures(rows, ev.round)
     if fork is not None:
-        ev.state_diff, ev.kv_diff, ev.tokens_fed_ok = fork.state_diff, fork.kv_diff, fork.tokens_ok
-        ev.kernel_diff, ev.kernel_diff_float64 = fork.kernel_diff, fork.kernel_diff_float64
-        ev.written_at = fork.written_at
-        ev.positions_fed, ev.positions_expected = fork.positions_fed, fork.positions_expected
-        ev.visible, ev.visible_expected = fork.visible, fork.visible_expected
-        ev.emitting_argmax, ev.margin_batched = fork.emitting_argmax, fork.emitting_margin
+        _fill_state(ev, fork)
     return ev
 
 
@@ -162,10 +233,7 @@ def _sync_bug(ev: RunForensics, rounding: Rounding | None) -> bool:
     tolerance = rounding.tolerance if rounding else None
     # The engine's own checks (its provenance of every cache slot) corroborate; they name the state only where
     # the independent evidence cannot.
-    invariant = None
-    if ev.failed_checks:
-        first = min(ev.failed_checks.values())
-        invariant = next(c for c in BREAKING if ev.failed_checks.get(c) == first)
+    invariant = _first_invariant(ev)
     recorded = (f" The engine's own check found, in round {ev.failed_checks[invariant]}, that {EXPLAIN[invariant]}."
                 if invariant else "")
     if ev.output_token is None or ev.reference_token is None:

@@ -1,8 +1,9 @@
 """`specviz check`: did speculative decoding change an engine's outputs, and is each difference numerics or a bug?
 
 The engine (a file of its outputs, an OpenAI-compatible server, a Python callable; engines/) answers the
-prompts; specviz decodes the batch-size-1 reference of the same target weights beside it, measures its own
-rounding (yardstick.py), and judges every difference from outside (forensics.judge_engine). A control run of
+prompts; specviz teacher-forces its outputs through the target in float64, proves the batch-size-1 reference of
+the same weights from them as far as their margins reach and decodes it from there (forensics/proof.py),
+measures its own rounding (yardstick.py), and judges every difference from outside (forensics.judge_engine). A control run of
 the same engine without speculation, when given, measures that engine's own rounding (enginenoise.py): a fork
 within it is the engine's numerics, one beyond it a bug. The result is a trace like any other, of method
 `engine`.
@@ -14,17 +15,23 @@ temperature, top-k and top-p: their randomized PIT must be uniform (distribution
 """
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
 from pydantic import ValidationError
 
 from specviz.decoding.recording import build_trace
-from specviz.decoding.result import DecodeResult, SequenceOutput
+from specviz.decoding.reference import reference
+from specviz.decoding.result import DecodeResult, Progress, SequenceOutput
 from specviz.engines import jsonl, python, server
 from specviz.engines.base import EngineRun
 from specviz.engines.jsonl import OutputLine
-from specviz.forensics import distribution, repeats
-from specviz.forensics.blackbox import judge_engine
+from specviz.forensics import distribution, enginenoise, proof, repeats
+from specviz.forensics.blackbox import force_outputs, judge_engine
 from specviz.models.pairs import ModelPair
-from specviz.run.runner import encode, reference_for, yardsticks_for
+from specviz.run.checkpoint import Checkpoint
+from specviz.run.runner import Phases, calibrated_tolerance, encode, phase, yardsticks_for
 from specviz.run.settings import Settings
 from specviz.spec.run import RunSpec, SpecError, describe_validation_error
 from specviz.trace.records import EngineInfo, RoundRecord, RowRecord
@@ -39,8 +46,17 @@ def prompts_of(lines: list[OutputLine], pair: ModelPair, chat_template: bool) ->
     return texts, ids
 
 
+@dataclass(frozen=True)
+class Judging:
+    """How a check judges, whatever the engine's source."""
+
+    decode_reference: bool = False  # decode every reference token by token, as a run does, instead of proving it
+    progress: Phases | None = None  # (phase, n): n more tokens teacher-forced ("teacher forcing") or decoded ("reference")
+    checkpoint: Path | None = None  # keeps every prompt's work as it is done, for the same check run again
+
+
 def from_files(spec: RunSpec, pair: ModelPair, outputs: tuple[bytes, str], control: tuple[bytes, str] | None = None,
-               limits: Settings | None = None) -> Trace:
+               limits: Settings | None = None, judging: Judging = Judging()) -> Trace:
     """Check an engine from its outputs file ((content, name); docs/engines.md), and its control run's file. The
     prompts are the file's; the reference's budget is its longest output."""
     header, lines, ignored = jsonl.parse(*outputs)
@@ -58,11 +74,12 @@ def from_files(spec: RunSpec, pair: ModelPair, outputs: tuple[bytes, str], contr
         if prompts_of(c_lines, pair, spec.chat_template)[1] != ids:
             raise SpecError(f"{control[1]} does not hold the same prompts, in the same order, as {outputs[1]}")
         control_run = jsonl.from_lines(c_header, c_lines, pair.tokenizer, control[1], c_ignored)
-    return check(spec, pair, ids, engine, control_run)
+    return check(spec, pair, ids, engine, control_run, judging)
 
 
 def from_servers(spec: RunSpec, pair: ModelPair, engine: tuple[str, str | None], control: tuple[str, str | None] | None,
-                 concurrency: int, timeout: float, limits: Settings | None = None, determinism: bool = False) -> Trace:
+                 concurrency: int, timeout: float, limits: Settings | None = None, determinism: bool = False,
+                 judging: Judging = Judging()) -> Trace:
     """Check an engine behind a server (OpenAI-compatible or llama.cpp: (url, served model)), and its control
     run's server. `determinism`: ask the engine every prompt twice more (repeats.py) and record what differs."""
     ids = encode(spec, pair, limits)
@@ -73,32 +90,40 @@ def from_servers(spec: RunSpec, pair: ModelPair, engine: tuple[str, str | None],
 
     first = ask(*engine)
     again = {"again": ask(*engine), "reordered": ask(*engine, order=list(reversed(range(len(ids)))))} if determinism else {}
-    trace = check(spec, pair, ids, first, ask(*control) if control else None)
+    trace = check(spec, pair, ids, first, ask(*control) if control else None, judging)
     if determinism:
         trace.manifest.determinism = repeats.compare(first.outputs, {name: run.outputs for name, run in again.items()})
     return trace
 
 
-def from_callables(spec: RunSpec, pair: ModelPair, engine: str, control: str | None) -> Trace:
+def from_callables(spec: RunSpec, pair: ModelPair, engine: str, control: str | None,
+                   judging: Judging = Judging()) -> Trace:
     """Check a Python callable module:function (engines/python.py), and a control callable."""
     ids = encode(spec, pair)
     settings = {"max_new_tokens": spec.max_new_tokens, "k": spec.k, "dtype": spec.dtype, "device": str(pair.device),
                 "eos_ids": list(pair.eos_ids), **sampling_settings(spec)}
     return check(spec, pair, ids, python.from_callable(engine, ids, settings),
-                 python.from_callable(control, ids, settings) if control else None)
+                 python.from_callable(control, ids, settings) if control else None, judging)
 
 
 def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: EngineRun,
-          control: EngineRun | None = None) -> Trace:
-    """The trace of `engine`'s outputs for `prompt_ids`, judged against the reference (`spec`: method engine)."""
+          control: EngineRun | None = None, judging: Judging = Judging()) -> Trace:
+    """The trace of `engine`'s outputs for `prompt_ids`, judged against the reference (`spec`: method engine).
+
+    Prompt by prompt, the outputs are teacher-forced through the target in float64, and the reference is proved
+    from them where their margins allow (forensics/proof.py) and decoded from where they do not (Judging)."""
     for run, role in ((engine, "engine"), (control, "control run")):
         if run is not None and len(run.outputs) != len(prompt_ids):
             raise SpecError(f"the {role} answered {len(run.outputs)} prompts of {len(prompt_ids)}")
     if not spec.greedy:
         return check_sampled(spec, pair, prompt_ids, engine, control)
-    ref = reference_for(pair, prompt_ids, spec.max_new_tokens)
+    model, truth = enginenoise.truth_model(pair)
+    forcing = enginenoise.TeacherForcing(model, pair.vocab_size)
+    tolerance = None if judging.decode_reference or truth != "float64" else calibrated_tolerance(spec, pair)
+    scored, ref, yardsticks = _judge_rows(spec, pair, prompt_ids, {"engine": engine, "control": control}, forcing,
+                                          tolerance, judging)
     answered = DecodeResult([SequenceOutput(o.ids) for o in engine.outputs], engine.seconds or 0.0)
-    trace = build_trace(spec, pair, prompt_ids, answered, ref, yardsticks_for(spec, pair, prompt_ids, ref))
+    trace = build_trace(spec, pair, prompt_ids, answered, ref, yardsticks)
     trace.manifest.engine = _info(engine)
     if control is not None:
         trace.manifest.control = _info(control)
@@ -110,8 +135,54 @@ def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: E
             s.equivalent = s.first_divergence = None
         elif s.engine.approximate and pair.tokenizer.decode(s.output_ids) == pair.tokenizer.decode(s.reference_ids):
             s.equivalent, s.first_divergence = True, None  # re-tokenized text: the same text is the same answer
-    judge_engine(trace, pair)
+    judge_engine(trace, forcing, truth, scored)
     return trace
+
+
+def _judge_rows(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], runs: dict[str, EngineRun | None],
+                forcing: enginenoise.TeacherForcing, tolerance: float | None, judging: Judging):
+    """Prompt by prompt (each kept in the checkpoint as it is done): the outputs teacher-forced, (role, seq) ->
+    Forced, and the reference; then the yardsticks, every proof checked against their final tolerance."""
+    progress = judging.progress
+    saved = judging.checkpoint and Checkpoint(judging.checkpoint, {
+        "pair": pair.info, "dtype": spec.dtype, "device": str(pair.device), "budget": spec.max_new_tokens, "k": spec.k,
+        "prompts": prompt_ids, "reference": "proved" if tolerance is not None else "decoded"})
+    scored, refs, start = {}, [], time.perf_counter()
+    for seq, prompt in enumerate(prompt_ids):
+        outputs = {role: run.outputs[seq].ids for role, run in runs.items() if run and run.outputs[seq].error is None}
+        done = saved and saved.get(seq, outputs)
+        if done and tolerance is not None and not proof.holds(done[1], tolerance):  # kept under a narrower yardstick
+            done = done[0], _reference(pair, prompt, outputs, done[0], spec.max_new_tokens, tolerance,
+                                       phase(progress, "reference"))
+        if not done:
+            forced = force_outputs(forcing, prompt, outputs, phase(progress, "teacher forcing"))
+            done = forced, _reference(pair, prompt, outputs, forced, spec.max_new_tokens, tolerance,
+                                      phase(progress, "reference"))
+            if saved:
+                saved.put(seq, outputs, *done)
+        scored.update({(role, seq): f for role, f in done[0].items()})
+        refs.append(done[1])
+    ref = DecodeResult(refs, time.perf_counter() - start)  # teacher forcing included: it proves the reference
+    yardsticks = yardsticks_for(spec, pair, prompt_ids, ref)
+    while tolerance is not None and yardsticks.target.tolerance > tolerance:
+        # The reference's continuations widened the yardstick: every proof must clear the wider tolerance.
+        tolerance = yardsticks.target.tolerance
+        for seq, out in enumerate(refs):
+            if not proof.holds(out, tolerance):
+                outputs = {role: run.outputs[seq].ids for role, run in runs.items() if (role, seq) in scored}
+                refs[seq] = _reference(pair, prompt_ids[seq], outputs, {r: scored[r, seq] for r in outputs},
+                                       spec.max_new_tokens, tolerance, phase(progress, "reference"))
+        yardsticks = yardsticks_for(spec, pair, prompt_ids, ref)
+    return scored, ref, yardsticks
+
+
+def _reference(pair: ModelPair, prompt: list[int], outputs: dict[str, list[int]], forced: dict, budget: int,
+               tolerance: float | None, progress: Progress | None) -> SequenceOutput:
+    """One prompt's reference: proved from its outputs as far as `tolerance` allows, else (None) decoded."""
+    if tolerance is None:
+        return reference(pair, [prompt], budget, progress).outputs[0]
+    candidates = [{role: (ids, forced[role]) for role, ids in outputs.items()}]
+    return proof.reference(pair, [prompt], candidates, budget, tolerance, progress).outputs[0]
 
 
 def sampling_settings(spec: RunSpec) -> dict:

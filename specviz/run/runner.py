@@ -14,7 +14,7 @@ from specviz.decoding.reference import batched_reference, reference
 from specviz.decoding.result import DecodeResult, Progress
 from specviz.forensics import distribution, yardstick
 from specviz.forensics.watch import Watch
-from specviz.forensics.whitebox import analyse, flag_batching_noise
+from specviz.forensics.whitebox import analyse, analyse_sampled, flag_batching_noise
 from specviz.models.pairs import ONE_DEVICE, ModelPair, Placement, pair_for
 from specviz.run.settings import Settings
 from specviz.spec.prompts import builtin_set
@@ -39,10 +39,13 @@ def decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record: 
            yardsticks: Yardsticks | None = None) -> DecodeResult:
     """Decode with the spec's method (decoding/decoders.py). Given the reference's outputs, the decode is watched
     (watch.py): the result then carries the state of every fork's emitting row, and the audit (recorded runs only).
-    With the run's `yardsticks`, the watch spares itself narrowing down the inputs of a fork whose state is clean."""
-    if reference is None:
+    With the run's `yardsticks`, the watch spares itself narrowing down the inputs of a fork whose state is clean.
+    A recorded, audited run without a reference (a sampled one) is watched for its audit: the result carries the
+    state of each sequence's first audited row beyond the yardstick instead of its fork's."""
+    audit = min(spec.audit, spec.batch_size) if record else 0
+    if reference is None and not audit:
         return decoders.decode(Job(spec, pair, prompt_ids, record, progress))
-    watch = Watch(pair, prompt_ids, [o.ids for o in reference.outputs], min(spec.audit, spec.batch_size) if record else 0,
+    watch = Watch(pair, prompt_ids, reference and [o.ids for o in reference.outputs], audit,
                   tolerance=yardsticks.target.tolerance if yardsticks else None)
     with watch.watching():
         result = decoders.decode(Job(spec, pair, prompt_ids, record, progress, watch))
@@ -67,10 +70,21 @@ class PerPair:
         return results[key]
 
 
+    def clear(self) -> None:
+        self._by_pair.clear()
+
+
 _REFERENCES = PerPair(64)
 _BATCHED = PerPair(16)
 _CALIBRATION = PerPair(4)
 _ROUNDING = PerPair(64)
+
+
+def clear_caches(calibration: bool = True) -> None:
+    """Forget every reference, batched reference and yardstick computed so far (benchmarks start cold), or all but
+    the yardsticks' calibration on the built-in prompts (as a later check in the same process finds it)."""
+    for cache in (_REFERENCES, _BATCHED, _ROUNDING, *((_CALIBRATION,) if calibration else ())):
+        cache.clear()
 
 
 def reference_for(pair: ModelPair, prompt_ids: list[list[int]], max_new_tokens: int,
@@ -86,8 +100,16 @@ def _cached_batched(pair: ModelPair, prompt_ids: tuple[tuple[int, ...], ...], ba
                         lambda: batched_reference(pair, [list(x) for x in prompt_ids], batch_size, max_new_tokens))
 
 
+Phases = Callable[[str, int], None]  # progress by phase: (phase, new tokens)
+
+
+def phase(progress: Phases | None, name: str) -> Progress | None:
+    """One phase's progress callback from a by-phase one."""
+    return functools.partial(progress, name) if progress else None
+
+
 def run(spec: RunSpec, record: bool = True, with_reference: bool = True,
-        progress: Callable[[str, int], None] | None = None, trust_remote_code: bool = False,
+        progress: Phases | None = None, trust_remote_code: bool = False,
         placement: Placement = ONE_DEVICE, limits: Settings | None = None) -> Trace:
     """Decode, decode the reference beside it, record, and explain every divergence. A sampled run has no
     token-by-token reference: its tokens are scored under the target instead (distribution.py).
@@ -96,42 +118,46 @@ def run(spec: RunSpec, record: bool = True, with_reference: bool = True,
     then, for a sampled run, "distribution" (its tokens scored).
     `limits`: a served page's operator settings, whose token limits only the tokenized prompts can show.
     """
-    def phase(name: str) -> Progress | None:
-        return functools.partial(progress, name) if progress else None
-
     pair = pair_for(spec, trust_remote_code, placement)
     prompt_ids = encode(spec, pair, limits)
     if not spec.greedy:
-        result = decode(spec, pair, prompt_ids, record, phase(spec.method))
-        trace = build_trace(spec, pair, prompt_ids, result)
-        if with_reference:
-            distribution.judge(trace, pair, prompt_ids, phase("distribution"))
-        return trace
-    ref = reference_for(pair, prompt_ids, spec.max_new_tokens, phase("reference")) if with_reference else None
+        yardsticks = calibrated_yardsticks(spec, pair) if spec.audit else None
+        result = decode(spec, pair, prompt_ids, record, phase(progress, spec.method), yardsticks=yardsticks)
+        return explain_sampled(spec, pair, prompt_ids, result, yardsticks,
+                               phase(progress, "distribution") if with_reference else None, with_reference)
+    ref = reference_for(pair, prompt_ids, spec.max_new_tokens, phase(progress, "reference")) if with_reference else None
     if spec.method == "reference" and ref:
         result = ref
     else:
         yardsticks = yardsticks_for(spec, pair, prompt_ids, ref) if ref else None
-        result = decode(spec, pair, prompt_ids, record, phase(spec.method), ref, yardsticks)
+        result = decode(spec, pair, prompt_ids, record, phase(progress, spec.method), ref, yardsticks)
     return explain(spec, pair, prompt_ids, result, ref)
+
+
+def explain_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result: DecodeResult,
+                    yardsticks: Yardsticks | None, progress: Progress | None = None, judge: bool = True) -> Trace:
+    """The trace of a sampled run: its distribution judged (`judge`), and an audited run's corrupt states named."""
+    trace = build_trace(spec, pair, prompt_ids, result, yardsticks=yardsticks)
+    if judge:
+        distribution.judge(trace, pair, prompt_ids, progress)
+    if yardsticks is not None:
+        analyse_sampled(trace, result)
+    return trace
 
 
 def yardsticks_for(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], ref: DecodeResult) -> Yardsticks | None:
     """The run's yardsticks (yardstick.py): the target's rounding, and the draft's when the run is audited; measured
     on fresh passes over the built-in prompts (once per process and pair) and the reference's own continuations
-    (once per prompts and budget). None without a float64 copy of the target."""
+    (once per prompts and continuations). None without a float64 copy of the target."""
     longest = sorted(range(len(prompt_ids)), key=lambda i: -len(ref.outputs[i].ids))[: yardstick.SEQUENCES]
     sequences = [prompt_ids[i] + ref.outputs[i].ids for i in longest]
 
     def measured(role: str):
-        model = pair.target if role == "target" else pair.draft
-        calibration = _CALIBRATION.get(pair, role, lambda: yardstick.sample(
-            model, pair.encode(builtin_set("all") + builtin_set("spec-bench")), pair.vocab_size,
-            enough=yardstick.CALIBRATION_POSITIONS))
+        calibration = _calibration(pair, role)
         if calibration is None:
             return None
-        key = (role, tuple(tuple(x) for x in prompt_ids), spec.max_new_tokens)
-        samples = _ROUNDING.get(pair, key, lambda: calibration + yardstick.sample(
+        model = pair.target if role == "target" else pair.draft
+        samples = _ROUNDING.get(pair, (role, tuple(map(tuple, sequences))), lambda: calibration + yardstick.sample(
             model, sequences, pair.vocab_size, calibration.seen))
         return yardstick.rounding(samples, pair.dtype, spec.k + 1)
 
@@ -141,13 +167,34 @@ def yardsticks_for(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], 
     return Yardsticks(target=target, draft=measured("draft") if spec.audit else None)
 
 
+def calibrated_yardsticks(spec: RunSpec, pair: ModelPair) -> Yardsticks | None:
+    """The yardsticks from the built-in prompts alone, for a run with no reference (a sampled one) or before its
+    reference is known: the target's, and the draft's when audited (None without a float64 copy of the target)."""
+    target = yardstick.rounding(_calibration(pair, "target"), pair.dtype, spec.k + 1)
+    if target is None:
+        return None
+    draft = yardstick.rounding(_calibration(pair, "draft"), pair.dtype, spec.k + 1) if spec.audit else None
+    return Yardsticks(target=target, draft=draft)
+
+
+def calibrated_tolerance(spec: RunSpec, pair: ModelPair) -> float | None:
+    """The target's rounding tolerance from the built-in prompts alone (None without a float64 copy of it)."""
+    rounding = yardstick.rounding(_calibration(pair, "target"), pair.dtype, spec.k + 1)
+    return rounding and rounding.tolerance
+
+
+def _calibration(pair: ModelPair, role: str):
+    model = pair.target if role == "target" else pair.draft
+    return _CALIBRATION.get(pair, role, lambda: yardstick.sample(
+        model, pair.encode(builtin_set("all") + builtin_set("spec-bench")), pair.vocab_size,
+        enough=yardstick.CALIBRATION_POSITIONS))
+
+
 def explain(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result: DecodeResult,
             ref: DecodeResult | None) -> Trace:
     """The trace of a decoded run, every divergence from `ref` explained; a sampled run's distribution judged."""
     if not spec.greedy:
-        trace = build_trace(spec, pair, prompt_ids, result)
-        distribution.judge(trace, pair, prompt_ids)
-        return trace
+        return explain_sampled(spec, pair, prompt_ids, result, None)
     yardsticks = yardsticks_for(spec, pair, prompt_ids, ref) if ref is not None and spec.method != "reference" else None
     trace = build_trace(spec, pair, prompt_ids, result, ref, yardsticks)
     if ref is not None:

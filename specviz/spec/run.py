@@ -171,13 +171,11 @@ class RunSpec(Strict):
 
     @model_validator(mode="after")
     def _sampling(self) -> RunSpec:
-        if self.temperature > 0:
-            if self.audit:
-                raise ValueError("the audit compares with the greedy reference; a sampled run is judged by its "
-                                 "distribution instead")
-        elif any(getattr(self, f) != RunSpec.model_fields[f].default for f in SAMPLING_FIELDS):
+        if self.temperature > 0:  # (the audit compares each row's state with a fresh pass, at any temperature)
+            return self
+        if any(getattr(self, f) != RunSpec.model_fields[f].default for f in SAMPLING_FIELDS):
             raise ValueError("top-k, top-p and the draft's sampling settings need a temperature above 0")
-        elif set(SAMPLING) & set(self.faults):
+        if set(SAMPLING) & set(self.faults):
             raise ValueError("sampling faults need a temperature above 0")
         return self
 

@@ -196,3 +196,17 @@ def engine_drafts(trace: Trace) -> tuple[int, int]:
     when it says nothing of them)."""
     answers = [s.engine for s in trace.sequences if s.engine is not None]
     return sum(o.accepted or 0 for o in answers), sum(o.drafts or 0 for o in answers)
+
+
+def reference_proofs(trace: Trace) -> str | None:
+    """How the references of a check were obtained, in a sentence (None: every one decoded from its prompt)."""
+    proofs = [s.reference_proof for s in trace.sequences if s.reference_proof]
+    if not proofs:
+        return None
+    whole = sum(p.decoded == 0 for p in proofs)
+    proved, decoded = sum(p.proved for p in proofs), sum(p.decoded for p in proofs)
+    margins = [p.smallest_margin for p in proofs if p.smallest_margin is not None]
+    return (f"{whole} of {len(trace.sequences)} references proved whole by teacher forcing, no decode; "
+            f"{proved} tokens proved (every one the float64 argmax by more than the tolerance, "
+            f"{proofs[0].tolerance:.3g} logits" + (f"; the smallest margin {min(margins):.3g}" if margins else "")
+            + f"), {decoded} decoded one at a time from a fork, a near-tie or an output's end")

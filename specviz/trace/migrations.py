@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from specviz.trace.evidence import EngineForensics, RunForensics
 
-SCHEMA_VERSION = 6  # 3: whole-character pieces (trace/text.py); 4: sampled runs; 5: yardsticks; 6: engine facts
+SCHEMA_VERSION = 7  # 3: whole-character pieces (trace/text.py); 4: sampled runs; 5: yardsticks; 6: engine facts;
+#                    7: references proved by teacher forcing
 
 
 def _from_version_1(raw: dict) -> dict:
@@ -66,6 +67,12 @@ def _from_version_5(raw: dict) -> dict:
     return {**raw, "schema_version": 6}
 
 
+def _from_version_6(raw: dict) -> dict:
+    """Version 7 records how a check's reference was obtained (`reference_proof`), optional: every version-6
+    reference was decoded token by token, which is what its absence says."""
+    return {**raw, "schema_version": 7}
+
+
 def _floor_as_rounding(floor: dict, factor: object, manifest: dict) -> dict:
     spec = manifest.get("spec")
     return {"dtype": spec.get("dtype", "?") if isinstance(spec, dict) else "?",
@@ -78,4 +85,4 @@ def _floor_as_rounding(floor: dict, factor: object, manifest: dict) -> dict:
 
 # version -> a function that lifts a raw trace one version up
 MIGRATIONS = {1: _from_version_1, 2: _from_version_2, 3: _from_version_3, 4: _from_version_4,
-              5: _from_version_5}
+              5: _from_version_5, 6: _from_version_6}

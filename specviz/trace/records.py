@@ -90,6 +90,18 @@ class EngineInfo(Strict):
     ignored: Many[str] = []  # fields of its outputs file that specviz does not read (listed, never refused)
 
 
+class ReferenceProof(Strict):
+    """How a reference was obtained when not decoded token by token from its prompt (forensics/proof.py): its
+    leading tokens proved by teacher forcing an output through the target in float64, the rest decoded."""
+
+    proved: int  # leading reference tokens proved: each the float64 argmax on its own prefix, beyond the tolerance
+    decoded: int  # tokens after them, decoded one at a time at batch size 1 on the proved prefix
+    source: str  # the output the proof was read from: "engine" or "control"
+    tolerance: float  # logits: the rounding yardstick's tolerance, which every proved margin exceeds
+    smallest_margin: float | None = None  # the smallest float64 top-1 minus top-2 margin among the proved tokens
+    stop: str | None = None  # why the proof ended before the reference did (a fork, a near-tie, the output's end)
+
+
 class SequenceRecord(Strict):
     seq: int
     output_ids: Many[int]
@@ -98,6 +110,7 @@ class SequenceRecord(Strict):
     reference_ids: Many[int] | None = None
     reference_pieces: Many[str | None] | None = None
     reference_margins: Many[float] | None = None
+    reference_proof: ReferenceProof | None = None  # None: the reference was decoded token by token from the prompt
     first_divergence: int | None = None  # first index where output_ids and reference_ids differ
     equivalent: bool | None = None
     completion_seconds: float | None = None  # from the start of decoding to its last token

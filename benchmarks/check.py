@@ -1,0 +1,114 @@
+"""`specviz check`'s time to a verdict: the reference proved by teacher forcing against the same check with the
+reference decoded token by token, side by side in one process, and a large check's time and peak memory.
+
+The engine is specviz's own eqspec (batch --batch-size, k --k) on the embedded pair, its control the batched
+reference: both correct, as most of a production's rows are. The first table checks --rows prompts (the
+built-in `all` set, then Spec-Bench's) both ways, each from cold caches (the reference, the yardstick's
+calibration), then again with the calibration measured before (as any later check in the process, the page's
+included, finds it), and says whether the two ways give the same reference ids and verdicts. The second checks --big
+prompts (the built-in prompts, each numbered to make it new) with the proof; its engine outputs are decoded
+first, untimed. Timings on a shared machine are noisy: compare rows of one run.
+
+    python benchmarks/check.py [--rows 36] [--max-new-tokens 48] [--big 1000] [--big-tokens 16]
+                               [--out benchmarks/results/check.md]
+"""
+import argparse
+import resource
+import time
+from pathlib import Path
+
+import torch
+
+from specviz.decoding.eqspec import eqspec
+from specviz.decoding.reference import batched_reference
+from specviz.engines.base import EngineRun
+from specviz.models.pairs import load_pair
+from specviz.run import check, runner
+from specviz.spec.prompts import builtin_set
+from specviz.spec.run import ENGINE, RunSpec
+from specviz.trace import metrics
+from specviz.trace.records import EngineOutput
+
+
+def as_engine(name: str, result) -> EngineRun:
+    return EngineRun(name=name, source="callable", seconds=result.seconds,
+                     outputs=[EngineOutput(ids=o.ids) for o in result.outputs])
+
+
+def peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=36)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--k", type=int, default=5)
+    ap.add_argument("--big", type=int, default=1000, help="prompts in the large check (0: skip it)")
+    ap.add_argument("--big-tokens", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    pair = load_pair(dtype="float32", device="cpu")
+    prompts = (builtin_set("all") + builtin_set("spec-bench"))[: args.rows]
+    ids = pair.encode(prompts)
+    spec = RunSpec.build(prompts=tuple(prompts), method=ENGINE, k=args.k, max_new_tokens=args.max_new_tokens,
+                         device="cpu")
+    engine = as_engine("eqspec", eqspec(pair, ids, args.batch_size, args.k, args.max_new_tokens))
+    control = as_engine("batched-reference", batched_reference(pair, ids, args.batch_size, args.max_new_tokens))
+    lines = ["# specviz check: time to a verdict\n",
+             (f"{len(ids)} prompts, {args.max_new_tokens} new tokens, embedded pair in float32, greedy; engine: "
+              f"eqspec (batch {args.batch_size}, k {args.k}), control: batched-reference; {args.threads} threads; "
+              "each way from cold caches (reference, yardstick calibration), then with the calibration kept.\n"),
+             "| reference | seconds | proved tokens | decoded tokens | verdicts |", "|---|---:|---:|---:|---|"]
+    traces, seconds_of = {}, {}
+    for calibrated in (False, True):  # cold; then with the yardstick's calibration measured, as a later check finds it
+        for way in ("decoded", "proved"):
+            runner.clear_caches(calibration=not calibrated)
+            start = time.perf_counter()
+            traces[way] = check.check(spec, pair, ids, engine, control, check.Judging(decode_reference=way == "decoded"))
+            seconds_of[calibrated, way] = seconds = time.perf_counter() - start
+            proofs = [s.reference_proof for s in traces[way].sequences if s.reference_proof]
+            proved = sum(p.proved for p in proofs)
+            decoded = sum(p.decoded for p in proofs) if proofs else sum(len(s.reference_ids) for s in traces[way].sequences)
+            verdicts = ", ".join(f"{v} {c}" for v, c in metrics.verdict_counts(traces[way]).items()) or "-"
+            lines.append(f"| {way}{', calibration measured before' if calibrated else ''} | {seconds:.1f} | {proved} | "
+                         f"{decoded} | {verdicts} |")
+            print(lines[-1], flush=True)
+    slow, fast = (traces[w] for w in ("decoded", "proved"))
+    same_refs = all(a.reference_ids == b.reference_ids for a, b in zip(slow.sequences, fast.sequences))
+    same_verdicts = all((a.forensics and a.forensics.verdict) == (b.forensics and b.forensics.verdict)
+                        for a, b in zip(slow.sequences, fast.sequences))
+    ratio = {c: seconds_of[c, "decoded"] / seconds_of[c, "proved"] for c in (False, True)}
+    lines += ["", (f"Proved over decoded: **{ratio[False]:.1f}x** faster cold, **{ratio[True]:.1f}x** with the "
+                   f"calibration measured before; the same reference ids: {same_refs}; the same verdicts: "
+                   f"{same_verdicts}.")]
+    if args.big:
+        base = builtin_set("all") + builtin_set("spec-bench")
+        many = [f"{base[i % len(base)]} (#{i})" for i in range(args.big)]
+        big_ids = pair.encode(many)
+        big_spec = RunSpec.build(prompts=tuple(many), method=ENGINE, k=args.k, max_new_tokens=args.big_tokens,
+                                 device="cpu")
+        big_engine = as_engine("batched-reference", batched_reference(pair, big_ids, args.batch_size, args.big_tokens))
+        runner.clear_caches()
+        before, start = peak_mib(), time.perf_counter()
+        big = check.check(big_spec, pair, big_ids, big_engine)
+        seconds = time.perf_counter() - start
+        proofs = [s.reference_proof for s in big.sequences]
+        lines += ["", f"## {args.big} rows\n",
+                  (f"{args.big} prompts, {args.big_tokens} new tokens, engine: batched-reference (batch "
+                   f"{args.batch_size}), no control: **{seconds:.0f} s** ({args.big / seconds:.1f} rows/s); "
+                   f"{sum(p.proved for p in proofs)} reference tokens proved, {sum(p.decoded for p in proofs)} decoded; "
+                   f"{sum(s.equivalent for s in big.sequences)} of {args.big} equal; peak memory {peak_mib():.0f} MiB "
+                   f"(before the check: {before:.0f} MiB).")]
+        print("\n".join(lines[-2:]), flush=True)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

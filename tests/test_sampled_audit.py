@@ -1,0 +1,85 @@
+"""The state audit at temperature > 0: a sampled run has no reference to fork from, but each row's verify logits
+can still be recomputed fresh at batch size 1. A synchronization fault, or a state bug planted in the engine's
+source, is named by its state, in a round at or before the first token the target could not have drawn; a
+correct sampler raises no alarm."""
+import pytest
+from test_mutants import MUTANTS, plant
+
+from specviz.app import tokens, views
+from specviz.app.panel import forensics_html
+from specviz.run.runner import run
+from specviz.spec.faults import FAULTS, STATE_OF
+from specviz.spec.prompts import builtin_set
+from specviz.spec.run import RunSpec
+from specviz.trace import metrics
+
+NAMED = {**STATE_OF, "bsp-like": "positions", "dsd-like": "mask"}  # fault -> the state its verdicts name
+HARMLESS_ALONE = [f for f, (kind, _) in FAULTS.items() if kind == "wasteful"]
+
+
+def _sampled(method="eqspec", seed=0, **kw):
+    return run(RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float32", device="cpu",
+                             prompts=tuple(builtin_set("all")[:12]), method=method, batch_size=4, k=5,
+                             max_new_tokens=32, audit=4, temperature=0.8, top_p=0.5, seed=seed, **kw))
+
+
+def _first_impossible(s) -> int | None:
+    return next((i for i, u in enumerate(s.pit or ()) if u is None), None)
+
+
+def _assert_named_at_or_before_its_first_impossible_token(trace):
+    named = [s for s in trace.sequences if s.forensics]
+    assert named, "the fault must corrupt some row's state"
+    for s in named:
+        f = s.forensics
+        assert f.verdict.startswith("sync-bug:"), (s.seq, f.verdict, f.explanation)
+        assert f.round is not None and "round" in f.explanation
+    for s in trace.sequences:
+        bad = _first_impossible(s)
+        if bad is not None:  # a token the target gives probability 0: its state went wrong no later
+            assert s.forensics is not None and s.forensics.fork <= bad, (s.seq, bad, s.forensics)
+
+
+@pytest.mark.parametrize("fault", NAMED)
+def test_every_synchronization_fault_is_named_by_its_state_when_sampling(fault, tiny):
+    """Top-p 0.5 makes tokens outside the target's nucleus impossible: a corrupt state soon draws one."""
+    trace = _sampled(faults=(fault,))
+    _assert_named_at_or_before_its_first_impossible_token(trace)
+    assert {s.forensics.verdict for s in trace.sequences if s.forensics} == {f"sync-bug:{NAMED[fault]}"}
+    assert trace.distribution is not None  # the distribution is still judged beside it
+    state = [s for s in trace.sequences if s.forensics and s.forensics.state_diff is not None]
+    assert all(s.audit_round is not None and s.audit_round <= s.forensics.round for s in state)
+
+
+@pytest.mark.parametrize("fault", HARMLESS_ALONE)
+def test_a_fault_that_wastes_but_corrupts_nothing_is_not_named(fault, tiny):
+    trace = _sampled(faults=(fault,))
+    assert all(s.forensics is None and s.audit_round is None for s in trace.sequences)
+
+
+@pytest.mark.parametrize("name", ["layout-off-by-one", "rows-interfere", "positions-off-by-one", "mask-leaks-a-pad"])
+def test_a_planted_state_bug_is_named_when_sampling(name, monkeypatch, tiny):
+    *where, method = MUTANTS[name]
+    plant(monkeypatch, *where)
+    _assert_named_at_or_before_its_first_impossible_token(_sampled(method))
+
+
+@pytest.mark.parametrize("method", ["eqspec", "exspec"])
+def test_a_correct_sampler_audits_clean(method, tiny):
+    for seed in range(2):
+        trace = _sampled(method, seed)
+        assert all(s.forensics is None and s.audit_round is None and s.audit_draft_round is None
+                   for s in trace.sequences)
+        assert sum(r.audit is not None for r in trace.rows) == len(trace.rows)  # audit 4: every row of bs 4
+        assert all(metrics.impossible(s) == 0 for s in trace.sequences)
+
+
+def test_the_page_opens_a_sampled_run_on_its_corrupt_state(tiny):
+    trace = _sampled(faults=("no-mask",))
+    focus, _ = views.resolve(trace)
+    s = trace.sequences[focus.seq]
+    assert s.forensics is not None and focus.round == s.forensics.round  # opened where the state went wrong
+    panel = forensics_html(trace, focus)
+    assert "sync-bug:mask" in panel and f"In round {s.forensics.round}" in panel and "PIT" in panel
+    grid = tokens.grid_html(trace, focus)
+    assert 'class="sv-cell sv-fork sv-sel' in grid and "its state found corrupt" in grid
