@@ -13,7 +13,8 @@ from specviz.spec.prompts import builtin_set
 from specviz.spec.run import RunSpec
 from specviz.trace import metrics
 
-NAMED = {**STATE_OF, "bsp-like": "positions", "dsd-like": "mask"}  # fault -> the state its verdicts name
+# fault -> the states its verdicts name (dsd-like's draft bonus fails the engine's own check before its mask shows)
+NAMED = {**{f: {s} for f, s in STATE_OF.items()}, "bsp-like": {"positions"}, "dsd-like": {"mask", "bonus"}}
 HARMLESS_ALONE = [f for f, (kind, _) in FAULTS.items() if kind == "wasteful"]
 
 
@@ -45,7 +46,7 @@ def test_every_synchronization_fault_is_named_by_its_state_when_sampling(fault, 
     """Top-p 0.5 makes tokens outside the target's nucleus impossible: a corrupt state soon draws one."""
     trace = _sampled(faults=(fault,))
     _assert_named_at_or_before_its_first_impossible_token(trace)
-    assert {s.forensics.verdict for s in trace.sequences if s.forensics} == {f"sync-bug:{NAMED[fault]}"}
+    assert {s.forensics.verdict for s in trace.sequences if s.forensics} <= {f"sync-bug:{x}" for x in NAMED[fault]}
     assert trace.distribution is not None  # the distribution is still judged beside it
     state = [s for s in trace.sequences if s.forensics and s.forensics.state_diff is not None]
     assert all(s.audit_round is not None and s.audit_round <= s.forensics.round for s in state)

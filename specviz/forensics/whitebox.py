@@ -37,6 +37,10 @@ from specviz.trace.text import span
 # The engine's own checks whose failure puts the target's view out of step, by priority when several fail in
 # the same round (positions also spoil the cache's provenance).
 BREAKING = ("bonus", "positions", "mask", "kv")
+# Audited rounds beyond the yardstick that name a sampled run's state corrupt. Every audited row is a comparison
+# at the yardstick's false-alarm rate (about 1 in 500 rows of the embedded pair went past it once, in 20 seeds
+# of a correct sampler); a corrupt cache, position or mask stays corrupt, so a second round beyond it decides.
+PERSISTS = 2
 EXPLAIN = {
     "bonus": ("a correction/bonus token was not the target's own (the argmax of the pass that chose it, or its draw "
               "when sampling) (I4)"),
@@ -107,9 +111,10 @@ def analyse(trace: Trace, result: DecodeResult, pair: ModelPair | None) -> None:
 
 def analyse_sampled(trace: Trace, result: DecodeResult) -> None:
     """An audited sampled run (in place): each sequence's first audited round beyond the yardstick and, where its
-    target state departed, `forensics` naming what was wrong with it, from the watch's inspection of that row
-    (result.forks); where the state held but the engine's own checks failed, the check that failed first. A
-    sampled run has no reference to fork from: the fork is the first token that round emitted."""
+    target state departed, and stayed out in a later audited round, `forensics` naming what was wrong with it,
+    from the watch's inspection of that row (result.forks); where the state held but the engine's own checks
+    failed, the check that failed first. A sampled run has no reference to fork from: the fork is the first
+    token that round emitted."""
     ys = trace.manifest.yardstick
     rows_of: dict[int, list[RowRecord]] = {}
     for r in trace.rows:
@@ -119,6 +124,8 @@ def analyse_sampled(trace: Trace, result: DecodeResult) -> None:
         s.audit_round = _first_over(rows, "audit", ys.target.tolerance)
         s.audit_draft_round = _first_over(rows, "audit_draft", ys.draft and ys.draft.tolerance)
         state, failed = result.forks.get(s.seq), _failures(rows, None)
+        if sum(r.audit is not None and r.audit > ys.target.tolerance for r in rows) < PERSISTS:
+            state = None  # rounding: a correct row leaves the yardstick once in a few hundred rounds, then returns
         s.forensics = None
         if state is not None or failed:
             s.forensics = _sampled_verdict(s, rows, state, failed, ys.target)
@@ -126,7 +133,11 @@ def analyse_sampled(trace: Trace, result: DecodeResult) -> None:
 
 def _sampled_verdict(s: SequenceRecord, rows: list[RowRecord], state, failed: dict[str, int],
                      rounding: Rounding) -> RunForensics:
-    first_round = state.round if state is not None else min(failed.values())
+    """The earliest evidence names it: the watched state's departure, or the engine's own check where that
+    failed in an earlier round (a bonus token drawn from the draft leaves the state clean)."""
+    checked = min(failed.values(), default=None)
+    by_check = state is None or (checked is not None and checked < state.round)
+    first_round = checked if by_check else state.round
     fork = sum(len(r.emitted) for r in rows if r.round < first_round)
     ev = RunForensics(verdict="unexplained", explanation="", fork=fork,
                       output_token=s.output_ids[fork] if fork < len(s.output_ids) else None,
@@ -136,14 +147,14 @@ def _sampled_verdict(s: SequenceRecord, rows: list[RowRecord], state, failed: di
     if rec is not None:
         ev.round, ev.row = rec.round, rec.row
     invariant = _first_invariant(ev)
-    recorded = (f" The engine's own check found, in round {ev.failed_checks[invariant]}, that {EXPLAIN[invariant]}."
-                if invariant else "")
     first = f" The first token drawn from that round is token {fork}; every later draw of this row rests on it."
-    if state is None:
+    if by_check:
         ev.verdict = f"sync-bug:{invariant}"
-        ev.explanation = (f"Every audited round of this sequence kept its target state within rounding of a fresh "
-                          f"batch-size-1 recomputation, but the engine's own check failed in round {first_round}: "
-                          f"{EXPLAIN[invariant]}." + first)
+        later = ("every audited round of this sequence kept its target state within rounding of a fresh "
+                 "batch-size-1 recomputation" if state is None else
+                 f"its target state left rounding later, in round {state.round} (by {state.state_diff:.3g})")
+        ev.explanation = (f"The engine's own check failed in round {first_round}: {EXPLAIN[invariant]}; {later}."
+                          + first)
         return ev
     _fill_state(ev, state)
     ev.emitting_argmax = ev.margin_batched = None  # a sampled token is a draw, not the pass's argmax
@@ -158,7 +169,9 @@ def _sampled_verdict(s: SequenceRecord, rows: list[RowRecord], state, failed: di
     else:
         ev.verdict = f"sync-bug:{invariant if component == 'state' and invariant else component}"
         ev.explanation = f"{beyond}: the row's state was corrupt. {_why(ev, component)}"
-    ev.explanation += recorded + first
+    if invariant:
+        ev.explanation += f" The engine's own check found, in round {ev.failed_checks[invariant]}, that {EXPLAIN[invariant]}."
+    ev.explanation += first
     return ev
 
 
