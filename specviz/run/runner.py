@@ -179,8 +179,8 @@ def calibrated_yardsticks(spec: RunSpec, pair: ModelPair) -> Yardsticks | None:
 
 def calibrated_tolerance(spec: RunSpec, pair: ModelPair) -> float | None:
     """The target's rounding tolerance from the built-in prompts alone (None without a float64 copy of it)."""
-    rounding = yardstick.rounding(_calibration(pair, "target"), pair.dtype, spec.k + 1)
-    return rounding and rounding.tolerance
+    yardsticks = calibrated_yardsticks(spec, pair)
+    return yardsticks and yardsticks.target.tolerance
 
 
 def _calibration(pair: ModelPair, role: str):
