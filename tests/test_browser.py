@@ -189,7 +189,7 @@ def test_a_sampled_trace_shows_its_pit_panel_verdict_and_each_drafts_draws(new_p
     page = new_page(viewport={"width": 1400, "height": 1000})
     _open_trace_file(page, app_url, path)
     verdict = page.locator("#sv-pit-verdict")
-    expect(verdict).to_contain_text("Verdict: not the target's distribution", timeout=60_000)
+    expect(verdict).to_contain_text("Distribution: not the target's distribution", timeout=60_000)
     expect(verdict).to_contain_text(f"{trace.distribution.impossible} impossible")
     expect(verdict).to_contain_text("Decision audit")
     expect(page.locator("#sv-pit .main-svg").first).to_be_visible(timeout=60_000)  # plotly has drawn

@@ -48,8 +48,22 @@ def test_every_synchronization_fault_is_named_by_its_state_when_sampling(fault, 
     _assert_named_at_or_before_its_first_impossible_token(trace)
     assert {s.forensics.verdict for s in trace.sequences if s.forensics} <= {f"sync-bug:{x}" for x in NAMED[fault]}
     assert trace.distribution is not None  # the distribution is still judged beside it
+    first = min((s for s in trace.sequences if s.forensics), key=lambda s: (s.forensics.round, s.seq))
+    assert metrics.sampled_verdict(trace)[0] == first.forensics.verdict  # the run's verdict: the earliest state
     state = [s for s in trace.sequences if s.forensics and s.forensics.state_diff is not None]
     assert all(s.audit_round is not None and s.audit_round <= s.forensics.round for s in state)
+
+
+@pytest.mark.parametrize("fault,kind", [("accept-q-over-p", "sampler-bug:decisions"),
+                                        ("temperature-draft-only", "sampler-bug:rule"),
+                                        ("top-p-not-in-residual", "sampler-bug:rule")])
+def test_a_sampling_fault_leaves_every_state_clean_and_is_named_a_sampler_fault(fault, kind, tiny):
+    """The state audit must not call a sampler's fault a sync bug: it names the kind of fault from the decision audit
+    and the distribution, once every row's state held."""
+    trace = _sampled(faults=(fault,))
+    assert all(s.forensics is None and s.audit_round is None for s in trace.sequences)
+    assert trace.distribution.verdict == "not the target's distribution"
+    assert metrics.sampled_verdict(trace)[0] == kind, metrics.sampled_verdict(trace)
 
 
 @pytest.mark.parametrize("fault", HARMLESS_ALONE)
@@ -73,6 +87,7 @@ def test_a_correct_sampler_audits_clean(method, tiny):
                    for s in trace.sequences)
         assert sum(r.audit is not None for r in trace.rows) == len(trace.rows)  # audit 4: every row of bs 4
         assert all(metrics.impossible(s) == 0 for s in trace.sequences)
+        assert metrics.sampled_verdict(trace)[0] == "consistent"
 
 
 def test_the_page_opens_a_sampled_run_on_its_corrupt_state(tiny):

@@ -14,7 +14,7 @@ from specviz.run.runner import run
 from specviz.spec.faults import SAMPLING
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
-from specviz.trace import share
+from specviz.trace import metrics, share
 
 PROMPTS = ("Write a short poem about the sea.", "Explain recursion.", "List three fruits.", "What is 2+2?")
 SAMPLED = {"temperature": 0.8, "top_p": 0.95}
@@ -78,7 +78,9 @@ def test_a_sequence_draws_the_same_tokens_whatever_its_batch():
     """Every draw is keyed by (seed, sequence, token index, purpose): in float64, where batching changes no
     probability that matters, eqspec at batch size 1 and 4 and exspec emit the same tokens, and so do the
     reference and batched-reference."""
-    ids = lambda t: [s.output_ids for s in t.sequences]
+    def ids(t):
+        return [s.output_ids for s in t.sequences]
+
     eq1 = _tiny(PROMPTS, dtype="float64", batch_size=1, max_new_tokens=24)
     assert ids(_tiny(PROMPTS, dtype="float64", batch_size=4, max_new_tokens=24)) == ids(eq1)
     assert ids(_tiny(PROMPTS, dtype="float64", method="exspec", batch_size=2, max_new_tokens=24)) == ids(eq1)
@@ -123,8 +125,13 @@ def _fault_run(fault, **fields):
 
 @pytest.mark.parametrize("fault", SHOWS)
 def test_every_sampling_fault_is_rejected(fault):
-    d = _fault_run(fault, **SHOWS[fault]).distribution
+    trace = _fault_run(fault, **SHOWS[fault])
+    d = trace.distribution
     assert d.verdict == "not the target's distribution" and d.p < 1e-3, d
+    # Unaudited, only a decision against its own record is named; the rest needs the state audit to be told apart
+    # from a corrupt state (tests/test_sampled_audit.py runs it).
+    kind = "sampler-bug:decisions" if fault == "accept-q-over-p" else "unexplained"
+    assert metrics.sampled_verdict(trace)[0] == kind, metrics.sampled_verdict(trace)
 
 
 @pytest.mark.parametrize("fault", ["residual-unclamped", "residual-unnormalised", "temperature-draft-only",
@@ -145,8 +152,10 @@ def test_the_decision_audit_re_derives_every_decision():
 def test_a_planted_bug_outside_the_catalogue_is_rejected(monkeypatch):
     """A residual that forgets to subtract q (it draws from p after a rejection): no fault of ours does that."""
     monkeypatch.setattr(Policy, "residual", lambda self, sampler, logits, p, q, u: inverse_cdf(p, u))
-    d = _tiny(PROMPTS * 4, temperature=1.0, top_p=1.0, draft_temperature=0.4).distribution
+    trace = _tiny(PROMPTS * 4, temperature=1.0, top_p=1.0, draft_temperature=0.4, audit=4)
+    d = trace.distribution
     assert d.verdict == "not the target's distribution" and d.impossible == 0, d
+    assert metrics.sampled_verdict(trace)[0] == "sampler-bug:rule"
 
 
 def test_a_planted_target_temperature_is_rejected(monkeypatch):

@@ -237,13 +237,16 @@ def test_the_pit_panel_shows_the_histograms_and_the_verdict(outside, drawn, clea
     line = hostile_free_text(summary.distribution_md(outside))
     d = outside.distribution
     alone = min(1, min(x.p for x in d.splits) * len(d.splits))
-    assert (f"Verdict: not the target's distribution — p = 0: an impossible token rejects alone (the PIT splits "
+    assert (f"Distribution: not the target's distribution — p = 0: an impossible token rejects alone (the PIT splits "
             f"alone: p = {alone:.3g}, the smallest split's p × {len(d.splits)} split") in line
     assert f"failing: impossible tokens. {d.tokens} tokens tested; {d.impossible} impossible" in line
     assert f"{outside.decisions.checked} accept/reject decisions re-derived" in line and "all follow their draw" in line
+    # Not audited, a wrong rule cannot be told from a corrupt state: said so, with the evidence to get.
+    assert line.startswith("unexplained — ") and "were not audited" in line and "--audit" in line
     audit = hostile_free_text(summary.distribution_md(drawn))
     first = ", ".join(f"[{r}, {w}, {j}]" for r, w, j in drawn.decisions.first[:5])
     assert f"{drawn.decisions.mismatches} do not follow their draw; the first at (round, row, slot) {first}" in audit
+    assert audit.startswith("sampler-bug:decisions — The sampler does not follow its own record")
     greedy = plots.pit_histograms(clean)
     assert not greedy.data and "Greedy run" in greedy.layout.annotations[0].text
     assert "Greedy run" in summary.distribution_md(clean) and "judged here" in summary.distribution_md(None)

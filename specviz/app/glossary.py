@@ -90,6 +90,10 @@ def glossary(trace: Trace | None) -> str:
          "rounding tolerance; else `unexplained`, with the evidence that is missing"),
         ("**audit** (run with audit) = the state check on every row of every round, for the target and the draft: "
          "the first round a row's state left rounding, fork or not"),
+        ("**sampled verdict** = a sampled run's kind of fault: `sync-bug:<state>` when a row's state went wrong, "
+         "`sampler-bug:decisions` when decisions do not follow their recorded p, q and draw, `sampler-bug:rule` when "
+         "every audited state and decision held yet the tokens are not the target's distribution, `unexplained` "
+         "when rows went unaudited"),
         "**delta** = how many slots a row's KV moved in a realignment (0 when every row gained the same)",
         ("**engine check** = another engine's outputs (a server, a file, a callable) against the batch-size-1 "
          "reference of the same weights; every output token is teacher-forced through the target"),

@@ -152,8 +152,10 @@ def distribution_md(trace: Trace | None) -> str:
     else:
         test = (f"p = {p_value(d['p'])} (the smallest split's p × {splits} tested, Bonferroni) "
                 + ("≥" if ok else "<") + f" α = {d['alpha']:g}")
-    lines = [f"**Verdict: {md(d['verdict'])}** — {test}"
-             + ("" if ok or d["failing"] is None else f"; failing: **{md(d['failing'])}**") + "."]
+    kind = metrics.sampled_verdict(trace)
+    lines = [f"**{md(kind[0])}** — {md(kind[1])}"] if kind else []
+    lines.append(f"**Distribution: {md(d['verdict'])}** — {test}"
+                 + ("" if ok or d["failing"] is None else f"; failing: **{md(d['failing'])}**") + ".")
     lines.append(f"{d['tokens']} tokens tested; **{d['impossible']} impossible** (probability 0 under the target: "
                  "no correct sampler emits one)" if d["impossible"] else
                  f"{d['tokens']} tokens tested; no impossible token")

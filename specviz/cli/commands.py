@@ -94,6 +94,9 @@ def _print_summary(trace) -> None:
     _print_yardsticks(trace)
     if trace.distribution:
         print(f"distribution: {_distribution(trace)}")
+        kind = metrics.sampled_verdict(trace)
+        if kind:
+            print(f"sampled verdict: {kind[0]}. {kind[1]}")
 
 
 def _print_yardsticks(trace) -> None:
@@ -112,8 +115,11 @@ def _print_yardsticks(trace) -> None:
 
 
 def _distribution(trace) -> str:
-    """A sampled run's verdict in one line."""
+    """A sampled run's verdict in one line: the kind of fault where one was found, then the distribution test."""
     d, line = trace.distribution, trace.distribution.verdict
+    kind = metrics.sampled_verdict(trace)
+    if kind and kind[0] != d.verdict:
+        line = f"{kind[0]}; {line}"
     if d.p is not None:
         line += f" (p = {d.p:.2g}, {d.tokens} tokens" + (f"; fails: {d.failing}" if d.failing else "") + ")"
     if d.impossible:
@@ -215,6 +221,9 @@ def _print_check(trace) -> None:
     _print_engine_facts(trace)
     if trace.distribution:
         print(f"distribution: {_distribution(trace)}")
+        kind = metrics.sampled_verdict(trace)
+        if kind:
+            print(f"sampled verdict: {kind[0]}. {kind[1]}")
     for s in trace.sequences:
         if s.forensics:
             print(f"  [{s.seq}] {s.forensics.verdict}: {s.forensics.explanation}")

@@ -158,21 +158,31 @@ def _sampled_verdict(s: SequenceRecord, rows: list[RowRecord], state, failed: di
         return ev
     _fill_state(ev, state)
     ev.emitting_argmax = ev.margin_batched = None  # a sampled token is a draw, not the pass's argmax
+    _corrupt(ev, rounding, invariant, f"In round {state.round} (batch row {state.row}) the target's verify logits "
+                                      "for this sequence")
+    ev.explanation += _recorded(ev, invariant) + first
+    return ev
+
+
+def _corrupt(ev: RunForensics, rounding: Rounding, invariant: str | None, logits: str) -> None:
+    """A state beyond the yardstick, the `logits` of its pass named: `kernel-bug` where every input was right and the
+    pass rebuilt from them still departs, else `sync-bug:` the input that was wrong."""
     component = _component(ev, rounding)
-    beyond = (f"In round {state.round} (batch row {state.row}) the target's verify logits for this sequence differ from "
-              f"a fresh batch-size-1 recomputation by {state.state_diff:.3g}, {state.state_diff / rounding.tolerance:.3g} "
-              f"times what rounding in {rounding.dtype} allows ({rounding.tolerance:.3g}; two correct computations "
-              f"differ by more with probability {rounding.alpha:.2g})")
+    beyond = (f"{logits} differ from a fresh batch-size-1 recomputation of the row by {ev.state_diff:.3g}, "
+              f"{ev.state_diff / rounding.tolerance:.3g} times what rounding in {rounding.dtype} allows "
+              f"({rounding.tolerance:.3g}; two correct computations differ by more with probability {rounding.alpha:.2g})")
     if component == "kernel":
         ev.verdict = "kernel-bug"
         ev.explanation = f"{beyond}, though its first token, positions and mask were right. {_rebuilt(ev, rounding)}"
     else:
         ev.verdict = f"sync-bug:{invariant if component == 'state' and invariant else component}"
         ev.explanation = f"{beyond}: the row's state was corrupt. {_why(ev, component)}"
-    if invariant:
-        ev.explanation += f" The engine's own check found, in round {ev.failed_checks[invariant]}, that {EXPLAIN[invariant]}."
-    ev.explanation += first
-    return ev
+
+
+def _recorded(ev: RunForensics, invariant: str | None) -> str:
+    """The engine's own failed check, in a sentence: it corroborates the independent evidence."""
+    return (f" The engine's own check found, in round {ev.failed_checks[invariant]}, that {EXPLAIN[invariant]}."
+            if invariant else "")
 
 
 def _first_invariant(ev: RunForensics) -> str | None:
@@ -247,8 +257,7 @@ def _sync_bug(ev: RunForensics, rounding: Rounding | None) -> bool:
     # The engine's own checks (its provenance of every cache slot) corroborate; they name the state only where
     # the independent evidence cannot.
     invariant = _first_invariant(ev)
-    recorded = (f" The engine's own check found, in round {ev.failed_checks[invariant]}, that {EXPLAIN[invariant]}."
-                if invariant else "")
+    recorded = _recorded(ev, invariant)
     if ev.output_token is None or ev.reference_token is None:
         ended = "the reference had already ended" if ev.reference_token is None else "the output had stopped"
         ev.verdict = f"sync-bug:{invariant or 'state'}"
@@ -259,17 +268,8 @@ def _sync_bug(ev: RunForensics, rounding: Rounding | None) -> bool:
         ev.explanation = (f"At {at} the engine emitted a token that is not the argmax of the target pass that chose "
                           f"it (the pass's own logits pick id {ev.emitting_argmax}): {EXPLAIN['bonus']}.")
     elif ev.state_diff is not None and tolerance is not None and ev.state_diff > tolerance:
-        state = _component(ev, rounding)
-        beyond = (f"At {at} the emitting pass's logits differ from a fresh batch-size-1 recomputation of the row by "
-                  f"{ev.state_diff:.3g}, {ev.state_diff / tolerance:.3g} times what rounding in {rounding.dtype} allows "
-                  f"({tolerance:.3g}; two correct computations differ by more with probability {rounding.alpha:.2g})")
-        if state == "kernel":
-            ev.verdict = "kernel-bug"
-            ev.explanation = (f"{beyond}, though its first token, positions and mask were right. "
-                              f"{_rebuilt(ev, rounding)}" + recorded)
-        else:
-            ev.verdict = f"sync-bug:{invariant if state == 'state' and invariant else state}"
-            ev.explanation = f"{beyond}: the row's state was corrupt. {_why(ev, state)}" + recorded
+        _corrupt(ev, rounding, invariant, f"At {at} the emitting pass's logits")
+        ev.explanation += recorded
     elif invariant is not None:
         ev.verdict = f"sync-bug:{invariant}"
         ev.explanation = f"The output forked at {at}." + recorded
