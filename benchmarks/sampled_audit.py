@@ -1,11 +1,12 @@
 """The state audit at temperature > 0 on the embedded pair: every catalogued synchronization fault named by its
-state, in a round at or before the first token the target could not have drawn; correct samplers (eqspec and
-exspec) over many seeds without a false alarm.
+state, in a round at or before the first token the target could not have drawn; every sampling fault named a
+sampler fault with its states clean; correct samplers (eqspec and exspec) over many seeds without a false alarm.
 
 Each fault runs eqspec at --temperature on the built-in prompts (--prompt-set), batch --batch-size, k --k, every
 row audited. Per fault: the verdicts the audit names, how many sequences it names, how many sequences hold a token
 the target gives probability 0 and whether each of those was named at or before that token, and the distribution
-verdict beside it. Then eqspec and exspec without faults, --seeds seeds each: sequences named, audited rounds beyond
+verdict beside it, and the run's sampled verdict (metrics.sampled_verdict). shared-stream runs one prompt in every
+row (rows that share a stream show only on the same prompt). Then eqspec and exspec without faults, --seeds seeds each: sequences named, audited rounds beyond
 the yardstick, impossible tokens.
 
     python benchmarks/sampled_audit.py [--prompt-set quick] [--max-new-tokens 24] [--top-p 0.5] [--seeds 20]
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 
 from specviz.run.runner import run
-from specviz.spec.faults import FAULTS, PRESETS, SAMPLING
+from specviz.spec.faults import FAULTS, PRESETS
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import RunSpec
 from specviz.trace import metrics
@@ -41,7 +42,8 @@ def main() -> None:
     prompts = tuple(builtin_set(args.prompt_set))
 
     def sampled(method: str, faults=(), seed: int = 0):
-        return run(RunSpec.build(prompts=prompts, method=method, faults=faults, batch_size=args.batch_size, k=args.k,
+        shown_on = prompts[:1] * len(prompts) if faults == ("shared-stream",) else prompts
+        return run(RunSpec.build(prompts=shown_on, method=method, faults=faults, batch_size=args.batch_size, k=args.k,
                                  max_new_tokens=args.max_new_tokens, device="cpu", audit=args.batch_size,
                                  temperature=args.temperature, top_p=args.top_p, seed=seed))
 
@@ -50,8 +52,8 @@ def main() -> None:
               f"tokens, temperature {args.temperature}, top-p {args.top_p}, batch size {args.batch_size}, k {args.k}, "
               "every row audited.\n"),
              ("| fault | named | verdicts | sequences with an impossible token | named at or before it | "
-              "distribution | seconds |"), "|---|---:|---|---:|---:|---|---:|"]
-    for fault in [*(f for f in FAULTS if f not in SAMPLING), *PRESETS]:
+              "distribution | run verdict | seconds |"), "|---|---:|---|---:|---:|---|---|---:|"]
+    for fault in [*FAULTS, *PRESETS]:
         start = time.perf_counter()
         trace = sampled("eqspec", (fault,))
         named = [s for s in trace.sequences if s.forensics]
@@ -59,7 +61,8 @@ def main() -> None:
         before = sum(s.forensics is not None and s.forensics.fork <= i for s, i in bad)
         verdicts = ", ".join(f"{v} {c}" for v, c in Counter(s.forensics.verdict for s in named).items()) or "-"
         lines.append(f"| {fault} | {len(named)} of {len(trace.sequences)} | {verdicts} | {len(bad)} | {before} of "
-                     f"{len(bad)} | {trace.distribution.verdict} | {time.perf_counter() - start:.0f} |")
+                     f"{len(bad)} | {trace.distribution.verdict} | {metrics.sampled_verdict(trace)[0]} | "
+                     f"{time.perf_counter() - start:.0f} |")
         print(lines[-1], flush=True)
     lines += ["", "| sampler | seeds | sequences | named | audited rows beyond the yardstick | impossible tokens |",
               "|---|---:|---:|---:|---:|---:|"]
