@@ -44,9 +44,15 @@ def _same(a, b, where="report"):
         assert a == b, where
 
 
-def test_accelerate_launch_on_two_processes_reports_as_one_process(tiny, tmp_path, capsys):
+# Sampled: every sequence draws from its own stream, numbered as in the whole list; every row audited.
+SAMPLED = ["--temperature", "0.8", "--top-p", "0.9", "--seed", "5", "--audit", "3"]
+
+
+@pytest.mark.parametrize("sampling", [[], SAMPLED], ids=["greedy", "sampled"])
+def test_accelerate_launch_on_two_processes_reports_as_one_process(sampling, tiny, tmp_path, capsys):
     one, two = tmp_path / "one.json", tmp_path / "two.json"
-    assert main([*VERIFY, "--json", str(one)]) == 0
+    verify = [*VERIFY, *sampling]
+    assert main([*verify, "--json", str(one)]) == 0
     single = capsys.readouterr().out
 
     with socket.socket() as s:  # a free port for the processes to meet on
@@ -58,7 +64,7 @@ def test_accelerate_launch_on_two_processes_reports_as_one_process(tiny, tmp_pat
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
               "--main_process_port", str(port), "-m", "specviz.cli"]
-    done = subprocess.run([*launch, *VERIFY, "--json", str(two)], env=env, cwd=tmp_path, capture_output=True, check=False,
+    done = subprocess.run([*launch, *verify, "--json", str(two)], env=env, cwd=tmp_path, capture_output=True, check=False,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -66,4 +72,26 @@ def test_accelerate_launch_on_two_processes_reports_as_one_process(tiny, tmp_pat
     report, sharded = json.loads(one.read_text()), json.loads(two.read_text())
     assert len(report["rows"]) == 7 and len(report["sequences"]) == 7 * 4
     assert any(r["verdicts"] for r in report["rows"])  # forensics ran: the faulty rows are explained
+    if sampling:  # judged by their distribution and audited: bsp-like's corrupt positions named by the audit
+        assert all(r["distribution"] for r in report["rows"]) and "sync-bug:positions" in str(report["rows"])
     _same(report, sharded)
+
+
+@pytest.mark.parametrize("method", ["reference", "eqspec"])
+def test_a_shard_of_a_sampled_run_draws_what_one_process_draws(method, tiny):
+    """Each sequence's stream is its number in the whole list: a share decoded alone, told where it starts, emits
+    the whole run's tokens for its sequences (told nothing, it would draw another sequence's)."""
+    from specviz.models.pairs import pair_for
+    from specviz.run.runner import decode, encode
+    from specviz.spec.prompts import builtin_set
+    from specviz.spec.run import RunSpec
+
+    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float32", device="cpu",
+                         prompts=tuple(builtin_set("quick")), method=method, batch_size=2, k=3, max_new_tokens=12,
+                         temperature=0.9, seed=7)
+    pair = pair_for(spec)
+    prompt_ids = encode(spec, pair)
+    whole = [o.ids for o in decode(spec, pair, prompt_ids, record=False).outputs]
+    second = [o.ids for o in decode(spec, pair, prompt_ids[2:], record=False, first_seq=2).outputs]
+    assert second == whole[2:]
+    assert [o.ids for o in decode(spec, pair, prompt_ids[2:], record=False).outputs] != whole[2:]

@@ -23,7 +23,8 @@ from specviz.spec.run import RunSpec, SpecError
 @dataclass(frozen=True)
 class Job:
     """One decode: a spec's method on a pair and its prompts' ids, recorded or not, heard by `progress` (every n
-    new tokens) and watched by `watch` (forensics/watch.py), where given."""
+    new tokens) and watched by `watch` (forensics/watch.py), where given. `first_seq`: the number of the first of
+    these prompts in the spec's list (a shard's share), which their random streams continue."""
 
     spec: RunSpec
     pair: ModelPair
@@ -31,17 +32,18 @@ class Job:
     record: bool = True
     progress: Progress | None = None
     watch: object | None = None
+    first_seq: int = 0
 
 
 def _reference(job: Job) -> DecodeResult:
     s = job.spec
-    return reference(job.pair, job.prompt_ids, s.max_new_tokens, job.progress, sampling_of(s))
+    return reference(job.pair, job.prompt_ids, s.max_new_tokens, job.progress, sampling_of(s, job.first_seq))
 
 
 def _batched_reference(job: Job) -> DecodeResult:
     s = job.spec
     return batched_reference(job.pair, job.prompt_ids, s.batch_size, s.max_new_tokens, job.progress, job.watch,
-                             sampling_of(s))
+                             sampling_of(s, job.first_seq))
 
 
 def _hf_assisted(job: Job) -> DecodeResult:
@@ -53,7 +55,7 @@ def _hf_assisted(job: Job) -> DecodeResult:
 def _eqspec(job: Job) -> DecodeResult:
     s = job.spec
     return eqspec(job.pair, job.prompt_ids, s.batch_size, s.k, s.max_new_tokens, faults=expand(s.faults),
-                  record=job.record, progress=job.progress, watch=job.watch, sampling=sampling_of(s),
+                  record=job.record, progress=job.progress, watch=job.watch, sampling=sampling_of(s, job.first_seq),
                   drafter=drafter_for(s, job.pair))
 
 
@@ -61,7 +63,7 @@ def _exspec(job: Job) -> DecodeResult:
     s = job.spec
     return exspec(job.pair, job.prompt_ids, s.batch_size, s.k, s.max_new_tokens, window=s.window or 2 * s.batch_size,
                   max_wait=s.max_wait, record=job.record, progress=job.progress, watch=job.watch,
-                  sampling=sampling_of(s), drafter=drafter_for(s, job.pair))
+                  sampling=sampling_of(s, job.first_seq), drafter=drafter_for(s, job.pair))
 
 
 DECODERS: dict[str, Callable[[Job], DecodeResult]] = {

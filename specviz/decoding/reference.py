@@ -20,7 +20,7 @@ def choose(logits: torch.Tensor, sampling: Sampling, seqs: torch.Tensor, index: 
     """Each row's next token from its logits (B, V): the argmax, or a draw from the target's distribution."""
     if sampling.greedy:
         return logits.argmax(-1)
-    return inverse_cdf(sampling.target.probs(logits), uniform(sampling.seed, seqs, index, TARGET))
+    return inverse_cdf(sampling.target.probs(logits), uniform(sampling.seed, sampling.streams(seqs), index, TARGET))
 
 
 @torch.inference_mode()

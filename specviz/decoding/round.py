@@ -192,7 +192,7 @@ def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clo
     have = torch.tensor([len(gen[i].ids) for i in b.seqs], device=d.pair.device)
     k = max(1, min(k, d.max_new_tokens - 1 - int(have.min())))
     before = _state_before(b) if d.record else {}
-    stream = d.policy.stream(torch.tensor(b.seqs, device=d.pair.device))
+    stream = d.policy.stream(d.sampling.streams(torch.tensor(b.seqs, device=d.pair.device)))
     prop = d.drafter.propose(d.policy, b, k, d.sampling, stream, have)
     k = min(k, int(prop.counts.max()))
     t_draft = clock.lap()

@@ -56,18 +56,26 @@ class Sampling:
     target: Sampler = Sampler()
     draft: Sampler = Sampler()
     seed: int = 0
+    first_seq: int = 0  # the number of this decode's first sequence: a shard of a prompt list continues its numbering
 
     @property
     def greedy(self) -> bool:
         return self.target.greedy
 
+    def streams(self, seqs: torch.Tensor) -> torch.Tensor:
+        """The stream of each of this decode's sequences `seqs`: its number in the whole prompt list, so a shard
+        draws what one process decoding the whole list draws."""
+        return seqs + self.first_seq
+
 
 GREEDY = Sampling()
 
 
-def sampling_of(spec) -> Sampling:
-    """How the run `spec` (a RunSpec) samples: the target's settings, the draft's, the seed."""
-    return Sampling(Sampler(spec.temperature, spec.top_k, spec.top_p), Sampler(*spec.draft_sampling()), spec.seed)
+def sampling_of(spec, first_seq: int = 0) -> Sampling:
+    """How the run `spec` (a RunSpec) samples: the target's settings, the draft's, the seed; `first_seq`: the number
+    of the decode's first prompt in the spec's list."""
+    return Sampling(Sampler(spec.temperature, spec.top_k, spec.top_p), Sampler(*spec.draft_sampling()), spec.seed,
+                    first_seq)
 
 
 def _signed(x: int) -> int:

@@ -36,19 +36,20 @@ def encode(spec: RunSpec, pair: ModelPair, limits: Settings | None = None) -> li
 
 def decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record: bool = True,
            progress: Progress | None = None, reference: DecodeResult | None = None,
-           yardsticks: Yardsticks | None = None) -> DecodeResult:
+           yardsticks: Yardsticks | None = None, first_seq: int = 0) -> DecodeResult:
     """Decode with the spec's method (decoding/decoders.py). Given the reference's outputs, the decode is watched
     (watch.py): the result then carries the state of every fork's emitting row, and the audit (recorded runs only).
     With the run's `yardsticks`, the watch spares itself narrowing down the inputs of a fork whose state is clean.
     A recorded, audited run without a reference (a sampled one) is watched for its audit: the result carries the
-    state of each sequence's first audited row beyond the yardstick instead of its fork's."""
+    state of each sequence's first audited row beyond the yardstick instead of its fork's.
+    `first_seq`: the number of the first of `prompt_ids` in the spec's list (a shard's share): their draws follow it."""
     audit = min(spec.audit, spec.batch_size) if record else 0
     if reference is None and not audit:
-        return decoders.decode(Job(spec, pair, prompt_ids, record, progress))
+        return decoders.decode(Job(spec, pair, prompt_ids, record, progress, first_seq=first_seq))
     watch = Watch(pair, prompt_ids, reference and [o.ids for o in reference.outputs], audit,
                   tolerance=yardsticks.target.tolerance if yardsticks else None)
     with watch.watching():
-        result = decoders.decode(Job(spec, pair, prompt_ids, record, progress, watch))
+        result = decoders.decode(Job(spec, pair, prompt_ids, record, progress, watch, first_seq))
     result.forks, result.audit = watch.forks, watch.audit
     return result
 

@@ -9,6 +9,11 @@ process. The batch-size-1 reference is split prompt by prompt, once for all
 runs, and every process watches its shares against it (watch.py). The main
 process gathers the decoded outputs and what the watches found, measures the
 rounding yardstick and explains every trace itself.
+
+Sampled runs have no reference: each share draws from its sequences' own
+streams, numbered as in the whole prompt list, so it draws exactly what one
+process would; audited, each process watches its rows against the yardstick
+of the built-in prompts, and the main process judges the distribution.
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ import torch
 from specviz.decoding.reference import reference
 from specviz.decoding.result import DecodeResult
 from specviz.models.pairs import ONE_DEVICE, Placement, pair_for
-from specviz.run.runner import decode, encode, explain, run
+from specviz.run.runner import calibrated_yardsticks, decode, encode, explain, explain_sampled, run
 from specviz.spec.run import RunSpec, SpecError
 from specviz.trace.schema import Trace
 
@@ -67,8 +72,6 @@ def sweep(runs: list[tuple[RunSpec, bool]], trust_remote_code: bool = False,
             "dtype", "device")
     if any(getattr(spec, f) != getattr(first, f) for spec, _ in runs for f in same):
         raise SpecError("a sharded sweep runs one pair on one prompt list with one token budget")
-    if any(not spec.greedy for spec, _ in runs):
-        raise SpecError("a sharded sweep runs greedy runs only: a sampled run's draws follow its whole prompt list")
     if placement.spread:
         raise SpecError("a sharded sweep cannot spread the target over GPUs: every process would use every GPU")
     state = _state()
@@ -79,24 +82,38 @@ def sweep(runs: list[tuple[RunSpec, bool]], trust_remote_code: bool = False,
 
     # The reference first, split prompt by prompt and gathered by every process: each watches its own
     # share of every other run against it.
-    rows = share(n, 1, rank, world)
-    ref = _merge(gather_object([(rows, 1, reference(pair, [prompt_ids[j] for j in rows], first.max_new_tokens))]))
+    ref = None
+    if any(spec.greedy for spec, _ in runs):
+        rows = share(n, 1, rank, world)
+        ref = _merge(gather_object([(rows, 1, reference(pair, [prompt_ids[j] for j in rows], first.max_new_tokens))]))
     mine = []  # (rows, batch size, result) of every other run
     for i, (spec, record) in enumerate(runs):
-        if spec.method == "reference":
+        if spec.method == "reference" and spec.greedy:
             continue  # the reference above is that run
         if spec.method == "exspec":  # its schedule spans the whole pool: one process runs it all
             rows = range(n) if i % world == rank else range(0)
         else:
             rows = share(n, spec.batch_size, rank, world)
-        part = DecodeResult([ref.outputs[j] for j in rows], ref.seconds)
-        mine.append((rows, spec.batch_size, decode(spec, pair, [prompt_ids[j] for j in rows], record, reference=part)))
+        prompts = [prompt_ids[j] for j in rows]
+        if spec.greedy:
+            result = decode(spec, pair, prompts, record, reference=DecodeResult([ref.outputs[j] for j in rows], ref.seconds))
+        else:
+            result = decode(spec, pair, prompts, record, yardsticks=_sampled_yardsticks(spec, pair), first_seq=rows.start)
+        mine.append((rows, spec.batch_size, result))
     shares = gather_object([mine])  # every process's list, in rank order
     if not state.is_main_process:
         return
     merged = iter(_merge([s[j] for s in shares]) for j in range(len(mine)))
     for spec, _ in runs:
-        yield explain(spec, pair, prompt_ids, ref if spec.method == "reference" else next(merged), ref)
+        if not spec.greedy:
+            yield explain_sampled(spec, pair, prompt_ids, next(merged), _sampled_yardsticks(spec, pair))
+        else:
+            yield explain(spec, pair, prompt_ids, ref if spec.method == "reference" else next(merged), ref)
+
+
+def _sampled_yardsticks(spec: RunSpec, pair):
+    """An audited sampled run's yardsticks (the built-in prompts'), as one process measures them; None unaudited."""
+    return calibrated_yardsticks(spec, pair) if spec.audit else None
 
 
 def _merge(shares: list[tuple[range, int, DecodeResult]]) -> DecodeResult:
