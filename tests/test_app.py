@@ -228,6 +228,22 @@ def test_the_check_tab_judges_an_uploaded_outputs_file(tmp_path, good_trace, app
     assert all(s.equivalent for s in trace.sequences[1:])
 
 
+def test_the_check_tab_judges_a_sampled_engine_at_its_settings(tmp_path, good_trace, app_url):
+    """Sampled, a file is judged by its tokens' distribution under the target at the tab's settings, which the
+    check's spec records (a server would be asked with them)."""
+    from gradio_client import handle_file
+
+    client = Client(app_url, verbose=False)
+    outputs = handle_file(_outputs_file(tmp_path, Trace.from_json(good_trace)))
+    status, trace_file = client.predict("tiny", "", "float64", outputs, None, "", "", "", "quick", 8, False, 0.8, 0.9,
+                                        3, api_name="/check_engine")
+    trace = Trace.from_json(Path(trace_file).read_text())
+    spec = trace.manifest.spec
+    assert (spec.method, spec.temperature, spec.top_p, spec.seed) == ("engine", 0.8, 0.9, 3)
+    assert trace.distribution is not None and all(s.reference_ids is None for s in trace.sequences)
+    assert "sampled** at temperature 0\\.8" in status, status
+
+
 def test_the_check_tab_asks_no_server_unless_the_operator_allows_it(app_url):
     client = Client(app_url, verbose=False)
     with pytest.raises(Exception, match=r"engine server 'http://example\.org:8000' is not allowed on this server; "

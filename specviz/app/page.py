@@ -358,7 +358,7 @@ def _controls(settings: Settings) -> dict:
 
 
 ENGINE_CONTROLS = ("pair", "target", "dtype", "outputs", "control", "server", "served_model", "control_server",
-                   "prompt_set", "max_new_tokens", "determinism")
+                   "prompt_set", "max_new_tokens", "determinism", "temperature", "top_p", "seed")
 
 
 def _engine_controls(settings: Settings) -> dict:
@@ -384,6 +384,12 @@ def _engine_controls(settings: Settings) -> dict:
         e["determinism"] = gr.Checkbox(False, label="ask every prompt twice more",
                                        info="the same requests again, then in reverse order (other slots, other batch "
                                             "company): every prompt answered otherwise is reported with its fork")
+    with gr.Row():  # what the engine sampled with: a server is asked with them; a file is judged under them
+        e["temperature"] = gr.Slider(0, TEMPERATURE_MAX, value=0, step=0.05, label="the engine's temperature",
+                                     info="0: greedy, checked token by token; above 0: judged by the distribution of "
+                                          "its tokens under the target at these settings")
+        e["top_p"] = gr.Slider(TOP_P_MIN, 1, value=1, step=0.01, label="its top-p (1: off)")
+        e["seed"] = gr.Number(value=0, precision=0, minimum=0, label="seed (a server gets one a prompt from it)")
     return e
 
 

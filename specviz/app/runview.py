@@ -147,9 +147,10 @@ def run_controls(settings: Settings, pair, target, draft, prompt_set, typed, pro
 
 
 def check_engine(settings: Settings, pair, target, dtype, outputs, control, server, served_model, control_server,
-                 prompt_set, max_new_tokens, determinism=False, progress=gr.Progress()):
+                 prompt_set, max_new_tokens, determinism=False, temperature=0, top_p=1, seed=0, progress=gr.Progress()):
     """The check tab: an outputs file (and a control file), or, where the operator allows it, a server (asked every
-    prompt twice more with `determinism`)."""
+    prompt twice more with `determinism`); greedy, or sampled at `temperature` and `top_p` (each prompt's request
+    seeded from `seed`)."""
     with serving.as_page_errors():
         if pair == CUSTOM:
             target = (target or "").strip()
@@ -171,7 +172,8 @@ def check_engine(settings: Settings, pair, target, dtype, outputs, control, serv
                                                                    and not settings.public else ""))
         prompts = builtin_sets()[prompt_set or "quick"]
         spec = RunSpec.build(target=target, draft=draft, prompts=tuple(prompts), method=ENGINE, dtype=dtype,
-                             max_new_tokens=int(max_new_tokens or 48))
+                             max_new_tokens=int(max_new_tokens or 48), temperature=float(temperature or 0),
+                             top_p=float(1 if top_p is None else top_p), seed=int(seed or 0))
         if files is None:
             settings.check(spec)
         progress(0, desc="the outputs teacher-forced through the target, then the reference where they do not prove it")

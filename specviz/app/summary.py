@@ -181,8 +181,10 @@ def engine_headline(trace: Trace, note: str = "") -> str:
     """An engine check: the engine as it described itself (a stranger's words), and a Table-1 row per run."""
     m, s = trace.manifest, trace.manifest.spec
     e = m.engine
-    head = (f"**engine check** of {md(' '.join(x for x in (e.name, e.version) if x))} ({md(e.source)}) against the "
-            f"batch-size-1 reference of {md(s.target)} in {md(s.dtype)}, {len(trace.sequences)} prompts, "
+    against = (f"**sampled** at {md(sampling_text(s))} (seed {s.seed}), judged by its tokens' distribution under "
+               if metrics.sampled(trace) else "against the batch-size-1 reference of ")
+    head = (f"**engine check** of {md(' '.join(x for x in (e.name, e.version) if x))} ({md(e.source)}) {against}"
+            f"{md(s.target)} in {md(s.dtype)}, {len(trace.sequences)} prompts, "
             f"up to {s.max_new_tokens} new tokens. Fingerprint `{m.fingerprint}`.{note}")
     rows = ["| run | answered | no answer | exact % | prefix % | tok/s | verdicts |", "|---|---:|---:|---:|---:|---:|---|"]
     for r in metrics.engine_summary(trace):
