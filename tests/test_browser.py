@@ -313,6 +313,18 @@ def test_a_sweep_shows_where_equivalence_breaks_a_cell_opens_its_run_and_compare
     expect(page.locator("#sv-compare-summary")).to_contain_text(f"first differ at token {fork}")
     page.screenshot(path=SHOTS / "compare.png", full_page=True)
 
+    # The comparison's link opens a fresh page on the Compare tab, the same two runs and sequence, the same fork.
+    compared = page.locator("#sv-compare-link input, #sv-compare-link textarea").first
+    expect(compared).to_have_value(re.compile(rf"\?compare=.*seq={seq}"), timeout=60_000)
+    shared = new_page(viewport={"width": 1280, "height": 1000})
+    shared.goto(compared.input_value())
+    expect(shared.get_by_role("tab", name="Compare two runs")).to_have_attribute("aria-selected", "true",
+                                                                                 timeout=60_000)
+    again = shared.locator(f'#sv-compare-aligned .sv-sbs[data-seq="{seq}"]')
+    expect(again).to_have_attribute("data-first", fork, timeout=DECODE_MS)
+    expect(shared.locator("#sv-compare-summary")).to_contain_text(f"first differ at token {fork}")
+    shared.close()
+
     # The sweep's link replays it in a fresh page (from this process's cache).
     fresh = new_page(viewport={"width": 1280, "height": 1000})
     fresh.goto(link)

@@ -233,8 +233,9 @@ def test_two_engines_compare_token_by_token_where_they_part(tmp_path, tiny):
     assert (a["value"], b["value"]) == (sidebyside.side_of_trace(good).label, sidebyside.side_of_trace(bad).label)
     assert b["value"].startswith("engine bsp-like · ")
     s = next(s for s in bad.sequences if s.equivalent is False)
-    summary, aligned = sweeptab.compare_runs(sides, a["value"], b["value"], s.seq)
+    summary, aligned, link = sweeptab.compare_runs(sides, a["value"], b["value"], s.seq)
     assert f"first differ at token {s.first_divergence}:" in summary and "equal to the batch-size-1 reference" in summary
+    assert link == ""  # an engine check is made from its files: no link replays it
     assert f'data-first="{s.first_divergence}"' in aligned
 
 

@@ -92,20 +92,40 @@ def test_a_cell_opens_its_run_in_the_run_view_at_its_fork_and_compare_marks_wher
     assert (a["value"], b["value"]) == ("eqspec · bs 1 · k 5 · sweep", "eqspec · bsp-like · bs 4 · k 5 · sweep")
     sides, a, b = sweeptab.remember_sides(sides, trace)  # the run view's run joins them, as B
     assert b["value"].startswith("eqspec · bsp-like · bs 4 · k 5 · ") and len(sides) == 5
-    summary, aligned = sweeptab.compare_runs(sides, "eqspec · bs 4 · k 5 · sweep", b["value"], first.seq)
+    summary, aligned, link = sweeptab.compare_runs(sides, "eqspec · bs 4 · k 5 · sweep", b["value"], first.seq)
     fork = first.first_divergence
     assert f"first differ at token {fork}:" in summary and f'data-first="{fork}"' in aligned
     assert aligned.count(f'sv-first" data-index="{fork}"') + aligned.count(f'sv-first sv-rstart" data-index="{fork}"') \
         == 3  # outlined in the reference's row, A's and B's
     # The report's run and the run view's trace of the same spec are the same tokens.
-    summary, aligned = sweeptab.compare_runs(sides, "eqspec · bsp-like · bs 4 · k 5 · sweep", b["value"], first.seq)
-    assert "write the same" in summary and 'data-first=""' in aligned
+    summary_b, aligned_b, _ = sweeptab.compare_runs(sides, "eqspec · bsp-like · bs 4 · k 5 · sweep", b["value"], first.seq)
+    assert "write the same" in summary_b and 'data-first=""' in aligned_b
+
+    # The comparison's link opens the Compare tab on the same two runs (replayed from the cache) at the same sequence.
+    pending, said, tabs = sweeptab.open_compare_link(link)
+    assert said == "Replaying the two shared runs…" and tabs.selected == "compare"
+    replayed, a, b, seq = sweeptab.replay_compare(Settings(), pending, {}, progress=lambda *_, **__: None)
+    assert seq == first.seq and len(replayed) == 2
+    again = sweeptab.compare_runs(replayed, a["value"], b["value"], seq)
+    assert f"first differ at token {fork}:" in again[0] and f'data-first="{fork}"' in again[1] and again[2] == link
+    assert ui.open_link(link)[-1] == "This link compares two runs: see the Compare tab."
 
 
 def _side(label, ids, prompts=("p",), rounds=((),), reference=None):
     pieces = tuple(tuple(f"<{i}>" for i in s) for s in ids)
     return sidebyside.Side(label, prompts, ids, pieces, rounds, reference or (None,) * len(ids),
                            tuple(None if r is None else tuple(f"<{i}>" for i in r) for r in (reference or (None,))))
+
+
+def test_compare_links_round_trip_and_bad_ones_get_a_message():
+    a, b = (RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", prompts=("one", "two"), method="eqspec",
+                          faults=faults) for faults in ((), ("bsp-like",)))
+    assert share.decode_compare(share.encode_compare(a, b, 1)) == (a, b, 1)
+    assert share.other_tab(share.encode_compare(a, b)) == "compare" and share.decode(share.encode_compare(a, b)) is None
+    for bad, said in (("?compare=%%%", "damaged"), ("?compare=" + share.encode_compare(a, b)[9:40], "damaged")):
+        pending, status, _ = sweeptab.open_compare_link(bad)
+        assert pending is None and status.startswith("**That compare link could not be used:**") and said in status
+    assert sweeptab.open_compare_link("?run=x")[0] is None  # another tab's link: left alone
 
 
 def test_compare_marks_rounds_a_run_that_ends_early_and_refuses_other_prompts():

@@ -58,6 +58,8 @@ UPDATE_URL = """
   return location.origin + location.pathname + q;
 }
 """
+# The Compare tab's link, whole, without taking the address bar from the Run view's.
+FULL_URL = "(q) => q ? location.origin + location.pathname + q : ''"
 INTRO = """# specviz
 Batch speculative decoding, checked token by token against the target model alone — or, for a sampled run
 (temperature above 0), by whether its tokens are drawn from the target's distribution. Pick an example or set up
@@ -296,11 +298,21 @@ class Page:
                                                concurrency_id="decode"))
 
     def wire_compare_tab(self) -> None:
-        """Any two runs shown so far, side by side."""
+        """Any two runs shown so far, side by side, and their link; a compare link replays its two runs here."""
         p = self.p
+        compared = sweeptab.compare_runs
+        inputs, shown = [self.sides, p["a"], p["b"], p["seq"]], [p["summary"], p["aligned"], p["link_query"]]
+
+        def show_link(event) -> None:
+            event.then(None, [p["link_query"]], [p["link_box"]], js=FULL_URL, api_visibility="private")
+
         for picker in (p["a"], p["b"], p["seq"]):
-            picker.change(sweeptab.compare_runs, [self.sides, p["a"], p["b"], p["seq"]], [p["summary"], p["aligned"]],
-                          api_visibility="private", show_progress="hidden")
+            show_link(picker.change(compared, inputs, shown, api_visibility="private", show_progress="hidden"))
+        loaded = self.demo.load(sweeptab.open_compare_link, [p["link_query"]], [p["pending"], p["summary"], self.tabs],
+                                js="() => location.search", api_name="open_compare_link")
+        replayed = loaded.then(functools.partial(sweeptab.replay_compare, self.settings), [p["pending"], self.sides],
+                               [self.sides, p["a"], p["b"], p["seq"]], api_visibility="private", concurrency_id="decode")
+        show_link(replayed.success(compared, inputs, shown, api_visibility="private"))
 
 
 def _controls(settings: Settings) -> dict:

@@ -199,9 +199,12 @@ def open_link(query: str):
     except SpecError as e:
         return *keep, *_first_page(f"**That share link could not be used:** {views.md(str(e))}.")
     if link is None:
-        if share.is_sweep(query or ""):  # the Sweep tab opens it (sweeptab.open_sweep_link)
+        tab = share.other_tab(query or "")  # the Sweep or Compare tab opens it (sweeptab.open_*_link)
+        if tab == "sweep":
             return (*keep, gr.skip(), gr.skip(), None,
                     "This link is a sweep's: see the Sweep tab; click a cell there to open its run here.")
+        if tab == "compare":
+            return *keep, gr.skip(), gr.skip(), None, "This link compares two runs: see the Compare tab."
         return *keep, *_first_page()
     s = link.spec
     preset = next((name for name, ids in PRESETS.items() if ids == (s.target, s.draft)), CUSTOM)

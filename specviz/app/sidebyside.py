@@ -10,6 +10,8 @@ import html
 from dataclasses import dataclass
 
 from specviz.app import views
+from specviz.spec.run import RunSpec, SpecError
+from specviz.trace import share
 from specviz.trace.records import SequenceRecord, first_difference
 from specviz.trace.schema import Trace
 from specviz.trace.sweep import SweepReport, run_name
@@ -26,6 +28,17 @@ class Side:
     rounds: tuple[tuple[int, ...], ...]  # per sequence: the tokens each of its rounds gave it (empty: not recorded)
     reference: tuple[tuple[int, ...] | None, ...]  # per sequence: the batch-size-1 reference's ids, where decoded
     reference_pieces: tuple[tuple[str | None, ...] | None, ...]
+    spec: RunSpec | None = None  # what a link replays it from; None for an engine check, which only its files make
+
+
+def link(a: Side, b: Side, seq: int) -> str:
+    """The query string that opens the Compare tab on `a` and `b` at `seq`; "" when either has no spec to replay."""
+    if a.spec is None or b.spec is None:
+        return ""
+    try:
+        return share.encode_compare(a.spec, b.spec, seq)
+    except SpecError:  # too long a link: the runs' trace files are the way to share them
+        return ""
 
 
 def side_of_trace(trace: Trace) -> Side:
@@ -33,21 +46,23 @@ def side_of_trace(trace: Trace) -> Side:
     name = f"engine {m.engine.name}" if m.engine is not None else run_name(m.spec)
     by_seq = views.rows_by_seq(trace)
     rounds = [[len(r.emitted) for r in by_seq.get(q.seq, [])] for q in trace.sequences]
-    return _side(f"{name} · {m.fingerprint[:8]}", [p.text for p in trace.prompts], trace.sequences, rounds)
+    return _side(f"{name} · {m.fingerprint[:8]}", [p.text for p in trace.prompts], trace.sequences, rounds,
+                 None if m.engine is not None else m.spec)
 
 
 def side_of_report(report: SweepReport, run: int) -> Side:
     seqs = report.sequences_of(run)
-    return _side(report.rows[run].name() + " · sweep", report.sweep.base.prompts, seqs, [q.rounds for q in seqs])
+    return _side(report.rows[run].name() + " · sweep", report.sweep.base.prompts, seqs, [q.rounds for q in seqs],
+                 report.sweep.specs()[run])
 
 
-def _side(label: str, prompts, seqs: list[SequenceRecord], rounds: list[list[int]]) -> Side:
+def _side(label: str, prompts, seqs: list[SequenceRecord], rounds: list[list[int]], spec: RunSpec | None) -> Side:
     def frozen(values):
         return None if values is None else tuple(values)
 
     return Side(label, tuple(prompts), tuple(tuple(q.output_ids) for q in seqs), tuple(tuple(q.output_pieces) for q in seqs),
                 tuple(map(tuple, rounds)), tuple(frozen(q.reference_ids) for q in seqs),
-                tuple(frozen(q.reference_pieces) for q in seqs))
+                tuple(frozen(q.reference_pieces) for q in seqs), spec)
 
 
 def problem(a: Side, b: Side, seq: int) -> str | None:

@@ -193,12 +193,41 @@ def remember_sides(sides: dict | None, *found) -> tuple:
 
 
 def compare_runs(sides: dict | None, a: str | None, b: str | None, seq):
-    """The compare tab: where runs A and B first part on sequence `seq`, and their aligned tokens."""
+    """The compare tab: where runs A and B first part on sequence `seq`, their aligned tokens, and the link that
+    opens this comparison ("" for an engine check, which no link replays)."""
     sides = sides or {}
     if a not in sides or b not in sides:
-        return "Pick two runs: every run this page has shown you (the run view's, a sweep's) is listed.", ""
+        return "Pick two runs: every run this page has shown you (the run view's, a sweep's) is listed.", "", ""
     seq = int(seq or 0)
-    return sidebyside.summary_md(sides[a], sides[b], seq), sidebyside.aligned_html(sides[a], sides[b], seq)
+    return (sidebyside.summary_md(sides[a], sides[b], seq), sidebyside.aligned_html(sides[a], sides[b], seq),
+            sidebyside.link(sides[a], sides[b], seq))
+
+
+def open_compare_link(query: str):
+    """Page load: a compare link opens the Compare tab, its two runs to be replayed; anything else leaves it be."""
+    try:
+        found = share.decode_compare(query or "")
+    except SpecError as e:
+        return None, f"**That compare link could not be used:** {views.md(str(e))}.", gr.skip()
+    if found is None:
+        return None, gr.skip(), gr.skip()
+    a, b, seq = found
+    return ({"a": a.canonical_json(), "b": b.canonical_json(), "seq": seq or 0}, "Replaying the two shared runs…",
+            gr.Tabs(selected="compare"))
+
+
+def replay_compare(settings: Settings, pending: dict | None, sides: dict | None, progress=gr.Progress(),
+                   request: gr.Request = None):
+    """Decode a compare link's two runs (each from the cache, the bundle, else decoded) and pick them."""
+    if not pending:
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+    session = request.session_hash if request else ""
+    with serving.as_page_errors("the shared runs cannot be replayed here: "):
+        traces = [serving.decode(RunSpec.model_validate_json(pending[x]), settings, progress, session)[0] for x in "ab"]
+    sides, _, _ = remember_sides(sides, *traces)
+    labels = list(sides)
+    a, b = (sidebyside.side_of_trace(t).label for t in traces)
+    return sides, gr.update(choices=labels, value=a), gr.update(choices=labels, value=b), pending["seq"]
 
 
 # A sweep's heatmap cell: open its run.
@@ -270,4 +299,7 @@ def compare_tab() -> dict:
         p["seq"] = gr.Number(value=0, precision=0, minimum=0, label="sequence", elem_id="sv-compare-seq")
     p["summary"] = gr.Markdown("Pick two runs.", elem_id="sv-compare-summary", latex_delimiters=[])
     p["aligned"] = gr.HTML(elem_id="sv-compare-aligned", js_on_load=None)
+    p["link_box"] = gr.Textbox(label="share link (opens these two runs here, at this sequence)", interactive=False,
+                               lines=1, max_lines=1, elem_id="sv-compare-link", buttons=["copy"])
+    p["link_query"], p["pending"] = gr.Textbox(visible=False), gr.State(None)
     return p

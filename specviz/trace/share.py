@@ -1,7 +1,8 @@
 """Share links: a run spec and a focus in a URL query string, and back; and a sweep the same way.
 
 `?run=<spec, fingerprint and environment: JSON, zlib, base64url>&seq=3&round=12`;
-`?sweep=<the sweep: its base spec and axes, packed the same way>&cell=4` (cell: the run picked in it).
+`?sweep=<the sweep: its base spec and axes, packed the same way>&cell=4` (cell: the run picked in it);
+`?compare=<two run specs, packed the same way>&seq=2`: the Compare tab on those runs, at that sequence.
 The focus stays readable; the spec is compressed because prompts are long.
 Anything a link carries is untrusted: every failure is one readable SpecError.
 """
@@ -55,6 +56,12 @@ def encode_sweep(sweep: Sweep, cell: int | None = None) -> str:
     return _query("sweep", payload, (("cell", cell),), "this sweep's prompts", "report file")
 
 
+def encode_compare(a: RunSpec, b: RunSpec, seq: int = 0) -> str:
+    """The query string (with its leading '?') that compares runs `a` and `b` at sequence `seq`."""
+    payload = {"a": json.loads(a.canonical_json()), "b": json.loads(b.canonical_json())}
+    return _query("compare", payload, (("seq", seq),), "these runs' prompts", "trace files")
+
+
 def _query(name: str, payload: dict, readable: tuple, what: str, instead: str) -> str:
     raw = json.dumps(payload, separators=(",", ":")).encode()
     query = {name: base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode().rstrip("=")}
@@ -92,9 +99,22 @@ def decode_sweep(query: str) -> tuple[Sweep, int | None] | None:
     return Sweep.build(base=base, **payload), _index(params, "cell")
 
 
-def is_sweep(query: str) -> bool:
-    """Whether a query string is a sweep's link (decode_sweep reads it; decode leaves it)."""
-    return "sweep" in _params(query)
+def decode_compare(query: str) -> tuple[RunSpec, RunSpec, int | None] | None:
+    """The two runs a query string compares and the sequence picked; None when it compares none."""
+    params = _params(query)
+    if "compare" not in params:
+        return None
+    payload = _payload(params, "compare", "a", "run spec A")
+    if not isinstance(payload.get("b"), dict):
+        raise SpecError("the link's compare holds no run spec B")
+    return RunSpec.build(**payload["a"]), RunSpec.build(**payload["b"]), _index(params, "seq")
+
+
+def other_tab(query: str) -> str | None:
+    """The tab whose link a query string is, where it is not the Run view's: "sweep" (decode_sweep reads it),
+    "compare" (decode_compare), else None."""
+    params = _params(query)
+    return next((name for name in ("sweep", "compare") if name in params), None)
 
 
 def _params(query: str) -> dict:
