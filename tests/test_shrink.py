@@ -10,9 +10,10 @@ from specviz.trace import share
 from specviz.trace.schema import Trace
 
 
-def _spec(faults) -> RunSpec:
+def _spec(faults, **fields) -> RunSpec:
+    fields = {"prompts": tuple(builtin_set("all")[:8]), "max_new_tokens": 32, **fields}
     return RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float32", device="cpu",
-                         prompts=tuple(builtin_set("all")[:8]), batch_size=4, k=5, max_new_tokens=32, faults=faults)
+                         batch_size=4, k=5, faults=faults, **fields)
 
 
 @pytest.mark.parametrize("faults", [("bsp-like",), ("dsd-like",)])
@@ -49,3 +50,32 @@ def test_shrink_refuses_a_run_that_does_not_diverge(tmp_path, tiny, capsys):
     path.write_text(clean.to_json())
     assert cli.main(["shrink", "--trace", str(path)]) == 2
     assert "does not diverge" in capsys.readouterr().err
+
+
+def _sampled(faults, audit) -> RunSpec:
+    return _spec(faults, temperature=0.8, top_p=0.5, seed=2, audit=audit, max_new_tokens=16,
+                 prompts=tuple(builtin_set("all")[:6]))
+
+
+@pytest.mark.parametrize("faults,audit,kind", [(("bsp-like",), 4, "state"),
+                                               (("temperature-draft-only",), 0, "impossible")])
+def test_a_sampled_run_shrinks_to_a_smaller_run_that_shows_the_same(faults, audit, kind, tmp_path, capsys, tiny):
+    """Sampled, there is no fork: a sync fault's reproducer keeps the corrupt state the audit named (same verdict,
+    from the round that drew the same token); a sampling fault's keeps a token the target could not draw."""
+    from specviz.run.shrink import mark_of
+
+    original = run(_sampled(faults, audit))
+    path = tmp_path / "trace.json"
+    path.write_text(original.to_json())
+    assert cli.main(["shrink", "--trace", str(path), "--out", str(tmp_path / "small.json")]) == 0
+    out = capsys.readouterr().out
+    seq = int(out.split("; sequence ")[1].split(" ")[0])
+    mark = mark_of(original, seq)
+    assert mark.kind == kind and "still" in out
+    small = Trace.from_json((tmp_path / "small.json").read_text())
+    spec = small.manifest.spec
+    assert len(spec.prompts) < len(original.prompts) and mark.fork < spec.max_new_tokens <= 16
+    here = spec.prompts.index(original.prompts[seq].text)
+    kept = mark_of(small, here)  # the same evidence at the same token (a state's draw there may differ)
+    assert (kept.kind, kept.fork, kept.verdict) == (mark.kind, mark.fork, mark.verdict)
+    assert kind == "state" or kept.token == mark.token

@@ -115,19 +115,13 @@ def _real(value, blank: float | None = None) -> float | None:
 
 
 def shrink_focused(settings: Settings, trace: Trace | None, seq, progress=gr.Progress(), request: gr.Request = None):
-    """The forensic panel's button: the smallest run that still forks where the focused sequence forks."""
+    """The forensic panel's button: the smallest run that still shows what the focused sequence shows (its fork;
+    sampled, its corrupt state or a token the target could not draw)."""
     if trace is None:
         raise gr.Error("run something or open a trace first")
-    seq = int(seq or 0)
-    s = trace.sequences[seq] if 0 <= seq < len(trace.sequences) else None
-    if s is not None and s.reference_ids is None and trace.manifest.spec.temperature > 0:
-        raise gr.Error("a sampled run has no token-by-token reference to diverge from: nothing to shrink (its "
-                       "distribution panel judges it)")
-    if s is None or s.equivalent is not False:
-        raise gr.Error(f"sequence {seq} does not diverge from the reference: nothing to shrink")
     with serving.as_page_errors("cannot shrink this run here: ", stopped="nothing was kept"):
         settings.check(trace.manifest.spec)
-        return serving.shrink_fork(trace, seq, settings, progress, request.session_hash if request else "")
+        return serving.shrink_fork(trace, int(seq or 0), settings, progress, request.session_hash if request else "")
 
 
 def run_controls(settings: Settings, pair, target, draft, prompt_set, typed, prompt_file, method, faults, batch_size,

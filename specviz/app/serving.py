@@ -22,7 +22,7 @@ from specviz.run import check
 from specviz.run.gpu import ZEROGPU, gpu
 from specviz.run.runner import run
 from specviz.run.settings import Settings
-from specviz.run.shrink import MAX_TRIALS, Shrunk, shrink, size
+from specviz.run.shrink import MAX_TRIALS, Mark, Shrunk, mark_of, shrink, size
 from specviz.spec.run import RunSpec, SpecError
 from specviz.trace.schema import MAX_TRACE_BYTES, Trace
 
@@ -133,18 +133,17 @@ def decode(spec: RunSpec, settings: Settings, progress: gr.Progress, session: st
 
 
 @gpu(runs=8)
-def _shrink_on_gpu(spec: RunSpec, seq: int, fork: int, token: int | None, settings: Settings, progress=None) -> Shrunk:
+def _shrink_on_gpu(spec: RunSpec, seq: int, mark: Mark, settings: Settings, progress=None) -> Shrunk:
     """All GPU work of a shrink (many small runs); returns plain data only."""
     pair = pair_for(spec, settings.trust_remote_code)
-    return shrink(spec, seq, fork, token, pair, progress, limits=settings)
+    return shrink(spec, seq, mark, pair, progress, limits=settings)
 
 
 def shrink_fork(trace: Trace, seq: int, settings: Settings, progress: gr.Progress, session: str) -> str:
-    """The smallest run found that still forks where sequence `seq` of `trace` forks, said in Markdown with its
-    link (the trace it made is kept, so the link opens at once)."""
-    spec, s = trace.manifest.spec, trace.sequences[seq]
-    fork = s.first_divergence
-    token = s.output_ids[fork] if fork < len(s.output_ids) else None
+    """The smallest run found that still shows what sequence `seq` of `trace` shows (its fork; sampled, its corrupt
+    state or impossible token), said in Markdown with its link (the trace it made is kept, so the link opens at
+    once)."""
+    spec, mark = trace.manifest.spec, mark_of(trace, seq)
 
     def tick(n: int) -> None:
         if session in CANCELLED:
@@ -153,12 +152,12 @@ def shrink_fork(trace: Trace, seq: int, settings: Settings, progress: gr.Progres
 
     CANCELLED.discard(session)
     with LOCK:
-        found = _shrink_on_gpu(spec, seq, fork, token, settings, None if ZEROGPU else tick)
+        found = _shrink_on_gpu(spec, seq, mark, settings, None if ZEROGPU else tick)
     small = found.trace
     remember(small)
-    verdict = small.sequences[found.seq].forensics.verdict
+    f = small.sequences[found.seq].forensics
     return (f"**Smallest run found** ({found.trials} candidate runs): {size(spec)} → {size(small.manifest.spec)}; "
-            f"its sequence {found.seq} still forks at token {found.fork} (`{verdict}`). "
+            f"in its sequence {found.seq} {mark.describe()}" + (f" (`{f.verdict}`)" if f else "") + ". "
             f"[Open it]({found.link()}), or copy the link.")
 
 

@@ -269,7 +269,7 @@ def _print_engine_facts(trace) -> None:
 
 
 def cmd_shrink(args) -> int:
-    from specviz.run.shrink import shrink, size
+    from specviz.run.shrink import mark_of, shrink, size
 
     if bool(args.trace) == bool(args.link):
         raise SpecError("give the divergent run as --trace FILE or --link URL")
@@ -281,24 +281,34 @@ def cmd_shrink(args) -> int:
             raise SpecError("that link carries no run")
         trace = _run_with_bars(link.spec, args)
     spec = trace.manifest.spec
-    divergent = [s.seq for s in trace.sequences if s.equivalent is False]
-    seq = divergent[0] if args.seq is None and divergent else args.seq
-    if seq is None or seq not in divergent:
-        raise SpecError(f"sequence {seq} does not diverge in that run; divergent: {divergent or 'none'}")
-    s = trace.sequences[seq]
-    fork = s.first_divergence
-    token = s.output_ids[fork] if fork < len(s.output_ids) else None
-    print(f"before: {size(spec)}; sequence {seq} forks at token {fork}")
+    marked = [s.seq for s in trace.sequences if _marked(trace, s.seq)]
+    seq = marked[0] if args.seq is None and marked else args.seq
+    if seq is None or seq not in marked:
+        what = "shows no corrupt state or impossible token" if metrics.sampled(trace) else "does not diverge"
+        raise SpecError(f"sequence {seq} {what} in that run; those that do: {marked or 'none'}")
+    mark = mark_of(trace, seq)
+    print(f"before: {size(spec)}; sequence {seq} {mark.describe()}")
     with tqdm(desc="shrink", unit="run", disable=not sys.stderr.isatty()) as bar:
-        found = shrink(spec, seq, fork, token, pair_for(spec, args.trust_remote_code), progress=lambda n: bar.update())
+        found = shrink(spec, seq, mark, pair_for(spec, args.trust_remote_code), progress=lambda n: bar.update())
     small = found.trace.sequences[found.seq]
     verdict = small.forensics.verdict if small.forensics else "-"
-    print(f"after:  {size(found.trace.manifest.spec)}; sequence {found.seq} forks at token {found.fork}: {verdict} "
-          f"({found.trials} runs tried)")
+    print(f"after:  {size(found.trace.manifest.spec)}; sequence {found.seq} still {mark.describe().removeprefix('its ')}: "
+          f"{verdict} ({found.trials} runs tried)")
     print(f"share link: {args.url.rstrip('/')}/{found.link()}")
     if args.out:
         _write(args.out, found.trace.to_json(), "trace")
     return 0
+
+
+def _marked(trace: Trace, seq: int) -> bool:
+    """Whether sequence `seq` shows something to shrink (a fork; sampled, a corrupt state or an impossible token)."""
+    from specviz.run.shrink import mark_of
+
+    try:
+        mark_of(trace, seq)
+    except SpecError:
+        return False
+    return True
 
 
 def cmd_bench(args) -> int:
