@@ -28,6 +28,7 @@ from specviz.spec.prompts import builtin_set
 from specviz.spec.run import ENGINE, RunSpec
 from specviz.trace import metrics
 from specviz.trace.records import EngineOutput
+from publish import publish
 
 
 def as_engine(name: str, result) -> EngineRun:
@@ -105,9 +106,7 @@ def main() -> None:
                    f"(before the check: {before:.0f} MiB).")]
         print("\n".join(lines[-2:]), flush=True)
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    publish(text, args.out)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from specviz.spec.faults import FAULTS, PRESETS
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import RunSpec
 from specviz.trace import metrics
+from publish import publish
 
 
 def main() -> None:
@@ -78,9 +79,7 @@ def main() -> None:
                      f"{sum(metrics.impossible(s) for s in sequences)} |")
         print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    publish(text, args.out)
 
 
 if __name__ == "__main__":

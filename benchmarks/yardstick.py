@@ -29,6 +29,7 @@ from specviz.run import runner
 from specviz.run.runner import run
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
+from publish import publish
 
 PAIRS = {"tiny": (dict(target=TINY_TARGET, draft=TINY_DRAFT), "all", 32), "embedded": ({}, "quick", 24)}
 FACTOR = 4.0  # version 4: a state is corrupt beyond 4 floors
@@ -192,9 +193,7 @@ def main() -> None:
               "catches", "", "| pair | dtype | rebuilt in the run's dtype | rebuilt in float64 |", "|---|---|---:|---:|"]
     lines += [f"| {r['pair']} | {r['dtype']} | {_x(r['in_dtype'])} | {_x(r['in_float64'])} |" for r in rebuilds]
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    publish(text, args.out)
 
 
 if __name__ == "__main__":

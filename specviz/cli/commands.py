@@ -92,11 +92,7 @@ def _print_summary(trace) -> None:
     if eq:
         print(f"equivalence with reference: {eq['exact']:.0%} exact, {eq['prefix']:.1%} prefix match (n={eq['n']})")
     _print_yardsticks(trace)
-    if trace.distribution:
-        print(f"distribution: {_distribution(trace)}")
-        kind = metrics.sampled_verdict(trace)
-        if kind:
-            print(f"sampled verdict: {kind[0]}. {kind[1]}")
+    _print_distribution(trace)
 
 
 def _print_yardsticks(trace) -> None:
@@ -112,6 +108,15 @@ def _print_yardsticks(trace) -> None:
         print(f"engine verdicts: {ys.engine.describe()}")
     for f in trace.manifest.fidelity:
         print(f"  {f.describe()}")
+
+
+def _print_distribution(trace) -> None:
+    """A sampled run's distribution test and, for a run of ours, the kind of fault it shows."""
+    if trace.distribution:
+        print(f"distribution: {_distribution(trace)}")
+        kind = metrics.sampled_verdict(trace)
+        if kind:
+            print(f"sampled verdict: {kind[0]}. {kind[1]}")
 
 
 def _distribution(trace) -> str:
@@ -219,11 +224,7 @@ def _print_check(trace) -> None:
     if proofs := metrics.reference_proofs(trace):
         print(f"reference: {proofs}")
     _print_engine_facts(trace)
-    if trace.distribution:
-        print(f"distribution: {_distribution(trace)}")
-        kind = metrics.sampled_verdict(trace)
-        if kind:
-            print(f"sampled verdict: {kind[0]}. {kind[1]}")
+    _print_distribution(trace)
     for s in trace.sequences:
         if s.forensics:
             print(f"  [{s.seq}] {s.forensics.verdict}: {s.forensics.explanation}")
