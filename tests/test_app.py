@@ -316,7 +316,7 @@ def test_the_sampling_examples_fill_the_controls(client):
     from specviz.app import runview as ui
 
     names = [n for n in ui.EXAMPLES if ui.EXAMPLES[n].get("temperature")]
-    assert {page.example_api_name(n) for n in names} == {"example_sampled", "example_sampling"}
+    assert {page.example_api_name(n) for n in names} == {"example_sampled", "example_sampling", "example_audited"}
     values = dict(zip(ui.DEFAULTS, client.predict(api_name="/example_sampling")))
     assert values["faults"] == ["temperature-draft-only"] and (values["temperature"], values["top_p"]) == (0.8, 0.95)
     greedy = dict(zip(ui.DEFAULTS, client.predict(api_name="/example_clean")))

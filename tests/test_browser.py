@@ -183,6 +183,35 @@ def sampled_trace(tiny, tmp_path_factory):
     return trace, path
 
 
+@pytest.fixture(scope="module")
+def audited_trace(tmp_path_factory, tiny):
+    """The page's audited sampling example (bsp-like), on the tiny pair."""
+    from specviz.app.runview import DEFAULTS, EXAMPLES, spec_from_controls
+    from specviz.run.runner import run
+
+    values = {**DEFAULTS, **EXAMPLES["audited sampling: bsp-like state"], "pair": "tiny"}
+    trace = run(spec_from_controls(*[values[n] for n in list(DEFAULTS)[:5]], None,
+                                   *[values[n] for n in list(DEFAULTS)[5:]]))
+    assert any(s.forensics for s in trace.sequences), "bsp-like must corrupt some row's state"
+    path = tmp_path_factory.mktemp("audited") / "audited.json"
+    path.write_text(trace.to_json())
+    return trace, path
+
+
+def test_an_audited_sampled_fault_opens_on_its_corrupt_round_with_its_verdict(new_page, app_url, audited_trace):
+    trace, path = audited_trace
+    first = min((s for s in trace.sequences if s.forensics), key=lambda s: (s.forensics.round, s.seq))
+    page = new_page(viewport={"width": 1400, "height": 1000})
+    _open_trace_file(page, app_url, path)
+    cell = page.locator("#sv-grid td.sv-cell.sv-fork.sv-sel")  # the corrupt round, outlined and focused
+    expect(cell).to_be_visible(timeout=60_000)
+    assert (cell.get_attribute("data-seq"), cell.get_attribute("data-round")) == (str(first.seq),
+                                                                                 str(first.forensics.round))
+    expect(page.locator("#sv-forensics")).to_contain_text(first.forensics.verdict)
+    expect(page.locator("#sv-pit-verdict")).to_contain_text(f"{first.forensics.verdict} — The target state of")
+    page.screenshot(path=SHOTS / "audited-sampled.png", full_page=True)
+
+
 def test_a_sampled_trace_shows_its_pit_panel_verdict_and_each_drafts_draws(new_page, app_url, sampled_trace):
     trace, path = sampled_trace
     SHOTS.mkdir(parents=True, exist_ok=True)

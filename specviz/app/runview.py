@@ -42,6 +42,8 @@ EXAMPLES = {
     # them quick on a CPU (no reference to decode either); the fault still emits tokens outside the target's nucleus.
     "sampled eqspec": {**_SAMPLED, "faults": []},
     "sampling fault: draft-only temperature": {**_SAMPLED, "faults": ["temperature-draft-only"]},
+    # Audited, a sampled run's corrupt state is named in the round it went wrong: every row checked every round.
+    "audited sampling: bsp-like state": {**_SAMPLED, "faults": ["bsp-like"], "audit": True},
     # Answers that copy from their prompt (summaries, code, code edits): prompt lookup drafts them with no draft
     # model. Batch size 1 against the batch-size-1 reference: no batching in the speed-up the summary states. On a
     # busy 2-core CPU at one thread (k 5, 32 tokens) n-grams 2-3 ran 1.00-1.12x the reference's tokens/s over three

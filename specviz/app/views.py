@@ -92,8 +92,9 @@ def fork_round(trace: Trace, seq: int, rows: list[RowRecord]) -> int | None:
 def resolve(trace: Trace, seq: int | None = None, round: int | None = None) -> tuple[Focus, str]:
     """A valid focus near the one asked for, and a note when it had to move.
 
-    No sequence asked: the first divergent one, or with a verdict (else 0). No valid round: the
-    round of its divergence (else its first round).
+    No sequence asked: the first divergent one; sampled, the one whose state went wrong first, else the first with
+    an impossible token or a wrong decision (else 0). No valid round: the round of its divergence (else its first
+    round).
     """
     note = ""
     n = len(trace.sequences)
@@ -101,8 +102,11 @@ def resolve(trace: Trace, seq: int | None = None, round: int | None = None) -> t
         note = f"sequence {seq} is not in this run (it has {n}); showing another. "
         seq = None
     by_seq = rows_by_seq(trace)
-    if seq is None:  # a sampled run's verdict names its corrupt state as a fork's does
-        seq = next((s.seq for s in trace.sequences if s.equivalent is False or s.forensics), None)
+    if seq is None and metrics.sampled(trace):  # the corrupt state the run's verdict names: the earliest
+        named = [s for s in trace.sequences if s.forensics]
+        seq = min(named, key=lambda s: (s.forensics.round or 0, s.seq)).seq if named else None
+    if seq is None:
+        seq = next((s.seq for s in trace.sequences if s.equivalent is False), None)
     if seq is None:  # a sampled run: the first sequence with an impossible token, else a wrong decision
         seq = next((s.seq for s in trace.sequences if metrics.impossible(s)), None)
     if seq is None:
