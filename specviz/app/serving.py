@@ -157,7 +157,7 @@ def shrink_fork(trace: Trace, seq: int, settings: Settings, progress: gr.Progres
     remember(small)
     f = small.sequences[found.seq].forensics
     return (f"**Smallest run found** ({found.trials} candidate runs): {size(spec)} → {size(small.manifest.spec)}; "
-            f"in its sequence {found.seq} {mark.describe()}" + (f" (`{f.verdict}`)" if f else "") + ". "
+            f"its sequence {found.seq} still {mark.describe()}" + (f" (`{f.verdict}`)" if f else "") + ". "
             f"[Open it]({found.link()}), or copy the link.")
 
 

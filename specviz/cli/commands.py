@@ -293,7 +293,7 @@ def cmd_shrink(args) -> int:
         found = shrink(spec, seq, mark, pair_for(spec, args.trust_remote_code), progress=lambda n: bar.update())
     small = found.trace.sequences[found.seq]
     verdict = small.forensics.verdict if small.forensics else "-"
-    print(f"after:  {size(found.trace.manifest.spec)}; sequence {found.seq} still {mark.describe().removeprefix('its ')}: "
+    print(f"after:  {size(found.trace.manifest.spec)}; sequence {found.seq} still {mark.describe()}: "
           f"{verdict} ({found.trials} runs tried)")
     print(f"share link: {args.url.rstrip('/')}/{found.link()}")
     if args.out:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from specviz.decoding.result import chunks
 from specviz.models.pairs import ModelPair
@@ -38,7 +39,7 @@ class Mark:
     token `fork`, with `token`), "state" (sampled, audited: its state named `verdict` from the round that drew token
     `fork`) or "impossible" (sampled: it draws `token` at `fork`, which the target gives probability 0)."""
 
-    kind: str
+    kind: Literal["fork", "state", "impossible"]
     fork: int
     token: int | None
     verdict: str | None = None
@@ -53,7 +54,7 @@ class Mark:
         if self.kind == "fork":
             return f"forks at token {self.fork}"
         if self.kind == "state":
-            return f"its state is named {self.verdict} from the round that drew token {self.fork}"
+            return f"has its state named {self.verdict} from the round that drew token {self.fork}"
         return f"draws token {self.fork} (id {self.token}), which the target gives probability 0"
 
 
