@@ -300,7 +300,7 @@ class Page:
     def wire_compare_tab(self) -> None:
         """Any two runs shown so far, side by side, and their link; a compare link replays its two runs here."""
         p = self.p
-        compared = sweeptab.compare_runs
+        compared = sweeptab.compare_runs  # on a pick, and once a link's runs are replayed
         inputs, shown = [self.sides, p["a"], p["b"], p["seq"]], [p["summary"], p["aligned"], p["link_query"]]
 
         def show_link(event) -> None:

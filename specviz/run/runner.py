@@ -122,7 +122,7 @@ def run(spec: RunSpec, record: bool = True, with_reference: bool = True,
     pair = pair_for(spec, trust_remote_code, placement)
     prompt_ids = encode(spec, pair, limits)
     if not spec.greedy:
-        yardsticks = calibrated_yardsticks(spec, pair) if spec.audit else None
+        yardsticks = sampled_yardsticks(spec, pair)
         result = decode(spec, pair, prompt_ids, record, phase(progress, spec.method), yardsticks=yardsticks)
         return explain_sampled(spec, pair, prompt_ids, result, yardsticks,
                                phase(progress, "distribution") if with_reference else None, with_reference)
@@ -166,6 +166,11 @@ def yardsticks_for(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], 
     if target is None:
         return None
     return Yardsticks(target=target, draft=measured("draft") if spec.audit else None)
+
+
+def sampled_yardsticks(spec: RunSpec, pair: ModelPair) -> Yardsticks | None:
+    """A sampled run's yardsticks: the built-in prompts' when it is audited (it has no reference); None unaudited."""
+    return calibrated_yardsticks(spec, pair) if spec.audit else None
 
 
 def calibrated_yardsticks(spec: RunSpec, pair: ModelPair) -> Yardsticks | None:

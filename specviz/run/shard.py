@@ -28,7 +28,7 @@ import torch
 from specviz.decoding.reference import reference
 from specviz.decoding.result import DecodeResult
 from specviz.models.pairs import ONE_DEVICE, Placement, pair_for
-from specviz.run.runner import calibrated_yardsticks, decode, encode, explain, explain_sampled, run
+from specviz.run.runner import decode, encode, explain, explain_sampled, run, sampled_yardsticks
 from specviz.spec.run import RunSpec, SpecError
 from specviz.trace.schema import Trace
 
@@ -98,7 +98,7 @@ def sweep(runs: list[tuple[RunSpec, bool]], trust_remote_code: bool = False,
         if spec.greedy:
             result = decode(spec, pair, prompts, record, reference=DecodeResult([ref.outputs[j] for j in rows], ref.seconds))
         else:
-            result = decode(spec, pair, prompts, record, yardsticks=_sampled_yardsticks(spec, pair), first_seq=rows.start)
+            result = decode(spec, pair, prompts, record, yardsticks=sampled_yardsticks(spec, pair), first_seq=rows.start)
         mine.append((rows, spec.batch_size, result))
     shares = gather_object([mine])  # every process's list, in rank order
     if not state.is_main_process:
@@ -106,14 +106,10 @@ def sweep(runs: list[tuple[RunSpec, bool]], trust_remote_code: bool = False,
     merged = iter(_merge([s[j] for s in shares]) for j in range(len(mine)))
     for spec, _ in runs:
         if not spec.greedy:
-            yield explain_sampled(spec, pair, prompt_ids, next(merged), _sampled_yardsticks(spec, pair))
+            yield explain_sampled(spec, pair, prompt_ids, next(merged), sampled_yardsticks(spec, pair))
         else:
             yield explain(spec, pair, prompt_ids, ref if spec.method == "reference" else next(merged), ref)
 
-
-def _sampled_yardsticks(spec: RunSpec, pair):
-    """An audited sampled run's yardsticks (the built-in prompts'), as one process measures them; None unaudited."""
-    return calibrated_yardsticks(spec, pair) if spec.audit else None
 
 
 def _merge(shares: list[tuple[range, int, DecodeResult]]) -> DecodeResult:
