@@ -117,9 +117,15 @@ def test_at_phone_width_the_page_opens_on_the_case_and_never_scrolls_sideways(ne
 def _open_trace_file(page, app_url: str, path) -> None:
     """Load the page and open a trace file through its "open a trace" control, as a visitor would."""
     page.goto(app_url)
+    cells = page.locator("#sv-grid td.sv-cell")
+    expect(cells.first).to_be_visible(timeout=60_000)  # the first page's bundled trace is in
+    # Its views stay until the file's replace them (the status line says "opened" a step before): mark them.
+    page.evaluate("document.querySelectorAll('#sv-grid td.sv-cell').forEach(td => td.dataset.stale = '1')")
     page.get_by_text("Trace files").click()
     page.locator("#sv-upload input[type=file]").set_input_files(str(path))
     expect(page.locator("#sv-status")).to_contain_text("opened from a file", timeout=60_000)
+    expect(page.locator("#sv-grid td.sv-cell[data-stale]")).to_have_count(0, timeout=60_000)
+    expect(cells.first).to_be_visible(timeout=60_000)
     expect(page.locator("#sv-timeline .sv-tok").first).to_be_visible(timeout=60_000)
 
 

@@ -91,6 +91,45 @@ def test_the_report_loads_without_torch_plotly_or_pandas(written):
     assert done.returncode == 0, done.stderr
 
 
+def test_a_version_1_report_opens_with_its_bases_temperature_as_its_one_temperature(written, report):
+    def version_1(raw):  # as specviz wrote it before the temperature axis
+        raw["version"] = 1
+        del raw["sweep"]["temperatures"]
+        for item in (*raw["rows"], *raw["sequences"]):
+            del item["temperature"]
+        for row in raw["rows"]:
+            del row["sampled_verdict"]
+    assert SweepReport.from_json(_edited(written, version_1)) == report
+
+
+def test_each_temperature_runs_in_the_methods_that_sample_and_sampling_faults_above_0_only():
+    runs = grid(["reference", "hf-assisted", "eqspec"], ["model"], [1], [5], [(), ("accept-q-over-p",)], [0.0, 0.8])
+    assert [(c["method"], c["faults"], c["temperature"]) for c in runs] == [
+        ("reference", (), 0.0), ("reference", (), 0.8), ("hf-assisted", (), 0.0), ("eqspec", (), 0.0),
+        ("eqspec", (), 0.8), ("eqspec", ("accept-q-over-p",), 0.8)]
+
+
+def test_verify_sweeps_temperatures_judging_greedy_runs_by_tokens_and_sampled_ones_by_their_verdict(tiny, tmp_path):
+    path = tmp_path / "sampled.json"
+    args = [*VERIFY, "--methods", "eqspec", "--batch-sizes", "4", "--temperatures", "0,0.8", "--top-p", "0.5",
+            "--fault-sets", "none", "accept-q-over-p", "--json", str(path)]
+    assert main(args) == 1  # accept-q-over-p's distribution is not the target's
+    found = SweepReport.from_json(path.read_bytes())
+    assert [(r.faults, r.temperature, r.column()) for r in found.rows] == [
+        ("", 0.0, "bs 4 · k 5"), ("", 0.8, "bs 4 · k 5 · T 0.8"), ("accept-q-over-p", 0.8, "bs 4 · k 5 · T 0.8")]
+    greedy, sampled, faulty = found.rows
+    assert greedy.exact_pct == 100 and greedy.distribution is None and greedy.sampled_verdict is None
+    assert found.spec_of(0).top_p == 1 and found.spec_of(1).top_p == 0.5  # the greedy run leaves top-p out
+    assert sampled.exact_pct is None and sampled.sampled_verdict == sampled.distribution.verdict != "not the target's distribution"
+    assert faulty.sampled_verdict == "sampler-bug:decisions" and faulty.decisions.mismatches > 0
+    assert [s.temperature for s in found.sequences] == [0.0] * 4 + [0.8] * 8
+    html = sweepviews.heatmap_html(found)
+    assert re.findall(r"<th>(bs[^<]*)</th>", html) == ["bs 4 · k 5", "bs 4 · k 5 · T 0.8"]
+    assert re.search(r'data-run="2"[^>]*title="[^"]*sampler-bug:decisions[^"]*">✗</td>', html)
+    assert html.count("<td></td>") == 1  # accept-q-over-p does not run greedy
+    assert "temperatures 0, 0.8" in sweepviews.summary_md(found)
+
+
 def test_fault_sets_run_in_the_methods_that_take_faults_only():
     runs = grid(["reference", "eqspec", "exspec"], ["model"], [1, 4], [5], [(), ("bsp-like",), ("no-mask",)])
     assert [(c["method"], c["faults"], c["batch_size"]) for c in runs] == [
@@ -123,7 +162,7 @@ def _edited(written, edit) -> bytes:
 
 @pytest.mark.parametrize("edit,says", [
     (lambda raw: raw.pop("version") and raw.pop("sweep"), "re-run specviz verify --json"),
-    (lambda raw: raw.update(version=2), "version 1"),
+    (lambda raw: raw.update(version=3), "version 2"),
     (lambda raw: raw["rows"].pop(), "5 rows for the sweep's 6 runs"),
     (lambda raw: raw["rows"].reverse(), "row 0 is not run 0"),
     (lambda raw: raw["sequences"][3].update(run=99), "sequence 3 should be sequence 3 of run 0"),
@@ -191,13 +230,13 @@ def test_a_cell_says_100_and_0_only_when_exactly_so():
     assert [sweepviews._percent(v) for v in (0, 0.4, 50.5, 99.6, 100)] == ["0", "1", "50", "99", "100"]
 
 
-def test_a_missing_combination_is_an_empty_cell_and_a_sampled_run_a_dash(report):
+def test_a_missing_combination_is_an_empty_cell_and_a_sampled_run_its_verdicts_mark(report):
     judged = Distribution(verdict="not the target's distribution", alpha=0.01, p=0.0, failing="slot 0", tokens=48,
                           impossible=0, splits=[], skipped=[])
     rows = [*report.rows[:5], report.rows[5].model_copy(update={"exact_pct": None, "distribution": judged})]
     html = sweepviews.heatmap_html(report.model_copy(update={"rows": rows[1:]}))  # batched-reference at bs 1 gone
     assert html.count("<td></td>") == 1
-    assert re.search(r'data-run="4"[^>]*title="[^"]*not the target&#x27;s distribution[^"]*">—</td>', html)
+    assert re.search(r'data-run="4"[^>]*title="[^"]*not the target&#x27;s distribution[^"]*">✗</td>', html)
 
 
 def test_figures_count_every_sequence(report):

@@ -1,5 +1,7 @@
 """The page's Sweep and Compare tabs, through their handlers: a sweep run on the tiny pair, its share link, the
 server's limit on sweeps, a click into the run view, and two runs compared token by token."""
+import json
+
 import gradio as gr
 import pytest
 
@@ -11,7 +13,7 @@ from specviz.trace import share
 from specviz.trace.sweep import Sweep
 
 # eqspec with no fault and with bsp-like, at batch sizes 1 and 4, k 5, on the tiny pair's quick prompts.
-CONTROLS = ("tiny", "quick", 16, "float32", ["eqspec"], ["model"], ["none", "bsp-like"], [1, 4], [5])
+CONTROLS = ("tiny", "quick", 16, "float32", ["eqspec"], ["model"], ["none", "bsp-like"], [1, 4], [5], [0])
 
 
 class Click:
@@ -42,7 +44,7 @@ def test_a_sweep_runs_each_configuration_and_its_link_replays_it(swept):
     # Opening the link fills the tab's controls and opens it; the replay serves the runs from this process's cache.
     *controls, pending, status, tabs = sweeptab.open_sweep_link(views["link_query"])
     assert controls == [CONTROLS[0], CONTROLS[1], 16, "float32", ["eqspec"], ["model"], ["none", "bsp-like"], [1, 4],
-                        [5]]
+                        [5], [0]]
     assert status == "Replaying the shared sweep…" and tabs.selected == "sweep"
     replayed, _, cell, said = sweeptab.replay_sweep(Settings(), pending)
     assert replayed.to_json() == found.to_json() and cell == 3 and "replayed" in said
@@ -73,7 +75,25 @@ def test_bad_sweep_links_and_controls_get_a_message(swept):
     *_, pending, status, tabs = sweeptab.open_sweep_link("?run=abc")  # a run's link: not the Sweep tab's business
     assert pending is None and tabs == gr.skip()
     with pytest.raises(gr.Error, match="pick at least a batch size"):
-        sweeptab.run_sweep(Settings(), *CONTROLS[:7], [], [5])
+        sweeptab.run_sweep(Settings(), *CONTROLS[:7], [], [5], [0])
+    with pytest.raises(gr.Error, match="pick at least a temperature"):
+        sweeptab.run_sweep(Settings(), *CONTROLS[:9], [])
+
+
+def test_a_temperature_axis_runs_sampled_cells_beside_greedy_ones_and_its_link_keeps_it():
+    controls = (*CONTROLS[:6], ["none", "accept-q-over-p"], [4], [5], [0, 0.8])
+    found, _, _ = sweeptab.run_sweep(Settings(), *controls)
+    assert [(r.faults, r.temperature) for r in found.rows] == [("", 0), ("", 0.8), ("accept-q-over-p", 0.8)]
+    assert found.rows[2].sampled_verdict == "sampler-bug:decisions"
+    views = dict(zip(sweeptab.SWEEP_VIEW_NAMES, sweeptab.render_sweep(Settings(), found)))
+    assert "bs 4 · k 5 · T 0.8" in views["exact"] and "✗" in views["exact"]
+    assert "temperatures 0, 0.8" in views["summary"]
+    *shown, pending, _, _ = sweeptab.open_sweep_link(views["link_query"])
+    assert shown[-1] == [0, 0.8] and Sweep.model_validate_json(pending["sweep"]) == found.sweep
+    # A link made before the axis carries none: every run samples at its base's temperature, as it did then.
+    fields = found.sweep.model_dump(mode="json", include={"methods", "drafters", "fault_sets", "batch_sizes", "ks"})
+    old = share._query("sweep", {"base": json.loads(found.sweep.base.canonical_json()), **fields}, (), "", "")
+    assert share.decode_sweep(old)[0].temperatures == (0.8,)
 
 
 def test_a_cell_opens_its_run_in_the_run_view_at_its_fork_and_compare_marks_where_two_runs_part(swept):

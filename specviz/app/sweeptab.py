@@ -20,24 +20,28 @@ from specviz.trace.sweep import NO_FAULTS, Sweep, SweepReport, report, run_name
 
 SWEEP_DEFAULTS = {"pair": "embedded", "prompt_set": "quick", "max_new_tokens": 32, "dtype": "float32",
                   "methods": ["eqspec"], "drafters": ["model"], "fault_sets": [NO_FAULTS, "bsp-like", "dsd-like"],
-                  "batch_sizes": [1, 4, 8], "ks": [5]}
+                  "batch_sizes": [1, 4, 8], "ks": [5], "temperatures": [0]}
 SWEEP_BATCH_SIZES = (1, 2, 3, 4, 8, 16, 32, 64)
 SWEEP_KS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
+SWEEP_TEMPERATURES = (0, 0.3, 0.6, 0.8, 1, 1.5)
 
 
 def sweep_from_controls(pair, prompt_set, max_new_tokens, dtype, methods, drafters, fault_sets, batch_sizes,
-                        ks) -> Sweep:
+                        ks, temperatures) -> Sweep:
     """The sweep the Sweep tab's controls describe: each fault set is one fault or preset (or none)."""
-    target, draft = PRESETS[pair]
-    base = RunSpec.build(target=target, draft=draft, prompts=tuple(builtin_sets()[prompt_set]),
-                         max_new_tokens=int(max_new_tokens), dtype=dtype)
     missing = [what for what, chosen in (("a method", methods), ("a drafter", drafters), ("a fault set", fault_sets),
-                                         ("a batch size", batch_sizes), ("a k", ks)) if not chosen]
+                                         ("a batch size", batch_sizes), ("a k", ks), ("a temperature", temperatures))
+               if not chosen]
     if missing:
         raise SpecError("pick at least " + ", ".join(missing))
+    target, draft = PRESETS[pair]
+    temperatures = tuple(sorted(float(t) for t in temperatures))
+    base = RunSpec.build(target=target, draft=draft, prompts=tuple(builtin_sets()[prompt_set]),
+                         max_new_tokens=int(max_new_tokens), dtype=dtype, temperature=temperatures[-1])
     return Sweep.build(base=base, methods=tuple(methods), drafters=tuple(drafters),
                        fault_sets=tuple(() if f == NO_FAULTS else (f,) for f in fault_sets),
-                       batch_sizes=tuple(sorted(int(b) for b in batch_sizes)), ks=tuple(sorted(int(k) for k in ks)))
+                       batch_sizes=tuple(sorted(int(b) for b in batch_sizes)), ks=tuple(sorted(int(k) for k in ks)),
+                       temperatures=temperatures)
 
 
 def _sweep_controls_of(sweep: Sweep) -> list:
@@ -51,7 +55,8 @@ def _sweep_controls_of(sweep: Sweep) -> list:
               "methods": list(sweep.methods), "drafters": list(sweep.drafters),
               "fault_sets": [NO_FAULTS if not f else f[0] for f in sweep.fault_sets]
               if all(len(f) <= 1 for f in sweep.fault_sets) else None,
-              "batch_sizes": list(sweep.batch_sizes), "ks": list(sweep.ks)}
+              "batch_sizes": list(sweep.batch_sizes), "ks": list(sweep.ks),
+              "temperatures": list(sweep.temperatures) if set(sweep.temperatures) <= set(SWEEP_TEMPERATURES) else None}
     return [gr.skip() if values[n] is None else values[n] for n in SWEEP_DEFAULTS]
 
 
@@ -75,12 +80,12 @@ def _sweep_traces(sweep: Sweep, settings: Settings, progress, session: str) -> l
 
 
 def run_sweep(settings: Settings, pair, prompt_set, max_new_tokens, dtype, methods, drafters, fault_sets,
-              batch_sizes, ks, progress=gr.Progress(), request: gr.Request = None):
+              batch_sizes, ks, temperatures, progress=gr.Progress(), request: gr.Request = None):
     """The Sweep tab's Run button: every run of the sweep, then its report."""
     session = request.session_hash if request else ""
     with serving.as_page_errors(stopped="the runs finished so far stay cached, so running the sweep again resumes"):
         sweep = sweep_from_controls(pair, prompt_set, max_new_tokens, dtype, methods, drafters, fault_sets,
-                                    batch_sizes, ks)
+                                    batch_sizes, ks, temperatures)
         found = report(sweep, _sweep_traces(sweep, settings, progress, session))
     return found, _save_report(found), None
 
@@ -246,8 +251,9 @@ def sweep_tab(settings: Settings) -> dict:
     d = SWEEP_DEFAULTS
     with gr.Row():
         with gr.Column(scale=1, min_width=300):
-            gr.Markdown("Every run of a table of methods × fault sets × batch sizes × k, each checked token by token "
-                        "against the batch-size-1 reference (greedy). Or open a `specviz verify --json` report.")
+            gr.Markdown("Every run of a table of methods × fault sets × batch sizes × k × temperatures: greedy runs "
+                        "checked token by token against the batch-size-1 reference, sampled ones by their "
+                        "distribution. Or open a `specviz verify --json` report.")
             w["pair"] = gr.Dropdown(list(PRESETS), value=d["pair"], label="model pair", elem_id="sv-sweep-pair")
             w["prompt_set"] = gr.Dropdown(list(builtin_sets()), value=d["prompt_set"], label="built-in prompts")
             with gr.Row():
@@ -263,6 +269,10 @@ def sweep_tab(settings: Settings) -> dict:
                                                 value=d["batch_sizes"], label="batch sizes", elem_id="sv-sweep-bs")
             w["ks"] = gr.CheckboxGroup([k for k in SWEEP_KS if k <= settings.max_k], value=d["ks"],
                                        label="k (drafts a round)", elem_id="sv-sweep-k")
+            w["temperatures"] = gr.CheckboxGroup(list(SWEEP_TEMPERATURES), value=d["temperatures"],
+                                                 label="temperatures (0: greedy, judged token by token; above 0: by "
+                                                       "the distribution)",
+                                                 elem_id="sv-sweep-temperatures")
             with gr.Row():
                 w["run"] = gr.Button("Run the sweep", variant="primary", elem_id="sv-sweep-run")
                 w["stop"] = gr.Button("Stop", variant="stop")

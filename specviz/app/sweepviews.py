@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 from collections import Counter, defaultdict
+from operator import attrgetter
 
 import plotly.graph_objects as go
 
@@ -39,12 +40,18 @@ def _percent(value: float) -> str:
     return f"{value:.0f}" if value in (0, 100) else str(min(99, max(1, round(value))))
 
 
+# A sampled run's cell: its verdict's mark and colour (any other verdict names a fault: ✗, red).
+SAMPLED_CELLS = {"consistent": ("✓", "hsl(120,65%,72%)"), "too few tokens": ("?", "#e4e4e4"),
+                 "not judged": ("—", "#e4e4e4")}
+
+
 def _cell(run: int, row: RunRow, metric: str, selected: int | None) -> str:
     cls = "sv-hcell" + (" sv-sel" if run == selected else "")
     value = getattr(row, metric)
-    if value is None:  # sampled: judged by its distribution, not token by token
-        verdict = row.distribution.verdict if row.distribution else "not judged"
-        tip, text, colour = f"{row.name()} · sampled, no token reference · distribution: {verdict}", "—", "#e4e4e4"
+    if value is None:  # sampled: judged by its distribution (and, ours, its audits), not token by token
+        verdict = row.sampled_verdict or (row.distribution.verdict if row.distribution else "not judged")
+        text, colour = SAMPLED_CELLS.get(verdict, ("✗", "hsl(0,65%,72%)"))
+        tip = f"{row.name()} · sampled, no token reference · {verdict}"
     else:
         verdicts = ", ".join(f"{v} {c}" for v, c in row.verdicts.items())
         tip = f"{row.name()} · {value:.1f}% of {row.n} sequences" + (f" · {verdicts}" if verdicts else "")
@@ -59,15 +66,16 @@ def heatmap_html(report: SweepReport, metric: str = "exact_pct", selected: int |
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {', '.join(METRICS)}")
     labels = list(dict.fromkeys(r.label() for r in report.rows))
-    columns = {(r.batch_size, r.k): r.column() for r in sorted(report.rows, key=lambda r: (r.batch_size, r.k))}
-    runs = {(r.label(), r.batch_size, r.k): i for i, r in enumerate(report.rows)}
+    place = attrgetter("batch_size", "k", "temperature")
+    columns = {place(r): r.column() for r in sorted(report.rows, key=place)}
+    runs = {(r.label(), *place(r)): i for i, r in enumerate(report.rows)}
     out = [f'<div class="sv-heat-wrap"><table class="sv-heat" data-metric="{metric}">',
            f"<caption>{html.escape(METRICS[metric])}; hover a cell for its verdicts, click it to open its run</caption>",
            "<thead><tr><th></th>", *(f"<th>{html.escape(c)}</th>" for c in columns.values()), "</tr></thead><tbody>"]
     for label in labels:
         out.append(f'<tr><th class="sv-hlabel">{html.escape(label)}</th>')
-        for bs, k in columns:
-            run = runs.get((label, bs, k))
+        for column in columns:
+            run = runs.get((label, *column))
             out.append("<td></td>" if run is None else _cell(run, report.rows[run], metric, selected))
         out.append("</tr>")
     out.append("</tbody></table></div>")
@@ -182,11 +190,13 @@ def summary_md(report: SweepReport) -> str:
     sweep, base = report.sweep, report.sweep.base
     tokens = sum(len(s.output_ids) for s in report.sequences)
     greedy = [r for r in report.rows if r.exact_pct is not None]
-    sampled = f", temperature {base.temperature:g}" if base.temperature else ""
+    temperatures = [t for t in sweep.temperatures if t]
+    sampled = f", sampled at temperature {', '.join(f'{t:g}' for t in temperatures)}" if temperatures else ""
     equal = f"; {sum(r.exact_pct == 100 for r in greedy)} of {len(greedy)} greedy runs equal the reference" \
         if greedy else ""
     faults = ", ".join(md(",".join(f) or NO_FAULTS) for f in sweep.fault_sets)
     return (f"**{sweep.size()} runs** of {md(base.target)} / {md(base.draft)} on {len(base.prompts)} prompts, up to "
             f"{base.max_new_tokens} new tokens each, {base.dtype}{sampled}: {tokens} tokens decoded{equal}.  \n"
             f"methods {md(', '.join(sweep.methods))} · drafters {md(', '.join(sweep.drafters))} · fault sets {faults} · "
-            f"batch sizes {', '.join(map(str, sweep.batch_sizes))} · k {', '.join(map(str, sweep.ks))}")
+            f"batch sizes {', '.join(map(str, sweep.batch_sizes))} · k {', '.join(map(str, sweep.ks))} · "
+            f"temperatures {', '.join(f'{t:g}' for t in sweep.temperatures)}")

@@ -14,11 +14,18 @@ from specviz.spec.run import DEVICES, DTYPES, LOOKUP_FIELDS, MAX_BATCH_SIZE, PRE
 from specviz.trace.sweep import NO_FAULTS
 
 
-def int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+def _list_of(kind: type, what: str):
+    """An argparse type: comma-separated values of `kind`."""
+    def parse(text: str) -> list:
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}") from None
+    return parse
+
+
+int_list = _list_of(int, "integers")
+float_list = _list_of(float, "numbers")
 
 
 def add_common(p: argparse.ArgumentParser) -> None:

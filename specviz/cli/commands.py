@@ -135,14 +135,19 @@ def _distribution(trace) -> str:
 
 
 def _sweep(args) -> Sweep:
-    """verify's runs: the methods × drafters × fault sets × batch sizes × k on one base spec."""
+    """verify's runs: the methods × drafters × fault sets × batch sizes × k × temperatures on one base spec."""
     if args.fault_sets and args.faults:
         raise SpecError("give one fault set as --faults or several as --fault-sets, not both")
     # The base carries the lookup drafter's n-gram sizes when it is swept; every run sets its own method and drafter.
     drafter = "lookup" if "lookup" in args.drafter else args.drafter[0]
-    base = spec_of(args, method="eqspec", drafter=drafter, faults=(), batch_size=min(args.batch_sizes, default=1))
+    # It samples at its highest temperature, so that the sampling settings hold; every run sets its own.
+    temperatures = args.temperatures or [args.temperature]
+    hottest = max(temperatures, default=0)
+    base = spec_of(args, method="eqspec", drafter=drafter, faults=(), batch_size=min(args.batch_sizes, default=1),
+                   temperature=hottest)
     return Sweep.build(base=base, methods=args.methods, drafters=args.drafter,
-                       fault_sets=args.fault_sets or [spec_of(args).faults], batch_sizes=args.batch_sizes, ks=args.k)
+                       fault_sets=args.fault_sets or [spec_of(args, temperature=hottest).faults],
+                       batch_sizes=args.batch_sizes, ks=args.k, temperatures=temperatures)
 
 
 def _print_row(spec: RunSpec, trace: Trace) -> Trace:
@@ -153,7 +158,8 @@ def _print_row(spec: RunSpec, trace: Trace) -> Trace:
         shown = _distribution(trace)
     if row.audit:
         shown += "; audit: state departed in {target} (target) and {draft} (draft) sequences".format(**row.audit)
-    tqdm.write(f"{row.method:<18} {row.drafter:<8} {row.faults or '-':<14} {row.batch_size:>3} {row.k:>3} {row.n:>5} "
+    tqdm.write(f"{row.method:<18} {row.drafter:<8} {row.faults or '-':<14} {row.batch_size:>3} {row.k:>3} "
+               f"{row.temperature:>4g} {row.n:>5} "
                f"{metrics.percent(row.exact_pct):>8} {metrics.percent(row.prefix_pct):>9}  {shown}")
     return trace
 
@@ -165,7 +171,7 @@ def cmd_verify(args) -> int:
     specs = plan.specs()
     reports = is_main()  # under `accelerate launch`, the main process reports for all
     if reports:
-        print(f"{'method':<18} {'drafter':<8} {'faults':<14} {'bs':>3} {'k':>3} {'n':>5} {'exact %':>8} {'prefix %':>9}"
+        print(f"{'method':<18} {'drafter':<8} {'faults':<14} {'bs':>3} {'k':>3} {'T':>4} {'n':>5} {'exact %':>8} {'prefix %':>9}"
               "  verdicts")
     # Recorded runs: every one for a report (its accept lengths and rounds come from the records), else those with
     # something to explain, and sampled ones (their decisions are audited, their PIT split by slot).

@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specviz.cli.args import add_common, fault_set, int_list, methods
+from specviz.cli.args import add_common, fault_set, float_list, int_list, methods
 from specviz.cli.commands import cmd_bench, cmd_check, cmd_run, cmd_schema, cmd_shrink, cmd_verify
 from specviz.decoding import determinism
 from specviz.spec.methods import METHODS
@@ -39,6 +39,9 @@ def _add_verify(sub) -> None:
     p.add_argument("--methods", type=methods, default=["batched-reference", "eqspec"])
     p.add_argument("--batch-sizes", type=int_list, default=[1, 4])
     p.add_argument("--k", type=int_list, default=[5], help="draft lengths, comma-separated")
+    p.add_argument("--temperatures", type=float_list, metavar="T,T",
+                   help="sweep target temperatures, comma-separated (default: --temperature); 0 is greedy, judged "
+                        "token by token, above 0 by the distribution; a method that runs greedy only runs at 0")
     p.add_argument("--fault-sets", type=fault_set, nargs="+", metavar="SET",
                    help=f"sweep fault sets: each comma-joined faults or presets, or {NO_FAULTS!r} (no faults), e.g. "
                         f"{NO_FAULTS} bsp-like no-mask,min-crop; the methods that take no faults run once, without")

@@ -23,7 +23,7 @@ def configs(args, faults: tuple[str, ...] = ()) -> list[dict]:
     """The runs (methods.grid) at one k, as spec fields: `faults` in the methods that take faults,
     batched-reference only where it differs from reference; exspec once per max-wait."""
     out = []
-    for c in grid(args.methods, args.drafter, args.batch_sizes, [args.k], [faults]):
+    for c in grid(args.methods, args.drafter, args.batch_sizes, [args.k], [faults], [args.temperature]):
         if c["method"] == "batched-reference" and c["batch_size"] == 1:
             continue
         waits = args.max_waits if c["method"] == "exspec" and args.max_waits else [None]

@@ -10,6 +10,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from specviz.spec.faults import SAMPLING
+
 # name -> what proposes the drafts
 DRAFTERS = {
     "model": "the draft model, one forward pass per draft",
@@ -65,15 +67,18 @@ METHODS: dict[str, Method] = {m.name: m for m in (
 
 
 def grid(methods: list[str], drafters: list[str], batch_sizes: list[int], ks: list[int],
-         fault_sets: Sequence[tuple[str, ...]] = ((),)) -> list[dict]:
+         fault_sets: Sequence[tuple[str, ...]] = ((),), temperatures: Sequence[float] = (0.0,)) -> list[dict]:
     """The runs a sweep (verify, bench) makes, as spec fields: every method with each of `drafters` it takes and
     each of `fault_sets` (a method that takes no faults once, with none), at the batch sizes it runs at (an
-    unbatched method once), each k for a speculative method."""
+    unbatched method once), each k for a speculative method, and each of `temperatures` it samples at (a method
+    that runs greedy only at 0, a fault set with a sampling fault above 0)."""
     out = []
     for name in methods:
         m = METHODS[name]
         for d in [d for d in drafters if d in m.drafters] if m.speculative else ["model"]:
             for faults in fault_sets if m.faults else [()]:
-                out += [{"method": name, "drafter": d, "faults": tuple(faults), "batch_size": bs, "k": k}
-                        for bs in m.batch_sizes(batch_sizes) for k in (ks if m.speculative else ks[:1])]
+                temps = [t for t in temperatures if (t > 0 or not set(SAMPLING) & set(faults)) and (t == 0 or m.samples)]
+                out += [{"method": name, "drafter": d, "faults": tuple(faults), "batch_size": bs, "k": k,
+                         "temperature": t}
+                        for bs in m.batch_sizes(batch_sizes) for k in (ks if m.speculative else ks[:1]) for t in temps]
     return out

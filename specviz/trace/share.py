@@ -52,7 +52,8 @@ def encode(link: Link) -> str:
 def encode_sweep(sweep: Sweep, cell: int | None = None) -> str:
     """The query string (with its leading '?') for `sweep`, with run `cell` picked in it."""
     payload = {"base": json.loads(sweep.base.canonical_json()),
-               **sweep.model_dump(mode="json", include={"methods", "drafters", "fault_sets", "batch_sizes", "ks"})}
+               **sweep.model_dump(mode="json", include={"methods", "drafters", "fault_sets", "batch_sizes", "ks",
+                                                          "temperatures"})}
     return _query("sweep", payload, (("cell", cell),), "this sweep's prompts", "report file")
 
 
@@ -96,6 +97,7 @@ def decode_sweep(query: str) -> tuple[Sweep, int | None] | None:
         return None
     payload = _payload(params, "sweep", "base", "base run spec")
     base = RunSpec.build(**payload.pop("base"))
+    payload.setdefault("temperatures", [base.temperature])  # a link made before the axis: every run at the base's
     return Sweep.build(base=base, **payload), _index(params, "cell")
 
 

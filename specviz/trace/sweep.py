@@ -1,4 +1,4 @@
-"""A sweep: one base run across methods × drafters × fault sets × batch sizes × k, and its report.
+"""A sweep: one base run across methods × drafters × fault sets × batch sizes × k × temperatures, and its report.
 
 The report (`specviz verify --json`, the page's Sweep tab) keeps each run's summary row and every sequence,
 not the runs' traces: enough to say where equivalence breaks, how early and how, and to rerun any one run
@@ -14,24 +14,24 @@ from typing import Literal
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from specviz.spec.methods import DRAFTERS, METHODS, grid
-from specviz.spec.run import LOOKUP_FIELDS, Many, Map, RunSpec, SpecError, Strict, describe_validation_error
+from specviz.spec.run import LOOKUP_FIELDS, SAMPLING_FIELDS, Many, Map, RunSpec, SpecError, Strict, describe_validation_error
 from specviz.spec.untrusted import parse_file, shown
 from specviz.trace import metrics
 from specviz.trace.evidence import Decisions, Distribution
 from specviz.trace.records import SequenceRecord, check_sequence
 from specviz.trace.schema import MAX_TRACE_BYTES, Trace
 
-REPORT_VERSION = 1
+REPORT_VERSION = 2  # 2: a temperature axis (a version-1 report ran every run at its base's temperature)
 NO_FAULTS = "none"  # the fault set with no faults, as the CLI and the page name it
 MAX_RUNS = 4096
-AXES = ("method", "drafter", "faults", "batch_size", "k")  # what each run sets; the base spec sets the rest
+AXES = ("method", "drafter", "faults", "batch_size", "k", "temperature")  # what each run sets; the base the rest
 
 
-def _placed(method: str, drafter: str, faults: tuple[str, ...], batch_size: int, k: int) -> dict:
+def _placed(method: str, drafter: str, faults: tuple[str, ...], batch_size: int, k: int, temperature: float) -> dict:
     """A run's place in the sweep as its row and sequences show it: "-" for the drafter of a method that drafts
     nothing, the faults comma-joined ("" for none)."""
     return {"method": method, "drafter": drafter if METHODS[method].speculative else "-", "faults": ",".join(faults),
-            "batch_size": batch_size, "k": k}
+            "batch_size": batch_size, "k": k, "temperature": temperature}
 
 
 def _label(method: str, drafter: str, faults: str) -> str:
@@ -39,15 +39,22 @@ def _label(method: str, drafter: str, faults: str) -> str:
     return " · ".join(x for x in (method, drafter not in ("model", "-") and drafter, faults) if x)
 
 
+def _column(batch_size: int, k: int, temperature: float) -> str:
+    """A run's column in a sweep: bs 4 · k 5, and its temperature where it samples (· T 0.8)."""
+    return f"bs {batch_size} · k {k}" + (f" · T {temperature:g}" if temperature else "")
+
+
 def run_name(spec: RunSpec) -> str:
     """A run's name as a sweep's row names it (RunRow.name): eqspec · bsp-like · bs 4 · k 5."""
     place = _placed(**{a: getattr(spec, a) for a in AXES})
-    return f"{_label(place['method'], place['drafter'], place['faults'])} · bs {spec.batch_size} · k {spec.k}"
+    label = _label(place["method"], place["drafter"], place["faults"])
+    return f"{label} · {_column(spec.batch_size, spec.k, spec.temperature)}"
 
 
 class Sweep(Strict):
-    """What a sweep is: one base spec and its axes. The base's own method, drafter, faults, batch size and k
-    are placeholders; each run sets them (spec_of, specs)."""
+    """What a sweep is: one base spec and its axes. The base's own method, drafter, faults, batch size, k and
+    temperature are placeholders; each run sets them (spec_of, specs). The base samples at the highest
+    temperature swept, so that its sampling settings (top-p, ...) validate; the greedy runs leave them out."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -57,13 +64,14 @@ class Sweep(Strict):
     fault_sets: tuple[tuple[str, ...], ...] = Field(((),), min_length=1)  # (): no faults
     batch_sizes: tuple[int, ...] = Field(min_length=1)
     ks: tuple[int, ...] = Field(min_length=1)
+    temperatures: tuple[float, ...] = Field((0.0,), min_length=1)
     _specs: list[RunSpec] = PrivateAttr()
 
     @model_validator(mode="after")
     def _runs(self) -> Sweep:
         """Every run validates as a spec; the specs are kept, as every view of the report asks for them."""
         axes = {"methods": self.methods, "drafters": self.drafters, "fault_sets": self.fault_sets,
-                "batch_sizes": self.batch_sizes, "ks": self.ks}
+                "batch_sizes": self.batch_sizes, "ks": self.ks, "temperatures": self.temperatures}
         for name, values in axes.items():
             twice = next((v for v, n in Counter(values).items() if n > 1), None)
             if twice is not None:
@@ -73,13 +81,15 @@ class Sweep(Strict):
             raise ValueError(f"up to {bound} runs; a sweep makes {MAX_RUNS} at most")
         self._specs = [self._spec(i, c) for i, c in enumerate(self.configs())]
         if not self._specs:
-            raise ValueError("no runs: none of these methods runs at these batch sizes")
+            raise ValueError("no runs: none of these methods runs at these batch sizes and temperatures")
         return self
 
     def _spec(self, run: int, config: dict) -> RunSpec:
         fields = {**self.base.model_dump(), **config}
         if config["drafter"] != "lookup":  # n-gram sizes are the lookup drafter's: other drafters' runs leave them out
             fields.update({f: RunSpec.model_fields[f].default for f in LOOKUP_FIELDS})
+        if not config["temperature"]:  # and sampling settings the sampled runs': the greedy ones leave them out
+            fields.update({f: RunSpec.model_fields[f].default for f in SAMPLING_FIELDS})
         try:
             return RunSpec.build(**fields)
         except SpecError as e:
@@ -87,7 +97,8 @@ class Sweep(Strict):
 
     def configs(self) -> list[dict]:
         """Each run's own spec fields (AXES), in methods.grid order."""
-        return grid(list(self.methods), list(self.drafters), list(self.batch_sizes), list(self.ks), self.fault_sets)
+        return grid(list(self.methods), list(self.drafters), list(self.batch_sizes), list(self.ks), self.fault_sets,
+                    self.temperatures)
 
     def specs(self) -> list[RunSpec]:
         return list(self._specs)
@@ -104,6 +115,7 @@ class RunRow(Strict):
     faults: str  # comma-joined; "" for none
     batch_size: int
     k: int
+    temperature: float
     n: int = Field(ge=0)  # sequences compared
     exact_pct: float | None = Field(ge=0, le=100)  # None: no token reference (a sampled run: see distribution)
     prefix_pct: float | None = Field(ge=0, le=100)
@@ -113,6 +125,7 @@ class RunRow(Strict):
     distribution: Distribution | None = None  # sampled runs: the verdict on the distribution (its splits left out)
     decisions: Decisions | None = None  # sampled speculative runs: the decision audit
     audit: Map[str, int] | None = None  # audited runs: sequences whose target (draft) state left rounding
+    sampled_verdict: str | None = None  # sampled speculative runs: metrics.sampled_verdict's kind
     # Counted over (round, row) records; [] where no rounds were recorded.
     accept_lengths: Many[int] = Field(default_factory=list)  # [j]: records that accepted exactly j drafts
     offered: Many[int] = Field(default_factory=list)  # [j]: records offered a draft at position j
@@ -123,7 +136,7 @@ class RunRow(Strict):
         return _label(self.method, self.drafter, self.faults)
 
     def column(self) -> str:
-        return f"bs {self.batch_size} · k {self.k}"
+        return _column(self.batch_size, self.k, self.temperature)
 
     def name(self) -> str:
         """The run's own name, its row and its column: eqspec · bsp-like · bs 4 · k 5."""
@@ -140,6 +153,7 @@ class SweepSequence(SequenceRecord):
     faults: str
     batch_size: int
     k: int
+    temperature: float
     rounds: Many[int] = Field(default_factory=list)
     margins: Many[float] = Field(default_factory=list, exclude=True)
     reference_margins: Many[float] | None = Field(None, exclude=True)
@@ -196,6 +210,9 @@ class SweepReport(Strict):
             raise SpecError("this report was written by an older specviz, before reports carried their sweep: "
                             "re-run specviz verify --json to load it here")
         found = raw.get("version")
+        if found == 1:
+            _lift_v1(raw)
+            found = raw["version"]
         if type(found) is not int or found != REPORT_VERSION:
             raise SpecError(f"not a specviz sweep report of version {REPORT_VERSION} (found {shown(found)}); "
                             "write one with specviz verify --json")
@@ -203,6 +220,21 @@ class SweepReport(Strict):
             return cls.model_validate(raw)
         except ValidationError as e:
             raise SpecError("invalid sweep report: " + describe_validation_error(e)) from None
+
+
+def _lift_v1(raw: dict) -> None:
+    """A version-1 report (a stranger's: checked only after) to version 2: every run sampled at its base's
+    temperature, the one value of the sweep's temperature axis."""
+    sweep = raw.get("sweep")
+    base = sweep.get("base") if isinstance(sweep, dict) else None
+    t = base.get("temperature", 0.0) if isinstance(base, dict) else 0.0
+    if isinstance(sweep, dict):
+        sweep.setdefault("temperatures", [t])
+    for part in ("rows", "sequences"):
+        for item in raw.get(part) if isinstance(raw.get(part), list) else []:
+            if isinstance(item, dict):
+                item.setdefault("temperature", t)
+    raw["version"] = 2
 
 
 def acceptance(trace: Trace, k: int) -> dict[str, list[int]]:
@@ -222,12 +254,14 @@ def acceptance(trace: Trace, k: int) -> dict[str, list[int]]:
 def row_of(spec: RunSpec, trace: Trace) -> RunRow:
     eq = metrics.equivalence(trace)
     d = trace.distribution
+    sampled = metrics.sampled_verdict(trace)
     return RunRow(
         **_placed(**{a: getattr(spec, a) for a in AXES}), n=eq.get("n", len(trace.sequences)),
         exact_pct=100 * eq["exact"] if eq else None, prefix_pct=100 * eq["prefix"] if eq else None,
         verdicts=metrics.verdict_counts(trace), **metrics.waste(trace),
         distribution=None if d is None else d.model_copy(update={"splits": []}), decisions=trace.decisions if d else None,
-        audit=metrics.audit_counts(trace) if spec.audit else None, **acceptance(trace, spec.k))
+        audit=metrics.audit_counts(trace) if spec.audit else None, sampled_verdict=sampled and sampled[0],
+        **acceptance(trace, spec.k))
 
 
 def _sequences(run: int, row: RunRow, trace: Trace) -> list[SweepSequence]:
