@@ -15,13 +15,11 @@ from dataclasses import dataclass
 import gradio as gr
 
 from specviz.app import serving, summary, sweeptab
+from specviz.app.controls import ENGINE_CONTROLS, engine_controls, run_controls_of
 from specviz.app.glossary import glossary as glossary_text
 from specviz.app.runview import (
-    CUSTOM,
     DEFAULTS,
     EXAMPLES,
-    TEMPERATURE_MAX,
-    TOP_P_MIN,
     VIEW_NAMES,
     check_engine,
     drafter_shows,
@@ -37,11 +35,6 @@ from specviz.app.runview import (
     shrink_focused,
 )
 from specviz.run.settings import Settings
-from specviz.spec.faults import FAULTS
-from specviz.spec.faults import PRESETS as FAULT_PRESETS
-from specviz.spec.methods import DRAFTERS, METHODS
-from specviz.spec.prompts import builtin_sets
-from specviz.spec.run import DTYPES, MAX_NGRAM, MAX_TEMPERATURE, PRESETS
 from specviz.trace.schema import MAX_TRACE_BYTES
 
 CLICKS = """
@@ -117,14 +110,14 @@ def _run_controls_column(settings: Settings) -> tuple[dict, dict, dict]:
     buttons = {}
     with gr.Tabs():
         with gr.Tab("Run a method"):
-            c = _controls(settings)
+            c = run_controls_of(settings)
             with gr.Row():
                 buttons["run"] = gr.Button("Run", variant="primary")
                 buttons["stop"] = gr.Button("Stop", variant="stop")
             gr.Markdown("**Examples**")
             buttons["examples"] = {name: gr.Button(name, size="sm") for name in EXAMPLES}
         with gr.Tab("Check an engine", elem_id="sv-check-tab"):
-            e = _engine_controls(settings)
+            e = engine_controls(settings)
             buttons["check"] = gr.Button("Check", variant="primary")
     with gr.Accordion("Limits on this server", open=False):
         gr.Markdown(settings.describe())
@@ -313,96 +306,6 @@ class Page:
         replayed = loaded.then(functools.partial(sweeptab.replay_compare, self.settings), [p["pending"], self.sides],
                                [self.sides, p["a"], p["b"], p["seq"]], api_visibility="private", concurrency_id="decode")
         show_link(replayed.success(compared, inputs, shown, api_visibility="private"))
-
-
-def _controls(settings: Settings) -> dict:
-    c = {}
-    c["pair"] = gr.Dropdown([*PRESETS, CUSTOM], value=DEFAULTS["pair"], label="model pair",
-                            info="embedded: SmolLM2-135M-Instruct and its draft, offline; tiny: a random 3-layer test pair")
-    with gr.Accordion("custom pair (Hub ids or local paths)", open=False):
-        c["target"] = gr.Textbox(label="target model")
-        c["draft"] = gr.Textbox(label="draft model")
-    c["prompt_set"] = gr.Dropdown(list(builtin_sets()), value=DEFAULTS["prompt_set"], label="built-in prompts")
-    c["typed"] = gr.Textbox(lines=3, label="or type prompts", info="one a line, or Spec-Bench JSONL; used when not empty")
-    c["prompt_file"] = gr.File(label="or upload prompts (text or Spec-Bench .jsonl)", file_types=[".txt", ".jsonl"],
-                               type="filepath", height=90)
-    c["method"] = gr.Dropdown(list(METHODS), value=DEFAULTS["method"], label="method",
-                              info=METHODS[DEFAULTS["method"]].summary, elem_id="sv-method")
-    c["drafter"] = gr.Dropdown(list(DRAFTERS), value=DEFAULTS["drafter"], label="drafter",
-                               info=DRAFTERS[DEFAULTS["drafter"]], elem_id="sv-drafter")
-    with gr.Row():
-        lookup = DEFAULTS["drafter"] == "lookup"
-        c["ngram_min"] = gr.Slider(1, MAX_NGRAM, value=DEFAULTS["ngram_min"], step=1, label="shortest n-gram",
-                                   visible=lookup, elem_id="sv-ngram-min")
-        c["ngram_max"] = gr.Slider(1, MAX_NGRAM, value=DEFAULTS["ngram_max"], step=1, label="longest n-gram (tried first)",
-                                   visible=lookup, elem_id="sv-ngram-max")
-    with_faults = " and ".join(n for n, m in METHODS.items() if m.faults)
-    c["faults"] = gr.Dropdown([*FAULTS, *FAULT_PRESETS], value=[], multiselect=True, label=f"faults ({with_faults} only)",
-                              info="re-create a published engine's bug; the sampling faults need a temperature above 0",
-                              interactive=METHODS[DEFAULTS["method"]].faults, elem_id="sv-faults")
-    with gr.Row():
-        c["batch_size"] = gr.Slider(1, settings.max_batch_size, value=DEFAULTS["batch_size"], step=1, label="batch size")
-        c["k"] = gr.Slider(1, settings.max_k, value=DEFAULTS["k"], step=1, label="k (drafts a round)")
-    with gr.Row():
-        c["max_new_tokens"] = gr.Slider(1, settings.max_new_tokens, value=DEFAULTS["max_new_tokens"], step=1,
-                                        label="max new tokens")
-        c["dtype"] = gr.Dropdown(list(DTYPES), value=DEFAULTS["dtype"], label="dtype")
-    c["temperature"] = gr.Slider(0, TEMPERATURE_MAX, value=DEFAULTS["temperature"], step=0.05, label="temperature",
-                                 info="0: greedy, checked token by token against the reference; above 0: speculative "
-                                      "sampling, judged by the distribution of its tokens", elem_id="sv-temperature")
-    with gr.Row():
-        c["top_k"] = gr.Number(value=DEFAULTS["top_k"], precision=0, minimum=0, label="top-k (0: off)",
-                               elem_id="sv-top-k")
-        c["top_p"] = gr.Slider(TOP_P_MIN, 1, value=DEFAULTS["top_p"], step=0.01, label="top-p (1: off)",
-                               elem_id="sv-top-p")
-    with gr.Accordion("the draft's own sampling (blank: the target's)", open=False):
-        c["draft_temperature"] = gr.Number(value=None, minimum=0, maximum=MAX_TEMPERATURE, label="draft temperature")
-        c["draft_top_k"] = gr.Number(value=None, precision=0, minimum=0, label="draft top-k (0: off)")
-        c["draft_top_p"] = gr.Number(value=None, minimum=0, maximum=1, label="draft top-p (1: off)")
-    with gr.Accordion("seed and exspec", open=False):
-        c["seed"] = gr.Number(value=DEFAULTS["seed"], precision=0, label="seed")
-        c["window"] = gr.Number(value=DEFAULTS["window"], precision=0, label="exspec window (0: 2 × batch size)")
-        c["max_wait"] = gr.Number(value=DEFAULTS["max_wait"], precision=0, label="exspec max wait (rounds)")
-    c["audit"] = gr.Checkbox(value=DEFAULTS["audit"], label="audit every round",
-                             info="check every row's state against a fresh recomputation each round, fork or not "
-                                  "(about one extra batch-size-1 pass of each model per row and round)")
-    return c
-
-
-ENGINE_CONTROLS = ("pair", "target", "dtype", "outputs", "control", "server", "served_model", "control_server",
-                   "prompt_set", "max_new_tokens", "determinism", "temperature", "top_p", "seed")
-
-
-def _engine_controls(settings: Settings) -> dict:
-    e = {}
-    gr.Markdown("An engine's outputs (vLLM, SGLang, TGI, llama.cpp, your own) against the batch-size-1 reference of "
-                "the same weights: every difference judged numerics or a bug, from the engine's token ids alone. "
-                "The file format is in docs/engines.md (`specviz schema --outputs`).")
-    e["pair"] = gr.Dropdown([*PRESETS, CUSTOM], value=DEFAULTS["pair"], label="reference: the engine's target weights")
-    e["target"] = gr.Textbox(label="custom target (Hub id or local path)", visible=True)
-    e["dtype"] = gr.Dropdown(list(DTYPES), value="float32", label="reference dtype")
-    e["outputs"] = gr.File(label="the engine's outputs (JSONL)", file_types=[".jsonl", ".json", ".txt"],
-                           type="filepath", height=90)
-    e["control"] = gr.File(label="optional: the same engine without speculation (JSONL, the same prompts)",
-                           file_types=[".jsonl", ".json", ".txt"], type="filepath", height=90)
-    servers = bool(settings.engine_servers) and not settings.public
-    with gr.Accordion("or ask a server (llama.cpp, vLLM or any OpenAI-compatible)", open=False, visible=servers):
-        e["server"] = gr.Textbox(label="server URL", info="allowed: " + (", ".join(settings.engine_servers) or "none")
-                                 + "; llama.cpp's llama-server is asked in its own API, any other as OpenAI's")
-        e["served_model"] = gr.Textbox(label="served model (blank: the server's only model)")
-        e["control_server"] = gr.Textbox(label="optional: a server of the same engine without speculation")
-        e["prompt_set"] = gr.Dropdown(list(builtin_sets()), value="quick", label="prompts to send")
-        e["max_new_tokens"] = gr.Slider(1, settings.max_new_tokens, value=48, step=1, label="max new tokens")
-        e["determinism"] = gr.Checkbox(False, label="ask every prompt twice more",
-                                       info="the same requests again, then in reverse order (other slots, other batch "
-                                            "company): every prompt answered otherwise is reported with its fork")
-    with gr.Row():  # what the engine sampled with: a server is asked with them; a file is judged under them
-        e["temperature"] = gr.Slider(0, TEMPERATURE_MAX, value=0, step=0.05, label="the engine's temperature",
-                                     info="0: greedy, checked token by token; above 0: judged by the distribution of "
-                                          "its tokens under the target at these settings")
-        e["top_p"] = gr.Slider(TOP_P_MIN, 1, value=1, step=0.01, label="its top-p (1: off)")
-        e["seed"] = gr.Number(value=0, precision=0, minimum=0, label="seed (a server gets one a prompt from it)")
-    return e
 
 
 def serve(settings: Settings | None = None, **launch_kwargs) -> gr.Blocks:
