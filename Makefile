@@ -51,8 +51,9 @@ chromium:
 		{ SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive \
 		$$SUDO apt-get install -y -q chromium fonts-noto-cjk fonts-noto-color-emoji; }
 
+# Two workers, each test file whole on one (its servers and module fixtures start once), one torch thread each.
 test: install vllm llama chromium
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q --durations=25 -n 2 --dist loadfile
 
 bench: install
 	$(VENV)/bin/specviz bench --prompt-set all

@@ -6,11 +6,15 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("SPECVIZ_MAX_PAIRS", "12")  # every pair the suite uses stays loaded, with its references and yardsticks
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from specviz.engines.vllm import vllm_python, vllm_server  # noqa: E402
 from specviz.models.pairs import load_pair  # noqa: E402
 from specviz.spec.prompts import builtin_set  # noqa: E402
 from specviz.spec.run import TINY_DRAFT, TINY_TARGET  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on two cores: one torch thread each
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -44,13 +44,17 @@ def embedded_gguf_path() -> Path:
 
 
 def _atomic_save(dest: Path, save) -> None:
-    """Run save(tmpdir) and move the result to dest, so a crash never leaves half a cache."""
+    """Run save(tmpdir) and move the result to dest, so a crash never leaves half a cache; where another process
+    got there first (two test workers, two servers), its copy stays."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=dest.name + ".tmp"))
     try:
         save(tmp)
-        if not dest.exists():
+        try:
             tmp.rename(dest)
+        except OSError:
+            if not dest.is_dir():
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
