@@ -79,7 +79,7 @@ def test_every_configuration_against_its_plain_run_and_the_reference(llama, embe
             acceptance = f"{c['accepted_tokens']:.0f}/{c['draft_tokens']:.0f}" if c.get("draft_tokens") else "-"
             print(f"  {name:<16} equal to plain 4 slots {same:>2}/{len(ids)}, to the float32 reference "
                   f"{equal:>2}/{len(ids)}, drafts accepted {acceptance}")
-    for name in ("plain, 4 slots", "draft", "ngram-simple"):  # (draft = target: its acceptance, below)
+    for name in ("plain, 4 slots", *SPECULATIVE):
         control = runs["plain, 1 slot"] if name == "plain, 4 slots" else plain
         trace = check.check(spec, embedded, ids, runs[name], control)
         noise = trace.manifest.yardstick.engine
