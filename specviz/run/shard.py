@@ -111,7 +111,6 @@ def sweep(runs: list[tuple[RunSpec, bool]], trust_remote_code: bool = False,
             yield explain(spec, pair, prompt_ids, ref if spec.method == "reference" else next(merged), ref)
 
 
-
 def _merge(shares: list[tuple[range, int, DecodeResult]]) -> DecodeResult:
     """One DecodeResult from the processes' shares of a run: sequence ids, round and static-batch indices made global."""
     outputs, rounds, forks, audit = [], [], {}, {}

@@ -77,7 +77,8 @@ def grid(methods: list[str], drafters: list[str], batch_sizes: list[int], ks: li
         m = METHODS[name]
         for d in [d for d in drafters if d in m.drafters] if m.speculative else ["model"]:
             for faults in fault_sets if m.faults else [()]:
-                temps = [t for t in temperatures if (t > 0 or not set(SAMPLING) & set(faults)) and (t == 0 or m.samples)]
+                sampling = bool(set(SAMPLING) & set(faults))
+                temps = [t for t in temperatures if (m.samples or t == 0) and (t > 0 or not sampling)]
                 out += [{"method": name, "drafter": d, "faults": tuple(faults), "batch_size": bs, "k": k,
                          "temperature": t}
                         for bs in m.batch_sizes(batch_sizes) for k in (ks if m.speculative else ks[:1]) for t in temps]
