@@ -18,7 +18,7 @@ def _spec(dtype: str, device: str) -> RunSpec:
 
 def test_after_three_pairs_in_turn_the_first_is_freed(monkeypatch):
     # The loader keeps SPECVIZ_MAX_PAIRS pairs (2 by default; the suite keeps more): a fresh loader of the default size.
-    monkeypatch.setattr(pairs, "load_pair", functools.lru_cache(maxsize=2)(pairs.load_pair.__wrapped__))
+    monkeypatch.setattr(pairs, "_cached_pair", functools.lru_cache(maxsize=2)(pairs._cached_pair.__wrapped__))
     first = _spec("bfloat16", "cpu")
     trace = run(first)
     # bfloat16 forks on a near-tie here, so the batched reference was decoded and cached too

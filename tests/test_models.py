@@ -7,8 +7,8 @@ from transformers import AutoTokenizer
 from specviz.decoding.batch import left_pad
 from specviz.decoding.reference import batched_reference, reference
 from specviz.models.checkpoints import embedded_tokenizer_dir
-from specviz.models.pairs import load_pair, tiny_target
-from specviz.spec.run import SpecError
+from specviz.models.pairs import load_pair, pair_for, tiny_target
+from specviz.spec.run import RunSpec, SpecError
 
 
 def test_embedded_pair_loads_offline_and_answers(embedded):
@@ -31,6 +31,12 @@ def test_embedded_pair_loads_offline_and_answers(embedded):
 def test_a_pair_loads_once_per_process():
     first = load_pair("specviz:tiny", "specviz:tiny-draft", dtype="float32", device="cpu")
     assert load_pair("specviz:tiny", "specviz:tiny-draft", dtype="float32", device="cpu") is first
+    # However it is asked for: by position, as a spec's pair, or with the device auto picks here.
+    assert load_pair("specviz:tiny", "specviz:tiny-draft", None, None, "float32", "cpu") is first
+    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float32", device="cpu", prompts=("Hi",))
+    assert pair_for(spec) is first
+    if not torch.cuda.is_available():
+        assert load_pair("specviz:tiny", "specviz:tiny-draft", dtype="float32", device="auto") is first
 
 
 def _save_local(tmp_path, name, tokenizer):

@@ -193,7 +193,6 @@ def _load_hub(model_id: str, revision: str | None, dtype: torch.dtype, trust_rem
 MAX_PAIRS = int(os.environ.get("SPECVIZ_MAX_PAIRS", "2"))
 
 
-@functools.lru_cache(maxsize=MAX_PAIRS)
 def load_pair(
     target: str = EMBEDDED_TARGET,
     draft: str = EMBEDDED_DRAFT,
@@ -204,12 +203,21 @@ def load_pair(
     trust_remote_code: bool = False,
     placement: Placement = ONE_DEVICE,
 ) -> ModelPair:
-    torch_dtype = DTYPES[dtype]
-    dev = resolve_device(device)
-    info = {"target": target, "draft": draft, "target_revision": target_revision, "draft_revision": draft_revision}
+    """The pair, loaded once per process however it is asked for: by keyword or position, device auto or the
+    device auto picks (a second copy of a pair would hold its weights, its float64 copy and its caches twice)."""
     if placement.spread and (target in (EMBEDDED_TARGET, TINY_TARGET) or device == "cpu"):
         raise SpecError("spreading a target over GPUs (device map auto, max memory) needs a Hub or local target "
                         "and device auto or cuda; the built-in pairs fit one device")
+    return _cached_pair(target, draft, target_revision, draft_revision, dtype, str(resolve_device(device)),
+                        trust_remote_code, placement)
+
+
+@functools.lru_cache(maxsize=MAX_PAIRS)
+def _cached_pair(target: str, draft: str, target_revision: str | None, draft_revision: str | None, dtype: str,
+                 device: str, trust_remote_code: bool, placement: Placement) -> ModelPair:
+    torch_dtype = DTYPES[dtype]
+    dev = torch.device(device)
+    info = {"target": target, "draft": draft, "target_revision": target_revision, "draft_revision": draft_revision}
     if target == EMBEDDED_TARGET:
         tokenizer = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
         tgt = AutoModelForCausalLM.from_pretrained(embedded_target_dir(), dtype=torch_dtype)
