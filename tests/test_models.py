@@ -85,11 +85,13 @@ def test_pad_equal_to_eos_never_truncates_or_corrupts_prompts(tiny):
 def test_the_embedded_draft_folder_loads_back_as_the_derived_draft(embedded):
     from transformers import AutoModelForCausalLM
 
+    from specviz.models import kernels
     from specviz.models.checkpoints import embedded_draft_dir
 
     folder = embedded_draft_dir()
     assert embedded_draft_dir() == folder  # written once, then reused
     saved = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    kernels.pack_linears(saved)  # the kernels load_pair gives a float32 pair on CPU
     ids = torch.tensor(embedded.encode(["What is the capital of France?"]))
     with torch.inference_mode():
         assert torch.equal(saved(ids).logits, embedded.draft(ids).logits)

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from specviz.models.checkpoints import GGUF_FILE, GGUF_PACKAGE, embedded_target_dir, embedded_tokenizer_dir
 from specviz.models.draft import derive_draft, layer_subset
+from specviz.models import kernels
 from specviz.spec.run import EMBEDDED_DRAFT, EMBEDDED_TARGET, TINY_TARGET, RunSpec, SpecError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -241,6 +242,8 @@ def _cached_pair(target: str, draft: str, target_revision: str | None, draft_rev
     else:
         tgt = tgt.to(dev)
     tgt, drf = tgt.eval(), drf.to(dev).eval()
+    if dev.type == "cpu" and torch_dtype == torch.float32 and kernels.pack_linears(tgt) and kernels.pack_linears(drf):
+        info["linear_kernels"] = kernels.NAME
     vocab = min(tgt.get_output_embeddings().weight.shape[0], drf.get_output_embeddings().weight.shape[0], len(tokenizer))
     return ModelPair(tgt, drf, tokenizer, eos_ids_of(tgt, tokenizer), vocab, dev, torch_dtype, info)
 
