@@ -1,10 +1,11 @@
 """Linear layers on CPU in float32 through oneDNN with each weight packed once, as vLLM's CPU backend runs them.
 
-At the few rows of a decoding step, `F.linear` (MKL's sgemm) takes about twice as long as oneDNN's GEMM on a
-weight laid out for it in advance, and the output head about three times (`python benchmarks/linear_kernels.py`):
-most of a step on the embedded pair. Neither kernel gives a row the same bits at every batch size, so this
-changes which batches round alike, not whether they can differ; the forensics' float64 yardstick runs plain
-`F.linear` (its dtype is not float32) and stays apart from both.
+At a batch-8 decoding step, GEMMs were 73% of the time. There `F.linear` (MKL's sgemm) takes about twice as
+long as oneDNN's GEMM on a weight laid out for it in advance on the MLP's weights, and four times on the output
+head; at one row the small GEMMs are slower packed, the head still faster (`python benchmarks/linear_kernels.py`).
+Neither kernel gives a row the same bits at every batch size, so this changes which batches round alike, not
+whether they can differ; the forensics' float64 yardstick runs plain `F.linear` (its dtype is not float32) and
+stays apart from both.
 
 A packed weight is a copy, rebuilt whenever the weight tensor is replaced or written in place; any other
 input (another dtype or device, autograd) takes `F.linear`.
