@@ -10,7 +10,9 @@ import pytest
 
 import specviz
 from specviz.cli.main import main
-from specviz.run.shard import share
+from specviz.forensics import enginenoise
+from specviz.run.launch import share
+from specviz.trace.schema import Trace
 
 ROOT = Path(specviz.__file__).resolve().parent.parent
 VERIFY = ["verify", "--pair", "tiny", "--dtype", "float64", "--device", "cpu", "--prompt-set", "lists",
@@ -26,6 +28,22 @@ def test_shares_are_whole_static_batches_covering_every_prompt_once(n):
             assert [i for s in shares for i in s] == list(range(n))
             assert all(s.start % batch_size == 0 for s in shares if s)
             assert max(map(len, shares)) - min(map(len, shares)) <= batch_size  # a fair split
+
+
+def _launch(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """`accelerate launch` of `specviz argv` on two CPU processes; it must succeed."""
+    with socket.socket() as s:  # a free port for the processes to meet on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = [str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]  # tests/: the engines test_check holds
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    # On CPUs, --multi_gpu is what makes accelerate start N processes (--cpu starts one without MPI).
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+              "--main_process_port", str(port), "-m", "specviz.cli"]
+    done = subprocess.run([*launch, *argv], env=env, cwd=cwd, capture_output=True, check=False, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
 
 
 def _same(a, b, where="report"):
@@ -55,18 +73,7 @@ def test_accelerate_launch_on_two_processes_reports_as_one_process(sampling, tin
     assert main([*verify, "--json", str(one)]) == 0
     single = capsys.readouterr().out
 
-    with socket.socket() as s:  # a free port for the processes to meet on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    # On CPUs, --multi_gpu is what makes accelerate start N processes (--cpu starts one without MPI).
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-              "--main_process_port", str(port), "-m", "specviz.cli"]
-    done = subprocess.run([*launch, *verify, "--json", str(two)], env=env, cwd=tmp_path, capture_output=True, check=False,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _launch([*verify, "--json", str(two)], tmp_path)
 
     assert done.stdout.replace(str(two), str(one)) == single  # one table, printed once
     report, sharded = json.loads(one.read_text()), json.loads(two.read_text())
@@ -95,3 +102,36 @@ def test_a_shard_of_a_sampled_run_draws_what_one_process_draws(method, tiny):
     second = [o.ids for o in decode(spec, pair, prompt_ids[2:], record=False, first_seq=2).outputs]
     assert second == whole[2:]
     assert [o.ids for o in decode(spec, pair, prompt_ids[2:], record=False).outputs] != whole[2:]
+
+
+CHECK = ["check", "--pair", "tiny", "--dtype", "float32", "--device", "cpu", "--prompt-set", "chat",
+         "--max-new-tokens", "24", "--engine", "test_check:dsd_like", "--control-engine", "test_check:no_speculation"]
+
+
+def _judged(trace: Trace) -> list[tuple]:
+    return [(s.output_ids, s.reference_ids, s.equivalent, s.first_divergence, s.gaps, s.forensics, s.reference_proof)
+            for s in trace.sequences]
+
+
+def test_a_check_launched_on_two_processes_judges_as_one_and_resumes_from_its_parts(tiny, tmp_path, capsys,
+                                                                                    monkeypatch):
+    one, two, again, saved = (tmp_path / f for f in ("one.json", "two.json", "again.json", "rows.jsonl"))
+    assert main([*CHECK, "--trace", str(one)]) == 0
+    single = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  [")]
+    whole = Trace.from_json(one.read_text())
+    assert any(s.forensics for s in whole.sequences)  # dsd-like forks: there are verdicts to agree on
+
+    done = _launch([*CHECK, "--trace", str(two), "--checkpoint", str(saved)], tmp_path)
+    assert [line for line in done.stdout.splitlines() if line.startswith("  [")] == single  # printed once, alike
+    assert _judged(Trace.from_json(two.read_text())) == _judged(whole)
+    parts = sorted(tmp_path.glob("rows.jsonl.part*"))
+    seqs = [[json.loads(line)["seq"] for line in p.read_text().splitlines()[1:]] for p in parts]
+    assert [p.name for p in parts] == ["rows.jsonl.part0", "rows.jsonl.part1"] and all(seqs)
+    assert sorted(s for share in seqs for s in share) == list(range(len(whole.sequences)))  # each row judged once
+
+    def forced_again(*args):
+        raise AssertionError("a row kept in a part file was judged again")
+
+    monkeypatch.setattr(enginenoise, "force", forced_again)  # resumed in one process: every row read back
+    assert main([*CHECK, "--trace", str(again), "--checkpoint", str(saved)]) == 0
+    assert _judged(Trace.from_json(again.read_text())) == _judged(whole)

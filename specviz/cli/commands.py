@@ -13,6 +13,7 @@ from specviz.cli.args import placement_of, spec_of
 from specviz.engines import jsonl
 from specviz.engines.dialects import LlamaCpp, OpenAI
 from specviz.models.pairs import pair_for
+from specviz.run import launch
 from specviz.spec.run import ENGINE, RunSpec, SpecError
 from specviz.trace import metrics, share
 from specviz.trace.schema import Trace, schema
@@ -27,7 +28,8 @@ def _bars(total: Callable[[str], int | None]):
 
     def progress(phase: str, n: int) -> None:
         if phase not in bars:
-            bars[phase] = tqdm(total=total(phase), desc=phase, unit="tok", leave=False, disable=not sys.stderr.isatty())
+            bars[phase] = tqdm(total=total(phase), desc=phase, unit="tok", leave=False,
+                               disable=not sys.stderr.isatty() or launch.rank() > 0)  # one process draws
         bars[phase].update(n)
 
     try:
@@ -165,11 +167,11 @@ def _print_row(spec: RunSpec, trace: Trace) -> Trace:
 
 
 def cmd_verify(args) -> int:
-    from specviz.run.shard import is_main, sweep
+    from specviz.run.shard import sweep
 
     plan = _sweep(args)
     specs = plan.specs()
-    reports = is_main()  # under `accelerate launch`, the main process reports for all
+    reports = launch.is_main()  # under `accelerate launch`, the main process reports for all
     if reports:
         print(f"{'method':<18} {'drafter':<8} {'faults':<14} {'bs':>3} {'k':>3} {'T':>4} {'n':>5} {'exact %':>8} {'prefix %':>9}"
               "  verdicts")
@@ -192,6 +194,7 @@ def cmd_verify(args) -> int:
 def cmd_check(args) -> int:
     from specviz.run import check
 
+    reports = launch.is_main()  # under `accelerate launch`, every process judges a share and the main one reports
     if sum(map(bool, (args.server, args.outputs, args.engine))) != 1:
         raise SpecError("give the engine as one of --server URL, --outputs FILE or --engine module:function")
     spec = spec_of(args, method=ENGINE, k=args.k)
@@ -210,6 +213,8 @@ def cmd_check(args) -> int:
                                        args.timeout, determinism=args.determinism, judging=judging)
         else:
             trace = check.from_callables(spec, pair, args.engine, args.control_engine, judging)
+    if not reports:
+        return 0
     _print_check(trace)
     if args.json:
         _write(args.json, json.dumps({"engine": trace.manifest.engine.model_dump(), "summary": metrics.engine_summary(trace),

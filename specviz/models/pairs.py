@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from specviz.models import kernels
 from specviz.models.checkpoints import GGUF_FILE, GGUF_PACKAGE, embedded_target_dir, embedded_tokenizer_dir
 from specviz.models.draft import derive_draft, layer_subset
-from specviz.models import kernels
 from specviz.spec.run import EMBEDDED_DRAFT, EMBEDDED_TARGET, TINY_TARGET, RunSpec, SpecError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}

@@ -31,6 +31,7 @@ from specviz.forensics import distribution, enginenoise, proof, repeats
 from specviz.forensics.blackbox import force_outputs, judge_engine
 from specviz.models.pairs import ModelPair
 from specviz.run.checkpoint import Checkpoint
+from specviz.run.launch import gather, is_main, my_share, on_main, rank, wait_for_everyone, world_size
 from specviz.run.runner import Phases, calibrated_tolerance, encode, phase, yardsticks_for
 from specviz.run.settings import Settings
 from specviz.spec.run import RunSpec, SpecError, describe_validation_error
@@ -56,7 +57,7 @@ class Judging:
 
 
 def from_files(spec: RunSpec, pair: ModelPair, outputs: tuple[bytes, str], control: tuple[bytes, str] | None = None,
-               limits: Settings | None = None, judging: Judging = Judging()) -> Trace:
+               limits: Settings | None = None, judging: Judging = Judging()) -> Trace | None:
     """Check an engine from its outputs file ((content, name); docs/engines.md), and its control run's file. The
     prompts are the file's; the reference's budget is its longest output."""
     header, lines, ignored = jsonl.parse(*outputs)
@@ -79,7 +80,7 @@ def from_files(spec: RunSpec, pair: ModelPair, outputs: tuple[bytes, str], contr
 
 def from_servers(spec: RunSpec, pair: ModelPair, engine: tuple[str, str | None], control: tuple[str, str | None] | None,
                  concurrency: int, timeout: float, limits: Settings | None = None, determinism: bool = False,
-                 judging: Judging = Judging()) -> Trace:
+                 judging: Judging = Judging()) -> Trace | None:
     """Check an engine behind a server (OpenAI-compatible or llama.cpp: (url, served model)), and its control
     run's server. `determinism`: ask the engine every prompt twice more (repeats.py) and record what differs."""
     ids = encode(spec, pair, limits)
@@ -88,40 +89,50 @@ def from_servers(spec: RunSpec, pair: ModelPair, engine: tuple[str, str | None],
         return server.from_server(url, model, ids, spec.max_new_tokens, concurrency=concurrency, timeout=timeout,
                                   tokenizer=pair.tokenizer, order=order, **sampling_settings(spec))
 
-    first = ask(*engine)
-    again = {"again": ask(*engine), "reordered": ask(*engine, order=list(reversed(range(len(ids)))))} if determinism else {}
-    trace = check(spec, pair, ids, first, ask(*control) if control else None, judging)
-    if determinism:
+    def answers() -> tuple[EngineRun, dict[str, EngineRun], EngineRun | None]:
+        first = ask(*engine)
+        again = {"again": ask(*engine), "reordered": ask(*engine, order=list(reversed(range(len(ids)))))} if determinism else {}
+        return first, again, ask(*control) if control else None
+
+    first, again, control_run = on_main(answers)  # under a launch, the server is asked once
+    trace = check(spec, pair, ids, first, control_run, judging)
+    if trace and determinism:
         trace.manifest.determinism = repeats.compare(first.outputs, {name: run.outputs for name, run in again.items()})
     return trace
 
 
 def from_callables(spec: RunSpec, pair: ModelPair, engine: str, control: str | None,
-                   judging: Judging = Judging()) -> Trace:
+                   judging: Judging = Judging()) -> Trace | None:
     """Check a Python callable module:function (engines/python.py), and a control callable."""
     ids = encode(spec, pair)
     settings = {"max_new_tokens": spec.max_new_tokens, "k": spec.k, "dtype": spec.dtype, "device": str(pair.device),
                 "eos_ids": list(pair.eos_ids), **sampling_settings(spec)}
-    return check(spec, pair, ids, python.from_callable(engine, ids, settings),
-                 python.from_callable(control, ids, settings) if control else None, judging)
+    answered, control_run = on_main(lambda: (python.from_callable(engine, ids, settings),
+                                             python.from_callable(control, ids, settings) if control else None))
+    return check(spec, pair, ids, answered, control_run, judging)
 
 
 def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: EngineRun,
-          control: EngineRun | None = None, judging: Judging = Judging()) -> Trace:
+          control: EngineRun | None = None, judging: Judging = Judging()) -> Trace | None:
     """The trace of `engine`'s outputs for `prompt_ids`, judged against the reference (`spec`: method engine).
 
     Prompt by prompt, the outputs are teacher-forced through the target in float64, and the reference is proved
-    from them where their margins allow (forensics/proof.py) and decoded from where they do not (Judging)."""
+    from them where their margins allow (forensics/proof.py) and decoded from where they do not (Judging). Under
+    `accelerate launch` every process judges its share of the prompts, and the main one alone returns the trace
+    (None on the others)."""
     for run, role in ((engine, "engine"), (control, "control run")):
         if run is not None and len(run.outputs) != len(prompt_ids):
             raise SpecError(f"the {role} answered {len(run.outputs)} prompts of {len(prompt_ids)}")
-    if not spec.greedy:
-        return check_sampled(spec, pair, prompt_ids, engine, control)
+    if not spec.greedy:  # judged by the main process alone: one pass per token, no reference to decode
+        return check_sampled(spec, pair, prompt_ids, engine, control) if is_main() else None
     model, truth = enginenoise.truth_model(pair)
     forcing = enginenoise.TeacherForcing(model, pair.vocab_size)
-    tolerance = None if judging.decode_reference or truth != "float64" else calibrated_tolerance(spec, pair)
-    scored, ref, yardsticks = _judge_rows(spec, pair, prompt_ids, {"engine": engine, "control": control}, forcing,
-                                          tolerance, judging)
+    tolerance = None if judging.decode_reference or truth != "float64" else on_main(
+        lambda: calibrated_tolerance(spec, pair))
+    judged = _judge_rows(spec, pair, prompt_ids, {"engine": engine, "control": control}, forcing, tolerance, judging)
+    if judged is None:  # this process judged its share for the main one
+        return None
+    scored, ref, yardsticks = judged
     answered = DecodeResult([SequenceOutput(o.ids) for o in engine.outputs], engine.seconds or 0.0)
     trace = build_trace(spec, pair, prompt_ids, answered, ref, yardsticks)
     trace.manifest.engine = _info(engine)
@@ -141,14 +152,18 @@ def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: E
 
 def _judge_rows(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], runs: dict[str, EngineRun | None],
                 forcing: enginenoise.TeacherForcing, tolerance: float | None, judging: Judging):
-    """Prompt by prompt (each kept in the checkpoint as it is done): the outputs teacher-forced, (role, seq) ->
-    Forced, and the reference; then the yardsticks, every proof checked against their final tolerance."""
+    """Prompt by prompt (each kept in the checkpoint as it is done; under a launch, this process's share): the
+    outputs teacher-forced, (role, seq) -> Forced, and the reference; then, on the main process, the yardsticks,
+    every proof checked against their final tolerance. None on the other processes."""
     progress = judging.progress
     saved = judging.checkpoint and Checkpoint(judging.checkpoint, {
         "pair": pair.info, "dtype": spec.dtype, "device": str(pair.device), "budget": spec.max_new_tokens, "k": spec.k,
-        "prompts": prompt_ids, "reference": "proved" if tolerance is not None else "decoded"})
-    scored, refs, start = {}, [], time.perf_counter()
-    for seq, prompt in enumerate(prompt_ids):
+        "prompts": prompt_ids, "reference": "proved" if tolerance is not None else "decoded"},
+        part=rank() if world_size() > 1 else None)
+    wait_for_everyone()  # every process has read the checkpoint's files before any process writes its own
+    mine, start = {}, time.perf_counter()
+    for seq in my_share(len(prompt_ids)):
+        prompt = prompt_ids[seq]
         outputs = {role: run.outputs[seq].ids for role, run in runs.items() if run and run.outputs[seq].error is None}
         done = saved and saved.get(seq, outputs)
         if done and tolerance is not None and not proof.holds(done[1], tolerance):  # kept under a narrower yardstick
@@ -160,8 +175,12 @@ def _judge_rows(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], run
                                       phase(progress, "reference"))
             if saved:
                 saved.put(seq, outputs, *done)
-        scored.update({(role, seq): f for role, f in done[0].items()})
-        refs.append(done[1])
+        mine[seq] = done
+    judged = {seq: done for share in gather(mine) for seq, done in share.items()}
+    if not is_main():
+        return None
+    scored = {(role, seq): f for seq, (forced, _) in judged.items() for role, f in forced.items()}
+    refs = [judged[seq][1] for seq in range(len(prompt_ids))]
     ref = DecodeResult(refs, time.perf_counter() - start)  # teacher forcing included: it proves the reference
     yardsticks = yardsticks_for(spec, pair, prompt_ids, ref)
     while tolerance is not None and yardsticks.target.tolerance > tolerance:

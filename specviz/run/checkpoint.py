@@ -5,11 +5,13 @@ JSON lines: a header naming the check (the pair, dtype, device, budget, k, the p
 are obtained), then one line per prompt: the outputs it judged (the engine's and the control's ids), each
 teacher-forced (enginenoise.Forced), and its reference with how it was obtained. A resumed check takes a row only
 under the same header and for the same outputs: an engine asked again that answers otherwise is judged again. A
-line cut short by the stop is ignored. Read with pydantic, never unpickled.
+line cut short by the stop is ignored. Under `accelerate launch` each process keeps its rows in a part file of
+its own beside FILE and every part is read back. Read with pydantic, never unpickled.
 """
 from __future__ import annotations
 
 import dataclasses
+import glob
 import hashlib
 import json
 from pathlib import Path
@@ -43,25 +45,26 @@ class Row(Strict):
 class Checkpoint:
     """The rows of one check in `path`: those found there (under the same header), and those put as they are done."""
 
-    def __init__(self, path: Path, check: dict):
-        self.path = path
+    def __init__(self, path: Path, check: dict, part: int | None = None):
+        """`part`: the number of this process under `accelerate launch`, which writes `path`.part<N> and reads
+        every part, so that a check resumes whatever the number of processes it ran on before."""
+        self.path = path if part is None else path.with_name(f"{path.name}.part{part}")
         self.header = {"specviz_check": VERSION, "check": hashlib.sha256(json.dumps(check, sort_keys=True).encode())
                        .hexdigest()}
         self.rows: dict[int, Row] = {}
-        if path.exists() and path.stat().st_size:
-            self._load()
-        else:
-            path.write_text(json.dumps(self.header) + "\n")
+        for found in [path, *sorted(path.parent.glob(f"{glob.escape(path.name)}.part*"))]:
+            if found.exists() and found.stat().st_size:
+                self._load(found)
 
-    def _load(self) -> None:
-        with self.path.open(encoding="utf-8", errors="replace") as f:
+    def _load(self, path: Path) -> None:
+        with path.open(encoding="utf-8", errors="replace") as f:
             first = f.readline()
             try:
                 header = json.loads(first)
             except ValueError:
                 header = None
             if header != self.header:
-                raise SpecError(f"{self.path} is not this check's checkpoint (another engine, pair, prompt list or "
+                raise SpecError(f"{path} is not this check's checkpoint (another engine, pair, prompt list or "
                                 "budget): remove it, or name another file")
             for line in f:
                 try:
@@ -82,5 +85,6 @@ class Checkpoint:
         row = Row(seq=seq, outputs=outputs, forced={r: ForcedRecord(**dataclasses.asdict(f)) for r, f in forced.items()},
                   reference=ref.ids, margins=ref.margins, proof=ref.proof)
         self.rows[seq] = row
+        new = not self.path.exists() or not self.path.stat().st_size
         with self.path.open("a", encoding="utf-8") as f:
-            f.write(row.model_dump_json() + "\n")
+            f.write((json.dumps(self.header) + "\n" if new else "") + row.model_dump_json() + "\n")

@@ -18,43 +18,15 @@ of the built-in prompts, and the main process judges the distribution.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
-import os
 from collections.abc import Iterator
-
-import torch
 
 from specviz.decoding.reference import reference
 from specviz.decoding.result import DecodeResult
 from specviz.models.pairs import ONE_DEVICE, Placement, pair_for
+from specviz.run.launch import gather, is_main, my_share, rank, world_size
 from specviz.run.runner import decode, encode, explain, explain_sampled, run, sampled_yardsticks
 from specviz.spec.run import RunSpec, SpecError
 from specviz.trace.schema import Trace
-
-
-def world_size() -> int:
-    """Processes in this launch (`accelerate launch` and torchrun set WORLD_SIZE)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-@functools.cache
-def _state():
-    from accelerate import PartialState
-
-    return PartialState(cpu=not torch.cuda.is_available())  # gloo between CPU processes, else NCCL
-
-
-def is_main() -> bool:
-    """Whether this process reports. Call it before loading models: under a launch it sets this process's GPU."""
-    return world_size() == 1 or _state().is_main_process
-
-
-def share(n: int, batch_size: int, rank: int, world: int) -> range:
-    """The prompts of process `rank`: a run of whole static batches of `batch_size` (the last may be short)."""
-    batches = math.ceil(n / batch_size)
-    lo, hi = rank * batches // world, (rank + 1) * batches // world
-    return range(min(lo * batch_size, n), min(hi * batch_size, n))
 
 
 def sweep(runs: list[tuple[RunSpec, bool]], trust_remote_code: bool = False,
@@ -65,8 +37,6 @@ def sweep(runs: list[tuple[RunSpec, bool]], trust_remote_code: bool = False,
         for spec, record in runs:
             yield run(spec, record=record, trust_remote_code=trust_remote_code, placement=placement)
         return
-    from accelerate.utils import gather_object
-
     first = runs[0][0]
     same = ("target", "draft", "target_revision", "draft_revision", "prompts", "chat_template", "max_new_tokens",
             "dtype", "device")
@@ -74,8 +44,6 @@ def sweep(runs: list[tuple[RunSpec, bool]], trust_remote_code: bool = False,
         raise SpecError("a sharded sweep runs one pair on one prompt list with one token budget")
     if placement.spread:
         raise SpecError("a sharded sweep cannot spread the target over GPUs: every process would use every GPU")
-    state = _state()
-    rank, world = state.process_index, state.num_processes
     pair = pair_for(first, trust_remote_code)
     prompt_ids = encode(first, pair)
     n = len(prompt_ids)
@@ -84,24 +52,24 @@ def sweep(runs: list[tuple[RunSpec, bool]], trust_remote_code: bool = False,
     # share of every other run against it.
     ref = None
     if any(spec.greedy for spec, _ in runs):
-        rows = share(n, 1, rank, world)
-        ref = _merge(gather_object([(rows, 1, reference(pair, [prompt_ids[j] for j in rows], first.max_new_tokens))]))
+        rows = my_share(n)
+        ref = _merge(gather((rows, 1, reference(pair, [prompt_ids[j] for j in rows], first.max_new_tokens))))
     mine = []  # (rows, batch size, result) of every other run
     for i, (spec, record) in enumerate(runs):
         if spec.method == "reference" and spec.greedy:
             continue  # the reference above is that run
         if spec.method == "exspec":  # its schedule spans the whole pool: one process runs it all
-            rows = range(n) if i % world == rank else range(0)
+            rows = range(n) if i % world_size() == rank() else range(0)
         else:
-            rows = share(n, spec.batch_size, rank, world)
+            rows = my_share(n, spec.batch_size)
         prompts = [prompt_ids[j] for j in rows]
         if spec.greedy:
             result = decode(spec, pair, prompts, record, reference=DecodeResult([ref.outputs[j] for j in rows], ref.seconds))
         else:
             result = decode(spec, pair, prompts, record, yardsticks=sampled_yardsticks(spec, pair), first_seq=rows.start)
         mine.append((rows, spec.batch_size, result))
-    shares = gather_object([mine])  # every process's list, in rank order
-    if not state.is_main_process:
+    shares = gather(mine)  # every process's list, in rank order
+    if not is_main():
         return
     merged = iter(_merge([s[j] for s in shares]) for j in range(len(mine)))
     for spec, _ in runs:

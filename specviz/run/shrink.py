@@ -25,8 +25,7 @@ from specviz.models.pairs import ModelPair
 from specviz.run.runner import decode, encode, reference_for, run
 from specviz.run.settings import Settings
 from specviz.spec.run import RunSpec, SpecError
-from specviz.trace import share
-from specviz.trace import metrics
+from specviz.trace import metrics, share
 from specviz.trace.records import SequenceRecord, first_difference
 from specviz.trace.schema import Trace
 
