@@ -13,7 +13,11 @@ from specviz.models.pairs import load_pair  # noqa: E402
 from specviz.spec.prompts import builtin_set  # noqa: E402
 from specviz.spec.run import TINY_DRAFT, TINY_TARGET  # noqa: E402
 
-if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on two cores: one torch thread each
+# `make test` runs two workers on two cores: one torch thread each, and one thread for each engine server a
+# worker starts. An engine's threads meet at a barrier after every operation, spinning: with the other worker
+# on one of their cores, each barrier waits for a thread that is not running (llama.cpp took 15x longer so).
+ENGINE_THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
+if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
@@ -95,7 +99,7 @@ class VllmServers:
             self.close()
             self.stack = contextlib.ExitStack()
             self.server = self.stack.enter_context(vllm_server(mode, self.logs / f"{mode}-{dtype}.log", dtype=dtype,
-                                                               eager=True))
+                                                               eager=True, threads=ENGINE_THREADS))
             self.up = (mode, dtype)
         return self.server
 

@@ -7,6 +7,7 @@ import json
 
 import httpx
 import pytest
+from conftest import ENGINE_THREADS
 
 from specviz.engines.dialects import LlamaCpp
 from specviz.engines.llamacpp import llama_server
@@ -35,7 +36,7 @@ def llama(embedded, tmp_path_factory):
     ids = embedded.encode(PROMPTS)
     runs = {}
     for name, (mode, slots) in CONFIGS.items():
-        with llama_server(mode, logs / f"{mode}-{slots}.log", slots=slots, k=K) as server:
+        with llama_server(mode, logs / f"{mode}-{slots}.log", slots=slots, k=K, threads=ENGINE_THREADS) as server:
             runs[name] = from_server(server.url, None, ids, NEW_TOKENS, concurrency=slots,
                                      tokenizer=embedded.tokenizer, launch=server.launch)
     return spec, ids, runs
@@ -106,7 +107,7 @@ def test_a_file_of_raw_llama_cpp_answers_is_read_and_judged(llama, embedded, tmp
     other outputs in places), with a field specviz does not read: every answer read, none an engine-bug."""
     spec, ids, _ = llama
     ask = LlamaCpp("", NEW_TOKENS, 0.0, 1.0, 0, 5)
-    with llama_server("ngram", tmp_path / "ngram.log", slots=4, k=K) as server:
+    with llama_server("ngram", tmp_path / "ngram.log", slots=4, k=K, threads=ENGINE_THREADS) as server:
         dumps = [{"request": ask.request(p, None), "response": httpx.post(f"{server.url}/completion", json=ask.request(p, None),
                                                                            timeout=300).json(), "seq": i}
                  for i, p in enumerate(ids)]
@@ -122,7 +123,7 @@ def test_a_file_of_raw_llama_cpp_answers_is_read_and_judged(llama, embedded, tmp
 
 def test_the_determinism_check_asks_again_and_reports_what_differs(llama, embedded, tmp_path):
     spec = llama[0]
-    with llama_server("ngram", tmp_path / "ngram.log", slots=4, k=K) as server:
+    with llama_server("ngram", tmp_path / "ngram.log", slots=4, k=K, threads=ENGINE_THREADS) as server:
         trace = check.from_servers(spec, embedded, (server.url, None), None, concurrency=4, timeout=300,
                                    determinism=True)
     d = trace.manifest.determinism
@@ -141,7 +142,7 @@ def test_a_sampled_check_of_llama_cpp_speculating_with_the_draft_is_consistent(e
     target's nucleus leaves out (docs/engines.md)."""
     spec = RunSpec.build(prompts=PROMPTS, method="engine", max_new_tokens=NEW_TOKENS, device="cpu", k=K,
                          temperature=0.8)
-    with llama_server("draft", tmp_path / "draft.log", slots=4, k=K) as server:
+    with llama_server("draft", tmp_path / "draft.log", slots=4, k=K, threads=ENGINE_THREADS) as server:
         trace = check.from_servers(spec, embedded, (server.url, None), None, concurrency=4, timeout=300)
     sent = trace.manifest.engine.settings["sampling"]
     assert (sent["temperature"], sent["top_p"], sent["samplers"]) == (0.8, 1.0, ["temperature", "top_k", "top_p"])
