@@ -16,6 +16,7 @@ from specviz.cli import main as cli
 from specviz.decoding.eqspec import eqspec
 from specviz.decoding.reference import batched_reference
 from specviz.decoding.sampling import Sampler, Sampling
+from specviz.forensics.recompute import float64_target, fresh_logits
 from specviz.models.pairs import load_pair
 from specviz.run.runner import run
 from specviz.spec.prompts import builtin_set
@@ -100,6 +101,26 @@ def test_a_broken_engine_is_an_engine_bug_wherever_the_white_box_sees_a_sync_bug
         if w.forensics and w.forensics.verdict.startswith("sync-bug"):
             assert b.forensics.verdict == "engine-bug", (b.seq, b.forensics.explanation)
             assert b.forensics.alpha == 0.01 and "control run" in b.forensics.yardstick
+
+
+def test_the_fork_evidence_is_what_a_fresh_float64_pass_gives(tmp_path, tiny):
+    """The engine's rank at the fork, its float64 margin and both texts' costs after it, read from the outputs
+    teacher-forced once, are those of a fresh batch-size-1 float64 pass over each whole sequence."""
+    trace = _check(tmp_path, "--engine", "test_check:dsd_like", "--control-engine", "test_check:no_speculation")
+    pair = _pair({"dtype": "float32"})
+    truth = float64_target(pair)
+    divergent = [s for s in trace.sequences if s.forensics and s.forensics.output_token is not None]
+    assert divergent
+    for s in divergent:
+        f, prompt, vocab = s.forensics, trace.prompts[s.seq].ids, pair.vocab_size
+        out = fresh_logits(truth, prompt + s.output_ids[:-1], len(s.output_ids), vocab).log_softmax(-1)
+        ref = fresh_logits(truth, prompt + s.reference_ids[:-1], len(s.reference_ids), vocab).log_softmax(-1)
+        z = out[f.fork]
+        assert f.engine_rank == 1 + int((z > z[f.output_token]).sum())
+        assert f.margin_float64 == pytest.approx(float(z[f.reference_token] - z[f.output_token]), abs=1e-9)
+        nll = -out[torch.arange(f.fork, len(s.output_ids)), torch.tensor(s.output_ids[f.fork:])].mean()
+        reference_nll = -ref[torch.arange(f.fork, len(s.reference_ids)), torch.tensor(s.reference_ids[f.fork:])].mean()
+        assert (f.nll, f.reference_nll) == pytest.approx((float(nll), float(reference_nll)), abs=1e-9)
 
 
 def test_without_a_control_run_a_fork_beyond_transformers_rounding_asks_for_one(tmp_path, tiny):

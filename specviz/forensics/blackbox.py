@@ -10,7 +10,7 @@ Verdicts: `numerics` (of that engine), `engine-bug`, `unexplained` with the evid
 """
 from __future__ import annotations
 
-import torch
+import statistics
 
 from specviz.decoding.result import Progress
 from specviz.forensics import enginenoise
@@ -49,7 +49,8 @@ def judge_engine(trace: Trace, forcing: enginenoise.TeacherForcing, truth: str,
         s.gaps = scored["engine", s.seq].gaps
         s.forensics = None
         if s.equivalent is False:
-            s.forensics = _judge(s, forcing, trace.prompts[s.seq].ids, ys)
+            s.forensics = _judge(s, scored["engine", s.seq], _forced_reference(s, forcing, trace.prompts[s.seq].ids,
+                                                                                scored), ys)
     trace.manifest.fidelity = [f for role in ("engine", "control") if (f := _fidelity(trace, scored, role, ys.engine))]
 
 
@@ -96,7 +97,18 @@ def _repeated(ids: list[int]) -> float | None:
     return None if not grams else 1 - len(set(grams)) / len(grams)
 
 
-def _judge(s: SequenceRecord, forced: enginenoise.TeacherForcing, prompt: list[int], ys: Yardsticks) -> EngineForensics:
+def _forced_reference(s: SequenceRecord, forcing: enginenoise.TeacherForcing, prompt: list[int],
+                      scored: dict[tuple[str, int], enginenoise.Forced]) -> enginenoise.Forced:
+    """The reference teacher-forced: the control's, where the control wrote the reference, else forced here."""
+    if s.control is not None and s.control.ids == s.reference_ids and ("control", s.seq) in scored:
+        return scored["control", s.seq]
+    return enginenoise.force(forcing, prompt, s.reference_ids)
+
+
+def _judge(s: SequenceRecord, forced: enginenoise.Forced, reference: enginenoise.Forced,
+           ys: Yardsticks) -> EngineForensics:
+    """A divergent sequence's verdict, from its output and its reference teacher-forced. Up to the fork the two
+    share a prefix, so at the fork both were read off the same logits."""
     f = s.first_divergence
     out, ref = s.output_ids, s.reference_ids
     noise = ys.engine
@@ -107,19 +119,15 @@ def _judge(s: SequenceRecord, forced: enginenoise.TeacherForcing, prompt: list[i
     if s.control is not None and not s.control.error:
         ev.control_fork = first_difference(s.control.ids, ref)
     if ev.output_token is not None:
-        logits = forced(prompt, out)  # again, whole: few sequences diverge, and only these are kept whole
-        z = logits[f]  # the engine's prefix is the reference's up to the fork
-        ev.engine_rank = 1 + int((z > z[ev.output_token]).sum())
+        ev.engine_rank = forced.ranks[f]
         if s.engine.logprobs and f < len(s.engine.logprobs):
             ev.engine_logprob = s.engine.logprobs[f]
-        after = logits[f:].log_softmax(-1)
-        ev.nll = float(-after[torch.arange(len(out) - f), torch.tensor(out[f:])].mean())
+        ev.nll = -statistics.fmean(forced.logprobs[f:])
         ev.repeated = _repeated(out[f:])
         if len(ref) > f:
-            reference_after = forced(prompt, ref)[f:].log_softmax(-1)
-            ev.reference_nll = float(-reference_after[torch.arange(len(ref) - f), torch.tensor(ref[f:])].mean())
-        if ev.reference_token is not None and noise.truth == "float64":
-            ev.margin_float64 = float(z[ev.reference_token] - z[ev.output_token])
+            ev.reference_nll = -statistics.fmean(reference.logprobs[f:])
+            if noise.truth == "float64":  # z[reference token] - z[output token], both as gaps below the top
+                ev.margin_float64 = forced.gaps[f] - reference.gaps[f]
     ev.first_bad = next((i for i in range(f, len(out)) if s.gaps[i] > noise.tolerance), None)
     _engine_verdict(ev, s, noise)
     return ev

@@ -75,21 +75,24 @@ class Forced:
     margins: list[float]  # top-1 minus top-2
     logprobs: list[float]  # the token's log-probability
     spreads: list[float]  # (1 - p_t)^2 + sum over v != t of p_v^2: how noise on the logits moves log p_t
+    ranks: list[int]  # 1 + how many tokens' logits exceed the token's
 
 
 def force(forcing: TeacherForcing, prompt: list[int], output: list[int]) -> Forced:
     """`output` teacher-forced on `prompt`, read down to what the judges need."""
     if not output:
-        return Forced([], [], [], [])
+        return Forced([], [], [], [], [])
     logits = forcing(prompt, output)
     top = logits.topk(2, -1).values
     idx = torch.tensor(output)[:, None]
+    token = logits.gather(1, idx)
     logp = logits.log_softmax(-1)
     p = logp.exp()
     pt = p.gather(1, idx)[:, 0]
-    return Forced(gaps=(top[:, 0] - logits.gather(1, idx)[:, 0]).tolist(), margins=(top[:, 0] - top[:, 1]).tolist(),
+    return Forced(gaps=(top[:, 0] - token[:, 0]).tolist(), margins=(top[:, 0] - top[:, 1]).tolist(),
                   logprobs=logp.gather(1, idx)[:, 0].tolist(),
-                  spreads=((1 - pt) ** 2 + (p ** 2).sum(-1) - pt ** 2).tolist())
+                  spreads=((1 - pt) ** 2 + (p ** 2).sum(-1) - pt ** 2).tolist(),
+                  ranks=(1 + (logits > token).sum(-1)).tolist())
 
 
 def _log_likelihood(sigma: float, departures: list[float], kept: list[float]) -> float:

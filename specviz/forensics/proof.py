@@ -60,7 +60,7 @@ def reference(pair: ModelPair, prompt_ids: list[list[int]], candidates: list[dic
         found = {role: proved(ids, forced, tolerance, pair.eos_ids, budget) for role, (ids, forced) in outputs.items()}
         role = max(found, key=lambda r: (found[r][0], found[r][1] is None), default=None)
         n, stop = found[role] if role else (0, "no output to prove it from")
-        ids, forced = outputs[role] if role else ([], Forced([], [], [], []))
+        ids, forced = outputs[role] if role else ([], Forced([], [], [], [], []))
         known.append(SequenceOutput(ids[:n], forced.margins[:n], proof=ReferenceProof(
             proved=n, decoded=0, source=role or "none", tolerance=tolerance,
             smallest_margin=min(forced.margins[:n], default=None), stop=stop)))

@@ -23,7 +23,7 @@ from specviz.forensics.enginenoise import Forced
 from specviz.spec.run import Many, Map, SpecError, Strict
 from specviz.trace.records import ReferenceProof
 
-VERSION = 1
+VERSION = 2  # 2: each forced output keeps its tokens' ranks
 
 
 class ForcedRecord(Strict):
@@ -31,6 +31,7 @@ class ForcedRecord(Strict):
     margins: Many[float]
     logprobs: Many[float]
     spreads: Many[float]
+    ranks: Many[int]
 
 
 class Row(Strict):
@@ -65,7 +66,7 @@ class Checkpoint:
                 header = None
             if header != self.header:
                 raise SpecError(f"{path} is not this check's checkpoint (another engine, pair, prompt list or "
-                                "budget): remove it, or name another file")
+                                "budget, or an earlier specviz's): remove it, or name another file")
             for line in f:
                 try:
                     row = Row.model_validate_json(line)
