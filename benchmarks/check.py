@@ -2,14 +2,15 @@
 reference decoded token by token, side by side in one process, and a large check's time and peak memory.
 
 The engine is specviz's own eqspec (batch --batch-size, k --k) on the embedded pair, its control the batched
-reference: both correct, as most of a production's rows are. The first table checks --rows prompts (the
+reference: both correct, as most of a production's rows are (--faults breaks the engine, so that rows fork and
+each fork is judged). The first table checks --rows prompts (the
 built-in `all` set, then Spec-Bench's) both ways, each from cold caches (the reference, the yardstick's
 calibration), then again with the calibration measured before (as any later check in the process, the page's
 included, finds it), and says whether the two ways give the same reference ids and verdicts. The second checks --big
 prompts (the built-in prompts, each numbered to make it new) with the proof; its engine outputs are decoded
 first, untimed. Timings on a shared machine are noisy: compare rows of one run.
 
-    python benchmarks/check.py [--rows 36] [--max-new-tokens 48] [--big 1000] [--big-tokens 16]
+    python benchmarks/check.py [--rows 36] [--max-new-tokens 48] [--big 1000] [--big-tokens 16] [--faults F,...]
                                [--out benchmarks/results/check.md]
 """
 import argparse
@@ -49,6 +50,8 @@ def main() -> None:
     ap.add_argument("--big", type=int, default=1000, help="prompts in the large check (0: skip it)")
     ap.add_argument("--big-tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--faults", default="", help="the engine's faults, comma-separated (e.g. dsd-like: most rows "
+                    "fork, and each fork is judged)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -57,11 +60,12 @@ def main() -> None:
     ids = pair.encode(prompts)
     spec = RunSpec.build(prompts=tuple(prompts), method=ENGINE, k=args.k, max_new_tokens=args.max_new_tokens,
                          device="cpu")
-    engine = as_engine("eqspec", eqspec(pair, ids, args.batch_size, args.k, args.max_new_tokens))
+    faults = tuple(f for f in args.faults.split(",") if f)
+    engine = as_engine("eqspec", eqspec(pair, ids, args.batch_size, args.k, args.max_new_tokens, faults=faults))
     control = as_engine("batched-reference", batched_reference(pair, ids, args.batch_size, args.max_new_tokens))
     lines = ["# specviz check: time to a verdict\n",
              (f"{len(ids)} prompts, {args.max_new_tokens} new tokens, embedded pair in float32, greedy; engine: "
-              f"eqspec (batch {args.batch_size}, k {args.k}), control: batched-reference; {args.threads} threads; "
+              f"eqspec (batch {args.batch_size}, k {args.k}{', faults ' + ', '.join(faults) if faults else ''}), control: batched-reference; {args.threads} threads; "
               "each way from cold caches (reference, yardstick calibration), then with the calibration kept.\n"),
              "| reference | seconds | proved tokens | decoded tokens | verdicts |", "|---|---:|---:|---:|---|"]
     traces, seconds_of = {}, {}

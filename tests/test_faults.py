@@ -2,6 +2,7 @@
 forensics names the state it breaks."""
 import pytest
 
+from specviz.decoding.eqspec import eqspec
 from specviz.run.runner import run
 from specviz.spec.faults import FAULTS, PRESETS, STATE_OF, expand
 from specviz.spec.run import RunSpec, SpecError
@@ -82,6 +83,17 @@ def test_presets_expand_and_unknown_faults_are_refused():
         RunSpec.build(prompts=("x",), faults=("nope",))
     with pytest.raises(SpecError, match="faults apply to eqspec, not reference"):
         RunSpec.build(prompts=("x",), method="reference", faults=("no-mask",))
+
+
+def test_the_engine_itself_expands_presets_and_refuses_a_fault_it_does_not_know(tiny):
+    """Called directly (a benchmark, a user's script), not only through a RunSpec: a preset is its faults, and a
+    misspelt fault raises instead of running the correct engine."""
+    ids = tiny.encode(["The capital of France is", "def add(a, b):"])
+    by_preset, by_faults = (eqspec(tiny, ids, 2, 3, 12, faults=f).outputs for f in (("dsd-like",), PRESETS["dsd-like"]))
+    assert [o.ids for o in by_preset] == [o.ids for o in by_faults]
+    assert [o.ids for o in by_preset] != [o.ids for o in eqspec(tiny, ids, 2, 3, 12).outputs]
+    with pytest.raises(ValueError, match="unknown fault 'no-masks'"):
+        eqspec(tiny, ids, 2, 3, 12, faults=("no-masks",))
 
 
 def test_numerics_case_in_bfloat16_is_called_numerics(tiny):

@@ -12,6 +12,7 @@ import torch
 
 from specviz.decoding.batch import positions as mask_positions
 from specviz.decoding.sampling import Sampler, inverse_cdf
+from specviz.spec.faults import expand
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,9 @@ class Policy:
     """The engine's swappable decisions. `Policy(())` is the correct engine."""
 
     faults: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:  # presets expanded: a name the engine does not know raises, never runs correct
+        object.__setattr__(self, "faults", expand(self.faults))
 
     def has(self, fault: str) -> bool:
         return fault in self.faults
