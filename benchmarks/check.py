@@ -65,7 +65,8 @@ def main() -> None:
     control = as_engine("batched-reference", batched_reference(pair, ids, args.batch_size, args.max_new_tokens))
     lines = ["# specviz check: time to a verdict\n",
              (f"{len(ids)} prompts, {args.max_new_tokens} new tokens, embedded pair in float32, greedy; engine: "
-              f"eqspec (batch {args.batch_size}, k {args.k}{', faults ' + ', '.join(faults) if faults else ''}), control: batched-reference; {args.threads} threads; "
+              f"eqspec (batch {args.batch_size}, k {args.k}{', faults ' + ', '.join(faults) if faults else ''}), "
+              f"control: batched-reference; {args.threads} threads; "
               "each way from cold caches (reference, yardstick calibration), then with the calibration kept.\n"),
              "| reference | seconds | proved tokens | decoded tokens | verdicts |", "|---|---:|---:|---:|---|"]
     traces, seconds_of = {}, {}
