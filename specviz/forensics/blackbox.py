@@ -10,7 +10,9 @@ Verdicts: `numerics` (of that engine), `engine-bug`, `unexplained` with the evid
 """
 from __future__ import annotations
 
+import functools
 import statistics
+from collections.abc import Callable
 
 from specviz.decoding.result import Progress
 from specviz.forensics import enginenoise
@@ -49,8 +51,8 @@ def judge_engine(trace: Trace, forcing: enginenoise.TeacherForcing, truth: str,
         s.gaps = scored["engine", s.seq].gaps
         s.forensics = None
         if s.equivalent is False:
-            s.forensics = _judge(s, scored["engine", s.seq], _forced_reference(s, forcing, trace.prompts[s.seq].ids,
-                                                                                scored), ys)
+            reference = functools.partial(_forced_reference, s, forcing, trace.prompts[s.seq].ids, scored)
+            s.forensics = _judge(s, scored["engine", s.seq], reference, ys)
     trace.manifest.fidelity = [f for role in ("engine", "control") if (f := _fidelity(trace, scored, role, ys.engine))]
 
 
@@ -105,10 +107,11 @@ def _forced_reference(s: SequenceRecord, forcing: enginenoise.TeacherForcing, pr
     return enginenoise.force(forcing, prompt, s.reference_ids)
 
 
-def _judge(s: SequenceRecord, forced: enginenoise.Forced, reference: enginenoise.Forced,
+def _judge(s: SequenceRecord, forced: enginenoise.Forced, reference: Callable[[], enginenoise.Forced],
            ys: Yardsticks) -> EngineForensics:
-    """A divergent sequence's verdict, from its output and its reference teacher-forced. Up to the fork the two
-    share a prefix, so at the fork both were read off the same logits."""
+    """A divergent sequence's verdict, from its output teacher-forced and its reference's (`reference()`, forced
+    only where the reference goes past the fork). Up to the fork the two share a prefix, so at the fork both were
+    read off the same logits."""
     f = s.first_divergence
     out, ref = s.output_ids, s.reference_ids
     noise = ys.engine
@@ -125,9 +128,10 @@ def _judge(s: SequenceRecord, forced: enginenoise.Forced, reference: enginenoise
         ev.nll = -statistics.fmean(forced.logprobs[f:])
         ev.repeated = _repeated(out[f:])
         if len(ref) > f:
-            ev.reference_nll = -statistics.fmean(reference.logprobs[f:])
+            forced_ref = reference()
+            ev.reference_nll = -statistics.fmean(forced_ref.logprobs[f:])
             if noise.truth == "float64":  # z[reference token] - z[output token], both as gaps below the top
-                ev.margin_float64 = forced.gaps[f] - reference.gaps[f]
+                ev.margin_float64 = forced.gaps[f] - forced_ref.gaps[f]
     ev.first_bad = next((i for i in range(f, len(out)) if s.gaps[i] > noise.tolerance), None)
     _engine_verdict(ev, s, noise)
     return ev
