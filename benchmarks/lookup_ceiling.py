@@ -3,21 +3,25 @@ rules replayed on the exact greedy reference, no timing.
 
 Greedy lookup eqspec writes the batch-size-1 reference (the equivalence grids check it), so its rounds at batch
 size 1 can be replayed from the reference alone: at each round the row's history is its prompt and the reference
-so far; the rule proposes tokens; the leading ones equal to the reference's next are accepted, and the target
-adds one. Tokens per round is then exact, and it bounds the speed-up over the reference wherever a verify pass
-costs what a one-token pass does (this CPU with the packed kernels, docs/benchmarks.md). The rules: PromptLookup's
-own (the longest n-gram in range, its earliest match, up to k tokens), over several n ranges, and caps on the
-tokens proposed by the length of the match.
+so far; PromptLookup itself proposes tokens, a rule may cap them; the leading ones equal to the reference's next
+are accepted, and the target adds one. Tokens per round is then exact, and it bounds the speed-up over the
+reference wherever a verify pass costs what a one-token pass does (this CPU with the packed kernels,
+docs/benchmarks.md). The rules: PromptLookup's own (the longest n-gram in range, its earliest match, up to k
+tokens), over several n ranges, and caps on the tokens proposed by the length of the match.
 
     python benchmarks/lookup_ceiling.py [--prompt-set summarize+code] [--k 5] [--max-new-tokens 48]
                                         [--out benchmarks/results/lookup-ceiling.md]
 """
 import argparse
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
+from specviz.decoding.drafters import PromptLookup
+from specviz.decoding.faults import Policy
 from specviz.decoding.reference import reference
+from specviz.decoding.sampling import GREEDY
 from specviz.models.pairs import load_pair
 from specviz.spec.prompts import builtin_set
 from publish import publish
@@ -27,24 +31,25 @@ CAPS = {"k": lambda n, k: k, "1 after a 1-gram": lambda n, k: 1 if n == 1 else k
 RANGES = ((2, 3), (1, 3), (1, 4), (2, 4), (3, 4))
 
 
-def earliest_match(history: list[int], min_n: int, max_n: int) -> tuple[int, int] | None:
-    """(where the tokens after the match start, n) for the longest n with a match, its earliest; None if none."""
-    for n in range(min(max_n, len(history) - 1), min_n - 1, -1):
-        tail = history[-n:]
-        for i in range(len(history) - n):
-            if history[i:i + n] == tail:
-                return i + n, n
-    return None
+def proposal(lookups: dict[int, PromptLookup], history: list[int], min_n: int, max_n: int, k: int, cap) -> list[int]:
+    """What PromptLookup offers on `history`, capped by the length n of the match it took: its longest n with a
+    match is the first n, from max_n down, for which the lookup of n alone (`lookups[n]`) offers anything."""
+    batch = SimpleNamespace(tokens=torch.tensor([history]), valid=torch.ones(1, len(history), dtype=torch.bool))
+    for n in range(max_n, min_n - 1, -1):
+        offer = lookups[n].propose(Policy(()), batch, k, GREEDY, torch.zeros(1), torch.zeros(1))
+        count = int(offer.counts[0])
+        if count:
+            return offer.tokens[0, : min(count, cap(n, k))].tolist()
+    return []
 
 
-def tokens_per_round(prompts: list[list[int]], refs: list[list[int]], min_n: int, max_n: int, k: int, cap) -> float:
+def tokens_per_round(lookups: dict[int, PromptLookup], prompts: list[list[int]], refs: list[list[int]], min_n: int,
+                     max_n: int, k: int, cap) -> float:
     tokens = rounds = 0
     for prompt, ref in zip(prompts, refs):
         done = 0
         while done < len(ref):
-            history = prompt + ref[:done]
-            match = earliest_match(history, min_n, max_n)
-            offered = history[match[0]:match[0] + cap(match[1], k)] if match else []
+            offered = proposal(lookups, prompt + ref[:done], min_n, max_n, k, cap)
             accepted = next((i for i, t in enumerate(offered) if done + i >= len(ref) or t != ref[done + i]),
                             len(offered))
             done += min(accepted + 1, len(ref) - done)
@@ -62,13 +67,14 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(2)
     pair = load_pair(dtype="float32", device="cpu")
+    lookups = {n: PromptLookup(pair, n, n) for n in range(1, max(n for _, n in RANGES) + 1)}
     prompts = pair.encode(builtin_set(args.prompt_set))
     refs = [o.ids for o in reference(pair, prompts, args.max_new_tokens).outputs]
     lines = [f"# Prompt lookup's ceiling: {args.prompt_set}, {len(prompts)} prompts, {args.max_new_tokens} tokens, "
              f"k {args.k}, batch size 1\n", "| n-grams | " + " | ".join(f"cap {c}" for c in CAPS) + " |",
              "|---|" + "---:|" * len(CAPS)]
     for min_n, max_n in RANGES:
-        row = [tokens_per_round(prompts, refs, min_n, max_n, args.k, cap) for cap in CAPS.values()]
+        row = [tokens_per_round(lookups, prompts, refs, min_n, max_n, args.k, cap) for cap in CAPS.values()]
         lines.append(f"| {min_n}-{max_n} | " + " | ".join(f"{x:.3f}" for x in row) + " |")
         print(lines[-1], flush=True)
     lines.append("\nTokens per round: the speed-up over the reference where a verify pass costs a one-token pass.")
