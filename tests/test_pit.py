@@ -74,7 +74,17 @@ def test_chunked_pit_equals_a_direct_computation(monkeypatch):
     assert np.isnan(u[5]) and mass[5] == 0
     keep = np.arange(13) != 5
     assert np.allclose(u[keep], np.array(direct)[keep], rtol=0, atol=1e-15)
-    assert np.array_equal(mass, probs[torch.arange(13), tokens].numpy())
+    assert np.allclose(mass, probs[torch.arange(13), tokens].numpy(), rtol=0, atol=1e-15)
+
+
+def test_a_float32_row_that_sums_over_1_keeps_its_pit_in_the_unit_interval():
+    """A float32 softmax sums to 1 within its rounding; the least probable token drawn at the top of its interval
+    once gave u = 1 + 1e-7, and the run died in the uniformity test (seen on an AVX2 CPU, residual-unclamped)."""
+    probs = torch.tensor([[0.5, 0.3, 0.2000001]], dtype=torch.float32)
+    assert probs.double().sum() > 1
+    u, mass = pit(probs, torch.tensor([2]), torch.tensor([1 - 1e-12], dtype=torch.float64))
+    assert 0.99 < u[0] <= 1 and mass[0] == pytest.approx(0.2, abs=1e-6)
+    uniformity(np.concatenate([u, np.linspace(0.01, 0.99, 60)]), "all tokens")  # raises on a value above 1
 
 
 def test_the_verdict_is_not_anticonservative():

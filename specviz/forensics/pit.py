@@ -26,22 +26,25 @@ CHUNK = 1 << 22  # elements of probs summed at once: 32 MB in float64, whatever 
 def pit(probs: torch.Tensor, tokens: torch.Tensor, draws: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """(u, mass) per token: u = F(x-) + draw * p(x), mass = p(x), both float64.
 
-    probs (n, V): the target's probabilities after temperature/top-k/top-p, rows summing to 1; tokens (n,) the
-    emitted ids; draws (n,) uniform on (0, 1), independent of everything else. F(x-) is summed a chunk of rows at
-    a time, so no (n, V) float64 temporary exists. A token the target gives probability 0 gets u = NaN: it is
-    impossible under the target, and callers count it apart.
+    probs (n, V): the target's probabilities after temperature/top-k/top-p, rows summing to 1 within their
+    dtype's rounding; tokens (n,) the emitted ids; draws (n,) uniform on (0, 1), independent of everything else.
+    Each row is renormalised in float64, so u stays in [0, 1] where a float32 row sums to 1 + 1e-7 (an unlikely
+    token drawn near the top of its interval went over 1 so). F(x-) is summed a chunk of rows at a time, so no
+    (n, V) float64 temporary exists. A token the target gives probability 0 gets u = NaN: it is impossible under
+    the target, and callers count it apart.
     """
     n, vocab = probs.shape
     ids = torch.arange(vocab, device=probs.device)
-    below = torch.empty(n, dtype=torch.float64, device=probs.device)
+    below, total = (torch.empty(n, dtype=torch.float64, device=probs.device) for _ in range(2))
     step = max(1, CHUNK // vocab)
     for i in range(0, n, step):
         p, x = probs[i:i + step].double(), tokens[i:i + step, None]
         px = p.gather(1, x)
         ranked_before = (p > px) | ((p == px) & (ids < x))  # more probable, or as probable with a smaller id
         below[i:i + step] = torch.where(ranked_before, p, 0).sum(1)
-    mass = probs.gather(1, tokens[:, None])[:, 0].double()
-    u = below + draws.to(below) * mass
+        total[i:i + step] = p.sum(1)
+    mass = probs.gather(1, tokens[:, None])[:, 0].double() / total
+    u = (below / total + draws.to(below) * mass).clamp(max=1.0)  # float64's own last bit aside, u < 1 already
     u[mass == 0] = math.nan
     return u.cpu().numpy(), mass.cpu().numpy()
 
