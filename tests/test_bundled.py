@@ -21,10 +21,16 @@ def test_a_bundled_trace_is_current_and_is_what_the_engine_writes_today(name):
     assert json.loads(raw)["schema_version"] == SCHEMA_VERSION, "the schema moved on: run `make traces`"
     bundled = Trace.from_json(raw)
     today = run(bundled.manifest.spec)
-    assert today.manifest.fingerprint == bundled.manifest.fingerprint, "the engine moved on: run `make traces`"
-    for b, t in zip(bundled.sequences, today.sequences, strict=True):
-        assert (b.output_ids, b.reference_ids, b.first_divergence) == (t.output_ids, t.reference_ids, t.first_divergence)
-        assert (b.forensics and b.forensics.verdict) == (t.forensics and t.forensics.verdict)
+    kinds = [{s.forensics.verdict.split(":")[0] for s in t.sequences if s.forensics} for t in (bundled, today)]
+    assert kinds[0] and kinds[1] <= kinds[0], "the engine tells another story: run `make traces`"
+    # Other vector kernels (an AVX-512 CPU against the AVX2 one that recorded them) round float32 and bfloat16
+    # logits otherwise, and a near-tie may fall the other way: token for token only on the kernels that wrote it.
+    if bundled.manifest.spec.dtype == "float64" or today.manifest.device_name == bundled.manifest.device_name:
+        assert today.manifest.fingerprint == bundled.manifest.fingerprint, "the engine moved on: run `make traces`"
+        for b, t in zip(bundled.sequences, today.sequences, strict=True):
+            assert (b.output_ids, b.reference_ids, b.first_divergence) == (t.output_ids, t.reference_ids,
+                                                                           t.first_divergence)
+            assert (b.forensics and b.forensics.verdict) == (t.forensics and t.forensics.verdict)
     # The page's example of the same name is this spec: it opens at once.
     example = ui.spec_from_controls(*[{**ui.DEFAULTS, **ui.EXAMPLES[name]}[n] for n in list(ui.DEFAULTS)[:5]], None,
                                     *[{**ui.DEFAULTS, **ui.EXAMPLES[name]}[n] for n in list(ui.DEFAULTS)[5:]])

@@ -32,9 +32,21 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+def _cpu_name() -> str:
+    """The CPU's model and the vector kernels torch chose on it: float32 and bfloat16 logits round by both, so two
+    CPUs of one architecture can write different tokens (an AVX2 and an AVX-512 machine did)."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), model)
+    except OSError:  # not Linux
+        pass
+    return f"{model[:150]} ({torch.backends.cpu.get_cpu_capability()})"
+
+
 def _environment(pair: ModelPair) -> dict:
     dev = pair.device
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or platform.machine())
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_name()
     return {
         "versions": {
             "specviz": _version("specviz"),
