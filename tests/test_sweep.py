@@ -120,7 +120,8 @@ def test_verify_sweeps_temperatures_judging_greedy_runs_by_tokens_and_sampled_on
     greedy, sampled, faulty = found.rows
     assert greedy.exact_pct == 100 and greedy.distribution is None and greedy.sampled_verdict is None
     assert found.spec_of(0).top_p == 1 and found.spec_of(1).top_p == 0.5  # the greedy run leaves top-p out
-    assert sampled.exact_pct is None and sampled.sampled_verdict == sampled.distribution.verdict != "not the target's distribution"
+    assert sampled.exact_pct is None
+    assert sampled.sampled_verdict == sampled.distribution.verdict != "not the target's distribution"
     assert faulty.sampled_verdict == "sampler-bug:decisions" and faulty.decisions.mismatches > 0
     assert [s.temperature for s in found.sequences] == [0.0] * 4 + [0.8] * 8
     html = sweepviews.heatmap_html(found)

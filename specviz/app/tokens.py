@@ -209,9 +209,9 @@ def grid_html(trace: Trace, focus: Focus) -> str:
                     f" (the round's widest row was offered {widths[r.round]})" if k < widths[r.round] else "")
             else:
                 offered = no_drafts(trace, start - len(r.emitted))
+            fork = "first divergence" if s.equivalent is False else "its state found corrupt"
             tip = (f"seq {s.seq} · round {r.round} (its {n + 1}.) · {offered} · "
-                   f"emitted {len(r.emitted)}" + (f" · {'first divergence' if s.equivalent is False else 'its state found corrupt'}"
-                                                  if r.round == fr else "")
+                   f"emitted {len(r.emitted)}" + (f" · {fork}" if r.round == fr else "")
                    + (" · audit: the target's state left rounding here" if r.round == s.audit_round else "")
                    + (" · audit: the draft's state left rounding here" if r.round == s.audit_draft_round else "")
                    + (f" · {bad} token(s) impossible under the target" if bad else "")

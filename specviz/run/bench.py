@@ -83,7 +83,7 @@ def _write(args, spec: RunSpec, rows: list[dict]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     base = rows[0]["method"] if rows[0]["method"] == "reference" else f"{rows[0]['method']} bs {rows[0]['batch_size']}"
     head = (f"| method | drafter | bs | tok/s | vs {base} | acceptance | tokens/round | draft | verify | realign | trace "
-            "| group rate | P50 s | P90 s | P99 s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+            "| group rate | P50 s | P90 s | P99 s |\n|---|---|" + "---:|" * 13 + "\n")
     body = "".join(
         f"| {r['method']} | {r['drafter']} | {r['batch_size']} | {r['tokens_per_s']:.1f} | {r['vs_base']:.2f}x | "
         f"{_fmt(r.get('acceptance'))} | {_fmt(r.get('tokens_per_round'))} | {_fmt(r.get('draft_share'), True)} | "
