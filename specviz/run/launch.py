@@ -4,6 +4,7 @@ function is the plain single-process case and nothing is started.
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import math
 import os
@@ -26,7 +27,11 @@ def world_size() -> int:
 def _state():
     from accelerate import PartialState
 
-    return PartialState(cpu=not torch.cuda.is_available())  # gloo between CPU processes, else NCCL
+    state = PartialState(cpu=not torch.cuda.is_available())  # gloo between CPU processes, else NCCL
+    # The group must close while the interpreter is alive: gloo's threads still hold tensors, and a process that
+    # left them to its teardown died with SIGABRT ("terminate called without an active exception", pytorch#190489).
+    atexit.register(state.destroy_process_group)
+    return state
 
 
 def rank() -> int:
