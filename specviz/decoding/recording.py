@@ -5,6 +5,7 @@ The engine records tensors in bulk; Python objects are built here, once.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import hashlib
 import json
 import platform
@@ -32,6 +33,7 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+@functools.cache  # read /proc/cpuinfo once per process, not once per trace
 def _cpu_name() -> str:
     """The CPU's model and the vector kernels torch chose on it: float32 and bfloat16 logits round by both, so two
     CPUs of one architecture can write different tokens (an AVX2 and an AVX-512 machine did)."""
