@@ -1,13 +1,15 @@
-"""The embedded pair's linear layers through MKL (`F.linear`) and through oneDNN with packed weights
-(specviz/models/kernels.py), side by side in one run on this machine.
+"""The embedded pair's linear layers through `F.linear` (MKL's sgemm in float32) and through oneDNN with packed
+weights (specviz/models/kernels.py), side by side in one run on this machine; in float32, or in bfloat16 on a CPU
+without oneDNN's bfloat16 GEMM (there the packed kernels widen it to float32).
 
 First each of the target's GEMM shapes alone, at 1 and --batch-size rows; then the reference (batch size 1),
 batched-reference and eqspec (--batch-size, k) on the same prompts, each decoded with one kernel and then the
-other, and every output compared with the batch-size-1 reference of the plain kernels. Model loading is
-excluded; a short warm-up precedes each row. Timings on a shared machine are noisy: quote the ratios of one run.
+other, and every output compared with the batch-size-1 reference of `F.linear` (in bfloat16 the two kernels
+round apart, so some outputs fork: both are correct). Model loading is excluded; a short warm-up precedes each
+row. Timings on a shared machine are noisy: quote the ratios of one run.
 
     python benchmarks/linear_kernels.py [--prompt-set all] [--max-new-tokens 48] [--batch-size 8] [--k 5] [--threads 2]
-                                 [--out benchmarks/results/linear-kernels.md]
+                                 [--dtype float32] [--out benchmarks/results/linear-kernels.md]
 """
 import argparse
 import time
@@ -21,8 +23,6 @@ from specviz.run.runner import decode
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import RunSpec
 
-KERNELS = ("MKL (F.linear)", f"oneDNN ({kernels.NAME})")
-
 
 def per_call_us(f, calls: int = 30) -> float:
     f()
@@ -33,14 +33,14 @@ def per_call_us(f, calls: int = 30) -> float:
 
 
 @torch.inference_mode()
-def gemm_rows(pair, batch_size: int) -> list[str]:
+def gemm_rows(pair, batch_size: int, dtype: torch.dtype) -> list[str]:
     layer = pair.target.model.layers[0]
     shapes = {"q": layer.self_attn.q_proj, "k, v": layer.self_attn.k_proj, "o": layer.self_attn.o_proj,
               "gate, up": layer.mlp.gate_proj, "down": layer.mlp.down_proj, "output head": pair.target.lm_head}
     rows = []
     for name, linear in shapes.items():
         for n in (1, batch_size):
-            x = torch.randn(n, linear.in_features)
+            x = torch.randn(n, linear.in_features, dtype=dtype)
             plain = per_call_us(lambda: torch.nn.functional.linear(x, linear.weight))
             packed = per_call_us(lambda: linear(x))
             rows.append(f"| {name} | {linear.out_features} x {linear.in_features} | {n} | {plain:.0f} | {packed:.0f} "
@@ -55,33 +55,37 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--out", type=Path, help="also write the tables here (Markdown)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    pair = load_pair(dtype="float32", device="cpu")
-    if pair.info.get("linear_kernels") != kernels.NAME:
-        raise SystemExit("this torch has no oneDNN: nothing to compare")
+    pair = load_pair(dtype=args.dtype, device="cpu")
+    packed = pair.info.get("linear_kernels")
+    if packed is None:
+        raise SystemExit(f"here {args.dtype} runs on F.linear (no oneDNN, or its own {args.dtype} GEMM): nothing to "
+                         "compare")
+    names = (f"F.linear{' (MKL)' if args.dtype == 'float32' else ''}", f"oneDNN ({packed})")
     prompts = builtin_set(args.prompt_set)
     ids = pair.encode(prompts)
     setup = (f"{len(ids)} prompts of the {args.prompt_set!r} set, {args.max_new_tokens} new tokens, embedded pair in "
-             f"float32, greedy, {args.threads} threads, torch {torch.__version__}")
+             f"{args.dtype}, greedy, {args.threads} threads, torch {torch.__version__}")
     print(setup)
-    lines = [f"# Linear kernels: MKL against oneDNN with packed weights\n\n{setup}.\n",
-             "| GEMM | weight | rows | MKL us | oneDNN us | speed-up |", "|---|---|---:|---:|---:|---:|",
-             *gemm_rows(pair, args.batch_size), "",
+    lines = [f"# Linear kernels: F.linear against oneDNN with packed weights\n\n{setup}.\n",
+             "| GEMM | weight | rows | F.linear us | oneDNN us | speed-up |", "|---|---|---:|---:|---:|---:|",
+             *gemm_rows(pair, args.batch_size, pair.dtype), "",
              "| method | configuration | kernels | equal to reference | tok/s | speed-up |", "|---|---|---|---|---:|---:|"]
     print("\n".join(lines[1:]))
 
     def spec(method: str, batch_size: int) -> RunSpec:
         return RunSpec.build(prompts=tuple(prompts), method=method, batch_size=batch_size, k=args.k,
-                             max_new_tokens=args.max_new_tokens, device="cpu", dtype="float32")
+                             max_new_tokens=args.max_new_tokens, device="cpu", dtype=args.dtype)
 
     reference = None
     for method, bs in (("reference", 1), ("batched-reference", args.batch_size), ("eqspec", args.batch_size)):
         rates = []
-        for name in KERNELS:
-            (kernels.unpack_linears if name == KERNELS[0] else kernels.pack_linears)(pair.target)
-            (kernels.unpack_linears if name == KERNELS[0] else kernels.pack_linears)(pair.draft)
+        for name in names:
+            (kernels.unpack_linears if name == names[0] else kernels.pack_linears)(pair.target)
+            (kernels.unpack_linears if name == names[0] else kernels.pack_linears)(pair.draft)
             decode(spec(method, 2).model_copy(update={"max_new_tokens": 4}), pair, ids[:2], record=False)  # warm-up
             result = decode(spec(method, bs), pair, ids, record=False)
             outputs = [o.ids for o in result.outputs]

@@ -1,6 +1,7 @@
 """The CPU float32 linear layers through oneDNN with packed weights (specviz/models/kernels.py)."""
 import copy
 
+import pytest
 import torch
 
 from specviz.decoding.eqspec import eqspec
@@ -74,3 +75,37 @@ def test_batched_methods_on_packed_kernels_equal_their_batch_size_1_reference(mi
     with torch.inference_mode():
         x = torch.tensor([prompts[0]])
         assert torch.allclose(plain(x).logits, pair.target(x).logits, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_linear_widened_to_float32_is_a_correct_gemm_in_its_dtype(monkeypatch, dtype):
+    """Where oneDNN has no GEMM for the dtype (forced here, so that every CPU runs it): more than one row sums in
+    float32 on the packed weight and rounds once: off the float64 truth by at most the dtype's rounding of the
+    result plus float32's textbook bound on a sum of n products, as `F.linear` in that dtype is; one row stays on
+    `F.linear`, bit for bit."""
+    monkeypatch.setattr(kernels, "WIDENED", frozenset({dtype}))
+    linear = packed_linear(out_features=300, in_features=200).to(dtype)
+    x = torch.randn(2, 7, 200).to(dtype)
+    with torch.inference_mode():
+        wide = linear(x)
+        assert "_packed" in linear.__dict__ and wide.dtype == dtype
+        plain = torch.nn.functional.linear(x, linear.weight, linear.bias)
+        truth = torch.nn.functional.linear(x.double(), linear.weight.double(), linear.bias.double())
+        scale = torch.nn.functional.linear(x.double().abs(), linear.weight.double().abs(), linear.bias.double().abs())
+        bound = torch.finfo(dtype).eps * truth.abs() + 200 * torch.finfo(torch.float32).eps * scale
+        for y in (wide, plain):
+            assert ((y.double() - truth).abs() <= bound).all()
+        assert (wide != plain).float().mean() < 0.01  # the same map, summed in another order
+        one = x[:1, :1]
+        assert torch.equal(linear(one), torch.nn.functional.linear(one, linear.weight, linear.bias))
+
+
+def test_a_half_precision_pair_says_which_kernels_its_linears_run_on():
+    """bfloat16 is widened only on a CPU without oneDNN's bfloat16 GEMM (AVX2 without AVX-512); the trace's pair
+    says so wherever it is."""
+    pair = load_pair(TINY_TARGET, TINY_DRAFT, dtype="bfloat16", device="cpu")
+    if torch.bfloat16 in kernels.WIDENED:
+        assert pair.info["linear_kernels"] == "onednn-packed, bfloat16 widened to float32 above one row"
+        assert type(pair.target.lm_head) is kernels.PackedLinear
+    else:
+        assert "linear_kernels" not in pair.info and type(pair.target.lm_head) is torch.nn.Linear

@@ -242,8 +242,9 @@ def _cached_pair(target: str, draft: str, target_revision: str | None, draft_rev
     else:
         tgt = tgt.to(dev)
     tgt, drf = tgt.eval(), drf.to(dev).eval()
-    if dev.type == "cpu" and torch_dtype == torch.float32 and kernels.pack_linears(tgt) and kernels.pack_linears(drf):
-        info["linear_kernels"] = kernels.NAME
+    linear_kernels = kernels.name_for(torch_dtype) if dev.type == "cpu" else None
+    if linear_kernels and kernels.pack_linears(tgt) and kernels.pack_linears(drf):
+        info["linear_kernels"] = linear_kernels
     vocab = min(tgt.get_output_embeddings().weight.shape[0], drf.get_output_embeddings().weight.shape[0], len(tokenizer))
     return ModelPair(tgt, drf, tokenizer, eos_ids_of(tgt, tokenizer), vocab, dev, torch_dtype, info)
 
