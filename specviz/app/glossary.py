@@ -102,7 +102,9 @@ def glossary(trace: Trace | None) -> str:
         ("**engine rounding** = the engine's own noise on a logit difference, fitted to its control run (the same "
          "engine without speculation, which holds no speculation bug): the gaps where the control departs from the "
          "target's float64 argmax and the margins where it does not (and its log-probabilities, where given); its "
-         "tolerance is the 99th percentile at the 95% upper bound (without a control, transformers' own rounding)"),
+         "tolerance is the gap that every token of a correct output stays within with probability 99% (its 1 - 0.01 / n "
+         "quantile, n the output's budget of tokens) at the 95% upper bound (without a control, transformers' own "
+         "rounding)"),
         ("**engine-bug** = a token at or after the fork has a gap beyond the engine's own rounding; `numerics` = "
          "every gap from the fork on within it; without a control run a gap beyond transformers' rounding is "
          "`unexplained`, asking for one"),

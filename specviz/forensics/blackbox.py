@@ -70,14 +70,16 @@ def _engine_noise(trace: Trace, scored: dict, truth: str, rounding: float) -> En
                for x in enginenoise.sigma_from_logprobs(forced, s.control.logprobs)]
     sigma_lp = enginenoise.robust_sigma(squares)
     departures = sorted((g for g in gaps if g > 0), reverse=True)
+    budget = trace.manifest.spec.max_new_tokens
     return EngineNoise(
         source="control", truth=truth, tokens=len(gaps), departures=departures[: enginenoise.MAX_DEPARTURES],
         sigma=fit and fit[0], sigma_upper=fit and fit[1], sigma_logprobs=sigma_lp, rounding=rounding,
-        tolerance=enginenoise.tolerance(fit and fit[1], sigma_lp), alpha=enginenoise.ALPHA,
+        tolerance=enginenoise.tolerance(fit and fit[1], sigma_lp, budget), alpha=enginenoise.ALPHA,
         method=(f"the control's {len(gaps)} tokens teacher-forced through the target in {truth}: {len(departures)} "
                 "depart from its argmax; a Gaussian noise on logit differences fitted to those gaps and to the "
                 "margins of the tokens it kept" + (f", and to {len(squares)} log-probabilities" if squares else "")
-                + "; tolerance: its 99th percentile at the 95% upper bound"))
+                + f"; tolerance: at the 95% upper bound, the gap all {budget} tokens of a correct output stay "
+                f"within with probability 1 - alpha (its 1 - alpha / {budget} quantile)"))
 
 
 def _fidelity(trace: Trace, scored: dict, role: str, noise: EngineNoise) -> Fidelity | None:
@@ -141,7 +143,8 @@ def _engine_verdict(ev: EngineForensics, s: SequenceRecord, noise: EngineNoise) 
     f = ev.fork
     control = s.control is not None and not s.control.error
     control_same = control and ev.control_fork == f and f < len(s.control.ids) and s.control.ids[f] == ev.output_token
-    own = control_same and ev.first_bad == f  # the fork token is beyond rounding, and the control wrote it too
+    # The first token beyond rounding was the control's too, on the same prefix: speculation did not write it.
+    own = control_same and ev.first_bad is not None and s.control.ids[: ev.first_bad + 1] == s.output_ids[: ev.first_bad + 1]
     changed = (" The same engine without speculation follows the reference there" +
                ("" if ev.control_fork is None else f" (it departs only at token {ev.control_fork})") +
                ": speculation changed the output." if control and (ev.control_fork is None or ev.control_fork > f) else "")
@@ -161,10 +164,12 @@ def _engine_verdict(ev: EngineForensics, s: SequenceRecord, noise: EngineNoise) 
                           f"choice: {noise.describe()}. A near-tie that rounding tipped." + changed
                           + (" The same engine without speculation writes the same token here." if control_same else ""))
     elif own:
-        ev.explanation = (f"At token {f} the engine's token is {s.gaps[f]:.3g} logits below the target's choice in "
-                          f"{noise.truth}, beyond the tolerance ({noise.describe()}), but the same engine without "
-                          "speculation writes the same token here: speculation did not change it. The engine departs "
-                          "from the model with or without speculation: compare its weights and kernels with the target's.")
+        where = "the fork" if ev.first_bad == f else f"token {ev.first_bad}, after the fork,"
+        ev.explanation = (f"At {where} the engine's token is {s.gaps[ev.first_bad]:.3g} logits below the target's "
+                          f"choice in {noise.truth}, beyond the tolerance ({noise.describe()}), but the same engine "
+                          "without speculation writes the same tokens up to there: speculation did not change them. "
+                          "The engine departs from the model with or without speculation: compare its weights and "
+                          "kernels with the target's.")
     else:
         where = "The fork token" if ev.first_bad == f else f"Token {ev.first_bad}, after the fork,"
         beyond = (f"{where} sits {s.gaps[ev.first_bad]:.3g} logits below what the target itself would write on that "

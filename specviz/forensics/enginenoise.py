@@ -13,8 +13,10 @@ gap g has probability P(noise > g); a kept token of margin m has P(noise < m). s
 maximum-likelihood fit to both (a censored sample: departures alone would only show that
 noise reached somewhere), with a likelihood-ratio 95% upper bound; where the engine gave
 log-probabilities, their departures from float64 read the same sigma directly. A fork is
-that engine's numerics while its float64 gap stays within z(1 - alpha) times the larger of
-the two. Without a control, only transformers' own rounding in the dtype is known.
+that engine's numerics while every float64 gap from the fork on stays within z(1 - alpha / n)
+times the larger of the two, n the output's budget of tokens: each of them is compared, so
+the false-alarm rate alpha holds per output, not per token. Without a control, only
+transformers' own rounding in the dtype is known.
 """
 from __future__ import annotations
 
@@ -132,6 +134,8 @@ def robust_sigma(scaled_squares: list[float]) -> float | None:
     return math.sqrt(float(torch.tensor(scaled_squares).median()) / stats.chi2.ppf(0.5, 1))
 
 
-def tolerance(sigma_upper: float | None, sigma_logprobs: float | None, alpha: float = ALPHA) -> float:
-    """The largest float64 gap the engine's rounding explains at false-alarm rate alpha."""
-    return stats.norm.isf(alpha) * max(x for x in (sigma_upper, sigma_logprobs, 0.0) if x is not None)
+def tolerance(sigma_upper: float | None, sigma_logprobs: float | None, tokens: int, alpha: float = ALPHA) -> float:
+    """The largest float64 gap the engine's rounding explains in an output of up to `tokens` tokens, every one of
+    which is compared with it: a correct output stays within it throughout with probability at least 1 - alpha
+    (alpha / tokens a token; one token's 1% would raise a false alarm in one output of three or so)."""
+    return stats.norm.isf(alpha / max(tokens, 1)) * max(x for x in (sigma_upper, sigma_logprobs, 0.0) if x is not None)

@@ -70,7 +70,7 @@ class EngineNoise(Strict):
         lp = "" if self.sigma_logprobs is None else f", {self.sigma_logprobs:.3g} from its log-probabilities"
         return (f"this engine's own rounding explains gaps up to {self.tolerance:.3g} (from its control run: "
                 f"{self.tokens} tokens, {seen}; noise sigma at most {self.sigma_upper:.3g}{lp}; false-alarm rate "
-                f"{self.alpha:g})")
+                f"{self.alpha:g} an output)")
 
 
 class Fidelity(Strict):
