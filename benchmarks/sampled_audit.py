@@ -7,8 +7,8 @@ row audited, and each state bug planted in the engine's source by tests/test_mut
 and bug: the verdicts the audit names, how many sequences it names, how many sequences hold a token
 the target gives probability 0 and whether each of those was named at or before that token, and the distribution
 verdict beside it, and the run's sampled verdict (metrics.sampled_verdict). shared-stream runs one prompt in 16
-rows (rows that share a stream show only on the same prompt). Then eqspec and exspec without faults, --seeds seeds each: sequences named, audited rounds beyond
-the yardstick, impossible tokens.
+rows (rows that share a stream show only on the same prompt). Then eqspec and exspec without faults, --seeds seeds
+each: sequences named, audited rounds beyond the yardstick, impossible tokens.
 
     python benchmarks/sampled_audit.py [--prompt-set quick] [--max-new-tokens 24] [--top-p 0.5] [--faults F …]
                                        [--planted BUG …] [--seeds 20] [--out benchmarks/results/sampled-audit.md]

@@ -71,7 +71,8 @@ def main() -> None:
         f"{len(report.rows)} runs, {len(report.sequences)} sequences, report {len(data) / 2**20:.2f} MiB "
         f"(`specviz {' '.join(VERIFY)} --json {args.report}`). {args.repeats} repeats of everything the page's server "
         f"does to show it, the page's own handlers: open the file (read, validate), render every view of the Sweep tab "
-        f"with its share link, serialize each figure (to_json, as Gradio does), and list the runs for the compare tab.\n\n{table}\n\nMachine: {machine}. "
+        f"with its share link, serialize each figure (to_json, as Gradio does), and list the runs for the compare tab."
+        f"\n\n{table}\n\nMachine: {machine}. "
         f"Made by `OMP_NUM_THREADS=1 python benchmarks/sweep_render.py`.\n")
     print(f"wrote {RESULT}")
 
