@@ -336,7 +336,7 @@ def test_an_engine_judged_against_itself_as_its_own_control_is_never_an_engine_b
     so whatever their gaps, speculation wrote none of them; the tokens after a fork are as much the control's as
     the fork itself."""
     trace = _check(tmp_path, "--engine", "test_check:heavy_noisy", "--control-engine", "test_check:heavy_noisy",
-                   "--prompt-set", "spec-bench", "--max-new-tokens", "48")
+                   "--max-new-tokens", "48")
     assert all(s.engine.ids == s.control.ids for s in trace.sequences)
     forks = [s.forensics for s in trace.sequences if s.forensics]
     assert forks and "engine-bug" not in {f.verdict for f in forks}, [f.explanation for f in forks]
