@@ -144,7 +144,7 @@ def _engine_verdict(ev: EngineForensics, s: SequenceRecord, noise: EngineNoise) 
     control = s.control is not None and not s.control.error
     control_same = control and ev.control_fork == f and f < len(s.control.ids) and s.control.ids[f] == ev.output_token
     # The first token beyond rounding was the control's too, on the same prefix: speculation did not write it.
-    own = control_same and ev.first_bad is not None and s.control.ids[: ev.first_bad + 1] == s.output_ids[: ev.first_bad + 1]
+    own = control and ev.first_bad is not None and s.control.ids[: ev.first_bad + 1] == s.output_ids[: ev.first_bad + 1]
     changed = (" The same engine without speculation follows the reference there" +
                ("" if ev.control_fork is None else f" (it departs only at token {ev.control_fork})") +
                ": speculation changed the output." if control and (ev.control_fork is None or ev.control_fork > f) else "")

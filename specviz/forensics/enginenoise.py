@@ -137,5 +137,6 @@ def robust_sigma(scaled_squares: list[float]) -> float | None:
 def tolerance(sigma_upper: float | None, sigma_logprobs: float | None, tokens: int, alpha: float = ALPHA) -> float:
     """The largest float64 gap the engine's rounding explains in an output of up to `tokens` tokens, every one of
     which is compared with it: a correct output stays within it throughout with probability at least 1 - alpha
-    (alpha / tokens a token; one token's 1% would raise a false alarm in one output of three or so)."""
+    (alpha / tokens a token; 1% a token would allow, where every margin is near zero, a false alarm in about one
+    output of three)."""
     return stats.norm.isf(alpha / max(tokens, 1)) * max(x for x in (sigma_upper, sigma_logprobs, 0.0) if x is not None)
