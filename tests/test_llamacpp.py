@@ -13,7 +13,6 @@ from specviz.engines.dialects import LlamaCpp
 from specviz.engines.llamacpp import llama_server
 from specviz.engines.server import from_server
 from specviz.run import check
-from specviz.run.runner import reference_for
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import RunSpec
 from specviz.trace import metrics
@@ -69,20 +68,20 @@ def test_every_configuration_against_its_plain_run_and_the_reference(llama, embe
     """Equal counts and acceptance for the record; then each judged with its plain run as the control: a
     correct engine's forks are its own numerics (or unexplained, saying why), never an engine-bug."""
     spec, ids, runs = llama
-    ref = reference_for(embedded, ids, NEW_TOKENS)
     plain = runs["plain, 4 slots"]
+    traces = {name: check.check(spec, embedded, ids, runs[name], runs["plain, 1 slot"] if name == "plain, 4 slots"
+                                else plain) for name in ("plain, 4 slots", *SPECULATIVE)}
+    ref = [s.reference_ids for s in traces["plain, 4 slots"].sequences]  # proved or decoded: the bs-1 reference
     with capsys.disabled():
         print(f"\nllama.cpp {runs['plain, 1 slot'].version}, embedded Q4_1 target, {len(ids)} prompts, {NEW_TOKENS} tokens")
         for name, run in runs.items():
             same = sum(a.ids == b.ids for a, b in zip(run.outputs, plain.outputs))
-            equal = sum(a.ids == r.ids for a, r in zip(run.outputs, ref.outputs))
+            equal = sum(a.ids == r for a, r in zip(run.outputs, ref))
             c = run.settings["spec_decode"]
             acceptance = f"{c['accepted_tokens']:.0f}/{c['draft_tokens']:.0f}" if c.get("draft_tokens") else "-"
             print(f"  {name:<16} equal to plain 4 slots {same:>2}/{len(ids)}, to the float32 reference "
                   f"{equal:>2}/{len(ids)}, drafts accepted {acceptance}")
-    for name in ("plain, 4 slots", *SPECULATIVE):
-        control = runs["plain, 1 slot"] if name == "plain, 4 slots" else plain
-        trace = check.check(spec, embedded, ids, runs[name], control)
+    for name, trace in traces.items():
         noise = trace.manifest.yardstick.engine
         assert noise.source == "control" and noise.truth == "float64" and noise.tolerance > 0
         engine, control_fidelity = trace.manifest.fidelity

@@ -9,7 +9,7 @@ from specviz.cli import main as cli
 from specviz.decoding.eqspec import eqspec
 from specviz.decoding.reference import batched_reference
 from specviz.engines.base import EngineRun
-from specviz.forensics import enginenoise
+from specviz.forensics import enginenoise, proof
 from specviz.models.pairs import load_pair
 from specviz.run import check
 from specviz.run.runner import reference_for
@@ -152,6 +152,31 @@ def test_a_check_that_stops_resumes_from_its_checkpoint_and_judges_alike(tmp_pat
     resumed = _cli_check(tmp_path, "--checkpoint", str(saved))
     assert {tuple(p) for p in forced} == {tuple(p.ids) for p in whole.prompts[3:]}  # only the prompts left
     for a, b in zip(whole.sequences, resumed.sequences, strict=True):
+        assert (a.reference_ids, a.gaps, a.forensics, a.reference_proof) == (b.reference_ids, b.gaps, b.forensics,
+                                                                            b.reference_proof)
+
+
+def test_the_same_outputs_checked_again_are_neither_forced_nor_decoded_again_and_are_judged_alike(tiny,
+                                                                                                 monkeypatch):
+    """A user checks the same file twice, or another engine beside the same control: what the first check read of
+    each output and decoded of each reference is kept for the process (run/runner.py), not computed again."""
+    ids = tiny.encode(PROMPTS)
+    planted = [list(o.ids) for o in reference_for(tiny, ids, BUDGET).outputs]
+    planted[1][5] = (planted[1][5] + 1) % tiny.vocab_size  # a fork: the reference is decoded on after it
+    planted[2] = planted[2][:3]  # an output cut short: decoded on after it too
+    engine = _engine("planted", planted)
+    first = _both_ways(tiny, engine)[1]
+    assert sum(s.reference_proof.decoded > 0 for s in first.sequences) >= 2
+
+    def again(*args, **kwargs):
+        raise AssertionError("computed again")
+
+    monkeypatch.setattr(enginenoise.TeacherForcing, "__call__", again)
+    monkeypatch.setattr(proof.decoding, "reference", again)
+    run = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64", device="cpu", prompts=PROMPTS,
+                        method=ENGINE, max_new_tokens=BUDGET)
+    second = check.check(run, tiny, ids, engine)
+    for a, b in zip(first.sequences, second.sequences, strict=True):
         assert (a.reference_ids, a.gaps, a.forensics, a.reference_proof) == (b.reference_ids, b.gaps, b.forensics,
                                                                             b.reference_proof)
 

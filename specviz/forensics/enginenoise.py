@@ -21,7 +21,9 @@ transformers' own rounding in the dtype is known.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from scipy import optimize, stats
@@ -34,6 +36,14 @@ CHI2_95 = stats.chi2.ppf(0.95, 1)
 SIGMA_RANGE = (1e-9, 1e3)
 MAX_DEPARTURES = 200  # kept in the trace, the largest first
 
+T = TypeVar("T")
+Memo = Callable[[Hashable, Callable[[], T]], T]  # (key, compute) -> compute(), or what it gave for the key before
+
+
+def computed(key: Hashable, compute: Callable[[], T]) -> T:
+    """No memory: computed every time."""
+    return compute()
+
 
 def truth_model(pair):
     """The target the truth is computed with: its float64 copy, else itself (and the trace says so)."""
@@ -45,10 +55,13 @@ class TeacherForcing:
     """The target's logits for each token of an output on its own prefix, (len(output), vocab) float64, for
     several outputs of the same prompt in turn (an engine's, its control's, the reference's): the prompt is
     prefilled once into a fresh cache of this model's own, and each output is one pass over it (cropped back
-    after). Batch size 1 throughout; nothing of any engine's is reused."""
+    after). Batch size 1 throughout; nothing of any engine's is reused.
 
-    def __init__(self, model, vocab: int):
-        self.model, self.vocab = model, vocab
+    `known(key, compute)`: where `force` keeps what it read of each (prompt, output), so that an output checked
+    again (the same control beside another engine, a file of a live run's answers) is forced once per process."""
+
+    def __init__(self, model, vocab: int, known: Memo = computed):
+        self.model, self.vocab, self.known = model, vocab, known
         self._prompt: list[int] | None = None
         self._cache = None
 
@@ -84,7 +97,10 @@ def force(forcing: TeacherForcing, prompt: list[int], output: list[int]) -> Forc
     """`output` teacher-forced on `prompt`, read down to what the judges need."""
     if not output:
         return Forced([], [], [], [], [])
-    logits = forcing(prompt, output)
+    return forcing.known((tuple(prompt), tuple(output)), lambda: _read(forcing(prompt, output), output))
+
+
+def _read(logits: torch.Tensor, output: list[int]) -> Forced:
     top = logits.topk(2, -1).values
     idx = torch.tensor(output)[:, None]
     token = logits.gather(1, idx)

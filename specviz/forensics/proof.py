@@ -21,7 +21,7 @@ import time
 
 from specviz.decoding import reference as decoding
 from specviz.decoding.result import DecodeResult, Progress, SequenceOutput
-from specviz.forensics.enginenoise import Forced
+from specviz.forensics.enginenoise import Forced, Memo, computed
 from specviz.models.pairs import ModelPair
 from specviz.trace.records import ReferenceProof
 
@@ -46,38 +46,39 @@ def proved(output: list[int], forced: Forced, tolerance: float, eos_ids, budget:
 
 
 def reference(pair: ModelPair, prompt_ids: list[list[int]], candidates: list[dict[str, tuple[list[int], Forced]]],
-              budget: int, tolerance: float, progress: Progress | None = None) -> DecodeResult:
+              budget: int, tolerance: float, progress: Progress | None = None, known: Memo = computed) -> DecodeResult:
     """The reference of every prompt, proved from the longest-proved of its candidate outputs ({role: (ids,
-    forced)}, e.g. an engine's and its control's), and decoded where the proof stops.
+    forced)}, e.g. an engine's and its control's), and decoded where the proof stops. `known(key, compute)`: where
+    each decode's tail is kept, so that a prompt decoded on from the same tokens again is decoded once.
 
     After a fork or an output's end, the rest is decoded on the proved prefix. That decode's cache was filled in
     one pass where the plain reference's grew a token at a time: two correct computations, which choose alike
     wherever the decode's own margin exceeds twice the tolerance (each may move a margin by up to the tolerance).
     A sequence whose decode meets a closer margin, or whose proof stopped at a near-tie, is decoded again from
     its prompt, token by token, exactly as the plain reference is."""
-    start, known = time.perf_counter(), []
+    start, refs = time.perf_counter(), []
     for outputs in candidates:
         found = {role: proved(ids, forced, tolerance, pair.eos_ids, budget) for role, (ids, forced) in outputs.items()}
         role = max(found, key=lambda r: (found[r][0], found[r][1] is None), default=None)
         n, stop = found[role] if role else (0, "no output to prove it from")
         ids, forced = outputs[role] if role else ([], Forced([], [], [], [], []))
-        known.append(SequenceOutput(ids[:n], forced.margins[:n], proof=ReferenceProof(
+        refs.append(SequenceOutput(ids[:n], forced.margins[:n], proof=ReferenceProof(
             proved=n, decoded=0, source=role or "none", tolerance=tolerance,
             smallest_margin=min(forced.margins[:n], default=None), stop=stop)))
-    stopped = [i for i, out in enumerate(known) if out.proof.stop]
-    tails = [i for i in stopped if known[i].proof.proved and not known[i].proof.stop.startswith(NEAR_TIE)]
-    _decode(pair, prompt_ids, tails, known, budget, progress)
-    again = [i for i in stopped if i not in tails or min(known[i].margins[known[i].proof.proved:], default=math.inf)
+    stopped = [i for i, out in enumerate(refs) if out.proof.stop]
+    tails = [i for i in stopped if refs[i].proof.proved and not refs[i].proof.stop.startswith(NEAR_TIE)]
+    _decode(pair, prompt_ids, tails, refs, budget, progress, known)
+    again = [i for i in stopped if i not in tails or min(refs[i].margins[refs[i].proof.proved:], default=math.inf)
              <= 2 * tolerance]
     for i in set(again) & set(tails):
-        tail = known[i].margins[known[i].proof.proved:]
-        j = known[i].proof.proved + next(k for k, m in enumerate(tail) if m <= 2 * tolerance)
-        known[i].proof.stop += (f"; decoded after it, token {j}'s margin ({known[i].margins[j]:.3g}) was within twice "
+        tail = refs[i].margins[refs[i].proof.proved:]
+        j = refs[i].proof.proved + next(k for k, m in enumerate(tail) if m <= 2 * tolerance)
+        refs[i].proof.stop += (f"; decoded after it, token {j}'s margin ({refs[i].margins[j]:.3g}) was within twice "
                                 "the tolerance, so the reference was decoded again from its prompt")
     for i in again:
-        known[i] = SequenceOutput([], proof=known[i].proof.model_copy(update={"proved": 0, "smallest_margin": None}))
-    _decode(pair, prompt_ids, again, known, budget, progress)
-    return DecodeResult(known, time.perf_counter() - start)
+        refs[i] = SequenceOutput([], proof=refs[i].proof.model_copy(update={"proved": 0, "smallest_margin": None}))
+    _decode(pair, prompt_ids, again, refs, budget, progress, known)
+    return DecodeResult(refs, time.perf_counter() - start)
 
 
 def holds(out: SequenceOutput, tolerance: float) -> bool:
@@ -90,10 +91,22 @@ def holds(out: SequenceOutput, tolerance: float) -> bool:
         m > 2 * tolerance for m in out.margins[p.proved:])
 
 
-def _decode(pair: ModelPair, prompt_ids: list[list[int]], seqs: list[int], known: list[SequenceOutput], budget: int,
-            progress: Progress | None) -> None:
-    """Decode the references of `seqs` on from their known tokens, in place."""
-    if seqs:
-        decoding.reference(pair, [prompt_ids[i] for i in seqs], budget, progress, known=[known[i] for i in seqs])
-        for i in seqs:
-            known[i].proof.decoded = len(known[i].ids) - known[i].proof.proved
+def _decode(pair: ModelPair, prompt_ids: list[list[int]], seqs: list[int], refs: list[SequenceOutput], budget: int,
+            progress: Progress | None, known: Memo) -> None:
+    """Decode the references of `seqs` on from their tokens so far, in place."""
+    for i in seqs:
+        out, prompt = refs[i], prompt_ids[i]
+        key = ("decoded on", tuple(prompt), tuple(out.ids), budget)
+        ids, margins = known(key, lambda: _tail(pair, prompt, out, budget, progress))
+        out.ids.extend(ids)
+        out.margins.extend(margins)
+        out.proof.decoded = len(out.ids) - out.proof.proved
+
+
+def _tail(pair: ModelPair, prompt: list[int], out: SequenceOutput, budget: int,
+          progress: Progress | None) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The tokens and margins the batch-size-1 reference decodes after `out`'s."""
+    given = len(out.ids)
+    done = decoding.reference(pair, [prompt], budget, progress, known=[SequenceOutput(list(out.ids),
+                                                                                       list(out.margins))])
+    return tuple(done.outputs[0].ids[given:]), tuple(done.outputs[0].margins[given:])

@@ -15,6 +15,7 @@ temperature, top-k and top-p: their randomized PIT must be uniform (distribution
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ from specviz.forensics.blackbox import force_outputs, judge_engine
 from specviz.models.pairs import ModelPair
 from specviz.run.checkpoint import Checkpoint
 from specviz.run.launch import gather, is_main, my_share, on_main, rank, wait_for_everyone, world_size
-from specviz.run.runner import Phases, calibrated_tolerance, encode, phase, yardsticks_for
+from specviz.run.runner import Phases, calibrated_tolerance, checked, encode, phase, yardsticks_for
 from specviz.run.settings import Settings
 from specviz.spec.run import RunSpec, SpecError, describe_validation_error
 from specviz.trace.records import EngineInfo, RoundRecord, RowRecord
@@ -126,7 +127,7 @@ def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: E
     if not spec.greedy:  # judged by the main process alone: one pass per token, no reference to decode
         return check_sampled(spec, pair, prompt_ids, engine, control) if is_main() else None
     model, truth = enginenoise.truth_model(pair)
-    forcing = enginenoise.TeacherForcing(model, pair.vocab_size)
+    forcing = enginenoise.TeacherForcing(model, pair.vocab_size, lambda key, compute: checked(pair, (truth, key), compute))
     tolerance = None if judging.decode_reference or truth != "float64" else on_main(
         lambda: calibrated_tolerance(spec, pair))
     judged = _judge_rows(spec, pair, prompt_ids, {"engine": engine, "control": control}, forcing, tolerance, judging)
@@ -201,7 +202,8 @@ def _reference(pair: ModelPair, prompt: list[int], outputs: dict[str, list[int]]
     if tolerance is None:
         return reference(pair, [prompt], budget, progress).outputs[0]
     candidates = [{role: (ids, forced[role]) for role, ids in outputs.items()}]
-    return proof.reference(pair, [prompt], candidates, budget, tolerance, progress).outputs[0]
+    return proof.reference(pair, [prompt], candidates, budget, tolerance, progress,
+                           functools.partial(checked, pair)).outputs[0]
 
 
 def sampling_settings(spec: RunSpec) -> dict:

@@ -79,13 +79,21 @@ _REFERENCES = PerPair(64)
 _BATCHED = PerPair(16)
 _CALIBRATION = PerPair(4)
 _ROUNDING = PerPair(64)
+_CHECKED = PerPair(4096)  # outputs teacher-forced and references decoded on by checks: O(tokens) each
 
 
 def clear_caches(calibration: bool = True) -> None:
-    """Forget every reference, batched reference and yardstick computed so far (benchmarks start cold), or all but
-    the yardsticks' calibration on the built-in prompts (as a later check in the same process finds it)."""
-    for cache in (_REFERENCES, _BATCHED, _ROUNDING, *((_CALIBRATION,) if calibration else ())):
+    """Forget every reference, batched reference, check's intermediate and yardstick computed so far (benchmarks start
+    cold), or all but the yardsticks' calibration on the built-in prompts (as a later check in the same process
+    finds it)."""
+    for cache in (_REFERENCES, _BATCHED, _ROUNDING, _CHECKED, *((_CALIBRATION,) if calibration else ())):
         cache.clear()
+
+
+def checked(pair: ModelPair, key: Hashable, compute: Callable[[], object]):
+    """What a check computes from an output (teacher-forced) or a prefix (the reference decoded on), once per
+    process: checking the same outputs again, or another engine beside the same control, does not repeat it."""
+    return _CHECKED.get(pair, key, compute)
 
 
 def reference_for(pair: ModelPair, prompt_ids: list[list[int]], max_new_tokens: int,
