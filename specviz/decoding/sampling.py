@@ -48,23 +48,32 @@ class Sampler:
 
 def _outside_nucleus(z: torch.Tensor, top_p: float) -> torch.Tensor:
     """The tokens whose less likely tokens, themselves included, hold at most 1 - top_p: an ascending prefix of
-    the sorted logits (the most likely token always stays). Summed in sorted order, as transformers and vLLM do.
+    the sorted logits (the most likely token always stays). Summed in sorted order, as transformers and vLLM do;
+    off the CPU exactly as they do.
 
     On a CPU the values are sorted by numpy, 15x faster than `torch.sort` over a 49k vocabulary (it was two
     thirds of a small model's sampled decode); the prefix is then every logit below its first kept value. Only
     where that value ties with the last dropped one does the choice depend on which of the tied tokens a sort put
     first, and there torch's order decides, as it always has: the mask is bit for bit the same either way."""
-    fast = z.device.type == "cpu" and z.dtype in (torch.float32, torch.float64)
-    srt = torch.from_numpy(np.sort(z.numpy(), axis=-1)) if fast else z.sort(dim=-1).values
-    drop = srt.softmax(-1).cumsum(-1) <= 1 - top_p
-    drop[..., -1] = False
+    if z.device.type != "cpu" or z.dtype not in (torch.float32, torch.float64):
+        srt, order = z.sort(dim=-1)
+        drop = _dropped(srt, top_p)
+        return drop.scatter(-1, order, drop)
+    srt = torch.from_numpy(np.sort(z.detach().numpy(), axis=-1))
+    drop = _dropped(srt, top_p)
     dropped = drop.sum(-1, keepdim=True)
     edge = srt.gather(-1, dropped)  # the least likely token kept
     tied = (dropped > 0) & (srt.gather(-1, (dropped - 1).clamp(min=0)) == edge)
     if not tied.any():
         return z < edge
-    order = z.sort(dim=-1).indices
-    return drop.scatter(-1, order, drop)
+    return drop.scatter(-1, z.sort(dim=-1).indices, drop)
+
+
+def _dropped(ascending: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Which of the sorted logits leave the nucleus (a prefix: on a CPU the cumulative sum never decreases)."""
+    drop = ascending.softmax(-1).cumsum(-1) <= 1 - top_p
+    drop[..., -1] = False
+    return drop
 
 
 @dataclass(frozen=True)

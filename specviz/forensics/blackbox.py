@@ -48,7 +48,7 @@ def judge_engine(trace: Trace, forcing: enginenoise.TeacherForcing, truth: str,
     for s in trace.sequences:
         if ("engine", s.seq) not in scored:
             continue
-        s.gaps = scored["engine", s.seq].gaps
+        s.gaps = list(scored["engine", s.seq].gaps)  # the trace's own: a check's Forced is kept (run/runner.py)
         s.forensics = None
         if s.equivalent is False:
             reference = functools.partial(_forced_reference, s, forcing, trace.prompts[s.seq].ids, scored)

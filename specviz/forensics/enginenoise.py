@@ -57,11 +57,11 @@ class TeacherForcing:
     prefilled once into a fresh cache of this model's own, and each output is one pass over it (cropped back
     after). Batch size 1 throughout; nothing of any engine's is reused.
 
-    `known(key, compute)`: where `force` keeps what it read of each (prompt, output), so that an output checked
+    `memo(key, compute)`: where `force` keeps what it read of each (prompt, output), so that an output checked
     again (the same control beside another engine, a file of a live run's answers) is forced once per process."""
 
-    def __init__(self, model, vocab: int, known: Memo = computed):
-        self.model, self.vocab, self.known = model, vocab, known
+    def __init__(self, model, vocab: int, memo: Memo = computed):
+        self.model, self.vocab, self.memo = model, vocab, memo
         self._prompt: list[int] | None = None
         self._cache = None
 
@@ -97,7 +97,8 @@ def force(forcing: TeacherForcing, prompt: list[int], output: list[int]) -> Forc
     """`output` teacher-forced on `prompt`, read down to what the judges need."""
     if not output:
         return Forced([], [], [], [], [])
-    return forcing.known((tuple(prompt), tuple(output)), lambda: _read(forcing(prompt, output), output))
+    key = ("forced", str(forcing.model.dtype), tuple(prompt), tuple(output))  # the truth: float64, else the dtype's
+    return forcing.memo(key, lambda: _read(forcing(prompt, output), output))
 
 
 def _read(logits: torch.Tensor, output: list[int]) -> Forced:

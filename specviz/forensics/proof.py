@@ -46,9 +46,9 @@ def proved(output: list[int], forced: Forced, tolerance: float, eos_ids, budget:
 
 
 def reference(pair: ModelPair, prompt_ids: list[list[int]], candidates: list[dict[str, tuple[list[int], Forced]]],
-              budget: int, tolerance: float, progress: Progress | None = None, known: Memo = computed) -> DecodeResult:
+              budget: int, tolerance: float, progress: Progress | None = None, memo: Memo = computed) -> DecodeResult:
     """The reference of every prompt, proved from the longest-proved of its candidate outputs ({role: (ids,
-    forced)}, e.g. an engine's and its control's), and decoded where the proof stops. `known(key, compute)`: where
+    forced)}, e.g. an engine's and its control's), and decoded where the proof stops. `memo(key, compute)`: where
     each decode's tail is kept, so that a prompt decoded on from the same tokens again is decoded once.
 
     After a fork or an output's end, the rest is decoded on the proved prefix. That decode's cache was filled in
@@ -67,7 +67,7 @@ def reference(pair: ModelPair, prompt_ids: list[list[int]], candidates: list[dic
             smallest_margin=min(forced.margins[:n], default=None), stop=stop)))
     stopped = [i for i, out in enumerate(refs) if out.proof.stop]
     tails = [i for i in stopped if refs[i].proof.proved and not refs[i].proof.stop.startswith(NEAR_TIE)]
-    _decode(pair, prompt_ids, tails, refs, budget, progress, known)
+    _decode(pair, prompt_ids, tails, refs, budget, progress, memo)
     again = [i for i in stopped if i not in tails or min(refs[i].margins[refs[i].proof.proved:], default=math.inf)
              <= 2 * tolerance]
     for i in set(again) & set(tails):
@@ -77,7 +77,7 @@ def reference(pair: ModelPair, prompt_ids: list[list[int]], candidates: list[dic
                                 "the tolerance, so the reference was decoded again from its prompt")
     for i in again:
         refs[i] = SequenceOutput([], proof=refs[i].proof.model_copy(update={"proved": 0, "smallest_margin": None}))
-    _decode(pair, prompt_ids, again, refs, budget, progress, known)
+    _decode(pair, prompt_ids, again, refs, budget, progress, memo)
     return DecodeResult(refs, time.perf_counter() - start)
 
 
@@ -92,12 +92,12 @@ def holds(out: SequenceOutput, tolerance: float) -> bool:
 
 
 def _decode(pair: ModelPair, prompt_ids: list[list[int]], seqs: list[int], refs: list[SequenceOutput], budget: int,
-            progress: Progress | None, known: Memo) -> None:
+            progress: Progress | None, memo: Memo) -> None:
     """Decode the references of `seqs` on from their tokens so far, in place."""
     for i in seqs:
         out, prompt = refs[i], prompt_ids[i]
         key = ("decoded on", tuple(prompt), tuple(out.ids), budget)
-        ids, margins = known(key, lambda: _tail(pair, prompt, out, budget, progress))
+        ids, margins = memo(key, lambda: _tail(pair, prompt, out, budget, progress))
         out.ids.extend(ids)
         out.margins.extend(margins)
         out.proof.decoded = len(out.ids) - out.proof.proved

@@ -127,7 +127,7 @@ def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: E
     if not spec.greedy:  # judged by the main process alone: one pass per token, no reference to decode
         return check_sampled(spec, pair, prompt_ids, engine, control) if is_main() else None
     model, truth = enginenoise.truth_model(pair)
-    forcing = enginenoise.TeacherForcing(model, pair.vocab_size, lambda key, compute: checked(pair, (truth, key), compute))
+    forcing = enginenoise.TeacherForcing(model, pair.vocab_size, functools.partial(checked, pair))
     tolerance = None if judging.decode_reference or truth != "float64" else on_main(
         lambda: calibrated_tolerance(spec, pair))
     judged = _judge_rows(spec, pair, prompt_ids, {"engine": engine, "control": control}, forcing, tolerance, judging)

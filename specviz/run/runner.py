@@ -79,7 +79,7 @@ _REFERENCES = PerPair(64)
 _BATCHED = PerPair(16)
 _CALIBRATION = PerPair(4)
 _ROUNDING = PerPair(64)
-_CHECKED = PerPair(4096)  # outputs teacher-forced and references decoded on by checks: O(tokens) each
+_CHECKED = PerPair(4096)  # outputs teacher-forced and references decoded on by checks: O(prompt + output)
 
 
 def clear_caches(calibration: bool = True) -> None:
