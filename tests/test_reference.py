@@ -6,7 +6,8 @@ from transformers import GenerationConfig
 
 from specviz.decoding.assisted import hf_assisted
 from specviz.decoding.eqspec import eqspec
-from specviz.decoding.reference import batched_reference, reference
+from specviz.decoding import kvcache
+from specviz.decoding.reference import batched_reference, prefill_groups, reference
 from specviz.models.draft import layer_subset
 from specviz.models.pairs import tiny_target
 
@@ -46,6 +47,37 @@ def test_batched_reference_equals_reference_in_float64(tiny, mixed_prompts):
     for bs in (1, 3, 4, 9):
         got = batched_reference(tiny, prompts, bs, 16)
         assert [o.ids for o in got.outputs] == [o.ids for o in ref.outputs], f"batch size {bs}"
+
+
+def test_batched_reference_keeps_its_batch_full_as_rows_finish_and_stays_the_reference(tiny, mixed_prompts):
+    """Rows that end at different tokens (EOS set to tokens the reference writes early) leave the batch at once,
+    and the next prompts take their places: every decoding pass runs a full batch while prompts wait, and every
+    row is still the batch-size-1 reference, the ~330-token passage admitted mid-way included."""
+    prompts = mixed_prompts[15:26]
+    assert max(map(len, prompts)) > 300
+    plain = reference(tiny, prompts, 16).outputs
+    pair = dataclasses.replace(tiny, eos_ids=(plain[0].ids[2], plain[3].ids[6], plain[7].ids[10]))
+    ref = [o.ids for o in reference(pair, prompts, 16).outputs]
+    assert len({len(ids) for ids in ref}) > 2  # rows finish at different steps
+    passes = []  # (rows, a prefill: an empty cache)
+    hook = pair.target.register_forward_pre_hook(
+        lambda _, args, kw: passes.append((len(kw["input_ids"]), kvcache.length(kw["cache"]) == 0)), with_kwargs=True)
+    try:
+        got = batched_reference(pair, prompts, 4, 16)
+    finally:
+        hook.remove()
+    assert [o.ids for o in got.outputs] == ref
+    last_prefill = max(i for i, (_, prefill) in enumerate(passes) if prefill)
+    assert [rows for rows, prefill in passes[:last_prefill] if not prefill] == [4] * sum(
+        not prefill for _, prefill in passes[:last_prefill])  # full while prompts waited
+    assert sum(rows for rows, _ in passes) == sum(map(len, ref))  # a pass per token of each row, no more
+
+
+def test_prompts_admitted_together_are_prefilled_apart_from_a_much_longer_one():
+    prompts = [[7] * n for n in (40, 330, 45, 52, 55, 35)]
+    assert prefill_groups(list(range(6)), prompts) == [[0, 2, 3, 4, 5], [1]]  # 227 real tokens in 275 slots
+    assert prefill_groups([1, 4], prompts) == [[4], [1]]
+    assert prefill_groups([3, 2, 0], prompts) == [[3, 2, 0]]  # the order admitted, within a group
 
 
 @pytest.fixture(scope="module")

@@ -1,17 +1,20 @@
 """Reference decoders: the target alone, greedy or sampled. `reference` (batch
 size 1) is the ground truth every other method is compared with;
-`batched-reference` runs the same decoding on the left-padded batch, to separate
-batching noise from speculation bugs. Sampled, both draw each token with the
+`batched-reference` runs the same decoding on a left-padded batch kept full as
+rows finish, to separate batching noise from speculation bugs. Sampled, both draw each token with the
 stream every method uses for the target's own tokens (sampling.py)."""
 from __future__ import annotations
 
 import time
+from collections import deque
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from specviz.decoding import kvcache
 from specviz.decoding.batch import forward, left_pad
-from specviz.decoding.result import DecodeResult, Progress, SequenceOutput, chunks, top2_margin
+from specviz.decoding.result import DecodeResult, Progress, SequenceOutput, top2_margin
 from specviz.decoding.sampling import GREEDY, TARGET, Sampling, inverse_cdf, uniform
 from specviz.models.pairs import ModelPair
 
@@ -54,40 +57,96 @@ def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int, pr
     return DecodeResult(outputs, time.perf_counter() - start)
 
 
+def prefill_groups(admitted: list[int], prompts: list[list[int]]) -> list[list[int]]:
+    """The prompts admitted at one step, in the groups prefilled together: by length, a group growing while its
+    padding stays within a quarter of its real tokens (one long prompt would pad every short one to its length,
+    and a padded slot costs what a real one does); each group in the order admitted."""
+    groups: list[list[int]] = []
+    for i in sorted(admitted, key=lambda i: len(prompts[i])):
+        group = groups[-1] if groups else []
+        real = len(prompts[i]) + sum(len(prompts[j]) for j in group)
+        if group and 4 * (len(group) + 1) * len(prompts[i]) > 5 * real:
+            group = []
+        if not group:
+            groups.append(group)
+        group.append(i)
+    return [sorted(g, key=admitted.index) for g in groups]
+
+
+@dataclass
+class _Rows:
+    """Rows decoding together on the padded layout (decoding/batch.py): `tokens` and `valid` (B, S), the cache
+    holding every slot but the last, which the next pass feeds."""
+
+    seqs: list[int]
+    tokens: torch.Tensor
+    valid: torch.Tensor
+    cache: object
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Only these rows stay; slots that none of them holds any more are dropped (their padding)."""
+        self.seqs = [self.seqs[r] for r in rows.tolist()]
+        self.tokens, self.valid = self.tokens[rows], self.valid[rows]
+        kvcache.select_rows(self.cache, rows)
+        unused = int(self.valid.any(0).long().argmax()) if self.seqs else 0  # leading slots no row holds
+        if unused:
+            self.tokens, self.valid = self.tokens[:, unused:], self.valid[:, unused:]
+            slots = torch.arange(unused, kvcache.length(self.cache), device=self.tokens.device)
+            kvcache.gather(self.cache, torch.arange(len(self.seqs), device=self.tokens.device),
+                           slots.expand(len(self.seqs), -1))
+
+    def join(self, other: _Rows) -> None:
+        """Stack `other`'s rows under these, both left-padded to the wider layout."""
+        width = max(self.tokens.shape[1], other.tokens.shape[1])
+        grids = [(F.pad(r.tokens, (width - r.tokens.shape[1], 0)), F.pad(r.valid, (width - r.valid.shape[1], 0)))
+                 for r in (self, other)]
+        self.tokens, self.valid = (torch.cat(g) for g in zip(*grids))
+        self.cache = kvcache.merge([self.cache, other.cache])
+        self.seqs = self.seqs + other.seqs
+
+
 @torch.inference_mode()
 def batched_reference(pair: ModelPair, prompts: list[list[int]], batch_size: int, max_new_tokens: int,
                       progress: Progress | None = None, watch=None, sampling: Sampling = GREEDY) -> DecodeResult:
-    outputs, start = [None] * len(prompts), time.perf_counter()
+    """The target alone on a left-padded batch of at most `batch_size` rows, kept full as a serving engine keeps
+    it: a row that finishes leaves at once, and the next prompts take the free places, prefilled together in a
+    pass of their own and then stacked under the batch (their layouts left-padded to the wider one)."""
+    outputs, start = [SequenceOutput([]) for _ in prompts], time.perf_counter()
     eos = torch.tensor(pair.eos_ids, device=pair.device)
-    for chunk in chunks(len(prompts), batch_size):
-        tokens, valid = left_pad([prompts[i] for i in chunk], pair.device)
-        seqs = list(chunk)
-        gen = {i: SequenceOutput([]) for i in seqs}
-        cache = kvcache.new(pair.target)
-        q_start = 0
-        while seqs:
-            if watch:
-                watch.start()
-            logits = forward(pair.target, tokens, valid, q_start, cache, pair.vocab_size, keep=1)[:, -1]
-            have = torch.tensor([len(gen[i].ids) for i in seqs], device=pair.device)
-            nxt = choose(logits, sampling, torch.tensor(seqs, device=pair.device), have)
-            margins = top2_margin(logits).tolist()
-            for r, (i, t) in enumerate(zip(seqs, nxt.tolist())):
-                gen[i].ids.append(t)
-                gen[i].margins.append(margins[r])
-            if watch:
-                watch.end(seqs, gen)
-            done = torch.isin(nxt, eos) | torch.tensor([len(gen[i].ids) >= max_new_tokens for i in seqs], device=pair.device)
-            if progress:
-                progress(len(seqs))
-            q_start = tokens.shape[1]
-            tokens = torch.cat([tokens, nxt[:, None]], dim=1)
-            valid = torch.cat([valid, torch.ones_like(valid[:, :1])], dim=1)
-            if done.any():  # finished rows leave the batch
-                keep = (~done).nonzero().flatten()
-                seqs = [seqs[r] for r in keep.tolist()]
-                tokens, valid = tokens[keep], valid[keep]
-                kvcache.select_rows(cache, keep)
-        for i in chunk:
-            outputs[i] = gen[i]
+    waiting, batch = deque(range(len(prompts))), None
+
+    def step(rows: _Rows, fed: int) -> _Rows:
+        """One token for every row (`fed`: slots the cache already holds); the finished rows leave."""
+        if watch:
+            watch.start()
+        logits = forward(pair.target, rows.tokens, rows.valid, fed, rows.cache, pair.vocab_size, keep=1)[:, -1]
+        seqs = torch.tensor(rows.seqs, device=pair.device)
+        nxt = choose(logits, sampling, seqs, torch.tensor([len(outputs[i].ids) for i in rows.seqs], device=pair.device))
+        for i, t, m in zip(rows.seqs, nxt.tolist(), top2_margin(logits).tolist()):
+            outputs[i].ids.append(t)
+            outputs[i].margins.append(m)
+        if watch:
+            watch.end(rows.seqs, outputs)
+        if progress:
+            progress(len(rows.seqs))
+        rows.tokens = torch.cat([rows.tokens, nxt[:, None]], dim=1)
+        rows.valid = torch.cat([rows.valid, torch.ones_like(rows.valid[:, :1])], dim=1)
+        done = torch.isin(nxt, eos) | torch.tensor([len(outputs[i].ids) >= max_new_tokens for i in rows.seqs],
+                                                   device=pair.device)
+        if done.any():
+            rows.keep((~done).nonzero().flatten())
+        return rows
+
+    while waiting or batch:
+        if batch:
+            batch = step(batch, batch.tokens.shape[1] - 1)
+            batch = batch if batch.seqs else None
+        room = batch_size - (len(batch.seqs) if batch else 0)
+        if waiting and room:
+            for group in prefill_groups([waiting.popleft() for _ in range(min(room, len(waiting)))], prompts):
+                new = step(_Rows(group, *left_pad([prompts[i] for i in group], pair.device), kvcache.new(pair.target)), 0)
+                if new.seqs and batch:
+                    batch.join(new)
+                elif new.seqs:
+                    batch = new
     return DecodeResult(outputs, time.perf_counter() - start)

@@ -3,9 +3,9 @@ launch` (GPUs or nodes), reported once by the main process, exactly as one
 process would report them.
 
 Static-batch methods split their prompts on batch boundaries, so every batch
-holds the rows, padding and numerics it holds in a single process; exspec
-schedules across its whole pool, so each exspec run stays whole on one
-process. The batch-size-1 reference is split prompt by prompt, once for all
+holds the rows, padding and numerics it holds in a single process; a method
+that refills its batch (exspec, batched-reference) schedules across its whole
+pool, so each of its runs stays whole on one process. The batch-size-1 reference is split prompt by prompt, once for all
 runs, and every process watches its shares against it (watch.py). The main
 process gathers the decoded outputs and what the watches found, measures the
 rounding yardstick and explains every trace itself.
@@ -25,6 +25,7 @@ from specviz.decoding.result import DecodeResult
 from specviz.models.pairs import ONE_DEVICE, Placement, pair_for
 from specviz.run.launch import gather, is_main, my_share, rank, world_size
 from specviz.run.runner import decode, encode, explain, explain_sampled, run, sampled_yardsticks
+from specviz.spec.methods import METHODS
 from specviz.spec.run import RunSpec, SpecError
 from specviz.trace.schema import Trace
 
@@ -58,7 +59,7 @@ def sweep(runs: list[tuple[RunSpec, bool]], trust_remote_code: bool = False,
     for i, (spec, record) in enumerate(runs):
         if spec.method == "reference" and spec.greedy:
             continue  # the reference above is that run
-        if spec.method == "exspec":  # its schedule spans the whole pool: one process runs it all
+        if METHODS[spec.method].refills:  # its schedule spans the whole pool: one process runs it all
             rows = range(n) if i % world_size() == rank() else range(0)
         else:
             rows = my_share(n, spec.batch_size)

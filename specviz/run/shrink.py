@@ -24,6 +24,7 @@ from specviz.decoding.result import chunks
 from specviz.models.pairs import ModelPair
 from specviz.run.runner import decode, encode, reference_for, run
 from specviz.run.settings import Settings
+from specviz.spec.methods import METHODS
 from specviz.spec.run import RunSpec, SpecError
 from specviz.trace import metrics, share
 from specviz.trace.records import SequenceRecord, first_difference
@@ -175,7 +176,7 @@ def shrink(spec: RunSpec, seq: int, mark: Mark, pair: ModelPair,
     prompt = spec.prompts[seq]
 
     spec = search.budget(spec)
-    if spec.method != "exspec":  # a static batch never sees the others
+    if not METHODS[spec.method].refills:  # a static batch never sees the others
         batch = next(c for c in chunks(len(spec.prompts), spec.batch_size) if seq in c)
         mates = [spec.prompts[i] for i in batch]
         alone = spec.model_copy(update={"prompts": tuple(mates), "batch_size": len(mates)})

@@ -28,6 +28,7 @@ class Method:
     faults: bool = False  # faults (decoding/faults.py) can be injected
     samples: bool = True  # runs sampled (temperature > 0) as well as greedy
     batched: bool = True  # False: one prompt at a time, whatever the batch size
+    refills: bool = False  # a finished row's place goes to the next prompt: a row's batch mates are not a fixed chunk
     max_batch_size: int | None = None
 
     @property
@@ -48,21 +49,22 @@ def _rounds(spec, rows_at_once: int) -> int:
     return math.ceil(len(spec.prompts) / rows_at_once) * math.ceil(spec.max_new_tokens / 2) * per_round
 
 
-def _batches(spec) -> int:
-    return math.ceil(len(spec.prompts) / spec.batch_size)
+def _refilled(spec) -> int:
+    """A batch kept full: a pass per batch of tokens, and at most one prefill per prompt."""
+    return math.ceil(len(spec.prompts) * spec.max_new_tokens / spec.batch_size) + len(spec.prompts)
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("reference", "the target alone, one prompt at a time: the ground truth",
            passes=lambda spec: 0, batched=False),  # the reference is the run
-    Method("batched-reference", "the target alone on the padded batch: batching noise without speculation",
-           passes=lambda spec: _batches(spec) * spec.max_new_tokens),
+    Method("batched-reference", "the target alone on the padded batch, kept full as rows finish: batching noise "
+           "without speculation", passes=_refilled, refills=True),
     Method("hf-assisted", "transformers' own assisted generation (greedy), an external cross-check",
            passes=lambda spec: _rounds(spec, 1), drafters=tuple(DRAFTERS), samples=False, max_batch_size=1),
     Method("eqspec", "static batches realigned every round (unpad, append, repad)",
            passes=lambda spec: _rounds(spec, spec.batch_size), drafters=tuple(DRAFTERS), faults=True),
     Method("exspec", "a window of sequences, same-length groups batched without realignment",
-           passes=lambda spec: _rounds(spec, spec.batch_size), drafters=tuple(DRAFTERS)),
+           passes=lambda spec: _rounds(spec, spec.batch_size), drafters=tuple(DRAFTERS), refills=True),
 )}
 
 
