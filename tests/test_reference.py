@@ -4,9 +4,9 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
+from specviz.decoding import kvcache
 from specviz.decoding.assisted import hf_assisted
 from specviz.decoding.eqspec import eqspec
-from specviz.decoding import kvcache
 from specviz.decoding.reference import batched_reference, prefill_groups, reference
 from specviz.models.draft import layer_subset
 from specviz.models.pairs import tiny_target

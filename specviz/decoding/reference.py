@@ -1,8 +1,9 @@
 """Reference decoders: the target alone, greedy or sampled. `reference` (batch
 size 1) is the ground truth every other method is compared with;
 `batched-reference` runs the same decoding on a left-padded batch kept full as
-rows finish, to separate batching noise from speculation bugs. Sampled, both draw each token with the
-stream every method uses for the target's own tokens (sampling.py)."""
+rows finish, to separate batching noise from speculation bugs. Sampled, both
+draw each token with the stream every method uses for the target's own tokens
+(sampling.py)."""
 from __future__ import annotations
 
 import time
@@ -84,16 +85,14 @@ class _Rows:
     cache: object
 
     def keep(self, rows: torch.Tensor) -> None:
-        """Only these rows stay; slots that none of them holds any more are dropped (their padding)."""
+        """Only these rows stay, in one gather of the cache; slots that none of them holds any more (their
+        padding) are dropped."""
         self.seqs = [self.seqs[r] for r in rows.tolist()]
-        self.tokens, self.valid = self.tokens[rows], self.valid[rows]
-        kvcache.select_rows(self.cache, rows)
-        unused = int(self.valid.any(0).long().argmax()) if self.seqs else 0  # leading slots no row holds
-        if unused:
-            self.tokens, self.valid = self.tokens[:, unused:], self.valid[:, unused:]
-            slots = torch.arange(unused, kvcache.length(self.cache), device=self.tokens.device)
-            kvcache.gather(self.cache, torch.arange(len(self.seqs), device=self.tokens.device),
-                           slots.expand(len(self.seqs), -1))
+        valid = self.valid[rows]
+        unused = int(valid.any(0).long().argmax())  # leading slots no row holds (0 when no row stays)
+        self.tokens, self.valid = self.tokens[rows, unused:], valid[:, unused:]
+        slots = torch.arange(unused, kvcache.length(self.cache), device=rows.device)
+        kvcache.gather(self.cache, rows, slots.expand(len(rows), -1))
 
     def join(self, other: _Rows) -> None:
         """Stack `other`'s rows under these, both left-padded to the wider layout."""
@@ -115,10 +114,11 @@ def batched_reference(pair: ModelPair, prompts: list[list[int]], batch_size: int
     eos = torch.tensor(pair.eos_ids, device=pair.device)
     waiting, batch = deque(range(len(prompts))), None
 
-    def step(rows: _Rows, fed: int) -> _Rows:
-        """One token for every row (`fed`: slots the cache already holds); the finished rows leave."""
+    def step(rows: _Rows) -> None:
+        """One token for every row, from the slots its cache does not hold yet; the finished rows leave."""
         if watch:
             watch.start()
+        fed = kvcache.length(rows.cache)
         logits = forward(pair.target, rows.tokens, rows.valid, fed, rows.cache, pair.vocab_size, keep=1)[:, -1]
         seqs = torch.tensor(rows.seqs, device=pair.device)
         nxt = choose(logits, sampling, seqs, torch.tensor([len(outputs[i].ids) for i in rows.seqs], device=pair.device))
@@ -135,18 +135,17 @@ def batched_reference(pair: ModelPair, prompts: list[list[int]], batch_size: int
                                                    device=pair.device)
         if done.any():
             rows.keep((~done).nonzero().flatten())
-        return rows
 
     while waiting or batch:
         if batch:
-            batch = step(batch, batch.tokens.shape[1] - 1)
+            step(batch)
             batch = batch if batch.seqs else None
         room = batch_size - (len(batch.seqs) if batch else 0)
-        if waiting and room:
-            for group in prefill_groups([waiting.popleft() for _ in range(min(room, len(waiting)))], prompts):
-                new = step(_Rows(group, *left_pad([prompts[i] for i in group], pair.device), kvcache.new(pair.target)), 0)
-                if new.seqs and batch:
-                    batch.join(new)
-                elif new.seqs:
-                    batch = new
+        for group in prefill_groups([waiting.popleft() for _ in range(min(room, len(waiting)))], prompts):
+            new = _Rows(group, *left_pad([prompts[i] for i in group], pair.device), kvcache.new(pair.target))
+            step(new)
+            if batch and new.seqs:
+                batch.join(new)
+            elif new.seqs:
+                batch = new
     return DecodeResult(outputs, time.perf_counter() - start)

@@ -5,10 +5,11 @@ process would report them.
 Static-batch methods split their prompts on batch boundaries, so every batch
 holds the rows, padding and numerics it holds in a single process; a method
 that refills its batch (exspec, batched-reference) schedules across its whole
-pool, so each of its runs stays whole on one process. The batch-size-1 reference is split prompt by prompt, once for all
-runs, and every process watches its shares against it (watch.py). The main
-process gathers the decoded outputs and what the watches found, measures the
-rounding yardstick and explains every trace itself.
+pool, so each of its runs stays whole on one process. The batch-size-1
+reference is split prompt by prompt, once for all runs, and every process
+watches its shares against it (watch.py). The main process gathers the decoded
+outputs and what the watches found, measures the rounding yardstick and
+explains every trace itself.
 
 Sampled runs have no reference: each share draws from its sequences' own
 streams, numbered as in the whole prompt list, so it draws exactly what one
