@@ -4,12 +4,14 @@ exactly where a proof cannot reach (a fork, a near-tie, an output that stops sho
 import json
 
 import pytest
+import torch
 
 from specviz.cli import main as cli
 from specviz.decoding.eqspec import eqspec
 from specviz.decoding.reference import batched_reference
 from specviz.engines.base import EngineRun
 from specviz.forensics import enginenoise, proof
+from specviz.forensics.recompute import fresh_logits
 from specviz.models.pairs import load_pair
 from specviz.run import check
 from specviz.run.runner import reference_for
@@ -194,3 +196,26 @@ def test_a_checkpoint_of_another_check_is_refused_and_changed_answers_are_judged
     again = [json.loads(line) for line in saved.read_text().splitlines()[len(rows):]]
     assert [r["seq"] for r in again] == [0]  # judged again: the one row whose outputs differ
     assert resumed.sequences[0].output_ids == again[0]["outputs"]["engine"]
+
+
+def test_teacher_forcing_keeps_the_prefix_of_the_last_prompt_and_reads_what_a_fresh_pass_reads(tiny):
+    """The chat template's prefix is computed once for a run of prompts, each prompt's own tokens in its first
+    output's pass, and each output's logits are still those of one fresh pass over its prompt and output."""
+    model = tiny.target
+    fed = []
+    handle = model.register_forward_pre_hook(lambda m, args, kwargs: fed.append(kwargs["input_ids"].shape[1]),
+                                             with_kwargs=True)
+    forcing = enginenoise.TeacherForcing(model, tiny.vocab_size)
+    a, b = tiny.encode(["Name three primes.", "Why is the sky blue?"])
+    shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    assert shared > 10  # the chat template's system prompt and turn header
+    output = [100, 200, 300, 42, 7]
+    try:
+        for prompt, prefilled in ((a, len(a) - 1), (b, len(b) - 1 - shared), (b[:shared + 1], 0)):
+            fed.clear()
+            logits = forcing(prompt, output)
+            assert fed == [prefilled + len(output)]
+            fresh = fresh_logits(model, prompt + output[:-1], len(output), tiny.vocab_size)
+            assert torch.allclose(logits, fresh, rtol=0, atol=1e-9)
+    finally:
+        handle.remove()

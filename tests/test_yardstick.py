@@ -47,6 +47,24 @@ def test_the_yardstick_runs_only_fresh_batch_size_1_passes_without_a_cache():
     assert r.anomaly is None and r.relative < r.expected
 
 
+def test_the_calibration_chains_the_built_in_prompts_so_each_template_prefix_is_computed_once():
+    pair = load_pair(**TINY, dtype="float32", device="cpu")
+    prompts = pair.encode(builtin_set("all") + builtin_set("spec-bench"))
+    passes = yardstick.chained(prompts)
+    assert sum(passes, []) == sum(prompts, [])  # every prompt whole, in order
+    assert all(len(p) <= yardstick.CHAIN or p in prompts for p in passes) and len(passes) < len(prompts) / 2
+    fed = []
+    handle = pair.target.register_forward_pre_hook(lambda m, args, kwargs: fed.append(kwargs["input_ids"].shape),
+                                                   with_kwargs=True)
+    try:
+        samples = yardstick.sample(pair.target, passes, pair.vocab_size, enough=yardstick.CALIBRATION_POSITIONS)
+    finally:
+        handle.remove()
+    computed = sum(shape[1] for shape in fed)
+    assert all(shape[0] == 1 for shape in fed) and len(samples.errors) >= yardstick.CALIBRATION_POSITIONS
+    assert computed < 1.15 * len(samples.errors)  # one pass per prompt computed 2,150 positions for 1,330 samples
+
+
 def test_a_run_states_its_yardstick_and_a_float64_run_scales_float32_rounding():
     runs = {d: run(RunSpec.build(**TINY, dtype=d, device="cpu", prompts=tuple(builtin_set("quick")), batch_size=2,
                                  k=5, max_new_tokens=16)) for d in ("float32", "float64")}

@@ -30,6 +30,7 @@ from scipy import optimize, stats
 
 from specviz.decoding import kvcache
 from specviz.forensics.recompute import float64_target, fresh_logits
+from specviz.trace.records import shared_prefix
 
 ALPHA = 0.01
 CHI2_95 = stats.chi2.ppf(0.95, 1)
@@ -53,9 +54,11 @@ def truth_model(pair):
 
 class TeacherForcing:
     """The target's logits for each token of an output on its own prefix, (len(output), vocab) float64, for
-    several outputs of the same prompt in turn (an engine's, its control's, the reference's): the prompt is
-    prefilled once into a fresh cache of this model's own, and each output is one pass over it (cropped back
-    after). Batch size 1 throughout; nothing of any engine's is reused.
+    several outputs of the same prompt in turn (an engine's, its control's, the reference's): the prompt goes into
+    a cache of this model's own in the pass over its first output, and each further output is one pass over it
+    (cropped back after). The next prompt keeps what it shares with this one (a chat template's prefix: a fifth
+    of a check's float64 positions on the built-in prompts). Batch size 1 throughout; nothing of any engine's is
+    reused.
 
     `memo(key, compute)`: where `force` keeps what it read of each (prompt, output), so that an output checked
     again (the same control beside another engine, a file of a live run's answers) is forced once per process."""
@@ -72,11 +75,17 @@ class TeacherForcing:
         if len(prompt) < 2:  # nothing to cache
             return fresh_logits(self.model, prompt + output[:-1], len(output), self.vocab)
         device = self.model.get_input_embeddings().weight.device
+        prefill = []
         if self._prompt != prompt:
-            self._cache = kvcache.new(self.model)
-            self.model(input_ids=torch.tensor([prompt[:-1]], device=device), cache=self._cache, logits_to_keep=1)
-            self._prompt = list(prompt)
-        out = self.model(input_ids=torch.tensor([prompt[-1:] + output[:-1]], device=device), cache=self._cache)
+            shared = 0 if self._prompt is None else shared_prefix(self._prompt[:-1], prompt[:-1])
+            if shared:
+                kvcache.crop(self._cache, shared)
+            else:
+                self._cache = kvcache.new(self.model)
+            prefill, self._prompt = prompt[shared:-1], list(prompt)
+        # The prompt's new tokens and the output in one pass: float64 GEMMs of a few dozen rows run at half speed.
+        out = self.model(input_ids=torch.tensor([prefill + prompt[-1:] + output[:-1]], device=device),
+                         cache=self._cache, logits_to_keep=len(output))
         kvcache.crop(self._cache, len(prompt) - 1)
         return out.logits[0, :, : self.vocab].double().cpu()
 

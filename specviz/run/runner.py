@@ -200,7 +200,7 @@ def calibrated_tolerance(spec: RunSpec, pair: ModelPair) -> float | None:
 def _calibration(pair: ModelPair, role: str):
     model = pair.target if role == "target" else pair.draft
     return _CALIBRATION.get(pair, role, lambda: yardstick.sample(
-        model, pair.encode(builtin_set("all") + builtin_set("spec-bench")), pair.vocab_size,
+        model, yardstick.chained(pair.encode(builtin_set("all") + builtin_set("spec-bench"))), pair.vocab_size,
         enough=yardstick.CALIBRATION_POSITIONS))
 
 

@@ -138,6 +138,12 @@ def check_sequence(s: SequenceRecord) -> None:
         raise ValueError(f"sequence {s.seq}: first_divergence and equivalent do not match its ids")
 
 
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading ids two lists share."""
+    first = first_difference(a, b)
+    return min(len(a), len(b)) if first is None else first
+
+
 def first_difference(a: list[int], b: list[int]) -> int | None:
     """First index where two id lists differ (a length difference counts); None if equal."""
     for i, (x, y) in enumerate(zip(a, b)):
