@@ -6,16 +6,26 @@ reference: both correct, as most of a production's rows are (--faults breaks the
 each fork is judged). The first table checks --rows prompts (the
 built-in `all` set, then Spec-Bench's) both ways, each from cold caches (the reference, the yardstick's
 calibration), then again with the calibration measured before (as any later check in the process, the page's
-included, finds it), and says whether the two ways give the same reference ids and verdicts. The second checks --big
-prompts (the built-in prompts, each numbered to make it new) with the proof; its engine outputs are decoded
-first, untimed. Timings on a shared machine are noisy: compare rows of one run.
+included, finds it), and says whether the two ways give the same reference ids and verdicts. Before them, the same
+check as it was at --before (by default b1cd892, the last commit before the proof and the faster check), in a process
+of its own on a copy of that tree, cold: what a check cost when the issue asking for a faster one was filed. The
+second table checks --big prompts (the built-in prompts, each numbered to make it new) with the proof; its engine
+outputs are decoded first, untimed. Timings on a shared machine are noisy: compare rows of one run.
 
-    python benchmarks/check.py [--rows 36] [--max-new-tokens 48] [--big 1000] [--big-tokens 16] [--faults F,...]
-                               [--out benchmarks/results/check.md]
+    python benchmarks/check.py [--rows 36] [--max-new-tokens 48] [--before b1cd892] [--big 1000] [--big-tokens 16]
+                               [--faults F,...] [--out benchmarks/results/check.md]
 """
 import argparse
+import io
+import json
+import os
 import resource
+import subprocess
+import sys
+import tarfile
+import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -37,6 +47,46 @@ def as_engine(name: str, result) -> EngineRun:
                      outputs=[EngineOutput(ids=o.ids) for o in result.outputs])
 
 
+# Run in a copy of the earlier tree: that commit's own check, timed from cold as the rows below are.
+CHECK_THEN = """
+import json, sys, time
+import torch
+import specviz
+from specviz.engines.base import EngineRun
+from specviz.models.pairs import load_pair
+from specviz.run import check
+from specviz.spec.run import ENGINE, RunSpec
+from specviz.trace.records import EngineOutput
+rows = json.loads(open(sys.argv[1]).read())
+torch.set_num_threads(rows["threads"])
+pair = load_pair(dtype="float32", device="cpu")
+spec = RunSpec.build(prompts=tuple(rows["prompts"]), method=ENGINE, k=rows["k"], max_new_tokens=rows["tokens"],
+                     device="cpu")
+runs = [EngineRun(name=n, source="callable", outputs=[EngineOutput(ids=o) for o in rows[n]]) for n in ("engine", "control")]
+start = time.perf_counter()
+trace = check.check(spec, pair, pair.encode(rows["prompts"]), *runs)
+print(json.dumps({"module": specviz.__file__, "seconds": time.perf_counter() - start,
+                  "reference": [s.reference_ids for s in trace.sequences],
+                  "verdicts": [s.forensics and s.forensics.verdict for s in trace.sequences]}))
+"""
+
+
+def check_at(commit: str, rows: dict, folder: Path) -> dict:
+    """The check as it was at `commit`, cold, in a process of its own on a copy of that tree's package and assets:
+    its seconds, reference ids and verdicts."""
+    archive = subprocess.run(["git", "archive", "--format=tar", commit, "specviz", "assets"],
+                             cwd=Path(__file__).parent.parent, check=True, capture_output=True).stdout
+    tree = folder / commit
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(tree, filter="data")
+    (folder / "rows.json").write_text(json.dumps(rows))
+    out = subprocess.run([sys.executable, "-c", CHECK_THEN, str(folder / "rows.json")], check=True, text=True,
+                         stdout=subprocess.PIPE, cwd=folder, env={**os.environ, "PYTHONPATH": str(tree)}).stdout
+    then = json.loads(out.splitlines()[-1])
+    assert then["module"].startswith(str(tree)), then["module"]  # that commit's package, not this one
+    return then
+
+
 def peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -47,6 +97,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--k", type=int, default=5)
+    ap.add_argument("--before", default="b1cd892", help="the commit whose check is timed beside (empty: skip it)")
     ap.add_argument("--big", type=int, default=1000, help="prompts in the large check (0: skip it)")
     ap.add_argument("--big-tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
@@ -70,6 +121,15 @@ def main() -> None:
               "each way from cold caches (reference, yardstick calibration), then with the calibration kept.\n"),
              "| reference | seconds | proved tokens | decoded tokens | verdicts |", "|---|---:|---:|---:|---|"]
     traces, seconds_of = {}, {}
+    if args.before:
+        with tempfile.TemporaryDirectory() as folder:
+            then = check_at(args.before, {"prompts": prompts, "k": args.k, "tokens": args.max_new_tokens,
+                                          "threads": args.threads, "engine": [o.ids for o in engine.outputs],
+                                          "control": [o.ids for o in control.outputs]}, Path(folder))
+        verdicts = ", ".join(f"{v} {c}" for v, c in Counter(v for v in then["verdicts"] if v).items()) or "-"
+        lines.append(f"| decoded, the check at {args.before} | {then['seconds']:.1f} | 0 | "
+                     f"{sum(map(len, then['reference']))} | {verdicts} |")
+        print(lines[-1], flush=True)
     for calibrated in (False, True):  # cold; then with the yardstick's calibration measured, as a later check finds it
         for way in ("decoded", "proved"):
             runner.clear_caches(calibration=not calibrated)
@@ -91,6 +151,11 @@ def main() -> None:
     lines += ["", (f"Proved over decoded: **{ratio[False]:.1f}x** faster cold, **{ratio[True]:.1f}x** with the "
                    f"calibration measured before; the same reference ids: {same_refs}; the same verdicts: "
                    f"{same_verdicts}.")]
+    if args.before:
+        same_then = ([s.reference_ids for s in fast.sequences] == then["reference"]
+                     and [s.forensics and s.forensics.verdict for s in fast.sequences] == then["verdicts"])
+        lines.append(f"Proved, cold, over the check at {args.before}: **{then['seconds'] / seconds_of[False, 'proved']:.1f}"
+                     f"x** faster; the same reference ids and verdicts: {same_then}.")
     if args.big:
         base = builtin_set("all") + builtin_set("spec-bench")
         many = [f"{base[i % len(base)]} (#{i})" for i in range(args.big)]
