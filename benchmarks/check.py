@@ -13,7 +13,7 @@ second table checks --big prompts (the built-in prompts, each numbered to make i
 outputs are decoded first, untimed. Timings on a shared machine are noisy: compare rows of one run.
 
     python benchmarks/check.py [--rows 36] [--max-new-tokens 48] [--before b1cd892] [--big 1000] [--big-tokens 16]
-                               [--faults F,...] [--out benchmarks/results/check.md]
+                               [--faults F,...] [--device cpu] [--out benchmarks/results/check.md]
 """
 import argparse
 import io
@@ -59,9 +59,9 @@ from specviz.spec.run import ENGINE, RunSpec
 from specviz.trace.records import EngineOutput
 rows = json.loads(open(sys.argv[1]).read())
 torch.set_num_threads(rows["threads"])
-pair = load_pair(dtype="float32", device="cpu")
+pair = load_pair(dtype="float32", device=rows["device"])
 spec = RunSpec.build(prompts=tuple(rows["prompts"]), method=ENGINE, k=rows["k"], max_new_tokens=rows["tokens"],
-                     device="cpu")
+                     device=rows["device"])
 runs = [EngineRun(name=n, source="callable", outputs=[EngineOutput(ids=o) for o in rows[n]]) for n in ("engine", "control")]
 start = time.perf_counter()
 trace = check.check(spec, pair, pair.encode(rows["prompts"]), *runs)
@@ -91,6 +91,13 @@ def peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def gpu_peak(device: str) -> str:
+    """The GPU memory the check itself peaked at, where it ran on one."""
+    if device != "cuda":
+        return ""
+    return f"; GPU memory peak {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=36)
@@ -101,21 +108,23 @@ def main() -> None:
     ap.add_argument("--big", type=int, default=1000, help="prompts in the large check (0: skip it)")
     ap.add_argument("--big-tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--faults", default="", help="the engine's faults, comma-separated (e.g. dsd-like: most rows "
                     "fork, and each fork is judged)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    pair = load_pair(dtype="float32", device="cpu")
+    pair = load_pair(dtype="float32", device=args.device)
     prompts = (builtin_set("all") + builtin_set("spec-bench"))[: args.rows]
     ids = pair.encode(prompts)
     spec = RunSpec.build(prompts=tuple(prompts), method=ENGINE, k=args.k, max_new_tokens=args.max_new_tokens,
-                         device="cpu")
+                         device=args.device)
     faults = tuple(f for f in args.faults.split(",") if f)
     engine = as_engine("eqspec", eqspec(pair, ids, args.batch_size, args.k, args.max_new_tokens, faults=faults))
     control = as_engine("batched-reference", batched_reference(pair, ids, args.batch_size, args.max_new_tokens))
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "this CPU"
     lines = ["# specviz check: time to a verdict\n",
-             (f"{len(ids)} prompts, {args.max_new_tokens} new tokens, embedded pair in float32, greedy; engine: "
+             (f"{len(ids)} prompts, {args.max_new_tokens} new tokens, embedded pair in float32 on {device}, greedy; engine: "
               f"eqspec (batch {args.batch_size}, k {args.k}{', faults ' + ', '.join(faults) if faults else ''}), "
               f"control: batched-reference; {args.threads} threads; "
               "each way from cold caches (reference, yardstick calibration), then with the calibration kept.\n"),
@@ -124,7 +133,8 @@ def main() -> None:
     if args.before:
         with tempfile.TemporaryDirectory() as folder:
             then = check_at(args.before, {"prompts": prompts, "k": args.k, "tokens": args.max_new_tokens,
-                                          "threads": args.threads, "engine": [o.ids for o in engine.outputs],
+                                          "threads": args.threads, "device": args.device,
+                                          "engine": [o.ids for o in engine.outputs],
                                           "control": [o.ids for o in control.outputs]}, Path(folder))
         verdicts = ", ".join(f"{v} {c}" for v, c in Counter(v for v in then["verdicts"] if v).items()) or "-"
         lines.append(f"| decoded, the check at {args.before} | {then['seconds']:.1f} | 0 | "
@@ -161,9 +171,11 @@ def main() -> None:
         many = [f"{base[i % len(base)]} (#{i})" for i in range(args.big)]
         big_ids = pair.encode(many)
         big_spec = RunSpec.build(prompts=tuple(many), method=ENGINE, k=args.k, max_new_tokens=args.big_tokens,
-                                 device="cpu")
+                                 device=args.device)
         big_engine = as_engine("batched-reference", batched_reference(pair, big_ids, args.batch_size, args.big_tokens))
         runner.clear_caches()
+        if args.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
         before, start = peak_mib(), time.perf_counter()
         big = check.check(big_spec, pair, big_ids, big_engine)
         seconds = time.perf_counter() - start
@@ -173,7 +185,7 @@ def main() -> None:
                    f"{args.batch_size}), no control: **{seconds:.0f} s** ({args.big / seconds:.1f} rows/s); "
                    f"{sum(p.proved for p in proofs)} reference tokens proved, {sum(p.decoded for p in proofs)} decoded; "
                    f"{sum(s.equivalent for s in big.sequences)} of {args.big} equal; peak memory {peak_mib():.0f} MiB "
-                   f"(before the check: {before:.0f} MiB).")]
+                   f"(before the check: {before:.0f} MiB){gpu_peak(args.device)}.")]
         print("\n".join(lines[-2:]), flush=True)
     text = "\n".join(lines) + "\n"
     publish(text, args.out)
