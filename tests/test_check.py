@@ -342,6 +342,85 @@ def test_an_engine_judged_against_itself_as_its_own_control_is_never_an_engine_b
     assert forks and "engine-bug" not in {f.verdict for f in forks}, [f.explanation for f in forks]
 
 
+def _judged(engine: list[list[int]], control: list[list[int]], prompts: list[str]) -> Trace:
+    """An engine check of `engine`'s outputs against `control`'s on the tiny pair in float32 (rounding above zero)."""
+    from specviz.engines.base import EngineRun
+    from specviz.run import check
+    from specviz.spec.run import ENGINE
+    from specviz.trace.records import EngineOutput
+
+    pair = load_pair(TINY_TARGET, TINY_DRAFT, dtype="float32", device="cpu")
+    spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float32", device="cpu", prompts=tuple(prompts),
+                         method=ENGINE, max_new_tokens=BUDGET)
+    runs = [EngineRun(name=name, source="callable", outputs=[EngineOutput(ids=ids) for ids in outputs])
+            for name, outputs in (("engine", engine), ("control", control))]
+    return check.check(spec, pair, pair.encode(prompts), *runs)
+
+
+def _junk(prompts: list[str]) -> list[list[int]]:
+    """Outputs no model wrote: what a server with the wrong weights, tokenizer or chat template would return."""
+    return [[(7 * i + 13 * j) % 500 + 20 for j in range(BUDGET)] for i in range(len(prompts))]
+
+
+def test_a_control_that_departs_at_every_token_grants_no_rounding_so_the_same_output_is_never_numerics():
+    """A server serving the wrong model, used as its own control: every control token departs from the model, so
+    the fit cannot bound the noise (it used to report SIGMA_RANGE's top, a tolerance of thousands of logits, and
+    call every row numerics). Only transformers' rounding is granted, and the rows are unexplained: the engine
+    departs from the model with or without speculation."""
+    prompts = builtin_set("chat")[:3]
+    trace = _judged(_junk(prompts), _junk(prompts), prompts)
+    noise = trace.manifest.yardstick.engine
+    assert noise.source == "unbounded" and noise.tolerance == noise.rounding < 1e-3
+    assert "depart from the target's own choice" in noise.describe()
+    forks = [s.forensics for s in trace.sequences]
+    assert all(f is not None and f.verdict == "unexplained" for f in forks), [f and f.explanation for f in forks]
+    assert all("with or without speculation" in f.explanation and "bounds none" in f.yardstick for f in forks)
+    from specviz.app import plots, views
+
+    focus, _ = views.resolve(trace)
+    assert "bounds none" in forensics_html(trace, focus)  # the page says what the yardstick was, and why
+    assert "bound none of it" in plots.yardstick(trace, focus).layout.title.text
+    assert Trace.from_json(trace.to_json()) == trace
+
+
+@pytest.mark.parametrize("control", ["departs everywhere", "two tokens"])
+def test_a_control_that_bounds_no_rounding_leaves_a_speculative_fork_unexplained_not_numerics(control):
+    """dsd-like speculation judged against a control that measures nothing: one that departs at every token, or
+    one token an output on two prompts (kept tokens alone bound nothing below SIGMA_RANGE's top). Granting either
+    fit called its forks numerics; no control's evidence makes them engine bugs either."""
+    prompts = builtin_set("code")[:2]
+    pair = load_pair(TINY_TARGET, TINY_DRAFT, dtype="float32", device="cpu")
+    ids = pair.encode(prompts)
+    engine = [o.ids for o in eqspec(pair, ids, 2, 4, BUDGET, faults=("no-mask", "growing-padding",
+                                                                     "draft-bonus")).outputs]
+    short = [o.ids[:1] for o in batched_reference(pair, ids, 2, BUDGET).outputs]
+    trace = _judged(engine, _junk(prompts) if control == "departs everywhere" else short, prompts)
+    noise = trace.manifest.yardstick.engine
+    assert noise.source == "unbounded" and noise.tolerance == noise.rounding, noise
+    beyond = [s.forensics for s in trace.sequences if s.forensics and s.forensics.first_bad is not None]
+    assert beyond, "dsd-like should write tokens beyond transformers' rounding"
+    for f in beyond:
+        assert f.verdict == "unexplained" and "Missing evidence: a control that does" in f.explanation, f.explanation
+
+
+@pytest.mark.parametrize("departures,kept,bounded", [
+    ([0.1], [5.0], False),  # the fit's upper bound is SIGMA_RANGE's top
+    ([0.1], [5.0] * 10, False),  # bounded at 5.4: no kept margin tests noise that large
+    ([0.1], [5.0] * 100, True),  # bounded at 2.4
+    ([], [5.0] * 3, False),  # bounded at 73
+    ([8.45, 3.0, 2.0], [], False),  # every token departs
+    ([], [], False),  # nothing scored
+])
+def test_a_control_bounds_the_noise_only_below_the_largest_margin_it_kept(departures, kept, bounded):
+    from specviz.forensics import enginenoise
+
+    gaps, margins = departures + [0.0] * len(kept), [0.0] * len(departures) + kept
+    fit = enginenoise.fit_sigma(gaps, margins)
+    assert (enginenoise.unbounded(gaps, margins, fit) is None) == bounded
+    if bounded:
+        assert fit[1] < max(kept)
+
+
 def test_the_engine_tolerance_holds_its_false_alarm_rate_per_output_not_per_token():
     """Gaussian noise of the fitted scale on every token of 20,000 outputs of 48 tokens: outputs with a token
     beyond the tolerance are at most the stated 1% (to sampling error); a per-token 99th percentile would flag about a third."""

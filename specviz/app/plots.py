@@ -176,7 +176,8 @@ def _engine_yardstick(noise, seq, f) -> go.Figure:
         marks += [("gap at the fork", seq.gaps[f.fork] if f.fork < len(seq.gaps) else None, "#54a24b"),
                   ("first gap beyond", seq.gaps[f.first_bad] if f.first_bad is not None else None, "#e45756")]
     _marks(fig, marks)
-    where = "no control run" if noise.source == "none" else f"its control's {noise.tokens} tokens"
+    where = {"none": "no control run", "unbounded": f"its control's {noise.tokens} tokens bound none of it"}.get(
+        noise.source, f"its control's {noise.tokens} tokens")
     fig.update_layout(height=300, margin={"t": 40, "b": 40, "l": 50, "r": 10}, legend={"orientation": "h", "y": -0.35},
                       title=f"the engine's rounding ({where})",
                       xaxis={"type": "log", "title": {"text": "logits (float64 gap)"}},

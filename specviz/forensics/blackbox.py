@@ -70,11 +70,14 @@ def _engine_noise(trace: Trace, scored: dict, truth: str, rounding: float) -> En
                for x in enginenoise.sigma_from_logprobs(forced, s.control.logprobs)]
     sigma_lp = enginenoise.robust_sigma(squares)
     departures = sorted((g for g in gaps if g > 0), reverse=True)
+    measured = dict(truth=truth, tokens=len(gaps), departures=departures[: enginenoise.MAX_DEPARTURES],
+                    sigma=fit and fit[0], sigma_upper=fit and fit[1], sigma_logprobs=sigma_lp, rounding=rounding,
+                    alpha=enginenoise.ALPHA)
+    if why := enginenoise.unbounded(gaps, margins, fit):  # granting its fit would let any output pass as rounding
+        return EngineNoise(source="unbounded", tolerance=rounding, method=why, **measured)
     budget = trace.manifest.spec.max_new_tokens
     return EngineNoise(
-        source="control", truth=truth, tokens=len(gaps), departures=departures[: enginenoise.MAX_DEPARTURES],
-        sigma=fit and fit[0], sigma_upper=fit and fit[1], sigma_logprobs=sigma_lp, rounding=rounding,
-        tolerance=enginenoise.tolerance(fit and fit[1], sigma_lp, budget), alpha=enginenoise.ALPHA,
+        source="control", tolerance=enginenoise.tolerance(fit[1], sigma_lp, budget), **measured,
         method=(f"the control's {len(gaps)} tokens teacher-forced through the target in {truth}: {len(departures)} "
                 "depart from its argmax; a Gaussian noise on logit differences fitted to those gaps and to the "
                 "margins of the tokens it kept" + (f", and to {len(squares)} log-probabilities" if squares else "")
@@ -177,6 +180,12 @@ def _engine_verdict(ev: EngineForensics, s: SequenceRecord, noise: EngineNoise) 
         if noise.source == "control":
             ev.verdict = "engine-bug"
             ev.explanation = f"{beyond}. The engine wrote text the target would not{_symptom(ev)}." + changed
+        elif noise.source == "unbounded":
+            ev.explanation = (f"{beyond}{_symptom(ev)}. Whether this engine's kernels round that coarsely is not "
+                              "measured: its control run bounds none of its rounding. Missing evidence: a control "
+                              "that does (the same engine without speculation on more prompts or more tokens); "
+                              "where every control token departs from the model, first compare the engine's "
+                              "weights, tokenizer and chat template with the target's.")
         else:
             ev.explanation = (f"{beyond}{_symptom(ev)}. Whether this engine's kernels round that coarsely is not "
                               "measured. Missing evidence: its run without speculation (the same server and settings, "

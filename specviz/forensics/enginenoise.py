@@ -127,11 +127,15 @@ def _log_likelihood(sigma: float, departures: list[float], kept: list[float]) ->
     return float(stats.norm.logsf([g / sigma for g in departures]).sum() + stats.norm.logcdf([m / sigma for m in kept]).sum())
 
 
+def _split(gaps: list[float], margins: list[float]) -> tuple[list[float], list[float]]:
+    """Tokens' float64 gaps where they depart from the target's argmax, and their margins where they are it."""
+    return [g for g in gaps if g > 0], [m for g, m in zip(gaps, margins) if g == 0 and m > 0]
+
+
 def fit_sigma(gaps: list[float], margins: list[float]) -> tuple[float, float] | None:
     """(sigma, its 95% upper bound) from tokens' float64 gaps (a departure where > 0) and margins (where kept);
     None without tokens."""
-    departures = [g for g in gaps if g > 0]
-    kept = [m for g, m in zip(gaps, margins) if g == 0 and m > 0]
+    departures, kept = _split(gaps, margins)
     if not departures and not kept:
         return None
     lo, hi = (math.log(x) for x in SIGMA_RANGE)
@@ -143,6 +147,24 @@ def fit_sigma(gaps: list[float], margins: list[float]) -> tuple[float, float] | 
     bound = nll(best) + CHI2_95 / 2
     upper = hi if nll(hi) <= bound else optimize.brentq(lambda x: nll(x) - bound, best, hi)
     return (math.exp(best) if departures else 0.0), math.exp(upper)
+
+
+def unbounded(gaps: list[float], margins: list[float], fit: tuple[float, float] | None) -> str | None:
+    """Why a control's tokens bound none of its engine's rounding, or None where they bound it. The fit tests noise
+    only at the scales of the margins the control kept: far above the largest, every kept token is about as likely
+    under any larger noise, so the upper bound is where the likelihood flattens (or SIGMA_RANGE's top), not a
+    measurement, and its tolerance would explain any gap. A control that departs at every token, or one of a few
+    tokens, would otherwise let any engine's output pass as rounding."""
+    departures, kept = _split(gaps, margins)
+    if fit is None:
+        return "none of its tokens could be scored"
+    if not kept:
+        return (f"all {len(gaps)} of its tokens depart from the target's own choice, by up to {max(departures):.3g}, "
+                "so none shows where its rounding stops")
+    if fit[1] >= max(kept):
+        return (f"the 95% upper bound on its noise, {fit[1]:.3g}, is not below the largest margin it kept, "
+                f"{max(kept):.3g}: its {len(gaps)} tokens cannot tell noise that large from none")
+    return None
 
 
 def sigma_from_logprobs(forced: Forced, logprobs: list[float]) -> list[float]:

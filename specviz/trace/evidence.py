@@ -48,7 +48,9 @@ class EngineNoise(Strict):
     speculation bug: where its tokens depart from the target's float64 argmax, and by how much, against the
     margins it kept. The engine verdicts' yardstick."""
 
-    source: Literal["control", "none"]  # none: no control run was given, only transformers' rounding is known
+    # control: measured on the control run; unbounded: the control's tokens bound none of it (method says why) and,
+    # as with none (no control run), only transformers' rounding is granted
+    source: Literal["control", "unbounded", "none"]
     truth: str  # "float64", or the target's dtype where no float64 copy could be made
     tokens: int  # control tokens scored
     departures: Many[float]  # float64 gaps of the control's tokens that are not the target's argmax, largest first
@@ -65,6 +67,9 @@ class EngineNoise(Strict):
         if self.source == "none":
             return (f"transformers' own rounding in this dtype explains gaps up to {self.rounding:.3g} (no control run "
                     "measured this engine's)")
+        if self.source == "unbounded":
+            return (f"transformers' own rounding in this dtype explains gaps up to {self.rounding:.3g}; the control run "
+                    f"bounds none of this engine's: {self.method}")
         seen = "none departing" if not self.departures else \
             f"{len(self.departures)} departing, by up to {self.departures[0]:.3g}"
         lp = "" if self.sigma_logprobs is None else f", {self.sigma_logprobs:.3g} from its log-probabilities"

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from specviz.trace.evidence import EngineForensics, RunForensics
 
-SCHEMA_VERSION = 7  # 3: whole-character pieces (trace/text.py); 4: sampled runs; 5: yardsticks; 6: engine facts;
-#                    7: references proved by teacher forcing
+SCHEMA_VERSION = 8  # 3: whole-character pieces (trace/text.py); 4: sampled runs; 5: yardsticks; 6: engine facts;
+#                    7: references proved by teacher forcing; 8: controls that bound none of an engine's rounding
 
 
 def _from_version_1(raw: dict) -> dict:
@@ -73,6 +73,12 @@ def _from_version_6(raw: dict) -> dict:
     return {**raw, "schema_version": 7}
 
 
+def _from_version_7(raw: dict) -> dict:
+    """Version 8 no longer grants an engine the fit of a control whose tokens bound none of its rounding (an engine
+    yardstick's source `unbounded`); version 7 granted it as measured. Its verdicts are kept as recorded."""
+    return {**raw, "schema_version": 8}
+
+
 def _floor_as_rounding(floor: dict, factor: object, manifest: dict) -> dict:
     spec = manifest.get("spec")
     return {"dtype": spec.get("dtype", "?") if isinstance(spec, dict) else "?",
@@ -85,4 +91,4 @@ def _floor_as_rounding(floor: dict, factor: object, manifest: dict) -> dict:
 
 # version -> a function that lifts a raw trace one version up
 MIGRATIONS = {1: _from_version_1, 2: _from_version_2, 3: _from_version_3, 4: _from_version_4,
-              5: _from_version_5, 6: _from_version_6}
+              5: _from_version_5, 6: _from_version_6, 7: _from_version_7}
