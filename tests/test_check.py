@@ -342,7 +342,8 @@ def test_an_engine_judged_against_itself_as_its_own_control_is_never_an_engine_b
     assert forks and "engine-bug" not in {f.verdict for f in forks}, [f.explanation for f in forks]
 
 
-def _judged(engine: list[list[int]], control: list[list[int]], prompts: list[str]) -> Trace:
+def _judged(engine: list[list[int]], control: list[list[int]], prompts: list[str],
+            control_logprobs: list[list[float]] | None = None) -> Trace:
     """An engine check of `engine`'s outputs against `control`'s on the tiny pair in float32 (rounding above zero)."""
     from specviz.engines.base import EngineRun
     from specviz.run import check
@@ -352,7 +353,9 @@ def _judged(engine: list[list[int]], control: list[list[int]], prompts: list[str
     pair = load_pair(TINY_TARGET, TINY_DRAFT, dtype="float32", device="cpu")
     spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float32", device="cpu", prompts=tuple(prompts),
                          method=ENGINE, max_new_tokens=BUDGET)
-    runs = [EngineRun(name=name, source="callable", outputs=[EngineOutput(ids=ids) for ids in outputs])
+    logprobs = {"engine": [None] * len(engine), "control": control_logprobs or [None] * len(control)}
+    runs = [EngineRun(name=name, source="callable", outputs=[EngineOutput(ids=ids, logprobs=lp)
+                                                             for ids, lp in zip(outputs, logprobs[name])])
             for name, outputs in (("engine", engine), ("control", control))]
     return check.check(spec, pair, pair.encode(prompts), *runs)
 
@@ -403,6 +406,26 @@ def test_a_control_that_bounds_no_rounding_leaves_a_speculative_fork_unexplained
         assert f.verdict == "unexplained" and "Missing evidence: a control that does" in f.explanation, f.explanation
 
 
+def test_a_control_whose_log_probabilities_disagree_with_its_tokens_widens_no_tolerance():
+    """A server that returns the processed distribution's log-probabilities (greedy: 0 for every chosen token) as
+    its control's: read as noise, they claim a sigma of logits where the control's tokens bound it far below. They
+    used to widen the tolerance to match, and dsd-like's engine bugs became numerics."""
+    prompts = builtin_set("code")[:4]
+    pair = load_pair(TINY_TARGET, TINY_DRAFT, dtype="float32", device="cpu")
+    ids = pair.encode(prompts)
+    engine = [o.ids for o in eqspec(pair, ids, 4, 4, BUDGET, faults=("no-mask", "growing-padding",
+                                                                     "draft-bonus")).outputs]
+    control = [o.ids for o in batched_reference(pair, ids, 4, BUDGET).outputs]
+    plain = _judged(engine, control, prompts)
+    processed = _judged(engine, control, prompts, control_logprobs=[[0.0] * len(c) for c in control])
+    noise = processed.manifest.yardstick.engine
+    assert noise.source == "control" and noise.sigma_logprobs > 100 * noise.sigma_upper
+    assert noise.tolerance == plain.manifest.yardstick.engine.tolerance and "not granted" in noise.describe()
+    verdicts = [s.forensics.verdict for s in processed.sequences if s.forensics]
+    assert verdicts and set(verdicts) == {"engine-bug"}
+    assert verdicts == [s.forensics.verdict for s in plain.sequences if s.forensics]
+
+
 @pytest.mark.parametrize("departures,kept,bounded", [
     ([0.1], [5.0], False),  # the fit's upper bound is SIGMA_RANGE's top
     ([0.1], [5.0] * 10, False),  # bounded at 5.4: no kept margin tests noise that large
@@ -429,7 +452,7 @@ def test_the_engine_tolerance_holds_its_false_alarm_rate_per_output_not_per_toke
     from specviz.forensics import enginenoise
 
     sigma, tokens = 0.05, 48
-    tol = enginenoise.tolerance(sigma, None, tokens)
+    tol = enginenoise.tolerance(sigma, tokens)
     noise = torch.randn(20_000, tokens, generator=torch.Generator().manual_seed(0)).double() * sigma
     flagged = float((noise > tol).any(-1).double().mean())
     assert 0.005 < flagged <= enginenoise.ALPHA + 3 * (enginenoise.ALPHA / len(noise)) ** 0.5, flagged  # 3 sd

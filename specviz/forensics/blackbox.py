@@ -4,7 +4,8 @@ A correct greedy engine writes, at every position, the target's own argmax given
 rounding. So its whole output is teacher-forced through the target in float64 (one fresh batch-size-1 pass):
 a token whose logit sits further below the target's choice than that engine's rounding reaches is one the
 target would not have written. The engine's rounding is measured on its control run (enginenoise.py); without
-one only transformers' rounding is known, and a fork beyond it is left unexplained, saying what would decide it.
+one, or with one whose tokens bound none of it, only transformers' rounding is known, and a fork beyond it is left
+unexplained, saying what would decide it.
 
 Verdicts: `numerics` (of that engine), `engine-bug`, `unexplained` with the evidence that is missing.
 """
@@ -57,7 +58,8 @@ def judge_engine(trace: Trace, forcing: enginenoise.TeacherForcing, truth: str,
 
 
 def _engine_noise(trace: Trace, scored: dict, truth: str, rounding: float) -> EngineNoise:
-    """The engine's rounding from its control run's tokens (and log-probabilities, where it gave them)."""
+    """The engine's rounding from its control run's tokens (its log-probabilities, where it gave them, are reported
+    beside: enginenoise.py says why they are not granted)."""
     controls = [(s, scored["control", s.seq]) for s in trace.sequences if ("control", s.seq) in scored]
     if not controls:
         return EngineNoise(source="none", truth=truth, tokens=0, departures=[], rounding=rounding, tolerance=rounding,
@@ -77,10 +79,11 @@ def _engine_noise(trace: Trace, scored: dict, truth: str, rounding: float) -> En
         return EngineNoise(source="unbounded", tolerance=rounding, method=why, **measured)
     budget = trace.manifest.spec.max_new_tokens
     return EngineNoise(
-        source="control", tolerance=enginenoise.tolerance(fit[1], sigma_lp, budget), **measured,
+        source="control", tolerance=enginenoise.tolerance(fit[1], budget), **measured,
         method=(f"the control's {len(gaps)} tokens teacher-forced through the target in {truth}: {len(departures)} "
                 "depart from its argmax; a Gaussian noise on logit differences fitted to those gaps and to the "
-                "margins of the tokens it kept" + (f", and to {len(squares)} log-probabilities" if squares else "")
+                "margins of the tokens it kept" + (f" (its {len(squares)} log-probabilities read it too, and are "
+                                                    "reported, not granted)" if squares else "")
                 + f"; tolerance: at the 95% upper bound, the gap all {budget} tokens of a correct output stay "
                 f"within with probability 1 - alpha (its 1 - alpha / {budget} quantile)"))
 

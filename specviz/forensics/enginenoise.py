@@ -11,12 +11,15 @@ float64 gap (the noise reached past it).
 Model the engine's noise on a logit difference as Gaussian of scale sigma. A departure of
 gap g has probability P(noise > g); a kept token of margin m has P(noise < m). sigma is the
 maximum-likelihood fit to both (a censored sample: departures alone would only show that
-noise reached somewhere), with a likelihood-ratio 95% upper bound; where the engine gave
-log-probabilities, their departures from float64 read the same sigma directly. A fork is
-that engine's numerics while every float64 gap from the fork on stays within z(1 - alpha / n)
-times the larger of the two, n the output's budget of tokens: each of them is compared, so
-the false-alarm rate alpha holds per output, not per token. Without a control, only
-transformers' own rounding in the dtype is known.
+noise reached somewhere), with a likelihood-ratio 95% upper bound. A fork is that engine's
+numerics while every float64 gap from the fork on stays within z(1 - alpha / n) times that
+bound, n the output's budget of tokens: each of them is compared, so the false-alarm rate
+alpha holds per output, not per token. Where the engine gave log-probabilities, their
+departures from float64 read sigma too, and are reported beside it; they never widen the
+tolerance: the tokens are what is judged, and log-probabilities from another computation
+(another model, a processed distribution) would otherwise explain any gap. Without a control,
+or with one whose tokens bound nothing (`unbounded`), only transformers' own rounding in the
+dtype is known.
 """
 from __future__ import annotations
 
@@ -182,9 +185,9 @@ def robust_sigma(scaled_squares: list[float]) -> float | None:
     return math.sqrt(float(torch.tensor(scaled_squares).median()) / stats.chi2.ppf(0.5, 1))
 
 
-def tolerance(sigma_upper: float | None, sigma_logprobs: float | None, tokens: int, alpha: float = ALPHA) -> float:
+def tolerance(sigma_upper: float, tokens: int, alpha: float = ALPHA) -> float:
     """The largest float64 gap the engine's rounding explains in an output of up to `tokens` tokens, every one of
     which is compared with it: a correct output stays within it throughout with probability at least 1 - alpha
     (alpha / tokens a token; 1% a token would allow, where every margin is near zero, a false alarm in about one
     output of three)."""
-    return stats.norm.isf(alpha / max(tokens, 1)) * max(x for x in (sigma_upper, sigma_logprobs, 0.0) if x is not None)
+    return stats.norm.isf(alpha / max(tokens, 1)) * sigma_upper

@@ -56,7 +56,8 @@ class EngineNoise(Strict):
     departures: Many[float]  # float64 gaps of the control's tokens that are not the target's argmax, largest first
     sigma: float | None = None  # the control's noise on a logit difference (Gaussian, fitted to flips and kept margins)
     sigma_upper: float | None = None  # its 95% upper bound
-    sigma_logprobs: float | None = None  # the same noise read off the control's log-probabilities, where it gave them
+    # the same noise read off the control's log-probabilities, where it gave them: reported, never in the tolerance
+    sigma_logprobs: float | None = None
     rounding: float  # transformers' own tolerance in this dtype (Rounding.tolerance): the yardstick without a control
     tolerance: float  # the largest float64 gap this engine's own rounding explains, at false-alarm rate alpha
     alpha: float
@@ -72,9 +73,11 @@ class EngineNoise(Strict):
                     f"bounds none of this engine's: {self.method}")
         seen = "none departing" if not self.departures else \
             f"{len(self.departures)} departing, by up to {self.departures[0]:.3g}"
-        lp = "" if self.sigma_logprobs is None else f", {self.sigma_logprobs:.3g} from its log-probabilities"
+        upper = "unknown" if self.sigma_upper is None else f"{self.sigma_upper:.3g}"  # a version-7 control: no token
+        lp = "" if self.sigma_logprobs is None else f", {self.sigma_logprobs:.3g} from its log-probabilities" + (
+            " (more than its tokens allow: not granted)" if self.sigma_logprobs > (self.sigma_upper or 0) else "")
         return (f"this engine's own rounding explains gaps up to {self.tolerance:.3g} (from its control run: "
-                f"{self.tokens} tokens, {seen}; noise sigma at most {self.sigma_upper:.3g}{lp}; false-alarm rate "
+                f"{self.tokens} tokens, {seen}; noise sigma at most {upper}{lp}; false-alarm rate "
                 f"{self.alpha:g} an output)")
 
 

@@ -75,7 +75,8 @@ def _from_version_6(raw: dict) -> dict:
 
 def _from_version_7(raw: dict) -> dict:
     """Version 8 no longer grants an engine the fit of a control whose tokens bound none of its rounding (an engine
-    yardstick's source `unbounded`); version 7 granted it as measured. Its verdicts are kept as recorded."""
+    yardstick's source `unbounded`), nor a tolerance widened by the control's log-probabilities beyond what its
+    tokens allow; version 7 granted both. Its verdicts are kept as recorded."""
     return {**raw, "schema_version": 8}
 
 
