@@ -426,6 +426,48 @@ def test_a_control_whose_log_probabilities_disagree_with_its_tokens_widens_no_to
     assert verdicts == [s.forensics.verdict for s in plain.sequences if s.forensics]
 
 
+def test_one_control_output_that_departs_everywhere_is_set_apart_and_the_rest_still_judges():
+    """A server that answered one request with junk (a truncated prompt, another model behind a router): fitted
+    with the rest, its departures would widen the tolerance for every row (on the embedded pair, 36 prompts, one
+    junk control output made 22 of dsd-like's 36 engine bugs numerics). Set apart, the rest measures the rounding;
+    the row of the junk prompt is unexplained, saying that the engine departs there without speculation too."""
+    prompts = builtin_set("code")[:4]
+    pair = load_pair(TINY_TARGET, TINY_DRAFT, dtype="float32", device="cpu")
+    ids = pair.encode(prompts)
+    engine = [o.ids for o in eqspec(pair, ids, 4, 4, BUDGET, faults=("no-mask", "growing-padding",
+                                                                     "draft-bonus")).outputs]
+    control = [o.ids for o in batched_reference(pair, ids, 4, BUDGET).outputs]
+    clean = _judged(engine, control, prompts)
+    trace = _judged(engine, [_junk(prompts)[0], *control[1:]], prompts)
+    noise = trace.manifest.yardstick.engine
+    assert (noise.source, noise.outliers, clean.manifest.yardstick.engine.outliers) == ("control", [0], [])
+    assert noise.tolerance < 1 and "set apart" in noise.describe()
+    f = trace.sequences[0].forensics
+    assert f.verdict == "unexplained" and "departs from the model on this prompt too" in f.explanation
+    assert [s.forensics.verdict for s in trace.sequences[1:]] == [s.forensics.verdict for s in clean.sequences[1:]]
+    assert {s.forensics.verdict for s in trace.sequences[1:]} == {"engine-bug"}
+
+
+def _simulated_control(outputs: int, tokens: int, sigma: float, seed: int) -> list[tuple[list[float], list[float]]]:
+    """Control outputs of one engine whose rounding is Gaussian of scale `sigma`: at each token the runner-up sits
+    U(0, 5) below the top; the engine writes it (a departure of that gap) where its noise reaches past."""
+    g = torch.Generator().manual_seed(seed)
+    gap = torch.rand(outputs, tokens, generator=g, dtype=torch.float64) * 5
+    flips = torch.randn(outputs, tokens, generator=g, dtype=torch.float64) * sigma > gap
+    return [(torch.where(f, gap_row, 0.0).tolist(), torch.where(f, 0.0, gap_row).tolist())
+            for f, gap_row in zip(flips, gap)]
+
+
+def test_outputs_of_one_rounding_are_never_set_apart_and_junk_among_them_always_is():
+    from specviz.forensics import enginenoise
+
+    apart = [enginenoise.outliers(_simulated_control(30, 40, 0.5, seed)) for seed in range(20)]
+    assert sum(map(len, apart)) <= 1, apart  # alpha 1% a control: 20 controls of 30 outputs
+    junk = ([3 + 7 * i / 23 for i in range(24)], [0.0] * 24)
+    for seed in range(5):
+        assert enginenoise.outliers([*_simulated_control(30, 40, 0.5, seed), junk]) == [30]
+
+
 @pytest.mark.parametrize("departures,kept,bounded", [
     ([0.1], [5.0], False),  # the fit's upper bound is SIGMA_RANGE's top
     ([0.1], [5.0] * 10, False),  # bounded at 5.4: no kept margin tests noise that large

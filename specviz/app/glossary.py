@@ -101,13 +101,15 @@ def glossary(trace: Trace | None) -> str:
          "prefix: 0 where the engine wrote the target's own choice"),
         ("**engine rounding** = the engine's own noise on a logit difference, fitted to its control run (the same "
          "engine without speculation, which holds no speculation bug): the gaps where the control departs from the "
-         "target's float64 argmax and the margins where it does not (and its log-probabilities, where given); its "
-         "tolerance is the gap that every token of a correct output stays within with probability 99% (its 1 - 0.01 / n "
-         "quantile, n the output's budget of tokens) at the 95% upper bound (without a control, transformers' own "
+         "target's float64 argmax and the margins where it does not (its log-probabilities, where given, are "
+         "reported, not granted; an output of it whose departures need far more noise than the rest's is set "
+         "apart); its tolerance is the gap that every token of a correct output stays within with "
+         "probability 99% (its 1 - 0.01 / n quantile, n the output's budget of tokens) at the 95% upper bound "
+         "(without a control, or with one that bounds nothing below the largest margin it kept, transformers' own "
          "rounding)"),
         ("**engine-bug** = a token at or after the fork has a gap beyond the engine's own rounding; `numerics` = "
-         "every gap from the fork on within it; without a control run a gap beyond transformers' rounding is "
-         "`unexplained`, asking for one"),
+         "every gap from the fork on within it; without a control run, or with one that bounds nothing, a gap "
+         "beyond transformers' rounding is `unexplained`, asking for one that does"),
         ("**temperature, top-k, top-p** (sampled runs) = the target's logits divided by the temperature, cut to "
          "the k most likely tokens, then to the smallest set holding top-p of the mass; the draft uses the same "
          "unless given its own. Temperature 0 is greedy"),

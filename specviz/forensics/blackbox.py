@@ -65,6 +65,9 @@ def _engine_noise(trace: Trace, scored: dict, truth: str, rounding: float) -> En
         return EngineNoise(source="none", truth=truth, tokens=0, departures=[], rounding=rounding, tolerance=rounding,
                            alpha=enginenoise.ALPHA, method="no control run: only transformers' own rounding in this "
                            "dtype is known, and every engine is granted it")
+    apart = enginenoise.outliers([(forced.gaps, forced.margins) for _, forced in controls])
+    outliers = [s.seq for i, (s, _) in enumerate(controls) if i in apart]
+    controls = [c for i, c in enumerate(controls) if i not in apart]
     gaps = [g for _, forced in controls for g in forced.gaps]
     margins = [m for _, forced in controls for m in forced.margins]
     fit = enginenoise.fit_sigma(gaps, margins)
@@ -74,7 +77,7 @@ def _engine_noise(trace: Trace, scored: dict, truth: str, rounding: float) -> En
     departures = sorted((g for g in gaps if g > 0), reverse=True)
     measured = dict(truth=truth, tokens=len(gaps), departures=departures[: enginenoise.MAX_DEPARTURES],
                     sigma=fit and fit[0], sigma_upper=fit and fit[1], sigma_logprobs=sigma_lp, rounding=rounding,
-                    alpha=enginenoise.ALPHA)
+                    alpha=enginenoise.ALPHA, outliers=outliers)
     if why := enginenoise.unbounded(gaps, margins, fit):  # granting its fit would let any output pass as rounding
         return EngineNoise(source="unbounded", tolerance=rounding, method=why, **measured)
     budget = trace.manifest.spec.max_new_tokens
@@ -85,7 +88,9 @@ def _engine_noise(trace: Trace, scored: dict, truth: str, rounding: float) -> En
                 "margins of the tokens it kept" + (f" (its {len(squares)} log-probabilities read it too, and are "
                                                     "reported, not granted)" if squares else "")
                 + f"; tolerance: at the 95% upper bound, the gap all {budget} tokens of a correct output stay "
-                f"within with probability 1 - alpha (its 1 - alpha / {budget} quantile)"))
+                f"within with probability 1 - alpha (its 1 - alpha / {budget} quantile)"
+                + (f"; {len(outliers)} control outputs set apart, their departures needing far more noise than the "
+                   "rest's (a likelihood-ratio test at alpha / outputs each)" if outliers else "")))
 
 
 def _fidelity(trace: Trace, scored: dict, role: str, noise: EngineNoise) -> Fidelity | None:
@@ -180,7 +185,13 @@ def _engine_verdict(ev: EngineForensics, s: SequenceRecord, noise: EngineNoise) 
         where = "The fork token" if ev.first_bad == f else f"Token {ev.first_bad}, after the fork,"
         beyond = (f"{where} sits {s.gaps[ev.first_bad]:.3g} logits below what the target itself would write on that "
                   f"prefix (in {noise.truth}); {noise.describe()}")
-        if noise.source == "control":
+        if s.seq in noise.outliers:
+            ev.explanation = (f"{beyond}{_symptom(ev)}. The same engine without speculation departs from the model on "
+                              "this prompt too, by far more than the rounding its other outputs show (its output here "
+                              "was set apart from the fit): something besides rounding and speculation is wrong on "
+                              "this prompt. Missing evidence: the request the engine received (its chat template, a "
+                              "truncation) and its weights, compared with the target's.")
+        elif noise.source == "control":
             ev.verdict = "engine-bug"
             ev.explanation = f"{beyond}. The engine wrote text the target would not{_symptom(ev)}." + changed
         elif noise.source == "unbounded":

@@ -135,21 +135,60 @@ def _split(gaps: list[float], margins: list[float]) -> tuple[list[float], list[f
     return [g for g in gaps if g > 0], [m for g, m in zip(gaps, margins) if g == 0 and m > 0]
 
 
+def _best_sigma(departures: list[float], kept: list[float]) -> float:
+    """The maximum-likelihood sigma: SIGMA_RANGE's bottom without departures."""
+    if not departures:
+        return SIGMA_RANGE[0]
+    lo, hi = (math.log(x) for x in SIGMA_RANGE)
+    return math.exp(optimize.minimize_scalar(lambda x: -_log_likelihood(math.exp(x), departures, kept),
+                                             bounds=(lo, hi), method="bounded").x)
+
+
 def fit_sigma(gaps: list[float], margins: list[float]) -> tuple[float, float] | None:
     """(sigma, its 95% upper bound) from tokens' float64 gaps (a departure where > 0) and margins (where kept);
     None without tokens."""
     departures, kept = _split(gaps, margins)
     if not departures and not kept:
         return None
-    lo, hi = (math.log(x) for x in SIGMA_RANGE)
+    hi = math.log(SIGMA_RANGE[1])
 
     def nll(log_sigma: float) -> float:
         return -_log_likelihood(math.exp(log_sigma), departures, kept)
 
-    best = lo if not departures else optimize.minimize_scalar(nll, bounds=(lo, hi), method="bounded").x
+    best = math.log(_best_sigma(departures, kept))
     bound = nll(best) + CHI2_95 / 2
     upper = hi if nll(hi) <= bound else optimize.brentq(lambda x: nll(x) - bound, best, hi)
     return (math.exp(best) if departures else 0.0), math.exp(upper)
+
+
+def outliers(outputs: list[tuple[list[float], list[float]]], alpha: float = ALPHA) -> list[int]:
+    """The outputs (indices into `outputs`, each its tokens' (gaps, margins)) whose departures no noise shared with
+    the others explains. Rounding is one engine's kernels on every output, so an output that needs far more noise
+    than the rest departs from the model for another reason (another model, template or request on that prompt);
+    fitted with the rest, it would widen the tolerance for every output. Tested worst first, one output set apart
+    at a time, among those not yet set apart: the likelihood ratio of a sigma for the output and one for the
+    others against one for all (chi-square with one degree of freedom, at alpha / outputs each). Outputs without
+    departures never need more noise and are never set apart."""
+    split = [_split(gaps, margins) for gaps, margins in outputs]
+    own = {i: _best_log_likelihood(*split[i]) for i, (d, _) in enumerate(split) if d}
+    threshold = stats.chi2.isf(alpha / max(len(outputs), 1), 1) / 2
+    apart: list[int] = []
+
+    def pooled(leave: set[int]) -> float:
+        rest = [split[i] for i in range(len(split)) if i not in leave]
+        return _best_log_likelihood([g for d, _ in rest for g in d], [m for _, k in rest for m in k])
+
+    while True:
+        together = pooled(set(apart))
+        ratio = {i: own[i] + pooled({*apart, i}) - together for i in own if i not in apart}
+        worst = max(ratio, key=ratio.get, default=None)
+        if worst is None or ratio[worst] <= threshold:
+            return sorted(apart)
+        apart.append(worst)
+
+
+def _best_log_likelihood(departures: list[float], kept: list[float]) -> float:
+    return _log_likelihood(_best_sigma(departures, kept), departures, kept)
 
 
 def unbounded(gaps: list[float], margins: list[float], fit: tuple[float, float] | None) -> str | None:

@@ -62,6 +62,8 @@ class EngineNoise(Strict):
     tolerance: float  # the largest float64 gap this engine's own rounding explains, at false-alarm rate alpha
     alpha: float
     method: str
+    # control outputs (sequence indices) set apart from the fit: their departures need far more noise than the rest's
+    outliers: Many[int] = []
 
     def describe(self) -> str:
         """What the yardstick explains, and from what."""
@@ -76,8 +78,10 @@ class EngineNoise(Strict):
         upper = "unknown" if self.sigma_upper is None else f"{self.sigma_upper:.3g}"  # a version-7 control: no token
         lp = "" if self.sigma_logprobs is None else f", {self.sigma_logprobs:.3g} from its log-probabilities" + (
             " (more than its tokens allow: not granted)" if self.sigma_logprobs > (self.sigma_upper or 0) else "")
+        apart = (f"; {len(self.outliers)} of its outputs set apart, departing by far more than the rest's rounding"
+                 if self.outliers else "")
         return (f"this engine's own rounding explains gaps up to {self.tolerance:.3g} (from its control run: "
-                f"{self.tokens} tokens, {seen}; noise sigma at most {upper}{lp}; false-alarm rate "
+                f"{self.tokens} tokens, {seen}; noise sigma at most {upper}{lp}{apart}; false-alarm rate "
                 f"{self.alpha:g} an output)")
 
 
