@@ -360,6 +360,14 @@ def _judged(engine: list[list[int]], control: list[list[int]], prompts: list[str
     return check.check(spec, pair, pair.encode(prompts), *runs)
 
 
+def _dsd_like_and_control(prompts: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+    """dsd-like eqspec's outputs and batched-reference's (its control) on the tiny pair in float32, batch size 4."""
+    pair = load_pair(TINY_TARGET, TINY_DRAFT, dtype="float32", device="cpu")
+    ids = pair.encode(prompts)
+    engine = eqspec(pair, ids, 4, 4, BUDGET, faults=("no-mask", "growing-padding", "draft-bonus"))
+    return [o.ids for o in engine.outputs], [o.ids for o in batched_reference(pair, ids, 4, BUDGET).outputs]
+
+
 def _junk(prompts: list[str]) -> list[list[int]]:
     """Outputs no model wrote: what a server with the wrong weights, tokenizer or chat template would return."""
     return [[(7 * i + 13 * j) % 500 + 20 for j in range(BUDGET)] for i in range(len(prompts))]
@@ -392,11 +400,8 @@ def test_a_control_that_bounds_no_rounding_leaves_a_speculative_fork_unexplained
     one token an output on two prompts (kept tokens alone bound nothing below SIGMA_RANGE's top). Granting either
     fit called its forks numerics; no control's evidence makes them engine bugs either."""
     prompts = builtin_set("code")[:2]
-    pair = load_pair(TINY_TARGET, TINY_DRAFT, dtype="float32", device="cpu")
-    ids = pair.encode(prompts)
-    engine = [o.ids for o in eqspec(pair, ids, 2, 4, BUDGET, faults=("no-mask", "growing-padding",
-                                                                     "draft-bonus")).outputs]
-    short = [o.ids[:1] for o in batched_reference(pair, ids, 2, BUDGET).outputs]
+    engine, control = _dsd_like_and_control(prompts)
+    short = [ids[:1] for ids in control]
     trace = _judged(engine, _junk(prompts) if control == "departs everywhere" else short, prompts)
     noise = trace.manifest.yardstick.engine
     assert noise.source == "unbounded" and noise.tolerance == noise.rounding, noise
@@ -411,11 +416,7 @@ def test_a_control_whose_log_probabilities_disagree_with_its_tokens_widens_no_to
     its control's: read as noise, they claim a sigma of logits where the control's tokens bound it far below. They
     used to widen the tolerance to match, and dsd-like's engine bugs became numerics."""
     prompts = builtin_set("code")[:4]
-    pair = load_pair(TINY_TARGET, TINY_DRAFT, dtype="float32", device="cpu")
-    ids = pair.encode(prompts)
-    engine = [o.ids for o in eqspec(pair, ids, 4, 4, BUDGET, faults=("no-mask", "growing-padding",
-                                                                     "draft-bonus")).outputs]
-    control = [o.ids for o in batched_reference(pair, ids, 4, BUDGET).outputs]
+    engine, control = _dsd_like_and_control(prompts)
     plain = _judged(engine, control, prompts)
     processed = _judged(engine, control, prompts, control_logprobs=[[0.0] * len(c) for c in control])
     noise = processed.manifest.yardstick.engine
@@ -432,11 +433,7 @@ def test_one_control_output_that_departs_everywhere_is_set_apart_and_the_rest_st
     junk control output made 22 of dsd-like's 36 engine bugs numerics). Set apart, the rest measures the rounding;
     the row of the junk prompt is unexplained, saying that the engine departs there without speculation too."""
     prompts = builtin_set("code")[:4]
-    pair = load_pair(TINY_TARGET, TINY_DRAFT, dtype="float32", device="cpu")
-    ids = pair.encode(prompts)
-    engine = [o.ids for o in eqspec(pair, ids, 4, 4, BUDGET, faults=("no-mask", "growing-padding",
-                                                                     "draft-bonus")).outputs]
-    control = [o.ids for o in batched_reference(pair, ids, 4, BUDGET).outputs]
+    engine, control = _dsd_like_and_control(prompts)
     clean = _judged(engine, control, prompts)
     trace = _judged(engine, [_junk(prompts)[0], *control[1:]], prompts)
     noise = trace.manifest.yardstick.engine
