@@ -137,27 +137,18 @@ def _split(gaps: list[float], margins: list[float]) -> tuple[list[float], list[f
     return [g for g in gaps if g > 0], [m for g, m in zip(gaps, margins) if g == 0 and m > 0]
 
 
-def _best_sigma(departures: list[float], kept: list[float]) -> float:
-    """The maximum-likelihood sigma: SIGMA_RANGE's bottom without departures."""
-    if not departures:
-        return SIGMA_RANGE[0]
-    lo, hi = (math.log(x) for x in SIGMA_RANGE)
-    return math.exp(optimize.minimize_scalar(lambda x: -_log_likelihood(math.exp(x), departures, kept),
-                                             bounds=(lo, hi), method="bounded").x)
-
-
 def fit_sigma(gaps: list[float], margins: list[float]) -> tuple[float, float] | None:
     """(sigma, its 95% upper bound) from tokens' float64 gaps (a departure where > 0) and margins (where kept);
     None without tokens."""
     departures, kept = _split(gaps, margins)
     if not departures and not kept:
         return None
-    hi = math.log(SIGMA_RANGE[1])
+    lo, hi = (math.log(x) for x in SIGMA_RANGE)
 
     def nll(log_sigma: float) -> float:
         return -_log_likelihood(math.exp(log_sigma), departures, kept)
 
-    best = math.log(_best_sigma(departures, kept))
+    best = lo if not departures else optimize.minimize_scalar(nll, bounds=(lo, hi), method="bounded").x
     bound = nll(best) + CHI2_95 / 2
     upper = hi if nll(hi) <= bound else optimize.brentq(lambda x: nll(x) - bound, best, hi)
     return (math.exp(best) if departures else 0.0), math.exp(upper)
@@ -204,7 +195,7 @@ def unbounded(gaps: list[float], margins: list[float], fit: tuple[float, float] 
                 "so none shows where its rounding stops")
     if fit[1] >= max(kept):
         return (f"the 95% upper bound on its noise, {fit[1]:.3g}, is not below the largest margin it kept, "
-                f"{max(kept):.3g}: its {len(gaps)} tokens cannot tell noise that large from none")
+                f"{max(kept):.3g}: none of its {len(gaps)} tokens tests noise that large")
     return None
 
 
