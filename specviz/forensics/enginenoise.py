@@ -128,8 +128,11 @@ def _read(logits: torch.Tensor, output: list[int]) -> Forced:
                   ranks=(1 + (logits > token).sum(-1)).tolist())
 
 
-def _log_likelihood(sigma: float, departures: list[float], kept: list[float]) -> float:
-    return float(stats.norm.logsf([g / sigma for g in departures]).sum() + stats.norm.logcdf([m / sigma for m in kept]).sum())
+def _log_likelihoods(departures: list[float], kept: list[float], sigmas: np.ndarray = SIGMA_GRID) -> np.ndarray:
+    """The tokens' log-likelihood at each of `sigmas`: log P(noise > g) for each departure, log P(noise < m) for each
+    margin kept."""
+    return (special.log_ndtr(-np.asarray(departures, dtype=float)[:, None] / sigmas).sum(0)
+            + special.log_ndtr(np.asarray(kept, dtype=float)[:, None] / sigmas).sum(0))
 
 
 def _split(gaps: list[float], margins: list[float]) -> tuple[list[float], list[float]]:
@@ -146,7 +149,7 @@ def fit_sigma(gaps: list[float], margins: list[float]) -> tuple[float, float] | 
     lo, hi = (math.log(x) for x in SIGMA_RANGE)
 
     def nll(log_sigma: float) -> float:
-        return -_log_likelihood(math.exp(log_sigma), departures, kept)
+        return -float(_log_likelihoods(departures, kept, np.array([math.exp(log_sigma)]))[0])
 
     best = lo if not departures else optimize.minimize_scalar(nll, bounds=(lo, hi), method="bounded").x
     bound = nll(best) + CHI2_95 / 2
@@ -173,12 +176,6 @@ def outliers(outputs: list[tuple[list[float], list[float]]], alpha: float = ALPH
         if worst is None or ratio[worst] <= threshold:
             return sorted(np.flatnonzero(~kept).tolist())
         kept[worst] = False
-
-
-def _log_likelihoods(departures: list[float], kept: list[float]) -> np.ndarray:
-    """_log_likelihood at every sigma of SIGMA_GRID."""
-    return (special.log_ndtr(-np.asarray(departures, dtype=float)[:, None] / SIGMA_GRID).sum(0)
-            + special.log_ndtr(np.asarray(kept, dtype=float)[:, None] / SIGMA_GRID).sum(0))
 
 
 def unbounded(gaps: list[float], margins: list[float], fit: tuple[float, float] | None) -> str | None:

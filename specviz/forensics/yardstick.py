@@ -75,7 +75,7 @@ def chained(sequences: list[list[int]], tokens: int = CHAIN) -> list[list[int]]:
     passes: list[list[int]] = []
     for ids in sequences:
         if passes and len(passes[-1]) + len(ids) <= tokens:
-            passes[-1] = passes[-1] + ids
+            passes[-1] += ids
         else:
             passes.append(list(ids))
     return passes
