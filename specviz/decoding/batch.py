@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from specviz.models.attention import declares_layer_types, sliding_windows
+
 
 def left_pad(seqs: list[list[int]], device: torch.device, min_width: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens, valid) with every row right-aligned at the same last slot."""
@@ -40,20 +42,39 @@ def positions(valid: torch.Tensor) -> torch.Tensor:
     return (valid.long().cumsum(dim=1) - 1).clamp(min=0)
 
 
-def attention_bias(valid: torch.Tensor, q_start: int, dtype: torch.dtype) -> torch.Tensor:
+def attention_bias(valid: torch.Tensor, q_start: int, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
     """Additive 4D mask (B, 1, q, kv) for the queries at slots q_start.. over keys 0..S-1.
 
     A query sees the valid slots at or before it, and always itself: a pad
     query then attends to something finite instead of producing NaNs that
-    would leak into the cache.
+    would leak into the cache. A sliding-window layer sees only the keys less
+    than `window` positions back (transformers' rule), counted in positions,
+    not slots: padding and stale slots take no room in a row's window.
     """
     _, S = valid.shape
     q = torch.arange(q_start, S, device=valid.device)[:, None]
     kv = torch.arange(S, device=valid.device)[None, :]
     allowed = (valid[:, None, :] & (kv <= q)[None]) | (kv == q)[None]
+    if window is not None:
+        pos = positions(valid)
+        allowed &= (pos[:, q_start:, None] - pos[:, None, :] < window) | (kv == q)[None]
     bias = torch.zeros(allowed.shape, dtype=dtype, device=valid.device)
     bias.masked_fill_(~allowed, torch.finfo(dtype).min)
     return bias[:, None]
+
+
+def attention_masks(model, valid: torch.Tensor, q_start: int):
+    """The mask `model` takes for this layout: one bias, or where some layers see a sliding window, the bias of
+    each layer type (a model that declares `layer_types` reads them by type; one that does not has a single
+    window on every layer)."""
+    windows = sliding_windows(model)
+    if not windows:
+        return attention_bias(valid, q_start, model.dtype)
+    if not declares_layer_types(model):
+        (window,) = set(windows.values())
+        return attention_bias(valid, q_start, model.dtype, window)
+    return {"full_attention": attention_bias(valid, q_start, model.dtype),
+            **{t: attention_bias(valid, q_start, model.dtype, w) for t, w in windows.items()}}
 
 
 def forward(model, tokens: torch.Tensor, valid: torch.Tensor, q_start: int, cache, vocab: int,
@@ -69,7 +90,7 @@ def forward(model, tokens: torch.Tensor, valid: torch.Tensor, q_start: int, cach
         pos = positions(valid)[:, q_start:]
     out = model(
         input_ids=tokens[:, q_start:],
-        attention_mask=attention_bias(valid if seen is None else seen, q_start, model.dtype),
+        attention_mask=attention_masks(model, valid if seen is None else seen, q_start),
         position_ids=pos,
         cache=cache,
         use_cache=True,

@@ -6,6 +6,10 @@ row holds the K/V of that row's layout slot j (see decoding/batch.py).
 Keys are stored after RoPE, so moving a row's entries to other slots is valid
 only because the row's logical positions do not change when its padding does.
 
+Every layer keeps every slot, sliding-window layers too: transformers' sliding
+layers drop the slots that leave the window, which slot-indexed layouts cannot
+follow. Their window is applied by the mask instead (decoding/batch.py).
+
 `None` is the cache of a drafter that keeps none (prompt lookup): every
 operation on it does nothing, so the decoders move "both caches" alike.
 """
@@ -13,10 +17,13 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 
 def new(model) -> DynamicCache:
-    return DynamicCache(config=model.config)
+    cache = DynamicCache(config=model.config)
+    cache.layers = [DynamicLayer() if isinstance(lay, DynamicSlidingWindowLayer) else lay for lay in cache.layers]
+    return cache
 
 
 def length(cache: DynamicCache | None) -> int:

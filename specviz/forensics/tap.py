@@ -32,13 +32,16 @@ class Call:
 
     def visible(self, row: int, last: int) -> torch.Tensor | None:
         """(last, kv) booleans: which key slots each of the row's `last` query slots could attend to."""
-        if self.mask is None:
+        mask = self.mask
+        if isinstance(mask, dict):  # one mask per layer type: a full layer's shows the row's whole context
+            mask = mask.get("full_attention", mask.get("sliding_attention"))
+        if mask is None:
             return None
         q = self.input_ids.shape[1]
-        if self.mask.dim() == 4:
-            bias = self.mask[row, 0, q - last:]
+        if mask.dim() == 4:
+            bias = mask[row, 0, q - last:]
             return bias > torch.finfo(bias.dtype).min / 2
-        keys = self.mask[row].bool()  # 2D: padding mask over all slots; causal within the pass
+        keys = mask[row].bool()  # 2D: padding mask over all slots; causal within the pass
         kv = keys.shape[0]
         causal = torch.arange(kv, device=keys.device)[None] <= (kv - q + torch.arange(q - last, q, device=keys.device))[:, None]
         return causal & keys[None]

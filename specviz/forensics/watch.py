@@ -6,7 +6,8 @@ starts and ends, and which sequence each batch row is. At the end of a round:
 
 - at a sequence's first divergence, the row that emitted it is checked
   against what it should have been fed: its last real token, its true
-  positions, a mask that shows exactly its real tokens, and logits equal to a
+  positions, a mask that shows exactly its real tokens (those within its
+  window, on a sliding-window layer), and logits equal to a
   fresh batch-size-1 recomputation of its real tokens (no cache, same dtype).
   When the logits differ, the whole pass is rebuilt from correct inputs (each
   row's cache from a fresh prefill, true positions, a plain mask) to tell a
@@ -34,6 +35,7 @@ import torch
 from specviz.decoding import kvcache
 from specviz.forensics.recompute import copy_in, fresh_logits
 from specviz.forensics.tap import Call, Tap
+from specviz.models.attention import sliding_windows
 
 WRITTEN_AT_SLOTS = 4  # visible cache entries whose provenance is searched, the worst-fitting first
 
@@ -144,6 +146,8 @@ class Watch:
         keep = len(fed)
         expected = list(range(len(truth) - 1, len(truth) - 1 + keep))
         fed_pos = None if call.position_ids is None else call.position_ids[row, -keep:].tolist()
+        window = self._window(call)
+        seen = [p + 1 if window is None else min(p + 1, window) for p in expected]  # what each slot should see
         vis = call.visible(row, keep)
         emitting = call.logits[row, slot, : self.pair.vocab_size].double()
         top = emitting.topk(2).values
@@ -151,16 +155,16 @@ class Watch:
         visible = None if vis is None else vis.sum(1).tolist()
         # The computation is suspect only where every input was right: a wrong input already names the state.
         inputs_right = (fed[0] == truth[-1] and fed_pos in (None, expected)
-                        and visible in (None, [p + 1 for p in expected]))
+                        and visible in (None, seen))
         return ForkState(
             round=r, row=row, slot=slot, state_diff=diff, tokens_ok=fed[0] == truth[-1],
             kernel_diff=None if clean or not inputs_right else
             self._rebuilt_diff(r, call, row, truths, self.pair.target, fresh),
             kernel_diff_float64=self._kernel_float64(r, call, row, truths, fed) if inputs_right else None,
             positions_fed=fed_pos, positions_expected=expected,
-            visible=visible, visible_expected=[p + 1 for p in expected],
-            kv_diff=None if clean else self._kv_alone(call, row, fed, expected, vis, fresh),
-            written_at=[] if clean else self._written_at(call, row, truth, vis),
+            visible=visible, visible_expected=seen,
+            kv_diff=None if clean else self._kv_alone(call, row, fed, expected, vis, fresh, seen[0] - 1),
+            written_at=[] if clean else self._written_at(call, row, truth, vis, seen[0] - 1),
             emitting_argmax=int(emitting.argmax()), emitting_margin=float(top[0] - top[1]),
         )
 
@@ -204,6 +208,13 @@ class Watch:
         out = model(input_ids=torch.tensor(fed, device=device), attention_mask=mask, position_ids=positions, cache=cache)
         return out.logits[..., : self.pair.vocab_size].double().cpu()
 
+    def _window(self, call: Call) -> int | None:
+        """The sliding window of the layers whose mask `Call.visible` reads (None: those see the whole row)."""
+        windows = sliding_windows(self.pair.target)
+        if not windows or isinstance(call.mask, dict) and "full_attention" in call.mask:
+            return None
+        return windows["sliding_attention"]
+
     def _shown(self, call: Call, vis, expected_count: int) -> torch.Tensor | None:
         """The cache slots the row's first verified slot could see; None when there is no cache or the mask showed
         the wrong number of entries (then the mask is at fault, not the cache)."""
@@ -213,33 +224,36 @@ class Watch:
         return shown if len(shown) == expected_count else None
 
     @torch.inference_mode()
-    def _written_at(self, call: Call, row: int, truth: list[int], vis) -> list[list[int]]:
+    def _written_at(self, call: Call, row: int, truth: list[int], vis, before: int) -> list[list[int]]:
         """Where the visible cache entries that fit their token worst were computed. A first-layer key depends on
         its token and its position only, so an entry whose key fits its own token at another position was written
         with a wrong position id; one that fits no position of its token belongs to another token."""
-        shown = self._shown(call, vis, len(truth) - 1)
+        shown = self._shown(call, vis, before)
         if shown is None or not len(shown):
             return []
+        first = len(truth) - 1 - before  # the position of the first entry shown (0 unless a window hides some)
         cached = call.past[0][0][row][:, shown.to(call.past[0][0].device)].double().cpu()  # (heads, slots, dim)
-        fresh = _first_layer_keys(self.pair.target, truth[:-1], list(range(len(truth) - 1)))
+        fresh = _first_layer_keys(self.pair.target, truth[:-1], list(range(len(truth) - 1)))[:, first:]
         err = _key_error(cached, fresh)  # (slots,)
         found = []
         span = int(call.position_ids.max()) + 1 if call.position_ids is not None else len(truth)
         for i in err.argsort(descending=True)[:WRITTEN_AT_SLOTS].tolist():
-            keys = _first_layer_keys(self.pair.target, [truth[i]] * max(span, i + 1), list(range(max(span, i + 1))))
+            at = first + i
+            keys = _first_layer_keys(self.pair.target, [truth[at]] * max(span, at + 1), list(range(max(span, at + 1))))
             alt = _key_error(cached[:, i: i + 1].expand(-1, keys.shape[1], -1), keys)
             best = int(alt.argmin())
             if alt[best] * 8 < err[i]:  # another position fits far better than its own
-                found.append([i, best])
+                found.append([at, best])
             elif err[i] > 8 * err.median():
-                found.append([i, -1])
+                found.append([at, -1])
         return found
 
     @torch.inference_mode()
-    def _kv_alone(self, call: Call, row: int, fed: list[int], expected: list[int], vis, fresh) -> float | None:
+    def _kv_alone(self, call: Call, row: int, fed: list[int], expected: list[int], vis, fresh,
+                  before: int) -> float | None:
         """Replay the verified slots over only the cache entries the row's mask showed, with true positions and a
         plain mask. Equal to fresh: the cache held the right entries. None where `_shown` is."""
-        shown = self._shown(call, vis, expected[0])
+        shown = self._shown(call, vis, before)
         if shown is None:
             return None
         kv = [(k[row: row + 1, :, shown.to(k.device)], v[row: row + 1, :, shown.to(v.device)]) for k, v in call.past]

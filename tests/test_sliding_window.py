@@ -1,0 +1,144 @@
+"""Sliding-window attention (Mistral's on every layer; Qwen2's and Gemma's beside full layers): every method
+writes what the model itself writes once a row is longer than its window, and forensics still names a planted
+fault. Before, the engine's own mask ignored the window and transformers' sliding cache layers dropped slots the
+layout still indexed: prefills past the window were wrong and decoding past it crashed."""
+import pytest
+import torch
+from transformers import AutoConfig, AutoTokenizer, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from specviz.decoding import kvcache
+from specviz.decoding.batch import attention_masks, left_pad
+from specviz.decoding.reference import reference
+from specviz.forensics import enginenoise
+from specviz.forensics.recompute import fresh_logits
+from specviz.models.attention import sliding_windows
+from specviz.models.checkpoints import embedded_tokenizer_dir
+from specviz.models.pairs import load_pair
+from specviz.run.runner import run
+from specviz.spec.prompts import builtin_set
+from specviz.spec.run import RunSpec, SpecError
+from specviz.trace import metrics
+
+WINDOW = 8
+NEW = 16
+FAMILIES = {  # (config, model, the target's own settings): its draft is its first two layers
+    "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": WINDOW}),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {"use_sliding_window": True, "sliding_window": WINDOW,
+                                              "max_window_layers": 1}),  # layer 0 full, layers 1 and 2 sliding
+}
+
+
+def _save(path, family: str, layers: int, state: dict | None = None) -> str:
+    config_cls, model_cls, own = FAMILIES[family]
+    tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
+    config = config_cls(vocab_size=len(tok), hidden_size=64, intermediate_size=192, num_hidden_layers=layers,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                        initializer_range=0.2, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+                        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **own)
+    torch.manual_seed(0)
+    model = model_cls(config)
+    if state is None:  # the target: its last layer damped, so that its first two agree with it about half the time
+        last = model.model.layers[-1]
+        with torch.no_grad():
+            last.self_attn.o_proj.weight.mul_(0.15)
+            last.mlp.down_proj.weight.mul_(0.15)
+    else:
+        model.load_state_dict(state, strict=False)  # the target's weights, less its last layer
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def sliding(request, tmp_path_factory):
+    """(target dir, draft dir, the pair in float64) of one family, saved as a user's local checkpoint is."""
+    root = tmp_path_factory.mktemp(request.param)
+    target = _save(root / "target", request.param, 3)
+    state = load_pair(target, target, dtype="float64", device="cpu").target.state_dict()
+    draft = _save(root / "draft", request.param, 2, state)
+    return target, draft, load_pair(target, draft, dtype="float64", device="cpu")
+
+
+def _prompts(pair) -> list[str]:
+    prompts = builtin_set("all")[:6]
+    assert min(len(p) for p in pair.encode(prompts)) > 3 * WINDOW  # every row reaches far past its window
+    return prompts
+
+
+def _plain_argmax(model, ids: list[int], vocab: int) -> list[int]:
+    """Greedy decoding by the model alone: a whole pass per token, no cache, transformers' own mask."""
+    seq = list(ids)
+    with torch.inference_mode():
+        for _ in range(NEW):
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1, :vocab].argmax()))
+    return seq[len(ids):]
+
+
+def test_the_mask_hides_what_left_the_window_counted_in_positions_and_the_cache_keeps_every_slot(sliding):
+    _, _, pair = sliding
+    assert set(sliding_windows(pair.target).values()) == {WINDOW}
+    tokens, valid = left_pad([list(range(3, 23)), list(range(3, 13))], pair.device)
+    valid[0, 12] = False  # a stale slot inside row 0: it takes no place in the window
+    masks = attention_masks(pair.target, valid, 0)
+    windowed = masks["sliding_attention"] if isinstance(masks, dict) else masks
+    seen = windowed[:, 0] > torch.finfo(windowed.dtype).min / 2
+    assert seen[0, 19].nonzero().flatten().tolist() == [11, 13, 14, 15, 16, 17, 18, 19]  # 8 positions back, 12 skipped
+    assert seen[1, 19].nonzero().flatten().tolist() == list(range(12, 20))
+    assert seen[1, 14].nonzero().flatten().tolist() == [10, 11, 12, 13, 14]  # padding before the row is never seen
+    if isinstance(masks, dict):  # full layers still see the whole row
+        full = masks["full_attention"][:, 0] > torch.finfo(windowed.dtype).min / 2
+        assert full[1, 19].nonzero().flatten().tolist() == list(range(10, 20))
+    cache = kvcache.new(pair.target)
+    with torch.inference_mode():
+        pair.target(input_ids=tokens, attention_mask=masks, cache=cache)
+    assert kvcache.length(cache) == tokens.shape[1]
+
+
+def test_the_reference_is_the_model_alone_past_its_window(sliding):
+    _, _, pair = sliding
+    prompts = pair.encode(_prompts(pair))[:2]
+    assert [o.ids for o in reference(pair, prompts, NEW).outputs] == [
+        _plain_argmax(pair.target, ids, pair.vocab_size) for ids in prompts]
+
+
+def test_teacher_forcing_reads_what_a_fresh_pass_reads_past_the_window(sliding):
+    """The judge's own cache is cropped back to a shared prefix between prompts: with a sliding layer that kept
+    only its window, the crop would cut the wrong slots."""
+    _, _, pair = sliding
+    forcing = enginenoise.TeacherForcing(pair.target, pair.vocab_size)
+    output = list(range(100, 100 + 3 * WINDOW))
+    for prompt in pair.encode(["Name three primes.", "Why is the sky blue?"]):
+        fresh = fresh_logits(pair.target, prompt + output[:-1], len(output), pair.vocab_size)
+        assert torch.allclose(forcing(prompt, output), fresh, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("method,drafter", [("batched-reference", "model"), ("eqspec", "model"),
+                                            ("exspec", "model"), ("eqspec", "lookup")])
+def test_every_method_writes_the_reference_past_the_window(sliding, method, drafter):
+    target, draft, pair = sliding
+    spec = RunSpec.build(target=target, draft=draft, dtype="float64", device="cpu", prompts=tuple(_prompts(pair)),
+                         method=method, drafter=drafter, batch_size=3, k=4, max_new_tokens=NEW)
+    trace = run(spec)
+    assert metrics.equivalence(trace)["exact"] == 1
+    if method != "batched-reference" and drafter == "model":
+        accepted = [r.accepted for r in trace.rows]
+        assert 0 < sum(accepted) < 4 * len(accepted)  # ragged acceptance: rows fall out of step, as in real runs
+
+
+@pytest.mark.parametrize("fault,state", [("positions-from-slots", "positions"), ("no-kv-shift", "kv"), ("draft-bonus", "bonus")])
+def test_a_planted_fault_is_named_on_a_sliding_window_pair(sliding, fault, state):
+    target, draft, pair = sliding
+    spec = RunSpec.build(target=target, draft=draft, dtype="float64", device="cpu", prompts=tuple(_prompts(pair)),
+                         batch_size=3, k=4, max_new_tokens=NEW, faults=(fault,))
+    trace = run(spec)
+    verdicts = [s.forensics.verdict for s in trace.sequences if s.forensics]
+    assert verdicts and all(v == f"sync-bug:{state}" for v in verdicts), verdicts
+
+
+def test_attention_that_is_neither_full_nor_a_window_is_refused_at_load(tmp_path):
+    path = _save(tmp_path / "chunked", "mistral", 2)
+    config = AutoConfig.from_pretrained(path)
+    config.sliding_window, config.attention_chunk_size = None, WINDOW  # Llama 4's chunked attention
+    config.save_pretrained(path)
+    with pytest.raises(SpecError, match=r"target .*chunked_attention"):
+        load_pair(path, path, dtype="float64", device="cpu")
