@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from specviz.models.attention import declares_layer_types, sliding_windows
+from specviz.models.architecture import declares_layer_types, sliding_windows
 
 
 def left_pad(seqs: list[list[int]], device: torch.device, min_width: int = 1) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,6 +7,8 @@ import weakref
 
 import torch
 
+from specviz.models.architecture import experts_in_float64
+
 # A float64 copy of a model lives in CPU memory; past this size forensics do without it
 # (and then have no yardstick for rounding, so never call a fork numerics).
 ARBITER_MAX_PARAMS = 1_500_000_000
@@ -31,6 +33,8 @@ def copy_in(model, dtype: torch.dtype):
         params = sum(p.numel() for p in model.parameters())
         copies[dtype] = (copy.deepcopy(model).to("cpu", dtype).eval()
                          if params <= ARBITER_MAX_PARAMS and not hasattr(model, "hf_device_map") else None)
+        if dtype == torch.float64 and copies[dtype] is not None:
+            experts_in_float64(copies[dtype])
     return copies[dtype]
 
 

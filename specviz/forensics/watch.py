@@ -35,7 +35,7 @@ import torch
 from specviz.decoding import kvcache
 from specviz.forensics.recompute import copy_in, fresh_logits
 from specviz.forensics.tap import Call, Tap
-from specviz.models.attention import sliding_windows
+from specviz.models.architecture import sliding_windows
 
 WRITTEN_AT_SLOTS = 4  # visible cache entries whose provenance is searched, the worst-fitting first
 

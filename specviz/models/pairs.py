@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from specviz.models import kernels
-from specviz.models.attention import sliding_windows
+from specviz.models.architecture import experts_in_float64, unsupported
 from specviz.models.checkpoints import GGUF_FILE, GGUF_PACKAGE, embedded_target_dir, embedded_tokenizer_dir
 from specviz.models.draft import derive_draft, layer_subset
 from specviz.spec.run import EMBEDDED_DRAFT, EMBEDDED_TARGET, TINY_TARGET, RunSpec, SpecError
@@ -236,10 +236,8 @@ def _cached_pair(target: str, draft: str, target_revision: str | None, draft_rev
         check_tokenizers(tokenizer, draft_tok)
         for name, m in (("target", tgt), ("draft", drf)):
             info[f"{name}_commit"] = getattr(m.config, "_commit_hash", None)
-            try:
-                sliding_windows(m)
-            except ValueError as e:
-                raise SpecError(f"{name} {info[name]!r}: {e}") from None
+            if why := unsupported(m):
+                raise SpecError(f"{name} {info[name]!r}: {why}")
     if placement.spread:  # accelerate placed the target; moving it would undo that
         dev = input_device(tgt)
         devices = getattr(tgt, "hf_device_map", {"": dev}).values()  # no map when it all fit on one device
@@ -247,6 +245,8 @@ def _cached_pair(target: str, draft: str, target_revision: str | None, draft_rev
     else:
         tgt = tgt.to(dev)
     tgt, drf = tgt.eval(), drf.to(dev).eval()
+    if torch_dtype == torch.float64:
+        tgt, drf = experts_in_float64(tgt), experts_in_float64(drf)
     linear_kernels = kernels.name_for(torch_dtype) if dev.type == "cpu" else None
     if linear_kernels and kernels.pack_linears(tgt) and kernels.pack_linears(drf):
         info["linear_kernels"] = linear_kernels

@@ -1,17 +1,35 @@
-"""Sliding-window attention (Mistral's on every layer; Qwen2's and Gemma's beside full layers): every method
-writes what the model itself writes once a row is longer than its window, and forensics still names a planted
-fault. Before, the engine's own mask ignored the window and transformers' sliding cache layers dropped slots the
-layout still indexed: prefills past the window were wrong and decoding past it crashed."""
+"""Architectures beyond the Llama the built-in pairs are, saved as a user's local checkpoint is.
+
+Sliding-window attention (Mistral's on every layer; Qwen2's and Gemma's beside full layers): every method writes
+what the model itself writes once a row is longer than its window, and forensics still names a planted fault.
+Before, the engine's own mask ignored the window and transformers' sliding cache layers dropped slots the layout
+still indexed: prefills past the window were wrong, decoding past it and teacher forcing raised.
+
+Mixtures of experts (Qwen3-MoE): decoded and judged in float64, where transformers' grouped GEMM has no kernel.
+
+Attention that padded, slot-indexed layouts cannot hold (chunked; ALiBi, computed from slot indices) is refused
+at load with the reason, never decoded wrong."""
 import pytest
 import torch
-from transformers import AutoConfig, AutoTokenizer, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    AutoConfig,
+    AutoTokenizer,
+    MistralConfig,
+    MistralForCausalLM,
+    MptConfig,
+    MptForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 from specviz.decoding import kvcache
 from specviz.decoding.batch import attention_masks, left_pad
 from specviz.decoding.reference import reference
 from specviz.forensics import enginenoise
-from specviz.forensics.recompute import fresh_logits
-from specviz.models.attention import sliding_windows
+from specviz.forensics.recompute import float64_target, fresh_logits
+from specviz.models.architecture import sliding_windows
 from specviz.models.checkpoints import embedded_tokenizer_dir
 from specviz.models.pairs import load_pair
 from specviz.run.runner import run
@@ -25,7 +43,10 @@ FAMILIES = {  # (config, model, the target's own settings): its draft is its fir
     "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": WINDOW}),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, {"use_sliding_window": True, "sliding_window": WINDOW,
                                               "max_window_layers": 1}),  # layer 0 full, layers 1 and 2 sliding
+    "qwen3-moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, {"num_experts": 4, "num_experts_per_tok": 2,
+                                                        "moe_intermediate_size": 32, "head_dim": 16}),
 }
+SLIDING = ("mistral", "qwen2")
 
 
 def _save(path, family: str, layers: int, state: dict | None = None) -> str:
@@ -40,8 +61,9 @@ def _save(path, family: str, layers: int, state: dict | None = None) -> str:
     if state is None:  # the target: its last layer damped, so that its first two agree with it about half the time
         last = model.model.layers[-1]
         with torch.no_grad():
-            last.self_attn.o_proj.weight.mul_(0.15)
-            last.mlp.down_proj.weight.mul_(0.15)
+            for name, weight in last.named_parameters():
+                if name.endswith(("o_proj.weight", "down_proj.weight", "down_proj")):  # an expert's is a 3D tensor
+                    weight.mul_(0.15)
     else:
         model.load_state_dict(state, strict=False)  # the target's weights, less its last layer
     model.save_pretrained(path)
@@ -49,14 +71,22 @@ def _save(path, family: str, layers: int, state: dict | None = None) -> str:
     return str(path)
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
-def sliding(request, tmp_path_factory):
-    """(target dir, draft dir, the pair in float64) of one family, saved as a user's local checkpoint is."""
-    root = tmp_path_factory.mktemp(request.param)
-    target = _save(root / "target", request.param, 3)
+def _family(family: str, root) -> tuple[str, str, object]:
+    """(target dir, draft dir, the pair in float64) of one family."""
+    target = _save(root / "target", family, 3)
     state = load_pair(target, target, dtype="float64", device="cpu").target.state_dict()
-    draft = _save(root / "draft", request.param, 2, state)
+    draft = _save(root / "draft", family, 2, state)
     return target, draft, load_pair(target, draft, dtype="float64", device="cpu")
+
+
+@pytest.fixture(scope="module", params=SLIDING)
+def sliding(request, tmp_path_factory):
+    return _family(request.param, tmp_path_factory.mktemp(request.param))
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    return _family("qwen3-moe", tmp_path_factory.mktemp("qwen3-moe"))
 
 
 def _prompts(pair) -> list[str]:
@@ -135,6 +165,28 @@ def test_a_planted_fault_is_named_on_a_sliding_window_pair(sliding, fault, state
     assert verdicts and all(v == f"sync-bug:{state}" for v in verdicts), verdicts
 
 
+def test_a_mixture_of_experts_decodes_as_the_model_alone_and_is_judged_in_float64(moe):
+    target, draft, pair = moe
+    prompts = _prompts(pair)
+    ids = pair.encode(prompts)[:2]
+    assert [o.ids for o in reference(pair, ids, NEW).outputs] == [
+        _plain_argmax(pair.target, i, pair.vocab_size) for i in ids]
+    for faults, verdicts in (((), set()), (("positions-from-slots",), {"sync-bug:positions"})):
+        spec = RunSpec.build(target=target, draft=draft, dtype="float64", device="cpu", prompts=tuple(prompts),
+                             batch_size=3, k=4, max_new_tokens=NEW, faults=faults)
+        trace = run(spec)
+        assert (metrics.equivalence(trace)["exact"] == 1) == (not faults)
+        assert {s.forensics.verdict for s in trace.sequences if s.forensics} == verdicts
+
+
+def test_a_float32_mixture_of_experts_gets_its_float64_truth(moe):
+    target, draft, _ = moe
+    pair = load_pair(target, draft, dtype="float32", device="cpu")
+    ids = pair.encode(["Name three primes."])[0]
+    truth = fresh_logits(float64_target(pair), ids, 1, pair.vocab_size)[0]
+    assert float((truth - fresh_logits(pair.target, ids, 1, pair.vocab_size)[0]).abs().max()) < 1e-3
+
+
 def test_attention_that_is_neither_full_nor_a_window_is_refused_at_load(tmp_path):
     path = _save(tmp_path / "chunked", "mistral", 2)
     config = AutoConfig.from_pretrained(path)
@@ -142,3 +194,14 @@ def test_attention_that_is_neither_full_nor_a_window_is_refused_at_load(tmp_path
     config.save_pretrained(path)
     with pytest.raises(SpecError, match=r"target .*chunked_attention"):
         load_pair(path, path, dtype="float64", device="cpu")
+
+
+def test_alibi_attention_is_refused_at_load(tmp_path):
+    """MPT's ALiBi biases count slots: one stale slot moved a float64 logit by 0.015 (the layouts' positions are
+    not the model's)."""
+    tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
+    torch.manual_seed(0)
+    MptForCausalLM(MptConfig(vocab_size=len(tok), d_model=64, n_heads=4, n_layers=2)).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    with pytest.raises(SpecError, match="ALiBi"):
+        load_pair(str(tmp_path), str(tmp_path), dtype="float64", device="cpu")
