@@ -7,12 +7,16 @@ so far; PromptLookup itself proposes tokens, a rule may cap them; the leading on
 are accepted, and the target adds one. Tokens per round is then exact, and it bounds the speed-up over the
 reference wherever a verify pass costs what a one-token pass does (this CPU with the packed kernels,
 docs/benchmarks.md). The rules: PromptLookup's own (the longest n-gram in range, its earliest match, up to k
-tokens), over several n ranges, and caps on the tokens proposed by the length of the match.
+tokens), over several n ranges, and caps on the tokens proposed by the length of the match. Then, as
+SuffixDecoding does, matches over the outputs of other requests too: where the row's own history has no match of
+n tokens, the most frequent continuation of that n-gram in the outputs written before it in the run (or, for a
+server warmed by every other prompt, in all the others' outputs), before any shorter n.
 
     python benchmarks/lookup_ceiling.py [--prompt-set summarize+code] [--k 5] [--max-new-tokens 48]
                                         [--out benchmarks/results/lookup-ceiling.md]
 """
 import argparse
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -43,13 +47,34 @@ def proposal(lookups: dict[int, PromptLookup], history: list[int], min_n: int, m
     return []
 
 
+def with_outputs(lookups: dict[int, PromptLookup], history: list[int], outputs: list[list[int]], min_n: int,
+                 max_n: int, k: int) -> list[int]:
+    """The row's own earliest match of its last n tokens; failing that, the most frequent continuation of them in
+    `outputs` (first seen on a tie); from max_n down."""
+    for n in range(max_n, min_n - 1, -1):
+        own = proposal(lookups, history, n, n, k, CAPS["k"])
+        if own:
+            return own
+        follows = Counter(tuple(out[i + n: i + n + k]) for out in outputs for i in range(len(out) - n)
+                          if out[i: i + n] == history[-n:])
+        if follows:
+            return list(follows.most_common(1)[0][0])
+    return []
+
+
 def tokens_per_round(lookups: dict[int, PromptLookup], prompts: list[list[int]], refs: list[list[int]], min_n: int,
-                     max_n: int, k: int, cap) -> float:
+                     max_n: int, k: int, cap, outputs: str | None = None) -> float:
+    """Tokens per round of the rule over every prompt; `outputs`: none (the row's own history only), "earlier"
+    (the outputs of the prompts before it) or "others" (every other prompt's)."""
     tokens = rounds = 0
-    for prompt, ref in zip(prompts, refs):
+    for j, (prompt, ref) in enumerate(zip(prompts, refs)):
         done = 0
+        seen = refs[:j] if outputs == "earlier" else refs[:j] + refs[j + 1:]
         while done < len(ref):
-            offered = proposal(lookups, prompt + ref[:done], min_n, max_n, k, cap)
+            if outputs is None:
+                offered = proposal(lookups, prompt + ref[:done], min_n, max_n, k, cap)
+            else:
+                offered = with_outputs(lookups, prompt + ref[:done], seen, min_n, max_n, k)
             accepted = next((i for i, t in enumerate(offered) if done + i >= len(ref) or t != ref[done + i]),
                             len(offered))
             done += min(accepted + 1, len(ref) - done)
@@ -77,7 +102,15 @@ def main() -> None:
         row = [tokens_per_round(lookups, prompts, refs, min_n, max_n, args.k, cap) for cap in CAPS.values()]
         lines.append(f"| {min_n}-{max_n} | " + " | ".join(f"{x:.3f}" for x in row) + " |")
         print(lines[-1], flush=True)
-    lines.append("\nTokens per round: the speed-up over the reference where a verify pass costs a one-token pass.")
+    lines += ["", "| n-grams | own history | and earlier outputs | and every other output |", "|---|---:|---:|---:|"]
+    for min_n, max_n in RANGES:
+        row = [tokens_per_round(lookups, prompts, refs, min_n, max_n, args.k, CAPS["k"], outputs)
+               for outputs in (None, "earlier", "others")]
+        lines.append(f"| {min_n}-{max_n} | " + " | ".join(f"{x:.3f}" for x in row) + " |")
+        print(lines[-1], flush=True)
+    lines.append("\nTokens per round: the speed-up over the reference where a verify pass costs a one-token pass. "
+                 "Second table: up to k tokens, matched in the row's own prompt and output first, then in other "
+                 "requests' outputs (the most frequent continuation), as SuffixDecoding proposes.")
     publish("\n".join(lines) + "\n", args.out)
 
 
