@@ -1,8 +1,8 @@
 """specviz, vLLM and llama.cpp on the same pair and prompts, in one run: throughput, draft acceptance, exact
 match with specviz's batch-size-1 reference and the verdicts of `specviz check`.
 
-specviz's reference (batch size 1), batched-reference and eqspec (at --batch-size, k) run in this process on the
-embedded pair. vLLM's CPU build (`make vllm`) serves the embedded target in three modes, one server after the
+specviz's reference (batch size 1), batched-reference, eqspec and exspec (at --batch-size, k; exspec refills its
+batch from a window of twice that, as vLLM keeps its batch full) run in this process on the embedded pair. vLLM's CPU build (`make vllm`) serves the embedded target in three modes, one server after the
 other: no speculation, ngram (prompt lookup, n 2-4) and the embedded draft, k tokens a draft. llama.cpp's
 llama-server (`make llama`) serves the same target's Q4_1 GGUF (the file specviz dequantizes) with --batch-size
 slots in four modes: no speculation, the embedded draft (as a float32 GGUF), the target as its own draft, and
@@ -65,11 +65,13 @@ def main() -> None:
 
     decode(spec("eqspec", 2).model_copy(update={"max_new_tokens": 4}), pair, ids[:2], record=False)  # warm-up
     rows = []  # (engine, configuration, output ids, seconds, draft acceptance, verdicts); the first is the reference
-    for method, bs in (("reference", 1), ("batched-reference", args.batch_size), ("eqspec", args.batch_size)):
-        result = decode(spec(method, bs), pair, ids, record=method == "eqspec")  # eqspec's records: its acceptance
+    for method, bs in (("reference", 1), ("batched-reference", args.batch_size), ("eqspec", args.batch_size),
+                       ("exspec", args.batch_size)):
+        speculative = method in ("eqspec", "exspec")
+        result = decode(spec(method, bs), pair, ids, record=speculative)  # the records: its acceptance
         accepted = sum(int(r.ints["accepted"].sum()) for r in result.rounds) if result.rounds else None
         offered = sum(int(r.ints["drafts"].sum()) for r in result.rounds) if result.rounds else None
-        rows.append((f"specviz {method}", f"bs {bs}" + (f", k {args.k}" if method == "eqspec" else ""),
+        rows.append((f"specviz {method}", f"bs {bs}" + (f", k {args.k}" if speculative else ""),
                      [o.ids for o in result.outputs], result.seconds, accepted / offered if offered else None, "-"))
     servers = {"vLLM": [(mode, lambda log, mode=mode: vllm.vllm_server(
                    mode, log, k=args.k, max_num_seqs=args.batch_size, threads=args.threads, dtype=args.dtype))
