@@ -2,14 +2,14 @@
 match with specviz's batch-size-1 reference and the verdicts of `specviz check`.
 
 specviz's reference (batch size 1), batched-reference, eqspec and exspec (at --batch-size, k; exspec refills its
-batch from a window of twice that, as vLLM keeps its batch full) run in this process on the embedded pair. vLLM's CPU build (`make vllm`) serves the embedded target in three modes, one server after the
-other: no speculation, ngram (prompt lookup, n 2-4) and the embedded draft, k tokens a draft. llama.cpp's
-llama-server (`make llama`) serves the same target's Q4_1 GGUF (the file specviz dequantizes) with --batch-size
-slots in four modes: no speculation, the embedded draft (as a float32 GGUF), the target as its own draft, and
-ngram-simple. Prompts go as token ids, --batch-size requests in flight, greedy; each mode's outputs are judged as
-`specviz check --server` judges them, the speculative modes with their engine's no-speculation run as control.
-Each row is timed after a short warm-up; server start and model loading are excluded. Timings on a shared
-machine are noisy: compare rows of one run.
+batch from a window of twice that, as vLLM keeps its batch full) run in this process on the embedded pair. vLLM's
+CPU build (`make vllm`) serves the embedded target in three modes, one server after the other: no speculation, ngram
+(prompt lookup, n 2-4) and the embedded draft, k tokens a draft. llama.cpp's llama-server (`make llama`) serves the
+same target's Q4_1 GGUF (the file specviz dequantizes) with --batch-size slots in four modes: no speculation, the
+embedded draft (as a float32 GGUF), the target as its own draft, and ngram-simple. Prompts go as token ids,
+--batch-size requests in flight, greedy; each mode's outputs are judged as `specviz check --server` judges them, the
+speculative modes with their engine's no-speculation run as control. Each row is timed after a short warm-up; server
+start and model loading are excluded. Timings on a shared machine are noisy: compare rows of one run.
 
     python benchmarks/engines.py [--prompt-set all] [--max-new-tokens 48] [--batch-size 8] [--k 5] [--threads 2]
                                  [--dtype float32] [--out benchmarks/results/engines.md]

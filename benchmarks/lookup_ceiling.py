@@ -71,10 +71,9 @@ def tokens_per_round(lookups: dict[int, PromptLookup], prompts: list[list[int]],
         done = 0
         seen = refs[:j] if outputs == "earlier" else refs[:j] + refs[j + 1:]
         while done < len(ref):
-            if outputs is None:
-                offered = proposal(lookups, prompt + ref[:done], min_n, max_n, k, cap)
-            else:
-                offered = with_outputs(lookups, prompt + ref[:done], seen, min_n, max_n, k)
+            history = prompt + ref[:done]
+            offered = (proposal(lookups, history, min_n, max_n, k, cap) if outputs is None
+                       else with_outputs(lookups, history, seen, min_n, max_n, k))
             accepted = next((i for i, t in enumerate(offered) if done + i >= len(ref) or t != ref[done + i]),
                             len(offered))
             done += min(accepted + 1, len(ref) - done)

@@ -11,6 +11,7 @@ Attention that padded, slot-indexed layouts cannot hold (chunked; ALiBi, compute
 at load with the reason, never decoded wrong."""
 import pytest
 import torch
+from test_reference import plain_argmax
 from transformers import (
     AutoConfig,
     AutoTokenizer,
@@ -95,15 +96,6 @@ def _prompts(pair) -> list[str]:
     return prompts
 
 
-def _plain_argmax(model, ids: list[int], vocab: int) -> list[int]:
-    """Greedy decoding by the model alone: a whole pass per token, no cache, transformers' own mask."""
-    seq = list(ids)
-    with torch.inference_mode():
-        for _ in range(NEW):
-            seq.append(int(model(torch.tensor([seq])).logits[0, -1, :vocab].argmax()))
-    return seq[len(ids):]
-
-
 def test_the_mask_hides_what_left_the_window_counted_in_positions_and_the_cache_keeps_every_slot(sliding):
     _, _, pair = sliding
     assert set(sliding_windows(pair.target).values()) == {WINDOW}
@@ -128,7 +120,7 @@ def test_the_reference_is_the_model_alone_past_its_window(sliding):
     _, _, pair = sliding
     prompts = pair.encode(_prompts(pair))[:2]
     assert [o.ids for o in reference(pair, prompts, NEW).outputs] == [
-        _plain_argmax(pair.target, ids, pair.vocab_size) for ids in prompts]
+        plain_argmax(pair.target, ids, NEW, pair.vocab_size) for ids in prompts]
 
 
 def test_teacher_forcing_reads_what_a_fresh_pass_reads_past_the_window(sliding):
@@ -170,7 +162,7 @@ def test_a_mixture_of_experts_decodes_as_the_model_alone_and_is_judged_in_float6
     prompts = _prompts(pair)
     ids = pair.encode(prompts)[:2]
     assert [o.ids for o in reference(pair, ids, NEW).outputs] == [
-        _plain_argmax(pair.target, i, pair.vocab_size) for i in ids]
+        plain_argmax(pair.target, i, NEW, pair.vocab_size) for i in ids]
     for faults, verdicts in (((), set()), (("positions-from-slots",), {"sync-bug:positions"})):
         spec = RunSpec.build(target=target, draft=draft, dtype="float64", device="cpu", prompts=tuple(prompts),
                              batch_size=3, k=4, max_new_tokens=NEW, faults=faults)
