@@ -57,6 +57,7 @@ def test_a_fresh_page_shows_a_real_fork_at_once_then_a_click_and_its_share_link(
     expect(status).to_contain_text("You are looking at a real case, bundled with specviz")
     expect(status).to_contain_text("To run your own")
     expect(page.locator("#sv-lanes .main-svg").first).to_be_visible(timeout=60_000)  # plotly has drawn
+    _assert_lanes_stack(page)
     # Beside the verdict, its yardstick: the rounding distribution, the tolerance and the fork's state check on it.
     yardstick = page.locator("#sv-yardstick")
     expect(yardstick.locator(".main-svg").first).to_be_visible(timeout=60_000)
@@ -72,6 +73,7 @@ def test_a_fresh_page_shows_a_real_fork_at_once_then_a_click_and_its_share_link(
     grid_bottom = page.locator("#sv-grid").bounding_box()
     page.screenshot(path=SHOTS / "first-page-top.png", full_page=True,  # down to the grid: the README's screenshot
                     clip={"x": 0, "y": 0, "width": 1280, "height": grid_bottom["y"] + grid_bottom["height"] + 16})
+    page.locator("#sv-lanes").screenshot(path=SHOTS / "lanes.png")  # docs/lanes.png (this scrolls the page)
 
     selected = page.locator("#sv-grid td.sv-cell.sv-sel")
     seq = selected.get_attribute("data-seq")
@@ -95,6 +97,26 @@ def test_a_fresh_page_shows_a_real_fork_at_once_then_a_click_and_its_share_link(
     assert fresh.inner_text("#sv-forensics") == after
     expect(fresh.locator("#sv-lanes .main-svg").first).to_be_visible(timeout=60_000)
     fresh.screenshot(path=SHOTS / "share-link.png", full_page=True)
+
+
+def _assert_lanes_stack(page) -> None:
+    """The KV and padding lanes as drawn: each lane's plot area (plotly's drag rectangle) apart from the others,
+    top to bottom, and each lane's title in its own lane, between the lane above and its own plot area."""
+    drawn = page.evaluate("""() => {
+        const box = e => { const r = e.getBoundingClientRect(); return [r.top, r.bottom, r.left, r.right]; };
+        return {
+            plots: [...document.querySelectorAll('#sv-lanes .draglayer .nsewdrag')].map(box),
+            titles: [...document.querySelectorAll('#sv-lanes g.annotation')].map(a => [a.textContent, box(a)]),
+        };
+    }""")
+    plots = sorted(drawn["plots"])
+    assert len(plots) == 6 and len(drawn["titles"]) == 6, drawn  # the bsp-like case: a draft model's six lanes
+    assert all(above[1] <= below[0] for above, below in zip(plots, plots[1:])), plots
+    titles = sorted(drawn["titles"], key=lambda t: t[1][0])
+    for i, ((text, (top, bottom, left, right)), plot) in enumerate(zip(titles, plots)):
+        floor = plots[i - 1][1] if i else 0
+        assert floor <= top and bottom <= plot[0] + 1, (text, (top, bottom), plot, floor)
+        assert plot[2] <= left and right <= plot[3], (text, (left, right), plot)
 
 
 def test_at_phone_width_the_page_opens_on_the_case_and_never_scrolls_sideways(new_page, app_url):

@@ -13,6 +13,9 @@ from specviz.spec.methods import DRAFTERS, METHODS
 from specviz.spec.prompts import builtin_sets
 from specviz.spec.run import DTYPES, MAX_NGRAM, MAX_TEMPERATURE, PRESETS
 
+# Pixels of a file box: Gradio's drop zone ("Drop File Here - or - Click to Upload") is cut below about 120.
+UPLOAD_HEIGHT = 124
+
 
 def run_controls_of(settings: Settings) -> dict:
     """The Run view's controls, by name (runview.DEFAULTS' names and the prompt file)."""
@@ -25,7 +28,7 @@ def run_controls_of(settings: Settings) -> dict:
     c["prompt_set"] = gr.Dropdown(list(builtin_sets()), value=DEFAULTS["prompt_set"], label="built-in prompts")
     c["typed"] = gr.Textbox(lines=3, label="or type prompts", info="one a line, or Spec-Bench JSONL; used when not empty")
     c["prompt_file"] = gr.File(label="or upload prompts (text or Spec-Bench .jsonl)", file_types=[".txt", ".jsonl"],
-                               type="filepath", height=90)
+                               type="filepath", height=UPLOAD_HEIGHT)
     c["method"] = gr.Dropdown(list(METHODS), value=DEFAULTS["method"], label="method",
                               info=METHODS[DEFAULTS["method"]].summary, elem_id="sv-method")
     c["drafter"] = gr.Dropdown(list(DRAFTERS), value=DEFAULTS["drafter"], label="drafter",
@@ -83,9 +86,9 @@ def engine_controls(settings: Settings) -> dict:
     e["target"] = gr.Textbox(label="custom target (Hub id or local path)", visible=True)
     e["dtype"] = gr.Dropdown(list(DTYPES), value="float32", label="reference dtype")
     e["outputs"] = gr.File(label="the engine's outputs (JSONL)", file_types=[".jsonl", ".json", ".txt"],
-                           type="filepath", height=90)
+                           type="filepath", height=UPLOAD_HEIGHT)
     e["control"] = gr.File(label="optional: the same engine without speculation (JSONL, the same prompts)",
-                           file_types=[".jsonl", ".json", ".txt"], type="filepath", height=90)
+                           file_types=[".jsonl", ".json", ".txt"], type="filepath", height=UPLOAD_HEIGHT)
     servers = bool(settings.engine_servers) and not settings.public
     with gr.Accordion("or ask a server (llama.cpp, vLLM or any OpenAI-compatible)", open=False, visible=servers):
         e["server"] = gr.Textbox(label="server URL", info="allowed: " + (", ".join(settings.engine_servers) or "none")

@@ -121,6 +121,9 @@ def shrink_focused(settings: Settings, trace: Trace | None, seq, progress=gr.Pro
     sampled, its corrupt state or a token the target could not draw)."""
     if trace is None:
         raise gr.Error("run something or open a trace first")
+    if trace.manifest.engine is not None:
+        raise gr.Error("an engine check cannot be shrunk here: shrinking decodes smaller runs again, and the "
+                       "engine is not here; run `specviz shrink` on a trace of our own engine instead")
     with serving.as_page_errors("cannot shrink this run here: ", stopped="nothing was kept"):
         settings.check(trace.manifest.spec)
         return serving.shrink_fork(trace, int(seq or 0), settings, progress, request.session_hash if request else "")

@@ -13,6 +13,7 @@ from operator import attrgetter
 
 import plotly.graph_objects as go
 
+from specviz.app import plots
 from specviz.app.plots import COLOURS, empty
 from specviz.app.views import md
 from specviz.trace.sweep import NO_FAULTS, RunRow, SweepReport
@@ -29,7 +30,7 @@ LAYOUT = {"height": 340, "margin": {"t": 40, "b": 40, "l": 50, "r": 10}, "legend
 
 
 def _figure(data: list[dict], **layout) -> go.Figure:
-    return go.Figure(data=data, layout={**LAYOUT, **layout}, skip_invalid=True)
+    return plots.figure(data, {**LAYOUT, **layout})
 
 
 # ---------------------------------------------------------------- heatmap
@@ -69,8 +70,10 @@ def heatmap_html(report: SweepReport, metric: str = "exact_pct", selected: int |
     place = attrgetter("batch_size", "k", "temperature")
     columns = {place(r): r.column() for r in sorted(report.rows, key=place)}
     runs = {(r.label(), *place(r)): i for i, r in enumerate(report.rows)}
-    out = [f'<div class="sv-heat-wrap"><table class="sv-heat" data-metric="{metric}">',
-           f"<caption>{html.escape(METRICS[metric])}; hover a cell for its verdicts, click it to open its run</caption>",
+    # The caption sits above the scrolling box, not in the table: a table wider than its column scrolls, and
+    # its caption would scroll (and be cut) with it.
+    out = [f'<p class="sv-heat-caption">{html.escape(METRICS[metric])}; hover a cell for its verdicts, click it to '
+           f'open its run</p><div class="sv-heat-wrap"><table class="sv-heat" data-metric="{metric}">',
            "<thead><tr><th></th>", *(f"<th>{html.escape(c)}</th>" for c in columns.values()), "</tr></thead><tbody>"]
     for label in labels:
         out.append(f'<tr><th class="sv-hlabel">{html.escape(label)}</th>')
@@ -100,18 +103,22 @@ def _outcome_colour(name: str, sync_bugs: list[str]) -> str:
 
 
 def verdict_bars(report: SweepReport) -> go.Figure:
-    """Each run's sequences, stacked by outcome: equivalent, then each forensic verdict."""
+    """Each run's sequences, stacked by outcome: equivalent, then each forensic verdict. One bar a run, laid
+    sideways so that run names read across, however many runs there are."""
     counts = [Counter() for _ in report.rows]
     for s in report.sequences:
         counts[s.run][_outcome(s)] += 1
     names = sorted(set().union(*counts), key=lambda n: (n != EQUIVALENT, n))
     sync_bugs = [n for n in names if n.startswith("sync-bug")]
-    x = [html.escape(r.name()) for r in report.rows]
-    data = [{"type": "bar", "name": html.escape(n), "x": x, "y": [c[n] for c in counts],
+    runs = [html.escape(r.name()) for r in report.rows]
+    data = [{"type": "bar", "orientation": "h", "name": html.escape(n), "y": runs, "x": [c[n] for c in counts],
              "marker": {"color": _outcome_colour(n, sync_bugs)},
-             "hovertemplate": f"%{{x}}<br>{html.escape(n)}: %{{y}}<extra></extra>"} for n in names]
-    return _figure(data, barmode="stack", title="outcome of every sequence, per run", yaxis={"title": "sequences"},
-                   xaxis={"tickangle": -40, "automargin": True}, height=420)
+             "hovertemplate": f"%{{y}}<br>{html.escape(n)}: %{{x}}<extra></extra>"} for n in names]
+    return _figure(data, barmode="stack", title="outcome of every sequence, per run",
+                   xaxis={"title": {"text": "sequences"}}, yaxis={"autorange": "reversed", "automargin": True},
+                   height=160 + 22 * len(runs), legend={"orientation": "h", "yref": "container", "y": 0,
+                                                         "yanchor": "bottom"},
+                   margin={**LAYOUT["margin"], "b": 90})
 
 
 def _by_label(report: SweepReport) -> dict[str, list[int]]:

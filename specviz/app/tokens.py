@@ -12,6 +12,7 @@ from specviz.app.views import (
     chip_text,
     fork_round,
     no_drafts,
+    no_rounds,
     reads,
     round_widths,
     rows_by_seq,
@@ -181,7 +182,7 @@ def grid_html(trace: Trace, focus: Focus) -> str:
     which prompt lookup and the token budget make differ between rows), or a "no drafts" cell."""
     by_seq = rows_by_seq(trace)
     if not by_seq:
-        return '<p class="sv-empty">No rounds: this method does not speculate.</p>'
+        return f'<p class="sv-empty">{no_rounds(trace)}</p>'
     width = max(len(v) for v in by_seq.values())
     widths = round_widths(trace)
     out = ['<div class="sv-grid-wrap"><table class="sv-grid"><thead><tr><th>seq</th>']

@@ -55,6 +55,13 @@ def round_widths(trace: Trace) -> dict[int, int]:
     return out
 
 
+def no_rounds(trace: Trace) -> str:
+    """Why a trace holds no rounds to draw."""
+    if trace.manifest.engine is not None:
+        return "No rounds: an engine is judged from its tokens alone; its rounds are not seen from outside."
+    return "No rounds: this method does not speculate."
+
+
 def no_drafts(trace: Trace, have: int) -> str:
     """A row offered no drafts, that already had `have` tokens: why, and what it emitted instead."""
     spec = trace.manifest.spec
