@@ -214,7 +214,8 @@ def test_stranger_text_is_escaped_in_every_view(written):
 
 def test_heatmap_cells_hold_their_runs_values(report):
     html = sweepviews.heatmap_html(report, selected=5)
-    assert html.startswith('<div class="sv-heat-wrap"><table class="sv-heat" data-metric="exact_pct">')
+    assert html.startswith('<p class="sv-heat-caption">exact match:')  # above the table's scrolling box
+    assert '<div class="sv-heat-wrap"><table class="sv-heat" data-metric="exact_pct">' in html
     cells = re.findall(r'<td class="(sv-hcell[^"]*)" data-run="(\d+)"[^>]*>([^<]*)</td>', html)
     assert sorted(int(i) for _, i, _ in cells) == list(range(6))
     for cls, i, text in cells:
@@ -244,7 +245,8 @@ def test_figures_count_every_sequence(report):
     bars = sweepviews.verdict_bars(report)
     assert bars.data[0].name == "equivalent"
     assert {t.name for t in bars.data[1:]} == set(report.rows[4].verdicts) | set(report.rows[5].verdicts)
-    assert [sum(t.y[i] for t in bars.data) for i in range(6)] == [r.n for r in report.rows]
+    assert all(t.orientation == "h" for t in bars.data)  # one bar a run, laid sideways: run names read across
+    assert [sum(t.x[i] for t in bars.data) for i in range(6)] == [r.n for r in report.rows]
     forks = sweepviews.divergence_histogram(report)
     divergent = [s for s in report.sequences if s.equivalent is False]
     assert [t.name for t in forks.data] == ["eqspec · bsp-like"] and sum(forks.data[0].y) == len(divergent)
