@@ -1,15 +1,17 @@
 import contextlib
+import gc
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every test runs offline, as on CI
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("SPECVIZ_MAX_PAIRS", "12")  # every pair the suite uses stays loaded, with its references and yardsticks
 
+import psutil  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from specviz.engines.vllm import vllm_python, vllm_server  # noqa: E402
-from specviz.models.pairs import load_pair  # noqa: E402
+from specviz.models.pairs import load_pair, unload_pairs  # noqa: E402
 from specviz.spec.prompts import builtin_set  # noqa: E402
 from specviz.spec.run import TINY_DRAFT, TINY_TARGET  # noqa: E402
 
@@ -19,6 +21,22 @@ from specviz.spec.run import TINY_DRAFT, TINY_TARGET  # noqa: E402
 ENGINE_THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
+
+
+# One worker's share of the CI machine's 24 GiB, beside the other worker and a vLLM server: an audited run of the
+# embedded pair holds about 4 GiB (the pair, its packed weights, its float64 copy), and a worker that has loaded it
+# in three dtypes holds three times that.
+MEMORY_LIMIT = 6 * 2**30
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _bounded_memory():
+    """After each test file: a worker past its share of memory lets go of the pairs it loaded, and so of all that was
+    computed from them (the next file to ask for one loads it again)."""
+    yield
+    if psutil.Process().memory_info().rss > MEMORY_LIMIT:
+        unload_pairs()
+        gc.collect()
 
 
 @pytest.fixture(scope="session")

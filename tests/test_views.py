@@ -90,7 +90,7 @@ def test_clean_run_says_equal_and_draws_lanes_and_phases(clean):
     assert all(v == "yes" for v in summary.summary_frame(clean)["equal"])
     lanes = plots.kv_lanes(clean, focus)
     batch = {r.seq for r in clean.rows if r.batch == views.rows_by_seq(clean)[focus.seq][0].batch}
-    assert len(lanes.data) == len(plots.LANES) * len(batch)
+    assert len(lanes.data) == len(plots.lanes(clean)) * len(batch)
     assert len(plots.phase_timings(clean).data) == len(metrics.PHASES)
 
 

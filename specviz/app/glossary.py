@@ -51,6 +51,10 @@ def glossary(trace: Trace | None) -> str:
     def _no_drafts(t: Trace) -> str | None:
         return f"{sum(not r.draft_tokens for r in t.rows)} of {len(t.rows)}" if t.rows else None
 
+    def _states(t: Trace) -> str | None:
+        held = [r.checks["recurrent"] for r in t.rows if "recurrent" in r.checks]
+        return f"{sum(held)} of {len(held)} (round, row) records held I5" if held else None
+
     positions = metrics.per_position_acceptance(trace) if trace and trace.rows else []
     lines = [
         "**acceptance rate** = accepted draft tokens / proposed draft tokens, over active rows" + value(metrics.acceptance_rate),
@@ -84,7 +88,8 @@ def glossary(trace: Trace | None) -> str:
          "are replayed, one at a time"),
         ("**float64 gap** = the reference token's logit minus the speculative token's, recomputed in float64 at "
          "batch size 1: the true distance of the near-tie"),
-        ("**verdict** = `sync-bug:<state>` when the state check fails on a wrong input (or the emitted token is not "
+        ("**verdict** = `sync-bug:<state>` when the state check fails on a wrong input (positions, mask, kv, a "
+         "hybrid's recurrent state; or the emitted token is not "
          "the argmax that chose it: `bonus`); `kernel-bug` when every input was right and the pass rebuilt from "
          "correct inputs still departs; `numerics` when the state was clean and the float64 gap is within the "
          "rounding tolerance; else `unexplained`, with the evidence that is missing"),
@@ -95,6 +100,12 @@ def glossary(trace: Trace | None) -> str:
          "every audited state and decision held yet the tokens are not the target's distribution, `unexplained` "
          "when rows went unaudited"),
         "**delta** = how many slots a row's KV moved in a realignment (0 when every row gained the same)",
+        ("**recurrent state** (hybrid models: Gated DeltaNet, Mamba, short convolutions) = a layer's per-row state "
+         "instead of a slot per token, which cannot be cropped: the engine keeps it after every drafted position "
+         "and each row continues from the one at its own accepted count. Its lane counts the row's tokens it holds "
+         "(-1: a token that is not the row's, a rejected draft). **I5**: after each round it holds exactly the row's "
+         "committed tokens but the last (the draft's, but two); the state check replays the row's own states over "
+         "fresh K/V, and beyond rounding names `sync-bug:recurrent`" + value(_states)),
         ("**engine check** = another engine's outputs (a server, a file, a callable) against the batch-size-1 "
          "reference of the same weights; every output token is teacher-forced through the target"),
         ("**gap** (engine checks) = the target's top logit minus the engine token's, in float64 on the engine's own "

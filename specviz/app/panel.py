@@ -53,6 +53,9 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
             ("target KV before → after", f"{row.target_kv_before} → {_opt(row.target_kv_after)}"),
             ("draft KV before → after", "— (prompt lookup keeps no draft cache)" if lookup else
              f"{row.draft_kv_before} → {_opt(row.draft_kv_after)}"),
+            *[(f"{who} recurrent state before → after (its tokens; -1: not the row's)",
+               f"{getattr(row, f'{who}_state_before')} → {_opt(getattr(row, f'{who}_state_after'))}")
+              for who in ("target", "draft") if getattr(row, f"{who}_state_before") is not None],
             ("realignment shift (delta)", row.delta),
         ]))
         if row.accept_draws is not None:

@@ -14,12 +14,20 @@ from specviz.trace.metrics import PHASES, sampled
 from specviz.trace.schema import Trace
 
 LANES = (("pad", "padding"), ("content", "content length"), ("target_kv", "target KV length"),
-         ("draft_kv", "draft KV length"), ("delta", "KV shift (delta)"), ("drafts", "drafts offered (the row's own k)"))
+         ("draft_kv", "draft KV length"), ("target_state", "target recurrent state (tokens it holds; -1: not the row's)"),
+         ("draft_state", "draft recurrent state (tokens it holds)"), ("delta", "KV shift (delta)"),
+         ("drafts", "drafts offered (the row's own k)"))
+STATES = ("target_state", "draft_state")  # only a hybrid model's rows record them
 
 
 def lanes(trace: Trace) -> tuple[tuple[str, str], ...]:
-    """The lanes a run has: prompt lookup keeps no draft cache (its draft KV lane would be all 0)."""
-    return tuple(lane for lane in LANES if not (lane[0] == "draft_kv" and trace.manifest.spec.drafter == "lookup"))
+    """The lanes a run has: prompt lookup keeps no draft cache (its draft KV lane would be all 0); a model without
+    recurrent layers has no recurrent state."""
+    def has(field: str) -> bool:
+        if field == "draft_kv":
+            return trace.manifest.spec.drafter != "lookup"
+        return field not in STATES or any(getattr(r, f"{field}_before") is not None for r in trace.rows)
+    return tuple(lane for lane in LANES if has(lane[0]))
 
 
 def _lane_value(r, field: str) -> int:

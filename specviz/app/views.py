@@ -23,6 +23,7 @@ CHECK_TEXT = {
     "kv": "I3 target KV: one entry per real token, at its own position",
     "draft_kv": "I3 draft KV: the same for the draft's cache",
     "bonus": "I4 the non-draft token is the target's own (its argmax; when sampling, its draw)",
+    "recurrent": "I5 recurrent state: holds exactly the row's committed tokens (all but the last; the draft's, but two)",
 }
 SOURCE_TEXT = {"draft": "accepted draft", "correction": "target correction", "bonus": "bonus (target, all drafts accepted)"}
 # A sampled round's non-draft token: the distribution it was drawn from (trace.PickFrom).

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from specviz.models.architecture import declares_layer_types, sliding_windows
+from specviz.models.architecture import RECURRENT, declares_layer_types, is_recurrent, sliding_windows
 
 
 def left_pad(seqs: list[list[int]], device: torch.device, min_width: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,17 +64,21 @@ def attention_bias(valid: torch.Tensor, q_start: int, dtype: torch.dtype, window
 
 
 def attention_masks(model, valid: torch.Tensor, q_start: int):
-    """The mask `model` takes for this layout: one bias, or where some layers see a sliding window, the bias of
-    each layer type (a model that declares `layer_types` reads them by type; one that does not has a single
-    window on every layer)."""
-    windows = sliding_windows(model)
-    if not windows:
+    """The mask `model` takes for this layout: one bias, or where some layers see a sliding window or carry a
+    recurrent state, a mask per layer type (a model that declares `layer_types` reads them by type; one that does
+    not has a single window on every layer). A recurrent layer takes the plain padding mask of the slots fed, as
+    transformers gives it, and zeroes its pads before they reach its state."""
+    windows, recurrent = sliding_windows(model), is_recurrent(model)
+    if not windows and not recurrent:
         return attention_bias(valid, q_start, model.dtype)
-    if not declares_layer_types(model):
+    if not declares_layer_types(model) and not recurrent:
         (window,) = set(windows.values())
         return attention_bias(valid, q_start, model.dtype, window)
-    return {"full_attention": attention_bias(valid, q_start, model.dtype),
-            **{t: attention_bias(valid, q_start, model.dtype, w) for t, w in windows.items()}}
+    masks = {"full_attention": attention_bias(valid, q_start, model.dtype),
+             **{t: attention_bias(valid, q_start, model.dtype, w) for t, w in windows.items()}}
+    if recurrent:
+        masks.update(dict.fromkeys(RECURRENT, valid[:, q_start:].long()))
+    return masks
 
 
 def forward(model, tokens: torch.Tensor, valid: torch.Tensor, q_start: int, cache, vocab: int,

@@ -15,6 +15,7 @@ from specviz.decoding.exspec import exspec
 from specviz.decoding.reference import batched_reference, reference
 from specviz.decoding.result import DecodeResult, Progress
 from specviz.decoding.sampling import sampling_of
+from specviz.models.architecture import is_recurrent
 from specviz.models.pairs import ModelPair
 from specviz.spec.faults import expand
 from specviz.spec.run import RunSpec, SpecError
@@ -48,6 +49,9 @@ def _batched_reference(job: Job) -> DecodeResult:
 
 def _hf_assisted(job: Job) -> DecodeResult:
     s = job.spec
+    if is_recurrent(job.pair.target) or is_recurrent(job.pair.draft):
+        raise SpecError("hf-assisted cannot run on a hybrid model: transformers' assisted generation refuses a cache "
+                        "whose recurrent state it cannot crop back; eqspec and exspec roll it back per row")
     return hf_assisted(job.pair, job.prompt_ids, s.k, s.max_new_tokens, job.progress,
                        lookup=s.ngram_max if s.drafter == "lookup" else None)
 

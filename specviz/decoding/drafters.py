@@ -92,8 +92,10 @@ class ModelDrafter:
         eos = torch.tensor(self.pair.eos_ids, device=b.tokens.device)
         drafted_eos = torch.zeros(len(b.seqs), dtype=torch.bool, device=b.tokens.device)
         for j in range(steps):
-            logits, d_pos = run_model(self.pair, policy, self.pair.draft, d_tok, d_val, d_stl, q_start, b.dcache,
-                                      keep=1)
+            # A recurrent draft state after each token it is fed: the first pass's last two, then each draft.
+            with kvcache.keeping(b.dcache, 2 if j == 0 else 1):
+                logits, d_pos = run_model(self.pair, policy, self.pair.draft, d_tok, d_val, d_stl, q_start, b.dcache,
+                                          keep=1)
             if sampling.greedy:
                 probs.append(logits[:, -1].softmax(-1))
                 nxt = logits[:, -1].argmax(-1)

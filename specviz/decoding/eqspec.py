@@ -68,6 +68,7 @@ def _realign(b: Batch, step, policy: Policy) -> tuple[Batch | None, bool, dict]:
     dev = b.tokens.device
     keep = (~step.finished).nonzero().flatten()
     after = {name: torch.full((B,), -1, device=dev) for name in ("pad", "content", "target_kv", "draft_kv")}
+    after["target_state"], after["draft_state"] = step.states[0], step.states[1]
     if not len(keep):
         return None, False, after
     src, valid, stale, width = _relayout(step.out_val[keep], step.out_stale[keep], policy, S, step.n_keep[keep])
@@ -97,7 +98,8 @@ def _realign(b: Batch, step, policy: Policy) -> tuple[Batch | None, bool, dict]:
     after["content"][keep] = valid.sum(1)
     after["target_kv"][keep], after["draft_kv"][keep] = width - 1, width - 2 if b.dcache is not None else 0
     seqs = [b.seqs[r] for r in keep.tolist()]
-    new = Batch(seqs, step.out_tok[rows, src], valid, stale, b.tcache, b.dcache, t_written, d_written)
+    new = Batch(seqs, step.out_tok[rows, src], valid, stale, b.tcache, b.dcache, t_written, d_written,
+                *(held[keep] for held in step.states))
     return new, moved, after
 
 

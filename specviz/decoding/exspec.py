@@ -38,6 +38,7 @@ class SeqState:
     valid: torch.Tensor
     tcache: object  # single-row caches: S-1 and S-2 slots
     dcache: object
+    held: torch.Tensor  # (4,) the tokens its recurrent states hold: Batch's t_state, d_state, t_stale, d_stale
     waited: int = 0  # rounds passed over since it last ran
 
     @property
@@ -53,7 +54,8 @@ def _admit(pair: ModelPair, drafter: Drafter, seqs: list[int], prompts: list[lis
     starts = [min(S - len(prompts[i]), S - 3) for i in seqs]
     tparts = kvcache.split(b.tcache, [(lo, S - 1) for lo in starts])
     dparts = kvcache.split(b.dcache, [(lo, S - 2) for lo in starts])
-    return [SeqState(seq, b.tokens[r: r + 1, lo:], b.valid[r: r + 1, lo:], tparts[r], dparts[r])
+    held = torch.stack([b.t_state, b.d_state, b.t_stale, b.d_stale], 1)
+    return [SeqState(seq, b.tokens[r: r + 1, lo:], b.valid[r: r + 1, lo:], tparts[r], dparts[r], held[r])
             for r, (seq, lo) in enumerate(zip(seqs, starts))]
 
 
@@ -90,8 +92,9 @@ def _merge(rows: list[SeqState]) -> Batch:
     tcache = kvcache.merge([s.tcache for s in rows])
     dcache = kvcache.merge([s.dcache for s in rows])
     written = torch.where(valid, valid.long().cumsum(1) - 1, -1)
+    held = torch.stack([s.held for s in rows], 1)
     return Batch([s.seq for s in rows], tokens, valid, torch.zeros_like(valid), tcache, dcache,
-                 written[:, : width - 1], written[:, : width - 2])
+                 written[:, : width - 1], written[:, : width - 2], *held)
 
 
 @torch.inference_mode()
@@ -151,7 +154,7 @@ def _split_back(rows: list[SeqState], b: Batch, step, active: list[SeqState], ge
             continue
         lo, hi = t_spans[r]
         s.tokens, s.valid = step.out_tok[r: r + 1, lo: hi + 1], step.out_val[r: r + 1, lo: hi + 1]
-        s.tcache, s.dcache, s.waited = tparts[r], dparts[r], 0
+        s.tcache, s.dcache, s.held, s.waited = tparts[r], dparts[r], torch.stack(step.states)[:, r], 0
     return first, t_spans
 
 
@@ -162,4 +165,5 @@ def _after(step, first: torch.Tensor, t_spans: list[tuple[int, int]], draft_cach
     pads = first - torch.tensor([lo for lo, _ in t_spans], device=gone.device)
     return {"pad": torch.where(gone, -1, pads), "content": torch.where(gone, -1, width - pads),
             "target_kv": torch.where(gone, -1, width - 1),
-            "draft_kv": torch.where(gone, -1, width - 2 if draft_cache else 0)}
+            "draft_kv": torch.where(gone, -1, width - 2 if draft_cache else 0),
+            "target_state": step.states[0], "draft_state": step.states[1]}

@@ -47,6 +47,16 @@ class Policy:
         """A draft that supplies the bonus token must propose one more."""
         return k + 1 if self.has("draft-bonus") else k
 
+    def state_index(self, accepted: torch.Tensor, kept: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Which of the `kept` positions fed this round each row's recurrent states continue from: its accepted
+        count (the state after its last committed token and its accepted drafts); and its convolution state's,
+        where that differs (None: the same)."""
+        if self.has("state-not-rolled-back"):  # the roll back did nothing: every drafted token stays in the state
+            return torch.full_like(accepted, kept - 1), None
+        if self.has("conv-state-off-by-one"):
+            return accepted, (accepted + 1).clamp(max=kept - 1)
+        return accepted, None
+
     @property
     def compact(self) -> bool:
         """Whether realignment removes stale slots (else rejected drafts stay in place)."""

@@ -1,29 +1,93 @@
-"""The only module that touches transformers' cache internals.
+"""The only module that touches transformers' cache internals: the KV cache of attention layers, and the state of
+recurrent layers (Gated DeltaNet, Mamba, short convolutions) in a hybrid model.
 
-transformers 5.x `DynamicCache` keeps one layer object per decoder layer with
-`keys` and `values` of shape (batch, kv_heads, slots, head_dim). Slot j of a
-row holds the K/V of that row's layout slot j (see decoding/batch.py).
-Keys are stored after RoPE, so moving a row's entries to other slots is valid
-only because the row's logical positions do not change when its padding does.
+transformers 5.x `DynamicCache` keeps one layer object per decoder layer. An attention layer holds `keys` and
+`values` of shape (batch, kv_heads, slots, head_dim): slot j of a row holds the K/V of that row's layout slot j
+(see decoding/batch.py). Keys are stored after RoPE, so moving a row's entries to other slots is valid only because
+the row's logical positions do not change when its padding does. Every attention layer keeps every slot, sliding-
+window layers too: transformers' sliding layers drop the slots that leave the window, which slot-indexed layouts
+cannot follow. Their window is applied by the mask instead (decoding/batch.py).
 
-Every layer keeps every slot, sliding-window layers too: transformers' sliding
-layers drop the slots that leave the window, which slot-indexed layouts cannot
-follow. Their window is applied by the mask instead (decoding/batch.py).
+A recurrent layer holds a state per row instead (a convolution's last inputs, a scan's state), which has no slots:
+it follows the rows when the batch is rearranged, and nothing of a rejected draft can be cropped out of it. So
+while drafts are fed (`keeping`), each recurrent layer runs those positions one at a time, through its own
+single-token (decode) algorithm, and keeps its state after each; once the round's decisions are made, each row
+takes the state at its own accepted count (`roll_back`). The tokens fed before them (a prefill) run in one call,
+through the layer's chunked algorithm, as the model runs a prompt alone.
 
-`None` is the cache of a drafter that keeps none (prompt lookup): every
-operation on it does nothing, so the decoders move "both caches" alike.
+transformers masks padding out of a recurrent layer only in batches of two rows or more: in a batch of one, the
+row's leading pads are not fed to its recurrent layers at all (their outputs there are zeros, which only pad
+slots read).
+
+`None` is the cache of a drafter that keeps none (prompt lookup): every operation on it does nothing, so the
+decoders move "both caches" alike.
 """
 from __future__ import annotations
 
+import contextlib
+import copy
+import weakref
+from dataclasses import dataclass, field
+
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
+
+from specviz.models.architecture import recurrent_mixers
+
+State = dict[tuple[str, int], torch.Tensor]  # ("conv" or "recurrent", index within the layer) -> (rows, ...)
+KINDS = ("conv", "recurrent")
 
 
 def new(model) -> DynamicCache:
+    """An empty cache for `model`; its recurrent layers, if any, are made ready to keep per-position states."""
+    _run_stepwise(model)
     cache = DynamicCache(config=model.config)
-    cache.layers = [DynamicLayer() if isinstance(lay, DynamicSlidingWindowLayer) else lay for lay in cache.layers]
+    cache.layers = [DynamicLayer() if isinstance(lay, DynamicSlidingWindowLayer) and not _recurrent(lay) else lay
+                    for lay in cache.layers]
     return cache
+
+
+def _layers(cache: DynamicCache | None) -> list:
+    return [] if cache is None else cache.layers
+
+
+def _kv(layer) -> bool:
+    """The layer holds K/V slots."""
+    return isinstance(layer, DynamicLayer) and layer.is_initialized and layer.keys is not None \
+        and layer.keys.numel() > 0
+
+
+def _recurrent(layer) -> bool:
+    return isinstance(layer, LinearAttentionCacheLayerMixin)
+
+
+def recurrent(cache: DynamicCache | None) -> bool:
+    """Some layer of `cache` carries a recurrent state."""
+    return any(_recurrent(lay) for lay in _layers(cache))
+
+
+def states(layer) -> State:
+    """A recurrent layer's states as they are now (references; the layer updates them in place)."""
+    if not _recurrent(layer):
+        return {}
+    out = {}
+    for i in range(layer.number_of_states):
+        for kind in KINDS:
+            if getattr(layer, f"is_{kind}_states_initialized")[i]:
+                out[(kind, i)] = getattr(layer, f"{kind}_states")[i]
+    return out
+
+
+def _put(layer, new: State) -> None:
+    """Set a recurrent layer's states (the prefill is then behind it)."""
+    for (kind, i), t in new.items():
+        getattr(layer, f"{kind}_states")[i] = t
+        getattr(layer, f"is_{kind}_states_initialized")[i] = True
+        layer.has_previous_state[i] = True
+        if kind == "conv":
+            layer.conv_kernel_size[i] = t.shape[-1]
+        layer.device, layer.dtype = t.device, t.dtype
 
 
 def length(cache: DynamicCache | None) -> int:
@@ -31,65 +95,66 @@ def length(cache: DynamicCache | None) -> int:
 
 
 def crop(cache: DynamicCache | None, slots: int) -> None:
-    """Keep the first `slots` slots of every row."""
-    if cache is None:
-        return
-    extra = length(cache) - slots
-    if extra > 0:
-        cache.crop(-extra)
+    """Keep the first `slots` slots of every row (a recurrent state has none: it stays)."""
+    for lay in _layers(cache):
+        if _kv(lay) and lay.keys.shape[-2] > slots:
+            lay.keys, lay.values = lay.keys[..., :slots, :], lay.values[..., :slots, :]
 
 
 def gather(cache: DynamicCache | None, rows: torch.Tensor, src: torch.Tensor) -> None:
-    """Rebuild the cache in one indexing op per layer: new row r, slot j takes
-    old row rows[r], slot src[r, j]. Per-row shifts, crops, dropped rows and
-    compaction are all special cases of this."""
+    """Rebuild the cache in one indexing op per layer: new row r, slot j takes old row rows[r], slot src[r, j]; a
+    recurrent state follows its row. Per-row shifts, crops, dropped rows and compaction are all special cases."""
     if cache is None:
         return
-    rows = rows[:, None]
-    for layer in cache.layers:
-        if layer.keys is None or layer.keys.numel() == 0:
-            continue
-        r, s = _on(layer, rows), _on(layer, src)
-        layer.keys = layer.keys[r, :, s].transpose(1, 2).contiguous()
-        layer.values = layer.values[r, :, s].transpose(1, 2).contiguous()
+    for lay in cache.layers:
+        if _kv(lay):
+            r, s = _on(lay.keys, rows[:, None]), _on(lay.keys, src)
+            lay.keys = lay.keys[r, :, s].transpose(1, 2).contiguous()
+            lay.values = lay.values[r, :, s].transpose(1, 2).contiguous()
+    _select_states(cache, rows)
 
 
 def zero_slots(cache: DynamicCache | None, lost: torch.Tensor) -> None:
     """Zero the K/V of the (row, slot) pairs marked in `lost` (B, slots): the
     `min-crop` fault's entries that were cropped away."""
-    if cache is None:
-        return
-    m = lost[:, None, :, None]
-    for layer in cache.layers:
-        layer.keys = layer.keys.masked_fill(_on(layer, m), 0)
-        layer.values = layer.values.masked_fill(_on(layer, m), 0)
+    for lay in _layers(cache):
+        if _kv(lay):
+            m = _on(lay.keys, lost[:, None, :, None])
+            lay.keys, lay.values = lay.keys.masked_fill(m, 0), lay.values.masked_fill(m, 0)
 
 
 def select_rows(cache: DynamicCache | None, rows: torch.Tensor) -> None:
     if cache is None:
         return
-    for layer in cache.layers:
-        if layer.is_initialized:
-            layer.batch_select_indices(_on(layer, rows))
+    for lay in cache.layers:
+        if _kv(lay):
+            lay.keys, lay.values = lay.keys[_on(lay.keys, rows)], lay.values[_on(lay.keys, rows)]
+    _select_states(cache, rows)
 
 
-def _on(layer, index: torch.Tensor) -> torch.Tensor:
-    """`index` on the layer's device: a target spread over GPUs keeps each layer's cache beside the layer.
+def _select_states(cache: DynamicCache, rows: torch.Tensor) -> None:
+    for lay in cache.layers:
+        _put(lay, {key: t[_on(t, rows)] for key, t in states(lay).items()})
+    journal = _JOURNALS.get(cache)
+    if journal is not None:
+        journal.stale = {i: {key: t[_on(t, rows)] for key, t in s.items()} for i, s in journal.stale.items()}
+
+
+def _on(like: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`index` on the device of `like`: a target spread over GPUs keeps each layer's cache beside the layer.
     A no-op (no copy) on one device."""
-    return index.to(layer.keys.device)
+    return index.to(like.device)
 
 
 def layers_kv(cache: DynamicCache | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Every layer's (keys, values) as they are now: references, not copies. Each forward pass
+    """Every attention layer's (keys, values) as they are now: references, not copies. Each forward pass
     replaces these tensors (torch.cat) instead of writing into them, so they keep the state of this moment."""
-    if cache is None:
-        return []
-    return [(lay.keys, lay.values) for lay in cache.layers if lay.is_initialized and lay.keys is not None]
+    return [(lay.keys, lay.values) for lay in _layers(cache) if _kv(lay)]
 
 
-def from_kv(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
-    """A cache holding exactly these per-layer (keys, values)."""
-    return DynamicCache(ddp_cache_data=kv)
+def layers_states(cache: DynamicCache | None) -> list[State]:
+    """Every recurrent layer's states as they are now: copies, since a forward pass writes them in place."""
+    return [{key: t.clone() for key, t in states(lay).items()} for lay in _layers(cache) if _recurrent(lay)]
 
 
 def row_kv(cache: DynamicCache, layer: int, row: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,32 +163,174 @@ def row_kv(cache: DynamicCache, layer: int, row: int) -> tuple[torch.Tensor, tor
     return lay.keys[row], lay.values[row]
 
 
+def _rebuilt(cache: DynamicCache, part) -> DynamicCache:
+    """A cache of `cache`'s layer kinds, each layer's tensors `part(index, layer)`: (keys, values) or None, and a
+    recurrent layer's states."""
+    out = copy.copy(cache)
+    out.layers = []
+    for i, lay in enumerate(cache.layers):
+        new = copy.copy(lay)
+        kv, state = part(i, lay)
+        if isinstance(lay, DynamicLayer):
+            new.keys, new.values = kv if kv is not None else (None, None)
+            new.is_initialized = kv is not None
+        if _recurrent(lay):
+            LinearAttentionCacheLayerMixin.__init__(new, number_of_states=lay.number_of_states)
+            _put(new, state)
+        out.layers.append(new)
+    return out
+
+
 def split(cache: DynamicCache | None, spans: list[tuple[int, int]]) -> list[DynamicCache | None]:
-    """One single-row cache per batch row, row i keeping slots spans[i] = (start, end)
+    """One single-row cache per batch row, row i keeping slots spans[i] = (start, end) and its states
     (cross-batch scheduling keeps these). Views, not copies."""
     if cache is None:
         return [None] * len(spans)
-    return [
-        DynamicCache(ddp_cache_data=[(lay.keys[i : i + 1, :, lo:hi], lay.values[i : i + 1, :, lo:hi])
-                                     for lay in cache.layers])
-        for i, (lo, hi) in enumerate(spans)
-    ]
+    return [_rebuilt(cache, lambda _, lay, i=i, lo=lo, hi=hi: (
+        (lay.keys[i: i + 1, :, lo:hi], lay.values[i: i + 1, :, lo:hi]) if _kv(lay) else None,
+        {key: t[i: i + 1] for key, t in states(lay).items()}))
+        for i, (lo, hi) in enumerate(spans)]
 
 
 def merge(caches: list[DynamicCache | None]) -> DynamicCache | None:
-    """Stack single-row caches into one batch, left-padding each to the longest
-    (pad slots hold zeros and must be masked)."""
+    """Stack single-row caches into one batch, left-padding each to the longest (pad slots hold zeros and must be
+    masked); their states stack as they are."""
     if caches[0] is None:
         return None
-    lengths = [length(c) for c in caches]
-    width = max(lengths)
-    data = []
-    for li in range(len(caches[0].layers)):
-        ks, vs = [], []
-        for c, n in zip(caches, lengths):
-            k, v = c.layers[li].keys, c.layers[li].values
-            pad = width - n
-            ks.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
-            vs.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
-        data.append((torch.cat(ks), torch.cat(vs)))
-    return DynamicCache(ddp_cache_data=data)
+    width = max(length(c) for c in caches)
+
+    def part(i, lay):
+        layers = [c.layers[i] for c in caches]
+        kv = None
+        if _kv(lay):
+            pad = [(0, 0, width - la.keys.shape[-2], 0) for la in layers]
+            kv = (torch.cat([torch.nn.functional.pad(la.keys, p) for la, p in zip(layers, pad)]),
+                  torch.cat([torch.nn.functional.pad(la.values, p) for la, p in zip(layers, pad)]))
+        return kv, {key: torch.cat([states(la)[key] for la in layers]) for key in states(lay)}
+    return _rebuilt(caches[0], part)
+
+
+def assembled(model, kv: list[tuple[torch.Tensor, torch.Tensor]], state: list[State]) -> DynamicCache:
+    """A cache for `model` holding exactly these K/V (one pair per attention layer, in order) and recurrent states
+    (one per recurrent layer, as layers_states lists them)."""
+    cache, kv, state = new(model), iter(kv), iter(state)
+    for lay in cache.layers:
+        if isinstance(lay, DynamicLayer):
+            lay.keys, lay.values = next(kv)
+            lay.is_initialized, lay.device, lay.dtype = True, lay.keys.device, lay.keys.dtype
+        if _recurrent(lay):
+            _put(lay, next(state))
+    return cache
+
+
+# ---------------------------------------------------------------- recurrent states at every drafted position
+
+
+@dataclass
+class _Journal:
+    """A cache's recurrent states kept during a round: per recurrent layer, the state after each position fed while
+    `keeping` (in order, over every call of the round); and, after a roll back, each row's state after the round's
+    first position (what a faulty engine reads, `state-after-zero-draft`)."""
+
+    keep: int = 0  # positions of the call under way whose states are kept (its last ones)
+    kept: dict[int, list[State]] = field(default_factory=dict)
+    stale: dict[int, State] = field(default_factory=dict)
+
+
+_JOURNALS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@contextlib.contextmanager
+def keeping(cache: DynamicCache | None, positions: int):
+    """Within: the recurrent layers of `cache` run the last `positions` tokens fed to them one at a time and keep
+    their state after each (what `roll_back` chooses from). A cache without recurrent layers is untouched."""
+    if not recurrent(cache):
+        yield
+        return
+    journal = _JOURNALS.setdefault(cache, _Journal())
+    journal.keep = positions
+    try:
+        yield
+    finally:
+        journal.keep = 0
+
+
+def kept(cache: DynamicCache | None) -> int:
+    """How many positions' states the cache keeps now (0 without recurrent layers)."""
+    journal = _JOURNALS.get(cache) if cache is not None else None
+    return len(next(iter(journal.kept.values()), [])) if journal else 0
+
+
+def roll_back(cache: DynamicCache | None, index: torch.Tensor, conv_index: torch.Tensor | None = None) -> None:
+    """Each row's recurrent states become those kept after its `index`-th kept position (its convolution's after
+    `conv_index`, the same by default); the kept states are let go."""
+    journal = _JOURNALS.get(cache) if cache is not None else None
+    if not journal or not journal.kept:
+        return
+    rows = torch.arange(len(index), device=index.device)
+    for i, kept_states in journal.kept.items():
+        chosen = {}
+        for key in {key: None for s in kept_states for key in s}:  # a position before any state has none: zeros
+            like = next(s[key] for s in kept_states if key in s)
+            stacked = torch.stack([s.get(key, torch.zeros_like(like)) for s in kept_states])
+            at = conv_index if key[0] == "conv" and conv_index is not None else index
+            chosen[key] = stacked[_on(stacked, at), _on(stacked, rows)]
+        _put(cache.layers[i], chosen)
+        journal.stale[i] = kept_states[0]
+    journal.kept = {}
+
+
+def read_stale(cache: DynamicCache | None, rows: torch.Tensor) -> None:
+    """The `state-after-zero-draft` fault: the rows marked in `rows` (B,) take the state they had after the last
+    round's first position, as if its accepted drafts had never reached the state."""
+    journal = _JOURNALS.get(cache) if cache is not None else None
+    if not journal or not journal.stale or not bool(rows.any()):
+        return
+    for i, stale in journal.stale.items():
+        lay = cache.layers[i]
+        now = states(lay)
+        _put(lay, {key: torch.where(_on(t, rows).view(-1, *[1] * (t.dim() - 1)), stale[key], t)
+                   for key, t in now.items()})
+
+
+def _run_stepwise(model) -> None:
+    """Make each recurrent mixer of `model` keep per-position states when its cache asks (`keeping`). Its class is
+    swapped for a subclass, as models/kernels.py swaps linear layers: copies of the model keep it."""
+    for mixer in recurrent_mixers(model):
+        cls = type(mixer)
+        if cls not in _STEPWISE.values():
+            mixer.__class__ = _STEPWISE.setdefault(cls, type(f"Stepwise{cls.__name__}", (cls,),
+                                                             {"forward": _stepwise_forward(cls)}))
+
+
+_STEPWISE: dict[type, type] = {}
+
+
+def _stepwise_forward(cls: type):
+    def forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):
+        journal = _JOURNALS.get(cache) if cache is not None else None
+        n = min(journal.keep, hidden_states.shape[1]) if journal else 0
+        if not n:
+            return _unpadded(cls, self, hidden_states, cache, attention_mask, kwargs)
+        parts = [hidden_states.shape[1] - n + 1] + [1] * (n - 1)  # what came before the kept positions, in one call
+        outs, at = [], 0
+        for size in parts:
+            mask = None if attention_mask is None else attention_mask[:, at: at + size]
+            outs.append(_unpadded(cls, self, hidden_states[:, at: at + size], cache, mask, kwargs))
+            journal.kept.setdefault(self.layer_idx, []).append(
+                {key: t.clone() for key, t in states(cache.layers[self.layer_idx]).items()})
+            at += size
+        return torch.cat(outs, 1)
+    return forward
+
+
+def _unpadded(cls: type, mixer, hidden_states, cache, mask, kwargs):
+    """The mixer's own forward; a batch of one row leaves its leading pads out (transformers masks pads only in
+    batches of two or more)."""
+    if hidden_states.shape[0] == 1 and mask is not None and mask.dim() == 2 and not bool(mask.all()):
+        lead = int((mask[0] == 0).long().cumprod(0).sum())
+        if lead == hidden_states.shape[1]:  # nothing but pads: the state stays as it was (none yet)
+            return hidden_states.new_zeros(hidden_states.shape)
+        out = cls.forward(mixer, hidden_states[:, lead:], cache=cache, attention_mask=None, **kwargs)
+        return torch.cat([out.new_zeros(1, lead, out.shape[-1]), out], 1)
+    return cls.forward(mixer, hidden_states, cache=cache, attention_mask=mask, **kwargs)

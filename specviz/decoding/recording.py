@@ -62,6 +62,9 @@ def _environment(pair: ModelPair) -> dict:
     }
 
 
+STATE_FIELDS = ("target_state_before", "target_state_after", "draft_state_before", "draft_state_after")
+
+
 def _row_records(rounds: list[RoundData], audit: dict) -> tuple[list[RoundRecord], list[RowRecord]]:
     round_recs, row_recs = [], []
     for r, rd in enumerate(rounds):
@@ -84,6 +87,8 @@ def _row_records(rounds: list[RoundData], audit: dict) -> tuple[list[RoundRecord
                    for f in ("pad_after", "content_after", "target_kv_after", "draft_kv_after")},
                 **{f: ints[f][row] for f in ("pad_before", "content_before", "pos_first", "pos_last",
                                              "mask_sum", "target_kv_before", "draft_kv_before", "delta")},
+                **{f: ints[f][row] if f.endswith("before") or ints["content_after"][row] >= 0 else None
+                   for f in STATE_FIELDS if f in ints},
                 checks={n: bool(v[row]) for n, v in checks.items()},
                 **dict(zip(("audit", "audit_draft"), audit.get((r, seq), ()))),
                 **_drawn(ints, floats, row, k),

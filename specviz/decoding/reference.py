@@ -46,7 +46,9 @@ def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int, pr
         given = len(out.ids)
         cache, x = kvcache.new(pair.target), torch.tensor([ids + out.ids], device=pair.device)
         while len(out.ids) < max_new_tokens and (not out.ids or out.ids[-1] not in pair.eos_ids):
-            logits = pair.target(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+            at = kvcache.length(cache)  # positions given: some models' own default ignores the cache (Bamba's)
+            logits = pair.target(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1,
+                                 position_ids=torch.arange(at, at + x.shape[1], device=pair.device)[None]).logits[0, -1]
             logits = logits[: pair.vocab_size].double()  # exact for every model dtype: the argmax is the model's
             at = torch.tensor([[seq, len(out.ids)]], device=pair.device)
             out.ids.append(int(choose(logits[None], sampling, at[:, 0], at[:, 1])))

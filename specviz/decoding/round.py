@@ -52,6 +52,12 @@ class Batch:
     dcache: object  # the drafter's cache; None for a drafter that keeps none (kvcache.py then does nothing)
     t_written: torch.Tensor  # (B, S-1) position each target cache slot was computed at, -1 if none
     d_written: torch.Tensor  # (B, S-2) the same for the draft cache
+    # A hybrid's recurrent states: the row's tokens each holds (-1: it holds a token that is not the row's), and
+    # what it held after the last round's first position (what the `state-after-zero-draft` fault reads).
+    t_state: torch.Tensor  # (B,)
+    d_state: torch.Tensor
+    t_stale: torch.Tensor
+    d_stale: torch.Tensor
 
 
 @dataclass
@@ -67,6 +73,7 @@ class Step:
     out_stale: torch.Tensor
     t_fed: torch.Tensor  # provenance of the target cache after verify, (B, S+k)
     d_fed: torch.Tensor  # provenance of the draft cache after drafting
+    states: tuple[torch.Tensor, ...]  # each row's t_state, d_state, t_stale, d_stale after the round (Batch's)
     fields: dict  # recorded per-row tensors and checks (empty when not recording)
     timings: dict
 
@@ -119,8 +126,9 @@ def lay_out(pair: ModelPair, policy: Policy, drafter: Drafter, seqs: list[int], 
     S = tokens.shape[1]
     stale = torch.zeros_like(valid)
     written = torch.where(valid[:, : S - 1], policy.positions(valid, stale)[:, : S - 1], -1)
+    held = valid.sum(1) - 1  # the recurrent states the first passes compute: all but the last token (the draft's, two)
     return Batch(seqs, tokens, valid, stale, kvcache.new(pair.target), drafter.new_cache(), written,
-                 written[:, : S - 2])
+                 written[:, : S - 2], held, held - 1, held, held - 1)
 
 
 def prefill(pair: ModelPair, policy: Policy, drafter: Drafter, seqs: list[int], tokens, valid) -> Batch:
@@ -191,14 +199,20 @@ def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clo
         d.watch.start()
     have = torch.tensor([len(gen[i].ids) for i in b.seqs], device=d.pair.device)
     k = max(1, min(k, d.max_new_tokens - 1 - int(have.min())))
-    before = _state_before(b) if d.record else {}
     stream = d.policy.stream(d.sampling.streams(torch.tensor(b.seqs, device=d.pair.device)))
     prop = d.drafter.propose(d.policy, b, k, d.sampling, stream, have)
     k = min(k, int(prop.counts.max()))
+    if d.policy.has("state-after-zero-draft"):  # a row offered nothing takes the decode path's stale state
+        zero = prop.counts == 0
+        kvcache.read_stale(b.tcache, zero)
+        b.t_state = torch.where(zero, b.t_stale, b.t_state)
+    before = _state_before(b) if d.record else {}
     t_draft = clock.lap()
     v = verify(d, b, prop.tokens[:, :k])
     t_verify = clock.lap()
     acc = accept(d, v, prop, have, stream)
+    states = (*_roll_back(d.policy, b.tcache, b.t_state, acc.accepted),
+              *_roll_back(d.policy, b.dcache, b.d_state, acc.accepted))
     for i, row, m in zip(b.seqs, acc.emitted.tolist(), acc.n_keep.tolist()):
         gen[i].ids.extend(row[:m])
     out_tok, out_val, out_stale = slots_after(d.policy, b, acc, k)
@@ -209,8 +223,8 @@ def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clo
             d.watch.end(b.seqs, gen)
         timings["watch"] = clock.paused
     t_fed = torch.cat([b.t_written, v.positions[:, b.tokens.shape[1] - 1:]], 1)
-    return Step(k, acc.n_keep, acc.finished, acc.accepted, out_tok, out_val, out_stale, t_fed, prop.fed, fields,
-                timings)
+    return Step(k, acc.n_keep, acc.finished, acc.accepted, out_tok, out_val, out_stale, t_fed, prop.fed,
+                (states[0], states[2], states[1], states[3]), fields, timings)
 
 
 def verify(d: Decoding, b: Batch, drafts: torch.Tensor) -> Verified:
@@ -219,9 +233,23 @@ def verify(d: Decoding, b: Batch, drafts: torch.Tensor) -> Verified:
     tok = torch.cat([b.tokens, drafts], 1)
     val = torch.cat([b.valid, torch.ones_like(drafts, dtype=torch.bool)], 1)
     stl = torch.cat([b.stale, torch.zeros_like(drafts, dtype=torch.bool)], 1)
-    logits, pos = run_model(d.pair, d.policy, d.pair.target, tok, val, stl, S - 1 if kvcache.length(b.tcache) else 0,
-                            b.tcache, keep=k + 1)
+    with kvcache.keeping(b.tcache, k + 1):  # a recurrent state after the last committed token and each draft
+        logits, pos = run_model(d.pair, d.policy, d.pair.target, tok, val, stl,
+                                S - 1 if kvcache.length(b.tcache) else 0, b.tcache, keep=k + 1)
     return Verified(tok, val, stl, pos, logits, logits.argmax(-1))
+
+
+def _roll_back(policy: Policy, cache, held: torch.Tensor, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's recurrent states continue from the position the policy picks (the correct engine: the row's own
+    accepted count). Returns the row's tokens they hold (-1: a token not the row's, a rejected draft) and what
+    they held after the round's first position."""
+    kept = kvcache.kept(cache)
+    if not kept:  # no recurrent state: a correct engine's count, for the record
+        return torch.where(held >= 0, held + accepted + 1, -1), held + (held >= 0)
+    index, conv = policy.state_index(accepted, kept)
+    kvcache.roll_back(cache, index, conv)
+    own = (index <= accepted) & ((index if conv is None else conv) <= accepted) & (held >= 0)
+    return torch.where(own, held + index + 1, -1), held + (held >= 0)
 
 
 def accept(d: Decoding, v: Verified, prop, have: torch.Tensor, stream: torch.Tensor) -> Accepted:
@@ -270,7 +298,12 @@ def _state_before(b: Batch) -> dict:
         "kv": _kv_in_step(b.t_written, b.valid, S - 1) & b.valid[:, -1],
         "draft_kv": _kv_in_step(b.d_written, b.valid, S - 2) | (b.dcache is None),  # no cache: nothing out of step
     }
-    return {"checks": checks, "pad": pad, "content": content, "draft_cache": b.dcache is not None}
+    recurrent = tuple(who for who, cache in (("target", b.tcache), ("draft", b.dcache)) if kvcache.recurrent(cache))
+    if recurrent:  # I5: a recurrent state holds exactly the row's tokens but the last (the draft's: but two)
+        checks["recurrent"] = ((b.t_state == content - 1) | ("target" not in recurrent)) & \
+            ((b.d_state == content - 2) | ("draft" not in recurrent))
+    return {"checks": checks, "pad": pad, "content": content, "draft_cache": b.dcache is not None,
+            "recurrent": recurrent, "state": {"target": b.t_state, "draft": b.d_state}}
 
 
 def _recorded(d: Decoding, b: Batch, prop, v: Verified, acc: Accepted, before: dict,
@@ -340,12 +373,14 @@ def _to_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def record_round(step: Step, seqs: list[int], batch_index: int, S: int, after: dict[str, torch.Tensor],
                  timings: dict, realigned: bool, **extra) -> RoundData:
-    """Bring one round's tensors to the host. `after` holds each row's pad,
-    content, target_kv and draft_kv after the round (-1 for rows that left; a drafter without a cache: 0)."""
+    """Bring one round's tensors to the host. `after` holds each row's pad, content, target_kv and draft_kv after
+    the round (-1 for rows that left; a drafter without a cache: 0), and the tokens its recurrent states hold."""
     f = step.fields
     B = len(seqs)
     left = step.finished
     ints = dict(f["ints"])
+    for who in f["recurrent"]:
+        ints.update({f"{who}_state_before": f["state"][who], f"{who}_state_after": after[f"{who}_state"]})
     ints.update(
         pad_before=f["pad"], content_before=f["content"],
         target_kv_before=torch.full((B,), S - 1, device=left.device),

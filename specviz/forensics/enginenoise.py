@@ -34,6 +34,7 @@ from scipy import optimize, special, stats
 
 from specviz.decoding import kvcache
 from specviz.forensics.recompute import float64_target, fresh_logits
+from specviz.models.architecture import is_recurrent
 from specviz.trace.records import shared_prefix
 
 ALPHA = 0.01
@@ -63,7 +64,7 @@ class TeacherForcing:
     a cache of this model's own in the pass over its first output, and each further output is one pass over it
     (cropped back after). The next prompt keeps what it shares with this one (a chat template's prefix: a fifth
     of a check's float64 positions on the built-in prompts). Batch size 1 throughout; nothing of any engine's is
-    reused.
+    reused. A hybrid's recurrent state cannot be cropped back to the prompt: each of its outputs is a fresh pass.
 
     `memo(key, compute)`: where `force` keeps what it read of each (prompt, output), so that an output checked
     again (the same control beside another engine, a file of a live run's answers) is forced once per process."""
@@ -77,7 +78,7 @@ class TeacherForcing:
     def __call__(self, prompt: list[int], output: list[int]) -> torch.Tensor:
         if not output:
             return torch.zeros(0, self.vocab, dtype=torch.float64)
-        if len(prompt) < 2:  # nothing to cache
+        if len(prompt) < 2 or is_recurrent(self.model):  # nothing to cache; a recurrent state cannot be cropped back
             return fresh_logits(self.model, prompt + output[:-1], len(output), self.vocab)
         device = self.model.get_input_embeddings().weight.device
         prefill = []

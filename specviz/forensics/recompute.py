@@ -7,7 +7,8 @@ import weakref
 
 import torch
 
-from specviz.models.architecture import experts_in_float64
+from specviz.decoding import kvcache
+from specviz.models.architecture import in_float64
 
 # A float64 copy of a model lives in CPU memory; past this size forensics do without it
 # (and then have no yardstick for rounding, so never call a fork numerics).
@@ -23,6 +24,21 @@ def fresh_logits(model, ids: list[int], last: int, vocab: int) -> torch.Tensor:
     return out.logits[0, :, :vocab].double().cpu()
 
 
+@torch.inference_mode()
+def decoded_logits(model, ids: list[int], last: int, vocab: int) -> torch.Tensor:
+    """The same logits as `fresh_logits`, computed as a model decodes: the tokens before the last `last` positions
+    in one pass, then a token a pass over its own fresh cache. A hybrid's recurrent layers run their chunked
+    algorithm on the first and their recurrent (decode) one on the rest: (last, vocab) float64."""
+    device = model.get_input_embeddings().weight.device
+    cache, first = kvcache.new(model), len(ids) - last + 1
+    rows = []
+    for lo, hi in [(0, first), *((j, j + 1) for j in range(first, len(ids)))]:
+        out = model(input_ids=torch.tensor([ids[lo:hi]], device=device), cache=cache, logits_to_keep=1,
+                    position_ids=torch.arange(lo, hi, device=device)[None])
+        rows.append(out.logits[0, -1, :vocab].double().cpu())
+    return torch.stack(rows)
+
+
 def copy_in(model, dtype: torch.dtype):
     """`model` in `dtype` on the CPU (the model itself when it already is), made once per model; None when it
     is too large to copy or spread over devices."""
@@ -34,7 +50,7 @@ def copy_in(model, dtype: torch.dtype):
         copies[dtype] = (copy.deepcopy(model).to("cpu", dtype).eval()
                          if params <= ARBITER_MAX_PARAMS and not hasattr(model, "hf_device_map") else None)
         if dtype == torch.float64 and copies[dtype] is not None:
-            experts_in_float64(copies[dtype])
+            in_float64(copies[dtype])
     return copies[dtype]
 
 

@@ -6,8 +6,9 @@ ids, position ids, attention mask, the cache as it stood) and what it returned
 what the engine says it did: a bug anywhere between the engine's bookkeeping
 and the model call shows up here as it is.
 
-Nothing is copied: the tap keeps references, valid because every forward pass
-replaces a cache's tensors instead of writing into them (kvcache.layers_kv).
+K/V are not copied: the tap keeps references, valid because every forward pass replaces a cache's K/V tensors
+instead of writing into them (kvcache.layers_kv). A hybrid's recurrent states are written in place: those are
+copied before the call.
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ class Call:
     input_ids: torch.Tensor  # (B, q)
     position_ids: torch.Tensor | None  # (B, q) as given; None when the model derived its own
     mask: torch.Tensor | None  # as given: a 4D additive bias (B, 1, q, kv) or a 2D 0/1 mask (B, kv)
-    past: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # per layer, before the call
+    past: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # per attention layer, before the call
+    states: list = field(default_factory=list)  # per recurrent layer, its states before the call (kvcache.State)
     logits: torch.Tensor | None = None  # (B, keep, V) as returned
 
     def visible(self, row: int, last: int) -> torch.Tensor | None:
@@ -84,8 +86,9 @@ class Tap:
         if not self.enabled:
             return
         ids = kwargs.get("input_ids", args[0] if args else None)
-        past = kvcache.layers_kv(kwargs.get("cache")) if self.keep_cache else []
-        self.calls.append(Call(ids, kwargs.get("position_ids"), kwargs.get("attention_mask"), past))
+        cache = kwargs.get("cache") if self.keep_cache else None
+        self.calls.append(Call(ids, kwargs.get("position_ids"), kwargs.get("attention_mask"), kvcache.layers_kv(cache),
+                               kvcache.layers_states(cache)))
 
     def _after(self, module, args, kwargs, output) -> None:
         if self.enabled:

@@ -13,7 +13,8 @@ starts and ends, and which sequence each batch row is. At the end of a round:
   row's cache from a fresh prefill, true positions, a plain mask) to tell a
   wrong computation (a kernel) from a wrong state, and the row's visible cache
   entries are replayed alone with true positions and a plain mask, to tell a
-  corrupt cache from the rest;
+  corrupt cache from the rest; in a hybrid model, the row's own recurrent states
+  are replayed over fresh K/V, to tell a corrupt recurrent state (I5) from the rest;
 - in audit mode, every row (or a sample of rows per round) gets the same
   logits comparison, for the target and for the draft, fork or not: state can
   go wrong long before an output forks, or without it ever forking. A sampled
@@ -35,7 +36,7 @@ import torch
 from specviz.decoding import kvcache
 from specviz.forensics.recompute import copy_in, fresh_logits
 from specviz.forensics.tap import Call, Tap
-from specviz.models.architecture import sliding_windows
+from specviz.models.architecture import attention_layers, is_recurrent, sliding_windows
 
 WRITTEN_AT_SLOTS = 4  # visible cache entries whose provenance is searched, the worst-fitting first
 
@@ -56,6 +57,7 @@ class ForkState:
     visible: list[int] | None  # key slots each verified slot could attend to (None: no mask given)
     visible_expected: list[int]
     kv_diff: float | None  # the row's visible cache alone, true positions, plain mask: largest |logit - fresh|
+    recurrent_diff: float | None  # a hybrid: the row's own recurrent states over fresh K/V (None: none, or clean)
     written_at: list[list[int]]  # [true position, position its first-layer key was computed at (-1: none fits)]
     emitting_argmax: int  # the emitting pass's own choice at the fork slot
     emitting_margin: float  # its top-1 minus top-2 logit there
@@ -163,7 +165,8 @@ class Watch:
             kernel_diff_float64=self._kernel_float64(r, call, row, truths, fed) if inputs_right else None,
             positions_fed=fed_pos, positions_expected=expected,
             visible=visible, visible_expected=seen,
-            kv_diff=None if clean else self._kv_alone(call, row, fed, expected, vis, fresh, seen[0] - 1),
+            kv_diff=None if clean else self._kv_alone(call, row, truth, fed, expected, vis, fresh, seen[0] - 1),
+            recurrent_diff=None if clean else self._recurrent_alone(call, row, truth, fed, expected, fresh),
             written_at=[] if clean else self._written_at(call, row, truth, vis, seen[0] - 1),
             emitting_argmax=int(emitting.argmax()), emitting_margin=float(top[0] - top[1]),
         )
@@ -205,7 +208,9 @@ class Watch:
         fed = [[t[-1]] + call.input_ids[b, call.input_ids.shape[1] - keep + 1:].tolist() for b, t in enumerate(truths)]
         mask = torch.tensor([[0] * (width - len(t) + 1) + [1] * (len(t) - 1 + keep) for t in truths], device=device)
         positions = torch.tensor([list(range(len(t) - 1, len(t) - 1 + keep)) for t in truths], device=device)
-        out = model(input_ids=torch.tensor(fed, device=device), attention_mask=mask, position_ids=positions, cache=cache)
+        with kvcache.keeping(cache, keep):  # a hybrid's recurrent layers take the verified slots one at a time
+            out = model(input_ids=torch.tensor(fed, device=device), attention_mask=mask, position_ids=positions,
+                        cache=cache)
         return out.logits[..., : self.pair.vocab_size].double().cpu()
 
     def _window(self, call: Call) -> int | None:
@@ -227,9 +232,10 @@ class Watch:
     def _written_at(self, call: Call, row: int, truth: list[int], vis, before: int) -> list[list[int]]:
         """Where the visible cache entries that fit their token worst were computed. A first-layer key depends on
         its token and its position only, so an entry whose key fits its own token at another position was written
-        with a wrong position id; one that fits no position of its token belongs to another token."""
+        with a wrong position id; one that fits no position of its token belongs to another token. (Not where a
+        recurrent layer comes before the first attention layer: there a key depends on the tokens before it too.)"""
         shown = self._shown(call, vis, before)
-        if shown is None or not len(shown):
+        if shown is None or not len(shown) or attention_layers(self.pair.target)[0] != 0:
             return []
         first = len(truth) - 1 - before  # the position of the first entry shown (0 unless a window hides some)
         cached = call.past[0][0][row][:, shown.to(call.past[0][0].device)].double().cpu()  # (heads, slots, dim)
@@ -249,19 +255,48 @@ class Watch:
         return found
 
     @torch.inference_mode()
-    def _kv_alone(self, call: Call, row: int, fed: list[int], expected: list[int], vis, fresh,
+    def _fresh_cache(self, truth: list[int]):
+        """A cache of the row's real tokens but the last, from a fresh batch-size-1 prefill: the truth its K/V and
+        its recurrent states are checked against."""
+        cache = kvcache.new(self.pair.target)
+        device = self.pair.target.get_input_embeddings().weight.device
+        self.pair.target(input_ids=torch.tensor([truth[:-1]], device=device), cache=cache, logits_to_keep=1)
+        return cache
+
+    @torch.inference_mode()
+    def _replay(self, kv, states, fed: list[int], expected: list[int], fresh) -> float:
+        """The verified slots fed again over exactly this cache (K/V and recurrent states), at their true positions
+        under a plain mask: the largest |logit - fresh|."""
+        device = self.pair.target.get_input_embeddings().weight.device
+        cache = kvcache.assembled(self.pair.target, kv, states)
+        with kvcache.keeping(cache, len(fed)):  # as the engine feeds them (and Mamba-1 needs: one at a time)
+            out = self.pair.target(input_ids=torch.tensor([fed], device=device), cache=cache,
+                                   position_ids=torch.tensor([expected], device=device),
+                                   attention_mask=torch.ones(1, kvcache.length(cache) + len(fed), dtype=torch.long,
+                                                             device=device))
+        return float((out.logits[0, :, : self.pair.vocab_size].double().cpu() - fresh).abs().max())
+
+    def _kv_alone(self, call: Call, row: int, truth: list[int], fed: list[int], expected: list[int], vis, fresh,
                   before: int) -> float | None:
-        """Replay the verified slots over only the cache entries the row's mask showed, with true positions and a
-        plain mask. Equal to fresh: the cache held the right entries. None where `_shown` is."""
+        """Replay the verified slots over only the cache entries the row's mask showed (with fresh recurrent states,
+        in a hybrid), true positions and a plain mask. Equal to fresh: the cache held the right entries. None where
+        `_shown` is."""
         shown = self._shown(call, vis, before)
         if shown is None:
             return None
         kv = [(k[row: row + 1, :, shown.to(k.device)], v[row: row + 1, :, shown.to(v.device)]) for k, v in call.past]
-        device = self.pair.target.get_input_embeddings().weight.device
-        out = self.pair.target(input_ids=torch.tensor([fed], device=device), cache=kvcache.from_kv(kv),
-                               position_ids=torch.tensor([expected], device=device),
-                               attention_mask=torch.ones(1, len(shown) + len(fed), dtype=torch.long, device=device))
-        return float((out.logits[0, :, : self.pair.vocab_size].double().cpu() - fresh).abs().max())
+        states = kvcache.layers_states(self._fresh_cache(truth)) if call.states else []
+        return self._replay(kv, states, fed, expected, fresh)
+
+    def _recurrent_alone(self, call: Call, row: int, truth: list[int], fed: list[int], expected: list[int],
+                         fresh) -> float | None:
+        """A hybrid's check of I5: the verified slots replayed with the row's own recurrent states, as they stood
+        before the emitting pass, over fresh K/V of its tokens. Equal to fresh: its states held its tokens. None for a
+        model without recurrent layers."""
+        if not call.states or not is_recurrent(self.pair.target):
+            return None
+        own = [{key: t[row: row + 1] for key, t in state.items()} for state in call.states]
+        return self._replay(kvcache.layers_kv(self._fresh_cache(truth)), own, fed, expected, fresh)
 
 
 class _FirstLayerDone(Exception):
@@ -270,7 +305,8 @@ class _FirstLayerDone(Exception):
 
 def _first_layer_keys(model, ids: list[int], positions: list[int]) -> torch.Tensor:
     """The first layer's keys of `ids` at `positions`, one sequence, fresh cache: (heads, len, dim) float64. The
-    pass stops after the first layer (a 30-layer target would otherwise run 30 times the work)."""
+    pass stops after the first layer (a 30-layer target would otherwise run 30 times the work). The first layer
+    attends (`_written_at` asks only then)."""
     device = model.get_input_embeddings().weight.device
     cache = kvcache.new(model)
 

@@ -16,8 +16,9 @@ Every piece of evidence is recomputed independently of the engine it judges:
 
 Verdicts:
   sync-bug:bonus      the emitted token is not the argmax of the logits that chose it (I4);
-  sync-bug:<state>    the row's state was corrupt: positions, mask, kv, or `state` when no
-                      single input explains it (or a sequence ran past its end or stopped short);
+  sync-bug:<state>    the row's state was corrupt: positions, mask, kv, a hybrid's recurrent state
+                      (`recurrent`), or `state` when no single input explains it (or a sequence
+                      ran past its end or stopped short);
                       also when the engine's own invariant checks failed at or before the fork;
   kernel-bug          every input was right, and the same pass rebuilt from correct inputs still
                       computes logits a fresh batch-size-1 pass does not: the verify computation;
@@ -36,7 +37,7 @@ from specviz.trace.text import span
 
 # The engine's own checks whose failure puts the target's view out of step, by priority when several fail in
 # the same round (positions also spoil the cache's provenance).
-BREAKING = ("bonus", "positions", "mask", "kv")
+BREAKING = ("bonus", "positions", "mask", "kv", "recurrent")
 # Audited rounds beyond the yardstick that name a sampled run's state corrupt. Every audited row is a comparison
 # at the yardstick's false-alarm rate (about 1 in 500 rows of the embedded pair went past it once, in 20 seeds
 # of a correct sampler); a corrupt cache, position or mask stays corrupt, so a second round beyond it decides.
@@ -47,6 +48,8 @@ EXPLAIN = {
     "positions": "the position ids fed to the model did not count the row's real tokens (I2)",
     "mask": "the attention mask did not show exactly the row's real tokens",
     "kv": "the KV cache did not hold each real token's entry, computed at its own position (I3)",
+    "recurrent": ("a recurrent layer's state (a hybrid's scan or convolution) did not hold exactly the row's committed "
+                  "tokens: a rejected draft stayed in it, or accepted tokens never reached it (I5)"),
     "state": "the row's state was corrupt, and no single input (first token, positions, mask, cache) explains it",
 }
 NO_YARDSTICK = (f"no float64 copy of the target could be made (it is spread over devices or has more than "
@@ -196,6 +199,7 @@ def _first_invariant(ev: RunForensics) -> str | None:
 def _fill_state(ev: RunForensics, fork) -> None:
     """The watch's inspection of the emitting row (watch.ForkState), as evidence."""
     ev.state_diff, ev.kv_diff, ev.tokens_fed_ok = fork.state_diff, fork.kv_diff, fork.tokens_ok
+    ev.recurrent_diff = fork.recurrent_diff
     ev.kernel_diff, ev.kernel_diff_float64 = fork.kernel_diff, fork.kernel_diff_float64
     ev.written_at = fork.written_at
     ev.positions_fed, ev.positions_expected = fork.positions_fed, fork.positions_expected
@@ -243,6 +247,8 @@ def _component(ev: RunForensics, rounding: Rounding) -> str:
         # were computed. Entries of other tokens: the cache itself was laid out wrong.
         at_other_positions = sum(at >= 0 for _, at in ev.written_at)
         return "positions" if at_other_positions > len(ev.written_at) / 2 else "kv"
+    if ev.recurrent_diff is not None and ev.recurrent_diff > rounding.tolerance:
+        return "recurrent"
     return "state"
 
 
@@ -346,6 +352,11 @@ def _why(ev: RunForensics, state: str) -> str:
     if state == "kv":
         return (f"Replayed alone over only the cache entries its mask showed, with true positions, it still differs "
                 f"by {ev.kv_diff:.3g}: the cache held the wrong entries.")
+    if state == "recurrent":
+        return (f"Replayed over fresh K/V of its tokens with its own recurrent states, it still differs by "
+                f"{ev.recurrent_diff:.3g}, where the same replay over its own visible K/V and fresh states "
+                f"{'does not' if ev.kv_diff is None or ev.kv_diff <= ev.tolerance else f'differs by {ev.kv_diff:.3g}'}:"
+                f" {EXPLAIN['recurrent']}.")
     if ev.tokens_fed_ok is False:
         return "The first token it was fed is not the sequence's last token: the row was given another sequence's state."
     return "Its first token, positions, mask and visible cache entries each check out alone: " + EXPLAIN["state"] + "."

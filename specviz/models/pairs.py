@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from specviz.models import kernels
-from specviz.models.architecture import experts_in_float64, unsupported
+from specviz.models.architecture import in_float64, unsupported
 from specviz.models.checkpoints import GGUF_FILE, GGUF_PACKAGE, embedded_target_dir, embedded_tokenizer_dir
 from specviz.models.draft import derive_draft, layer_subset
 from specviz.spec.run import EMBEDDED_DRAFT, EMBEDDED_TARGET, TINY_TARGET, RunSpec, SpecError
@@ -246,12 +246,17 @@ def _cached_pair(target: str, draft: str, target_revision: str | None, draft_rev
         tgt = tgt.to(dev)
     tgt, drf = tgt.eval(), drf.to(dev).eval()
     if torch_dtype == torch.float64:
-        tgt, drf = experts_in_float64(tgt), experts_in_float64(drf)
+        tgt, drf = in_float64(tgt), in_float64(drf)
     linear_kernels = kernels.name_for(torch_dtype) if dev.type == "cpu" else None
     if linear_kernels and kernels.pack_linears(tgt) and kernels.pack_linears(drf):
         info["linear_kernels"] = linear_kernels
     vocab = min(tgt.get_output_embeddings().weight.shape[0], drf.get_output_embeddings().weight.shape[0], len(tokenizer))
     return ModelPair(tgt, drf, tokenizer, eos_ids_of(tgt, tokenizer), vocab, dev, torch_dtype, info)
+
+
+def unload_pairs() -> None:
+    """Let go of every pair loaded so far (and so of all computed from them): a process short of memory."""
+    _cached_pair.cache_clear()
 
 
 def pair_for(spec: RunSpec, trust_remote_code: bool = False, placement: Placement = ONE_DEVICE) -> ModelPair:

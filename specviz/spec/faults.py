@@ -14,6 +14,13 @@ FAULTS = {
     "keep-rejected-kv": ("wasteful", "rejected drafts stay in the cache as masked stale slots"),
     "growing-padding": ("wasteful", "padding is only ever added, never removed"),
     "right-padding": ("wasteful", "prompts are padded on the right (the pad block sits after the prompt)"),
+    # Breaking on a hybrid's recurrent states (Gated DeltaNet, Mamba, short convolutions); nothing on other models.
+    "state-not-rolled-back": ("recurrent", "a recurrent state is not rolled back after rejected drafts: every drafted "
+                                           "token stays in it (mlx-lm PR #1109: a rollback that was a no-op)"),
+    "state-after-zero-draft": ("recurrent", "a row offered no drafts reads its recurrent state from before the last "
+                                            "round's accepted drafts (vLLM #39273: the decode path's stale column)"),
+    "conv-state-off-by-one": ("recurrent", "a recurrent layer's convolution state is rolled back one position late: "
+                                           "a rejected draft stays in its window; the scan's state is right"),
     # Sampling faults (temperature > 0): the text stays fluent, only the distribution is wrong.
     "residual-from-draft": ("sampling", "after a rejection the token is drawn from the draft's q, not the residual"),
     "residual-unclamped": ("sampling", "the residual is p - q without max(0, .)"),
@@ -35,6 +42,9 @@ STATE_OF = {
     "draft-bonus": "bonus",
     "no-kv-shift": "kv",
     "min-crop": "kv",
+    "state-not-rolled-back": "recurrent",
+    "state-after-zero-draft": "recurrent",
+    "conv-state-off-by-one": "recurrent",
 }
 
 

@@ -29,6 +29,8 @@ class Rounding(Strict):
     relative: float | None = None  # largest error / (unit roundoff x the largest logit there)
     expected: float | None = None  # the largest `relative` this dtype is known to show
     anomaly: str | None = None  # set when `relative` is far above `expected`: the yardstick itself is suspect
+    # A hybrid: how far its decode (recurrent) algorithm departs from its fresh (chunked) one, both in float64.
+    algorithms: float | None = None
 
     def place(self, difference: float) -> float:
         """Where a difference between two computations falls on the yardstick: the share of measured positions
@@ -118,7 +120,7 @@ class Yardsticks(Strict):
 class Verdict(Strict):
     """Why a sequence departed from the reference: what both judges record."""
 
-    verdict: str  # sync-bug:<bonus|positions|mask|kv|state>, kernel-bug, numerics, engine-bug or unexplained
+    verdict: str  # sync-bug:<bonus|positions|mask|kv|recurrent|state>, kernel-bug, numerics, engine-bug, unexplained
     explanation: str
     fork: int  # index of the first differing token
     output_token: int | None = None
@@ -143,6 +145,7 @@ class RunForensics(Verdict):
     kernel_diff: float | None = None  # the same pass rebuilt from correct inputs (fresh caches, true positions), vs fresh
     kernel_diff_float64: float | None = None  # the same in float64, against a fresh float64 pass
     kv_diff: float | None = None  # the row's visible cache entries alone, true positions and plain mask, vs fresh
+    recurrent_diff: float | None = None  # a hybrid: the row's own recurrent states over fresh K/V, vs fresh
     written_at: Many[Many[int]] = []  # cache entries that fit their token badly: [true position, computed at (-1: none)]
     tokens_fed_ok: bool | None = None  # the emitting pass was fed the sequence's own last token
     positions_fed: Many[int] | None = None  # position ids of the verified slots, as fed

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from specviz.trace.evidence import EngineForensics, RunForensics
 
-SCHEMA_VERSION = 8  # 3: whole-character pieces (trace/text.py); 4: sampled runs; 5: yardsticks; 6: engine facts;
-#                    7: references proved by teacher forcing; 8: controls that bound none of an engine's rounding
+SCHEMA_VERSION = 9  # 3: whole-character pieces (trace/text.py); 4: sampled runs; 5: yardsticks; 6: engine facts;
+#                    7: references proved by teacher forcing; 8: controls that bound none of an engine's rounding;
+#                    9: a hybrid's recurrent states
 
 
 def _from_version_1(raw: dict) -> dict:
@@ -80,6 +81,12 @@ def _from_version_7(raw: dict) -> dict:
     return {**raw, "schema_version": 8}
 
 
+def _from_version_8(raw: dict) -> dict:
+    """Version 9 records a hybrid model's recurrent states per row and round (how many of the row's tokens each
+    holds) and checks them (I5), all optional: version 8 decoded no model that has them."""
+    return {**raw, "schema_version": 9}
+
+
 def _floor_as_rounding(floor: dict, factor: object, manifest: dict) -> dict:
     spec = manifest.get("spec")
     return {"dtype": spec.get("dtype", "?") if isinstance(spec, dict) else "?",
@@ -92,4 +99,4 @@ def _floor_as_rounding(floor: dict, factor: object, manifest: dict) -> dict:
 
 # version -> a function that lifts a raw trace one version up
 MIGRATIONS = {1: _from_version_1, 2: _from_version_2, 3: _from_version_3, 4: _from_version_4,
-              5: _from_version_5, 6: _from_version_6, 7: _from_version_7}
+              5: _from_version_5, 6: _from_version_6, 7: _from_version_7, 8: _from_version_8}

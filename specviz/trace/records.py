@@ -9,7 +9,7 @@ from specviz.trace.evidence import Forensics
 
 Source = Literal["draft", "correction", "bonus"]
 PickFrom = Literal["target", "residual", "draft"]
-CHECKS = ("rectangular", "positions", "mask", "kv", "draft_kv", "bonus")
+CHECKS = ("rectangular", "positions", "mask", "kv", "draft_kv", "bonus", "recurrent")
 
 
 class RowRecord(Strict):
@@ -40,6 +40,13 @@ class RowRecord(Strict):
     draft_kv_before: int
     draft_kv_after: int | None
     delta: int  # slots this row's KV moved by in the realignment
+    # A hybrid model's recurrent states (Gated DeltaNet, Mamba, short convolutions), where the model has them: how
+    # many of the row's tokens each holds, before and after the round (-1: it holds a token that is not the row's,
+    # a rejected draft). A correct engine's target state holds all but the row's last token; the draft's all but two.
+    target_state_before: int | None = None
+    target_state_after: int | None = None
+    draft_state_before: int | None = None
+    draft_state_after: int | None = None
     checks: Map[str, bool]  # invariant checks at the start of / during this round
     audit: float | None = None  # audited rows: largest |verify logit - fresh batch-size-1 logit|
     audit_draft: float | None = None  # the same for the draft's first pass of the round
