@@ -56,6 +56,7 @@ def report(tiny, tmp_path_factory) -> SweepReport:
 TRACE_FIGURES = {
     "kv_lanes": lambda t: plots.kv_lanes(t, views.resolve(t)[0]),
     "phase_timings": plots.phase_timings,
+    "draft_slots": plots.draft_slots,
     "pit_histograms": plots.pit_histograms,
     "yardstick": lambda t: plots.yardstick(t, views.resolve(t)[0]),
     "pit_figure": lambda t: plots.pit_figure(t.distribution) if t.distribution else plots.empty("greedy"),

@@ -8,14 +8,14 @@ from test_mutants import MUTANTS, plant
 from specviz.app import tokens, views
 from specviz.app.panel import forensics_html
 from specviz.run.runner import run
-from specviz.spec.faults import FAULTS, STATE_OF
+from specviz.spec.faults import FAULTS, VERDICT_OF
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import RunSpec
 from specviz.trace import metrics
 
 # fault -> the states its verdicts name (dsd-like's draft bonus fails the engine's own check before its mask shows)
-NAMED = {**{f: {s} for f, s in STATE_OF.items() if FAULTS[f][0] == "breaking"}, "bsp-like": {"positions"},
-         "dsd-like": {"mask", "bonus"}}  # (a hybrid's state faults: tests/test_hybrids.py)
+NAMED = {**{f: {v} for f, v in VERDICT_OF.items() if FAULTS[f][0] == "breaking"}, "bsp-like": {"sync-bug:positions"},
+         "dsd-like": {"sync-bug:mask", "sync-bug:bonus"}}  # (a hybrid's state faults: tests/test_hybrids.py)
 HARMLESS_ALONE = [f for f, (kind, _) in FAULTS.items() if kind == "wasteful"]
 
 
@@ -47,7 +47,7 @@ def test_every_synchronization_fault_is_named_by_its_state_when_sampling(fault, 
     """Top-p 0.5 makes tokens outside the target's nucleus impossible: a corrupt state soon draws one."""
     trace = _sampled(faults=(fault,))
     _assert_named_at_or_before_its_first_impossible_token(trace)
-    assert {s.forensics.verdict for s in trace.sequences if s.forensics} <= {f"sync-bug:{x}" for x in NAMED[fault]}
+    assert {s.forensics.verdict for s in trace.sequences if s.forensics} <= NAMED[fault]
     assert trace.distribution is not None  # the distribution is still judged beside it
     first = min((s for s in trace.sequences if s.forensics), key=lambda s: (s.forensics.round, s.seq))
     assert metrics.sampled_verdict(trace)[0] == first.forensics.verdict  # the run's verdict: the earliest state

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from specviz.app.summary import drafter_text, p_value
 from specviz.app.views import md
+from specviz.spec.verdicts import OWN_DRAFTS, VERDICTS
 from specviz.trace import metrics
 from specviz.trace.schema import Trace
 
@@ -55,6 +56,11 @@ def glossary(trace: Trace | None) -> str:
         held = [r.checks["recurrent"] for r in t.rows if "recurrent" in r.checks]
         return f"{sum(held)} of {len(held)} (round, row) records held I5" if held else None
 
+    def _drafts(t: Trace) -> str | None:
+        a = t.acceptance
+        return None if a is None else (f"{md(a.verdict or OWN_DRAFTS)}: {a.accepted} drafts accepted, "
+                                       f"{a.accepted_fresh} by the fresh pass's")
+
     positions = metrics.per_position_acceptance(trace) if trace and trace.rows else []
     lines = [
         "**acceptance rate** = accepted draft tokens / proposed draft tokens, over active rows" + value(metrics.acceptance_rate),
@@ -88,11 +94,12 @@ def glossary(trace: Trace | None) -> str:
          "are replayed, one at a time"),
         ("**float64 gap** = the reference token's logit minus the speculative token's, recomputed in float64 at "
          "batch size 1: the true distance of the near-tie"),
-        ("**verdict** = `sync-bug:<state>` when the state check fails on a wrong input (positions, mask, kv, a "
-         "hybrid's recurrent state; or the emitted token is not "
-         "the argmax that chose it: `bonus`); `kernel-bug` when every input was right and the pass rebuilt from "
-         "correct inputs still departs; `numerics` when the state was clean and the float64 gap is within the "
-         "rounding tolerance; else `unexplained`, with the evidence that is missing"),
+        "**verdict** = what went wrong, named by the state or the decision: "
+        + "; ".join(f"`{v.name}`: {v.meaning} (from {v.evidence})" for v in VERDICTS.values()),
+        ("**drafts** (greedy runs with a draft model) = each round's drafts against a fresh batch-size-1 pass of "
+         "the draft model on the row's committed tokens: beyond the draft's rounding a draft is not the draft "
+         "model's own, a bug that keeps the output right and wastes the drafts (`draft-bug:<side>`)"
+         + value(_drafts)),
         ("**audit** (run with audit) = the state check on every row of every round, for the target and the draft: "
          "the first round a row's state left rounding, fork or not"),
         ("**sampled verdict** = a sampled run's kind of fault: `sync-bug:<state>` when a row's state went wrong, "

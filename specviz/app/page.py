@@ -165,6 +165,8 @@ def _views_column() -> dict:
             v["lanes"] = gr.Plot(show_label=False, elem_id="sv-lanes")
         with gr.Tab("Phase timings"):
             v["phases"] = gr.Plot(show_label=False)
+        with gr.Tab("Drafts per slot"):
+            v["drafts"] = gr.Plot(show_label=False, elem_id="sv-drafts")
         with gr.Tab("Glossary"):
             v["glossary"] = gr.Markdown(glossary_text(None))
     return v

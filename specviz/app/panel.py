@@ -6,6 +6,7 @@ import html
 
 from specviz.app.summary import sampling_text
 from specviz.app.views import CHECK_TEXT, PICK_TEXT, Focus, no_drafts, round_widths, rows_by_seq, token_text, visible
+from specviz.spec.verdicts import verdict
 from specviz.trace import metrics
 from specviz.trace.evidence import EngineForensics, RunForensics
 from specviz.trace.records import RowRecord, SequenceRecord
@@ -25,7 +26,7 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
     elif f is None:
         out.append(f'<p class="sv-verdict">Sequence {s.seq}: no reference to compare with.</p>')
     else:
-        kind = html.escape(f.verdict.split(":")[0])
+        kind = html.escape(verdict(f.verdict).family)
         out.append(f'<p class="sv-verdict sv-{kind}">Sequence {s.seq}: <b>{html.escape(f.verdict)}</b> — '
                    f"{html.escape(f.explanation)}</p>")
         out.append(_table(_evidence(trace, f)))

@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 from scipy import stats
 
 from specviz.app.views import Focus, no_rounds, rows_by_seq
+from specviz.spec.verdicts import OWN_DRAFTS
 from specviz.trace.evidence import Distribution
 from specviz.trace.metrics import PHASES, sampled
 from specviz.trace.schema import Trace
@@ -127,6 +128,26 @@ def phase_timings(trace: Trace) -> go.Figure:
                       title=f"time per round (share of {total:.1f} s decode time in the legend)",
                       yaxis_title="ms", xaxis_title="round", legend={"orientation": "h", "y": -0.25})
     return fig
+
+
+def draft_slots(trace: Trace) -> go.Figure:
+    """Per draft slot, the run's acceptance beside what the draft model's own proposals would have had (the
+    acceptance judge's): a lossless draft bug shows as the gap between them."""
+    a = trace.acceptance
+    if a is None:
+        return empty("The drafts are judged on greedy runs with a draft model: each round's drafts against a fresh "
+                     "pass<br>of the draft model on the committed tokens. This run has no such judgement.")
+    x = list(range(len(a.per_position)))
+    data = [{"type": "bar", "x": x, "y": ys, "name": name, "marker": {"color": colour},
+             "hovertemplate": f"draft slot %{{x}}<br>{name}: %{{y:.0%}}<extra></extra>"}
+            for ys, name, colour in ((a.per_position, "the run's drafts", COLOURS[0]),
+                                     (a.per_position_fresh, "the draft model's own", COLOURS[2]))]
+    verdict = html.escape(a.verdict or OWN_DRAFTS)
+    return figure(data, {"barmode": "group", "height": 300, "margin": {"t": 40, "b": 30, "l": 50, "r": 10},
+                         "title": {"text": f"acceptance per draft slot, of the rounds that reached it: {verdict}"},
+                         "yaxis": {"title": {"text": "accepted"}, "tickformat": ".0%", "range": [0, 1.05]},
+                         "xaxis": {"title": {"text": "draft slot"}, "dtick": 1},
+                         "legend": {"orientation": "h", "y": -0.25}})
 
 
 def pit_histograms(trace: Trace | None) -> go.Figure:

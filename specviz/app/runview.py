@@ -299,12 +299,12 @@ def render(trace: Trace | None, seq=None, round=None, note: str = ""):
         tokens.compare_html(trace, focus), panel.forensics_html(trace, focus), plots.kv_lanes(trace, focus),
         plots.phase_timings(trace), glossary_text(trace), focus.seq, focus.round, link,
         (note + " " + moved).strip(), plots.pit_histograms(trace), summary.distribution_md(trace),
-        plots.yardstick(trace, focus),
+        plots.yardstick(trace, focus), plots.draft_slots(trace),
     )
 
 
 VIEW_NAMES = ("table", "timeline", "grid", "compare", "forensics", "lanes", "phases", "glossary", "focus_seq",
-              "focus_round", "link_query", "focus_note", "pit", "pit_verdict", "yardstick")
+              "focus_round", "link_query", "focus_note", "pit", "pit_verdict", "yardstick", "drafts")
 
 
 def render_replayed(trace, pending):

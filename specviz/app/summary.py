@@ -43,6 +43,8 @@ def headline(trace: Trace, note: str = "", timing: str | None = None) -> str:
         text += "\n\n" + speed
     if metrics.sampled(trace):
         text += "\n\n" + distribution_row(trace)
+    if trace.acceptance and trace.acceptance.verdict:  # a lossless bug: nothing else on the page shows it
+        text += f"\n\n**Drafts: {md(trace.acceptance.verdict)}.** {md(trace.acceptance.explanation)}"
     return text
 
 

@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 from specviz.app import plots
 from specviz.app.plots import COLOURS, empty
 from specviz.app.views import md
+from specviz.spec.verdicts import state_bug
 from specviz.trace.sweep import NO_FAULTS, RunRow, SweepReport
 
 METRICS = {
@@ -25,7 +26,7 @@ METRICS = {
 EQUIVALENT = "equivalent"
 OUTCOME_COLOURS = {EQUIVALENT: "#59a14f", "numerics": "#edc948", "unexplained": "#7f0000", "kernel-bug": "#8c2d7a",
                    "divergent, no verdict": "#bab0ac", "sampled: no token reference": "#d9d9d9"}
-SYNC_BUG_COLOURS = ("#e15759", "#ff9d9a", "#b6452c", "#f28e2b", "#d37295")
+SYNC_BUG_COLOURS = ("#e15759", "#ff9d9a", "#b6452c", "#f28e2b", "#d37295")  # a state's, or a decision's
 LAYOUT = {"height": 340, "margin": {"t": 40, "b": 40, "l": 50, "r": 10}, "legend": {"orientation": "h", "y": -0.3}}
 
 
@@ -97,7 +98,7 @@ def _outcome(s) -> str:
 
 
 def _outcome_colour(name: str, sync_bugs: list[str]) -> str:
-    if name.startswith("sync-bug"):
+    if state_bug(name):
         return SYNC_BUG_COLOURS[sync_bugs.index(name) % len(SYNC_BUG_COLOURS)]
     return OUTCOME_COLOURS.get(name, "#9d9d9d")
 
@@ -109,7 +110,7 @@ def verdict_bars(report: SweepReport) -> go.Figure:
     for s in report.sequences:
         counts[s.run][_outcome(s)] += 1
     names = sorted(set().union(*counts), key=lambda n: (n != EQUIVALENT, n))
-    sync_bugs = [n for n in names if n.startswith("sync-bug")]
+    sync_bugs = [n for n in names if state_bug(n)]
     runs = [html.escape(r.name()) for r in report.rows]
     data = [{"type": "bar", "orientation": "h", "name": html.escape(n), "y": runs, "x": [c[n] for c in counts],
              "marker": {"color": _outcome_colour(n, sync_bugs)},

@@ -15,6 +15,7 @@ from specviz.engines.dialects import LlamaCpp, OpenAI
 from specviz.models.pairs import pair_for
 from specviz.run import launch
 from specviz.spec.run import ENGINE, RunSpec, SpecError
+from specviz.spec.verdicts import OWN_DRAFTS, verdict
 from specviz.trace import metrics, share
 from specviz.trace.schema import Trace, schema
 from specviz.trace.sweep import Sweep, SweepReport, report, row_of
@@ -93,6 +94,8 @@ def _print_summary(trace) -> None:
               f"{pct['p50']:.2f}/{pct['p90']:.2f}/{pct['p99']:.2f} s")
     if eq:
         print(f"equivalence with reference: {eq['exact']:.0%} exact, {eq['prefix']:.1%} prefix match (n={eq['n']})")
+    if trace.acceptance:
+        print(f"drafts: {trace.acceptance.verdict or OWN_DRAFTS}. {trace.acceptance.explanation}")
     _print_yardsticks(trace)
     _print_distribution(trace)
 
@@ -158,6 +161,8 @@ def _print_row(spec: RunSpec, trace: Trace) -> Trace:
     shown = ", ".join(f"{v} {c}" for v, c in row.verdicts.items()) or "-"
     if trace.distribution:  # a sampled run: no token reference, a verdict on its distribution
         shown = _distribution(trace)
+    if trace.acceptance and trace.acceptance.verdict:
+        shown += f"; drafts: {trace.acceptance.verdict}"
     if row.audit:
         shown += "; audit: state departed in {target} (target) and {draft} (draft) sequences".format(**row.audit)
     tqdm.write(f"{row.method:<18} {row.drafter:<8} {row.faults or '-':<14} {row.batch_size:>3} {row.k:>3} "
@@ -239,23 +244,24 @@ def _print_check(trace) -> None:
     for s in trace.sequences:
         if s.forensics:
             print(f"  [{s.seq}] {s.forensics.verdict}: {s.forensics.explanation}")
-            if s.forensics.verdict == "engine-bug":
+            if verdict(s.forensics.verdict).bug:  # a bug seen from outside: the smallest request that shows it
                 print(f"    reproduce: {_reproducer(trace, s)}")
         elif s.engine.error:
             print(f"  [{s.seq}] no answer: {s.engine.error}")
 
 
 def _reproducer(trace, s) -> str:
-    """The smallest request that shows an engine-bug fork: the prompt's ids, greedy, up to the fork token."""
+    """The smallest request that shows a bug's fork: the prompt's ids, greedy, up to the fork token."""
     e, f = trace.manifest.engine, s.forensics
     budget = f.fork + 1
+    should = "nothing (the reference has stopped)" if f.reference_token is None else f.reference_token
     dialects = {d.name: d for d in (LlamaCpp, OpenAI)}
     if e.source == "server" and e.settings.get("api") in dialects:
         asked = dialects[e.settings["api"]](e.settings.get("served_model") or "", budget, 0.0, 1.0, 0, 0)
         body = json.dumps(asked.request(trace.prompts[s.seq].ids, None), separators=(",", ":"))
-        return f"POST {asked.path} {body} (token {f.fork} should be {f.reference_token}, is {f.output_token})"
+        return f"POST {asked.path} {body} (token {f.fork} should be {should}, is {f.output_token})"
     return (f"prompt ids {trace.prompts[s.seq].ids}, greedy, {budget} tokens: token {f.fork} should be "
-            f"{f.reference_token}, is {f.output_token}")
+            f"{should}, is {f.output_token}")
 
 
 def _print_engine_facts(trace) -> None:

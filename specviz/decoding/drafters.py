@@ -31,6 +31,11 @@ class Proposal:
     confidence: torch.Tensor  # (B, n) the drafter's probability of each of its drafts (recorded)
     fed: torch.Tensor  # (B, S+n-1) the position each draft cache slot was computed at afterwards, -1 if none
 
+    def handed(self, rows: torch.Tensor) -> Proposal:
+        """The drafts as the rows receive them: row i gets row `rows[i]`'s (the draft cache stays the drafter's)."""
+        return Proposal(self.tokens[rows], self.counts[rows], None if self.probs is None else self.probs[rows],
+                        self.confidence[rows], self.fed)
+
 
 class Drafter(Protocol):
     """What proposes a round's drafts. Verification never knows which drafter it has (transformers'
@@ -56,9 +61,18 @@ def drafter_for(spec, pair: ModelPair) -> Drafter:
     return ModelDrafter(pair)
 
 
-def run_model(pair: ModelPair, policy: Policy, model, tok, val, stl, q_start, cache, **kw):
-    """`model` over slots q_start.. with the positions and mask the policy derives: (logits, positions)."""
+def run_model(pair: ModelPair, policy: Policy, role: str, tok, val, stl, q_start, cache, **kw):
+    """The pair's `role` model over slots q_start.. with the positions and mask the policy derives: (logits,
+    positions). Roles: "target", "draft" (a drafting pass), "draft prefill" (the draft cache's first fill)."""
     pos = policy.positions(val, stl)
+    if role == "draft prefill":
+        model = pair.draft
+    elif role == "draft":
+        model, pos = pair.draft, policy.draft_positions(pos, q_start)
+    elif role == "target":
+        model, pos = pair.target, policy.window_positions(pos, q_start)
+    else:
+        raise ValueError(f"no model plays {role!r}")
     logits = forward(model, tok, val, q_start, cache, pair.vocab_size, pos=pos[:, q_start:],
                      seen=policy.seen(val), **kw)
     return logits, pos
@@ -80,7 +94,7 @@ class ModelDrafter:
     def prefill(self, policy: Policy, cache, tokens: torch.Tensor, valid: torch.Tensor, stale: torch.Tensor) -> None:
         S = tokens.shape[1]
         if S > 2:
-            run_model(self.pair, policy, self.pair.draft, tokens[:, : S - 2], valid[:, : S - 2], stale[:, : S - 2], 0,
+            run_model(self.pair, policy, "draft prefill", tokens[:, : S - 2], valid[:, : S - 2], stale[:, : S - 2], 0,
                       cache, keep=1)
 
     def propose(self, policy: Policy, b, k: int, sampling: Sampling, stream: torch.Tensor,
@@ -94,8 +108,10 @@ class ModelDrafter:
         for j in range(steps):
             # A recurrent draft state after each token it is fed: the first pass's last two, then each draft.
             with kvcache.keeping(b.dcache, 2 if j == 0 else 1):
-                logits, d_pos = run_model(self.pair, policy, self.pair.draft, d_tok, d_val, d_stl, q_start, b.dcache,
-                                          keep=1)
+                logits, d_pos = run_model(self.pair, policy, "draft", d_tok, d_val, d_stl, q_start, b.dcache,
+                                          keep=policy.first_draft_slots if j == 0 else 1)
+            if j == 0:
+                logits = policy.first_draft(logits, have)
             if sampling.greedy:
                 probs.append(logits[:, -1].softmax(-1))
                 nxt = logits[:, -1].argmax(-1)

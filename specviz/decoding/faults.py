@@ -39,6 +39,47 @@ class Policy:
             return mask_positions(valid | stale)
         return torch.arange(valid.shape[1], device=valid.device).expand_as(valid)
 
+    def window_positions(self, pos: torch.Tensor, q_start: int) -> torch.Tensor:
+        """The target's position ids for a pass over slots q_start.. (a verify window over a cache when
+        q_start > 0): the layout's; the fault repeats the window's first for all of it."""
+        if not self.has("verify-positions-not-advanced") or q_start == 0:
+            return pos
+        return torch.cat([pos[:, :q_start], pos[:, q_start:q_start + 1].expand_as(pos[:, q_start:])], 1)
+
+    def bonus_rows(self, rows: int, device) -> torch.Tensor:
+        """(B,) whose target choice each row's non-draft token is: its own."""
+        return self._rows("bonus-from-another-row", rows, device)
+
+    def draft_rows(self, rows: int, device) -> torch.Tensor:
+        """(B,) whose drafts each row verifies: its own."""
+        return self._rows("drafts-to-another-row", rows, device)
+
+    def _rows(self, fault: str, rows: int, device) -> torch.Tensor:
+        own = torch.arange(rows, device=device)
+        return own.roll(1) if self.has(fault) else own  # the fault: the row before it's
+
+    def draft_positions(self, pos: torch.Tensor, q_start: int) -> torch.Tensor:
+        """The position ids a drafting pass over slots q_start.. feeds the draft model: the layout's. The fault
+        moves them one ahead once the draft has a cache (q_start > 0), so that they sit one off from the
+        prefilled prompt's, as SGLang's did (rotary positions are relative: a shift of every slot changes nothing)."""
+        if not self.has("draft-positions-off-by-one") or q_start == 0:
+            return pos
+        return torch.cat([pos[:, :q_start], pos[:, q_start:] + 1], 1)
+
+    @property
+    def first_draft_slots(self) -> int:
+        """The slots whose logits a round's first draft pass keeps."""
+        return 2 if self.has("draft-misses-target-token") else 1
+
+    def first_draft(self, logits: torch.Tensor, have: torch.Tensor) -> torch.Tensor:
+        """(B, 1, V): the logits each row drafts its first token from, of the first pass's kept slots: the last
+        (its newest token); the fault takes the one before it once the target has written a token, as if that
+        token had not been fed."""
+        if not self.has("draft-misses-target-token"):
+            return logits
+        slot = (have == 0).long().view(-1, 1, 1).expand(-1, 1, logits.shape[-1])
+        return logits.gather(1, slot)
+
     def seen(self, valid: torch.Tensor) -> torch.Tensor:
         """The slots the attention mask lets through."""
         return torch.ones_like(valid) if self.has("no-mask") else valid
@@ -46,6 +87,12 @@ class Policy:
     def draft_steps(self, k: int) -> int:
         """A draft that supplies the bonus token must propose one more."""
         return k + 1 if self.has("draft-bonus") else k
+
+    def stops(self, idx: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
+        """(B, k+1): the slots of a round whose end-of-sequence token ends the row: every slot it keeps."""
+        if self.has("stop-at-last-token"):
+            return idx[None] == accepted[:, None]
+        return idx[None] <= accepted[:, None]
 
     def state_index(self, accepted: torch.Tensor, kept: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Which of the `kept` positions fed this round each row's recurrent states continue from: its accepted

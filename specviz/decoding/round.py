@@ -135,7 +135,7 @@ def prefill(pair: ModelPair, policy: Policy, drafter: Drafter, seqs: list[int], 
     """A laid-out batch with both caches filled: target slots 0..S-2, a draft model's 0..S-3."""
     b = lay_out(pair, policy, drafter, seqs, tokens, valid)
     S = tokens.shape[1]
-    run_model(pair, policy, pair.target, tokens[:, : S - 1], valid[:, : S - 1], b.stale[:, : S - 1], 0, b.tcache,
+    run_model(pair, policy, "target", tokens[:, : S - 1], valid[:, : S - 1], b.stale[:, : S - 1], 0, b.tcache,
               keep=1)
     drafter.prefill(policy, b.dcache, tokens, valid, b.stale)
     return b
@@ -200,7 +200,8 @@ def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clo
     have = torch.tensor([len(gen[i].ids) for i in b.seqs], device=d.pair.device)
     k = max(1, min(k, d.max_new_tokens - 1 - int(have.min())))
     stream = d.policy.stream(d.sampling.streams(torch.tensor(b.seqs, device=d.pair.device)))
-    prop = d.drafter.propose(d.policy, b, k, d.sampling, stream, have)
+    prop = d.drafter.propose(d.policy, b, k, d.sampling, stream, have).handed(
+        d.policy.draft_rows(len(b.seqs), have.device))
     k = min(k, int(prop.counts.max()))
     if d.policy.has("state-after-zero-draft"):  # a row offered nothing takes the decode path's stale state
         zero = prop.counts == 0
@@ -234,7 +235,7 @@ def verify(d: Decoding, b: Batch, drafts: torch.Tensor) -> Verified:
     val = torch.cat([b.valid, torch.ones_like(drafts, dtype=torch.bool)], 1)
     stl = torch.cat([b.stale, torch.zeros_like(drafts, dtype=torch.bool)], 1)
     with kvcache.keeping(b.tcache, k + 1):  # a recurrent state after the last committed token and each draft
-        logits, pos = run_model(d.pair, d.policy, d.pair.target, tok, val, stl,
+        logits, pos = run_model(d.pair, d.policy, "target", tok, val, stl,
                                 S - 1 if kvcache.length(b.tcache) else 0, b.tcache, keep=k + 1)
     return Verified(tok, val, stl, pos, logits, logits.argmax(-1))
 
@@ -265,10 +266,10 @@ def accept(d: Decoding, v: Verified, prop, have: torch.Tensor, stream: torch.Ten
         own = g.gather(1, a[:, None])[:, 0]
     else:
         a, own, drawn = _accept_sampled(d.policy, d.sampling, v.logits, prop.probs, D, room, stream, have)
-    pick = D.gather(1, a[:, None]) if d.policy.has("draft-bonus") else own[:, None]
+    pick = D.gather(1, a[:, None]) if d.policy.has("draft-bonus") else own[d.policy.bonus_rows(len(own), own.device), None]
     emitted = torch.cat([D[:, :k], g[:, k:]], 1).scatter(1, a[:, None], pick)
     idx = torch.arange(k + 1, device=D.device)
-    is_eos = torch.isin(emitted, torch.tensor(d.pair.eos_ids, device=D.device)) & (idx <= a[:, None])
+    is_eos = torch.isin(emitted, torch.tensor(d.pair.eos_ids, device=D.device)) & d.policy.stops(idx, a)
     first_eos = torch.where(is_eos.any(1), is_eos.long().argmax(1), k + 1)
     n_keep = torch.minimum(torch.minimum(a + 1, first_eos + 1), d.max_new_tokens - have)
     finished = (first_eos < n_keep) | (have + n_keep >= d.max_new_tokens)

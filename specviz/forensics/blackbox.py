@@ -7,7 +7,8 @@ target would not have written. The engine's rounding is measured on its control 
 one, or with one whose tokens bound none of it, only transformers' rounding is known, and a fork beyond it is left
 unexplained, saying what would decide it.
 
-Verdicts: `numerics` (of that engine), `engine-bug`, `unexplained` with the evidence that is missing.
+Verdicts: `numerics` (of that engine), `engine-bug`, `decision-bug:stop` (an output that runs on past an
+end-of-sequence token, from its tokens alone), `unexplained` with the evidence that is missing (spec/verdicts.py).
 """
 from __future__ import annotations
 
@@ -38,10 +39,11 @@ def force_outputs(forcing: enginenoise.TeacherForcing, prompt: list[int], output
 
 
 def judge_engine(trace: Trace, forcing: enginenoise.TeacherForcing, truth: str,
-                 scored: dict[tuple[str, int], enginenoise.Forced]) -> None:
+                 scored: dict[tuple[str, int], enginenoise.Forced], eos_ids: tuple[int, ...]) -> None:
     """Fill `gaps` for every sequence of an engine check, `forensics` for every divergent one, the engine's
     yardstick and each run's fidelity (in place), from its runs' outputs teacher-forced in `truth`: (role, seq) ->
-    Forced (force_outputs)."""
+    Forced (force_outputs). `eos_ids`: the tokens the reference stops at; an output that goes on past one ran
+    past its stop, whatever the target would have written after it."""
     ys = trace.manifest.yardstick or Yardsticks(target=None)
     rounding = ys.target.tolerance if ys.target else 0.0
     ys.engine = _engine_noise(trace, scored, truth, rounding)
@@ -53,7 +55,7 @@ def judge_engine(trace: Trace, forcing: enginenoise.TeacherForcing, truth: str,
         s.forensics = None
         if s.equivalent is False:
             reference = functools.partial(_forced_reference, s, forcing, trace.prompts[s.seq].ids, scored)
-            s.forensics = _judge(s, scored["engine", s.seq], reference, ys)
+            s.forensics = _judge(s, scored["engine", s.seq], reference, ys, eos_ids)
     trace.manifest.fidelity = [f for role in ("engine", "control") if (f := _fidelity(trace, scored, role, ys.engine))]
 
 
@@ -121,7 +123,7 @@ def _forced_reference(s: SequenceRecord, forcing: enginenoise.TeacherForcing, pr
 
 
 def _judge(s: SequenceRecord, forced: enginenoise.Forced, reference: Callable[[], enginenoise.Forced],
-           ys: Yardsticks) -> EngineForensics:
+           ys: Yardsticks, eos_ids: tuple[int, ...]) -> EngineForensics:
     """A divergent sequence's verdict, from its output teacher-forced and its reference's (`reference()`, forced
     only where the reference goes past the fork). Up to the fork the two share a prefix, so at the fork both were
     read off the same logits."""
@@ -146,7 +148,19 @@ def _judge(s: SequenceRecord, forced: enginenoise.Forced, reference: Callable[[]
             if noise.truth == "float64":  # z[reference token] - z[output token], both as gaps below the top
                 ev.margin_float64 = forced.gaps[f] - forced_ref.gaps[f]
     ev.first_bad = next((i for i in range(f, len(out)) if s.gaps[i] > noise.tolerance), None)
-    _engine_verdict(ev, s, noise)
+    stop = next((i for i, t in enumerate(out[:-1]) if t in eos_ids), None)
+    if stop is not None and stop < f and not s.engine.approximate:  # agreed up to a stop the output went past
+        control = s.control is not None and not s.control.error and s.control.ids[: stop + 2] == out[: stop + 2]
+        ev.verdict = "decision-bug:stop"
+        ev.explanation = (f"The output holds an end-of-sequence token at token {stop} (id {out[stop]}), where the "
+                          f"reference stops, and goes on for {len(out) - stop - 1} more tokens: the engine missed a "
+                          "stop. Never rounding: whatever the target writes after a stop, a correct engine writes "
+                          "nothing. " + ("The same engine without speculation runs past it too: its stop check, not "
+                                         "speculation." if control else
+                                         "A stop check that looks only at the last token of each accepted block "
+                                         "does this."))
+    else:
+        _engine_verdict(ev, s, noise)
     return ev
 
 

@@ -17,10 +17,14 @@ _COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {dt
 
 
 @torch.inference_mode()
-def fresh_logits(model, ids: list[int], last: int, vocab: int) -> torch.Tensor:
-    """Logits of the last `last` positions of `ids`: one sequence, no cache, the model's own dtype; (last, vocab) float64."""
+def fresh_logits(model, ids: list[int], last: int, vocab: int, shift: int = 0, shift_from: int = 0) -> torch.Tensor:
+    """Logits of the last `last` positions of `ids`: one sequence, no cache, the model's own dtype; (last, vocab)
+    float64. `shift`: the position ids of the tokens from index `shift_from` on moved by it (a hypothesis about an
+    engine's positions)."""
     device = model.get_input_embeddings().weight.device
-    out = model(input_ids=torch.tensor([ids], device=device), logits_to_keep=last)
+    index = torch.arange(len(ids), device=device)
+    positions = {"position_ids": (index + shift * (index >= shift_from))[None]} if shift else {}
+    out = model(input_ids=torch.tensor([ids], device=device), logits_to_keep=last, **positions)
     return out.logits[0, :, :vocab].double().cpu()
 
 

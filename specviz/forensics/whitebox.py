@@ -17,13 +17,15 @@ Every piece of evidence is recomputed independently of the engine it judges:
 Verdicts:
   sync-bug:bonus      the emitted token is not the argmax of the logits that chose it (I4);
   sync-bug:<state>    the row's state was corrupt: positions, mask, kv, a hybrid's recurrent state
-                      (`recurrent`), or `state` when no single input explains it (or a sequence
-                      ran past its end or stopped short);
+                      (`recurrent`), or `state` when no single input explains it;
                       also when the engine's own invariant checks failed at or before the fork;
+  decision-bug:stop   a sequence ran past its end (an end-of-sequence token) or stopped short, and no engine
+                      check failed before it;
   kernel-bug          every input was right, and the same pass rebuilt from correct inputs still
                       computes logits a fresh batch-size-1 pass does not: the verify computation;
   numerics            the state was clean and the float64 gap at the fork is within what rounding flips;
   unexplained         anything else, with the evidence that is missing.
+Every name is declared in spec/verdicts.py.
 """
 from __future__ import annotations
 
@@ -266,7 +268,7 @@ def _sync_bug(ev: RunForensics, rounding: Rounding | None) -> bool:
     recorded = _recorded(ev, invariant)
     if ev.output_token is None or ev.reference_token is None:
         ended = "the reference had already ended" if ev.reference_token is None else "the output had stopped"
-        ev.verdict = f"sync-bug:{invariant or 'state'}"
+        ev.verdict = f"sync-bug:{invariant}" if invariant else "decision-bug:stop"  # a state out of step comes first
         ev.explanation = (f"At {at} {ended}: the engine {'ran past the end of' if ev.reference_token is None else 'cut short'} "
                           "the sequence (EOS or token budget)." + recorded)
     elif ev.emitting_argmax is not None and ev.emitting_argmax != ev.output_token:

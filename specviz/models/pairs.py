@@ -4,6 +4,7 @@ checkpoints.py, its draft in draft.py) and a tiny random pair for tests. A pair
 loads once per process and is reused."""
 from __future__ import annotations
 
+import copy
 import functools
 import os
 from dataclasses import dataclass, field
@@ -214,6 +215,11 @@ def load_pair(
                         trust_remote_code, placement)
 
 
+def _itself(target) -> tuple:
+    """The target as its own draft: a copy, so that hooks on one (forensics' taps) never see the other's passes."""
+    return copy.deepcopy(target), "the target itself"
+
+
 @functools.lru_cache(maxsize=MAX_PAIRS)
 def _cached_pair(target: str, draft: str, target_revision: str | None, draft_revision: str | None, dtype: str,
                  device: str, trust_remote_code: bool, placement: Placement) -> ModelPair:
@@ -223,13 +229,13 @@ def _cached_pair(target: str, draft: str, target_revision: str | None, draft_rev
     if target == EMBEDDED_TARGET:
         tokenizer = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
         tgt = AutoModelForCausalLM.from_pretrained(embedded_target_dir(), dtype=torch_dtype)
-        drf, info["draft_derivation"] = derive_draft(tgt)
+        drf, info["draft_derivation"] = (_itself(tgt) if draft == target else derive_draft(tgt))
         info["target_source"] = f"{GGUF_PACKAGE}/{GGUF_FILE}"
     elif target == TINY_TARGET:
         tokenizer = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
         tgt = tiny_target(torch_dtype)
-        drf = layer_subset(tgt, [0, 1])
-        info["draft_derivation"] = "the tiny target's first two layers"
+        drf, info["draft_derivation"] = (_itself(tgt) if draft == target else
+                                         (layer_subset(tgt, [0, 1]), "the tiny target's first two layers"))
     else:
         tgt, tokenizer = _load_hub(target, target_revision, torch_dtype, trust_remote_code, **placement.load_kwargs())
         drf, draft_tok = _load_hub(draft, draft_revision, torch_dtype, trust_remote_code)

@@ -147,7 +147,7 @@ def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: E
             s.equivalent = s.first_divergence = None
         elif s.engine.approximate and pair.tokenizer.decode(s.output_ids) == pair.tokenizer.decode(s.reference_ids):
             s.equivalent, s.first_divergence = True, None  # re-tokenized text: the same text is the same answer
-    judge_engine(trace, forcing, truth, scored)
+    judge_engine(trace, forcing, truth, scored, pair.eos_ids)
     return trace
 
 

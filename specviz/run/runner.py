@@ -13,13 +13,15 @@ from specviz.decoding.recording import build_trace
 from specviz.decoding.reference import batched_reference, reference
 from specviz.decoding.result import DecodeResult, Progress
 from specviz.forensics import distribution, yardstick
+from specviz.forensics.acceptance import judge_acceptance
 from specviz.forensics.watch import Watch
 from specviz.forensics.whitebox import analyse, analyse_sampled, flag_batching_noise
 from specviz.models.pairs import ONE_DEVICE, ModelPair, Placement, pair_for
 from specviz.run.settings import Settings
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import MAX_PROMPT_TOKENS, RunSpec, SpecError
-from specviz.trace.evidence import Yardsticks
+from specviz.spec.verdicts import state_bug
+from specviz.trace.evidence import Rounding, Yardsticks
 from specviz.trace.schema import Trace
 
 
@@ -184,11 +186,15 @@ def sampled_yardsticks(spec: RunSpec, pair: ModelPair) -> Yardsticks | None:
 def calibrated_yardsticks(spec: RunSpec, pair: ModelPair) -> Yardsticks | None:
     """The yardsticks from the built-in prompts alone, for a run with no reference (a sampled one) or before its
     reference is known: the target's, and the draft's when audited (None without a float64 copy of the target)."""
-    target = yardstick.rounding(_calibration(pair, "target"), pair.dtype, spec.k + 1)
+    target = _calibrated(spec, pair, "target")
     if target is None:
         return None
-    draft = yardstick.rounding(_calibration(pair, "draft"), pair.dtype, spec.k + 1) if spec.audit else None
-    return Yardsticks(target=target, draft=draft)
+    return Yardsticks(target=target, draft=_calibrated(spec, pair, "draft") if spec.audit else None)
+
+
+def _calibrated(spec: RunSpec, pair: ModelPair, role: str) -> Rounding | None:
+    """A model's rounding from the built-in prompts alone (None without a float64 copy)."""
+    return yardstick.rounding(_calibration(pair, role), pair.dtype, spec.k + 1)
 
 
 def calibrated_tolerance(spec: RunSpec, pair: ModelPair) -> float | None:
@@ -213,8 +219,11 @@ def explain(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result:
     trace = build_trace(spec, pair, prompt_ids, result, ref, yardsticks)
     if ref is not None:
         analyse(trace, result, pair)
-        if any(s.forensics and not s.forensics.verdict.startswith("sync-bug") for s in trace.sequences):
+        if any(s.forensics and not state_bug(s.forensics.verdict) for s in trace.sequences):
             # Would batching alone, without speculation, have forked there too?
             batched = _cached_batched(pair, tuple(tuple(x) for x in prompt_ids), spec.batch_size, spec.max_new_tokens)
             flag_batching_noise(trace, batched)
+    if spec.drafter == "model" and trace.rows:  # the drafts: lossless bugs show only there
+        trace.acceptance = judge_acceptance(trace, pair.draft, pair.vocab_size,
+                                            lambda: getattr(_calibrated(spec, pair, "draft"), "tolerance", None))
     return trace

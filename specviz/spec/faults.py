@@ -1,16 +1,23 @@
-"""The fault catalogue: every fault's name, kind and description, the presets, and the state each breaking
-fault puts out of step. Plain data, kept apart from the engine's side of the faults (decoding/faults.py, torch): a
-RunSpec checks its fault names here, so specs and trace files validate without torch.
+"""The fault catalogue: every fault's name, kind and description, the presets, and the verdict each fault that
+breaks equivalence gets (the state it puts out of step, or the decision it gets wrong). Plain data, kept apart
+from the engine's side of the faults (decoding/faults.py, torch): a RunSpec checks its fault names here, so specs
+and trace files validate without torch.
 """
 from __future__ import annotations
 
 # name -> (kind, what it does)
 FAULTS = {
-    "positions-from-slots": ("breaking", "position ids from the slot index, counting pads and stale slots"),
+    "positions-from-slots": ("breaking", "position ids from the slot index, counting pads and stale slots (the "
+                                         "paper's BSP; vLLM PR #10350 dropped a per-row position offset alike)"),
     "no-mask": ("breaking", "no padding mask: pads and stale slots are attended"),
     "draft-bonus": ("breaking", "the correction/bonus token comes from the draft, not the target"),
     "no-kv-shift": ("breaking", "tokens are realigned but the KV cache is not moved when a row's padding changes"),
     "min-crop": ("breaking", "every row's cache is cropped to the batch-minimum accepted length; tokens are kept"),
+    "verify-positions-not-advanced": ("breaking", "every slot of a verify window gets the window's first position "
+                                                  "(oMLX PR #2363: each row's start offset broadcast across the "
+                                                  "window; the keys committed to the cache mis-rotated)"),
+    "bonus-from-another-row": ("breaking", "the token after a row's accepted drafts is another row's target choice "
+                                           "(openvino.genai #4190: the recovered token read from the wrong row)"),
     "keep-rejected-kv": ("wasteful", "rejected drafts stay in the cache as masked stale slots"),
     "growing-padding": ("wasteful", "padding is only ever added, never removed"),
     "right-padding": ("wasteful", "prompts are padded on the right (the pad block sits after the prompt)"),
@@ -21,6 +28,21 @@ FAULTS = {
                                             "round's accepted drafts (vLLM #39273: the decode path's stale column)"),
     "conv-state-off-by-one": ("recurrent", "a recurrent layer's convolution state is rolled back one position late: "
                                            "a rejected draft stays in its window; the scan's state is right"),
+    # Breaking where a row's end-of-sequence token is accepted inside a block of drafts (a model that stops).
+    "stop-at-last-token": ("stop", "the stop check looks only at the last token a round keeps: an end-of-sequence "
+                                   "token accepted mid-block is written and decoding goes on (transformers #47912, "
+                                   "PRs #47931 and #48981; koboldcpp #1276)"),
+    # Lossless: the target verifies every draft, so the output stays right and only the drafts are wasted (the
+    # acceptance judge, forensics/acceptance.py, names them). Draft model only.
+    "draft-positions-off-by-one": ("lossless", "the draft model's passes over its cache are fed positions one "
+                                               "ahead of its prefill's (SGLang PR #25015: the draft positions were "
+                                               "advanced before each draft pass, not after)"),
+    "drafts-to-another-row": ("lossless", "each row verifies the drafts proposed for the row before it (vLLM PR "
+                                          "#43434: the row-to-draft mapping stale after the batch was reordered)"),
+    "draft-misses-target-token": ("lossless", "the drafter drafts before it has fed the token the target wrote last "
+                                              "round (its correction or bonus): it proposes that token again "
+                                              "(vllm-metal PR #721, after prefill only: 65% acceptance with draft "
+                                              "= target, 98% fixed)"),
     # Sampling faults (temperature > 0): the text stays fluent, only the distribution is wrong.
     "residual-from-draft": ("sampling", "after a rejection the token is drawn from the draft's q, not the residual"),
     "residual-unclamped": ("sampling", "the residual is p - q without max(0, .)"),
@@ -28,23 +50,36 @@ FAULTS = {
     "accept-q-over-p": ("sampling", "a draft is accepted with probability min(1, q/p) instead of min(1, p/q)"),
     "temperature-draft-only": ("sampling", "temperature is applied to the draft only: the target verifies at 1"),
     "top-p-not-in-residual": ("sampling", "top-k and top-p truncate p for acceptance but not in the residual"),
-    "shared-stream": ("sampling", "every row draws the same random numbers (one stream for the batch)"),
+    "shared-stream": ("sampling", "every row draws the same random numbers, one stream for the batch (TensorRT-LLM "
+                                  "#19487: unseeded requests shared one stream)"),
 }
 SAMPLING = tuple(f for f, (kind, _) in FAULTS.items() if kind == "sampling")
 PRESETS = {
     "bsp-like": ("positions-from-slots", "keep-rejected-kv", "right-padding"),
     "dsd-like": ("no-mask", "growing-padding", "draft-bonus"),
 }
-# The state each breaking fault puts out of step, as forensics names it.
-STATE_OF = {
-    "positions-from-slots": "positions",
-    "no-mask": "mask",
-    "draft-bonus": "bonus",
-    "no-kv-shift": "kv",
-    "min-crop": "kv",
-    "state-not-rolled-back": "recurrent",
-    "state-after-zero-draft": "recurrent",
-    "conv-state-off-by-one": "recurrent",
+# The verdict (spec/verdicts.py) each fault that breaks equivalence gets: the state it puts out of step, or the
+# decision it gets wrong.
+VERDICT_OF = {
+    "positions-from-slots": "sync-bug:positions",
+    "no-mask": "sync-bug:mask",
+    "draft-bonus": "sync-bug:bonus",
+    "no-kv-shift": "sync-bug:kv",
+    "min-crop": "sync-bug:kv",
+    "verify-positions-not-advanced": "sync-bug:positions",
+    "bonus-from-another-row": "sync-bug:bonus",
+    "state-not-rolled-back": "sync-bug:recurrent",
+    "state-after-zero-draft": "sync-bug:recurrent",
+    "conv-state-off-by-one": "sync-bug:recurrent",
+    "stop-at-last-token": "decision-bug:stop",
+}
+# Faults of a draft model's passes: prompt lookup runs none.
+DRAFT_MODEL_ONLY = ("draft-positions-off-by-one", "draft-misses-target-token")
+# What the acceptance judge names each lossless fault.
+ACCEPTANCE_OF = {
+    "draft-positions-off-by-one": "draft-bug:positions",
+    "draft-misses-target-token": "draft-bug:first-token",
+    "drafts-to-another-row": "draft-bug:rows",
 }
 
 

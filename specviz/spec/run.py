@@ -12,7 +12,7 @@ from typing import Annotated, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from specviz.spec.faults import SAMPLING, expand
+from specviz.spec.faults import DRAFT_MODEL_ONLY, SAMPLING, expand
 from specviz.spec.methods import DRAFTERS, METHODS
 
 ENGINE = "engine"  # the method of an engine check's trace: outputs from outside, judged against the reference
@@ -165,6 +165,8 @@ class RunSpec(Strict):
                 raise ValueError("n-gram sizes set the lookup drafter; choose drafter lookup")
         elif self.ngram_min > self.ngram_max:
             raise ValueError(f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max})")
+        elif found := [f for f in expand(self.faults) if f in DRAFT_MODEL_ONLY]:
+            raise ValueError(f"{', '.join(found)} break a draft model's passes: prompt lookup runs none")
         elif self.method == "hf-assisted" and self.ngram_min != 1:
             raise ValueError("transformers' prompt lookup always matches down to 1 token: hf-assisted needs ngram_min 1")
         return self
@@ -197,10 +199,11 @@ class RunSpec(Strict):
 
     @model_validator(mode="after")
     def _pair(self) -> RunSpec:
-        if (self.target == EMBEDDED_TARGET) != (self.draft == EMBEDDED_DRAFT) or (
+        # A built-in target drafts with its own draft, or with itself (a self-test: every draft is accepted).
+        if (self.target == EMBEDDED_TARGET) != (self.draft in (EMBEDDED_DRAFT, EMBEDDED_TARGET)) or (
             self.target == TINY_TARGET
-        ) != (self.draft == TINY_DRAFT):
-            raise ValueError("the built-in drafts only pair with their own targets")
+        ) != (self.draft in (TINY_DRAFT, TINY_TARGET)):
+            raise ValueError("the built-in drafts only pair with their own targets (or a built-in target with itself)")
         return self
 
     def canonical_json(self) -> str:

@@ -120,7 +120,7 @@ class Yardsticks(Strict):
 class Verdict(Strict):
     """Why a sequence departed from the reference: what both judges record."""
 
-    verdict: str  # sync-bug:<bonus|positions|mask|kv|recurrent|state>, kernel-bug, numerics, engine-bug, unexplained
+    verdict: str  # a name spec/verdicts.py declares
     explanation: str
     fork: int  # index of the first differing token
     output_token: int | None = None
@@ -214,6 +214,25 @@ class Decisions(Strict):
     checked: int
     mismatches: int
     first: Many[Many[int]] = []  # [round, row, slot] of the first mismatches (at most 20)
+
+
+class Acceptance(Strict):
+    """Greedy runs with a draft model: each round's drafts against what a fresh batch-size-1 pass of the draft
+    model proposes on the row's committed tokens (forensics/acceptance.py). A draft bug keeps the output right
+    (the target verifies every draft) and shows only here: drafts a correct drafter would not propose, and the
+    acceptance they cost."""
+
+    compared: int  # draft slots compared: each round's accepted drafts and its first rejected one
+    differ: int  # of them, drafts other than the fresh pass's own choice
+    beyond: int  # of those, beyond the draft's rounding (the fresh pass prefers its own by more than it flips)
+    tolerance: float | None  # the draft's rounding tolerance (None: not measured, no float64 copy)
+    first: Many[int] | None = None  # [round, seq, slot] of the first draft beyond rounding
+    accepted: int  # drafts the run accepted
+    accepted_fresh: int  # drafts the fresh pass's proposals would have had accepted, in the same rounds
+    per_position: Many[float | None]  # the run's acceptance at each draft slot, of the rounds that reached it
+    per_position_fresh: Many[float | None]  # (None: no round reached the slot)
+    verdict: str | None  # None: the drafts are the drafter's own; else a draft-bug (spec/verdicts.py), or unexplained
+    explanation: str
 
 
 class Repeat(Strict):

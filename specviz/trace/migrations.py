@@ -83,7 +83,8 @@ def _from_version_7(raw: dict) -> dict:
 
 def _from_version_8(raw: dict) -> dict:
     """Version 9 records a hybrid model's recurrent states per row and round (how many of the row's tokens each
-    holds) and checks them (I5), all optional: version 8 decoded no model that has them."""
+    holds) and checks them (I5), all optional: version 8 decoded no model that has them. It also judges the
+    drafts of a greedy run with a draft model (`acceptance`), absent from earlier traces."""
     return {**raw, "schema_version": 9}
 
 

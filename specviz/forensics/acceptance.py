@@ -1,0 +1,142 @@
+"""The acceptance judge: were a greedy run's drafts the ones its draft model proposes?
+
+A draft bug keeps the output right, since the target verifies every draft, and costs only acceptance (SGLang PR
+#25015: draft positions off by one; vllm-metal PR #721: the drafter missed the target's token). So each
+sequence's committed tokens go once through the draft model, fresh (batch size 1, no cache, the run's dtype), and
+each round's drafts are compared with that pass's own choices on the same prefix: the accepted drafts and the
+first rejected one, whose prefix the row had committed. A correct drafter differs from the fresh pass only where
+rounding tips a near-tie: beyond the draft's rounding tolerance (yardstick.py, on fresh passes of the draft), a
+draft is one the draft model does not propose.
+
+What the drafts cost: the acceptance the fresh pass's proposals would have had in the same rounds (each round's
+leading drafts that equal the committed tokens), per draft slot beside the run's. Which side went wrong is named
+from hypotheses tested on the same fresh pass: first drafts that equal the draft model's choice one token earlier
+(it drafted without the target's last token, and proposed it again: `draft-bug:first-token`), drafts proposed for
+another row of the round (`draft-bug:rows`), drafts the draft model proposes at positions one off from the
+prompt's end on (`draft-bug:positions`), else its own state (`draft-bug:cache`)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from specviz.forensics.recompute import fresh_logits
+from specviz.trace.evidence import Acceptance
+from specviz.trace.schema import Trace
+
+EXPLAINED = 0.9  # a hypothesis names the side when it gives the run's own drafts at this share of the slots
+
+
+@dataclass
+class _Slot:
+    round: int
+    seq: int
+    slot: int  # draft slot within its round
+    at: int  # the output token it proposes
+    draft: int
+    gap: float  # the fresh pass's own choice's logit minus the draft's
+
+
+@torch.inference_mode()
+def judge_acceptance(trace: Trace, draft, vocab: int, tolerance: Callable[[], float | None]) -> Acceptance:
+    """`draft`: the run's draft model; `tolerance()`: its rounding tolerance, asked only where a draft differs."""
+    rows_of: dict[int, list] = {}
+    for r in sorted(trace.rows, key=lambda r: r.round):
+        rows_of.setdefault(r.seq, []).append(r)
+    compared, differing = 0, []
+    accepted = accepted_fresh = 0
+    width = max((len(r.draft_tokens) for r in trace.rows), default=0)
+    reached, taken, reached_fresh, taken_fresh = ([0] * width for _ in range(4))
+    own: dict[int, list[int]] = {}  # seq -> the fresh pass's choice for each of its output tokens
+    starts: dict[tuple[int, int], int] = {}  # (round, seq) -> the output token its round's first draft proposes
+    for s in trace.sequences:
+        out = s.output_ids
+        if not out or s.seq not in rows_of:
+            continue
+        z = fresh_logits(draft, trace.prompts[s.seq].ids + out[:-1], len(out), vocab)  # one sequence at a time
+        choice = own[s.seq] = z.argmax(-1).tolist()
+        t0 = 0
+        for r in rows_of[s.seq]:
+            starts[r.round, s.seq] = t0
+            m = min(len(r.draft_tokens), len(out) - t0)
+            a, a_fresh = min(r.accepted, m), next((j for j in range(m) if choice[t0 + j] != out[t0 + j]), m)
+            accepted, accepted_fresh = accepted + a, accepted_fresh + a_fresh
+            for j in range(m):
+                reached[j] += j <= a
+                taken[j] += j < a
+                reached_fresh[j] += j <= a_fresh
+                taken_fresh[j] += j < a_fresh
+            for j in range(min(a + 1, m)):
+                compared += 1
+                d = r.draft_tokens[j]
+                if d != choice[t0 + j]:
+                    differing.append(_Slot(r.round, s.seq, j, t0 + j, d, float(z[t0 + j].max() - z[t0 + j, d])))
+            t0 += len(r.emitted)
+    ev = Acceptance(compared=compared, differ=len(differing), beyond=0, tolerance=None, accepted=accepted,
+                    accepted_fresh=accepted_fresh, per_position=_rates(taken, reached),
+                    per_position_fresh=_rates(taken_fresh, reached_fresh),
+                    verdict=None, explanation="")
+    cost = (f"The run accepted {accepted} drafts; the draft model's own proposals, computed fresh on the same "
+            f"committed tokens, would have had {accepted_fresh} accepted in the same rounds.")
+    if differing:
+        ev.tolerance = tolerance()
+    beyond = sorted((d for d in differing if ev.tolerance is not None and d.gap > ev.tolerance),
+                    key=lambda d: (d.round, d.seq, d.slot))
+    ev.beyond = len(beyond)
+    if differing and ev.tolerance is None:
+        ev.verdict = "unexplained"
+        ev.explanation = (f"{len(differing)} of {compared} drafts are not the draft model's own choice on their "
+                          "prefix, but its rounding is not measured (no float64 copy), so a near-tie cannot be told "
+                          f"from a bug. {cost}")
+    elif not beyond:
+        ev.explanation = (f"Every one of the {compared} drafts compared is the draft model's own choice on its "
+                          f"prefix" + (f", {len(differing)} within its rounding" if differing else "") + f". {cost}")
+    else:
+        first = beyond[0]
+        ev.first = [first.round, first.seq, first.slot]
+        ev.verdict, why = _side(trace, draft, vocab, beyond, own, starts)
+        harm = ("The output is unharmed (the target verified every draft); the drafts are wasted."
+                if all(s.equivalent is not False for s in trace.sequences) else
+                "Outputs forked as well (their own verdicts say why): the drafts were wrong besides.")
+        ev.explanation = (f"{len(beyond)} of {compared} drafts are not the draft model's own choice on their prefix, "
+                          f"beyond its rounding ({ev.tolerance:.3g}); the first in round {first.round}, sequence "
+                          f"{first.seq}, draft slot {first.slot}. {why} {harm} {cost}")
+    return ev
+
+
+def _rates(taken: list[int], reached: list[int]) -> list[float | None]:
+    """Each draft slot's acceptance, of the rounds that reached it (None: none did)."""
+    return [round(t / n, 4) if n else None for t, n in zip(taken, reached)]
+
+
+def _side(trace: Trace, draft, vocab: int, beyond: list[_Slot], own: dict[int, list[int]],
+          starts: dict[tuple[int, int], int]) -> tuple[str, str]:
+    """The side of the drafter that went wrong, from the hypothesis that gives its drafts."""
+    out = {s.seq: s.output_ids for s in trace.sequences}
+    enough = EXPLAINED * len(beyond)
+    repeated = sum(d.slot == 0 and d.at > 0 and d.draft == own[d.seq][d.at - 1] for d in beyond)
+    if repeated >= enough:
+        return "draft-bug:first-token", (
+            f"{repeated} of them are the first draft of a round and equal the draft model's own choice one token "
+            "earlier: the drafter drafted without the token the target wrote last round, and proposed it again.")
+    others = sum(any(d.draft == own[seq][t + d.slot] for (r, seq), t in starts.items()
+                     if r == d.round and seq != d.seq and seq in own and t + d.slot < len(own[seq])) for d in beyond)
+    if others >= enough:
+        return "draft-bug:rows", (f"{others} of them are what the draft model proposes for another row of the same "
+                                  "round: the rows were handed each other's drafts.")
+    # Positions one off from the prompt's end on, where drafting began (rotary positions are relative: only a
+    # shift against the prefilled prompt shows).
+    for shift in (1, -1):
+        explained = 0
+        for seq in {d.seq for d in beyond}:
+            prompt = trace.prompts[seq].ids
+            z = fresh_logits(draft, prompt + out[seq][:-1], len(out[seq]), vocab, shift=shift,
+                             shift_from=len(prompt))
+            explained += sum(d.draft == int(z[d.at].argmax()) for d in beyond if d.seq == seq)
+        if explained >= enough:
+            return "draft-bug:positions", (
+                f"The draft model fed positions {shift:+d} from where drafting began proposes {explained} of them: "
+                "the drafter's position ids were off by one against its prefill's.")
+    return "draft-bug:cache", ("Neither the target's last token missing, another row's drafts, nor positions one "
+                               "off gives them: the drafter's own state (its cache, or what it was fed) was wrong.")

@@ -1,0 +1,91 @@
+"""A stop inside an accepted block. A speculative decoder that checks only the last token of each block for an
+end-of-sequence token writes past one the target accepted mid-block (transformers #47912, koboldcpp #1276).
+Whatever the target would write after a stop, a correct engine writes nothing: the run-on is never rounding.
+
+The engine judged from outside is written here, apart from specviz's decoding: a greedy chain speculative decoder
+over Hugging Face transformers (no cache, batch size 1), the embedded target as its own draft so that every draft
+is accepted and the end of "What is the capital of France?" (token 7) falls inside a block of k = 4."""
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from specviz.cli import main as cli
+from specviz.models.checkpoints import embedded_target_dir
+from specviz.run.runner import run
+from specviz.spec.run import EMBEDDED_TARGET, RunSpec
+from specviz.spec.verdicts import verdict
+from specviz.trace.schema import Trace
+
+PROMPTS = ("What is the capital of France?", "Hi!")
+K, BUDGET = 4, 24
+
+
+@torch.inference_mode()
+def speculate(target, draft, prompt: list[int], eos: set[int], whole_block: bool) -> list[int]:
+    """Drafts k tokens greedily, keeps them up to the target's first disagreement and the target's token there.
+    `whole_block`: a stop anywhere in the kept block ends the output there (correct); else only the block's last
+    token is looked at (the bug)."""
+    out: list[int] = []
+    while len(out) < BUDGET:
+        drafts: list[int] = []
+        for _ in range(K):
+            drafts.append(int(draft(torch.tensor([prompt + out + drafts])).logits[0, -1].argmax()))
+        logits = target(torch.tensor([prompt + out + drafts])).logits[0, len(prompt) + len(out) - 1:]
+        choice = logits.argmax(-1).tolist()
+        n = next((i for i in range(K) if drafts[i] != choice[i]), K)
+        block = drafts[:n] + [choice[n]]
+        if whole_block:
+            block = block[: next((i + 1 for i, t in enumerate(block) if t in eos), len(block))]
+        out += block
+        if out[-1] in eos:
+            break
+    return out[:BUDGET]
+
+
+@pytest.fixture(scope="module")
+def written(embedded, tmp_path_factory) -> dict[str, Trace]:
+    """Each decoder's outputs, as a file, checked by `specviz check --outputs`."""
+    model = AutoModelForCausalLM.from_pretrained(embedded_target_dir(), dtype=torch.float32).eval()
+    prompts = embedded.encode(list(PROMPTS))
+    eos = set(embedded.eos_ids)
+    checked = {}
+    for name, whole in (("whole-block", True), ("last-token-only", False)):
+        path = tmp_path_factory.mktemp(name) / "outputs.jsonl"
+        lines = [{"engine": {"name": name, "settings": {"k": K}}}]
+        lines += [{"prompt_ids": p, "output_ids": speculate(model, model, p, eos, whole)} for p in prompts]
+        path.write_text("\n".join(json.dumps(line) for line in lines))
+        out = path.with_suffix(".trace.json")
+        assert cli.main(["check", "--dtype", "float32", "--device", "cpu", "--max-new-tokens", str(BUDGET),
+                         "--outputs", str(path), "--trace", str(out)]) == 0
+        checked[name] = Trace.from_json(out.read_text())
+    return checked
+
+
+def test_an_engine_that_runs_past_a_stop_accepted_mid_block_is_a_stop_bug_never_numerics(written, embedded, capsys):
+    trace = written["last-token-only"]
+    eos = set(embedded.eos_ids)
+    ran_on = [s for s in trace.sequences if any(t in eos for t in s.output_ids[:-1])]
+    assert ran_on, "the capital of France ends inside a block: the decoder must run past it"
+    for s in ran_on:
+        assert s.reference_ids[-1] in eos and s.output_ids[: len(s.reference_ids)] == s.reference_ids
+        assert s.forensics.verdict == "decision-bug:stop", s.forensics.explanation
+        assert s.forensics.fork == len(s.reference_ids) and f"token {s.forensics.fork - 1}" in s.forensics.explanation
+    assert "numerics" not in {s.forensics.verdict for s in trace.sequences if s.forensics}
+
+
+def test_the_same_decoder_stopping_anywhere_in_the_block_gets_no_bug(written):
+    trace = written["whole-block"]
+    assert not [s.forensics.verdict for s in trace.sequences if s.forensics and verdict(s.forensics.verdict).bug]
+
+
+def test_the_stop_fault_in_our_engine_is_a_stop_bug(embedded):
+    """The same bug planted in specviz's engine: the white-box judge names the decision, not a state."""
+    trace = run(RunSpec.build(target=EMBEDDED_TARGET, draft=EMBEDDED_TARGET, dtype="float32", device="cpu",
+                              prompts=PROMPTS, batch_size=2, k=K, max_new_tokens=BUDGET,
+                              faults=("stop-at-last-token",)))
+    eos = set(embedded.eos_ids)
+    forked = [s for s in trace.sequences if s.equivalent is False]
+    assert forked and all(any(t in eos for t in s.output_ids[:-1]) for s in forked)
+    assert {s.forensics.verdict for s in forked} == {"decision-bug:stop"}
