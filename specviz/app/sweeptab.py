@@ -8,6 +8,7 @@ import hashlib
 import gradio as gr
 
 from specviz.app import serving, sidebyside, sweepviews, views
+from specviz.app.controls import UPLOAD_HEIGHT
 from specviz.run.settings import Settings
 from specviz.spec.faults import FAULTS
 from specviz.spec.faults import PRESETS as FAULT_PRESETS
@@ -277,7 +278,7 @@ def sweep_tab(settings: Settings) -> dict:
                 w["run"] = gr.Button("Run the sweep", variant="primary", elem_id="sv-sweep-run")
                 w["stop"] = gr.Button("Stop", variant="stop")
             w["upload"] = gr.File(label="or open a report (specviz verify --json)", file_types=[".json"],
-                                  type="filepath", elem_id="sv-sweep-upload", height=90)
+                                  type="filepath", elem_id="sv-sweep-upload", height=UPLOAD_HEIGHT)
             w["download"] = gr.DownloadButton("Download the report (JSON)", value=None, elem_id="sv-sweep-download")
         with gr.Column(scale=3, elem_id="sv-sweep-views"):
             w["status"] = gr.Markdown("", elem_id="sv-sweep-status", latex_delimiters=[])
