@@ -10,13 +10,13 @@ import os
 from dataclasses import dataclass, field
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from specviz.models import kernels
 from specviz.models.architecture import in_float64, unsupported
 from specviz.models.checkpoints import GGUF_FILE, GGUF_PACKAGE, embedded_target_dir, embedded_tokenizer_dir
 from specviz.models.draft import derive_draft, layer_subset
-from specviz.spec.run import EMBEDDED_DRAFT, EMBEDDED_TARGET, TINY_TARGET, RunSpec, SpecError
+from specviz.spec.run import BUILT_IN_PAIRS, EMBEDDED_DRAFT, EMBEDDED_TARGET, TINY_HYBRID, TINY_TARGET, RunSpec, SpecError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 PROBE_STRINGS = (
@@ -148,6 +148,31 @@ def tiny_target(dtype: torch.dtype) -> LlamaForCausalLM:
     return model.to(dtype).eval()
 
 
+def tiny_hybrid(dtype: torch.dtype) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """A 4-layer random Qwen 3.5-style hybrid (Gated DeltaNet layers beside attention) with SmolLM2's vocabulary,
+    fixed seed, and its draft: its first two layers. Its weights are small, so that it falls into the loops small
+    models fall into, where prompt lookup finds drafts (and, when a loop breaks, none): the recurrent state's
+    field cases (docs/casebook.md) need both."""
+    tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
+
+    def build(layers: int):
+        config = AutoConfig.for_model(
+            "qwen3_5_text", vocab_size=len(tok), hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, intermediate_size=128, linear_num_key_heads=2,
+            linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+            layer_types=["linear_attention", "full_attention"] * (layers // 2), initializer_range=0.06,
+            tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id)
+        return AutoModelForCausalLM.from_config(config)
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        target = build(4)
+    draft = build(2)
+    draft.load_state_dict(target.state_dict(), strict=False)  # the layers it has: the target's first two
+    return target.to(dtype).eval(), draft.to(dtype).eval()
+
+
 # ---------------------------------------------------------------- pairs
 
 
@@ -208,7 +233,7 @@ def load_pair(
 ) -> ModelPair:
     """The pair, loaded once per process however it is asked for: by keyword or position, device auto or the
     device auto picks (a second copy of a pair would hold its weights, its float64 copy and its caches twice)."""
-    if placement.spread and (target in (EMBEDDED_TARGET, TINY_TARGET) or device == "cpu"):
+    if placement.spread and (target in BUILT_IN_PAIRS or device == "cpu"):
         raise SpecError("spreading a target over GPUs (device map auto, max memory) needs a Hub or local target "
                         "and device auto or cuda; the built-in pairs fit one device")
     return _cached_pair(target, draft, target_revision, draft_revision, dtype, str(resolve_device(device)),
@@ -236,6 +261,11 @@ def _cached_pair(target: str, draft: str, target_revision: str | None, draft_rev
         tgt = tiny_target(torch_dtype)
         drf, info["draft_derivation"] = (_itself(tgt) if draft == target else
                                          (layer_subset(tgt, [0, 1]), "the tiny target's first two layers"))
+    elif target == TINY_HYBRID:
+        tokenizer = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
+        tgt, first_two = tiny_hybrid(torch_dtype)
+        drf, info["draft_derivation"] = (_itself(tgt) if draft == target else
+                                         (first_two, "the tiny hybrid's first two layers"))
     else:
         tgt, tokenizer = _load_hub(target, target_revision, torch_dtype, trust_remote_code, **placement.load_kwargs())
         drf, draft_tok = _load_hub(draft, draft_revision, torch_dtype, trust_remote_code)

@@ -37,11 +37,11 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
 from specviz.spec import run as _spec
-from specviz.spec.run import DEVICES, EMBEDDED_DRAFT, EMBEDDED_TARGET, PRESETS, TINY_DRAFT, TINY_TARGET, RunSpec, SpecError
+from specviz.spec.run import BUILT_IN_PAIRS, DEVICES, PRESETS, RunSpec, SpecError
 
 ANY = "*"
 PRESET_IDS = frozenset(m for pair in PRESETS.values() for m in pair)
-BUILT_IN = frozenset({EMBEDDED_TARGET, EMBEDDED_DRAFT, TINY_TARGET, TINY_DRAFT})  # at most 135M parameters
+BUILT_IN = frozenset({*BUILT_IN_PAIRS, *BUILT_IN_PAIRS.values()})  # at most 135M parameters
 WIDTH = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}  # bytes a weight takes
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 

@@ -30,14 +30,18 @@ EMBEDDED_TARGET = "specviz:smollm2-135m"
 EMBEDDED_DRAFT = "specviz:smollm2-135m-draft"
 TINY_TARGET = "specviz:tiny"
 TINY_DRAFT = "specviz:tiny-draft"
+TINY_HYBRID = "specviz:tiny-hybrid"  # a random Qwen 3.5-style hybrid: attention beside Gated DeltaNet layers
+TINY_HYBRID_DRAFT = "specviz:tiny-hybrid-draft"
 # name -> (target, draft). The Hub pairs are for machines with a GPU and Hub access.
 PRESETS = {
     "embedded": (EMBEDDED_TARGET, EMBEDDED_DRAFT),
     "tiny": (TINY_TARGET, TINY_DRAFT),
+    "tiny-hybrid": (TINY_HYBRID, TINY_HYBRID_DRAFT),
     "qwen3": ("Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B"),
     "vicuna": ("lmsys/vicuna-7b-v1.3", "double7/vicuna-68m"),
     "smollm2": ("HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
 }
+BUILT_IN_PAIRS = {target: draft for target, draft in PRESETS.values() if target.startswith("specviz:")}
 MAX_PROBLEMS_LISTED = 3  # in one message about a stranger's input
 MAX_TEMPERATURE = 10.0
 SAMPLING_FIELDS = ("top_k", "top_p", "draft_temperature", "draft_top_k", "draft_top_p")
@@ -200,10 +204,10 @@ class RunSpec(Strict):
     @model_validator(mode="after")
     def _pair(self) -> RunSpec:
         # A built-in target drafts with its own draft, or with itself (a self-test: every draft is accepted).
-        if (self.target == EMBEDDED_TARGET) != (self.draft in (EMBEDDED_DRAFT, EMBEDDED_TARGET)) or (
-            self.target == TINY_TARGET
-        ) != (self.draft in (TINY_DRAFT, TINY_TARGET)):
-            raise ValueError("the built-in drafts only pair with their own targets (or a built-in target with itself)")
+        for target, draft in BUILT_IN_PAIRS.items():
+            if (self.target == target) != (self.draft in (draft, target)):
+                raise ValueError("the built-in drafts only pair with their own targets (or a built-in target with "
+                                 "itself)")
         return self
 
     def canonical_json(self) -> str:

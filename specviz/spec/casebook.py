@@ -1,0 +1,137 @@
+"""The field casebook: speculative-decoding bugs that hit real engines, each replayed by one fault of specviz's
+engine (spec/faults.py), declared once here for every layer that shows them: the page's gallery, the sweep that
+runs them all, docs/casebook.md and tests/test_casebook.py.
+
+A case names its threads (repository and number), the mechanism in two lines, what the replica leaves out, and
+the run that replays it: the embedded pair by default, a built-in pair where the case needs a feature the
+embedded one lacks (a hybrid's recurrent state). Its recorded run is bundled as assets/traces/case-<fault>.json.
+Plain data: no torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specviz.spec.faults import ACCEPTANCE_OF, FAULTS, VERDICT_OF
+from specviz.spec.run import EMBEDDED_TARGET
+
+REPOS = {  # the short names threads are cited by -> GitHub repository
+    "vLLM": "vllm-project/vllm", "vllm-metal": "vllm-project/vllm-metal", "vllm-ascend": "vllm-project/vllm-ascend",
+    "SGLang": "sgl-project/sglang", "sglang-jax": "sgl-project/sglang-jax", "llama.cpp": "ggml-org/llama.cpp",
+    "TensorRT-LLM": "NVIDIA/TensorRT-LLM", "transformers": "huggingface/transformers", "mlx-lm": "ml-explore/mlx-lm",
+    "openvino.genai": "openvinotoolkit/openvino.genai", "oMLX": "jundot/omlx", "koboldcpp": "LostRuins/koboldcpp",
+    "Atlas": "Avarok-Cybersecurity/atlas", "mistral.rs": "EricLBuehler/mistral.rs",
+}
+
+
+@dataclass(frozen=True)
+class Thread:
+    repo: str  # a short name of REPOS
+    number: int
+    pr: bool = True  # a pull request, else an issue
+
+    @property
+    def label(self) -> str:
+        return f"{self.repo} {'PR ' if self.pr else ''}#{self.number}"
+
+    @property
+    def url(self) -> str:  # GitHub serves a pull request at its issue address too
+        return f"https://github.com/{REPOS[self.repo]}/{'pull' if self.pr else 'issues'}/{self.number}"
+
+
+# The replica's run, beside the fault: greedy, float32, eqspec, on prompts one of which ("What is the capital of
+# France?") ends inside a block of drafts.
+PROMPTS = ("What is the capital of France?", "Write a haiku about the sea.", "Name three primary colors.",
+           "Explain what a prime number is in one sentence.")
+BASE_RUN = dict(prompts=PROMPTS, method="eqspec", dtype="float32", device="cpu", batch_size=4, k=4,
+                max_new_tokens=32)
+
+
+@dataclass(frozen=True)
+class Case:
+    fault: str
+    title: str  # what the user saw, in a few words
+    threads: tuple[Thread, ...]
+    mechanism: str  # two lines: what fell out of step, and how
+    leaves_out: str  # what the replica does not replay
+    run: dict = field(default_factory=dict)  # RunSpec fields beyond BASE_RUN and the fault
+
+    @property
+    def trace(self) -> str:
+        """Its bundled run's file in assets/traces."""
+        return f"case-{self.fault}.json"
+
+    @property
+    def expected(self) -> str | None:
+        """The verdict its mechanism gets: a breaking case's fork, a lossless case's drafts; None where the
+        distribution test judges the run (a sampling fault: trace/evidence.py's Distribution)."""
+        return VERDICT_OF.get(self.fault) or ACCEPTANCE_OF.get(self.fault)
+
+    @property
+    def lossless(self) -> bool:
+        return FAULTS[self.fault][0] == "lossless"
+
+    def spec_fields(self) -> dict:
+        """Every RunSpec field of its replica."""
+        return {**BASE_RUN, "faults": (self.fault,), **self.run}
+
+
+_SELF_DRAFT = dict(target=EMBEDDED_TARGET, draft=EMBEDDED_TARGET)  # a correct drafter's every draft is accepted
+_HYBRID = dict(target="specviz:tiny-hybrid", draft="specviz:tiny-hybrid-draft")
+
+CASES = (
+    Case("verify-positions-not-advanced", "greedy output left the reference once a draft was accepted",
+         (Thread("oMLX", 2363),),
+         "Every slot of a verify window got the window's first position id.\n"
+         "The keys committed to the cache were rotated at the wrong positions.",
+         "oMLX's multimodal rotary offsets (M-RoPE): the text model's one position per slot is enough to show it."),
+    Case("positions-from-slots", "speculation differed from plain decoding in a padded batch",
+         (Thread("vLLM", 10350),),
+         "A row's position ids were counted from its cache slots, pads included.\n"
+         "vLLM dropped a per-row position offset when it expanded the batch alike.",
+         "the vision model's M-RoPE delta: here the offset is the row's left padding."),
+    Case("bonus-from-another-row", "a word dropped and its continuation kept, at temperature > 0",
+         (Thread("openvino.genai", 4190, pr=False), Thread("openvino.genai", 4490)),
+         "The token after a row's accepted drafts was another row's target choice.\n"
+         "The recovered token was read from the wrong row, one iteration late.",
+         "the one-iteration lateness and the prefix-cache assertion: the row mix-up alone, at greedy."),
+    Case("stop-at-last-token", "generated past an end-of-sequence token accepted mid-block",
+         (Thread("transformers", 47912, pr=False), Thread("transformers", 47931), Thread("transformers", 48981),
+          Thread("koboldcpp", 1276, pr=False)),
+         "The stop check looked only at the last token of the block a round kept.\n"
+         "An end-of-sequence token accepted inside the block was written, and decoding went on.",
+         "stop strings: the replica stops on the model's end-of-sequence tokens."),
+    Case("state-not-rolled-back", "a hybrid model's output corrupted after rejected drafts",
+         (Thread("mlx-lm", 1109), Thread("mlx-lm", 846, pr=False)),
+         "A recurrent state's rollback after rejected drafts was a silent no-op.\n"
+         "Every drafted token stayed in the state the next round read.",
+         "mlx-lm's cache classes: any hybrid layer's state shows it (a random Qwen 3.5-style pair here).",
+         _HYBRID),
+    Case("state-after-zero-draft", "loops and drift on a hybrid with n-gram drafts; acceptance looked healthy",
+         (Thread("vLLM", 39273, pr=False), Thread("vLLM", 40738), Thread("SGLang", 26351)),
+         "A row offered no drafts read its recurrent state from before the last round's accepted drafts.\n"
+         "The decode path's state column was committed only on the speculative path.",
+         "vLLM's slot arithmetic and CUDA graphs: the stale column is read directly.",
+         {**_HYBRID, "drafter": "lookup", "ngram_min": 1, "draft": "specviz:tiny-hybrid"}),
+    Case("draft-positions-off-by-one", "acceptance dropped while the output stayed right",
+         (Thread("SGLang", 25015),),
+         "The draft model's passes were fed position ids one ahead of its prefill's.\n"
+         "Drafts came from a shifted context: fewer were accepted, none was wrong.",
+         "SGLang's EAGLE worker: a separate draft model shows the same shift.", _SELF_DRAFT),
+    Case("draft-misses-target-token", "65% acceptance with the target as its own draft (98% fixed)",
+         (Thread("vllm-metal", 721),),
+         "The drafter drafted before it had fed the token the target wrote last.\n"
+         "Its first draft repeated that token, and was rejected.",
+         "vllm-metal's case was after prefill only: the replica misses the token every round.", _SELF_DRAFT),
+    Case("drafts-to-another-row", "acceptance dropped after the batch was reordered",
+         (Thread("vLLM", 43434), Thread("TensorRT-LLM", 7803)),
+         "Each row verified the drafts proposed for another row.\n"
+         "The row-to-draft mapping went stale when the batch was reordered.",
+         "ragged draft widths packed as rectangles (−1 placeholders): the rows are simply rotated.", _SELF_DRAFT),
+    Case("shared-stream", "identical or degenerate samples across requests",
+         (Thread("TensorRT-LLM", 19487, pr=False), Thread("TensorRT-LLM", 17599)),
+         "Every row drew the same random numbers: one stream for the whole batch.\n"
+         "Identical prompts gave identical samples; rows' draws were not independent.",
+         "the engine-wide seed's step counter: the streams are shared, not shifted.",
+         dict(temperature=0.8)),
+)
+BY_FAULT = {c.fault: c for c in CASES}
