@@ -19,6 +19,7 @@ from collections.abc import Callable
 from specviz.decoding.result import Progress
 from specviz.forensics import enginenoise
 from specviz.trace.evidence import EngineForensics, EngineNoise, Fidelity, Yardsticks
+from specviz.trace.findings import Findings
 from specviz.trace.records import SequenceRecord, first_difference
 from specviz.trace.schema import Trace
 
@@ -39,24 +40,27 @@ def force_outputs(forcing: enginenoise.TeacherForcing, prompt: list[int], output
 
 
 def judge_engine(trace: Trace, forcing: enginenoise.TeacherForcing, truth: str,
-                 scored: dict[tuple[str, int], enginenoise.Forced], eos_ids: tuple[int, ...]) -> None:
-    """Fill `gaps` for every sequence of an engine check, `forensics` for every divergent one, the engine's
-    yardstick and each run's fidelity (in place), from its runs' outputs teacher-forced in `truth`: (role, seq) ->
-    Forced (force_outputs). `eos_ids`: the tokens the reference stops at; an output that goes on past one ran
-    past its stop, whatever the target would have written after it."""
+                 scored: dict[tuple[str, int], enginenoise.Forced], eos_ids: tuple[int, ...]) -> Findings:
+    """`gaps` for every sequence of an engine check, `forensics` for every divergent one, the engine's yardstick
+    and each run's fidelity, from its runs' outputs teacher-forced in `truth`: (role, seq) -> Forced
+    (force_outputs). `eos_ids`: the tokens the reference stops at; an output that goes on past one ran past its
+    stop, whatever the target would have written after it."""
     ys = trace.manifest.yardstick or Yardsticks(target=None)
     rounding = ys.target.tolerance if ys.target else 0.0
-    ys.engine = _engine_noise(trace, scored, truth, rounding)
-    trace.manifest.yardstick = ys
+    ys = ys.model_copy(update={"engine": _engine_noise(trace, scored, truth, rounding)})
+    found = Findings(run={"manifest.yardstick": ys})
     for s in trace.sequences:
         if ("engine", s.seq) not in scored:
             continue
-        s.gaps = list(scored["engine", s.seq].gaps)  # the trace's own: a check's Forced is kept (run/runner.py)
-        s.forensics = None
+        mine = found.of(s.seq)
+        mine["gaps"] = list(scored["engine", s.seq].gaps)  # the trace's own: a check's Forced is kept (runner.py)
+        mine["forensics"] = None
         if s.equivalent is False:
             reference = functools.partial(_forced_reference, s, forcing, trace.prompts[s.seq].ids, scored)
-            s.forensics = _judge(s, scored["engine", s.seq], reference, ys, eos_ids)
-    trace.manifest.fidelity = [f for role in ("engine", "control") if (f := _fidelity(trace, scored, role, ys.engine))]
+            mine["forensics"] = _judge(s, scored["engine", s.seq], reference, ys, eos_ids)
+    found.run["manifest.fidelity"] = [f for role in ("engine", "control")
+                                      if (f := _fidelity(trace, scored, role, ys.engine))]
+    return found
 
 
 def _engine_noise(trace: Trace, scored: dict, truth: str, rounding: float) -> EngineNoise:
@@ -147,7 +151,7 @@ def _judge(s: SequenceRecord, forced: enginenoise.Forced, reference: Callable[[]
             ev.reference_nll = -statistics.fmean(forced_ref.logprobs[f:])
             if noise.truth == "float64":  # z[reference token] - z[output token], both as gaps below the top
                 ev.margin_float64 = forced.gaps[f] - forced_ref.gaps[f]
-    ev.first_bad = next((i for i in range(f, len(out)) if s.gaps[i] > noise.tolerance), None)
+    ev.first_bad = next((i for i in range(f, len(out)) if forced.gaps[i] > noise.tolerance), None)
     stop = next((i for i, t in enumerate(out[:-1]) if t in eos_ids), None)
     if stop is not None and stop < f and not s.engine.approximate:  # agreed up to a stop the output went past
         control = s.control is not None and not s.control.error and s.control.ids[: stop + 2] == out[: stop + 2]
@@ -160,11 +164,11 @@ def _judge(s: SequenceRecord, forced: enginenoise.Forced, reference: Callable[[]
                                          "A stop check that looks only at the last token of each accepted block "
                                          "does this."))
     else:
-        _engine_verdict(ev, s, noise)
+        _engine_verdict(ev, s, forced.gaps, noise)
     return ev
 
 
-def _engine_verdict(ev: EngineForensics, s: SequenceRecord, noise: EngineNoise) -> None:
+def _engine_verdict(ev: EngineForensics, s: SequenceRecord, gaps: list[float], noise: EngineNoise) -> None:
     f = ev.fork
     control = s.control is not None and not s.control.error
     control_same = control and ev.control_fork == f and f < len(s.control.ids) and s.control.ids[f] == ev.output_token
@@ -183,21 +187,21 @@ def _engine_verdict(ev: EngineForensics, s: SequenceRecord, noise: EngineNoise) 
     elif ev.first_bad is None:
         ev.verdict = "numerics"
         here = (f"the engine wrote the target's own choice in {noise.truth}: the batch-size-1 reference took another "
-                "there, a near-tie its own rounding tipped" if s.gaps[f] == 0 else
-                f"the engine's token is {s.gaps[f]:.3g} logits below the target's own choice in {noise.truth}")
+                "there, a near-tie its own rounding tipped" if gaps[f] == 0 else
+                f"the engine's token is {gaps[f]:.3g} logits below the target's own choice in {noise.truth}")
         ev.explanation = (f"At token {f} {here}, and every later token is within {noise.tolerance:.3g} of the target's "
                           f"choice: {noise.describe()}. A near-tie that rounding tipped." + changed
                           + (" The same engine without speculation writes the same token here." if control_same else ""))
     elif own:
         where = "the fork" if ev.first_bad == f else f"token {ev.first_bad}, after the fork,"
-        ev.explanation = (f"At {where} the engine's token is {s.gaps[ev.first_bad]:.3g} logits below the target's "
+        ev.explanation = (f"At {where} the engine's token is {gaps[ev.first_bad]:.3g} logits below the target's "
                           f"choice in {noise.truth}, beyond the tolerance ({noise.describe()}), but the same engine "
                           "without speculation writes the same tokens up to there: speculation did not change them. "
                           "The engine departs from the model with or without speculation: compare its weights and "
                           "kernels with the target's.")
     else:
         where = "The fork token" if ev.first_bad == f else f"Token {ev.first_bad}, after the fork,"
-        beyond = (f"{where} sits {s.gaps[ev.first_bad]:.3g} logits below what the target itself would write on that "
+        beyond = (f"{where} sits {gaps[ev.first_bad]:.3g} logits below what the target itself would write on that "
                   f"prefix (in {noise.truth}); {noise.describe()}")
         if s.seq in noise.outliers:
             ev.explanation = (f"{beyond}{_symptom(ev)}. The same engine without speculation departs from the model on "

@@ -24,6 +24,7 @@ from specviz.forensics.recompute import fresh_logits
 from specviz.models.pairs import ModelPair
 from specviz.trace import metrics
 from specviz.trace.evidence import Decisions
+from specviz.trace.findings import Findings
 from specviz.trace.schema import Trace
 
 PIT_SEED = 0x5EC7  # the PIT's own draws: never the engine's (those are seeded by the run)
@@ -31,37 +32,40 @@ ROUND_SPLITS = 4  # the rounds (or, without rounds, the token indices) cut in th
 MAX_LISTED = 20
 
 
-def judge(trace: Trace, pair: ModelPair, prompt_ids: list[list[int]], progress=None) -> None:
-    """Score every sequence under the target, then fill `trace.distribution`, each sequence's `pit` and, for
-    speculative runs, `trace.decisions`."""
+def judge(trace: Trace, pair: ModelPair, prompt_ids: list[list[int]], progress=None) -> Findings:
+    """Score every sequence under the target: each sequence's `pit`, the run's `distribution` and, for
+    speculative runs, its `decisions`."""
     sampler = sampling_of(trace.manifest.spec).target
+    pits: dict[int, list[float | None]] = {}
     for s in trace.sequences:
+        pits[s.seq] = []
         if s.output_ids:
             logits = fresh_logits(pair.target, prompt_ids[s.seq] + s.output_ids[:-1], len(s.output_ids),
                                   pair.vocab_size)
             seqs = torch.tensor([s.seq])
             draws = uniform(PIT_SEED, seqs, torch.arange(len(s.output_ids))[None], PIT)[0]
             u, _ = pit.pit(sampler.probs(logits), torch.tensor(s.output_ids), draws)
-            s.pit = [None if np.isnan(x) else float(x) for x in u]
-        else:
-            s.pit = []
+            pits[s.seq] = [None if np.isnan(x) else float(x) for x in u]
         if progress:
             progress(len(s.output_ids))
-    trace.distribution = pit.judge(samples(trace), impossible=sum(x is None for s in trace.sequences for x in s.pit))
+    found = Findings({seq: {"pit": values} for seq, values in pits.items()})
+    found.run["distribution"] = pit.judge(samples(trace, pits),
+                                          impossible=sum(x is None for values in pits.values() for x in values))
     if trace.rows:
-        trace.decisions = decisions(trace)
+        found.run["decisions"] = decisions(trace)
+    return found
 
 
-def samples(trace: Trace) -> dict[str, np.ndarray]:
-    """The PIT values pooled, then split by slot in the round (speculative runs), batch row, round range and
-    row pairs; impossible tokens (None) are counted apart, not tested."""
+def samples(trace: Trace, pits: dict[int, list[float | None]]) -> dict[str, np.ndarray]:
+    """The PIT values (`pits`: each sequence's) pooled, then split by slot in the round (speculative runs), batch
+    row, round range and row pairs; impossible tokens (None) are counted apart, not tested."""
     where = _token_places(trace)
     k = trace.manifest.spec.k
     last = max((r for places in where.values() for _, _, r in places), default=0)
     part = [r * ROUND_SPLITS // (last + 1) for r in range(last + 1)]  # each round's range
     pooled, by_slot, by_row, by_part = [], defaultdict(list), defaultdict(list), defaultdict(list)
     for s in trace.sequences:
-        for u, (slot, row, rnd) in zip(s.pit or (), where[s.seq]):
+        for u, (slot, row, rnd) in zip(pits[s.seq], where[s.seq]):
             if u is None:
                 continue
             pooled.append(u)
@@ -75,7 +79,7 @@ def samples(trace: Trace) -> dict[str, np.ndarray]:
     out |= {f"row {r}": by_row[r] for r in sorted(by_row)}
     out |= {f"rounds {part.index(p)}–{last - part[::-1].index(p)}": by_part[p] for p in sorted(by_part)}
     out = {name: np.array(values) for name, values in out.items()}
-    out["row pairs"] = pit.row_pairs([np.array([np.nan if u is None else u for u in s.pit or ()])
+    out["row pairs"] = pit.row_pairs([np.array([np.nan if u is None else u for u in pits[s.seq]])
                                       for s in trace.sequences])
     return out
 

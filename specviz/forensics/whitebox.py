@@ -15,7 +15,8 @@ Every piece of evidence is recomputed independently of the engine it judges:
   token and the speculative one at the fork.
 
 Verdicts:
-  sync-bug:bonus      the emitted token is not the argmax of the logits that chose it (I4);
+  decision-bug:accept an accepted draft is not the argmax of the pass that verified it (the accept rule);
+  sync-bug:bonus      a correction or bonus token is not the argmax of the logits that chose it (I4);
   sync-bug:<state>    the row's state was corrupt: positions, mask, kv, a hybrid's recurrent state
                       (`recurrent`), or `state` when no single input explains it;
                       also when the engine's own invariant checks failed at or before the fork;
@@ -33,6 +34,7 @@ from specviz.decoding.result import DecodeResult
 from specviz.forensics.recompute import ARBITER_MAX_PARAMS, float64_logits
 from specviz.models.pairs import ModelPair
 from specviz.trace.evidence import Rounding, RunForensics
+from specviz.trace.findings import Findings
 from specviz.trace.records import RowRecord, SequenceRecord, first_difference
 from specviz.trace.schema import Trace
 from specviz.trace.text import span
@@ -47,6 +49,8 @@ PERSISTS = 2
 EXPLAIN = {
     "bonus": ("a correction/bonus token was not the target's own (the argmax of the pass that chose it, or its draw "
               "when sampling) (I4)"),
+    "accept": "the accept rule kept a draft the target did not choose (at temperature 0 a draft is kept only where "
+              "it is the verifying pass's argmax)",
     "positions": "the position ids fed to the model did not count the row's real tokens (I2)",
     "mask": "the attention mask did not show exactly the row's real tokens",
     "kv": "the KV cache did not hold each real token's entry, computed at its own position (I3)",
@@ -58,14 +62,14 @@ NO_YARDSTICK = (f"no float64 copy of the target could be made (it is spread over
                 f"{ARBITER_MAX_PARAMS:,} parameters), so its rounding cannot be measured")
 
 
-def _emitter(rows: list[RowRecord], fork: int) -> RowRecord | None:
-    """The record that emitted token `fork`."""
+def _emitter(rows: list[RowRecord], fork: int) -> tuple[RowRecord | None, int]:
+    """The record that emitted token `fork`, and the token's slot in it."""
     seen = 0
     for r in rows:
         if fork < seen + len(r.emitted):
-            return r
+            return r, fork - seen
         seen += len(r.emitted)
-    return None
+    return None, 0
 
 
 def _failures(rows: list[RowRecord], until_round: int | None) -> dict[str, int]:
@@ -86,20 +90,20 @@ def _first_over(rows: list[RowRecord], field: str, tolerance: float | None) -> i
     return next((r.round for r in rows if getattr(r, field) is not None and getattr(r, field) > tolerance), None)
 
 
-def analyse(trace: Trace, result: DecodeResult, pair: ModelPair | None) -> None:
-    """Fill `forensics` for every divergent sequence of `trace` (in place), from the watch's findings in
-    `result` (result.forks), the yardstick in the manifest and, with `pair`, float64 arbitration."""
+def analyse(trace: Trace, result: DecodeResult, pair: ModelPair | None) -> Findings:
+    """`forensics` for every divergent sequence of `trace` (None for the rest), from the watch's findings in
+    `result` (result.forks), the yardstick in the manifest and, with `pair`, float64 arbitration; each sequence's
+    first audited round beyond the yardstick."""
     ys = trace.manifest.yardstick
     rounding = ys.target if ys else None
-    rows_of: dict[int, list[RowRecord]] = {}
-    for r in trace.rows:
-        rows_of.setdefault(r.seq, []).append(r)
+    rows_of = _rows_of(trace)
+    found = Findings()
     for s in trace.sequences:
-        rows = rows_of.get(s.seq, [])
+        rows, mine = rows_of.get(s.seq, []), found.of(s.seq)
         if rounding is not None:
-            s.audit_round = _first_over(rows, "audit", rounding.tolerance)
-            s.audit_draft_round = _first_over(rows, "audit_draft", ys.draft and ys.draft.tolerance)
-        s.forensics = None
+            mine["audit_round"] = _first_over(rows, "audit", rounding.tolerance)
+            mine["audit_draft_round"] = _first_over(rows, "audit_draft", ys.draft and ys.draft.tolerance)
+        mine["forensics"] = None
         if s.equivalent is not False:
             continue
         ev = _evidence(s, rows, result.forks.get(s.seq))
@@ -111,29 +115,35 @@ def analyse(trace: Trace, result: DecodeResult, pair: ModelPair | None) -> None:
                 if z is not None:
                     ev.margin_float64 = float(z[ev.reference_token] - z[ev.output_token])
             _near_tie(ev, rounding)
-        s.forensics = ev
+        mine["forensics"] = ev
+    return found
 
 
-def analyse_sampled(trace: Trace, result: DecodeResult) -> None:
-    """An audited sampled run (in place): each sequence's first audited round beyond the yardstick and, where its
+def _rows_of(trace: Trace) -> dict[int, list[RowRecord]]:
+    rows_of: dict[int, list[RowRecord]] = {}
+    for r in trace.rows:
+        rows_of.setdefault(r.seq, []).append(r)
+    return rows_of
+
+
+def analyse_sampled(trace: Trace, result: DecodeResult) -> Findings:
+    """An audited sampled run: each sequence's first audited round beyond the yardstick and, where its
     target state departed, and stayed out in a later audited round, `forensics` naming what was wrong with it,
     from the watch's inspection of that row (result.forks); where the state held but the engine's own checks
     failed, the check that failed first. A sampled run has no reference to fork from: the fork is the first
     token that round emitted."""
     ys = trace.manifest.yardstick
-    rows_of: dict[int, list[RowRecord]] = {}
-    for r in trace.rows:
-        rows_of.setdefault(r.seq, []).append(r)
+    rows_of = _rows_of(trace)
+    found = Findings()
     for s in trace.sequences:
-        rows = rows_of.get(s.seq, [])
-        s.audit_round = _first_over(rows, "audit", ys.target.tolerance)
-        s.audit_draft_round = _first_over(rows, "audit_draft", ys.draft and ys.draft.tolerance)
+        rows, mine = rows_of.get(s.seq, []), found.of(s.seq)
+        mine["audit_round"] = _first_over(rows, "audit", ys.target.tolerance)
+        mine["audit_draft_round"] = _first_over(rows, "audit_draft", ys.draft and ys.draft.tolerance)
         state, failed = result.forks.get(s.seq), _failures(rows, None)
         if sum(r.audit is not None and r.audit > ys.target.tolerance for r in rows) < PERSISTS:
             state = None  # rounding: a correct row leaves the yardstick once in a few hundred rounds, then returns
-        s.forensics = None
-        if state is not None or failed:
-            s.forensics = _sampled_verdict(s, rows, state, failed, ys.target)
+        mine["forensics"] = _sampled_verdict(s, rows, state, failed, ys.target) if state is not None or failed else None
+    return found
 
 
 def _sampled_verdict(s: SequenceRecord, rows: list[RowRecord], state, failed: dict[str, int],
@@ -211,7 +221,7 @@ def _fill_state(ev: RunForensics, fork) -> None:
 
 def _evidence(s: SequenceRecord, rows: list[RowRecord], fork) -> RunForensics:
     f = s.first_divergence
-    rec = _emitter(rows, f)
+    rec, slot = _emitter(rows, f)
     ev = RunForensics(
         verdict="unexplained", explanation="", fork=f,
         output_token=s.output_ids[f] if f < len(s.output_ids) else None,
@@ -220,7 +230,7 @@ def _evidence(s: SequenceRecord, rows: list[RowRecord], fork) -> RunForensics:
         margin_batched=s.margins[f] if f < len(s.margins) else None,
     )
     if rec is not None:
-        ev.round, ev.row = rec.round, rec.row
+        ev.round, ev.row, ev.fork_source = rec.round, rec.row, rec.sources[slot]
     ev.failed_checks = _failures(rows, ev.round)
     if fork is not None:
         _fill_state(ev, fork)
@@ -271,6 +281,10 @@ def _sync_bug(ev: RunForensics, rounding: Rounding | None) -> bool:
         ev.verdict = f"sync-bug:{invariant}" if invariant else "decision-bug:stop"  # a state out of step comes first
         ev.explanation = (f"At {at} {ended}: the engine {'ran past the end of' if ev.reference_token is None else 'cut short'} "
                           "the sequence (EOS or token budget)." + recorded)
+    elif ev.emitting_argmax is not None and ev.emitting_argmax != ev.output_token and ev.fork_source == "draft":
+        ev.verdict = "decision-bug:accept"
+        ev.explanation = (f"At {at} the engine accepted a draft that the target pass verifying it rejects (the pass's "
+                          f"own logits pick id {ev.emitting_argmax}): {EXPLAIN['accept']}.")
     elif ev.emitting_argmax is not None and ev.emitting_argmax != ev.output_token:
         ev.verdict = "sync-bug:bonus"
         ev.explanation = (f"At {at} the engine emitted a token that is not the argmax of the target pass that chose "

@@ -150,9 +150,9 @@ def explain_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]],
     """The trace of a sampled run: its distribution judged (`judge`), and an audited run's corrupt states named."""
     trace = build_trace(spec, pair, prompt_ids, result, yardsticks=yardsticks)
     if judge:
-        distribution.judge(trace, pair, prompt_ids, progress)
+        distribution.judge(trace, pair, prompt_ids, progress).record(trace)
     if yardsticks is not None:
-        analyse_sampled(trace, result)
+        analyse_sampled(trace, result).record(trace)
     return trace
 
 
@@ -218,7 +218,7 @@ def explain(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result:
     yardsticks = yardsticks_for(spec, pair, prompt_ids, ref) if ref is not None and spec.method != "reference" else None
     trace = build_trace(spec, pair, prompt_ids, result, ref, yardsticks)
     if ref is not None:
-        analyse(trace, result, pair)
+        analyse(trace, result, pair).record(trace)
         if any(s.forensics and not state_bug(s.forensics.verdict) for s in trace.sequences):
             # Would batching alone, without speculation, have forked there too?
             batched = _cached_batched(pair, tuple(tuple(x) for x in prompt_ids), spec.batch_size, spec.max_new_tokens)

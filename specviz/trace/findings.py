@@ -1,0 +1,28 @@
+"""What a judge found, returned to its caller: the fields it sets on a trace's sequences and on the run. The
+judges (forensics/) read a trace and never edit it; the caller that owns the trace records their findings, in the
+order it judges (a later judge may read what an earlier one found)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specviz.trace.schema import Trace
+
+
+@dataclass
+class Findings:
+    sequences: dict[int, dict[str, object]] = field(default_factory=dict)  # seq -> SequenceRecord fields
+    run: dict[str, object] = field(default_factory=dict)  # Trace fields; the manifest's as "manifest.<field>"
+
+    def of(self, seq: int) -> dict[str, object]:
+        """The fields found for sequence `seq` (to add to)."""
+        return self.sequences.setdefault(seq, {})
+
+    def record(self, trace: Trace) -> Trace:
+        """Write the findings into `trace` (the caller's): returns it."""
+        for s in trace.sequences:
+            for name, value in self.sequences.get(s.seq, {}).items():
+                setattr(s, name, value)
+        for name, value in self.run.items():
+            owner, _, attr = name.rpartition(".")
+            setattr(trace.manifest if owner == "manifest" else trace, attr, value)
+        return trace
