@@ -26,6 +26,7 @@ METRICS = {
 EQUIVALENT = "equivalent"
 OUTCOME_COLOURS = {EQUIVALENT: "#59a14f", "numerics": "#edc948", "unexplained": "#7f0000", "kernel-bug": "#8c2d7a",
                    "divergent, no verdict": "#bab0ac", "sampled: no token reference": "#d9d9d9"}
+WASTED_DRAFTS = "#9fd08f"  # equivalent, but a lossless bug wasted the drafts: a paler green
 SYNC_BUG_COLOURS = ("#e15759", "#ff9d9a", "#b6452c", "#f28e2b", "#d37295")  # a state's, or a decision's
 LAYOUT = {"height": 340, "margin": {"t": 40, "b": 40, "l": 50, "r": 10}, "legend": {"orientation": "h", "y": -0.3}}
 
@@ -58,6 +59,10 @@ def _cell(run: int, row: RunRow, metric: str, selected: int | None) -> str:
         verdicts = ", ".join(f"{v} {c}" for v, c in row.verdicts.items())
         tip = f"{row.name()} · {value:.1f}% of {row.n} sequences" + (f" · {verdicts}" if verdicts else "")
         text, colour = _percent(value), f"hsl({1.2 * value:.0f},65%,72%)"  # red (0%) to green (100%), as the grid
+        if row.drafts_verdict:  # the output may be right: its drafts were not the drafter's own
+            accepted, fresh = row.drafts_accepted
+            tip += f" · drafts: {row.drafts_verdict}, {accepted} accepted of the {fresh} its own drafts would have had"
+            text += " ⚠"
     return (f'<td class="{cls}" data-run="{run}" style="background-color:{colour}" '
             f'title="{html.escape(tip)}">{text}</td>')
 
@@ -89,15 +94,17 @@ def heatmap_html(report: SweepReport, metric: str = "exact_pct", selected: int |
 # ---------------------------------------------------------------- figures
 
 
-def _outcome(s) -> str:
+def _outcome(s, row: RunRow) -> str:
     if s.equivalent is None:
         return "sampled: no token reference"
-    if s.equivalent:
-        return EQUIVALENT
+    if s.equivalent:  # a lossless draft bug keeps the output right: its run's drafts say so
+        return f"{EQUIVALENT}, drafts {row.drafts_verdict}" if row.drafts_verdict else EQUIVALENT
     return s.forensics.verdict if s.forensics else "divergent, no verdict"
 
 
 def _outcome_colour(name: str, sync_bugs: list[str]) -> str:
+    if name.startswith(f"{EQUIVALENT}, drafts"):
+        return WASTED_DRAFTS
     if state_bug(name):
         return SYNC_BUG_COLOURS[sync_bugs.index(name) % len(SYNC_BUG_COLOURS)]
     return OUTCOME_COLOURS.get(name, "#9d9d9d")
@@ -108,7 +115,7 @@ def verdict_bars(report: SweepReport) -> go.Figure:
     sideways so that run names read across, however many runs there are."""
     counts = [Counter() for _ in report.rows]
     for s in report.sequences:
-        counts[s.run][_outcome(s)] += 1
+        counts[s.run][_outcome(s, report.rows[s.run])] += 1
     names = sorted(set().union(*counts), key=lambda n: (n != EQUIVALENT, n))
     sync_bugs = [n for n in names if state_bug(n)]
     runs = [html.escape(r.name()) for r in report.rows]

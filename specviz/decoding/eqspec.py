@@ -86,8 +86,8 @@ def _realign(b: Batch, step, policy: Policy) -> tuple[Batch | None, bool, dict]:
         kvcache.crop(b.tcache, width - 1)
         kvcache.crop(b.dcache, width - 2)
         t_written, d_written = step.t_fed[keep, : width - 1], step.d_fed[keep, : width - 2]
-    if policy.has("min-crop"):
-        lost = _min_crop_lost(step.accepted, keep, src, S, step.out_val.shape[1])
+    lost = _lost(policy, step, keep, src, S)
+    if lost is not None:
         kvcache.zero_slots(b.tcache, lost[:, : width - 1])
         kvcache.zero_slots(b.dcache, lost[:, : width - 2])
         t_written = t_written.masked_fill(lost[:, : width - 1], -1)
@@ -127,9 +127,17 @@ def _relayout(out_val: torch.Tensor, out_stale: torch.Tensor, policy: Policy, S:
     return src, placed & out_val.gather(1, src), placed & out_stale.gather(1, src), width
 
 
-def _min_crop_lost(a, keep, src, S, ext_width):
-    """min-crop: slots (in the new layout) of accepted drafts beyond the batch's
-    smallest accepted count, whose K/V the fault threw away."""
-    ext = torch.arange(ext_width, device=a.device)[None]
-    lost_ext = (ext >= S + a.min()) & (ext < S + a[:, None])
+def _lost(policy: Policy, step, keep: torch.Tensor, src: torch.Tensor, S: int) -> torch.Tensor | None:
+    """Slots (in the new layout) of committed tokens whose K/V a fault threw away; None: the correct engine's.
+    min-crop: accepted drafts beyond the batch's smallest accepted count. rollback-by-draft-list: the last
+    committed entries a row's oversized rollback erased (the cache holds slots up to S + a - 1)."""
+    a = step.accepted
+    ext = torch.arange(step.out_val.shape[1], device=a.device)[None]
+    if policy.has("min-crop"):
+        lost_ext = (ext >= S + a.min()) & (ext < S + a[:, None])
+    elif policy.has("rollback-by-draft-list"):
+        erased = policy.rollback_lost(a, step.room, step.k)
+        lost_ext = (ext >= S + a[:, None] - erased[:, None]) & (ext < S + a[:, None])
+    else:
+        return None
     return lost_ext[keep[:, None], src]

@@ -80,6 +80,21 @@ class Policy:
         slot = (have == 0).long().view(-1, 1, 1).expand(-1, 1, logits.shape[-1])
         return logits.gather(1, slot)
 
+    def greedy_accept(self, drafts: torch.Tensor, target: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
+                      u: torch.Tensor) -> torch.Tensor:
+        """(B, k) which greedy drafts pass: those the target's pass chose too. The fault accepts each with
+        probability min(1, p/q) of the untempered softmaxes (`p`, `q` at each draft; `u` a draw per slot)."""
+        if self.has("accept-on-raw-softmax"):
+            return self.accept(p, q, u)
+        return drafts == target
+
+    def rollback_lost(self, accepted: torch.Tensor, offered: torch.Tensor, k: int) -> torch.Tensor:
+        """(B,) committed cache entries each row's rollback erases: none. The fault rolls back by the batch's
+        draft list (k), so a row offered fewer drafts loses the difference."""
+        if not self.has("rollback-by-draft-list"):
+            return torch.zeros_like(accepted)
+        return (k - offered).clamp(min=0)
+
     def seen(self, valid: torch.Tensor) -> torch.Tensor:
         """The slots the attention mask lets through."""
         return torch.ones_like(valid) if self.has("no-mask") else valid

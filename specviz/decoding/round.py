@@ -68,6 +68,7 @@ class Step:
     n_keep: torch.Tensor  # (B,) new tokens each row kept
     finished: torch.Tensor
     accepted: torch.Tensor
+    room: torch.Tensor  # (B,) the drafts each row could accept (Accepted.room)
     out_tok: torch.Tensor  # (B, S+k+1) old slots + this round's slots, as the policy lays them out
     out_val: torch.Tensor
     out_stale: torch.Tensor
@@ -224,7 +225,7 @@ def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clo
             d.watch.end(b.seqs, gen)
         timings["watch"] = clock.paused
     t_fed = torch.cat([b.t_written, v.positions[:, b.tokens.shape[1] - 1:]], 1)
-    return Step(k, acc.n_keep, acc.finished, acc.accepted, out_tok, out_val, out_stale, t_fed, prop.fed,
+    return Step(k, acc.n_keep, acc.finished, acc.accepted, acc.room, out_tok, out_val, out_stale, t_fed, prop.fed,
                 (states[0], states[2], states[1], states[3]), fields, timings)
 
 
@@ -262,7 +263,10 @@ def accept(d: Decoding, v: Verified, prop, have: torch.Tensor, stream: torch.Ten
     room = torch.minimum((d.max_new_tokens - 1 - have).clamp(min=0, max=k), prop.counts)
     drawn = {}
     if d.sampling.greedy:
-        a = torch.minimum((D[:, :k] == g[:, :k]).long().cumprod(1).sum(1), room)
+        p = v.logits[:, :k].softmax(-1).gather(2, D[:, :k, None])[..., 0].double()
+        u = uniform(d.sampling.seed, stream, have[:, None] + torch.arange(k, device=D.device), ACCEPT)
+        passed = d.policy.greedy_accept(D[:, :k], g[:, :k], p, prop.confidence[:, :k].double(), u)
+        a = torch.minimum(passed.long().cumprod(1).sum(1), room)
         own = g.gather(1, a[:, None])[:, 0]
     else:
         a, own, drawn = _accept_sampled(d.policy, d.sampling, v.logits, prop.probs, D, room, stream, have)

@@ -20,6 +20,7 @@ REPOS = {  # the short names threads are cited by -> GitHub repository
     "TensorRT-LLM": "NVIDIA/TensorRT-LLM", "transformers": "huggingface/transformers", "mlx-lm": "ml-explore/mlx-lm",
     "openvino.genai": "openvinotoolkit/openvino.genai", "oMLX": "jundot/omlx", "koboldcpp": "LostRuins/koboldcpp",
     "Atlas": "Avarok-Cybersecurity/atlas", "mistral.rs": "EricLBuehler/mistral.rs",
+    "speculative-sampling": "jaymody/speculative-sampling",
 }
 
 
@@ -94,6 +95,18 @@ CASES = (
          "The token after a row's accepted drafts was another row's target choice.\n"
          "The recovered token was read from the wrong row, one iteration late.",
          "the one-iteration lateness and the prefix-cache assertion: the row mix-up alone, at greedy."),
+    Case("rollback-by-draft-list", "temperature-0 degeneration: the model's history lost its own output",
+         (Thread("Atlas", 699),),
+         "A row's rollback was sized by the batch's draft list, not by the drafts the row was offered.\n"
+         "It erased committed tokens the verify pass never added: the cache fell behind the output.",
+         "Atlas's depth cap on the verified drafts: here a row is offered fewer drafts by prompt lookup.",
+         dict(drafter="lookup")),
+    Case("accept-on-raw-softmax", "greedy speculative output differed from greedy decoding",
+         (Thread("speculative-sampling", 3, pr=False), Thread("speculative-sampling", 4),
+          Thread("mistral.rs", 2424)),
+         "At temperature 0 an argmax draft was accepted with probability min(1, p/q) of the untempered softmaxes.\n"
+         "Drafts the target would not choose were kept; tempering first makes p and q one-hot.",
+         "the residual drawn after a rejection: the replica takes the target's argmax there."),
     Case("stop-at-last-token", "generated past an end-of-sequence token accepted mid-block",
          (Thread("transformers", 47912, pr=False), Thread("transformers", 47931), Thread("transformers", 48981),
           Thread("koboldcpp", 1276, pr=False)),

@@ -21,6 +21,16 @@ FAULTS = {
     "keep-rejected-kv": ("wasteful", "rejected drafts stay in the cache as masked stale slots"),
     "growing-padding": ("wasteful", "padding is only ever added, never removed"),
     "right-padding": ("wasteful", "prompts are padded on the right (the pad block sits after the prompt)"),
+    # Breaking only where a row is offered fewer drafts than the batch's widest (prompt lookup, or a row near its
+    # budget): a draft model offers every row k.
+    "rollback-by-draft-list": ("ragged", "a row's cache is rolled back by the batch's draft list less its accepted "
+                                         "drafts, not by the drafts it was offered: a row offered fewer loses that "
+                                         "many committed entries (Atlas PR #699: the rewind was sized by the pending "
+                                         "draft list, erasing tokens the forward never added)"),
+    # Breaking at temperature 0 only (refused when sampling: the rule it breaks is greedy acceptance).
+    "accept-on-raw-softmax": ("greedy", "at temperature 0 each argmax draft is accepted with probability min(1, p/q) "
+                                        "of the untempered softmaxes, not when it is the target's argmax "
+                                        "(jaymody/speculative-sampling #3; mistral.rs PR #2424)"),
     # Breaking on a hybrid's recurrent states (Gated DeltaNet, Mamba, short convolutions); nothing on other models.
     "state-not-rolled-back": ("recurrent", "a recurrent state is not rolled back after rejected drafts: every drafted "
                                            "token stays in it (mlx-lm PR #1109: a rollback that was a no-op)"),
@@ -54,6 +64,7 @@ FAULTS = {
                                   "#19487: unseeded requests shared one stream)"),
 }
 SAMPLING = tuple(f for f, (kind, _) in FAULTS.items() if kind == "sampling")
+GREEDY_ONLY = tuple(f for f, (kind, _) in FAULTS.items() if kind == "greedy")
 PRESETS = {
     "bsp-like": ("positions-from-slots", "keep-rejected-kv", "right-padding"),
     "dsd-like": ("no-mask", "growing-padding", "draft-bonus"),
@@ -68,6 +79,8 @@ VERDICT_OF = {
     "min-crop": "sync-bug:kv",
     "verify-positions-not-advanced": "sync-bug:positions",
     "bonus-from-another-row": "sync-bug:bonus",
+    "rollback-by-draft-list": "sync-bug:kv",
+    "accept-on-raw-softmax": "decision-bug:accept",
     "state-not-rolled-back": "sync-bug:recurrent",
     "state-after-zero-draft": "sync-bug:recurrent",
     "conv-state-off-by-one": "sync-bug:recurrent",

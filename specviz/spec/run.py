@@ -12,7 +12,7 @@ from typing import Annotated, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from specviz.spec.faults import DRAFT_MODEL_ONLY, SAMPLING, expand
+from specviz.spec.faults import DRAFT_MODEL_ONLY, GREEDY_ONLY, SAMPLING, expand
 from specviz.spec.methods import DRAFTERS, METHODS
 
 ENGINE = "engine"  # the method of an engine check's trace: outputs from outside, judged against the reference
@@ -178,6 +178,8 @@ class RunSpec(Strict):
     @model_validator(mode="after")
     def _sampling(self) -> RunSpec:
         if self.temperature > 0:  # (the audit compares each row's state with a fresh pass, at any temperature)
+            if found := set(GREEDY_ONLY) & set(expand(self.faults)):
+                raise ValueError(f"{', '.join(sorted(found))} breaks greedy acceptance: it needs temperature 0")
             return self
         if any(getattr(self, f) != RunSpec.model_fields[f].default for f in SAMPLING_FIELDS):
             raise ValueError("top-k, top-p and the draft's sampling settings need a temperature above 0")

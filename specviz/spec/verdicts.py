@@ -6,9 +6,9 @@ sweep and the glossary ask here what each means. Plain data: specs, traces and v
 A name says what went wrong in the user's words: `sync-bug:<state>` when a state fell out of step with the row's
 tokens (positions, mask, KV cache, a hybrid's recurrent state, rows mixed up, or the kept token not the one the
 target's pass chose: `bonus`), `decision-bug:<decision>` when the state was right and a decision made from it was
-wrong (when to stop), `draft-bug:<side>` when the drafts were not the drafter's own (the output unharmed, the
-drafts wasted), `kernel-bug` when both were right and the computation was not; `numerics` and `unexplained` are
-not bugs."""
+wrong (which drafts to accept, when to stop), `draft-bug:<side>` when the drafts were not the drafter's own (the
+output unharmed, the drafts wasted), `kernel-bug` when both were right and the computation was not; `numerics`
+and `unexplained` are not bugs."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,9 +43,12 @@ VERDICTS = {v.name: v for v in (
     Verdict("sync-bug:state", "the row's state was corrupt and no single input explains it: rows mixed up, or "
             "the pass fed another token than the row's own",
             f"{_WATCHED}, beyond the yardstick; the engine's own invariant checks"),
-    Verdict("sync-bug:bonus", "the token kept is not the target's own choice at the pass that chose it: a "
-            "correction or bonus taken from the draft, another row or another slot, or a draft accepted wrongly",
+    Verdict("sync-bug:bonus", "the correction or bonus token kept is not the target's own choice at the pass that "
+            "chose it: taken from the draft, another row or another slot",
             "the emitting pass's own argmax at the fork, or the engine's check I4"),
+    Verdict("decision-bug:accept", "a draft was accepted that the target's pass rejects: the accept rule itself "
+            "(at temperature 0 a draft is kept only where it is the verifying pass's argmax)",
+            "the verifying pass's own argmax at the fork, where the fork token is an accepted draft"),
     Verdict("decision-bug:stop", "the output ran on past a stop (an end-of-sequence token accepted inside a "
             "block of drafts), or stopped where the model does not",
             "the output's tokens alone: an end-of-sequence token followed by more, or an end the reference lacks"),
@@ -60,6 +63,10 @@ VERDICTS = {v.name: v for v in (
     Verdict("draft-bug:cache", "the drafter's own state (its cache, or what it was fed) was wrong", "each round's "
             "drafts against a fresh pass of the draft model, beyond its rounding, and no simpler hypothesis gives "
             "them"),
+    Verdict("draft-bug:acceptance", "an engine accepted fewer of its drafts than its draft model's own proposals "
+            "would have had: its drafter went wrong on a side not seen from outside",
+            "the engine's own counters (drafts offered and accepted) against the draft model's fresh proposals on "
+            "the engine's output, its rounds replayed at k, short beyond chance"),
     Verdict("kernel-bug", "every input of the pass was right and it still computes logits the model does not: "
             "the batched verify computation",
             "the pass rebuilt from correct inputs departs from a fresh one beyond rounding, in the run's dtype or "

@@ -153,6 +153,7 @@ class RunForensics(Verdict):
     visible: Many[int] | None = None  # key slots each verified slot could attend to
     visible_expected: Many[int] | None = None  # real tokens up to and including each verified slot
     emitting_argmax: int | None = None  # the emitting pass's own choice at the fork slot
+    fork_source: Literal["draft", "correction", "bonus"] | None = None  # what the fork token was in its round
     batching_noise: bool | None = None  # batched-reference (no speculation) already departs here
 
 
@@ -233,6 +234,10 @@ class Acceptance(Strict):
     per_position_fresh: Many[float | None]  # (None: no round reached the slot)
     verdict: str | None  # None: the drafts are the drafter's own; else a draft-bug (spec/verdicts.py), or unexplained
     explanation: str
+    # An engine seen from outside has no rounds, only its own counters (drafts offered and accepted per prompt):
+    # then `compared` counts the drafts it offered, and the fresh pass replays rounds of k on its output.
+    counters: bool = False
+    offered_fresh: int | None = None  # counters: the drafts those replayed rounds offer
 
 
 class Repeat(Strict):

@@ -126,6 +126,11 @@ class RunRow(Strict):
     decisions: Decisions | None = None  # sampled speculative runs: the decision audit
     audit: Map[str, int] | None = None  # audited runs: sequences whose target (draft) state left rounding
     sampled_verdict: str | None = None  # sampled speculative runs: metrics.sampled_verdict's kind
+    # Greedy runs with a draft model: the acceptance judge's verdict on the drafts (None: the drafter's own), and
+    # [drafts the run accepted, drafts the drafter's own proposals would have had accepted]. A lossless bug's
+    # output equals the reference: only these show it.
+    drafts_verdict: str | None = None
+    drafts_accepted: Many[int] | None = None
     # Counted over (round, row) records; [] where no rounds were recorded.
     accept_lengths: Many[int] = Field(default_factory=list)  # [j]: records that accepted exactly j drafts
     offered: Many[int] = Field(default_factory=list)  # [j]: records offered a draft at position j
@@ -255,12 +260,14 @@ def row_of(spec: RunSpec, trace: Trace) -> RunRow:
     eq = metrics.equivalence(trace)
     d = trace.distribution
     sampled = metrics.sampled_verdict(trace)
+    a = trace.acceptance
     return RunRow(
         **_placed(**{a: getattr(spec, a) for a in AXES}), n=eq.get("n", len(trace.sequences)),
         exact_pct=100 * eq["exact"] if eq else None, prefix_pct=100 * eq["prefix"] if eq else None,
         verdicts=metrics.verdict_counts(trace), **metrics.waste(trace),
         distribution=None if d is None else d.model_copy(update={"splits": []}), decisions=trace.decisions if d else None,
         audit=metrics.audit_counts(trace) if spec.audit else None, sampled_verdict=sampled and sampled[0],
+        drafts_verdict=a and a.verdict, drafts_accepted=a and [a.accepted, a.accepted_fresh],
         **acceptance(trace, spec.k))
 
 

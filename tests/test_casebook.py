@@ -1,0 +1,74 @@
+"""The field casebook (spec/casebook.py): every bug that hit a real engine, replayed by its fault, forks (or, where
+it is lossless, shows its acceptance shortfall) and is named by its mechanism, never `numerics`.
+
+Each case runs as it is declared, on the tiny pair where the embedded one is only its default (the tiny pair
+shows the same mechanisms in seconds: its draft agrees with it about half the time), and on the embedded pair
+where the case needs what only a trained model does: write an end-of-sequence token."""
+import pytest
+
+from specviz.app.sweepviews import heatmap_html
+from specviz.run.runner import run
+from specviz.spec.casebook import BY_FAULT, CASES
+from specviz.spec.faults import FAULTS, VERDICT_OF
+from specviz.spec.run import EMBEDDED_DRAFT, EMBEDDED_TARGET, TINY_DRAFT, TINY_TARGET, RunSpec
+from specviz.spec.verdicts import VERDICTS
+from specviz.trace import metrics
+from specviz.trace.sweep import Sweep, SweepReport, row_of
+
+TINY = {EMBEDDED_TARGET: TINY_TARGET, EMBEDDED_DRAFT: TINY_DRAFT}
+ON_THE_EMBEDDED_PAIR = {"stop-at-last-token"}  # a random model never writes its end-of-sequence token
+
+
+def _replica(case) -> RunSpec:
+    fields = case.spec_fields()
+    if case.fault not in ON_THE_EMBEDDED_PAIR:
+        fields.update(target=TINY.get(fields.get("target", EMBEDDED_TARGET), fields.get("target")),
+                      draft=TINY.get(fields.get("draft", EMBEDDED_DRAFT), fields.get("draft")))
+    return RunSpec.build(**fields)
+
+
+def test_the_casebook_replays_sixteen_field_cases_each_cited_and_named():
+    assert len(CASES) >= 16 and len(BY_FAULT) == len(CASES)
+    for case in CASES:
+        assert case.fault in FAULTS and case.threads and case.mechanism.count("\n") == 1, case.fault
+        assert case.expected is None or case.expected in VERDICTS, case.fault
+        assert all(t.url.startswith("https://github.com/") for t in case.threads)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.fault for c in CASES])
+def test_every_case_shows_and_is_named_by_its_mechanism(case):
+    spec = _replica(case)
+    trace = run(spec)
+    verdicts = [s.forensics.verdict for s in trace.sequences if s.forensics]
+    assert "numerics" not in verdicts
+    if case.lossless:  # the output is the reference's; the drafts it wasted are named
+        assert metrics.equivalence(trace)["exact"] == 1
+        a = trace.acceptance
+        assert a.verdict == case.expected and a.accepted < a.accepted_fresh, a.explanation
+        # In a sweep its run is no plain "equivalent": its cell and its bar say the drafts were wasted.
+        sweep = Sweep(base=spec, methods=(spec.method,), fault_sets=(spec.faults,), batch_sizes=(spec.batch_size,),
+                      ks=(spec.k,))
+        report = SweepReport(sweep=sweep, rows=[row_of(spec, trace)], sequences=[])
+        assert report.rows[0].drafts_verdict == case.expected
+        assert "⚠" in heatmap_html(report) and case.expected in heatmap_html(report)
+    elif case.expected is None:  # a sampling fault: the tokens are not the target's distribution
+        assert trace.distribution.verdict == "not the target's distribution", trace.distribution
+        assert metrics.sampled_verdict(trace)[0] not in ("numerics", "unexplained")
+    else:
+        assert metrics.equivalence(trace)["exact"] < 1, "the replica must fork"
+        assert verdicts and set(verdicts) == {case.expected}, [s.forensics.explanation for s in trace.sequences
+                                                                 if s.forensics]
+        assert VERDICT_OF[case.fault] == case.expected
+
+
+def test_a_case_that_needs_ragged_drafts_stays_correct_where_every_row_is_offered_k():
+    """The draft list of a draft model is every row's own: the oversized rollback erases nothing."""
+    fields = {**_replica(BY_FAULT["rollback-by-draft-list"]).model_dump(), "drafter": "model", "ngram_min": 1,
+              "ngram_max": 3}
+    trace = run(RunSpec.build(**fields))
+    assert metrics.equivalence(trace)["exact"] == 1
+
+
+def test_a_greedy_rule_is_refused_when_sampling():
+    with pytest.raises(ValueError, match="needs temperature 0"):
+        RunSpec.build(prompts=("Hi",), temperature=0.8, faults=("accept-on-raw-softmax",))
