@@ -118,14 +118,15 @@ class Sweep(Strict):
             raise ValueError(f"run {run} ({', '.join(f'{a} {config[a]}' for a in AXES)}): {e}") from None
 
     def _listed(self, run: int, fields: dict, axes: dict) -> RunSpec:
-        """A listed run: the base with `fields` set; its prompts the base's (a report's sequences are counted by
-        them), and its place on the axes."""
+        """A listed run: the base with `fields` set; as many prompts as the base (a report's sequences are counted
+        by them), and its place on the axes."""
         try:
             spec = RunSpec.build(**{**self.base.model_dump(), **fields})
         except SpecError as e:
             raise ValueError(f"run {run}: {e}") from None
-        if spec.prompts != self.base.prompts:
-            raise ValueError(f"run {run} asks other prompts than its base: a sweep's runs share their prompts")
+        if len(spec.prompts) != len(self.base.prompts):
+            raise ValueError(f"run {run} asks {len(spec.prompts)} prompts and its base {len(self.base.prompts)}: a "
+                             "sweep's runs ask as many each")
         for name, a in zip(AXIS_FIELDS, AXES):
             if getattr(spec, a) not in axes[name]:
                 raise ValueError(f"run {run}'s {a} {getattr(spec, a)!r} is not on the sweep's {name}")
