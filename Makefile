@@ -59,13 +59,15 @@ bench: install
 	$(VENV)/bin/specviz bench --prompt-set all
 
 # The finished traces the page opens on (assets/traces), re-recorded by today's engine: the specs of the page's
-# "bsp-like decay" and "numerics near-tie" examples. tests/test_bundled.py fails when they drift from the engine.
+# "bsp-like decay" and "numerics near-tie" examples, and every field case's replica (spec/casebook.py: its Field
+# cases tab). tests/test_bundled.py fails when they drift from the engine, tests/test_gallery.py when a case has none.
 TRACE_RUN := $(VENV)/bin/specviz run --method eqspec --batch-size 4 --k 5
 traces: install
 	$(TRACE_RUN) --pair embedded --prompt-set quick --faults bsp-like --max-new-tokens 32 \
 		--trace assets/traces/bsp-like-decay.json
 	$(TRACE_RUN) --pair tiny --prompt-set all --dtype bfloat16 --max-new-tokens 48 \
 		--trace assets/traces/numerics-near-tie.json
+	$(PY) benchmarks/casebook_traces.py
 
 # The layout pictures in docs/, drawn from the code's own imports by pydeps (in a small venv of its own) and
 # Graphviz's dot (Debian's graphviz package): the packages (docs/layout.svg) and every module (docs/modules.svg).

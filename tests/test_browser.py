@@ -418,3 +418,49 @@ def test_a_verify_json_report_written_by_the_cli_opens_in_the_sweep_view(new_pag
     assert shown[0] == "100" and shown[3] != "100"  # eqspec at bs 1 equals the reference; bsp-like at bs 4 does not
     expect(page.locator("#sv-sweep-summary")).to_contain_text("4 runs")
     page.screenshot(path=SHOTS / "sweep-from-verify-json.png", full_page=True)
+
+
+def test_a_field_case_opens_from_its_card_at_its_fork_and_its_share_link_replays_it(new_page, app_url):
+    from specviz.spec.casebook import CASES
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    case = next(c for c in CASES if c.expected and not c.lossless)  # the first that forks
+    page = new_page(viewport={"width": 1280, "height": 1000})
+    page.goto(app_url)
+    cells = page.locator("#sv-grid td.sv-cell")
+    expect(cells.first).to_be_visible(timeout=60_000)  # the first page's bundled trace is in
+    page.get_by_role("tab", name="Field cases").click()
+    expect(page.locator("#sv-cases article.sv-case")).to_have_count(len(CASES))
+    card = page.locator(f"#sv-case-{case.fault}")
+    expect(card.locator("a").first).to_have_attribute("target", "_blank")
+    page.screenshot(path=SHOTS / "casebook.png", full_page=True)  # docs/casebook.png
+    # The first page's views stay until the case's replace them: mark them.
+    page.evaluate("document.querySelectorAll('#sv-grid td.sv-cell').forEach(td => td.dataset.stale = '1')")
+    card.get_by_role("button", name="Open this case").click()
+    expect(page.locator("#sv-status")).to_contain_text(f"Field case: {case.title}", timeout=60_000)
+    expect(page.get_by_role("tab", name="Run view")).to_have_attribute("aria-selected", "true")
+    expect(page.locator("#sv-grid td.sv-cell[data-stale]")).to_have_count(0, timeout=60_000)
+    fork = page.locator("#sv-grid td.sv-cell.sv-fork.sv-sel")  # focused on its first fork, with its verdict
+    expect(fork).to_be_visible(timeout=60_000)
+    expect(page.locator("#sv-forensics")).to_contain_text(case.expected)
+    seq, round_ = fork.get_attribute("data-seq"), fork.get_attribute("data-round")
+    expect(page).to_have_url(re.compile(rf"\?run=.*&seq={seq}&round={round_}$"), timeout=60_000)
+    page.screenshot(path=SHOTS / "casebook-opened.png", full_page=True)
+
+    # Its link replays it from the bundle (the status says so): a fresh process serves it the same way.
+    fresh = new_page(viewport={"width": 1280, "height": 1000})
+    fresh.goto(page.url)
+    status = fresh.locator("#sv-status")
+    expect(status).to_contain_text("matched the shared run exactly", timeout=DECODE_MS)
+    expect(status).to_contain_text("bundled with specviz")
+    cell = fresh.locator("#sv-grid td.sv-cell.sv-fork.sv-sel")
+    expect(cell).to_have_attribute("data-round", round_)
+    assert cell.get_attribute("data-seq") == seq
+    expect(fresh.locator("#sv-forensics")).to_contain_text(case.expected)
+
+    # The Sweep tab runs the whole casebook as one sweep: a cell for each case (each run from the bundle).
+    fresh.get_by_role("tab", name="Sweep").click()
+    fresh.locator("#sv-sweep-casebook").click()
+    expect(fresh.locator("#sv-sweep-exact td.sv-hcell")).to_have_count(len(CASES), timeout=DECODE_MS)
+    expect(fresh.locator("#sv-sweep-summary")).to_contain_text(f"{len(CASES)} runs")
+    fresh.screenshot(path=SHOTS / "casebook-sweep.png", full_page=True)

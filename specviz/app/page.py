@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from specviz.app import serving, summary, sweeptab
+from specviz.app import gallery, serving, summary, sweeptab
 from specviz.app.controls import ENGINE_CONTROLS, engine_controls, run_controls_of
 from specviz.app.glossary import glossary as glossary_text
 from specviz.app.runview import (
@@ -94,12 +94,16 @@ def build(settings: Settings | None = None) -> gr.Blocks:
                     page.c, page.e, page.buttons = _run_controls_column(settings)
                 with gr.Column(scale=3, elem_id="sv-views"):
                     page.v = _views_column()
+            with gr.Tab("Field cases", id="cases", elem_id="sv-cases-tab"):
+                gr.Markdown(gallery.INTRO)
+                page.cards = gr.HTML(gallery.cards_html(), js_on_load=gallery.CARD_CLICKS, elem_id="sv-cases")
             with gr.Tab("Sweep", id="sweep", elem_id="sv-sweep-tab"):
                 page.w = sweeptab.sweep_tab(settings)
             with gr.Tab("Compare two runs", id="compare", elem_id="sv-compare-tab"):
                 page.p = sweeptab.compare_tab()
         page.v["link_query"] = gr.Textbox(visible=False)
         page.wire_run_view()
+        page.wire_gallery()
         page.wire_sweep_tab()
         page.wire_compare_tab()
     return demo
@@ -160,12 +164,12 @@ def _views_column() -> dict:
     v["timeline"] = gr.HTML(js_on_load=CLICKS, elem_id="sv-timeline")
     gr.Markdown("### Reference and speculative text")
     v["compare"] = gr.HTML(elem_id="sv-compare", js_on_load=None)
-    with gr.Tabs():
+    with gr.Tabs(elem_id="sv-view-tabs") as v["view_tabs"]:
         with gr.Tab("KV and padding lanes"):
             v["lanes"] = gr.Plot(show_label=False, elem_id="sv-lanes")
         with gr.Tab("Phase timings"):
             v["phases"] = gr.Plot(show_label=False)
-        with gr.Tab("Drafts per slot"):
+        with gr.Tab("Drafts per slot", id="drafts"):
             v["drafts"] = gr.Plot(show_label=False, elem_id="sv-drafts")
         with gr.Tab("Glossary"):
             v["glossary"] = gr.Markdown(glossary_text(None))
@@ -186,6 +190,7 @@ class Page:
     e: dict = None  # the engine check's controls
     buttons: dict = None
     v: dict = None  # the Run view's views
+    cards: gr.HTML = None  # the Field cases tab's
     w: dict = None  # the Sweep tab
     p: dict = None  # the Compare tab
 
@@ -245,6 +250,11 @@ class Page:
                                api_visibility="private", concurrency_id="decode")
         self.then_show(replayed, fn=render_replayed, inputs=[self.trace, self.pending])
 
+    def wire_gallery(self) -> None:
+        """A card's button opens its case's bundled run in the Run view."""
+        self.then_show(self.cards.click(gallery.open_case, None, [*self.opened, self.tabs, self.v["view_tabs"]],
+                                        api_name="open_case"))
+
     def _wire_focus(self) -> None:
         """Clicks on the grid, the timeline and the table, and the focus boxes, move the focus."""
         v = self.v
@@ -268,10 +278,13 @@ class Page:
         w, settings = self.w, self.settings
         sweep_controls = [w[n] for n in sweeptab.SWEEP_DEFAULTS]
         found_out = [w["report"], w["download"], w["cell"]]
-        swept = w["run"].click(functools.partial(sweeptab.run_sweep, settings), sweep_controls, found_out,
-                               api_name="sweep", concurrency_id="decode")
-        self.then_show_sweep(swept)
-        w["stop"].click(serving.stop, None, None, cancels=[swept], api_visibility="private")
+        swept = [w["run"].click(functools.partial(sweeptab.run_sweep, settings), sweep_controls, found_out,
+                                api_name="sweep", concurrency_id="decode"),
+                 w["casebook"].click(functools.partial(sweeptab.run_casebook, settings), None, found_out,
+                                     api_name="sweep_casebook", concurrency_id="decode")]
+        for event in swept:
+            self.then_show_sweep(event)
+        w["stop"].click(serving.stop, None, None, cancels=swept, api_visibility="private")
         self.then_show_sweep(w["upload"].upload(sweeptab.open_report, [w["upload"]], found_out, api_name="open_report"))
 
         def open_cell_here(found, evt: gr.EventData, progress=gr.Progress(), request: gr.Request = None):

@@ -23,6 +23,7 @@ from specviz.run.gpu import ZEROGPU, gpu
 from specviz.run.runner import run
 from specviz.run.settings import Settings
 from specviz.run.shrink import MAX_TRIALS, Mark, Shrunk, mark_of, shrink, size
+from specviz.spec.casebook import BY_FAULT, CASES
 from specviz.spec.run import RunSpec, SpecError
 from specviz.trace.schema import MAX_TRACE_BYTES, Trace
 
@@ -33,6 +34,7 @@ CANCELLED: set[str] = set()  # sessions whose running decode should stop
 LOCK = threading.Lock()  # every decode, shrink and check holds it: one at a time in this process
 # Finished traces our own engine made (`make traces`), served without decoding: the first page opens on one,
 # and the examples of the same spec open at once. tests/test_bundled.py keeps them equal to today's engine.
+# The field cases' runs are bundled too (Case.trace), each parsed when first asked for.
 BUNDLED = {"bsp-like decay": "bsp-like-decay.json", "numerics near-tie": "numerics-near-tie.json"}
 PHASE_TEXT = {"reference": "reference (target alone, batch size 1)",
               "distribution": "distribution (each token scored under the target, batch size 1)"}
@@ -42,11 +44,20 @@ class Cancelled(Exception):
     pass
 
 
+def _read_bundled(file: str) -> Trace:
+    return Trace.from_json((ASSETS / "traces" / file).read_text(encoding="utf-8"))
+
+
 @functools.cache
 def bundled() -> dict[str, Trace]:
     """The bundled traces by example name, parsed once per process."""
-    return {name: Trace.from_json((ASSETS / "traces" / file).read_text(encoding="utf-8"))
-            for name, file in BUNDLED.items()}
+    return {name: _read_bundled(file) for name, file in BUNDLED.items()}
+
+
+@functools.cache
+def bundled_case(fault: str) -> Trace:
+    """The field case `fault`'s bundled run (spec/casebook.py), parsed once per process."""
+    return _read_bundled(BY_FAULT[fault].trace)
 
 
 @functools.cache
@@ -54,8 +65,16 @@ def _bundled_by_key() -> dict[str, Trace]:
     return {t.manifest.spec.key(): t for t in bundled().values()}
 
 
+@functools.cache
+def _cases_by_key() -> dict[str, str]:
+    """The field cases by their replica's spec key: known without parsing their runs."""
+    return {RunSpec.build(**case.spec_fields()).key(): case.fault for case in CASES}
+
+
 def bundled_for(spec: RunSpec) -> Trace | None:
-    return _bundled_by_key().get(spec.key())
+    key = spec.key()
+    case = _cases_by_key().get(key)
+    return bundled_case(case) if case else _bundled_by_key().get(key)
 
 
 def headline(trace: Trace, timing: str | None, note: str = "") -> str:

@@ -52,7 +52,7 @@ def side_of_trace(trace: Trace) -> Side:
 
 def side_of_report(report: SweepReport, run: int) -> Side:
     seqs = report.sequences_of(run)
-    return _side(report.rows[run].name() + " · sweep", report.sweep.base.prompts, seqs, [q.rounds for q in seqs],
+    return _side(report.rows[run].name() + " · sweep", report.spec_of(run).prompts, seqs, [q.rounds for q in seqs],
                  report.sweep.specs()[run])
 
 

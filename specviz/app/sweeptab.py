@@ -10,6 +10,7 @@ import gradio as gr
 from specviz.app import serving, sidebyside, sweepviews, views
 from specviz.app.controls import UPLOAD_HEIGHT
 from specviz.run.settings import Settings
+from specviz.spec.casebook import BASE_RUN, CASES
 from specviz.spec.faults import FAULTS
 from specviz.spec.faults import PRESETS as FAULT_PRESETS
 from specviz.spec.methods import DRAFTERS, METHODS
@@ -45,10 +46,20 @@ def sweep_from_controls(pair, prompt_set, max_new_tokens, dtype, methods, drafte
                        temperatures=temperatures)
 
 
+def casebook_sweep() -> Sweep:
+    """The field casebook as one listed sweep: every case's replica, in the casebook's order (each run's fields
+    those of its case beyond the casebook's common run)."""
+    return Sweep.listed(RunSpec.build(**BASE_RUN), [
+        {name: value for name, value in case.spec_fields().items() if name not in BASE_RUN or BASE_RUN[name] != value}
+        for case in CASES])
+
+
 def _sweep_controls_of(sweep: Sweep) -> list:
     """The Sweep tab's control values for `sweep` (a link's), in SWEEP_DEFAULTS' order; a control that cannot
-    hold it (prompts not a built-in set, a fault set of several faults) keeps its value, and the sweep runs as
-    the link says."""
+    hold it (prompts not a built-in set, a fault set of several faults, a listed sweep's runs) keeps its value,
+    and the sweep runs as the link says."""
+    if sweep.runs:
+        return [gr.skip()] * len(SWEEP_DEFAULTS)
     b = sweep.base
     preset = next((name for name, ids in PRESETS.items() if ids == (b.target, b.draft)), None)
     named = next((name for name, ps in builtin_sets().items() if tuple(ps) == b.prompts), None)
@@ -83,10 +94,21 @@ def _sweep_traces(sweep: Sweep, settings: Settings, progress, session: str) -> l
 def run_sweep(settings: Settings, pair, prompt_set, max_new_tokens, dtype, methods, drafters, fault_sets,
               batch_sizes, ks, temperatures, progress=gr.Progress(), request: gr.Request = None):
     """The Sweep tab's Run button: every run of the sweep, then its report."""
-    session = request.session_hash if request else ""
-    with serving.as_page_errors(stopped="the runs finished so far stay cached, so running the sweep again resumes"):
+    with serving.as_page_errors():
         sweep = sweep_from_controls(pair, prompt_set, max_new_tokens, dtype, methods, drafters, fault_sets,
                                     batch_sizes, ks, temperatures)
+    return _run(settings, sweep, progress, request)
+
+
+def run_casebook(settings: Settings, progress=gr.Progress(), request: gr.Request = None):
+    """The Sweep tab's "Run the field casebook": every case's replica as one sweep (served from the bundle)."""
+    return _run(settings, casebook_sweep(), progress, request)
+
+
+def _run(settings: Settings, sweep: Sweep, progress, request: gr.Request | None):
+    """Every run of `sweep`, then its report, the report to download, and no cell picked."""
+    session = request.session_hash if request else ""
+    with serving.as_page_errors(stopped="the runs finished so far stay cached, so running the sweep again resumes"):
         found = report(sweep, _sweep_traces(sweep, settings, progress, session))
     return found, _save_report(found), None
 
@@ -277,6 +299,8 @@ def sweep_tab(settings: Settings) -> dict:
             with gr.Row():
                 w["run"] = gr.Button("Run the sweep", variant="primary", elem_id="sv-sweep-run")
                 w["stop"] = gr.Button("Stop", variant="stop")
+            w["casebook"] = gr.Button(f"Run the field casebook ({len(CASES)} cases, one run each)",
+                                      elem_id="sv-sweep-casebook")
             w["upload"] = gr.File(label="or open a report (specviz verify --json)", file_types=[".json"],
                                   type="filepath", elem_id="sv-sweep-upload", height=UPLOAD_HEIGHT)
             w["download"] = gr.DownloadButton("Download the report (JSON)", value=None, elem_id="sv-sweep-download")

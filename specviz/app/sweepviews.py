@@ -210,8 +210,10 @@ def summary_md(report: SweepReport) -> str:
     equal = f"; {sum(r.exact_pct == 100 for r in greedy)} of {len(greedy)} greedy runs equal the reference" \
         if greedy else ""
     faults = ", ".join(md(",".join(f) or NO_FAULTS) for f in sweep.fault_sets)
-    return (f"**{sweep.size()} runs** of {md(base.target)} / {md(base.draft)} on {len(base.prompts)} prompts, up to "
+    pairs = ", ".join(dict.fromkeys(f"{md(s.target)} / {md(s.draft)}" for s in sweep.specs()))
+    return (f"**{sweep.size()} runs** of {pairs} on {len(base.prompts)} prompts, up to "
             f"{base.max_new_tokens} new tokens each, {base.dtype}{sampled}: {tokens} tokens decoded{equal}.  \n"
+            + ("the runs listed, not every combination of: " if sweep.runs else "") +
             f"methods {md(', '.join(sweep.methods))} · drafters {md(', '.join(sweep.drafters))} · fault sets {faults} · "
             f"batch sizes {', '.join(map(str, sweep.batch_sizes))} · k {', '.join(map(str, sweep.ks))} · "
             f"temperatures {', '.join(f'{t:g}' for t in sweep.temperatures)}")

@@ -1,7 +1,7 @@
 """Share links: a run spec and a focus in a URL query string, and back; and a sweep the same way.
 
 `?run=<spec, fingerprint and environment: JSON, zlib, base64url>&seq=3&round=12`;
-`?sweep=<the sweep: its base spec and axes, packed the same way>&cell=4` (cell: the run picked in it);
+`?sweep=<the sweep: its base spec, axes and listed runs, packed the same way>&cell=4` (cell: the run picked in it);
 `?compare=<two run specs, packed the same way>&seq=2`: the Compare tab on those runs, at that sequence.
 The focus stays readable; the spec is compressed because prompts are long.
 Anything a link carries is untrusted: every failure is one readable SpecError.
@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, urlencode
 from specviz.spec.run import RunSpec, SpecError
 from specviz.spec.untrusted import parse_json
 from specviz.trace.schema import FINGERPRINT
-from specviz.trace.sweep import Sweep
+from specviz.trace.sweep import AXIS_FIELDS, Sweep
 
 MAX_LINK_CHARS = 16_000  # browsers and servers handle this much reliably
 MAX_PAYLOAD_BYTES = 256 * 2**10  # after decompression; what a 16,000-character link of real prompts inflates to, ×4
@@ -52,8 +52,7 @@ def encode(link: Link) -> str:
 def encode_sweep(sweep: Sweep, cell: int | None = None) -> str:
     """The query string (with its leading '?') for `sweep`, with run `cell` picked in it."""
     payload = {"base": json.loads(sweep.base.canonical_json()),
-               **sweep.model_dump(mode="json", include={"methods", "drafters", "fault_sets", "batch_sizes", "ks",
-                                                          "temperatures"})}
+               **sweep.model_dump(mode="json", include={*AXIS_FIELDS, *(("runs",) if sweep.runs else ())})}
     return _query("sweep", payload, (("cell", cell),), "this sweep's prompts", "report file")
 
 

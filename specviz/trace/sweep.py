@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
@@ -25,6 +25,7 @@ REPORT_VERSION = 2  # 2: a temperature axis (a version-1 report ran every run at
 NO_FAULTS = "none"  # the fault set with no faults, as the CLI and the page name it
 MAX_RUNS = 4096
 AXES = ("method", "drafter", "faults", "batch_size", "k", "temperature")  # what each run sets; the base the rest
+AXIS_FIELDS = ("methods", "drafters", "fault_sets", "batch_sizes", "ks", "temperatures")  # the Sweep's, in AXES' order
 
 
 def _placed(method: str, drafter: str, faults: tuple[str, ...], batch_size: int, k: int, temperature: float) -> dict:
@@ -54,7 +55,11 @@ def run_name(spec: RunSpec) -> str:
 class Sweep(Strict):
     """What a sweep is: one base spec and its axes. The base's own method, drafter, faults, batch size, k and
     temperature are placeholders; each run sets them (spec_of, specs). The base samples at the highest
-    temperature swept, so that its sampling settings (top-p, ...) validate; the greedy runs leave them out."""
+    temperature swept, so that its sampling settings (top-p, ...) validate; the greedy runs leave them out.
+
+    Or a listed sweep (`listed`): its runs, each the base with some fields set, in place of the axes' grid, and
+    its axes the values they take. The field casebook is one: its cases differ in pair and drafter, which no
+    axis sweeps, and every combination of its faults and settings would be runs of no case."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -65,20 +70,37 @@ class Sweep(Strict):
     batch_sizes: tuple[int, ...] = Field(min_length=1)
     ks: tuple[int, ...] = Field(min_length=1)
     temperatures: tuple[float, ...] = Field((0.0,), min_length=1)
+    runs: tuple[Map[str, Any], ...] = ()  # a listed sweep's runs: spec fields over the base's; (): the axes' grid
     _specs: list[RunSpec] = PrivateAttr()
+
+    @classmethod
+    def listed(cls, base: RunSpec, runs: Iterable[dict]) -> Sweep:
+        """The sweep of these runs, each `base` with its fields set, in this order (the fields kept as JSON has
+        them, as a link brings them back)."""
+        specs = [(RunSpec.build(**{**base.model_dump(), **fields}), fields) for fields in runs]
+        axes = {name: tuple(dict.fromkeys(getattr(s, a) for s, _ in specs)) for name, a in zip(AXIS_FIELDS, AXES)}
+        return cls.build(base=base, runs=tuple({f: s.model_dump(mode="json", include={f})[f] for f in fields}
+                                               for s, fields in specs), **axes)
 
     @model_validator(mode="after")
     def _runs(self) -> Sweep:
         """Every run validates as a spec; the specs are kept, as every view of the report asks for them."""
-        axes = {"methods": self.methods, "drafters": self.drafters, "fault_sets": self.fault_sets,
-                "batch_sizes": self.batch_sizes, "ks": self.ks, "temperatures": self.temperatures}
+        axes = {name: getattr(self, name) for name in AXIS_FIELDS}
         for name, values in axes.items():
             twice = next((v for v, n in Counter(values).items() if n > 1), None)
             if twice is not None:
                 raise ValueError(f"{name} lists {shown(list(twice) if name == 'fault_sets' else twice)} twice")
-        bound = math.prod(map(len, axes.values()))  # before any spec is built: a stranger's axes may be long
+        # before any spec is built: a stranger's axes may be long
+        bound = len(self.runs) if self.runs else math.prod(map(len, axes.values()))
         if bound > MAX_RUNS:
             raise ValueError(f"up to {bound} runs; a sweep makes {MAX_RUNS} at most")
+        if self.runs:
+            self._specs = [self._listed(i, fields, axes) for i, fields in enumerate(self.runs)]
+            places = Counter(tuple(_placed(**c).values()) for c in self.configs())
+            twice = next((place for place, n in places.items() if n > 1), None)
+            if twice is not None:  # each run has a cell of its own in the heatmap
+                raise ValueError(f"two runs at {', '.join(f'{a} {v!r}' for a, v in zip(AXES, twice))}")
+            return self
         self._specs = [self._spec(i, c) for i, c in enumerate(self.configs())]
         if not self._specs:
             raise ValueError("no runs: none of these methods runs at these batch sizes and temperatures")
@@ -95,8 +117,25 @@ class Sweep(Strict):
         except SpecError as e:
             raise ValueError(f"run {run} ({', '.join(f'{a} {config[a]}' for a in AXES)}): {e}") from None
 
+    def _listed(self, run: int, fields: dict, axes: dict) -> RunSpec:
+        """A listed run: the base with `fields` set; as many prompts as the base (a report's sequences are counted
+        by them), and its place on the axes."""
+        try:
+            spec = RunSpec.build(**{**self.base.model_dump(), **fields})
+        except SpecError as e:
+            raise ValueError(f"run {run}: {e}") from None
+        if len(spec.prompts) != len(self.base.prompts):
+            raise ValueError(f"run {run} asks {len(spec.prompts)} prompts and its base {len(self.base.prompts)}: a "
+                             "sweep's runs ask as many each")
+        for name, a in zip(AXIS_FIELDS, AXES):
+            if getattr(spec, a) not in axes[name]:
+                raise ValueError(f"run {run}'s {a} {getattr(spec, a)!r} is not on the sweep's {name}")
+        return spec
+
     def configs(self) -> list[dict]:
-        """Each run's own spec fields (AXES), in methods.grid order."""
+        """Each run's own spec fields (AXES): a listed sweep's in its order, the grid's in methods.grid order."""
+        if self.runs:
+            return [{a: getattr(s, a) for a in AXES} for s in self._specs]
         return grid(list(self.methods), list(self.drafters), list(self.batch_sizes), list(self.ks), self.fault_sets,
                     self.temperatures)
 

@@ -1,0 +1,120 @@
+"""The Field cases tab and the casebook's bundled runs: every case (spec/casebook.py) has its recorded run in
+assets/traces, of its own spec and with the verdict its mechanism gets; a card opens it in the Run view at its
+fork (a lossless case on its drafts), its share link replays it from the bundle, and the Sweep tab runs the whole
+casebook as one sweep. Nothing here decodes: tests/test_casebook.py re-runs the cases."""
+import html
+import json
+import re
+
+import gradio as gr
+import pytest
+
+from specviz.app import gallery, serving, sweeptab
+from specviz.app import runview as ui
+from specviz.app.views import md
+from specviz.run.settings import Settings
+from specviz.spec.casebook import CASES
+from specviz.spec.run import RunSpec, SpecError
+from specviz.trace import share
+from specviz.trace.migrations import SCHEMA_VERSION
+from specviz.trace.sweep import Sweep
+
+
+class Click:
+    """What a card's button sends (gallery.CARD_CLICKS)."""
+
+    def __init__(self, **data):
+        self._data = data
+
+
+def first_forked(trace):
+    """The sequence the Run view opens on (views.resolve): the first that parts from the reference."""
+    return next((s for s in trace.sequences if s.equivalent is False), None)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.fault)
+def test_every_case_has_its_bundled_run_of_its_spec_with_the_verdict_its_mechanism_gets(case):
+    path = serving.ASSETS / "traces" / case.trace
+    assert path.exists(), f"the case {case.fault} has no bundled run {path.name}: run `make traces`"
+    assert json.loads(path.read_text())["schema_version"] == SCHEMA_VERSION, "the schema moved on: run `make traces`"
+    trace = serving.bundled_case(case.fault)
+    assert trace.manifest.spec.key() == RunSpec.build(**case.spec_fields()).key(), "the case changed: `make traces`"
+    assert serving.bundled_for(trace.manifest.spec) is trace  # its spec opens without decoding
+    if case.expected is None:  # a sampling fault: the distribution test judges the run
+        assert trace.distribution.verdict != "consistent"
+    elif case.lossless:  # the output stays right; the drafts show the shortfall
+        assert all(s.equivalent for s in trace.sequences)
+        assert trace.acceptance.verdict == case.expected
+        assert trace.acceptance.accepted < trace.acceptance.accepted_fresh
+    else:
+        assert first_forked(trace).forensics.verdict == case.expected
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.fault)
+def test_a_card_opens_its_case_at_its_fork_and_its_share_link_replays_it_from_the_bundle(case):
+    trace, status, download, pending, tabs, view_tabs = gallery.open_case(Click(case=case.fault))
+    assert trace is serving.bundled_case(case.fault) and json.loads(open(download).read()) == json.loads(trace.to_json())
+    assert pending is None and tabs.selected == "run"
+    assert status.startswith(f"**Field case: {case.title}**") and "bundled with specviz" in status
+    assert all(t.url in status for t in case.threads)
+    views = dict(zip(ui.VIEW_NAMES, ui.render(trace)))
+    if case.lossless:  # no fork: the drafts per slot, and the status names the shortfall
+        assert view_tabs.selected == "drafts" and f"**Drafts: {md(case.expected)}.**" in status
+    else:
+        assert view_tabs == gr.skip()  # the views' tab stays as it was
+    forked = first_forked(trace)
+    if forked is not None:  # focused on its first fork, with its verdict
+        assert views["focus_seq"] == forked.seq and views["focus_round"] == forked.forensics.round
+        assert re.search(rf'class="sv-cell sv-fork sv-sel[^"]*" data-seq="{forked.seq}" data-round="{views["focus_round"]}"',
+                         views["grid"])
+        assert html.escape(case.expected) in views["forensics"]
+    # Its share link replays it in any process: from the bundle, not from this process's cache of runs.
+    serving.TRACES.clear()
+    *_, pending, note = ui.open_link(views["link_query"])
+    replayed, report, _, _ = ui.replay(Settings(), pending)
+    assert note == "Replaying the shared run…" and replayed is trace
+    assert "matched the shared run exactly" in report and "bundled with specviz" in report
+
+
+def test_the_cards_say_each_case_and_link_its_threads_in_a_new_tab():
+    cards = gallery.cards_html()
+    assert cards.count('<article class="sv-case') == cards.count("Open this case</button>") == len(CASES)
+    for case in CASES:
+        assert f'data-case="{case.fault}"' in cards and html.escape(case.title) in cards
+        for t in case.threads:
+            assert f'<a href="{t.url}" target="_blank" rel="noopener noreferrer">{t.label}</a>' in cards
+        assert html.escape(gallery.expected(case)[0]) in cards
+    with pytest.raises(gr.Error, match="not a case"):
+        gallery.open_case(Click(case="<img src=x>"))
+
+
+def test_the_sweep_tab_runs_the_whole_casebook_as_one_sweep_and_its_link_replays_it():
+    found, download, cell = sweeptab.run_casebook(Settings())  # every run from the bundle: no decode
+    assert cell is None and open(download).read() == found.to_json()
+    assert [r.faults for r in found.rows] == [c.fault for c in CASES]
+    assert [s.key() for s in found.sweep.specs()] == [RunSpec.build(**c.spec_fields()).key() for c in CASES]
+    for case, row in zip(CASES, found.rows):
+        if case.expected is None:
+            assert row.distribution.verdict != "consistent", case.fault
+        elif not case.lossless:
+            assert case.expected in row.verdicts, (case.fault, row.verdicts)
+    views = dict(zip(sweeptab.SWEEP_VIEW_NAMES, sweeptab.render_sweep(Settings(), found, 2)))
+    assert views["exact"].count('class="sv-hcell') == len(CASES)  # a cell each
+    assert f"{len(CASES)} runs" in views["summary"] and "the runs listed" in views["summary"]
+    assert f"{md('specviz:tiny-hybrid')} / {md('specviz:tiny-hybrid-draft')}" in views["summary"]  # every pair
+    sweep, picked = share.decode_sweep(views["link_query"])
+    assert sweep == found.sweep and picked == 2
+    *controls, pending, status, tabs = sweeptab.open_sweep_link(views["link_query"])
+    assert all(not isinstance(c, (list, str, int)) for c in controls)  # no control holds a listed sweep: kept
+    replayed, _, cell, said = sweeptab.replay_sweep(Settings(), pending)
+    assert replayed.to_json() == found.to_json() and cell == 2 and "replayed" in said
+
+
+def test_a_listed_sweep_asks_as_many_prompts_in_each_run_and_gives_each_run_a_cell_of_its_own():
+    base = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", prompts=("Hi",), max_new_tokens=4)
+    with pytest.raises(SpecError, match="run 1 asks 2 prompts and its base 1"):
+        Sweep.listed(base, [{"k": 2}, {"prompts": ("Hello", "Hi")}])
+    with pytest.raises(SpecError, match="two runs at method 'eqspec'"):
+        Sweep.listed(base, [{"k": 2}, {"k": 2, "seed": 1}])
+    with pytest.raises(SpecError, match="run 0's k 3 is not on the sweep's ks"):
+        Sweep.build(base=base, methods=("eqspec",), batch_sizes=(4,), ks=(2,), runs=({"k": 3},))
