@@ -1,64 +1,45 @@
-"""The field cases replayed on the embedded pair: where each fault first shows and what specviz names it.
-
-Each fault that replicates a field bug (spec/faults.py) runs alone through eqspec, greedy, float32, on the
-quick prompts with "What is the capital of France?" added (its answer ends inside a block), batch size 4, k 4,
-32 tokens. A lossless fault runs with the target as its own draft, where a correct drafter's every draft is
-accepted. The recurrent faults need a hybrid model: they run on tests/hybrids.py's random Qwen 3.5-style pair
-(lookup drafts for the zero-draft case). Printed: the verdict of the first forked sequence and its fork (round,
-slot: the draft slot of that round that emitted it), or for a lossless fault the drafts accepted against the
-draft model's own proposals. docs/casebook.md reports this table.
+"""The field casebook's table (docs/casebook.md), read off the bundled runs of its cases (spec/casebook.py;
+`make traces` records them): each case's threads, fault, mechanism, the verdict its replica got, and where it
+first forked (round, and the slot of that round's block that emitted the token) or, for a lossless case, the
+drafts its run accepted against those the draft model's own proposals would have had. No decoding.
 
     python benchmarks/casebook.py
 """
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from hybrids import save_pair  # noqa: E402
-
-from specviz.run.runner import run  # noqa: E402
-from specviz.spec.faults import ACCEPTANCE_OF, FAULTS, VERDICT_OF  # noqa: E402
-from specviz.spec.prompts import builtin_set  # noqa: E402
-from specviz.spec.run import EMBEDDED_TARGET, RunSpec  # noqa: E402
-
-PAPER = ("positions-from-slots", "no-mask", "draft-bonus", "no-kv-shift", "min-crop")  # our own, not the field's
-PROMPTS = ("What is the capital of France?", *builtin_set("quick"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's engine, whichever one is installed
+from specviz.app.serving import ASSETS  # noqa: E402
+from specviz.spec.casebook import CASES  # noqa: E402
+from specviz.trace import metrics  # noqa: E402
+from specviz.trace.schema import Trace  # noqa: E402
 
 
-def _fork(trace) -> str:
+def _shown(case, trace: Trace) -> tuple[str, str]:
+    """(verdict, where it shows) of one case's bundled run."""
+    if case.lossless:
+        a = trace.acceptance
+        return a.verdict, f"{a.accepted} of {a.accepted_fresh} drafts accepted (lossless)"
+    sampled = metrics.sampled_verdict(trace)
+    if sampled:
+        return sampled[0], f"the distribution test: {trace.distribution.verdict} (p = {trace.distribution.p:.2g})"
     forked = sorted((s for s in trace.sequences if s.forensics), key=lambda s: (s.forensics.round or 0, s.seq))
     if not forked:
-        return "no fork | -"
-    f = forked[0].forensics
-    seen = sum(len(r.emitted) for r in trace.rows if r.seq == forked[0].seq and r.round < (f.round or 0))
-    return f"{f.verdict} | round {f.round}, slot {f.fork - seen} (sequence {forked[0].seq}, token {f.fork})"
+        return "-", "no fork"
+    s, f = forked[0], forked[0].forensics
+    seen = sum(len(r.emitted) for r in trace.rows if r.seq == s.seq and r.round < (f.round or 0))
+    return f.verdict, f"round {f.round}, slot {f.fork - seen}"
 
 
 def main() -> None:
-    hybrid = save_pair(Path(tempfile.mkdtemp()), "qwen3.5", loops=True)
-    print("| fault | kind | verdict | first fork, or drafts accepted |\n|---|---|---|---|")
-    for fault in [*VERDICT_OF, *ACCEPTANCE_OF]:
-        if fault in PAPER:
-            continue
-        kind = FAULTS[fault][0]
-        kw = dict(prompts=PROMPTS, dtype="float32", device="cpu", batch_size=4, k=4, max_new_tokens=32,
-                  faults=(fault,))
-        if kind == "recurrent":
-            kw.update(target=hybrid[0], draft=hybrid[1], prompts=tuple(builtin_set("chat")[:4]))
-            if fault == "state-after-zero-draft":
-                kw.update(drafter="lookup", ngram_min=1)
-        elif kind == "lossless":
-            kw.update(target=EMBEDDED_TARGET, draft=EMBEDDED_TARGET)
-        trace = run(RunSpec.build(**kw))
-        if kind == "lossless":
-            a = trace.acceptance
-            shown = f"{a.verdict} | {a.accepted} of the {a.accepted_fresh} the draft model's own would have had"
-        else:
-            shown = _fork(trace)
-        print(f"| `{fault}` | {kind} | {shown} |", flush=True)
+    print("| field case (thread) | fault | mechanism | verdict | first fork, or drafts accepted |\n|---|---|---|---|---|")
+    for case in CASES:
+        trace = Trace.from_json((ASSETS / "traces" / case.trace).read_text(encoding="utf-8"))
+        verdict, where = _shown(case, trace)
+        threads = "; ".join(f"[{t.label}]({t.url})" for t in case.threads)
+        print(f"| {threads} | `{case.fault}` | {case.mechanism.splitlines()[0]} | `{verdict}` | {where} |")
 
 
 if __name__ == "__main__":

@@ -23,25 +23,31 @@ K, BUDGET = 4, 24
 
 
 @torch.inference_mode()
-def speculate(target, draft, prompt: list[int], eos: set[int], whole_block: bool) -> list[int]:
+def speculate(target, draft, prompt: list[int], eos: set[int], whole_block: bool,
+              sees_last: bool = True) -> tuple[list[int], int, int]:
     """Drafts k tokens greedily, keeps them up to the target's first disagreement and the target's token there.
     `whole_block`: a stop anywhere in the kept block ends the output there (correct); else only the block's last
-    token is looked at (the bug)."""
+    token is looked at (the bug). `sees_last=False`: the drafter drafts without the output's last token (a
+    lossless bug, vllm-metal PR #721). Returns the output, and the drafts offered and accepted, as llama.cpp
+    counts them."""
     out: list[int] = []
+    offered = accepted = 0
     while len(out) < BUDGET:
         drafts: list[int] = []
+        seen = out if sees_last or not out else out[:-1]
         for _ in range(K):
-            drafts.append(int(draft(torch.tensor([prompt + out + drafts])).logits[0, -1].argmax()))
+            drafts.append(int(draft(torch.tensor([prompt + seen + drafts])).logits[0, -1].argmax()))
         logits = target(torch.tensor([prompt + out + drafts])).logits[0, len(prompt) + len(out) - 1:]
         choice = logits.argmax(-1).tolist()
         n = next((i for i in range(K) if drafts[i] != choice[i]), K)
+        offered, accepted = offered + K, accepted + n
         block = drafts[:n] + [choice[n]]
         if whole_block:
             block = block[: next((i + 1 for i, t in enumerate(block) if t in eos), len(block))]
         out += block
         if out[-1] in eos:
             break
-    return out[:BUDGET]
+    return out[:BUDGET], offered, accepted
 
 
 @pytest.fixture(scope="module")
@@ -51,13 +57,17 @@ def written(embedded, tmp_path_factory) -> dict[str, Trace]:
     prompts = embedded.encode(list(PROMPTS))
     eos = set(embedded.eos_ids)
     checked = {}
-    for name, whole in (("whole-block", True), ("last-token-only", False)):
+    for name, whole, sees_last in (("whole-block", True, True), ("last-token-only", False, True),
+                                   ("drafts-without-last-token", True, False)):
         path = tmp_path_factory.mktemp(name) / "outputs.jsonl"
-        lines = [{"engine": {"name": name, "settings": {"k": K}}}]
-        lines += [{"prompt_ids": p, "output_ids": speculate(model, model, p, eos, whole)} for p in prompts]
+        lines = [{"engine": {"name": name, "settings": {"k": K, "drafter": "model"}}}]
+        for p in prompts:
+            ids, offered, accepted = speculate(model, model, p, eos, whole, sees_last)
+            lines.append({"prompt_ids": p, "output_ids": ids, "drafts": offered, "accepted": accepted})
         path.write_text("\n".join(json.dumps(line) for line in lines))
         out = path.with_suffix(".trace.json")
         assert cli.main(["check", "--dtype", "float32", "--device", "cpu", "--max-new-tokens", str(BUDGET),
+                         "--target", EMBEDDED_TARGET, "--draft", EMBEDDED_TARGET, "--k", str(K),
                          "--outputs", str(path), "--trace", str(out)]) == 0
         checked[name] = Trace.from_json(out.read_text())
     return checked
@@ -78,6 +88,18 @@ def test_an_engine_that_runs_past_a_stop_accepted_mid_block_is_a_stop_bug_never_
 def test_the_same_decoder_stopping_anywhere_in_the_block_gets_no_bug(written):
     trace = written["whole-block"]
     assert not [s.forensics.verdict for s in trace.sequences if s.forensics and verdict(s.forensics.verdict).bug]
+    a = trace.acceptance  # its counters: every draft of the target drafting for itself accepted, as the replay's
+    assert a.counters and a.verdict is None and a.accepted == a.compared and a.accepted_fresh == a.offered_fresh, \
+        a.explanation
+
+
+def test_a_drafter_that_misses_the_last_token_is_caught_by_the_engines_own_counters(written):
+    """A lossless bug: the output is the reference's, and only the engine's counters show the drafts wasted."""
+    trace = written["drafts-without-last-token"]
+    assert all(s.equivalent for s in trace.sequences)
+    a = trace.acceptance
+    assert a.counters and a.verdict == "draft-bug:acceptance", a.explanation
+    assert a.accepted < a.accepted_fresh and "not seen from outside" in a.explanation
 
 
 def test_the_stop_fault_in_our_engine_is_a_stop_bug(embedded):

@@ -26,6 +26,7 @@ from specviz.trace.evidence import Acceptance
 from specviz.trace.schema import Trace
 
 EXPLAINED = 0.9  # a hypothesis names the side when it gives the run's own drafts at this share of the slots
+SIGMAS = 4  # an engine's acceptance by its counters is short beyond chance this many standard deviations below
 
 
 @dataclass
@@ -103,6 +104,49 @@ def judge_acceptance(trace: Trace, draft, vocab: int, tolerance: Callable[[], fl
                           f"beyond its rounding ({ev.tolerance:.3g}); the first in round {first.round}, sequence "
                           f"{first.seq}, draft slot {first.slot}. {why} {harm} {cost}")
     return ev
+
+
+@torch.inference_mode()
+def judge_engine_acceptance(trace: Trace, draft, vocab: int, k: int) -> Acceptance | None:
+    """An engine's drafts by its own counters (drafts offered and accepted per prompt: llama.cpp's `timings`, an
+    outputs file's `drafts` and `accepted`), against the draft model's own proposals on the engine's output: one
+    fresh pass per output, its rounds replayed at k (each accepts the leading drafts equal to the output, then the
+    target's token). None where no output carries counters.
+
+    Short beyond chance when the engine accepts a smaller share of the drafts it offered than the replay does, by
+    SIGMAS binomial standard deviations, and fewer drafts in all. Either alone can be the engine's own way: a
+    drafter that stops at unlikely drafts (llama.cpp's p-min) offers fewer and loses no share; a wider k than
+    declared offers more and accepts a smaller share of them, but more in all. Which side of its drafter went
+    wrong cannot be seen from outside."""
+    counted = [s for s in trace.sequences if s.engine and s.engine.drafts and s.engine.accepted is not None
+               and s.output_ids]
+    if not counted:
+        return None
+    offered = sum(s.engine.drafts for s in counted)
+    accepted = sum(s.engine.accepted for s in counted)
+    offered_fresh = accepted_fresh = 0
+    for s in counted:
+        out = s.output_ids
+        choice = fresh_logits(draft, trace.prompts[s.seq].ids + out[:-1], len(out), vocab).argmax(-1).tolist()
+        i = 0
+        while i < len(out) - 1:  # a round before the last token: up to k drafts, then the target's token
+            m = min(k, len(out) - 1 - i)
+            a = next((j for j in range(m) if choice[i + j] != out[i + j]), m)
+            offered_fresh, accepted_fresh, i = offered_fresh + m, accepted_fresh + a, i + a + 1
+    rate, fresh = accepted / offered, accepted_fresh / max(offered_fresh, 1)
+    spread = (offered * fresh * (1 - fresh) + 1) ** 0.5  # (+1: a draft model that agrees every time has none)
+    short = accepted < fresh * offered - SIGMAS * spread and accepted < accepted_fresh
+    says = (f"By its own counters the engine accepted {accepted} of the {offered} drafts it offered ({rate:.0%}); "
+            f"the draft model's own proposals on the same outputs, in rounds of k = {k}, would have had "
+            f"{accepted_fresh} of {offered_fresh} accepted ({fresh:.0%}).")
+    return Acceptance(
+        compared=offered, differ=0, beyond=0, tolerance=None, accepted=accepted, accepted_fresh=accepted_fresh,
+        per_position=[], per_position_fresh=[], counters=True, offered_fresh=offered_fresh,
+        verdict="draft-bug:acceptance" if short else None,
+        explanation=says + (" That is short beyond chance: the engine's drafts were not its draft model's own. "
+                            "Which side of its drafter went wrong (positions, cache, the first token) is not seen "
+                            "from outside; the output is judged apart." if short else
+                            " Nothing short beyond chance."))
 
 
 def _rates(taken: list[int], reached: list[int]) -> list[float | None]:

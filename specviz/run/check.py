@@ -29,6 +29,7 @@ from specviz.engines import jsonl, python, server
 from specviz.engines.base import EngineRun
 from specviz.engines.jsonl import OutputLine
 from specviz.forensics import distribution, enginenoise, proof, repeats
+from specviz.forensics.acceptance import judge_engine_acceptance
 from specviz.forensics.blackbox import force_outputs, judge_engine
 from specviz.models.pairs import ModelPair
 from specviz.run.checkpoint import Checkpoint
@@ -147,7 +148,9 @@ def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: E
             s.equivalent = s.first_divergence = None
         elif s.engine.approximate and pair.tokenizer.decode(s.output_ids) == pair.tokenizer.decode(s.reference_ids):
             s.equivalent, s.first_divergence = True, None  # re-tokenized text: the same text is the same answer
-    judge_engine(trace, forcing, truth, scored, pair.eos_ids)
+    judge_engine(trace, forcing, truth, scored, pair.eos_ids).record(trace)
+    if engine.settings.get("drafter") == "model":  # it says it drafts with the check's draft model: its counters
+        trace.acceptance = judge_engine_acceptance(trace, pair.draft, pair.vocab_size, spec.k)
     return trace
 
 
@@ -243,8 +246,7 @@ def check_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], e
     _rounds(trace, engine)  # an engine that reports its rounds in our schema: its PIT is split by slot and row too
     for s in trace.sequences:
         s.engine = engine.outputs[s.seq]
-    distribution.judge(trace, pair, prompt_ids)
-    return trace
+    return distribution.judge(trace, pair, prompt_ids).record(trace)
 
 
 def sampled_summary(trace: Trace) -> dict:
