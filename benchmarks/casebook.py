@@ -4,11 +4,12 @@ Each fault that replicates a field bug (spec/faults.py) runs alone through eqspe
 quick prompts with "What is the capital of France?" added (its answer ends inside a block), batch size 4, k 4,
 32 tokens. A lossless fault runs with the target as its own draft, where a correct drafter's every draft is
 accepted. The recurrent faults need a hybrid model: they run on tests/hybrids.py's random Qwen 3.5-style pair
-(lookup drafts for the zero-draft case). Printed: the verdict of the first forked sequence and its fork (round,
+(lookup drafts for the zero-draft case). The penalty fault runs under a repetition penalty of 1.3; the logprobs fault
+records log-probabilities (its fork: the first token whose log-probability is off). Printed: the verdict of the first forked sequence and its fork (round,
 slot: the draft slot of that round that emitted it), or for a lossless fault the drafts accepted against the
 draft model's own proposals. docs/casebook.md reports this table.
 
-    python benchmarks/casebook.py
+    python benchmarks/casebook.py [FAULT ...]
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def _fork(trace) -> str:
 def main() -> None:
     hybrid = save_pair(Path(tempfile.mkdtemp()), "qwen3.5", loops=True)
     print("| fault | kind | verdict | first fork, or drafts accepted |\n|---|---|---|---|")
-    for fault in [*VERDICT_OF, *ACCEPTANCE_OF]:
+    for fault in sys.argv[1:] or [*VERDICT_OF, *ACCEPTANCE_OF]:
         if fault in PAPER:
             continue
         kind = FAULTS[fault][0]
@@ -52,6 +53,10 @@ def main() -> None:
                 kw.update(drafter="lookup", ngram_min=1)
         elif kind == "lossless":
             kw.update(target=EMBEDDED_TARGET, draft=EMBEDDED_TARGET)
+        elif kind == "penalty":
+            kw.update(repetition_penalty=1.3)
+        elif kind == "logprobs":
+            kw.update(logprobs=True)
         trace = run(RunSpec.build(**kw))
         if kind == "lossless":
             a = trace.acceptance

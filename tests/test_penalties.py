@@ -5,6 +5,8 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
+from specviz.app.panel import forensics_html
+from specviz.app.views import Focus
 from specviz.decoding.assisted import bare_generation_configs, hf_assisted
 from specviz.decoding.drafters import PromptLookup
 from specviz.decoding.eqspec import eqspec
@@ -92,7 +94,9 @@ def test_logprobs_are_the_targets_and_a_drafts_are_named(mixed_prompts, tiny):
     assert all(s.equivalent for s in trace.sequences)  # the tokens stay right
     named = [s.forensics for s in trace.sequences if s.forensics]
     assert named and all(f.verdict == "decision-bug:logprobs" for f in named)
-    assert abs(named[0].logprob - named[0].logprob_float64) > named[0].tolerance
+    assert abs(named[0].logprob - named[0].logprob_float64) > named[0].tolerance and named[0].round is not None
+    assert "decision-bug:logprobs" in forensics_html(trace, Focus(seq=trace.sequences.index(
+        next(s for s in trace.sequences if s.forensics)), round=None))  # the page shows it, tokens equal or not
 
 
 @pytest.mark.parametrize("fields,message", [

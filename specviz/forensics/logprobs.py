@@ -15,6 +15,7 @@ import torch
 from specviz.decoding.penalties import logprobs
 from specviz.decoding.sampling import sampling_of
 from specviz.forensics.recompute import float64_target, fresh_logits
+from specviz.forensics.whitebox import emitter
 from specviz.models.pairs import ModelPair
 from specviz.trace.evidence import Rounding, RunForensics
 from specviz.trace.schema import Trace
@@ -38,8 +39,10 @@ def judge_logprobs(trace: Trace, pair: ModelPair, rounding: Rounding | None) -> 
         if not bool((off > bound).any()):
             continue
         i = int((off > bound).long().argmax())
+        rec = emitter([r for r in trace.rows if r.seq == s.seq], i)
         s.forensics = RunForensics(
-            verdict="decision-bug:logprobs", fork=i, output_token=s.output_ids[i], logprob=s.logprobs[i],
+            verdict="decision-bug:logprobs", fork=i, round=rec and rec.round, row=rec and rec.row,
+            output_token=s.output_ids[i], logprob=s.logprobs[i],
             logprob_float64=float(truth[i]), tolerance=bound, alpha=rounding.alpha, yardstick=rounding.describe(),
             explanation=(f"The tokens are right, but token {i}'s recorded log-probability {s.logprobs[i]:.6g} is not "
                          f"the target's: a fresh float64 recomputation at batch size 1 gives {float(truth[i]):.6g}, "

@@ -69,7 +69,7 @@ NO_YARDSTICK = (f"no float64 copy of the target could be made (it is spread over
                 f"{ARBITER_MAX_PARAMS:,} parameters), so its rounding cannot be measured")
 
 
-def _emitter(rows: list[RowRecord], fork: int) -> RowRecord | None:
+def emitter(rows: list[RowRecord], fork: int) -> RowRecord | None:
     """The record that emitted token `fork`."""
     seen = 0
     for r in rows:
@@ -259,7 +259,7 @@ def _fill_state(ev: RunForensics, fork) -> None:
 
 def _evidence(s: SequenceRecord, rows: list[RowRecord], fork) -> RunForensics:
     f = s.first_divergence
-    rec = _emitter(rows, f)
+    rec = emitter(rows, f)
     ev = RunForensics(
         verdict="unexplained", explanation="", fork=f,
         output_token=s.output_ids[f] if f < len(s.output_ids) else None,
