@@ -45,6 +45,18 @@ def test_speculation_equals_the_penalised_reference(dtype, penalties, mixed_prom
         assert _ids(got) == ref, name
 
 
+def test_sampled_penalised_runs_draw_alike_in_any_batch(tiny, mixed_prompts):
+    """At temperature > 0 a row's draws do not depend on its batch, under a penalty too: the reference equals the
+    batched reference, and speculation at batch size 1 equals it at 3, in eqspec and exspec."""
+    prompts = mixed_prompts[:3]
+    sampling = Sampling(Sampler(0.8), Sampler(0.8), seed=3, penalties=Penalties(repetition=1.3, presence=0.5))
+    assert _ids(batched_reference(tiny, prompts, 3, NEW, sampling=sampling)) == _ids(
+        reference(tiny, prompts, NEW, sampling=sampling))
+    alone = _ids(eqspec(tiny, prompts, 1, 4, NEW, sampling=sampling))
+    assert _ids(eqspec(tiny, prompts, 3, 4, NEW, sampling=sampling)) == alone
+    assert _ids(exspec(tiny, prompts, 3, 4, NEW, window=4, max_wait=2, sampling=sampling)) == alone
+
+
 def test_the_reference_penalises_as_transformers_does(mixed_prompts):
     """transformers' `RepetitionPenaltyLogitsProcessor` in `generate`, and in assisted generation, is the oracle of
     the penalised reference (float32: the dtype transformers penalises in)."""

@@ -80,7 +80,8 @@ def _dropped(ascending: torch.Tensor, top_p: float) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Sampling:
-    """How a run samples: the target's settings, the draft's, and the seed of every row's stream."""
+    """How a run samples: the target's settings, the draft's, the seed of every row's stream, and the penalties on
+    the target's logits."""
 
     target: Sampler = Sampler()
     draft: Sampler = Sampler()
