@@ -6,8 +6,8 @@ quick prompts with "What is the capital of France?" added (its answer ends insid
 accepted. The recurrent faults need a hybrid model: they run on tests/hybrids.py's random Qwen 3.5-style pair
 (lookup drafts for the zero-draft case). The penalty fault runs under a repetition penalty of 1.3; the logprobs
 fault records log-probabilities (its fork: the first token whose log-probability is off). Printed: the verdict of
-the first forked sequence and its fork (round, slot: the draft slot of that round that emitted it), or for a lossless fault the drafts accepted against the
-draft model's own proposals. docs/casebook.md reports this table.
+the first forked sequence and its fork (round, slot: the draft slot of that round that emitted it), or for a
+lossless fault the drafts accepted against the draft model's own proposals. docs/casebook.md reports this table.
 
     python benchmarks/casebook.py [FAULT ...]    (the faults named, else every one)
 """
