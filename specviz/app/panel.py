@@ -19,7 +19,7 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
     s = trace.sequences[focus.seq]
     out = [f'<div class="sv-forensics" data-seq="{focus.seq}" data-round="{"" if focus.round is None else focus.round}">']
     f = s.forensics
-    if s.equivalent:
+    if s.equivalent and f is None:  # (an equivalent sequence's log-probabilities may still be named)
         out.append(f'<p class="sv-verdict sv-ok">Sequence {s.seq} equals the reference, token for token.</p>')
     elif f is None and metrics.sampled(trace):
         out.append(_sampled_verdict(trace, s))
@@ -163,6 +163,9 @@ def _run_evidence(trace: Trace, f: RunForensics) -> list[tuple[str, object]]:
         ("the same in the emitting pass", _num(f.margin_batched)),
         ("float64: the reference token's logit − the divergent token's", None if f.margin_float64 is None else
          f"{f.margin_float64:.4g} (its size: {beyond(abs(f.margin_float64))})"),
+        ("penalty lifted: the token the engine's choice needs it lifted for", _tok(trace, f.penalty_lifted)),
+        ("log-probability recorded / float64 at batch size 1", None if f.logprob is None else
+         f"{f.logprob:.6g} / {f.logprob_float64:.6g}"),
         ("plain batching (no speculation) forks here too", None if f.batching_noise is None else
          ("yes" if f.batching_noise else "no")),
         ("the engine's own checks failed (first round)", ", ".join(

@@ -67,7 +67,8 @@ def _round_html(trace: Trace, seq: SequenceRecord, r: RowRecord, i: int, widest:
     for j, (tok, src) in enumerate(zip(r.emitted, r.sources)):
         tip = [f"#{i + j} · id {tok} · {reads(seq.output_pieces, i + j)}",
                SOURCE_TEXT[src] if k else "the target's own token (no drafts were offered this round)",
-               *_emitted_tip(trace, r, j, src), f"round {r.round} · target KV {r.target_kv_before + 1 + j}"]
+               *_emitted_tip(trace, r, j, src), *([f"log-probability {seq.logprobs[i + j]:.4g}"] if seq.logprobs else []),
+               f"round {r.round} · target KV {r.target_kv_before + 1 + j}"]
         out.append(_chip(seq, i + j, f"sv-{src}" + (" sv-mismatch" if src == "draft" and j in wrong else ""),
                          " · ".join(tip)))
     for j in range(r.accepted, k):  # the first rejected draft, then those that came after it

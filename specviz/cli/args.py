@@ -75,6 +75,14 @@ def add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-temperature", type=float, help="the draft's own (default: the target's)")
     g.add_argument("--draft-top-k", type=int, help="the draft's own (default: the target's)")
     g.add_argument("--draft-top-p", type=float, help="the draft's own (default: the target's)")
+    g.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="transformers' on the target's logits: a token of the prompt or output has its logit divided "
+                        "by it where positive, multiplied where negative (1: off)")
+    g.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="OpenAI's: subtracted from the target's logit of every token the output holds (0: off)")
+    g.add_argument("--logprobs", action="store_true",
+                   help="record each token's log-probability under the target, and judge them against a fresh "
+                        "float64 recomputation")
 
 
 def _names_of(known: dict, what: str):
@@ -116,6 +124,7 @@ def spec_of(args, **overrides) -> RunSpec:
         window=args.window, max_wait=args.max_wait, audit=args.audit,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, draft_temperature=args.draft_temperature,
         draft_top_k=args.draft_top_k, draft_top_p=args.draft_top_p, drafter=args.drafter[0],
+        repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty, logprobs=args.logprobs,
     )
     fields.update(overrides)
     ngrams = {f: getattr(args, f) for f in LOOKUP_FIELDS if getattr(args, f) is not None}

@@ -59,6 +59,9 @@ def cmd_run(args) -> int:
         mark = {True: "= reference", False: f"DIVERGES at token {s.first_divergence}", None: ""}[s.equivalent]
         print(f"\n[{s.seq}] {clip(p.text, 70)!r}  ({len(s.output_ids)} tokens) {mark}")
         print("   " + tok.decode(s.output_ids).replace("\n", "\n   "))
+        if s.logprobs:
+            print(f"   log-probability {sum(s.logprobs):.4g} (mean {sum(s.logprobs) / len(s.logprobs):.4g} a token); "
+                  "per token: " + " ".join(f"{x:.3g}" for x in s.logprobs[:12]) + (" …" if len(s.logprobs) > 12 else ""))
         if s.forensics:
             print(f"   -> {s.forensics.verdict}: {s.forensics.explanation}")
     print()

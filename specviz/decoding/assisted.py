@@ -43,10 +43,12 @@ def bare_generation_configs(pair: ModelPair, k: int):
 
 @torch.inference_mode()
 def hf_assisted(pair: ModelPair, prompts: list[list[int]], k: int, max_new_tokens: int,
-                progress: Progress | None = None, lookup: int | None = None) -> DecodeResult:
-    """`lookup`: the longest n-gram transformers' prompt lookup matches (it tries down to 1); None: the draft."""
+                progress: Progress | None = None, lookup: int | None = None,
+                repetition_penalty: float = 1.0) -> DecodeResult:
+    """`lookup`: the longest n-gram transformers' prompt lookup matches (it tries down to 1); None: the draft.
+    `repetition_penalty`: transformers' own, on each candidate's logits with the candidates before it counted."""
     config = GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=False,
+        max_new_tokens=max_new_tokens, do_sample=False, repetition_penalty=repetition_penalty,
         eos_token_id=list(pair.eos_ids), pad_token_id=pair.eos_ids[0],
         **({"prompt_lookup_num_tokens": k, "max_matching_ngram_size": lookup} if lookup else {}),
     )

@@ -53,7 +53,7 @@ def _hf_assisted(job: Job) -> DecodeResult:
         raise SpecError("hf-assisted cannot run on a hybrid model: transformers' assisted generation refuses a cache "
                         "whose recurrent state it cannot crop back; eqspec and exspec roll it back per row")
     return hf_assisted(job.pair, job.prompt_ids, s.k, s.max_new_tokens, job.progress,
-                       lookup=s.ngram_max if s.drafter == "lookup" else None)
+                       lookup=s.ngram_max if s.drafter == "lookup" else None, repetition_penalty=s.repetition_penalty)
 
 
 def _eqspec(job: Job) -> DecodeResult:

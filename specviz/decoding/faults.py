@@ -119,6 +119,23 @@ class Policy:
             return accepted, (accepted + 1).clamp(max=kept - 1)
         return accepted, None
 
+    def penalty_history(self, output: torch.Tensor, ends: torch.Tensor,
+                        drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The output tokens a verify pass's penalty counts ((B, V), beside the prompt's), and the drafts each slot
+        adds to them (those before it): every output token, and the drafts. The fault: only the tokens that ended
+        each earlier round (`ends`), and no drafts (SGLang PR #33643's history fed `output_ids[-1]` once a step)."""
+        if not self.has("penalty-history-last-token"):
+            return output, drafts
+        return ends, drafts[:, :0]
+
+    def logprobs(self, target: torch.Tensor, drafted: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
+        """Each emitted token's log-probability (B, k+1): the target's (`target`). The fault reports an accepted
+        draft's as the drafter's own, log q (`drafted` (B, k): q of each draft; a lookup's point mass gives 0.0)."""
+        if not self.has("logprobs-from-draft"):
+            return target
+        own = torch.arange(target.shape[1], device=target.device)[None] < accepted[:, None]
+        return torch.where(own, torch.nn.functional.pad(drafted.log(), (0, 1)).to(target.dtype), target)
+
     @property
     def compact(self) -> bool:
         """Whether realignment removes stale slots (else rejected drafts stay in place)."""

@@ -123,6 +123,7 @@ def build_trace(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], res
         before = prompt_ids[seq][-1] if prompt_ids[seq] else None
         sequences.append(SequenceRecord(
             seq=seq, output_ids=out.ids, output_pieces=text.pieces(pair.tokenizer, out.ids, before), margins=out.margins,
+            logprobs=out.logprobs if spec.logprobs else None,
             reference_ids=ref.ids if ref else None, reference_margins=ref.margins if ref else None,
             reference_proof=ref.proof if ref else None,
             reference_pieces=text.pieces(pair.tokenizer, ref.ids, before) if ref else None,

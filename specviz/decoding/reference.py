@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from specviz.decoding import kvcache
 from specviz.decoding.batch import forward, left_pad
+from specviz.decoding.penalties import history, logprobs
 from specviz.decoding.result import DecodeResult, Progress, SequenceOutput, top2_margin
 from specviz.decoding.sampling import GREEDY, TARGET, Sampling, inverse_cdf, uniform
 from specviz.models.pairs import ModelPair
@@ -36,9 +37,9 @@ def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int, pr
 
     Not `generate`: transformers 5 fills every field a GenerationConfig leaves unset from the checkpoint's
     own generation_config (repetition penalty, suppressed tokens, ...), and it takes the argmax of float32
-    copies of the logits. Here nothing alters the logits, the argmax runs on the model's own dtype, and only
-    over the pair's shared vocabulary, as the engine's does (an output head may be padded beyond it).
-    tests/test_reference.py checks this loop against `generate` for a model without such defaults.
+    copies of the logits. Here nothing alters the logits but the run's own penalties (penalties.py), the argmax
+    runs on the model's own dtype, and only over the pair's shared vocabulary, as the engine's does (an output head
+    may be padded beyond it). tests/test_reference.py checks this loop against `generate` for a model without such defaults.
     """
     outputs, start = [], time.perf_counter()
     for seq, ids in enumerate(prompts):
@@ -49,10 +50,16 @@ def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int, pr
             at = kvcache.length(cache)  # positions given: some models' own default ignores the cache (Bamba's)
             logits = pair.target(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1,
                                  position_ids=torch.arange(at, at + x.shape[1], device=pair.device)[None]).logits[0, -1]
-            logits = logits[: pair.vocab_size].double()  # exact for every model dtype: the argmax is the model's
+            logits = logits[: pair.vocab_size]
+            if sampling.penalties:  # penalised in the dtype the engine's logits come in (batch.forward's)
+                logits = sampling.penalties.along(logits.to(torch.promote_types(logits.dtype, torch.float32))[None],
+                                                  ids, out.ids)[0]
+            logits = logits.double()  # exact for every model dtype: the argmax is the model's
             at = torch.tensor([[seq, len(out.ids)]], device=pair.device)
             out.ids.append(int(choose(logits[None], sampling, at[:, 0], at[:, 1])))
             out.margins.append(float(top2_margin(logits)))
+            out.logprobs.append(float(logprobs(logits[None], torch.tensor(out.ids[-1:], device=pair.device),
+                                               sampling.target.temperature)))
             x = torch.tensor([out.ids[-1:]], device=pair.device)
         outputs.append(out)
         if progress:
@@ -121,12 +128,19 @@ def batched_reference(pair: ModelPair, prompts: list[list[int]], batch_size: int
         if watch:
             watch.start()
         fed = kvcache.length(rows.cache)
-        logits = forward(pair.target, rows.tokens, rows.valid, fed, rows.cache, pair.vocab_size, keep=1)[:, -1]
+        logits = forward(pair.target, rows.tokens, rows.valid, fed, rows.cache, pair.vocab_size, keep=1)
+        if sampling.penalties:
+            said = torch.tensor([len(outputs[i].ids) for i in rows.seqs], device=pair.device)
+            logits = sampling.penalties.apply(logits, *history(rows.tokens, rows.valid, said, pair.vocab_size),
+                                              said.new_zeros(len(said), 0))
+        logits = logits[:, -1]
         seqs = torch.tensor(rows.seqs, device=pair.device)
         nxt = choose(logits, sampling, seqs, torch.tensor([len(outputs[i].ids) for i in rows.seqs], device=pair.device))
-        for i, t, m in zip(rows.seqs, nxt.tolist(), top2_margin(logits).tolist()):
+        for i, t, m, lp in zip(rows.seqs, nxt.tolist(), top2_margin(logits).tolist(),
+                               logprobs(logits, nxt, sampling.target.temperature).tolist()):
             outputs[i].ids.append(t)
             outputs[i].margins.append(m)
+            outputs[i].logprobs.append(lp)
         if watch:
             watch.end(rows.seqs, outputs)
         if progress:

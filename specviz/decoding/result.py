@@ -15,6 +15,7 @@ Progress = Callable[[int], None]  # called with the number of new tokens just pr
 class SequenceOutput:
     ids: list[int]  # generated ids, through the first EOS, never past it
     margins: list[float] = field(default_factory=list)  # target top-1 minus top-2 logit per generated token
+    logprobs: list[float] = field(default_factory=list)  # per generated token, under the target (decoding/penalties.py)
     finished_at: float | None = None  # seconds from the start of decoding to this sequence's last token
     proof: ReferenceProof | None = None  # a reference proved by teacher forcing, not decoded (forensics/proof.py)
 

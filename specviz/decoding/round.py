@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,6 +33,7 @@ from specviz.decoding import kvcache
 from specviz.decoding.batch import positions
 from specviz.decoding.drafters import Drafter, run_model
 from specviz.decoding.faults import Policy
+from specviz.decoding.penalties import history, logprobs
 from specviz.decoding.result import SequenceOutput
 from specviz.decoding.sampling import ACCEPT, GREEDY, RESIDUAL, TARGET, Sampling, inverse_cdf, uniform
 from specviz.models.pairs import ModelPair
@@ -162,6 +163,8 @@ class Decoding:
     sampling: Sampling = GREEDY
     record: bool = True
     watch: object | None = None
+    ends: dict[int, list[int]] = field(default_factory=dict)  # each sequence's last token of each round (a faulty
+    #                                                           penalty history keeps only these)
 
 
 @dataclass
@@ -210,13 +213,17 @@ def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clo
         b.t_state = torch.where(zero, b.t_stale, b.t_state)
     before = _state_before(b) if d.record else {}
     t_draft = clock.lap()
-    v = verify(d, b, prop.tokens[:, :k])
+    v = verify(d, b, prop.tokens[:, :k], have)
     t_verify = clock.lap()
     acc = accept(d, v, prop, have, stream)
+    lps = d.policy.logprobs(logprobs(v.logits, acc.emitted, d.sampling.target.temperature), prop.confidence[:, :k],
+                            acc.accepted)
     states = (*_roll_back(d.policy, b.tcache, b.t_state, acc.accepted),
               *_roll_back(d.policy, b.dcache, b.d_state, acc.accepted))
-    for i, row, m in zip(b.seqs, acc.emitted.tolist(), acc.n_keep.tolist()):
+    for i, row, lp, m in zip(b.seqs, acc.emitted.tolist(), lps.tolist(), acc.n_keep.tolist()):
         gen[i].ids.extend(row[:m])
+        gen[i].logprobs.extend(lp[:m])
+        d.ends.setdefault(i, []).append(row[m - 1])
     out_tok, out_val, out_stale = slots_after(d.policy, b, acc, k)
     fields = _recorded(d, b, prop, v, acc, before, gen) if d.record else {}
     timings = {"draft": t_draft, "verify": t_verify}
@@ -229,8 +236,9 @@ def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clo
                 (states[0], states[2], states[1], states[3]), fields, timings)
 
 
-def verify(d: Decoding, b: Batch, drafts: torch.Tensor) -> Verified:
-    """The target over the last committed token and the drafts, in one pass (the prefill too, on an empty cache)."""
+def verify(d: Decoding, b: Batch, drafts: torch.Tensor, have: torch.Tensor) -> Verified:
+    """The target over the last committed token and the drafts, in one pass (the prefill too, on an empty cache); its
+    logits penalised by each row's history, where the run sets a penalty (`have`: each row's output tokens)."""
     S, k = b.tokens.shape[1], drafts.shape[1]
     tok = torch.cat([b.tokens, drafts], 1)
     val = torch.cat([b.valid, torch.ones_like(drafts, dtype=torch.bool)], 1)
@@ -238,7 +246,19 @@ def verify(d: Decoding, b: Batch, drafts: torch.Tensor) -> Verified:
     with kvcache.keeping(b.tcache, k + 1):  # a recurrent state after the last committed token and each draft
         logits, pos = run_model(d.pair, d.policy, "target", tok, val, stl,
                                 S - 1 if kvcache.length(b.tcache) else 0, b.tcache, keep=k + 1)
+    if d.sampling.penalties:
+        prompt, output = history(b.tokens, b.valid, have, logits.shape[-1])
+        output, drafts = d.policy.penalty_history(output, _ends(d.ends, b.seqs, output), drafts)
+        logits = d.sampling.penalties.apply(logits, prompt, output, drafts)
     return Verified(tok, val, stl, pos, logits, logits.argmax(-1))
+
+
+def _ends(ends: dict[int, list[int]], seqs: list[int], like: torch.Tensor) -> torch.Tensor:
+    """(B, V) like `like`: the tokens that ended each row's earlier rounds."""
+    mask = torch.zeros_like(like)
+    for r, i in enumerate(seqs):
+        mask[r, ends.get(i, [])] = True
+    return mask
 
 
 def _roll_back(policy: Policy, cache, held: torch.Tensor, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

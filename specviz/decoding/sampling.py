@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from specviz.decoding.penalties import Penalties, penalties_of
+
 # What a draw is for: its own stream, so that no two decisions ever share a number.
 DRAFT, ACCEPT, RESIDUAL, TARGET, PIT = range(5)
 
@@ -78,12 +80,14 @@ def _dropped(ascending: torch.Tensor, top_p: float) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Sampling:
-    """How a run samples: the target's settings, the draft's, and the seed of every row's stream."""
+    """How a run samples: the target's settings, the draft's, the seed of every row's stream, and the penalties on
+    the target's logits."""
 
     target: Sampler = Sampler()
     draft: Sampler = Sampler()
     seed: int = 0
     first_seq: int = 0  # the number of this decode's first sequence: a shard of a prompt list continues its numbering
+    penalties: Penalties = Penalties()  # on the target's logits, before it chooses (greedy or sampled)
 
     @property
     def greedy(self) -> bool:
@@ -102,7 +106,7 @@ def sampling_of(spec, first_seq: int = 0) -> Sampling:
     """How the run `spec` (a RunSpec) samples: the target's settings, the draft's, the seed; `first_seq`: the number
     of the decode's first prompt in the spec's list."""
     return Sampling(Sampler(spec.temperature, spec.top_k, spec.top_p), Sampler(*spec.draft_sampling()), spec.seed,
-                    first_seq)
+                    first_seq, penalties_of(spec))
 
 
 def _signed(x: int) -> int:

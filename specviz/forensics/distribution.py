@@ -35,13 +35,16 @@ MAX_LISTED = 20
 def judge(trace: Trace, pair: ModelPair, prompt_ids: list[list[int]], progress=None) -> Findings:
     """Score every sequence under the target: each sequence's `pit`, the run's `distribution` and, for
     speculative runs, its `decisions`."""
-    sampler = sampling_of(trace.manifest.spec).target
+    sampling = sampling_of(trace.manifest.spec)
+    sampler = sampling.target
     pits: dict[int, list[float | None]] = {}
     for s in trace.sequences:
         pits[s.seq] = []
         if s.output_ids:
             logits = fresh_logits(pair.target, prompt_ids[s.seq] + s.output_ids[:-1], len(s.output_ids),
                                   pair.vocab_size)
+            if sampling.penalties:  # each token drawn under the penalty of the prompt and the tokens before it
+                logits = sampling.penalties.along(logits, prompt_ids[s.seq], s.output_ids[:-1])
             seqs = torch.tensor([s.seq])
             draws = uniform(PIT_SEED, seqs, torch.arange(len(s.output_ids))[None], PIT)[0]
             u, _ = pit.pit(sampler.probs(logits), torch.tensor(s.output_ids), draws)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from specviz.decoding import kvcache
+from specviz.decoding.penalties import Penalties
 from specviz.forensics.recompute import copy_in, fresh_logits
 from specviz.forensics.tap import Call, Tap
 from specviz.models.architecture import attention_layers, is_recurrent, sliding_windows
@@ -65,8 +66,9 @@ class ForkState:
 
 class Watch:
     def __init__(self, pair, prompt_ids: list[list[int]], reference_ids: list[list[int]] | None, audit_rows: int = 0,
-                 tolerance: float | None = None):
+                 tolerance: float | None = None, penalties: Penalties = Penalties()):
         self.pair = pair
+        self.penalties = penalties  # the run's: the emitting pass chose from its logits penalised
         self.tolerance = tolerance  # a state within it is clean: its inputs need no narrowing (None: always narrow)
         self.prompts = prompt_ids
         self.references = reference_ids
@@ -107,12 +109,12 @@ class Watch:
                 ids = gen[s].ids
                 self.seen[s] = len(ids)
                 if s not in self.forks and (fork := self._fork(s, before, ids)) is not None:
-                    self.forks[s] = self._inspect(verify, r, row, truths, fork - before)
+                    self.forks[s] = self._inspect(verify, r, row, truths, fork - before, s)
                 if row in audited:
                     self.audit[(r, s)] = (self._state_diff(verify, row, truth)[0], self._draft_diff(drafted, row, truth))
                     if self.references is None and s not in self.forks and self.tolerance is not None \
                             and self.audit[(r, s)][0] > self.tolerance:
-                        self.forks[s] = self._inspect(verify, r, row, truths, 0)
+                        self.forks[s] = self._inspect(verify, r, row, truths, 0, s)
 
     def _audited(self, rows: int, r: int) -> set[int]:
         if self.audit_rows >= rows:
@@ -142,7 +144,7 @@ class Watch:
         fresh = fresh_logits(self.pair.draft, truth, 1, vocab)[0]
         return float((call.logits[row, -1, :vocab].double().cpu() - fresh).abs().max())
 
-    def _inspect(self, call: Call, r: int, row: int, truths: list[list[int]], slot: int) -> ForkState:
+    def _inspect(self, call: Call, r: int, row: int, truths: list[list[int]], slot: int, seq: int) -> ForkState:
         truth = truths[row]
         diff, fed, fresh = self._state_diff(call, row, truth)
         keep = len(fed)
@@ -151,7 +153,11 @@ class Watch:
         window = self._window(call)
         seen = [p + 1 if window is None else min(p + 1, window) for p in expected]  # what each slot should see
         vis = call.visible(row, keep)
-        emitting = call.logits[row, slot, : self.pair.vocab_size].double()
+        emitting = call.logits[row, :, : self.pair.vocab_size].double()
+        if self.penalties:  # by the row's true history: its prompt, its tokens and the drafts before each slot
+            prompt = self.prompts[seq]
+            emitting = self.penalties.along(emitting, prompt, truth[len(prompt):] + fed[1:])
+        emitting = emitting[slot]
         top = emitting.topk(2).values
         clean = self.tolerance is not None and diff <= self.tolerance  # nothing to narrow down
         visible = None if vis is None else vis.sum(1).tolist()

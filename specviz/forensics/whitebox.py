@@ -14,8 +14,14 @@ Every piece of evidence is recomputed independently of the engine it judges:
 - float64 arbitration (recompute.py): the true gap between the reference's
   token and the speculative one at the fork.
 
+Under a repetition or presence penalty every argmax and gap above is taken over the target's logits penalised by
+the row's whole history (decoding/penalties.py), as the reference chose.
+
 Verdicts:
   decision-bug:accept an accepted draft is not the argmax of the pass that verified it (the accept rule);
+  decision-bug:penalty the state was clean, the penalised float64 logits choose the reference's token beyond
+                      rounding, and with the penalty on the engine's token lifted they choose the engine's: its
+                      penalty history lacked tokens the row holds;
   sync-bug:bonus      a correction or bonus token is not the argmax of the logits that chose it (I4);
   sync-bug:<state>    the row's state was corrupt: positions, mask, kv, a hybrid's recurrent state
                       (`recurrent`), or `state` when no single input explains it;
@@ -30,7 +36,12 @@ Every name is declared in spec/verdicts.py.
 """
 from __future__ import annotations
 
+import functools
+
+import torch
+
 from specviz.decoding.result import DecodeResult
+from specviz.decoding.sampling import sampling_of
 from specviz.forensics.recompute import ARBITER_MAX_PARAMS, float64_logits
 from specviz.models.pairs import ModelPair
 from specviz.trace.evidence import Rounding, RunForensics
@@ -62,7 +73,7 @@ NO_YARDSTICK = (f"no float64 copy of the target could be made (it is spread over
                 f"{ARBITER_MAX_PARAMS:,} parameters), so its rounding cannot be measured")
 
 
-def _emitter(rows: list[RowRecord], fork: int) -> tuple[RowRecord | None, int]:
+def emitter(rows: list[RowRecord], fork: int) -> tuple[RowRecord | None, int]:
     """The record that emitted token `fork`, and the token's slot in it."""
     seen = 0
     for r in rows:
@@ -96,6 +107,7 @@ def analyse(trace: Trace, result: DecodeResult, pair: ModelPair | None) -> Findi
     first audited round beyond the yardstick."""
     ys = trace.manifest.yardstick
     rounding = ys.target if ys else None
+    penalties = sampling_of(trace.manifest.spec).penalties
     rows_of = _rows_of(trace)
     found = Findings()
     for s in trace.sequences:
@@ -109,11 +121,12 @@ def analyse(trace: Trace, result: DecodeResult, pair: ModelPair | None) -> Findi
         ev = _evidence(s, rows, result.forks.get(s.seq))
         if rounding is not None:
             ev.tolerance, ev.alpha, ev.yardstick = rounding.tolerance, rounding.alpha, rounding.describe()
-        if not _sync_bug(ev, rounding):  # only a clean state needs the float64 arbiter
-            if pair is not None:
-                z = float64_logits(pair, trace.prompts[s.seq].ids + s.output_ids[: ev.fork])
-                if z is not None:
-                    ev.margin_float64 = float(z[ev.reference_token] - z[ev.output_token])
+        prompt, before = trace.prompts[s.seq].ids, s.output_ids[: ev.fork]
+        arbiter = functools.cache(lambda: pair and _arbiter(pair, penalties, prompt, before))
+        penalty = penalties and _penalty_bug(ev, rounding, arbiter, prompt + before)
+        if not penalty and not _sync_bug(ev, rounding):  # only a clean state needs the float64 arbiter
+            if (z := arbiter()) is not None:
+                ev.margin_float64 = float(z[0][ev.reference_token] - z[0][ev.output_token])
             _near_tie(ev, rounding)
         mine["forensics"] = ev
     return found
@@ -124,6 +137,41 @@ def _rows_of(trace: Trace) -> dict[int, list[RowRecord]]:
     for r in trace.rows:
         rows_of.setdefault(r.seq, []).append(r)
     return rows_of
+
+
+def _arbiter(pair: ModelPair, penalties, prompt: list[int], before: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The target's float64 logits for the token after `prompt + before`, penalised as the run's (its prompt and
+    `before` the history), and as they are: (vocab,) each; None without a float64 target."""
+    z = float64_logits(pair, prompt + before)
+    return None if z is None else (penalties.along(z[None], prompt, before)[0], z)
+
+
+def _penalty_bug(ev: RunForensics, rounding: Rounding | None, arbiter, history: list[int]) -> bool:
+    """A clean state whose penalised float64 logits choose the reference's token beyond rounding, and the engine's
+    once the penalty on the engine's token is lifted: the engine's penalty missed tokens the row holds. Fills `ev`
+    as decision-bug:penalty; False where the evidence does not show it."""
+    clean = (rounding is not None and ev.state_diff is not None and ev.state_diff <= rounding.tolerance
+             and not ev.failed_checks)
+    if not clean or ev.output_token is None or ev.reference_token is None or (z := arbiter()) is None:
+        return False
+    penalised, raw = z
+    t, ref = ev.output_token, ev.reference_token
+    lifted = penalised.clone()
+    lifted[t] = raw[t]
+    gap = float(penalised[ref] - penalised[t])
+    if int(penalised.argmax()) != ref or int(lifted.argmax()) != t or gap <= rounding.tolerance:
+        return False
+    held_at = [i for i, x in enumerate(history) if x == t]
+    places = ", ".join(map(str, held_at[:8])) + ("…" if len(held_at) > 8 else "")
+    ev.verdict, ev.margin_float64, ev.penalty_lifted = "decision-bug:penalty", gap, t
+    ev.explanation = (f"At {_at(ev)} the row's state was clean (its logits within {ev.state_diff:.3g} of a fresh "
+                      f"batch-size-1 recomputation) and every check held. The target's float64 logits there, penalised "
+                      f"by the row's whole history, choose the reference's token {ref} over the engine's {t} by "
+                      f"{gap:.3g}, beyond what rounding in {rounding.dtype} flips ({rounding.tolerance:.3g}); with the "
+                      f"penalty on token {t} lifted they choose {t}. The history holds token {t} {len(held_at)} "
+                      f"time(s), at positions {places} of its prompt and output: the engine penalised "
+                      "without tokens the row already holds.")
+    return True
 
 
 def analyse_sampled(trace: Trace, result: DecodeResult) -> Findings:
@@ -221,7 +269,7 @@ def _fill_state(ev: RunForensics, fork) -> None:
 
 def _evidence(s: SequenceRecord, rows: list[RowRecord], fork) -> RunForensics:
     f = s.first_divergence
-    rec, slot = _emitter(rows, f)
+    rec, slot = emitter(rows, f)
     ev = RunForensics(
         verdict="unexplained", explanation="", fork=f,
         output_token=s.output_ids[f] if f < len(s.output_ids) else None,

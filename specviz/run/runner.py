@@ -9,11 +9,14 @@ from collections.abc import Callable, Hashable
 
 from specviz.decoding import decoders
 from specviz.decoding.decoders import Job
+from specviz.decoding.penalties import Penalties, penalties_of
 from specviz.decoding.recording import build_trace
 from specviz.decoding.reference import batched_reference, reference
 from specviz.decoding.result import DecodeResult, Progress
+from specviz.decoding.sampling import Sampling
 from specviz.forensics import distribution, yardstick
 from specviz.forensics.acceptance import judge_acceptance
+from specviz.forensics.logprobs import judge_logprobs
 from specviz.forensics.watch import Watch
 from specviz.forensics.whitebox import analyse, analyse_sampled, flag_batching_noise
 from specviz.models.pairs import ONE_DEVICE, ModelPair, Placement, pair_for
@@ -49,7 +52,7 @@ def decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record: 
     if reference is None and not audit:
         return decoders.decode(Job(spec, pair, prompt_ids, record, progress, first_seq=first_seq))
     watch = Watch(pair, prompt_ids, reference and [o.ids for o in reference.outputs], audit,
-                  tolerance=yardsticks.target.tolerance if yardsticks else None)
+                  tolerance=yardsticks.target.tolerance if yardsticks else None, penalties=penalties_of(spec))
     with watch.watching():
         result = decoders.decode(Job(spec, pair, prompt_ids, record, progress, watch, first_seq))
     result.forks, result.audit = watch.forks, watch.audit
@@ -99,16 +102,19 @@ def checked(pair: ModelPair, key: Hashable, compute: Callable[[], object]):
 
 
 def reference_for(pair: ModelPair, prompt_ids: list[list[int]], max_new_tokens: int,
-                  progress: Progress | None = None) -> DecodeResult:
-    """The batch-size-1 reference, computed once per process for the same pair and prompts."""
-    return _REFERENCES.get(pair, (tuple(tuple(x) for x in prompt_ids), max_new_tokens),
-                           lambda: reference(pair, prompt_ids, max_new_tokens, progress))
+                  progress: Progress | None = None, penalties: Penalties = Penalties()) -> DecodeResult:
+    """The batch-size-1 greedy reference (under `penalties`), computed once per process for the same pair and
+    prompts."""
+    key = (tuple(tuple(x) for x in prompt_ids), max_new_tokens, *((penalties,) if penalties else ()))
+    return _REFERENCES.get(pair, key, lambda: reference(pair, prompt_ids, max_new_tokens, progress,
+                                                         Sampling(penalties=penalties)))
 
 
 def _cached_batched(pair: ModelPair, prompt_ids: tuple[tuple[int, ...], ...], batch_size: int,
-                    max_new_tokens: int) -> DecodeResult:
-    return _BATCHED.get(pair, (prompt_ids, batch_size, max_new_tokens),
-                        lambda: batched_reference(pair, [list(x) for x in prompt_ids], batch_size, max_new_tokens))
+                    max_new_tokens: int, penalties: Penalties) -> DecodeResult:
+    return _BATCHED.get(pair, (prompt_ids, batch_size, max_new_tokens, penalties),
+                        lambda: batched_reference(pair, [list(x) for x in prompt_ids], batch_size, max_new_tokens,
+                                                  sampling=Sampling(penalties=penalties)))
 
 
 Phases = Callable[[str, int], None]  # progress by phase: (phase, new tokens)
@@ -136,7 +142,8 @@ def run(spec: RunSpec, record: bool = True, with_reference: bool = True,
         result = decode(spec, pair, prompt_ids, record, phase(progress, spec.method), yardsticks=yardsticks)
         return explain_sampled(spec, pair, prompt_ids, result, yardsticks,
                                phase(progress, "distribution") if with_reference else None, with_reference)
-    ref = reference_for(pair, prompt_ids, spec.max_new_tokens, phase(progress, "reference")) if with_reference else None
+    ref = reference_for(pair, prompt_ids, spec.max_new_tokens, phase(progress, "reference"),
+                        penalties_of(spec)) if with_reference else None
     if spec.method == "reference" and ref:
         result = ref
     else:
@@ -153,6 +160,9 @@ def explain_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]],
         distribution.judge(trace, pair, prompt_ids, progress).record(trace)
     if yardsticks is not None:
         analyse_sampled(trace, result).record(trace)
+    if spec.logprobs and judge:
+        yardsticks = yardsticks or calibrated_yardsticks(spec, pair)
+        judge_logprobs(trace, pair, yardsticks and yardsticks.target).record(trace)
     return trace
 
 
@@ -221,8 +231,11 @@ def explain(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result:
         analyse(trace, result, pair).record(trace)
         if any(s.forensics and not state_bug(s.forensics.verdict) for s in trace.sequences):
             # Would batching alone, without speculation, have forked there too?
-            batched = _cached_batched(pair, tuple(tuple(x) for x in prompt_ids), spec.batch_size, spec.max_new_tokens)
+            batched = _cached_batched(pair, tuple(tuple(x) for x in prompt_ids), spec.batch_size, spec.max_new_tokens,
+                                      penalties_of(spec))
             flag_batching_noise(trace, batched)
+    if spec.logprobs and ref is not None:
+        judge_logprobs(trace, pair, yardsticks and yardsticks.target).record(trace)
     if spec.drafter == "model" and trace.rows:  # the drafts: lossless bugs show only there
         trace.acceptance = judge_acceptance(trace, pair.draft, pair.vocab_size,
                                             lambda: getattr(_calibrated(spec, pair, "draft"), "tolerance", None))

@@ -21,8 +21,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
+from specviz.decoding.penalties import penalties_of
 from specviz.decoding.reference import reference
 from specviz.decoding.result import DecodeResult
+from specviz.decoding.sampling import Sampling
 from specviz.models.pairs import ONE_DEVICE, Placement, pair_for
 from specviz.run.launch import gather, is_main, my_share, rank, world_size
 from specviz.run.runner import decode, encode, explain, explain_sampled, run, sampled_yardsticks
@@ -41,9 +43,9 @@ def sweep(runs: list[tuple[RunSpec, bool]], trust_remote_code: bool = False,
         return
     first = runs[0][0]
     same = ("target", "draft", "target_revision", "draft_revision", "prompts", "chat_template", "max_new_tokens",
-            "dtype", "device")
+            "dtype", "device", "repetition_penalty", "presence_penalty")
     if any(getattr(spec, f) != getattr(first, f) for spec, _ in runs for f in same):
-        raise SpecError("a sharded sweep runs one pair on one prompt list with one token budget")
+        raise SpecError("a sharded sweep runs one pair on one prompt list with one token budget and one penalty")
     if placement.spread:
         raise SpecError("a sharded sweep cannot spread the target over GPUs: every process would use every GPU")
     pair = pair_for(first, trust_remote_code)
@@ -55,7 +57,8 @@ def sweep(runs: list[tuple[RunSpec, bool]], trust_remote_code: bool = False,
     ref = None
     if any(spec.greedy for spec, _ in runs):
         rows = my_share(n)
-        ref = _merge(gather((rows, 1, reference(pair, [prompt_ids[j] for j in rows], first.max_new_tokens))))
+        ref = _merge(gather((rows, 1, reference(pair, [prompt_ids[j] for j in rows], first.max_new_tokens,
+                                                    sampling=Sampling(penalties=penalties_of(first))))))
     mine = []  # (rows, batch size, result) of every other run
     for i, (spec, record) in enumerate(runs):
         if spec.method == "reference" and spec.greedy:

@@ -42,6 +42,15 @@ FAULTS = {
     "stop-at-last-token": ("stop", "the stop check looks only at the last token a round keeps: an end-of-sequence "
                                    "token accepted mid-block is written and decoding goes on (transformers #47912, "
                                    "PRs #47931 and #48981; koboldcpp #1276)"),
+    # Breaking where a repetition or presence penalty is set (decoding/penalties.py).
+    "penalty-history-last-token": ("penalty", "the penalty history gains only the last token of each round, and every "
+                                              "verify slot is penalised by the round-start history, without the "
+                                              "drafts before it (SGLang PR #33643: only output_ids[-1] fed per "
+                                              "step; #28180, TensorRT-LLM PR #17701: penalties ignored)"),
+    # Breaking only the recorded log-probabilities (a run with logprobs): its tokens stay right.
+    "logprobs-from-draft": ("logprobs", "an accepted draft's log-probability is the drafter's own, not the target's "
+                                        "(llama.cpp #27972, PR #27196: 0.0 for every drafted token, as prompt "
+                                        "lookup's point mass gives here; vLLM #17876, #53488)"),
     # Lossless: the target verifies every draft, so the output stays right and only the drafts are wasted (the
     # acceptance judge, forensics/acceptance.py, names them). Draft model only.
     "draft-positions-off-by-one": ("lossless", "the draft model's passes over its cache are fed positions one "
@@ -85,6 +94,8 @@ VERDICT_OF = {
     "state-after-zero-draft": "sync-bug:recurrent",
     "conv-state-off-by-one": "sync-bug:recurrent",
     "stop-at-last-token": "decision-bug:stop",
+    "penalty-history-last-token": "decision-bug:penalty",
+    "logprobs-from-draft": "decision-bug:logprobs",
 }
 # Faults of a draft model's passes: prompt lookup runs none.
 DRAFT_MODEL_ONLY = ("draft-positions-off-by-one", "draft-misses-target-token")

@@ -30,6 +30,8 @@ class Method:
     batched: bool = True  # False: one prompt at a time, whatever the batch size
     refills: bool = False  # a finished row's place goes to the next prompt: a row's batch mates are not a fixed chunk
     max_batch_size: int | None = None
+    penalties: tuple[str, ...] = ("repetition", "presence")  # the penalties it applies (decoding/penalties.py)
+    logprobs: bool = True  # records each token's log-probability
 
     @property
     def speculative(self) -> bool:
@@ -60,7 +62,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("batched-reference", "the target alone on the padded batch, kept full as rows finish: batching noise "
            "without speculation", passes=_refilled, refills=True),
     Method("hf-assisted", "transformers' own assisted generation (greedy), an external cross-check",
-           passes=lambda spec: _rounds(spec, 1), drafters=tuple(DRAFTERS), samples=False, max_batch_size=1),
+           passes=lambda spec: _rounds(spec, 1), drafters=tuple(DRAFTERS), samples=False, max_batch_size=1,
+           penalties=("repetition",), logprobs=False),  # transformers has no presence penalty
     Method("eqspec", "static batches realigned every round (unpad, append, repad)",
            passes=lambda spec: _rounds(spec, spec.batch_size), drafters=tuple(DRAFTERS), faults=True),
     Method("exspec", "a window of sequences, same-length groups batched without realignment",

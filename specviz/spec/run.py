@@ -47,8 +47,11 @@ MAX_TEMPERATURE = 10.0
 SAMPLING_FIELDS = ("top_k", "top_p", "draft_temperature", "draft_top_k", "draft_top_p")
 LOOKUP_FIELDS = ("ngram_min", "ngram_max")
 MAX_NGRAM = 16
+MAX_REPETITION_PENALTY = 10.0
+MAX_PRESENCE_PENALTY = 2.0  # OpenAI's bound
+PENALTY_FIELDS = ("repetition_penalty", "presence_penalty")
 # Left out of the canonical form at their defaults, so that the keys of runs made before them stay what they were.
-OMITTED_AT_DEFAULT = (*SAMPLING_FIELDS, "drafter", *LOOKUP_FIELDS)
+OMITTED_AT_DEFAULT = (*SAMPLING_FIELDS, "drafter", *LOOKUP_FIELDS, *PENALTY_FIELDS, "logprobs")
 
 
 class SpecError(ValueError):
@@ -119,6 +122,11 @@ class RunSpec(Strict):
     draft_temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE)
     draft_top_k: int | None = Field(None, ge=0, le=2**20)
     draft_top_p: float | None = Field(None, gt=0, le=1)
+    # Penalties on the target's logits (decoding/penalties.py), discouraging repeats only: transformers' repetition
+    # penalty (1: off) and OpenAI's presence penalty (0: off).
+    repetition_penalty: float = Field(1.0, ge=1, le=MAX_REPETITION_PENALTY)
+    presence_penalty: float = Field(0.0, ge=0, le=MAX_PRESENCE_PENALTY)
+    logprobs: bool = False  # record each emitted token's log-probability under the target, and judge them
 
     @field_validator("target", "draft")
     @classmethod
@@ -185,6 +193,27 @@ class RunSpec(Strict):
             raise ValueError("top-k, top-p and the draft's sampling settings need a temperature above 0")
         if set(SAMPLING) & set(self.faults):
             raise ValueError("sampling faults need a temperature above 0")
+        return self
+
+    @model_validator(mode="after")
+    def _penalties(self) -> RunSpec:
+        penalised = [f.removesuffix("_penalty") for f in PENALTY_FIELDS
+                     if getattr(self, f) != RunSpec.model_fields[f].default]
+        if self.method == ENGINE:
+            if penalised or self.logprobs:
+                raise ValueError("an engine check sends no penalties and records the engine's own log-probabilities")
+            return self
+        m = METHODS[self.method]
+        if refused := [p for p in penalised if p not in m.penalties]:
+            raise ValueError(f"{self.method} takes no {' or '.join(refused)} penalty; "
+                             + ", ".join(n for n, x in METHODS.items() if set(refused) <= set(x.penalties)) + " do")
+        if self.logprobs and not m.logprobs:
+            raise ValueError(f"{self.method} records no log-probabilities")
+        faults = expand(self.faults)
+        if "penalty-history-last-token" in faults and not penalised:
+            raise ValueError("penalty-history-last-token needs a repetition or presence penalty to break")
+        if "logprobs-from-draft" in faults and not self.logprobs:
+            raise ValueError("logprobs-from-draft breaks only the log-probabilities: set logprobs")
         return self
 
     @property

@@ -6,9 +6,9 @@ sweep and the glossary ask here what each means. Plain data: specs, traces and v
 A name says what went wrong in the user's words: `sync-bug:<state>` when a state fell out of step with the row's
 tokens (positions, mask, KV cache, a hybrid's recurrent state, rows mixed up, or the kept token not the one the
 target's pass chose: `bonus`), `decision-bug:<decision>` when the state was right and a decision made from it was
-wrong (which drafts to accept, when to stop), `draft-bug:<side>` when the drafts were not the drafter's own (the
-output unharmed, the drafts wasted), `kernel-bug` when both were right and the computation was not; `numerics`
-and `unexplained` are not bugs."""
+wrong (which drafts to accept, when to stop, the penalty applied, the log-probability reported), `draft-bug:<side>`
+when the drafts were not the drafter's own (the output unharmed, the drafts wasted), `kernel-bug` when both were
+right and the computation was not; `numerics` and `unexplained` are not bugs."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,6 +52,14 @@ VERDICTS = {v.name: v for v in (
     Verdict("decision-bug:stop", "the output ran on past a stop (an end-of-sequence token accepted inside a "
             "block of drafts), or stopped where the model does not",
             "the output's tokens alone: an end-of-sequence token followed by more, or an end the reference lacks"),
+    Verdict("decision-bug:penalty", "the token was chosen under a repetition or presence penalty that missed tokens "
+            "the sequence already holds (its history lost accepted tokens, or a verify slot did not count the "
+            "drafts before it)", "the target's float64 logits at the fork, penalised by the row's whole history, "
+            "choose the reference's token; with the penalty on the engine's token lifted they choose the engine's"),
+    Verdict("decision-bug:logprobs", "the tokens are right but their reported log-probabilities are not the "
+            "target's (an accepted draft's taken from the drafter)", "each recorded log-probability against a fresh "
+            "float64 recomputation of the target at batch size 1, penalised and tempered as the run was, beyond "
+            "what rounding moves it"),
     # The acceptance judge's (forensics/acceptance.py): lossless, the output right and the drafts wasted.
     Verdict("draft-bug:first-token", "the drafter drafted without the token the target wrote last round: its "
             "first draft repeats that token", "each round's drafts against a fresh pass of the draft model on the "

@@ -152,8 +152,11 @@ class RunForensics(Verdict):
     positions_expected: Many[int] | None = None  # where those tokens sit in the sequence
     visible: Many[int] | None = None  # key slots each verified slot could attend to
     visible_expected: Many[int] | None = None  # real tokens up to and including each verified slot
-    emitting_argmax: int | None = None  # the emitting pass's own choice at the fork slot
+    emitting_argmax: int | None = None  # the emitting pass's own choice at the fork slot (penalised, under a penalty)
     fork_source: Literal["draft", "correction", "bonus"] | None = None  # what the fork token was in its round
+    penalty_lifted: int | None = None  # decision-bug:penalty: the token the engine's choice needs its penalty lifted for
+    logprob: float | None = None  # decision-bug:logprobs: the run's log-probability of the token at `fork`
+    logprob_float64: float | None = None  # and the target's, recomputed fresh in float64 at batch size 1
     batching_noise: bool | None = None  # batched-reference (no speculation) already departs here
 
 

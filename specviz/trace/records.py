@@ -114,6 +114,7 @@ class SequenceRecord(Strict):
     output_ids: Many[int]
     output_pieces: Many[str | None]  # per token: the whole characters it completes; None when it only starts one
     margins: Many[float]
+    logprobs: Many[float] | None = None  # runs with logprobs: per token, under the target (decoding/penalties.py)
     reference_ids: Many[int] | None = None
     reference_pieces: Many[str | None] | None = None
     reference_margins: Many[float] | None = None
@@ -133,10 +134,12 @@ class SequenceRecord(Strict):
 
 
 def check_sequence(s: SequenceRecord) -> None:
-    """What the views rely on in one sequence beyond types: a piece (and PIT value) per token id, and a
+    """What the views rely on in one sequence beyond types: a piece (and PIT value, log-probability) per token id, and a
     first_divergence and equivalent that follow from its ids. Raises ValueError."""
     if s.pit is not None and len(s.pit) != len(s.output_ids):
         raise ValueError(f"sequence {s.seq}: one PIT value per token id is needed")
+    if s.logprobs is not None and len(s.logprobs) != len(s.output_ids):
+        raise ValueError(f"sequence {s.seq}: one log-probability per token id is needed")
     if len(s.output_pieces) != len(s.output_ids) or (s.reference_pieces is None) != (s.reference_ids is None) \
             or s.reference_ids is not None and len(s.reference_pieces) != len(s.reference_ids):
         raise ValueError(f"sequence {s.seq}: one piece of text per token id is needed")
