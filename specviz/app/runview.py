@@ -258,12 +258,12 @@ def _replay_report(trace: Trace, pending: dict) -> str:
         verdict = "The link carried no fingerprint to compare with."
     elif pending["fp"] == m.fingerprint:
         verdict = f"**Replay matched the shared run exactly** (fingerprint `{m.fingerprint}`)."
-        if m.spec.temperature > 0:
+        if not m.spec.greedy:
             verdict += " Every draw fell the same way: the same tokens and the same accept/reject decisions."
     else:
         verdict = (f"**Replay drifted from the shared run:** fingerprint `{m.fingerprint}` here, "
                    f"`{pending['fp']}` in the link: some token or acceptance decision differs. ")  # both: 16 hex digits
-        if m.spec.temperature > 0:
+        if not m.spec.greedy:
             verdict += ("This run samples, but its random numbers are counter-based (the seed, the sequence, the "
                         "token's index), the same in every environment: a drift means some probability was computed "
                         "differently here and a draw fell on its other side. Each run's sample is judged on its own "

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,7 +34,7 @@ from specviz.decoding.batch import positions
 from specviz.decoding.drafters import Drafter, run_model
 from specviz.decoding.faults import Policy
 from specviz.decoding.result import SequenceOutput
-from specviz.decoding.sampling import ACCEPT, GREEDY, RESIDUAL, TARGET, Sampling, inverse_cdf, uniform
+from specviz.decoding.sampling import ACCEPT, GREEDY, RESIDUAL, TARGET, Samplers, Sampling, Streams, inverse_cdf
 from specviz.models.pairs import ModelPair
 
 TOP = 8  # target logits kept per verified slot (for forensics, not saved in the trace)
@@ -152,7 +152,7 @@ def _kv_in_step(written: torch.Tensor, valid: torch.Tensor, slots: int) -> torch
 class Decoding:
     """What stays the same over a decode's rounds: the pair, the policy (the correct engine, or its faults), the
     drafter, how it samples, the token budget, whether rounds are recorded, and the watch (watch.py) that hears
-    when each round starts and ends."""
+    when each round starts and ends; and, per sequence, the draws a faulty engine's stream skipped (Policy.skips)."""
 
     pair: ModelPair
     policy: Policy
@@ -161,6 +161,7 @@ class Decoding:
     sampling: Sampling = GREEDY
     record: bool = True
     watch: object | None = None
+    skipped: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -199,10 +200,13 @@ def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clo
         d.watch.start()
     have = torch.tensor([len(gen[i].ids) for i in b.seqs], device=d.pair.device)
     k = max(1, min(k, d.max_new_tokens - 1 - int(have.min())))
-    stream = d.policy.stream(d.sampling.streams(torch.tensor(b.seqs, device=d.pair.device)))
+    stream = d.policy.stream(d.sampling.streams(b.seqs, [d.skipped.get(i, 0) for i in b.seqs], d.pair.device))
     prop = d.drafter.propose(d.policy, b, k, d.sampling, stream, have).handed(
         d.policy.draft_rows(len(b.seqs), have.device))
     k = min(k, int(prop.counts.max()))
+    for i, skips in zip(b.seqs, d.policy.skips(prop.counts, k).tolist()):
+        if skips:  # from the next round on
+            d.skipped[i] = d.skipped.get(i, 0) + skips
     if d.policy.has("state-after-zero-draft"):  # a row offered nothing takes the decode path's stale state
         zero = prop.counts == 0
         kvcache.read_stale(b.tcache, zero)
@@ -211,7 +215,7 @@ def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clo
     t_draft = clock.lap()
     v = verify(d, b, prop.tokens[:, :k])
     t_verify = clock.lap()
-    acc = accept(d, v, prop, have, stream)
+    acc = accept(d, v, prop, have, stream, b.seqs)
     states = (*_roll_back(d.policy, b.tcache, b.t_state, acc.accepted),
               *_roll_back(d.policy, b.dcache, b.d_state, acc.accepted))
     for i, row, m in zip(b.seqs, acc.emitted.tolist(), acc.n_keep.tolist()):
@@ -253,10 +257,10 @@ def _roll_back(policy: Policy, cache, held: torch.Tensor, accepted: torch.Tensor
     return torch.where(own, held + index + 1, -1), held + (held >= 0)
 
 
-def accept(d: Decoding, v: Verified, prop, have: torch.Tensor, stream: torch.Tensor) -> Accepted:
-    """Drafts up to the first disagreement (or rejection), then the target's token there. A row never accepts past
-    its own budget or the drafts it was offered (its `room`), whatever the batch drafted: its tokens and draws are
-    then the same in any batch."""
+def accept(d: Decoding, v: Verified, prop, have: torch.Tensor, stream: Streams, seqs: list[int]) -> Accepted:
+    """Drafts up to the first disagreement (or rejection), then the target's token there, for the rows of
+    sequences `seqs`. A row never accepts past its own budget or the drafts it was offered (its `room`), whatever
+    the batch drafted: its tokens and draws are then the same in any batch."""
     k = v.logits.shape[1] - 1
     D, g = prop.tokens, v.argmax
     room = torch.minimum((d.max_new_tokens - 1 - have).clamp(min=0, max=k), prop.counts)
@@ -265,7 +269,8 @@ def accept(d: Decoding, v: Verified, prop, have: torch.Tensor, stream: torch.Ten
         a = torch.minimum((D[:, :k] == g[:, :k]).long().cumprod(1).sum(1), room)
         own = g.gather(1, a[:, None])[:, 0]
     else:
-        a, own, drawn = _accept_sampled(d.policy, d.sampling, v.logits, prop.probs, D, room, stream, have)
+        target = d.policy.verify_samplers([d.sampling.row(i) for i in seqs])
+        a, own, drawn = _accept_sampled(d.policy, target, v.logits, prop.probs, D, room, stream, have)
     pick = D.gather(1, a[:, None]) if d.policy.has("draft-bonus") else own[d.policy.bonus_rows(len(own), own.device), None]
     emitted = torch.cat([D[:, :k], g[:, k:]], 1).scatter(1, a[:, None], pick)
     idx = torch.arange(k + 1, device=D.device)
@@ -338,21 +343,20 @@ def _recorded(d: Decoding, b: Batch, prop, v: Verified, acc: Accepted, before: d
     return fields
 
 
-def _accept_sampled(policy: Policy, sampling: Sampling, logits: torch.Tensor, Q: torch.Tensor, D: torch.Tensor,
-                    room: torch.Tensor, stream: torch.Tensor, have: torch.Tensor):
-    """Speculative sampling's decisions for every row: the accepted count (at most the row's `room`), the
-    target's own token at the first slot not accepted (from the residual, or from p after a fully accepted
-    block), and what was drawn."""
+def _accept_sampled(policy: Policy, target: Samplers, logits: torch.Tensor, Q: torch.Tensor, D: torch.Tensor,
+                    room: torch.Tensor, stream: Streams, have: torch.Tensor):
+    """Speculative sampling's decisions for every row, verified with its `target` sampler: the accepted count (at
+    most the row's `room`), the target's own token at the first slot not accepted (from the residual, or from p
+    after a fully accepted block), and what was drawn."""
     k = logits.shape[1] - 1
     B, idx = D.shape[0], torch.arange(k, device=D.device)
-    target = policy.target_sampler(sampling.target)
-    P = target.probs(logits)  # (B, k+1, V)
+    P = policy.target_probs(target.probs(logits), D[:, :k])  # (B, k+1, V)
     p = P[:, :k].gather(2, D[:, :k, None])[..., 0].double()
     q = Q[:, :k].gather(2, D[:, :k, None])[..., 0].double()
-    u = uniform(sampling.seed, stream, have[:, None] + idx, ACCEPT)
+    u = policy.noise(stream, stream.draw(have[:, None] + idx, ACCEPT))
     a = torch.minimum(policy.accept(p, q, u).long().cumprod(1).sum(1), room)
     rows, bonus = torch.arange(B, device=D.device), a == room
-    v = uniform(sampling.seed, stream, have + a, torch.where(bonus, TARGET, RESIDUAL))
+    v = policy.noise(stream, stream.draw(have + a, torch.where(bonus, TARGET, RESIDUAL)))
     P_a = P[rows, a]
     Q_a = Q[rows, a.clamp(max=k - 1)] if k else P_a  # with no drafts every row takes its bonus: Q_a is unread
     own = torch.where(bonus, inverse_cdf(P_a, v), policy.residual(target, logits[rows, a], P_a, Q_a, v))

@@ -12,7 +12,7 @@ from typing import Annotated, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from specviz.spec.faults import DRAFT_MODEL_ONLY, SAMPLING, expand
+from specviz.spec.faults import DRAFT_MODEL_ONLY, REQUESTS, SAMPLED, expand
 from specviz.spec.methods import DRAFTERS, METHODS
 
 ENGINE = "engine"  # the method of an engine check's trace: outputs from outside, judged against the reference
@@ -44,7 +44,9 @@ SAMPLING_FIELDS = ("top_k", "top_p", "draft_temperature", "draft_top_k", "draft_
 LOOKUP_FIELDS = ("ngram_min", "ngram_max")
 MAX_NGRAM = 16
 # Left out of the canonical form at their defaults, so that the keys of runs made before them stay what they were.
-OMITTED_AT_DEFAULT = (*SAMPLING_FIELDS, "drafter", *LOOKUP_FIELDS)
+OMITTED_AT_DEFAULT = (*SAMPLING_FIELDS, "drafter", *LOOKUP_FIELDS, "rows")
+TARGET_FIELDS = ("temperature", "top_k", "top_p")  # what a request's own settings (RowSampling) replace
+UNSET_TEMPERATURE = 1.0  # a request that sets no temperature samples at the serving engines' default (vLLM, OpenAI)
 
 
 class SpecError(ValueError):
@@ -83,6 +85,33 @@ class Strict(BaseModel):
             raise SpecError(describe_validation_error(e)) from None
 
 
+class RowSampling(Strict):
+    """One request's own sampling settings, as a serving engine takes them per request: its temperature (0:
+    greedy; None: unset, the engines' default 1.0), top-k (0: off), top-p (1: off) and seed (None: unseeded, it
+    draws from the run's stream for its sequence; set: from its own seed's stream, whatever its sequence)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE)
+    top_k: int = Field(0, ge=0, le=2**20)
+    top_p: float = Field(1.0, gt=0, le=1)
+    seed: int | None = Field(None, ge=0, le=2**31 - 1)
+
+    @model_validator(mode="after")
+    def _greedy(self) -> RowSampling:
+        if self.temperature == 0 and (self.top_k or self.top_p < 1):
+            raise ValueError("a greedy request (temperature 0) takes no top-k or top-p")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def target(self) -> tuple[float, int, float]:
+        """The temperature (an unset one the default), top-k and top-p the target samples this request with."""
+        return UNSET_TEMPERATURE if self.temperature is None else self.temperature, self.top_k, self.top_p
+
+
 class RunSpec(Strict):
     """A run: which pair, which prompts, which method, and the knobs that matter."""
 
@@ -115,6 +144,9 @@ class RunSpec(Strict):
     draft_temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE)
     draft_top_k: int | None = Field(None, ge=0, le=2**20)
     draft_top_p: float | None = Field(None, gt=0, le=1)
+    # Each request's own settings, replacing the three above: prompt i gets rows[i % len(rows)]. Empty: every
+    # request samples with the run's.
+    rows: tuple[RowSampling, ...] = Field((), max_length=MAX_PROMPTS, fail_fast=True)
 
     @field_validator("target", "draft")
     @classmethod
@@ -153,7 +185,7 @@ class RunSpec(Strict):
             raise ValueError(f"{self.method} runs at batch size {m.max_batch_size} at most")
         if self.drafter not in m.drafters and self.drafter != "model":
             raise ValueError(f"{self.method} drafts nothing: the {self.drafter} drafter needs a speculative method")
-        if self.temperature > 0 and not m.samples:
+        if not self.greedy and not m.samples:
             raise ValueError(f"{self.method} runs greedy only here; sample with "
                              + " or ".join(n for n, x in METHODS.items() if x.samples and x.speculative))
         return self
@@ -172,24 +204,40 @@ class RunSpec(Strict):
         return self
 
     @model_validator(mode="after")
+    def _rows(self) -> RunSpec:
+        if not self.rows:
+            if found := [f for f in expand(self.faults) if f in REQUESTS]:
+                raise ValueError(f"{', '.join(found)} need per-request sampling settings (rows)")
+            return self
+        if self.method == ENGINE:
+            raise ValueError("an engine check sends every request the run's settings: per-request rows are for "
+                             "specviz's own methods")
+        if any(getattr(self, f) != RunSpec.model_fields[f].default for f in TARGET_FIELDS):
+            raise ValueError("per-request settings (rows) replace the run's temperature, top-k and top-p: leave "
+                             "those at their defaults")
+        return self
+
+    @model_validator(mode="after")
     def _sampling(self) -> RunSpec:
-        if self.temperature > 0:  # (the audit compares each row's state with a fresh pass, at any temperature)
+        if not self.greedy:  # (the audit compares each row's state with a fresh pass, at any temperature)
             return self
         if any(getattr(self, f) != RunSpec.model_fields[f].default for f in SAMPLING_FIELDS):
             raise ValueError("top-k, top-p and the draft's sampling settings need a temperature above 0")
-        if set(SAMPLING) & set(self.faults):
-            raise ValueError("sampling faults need a temperature above 0")
+        if set(SAMPLED) & set(expand(self.faults)):
+            raise ValueError("sampling faults need a temperature above 0" + (" in some request" if self.rows else ""))
         return self
 
     @property
     def greedy(self) -> bool:
-        """Temperature 0: the target's argmax at every token (decoding/sampling.py builds the samplers)."""
-        return self.temperature == 0
+        """Temperature 0, for the run or every request: the target's argmax at every token (decoding/sampling.py
+        builds the samplers)."""
+        return all(r.greedy for r in self.rows) if self.rows else self.temperature == 0
 
-    def draft_sampling(self) -> tuple[float, int, float]:
-        """The draft's temperature, top-k and top-p: its own where set, else the target's."""
+    def draft_sampling(self, row: RowSampling | None = None) -> tuple[float, int, float]:
+        """The draft's temperature, top-k and top-p: its own where set, else the target's (`row`'s, where given)."""
+        target = row.target() if row else (self.temperature, self.top_k, self.top_p)
         return tuple(t if d is None else d for t, d in zip(
-            (self.temperature, self.top_k, self.top_p), (self.draft_temperature, self.draft_top_k, self.draft_top_p)))
+            target, (self.draft_temperature, self.draft_top_k, self.draft_top_p)))
 
     @model_validator(mode="after")
     def _window(self) -> RunSpec:

@@ -6,9 +6,9 @@ sweep and the glossary ask here what each means. Plain data: specs, traces and v
 A name says what went wrong in the user's words: `sync-bug:<state>` when a state fell out of step with the row's
 tokens (positions, mask, KV cache, a hybrid's recurrent state, rows mixed up, or the kept token not the one the
 target's pass chose: `bonus`), `decision-bug:<decision>` when the state was right and a decision made from it was
-wrong (when to stop), `draft-bug:<side>` when the drafts were not the drafter's own (the output unharmed, the
-drafts wasted), `kernel-bug` when both were right and the computation was not; `numerics` and `unexplained` are
-not bugs."""
+wrong (when to stop; a sampled row's settings or random stream), `draft-bug:<side>` when the drafts were not the
+drafter's own (the output unharmed, the drafts wasted), `kernel-bug` when both were right and the computation was
+not; `numerics` and `unexplained` are not bugs."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,6 +49,16 @@ VERDICTS = {v.name: v for v in (
     Verdict("decision-bug:stop", "the output ran on past a stop (an end-of-sequence token accepted inside a "
             "block of drafts), or stopped where the model does not",
             "the output's tokens alone: an end-of-sequence token followed by more, or an end the reference lacks"),
+    # A sampled run's, with per-request settings or audited (forensics/distribution.py).
+    Verdict("decision-bug:settings", "a row was sampled with settings not its own: another request's temperature, "
+            "top-k or top-p, or greedily where its temperature was unset",
+            "each sequence's tokens scored under the target at batch size 1, with its own settings and with every "
+            "other request's (and greedy): another's fits them a likelihood ratio beyond chance (Markov's bound, "
+            "Bonferroni over sequences and settings)"),
+    Verdict("decision-bug:stream", "a row drew random numbers that are not its own stream's: noise never written, "
+            "shared with other rows, or shifted by draws the schedule consumed; its tokens then depend on its batch",
+            "every recorded draw of an audited sampled run re-derived from the row's own stream (its seed, or the "
+            "run's seed and its sequence) at its token"),
     # The acceptance judge's (forensics/acceptance.py): lossless, the output right and the drafts wasted.
     Verdict("draft-bug:first-token", "the drafter drafted without the token the target wrote last round: its "
             "first draft repeats that token", "each round's drafts against a fresh pass of the draft model on the "
