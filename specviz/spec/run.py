@@ -112,6 +112,27 @@ class RowSampling(Strict):
         return UNSET_TEMPERATURE if self.temperature is None else self.temperature, self.top_k, self.top_p
 
 
+def row_fields(text: str) -> dict[str, str]:
+    """One request's settings as typed: comma-separated key=value pairs of RowSampling's fields (RowSampling
+    validates the values)."""
+    pairs = [x.strip().partition("=") for x in text.split(",") if x.strip()]
+    bad = [k for k, eq, _ in pairs if not eq or k.strip() not in RowSampling.model_fields]
+    if bad or not pairs:
+        raise SpecError(f"a request's settings are key=value pairs of {', '.join(RowSampling.model_fields)}; got "
+                        f"{_cut(text, 80)!r}")
+    return {k.strip(): v.strip() for k, _, v in pairs}
+
+
+def rows_from_text(text: str) -> tuple[dict[str, str], ...]:
+    """Per-request settings typed one request a line (blank lines skipped)."""
+    return tuple(row_fields(line) for line in (text or "").splitlines() if line.strip())
+
+
+def rows_as_text(rows: tuple[RowSampling, ...]) -> str:
+    """What rows_from_text reads back: each request's fields that are set, one request a line."""
+    return "\n".join(",".join(f"{k}={v}" for k, v in r.model_dump(exclude_none=True).items()) for r in rows)
+
+
 class RunSpec(Strict):
     """A run: which pair, which prompts, which method, and the knobs that matter."""
 
@@ -254,11 +275,18 @@ class RunSpec(Strict):
             raise ValueError("the built-in drafts only pair with their own targets (or a built-in target with itself)")
         return self
 
+    def on_prompts(self, prompts, **update) -> RunSpec:
+        """This run (unvalidated, with `update`) on some of its own prompts, in their order: each keeps its own
+        request's settings."""
+        rows = tuple(self.rows[self.prompts.index(p) % len(self.rows)] for p in prompts) if self.rows else ()
+        return self.model_copy(update={"prompts": tuple(prompts), "rows": rows, **update})
+
     def canonical_json(self) -> str:
         """Stable text form: sorted keys, no whitespace; the basis of hashing and links."""
         fields = self.model_dump(mode="json")
         for f in OMITTED_AT_DEFAULT:
-            if fields[f] == RunSpec.model_fields[f].default:
+            default = RunSpec.model_fields[f].default
+            if fields[f] == (list(default) if isinstance(default, tuple) else default):  # a tuple dumps as a list
                 del fields[f]
         return json.dumps(fields, sort_keys=True, separators=(",", ":"))
 
