@@ -2,6 +2,8 @@
 unseeded. A greedy row is exactly the batch-size-1 greedy reference, a sampled row draws the same tokens whatever
 its batch, two requests with the same seed and prompt the same tokens; and each of the field's bugs in per-request
 sampling, planted as a fault, is named by the decision it gets wrong. On the tiny pair: cheap."""
+import functools
+
 import pytest
 
 from specviz.cli.args import spec_of
@@ -28,8 +30,9 @@ def _spec(dtype="float32", **fields) -> RunSpec:
     return RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype=dtype, device="cpu", **fields)
 
 
+@functools.cache
 def _ids(spec: RunSpec) -> list[list[int]]:
-    """The spec's tokens, decoded alone (no trace, no judge)."""
+    """The spec's tokens, decoded alone (no trace, no judge), once per spec."""
     pair = load_pair(spec.target, spec.draft, dtype=spec.dtype, device="cpu")
     return [o.ids for o in decode(Job(spec, pair, pair.encode(list(spec.prompts)), record=False)).outputs]
 
