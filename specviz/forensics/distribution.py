@@ -9,8 +9,9 @@ known before a token is drawn (its slot in the round, its batch row, the
 rounds, pairs of rows), and every split is tested.
 
 Beside it, the decision audit re-derives every recorded accept/reject decision
-from the recorded p, q and draw: a correct engine has no mismatch. An audited
-run's draws are re-derived too, each from its row's own stream at its token: a
+from the recorded p, q and draw: a correct engine has no mismatch. The draws of
+an audited run, or of one with per-request settings (where seeded and unseeded
+streams mix), are re-derived too, each from its row's own stream at its token: a
 row whose noise was never written, or shared, or shifted by the schedule, fails
 there even where its distribution holds. A run with per-request settings has
 each sequence's tokens scored under every request's settings: tokens another
@@ -140,7 +141,7 @@ def decisions(trace: Trace) -> Decisions:
     checked = sum(min(r.accepted + 1, len(r.draft_tokens)) for r in drawn)
     bad = [[r.round, r.row, j] for r in drawn for j in metrics.mismatched(r)]
     audit = Decisions(checked=checked, mismatches=len(bad), first=bad[:MAX_LISTED])
-    if trace.manifest.spec.audit:
+    if trace.manifest.spec.audit or trace.manifest.spec.rows:
         draws, off = streams(trace)
         audit.draws, audit.stream_mismatches, audit.stream_first = draws, len(off), off[:MAX_LISTED]
     return audit

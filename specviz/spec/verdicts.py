@@ -57,7 +57,8 @@ VERDICTS = {v.name: v for v in (
             "Bonferroni over sequences and settings)"),
     Verdict("decision-bug:stream", "a row drew random numbers that are not its own stream's: noise never written, "
             "shared with other rows, or shifted by draws the schedule consumed; its tokens then depend on its batch",
-            "every recorded draw of an audited sampled run re-derived from the row's own stream (its seed, or the "
+            "every recorded draw of a sampled run, audited or with per-request settings, re-derived from the row's "
+            "own stream (its seed, or the "
             "run's seed and its sequence) at its token"),
     # The acceptance judge's (forensics/acceptance.py): lossless, the output right and the drafts wasted.
     Verdict("draft-bug:first-token", "the drafter drafted without the token the target wrote last round: its "

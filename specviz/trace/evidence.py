@@ -226,7 +226,8 @@ class Decisions(Strict):
     checked: int
     mismatches: int
     first: Many[Many[int]] = []  # [round, row, slot] of the first mismatches (at most 20)
-    # Audited runs: every recorded draw re-derived from its row's own stream (None: not checked, unaudited).
+    # Audited runs and runs with per-request settings: every recorded draw re-derived from its row's own stream
+    # (None: not checked).
     draws: int | None = None
     stream_mismatches: int = 0
     stream_first: Many[Many[int]] = []  # [round, seq, token index] of the first draws not the row's stream's
