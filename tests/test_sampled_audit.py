@@ -57,8 +57,7 @@ def test_every_synchronization_fault_is_named_by_its_state_when_sampling(fault, 
 
 @pytest.mark.parametrize("fault,kind", [("accept-q-over-p", "sampler-bug:decisions"),
                                         ("temperature-draft-only", "sampler-bug:rule"),
-                                        ("top-p-not-in-residual", "sampler-bug:rule"),
-                                        ("target-probs-mutated", "sampler-bug:rule")])
+                                        ("top-p-not-in-residual", "sampler-bug:rule")])
 def test_a_sampling_fault_leaves_every_state_clean_and_is_named_a_sampler_fault(fault, kind, tiny):
     """The state audit must not call a sampler's fault a sync bug: it names the kind of fault from the decision audit
     and the distribution, once every row's state held."""
