@@ -54,8 +54,9 @@ def test_every_case_shows_and_is_named_by_its_mechanism(case):
     elif case.expected is None:  # a sampling fault: the tokens are not the target's distribution
         assert trace.distribution.verdict == "not the target's distribution", trace.distribution
         assert metrics.sampled_verdict(trace)[0] not in ("numerics", "unexplained")
-    else:
-        assert metrics.equivalence(trace)["exact"] < 1, "the replica must fork"
+    else:  # it forks; a wrong log-probability keeps the tokens and is named on them
+        tokens_kept = FAULTS[case.fault][0] == "logprobs"
+        assert (metrics.equivalence(trace)["exact"] == 1) == tokens_kept, "the replica must fork"
         assert verdicts and set(verdicts) == {case.expected}, [s.forensics.explanation for s in trace.sequences
                                                                  if s.forensics]
         assert VERDICT_OF[case.fault] == case.expected

@@ -46,8 +46,8 @@ def test_every_case_has_its_bundled_run_of_its_spec_with_the_verdict_its_mechani
         assert all(s.equivalent for s in trace.sequences)
         assert trace.acceptance.verdict == case.expected
         assert trace.acceptance.accepted < trace.acceptance.accepted_fresh
-    else:
-        assert first_forked(trace).forensics.verdict == case.expected
+    else:  # (a wrong log-probability keeps the tokens: its verdict is on an equal sequence)
+        assert next(s for s in trace.sequences if s.forensics).forensics.verdict == case.expected
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.fault)

@@ -62,6 +62,11 @@ def run_controls_of(settings: Settings) -> dict:
         c["draft_temperature"] = gr.Number(value=None, minimum=0, maximum=MAX_TEMPERATURE, label="draft temperature")
         c["draft_top_k"] = gr.Number(value=None, precision=0, minimum=0, label="draft top-k (0: off)")
         c["draft_top_p"] = gr.Number(value=None, minimum=0, maximum=1, label="draft top-p (1: off)")
+    with gr.Accordion("each request's own sampling (blank: the settings above for all)", open=False):
+        c["rows"] = gr.Textbox(value=DEFAULTS["rows"], lines=3, label="per-request settings", elem_id="sv-rows",
+                               info="one request a line, given to the prompts in turn: key=value pairs of temperature "
+                                    "(unset: 1), top_k, top_p, seed (unset: the run's stream), e.g. "
+                                    "temperature=0.8,top_p=0.95,seed=7; they replace temperature, top-k and top-p")
     with gr.Accordion("seed and exspec", open=False):
         c["seed"] = gr.Number(value=DEFAULTS["seed"], precision=0, label="seed")
         c["window"] = gr.Number(value=DEFAULTS["window"], precision=0, label="exspec window (0: 2 × batch size)")

@@ -14,7 +14,7 @@ from specviz.app.glossary import glossary as glossary_text
 from specviz.run.settings import Settings
 from specviz.spec.methods import DRAFTERS, METHODS
 from specviz.spec.prompts import builtin_sets, parse_prompts
-from specviz.spec.run import ENGINE, PRESETS, RunSpec, SpecError
+from specviz.spec.run import ENGINE, PRESETS, RunSpec, SpecError, rows_as_text, rows_from_text
 from specviz.trace import share
 from specviz.trace.schema import MAX_TRACE_BYTES, Trace
 
@@ -58,7 +58,7 @@ EXAMPLES = {
 DEFAULTS = {"pair": "embedded", "target": "", "draft": "", "prompt_set": "quick", "typed": "", "method": "eqspec",
             "faults": [], "batch_size": 4, "k": 5, "max_new_tokens": 48, "dtype": "float32", "seed": 0, "window": 0,
             "max_wait": 4, "audit": False, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "draft_temperature": None,
-            "draft_top_k": None, "draft_top_p": None, "drafter": "model", "ngram_min": 1, "ngram_max": 3}
+            "draft_top_k": None, "draft_top_p": None, "drafter": "model", "ngram_min": 1, "ngram_max": 3, "rows": ""}
 
 
 FIRST_PAGE = "bsp-like decay"
@@ -85,9 +85,10 @@ TOP_P_MIN = 0.05
 def spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, method, faults, batch_size, k,
                        max_new_tokens, dtype, seed, window, max_wait, audit, temperature=0.0, top_k=0, top_p=1.0,
                        draft_temperature=None, draft_top_k=None, draft_top_p=None, drafter="model", ngram_min=1,
-                       ngram_max=3) -> RunSpec:
+                       ngram_max=3, rows="") -> RunSpec:
     """The run the controls describe. Prompts: typed ones, else the uploaded file, else the built-in set.
-    Sampling: temperature 0 is greedy; top-k 0 and top-p 1 are off; a blank draft setting is the target's.
+    Sampling: temperature 0 is greedy; top-k 0 and top-p 1 are off; a blank draft setting is the target's; `rows`,
+    where typed, each request's own settings (one a line, key=value pairs), in place of the target's.
     The n-gram sizes belong to prompt lookup: with the draft model they are not read (the page hides them)."""
     if pair == CUSTOM:
         if not (target or "").strip() or not (draft or "").strip():
@@ -107,7 +108,7 @@ def spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, meth
                          audit=int(batch_size) if audit else 0, temperature=_real(temperature, 0.0),
                          top_k=int(top_k or 0), top_p=_real(top_p, 1.0), draft_temperature=_real(draft_temperature),
                          draft_top_k=None if draft_top_k is None else int(draft_top_k),
-                         draft_top_p=_real(draft_top_p), drafter=drafter or "model",
+                         draft_top_p=_real(draft_top_p), drafter=drafter or "model", rows=rows_from_text(rows),
                          **({"ngram_min": int(ngram_min), "ngram_max": int(ngram_max)} if drafter == "lookup" else {}))
 
 
@@ -132,7 +133,7 @@ def shrink_focused(settings: Settings, trace: Trace | None, seq, progress=gr.Pro
 def run_controls(settings: Settings, pair, target, draft, prompt_set, typed, prompt_file, method, faults, batch_size,
                  k, max_new_tokens, dtype, seed, window, max_wait, audit=False, temperature=0.0, top_k=0, top_p=1.0,
                  draft_temperature=None, draft_top_k=None, draft_top_p=None, drafter="model", ngram_min=1,
-                 ngram_max=3, progress=gr.Progress(), request: gr.Request = None):
+                 ngram_max=3, rows="", progress=gr.Progress(), request: gr.Request = None):
     """Run button and examples: decode what the controls say. The parameters are spec_from_controls'; those with
     defaults may be left out by an API client (the draft's own sampling settings default to blank, the drafter
     to the draft model)."""
@@ -140,7 +141,7 @@ def run_controls(settings: Settings, pair, target, draft, prompt_set, typed, pro
     with serving.as_page_errors():
         spec = spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, method, faults, batch_size, k,
                                   max_new_tokens, dtype, seed, window, max_wait, audit, temperature, top_k, top_p,
-                                  draft_temperature, draft_top_k, draft_top_p, drafter, ngram_min, ngram_max)
+                                  draft_temperature, draft_top_k, draft_top_p, drafter, ngram_min, ngram_max, rows)
         trace, timing = serving.decode(spec, settings, progress, session)
     return trace, serving.headline(trace, timing), serving.save(trace), None
 
@@ -214,7 +215,7 @@ def open_link(query: str):
               "max_new_tokens": s.max_new_tokens, "dtype": s.dtype, "seed": s.seed, "window": s.window or 0,
               "max_wait": s.max_wait, "audit": s.audit > 0, "top_k": s.top_k, "draft_temperature": s.draft_temperature,
               "draft_top_k": s.draft_top_k, "draft_top_p": s.draft_top_p, "drafter": s.drafter,
-              "ngram_min": s.ngram_min, "ngram_max": s.ngram_max,
+              "ngram_min": s.ngram_min, "ngram_max": s.ngram_max, "rows": rows_as_text(s.rows),
               # A link may carry what the sliders do not reach (the CLI's temperature 5): they widen to it.
               "temperature": s.temperature if s.temperature <= TEMPERATURE_MAX else gr.update(
                   value=s.temperature, maximum=s.temperature),
@@ -258,12 +259,12 @@ def _replay_report(trace: Trace, pending: dict) -> str:
         verdict = "The link carried no fingerprint to compare with."
     elif pending["fp"] == m.fingerprint:
         verdict = f"**Replay matched the shared run exactly** (fingerprint `{m.fingerprint}`)."
-        if m.spec.temperature > 0:
+        if not m.spec.greedy:
             verdict += " Every draw fell the same way: the same tokens and the same accept/reject decisions."
     else:
         verdict = (f"**Replay drifted from the shared run:** fingerprint `{m.fingerprint}` here, "
                    f"`{pending['fp']}` in the link: some token or acceptance decision differs. ")  # both: 16 hex digits
-        if m.spec.temperature > 0:
+        if not m.spec.greedy:
             verdict += ("This run samples, but its random numbers are counter-based (the seed, the sequence, the "
                         "token's index), the same in every environment: a drift means some probability was computed "
                         "differently here and a draw fell on its other side. Each run's sample is judged on its own "

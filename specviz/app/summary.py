@@ -101,6 +101,10 @@ def sampling_text(spec) -> str:
     def words(t: float, k: int, p: float) -> str:
         return ", ".join([f"temperature {t:g}", *([f"top-k {k}"] if k else []), *([f"top-p {p:g}"] if p < 1 else [])])
 
+    if spec.rows:  # each request its own
+        return "each request's own settings, cycled over the prompts: " + "; ".join(
+            ("greedy" if r.greedy else words(*r.target()) + (" (temperature unset)" if r.temperature is None else ""))
+            + ("" if r.seed is None else f", seed {r.seed}") for r in spec.rows)
     out = words(spec.temperature, spec.top_k, spec.top_p)
     own = (spec.draft_temperature, spec.draft_top_k, spec.draft_top_p)
     if any(x is not None for x in own):

@@ -10,7 +10,7 @@ from specviz.spec.faults import FAULTS
 from specviz.spec.faults import PRESETS as FAULT_PRESETS
 from specviz.spec.methods import DRAFTERS, METHODS
 from specviz.spec.prompts import builtin_set, builtin_sets, read_prompts
-from specviz.spec.run import DEVICES, DTYPES, LOOKUP_FIELDS, MAX_BATCH_SIZE, PRESETS, RunSpec, SpecError
+from specviz.spec.run import DEVICES, DTYPES, LOOKUP_FIELDS, MAX_BATCH_SIZE, PRESETS, RowSampling, RunSpec, SpecError, row_fields
 from specviz.trace.sweep import NO_FAULTS
 
 
@@ -83,6 +83,19 @@ def add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--logprobs", action="store_true",
                    help="record each token's log-probability under the target, and judge them against a fresh "
                         "float64 recomputation")
+    g.add_argument("--row", type=row_sampling, action="append", default=[], metavar="KEY=VALUE,...",
+                   help="one request's own settings, in place of --temperature, --top-k and --top-p; repeat it for "
+                        "more requests, given to the prompts in turn (prompt i gets the (i mod n)-th): keys "
+                        f"{', '.join(RowSampling.model_fields)}; an unset temperature is 1, an unset seed the run's "
+                        "stream (e.g. --row temperature=0 --row top_k=20,seed=7)")
+
+
+def row_sampling(text: str) -> dict:
+    """A --row: one request's settings (spec.run.row_fields)."""
+    try:
+        return row_fields(text)
+    except SpecError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _names_of(known: dict, what: str):
@@ -125,6 +138,7 @@ def spec_of(args, **overrides) -> RunSpec:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, draft_temperature=args.draft_temperature,
         draft_top_k=args.draft_top_k, draft_top_p=args.draft_top_p, drafter=args.drafter[0],
         repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty, logprobs=args.logprobs,
+        rows=tuple(args.row),
     )
     fields.update(overrides)
     ngrams = {f: getattr(args, f) for f in LOOKUP_FIELDS if getattr(args, f) is not None}

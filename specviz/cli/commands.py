@@ -185,7 +185,7 @@ def cmd_verify(args) -> int:
               "  verdicts")
     # Recorded runs: every one for a report (its accept lengths and rounds come from the records), else those with
     # something to explain, and sampled ones (their decisions are audited, their PIT split by slot).
-    recorded = [bool(args.json or spec.faults or spec.audit or spec.temperature or args.forensics) for spec in specs]
+    recorded = [bool(args.json or spec.faults or spec.audit or not spec.greedy or args.forensics) for spec in specs]
     traces = sweep(list(zip(specs, recorded)), args.trust_remote_code, placement_of(args))
     if not reports:  # this process decoded its shares for the main one
         for _ in traces:

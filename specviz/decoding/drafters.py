@@ -19,7 +19,7 @@ import torch
 from specviz.decoding import kvcache
 from specviz.decoding.batch import forward
 from specviz.decoding.faults import Policy
-from specviz.decoding.sampling import DRAFT, Sampling, inverse_cdf, uniform
+from specviz.decoding.sampling import DRAFT, Sampling, Streams, inverse_cdf
 from specviz.models.pairs import ModelPair
 
 
@@ -49,7 +49,7 @@ class Drafter(Protocol):
     def prefill(self, policy: Policy, cache, tokens: torch.Tensor, valid: torch.Tensor, stale: torch.Tensor) -> None:
         """Fill `cache` with a laid-out batch's slots 0..S-3."""
 
-    def propose(self, policy: Policy, b, k: int, sampling: Sampling, stream: torch.Tensor,
+    def propose(self, policy: Policy, b, k: int, sampling: Sampling, stream: Streams,
                 have: torch.Tensor) -> Proposal:
         """Up to k drafts for every row of batch `b`, whose rows already have `have` tokens."""
 
@@ -97,7 +97,7 @@ class ModelDrafter:
             run_model(self.pair, policy, "draft prefill", tokens[:, : S - 2], valid[:, : S - 2], stale[:, : S - 2], 0,
                       cache, keep=1)
 
-    def propose(self, policy: Policy, b, k: int, sampling: Sampling, stream: torch.Tensor,
+    def propose(self, policy: Policy, b, k: int, sampling: Sampling, stream: Streams,
                 have: torch.Tensor) -> Proposal:
         S = b.tokens.shape[1]
         d_tok, d_val, d_stl = b.tokens, b.valid, b.stale
@@ -105,6 +105,7 @@ class ModelDrafter:
         q_start, steps = (S - 2 if kvcache.length(b.dcache) else 0), policy.draft_steps(k)
         eos = torch.tensor(self.pair.eos_ids, device=b.tokens.device)
         drafted_eos = torch.zeros(len(b.seqs), dtype=torch.bool, device=b.tokens.device)
+        sampler = sampling.drafts(b.seqs)
         for j in range(steps):
             # A recurrent draft state after each token it is fed: the first pass's last two, then each draft.
             with kvcache.keeping(b.dcache, 2 if j == 0 else 1):
@@ -116,8 +117,8 @@ class ModelDrafter:
                 probs.append(logits[:, -1].softmax(-1))
                 nxt = logits[:, -1].argmax(-1)
             else:
-                probs.append(sampling.draft.probs(logits[:, -1]))
-                nxt = inverse_cdf(probs[-1], uniform(sampling.seed, stream, have + j, DRAFT))
+                probs.append(sampler.probs(logits[:, -1]))
+                nxt = inverse_cdf(probs[-1], stream.draw(have + j, DRAFT))
             drafts.append(nxt)
             drafted_eos |= torch.isin(nxt, eos)
             if j < steps - 1 and not policy.has("draft-bonus") and bool(drafted_eos.all()):
@@ -153,7 +154,7 @@ class PromptLookup:
     def prefill(self, policy: Policy, cache, tokens, valid, stale) -> None:
         pass
 
-    def propose(self, policy: Policy, b, k: int, sampling: Sampling, stream: torch.Tensor,
+    def propose(self, policy: Policy, b, k: int, sampling: Sampling, stream: Streams,
                 have: torch.Tensor) -> Proposal:
         B, S = b.tokens.shape
         n_out = policy.draft_steps(k)  # a draft-bonus engine takes one token more from its drafter

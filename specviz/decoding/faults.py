@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from specviz.decoding.batch import positions as mask_positions
-from specviz.decoding.sampling import Sampler, inverse_cdf
+from specviz.decoding.sampling import Row, Sampler, Samplers, Streams, inverse_cdf
 from specviz.spec.faults import expand
 
 
@@ -150,9 +150,42 @@ class Policy:
     def target_sampler(self, sampler: Sampler) -> Sampler:
         return replace(sampler, temperature=1.0) if self.has("temperature-draft-only") else sampler
 
-    def stream(self, seqs: torch.Tensor) -> torch.Tensor:
-        """The random stream each row draws from: its own sequence's."""
-        return torch.zeros_like(seqs) if self.has("shared-stream") else seqs
+    def verify_samplers(self, rows: list[Row]) -> Samplers:
+        """The sampler each row of a batch (its request's settings, `rows`) is verified with: its own target's."""
+        own = [Sampler() if self.has("unset-temperature-greedy") and r.unset_temperature else r.target for r in rows]
+        if self.has("settings-from-first-row"):
+            own = own[:1] * len(own)
+        return Samplers([self.target_sampler(s) for s in own])
+
+    def stream(self, streams: Streams) -> Streams:
+        """The random stream each row draws from: its own (its request's seed, or its sequence's)."""
+        if not self.has("shared-stream"):
+            return streams
+        return replace(streams, seeds=streams.seeds[:1].expand_as(streams.seeds),
+                       numbers=torch.zeros_like(streams.numbers))
+
+    def noise(self, streams: Streams, u: torch.Tensor) -> torch.Tensor:
+        """The verify's draws `u` (B, ...) as each row receives them: its own. The fault: in a batch mixing seeded
+        and unseeded rows, the unseeded rows' are never written; they read what the buffer held, zeros here."""
+        seeded = streams.seeded
+        if not self.has("unseeded-noise-to-copy") or bool(seeded.all()) or not bool(seeded.any()):
+            return u
+        return torch.where(seeded.reshape(-1, *([1] * (u.dim() - 1))), u, 0.0)
+
+    def skips(self, counts: torch.Tensor, k: int) -> torch.Tensor:
+        """(B,) draws each row's stream skips this round beyond those it uses: none. The fault: a row offered no
+        drafts, in a round that verifies drafts, still advances its generator by one."""
+        if not self.has("stream-advanced-for-zero-draft") or k == 0:
+            return torch.zeros_like(counts)
+        return (counts == 0).long()
+
+    def target_probs(self, P: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+        """The target's distributions (B, k+1, V) as the decisions and the residual read them: untouched. The fault
+        zeroes each draft's own p in place, as building the residual does, before the drafts are decided."""
+        if not self.has("target-probs-mutated"):
+            return P
+        P[:, : drafts.shape[1]].scatter_(2, drafts[..., None], 0)  # a view: P itself changes
+        return P
 
     def accept(self, p: torch.Tensor, q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """Accept a draft with probability min(1, p/q): u < p/q, written without dividing."""

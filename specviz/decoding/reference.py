@@ -17,15 +17,18 @@ from specviz.decoding import kvcache
 from specviz.decoding.batch import forward, left_pad
 from specviz.decoding.penalties import history, logprobs
 from specviz.decoding.result import DecodeResult, Progress, SequenceOutput, top2_margin
-from specviz.decoding.sampling import GREEDY, TARGET, Sampling, inverse_cdf, uniform
+from specviz.decoding.sampling import GREEDY, TARGET, Sampling, inverse_cdf
 from specviz.models.pairs import ModelPair
 
 
 def choose(logits: torch.Tensor, sampling: Sampling, seqs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Each row's next token from its logits (B, V): the argmax, or a draw from the target's distribution."""
+    """Each row's next token from its logits (B, V): the argmax, or a draw from its request's target distribution
+    (a greedy request's: a point mass on the argmax)."""
     if sampling.greedy:
         return logits.argmax(-1)
-    return inverse_cdf(sampling.target.probs(logits), uniform(sampling.seed, sampling.streams(seqs), index, TARGET))
+    rows = seqs.tolist()
+    return inverse_cdf(sampling.targets(rows).probs(logits),
+                       sampling.streams(rows, device=logits.device).draw(index, TARGET))
 
 
 @torch.inference_mode()

@@ -35,7 +35,7 @@ from specviz.decoding.drafters import Drafter, run_model
 from specviz.decoding.faults import Policy
 from specviz.decoding.penalties import history, logprobs
 from specviz.decoding.result import SequenceOutput
-from specviz.decoding.sampling import ACCEPT, GREEDY, RESIDUAL, TARGET, Sampling, inverse_cdf, uniform
+from specviz.decoding.sampling import ACCEPT, GREEDY, RESIDUAL, TARGET, Samplers, Sampling, Streams, inverse_cdf
 from specviz.models.pairs import ModelPair
 
 TOP = 8  # target logits kept per verified slot (for forensics, not saved in the trace)
@@ -154,7 +154,7 @@ def _kv_in_step(written: torch.Tensor, valid: torch.Tensor, slots: int) -> torch
 class Decoding:
     """What stays the same over a decode's rounds: the pair, the policy (the correct engine, or its faults), the
     drafter, how it samples, the token budget, whether rounds are recorded, and the watch (watch.py) that hears
-    when each round starts and ends."""
+    when each round starts and ends; and, per sequence, the draws a faulty engine's stream skipped (Policy.skips)."""
 
     pair: ModelPair
     policy: Policy
@@ -165,6 +165,7 @@ class Decoding:
     watch: object | None = None
     ends: dict[int, list[int]] = field(default_factory=dict)  # each sequence's last token of each round (a faulty
     #                                                           penalty history keeps only these)
+    skipped: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -203,10 +204,13 @@ def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clo
         d.watch.start()
     have = torch.tensor([len(gen[i].ids) for i in b.seqs], device=d.pair.device)
     k = max(1, min(k, d.max_new_tokens - 1 - int(have.min())))
-    stream = d.policy.stream(d.sampling.streams(torch.tensor(b.seqs, device=d.pair.device)))
+    stream = d.policy.stream(d.sampling.streams(b.seqs, [d.skipped.get(i, 0) for i in b.seqs], d.pair.device))
     prop = d.drafter.propose(d.policy, b, k, d.sampling, stream, have).handed(
         d.policy.draft_rows(len(b.seqs), have.device))
     k = min(k, int(prop.counts.max()))
+    for i, skips in zip(b.seqs, d.policy.skips(prop.counts, k).tolist()):
+        if skips:  # from the next round on
+            d.skipped[i] = d.skipped.get(i, 0) + skips
     if d.policy.has("state-after-zero-draft"):  # a row offered nothing takes the decode path's stale state
         zero = prop.counts == 0
         kvcache.read_stale(b.tcache, zero)
@@ -215,7 +219,7 @@ def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clo
     t_draft = clock.lap()
     v = verify(d, b, prop.tokens[:, :k], have)
     t_verify = clock.lap()
-    acc = accept(d, v, prop, have, stream)
+    acc = accept(d, v, prop, have, stream, b.seqs)
     lps = d.policy.logprobs(logprobs(v.logits, acc.emitted, d.sampling.target.temperature), prop.confidence[:, :k],
                             acc.accepted)
     states = (*_roll_back(d.policy, b.tcache, b.t_state, acc.accepted),
@@ -274,22 +278,23 @@ def _roll_back(policy: Policy, cache, held: torch.Tensor, accepted: torch.Tensor
     return torch.where(own, held + index + 1, -1), held + (held >= 0)
 
 
-def accept(d: Decoding, v: Verified, prop, have: torch.Tensor, stream: torch.Tensor) -> Accepted:
-    """Drafts up to the first disagreement (or rejection), then the target's token there. A row never accepts past
-    its own budget or the drafts it was offered (its `room`), whatever the batch drafted: its tokens and draws are
-    then the same in any batch."""
+def accept(d: Decoding, v: Verified, prop, have: torch.Tensor, stream: Streams, seqs: list[int]) -> Accepted:
+    """Drafts up to the first disagreement (or rejection), then the target's token there, for the rows of
+    sequences `seqs`. A row never accepts past its own budget or the drafts it was offered (its `room`), whatever
+    the batch drafted: its tokens and draws are then the same in any batch."""
     k = v.logits.shape[1] - 1
     D, g = prop.tokens, v.argmax
     room = torch.minimum((d.max_new_tokens - 1 - have).clamp(min=0, max=k), prop.counts)
     drawn = {}
     if d.sampling.greedy:
         p = v.logits[:, :k].softmax(-1).gather(2, D[:, :k, None])[..., 0].double()
-        u = uniform(d.sampling.seed, stream, have[:, None] + torch.arange(k, device=D.device), ACCEPT)
+        u = stream.draw(have[:, None] + torch.arange(k, device=D.device), ACCEPT)
         passed = d.policy.greedy_accept(D[:, :k], g[:, :k], p, prop.confidence[:, :k].double(), u)
         a = torch.minimum(passed.long().cumprod(1).sum(1), room)
         own = g.gather(1, a[:, None])[:, 0]
     else:
-        a, own, drawn = _accept_sampled(d.policy, d.sampling, v.logits, prop.probs, D, room, stream, have)
+        target = d.policy.verify_samplers([d.sampling.row(i) for i in seqs])
+        a, own, drawn = _accept_sampled(d.policy, target, v.logits, prop.probs, D, room, stream, have)
     pick = D.gather(1, a[:, None]) if d.policy.has("draft-bonus") else own[d.policy.bonus_rows(len(own), own.device), None]
     emitted = torch.cat([D[:, :k], g[:, k:]], 1).scatter(1, a[:, None], pick)
     idx = torch.arange(k + 1, device=D.device)
@@ -362,21 +367,20 @@ def _recorded(d: Decoding, b: Batch, prop, v: Verified, acc: Accepted, before: d
     return fields
 
 
-def _accept_sampled(policy: Policy, sampling: Sampling, logits: torch.Tensor, Q: torch.Tensor, D: torch.Tensor,
-                    room: torch.Tensor, stream: torch.Tensor, have: torch.Tensor):
-    """Speculative sampling's decisions for every row: the accepted count (at most the row's `room`), the
-    target's own token at the first slot not accepted (from the residual, or from p after a fully accepted
-    block), and what was drawn."""
+def _accept_sampled(policy: Policy, target: Samplers, logits: torch.Tensor, Q: torch.Tensor, D: torch.Tensor,
+                    room: torch.Tensor, stream: Streams, have: torch.Tensor):
+    """Speculative sampling's decisions for every row, verified with its `target` sampler: the accepted count (at
+    most the row's `room`), the target's own token at the first slot not accepted (from the residual, or from p
+    after a fully accepted block), and what was drawn."""
     k = logits.shape[1] - 1
     B, idx = D.shape[0], torch.arange(k, device=D.device)
-    target = policy.target_sampler(sampling.target)
-    P = target.probs(logits)  # (B, k+1, V)
+    P = policy.target_probs(target.probs(logits), D[:, :k])  # (B, k+1, V)
     p = P[:, :k].gather(2, D[:, :k, None])[..., 0].double()
     q = Q[:, :k].gather(2, D[:, :k, None])[..., 0].double()
-    u = uniform(sampling.seed, stream, have[:, None] + idx, ACCEPT)
+    u = policy.noise(stream, stream.draw(have[:, None] + idx, ACCEPT))
     a = torch.minimum(policy.accept(p, q, u).long().cumprod(1).sum(1), room)
     rows, bonus = torch.arange(B, device=D.device), a == room
-    v = uniform(sampling.seed, stream, have + a, torch.where(bonus, TARGET, RESIDUAL))
+    v = policy.noise(stream, stream.draw(have + a, torch.where(bonus, TARGET, RESIDUAL)))
     P_a = P[rows, a]
     Q_a = Q[rows, a.clamp(max=k - 1)] if k else P_a  # with no drafts every row takes its bonus: Q_a is unread
     own = torch.where(bonus, inverse_cdf(P_a, v), policy.residual(target, logits[rows, a], P_a, Q_a, v))

@@ -10,6 +10,12 @@ output index, purpose). A sequence's draws do not depend on which rows it
 shares a batch with, how the batch is laid out, or the order rows are served
 in, so a run repeats bit for bit and eqspec, exspec and the reference consume
 the same numbers at the same token.
+
+A run may give each request its own settings (`Row`: temperature, top-k, top-p,
+seed), as a serving engine's batch mixes requests: a seeded request draws from
+its own seed's stream whatever its sequence, so two identical seeded requests
+emit the same tokens, as vLLM's do. A greedy row's distribution is a point mass
+on the argmax, which speculative sampling treats exactly as greedy.
 """
 from __future__ import annotations
 
@@ -48,6 +54,27 @@ class Sampler:
         return z.softmax(-1)
 
 
+class Samplers:
+    """Each batch row's own Sampler, with Sampler's `probs`: the rows that share settings are computed together,
+    each group exactly as a batch of its own would be (a row's distribution never depends on its batch mates)."""
+
+    def __init__(self, by_row: list[Sampler]):
+        self.by_row = by_row
+
+    def probs(self, logits: torch.Tensor, truncate: bool = True) -> torch.Tensor:
+        """(B, ..., V): each row's distribution under its own sampler."""
+        groups: dict[Sampler, list[int]] = {}
+        for row, sampler in enumerate(self.by_row):
+            groups.setdefault(sampler, []).append(row)
+        if len(groups) == 1:
+            return self.by_row[0].probs(logits, truncate)
+        out = torch.empty_like(logits)
+        for sampler, rows in groups.items():
+            at = torch.tensor(rows, device=logits.device)
+            out[at] = sampler.probs(logits[at], truncate)
+        return out
+
+
 def _outside_nucleus(z: torch.Tensor, top_p: float) -> torch.Tensor:
     """The tokens whose less likely tokens, themselves included, hold at most 1 - top_p: an ascending prefix of
     the sorted logits (the most likely token always stays). Summed in sorted order, as transformers and vLLM do;
@@ -78,35 +105,88 @@ def _dropped(ascending: torch.Tensor, top_p: float) -> torch.Tensor:
     return drop
 
 
+SEEDED = -1  # the stream number of a request's own seed: never a sequence's (those count from 0)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One request's own settings: the target's sampler, the draft's, its seed (None: the run's stream for its
+    sequence), and whether its temperature was left unset (the serving engines' default 1.0 stands in)."""
+
+    target: Sampler
+    draft: Sampler
+    seed: int | None = None
+    unset_temperature: bool = False
+
+
+@dataclass(frozen=True)
+class Streams:
+    """The random stream each row of a batch draws from: a seed and a stream number (a sequence's, or SEEDED),
+    and how many draws the row's generator has skipped (a faulty engine's; 0 in a correct one)."""
+
+    seeds: torch.Tensor  # (B,)
+    numbers: torch.Tensor  # (B,)
+    seeded: torch.Tensor  # (B,) rows with a seed of their own
+    skipped: torch.Tensor  # (B,)
+
+    def draw(self, index: torch.Tensor, purpose: int | torch.Tensor) -> torch.Tensor:
+        """Each row's draws at token `index` (B,) or (B, n), for `purpose`."""
+        return uniform(self.seeds, self.numbers, index + self.skipped.reshape(-1, *([1] * (index.dim() - 1))),
+                       purpose)
+
+
 @dataclass(frozen=True)
 class Sampling:
-    """How a run samples: the target's settings, the draft's, the seed of every row's stream, and the penalties on
-    the target's logits."""
+    """How a run samples: the target's settings, the draft's, and the seed of every row's stream; or each
+    request's own settings, `rows`, given to the prompt list cyclically (sequence i gets rows[i % len(rows)]); and
+    the penalties on the target's logits."""
 
     target: Sampler = Sampler()
     draft: Sampler = Sampler()
     seed: int = 0
     first_seq: int = 0  # the number of this decode's first sequence: a shard of a prompt list continues its numbering
+    rows: tuple[Row, ...] = ()
     penalties: Penalties = Penalties()  # on the target's logits, before it chooses (greedy or sampled)
 
     @property
     def greedy(self) -> bool:
-        return self.target.greedy
+        """Every row takes the argmax: a run is greedy only if each of its requests is."""
+        return all(r.target.greedy for r in self.rows) if self.rows else self.target.greedy
 
-    def streams(self, seqs: torch.Tensor) -> torch.Tensor:
-        """The stream of each of this decode's sequences `seqs`: its number in the whole prompt list, so a shard
-        draws what one process decoding the whole list draws."""
-        return seqs + self.first_seq
+    def row(self, seq: int) -> Row:
+        """The settings of this decode's sequence `seq`."""
+        if not self.rows:
+            return Row(self.target, self.draft)
+        return self.rows[(seq + self.first_seq) % len(self.rows)]
+
+    def targets(self, seqs: list[int]) -> Samplers:
+        return Samplers([self.row(i).target for i in seqs])
+
+    def drafts(self, seqs: list[int]) -> Samplers:
+        return Samplers([self.row(i).draft for i in seqs])
+
+    def streams(self, seqs: list[int], skipped: list[int] | None = None, device=None) -> Streams:
+        """The streams of this decode's sequences `seqs`: a seeded request's own seed, else the run's seed and the
+        sequence's number in the whole prompt list (so a shard draws what one process decoding the whole list
+        draws)."""
+        seeds = [self.row(i).seed for i in seqs]
+        return Streams(torch.tensor([self.seed if s is None else s for s in seeds], device=device),
+                       torch.tensor([i + self.first_seq if s is None else SEEDED for i, s in zip(seqs, seeds)],
+                                    device=device),
+                       torch.tensor([s is not None for s in seeds], device=device),
+                       torch.tensor(skipped or [0] * len(seqs), device=device))
 
 
 GREEDY = Sampling()
 
 
 def sampling_of(spec, first_seq: int = 0) -> Sampling:
-    """How the run `spec` (a RunSpec) samples: the target's settings, the draft's, the seed; `first_seq`: the number
-    of the decode's first prompt in the spec's list."""
+    """How the run `spec` (a RunSpec) samples: the target's settings, the draft's, the seed, and each request's own
+    where it gives them; `first_seq`: the number of the decode's first prompt in the spec's list."""
+    rows = tuple(Row(Sampler(*r.target()), Sampler(*spec.draft_sampling(r)), r.seed, r.temperature is None)
+                 for r in spec.rows)
     return Sampling(Sampler(spec.temperature, spec.top_k, spec.top_p), Sampler(*spec.draft_sampling()), spec.seed,
-                    first_seq, penalties_of(spec))
+                    first_seq, rows, penalties_of(spec))
 
 
 def _signed(x: int) -> int:
@@ -125,10 +205,14 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ ((x >> 31) & ((1 << 33) - 1))
 
 
-def uniform(seed: int, seqs: torch.Tensor, index: torch.Tensor, purpose: int | torch.Tensor) -> torch.Tensor:
-    """Draws in (0, 1), float64, one per element of `index` (B,) or (B, n); `seqs` (B,) names each row's stream."""
+def uniform(seed: int | torch.Tensor, seqs: torch.Tensor, index: torch.Tensor,
+            purpose: int | torch.Tensor) -> torch.Tensor:
+    """Draws in (0, 1), float64, one per element of `index` (B,) or (B, n); `seqs` (B,) names each row's stream,
+    and `seed` its seed: one for all, or (B,) each row's."""
     seqs = seqs.reshape(-1, *([1] * (index.dim() - 1)))
-    h = _mix(torch.full_like(index, seed) + GOLDEN)
+    seeds = (torch.full_like(index, seed) if isinstance(seed, int) else
+             seed.reshape(-1, *([1] * (index.dim() - 1))).expand_as(index))
+    h = _mix(seeds + GOLDEN)
     for part in (seqs, index, torch.as_tensor(purpose, device=index.device)):
         h = _mix((h ^ part) + GOLDEN)
     return (((h >> 11) & ((1 << 53) - 1)).double() + 0.5) * 2.0 ** -53

@@ -9,37 +9,51 @@ known before a token is drawn (its slot in the round, its batch row, the
 rounds, pairs of rows), and every split is tested.
 
 Beside it, the decision audit re-derives every recorded accept/reject decision
-from the recorded p, q and draw: a correct engine has no mismatch.
+from the recorded p, q and draw: a correct engine has no mismatch. The draws of
+an audited run, or of one with per-request settings (where seeded and unseeded
+streams mix), are re-derived too, each from its row's own stream at its token: a
+row whose noise was never written, or shared, or shifted by the schedule, fails
+there even where its distribution holds. A run with per-request settings has
+each sequence's tokens scored under every request's settings: tokens another
+request's settings fit far better than the row's own were sampled with them.
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import numpy as np
 import torch
 
-from specviz.decoding.sampling import PIT, sampling_of, uniform
+from specviz.decoding.sampling import ACCEPT, PIT, RESIDUAL, TARGET, Sampler, sampling_of, uniform
 from specviz.forensics import pit
 from specviz.forensics.recompute import fresh_logits
 from specviz.models.pairs import ModelPair
 from specviz.trace import metrics
-from specviz.trace.evidence import Decisions
+from specviz.trace.evidence import Decisions, OtherSettings
 from specviz.trace.findings import Findings
 from specviz.trace.schema import Trace
 
 PIT_SEED = 0x5EC7  # the PIT's own draws: never the engine's (those are seeded by the run)
+ALPHA = 0.001  # the family-wise significance level of the PIT test and of the settings test
 ROUND_SPLITS = 4  # the rounds (or, without rounds, the token indices) cut in this many ranges
 MAX_LISTED = 20
 
 
 def judge(trace: Trace, pair: ModelPair, prompt_ids: list[list[int]], progress=None) -> Findings:
-    """Score every sequence under the target: each sequence's `pit`, the run's `distribution` and, for
-    speculative runs, its `decisions`."""
-    sampling = sampling_of(trace.manifest.spec)
-    sampler = sampling.target
+    """Score every sequence under the target: each sequence's `pit`, the run's `distribution` (with the requests'
+    settings that fit a sequence better than its own) and, for speculative runs, its `decisions`."""
+    spec = trace.manifest.spec
+    sampling = sampling_of(spec)
+    # Per-request settings: every request's, and greedy (an unset temperature read as greedy), are the others.
+    others = list(dict.fromkeys([*(r.target for r in sampling.rows), Sampler()])) if spec.rows else []
+    # Markov: under its own settings, another's likelihood ratio exceeds 1/x with probability at most x.
+    threshold = math.log(max(1, len(trace.sequences) * len(others)) / ALPHA)
+    fits = []
     pits: dict[int, list[float | None]] = {}
     for s in trace.sequences:
         pits[s.seq] = []
+        sampler = sampling.row(s.seq).target
         if s.output_ids:
             logits = fresh_logits(pair.target, prompt_ids[s.seq] + s.output_ids[:-1], len(s.output_ids),
                                   pair.vocab_size)
@@ -47,16 +61,38 @@ def judge(trace: Trace, pair: ModelPair, prompt_ids: list[list[int]], progress=N
                 logits = sampling.penalties.along(logits, prompt_ids[s.seq], s.output_ids[:-1])
             seqs = torch.tensor([s.seq])
             draws = uniform(PIT_SEED, seqs, torch.arange(len(s.output_ids))[None], PIT)[0]
-            u, _ = pit.pit(sampler.probs(logits), torch.tensor(s.output_ids), draws)
+            tokens = torch.tensor(s.output_ids)
+            u, _ = pit.pit(sampler.probs(logits), tokens, draws)
             pits[s.seq] = [None if np.isnan(x) else float(x) for x in u]
+            fits += _better_settings(s.seq, logits, tokens, sampler, others, threshold)
         if progress:
             progress(len(s.output_ids))
     found = Findings({seq: {"pit": values} for seq, values in pits.items()})
     found.run["distribution"] = pit.judge(samples(trace, pits),
-                                          impossible=sum(x is None for values in pits.values() for x in values))
+                                          impossible=sum(x is None for values in pits.values() for x in values),
+                                          alpha=ALPHA)
+    found.run["distribution"].settings = fits
     if trace.rows:
         found.run["decisions"] = decisions(trace)
     return found
+
+
+def _log_likelihood(sampler: Sampler, logits: torch.Tensor, tokens: torch.Tensor) -> float:
+    """log P(tokens) under `sampler`'s distributions (-inf where one is impossible)."""
+    return float(sampler.probs(logits).double().gather(1, tokens[:, None]).log().sum())
+
+
+def _better_settings(seq: int, logits: torch.Tensor, tokens: torch.Tensor, own: Sampler, others: list[Sampler],
+                     threshold: float) -> list[OtherSettings]:
+    """The settings of `others` that fit sequence `seq`'s tokens best, if their likelihood beats its `own`
+    settings' by more than e^threshold (nothing else)."""
+    mine = _log_likelihood(own, logits, tokens)
+    scored = [(_log_likelihood(o, logits, tokens), o) for o in others if o != own]
+    best, settings = max(scored, key=lambda x: x[0], default=(-math.inf, None))
+    if best == -math.inf or best - mine <= threshold:
+        return []
+    return [OtherSettings(seq=seq, temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
+                          log_ratio=None if mine == -math.inf else best - mine)]
 
 
 def samples(trace: Trace, pits: dict[int, list[float | None]]) -> dict[str, np.ndarray]:
@@ -110,4 +146,29 @@ def decisions(trace: Trace) -> Decisions:
     drawn = [r for r in trace.rows if r.accept_draws is not None]
     checked = sum(min(r.accepted + 1, len(r.draft_tokens)) for r in drawn)
     bad = [[r.round, r.row, j] for r in drawn for j in metrics.mismatched(r)]
-    return Decisions(checked=checked, mismatches=len(bad), first=bad[:MAX_LISTED])
+    audit = Decisions(checked=checked, mismatches=len(bad), first=bad[:MAX_LISTED])
+    if trace.manifest.spec.audit or trace.manifest.spec.rows:
+        draws, off = streams(trace)
+        audit.draws, audit.stream_mismatches, audit.stream_first = draws, len(off), off[:MAX_LISTED]
+    return audit
+
+
+def streams(trace: Trace) -> tuple[int, list[list[int]]]:
+    """Every recorded draw against the one its row's own stream gives at its token (a seeded request's seed, else
+    the run's seed and the sequence): each decided draft's at the row's token index plus its slot, the non-draft
+    token's at the index it lands on, for a bonus (every draft accepted) or a residual. Returns the draws checked
+    and [round, seq, token index] of those that differ."""
+    sampling, have = sampling_of(trace.manifest.spec), defaultdict(int)
+    checked, off = 0, []
+    for r in sorted((r for r in trace.rows if r.accept_draws is not None), key=lambda r: r.round):
+        n, at = len(r.draft_tokens), have[r.seq]
+        index = at + torch.tensor([*range(n), r.accepted])
+        purpose = torch.tensor([ACCEPT] * n + [TARGET if r.accepted == n else RESIDUAL])
+        decided = min(r.accepted + 1, n)  # a draft after the first rejected one decides nothing
+        want = sampling.streams([r.seq]).draw(index[None], purpose[None])[0].tolist()
+        got = [*r.accept_draws, r.pick_draw]
+        slots = [*range(decided), n]
+        checked += len(slots)
+        off += [[r.round, r.seq, int(index[j])] for j in slots if got[j] != want[j]]
+        have[r.seq] += len(r.emitted)
+    return checked, off

@@ -146,8 +146,7 @@ class _Search:
 
         def test(subset):
             prompts = keep(subset)
-            return self.forks(spec.model_copy(update={"prompts": tuple(prompts),
-                                                      "batch_size": min(spec.batch_size, len(prompts))}))
+            return self.forks(spec.on_prompts(prompts, batch_size=min(spec.batch_size, len(prompts))))
 
         n = 2
         while others:
@@ -179,12 +178,12 @@ def shrink(spec: RunSpec, seq: int, mark: Mark, pair: ModelPair,
     if not METHODS[spec.method].refills:  # a static batch never sees the others
         batch = next(c for c in chunks(len(spec.prompts), spec.batch_size) if seq in c)
         mates = [spec.prompts[i] for i in batch]
-        alone = spec.model_copy(update={"prompts": tuple(mates), "batch_size": len(mates)})
+        alone = spec.on_prompts(mates, batch_size=len(mates))
         if len(mates) < len(spec.prompts) and search.forks(alone):
             spec = alone
     others = search.ddmin(spec, [p for p in spec.prompts if p != prompt])
-    spec = spec.model_copy(update={"prompts": tuple(p for p in spec.prompts if p == prompt or p in set(others)),
-                                   "batch_size": min(spec.batch_size, len(others) + 1)})
+    spec = spec.on_prompts([p for p in spec.prompts if p == prompt or p in set(others)],
+                           batch_size=min(spec.batch_size, len(others) + 1))
     for k in range(1, spec.k):
         smaller = spec.model_copy(update={"k": k})
         if search.forks(smaller):

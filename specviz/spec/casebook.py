@@ -113,6 +113,19 @@ CASES = (
          "The stop check looked only at the last token of the block a round kept.\n"
          "An end-of-sequence token accepted inside the block was written, and decoding went on.",
          "stop strings: the replica stops on the model's end-of-sequence tokens."),
+    Case("penalty-history-last-token", "penalties weaker the better the draft; loops under a repetition penalty",
+         (Thread("SGLang", 33643), Thread("SGLang", 28180, pr=False), Thread("TensorRT-LLM", 17701)),
+         "The penalty history gained only the last token of each round, and each verify slot used the round's start.\n"
+         "Accepted drafts went unpenalised: the target chose tokens the row already held.",
+         "min_new_tokens and the frequency penalty: the replica applies a repetition penalty of 1.3.",
+         dict(repetition_penalty=1.3)),
+    Case("logprobs-from-draft", "log-probability 0.0 for every accepted token while the text was right",
+         (Thread("llama.cpp", 27972, pr=False), Thread("llama.cpp", 27196), Thread("vLLM", 53488, pr=False),
+          Thread("vLLM", 17876, pr=False)),
+         "An accepted draft's log-probability was the drafter's own, not the target's.\n"
+         "The tokens stay right; only the reported numbers are wrong (0.0 under prompt lookup).",
+         "prompt_logprobs and chunked prefill (vLLM #53488): the replica reports the output's log-probabilities.",
+         dict(logprobs=True)),
     Case("state-not-rolled-back", "a hybrid model's output corrupted after rejected drafts",
          (Thread("mlx-lm", 1109), Thread("mlx-lm", 846, pr=False)),
          "A recurrent state's rollback after rejected drafts was a silent no-op.\n"

@@ -71,15 +71,35 @@ FAULTS = {
     "top-p-not-in-residual": ("sampling", "top-k and top-p truncate p for acceptance but not in the residual"),
     "shared-stream": ("sampling", "every row draws the same random numbers, one stream for the batch (TensorRT-LLM "
                                   "#19487: unseeded requests shared one stream)"),
+    "target-probs-mutated": ("sampling", "the drafts' p is zeroed in place when the residual is built, before the "
+                                         "drafts are decided: every draft is rejected (vllm-ascend PR #2881, vLLM PR "
+                                         "#30846: the target's probabilities altered before they were cloned)"),
+    # Per-request sampling (a run with per-request settings, `rows`): a row sampled with settings or noise that are
+    # not its own.
+    "settings-from-first-row": ("requests", "the verify samples every row with the batch's first row's temperature, "
+                                            "top-k and top-p (sglang-jax PRs #1293 and #1389: request 0's params "
+                                            "broadcast to the batch)"),
+    "unset-temperature-greedy": ("requests", "a request that left its temperature unset is verified greedily, not "
+                                             "at the default 1.0 (TensorRT-LLM PR #19390: the greedy sentinel for "
+                                             "every unset temperature)"),
+    "unseeded-noise-to-copy": ("requests", "in a batch that mixes seeded and unseeded requests, the unseeded rows' "
+                                           "verify noise is written to a copy and never reaches them: they draw 0 "
+                                           "(vLLM #9441 and #11123, PR #10863: advanced indexing wrote a copy)"),
+    # The distribution stays right; only a row's draws, checked against its own stream, show it.
+    "stream-advanced-for-zero-draft": ("streams", "a row offered no drafts, in a round that verifies drafts, still "
+                                                  "advances its random stream: its later draws shift with the "
+                                                  "schedule (vllm-ascend #13608; vLLM #6038, PR #6034)"),
 }
 SAMPLING = tuple(f for f, (kind, _) in FAULTS.items() if kind == "sampling")
 GREEDY_ONLY = tuple(f for f, (kind, _) in FAULTS.items() if kind == "greedy")
+REQUESTS = tuple(f for f, (kind, _) in FAULTS.items() if kind == "requests")
+SAMPLED = tuple(f for f, (kind, _) in FAULTS.items() if kind in ("sampling", "requests", "streams"))  # temperature > 0
 PRESETS = {
     "bsp-like": ("positions-from-slots", "keep-rejected-kv", "right-padding"),
     "dsd-like": ("no-mask", "growing-padding", "draft-bonus"),
 }
 # The verdict (spec/verdicts.py) each fault that breaks equivalence gets: the state it puts out of step, or the
-# decision it gets wrong.
+# decision it gets wrong (a sampled run's faults: where the sampled-run judges can name it).
 VERDICT_OF = {
     "positions-from-slots": "sync-bug:positions",
     "no-mask": "sync-bug:mask",
@@ -96,6 +116,10 @@ VERDICT_OF = {
     "stop-at-last-token": "decision-bug:stop",
     "penalty-history-last-token": "decision-bug:penalty",
     "logprobs-from-draft": "decision-bug:logprobs",
+    "settings-from-first-row": "decision-bug:settings",
+    "unset-temperature-greedy": "decision-bug:settings",
+    "unseeded-noise-to-copy": "decision-bug:stream",
+    "stream-advanced-for-zero-draft": "decision-bug:stream",
 }
 # Faults of a draft model's passes: prompt lookup runs none.
 DRAFT_MODEL_ONLY = ("draft-positions-off-by-one", "draft-misses-target-token")

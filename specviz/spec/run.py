@@ -12,7 +12,7 @@ from typing import Annotated, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from specviz.spec.faults import DRAFT_MODEL_ONLY, GREEDY_ONLY, SAMPLING, expand
+from specviz.spec.faults import DRAFT_MODEL_ONLY, GREEDY_ONLY, REQUESTS, SAMPLED, expand
 from specviz.spec.methods import DRAFTERS, METHODS
 
 ENGINE = "engine"  # the method of an engine check's trace: outputs from outside, judged against the reference
@@ -51,7 +51,9 @@ MAX_REPETITION_PENALTY = 10.0
 MAX_PRESENCE_PENALTY = 2.0  # OpenAI's bound
 PENALTY_FIELDS = ("repetition_penalty", "presence_penalty")
 # Left out of the canonical form at their defaults, so that the keys of runs made before them stay what they were.
-OMITTED_AT_DEFAULT = (*SAMPLING_FIELDS, "drafter", *LOOKUP_FIELDS, *PENALTY_FIELDS, "logprobs")
+OMITTED_AT_DEFAULT = (*SAMPLING_FIELDS, "drafter", *LOOKUP_FIELDS, *PENALTY_FIELDS, "logprobs", "rows")
+TARGET_FIELDS = ("temperature", "top_k", "top_p")  # what a request's own settings (RowSampling) replace
+UNSET_TEMPERATURE = 1.0  # a request that sets no temperature samples at the serving engines' default (vLLM, OpenAI)
 
 
 class SpecError(ValueError):
@@ -88,6 +90,54 @@ class Strict(BaseModel):
             return cls(**fields)
         except ValidationError as e:
             raise SpecError(describe_validation_error(e)) from None
+
+
+class RowSampling(Strict):
+    """One request's own sampling settings, as a serving engine takes them per request: its temperature (0:
+    greedy; None: unset, the engines' default 1.0), top-k (0: off), top-p (1: off) and seed (None: unseeded, it
+    draws from the run's stream for its sequence; set: from its own seed's stream, whatever its sequence)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE)
+    top_k: int = Field(0, ge=0, le=2**20)
+    top_p: float = Field(1.0, gt=0, le=1)
+    seed: int | None = Field(None, ge=0, le=2**31 - 1)
+
+    @model_validator(mode="after")
+    def _greedy(self) -> RowSampling:
+        if self.temperature == 0 and (self.top_k or self.top_p < 1):
+            raise ValueError("a greedy request (temperature 0) takes no top-k or top-p")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def target(self) -> tuple[float, int, float]:
+        """The temperature (an unset one the default), top-k and top-p the target samples this request with."""
+        return UNSET_TEMPERATURE if self.temperature is None else self.temperature, self.top_k, self.top_p
+
+
+def row_fields(text: str) -> dict[str, str]:
+    """One request's settings as typed: comma-separated key=value pairs of RowSampling's fields (RowSampling
+    validates the values)."""
+    pairs = [x.strip().partition("=") for x in text.split(",") if x.strip()]
+    bad = [k for k, eq, _ in pairs if not eq or k.strip() not in RowSampling.model_fields]
+    if bad or not pairs:
+        raise SpecError(f"a request's settings are key=value pairs of {', '.join(RowSampling.model_fields)}; got "
+                        f"{_cut(text, 80)!r}")
+    return {k.strip(): v.strip() for k, _, v in pairs}
+
+
+def rows_from_text(text: str) -> tuple[dict[str, str], ...]:
+    """Per-request settings typed one request a line (blank lines skipped)."""
+    return tuple(row_fields(line) for line in (text or "").splitlines() if line.strip())
+
+
+def rows_as_text(rows: tuple[RowSampling, ...]) -> str:
+    """What rows_from_text reads back: each request's fields that are set, one request a line."""
+    return "\n".join(",".join(f"{k}={v}" for k, v in r.model_dump(exclude_none=True).items()) for r in rows)
 
 
 class RunSpec(Strict):
@@ -127,6 +177,9 @@ class RunSpec(Strict):
     repetition_penalty: float = Field(1.0, ge=1, le=MAX_REPETITION_PENALTY)
     presence_penalty: float = Field(0.0, ge=0, le=MAX_PRESENCE_PENALTY)
     logprobs: bool = False  # record each emitted token's log-probability under the target, and judge them
+    # Each request's own settings, replacing the three above: prompt i gets rows[i % len(rows)]. Empty: every
+    # request samples with the run's.
+    rows: tuple[RowSampling, ...] = Field((), max_length=MAX_PROMPTS, fail_fast=True)
 
     @field_validator("target", "draft")
     @classmethod
@@ -165,7 +218,7 @@ class RunSpec(Strict):
             raise ValueError(f"{self.method} runs at batch size {m.max_batch_size} at most")
         if self.drafter not in m.drafters and self.drafter != "model":
             raise ValueError(f"{self.method} drafts nothing: the {self.drafter} drafter needs a speculative method")
-        if self.temperature > 0 and not m.samples:
+        if not self.greedy and not m.samples:
             raise ValueError(f"{self.method} runs greedy only here; sample with "
                              + " or ".join(n for n, x in METHODS.items() if x.samples and x.speculative))
         return self
@@ -184,15 +237,29 @@ class RunSpec(Strict):
         return self
 
     @model_validator(mode="after")
+    def _rows(self) -> RunSpec:
+        if not self.rows:
+            if found := [f for f in expand(self.faults) if f in REQUESTS]:
+                raise ValueError(f"{', '.join(found)} need per-request sampling settings (rows)")
+            return self
+        if self.method == ENGINE:
+            raise ValueError("an engine check sends every request the run's settings: per-request rows are for "
+                             "specviz's own methods")
+        if any(getattr(self, f) != RunSpec.model_fields[f].default for f in TARGET_FIELDS):
+            raise ValueError("per-request settings (rows) replace the run's temperature, top-k and top-p: leave "
+                             "those at their defaults")
+        return self
+
+    @model_validator(mode="after")
     def _sampling(self) -> RunSpec:
-        if self.temperature > 0:  # (the audit compares each row's state with a fresh pass, at any temperature)
+        if not self.greedy:  # (the audit compares each row's state with a fresh pass, at any temperature)
             if found := set(GREEDY_ONLY) & set(expand(self.faults)):
                 raise ValueError(f"{', '.join(sorted(found))} breaks greedy acceptance: it needs temperature 0")
             return self
         if any(getattr(self, f) != RunSpec.model_fields[f].default for f in SAMPLING_FIELDS):
             raise ValueError("top-k, top-p and the draft's sampling settings need a temperature above 0")
-        if set(SAMPLING) & set(self.faults):
-            raise ValueError("sampling faults need a temperature above 0")
+        if set(SAMPLED) & set(expand(self.faults)):
+            raise ValueError("sampling faults need a temperature above 0" + (" in some request" if self.rows else ""))
         return self
 
     @model_validator(mode="after")
@@ -218,13 +285,15 @@ class RunSpec(Strict):
 
     @property
     def greedy(self) -> bool:
-        """Temperature 0: the target's argmax at every token (decoding/sampling.py builds the samplers)."""
-        return self.temperature == 0
+        """Temperature 0, for the run or every request: the target's argmax at every token (decoding/sampling.py
+        builds the samplers)."""
+        return all(r.greedy for r in self.rows) if self.rows else self.temperature == 0
 
-    def draft_sampling(self) -> tuple[float, int, float]:
-        """The draft's temperature, top-k and top-p: its own where set, else the target's."""
+    def draft_sampling(self, row: RowSampling | None = None) -> tuple[float, int, float]:
+        """The draft's temperature, top-k and top-p: its own where set, else the target's (`row`'s, where given)."""
+        target = row.target() if row else (self.temperature, self.top_k, self.top_p)
         return tuple(t if d is None else d for t, d in zip(
-            (self.temperature, self.top_k, self.top_p), (self.draft_temperature, self.draft_top_k, self.draft_top_p)))
+            target, (self.draft_temperature, self.draft_top_k, self.draft_top_p)))
 
     @model_validator(mode="after")
     def _window(self) -> RunSpec:
@@ -241,11 +310,18 @@ class RunSpec(Strict):
                                  "itself)")
         return self
 
+    def on_prompts(self, prompts, **update) -> RunSpec:
+        """This run (unvalidated, with `update`) on some of its own prompts, in their order: each keeps its own
+        request's settings."""
+        rows = tuple(self.rows[self.prompts.index(p) % len(self.rows)] for p in prompts) if self.rows else ()
+        return self.model_copy(update={"prompts": tuple(prompts), "rows": rows, **update})
+
     def canonical_json(self) -> str:
         """Stable text form: sorted keys, no whitespace; the basis of hashing and links."""
         fields = self.model_dump(mode="json")
         for f in OMITTED_AT_DEFAULT:
-            if fields[f] == RunSpec.model_fields[f].default:
+            default = RunSpec.model_fields[f].default
+            if fields[f] == (list(default) if isinstance(default, tuple) else default):  # a tuple dumps as a list
                 del fields[f]
         return json.dumps(fields, sort_keys=True, separators=(",", ":"))
 

@@ -6,9 +6,10 @@ sweep and the glossary ask here what each means. Plain data: specs, traces and v
 A name says what went wrong in the user's words: `sync-bug:<state>` when a state fell out of step with the row's
 tokens (positions, mask, KV cache, a hybrid's recurrent state, rows mixed up, or the kept token not the one the
 target's pass chose: `bonus`), `decision-bug:<decision>` when the state was right and a decision made from it was
-wrong (which drafts to accept, when to stop, the penalty applied, the log-probability reported), `draft-bug:<side>`
-when the drafts were not the drafter's own (the output unharmed, the drafts wasted), `kernel-bug` when both were
-right and the computation was not; `numerics` and `unexplained` are not bugs."""
+wrong (which drafts to accept, when to stop, the penalty applied, the log-probability reported; a sampled row's
+settings or random stream), `draft-bug:<side>` when the drafts were not the drafter's own (the output unharmed,
+the drafts wasted), `kernel-bug` when both were right and the computation was not; `numerics` and `unexplained`
+are not bugs."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -60,6 +61,17 @@ VERDICTS = {v.name: v for v in (
             "target's (an accepted draft's taken from the drafter)", "each recorded log-probability against a fresh "
             "float64 recomputation of the target at batch size 1, penalised and tempered as the run was, beyond "
             "what rounding moves it"),
+    # A sampled run's, with per-request settings or audited (forensics/distribution.py).
+    Verdict("decision-bug:settings", "a row was sampled with settings not its own: another request's temperature, "
+            "top-k or top-p, or greedily where its temperature was unset",
+            "each sequence's tokens scored under the target at batch size 1, with its own settings and with every "
+            "other request's (and greedy): another's fits them a likelihood ratio beyond chance (Markov's bound, "
+            "Bonferroni over sequences and settings)"),
+    Verdict("decision-bug:stream", "a row drew random numbers that are not its own stream's: noise never written, "
+            "shared with other rows, or shifted by draws the schedule consumed; its tokens then depend on its batch",
+            "every recorded draw of a sampled run, audited or with per-request settings, re-derived from the row's "
+            "own stream (its seed, or the "
+            "run's seed and its sequence) at its token"),
     # The acceptance judge's (forensics/acceptance.py): lossless, the output right and the drafts wasted.
     Verdict("draft-bug:first-token", "the drafter drafted without the token the target wrote last round: its "
             "first draft repeats that token", "each round's drafts against a fresh pass of the draft model on the "

@@ -198,6 +198,16 @@ class Split(Strict):
     counts: Many[int]  # values per equal bin on [0, 1]; len(counts) bins (see pit.bins())
 
 
+class OtherSettings(Strict):
+    """A sequence whose tokens settings not its own fit far better than its own (runs with per-request settings)."""
+
+    seq: int
+    temperature: float  # the settings that fit (temperature 0: greedy)
+    top_k: int
+    top_p: float
+    log_ratio: float | None  # log of their likelihood over its own settings'; None: its own make a token impossible
+
+
 class Distribution(Strict):
     """The verdict on a sampler: do its tokens come from the target's distribution?"""
 
@@ -210,6 +220,8 @@ class Distribution(Strict):
     impossible: int  # emitted tokens the target gives probability 0; any one of them rejects
     splits: Many[Split]  # the tested splits, the pooled one first, in the caller's order
     skipped: Many[str]  # splits with fewer than min_count values: not tested
+    # Runs with per-request settings: the sequences another request's settings (or greedy) fit beyond chance.
+    settings: Many[OtherSettings] = []
 
 
 class Decisions(Strict):
@@ -218,6 +230,11 @@ class Decisions(Strict):
     checked: int
     mismatches: int
     first: Many[Many[int]] = []  # [round, row, slot] of the first mismatches (at most 20)
+    # Audited runs and runs with per-request settings: every recorded draw re-derived from its row's own stream
+    # (None: not checked).
+    draws: int | None = None
+    stream_mismatches: int = 0
+    stream_first: Many[Many[int]] = []  # [round, seq, token index] of the first draws not the row's stream's
 
 
 class Acceptance(Strict):

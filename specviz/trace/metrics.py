@@ -152,8 +152,9 @@ def engine_summary(trace: Trace) -> list[dict]:
 
 
 def sampled(trace: Trace) -> bool:
-    """A run that samples (temperature > 0): no token-by-token reference; judged by its distribution instead."""
-    return trace.manifest.spec.temperature > 0
+    """A run that samples (temperature > 0, in some request): no token-by-token reference; judged by its
+    distribution instead."""
+    return not trace.manifest.spec.greedy
 
 
 def mismatched(r) -> list[int]:
@@ -218,6 +219,23 @@ def sampled_verdict(trace: Trace) -> tuple[str, str] | None:
             f"The sampler does not follow its own record: {decided}; the first at (round, row, slot) "
             f"{trace.decisions.first[0]}. " + (f"Every audited row's state held, and {tokens}." if audited else
                                                f"The rows' states were not audited; {tokens}."))
+    if d.settings:
+        f = d.settings[0]
+        fit = "greedy decoding" if f.temperature == 0 else (f"temperature {f.temperature:g}, top-k {f.top_k}, "
+                                                            f"top-p {f.top_p:g}")
+        ratio = ("its own settings make one of its tokens impossible" if f.log_ratio is None else
+                 f"e^{f.log_ratio:.0f} times likelier than under its own")
+        return "decision-bug:settings", (
+            f"{len(d.settings)} of {len(trace.sequences)} sequences were sampled with another request's settings: "
+            f"the first, sequence {f.seq}, fits {fit} ({ratio}, beyond what chance gives any of the settings). "
+            f"Besides, {tokens}; {decided}.")
+    if trace.decisions and trace.decisions.stream_mismatches:
+        first = trace.decisions.stream_first[0]
+        return "decision-bug:stream", (
+            f"{trace.decisions.stream_mismatches} of {trace.decisions.draws} recorded draws are not their row's own "
+            f"stream's (its request's seed, or the run's seed and its sequence, at its token); the first at (round, "
+            f"seq, token) {first}. Such a row's tokens depend on its batch and schedule, whatever its distribution. "
+            f"Besides, {tokens}; {decided}.")
     if not rejected:
         return d.verdict, (f"No fault found: {tokens}; {decided}" + (
             f"; all {audited} audited row states held." if audited else "; the rows' states were not audited."))
