@@ -23,8 +23,12 @@ def _shown(case, trace: Trace) -> tuple[str, str]:
         a = trace.acceptance
         return a.verdict, f"{a.accepted} of {a.accepted_fresh} drafts accepted (lossless)"
     sampled = metrics.sampled_verdict(trace)
-    if sampled:
-        return sampled[0], f"the distribution test: {trace.distribution.verdict} (p = {trace.distribution.p:.2g})"
+    if sampled:  # no token reference: the first evidence of the decision, beside the distribution test
+        d, decided = trace.distribution, trace.decisions
+        first = (f"sequence {d.settings[0].seq} fits another request's settings; " if d.settings else
+                 f"round {decided.stream_first[0][0]}: a draw not its row's stream's; " if decided and
+                 decided.stream_first else "")
+        return sampled[0], f"{first}distribution {d.verdict} (p = {d.p:.2g})"
     forked = sorted((s for s in trace.sequences if s.forensics), key=lambda s: (s.forensics.round or 0, s.seq))
     if not forked:
         return "-", "no fork"

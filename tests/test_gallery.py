@@ -15,7 +15,7 @@ from specviz.app.views import md
 from specviz.run.settings import Settings
 from specviz.spec.casebook import CASES
 from specviz.spec.run import RunSpec, SpecError
-from specviz.trace import share
+from specviz.trace import metrics, share
 from specviz.trace.migrations import SCHEMA_VERSION
 from specviz.trace.sweep import Sweep
 
@@ -40,8 +40,8 @@ def test_every_case_has_its_bundled_run_of_its_spec_with_the_verdict_its_mechani
     trace = serving.bundled_case(case.fault)
     assert trace.manifest.spec.key() == RunSpec.build(**case.spec_fields()).key(), "the case changed: `make traces`"
     assert serving.bundled_for(trace.manifest.spec) is trace  # its spec opens without decoding
-    if case.expected is None:  # a sampling fault: the distribution test judges the run
-        assert trace.distribution.verdict != "consistent"
+    if not trace.manifest.spec.greedy:  # sampled: the run's verdict, from its audit and distribution test
+        assert metrics.sampled_verdict(trace)[0] == case.expected
     elif case.lossless:  # the output stays right; the drafts show the shortfall
         assert all(s.equivalent for s in trace.sequences)
         assert trace.acceptance.verdict == case.expected
@@ -94,8 +94,8 @@ def test_the_sweep_tab_runs_the_whole_casebook_as_one_sweep_and_its_link_replays
     assert [r.faults for r in found.rows] == [c.fault for c in CASES]
     assert [s.key() for s in found.sweep.specs()] == [RunSpec.build(**c.spec_fields()).key() for c in CASES]
     for case, row in zip(CASES, found.rows):
-        if case.expected is None:
-            assert row.distribution.verdict != "consistent", case.fault
+        if row.sampled_verdict is not None:  # sampled: the run's verdict
+            assert row.sampled_verdict == case.expected, case.fault
         elif not case.lossless:
             assert case.expected in row.verdicts, (case.fault, row.verdicts)
     views = dict(zip(sweeptab.SWEEP_VIEW_NAMES, sweeptab.render_sweep(Settings(), found, 2)))

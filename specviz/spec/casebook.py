@@ -55,6 +55,8 @@ class Case:
     mechanism: str  # two lines: what fell out of step, and how
     leaves_out: str  # what the replica does not replay
     run: dict = field(default_factory=dict)  # RunSpec fields beyond BASE_RUN and the fault
+    # The verdict where the fault's catalogue entry does not fix it: a sampled run's, which the audit decides.
+    verdict: str | None = None
 
     @property
     def trace(self) -> str:
@@ -64,8 +66,8 @@ class Case:
     @property
     def expected(self) -> str | None:
         """The verdict its mechanism gets: a breaking case's fork, a lossless case's drafts; None where the
-        distribution test judges the run (a sampling fault: trace/evidence.py's Distribution)."""
-        return VERDICT_OF.get(self.fault) or ACCEPTANCE_OF.get(self.fault)
+        distribution test alone judges the run (a sampling fault unaudited: trace/evidence.py's Distribution)."""
+        return self.verdict or VERDICT_OF.get(self.fault) or ACCEPTANCE_OF.get(self.fault)
 
     @property
     def lossless(self) -> bool:
@@ -77,6 +79,14 @@ class Case:
 
 
 _SELF_DRAFT = dict(target=EMBEDDED_TARGET, draft=EMBEDDED_TARGET)  # a correct drafter's every draft is accepted
+# Requests of their own in one batch: greedy, sampled at 0.8 (top-p 0.95), and a seeded top-k request that leaves
+# its temperature unset (the engines' default 1.0); on prompts that ask for long answers (the settings test needs
+# tokens: a confident model's sampled tokens are often its argmax, and the short answers of PROMPTS did not tell
+# greedy from sampled beyond chance).
+_REQUESTS = dict(rows=({"temperature": 0}, {"temperature": 0.8, "top_p": 0.95}, {"top_k": 20, "seed": 7}),
+                 prompts=("Write a short story about a lighthouse keeper.", "Describe your favourite city in detail.",
+                          "Explain how a bicycle works.", "Tell me about the history of tea."),
+                 max_new_tokens=48)
 _HYBRID = dict(target="specviz:tiny-hybrid", draft="specviz:tiny-hybrid-draft")
 
 CASES = (
@@ -153,13 +163,44 @@ CASES = (
          "Each row verified the drafts proposed for another row.\n"
          "The row-to-draft mapping went stale when the batch was reordered.",
          "ragged draft widths packed as rectangles (−1 placeholders): the rows are simply rotated.", _SELF_DRAFT),
+    Case("settings-from-first-row", "rows sampled with another request's temperature, top-k and top-p",
+         (Thread("sglang-jax", 1293), Thread("sglang-jax", 1389)),
+         "The fused verify read the first row's temperature, top-k and top-p and gave them to every row.\n"
+         "A greedy first request made every sampled request greedy.",
+         "the overlap scheduler that made the path reachable: every verify here reads the first row's settings.",
+         _REQUESTS),
+    Case("unset-temperature-greedy", "top-k-only requests silently became greedy",
+         (Thread("TensorRT-LLM", 19390),),
+         "A request that left its temperature unset got the greedy sentinel, whatever else it asked.\n"
+         "Its top-k (and seed) then changed nothing: it wrote the argmax.",
+         "the one-model path's 1e-5 sentinel: here the verify reads an unset temperature as 0.", _REQUESTS),
+    Case("unseeded-noise-to-copy", "gibberish (\"I!!!!!!!! will\") in some requests of a mixed batch",
+         (Thread("vLLM", 9441, pr=False), Thread("vLLM", 11123, pr=False), Thread("vLLM", 10863)),
+         "With seeded and unseeded requests in one batch, the unseeded rows' noise went to a copy.\n"
+         "Their rows kept a buffer never written: only they broke, and only when the batch was mixed.",
+         "the buffer's garbage: the replica reads it as zeros, so those rows draw the lowest tokens.", _REQUESTS),
+    Case("stream-advanced-for-zero-draft", "seeded output not reproducible, dependent on the batch",
+         (Thread("vllm-ascend", 13608, pr=False), Thread("vLLM", 6038, pr=False), Thread("vLLM", 6034)),
+         "A row offered no drafts still advanced its random generator in a round that verified others'.\n"
+         "Its later draws shifted with the schedule; its distribution stayed right.",
+         "the vocabulary's worth of draws vllm-ascend consumed: the replica skips one.",
+         dict(drafter="lookup", chat_template=False, rows=_REQUESTS["rows"][1:],
+              prompts=("one two one two one two one two one two", *PROMPTS[1:]))),
+    Case("target-probs-mutated", "wrong recovered tokens and wrong log-probabilities after a rejection",
+         (Thread("vllm-ascend", 2881), Thread("vLLM", 30846)),
+         "The target's probability of the draft token was zeroed in place before it was copied.\n"
+         "Every later decision read the altered distribution: every draft was rejected.",
+         "the raw-logprobs mode of vLLM PR #30846: the replica alters p, not the logits returned.",
+         # At 0.3 the draft token holds much of p, and zeroing it shows in 32 tokens of the tiny pair as well.
+         dict(temperature=0.3, audit=4), verdict="sampler-bug:rule"),
     Case("shared-stream", "identical or degenerate samples across requests",
          (Thread("TensorRT-LLM", 19487, pr=False), Thread("TensorRT-LLM", 17599)),
          "Every row drew the same random numbers: one stream for the whole batch.\n"
          "Identical prompts gave identical samples; rows' draws were not independent.",
          "the engine-wide seed's step counter: the streams are shared, not shifted.",
          # One prompt in every row: rows sharing a stream then draw the same tokens, which the distribution
-         # test's row pairs show (on four different prompts it found them consistent).
-         dict(temperature=0.8, prompts=(PROMPTS[0],) * len(PROMPTS))),
+         # test's row pairs show (on four different prompts it found them consistent); audited, each draw is
+         # re-derived from its row's own stream, which names it.
+         dict(temperature=0.8, prompts=(PROMPTS[0],) * len(PROMPTS), audit=4), verdict="decision-bug:stream"),
 )
 BY_FAULT = {c.fault: c for c in CASES}
