@@ -35,7 +35,8 @@ def replica(case: Case) -> str:
     pair = (f"the {preset} pair" if preset else f"{s.target} as its own draft" if s.target == s.draft
             else f"{s.target} / {s.draft}")
     return ", ".join([pair, *(["drafts by prompt lookup"] if s.drafter == "lookup" else []),
-                      f"temperature {s.temperature:g}" if s.temperature else "greedy"])
+                      "greedy" if s.greedy else f"temperature {s.temperature:g}" if s.temperature else
+                      "each request its own sampling settings"])
 
 
 def expected(case: Case) -> tuple[str, str]:
