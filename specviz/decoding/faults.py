@@ -80,12 +80,12 @@ class Policy:
         slot = (have == 0).long().view(-1, 1, 1).expand(-1, 1, logits.shape[-1])
         return logits.gather(1, slot)
 
-    def greedy_accept(self, drafts: torch.Tensor, target: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
-                      u: torch.Tensor) -> torch.Tensor:
+    def greedy_accept(self, drafts: torch.Tensor, target: torch.Tensor, raw) -> torch.Tensor:
         """(B, k) which greedy drafts pass: those the target's pass chose too. The fault accepts each with
-        probability min(1, p/q) of the untempered softmaxes (`p`, `q` at each draft; `u` a draw per slot)."""
+        probability min(1, p/q) of the untempered softmaxes: `raw()` gives p and q at each draft and a draw per
+        slot (computed only for it: a softmax over the vocabulary every round)."""
         if self.has("accept-on-raw-softmax"):
-            return self.accept(p, q, u)
+            return self.accept(*raw())
         return drafts == target
 
     def rollback_lost(self, accepted: torch.Tensor, offered: torch.Tensor, k: int) -> torch.Tensor:

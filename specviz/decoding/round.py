@@ -287,9 +287,11 @@ def accept(d: Decoding, v: Verified, prop, have: torch.Tensor, stream: Streams, 
     room = torch.minimum((d.max_new_tokens - 1 - have).clamp(min=0, max=k), prop.counts)
     drawn = {}
     if d.sampling.greedy:
-        p = v.logits[:, :k].softmax(-1).gather(2, D[:, :k, None])[..., 0].double()
-        u = stream.draw(have[:, None] + torch.arange(k, device=D.device), ACCEPT)
-        passed = d.policy.greedy_accept(D[:, :k], g[:, :k], p, prop.confidence[:, :k].double(), u)
+        def raw() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # only a fault's rule reads them
+            return (v.logits[:, :k].softmax(-1).gather(2, D[:, :k, None])[..., 0].double(),
+                    prop.confidence[:, :k].double(), stream.draw(have[:, None] + torch.arange(k, device=D.device), ACCEPT))
+
+        passed = d.policy.greedy_accept(D[:, :k], g[:, :k], raw)
         a = torch.minimum(passed.long().cumprod(1).sum(1), room)
         own = g.gather(1, a[:, None])[:, 0]
     else:
