@@ -59,10 +59,12 @@ def _cell(run: int, row: RunRow, metric: str, selected: int | None) -> str:
         verdicts = ", ".join(f"{v} {c}" for v, c in row.verdicts.items())
         tip = f"{row.name()} · {value:.1f}% of {row.n} sequences" + (f" · {verdicts}" if verdicts else "")
         text, colour = _percent(value), f"hsl({1.2 * value:.0f},65%,72%)"  # red (0%) to green (100%), as the grid
-        if row.drafts_verdict:  # the output may be right: its drafts were not the drafter's own (⚠, by the CSS)
+        if row.drafts_verdict:  # its drafts were not the drafter's own
             accepted, fresh = row.drafts_accepted
-            tip += f" · drafts: {row.drafts_verdict}, {accepted} accepted of the {fresh} its own drafts would have had"
-            cls += " sv-wasted"
+            tip += (f" · drafts: {row.drafts_verdict}, {accepted} accepted; the drafter's own would have had "
+                    f"{fresh}")
+            if not row.verdicts:  # the output is right and only the drafts went wrong: ⚠, by the CSS
+                cls += " sv-wasted"
     return (f'<td class="{cls}" data-run="{run}" style="background-color:{colour}" '
             f'title="{html.escape(tip)}">{text}</td>')
 
