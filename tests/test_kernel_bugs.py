@@ -3,7 +3,7 @@
 Each bug (tests/kernel_bugs.py) is planted in the target's attention, only where a pass has several queries over
 a non-empty cache: ids, positions, masks and caches stay right. The rounding yardstick is measured on fresh
 passes without a cache, which never run it, so it cannot move; every fork it causes is a kernel bug (or a sync
-bug, or unexplained), never numerics, on both pairs, in float32 and bfloat16.
+bug, or unexplained), never numerics: on the tiny pair in float32 and bfloat16, on the embedded pair in bfloat16.
 """
 import pytest
 from kernel_bugs import BUGS, planted
@@ -23,7 +23,8 @@ def _spec(pair: str, dtype: str) -> RunSpec:
                          max_new_tokens=budget)
 
 
-CASES = [(pair, dtype) for pair in PAIRS for dtype in ("float32", "bfloat16")]
+# The embedded pair in bfloat16 only: its float32 forks are the tiny pair's mechanism at ten times the cost.
+CASES = [("tiny", "float32"), ("tiny", "bfloat16"), ("embedded", "bfloat16")]
 
 
 @pytest.fixture(scope="module")

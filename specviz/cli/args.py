@@ -50,6 +50,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-chat-template", action="store_true", help="feed prompts raw, without the chat template")
     g = p.add_argument_group("decoding")
     g.add_argument("--max-new-tokens", type=int, default=48)
+    g.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="a stop string: an output ends at the token whose text completes it, that token kept, as "
+                        "at an end-of-sequence token (repeat it for more; check: the engine's own stop strings)")
     g.add_argument("--dtype", choices=DTYPES, default="float32")
     g.add_argument("--device", choices=DEVICES, default="auto")
     g.add_argument("--seed", type=int, default=0, help="sampled runs: every sequence's random stream derives from it")
@@ -138,7 +141,7 @@ def spec_of(args, **overrides) -> RunSpec:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, draft_temperature=args.draft_temperature,
         draft_top_k=args.draft_top_k, draft_top_p=args.draft_top_p, drafter=args.drafter[0],
         repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty, logprobs=args.logprobs,
-        rows=tuple(args.row),
+        rows=tuple(args.row), stop=tuple(args.stop),
     )
     fields.update(overrides)
     ngrams = {f: getattr(args, f) for f in LOOKUP_FIELDS if getattr(args, f) is not None}

@@ -209,6 +209,9 @@ def cmd_check(args) -> int:
     pair = pair_for(spec, args.trust_remote_code, placement_of(args))
     if args.determinism and not args.server:
         raise SpecError("--determinism asks a server again: give the engine as --server URL")
+    if args.stop and (args.server or args.control_server):
+        raise SpecError("stop strings are not sent to servers (how each engine's token ids end at one is not "
+                        "checked yet): check a file of the server's outputs made with them, --outputs FILE --stop")
     with _bars(lambda phase: None) as progress:  # the budget of an outputs file is its longest output
         judging = check.Judging(args.decode_reference, progress, args.checkpoint)
         if args.outputs:

@@ -18,6 +18,7 @@ from specviz.decoding.batch import forward, left_pad
 from specviz.decoding.penalties import history, logprobs
 from specviz.decoding.result import DecodeResult, Progress, SequenceOutput, top2_margin
 from specviz.decoding.sampling import GREEDY, TARGET, Sampling, inverse_cdf
+from specviz.decoding.stops import Stops
 from specviz.models.pairs import ModelPair
 
 
@@ -45,11 +46,12 @@ def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int, pr
     may be padded beyond it). tests/test_reference.py checks this loop against `generate` for a model without such defaults.
     """
     outputs, start = [], time.perf_counter()
+    stops = Stops.of(pair, sampling.stop)
     for seq, ids in enumerate(prompts):
         out = SequenceOutput([]) if known is None else known[seq]
         given = len(out.ids)
         cache, x = kvcache.new(pair.target), torch.tensor([ids + out.ids], device=pair.device)
-        while len(out.ids) < max_new_tokens and (not out.ids or out.ids[-1] not in pair.eos_ids):
+        while len(out.ids) < max_new_tokens and not stops.ended(out.ids):
             at = kvcache.length(cache)  # positions given: some models' own default ignores the cache (Bamba's)
             logits = pair.target(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1,
                                  position_ids=torch.arange(at, at + x.shape[1], device=pair.device)[None]).logits[0, -1]
@@ -123,7 +125,7 @@ def batched_reference(pair: ModelPair, prompts: list[list[int]], batch_size: int
     it: a row that finishes leaves at once, and the next prompts take the free places, prefilled together in a
     pass of their own and then stacked under the batch (their layouts left-padded to the wider one)."""
     outputs, start = [SequenceOutput([]) for _ in prompts], time.perf_counter()
-    eos = torch.tensor(pair.eos_ids, device=pair.device)
+    stops = Stops.of(pair, sampling.stop)
     waiting, batch = deque(range(len(prompts))), None
 
     def step(rows: _Rows) -> None:
@@ -150,8 +152,8 @@ def batched_reference(pair: ModelPair, prompts: list[list[int]], batch_size: int
             progress(len(rows.seqs))
         rows.tokens = torch.cat([rows.tokens, nxt[:, None]], dim=1)
         rows.valid = torch.cat([rows.valid, torch.ones_like(rows.valid[:, :1])], dim=1)
-        done = torch.isin(nxt, eos) | torch.tensor([len(outputs[i].ids) >= max_new_tokens for i in rows.seqs],
-                                                   device=pair.device)
+        done = torch.tensor([len(outputs[i].ids) >= max_new_tokens or stops.ended(outputs[i].ids) for i in rows.seqs],
+                            device=pair.device)
         if done.any():
             rows.keep((~done).nonzero().flatten())
 

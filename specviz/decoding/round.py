@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -36,6 +37,7 @@ from specviz.decoding.faults import Policy
 from specviz.decoding.penalties import history, logprobs
 from specviz.decoding.result import SequenceOutput
 from specviz.decoding.sampling import ACCEPT, GREEDY, RESIDUAL, TARGET, Samplers, Sampling, Streams, inverse_cdf
+from specviz.decoding.stops import Stops
 from specviz.models.pairs import ModelPair
 
 TOP = 8  # target logits kept per verified slot (for forensics, not saved in the trace)
@@ -167,6 +169,10 @@ class Decoding:
     #                                                           penalty history keeps only these)
     skipped: dict[int, int] = field(default_factory=dict)
 
+    @cached_property
+    def stops(self) -> Stops:
+        return Stops.of(self.pair, self.sampling.stop)
+
 
 @dataclass
 class Verified:
@@ -189,7 +195,7 @@ class Accepted:
     own: torch.Tensor  # (B,) the target's token after them (the correction, or the bonus)
     pick: torch.Tensor  # (B, 1) the token the row takes there (a fault may take the draft's)
     emitted: torch.Tensor  # (B, k+1) the drafts kept, then the picked token, then filler
-    n_keep: torch.Tensor  # (B,) new tokens, up to the first EOS and within the budget
+    n_keep: torch.Tensor  # (B,) new tokens, up to the first stop and within the budget
     finished: torch.Tensor
     drawn: dict  # sampled rounds: every draw, for the trace
 
@@ -219,7 +225,7 @@ def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clo
     t_draft = clock.lap()
     v = verify(d, b, prop.tokens[:, :k], have)
     t_verify = clock.lap()
-    acc = accept(d, v, prop, have, stream, b.seqs)
+    acc = accept(d, v, prop, have, stream, b.seqs, [gen[i].ids for i in b.seqs])
     lps = d.policy.logprobs(logprobs(v.logits, acc.emitted, d.sampling.target.temperature), prop.confidence[:, :k],
                             acc.accepted)
     states = (*_roll_back(d.policy, b.tcache, b.t_state, acc.accepted),
@@ -278,10 +284,11 @@ def _roll_back(policy: Policy, cache, held: torch.Tensor, accepted: torch.Tensor
     return torch.where(own, held + index + 1, -1), held + (held >= 0)
 
 
-def accept(d: Decoding, v: Verified, prop, have: torch.Tensor, stream: Streams, seqs: list[int]) -> Accepted:
+def accept(d: Decoding, v: Verified, prop, have: torch.Tensor, stream: Streams, seqs: list[int],
+           said: list[list[int]]) -> Accepted:
     """Drafts up to the first disagreement (or rejection), then the target's token there, for the rows of
-    sequences `seqs`. A row never accepts past its own budget or the drafts it was offered (its `room`), whatever
-    the batch drafted: its tokens and draws are then the same in any batch."""
+    sequences `seqs` (`said`: each one's output so far). A row never accepts past its own budget or the drafts it
+    was offered (its `room`), whatever the batch drafted: its tokens and draws are then the same in any batch."""
     k = v.logits.shape[1] - 1
     D, g = prop.tokens, v.argmax
     room = torch.minimum((d.max_new_tokens - 1 - have).clamp(min=0, max=k), prop.counts)
@@ -304,7 +311,22 @@ def accept(d: Decoding, v: Verified, prop, have: torch.Tensor, stream: Streams, 
     first_eos = torch.where(is_eos.any(1), is_eos.long().argmax(1), k + 1)
     n_keep = torch.minimum(torch.minimum(a + 1, first_eos + 1), d.max_new_tokens - have)
     finished = (first_eos < n_keep) | (have + n_keep >= d.max_new_tokens)
+    if d.stops.strings:
+        n_keep, finished = _stop_strings(d, emitted, n_keep, finished, said)
     return Accepted(room, a, own, pick, emitted, n_keep, finished, drawn)
+
+
+def _stop_strings(d: Decoding, emitted: torch.Tensor, n_keep: torch.Tensor, finished: torch.Tensor,
+                  said: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A row whose kept tokens complete a stop string ends: at the token that completes it, or, where the
+    policy looks for stops only at a block's end, after the whole block."""
+    keep, done = n_keep.tolist(), finished.tolist()
+    for r, (old, row) in enumerate(zip(said, emitted.tolist())):
+        end = d.stops.text_end(old + row[: keep[r]], len(old))
+        if end is not None:
+            keep[r] = keep[r] if d.policy.has("stop-at-last-token") else end - len(old)
+            done[r] = True
+    return torch.tensor(keep, device=n_keep.device), torch.tensor(done, device=finished.device)
 
 
 def slots_after(policy: Policy, b: Batch, acc: Accepted, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

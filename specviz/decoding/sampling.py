@@ -139,7 +139,7 @@ class Streams:
 class Sampling:
     """How a run samples: the target's settings, the draft's, and the seed of every row's stream; or each
     request's own settings, `rows`, given to the prompt list cyclically (sequence i gets rows[i % len(rows)]); and
-    the penalties on the target's logits."""
+    the penalties on the target's logits; and the run's stop strings (stops.py)."""
 
     target: Sampler = Sampler()
     draft: Sampler = Sampler()
@@ -147,6 +147,7 @@ class Sampling:
     first_seq: int = 0  # the number of this decode's first sequence: a shard of a prompt list continues its numbering
     rows: tuple[Row, ...] = ()
     penalties: Penalties = Penalties()  # on the target's logits, before it chooses (greedy or sampled)
+    stop: tuple[str, ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -186,7 +187,12 @@ def sampling_of(spec, first_seq: int = 0) -> Sampling:
     rows = tuple(Row(Sampler(*r.target()), Sampler(*spec.draft_sampling(r)), r.seed, r.temperature is None)
                  for r in spec.rows)
     return Sampling(Sampler(spec.temperature, spec.top_k, spec.top_p), Sampler(*spec.draft_sampling()), spec.seed,
-                    first_seq, rows, penalties_of(spec))
+                    first_seq, rows, penalties_of(spec), tuple(spec.stop))
+
+
+def greedy_of(spec) -> Sampling:
+    """The greedy reference's settings for the run `spec`: the argmax, under its penalties, to its stops."""
+    return Sampling(penalties=penalties_of(spec), stop=tuple(spec.stop))
 
 
 def _signed(x: int) -> int:

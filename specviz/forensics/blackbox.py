@@ -17,6 +17,7 @@ import statistics
 from collections.abc import Callable
 
 from specviz.decoding.result import Progress
+from specviz.decoding.stops import Stops
 from specviz.forensics import enginenoise
 from specviz.trace.evidence import EngineForensics, EngineNoise, Fidelity, Yardsticks
 from specviz.trace.findings import Findings
@@ -40,11 +41,11 @@ def force_outputs(forcing: enginenoise.TeacherForcing, prompt: list[int], output
 
 
 def judge_engine(trace: Trace, forcing: enginenoise.TeacherForcing, truth: str,
-                 scored: dict[tuple[str, int], enginenoise.Forced], eos_ids: tuple[int, ...]) -> Findings:
+                 scored: dict[tuple[str, int], enginenoise.Forced], stops: Stops) -> Findings:
     """`gaps` for every sequence of an engine check, `forensics` for every divergent one, the engine's yardstick
     and each run's fidelity, from its runs' outputs teacher-forced in `truth`: (role, seq) -> Forced
-    (force_outputs). `eos_ids`: the tokens the reference stops at; an output that goes on past one ran past its
-    stop, whatever the target would have written after it."""
+    (force_outputs). `stops`: where the reference stops (an end-of-sequence token, a stop string); an output
+    that goes on past one ran past its stop, whatever the target would have written after it."""
     ys = trace.manifest.yardstick or Yardsticks(target=None)
     rounding = ys.target.tolerance if ys.target else 0.0
     ys = ys.model_copy(update={"engine": _engine_noise(trace, scored, truth, rounding)})
@@ -57,7 +58,7 @@ def judge_engine(trace: Trace, forcing: enginenoise.TeacherForcing, truth: str,
         mine["forensics"] = None
         if s.equivalent is False:
             reference = functools.partial(_forced_reference, s, forcing, trace.prompts[s.seq].ids, scored)
-            mine["forensics"] = _judge(s, scored["engine", s.seq], reference, ys, eos_ids)
+            mine["forensics"] = _judge(s, scored["engine", s.seq], reference, ys, stops)
     found.run["manifest.fidelity"] = [f for role in ("engine", "control")
                                       if (f := _fidelity(trace, scored, role, ys.engine))]
     return found
@@ -127,7 +128,7 @@ def _forced_reference(s: SequenceRecord, forcing: enginenoise.TeacherForcing, pr
 
 
 def _judge(s: SequenceRecord, forced: enginenoise.Forced, reference: Callable[[], enginenoise.Forced],
-           ys: Yardsticks, eos_ids: tuple[int, ...]) -> EngineForensics:
+           ys: Yardsticks, stops: Stops) -> EngineForensics:
     """A divergent sequence's verdict, from its output teacher-forced and its reference's (`reference()`, forced
     only where the reference goes past the fork). Up to the fork the two share a prefix, so at the fork both were
     read off the same logits."""
@@ -152,12 +153,13 @@ def _judge(s: SequenceRecord, forced: enginenoise.Forced, reference: Callable[[]
             if noise.truth == "float64":  # z[reference token] - z[output token], both as gaps below the top
                 ev.margin_float64 = forced.gaps[f] - forced_ref.gaps[f]
     ev.first_bad = next((i for i in range(f, len(out)) if forced.gaps[i] > noise.tolerance), None)
-    stop = next((i for i, t in enumerate(out[:-1]) if t in eos_ids), None)
+    end = stops.end(out[:-1])
+    stop = None if end is None else end - 1  # the token the output should have ended at
     if stop is not None and stop < f and not s.engine.approximate:  # agreed up to a stop the output went past
         control = s.control is not None and not s.control.error and s.control.ids[: stop + 2] == out[: stop + 2]
         ev.verdict = "decision-bug:stop"
-        ev.explanation = (f"The output holds an end-of-sequence token at token {stop} (id {out[stop]}), where the "
-                          f"reference stops, and goes on for {len(out) - stop - 1} more tokens: the engine missed a "
+        ev.explanation = (f"The output ends at token {stop} with {stops.what(out, end)}, where the reference "
+                          f"stops, and goes on for {len(out) - stop - 1} more tokens: the engine missed a "
                           "stop. Never rounding: whatever the target writes after a stop, a correct engine writes "
                           "nothing. " + ("The same engine without speculation runs past it too: its stop check, not "
                                          "speculation." if control else

@@ -21,6 +21,8 @@ import time
 
 from specviz.decoding import reference as decoding
 from specviz.decoding.result import DecodeResult, Progress, SequenceOutput
+from specviz.decoding.sampling import GREEDY, Sampling
+from specviz.decoding.stops import Stops
 from specviz.forensics.enginenoise import Forced, Memo, computed
 from specviz.models.pairs import ModelPair
 from specviz.trace.records import ReferenceProof
@@ -28,27 +30,30 @@ from specviz.trace.records import ReferenceProof
 NEAR_TIE = "a near-tie"
 
 
-def proved(output: list[int], forced: Forced, tolerance: float, eos_ids, budget: int) -> tuple[int, str | None]:
+def proved(output: list[int], forced: Forced, tolerance: float, stops: Stops, budget: int) -> tuple[int, str | None]:
     """How many leading tokens of `output` are the reference's, and why the proof stops short of the whole
     reference (None: it does not; the output is the reference)."""
-    for i, token in enumerate(output[:budget]):
+    end = stops.end(output[:budget])
+    for i in range(min(len(output), budget)):
         if forced.gaps[i] > 0:
             return i, (f"a fork at token {i}: the output's token is {forced.gaps[i]:.3g} logits below the target's "
                        "float64 argmax")
         if forced.margins[i] <= tolerance:
             return i, (f"{NEAR_TIE} at token {i}: the target's float64 top-2 margin, {forced.margins[i]:.3g} logits, "
                        f"is within the tolerance ({tolerance:.3g}), so the reference's own rounding decides it")
-        if token in eos_ids:
-            return i + 1, None
+        if i + 1 == end:
+            return end, None
     if len(output) >= budget:
         return budget, None
-    return len(output), f"the output ends at token {len(output)}, short of the budget, without an end of sequence"
+    return len(output), f"the output ends at token {len(output)}, short of the budget, without a stop"
 
 
 def reference(pair: ModelPair, prompt_ids: list[list[int]], candidates: list[dict[str, tuple[list[int], Forced]]],
-              budget: int, tolerance: float, progress: Progress | None = None, memo: Memo = computed) -> DecodeResult:
+              budget: int, tolerance: float, progress: Progress | None = None, memo: Memo = computed,
+              greedy: Sampling = GREEDY) -> DecodeResult:
     """The reference of every prompt, proved from the longest-proved of its candidate outputs ({role: (ids,
-    forced)}, e.g. an engine's and its control's), and decoded where the proof stops. `memo(key, compute)`: where
+    forced)}, e.g. an engine's and its control's), and decoded where the proof stops (`greedy`: the run's
+    stop strings). `memo(key, compute)`: where
     each decode's tail is kept, so that a prompt decoded on from the same tokens again is decoded once.
 
     After a fork or an output's end, the rest is decoded on the proved prefix. That decode's cache was filled in
@@ -56,9 +61,9 @@ def reference(pair: ModelPair, prompt_ids: list[list[int]], candidates: list[dic
     wherever the decode's own margin exceeds twice the tolerance (each may move a margin by up to the tolerance).
     A sequence whose decode meets a closer margin, or whose proof stopped at a near-tie, is decoded again from
     its prompt, token by token, exactly as the plain reference is."""
-    start, refs = time.perf_counter(), []
+    start, refs, stops = time.perf_counter(), [], Stops.of(pair, greedy.stop)
     for outputs in candidates:
-        found = {role: proved(ids, forced, tolerance, pair.eos_ids, budget) for role, (ids, forced) in outputs.items()}
+        found = {role: proved(ids, forced, tolerance, stops, budget) for role, (ids, forced) in outputs.items()}
         role = max(found, key=lambda r: (found[r][0], found[r][1] is None), default=None)
         n, stop = found[role] if role else (0, "no output to prove it from")
         ids, forced = outputs[role] if role else ([], Forced([], [], [], [], []))
@@ -67,7 +72,7 @@ def reference(pair: ModelPair, prompt_ids: list[list[int]], candidates: list[dic
             smallest_margin=min(forced.margins[:n], default=None), stop=stop)))
     stopped = [i for i, out in enumerate(refs) if out.proof.stop]
     tails = [i for i in stopped if refs[i].proof.proved and not refs[i].proof.stop.startswith(NEAR_TIE)]
-    _decode(pair, prompt_ids, tails, refs, budget, progress, memo)
+    _decode(pair, prompt_ids, tails, refs, budget, progress, memo, greedy)
     again = [i for i in stopped if i not in tails or min(refs[i].margins[refs[i].proof.proved:], default=math.inf)
              <= 2 * tolerance]
     for i in set(again) & set(tails):
@@ -77,7 +82,7 @@ def reference(pair: ModelPair, prompt_ids: list[list[int]], candidates: list[dic
                                 "the tolerance, so the reference was decoded again from its prompt")
     for i in again:
         refs[i] = SequenceOutput([], proof=refs[i].proof.model_copy(update={"proved": 0, "smallest_margin": None}))
-    _decode(pair, prompt_ids, again, refs, budget, progress, memo)
+    _decode(pair, prompt_ids, again, refs, budget, progress, memo, greedy)
     return DecodeResult(refs, time.perf_counter() - start)
 
 
@@ -92,21 +97,21 @@ def holds(out: SequenceOutput, tolerance: float) -> bool:
 
 
 def _decode(pair: ModelPair, prompt_ids: list[list[int]], seqs: list[int], refs: list[SequenceOutput], budget: int,
-            progress: Progress | None, memo: Memo) -> None:
+            progress: Progress | None, memo: Memo, greedy: Sampling) -> None:
     """Decode the references of `seqs` on from their tokens so far, in place."""
     for i in seqs:
         out, prompt = refs[i], prompt_ids[i]
-        key = ("decoded on", tuple(prompt), tuple(out.ids), budget)
-        ids, margins = memo(key, lambda: _tail(pair, prompt, out, budget, progress))
+        key = ("decoded on", tuple(prompt), tuple(out.ids), budget, *greedy.stop)
+        ids, margins = memo(key, lambda: _tail(pair, prompt, out, budget, progress, greedy))
         out.ids.extend(ids)
         out.margins.extend(margins)
         out.proof.decoded = len(out.ids) - out.proof.proved
 
 
 def _tail(pair: ModelPair, prompt: list[int], out: SequenceOutput, budget: int,
-          progress: Progress | None) -> tuple[tuple[int, ...], tuple[float, ...]]:
+          progress: Progress | None, greedy: Sampling) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """The tokens and margins the batch-size-1 reference decodes after `out`'s."""
     given = len(out.ids)
-    done = decoding.reference(pair, [prompt], budget, progress, known=[SequenceOutput(list(out.ids),
-                                                                                       list(out.margins))])
+    done = decoding.reference(pair, [prompt], budget, progress, greedy,
+                              known=[SequenceOutput(list(out.ids), list(out.margins))])
     return tuple(done.outputs[0].ids[given:]), tuple(done.outputs[0].margins[given:])

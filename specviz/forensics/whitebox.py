@@ -26,7 +26,7 @@ Verdicts:
   sync-bug:<state>    the row's state was corrupt: positions, mask, kv, a hybrid's recurrent state
                       (`recurrent`), or `state` when no single input explains it;
                       also when the engine's own invariant checks failed at or before the fork;
-  decision-bug:stop   a sequence ran past its end (an end-of-sequence token) or stopped short, and no engine
+  decision-bug:stop   a sequence ran past its end (an end-of-sequence token, a stop string) or stopped short, and no engine
                       check failed before it;
   kernel-bug          every input was right, and the same pass rebuilt from correct inputs still
                       computes logits a fresh batch-size-1 pass does not: the verify computation;
@@ -328,7 +328,7 @@ def _sync_bug(ev: RunForensics, rounding: Rounding | None) -> bool:
         ended = "the reference had already ended" if ev.reference_token is None else "the output had stopped"
         ev.verdict = f"sync-bug:{invariant}" if invariant else "decision-bug:stop"  # a state out of step comes first
         ev.explanation = (f"At {at} {ended}: the engine {'ran past the end of' if ev.reference_token is None else 'cut short'} "
-                          "the sequence (EOS or token budget)." + recorded)
+                          "the sequence (EOS, stop string or token budget)." + recorded)
     elif ev.emitting_argmax is not None and ev.emitting_argmax != ev.output_token and ev.fork_source == "draft":
         ev.verdict = "decision-bug:accept"
         ev.explanation = (f"At {at} the engine accepted a draft that the target pass verifying it rejects (the pass's "

@@ -25,6 +25,8 @@ from pydantic import ValidationError
 from specviz.decoding.recording import build_trace
 from specviz.decoding.reference import reference
 from specviz.decoding.result import DecodeResult, Progress, SequenceOutput
+from specviz.decoding.sampling import greedy_of
+from specviz.decoding.stops import Stops
 from specviz.engines import jsonl, python, server
 from specviz.engines.base import EngineRun
 from specviz.engines.jsonl import OutputLine
@@ -108,7 +110,8 @@ def from_callables(spec: RunSpec, pair: ModelPair, engine: str, control: str | N
     """Check a Python callable module:function (engines/python.py), and a control callable."""
     ids = encode(spec, pair)
     settings = {"max_new_tokens": spec.max_new_tokens, "k": spec.k, "dtype": spec.dtype, "device": str(pair.device),
-                "eos_ids": list(pair.eos_ids), **sampling_settings(spec)}
+                "eos_ids": list(pair.eos_ids), **({"stop": list(spec.stop)} if spec.stop else {}),
+                **sampling_settings(spec)}
     answered, control_run = on_main(lambda: (python.from_callable(engine, ids, settings),
                                              python.from_callable(control, ids, settings) if control else None))
     return check(spec, pair, ids, answered, control_run, judging)
@@ -148,7 +151,7 @@ def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: E
             s.equivalent = s.first_divergence = None
         elif s.engine.approximate and pair.tokenizer.decode(s.output_ids) == pair.tokenizer.decode(s.reference_ids):
             s.equivalent, s.first_divergence = True, None  # re-tokenized text: the same text is the same answer
-    judge_engine(trace, forcing, truth, scored, pair.eos_ids).record(trace)
+    judge_engine(trace, forcing, truth, scored, Stops.of(pair, spec.stop)).record(trace)
     if engine.settings.get("drafter") == "model":  # it says it drafts with the check's draft model: its counters
         trace.acceptance = judge_engine_acceptance(trace, pair.draft, pair.vocab_size, spec.k)
     return trace
@@ -162,7 +165,8 @@ def _judge_rows(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], run
     progress = judging.progress
     saved = judging.checkpoint and Checkpoint(judging.checkpoint, {
         "pair": pair.info, "dtype": spec.dtype, "device": str(pair.device), "budget": spec.max_new_tokens, "k": spec.k,
-        "prompts": prompt_ids, "reference": "proved" if tolerance is not None else "decoded"},
+        "prompts": prompt_ids, "reference": "proved" if tolerance is not None else "decoded",
+        **({"stop": list(spec.stop)} if spec.stop else {})},
         part=rank() if world_size() > 1 else None)
     wait_for_everyone()  # every process has read the checkpoint's files before any process writes its own
     mine, start = {}, time.perf_counter()
@@ -171,11 +175,11 @@ def _judge_rows(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], run
         outputs = {role: run.outputs[seq].ids for role, run in runs.items() if run and run.outputs[seq].error is None}
         done = saved and saved.get(seq, outputs)
         if done and tolerance is not None and not proof.holds(done[1], tolerance):  # kept under a narrower yardstick
-            done = done[0], _reference(pair, prompt, outputs, done[0], spec.max_new_tokens, tolerance,
+            done = done[0], _reference(spec, pair, prompt, outputs, done[0], tolerance,
                                        phase(progress, "reference"))
         if not done:
             forced = force_outputs(forcing, prompt, outputs, phase(progress, "teacher forcing"))
-            done = forced, _reference(pair, prompt, outputs, forced, spec.max_new_tokens, tolerance,
+            done = forced, _reference(spec, pair, prompt, outputs, forced, tolerance,
                                       phase(progress, "reference"))
             if saved:
                 saved.put(seq, outputs, *done)
@@ -193,20 +197,21 @@ def _judge_rows(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], run
         for seq, out in enumerate(refs):
             if not proof.holds(out, tolerance):
                 outputs = {role: run.outputs[seq].ids for role, run in runs.items() if (role, seq) in scored}
-                refs[seq] = _reference(pair, prompt_ids[seq], outputs, {r: scored[r, seq] for r in outputs},
-                                       spec.max_new_tokens, tolerance, phase(progress, "reference"))
+                refs[seq] = _reference(spec, pair, prompt_ids[seq], outputs, {r: scored[r, seq] for r in outputs},
+                                       tolerance, phase(progress, "reference"))
         yardsticks = yardsticks_for(spec, pair, prompt_ids, ref)
     return scored, ref, yardsticks
 
 
-def _reference(pair: ModelPair, prompt: list[int], outputs: dict[str, list[int]], forced: dict, budget: int,
+def _reference(spec: RunSpec, pair: ModelPair, prompt: list[int], outputs: dict[str, list[int]], forced: dict,
                tolerance: float | None, progress: Progress | None) -> SequenceOutput:
     """One prompt's reference: proved from its outputs as far as `tolerance` allows, else (None) decoded."""
+    budget, greedy = spec.max_new_tokens, greedy_of(spec)
     if tolerance is None:
-        return reference(pair, [prompt], budget, progress).outputs[0]
+        return reference(pair, [prompt], budget, progress, greedy).outputs[0]
     candidates = [{role: (ids, forced[role]) for role, ids in outputs.items()}]
     return proof.reference(pair, [prompt], candidates, budget, tolerance, progress,
-                           functools.partial(checked, pair)).outputs[0]
+                           functools.partial(checked, pair), greedy).outputs[0]
 
 
 def sampling_settings(spec: RunSpec) -> dict:

@@ -9,11 +9,11 @@ from collections.abc import Callable, Hashable
 
 from specviz.decoding import decoders
 from specviz.decoding.decoders import Job
-from specviz.decoding.penalties import Penalties, penalties_of
+from specviz.decoding.penalties import penalties_of
 from specviz.decoding.recording import build_trace
 from specviz.decoding.reference import batched_reference, reference
 from specviz.decoding.result import DecodeResult, Progress
-from specviz.decoding.sampling import Sampling
+from specviz.decoding.sampling import GREEDY, Sampling, greedy_of
 from specviz.forensics import distribution, yardstick
 from specviz.forensics.acceptance import judge_acceptance
 from specviz.forensics.logprobs import judge_logprobs
@@ -102,19 +102,18 @@ def checked(pair: ModelPair, key: Hashable, compute: Callable[[], object]):
 
 
 def reference_for(pair: ModelPair, prompt_ids: list[list[int]], max_new_tokens: int,
-                  progress: Progress | None = None, penalties: Penalties = Penalties()) -> DecodeResult:
-    """The batch-size-1 greedy reference (under `penalties`), computed once per process for the same pair and
-    prompts."""
-    key = (tuple(tuple(x) for x in prompt_ids), max_new_tokens, *((penalties,) if penalties else ()))
-    return _REFERENCES.get(pair, key, lambda: reference(pair, prompt_ids, max_new_tokens, progress,
-                                                         Sampling(penalties=penalties)))
+                  progress: Progress | None = None, greedy: Sampling = GREEDY) -> DecodeResult:
+    """The batch-size-1 greedy reference (under `greedy`'s penalties, to its stops: sampling.greedy_of), computed
+    once per process for the same pair and prompts."""
+    key = (tuple(tuple(x) for x in prompt_ids), max_new_tokens, *((greedy,) if greedy != GREEDY else ()))
+    return _REFERENCES.get(pair, key, lambda: reference(pair, prompt_ids, max_new_tokens, progress, greedy))
 
 
 def _cached_batched(pair: ModelPair, prompt_ids: tuple[tuple[int, ...], ...], batch_size: int,
-                    max_new_tokens: int, penalties: Penalties) -> DecodeResult:
-    return _BATCHED.get(pair, (prompt_ids, batch_size, max_new_tokens, penalties),
+                    max_new_tokens: int, greedy: Sampling) -> DecodeResult:
+    return _BATCHED.get(pair, (prompt_ids, batch_size, max_new_tokens, greedy),
                         lambda: batched_reference(pair, [list(x) for x in prompt_ids], batch_size, max_new_tokens,
-                                                  sampling=Sampling(penalties=penalties)))
+                                                  sampling=greedy))
 
 
 Phases = Callable[[str, int], None]  # progress by phase: (phase, new tokens)
@@ -143,7 +142,7 @@ def run(spec: RunSpec, record: bool = True, with_reference: bool = True,
         return explain_sampled(spec, pair, prompt_ids, result, yardsticks,
                                phase(progress, "distribution") if with_reference else None, with_reference)
     ref = reference_for(pair, prompt_ids, spec.max_new_tokens, phase(progress, "reference"),
-                        penalties_of(spec)) if with_reference else None
+                        greedy_of(spec)) if with_reference else None
     if spec.method == "reference" and ref:
         result = ref
     else:
@@ -232,7 +231,7 @@ def explain(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result:
         if any(s.forensics and not state_bug(s.forensics.verdict) for s in trace.sequences):
             # Would batching alone, without speculation, have forked there too?
             batched = _cached_batched(pair, tuple(tuple(x) for x in prompt_ids), spec.batch_size, spec.max_new_tokens,
-                                      penalties_of(spec))
+                                      greedy_of(spec))
             flag_batching_noise(trace, batched)
     if spec.logprobs and ref is not None:
         judge_logprobs(trace, pair, yardsticks and yardsticks.target).record(trace)

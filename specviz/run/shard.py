@@ -21,10 +21,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
-from specviz.decoding.penalties import penalties_of
 from specviz.decoding.reference import reference
 from specviz.decoding.result import DecodeResult
-from specviz.decoding.sampling import Sampling
+from specviz.decoding.sampling import greedy_of
 from specviz.models.pairs import ONE_DEVICE, Placement, pair_for
 from specviz.run.launch import gather, is_main, my_share, rank, world_size
 from specviz.run.runner import decode, encode, explain, explain_sampled, run, sampled_yardsticks
@@ -58,7 +57,7 @@ def sweep(runs: list[tuple[RunSpec, bool]], trust_remote_code: bool = False,
     if any(spec.greedy for spec, _ in runs):
         rows = my_share(n)
         ref = _merge(gather((rows, 1, reference(pair, [prompt_ids[j] for j in rows], first.max_new_tokens,
-                                                    sampling=Sampling(penalties=penalties_of(first))))))
+                                                    sampling=greedy_of(first)))))
     mine = []  # (rows, batch size, result) of every other run
     for i, (spec, record) in enumerate(runs):
         if spec.method == "reference" and spec.greedy:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from specviz.decoding.result import chunks
+from specviz.decoding.sampling import greedy_of
 from specviz.models.pairs import ModelPair
 from specviz.run.runner import decode, encode, reference_for, run
 from specviz.run.settings import Settings
@@ -122,7 +123,7 @@ class _Search:
             trace = run(spec, with_reference=self.mark.kind == "impossible", limits=self.limits)
             return self.mark.shown_by(trace.sequences[i])
         ids = [self.ids[p] for p in spec.prompts]
-        refs = [reference_for(self.pair, [x], spec.max_new_tokens).outputs[0] for x in ids]
+        refs = [reference_for(self.pair, [x], spec.max_new_tokens, greedy=greedy_of(spec)).outputs[0] for x in ids]
         out = decode(spec, self.pair, ids, record=False).outputs
         at = first_difference(out[i].ids, refs[i].ids)
         return at == self.fork and (out[i].ids[at:at + 1] or [None])[0] == self.mark.token

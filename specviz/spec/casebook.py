@@ -122,7 +122,8 @@ CASES = (
           Thread("koboldcpp", 1276, pr=False)),
          "The stop check looked only at the last token of the block a round kept.\n"
          "An end-of-sequence token accepted inside the block was written, and decoding went on.",
-         "stop strings: the replica stops on the model's end-of-sequence tokens."),
+         "the stop strings of the threads: the replica stops on the model's end-of-sequence tokens (the fault "
+         "misses stop strings alike: tests/test_stop_strings.py)."),
     Case("penalty-history-last-token", "penalties weaker the better the draft; loops under a repetition penalty",
          (Thread("SGLang", 33643), Thread("SGLang", 28180, pr=False), Thread("TensorRT-LLM", 17701)),
          "The penalty history gained only the last token of each round, and each verify slot used the round's start.\n"

@@ -38,10 +38,12 @@ FAULTS = {
                                             "round's accepted drafts (vLLM #39273: the decode path's stale column)"),
     "conv-state-off-by-one": ("recurrent", "a recurrent layer's convolution state is rolled back one position late: "
                                            "a rejected draft stays in its window; the scan's state is right"),
-    # Breaking where a row's end-of-sequence token is accepted inside a block of drafts (a model that stops).
+    # Breaking where a row's end-of-sequence token, or the token completing a stop string, is accepted inside a
+    # block of drafts (a model that stops).
     "stop-at-last-token": ("stop", "the stop check looks only at the last token a round keeps: an end-of-sequence "
-                                   "token accepted mid-block is written and decoding goes on (transformers #47912, "
-                                   "PRs #47931 and #48981; koboldcpp #1276)"),
+                                   "token accepted mid-block is written and decoding goes on; a stop string is "
+                                   "seen only after the whole block is kept (transformers #47912, PRs #47931 and "
+                                   "#48981; koboldcpp #1276)"),
     # Breaking where a repetition or presence penalty is set (decoding/penalties.py).
     "penalty-history-last-token": ("penalty", "the penalty history gains only the last token of each round, and every "
                                               "verify slot is penalised by the round-start history, without the "

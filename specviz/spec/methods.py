@@ -32,6 +32,7 @@ class Method:
     max_batch_size: int | None = None
     penalties: tuple[str, ...] = ("repetition", "presence")  # the penalties it applies (decoding/penalties.py)
     logprobs: bool = True  # records each token's log-probability
+    stop_strings: bool = True  # ends an output at a stop string (decoding/stops.py)
 
     @property
     def speculative(self) -> bool:
@@ -63,7 +64,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            "without speculation", passes=_refilled, refills=True),
     Method("hf-assisted", "transformers' own assisted generation (greedy), an external cross-check",
            passes=lambda spec: _rounds(spec, 1), drafters=tuple(DRAFTERS), samples=False, max_batch_size=1,
-           penalties=("repetition",), logprobs=False),  # transformers has no presence penalty
+           # transformers has no presence penalty, and matches stop strings its own way
+           penalties=("repetition",), logprobs=False, stop_strings=False),
     Method("eqspec", "static batches realigned every round (unpad, append, repad)",
            passes=lambda spec: _rounds(spec, spec.batch_size), drafters=tuple(DRAFTERS), faults=True),
     Method("exspec", "a window of sequences, same-length groups batched without realignment",

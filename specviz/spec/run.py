@@ -51,7 +51,8 @@ MAX_REPETITION_PENALTY = 10.0
 MAX_PRESENCE_PENALTY = 2.0  # OpenAI's bound
 PENALTY_FIELDS = ("repetition_penalty", "presence_penalty")
 # Left out of the canonical form at their defaults, so that the keys of runs made before them stay what they were.
-OMITTED_AT_DEFAULT = (*SAMPLING_FIELDS, "drafter", *LOOKUP_FIELDS, *PENALTY_FIELDS, "logprobs", "rows")
+OMITTED_AT_DEFAULT = (*SAMPLING_FIELDS, "drafter", *LOOKUP_FIELDS, *PENALTY_FIELDS, "logprobs", "rows", "stop")
+MAX_STOPS, MAX_STOP_CHARS = 4, 32  # stop strings a run may set, and the length of each
 TARGET_FIELDS = ("temperature", "top_k", "top_p")  # what a request's own settings (RowSampling) replace
 UNSET_TEMPERATURE = 1.0  # a request that sets no temperature samples at the serving engines' default (vLLM, OpenAI)
 
@@ -180,6 +181,8 @@ class RunSpec(Strict):
     # Each request's own settings, replacing the three above: prompt i gets rows[i % len(rows)]. Empty: every
     # request samples with the run's.
     rows: tuple[RowSampling, ...] = Field((), max_length=MAX_PROMPTS, fail_fast=True)
+    # Stop strings: an output ends at the token whose text completes one (decoding/stops.py), as at its EOS.
+    stop: tuple[str, ...] = Field((), max_length=MAX_STOPS)
 
     @field_validator("target", "draft")
     @classmethod
@@ -187,6 +190,14 @@ class RunSpec(Strict):
         v = v.strip()
         if not v:
             raise ValueError("model id must not be empty")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for s in v:
+            if not s or len(s) > MAX_STOP_CHARS:
+                raise ValueError(f"a stop string must have 1 to {MAX_STOP_CHARS} characters")
         return v
 
     @field_validator("prompts")
@@ -276,6 +287,8 @@ class RunSpec(Strict):
                              + ", ".join(n for n, x in METHODS.items() if set(refused) <= set(x.penalties)) + " do")
         if self.logprobs and not m.logprobs:
             raise ValueError(f"{self.method} records no log-probabilities")
+        if self.stop and not m.stop_strings:
+            raise ValueError(f"{self.method} takes no stop strings")
         faults = expand(self.faults)
         if "penalty-history-last-token" in faults and not penalised:
             raise ValueError("penalty-history-last-token needs a repetition or presence penalty to break")

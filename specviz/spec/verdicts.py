@@ -50,9 +50,9 @@ VERDICTS = {v.name: v for v in (
     Verdict("decision-bug:accept", "a draft was accepted that the target's pass rejects: the accept rule itself "
             "(at temperature 0 a draft is kept only where it is the verifying pass's argmax)",
             "the verifying pass's own argmax at the fork, where the fork token is an accepted draft"),
-    Verdict("decision-bug:stop", "the output ran on past a stop (an end-of-sequence token accepted inside a "
-            "block of drafts), or stopped where the model does not",
-            "the output's tokens alone: an end-of-sequence token followed by more, or an end the reference lacks"),
+    Verdict("decision-bug:stop", "the output ran on past a stop (an end-of-sequence token, or the token completing "
+            "a stop string, accepted inside a block of drafts), or stopped where the model does not",
+            "the output's tokens alone: a stop followed by more tokens, or an end the reference lacks"),
     Verdict("decision-bug:penalty", "the token was chosen under a repetition or presence penalty that missed tokens "
             "the sequence already holds (its history lost accepted tokens, or a verify slot did not count the "
             "drafts before it)", "the target's float64 logits at the fork, penalised by the row's whole history, "
