@@ -255,6 +255,17 @@ def test_the_check_tab_asks_no_server_unless_the_operator_allows_it(app_url):
 SAMPLED = [*TINY_RUN, False, 0.8, 40, 0.9, None, None, None]  # audit off; temperature, top-k, top-p; the draft's own
 
 
+def test_penalties_log_probabilities_stop_strings_and_the_chat_template_go_through_the_controls_and_back():
+    from specviz.app import runview as ui
+
+    spec = ui.spec_from_controls(*TINY_RUN, False, 0.0, 0, 1.0, None, None, None, "model", 1, 3, "", 1.3, 0.5, True,
+                                 " Paris\r\n!", False)
+    assert (spec.repetition_penalty, spec.presence_penalty, spec.logprobs) == (1.3, 0.5, True)
+    assert spec.stop == (" Paris", "!") and spec.chat_template is False
+    controls = ui.open_link(share.encode(share.Link(spec)))[:len(ui.DEFAULTS)]
+    assert ui.spec_from_controls(*controls[:5], None, *controls[5:]) == spec
+
+
 def test_the_sampling_controls_make_the_spec_and_a_sampled_link_replays_exactly(client):
     from specviz.app import runview as ui
     from specviz.app import serving

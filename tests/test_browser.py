@@ -2,12 +2,14 @@
 example, see the divergence, click the grid, and reopen the share link in a fresh page."""
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
-SHOTS = Path(__file__).resolve().parent.parent / "out" / "screenshots"
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "out" / "screenshots"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 DECODE_MS = 600_000  # the embedded pair on a slow shared CPU
@@ -420,7 +422,8 @@ def test_a_verify_json_report_written_by_the_cli_opens_in_the_sweep_view(new_pag
     page.screenshot(path=SHOTS / "sweep-from-verify-json.png", full_page=True)
 
 
-def test_a_field_case_opens_from_its_card_at_its_fork_and_its_share_link_replays_it(new_page, app_url):
+def test_a_field_case_opens_from_its_card_at_its_fork_and_its_share_link_replays_it(new_page, app_url, tmp_path):
+    from specviz.engines.process import free_port, serving
     from specviz.spec.casebook import CASES
 
     SHOTS.mkdir(parents=True, exist_ok=True)
@@ -447,9 +450,19 @@ def test_a_field_case_opens_from_its_card_at_its_fork_and_its_share_link_replays
     expect(page).to_have_url(re.compile(rf"\?run=.*&seq={seq}&round={round_}$"), timeout=60_000)
     page.screenshot(path=SHOTS / "casebook-opened.png", full_page=True)
 
-    # Its link replays it from the bundle (the status says so): a fresh process serves it the same way.
+    # Its link replays it in a fresh process, `python app.py` with nothing cached: from the bundle, as it says.
+    port = free_port()
+    with serving("python app.py", [sys.executable, str(ROOT / "app.py")],
+                 {"GRADIO_SERVER_PORT": str(port)}, tmp_path / "app.log", f"http://127.0.0.1:{port}", "/", 300):
+        _replays_in(new_page, f"http://127.0.0.1:{port}/?" + page.url.partition("?")[2], case, seq, round_)
+
+
+def _replays_in(new_page, link: str, case, seq: str, round_: str) -> None:
+    """The case's share link, opened: its fork and verdict; then the Sweep tab runs the whole casebook."""
+    from specviz.spec.casebook import CASES
+
     fresh = new_page(viewport={"width": 1280, "height": 1000})
-    fresh.goto(page.url)
+    fresh.goto(link)
     status = fresh.locator("#sv-status")
     expect(status).to_contain_text("matched the shared run exactly", timeout=DECODE_MS)
     expect(status).to_contain_text("bundled with specviz")

@@ -52,8 +52,11 @@ def test_every_case_has_its_bundled_run_of_its_spec_with_the_verdict_its_mechani
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.fault)
 def test_a_card_opens_its_case_at_its_fork_and_its_share_link_replays_it_from_the_bundle(case):
-    trace, status, download, pending, tabs, view_tabs = gallery.open_case(Click(case=case.fault))
+    *controls, trace, status, download, pending, tabs, view_tabs = gallery.open_case(Click(case=case.fault))
     assert trace is serving.bundled_case(case.fault) and json.loads(open(download).read()) == json.loads(trace.to_json())
+    # The Run controls are set to the case's run: Run decodes it again.
+    values = dict(zip(ui.DEFAULTS, controls))
+    assert ui.spec_from_controls(*controls[:5], None, *controls[5:]) == trace.manifest.spec, values
     assert pending is None and tabs.selected == "run"
     assert status.startswith(f"**Field case: {case.title}**") and "bundled with specviz" in status
     assert all(t.url in status for t in case.threads)

@@ -11,7 +11,7 @@ from specviz.spec.faults import FAULTS
 from specviz.spec.faults import PRESETS as FAULT_PRESETS
 from specviz.spec.methods import DRAFTERS, METHODS
 from specviz.spec.prompts import builtin_sets
-from specviz.spec.run import DTYPES, MAX_NGRAM, MAX_TEMPERATURE, PRESETS
+from specviz.spec.run import DTYPES, MAX_NGRAM, MAX_PRESENCE_PENALTY, MAX_REPETITION_PENALTY, MAX_TEMPERATURE, PRESETS
 
 # Pixels of a file box: Gradio's drop zone ("Drop File Here - or - Click to Upload") is cut below about 120.
 UPLOAD_HEIGHT = 124
@@ -29,6 +29,8 @@ def run_controls_of(settings: Settings) -> dict:
     c["typed"] = gr.Textbox(lines=3, label="or type prompts", info="one a line, or Spec-Bench JSONL; used when not empty")
     c["prompt_file"] = gr.File(label="or upload prompts (text or Spec-Bench .jsonl)", file_types=[".txt", ".jsonl"],
                                type="filepath", height=UPLOAD_HEIGHT)
+    c["chat_template"] = gr.Checkbox(value=DEFAULTS["chat_template"], label="chat template",
+                                     info="each prompt wrapped in the model's chat template (off: its text as typed)")
     c["method"] = gr.Dropdown(list(METHODS), value=DEFAULTS["method"], label="method",
                               info=METHODS[DEFAULTS["method"]].summary, elem_id="sv-method")
     c["drafter"] = gr.Dropdown(list(DRAFTERS), value=DEFAULTS["drafter"], label="drafter",
@@ -67,6 +69,16 @@ def run_controls_of(settings: Settings) -> dict:
                                info="one request a line, given to the prompts in turn: key=value pairs of temperature "
                                     "(unset: 1), top_k, top_p, seed (unset: the run's stream), e.g. "
                                     "temperature=0.8,top_p=0.95,seed=7; they replace temperature, top-k and top-p")
+    with gr.Accordion("penalties, log-probabilities and stop strings", open=False):
+        with gr.Row():
+            c["repetition_penalty"] = gr.Number(value=DEFAULTS["repetition_penalty"], minimum=1,
+                                                maximum=MAX_REPETITION_PENALTY, label="repetition penalty (1: off)")
+            c["presence_penalty"] = gr.Number(value=DEFAULTS["presence_penalty"], minimum=0,
+                                              maximum=MAX_PRESENCE_PENALTY, label="presence penalty (0: off)")
+        c["logprobs"] = gr.Checkbox(value=DEFAULTS["logprobs"], label="log-probabilities",
+                                    info="record each token's, and judge them against a fresh float64 recomputation")
+        c["stop"] = gr.Textbox(value=DEFAULTS["stop"], lines=2, label="stop strings", elem_id="sv-stop",
+                               info="one a line: an output ends at the token that completes one, that token kept")
     with gr.Accordion("seed and exspec", open=False):
         c["seed"] = gr.Number(value=DEFAULTS["seed"], precision=0, label="seed")
         c["window"] = gr.Number(value=DEFAULTS["window"], precision=0, label="exspec window (0: 2 × batch size)")

@@ -10,6 +10,7 @@ import html
 import gradio as gr
 
 from specviz.app import serving
+from specviz.app.runview import controls_of
 from specviz.spec.casebook import BY_FAULT, CASES, Case
 from specviz.spec.faults import FAULTS
 from specviz.spec.run import PRESETS, RunSpec
@@ -67,8 +68,9 @@ def cards_html() -> str:
 
 
 def open_case(evt: gr.EventData):
-    """A card's button: its case's bundled run, for the Run view (opened on its first fork; a lossless case on its
-    drafts per slot), the Run view's tab, and the tab of its views to show."""
+    """A card's button: the Run controls set to its case's run (Run decodes it again), its bundled run for the Run
+    view (opened on its first fork; a lossless case on its drafts per slot), the Run view's tab, and the tab of its
+    views to show."""
     case = BY_FAULT.get((evt._data or {}).get("case"))
     if case is None:
         raise gr.Error("that is not a case of the field casebook")
@@ -78,5 +80,5 @@ def open_case(evt: gr.EventData):
     status = (f"**Field case: {case.title}** ({threads}). {case.mechanism.replace(chr(10), ' ')} Replayed by the "
               f"fault `{case.fault}` on {replica(case)}; specviz judges it `{said}`. The replica leaves out "
               f"{case.leaves_out}\n\n" + serving.headline(trace, "bundled"))
-    return (trace, status, serving.save(trace), None, gr.Tabs(selected="run"),
+    return (*controls_of(trace.manifest.spec), trace, status, serving.save(trace), None, gr.Tabs(selected="run"),
             gr.Tabs(selected="drafts") if case.lossless else gr.skip())

@@ -252,8 +252,12 @@ class Page:
 
     def wire_gallery(self) -> None:
         """A card's button opens its case's bundled run in the Run view."""
-        self.then_show(self.cards.click(gallery.open_case, None, [*self.opened, self.tabs, self.v["view_tabs"]],
-                                        api_name="open_case"))
+        c = self.c
+        opened = self.cards.click(gallery.open_case, None, [*[c[n] for n in DEFAULTS], *self.opened, self.tabs,
+                                                            self.v["view_tabs"]], api_name="open_case")
+        opened.then(drafter_shows, [c["drafter"]], [c["drafter"], c["ngram_min"], c["ngram_max"]],
+                    api_visibility="private", show_progress="hidden")
+        self.then_show(opened)
 
     def _wire_focus(self) -> None:
         """Clicks on the grid, the timeline and the table, and the focus boxes, move the focus."""

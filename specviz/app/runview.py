@@ -58,7 +58,8 @@ EXAMPLES = {
 DEFAULTS = {"pair": "embedded", "target": "", "draft": "", "prompt_set": "quick", "typed": "", "method": "eqspec",
             "faults": [], "batch_size": 4, "k": 5, "max_new_tokens": 48, "dtype": "float32", "seed": 0, "window": 0,
             "max_wait": 4, "audit": False, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "draft_temperature": None,
-            "draft_top_k": None, "draft_top_p": None, "drafter": "model", "ngram_min": 1, "ngram_max": 3, "rows": ""}
+            "draft_top_k": None, "draft_top_p": None, "drafter": "model", "ngram_min": 1, "ngram_max": 3, "rows": "",
+            "repetition_penalty": 1.0, "presence_penalty": 0.0, "logprobs": False, "stop": "", "chat_template": True}
 
 
 FIRST_PAGE = "bsp-like decay"
@@ -85,10 +86,12 @@ TOP_P_MIN = 0.05
 def spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, method, faults, batch_size, k,
                        max_new_tokens, dtype, seed, window, max_wait, audit, temperature=0.0, top_k=0, top_p=1.0,
                        draft_temperature=None, draft_top_k=None, draft_top_p=None, drafter="model", ngram_min=1,
-                       ngram_max=3, rows="") -> RunSpec:
+                       ngram_max=3, rows="", repetition_penalty=1.0, presence_penalty=0.0, logprobs=False,
+                       stop="", chat_template=True) -> RunSpec:
     """The run the controls describe. Prompts: typed ones, else the uploaded file, else the built-in set.
     Sampling: temperature 0 is greedy; top-k 0 and top-p 1 are off; a blank draft setting is the target's; `rows`,
-    where typed, each request's own settings (one a line, key=value pairs), in place of the target's.
+    where typed, each request's own settings (one a line, key=value pairs), in place of the target's. `stop`:
+    stop strings, one a line (spaces kept). `chat_template`: each prompt wrapped in the model's chat template.
     The n-gram sizes belong to prompt lookup: with the draft model they are not read (the page hides them)."""
     if pair == CUSTOM:
         if not (target or "").strip() or not (draft or "").strip():
@@ -109,6 +112,10 @@ def spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, meth
                          top_k=int(top_k or 0), top_p=_real(top_p, 1.0), draft_temperature=_real(draft_temperature),
                          draft_top_k=None if draft_top_k is None else int(draft_top_k),
                          draft_top_p=_real(draft_top_p), drafter=drafter or "model", rows=rows_from_text(rows),
+                         repetition_penalty=_real(repetition_penalty, 1.0),
+                         presence_penalty=_real(presence_penalty, 0.0), logprobs=bool(logprobs),
+                         stop=tuple(s for s in (stop or "").replace("\r\n", "\n").split("\n") if s),
+                         chat_template=bool(chat_template),
                          **({"ngram_min": int(ngram_min), "ngram_max": int(ngram_max)} if drafter == "lookup" else {}))
 
 
@@ -133,7 +140,8 @@ def shrink_focused(settings: Settings, trace: Trace | None, seq, progress=gr.Pro
 def run_controls(settings: Settings, pair, target, draft, prompt_set, typed, prompt_file, method, faults, batch_size,
                  k, max_new_tokens, dtype, seed, window, max_wait, audit=False, temperature=0.0, top_k=0, top_p=1.0,
                  draft_temperature=None, draft_top_k=None, draft_top_p=None, drafter="model", ngram_min=1,
-                 ngram_max=3, rows="", progress=gr.Progress(), request: gr.Request = None):
+                 ngram_max=3, rows="", repetition_penalty=1.0, presence_penalty=0.0, logprobs=False, stop="",
+                 chat_template=True, progress=gr.Progress(), request: gr.Request = None):
     """Run button and examples: decode what the controls say. The parameters are spec_from_controls'; those with
     defaults may be left out by an API client (the draft's own sampling settings default to blank, the drafter
     to the draft model)."""
@@ -141,7 +149,8 @@ def run_controls(settings: Settings, pair, target, draft, prompt_set, typed, pro
     with serving.as_page_errors():
         spec = spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, method, faults, batch_size, k,
                                   max_new_tokens, dtype, seed, window, max_wait, audit, temperature, top_k, top_p,
-                                  draft_temperature, draft_top_k, draft_top_p, drafter, ngram_min, ngram_max, rows)
+                                  draft_temperature, draft_top_k, draft_top_p, drafter, ngram_min, ngram_max, rows,
+                                  repetition_penalty, presence_penalty, logprobs, stop, chat_template)
         trace, timing = serving.decode(spec, settings, progress, session)
     return trace, serving.headline(trace, timing), serving.save(trace), None
 
@@ -207,6 +216,13 @@ def open_link(query: str):
             return *keep, gr.skip(), gr.skip(), None, "This link compares two runs: see the Compare tab."
         return *keep, *_first_page()
     s = link.spec
+    pending = {"spec": s.canonical_json(), "fp": link.fingerprint, "env": link.env, "seq": link.seq,
+               "round": link.round}
+    return *controls_of(s), gr.skip(), gr.skip(), pending, "Replaying the shared run…"
+
+
+def controls_of(s: RunSpec) -> list:
+    """The controls' values that describe the run `s` (spec_from_controls reads them back), in DEFAULTS' order."""
     preset = next((name for name, ids in PRESETS.items() if ids == (s.target, s.draft)), CUSTOM)
     named = next((name for name, ps in builtin_sets().items() if tuple(ps) == s.prompts), None)
     typed = "" if named else _prompts_as_text(s.prompts)
@@ -216,13 +232,13 @@ def open_link(query: str):
               "max_wait": s.max_wait, "audit": s.audit > 0, "top_k": s.top_k, "draft_temperature": s.draft_temperature,
               "draft_top_k": s.draft_top_k, "draft_top_p": s.draft_top_p, "drafter": s.drafter,
               "ngram_min": s.ngram_min, "ngram_max": s.ngram_max, "rows": rows_as_text(s.rows),
+              "repetition_penalty": s.repetition_penalty, "presence_penalty": s.presence_penalty,
+              "logprobs": s.logprobs, "stop": "\n".join(s.stop), "chat_template": s.chat_template,
               # A link may carry what the sliders do not reach (the CLI's temperature 5): they widen to it.
               "temperature": s.temperature if s.temperature <= TEMPERATURE_MAX else gr.update(
                   value=s.temperature, maximum=s.temperature),
               "top_p": s.top_p if s.top_p >= TOP_P_MIN else gr.update(value=s.top_p, minimum=s.top_p)}
-    pending = {"spec": s.canonical_json(), "fp": link.fingerprint, "env": link.env, "seq": link.seq,
-               "round": link.round}
-    return *[values[n] for n in DEFAULTS], gr.skip(), gr.skip(), pending, "Replaying the shared run…"
+    return [values[n] for n in DEFAULTS]
 
 
 
