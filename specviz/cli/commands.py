@@ -214,13 +214,14 @@ def cmd_check(args) -> int:
         if args.outputs:
             control = (args.control.read_bytes(), args.control.name) if args.control else None
             trace = check.from_files(spec, pair, (args.outputs.read_bytes(), args.outputs.name), control,
-                                     judging=judging)
+                                     judging=judging, drafter=args.engine_drafter)
         elif args.server:
             control = (args.control_server, args.control_served_model or args.served_model) if args.control_server else None
             trace = check.from_servers(spec, pair, (args.server, args.served_model), control, args.concurrency,
-                                       args.timeout, determinism=args.determinism, judging=judging)
+                                       args.timeout, determinism=args.determinism, judging=judging,
+                                       drafter=args.engine_drafter)
         else:
-            trace = check.from_callables(spec, pair, args.engine, args.control_engine, judging)
+            trace = check.from_callables(spec, pair, args.engine, args.control_engine, judging, args.engine_drafter)
     if not reports:
         return 0
     _print_check(trace)
