@@ -269,7 +269,8 @@ def _reproducer(trace, s) -> str:
 
 
 def _print_engine_facts(trace) -> None:
-    """What the engine said besides its outputs: its drafts, the fields of its file left unread, its determinism."""
+    """What the engine said besides its outputs: its drafts (judged, where it drafts with the check's draft model),
+    the fields of its file left unread, its determinism."""
     engine = trace.manifest.engine
     accepted, offered = metrics.engine_drafts(trace)
     if offered:
@@ -284,6 +285,8 @@ def _print_engine_facts(trace) -> None:
               f"tokens accepted in {drafts:.0f} drafts" + (
                   "; accepted by position: " + " ".join(f"{a:.2f}" for a in by_position) if drafts and by_position
                   else ""))
+    if trace.acceptance:  # declared to draft with the check's draft model: its counts judged
+        print(f"drafts: {trace.acceptance.verdict or OWN_DRAFTS}. {trace.acceptance.explanation}")
     if engine.ignored:
         print(f"ignored fields of the outputs file: {', '.join(engine.ignored)}")
     if trace.manifest.determinism:
