@@ -24,6 +24,7 @@ PROMPTS = tuple(builtin_set("spec-bench")[8:16])
 # name -> (mode, slots): the control of every 4-slot configuration is "plain, 4 slots".
 CONFIGS = {"plain, 1 slot": ("none", 1), "plain, 4 slots": ("none", 4), "draft": ("draft", 4),
            "draft = target": ("self", 4), "ngram-simple": ("ngram", 4)}
+DRAFTS_WITH_THE_PAIRS_DRAFT = ("draft",)  # declared to draft with the check's draft model: its acceptance judged
 SPECULATIVE = ("draft", "draft = target", "ngram-simple")
 
 
@@ -37,7 +38,8 @@ def llama(embedded, tmp_path_factory):
     for name, (mode, slots) in CONFIGS.items():
         with llama_server(mode, logs / f"{mode}-{slots}.log", slots=slots, k=K, threads=ENGINE_THREADS) as server:
             runs[name] = from_server(server.url, None, ids, NEW_TOKENS, concurrency=slots,
-                                     tokenizer=embedded.tokenizer, launch=server.launch)
+                                     tokenizer=embedded.tokenizer, launch=server.launch,
+                                     drafter="model" if name in DRAFTS_WITH_THE_PAIRS_DRAFT else None)
     return spec, ids, runs
 
 
@@ -66,7 +68,8 @@ def test_llama_cpp_is_asked_in_its_own_dialect_and_answers_with_ids(llama, embed
 
 def test_every_configuration_against_its_plain_run_and_the_reference(llama, embedded, capsys):
     """Equal counts and acceptance for the record; then each judged with its plain run as the control: a
-    correct engine's forks are its own numerics (or unexplained, saying why), never an engine-bug."""
+    correct engine's forks are its own numerics (or unexplained, saying why), never an engine-bug; and the one
+    declared to draft with the check's draft model drafts its own proposals by its counters."""
     spec, ids, runs = llama
     plain = runs["plain, 4 slots"]
     traces = {name: check.check(spec, embedded, ids, runs[name], runs["plain, 1 slot"] if name == "plain, 4 slots"
@@ -81,7 +84,16 @@ def test_every_configuration_against_its_plain_run_and_the_reference(llama, embe
             acceptance = f"{c['accepted_tokens']:.0f}/{c['draft_tokens']:.0f}" if c.get("draft_tokens") else "-"
             print(f"  {name:<16} equal to plain 4 slots {same:>2}/{len(ids)}, to the float32 reference "
                   f"{equal:>2}/{len(ids)}, drafts accepted {acceptance}")
+        for name in DRAFTS_WITH_THE_PAIRS_DRAFT:
+            a = traces[name].acceptance
+            print(f"  {name}: by its counters {a.accepted}/{a.compared} drafts accepted, the float32 draft's replay "
+                  f"at k = {K} {a.accepted_fresh}/{a.offered_fresh}: {a.verdict or 'its own drafts'}")
     for name, trace in traces.items():
+        a = trace.acceptance
+        if name in DRAFTS_WITH_THE_PAIRS_DRAFT:  # a correct engine's drafts are not short of its draft model's own
+            assert a.counters and a.verdict is None and a.per_position == [], a.explanation
+        else:
+            assert a is None, name
         noise = trace.manifest.yardstick.engine
         assert noise.source == "control" and noise.truth == "float64" and noise.tolerance > 0 and not noise.outliers
         engine, control_fidelity = trace.manifest.fidelity

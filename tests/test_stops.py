@@ -7,12 +7,14 @@ The engine judged from outside is written here, apart from specviz's decoding: a
 over Hugging Face transformers (no cache, batch size 1), the embedded target as its own draft so that every draft
 is accepted and the end of "What is the capital of France?" (token 7) falls inside a block of k = 4."""
 import json
+from typing import NamedTuple
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from specviz.cli import main as cli
+from specviz.forensics.acceptance import judge_engine_acceptance
 from specviz.models.checkpoints import embedded_target_dir
 from specviz.spec.run import EMBEDDED_TARGET
 from specviz.spec.verdicts import verdict
@@ -22,16 +24,20 @@ PROMPTS = ("What is the capital of France?", "Hi!")
 K, BUDGET = 4, 24
 
 
+class Written(NamedTuple):
+    trace: Trace  # `specviz check --outputs` of the decoder's file
+    rounds: list[list[int]]  # per prompt, the drafts each of its rounds accepted (k offered a round)
+
+
 @torch.inference_mode()
 def speculate(target, draft, prompt: list[int], eos: set[int], whole_block: bool,
-              sees_last: bool = True) -> tuple[list[int], int, int]:
+              sees_last: bool = True) -> tuple[list[int], list[int]]:
     """Drafts k tokens greedily, keeps them up to the target's first disagreement and the target's token there.
     `whole_block`: a stop anywhere in the kept block ends the output there (correct); else only the block's last
     token is looked at (the bug). `sees_last=False`: the drafter drafts without the output's last token (a
-    lossless bug, vllm-metal PR #721). Returns the output, and the drafts offered and accepted, as llama.cpp
-    counts them."""
+    lossless bug, vllm-metal PR #721). Returns the output, and the drafts each round accepted."""
     out: list[int] = []
-    offered = accepted = 0
+    rounds: list[int] = []
     while len(out) < BUDGET:
         drafts: list[int] = []
         seen = out if sees_last or not out else out[:-1]
@@ -40,20 +46,26 @@ def speculate(target, draft, prompt: list[int], eos: set[int], whole_block: bool
         logits = target(torch.tensor([prompt + out + drafts])).logits[0, len(prompt) + len(out) - 1:]
         choice = logits.argmax(-1).tolist()
         n = next((i for i in range(K) if drafts[i] != choice[i]), K)
-        offered, accepted = offered + K, accepted + n
+        rounds.append(n)
         block = drafts[:n] + [choice[n]]
         if whole_block:
             block = block[: next((i + 1 for i, t in enumerate(block) if t in eos), len(block))]
         out += block
         if out[-1] in eos:
             break
-    return out[:BUDGET], offered, accepted
+    return out[:BUDGET], rounds
 
 
 @pytest.fixture(scope="module")
-def written(embedded, tmp_path_factory) -> dict[str, Trace]:
-    """Each decoder's outputs, as a file, checked by `specviz check --outputs`."""
-    model = AutoModelForCausalLM.from_pretrained(embedded_target_dir(), dtype=torch.float32).eval()
+def model():
+    """The embedded target, the decoders' target and draft."""
+    return AutoModelForCausalLM.from_pretrained(embedded_target_dir(), dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def written(model, embedded, tmp_path_factory) -> dict[str, Written]:
+    """Each decoder's outputs, as a file with its drafts counted per request as llama.cpp counts them, checked by
+    `specviz check --outputs`."""
     prompts = embedded.encode(list(PROMPTS))
     eos = set(embedded.eos_ids)
     checked = {}
@@ -61,20 +73,22 @@ def written(embedded, tmp_path_factory) -> dict[str, Trace]:
                                    ("drafts-without-last-token", True, False)):
         path = tmp_path_factory.mktemp(name) / "outputs.jsonl"
         lines = [{"engine": {"name": name, "settings": {"k": K, "drafter": "model"}}}]
+        rounds = []
         for p in prompts:
-            ids, offered, accepted = speculate(model, model, p, eos, whole, sees_last)
-            lines.append({"prompt_ids": p, "output_ids": ids, "drafts": offered, "accepted": accepted})
+            ids, accepts = speculate(model, model, p, eos, whole, sees_last)
+            lines.append({"prompt_ids": p, "output_ids": ids, "drafts": K * len(accepts), "accepted": sum(accepts)})
+            rounds.append(accepts)
         path.write_text("\n".join(json.dumps(line) for line in lines))
         out = path.with_suffix(".trace.json")
         assert cli.main(["check", "--dtype", "float32", "--device", "cpu", "--max-new-tokens", str(BUDGET),
                          "--target", EMBEDDED_TARGET, "--draft", EMBEDDED_TARGET, "--k", str(K),
                          "--outputs", str(path), "--trace", str(out)]) == 0
-        checked[name] = Trace.from_json(out.read_text())
+        checked[name] = Written(Trace.from_json(out.read_text()), rounds)
     return checked
 
 
 def test_an_engine_that_runs_past_a_stop_accepted_mid_block_is_a_stop_bug_never_numerics(written, embedded, capsys):
-    trace = written["last-token-only"]
+    trace = written["last-token-only"].trace
     eos = set(embedded.eos_ids)
     ran_on = [s for s in trace.sequences if any(t in eos for t in s.output_ids[:-1])]
     assert ran_on, "the capital of France ends inside a block: the decoder must run past it"
@@ -86,7 +100,7 @@ def test_an_engine_that_runs_past_a_stop_accepted_mid_block_is_a_stop_bug_never_
 
 
 def test_the_same_decoder_stopping_anywhere_in_the_block_gets_no_bug(written):
-    trace = written["whole-block"]
+    trace = written["whole-block"].trace
     assert not [s.forensics.verdict for s in trace.sequences if s.forensics and verdict(s.forensics.verdict).bug]
     a = trace.acceptance  # its counters: every draft of the target drafting for itself accepted, as the replay's
     assert a.counters and a.verdict is None and a.accepted == a.compared and a.accepted_fresh == a.offered_fresh, \
@@ -95,8 +109,34 @@ def test_the_same_decoder_stopping_anywhere_in_the_block_gets_no_bug(written):
 
 def test_a_drafter_that_misses_the_last_token_is_caught_by_the_engines_own_counters(written):
     """A lossless bug: the output is the reference's, and only the engine's counters show the drafts wasted."""
-    trace = written["drafts-without-last-token"]
+    trace = written["drafts-without-last-token"].trace
     assert all(s.equivalent for s in trace.sequences)
     a = trace.acceptance
     assert a.counters and a.verdict == "draft-bug:acceptance", a.explanation
     assert a.accepted < a.accepted_fresh and "not seen from outside" in a.explanation
+
+
+@pytest.mark.parametrize("name, expected", [("whole-block", None),
+                                            ("drafts-without-last-token", "draft-bug:acceptance")])
+def test_a_servers_totals_over_the_run_judge_its_drafts_where_it_counts_none_per_request(written, model, embedded,
+                                                                                         name, expected):
+    """vLLM counts drafts only in /metrics, over the run: the same decoders' counts, summed as a server would and
+    per draft position, judged against the same replay as their counts per request."""
+    trace, rounds = written[name]
+    accepts = [n for per_prompt in rounds for n in per_prompt]
+    served = trace.model_copy(deep=True)
+    served.manifest.engine.settings["spec_decode"] = {
+        "drafts": len(accepts), "draft_tokens": K * len(accepts), "accepted_tokens": sum(accepts),
+        **{f"accepted_tokens_per_pos_{i}": sum(n > i for n in accepts) for i in range(K)}}
+    for s in served.sequences:
+        s.engine.drafts = s.engine.accepted = None
+    a = judge_engine_acceptance(served, model, embedded.vocab_size, K)
+    assert a.counters and a.verdict == expected and "/metrics" in a.explanation, a.explanation
+    per_request = trace.acceptance
+    assert (a.compared, a.accepted, a.accepted_fresh, a.offered_fresh) == (
+        per_request.compared, per_request.accepted, per_request.accepted_fresh, per_request.offered_fresh)
+    assert len(a.per_position) == len(a.per_position_fresh) == K
+    if expected is None:  # the correct drafter: the engine's acceptance at each position is the replay's
+        assert a.per_position == a.per_position_fresh, a.explanation
+    else:  # the first draft, proposed without the target's last token, is the one wasted
+        assert a.per_position[0] < a.per_position_fresh[0], a.explanation

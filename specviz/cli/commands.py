@@ -217,13 +217,14 @@ def cmd_check(args) -> int:
         if args.outputs:
             control = (args.control.read_bytes(), args.control.name) if args.control else None
             trace = check.from_files(spec, pair, (args.outputs.read_bytes(), args.outputs.name), control,
-                                     judging=judging)
+                                     judging=judging, drafter=args.engine_drafter)
         elif args.server:
             control = (args.control_server, args.control_served_model or args.served_model) if args.control_server else None
             trace = check.from_servers(spec, pair, (args.server, args.served_model), control, args.concurrency,
-                                       args.timeout, determinism=args.determinism, judging=judging)
+                                       args.timeout, determinism=args.determinism, judging=judging,
+                                       drafter=args.engine_drafter)
         else:
-            trace = check.from_callables(spec, pair, args.engine, args.control_engine, judging)
+            trace = check.from_callables(spec, pair, args.engine, args.control_engine, judging, args.engine_drafter)
     if not reports:
         return 0
     _print_check(trace)
@@ -271,7 +272,8 @@ def _reproducer(trace, s) -> str:
 
 
 def _print_engine_facts(trace) -> None:
-    """What the engine said besides its outputs: its drafts, the fields of its file left unread, its determinism."""
+    """What the engine said besides its outputs: its drafts (judged, where it drafts with the check's draft model),
+    the fields of its file left unread, its determinism."""
     engine = trace.manifest.engine
     accepted, offered = metrics.engine_drafts(trace)
     if offered:
@@ -286,6 +288,8 @@ def _print_engine_facts(trace) -> None:
               f"tokens accepted in {drafts:.0f} drafts" + (
                   "; accepted by position: " + " ".join(f"{a:.2f}" for a in by_position) if drafts and by_position
                   else ""))
+    if trace.acceptance:  # declared to draft with the check's draft model: its counts judged
+        print(f"drafts: {trace.acceptance.verdict or OWN_DRAFTS}. {trace.acceptance.explanation}")
     if engine.ignored:
         print(f"ignored fields of the outputs file: {', '.join(engine.ignored)}")
     if trace.manifest.determinism:

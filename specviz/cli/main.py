@@ -8,7 +8,7 @@ from pathlib import Path
 from specviz.cli.args import add_common, fault_set, float_list, int_list, methods
 from specviz.cli.commands import cmd_bench, cmd_check, cmd_run, cmd_schema, cmd_shrink, cmd_verify
 from specviz.decoding import determinism
-from specviz.spec.methods import METHODS
+from specviz.spec.methods import DRAFTERS, METHODS
 from specviz.spec.run import SpecError
 from specviz.trace.sweep import NO_FAULTS
 
@@ -77,6 +77,10 @@ def _add_check(sub) -> None:
                         "batch company) and report every prompt answered otherwise, with its fork")
     p.add_argument("--k", type=int, default=5,
                    help="the engine's draft length, if it speculates (a verify pass's k + 1 positions size the tolerance)")
+    p.add_argument("--engine-drafter", choices=list(DRAFTERS),
+                   help="what the engine drafts with: `model`, the check's --draft model, has its acceptance judged "
+                        "from the engine's counters (per request, or a server's /metrics over the run) against that "
+                        "model's own proposals; an outputs file's header may say it instead")
     p.add_argument("--decode-reference", action="store_true",
                    help="decode the reference token by token for every prompt, instead of proving it from the outputs "
                         "by teacher forcing and decoding only from a fork or near-tie on (slower; the same verdicts)")

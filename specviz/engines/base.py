@@ -2,7 +2,8 @@
 keeps both in a trace)."""
 from __future__ import annotations
 
-from specviz.spec.run import Many
+from specviz.spec.methods import DRAFTERS
+from specviz.spec.run import Many, SpecError
 from specviz.trace.records import EngineInfo, EngineOutput
 
 
@@ -14,3 +15,19 @@ class EngineRun(EngineInfo):
     # gets every white-box view too.
     rows: list[dict] = []
     rounds: list[dict] = []
+
+
+def declare_drafter(settings: dict, drafter: str | None, said_by: str) -> dict:
+    """`settings` with the drafter the caller declares, one of DRAFTERS (None: as the engine said), as
+    `settings["drafter"]`: an engine drafting with "model", the check's draft model, has its acceptance judged from
+    its counters (forensics/acceptance.py). Where the engine's own settings (`said_by`: e.g. a file's header) name
+    one, the two must agree."""
+    if drafter is None:
+        return settings
+    if drafter not in DRAFTERS:
+        raise SpecError(f"the engine's drafter is one of {', '.join(DRAFTERS)}, not {drafter!r}")
+    own = settings.get("drafter")
+    if own is not None and own != drafter:
+        raise SpecError(f"{said_by} says the engine drafts with {own!r}, but it is declared to draft with {drafter!r}: "
+                        "drop one of the two or make them agree")
+    return {**settings, "drafter": drafter}

@@ -25,7 +25,7 @@ import json
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from specviz.engines.base import EngineRun
+from specviz.engines.base import EngineRun, declare_drafter
 from specviz.engines.dialects import read_choice, read_llamacpp
 from specviz.spec.run import MAX_PROMPTS, SpecError, describe_validation_error
 from specviz.trace.records import EngineOutput
@@ -155,9 +155,10 @@ def _answer(response: dict, prompt: list | None) -> dict:
 
 
 def from_lines(header: Header | None, lines: list[OutputLine], tokenizer, name: str,
-               ignored: list[str] = ()) -> EngineRun:
+               ignored: list[str] = (), drafter: str | None = None) -> EngineRun:
     """The engine run a file describes; text outputs are re-tokenized (without special tokens) and marked
-    approximate. `ignored`: the file's fields this format does not name, recorded."""
+    approximate. `ignored`: the file's fields this format does not name, recorded. `drafter`: what the caller
+    declares the engine drafts with, where the header does not say otherwise."""
     outputs = []
     for line in lines:
         if line.error is not None:
@@ -169,5 +170,5 @@ def from_lines(header: Header | None, lines: list[OutputLine], tokenizer, name: 
                                     approximate=approximate, finish_reason=line.finish_reason, drafts=line.drafts,
                                     accepted=line.accepted))
     info = header or Header(name=name)
-    return EngineRun(name=info.name, version=info.version, settings=info.settings, source="file", outputs=outputs,
-                     ignored=list(ignored))
+    return EngineRun(name=info.name, version=info.version, source="file", outputs=outputs, ignored=list(ignored),
+                     settings=declare_drafter(info.settings, drafter, f"{name}'s header"))

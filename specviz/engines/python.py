@@ -16,7 +16,7 @@ import time
 
 from pydantic import ValidationError
 
-from specviz.engines.base import EngineRun
+from specviz.engines.base import EngineRun, declare_drafter
 from specviz.spec.run import SpecError, describe_validation_error
 from specviz.trace.records import EngineOutput
 
@@ -37,7 +37,9 @@ def load(target: str):
     return fn
 
 
-def from_callable(target: str, prompt_ids: list[list[int]], settings: dict) -> EngineRun:
+def from_callable(target: str, prompt_ids: list[list[int]], settings: dict, drafter: str | None = None) -> EngineRun:
+    """What `target` answers for `prompt_ids`, told the check's `settings`. `drafter`: what the caller declares the
+    engine drafts with, where the settings it returns do not say otherwise."""
     fn = load(target)
     start = time.perf_counter()
     answer = fn([list(p) for p in prompt_ids], dict(settings))
@@ -46,8 +48,8 @@ def from_callable(target: str, prompt_ids: list[list[int]], settings: dict) -> E
         answer = {"outputs": answer}
     try:
         return EngineRun(
-            name=answer.get("name", target), version=answer.get("version"), source="callable",
-            settings=answer.get("settings", settings), seconds=seconds,
+            name=answer.get("name", target), version=answer.get("version"), source="callable", seconds=seconds,
+            settings=declare_drafter(answer.get("settings", settings), drafter, f"--engine {target!r}"),
             outputs=[EngineOutput(ids=ids) for ids in answer["outputs"]],
             rows=answer.get("rows", []), rounds=answer.get("rounds", []),
         )

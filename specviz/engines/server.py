@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from specviz.engines.base import EngineRun
+from specviz.engines.base import EngineRun, declare_drafter
 from specviz.engines.dialects import LlamaCpp, OpenAI
 from specviz.spec.run import SpecError
 from specviz.trace.records import EngineOutput
@@ -38,7 +38,7 @@ def request_seed(seed: int, index: int) -> int:
 def from_server(url: str, served_model: str | None, prompt_ids: list[list[int]], max_new_tokens: int,
                 concurrency: int = 8, timeout: float = 300.0, top_logprobs: int = 5, tokenizer=None,
                 launch: dict | None = None, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                seed: int = 0, order: list[int] | None = None) -> EngineRun:
+                seed: int = 0, order: list[int] | None = None, drafter: str | None = None) -> EngineRun:
     """Completions of `prompt_ids` from the server at `url` (given with or without /v1): greedy, or sampled
     at `temperature` > 0 with `top_p`, `top_k` (0: off) and prompt i's request seeded request_seed(seed, i).
 
@@ -46,6 +46,8 @@ def from_server(url: str, served_model: str | None, prompt_ids: list[list[int]],
     wait for its answer. `tokenizer` (the pair's) re-tokenizes text-only answers; without one they are
     errors. `launch` is how the server was started, where the caller knows it: recorded as given. `order`: the
     order the prompts are sent in (each still answered as prompt i, with its own seed); default, as given.
+    `drafter`: what the caller knows the server drafts with (spec/methods.DRAFTERS), recorded in its settings; a
+    server does not say.
     """
     base = url.rstrip("/").removesuffix("/v1")
     with httpx.Client(base_url=base, timeout=timeout) as client:
@@ -86,7 +88,7 @@ def from_server(url: str, served_model: str | None, prompt_ids: list[list[int]],
         settings["sampling"] = {**dialect.sampling, "seed": seed, "request_seed": f"seed x {SEEDS_PER_RUN} + prompt index"}
     if launch:
         settings["launch"] = launch
-    return EngineRun(name=name, version=version, source="server", settings=settings,
+    return EngineRun(name=name, version=version, source="server", settings=declare_drafter(settings, drafter, base),
                      outputs=[out for out, _ in answers], seconds=seconds)
 
 

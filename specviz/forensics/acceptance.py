@@ -27,6 +27,7 @@ from specviz.trace.schema import Trace
 
 EXPLAINED = 0.9  # a hypothesis names the side when it gives the run's own drafts at this share of the slots
 SIGMAS = 4  # an engine's acceptance by its counters is short beyond chance this many standard deviations below
+PER_POSITION = "accepted_tokens_per_pos_"  # /metrics: the drafts that accepted draft position <i> (server.py)
 
 
 @dataclass
@@ -108,23 +109,35 @@ def judge_acceptance(trace: Trace, draft, vocab: int, tolerance: Callable[[], fl
 
 @torch.inference_mode()
 def judge_engine_acceptance(trace: Trace, draft, vocab: int, k: int) -> Acceptance | None:
-    """An engine's drafts by its own counters (drafts offered and accepted per prompt: llama.cpp's `timings`, an
-    outputs file's `drafts` and `accepted`), against the draft model's own proposals on the engine's output: one
+    """An engine's drafts by its own counters, against the draft model's own proposals on the engine's output: one
     fresh pass per output, its rounds replayed at k (each accepts the leading drafts equal to the output, then the
-    target's token). None where no output carries counters.
+    target's token). The counters are the outputs' own where any carries them (drafts offered and accepted per
+    prompt: llama.cpp's `timings`, an outputs file's `drafts` and `accepted`), else the run's totals from the
+    server's /metrics (`settings["spec_decode"]`: vLLM counts nothing per request). Those totals count whatever
+    else the server answered during the run too, so they judge a server that served the check alone. None where
+    the engine counted no drafts.
 
     Short beyond chance when the engine accepts a smaller share of the drafts it offered than the replay does, by
     SIGMAS binomial standard deviations, and fewer drafts in all. Either alone can be the engine's own way: a
     drafter that stops at unlikely drafts (llama.cpp's p-min) offers fewer and loses no share; a wider k than
     declared offers more and accepts a smaller share of them, but more in all. Which side of its drafter went
-    wrong cannot be seen from outside."""
-    counted = [s for s in trace.sequences if s.engine and s.engine.drafts and s.engine.accepted is not None
-               and s.output_ids]
-    if not counted:
+    wrong cannot be seen from outside. /metrics also count the drafts accepted at each draft position: each
+    position's acceptance, of the drafts that reached it, is set beside the replay's (per request there are
+    none)."""
+    per_request = [s for s in trace.sequences if s.engine and s.engine.drafts and s.engine.accepted is not None
+                   and s.output_ids]
+    totals = trace.manifest.engine.settings.get("spec_decode") or {}
+    if per_request:
+        counted, source, positions = per_request, "its counters per request", []  # which hold no positions
+        offered, accepted = sum(s.engine.drafts for s in counted), sum(s.engine.accepted for s in counted)
+    elif totals.get("draft_tokens"):
+        counted, source, positions = [s for s in trace.sequences if s.output_ids], (
+            "its /metrics over the run (any other requests it served meanwhile count too)"), _positions(totals)
+        offered, accepted = round(totals["draft_tokens"]), round(totals.get("accepted_tokens", 0))
+    else:
         return None
-    offered = sum(s.engine.drafts for s in counted)
-    accepted = sum(s.engine.accepted for s in counted)
     offered_fresh = accepted_fresh = 0
+    reached, taken = [0] * k, [0] * k  # per draft slot: replayed rounds that reached it, and accepted it
     for s in counted:
         out = s.output_ids
         choice = fresh_logits(draft, trace.prompts[s.seq].ids + out[:-1], len(out), vocab).argmax(-1).tolist()
@@ -132,21 +145,42 @@ def judge_engine_acceptance(trace: Trace, draft, vocab: int, k: int) -> Acceptan
         while i < len(out) - 1:  # a round before the last token: up to k drafts, then the target's token
             m = min(k, len(out) - 1 - i)
             a = next((j for j in range(m) if choice[i + j] != out[i + j]), m)
+            for j in range(m):
+                reached[j] += j <= a
+                taken[j] += j < a
             offered_fresh, accepted_fresh, i = offered_fresh + m, accepted_fresh + a, i + a + 1
+    positions_fresh = _rates(taken, reached) if positions else []
     rate, fresh = accepted / offered, accepted_fresh / max(offered_fresh, 1)
     spread = (offered * fresh * (1 - fresh) + 1) ** 0.5  # (+1: a draft model that agrees every time has none)
     short = accepted < fresh * offered - SIGMAS * spread and accepted < accepted_fresh
-    says = (f"By its own counters the engine accepted {accepted} of the {offered} drafts it offered ({rate:.0%}); "
-            f"the draft model's own proposals on the same outputs, in rounds of k = {k}, would have had "
-            f"{accepted_fresh} of {offered_fresh} accepted ({fresh:.0%}).")
+    says = (f"By {source} the engine accepted {accepted} of the {offered} drafts it offered ({rate:.0%}); the draft "
+            f"model's own proposals on the same outputs, in rounds of k = {k}, would have had {accepted_fresh} of "
+            f"{offered_fresh} accepted ({fresh:.0%}).")
+    if positions:
+        says += (" By draft position, of the drafts that reached it: the engine's "
+                 f"{_shown(positions)}, the replay's {_shown(positions_fresh)}.")
     return Acceptance(
         compared=offered, differ=0, beyond=0, tolerance=None, accepted=accepted, accepted_fresh=accepted_fresh,
-        per_position=[], per_position_fresh=[], counters=True, offered_fresh=offered_fresh,
-        verdict="draft-bug:acceptance" if short else None,
+        per_position=positions, per_position_fresh=positions_fresh, counters=True,
+        offered_fresh=offered_fresh, verdict="draft-bug:acceptance" if short else None,
         explanation=says + (" That is short beyond chance: the engine's drafts were not its draft model's own. "
                             "Which side of its drafter went wrong (positions, cache, the first token) is not seen "
                             "from outside; the output is judged apart." if short else
                             " Nothing short beyond chance."))
+
+
+def _positions(totals: dict[str, float]) -> list[float | None]:
+    """The engine's acceptance at each draft position from its /metrics, of the drafts that reached it: every
+    draft reaches position 0, and position i those that accepted position i - 1 (accepted drafts are a prefix)."""
+    taken = [n for _, n in sorted((int(key.removeprefix(PER_POSITION)), n) for key, n in totals.items()
+                                  if key.startswith(PER_POSITION))]
+    if not taken or not totals.get("drafts"):
+        return []
+    return _rates(taken, [totals["drafts"], *taken[:-1]])
+
+
+def _shown(rates: list[float | None]) -> str:
+    return " ".join("-" if r is None else f"{r:.2f}" for r in rates)
 
 
 def _rates(taken: list[int], reached: list[int]) -> list[float | None]:

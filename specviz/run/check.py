@@ -61,14 +61,16 @@ class Judging:
 
 
 def from_files(spec: RunSpec, pair: ModelPair, outputs: tuple[bytes, str], control: tuple[bytes, str] | None = None,
-               limits: Settings | None = None, judging: Judging = Judging()) -> Trace | None:
+               limits: Settings | None = None, judging: Judging = Judging(),
+               drafter: str | None = None) -> Trace | None:
     """Check an engine from its outputs file ((content, name); docs/engines.md), and its control run's file. The
-    prompts are the file's; the reference's budget is its longest output."""
+    prompts are the file's; the reference's budget is its longest output. `drafter`: what the engine drafts with
+    (spec/methods.DRAFTERS), where its header does not say otherwise."""
     header, lines, ignored = jsonl.parse(*outputs)
     texts, ids = prompts_of(lines, pair, spec.chat_template)
     if limits:
         limits.check_prompt_ids(ids)
-    engine = jsonl.from_lines(header, lines, pair.tokenizer, outputs[1], ignored)
+    engine = jsonl.from_lines(header, lines, pair.tokenizer, outputs[1], ignored, drafter)
     budget = max(1, *(len(o.ids) for o in engine.outputs))  # the engine's budget, as far as the file shows it
     spec = RunSpec.build(**{**spec.model_dump(), "prompts": tuple(texts), "max_new_tokens": budget})
     if limits:
@@ -84,17 +86,18 @@ def from_files(spec: RunSpec, pair: ModelPair, outputs: tuple[bytes, str], contr
 
 def from_servers(spec: RunSpec, pair: ModelPair, engine: tuple[str, str | None], control: tuple[str, str | None] | None,
                  concurrency: int, timeout: float, limits: Settings | None = None, determinism: bool = False,
-                 judging: Judging = Judging()) -> Trace | None:
+                 judging: Judging = Judging(), drafter: str | None = None) -> Trace | None:
     """Check an engine behind a server (OpenAI-compatible or llama.cpp: (url, served model)), and its control
-    run's server. `determinism`: ask the engine every prompt twice more (repeats.py) and record what differs."""
+    run's server. `determinism`: ask the engine every prompt twice more (repeats.py) and record what differs.
+    `drafter`: what the engine drafts with (spec/methods.DRAFTERS; a server does not say)."""
     ids = encode(spec, pair, limits)
 
-    def ask(url: str, model: str | None, order: list[int] | None = None) -> EngineRun:
+    def ask(url: str, model: str | None, order: list[int] | None = None, drafter: str | None = None) -> EngineRun:
         return server.from_server(url, model, ids, spec.max_new_tokens, concurrency=concurrency, timeout=timeout,
-                                  tokenizer=pair.tokenizer, order=order, **sampling_settings(spec))
+                                  tokenizer=pair.tokenizer, order=order, drafter=drafter, **sampling_settings(spec))
 
     def answers() -> tuple[EngineRun, dict[str, EngineRun], EngineRun | None]:
-        first = ask(*engine)
+        first = ask(*engine, drafter=drafter)
         again = {"again": ask(*engine), "reordered": ask(*engine, order=list(reversed(range(len(ids)))))} if determinism else {}
         return first, again, ask(*control) if control else None
 
@@ -106,13 +109,14 @@ def from_servers(spec: RunSpec, pair: ModelPair, engine: tuple[str, str | None],
 
 
 def from_callables(spec: RunSpec, pair: ModelPair, engine: str, control: str | None,
-                   judging: Judging = Judging()) -> Trace | None:
-    """Check a Python callable module:function (engines/python.py), and a control callable."""
+                   judging: Judging = Judging(), drafter: str | None = None) -> Trace | None:
+    """Check a Python callable module:function (engines/python.py), and a control callable. `drafter`: what the
+    engine drafts with (spec/methods.DRAFTERS), where the settings it returns do not say otherwise."""
     ids = encode(spec, pair)
     settings = {"max_new_tokens": spec.max_new_tokens, "k": spec.k, "dtype": spec.dtype, "device": str(pair.device),
                 "eos_ids": list(pair.eos_ids), **({"stop": list(spec.stop)} if spec.stop else {}),
                 **sampling_settings(spec)}
-    answered, control_run = on_main(lambda: (python.from_callable(engine, ids, settings),
+    answered, control_run = on_main(lambda: (python.from_callable(engine, ids, settings, drafter),
                                              python.from_callable(control, ids, settings) if control else None))
     return check(spec, pair, ids, answered, control_run, judging)
 

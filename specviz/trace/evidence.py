@@ -254,8 +254,9 @@ class Acceptance(Strict):
     per_position_fresh: Many[float | None]  # (None: no round reached the slot)
     verdict: str | None  # None: the drafts are the drafter's own; else a draft-bug (spec/verdicts.py), or unexplained
     explanation: str
-    # An engine seen from outside has no rounds, only its own counters (drafts offered and accepted per prompt):
-    # then `compared` counts the drafts it offered, and the fresh pass replays rounds of k on its output.
+    # An engine seen from outside has no rounds, only its own counters (drafts offered and accepted per prompt, or
+    # a server's /metrics totals over the run): then `compared` counts the drafts it offered, and the fresh pass
+    # replays rounds of k on its output. Only /metrics count per draft position (`per_position`; else empty).
     counters: bool = False
     offered_fresh: int | None = None  # counters: the drafts those replayed rounds offer
 
