@@ -64,6 +64,21 @@ def test_every_case_shows_and_is_named_by_its_mechanism(case):
         assert VERDICT_OF[case.fault] == case.expected
 
 
+# The built-in pairs a case needs a feature of (a hybrid's recurrent state, a sliding window): without the fault,
+# the same run is the reference's, so every fork of the case is the fault's.
+OWN_PAIRS = sorted({(c.run["target"], c.run["draft"], c.run.get("drafter", "model")) for c in CASES
+                    if c.run.get("target", EMBEDDED_TARGET) not in (EMBEDDED_TARGET, TINY_TARGET)})
+
+
+@pytest.mark.parametrize("target, draft, drafter", OWN_PAIRS)
+def test_the_correct_engine_on_a_cases_own_pair_is_the_reference(target, draft, drafter):
+    case = next(c for c in CASES if (c.run.get("target"), c.run.get("draft"), c.run.get("drafter", "model"))
+                == (target, draft, drafter))
+    trace = run(RunSpec.build(**{**case.spec_fields(), "faults": ()}))
+    assert metrics.equivalence(trace)["exact"] == 1
+    assert not trace.acceptance or trace.acceptance.verdict is None
+
+
 def test_a_case_that_needs_ragged_drafts_stays_correct_where_every_row_is_offered_k():
     """The draft list of a draft model is every row's own: the oversized rollback erases nothing."""
     fields = {**_replica(BY_FAULT["rollback-by-draft-list"]).model_dump(), "drafter": "model", "ngram_min": 1,

@@ -20,6 +20,7 @@ from specviz.decoding import kvcache
 from specviz.decoding.batch import forward
 from specviz.decoding.faults import Policy
 from specviz.decoding.sampling import DRAFT, Sampling, Streams, inverse_cdf
+from specviz.models.architecture import narrowest_window
 from specviz.models.pairs import ModelPair
 
 
@@ -74,7 +75,7 @@ def run_model(pair: ModelPair, policy: Policy, role: str, tok, val, stl, q_start
     else:
         raise ValueError(f"no model plays {role!r}")
     logits = forward(model, tok, val, q_start, cache, pair.vocab_size, pos=pos[:, q_start:],
-                     seen=policy.seen(val), **kw)
+                     seen=policy.seen(val, stl, narrowest_window(model)), **kw)
     return logits, pos
 
 

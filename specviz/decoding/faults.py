@@ -95,9 +95,14 @@ class Policy:
             return torch.zeros_like(accepted)
         return (k - offered).clamp(min=0)
 
-    def seen(self, valid: torch.Tensor) -> torch.Tensor:
-        """The slots the attention mask lets through."""
-        return torch.ones_like(valid) if self.has("no-mask") else valid
+    def seen(self, valid: torch.Tensor, stale: torch.Tensor, window: int | None) -> torch.Tensor:
+        """The slots the attention mask lets through (`window`: the model's sliding window, where it has one)."""
+        if self.has("no-mask"):
+            return torch.ones_like(valid)
+        if self.has("window-full-keeps-rejected") and window is not None:
+            # drafts rejected once the row held a window of tokens: never rolled back, seen from then on
+            return valid | (stale & (valid.long().cumsum(1) >= window))
+        return valid
 
     def draft_steps(self, k: int) -> int:
         """A draft that supplies the bonus token must propose one more."""
@@ -139,7 +144,7 @@ class Policy:
     @property
     def compact(self) -> bool:
         """Whether realignment removes stale slots (else rejected drafts stay in place)."""
-        return not self.has("keep-rejected-kv")
+        return not (self.has("keep-rejected-kv") or self.has("window-full-keeps-rejected"))
 
     @property
     def move_kv(self) -> bool:

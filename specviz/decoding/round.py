@@ -38,6 +38,7 @@ from specviz.decoding.penalties import history, logprobs
 from specviz.decoding.result import SequenceOutput
 from specviz.decoding.sampling import ACCEPT, GREEDY, RESIDUAL, TARGET, Samplers, Sampling, Streams, inverse_cdf
 from specviz.decoding.stops import Stops
+from specviz.models.architecture import narrowest_window
 from specviz.models.pairs import ModelPair
 
 TOP = 8  # target logits kept per verified slot (for forensics, not saved in the trace)
@@ -368,7 +369,7 @@ def _recorded(d: Decoding, b: Batch, prop, v: Verified, acc: Accepted, before: d
     margins = top.values[..., 0] - top.values[..., 1]
     for i, row, m in zip(b.seqs, margins.tolist(), acc.n_keep.tolist()):
         gen[i].margins.extend(row[:m])
-    seen = d.policy.seen(v.valid)
+    seen = d.policy.seen(v.valid, v.stale, narrowest_window(d.pair.target))
     fields = {**before, "checks": {**before["checks"],
                                    "positions": (v.positions == positions(v.valid))[:, S - 1:].all(1),
                                    "mask": (seen == v.valid).all(1), "bonus": acc.pick[:, 0] == acc.own}}

@@ -104,6 +104,11 @@ def sliding_windows(model) -> dict[str, int]:
     return {t: kw["sliding_window"] for t, kw in zip(types, kwargs) if t == "sliding_attention"}
 
 
+def narrowest_window(model) -> int | None:
+    """The narrowest sliding window of `model`'s layers (None: every layer sees its whole context)."""
+    return min(sliding_windows(model).values(), default=None)
+
+
 def declares_layer_types(model) -> bool:
     """The model reads its masks by layer type (a dict), as every transformers model with `layer_types` does."""
     return getattr(_text_config(model), "layer_types", None) is not None

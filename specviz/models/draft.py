@@ -30,14 +30,14 @@ SEED = 0
 
 
 def layer_subset(model: LlamaForCausalLM, keep: list[int]) -> LlamaForCausalLM:
-    """A Llama model made of some of `model`'s layers (copied), sharing its
-    embedding, rotary table and head (not copied: they are most of a small model)."""
+    """A model of `model`'s class (a Llama, or a Mistral: the same layers) made of some of its layers (copied),
+    sharing its embedding, rotary table and head (not copied: they are most of a small model)."""
     config = copy.deepcopy(model.config)
     config.num_hidden_layers = len(keep)
     if getattr(config, "layer_types", None):
         config.layer_types = [config.layer_types[i] for i in keep]
     with torch.device("meta"):
-        sub = LlamaForCausalLM(config)
+        sub = type(model)(config)
     layers = []
     for new_idx, old_idx in enumerate(keep):
         layer = copy.deepcopy(model.model.layers[old_idx])

@@ -10,13 +10,31 @@ import os
 from dataclasses import dataclass, field
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+)
 
 from specviz.models import kernels
 from specviz.models.architecture import in_float64, unsupported
 from specviz.models.checkpoints import GGUF_FILE, GGUF_PACKAGE, embedded_target_dir, embedded_tokenizer_dir
 from specviz.models.draft import derive_draft, layer_subset
-from specviz.spec.run import BUILT_IN_PAIRS, EMBEDDED_DRAFT, EMBEDDED_TARGET, TINY_HYBRID, TINY_TARGET, RunSpec, SpecError
+from specviz.spec.run import (
+    BUILT_IN_PAIRS,
+    EMBEDDED_DRAFT,
+    EMBEDDED_TARGET,
+    TINY_HYBRID,
+    TINY_TARGET,
+    TINY_WINDOW,
+    TINY_WINDOW_SIZE,
+    RunSpec,
+    SpecError,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 PROBE_STRINGS = (
@@ -117,14 +135,16 @@ class ModelPair:
 # ---------------------------------------------------------------- tiny test pair
 
 
-def tiny_target(dtype: torch.dtype) -> LlamaForCausalLM:
-    """A 3-layer random Llama with SmolLM2's vocabulary: seconds to run, fixed seed.
+def tiny_target(dtype: torch.dtype, window: int | None = None) -> LlamaForCausalLM | MistralForCausalLM:
+    """A 3-layer random Llama with SmolLM2's vocabulary: seconds to run, fixed seed; with a `window`, the same as a
+    Mistral whose every layer sees that sliding window (the window's field cases need one).
 
     Its last layer is damped (output projections x0.15), so the tiny draft,
     its first two layers, agrees with it about half the time (measured: 0.53
     acceptance at k=5): ragged acceptance, which is what the tests need."""
     tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
-    config = LlamaConfig(
+    config_class, model_class = (MistralConfig, MistralForCausalLM) if window else (LlamaConfig, LlamaForCausalLM)
+    config = config_class(
         vocab_size=len(tok),
         hidden_size=64,
         intermediate_size=192,
@@ -137,10 +157,11 @@ def tiny_target(dtype: torch.dtype) -> LlamaForCausalLM:
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
+        **({"sliding_window": window} if window else {}),
     )
     with torch.random.fork_rng():  # a fixed model without disturbing the caller's RNG
         torch.manual_seed(0)
-        model = LlamaForCausalLM(config)
+        model = model_class(config)
     last = model.model.layers[-1]
     with torch.no_grad():
         last.self_attn.o_proj.weight.mul_(0.15)
@@ -256,9 +277,9 @@ def _cached_pair(target: str, draft: str, target_revision: str | None, draft_rev
         tgt = AutoModelForCausalLM.from_pretrained(embedded_target_dir(), dtype=torch_dtype)
         drf, info["draft_derivation"] = (_itself(tgt) if draft == target else derive_draft(tgt))
         info["target_source"] = f"{GGUF_PACKAGE}/{GGUF_FILE}"
-    elif target == TINY_TARGET:
+    elif target in (TINY_TARGET, TINY_WINDOW):
         tokenizer = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
-        tgt = tiny_target(torch_dtype)
+        tgt = tiny_target(torch_dtype, TINY_WINDOW_SIZE if target == TINY_WINDOW else None)
         drf, info["draft_derivation"] = (_itself(tgt) if draft == target else
                                          (layer_subset(tgt, [0, 1]), "the tiny target's first two layers"))
     elif target == TINY_HYBRID:

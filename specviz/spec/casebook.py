@@ -4,7 +4,7 @@ runs them all, docs/casebook.md and tests/test_casebook.py.
 
 A case names its threads (repository and number), the mechanism in two lines, what the replica leaves out, and
 the run that replays it: the embedded pair by default, a built-in pair where the case needs a feature the
-embedded one lacks (a hybrid's recurrent state). Its recorded run is bundled as assets/traces/case-<fault>.json.
+embedded one lacks (a hybrid's recurrent state, a sliding window). Its recorded run is bundled as assets/traces/case-<fault>.json.
 Plain data: no torch.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specviz.spec.faults import ACCEPTANCE_OF, FAULTS, VERDICT_OF
-from specviz.spec.run import EMBEDDED_TARGET
+from specviz.spec.run import EMBEDDED_TARGET, TINY_WINDOW, TINY_WINDOW_DRAFT
 
 REPOS = {  # the short names threads are cited by -> GitHub repository
     "vLLM": "vllm-project/vllm", "vllm-metal": "vllm-project/vllm-metal", "vllm-ascend": "vllm-project/vllm-ascend",
@@ -88,6 +88,7 @@ _REQUESTS = dict(rows=({"temperature": 0}, {"temperature": 0.8, "top_p": 0.95}, 
                           "Explain how a bicycle works.", "Tell me about the history of tea."),
                  max_new_tokens=48)
 _HYBRID = dict(target="specviz:tiny-hybrid", draft="specviz:tiny-hybrid-draft")
+_WINDOW = dict(target=TINY_WINDOW, draft=TINY_WINDOW_DRAFT)  # PROMPTS reach its window inside the run
 
 CASES = (
     Case("verify-positions-not-advanced", "greedy output left the reference once a draft was accepted",
@@ -149,6 +150,12 @@ CASES = (
          "The decode path's state column was committed only on the speculative path.",
          "vLLM's slot arithmetic and CUDA graphs: the stale column is read directly.",
          {**_HYBRID, "drafter": "lookup", "ngram_min": 1, "draft": "specviz:tiny-hybrid"}),
+    Case("window-full-keeps-rejected", "a late greedy fork, reported as \"should be identical\"",
+         (Thread("mlx-lm", 1423, pr=False), Thread("mlx-lm", 1427)),
+         "Once a sliding-window (rotating) cache was full, it could no longer be trimmed.\n"
+         "Drafts rejected after that stayed in the window, seen by every later token.",
+         "the rotating cache's offset, not rewound either: the replica keeps positions right (a random Mistral-style "
+         "pair with a 48-token window here).", _WINDOW),
     Case("draft-positions-off-by-one", "acceptance dropped while the output stayed right",
          (Thread("SGLang", 25015),),
          "The draft model's passes were fed position ids one ahead of its prefill's.\n"

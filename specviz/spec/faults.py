@@ -38,6 +38,10 @@ FAULTS = {
                                             "round's accepted drafts (vLLM #39273: the decode path's stale column)"),
     "conv-state-off-by-one": ("recurrent", "a recurrent layer's convolution state is rolled back one position late: "
                                            "a rejected draft stays in its window; the scan's state is right"),
+    # Breaking on a model with a sliding window, once a row holds a window of tokens; nothing before, or on others.
+    "window-full-keeps-rejected": ("window", "once a row holds a window of tokens, the drafts it rejects are never "
+                                             "rolled back: they stay in its window, seen by every later token (mlx-lm "
+                                             "#1423, PR #1427: a full rotating cache cannot be trimmed)"),
     # Breaking where a row's end-of-sequence token, or the token completing a stop string, is accepted inside a
     # block of drafts (a model that stops).
     "stop-at-last-token": ("stop", "the stop check looks only at the last token a round keeps: an end-of-sequence "
@@ -115,6 +119,7 @@ VERDICT_OF = {
     "state-not-rolled-back": "sync-bug:recurrent",
     "state-after-zero-draft": "sync-bug:recurrent",
     "conv-state-off-by-one": "sync-bug:recurrent",
+    "window-full-keeps-rejected": "sync-bug:kv",
     "stop-at-last-token": "decision-bug:stop",
     "penalty-history-last-token": "decision-bug:penalty",
     "logprobs-from-draft": "decision-bug:logprobs",

@@ -32,11 +32,15 @@ TINY_TARGET = "specviz:tiny"
 TINY_DRAFT = "specviz:tiny-draft"
 TINY_HYBRID = "specviz:tiny-hybrid"  # a random Qwen 3.5-style hybrid: attention beside Gated DeltaNet layers
 TINY_HYBRID_DRAFT = "specviz:tiny-hybrid-draft"
+TINY_WINDOW = "specviz:tiny-window"  # the tiny pair with a sliding window of TINY_WINDOW_SIZE on every layer
+TINY_WINDOW_DRAFT = "specviz:tiny-window-draft"
+TINY_WINDOW_SIZE = 48  # longer than the casebook's chat prompts (35 to 40 tokens), reached within 32 new tokens
 # name -> (target, draft). The Hub pairs are for machines with a GPU and Hub access.
 PRESETS = {
     "embedded": (EMBEDDED_TARGET, EMBEDDED_DRAFT),
     "tiny": (TINY_TARGET, TINY_DRAFT),
     "tiny-hybrid": (TINY_HYBRID, TINY_HYBRID_DRAFT),
+    "tiny-window": (TINY_WINDOW, TINY_WINDOW_DRAFT),
     "qwen3": ("Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B"),
     "vicuna": ("lmsys/vicuna-7b-v1.3", "double7/vicuna-68m"),
     "smollm2": ("HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
