@@ -9,7 +9,7 @@ import re
 import gradio as gr
 import pytest
 
-from specviz.app import gallery, serving, sweeptab
+from specviz.app import gallery, serving, sweeptab, sweepviews
 from specviz.app import runview as ui
 from specviz.app.views import md
 from specviz.run.settings import Settings
@@ -102,7 +102,15 @@ def test_the_sweep_tab_runs_the_whole_casebook_as_one_sweep_and_its_link_replays
         elif not case.lossless:
             assert case.expected in row.verdicts, (case.fault, row.verdicts)
     views = dict(zip(sweeptab.SWEEP_VIEW_NAMES, sweeptab.render_sweep(Settings(), found, 2)))
-    assert views["exact"].count('class="sv-hcell') == len(CASES)  # a cell each
+    assert views["exact"].count('class="sv-hcell') == len(CASES)  # a cell each, in one column: none left empty
+    assert views["exact"].split("<tbody>")[0].count("<th>") == 2 and "<td></td>" not in views["exact"]
+    for row in found.rows:  # a run at another place than most is named with it (the sampled cases' temperatures)
+        assert html.escape(row.label()) in views["exact"]
+    assert "shared-stream · T 0.8</th>" in views["exact"]
+    bars = sweepviews.verdict_bars(found)  # every run named, and the legend below the bars, not scrolled
+    assert list(bars.layout.yaxis.ticktext) == [r.name() for r in found.rows]
+    assert bars.layout.legend.yref == "container" and bars.layout.height > 22 * len(found.rows) + 20 * len(bars.data)
+    assert bars.layout.legend.maxheight >= 20 * len(bars.data)
     assert f"{len(CASES)} runs" in views["summary"] and "the runs listed" in views["summary"]
     assert f"{md('specviz:tiny-hybrid')} / {md('specviz:tiny-hybrid-draft')}" in views["summary"]  # every pair
     sweep, picked = share.decode_sweep(views["link_query"])

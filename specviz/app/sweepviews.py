@@ -31,7 +31,19 @@ SYNC_BUG_COLOURS = ("#e15759", "#ff9d9a", "#b6452c", "#f28e2b", "#d37295")  # a 
 LAYOUT = {"height": 340, "margin": {"t": 40, "b": 40, "l": 50, "r": 10}, "legend": {"orientation": "h", "y": -0.3}}
 
 
+# px a legend entry may need, by trace type (a line's marker stands taller): a long run name takes a line of its own
+LEGEND_LINE = {"bar": 20, "scatter": 30}
+LEGEND_BELOW = 4  # more entries than this: the figure grows to hold its legend below it, never a scrolled one
+
+
 def _figure(data: list[dict], **layout) -> go.Figure:
+    shown = [d for d in data if d.get("showlegend", True)]
+    if len(shown) > LEGEND_BELOW:
+        legend = sum(LEGEND_LINE[d["type"]] for d in shown)
+        layout = {"legend": {"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom",
+                             "maxheight": legend + 20}, **layout,  # (plotly's default: half the figure)
+                  "height": layout.get("height", LAYOUT["height"]) + legend,
+                  "margin": {**LAYOUT["margin"], "b": LAYOUT["margin"]["b"] + 20 + legend}}
     return plots.figure(data, {**LAYOUT, **layout})
 
 
@@ -69,25 +81,35 @@ def _cell(run: int, row: RunRow, metric: str, selected: int | None) -> str:
             f'title="{html.escape(tip)}">{text}</td>')
 
 
+def _grid(report: SweepReport) -> tuple[list[str], list[tuple[str, list[int | None]]]]:
+    """The heatmap's column heads, and its rows: (label, the run of each column, None where none ran). A sweep's
+    rows are its run labels and its columns their places (batch size, k, temperature); a list of runs that are
+    each a label of their own (the casebook) is one column, a run in another place than most named so."""
+    place = attrgetter("batch_size", "k", "temperature")
+    labels = list(dict.fromkeys(r.label() for r in report.rows))
+    if len(labels) == len(report.rows) and len({place(r) for r in report.rows}) > 1:
+        most = Counter(r.column() for r in report.rows).most_common(1)[0][0]
+        return [most], [(" · ".join([r.label(), *(p for p in r.column().split(" · ") if p not in most.split(" · "))]),
+                         [i]) for i, r in enumerate(report.rows)]
+    columns = {place(r): r.column() for r in sorted(report.rows, key=place)}
+    runs = {(r.label(), *place(r)): i for i, r in enumerate(report.rows)}
+    return list(columns.values()), [(label, [runs.get((label, *c)) for c in columns]) for label in labels]
+
+
 def heatmap_html(report: SweepReport, metric: str = "exact_pct", selected: int | None = None) -> str:
     """Run labels (method · drafter · faults) × (batch size, k), each cell its run's `metric`; a click on a cell
     names its run in data-run."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {', '.join(METRICS)}")
-    labels = list(dict.fromkeys(r.label() for r in report.rows))
-    place = attrgetter("batch_size", "k", "temperature")
-    columns = {place(r): r.column() for r in sorted(report.rows, key=place)}
-    runs = {(r.label(), *place(r)): i for i, r in enumerate(report.rows)}
+    heads, lines = _grid(report)
     # The caption sits above the scrolling box, not in the table: a table wider than its column scrolls, and
     # its caption would scroll (and be cut) with it.
     out = [f'<p class="sv-heat-caption">{html.escape(METRICS[metric])}; hover a cell for its verdicts, click it to '
            f'open its run</p><div class="sv-heat-wrap"><table class="sv-heat" data-metric="{metric}">',
-           "<thead><tr><th></th>", *(f"<th>{html.escape(c)}</th>" for c in columns.values()), "</tr></thead><tbody>"]
-    for label in labels:
+           "<thead><tr><th></th>", *(f"<th>{html.escape(c)}</th>" for c in heads), "</tr></thead><tbody>"]
+    for label, runs in lines:
         out.append(f'<tr><th class="sv-hlabel">{html.escape(label)}</th>')
-        for column in columns:
-            run = runs.get((label, *column))
-            out.append("<td></td>" if run is None else _cell(run, report.rows[run], metric, selected))
+        out += ["<td></td>" if run is None else _cell(run, report.rows[run], metric, selected) for run in runs]
         out.append("</tr>")
     out.append("</tbody></table></div>")
     return "".join(out)
@@ -125,10 +147,10 @@ def verdict_bars(report: SweepReport) -> go.Figure:
              "marker": {"color": _outcome_colour(n, sync_bugs)},
              "hovertemplate": f"%{{y}}<br>{html.escape(n)}: %{{x}}<extra></extra>"} for n in names]
     return _figure(data, barmode="stack", title="outcome of every sequence, per run",
-                   xaxis={"title": {"text": "sequences"}}, yaxis={"autorange": "reversed", "automargin": True},
-                   height=160 + 22 * len(runs), legend={"orientation": "h", "yref": "container", "y": 0,
-                                                         "yanchor": "bottom"},
-                   margin={**LAYOUT["margin"], "b": 90})
+                   xaxis={"title": {"text": "sequences"}},  # every run named: plotly would skip some when dense
+                   yaxis={"autorange": "reversed", "automargin": True, "tickmode": "array", "tickvals": runs,
+                          "ticktext": runs},
+                   height=160 + 22 * len(runs))
 
 
 def _by_label(report: SweepReport) -> dict[str, list[int]]:
