@@ -8,7 +8,7 @@ import pytest
 
 from specviz.app.sweepviews import heatmap_html
 from specviz.run.runner import run
-from specviz.spec.casebook import BY_FAULT, CASES
+from specviz.spec.casebook import BY_FAULT, CASES, PROMPTS
 from specviz.spec.faults import FAULTS, VERDICT_OF
 from specviz.spec.run import EMBEDDED_DRAFT, EMBEDDED_TARGET, TINY_DRAFT, TINY_TARGET, RunSpec
 from specviz.spec.verdicts import VERDICTS
@@ -18,12 +18,15 @@ from specviz.trace.sweep import report as sweep_report
 
 TINY = {EMBEDDED_TARGET: TINY_TARGET, EMBEDDED_DRAFT: TINY_DRAFT}
 # A random model never writes its end-of-sequence token, and its sharp logits keep their argmax under a
-# repetition penalty of 1.3: the embedded pair repeats itself where a lost penalty shows.
-ON_THE_EMBEDDED_PAIR = {"stop-at-last-token", "penalty-history-last-token"}
+# repetition penalty of 1.3: the embedded pair repeats itself where a lost penalty shows. On it, each case runs on
+# one of its prompts, whose bundled run forks early (stop: token 8 of "What is the capital of France?"; penalty:
+# token 14 of the prime number's sentence), within a shorter budget: a minute less of the suite.
+ON_THE_EMBEDDED_PAIR = {"stop-at-last-token": dict(prompts=PROMPTS[:1], max_new_tokens=16),
+                        "penalty-history-last-token": dict(prompts=PROMPTS[3:], max_new_tokens=20)}
 
 
 def _replica(case) -> RunSpec:
-    fields = case.spec_fields()
+    fields = {**case.spec_fields(), **ON_THE_EMBEDDED_PAIR.get(case.fault, {})}
     if case.fault not in ON_THE_EMBEDDED_PAIR:
         fields.update(target=TINY.get(fields.get("target", EMBEDDED_TARGET), fields.get("target")),
                       draft=TINY.get(fields.get("draft", EMBEDDED_DRAFT), fields.get("draft")))
