@@ -214,10 +214,14 @@ def test_check_on_vllm_equals_the_reference_and_a_file_of_its_outputs_reports_th
     from specviz.trace import metrics
 
     spec = RunSpec.build(prompts=tuple(builtin_set("chat")), method="engine", max_new_tokens=NEW_TOKENS, device="cpu")
-    live = check.from_servers(spec, embedded, (vllm.url, vllm.served_model), None, concurrency=8, timeout=300)
+    live = check.from_servers(spec, embedded, (vllm.url, vllm.served_model), None, concurrency=8, timeout=300,
+                              drafter="model")  # its draft is the embedded draft: its /metrics are judged
     [row] = metrics.engine_summary(live)
     assert row["exact_pct"] == 100 and row["n"] == len(spec.prompts) and row["tokens_per_second"] > 0
     assert live.manifest.engine.name == "vllm"
+    # A correct engine's drafts: its acceptance over the run, and by position, is the draft model's own.
+    a = live.acceptance
+    assert a.counters and a.verdict is None and len(a.per_position) == K, a.explanation
     filed = check.from_files(spec, embedded, (outputs_file(live), "vllm.jsonl"))
     assert filed.manifest.engine.source == "file" and filed.manifest.engine.version == live.manifest.engine.version
     for a, b in zip(live.sequences, filed.sequences):
