@@ -56,7 +56,7 @@ def test_every_case_shows_and_is_named_by_its_mechanism(case):
                       ks=(spec.k,))
         report = sweep_report(sweep, [trace])
         assert report.rows[0].drafts_verdict == case.expected
-        assert "sv-wasted" in heatmap_html(report) and case.expected in heatmap_html(report)
+        assert "sv-flag" in heatmap_html(report) and case.expected in heatmap_html(report)
     elif not spec.greedy:  # sampled: no token reference; the run's verdict names the decision or the rule
         assert metrics.sampled_verdict(trace)[0] == case.expected, metrics.sampled_verdict(trace)
     else:  # it forks; a wrong log-probability keeps the tokens and is named on them

@@ -13,7 +13,8 @@ from specviz.app import gallery, serving, sweeptab, sweepviews
 from specviz.app import runview as ui
 from specviz.app.views import md
 from specviz.run.settings import Settings
-from specviz.spec.casebook import CASES
+from specviz.spec.casebook import BY_FAULT, CASES, PROMPTS
+from specviz.spec.faults import FAULTS
 from specviz.spec.run import RunSpec, SpecError
 from specviz.trace import metrics, share
 from specviz.trace.migrations import SCHEMA_VERSION
@@ -107,6 +108,11 @@ def test_the_sweep_tab_runs_the_whole_casebook_as_one_sweep_and_its_link_replays
     for row in found.rows:  # a run at another place than most is named with it (the sampled cases' temperatures)
         assert html.escape(row.label()) in views["exact"]
     assert "shared-stream · T 0.8</th>" in views["exact"]
+    # Every token right and a bug beside them (wasted drafts, wrong log-probabilities): the cell says so (⚠).
+    flagged = {int(i) for i in re.findall(r'class="sv-hcell[^"]*sv-flag[^"]*" data-run="(\d+)"', views["exact"])}
+    assert flagged == {i for i, c in enumerate(CASES) if c.lossless or FAULTS[c.fault][0] == "logprobs"}
+    bars = {d.name: list(d.x) for d in sweepviews.verdict_bars(found).data}
+    assert bars["equivalent, decision-bug:logprobs"][CASES.index(BY_FAULT["logprobs-from-draft"])] == len(PROMPTS)
     bars = sweepviews.verdict_bars(found)  # every run named, and the legend below the bars, not scrolled
     assert list(bars.layout.yaxis.ticktext) == [r.name() for r in found.rows]
     assert bars.layout.legend.yref == "container" and bars.layout.height > 22 * len(found.rows) + 20 * len(bars.data)

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from specviz.app import plots
 from specviz.app.plots import COLOURS, empty
 from specviz.app.views import md
-from specviz.spec.verdicts import state_bug
+from specviz.spec.verdicts import state_bug, verdict
 from specviz.trace.sweep import NO_FAULTS, RunRow, SweepReport
 
 METRICS = {
@@ -26,7 +26,7 @@ METRICS = {
 EQUIVALENT = "equivalent"
 OUTCOME_COLOURS = {EQUIVALENT: "#59a14f", "numerics": "#edc948", "unexplained": "#7f0000", "kernel-bug": "#8c2d7a",
                    "divergent, no verdict": "#bab0ac", "sampled: no token reference": "#d9d9d9"}
-WASTED_DRAFTS = "#9fd08f"  # equivalent, but a lossless bug wasted the drafts: a paler green
+BESIDE_RIGHT = "#9fd08f"  # equivalent, but a bug beside the tokens (wasted drafts, log-probabilities): a paler green
 SYNC_BUG_COLOURS = ("#e15759", "#ff9d9a", "#b6452c", "#f28e2b", "#d37295")  # a state's, or a decision's
 LAYOUT = {"height": 340, "margin": {"t": 40, "b": 40, "l": 50, "r": 10}, "legend": {"orientation": "h", "y": -0.3}}
 
@@ -64,9 +64,9 @@ def _cell(run: int, row: RunRow, metric: str, selected: int | None) -> str:
     cls = "sv-hcell" + (" sv-sel" if run == selected else "")
     value = getattr(row, metric)
     if value is None:  # sampled: judged by its distribution (and, ours, its audits), not token by token
-        verdict = row.sampled_verdict or (row.distribution.verdict if row.distribution else "not judged")
-        text, colour = SAMPLED_CELLS.get(verdict, ("✗", "hsl(0,65%,72%)"))
-        tip = f"{row.name()} · sampled, no token reference · {verdict}"
+        said = row.sampled_verdict or (row.distribution.verdict if row.distribution else "not judged")
+        text, colour = SAMPLED_CELLS.get(said, ("✗", "hsl(0,65%,72%)"))
+        tip = f"{row.name()} · sampled, no token reference · {said}"
     else:
         verdicts = ", ".join(f"{v} {c}" for v, c in row.verdicts.items())
         tip = f"{row.name()} · {value:.1f}% of {row.n} sequences" + (f" · {verdicts}" if verdicts else "")
@@ -75,8 +75,8 @@ def _cell(run: int, row: RunRow, metric: str, selected: int | None) -> str:
             accepted, fresh = row.drafts_accepted
             tip += (f" · drafts: {row.drafts_verdict}, {accepted} accepted; the drafter's own would have had "
                     f"{fresh}")
-            if not row.verdicts:  # the output is right and only the drafts went wrong: ⚠, by the CSS
-                cls += " sv-wasted"
+        if row.exact_pct == 100 and (row.drafts_verdict or any(verdict(v).bug for v in row.verdicts)):
+            cls += " sv-flag"  # every token right, and a bug beside them (drafts, log-probabilities): ⚠, by the CSS
     return (f'<td class="{cls}" data-run="{run}" style="background-color:{colour}" '
             f'title="{html.escape(tip)}">{text}</td>')
 
@@ -121,14 +121,16 @@ def heatmap_html(report: SweepReport, metric: str = "exact_pct", selected: int |
 def _outcome(s, row: RunRow) -> str:
     if s.equivalent is None:
         return "sampled: no token reference"
-    if s.equivalent:  # a lossless draft bug keeps the output right: its run's drafts say so
-        return f"{EQUIVALENT}, drafts {row.drafts_verdict}" if row.drafts_verdict else EQUIVALENT
+    if s.equivalent:  # right tokens; a bug beside them is named: its log-probabilities', or its run's drafts'
+        beside = (s.forensics.verdict if s.forensics and verdict(s.forensics.verdict).bug else
+                  row.drafts_verdict and f"drafts {row.drafts_verdict}")
+        return f"{EQUIVALENT}, {beside}" if beside else EQUIVALENT
     return s.forensics.verdict if s.forensics else "divergent, no verdict"
 
 
 def _outcome_colour(name: str, sync_bugs: list[str]) -> str:
-    if name.startswith(f"{EQUIVALENT}, drafts"):
-        return WASTED_DRAFTS
+    if name.startswith(f"{EQUIVALENT}, "):
+        return BESIDE_RIGHT
     if state_bug(name):
         return SYNC_BUG_COLOURS[sync_bugs.index(name) % len(SYNC_BUG_COLOURS)]
     return OUTCOME_COLOURS.get(name, "#9d9d9d")
