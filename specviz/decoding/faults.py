@@ -114,6 +114,11 @@ class Policy:
             return idx[None] == accepted[:, None]
         return idx[None] <= accepted[:, None]
 
+    def string_stop(self, completed: int, kept: int) -> int:
+        """The tokens a row keeps of the `kept` of its round when the `completed`-th completes a stop string: up
+        to that one; the fault, which looks for stops at a block's end only, keeps the whole block."""
+        return kept if self.has("stop-at-last-token") else completed
+
     def state_index(self, accepted: torch.Tensor, kept: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Which of the `kept` positions fed this round each row's recurrent states continue from: its accepted
         count (the state after its last committed token and its accepted drafts); and its convolution state's,

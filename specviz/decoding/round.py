@@ -319,13 +319,12 @@ def accept(d: Decoding, v: Verified, prop, have: torch.Tensor, stream: Streams, 
 
 def _stop_strings(d: Decoding, emitted: torch.Tensor, n_keep: torch.Tensor, finished: torch.Tensor,
                   said: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """A row whose kept tokens complete a stop string ends: at the token that completes it, or, where the
-    policy looks for stops only at a block's end, after the whole block."""
+    """A row whose kept tokens complete a stop string ends, keeping what the policy keeps (Policy.string_stop)."""
     keep, done = n_keep.tolist(), finished.tolist()
     for r, (old, row) in enumerate(zip(said, emitted.tolist())):
         end = d.stops.text_end(old + row[: keep[r]], len(old))
         if end is not None:
-            keep[r] = keep[r] if d.policy.has("stop-at-last-token") else end - len(old)
+            keep[r] = d.policy.string_stop(end - len(old), keep[r])
             done[r] = True
     return torch.tensor(keep, device=n_keep.device), torch.tensor(done, device=finished.device)
 
