@@ -374,13 +374,14 @@ def test_the_method_registry_drives_the_method_drafter_and_fault_controls():
     from specviz.app import page
     from specviz.app import runview as ui
     from specviz.run.settings import Settings
-    from specviz.spec.methods import DRAFTERS, METHODS
+    from specviz.spec.drafters import DRAFTERS
+    from specviz.spec.methods import METHODS
 
     blocks = page.build(Settings())
     by_id = {b.elem_id: b for b in blocks.blocks.values() if getattr(b, "elem_id", None)}
     assert [v for _, v in by_id["sv-method"].choices] == list(METHODS)
     assert [v for _, v in by_id["sv-drafter"].choices] == list(DRAFTERS)
-    assert by_id["sv-method"].info == METHODS["eqspec"].summary and by_id["sv-drafter"].info == DRAFTERS["model"]
+    assert by_id["sv-method"].info == METHODS["eqspec"].summary and by_id["sv-drafter"].info == DRAFTERS["model"].summary
     assert not by_id["sv-ngram-min"].visible and not by_id["sv-ngram-max"].visible  # the draft model: no n-grams
     for name, m in METHODS.items():
         info, faults, drafter, k = ui.method_allows(name, "lookup")
@@ -389,7 +390,7 @@ def test_the_method_registry_drives_the_method_drafter_and_fault_controls():
         assert drafter["interactive"] == k["interactive"] == m.speculative
         assert drafter.get("value", "kept") == ("kept" if "lookup" in m.drafters else "model")
     info, low, high = ui.drafter_shows("lookup")
-    assert info["info"] == DRAFTERS["lookup"] and low["visible"] and high["visible"]
+    assert info["info"] == DRAFTERS["lookup"].summary and low["visible"] and high["visible"]
     assert not any(x["visible"] for x in ui.drafter_shows("model")[1:])
 
 

@@ -11,25 +11,25 @@ import textwrap
 
 import pytest
 
-from specviz.decoding import batch, drafters, eqspec, exspec, faults, round
+from specviz.decoding import batch, drafters, eqspec, exspec, faults, modelstate, round
 from specviz.run.runner import run
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import RunSpec
 
 # name -> (module, function, snippet, its mutation, modules that imported the function by name, method)
 MUTANTS = {
-    # cache-layout arithmetic: when rows move, the target cache takes each slot from one slot too far left
-    "layout-off-by-one": (eqspec, "_realign", "kvcache.gather(b.tcache, keep, src[:, : width - 1])",
-                          "kvcache.gather(b.tcache, keep, (src[:, : width - 1] - 1).clamp(min=0))", (), "eqspec"),
+    # cache-layout arithmetic: when rows move, each cache takes each slot from one slot too far left
+    "layout-off-by-one": (modelstate.ModelState, "rearranged", "kvcache.gather(self.cache, rows, src[:, :slots])",
+                          "kvcache.gather(self.cache, rows, (src[:, :slots] - 1).clamp(min=0))", (), "eqspec"),
     # interference between rows: a realignment gathers each row's cache from another row
-    "rows-interfere": (eqspec, "_realign", "kvcache.gather(b.tcache, keep, src[:, : width - 1])",
-                       "kvcache.gather(b.tcache, keep.flip(0), src[:, : width - 1])", (), "eqspec"),
+    "rows-interfere": (modelstate.ModelState, "rearranged", "kvcache.gather(self.cache, rows, src[:, :slots])",
+                       "kvcache.gather(self.cache, rows.flip(0), src[:, :slots])", (), "eqspec"),
     # stale state after a row finishes: the rows after it keep last round's tokens and caches
     "stale-after-finish": (exspec, "_split_back", "gen[s.seq].finished_at = time.perf_counter() - start\n            continue",
                            "gen[s.seq].finished_at = time.perf_counter() - start\n            break", (), "exspec"),
     # wrong row order after a batch shrinks: the first rows' caches are kept instead of the survivors'
-    "shrink-row-order": (eqspec, "_realign", "kvcache.select_rows(b.tcache, keep)",
-                         "kvcache.select_rows(b.tcache, torch.arange(len(keep), device=keep.device))", (), "eqspec"),
+    "shrink-row-order": (modelstate.ModelState, "rearranged", "kvcache.select_rows(self.cache, rows)",
+                         "kvcache.select_rows(self.cache, torch.arange(len(rows), device=rows.device))", (), "eqspec"),
     # a corrupted bonus index: the target's token is written one slot late, leaving the rejected draft in place
     "bonus-index": (round, "accept", "emitted = torch.cat([D[:, :k], g[:, k:]], 1).scatter(1, a[:, None], pick)",
                     "emitted = torch.cat([D[:, :k], g[:, k:]], 1).scatter(1, (a[:, None] + 1).clamp(max=k), pick)",

@@ -7,9 +7,10 @@ import gradio as gr
 
 from specviz.app.runview import CUSTOM, DEFAULTS, TEMPERATURE_MAX, TOP_P_MIN
 from specviz.run.settings import Settings
+from specviz.spec.drafters import DRAFTERS
 from specviz.spec.faults import FAULTS
 from specviz.spec.faults import PRESETS as FAULT_PRESETS
-from specviz.spec.methods import DRAFTERS, METHODS
+from specviz.spec.methods import METHODS
 from specviz.spec.prompts import builtin_sets
 from specviz.spec.run import DTYPES, MAX_NGRAM, MAX_PRESENCE_PENALTY, MAX_REPETITION_PENALTY, MAX_TEMPERATURE, PRESETS
 
@@ -34,13 +35,13 @@ def run_controls_of(settings: Settings) -> dict:
     c["method"] = gr.Dropdown(list(METHODS), value=DEFAULTS["method"], label="method",
                               info=METHODS[DEFAULTS["method"]].summary, elem_id="sv-method")
     c["drafter"] = gr.Dropdown(list(DRAFTERS), value=DEFAULTS["drafter"], label="drafter",
-                               info=DRAFTERS[DEFAULTS["drafter"]], elem_id="sv-drafter")
+                               info=DRAFTERS[DEFAULTS["drafter"]].summary, elem_id="sv-drafter")
     with gr.Row():
-        lookup = DEFAULTS["drafter"] == "lookup"
+        options = DRAFTERS[DEFAULTS["drafter"]].options  # shown where the drafter reads them
         c["ngram_min"] = gr.Slider(1, MAX_NGRAM, value=DEFAULTS["ngram_min"], step=1, label="shortest n-gram",
-                                   visible=lookup, elem_id="sv-ngram-min")
+                                   visible="ngram_min" in options, elem_id="sv-ngram-min")
         c["ngram_max"] = gr.Slider(1, MAX_NGRAM, value=DEFAULTS["ngram_max"], step=1, label="longest n-gram (tried first)",
-                                   visible=lookup, elem_id="sv-ngram-max")
+                                   visible="ngram_max" in options, elem_id="sv-ngram-max")
     with_faults = " and ".join(n for n, m in METHODS.items() if m.faults)
     c["faults"] = gr.Dropdown([*FAULTS, *FAULT_PRESETS], value=[], multiselect=True, label=f"faults ({with_faults} only)",
                               info="re-create a published engine's bug; the sampling faults need a temperature above 0",

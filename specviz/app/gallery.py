@@ -12,6 +12,7 @@ import gradio as gr
 from specviz.app import serving
 from specviz.app.runview import controls_of
 from specviz.spec.casebook import BY_FAULT, CASES, Case
+from specviz.spec.drafters import DRAFTERS
 from specviz.spec.faults import FAULTS
 from specviz.spec.run import PRESETS, RunSpec
 from specviz.spec.verdicts import verdict
@@ -35,7 +36,7 @@ def replica(case: Case) -> str:
     preset = next((name for name, ids in PRESETS.items() if ids == (s.target, s.draft)), None)
     pair = (f"the {preset} pair" if preset else f"{s.target} as its own draft" if s.target == s.draft
             else f"{s.target} / {s.draft}")
-    return ", ".join([pair, *(["drafts by prompt lookup"] if s.drafter == "lookup" else []),
+    return ", ".join([pair, *([] if (kind := DRAFTERS[s.drafter]).draft_model else [f"drafts by {kind.noun}"]),
                       "greedy" if s.greedy else f"temperature {s.temperature:g}" if s.temperature else
                       "each request its own sampling settings"])
 

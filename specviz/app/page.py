@@ -35,6 +35,7 @@ from specviz.app.runview import (
     shrink_focused,
 )
 from specviz.run.settings import Settings
+from specviz.spec.drafters import DRAFTER_OPTIONS
 from specviz.trace.schema import MAX_TRACE_BYTES
 
 CLICKS = """
@@ -224,7 +225,7 @@ class Page:
             values = {**DEFAULTS, **EXAMPLES[name]}
             filled = btn.click(lambda v=values: [v[n] for n in DEFAULTS], None, controls, api_name=example_api_name(name))
             # The drafter's controls follow before the decode starts (its change event, unqueued, waits on a busy CPU).
-            shown = filled.then(drafter_shows, [c["drafter"]], [c["drafter"], c["ngram_min"], c["ngram_max"]],
+            shown = filled.then(drafter_shows, [c["drafter"]], [c["drafter"], *(c[f] for f in DRAFTER_OPTIONS)],
                                 api_visibility="private", show_progress="hidden")
             running.append(shown.then(run_here, run_inputs, self.opened, api_visibility="private",
                                       concurrency_id="decode"))
@@ -240,7 +241,7 @@ class Page:
         self._wire_focus()
         c["method"].change(method_allows, [c["method"], c["drafter"]], [c["method"], c["faults"], c["drafter"], c["k"]],
                            api_visibility="private", queue=False, show_progress="hidden")
-        c["drafter"].change(drafter_shows, [c["drafter"]], [c["drafter"], c["ngram_min"], c["ngram_max"]],
+        c["drafter"].change(drafter_shows, [c["drafter"]], [c["drafter"], *(c[f] for f in DRAFTER_OPTIONS)],
                             api_visibility="private", queue=False, show_progress="hidden")
         loaded = self.demo.load(open_link, [self.v["link_query"]],
                                 [*controls, self.trace, b["download"], self.pending, self.v["status"]],
@@ -255,7 +256,7 @@ class Page:
         c = self.c
         opened = self.cards.click(gallery.open_case, None, [*[c[n] for n in DEFAULTS], *self.opened, self.tabs,
                                                             self.v["view_tabs"]], api_name="open_case")
-        opened.then(drafter_shows, [c["drafter"]], [c["drafter"], c["ngram_min"], c["ngram_max"]],
+        opened.then(drafter_shows, [c["drafter"]], [c["drafter"], *(c[f] for f in DRAFTER_OPTIONS)],
                     api_visibility="private", show_progress="hidden")
         self.then_show(opened)
 

@@ -6,6 +6,7 @@ import html
 
 from specviz.app.summary import sampling_text
 from specviz.app.views import CHECK_TEXT, PICK_TEXT, Focus, no_drafts, round_widths, rows_by_seq, token_text, visible
+from specviz.spec.drafters import DRAFTERS
 from specviz.spec.verdicts import verdict
 from specviz.trace import metrics
 from specviz.trace.evidence import EngineForensics, RunForensics
@@ -40,7 +41,7 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
         k = len(row.draft_tokens)
         widest = round_widths(trace)[row.round]
         have = sum(len(r.emitted) for r in rows_by_seq(trace)[focus.seq] if r.round < row.round)
-        lookup = trace.manifest.spec.drafter == "lookup"
+        kind = DRAFTERS[trace.manifest.spec.drafter]
         out.append(f"<h4>Round {row.round}, batch row {row.row}</h4>")
         out.append(_table([
             ("drafts offered to this row", f"{k}" + (f" (the round's widest row: {widest})" if k < widest else "")
@@ -52,7 +53,7 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
             ("positions fed to verify", f"{row.pos_first} … {row.pos_last}"),
             ("mask sum (slots visible to the first verified token)", row.mask_sum),
             ("target KV before → after", f"{row.target_kv_before} → {_opt(row.target_kv_after)}"),
-            ("draft KV before → after", "— (prompt lookup keeps no draft cache)" if lookup else
+            ("draft KV before → after", f"— ({kind.noun} keeps no draft cache)" if not kind.cache else
              f"{row.draft_kv_before} → {_opt(row.draft_kv_after)}"),
             *[(f"{who} recurrent state before → after (its tokens; -1: not the row's)",
                f"{getattr(row, f'{who}_state_before')} → {_opt(getattr(row, f'{who}_state_after'))}")
@@ -63,8 +64,8 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
             out.append(_draws_table(trace, row))
         out.append('<table class="sv-checks"><tr><th>invariant</th><th>held</th></tr>')
         for name, held in row.checks.items():
-            says = CHECK_TEXT.get(name, name) if not (lookup and name == "draft_kv") else \
-                "I3 draft KV: nothing to check (prompt lookup keeps no draft cache)"
+            says = CHECK_TEXT.get(name, name) if kind.cache or name != "draft_kv" else \
+                f"I3 draft KV: nothing to check ({kind.noun} keeps no draft cache)"
             out.append(f'<tr class="{"sv-held" if held else "sv-broken"}"><td>{html.escape(says)}'
                        f"</td><td>{'✓' if held else '✗'}</td></tr>")
         out.append("</table>")

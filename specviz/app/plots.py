@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 from scipy import stats
 
 from specviz.app.views import Focus, no_rounds, rows_by_seq
+from specviz.spec.drafters import DRAFTERS
 from specviz.spec.verdicts import OWN_DRAFTS
 from specviz.trace.evidence import Distribution
 from specviz.trace.metrics import PHASES, sampled
@@ -26,7 +27,7 @@ def lanes(trace: Trace) -> tuple[tuple[str, str], ...]:
     recurrent layers has no recurrent state."""
     def has(field: str) -> bool:
         if field == "draft_kv":
-            return trace.manifest.spec.drafter != "lookup"
+            return DRAFTERS[trace.manifest.spec.drafter].cache
         return field not in STATES or any(getattr(r, f"{field}_before") is not None for r in trace.rows)
     return tuple(lane for lane in LANES if has(lane[0]))
 

@@ -12,7 +12,8 @@ import gradio as gr
 from specviz.app import panel, plots, serving, summary, tokens, views
 from specviz.app.glossary import glossary as glossary_text
 from specviz.run.settings import Settings
-from specviz.spec.methods import DRAFTERS, METHODS
+from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTER_OPTIONS, DRAFTERS
+from specviz.spec.methods import METHODS
 from specviz.spec.prompts import builtin_sets, parse_prompts
 from specviz.spec.run import ENGINE, PRESETS, RunSpec, SpecError, rows_as_text, rows_from_text
 from specviz.trace import share
@@ -58,7 +59,7 @@ EXAMPLES = {
 DEFAULTS = {"pair": "embedded", "target": "", "draft": "", "prompt_set": "quick", "typed": "", "method": "eqspec",
             "faults": [], "batch_size": 4, "k": 5, "max_new_tokens": 48, "dtype": "float32", "seed": 0, "window": 0,
             "max_wait": 4, "audit": False, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "draft_temperature": None,
-            "draft_top_k": None, "draft_top_p": None, "drafter": "model", "ngram_min": 1, "ngram_max": 3, "rows": "",
+            "draft_top_k": None, "draft_top_p": None, "drafter": DEFAULT_DRAFTER, "ngram_min": 1, "ngram_max": 3, "rows": "",
             "repetition_penalty": 1.0, "presence_penalty": 0.0, "logprobs": False, "stop": "", "chat_template": True}
 
 
@@ -85,7 +86,7 @@ TOP_P_MIN = 0.05
 
 def spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, method, faults, batch_size, k,
                        max_new_tokens, dtype, seed, window, max_wait, audit, temperature=0.0, top_k=0, top_p=1.0,
-                       draft_temperature=None, draft_top_k=None, draft_top_p=None, drafter="model", ngram_min=1,
+                       draft_temperature=None, draft_top_k=None, draft_top_p=None, drafter=DEFAULT_DRAFTER, ngram_min=1,
                        ngram_max=3, rows="", repetition_penalty=1.0, presence_penalty=0.0, logprobs=False,
                        stop="", chat_template=True) -> RunSpec:
     """The run the controls describe. Prompts: typed ones, else the uploaded file, else the built-in set.
@@ -111,12 +112,17 @@ def spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, meth
                          audit=int(batch_size) if audit else 0, temperature=_real(temperature, 0.0),
                          top_k=int(top_k or 0), top_p=_real(top_p, 1.0), draft_temperature=_real(draft_temperature),
                          draft_top_k=None if draft_top_k is None else int(draft_top_k),
-                         draft_top_p=_real(draft_top_p), drafter=drafter or "model", rows=rows_from_text(rows),
+                         draft_top_p=_real(draft_top_p), drafter=drafter or DEFAULT_DRAFTER, rows=rows_from_text(rows),
                          repetition_penalty=_real(repetition_penalty, 1.0),
                          presence_penalty=_real(presence_penalty, 0.0), logprobs=bool(logprobs),
                          stop=tuple(s for s in (stop or "").replace("\r\n", "\n").split("\n") if s),
                          chat_template=bool(chat_template),
-                         **({"ngram_min": int(ngram_min), "ngram_max": int(ngram_max)} if drafter == "lookup" else {}))
+                         **_drafter_options(drafter, ngram_min=ngram_min, ngram_max=ngram_max))
+
+
+def _drafter_options(drafter: str | None, **values) -> dict:
+    """The option controls' values that the drafter reads (spec/drafters.py): the others stay at their defaults."""
+    return {f: int(v) for f, v in values.items() if f in DRAFTERS[drafter or DEFAULT_DRAFTER].options}
 
 
 def _real(value, blank: float | None = None) -> float | None:
@@ -139,7 +145,7 @@ def shrink_focused(settings: Settings, trace: Trace | None, seq, progress=gr.Pro
 
 def run_controls(settings: Settings, pair, target, draft, prompt_set, typed, prompt_file, method, faults, batch_size,
                  k, max_new_tokens, dtype, seed, window, max_wait, audit=False, temperature=0.0, top_k=0, top_p=1.0,
-                 draft_temperature=None, draft_top_k=None, draft_top_p=None, drafter="model", ngram_min=1,
+                 draft_temperature=None, draft_top_k=None, draft_top_p=None, drafter=DEFAULT_DRAFTER, ngram_min=1,
                  ngram_max=3, rows="", repetition_penalty=1.0, presence_penalty=0.0, logprobs=False, stop="",
                  chat_template=True, progress=gr.Progress(), request: gr.Request = None):
     """Run button and examples: decode what the controls say. The parameters are spec_from_controls'; those with
@@ -349,7 +355,7 @@ def method_allows(method: str, drafter: str):
     m = METHODS.get(method)
     if m is None:
         return gr.skip(), gr.skip(), gr.skip(), gr.skip()
-    takes = m.drafters or ("model",)
+    takes = m.drafters or (DEFAULT_DRAFTER,)
     return (gr.update(info=m.summary),
             gr.update(interactive=m.faults) if m.faults else gr.update(interactive=False, value=[]),
             gr.update(interactive=m.speculative) if drafter in takes else gr.update(interactive=m.speculative,
@@ -358,6 +364,7 @@ def method_allows(method: str, drafter: str):
 
 
 def drafter_shows(drafter: str):
-    """The drafter's description, and the n-gram sizes where they apply (prompt lookup)."""
-    lookup = drafter == "lookup"
-    return gr.update(info=DRAFTERS.get(drafter, "")), gr.update(visible=lookup), gr.update(visible=lookup)
+    """The drafter's description, and its option controls (prompt lookup's n-gram sizes) where it reads them."""
+    kind = DRAFTERS.get(drafter)
+    return (gr.update(info=kind.summary if kind else ""),
+            *(gr.update(visible=bool(kind) and f in kind.options) for f in DRAFTER_OPTIONS))

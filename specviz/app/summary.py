@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from specviz.app.views import drafter_ngrams, md, rows_by_seq
+from specviz.app.views import md, rows_by_seq
+from specviz.spec.drafters import DRAFTERS
 from specviz.trace import metrics, text
 from specviz.trace.schema import Trace
 
@@ -20,8 +21,8 @@ def headline(trace: Trace, note: str = "", timing: str | None = None) -> str:
     tokens = sum(len(q.output_ids) for q in trace.sequences)
     faults = md(" + " + ", ".join(s.faults)) if s.faults else ""
     sampling = f", **sampled** at {md(sampling_text(s))}" if metrics.sampled(trace) else ""
-    models = (f"{md(s.target)}, drafts by **{md(drafter_text(s))}**" if s.drafter == "lookup"
-              else f"{md(s.target)} / {md(s.draft)}")
+    models = (f"{md(s.target)} / {md(s.draft)}" if DRAFTERS[s.drafter].draft_model
+              else f"{md(s.target)}, drafts by **{md(drafter_text(s))}**")
     parts = [(f"**{md(s.method)}**{faults} on {models}, "
               f"{len(trace.sequences)} prompts, batch size {s.batch_size}, k {s.k}, {md(s.dtype)} on {md(m.device)}"
               f"{sampling}: {tokens} tokens in {m.decode_seconds:.1f} s")]
@@ -50,9 +51,7 @@ def headline(trace: Trace, note: str = "", timing: str | None = None) -> str:
 
 def drafter_text(spec) -> str:
     """What proposed a run's drafts, in words: the draft model, or prompt lookup with its n-gram sizes."""
-    if spec.drafter != "lookup":
-        return "the draft model"
-    return f"prompt lookup (n-grams {drafter_ngrams(spec)}, no draft model)"
+    return DRAFTERS[spec.drafter].words(spec)
 
 
 # Where the page came by a run's times (serving.py knows; a trace file alone does not).

@@ -11,9 +11,10 @@ from specviz.app import serving, sidebyside, sweepviews, views
 from specviz.app.controls import UPLOAD_HEIGHT
 from specviz.run.settings import Settings
 from specviz.spec.casebook import BASE_RUN, CASES
+from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTERS
 from specviz.spec.faults import FAULTS
 from specviz.spec.faults import PRESETS as FAULT_PRESETS
-from specviz.spec.methods import DRAFTERS, METHODS
+from specviz.spec.methods import METHODS
 from specviz.spec.prompts import builtin_sets
 from specviz.spec.run import DTYPES, PRESETS, RunSpec, SpecError
 from specviz.trace import share
@@ -21,7 +22,7 @@ from specviz.trace.schema import Trace
 from specviz.trace.sweep import NO_FAULTS, Sweep, SweepReport, report, run_name
 
 SWEEP_DEFAULTS = {"pair": "embedded", "prompt_set": "quick", "max_new_tokens": 32, "dtype": "float32",
-                  "methods": ["eqspec"], "drafters": ["model"], "fault_sets": [NO_FAULTS, "bsp-like", "dsd-like"],
+                  "methods": ["eqspec"], "drafters": [DEFAULT_DRAFTER], "fault_sets": [NO_FAULTS, "bsp-like", "dsd-like"],
                   "batch_sizes": [1, 4, 8], "ks": [5], "temperatures": [0]}
 SWEEP_BATCH_SIZES = (1, 2, 3, 4, 8, 16, 32, 64)
 SWEEP_KS = (1, 2, 3, 4, 5, 6, 8, 12, 16)

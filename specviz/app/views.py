@@ -12,6 +12,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
+from specviz.spec.drafters import DRAFTERS
 from specviz.trace import metrics, text
 from specviz.trace.records import RowRecord
 from specviz.trace.schema import Trace
@@ -68,15 +69,11 @@ def no_drafts(trace: Trace, have: int) -> str:
     spec = trace.manifest.spec
     if spec.max_new_tokens - 1 - have <= 0:
         why = "its token budget left room for one token only"
-    elif spec.drafter == "lookup":
-        why = f"prompt lookup found no earlier occurrence of its last n-gram, n {drafter_ngrams(spec)}"
+    elif (kind := DRAFTERS[spec.drafter]).empty:
+        why = f"{kind.noun} {kind.empty(spec)}"
     else:
         why = "its drafter proposed nothing"
     return f"{NO_DRAFTS} ({why}): the target's own token alone"
-
-
-def drafter_ngrams(spec) -> str:
-    return str(spec.ngram_min) if spec.ngram_min == spec.ngram_max else f"{spec.ngram_min}–{spec.ngram_max}"
 
 
 NO_DRAFTS = "no drafts offered"

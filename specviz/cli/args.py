@@ -6,11 +6,12 @@ import argparse
 from pathlib import Path
 
 from specviz.models.pairs import Placement
+from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTER_OPTIONS, DRAFTERS, reading
 from specviz.spec.faults import FAULTS
 from specviz.spec.faults import PRESETS as FAULT_PRESETS
-from specviz.spec.methods import DRAFTERS, METHODS
+from specviz.spec.methods import METHODS
 from specviz.spec.prompts import builtin_set, builtin_sets, read_prompts
-from specviz.spec.run import DEVICES, DTYPES, LOOKUP_FIELDS, MAX_BATCH_SIZE, PRESETS, RowSampling, RunSpec, SpecError, row_fields
+from specviz.spec.run import DEVICES, DTYPES, MAX_BATCH_SIZE, PRESETS, RowSampling, RunSpec, SpecError, row_fields
 from specviz.trace.sweep import NO_FAULTS
 
 
@@ -60,8 +61,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="deterministic GPU kernels (fixed cuBLAS workspace, no TF32): reruns repeat bit for bit; slower")
     g.add_argument("--window", type=int, help="exspec: active sequences in the window (default 2 x batch size)")
     g.add_argument("--max-wait", type=int, default=4, help="exspec: rounds a sequence may be passed over")
-    g.add_argument("--drafter", type=drafters, default=["model"], metavar="DRAFTER",
-                   help="what proposes the drafts: " + "; ".join(f"{n}: {d}" for n, d in DRAFTERS.items())
+    g.add_argument("--drafter", type=drafters, default=[DEFAULT_DRAFTER], metavar="DRAFTER",
+                   help="what proposes the drafts: " + "; ".join(f"{n}: {d.summary}" for n, d in DRAFTERS.items())
                         + " (verify and bench: several, comma-separated)")
     g.add_argument("--ngram-min", type=int, help="lookup: the shortest n-gram matched (default 1)")
     g.add_argument("--ngram-max", type=int, help="lookup: the longest n-gram matched, tried first (default 3)")
@@ -144,11 +145,13 @@ def spec_of(args, **overrides) -> RunSpec:
         rows=tuple(args.row), stop=tuple(args.stop),
     )
     fields.update(overrides)
-    ngrams = {f: getattr(args, f) for f in LOOKUP_FIELDS if getattr(args, f) is not None}
-    if ngrams and "lookup" not in args.drafter:
-        raise SpecError("--ngram-min and --ngram-max set the lookup drafter; add --drafter lookup")
-    if fields["drafter"] == "lookup":  # the runs of other drafters in a sweep leave them out
-        fields.update(ngrams)
+    options = {f: getattr(args, f) for f in DRAFTER_OPTIONS if getattr(args, f) is not None}
+    for f in options:
+        if not set(reading(f)) & set(args.drafter):
+            raise SpecError(f"--{f.replace('_', '-')} sets the {' or '.join(reading(f))} drafter; "
+                            f"add --drafter {reading(f)[0]}")
+    # the runs of other drafters in a sweep leave them out
+    fields.update({f: v for f, v in options.items() if f in DRAFTERS[fields["drafter"]].options})
     return RunSpec.build(**fields)
 
 

@@ -14,6 +14,7 @@ from specviz.engines import jsonl
 from specviz.engines.dialects import LlamaCpp, OpenAI
 from specviz.models.pairs import pair_for
 from specviz.run import launch
+from specviz.spec.drafters import DRAFTERS
 from specviz.spec.run import ENGINE, RunSpec, SpecError
 from specviz.spec.verdicts import OWN_DRAFTS, verdict
 from specviz.trace import metrics, share
@@ -146,8 +147,8 @@ def _sweep(args) -> Sweep:
     """verify's runs: the methods × drafters × fault sets × batch sizes × k × temperatures on one base spec."""
     if args.fault_sets and args.faults:
         raise SpecError("give one fault set as --faults or several as --fault-sets, not both")
-    # The base carries the lookup drafter's n-gram sizes when it is swept; every run sets its own method and drafter.
-    drafter = "lookup" if "lookup" in args.drafter else args.drafter[0]
+    # The base carries a swept drafter's options (the lookup's n-gram sizes); every run sets its own method and drafter.
+    drafter = next((d for d in args.drafter if DRAFTERS[d].options), args.drafter[0])
     # It samples at its highest temperature, so that the sampling settings hold; every run sets its own.
     temperatures = args.temperatures or [args.temperature]
     hottest = max(temperatures, default=0)

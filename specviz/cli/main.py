@@ -8,7 +8,8 @@ from pathlib import Path
 from specviz.cli.args import add_common, fault_set, float_list, int_list, methods
 from specviz.cli.commands import cmd_bench, cmd_check, cmd_run, cmd_schema, cmd_shrink, cmd_verify
 from specviz.decoding import determinism
-from specviz.spec.methods import DRAFTERS, METHODS
+from specviz.spec.drafters import DRAFTERS
+from specviz.spec.methods import METHODS
 from specviz.spec.run import SpecError
 from specviz.trace.sweep import NO_FAULTS
 

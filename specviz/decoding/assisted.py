@@ -1,8 +1,8 @@
 """`hf-assisted`: transformers' own assisted generation, as an external
 cross-check. Batch size 1 only (transformers refuses more), constant k, no
-confidence cut-off, plain argmax over the pair's shared vocabulary. With
-`lookup`, transformers' prompt lookup (`prompt_lookup_num_tokens`) drafts
-instead of the draft model: the anchor our own lookup drafter is held to."""
+confidence cut-off, plain argmax over the pair's shared vocabulary. Each drafter
+(drafters.py) says how transformers drafts as it does: transformers' prompt
+lookup (`prompt_lookup_num_tokens`) is the anchor our own lookup drafter is held to."""
 from __future__ import annotations
 
 import contextlib
@@ -43,14 +43,16 @@ def bare_generation_configs(pair: ModelPair, k: int):
 
 @torch.inference_mode()
 def hf_assisted(pair: ModelPair, prompts: list[list[int]], k: int, max_new_tokens: int,
-                progress: Progress | None = None, lookup: int | None = None,
-                repetition_penalty: float = 1.0) -> DecodeResult:
-    """`lookup`: the longest n-gram transformers' prompt lookup matches (it tries down to 1); None: the draft.
-    `repetition_penalty`: transformers' own, on each candidate's logits with the candidates before it counted."""
+                progress: Progress | None = None, repetition_penalty: float = 1.0,
+                assistance: dict | None = None) -> DecodeResult:
+    """`assistance`: how transformers drafts (a drafter's `assisted`): `generate`'s assistant model, or prompt
+    lookup's generation settings; the pair's draft model by default. `repetition_penalty`: transformers' own, on
+    each candidate's logits with the candidates before it counted."""
+    assistance = assistance or {"assistant_model": pair.draft}
+    settings = {n: v for n, v in assistance.items() if n != "assistant_model"}
     config = GenerationConfig(
         max_new_tokens=max_new_tokens, do_sample=False, repetition_penalty=repetition_penalty,
-        eos_token_id=list(pair.eos_ids), pad_token_id=pair.eos_ids[0],
-        **({"prompt_lookup_num_tokens": k, "max_matching_ngram_size": lookup} if lookup else {}),
+        eos_token_id=list(pair.eos_ids), pad_token_id=pair.eos_ids[0], **settings,
     )
     vocabulary = LogitsProcessorList([SharedVocabulary(pair.vocab_size)])
     outputs, start = [], time.perf_counter()
@@ -58,7 +60,7 @@ def hf_assisted(pair: ModelPair, prompts: list[list[int]], k: int, max_new_token
         for ids in prompts:
             x = torch.tensor([ids], device=pair.device)
             out = pair.target.generate(x, attention_mask=torch.ones_like(x), generation_config=config,
-                                       assistant_model=None if lookup else pair.draft, logits_processor=vocabulary)
+                                       assistant_model=assistance.get("assistant_model"), logits_processor=vocabulary)
             outputs.append(SequenceOutput(out[0, len(ids):].tolist()))
             if progress:
                 progress(len(outputs[-1].ids))

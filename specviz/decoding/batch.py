@@ -82,13 +82,13 @@ def attention_masks(model, valid: torch.Tensor, q_start: int):
 
 
 def forward(model, tokens: torch.Tensor, valid: torch.Tensor, q_start: int, cache, vocab: int,
-            pos: torch.Tensor | None = None, seen: torch.Tensor | None = None, keep: int = 0) -> torch.Tensor:
+            pos: torch.Tensor | None = None, seen: torch.Tensor | None = None, keep: int = 0, hidden: bool = False):
     """Run `model` on slots q_start.. of the layout (earlier slots are in `cache`).
 
     Returns logits (float32, or float64 for a float64 model) sliced to the shared vocabulary: (B, q, vocab), or
-    (B, keep, vocab) for the last `keep` slots only. `pos` and `seen` override the positions and
-    the slots the mask lets through, both derived from `valid` by default (a
-    fault policy may swap them; a correct engine never does).
+    (B, keep, vocab) for the last `keep` slots only; with `hidden`, (logits, the last layer's hidden states over the
+    same slots). `pos` and `seen` override the positions and the slots the mask lets through, both derived from
+    `valid` by default (a fault policy may swap them; a correct engine never does).
     """
     if pos is None:
         pos = positions(valid)[:, q_start:]
@@ -99,7 +99,11 @@ def forward(model, tokens: torch.Tensor, valid: torch.Tensor, q_start: int, cach
         cache=cache,
         use_cache=True,
         logits_to_keep=keep,
+        **({"output_hidden_states": True} if hidden else {}),
     )
     # A target spread over GPUs returns logits from its last GPU: bring them back to the engine's device.
     logits = out.logits[..., :vocab].to(tokens.device)
-    return logits if logits.dtype == torch.float64 else logits.float()
+    logits = logits if logits.dtype == torch.float64 else logits.float()
+    if not hidden:
+        return logits
+    return logits, out.hidden_states[-1][:, -logits.shape[1]:].to(tokens.device)

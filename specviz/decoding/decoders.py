@@ -52,8 +52,8 @@ def _hf_assisted(job: Job) -> DecodeResult:
     if is_recurrent(job.pair.target) or is_recurrent(job.pair.draft):
         raise SpecError("hf-assisted cannot run on a hybrid model: transformers' assisted generation refuses a cache "
                         "whose recurrent state it cannot crop back; eqspec and exspec roll it back per row")
-    return hf_assisted(job.pair, job.prompt_ids, s.k, s.max_new_tokens, job.progress,
-                       lookup=s.ngram_max if s.drafter == "lookup" else None, repetition_penalty=s.repetition_penalty)
+    return hf_assisted(job.pair, job.prompt_ids, s.k, s.max_new_tokens, job.progress, s.repetition_penalty,
+                       drafter_for(s, job.pair).assisted(s.k))
 
 
 def _eqspec(job: Job) -> DecodeResult:

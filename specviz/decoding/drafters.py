@@ -1,10 +1,12 @@
-"""Drafters: what proposes the tokens a round verifies (round.py).
+"""Drafters: what proposes the tokens a round verifies (round.py), behind one protocol.
 
 A drafter proposes up to k tokens for every row of a padded batch, with a count per row: 0 is allowed, and
 that row then takes one token from the target this round. eqspec and exspec verify whatever it proposes; a
 row never accepts more drafts than it was offered. What was accepted reaches a drafter through the batch it
-is given next round (the committed tokens and, for a draft model, its realigned cache), as transformers'
-`CandidateGenerator` learns it from `input_ids`.
+is given next round (the committed tokens and its own state, which every rearrangement of the batch moves
+with the target's: modelstate.py), as transformers' `CandidateGenerator` learns it from `input_ids`; and through
+`observe`, which hears each verify pass (with the target's hidden states, where its declaration asks for them).
+What each drafter is (its cache, cost, options) is declared in spec/drafters.py; here is how it drafts.
 
 - `ModelDrafter`: a draft model with its own KV cache, laid out like the target's.
 - `PromptLookup`: n-gram lookup in each row's own prompt and output; no model, no cache.
@@ -17,11 +19,12 @@ from typing import Protocol
 import torch
 
 from specviz.decoding import kvcache
-from specviz.decoding.batch import forward
 from specviz.decoding.faults import Policy
+from specviz.decoding.modelstate import ModelState
+from specviz.decoding.passes import run_model
 from specviz.decoding.sampling import DRAFT, Sampling, Streams, inverse_cdf
-from specviz.models.architecture import narrowest_window
 from specviz.models.pairs import ModelPair
+from specviz.spec.drafters import DRAFTERS, DrafterKind
 
 
 @dataclass
@@ -42,76 +45,77 @@ class Drafter(Protocol):
     """What proposes a round's drafts. Verification never knows which drafter it has (transformers'
     `CandidateGenerator`): it reads a `Proposal`."""
 
-    name: str  # as spec/methods.py's DRAFTERS names it
+    kind: DrafterKind  # its declaration (spec/drafters.py)
 
-    def new_cache(self):
-        """The drafter's own cache for a freshly laid-out batch (None: it keeps none)."""
+    def new_state(self, valid: torch.Tensor, positions: torch.Tensor) -> ModelState:
+        """Its state for a freshly laid-out batch, empty until its first pass (a cache of None: it keeps none)."""
 
-    def prefill(self, policy: Policy, cache, tokens: torch.Tensor, valid: torch.Tensor, stale: torch.Tensor) -> None:
-        """Fill `cache` with a laid-out batch's slots 0..S-3."""
+    def prefill(self, policy: Policy, state: ModelState, tokens: torch.Tensor, valid: torch.Tensor,
+                stale: torch.Tensor) -> None:
+        """Fill its state with a laid-out batch's slots."""
 
     def propose(self, policy: Policy, b, k: int, sampling: Sampling, stream: Streams,
                 have: torch.Tensor) -> Proposal:
         """Up to k drafts for every row of batch `b`, whose rows already have `have` tokens."""
 
+    def observe(self, b, verified, accepted) -> None:
+        """Hear the round's verify pass (round.Verified, with the target's hidden states where `kind.hears` asks
+        for them) and what each row accepted (round.Accepted), before the batch is laid out again."""
+
+    def assisted(self, k: int) -> dict:
+        """transformers' `generate` arguments that draft as it does (the hf-assisted cross-check)."""
+
 
 def drafter_for(spec, pair: ModelPair) -> Drafter:
     """The drafter a RunSpec asks for, over `pair`."""
-    if spec.drafter == "lookup":
-        return PromptLookup(pair, spec.ngram_min, spec.ngram_max)
-    return ModelDrafter(pair)
-
-
-def run_model(pair: ModelPair, policy: Policy, role: str, tok, val, stl, q_start, cache, **kw):
-    """The pair's `role` model over slots q_start.. with the positions and mask the policy derives: (logits,
-    positions). Roles: "target", "draft" (a drafting pass), "draft prefill" (the draft cache's first fill)."""
-    pos = policy.positions(val, stl)
-    if role == "draft prefill":
-        model = pair.draft
-    elif role == "draft":
-        model, pos = pair.draft, policy.draft_positions(pos, q_start)
-    elif role == "target":
-        model, pos = pair.target, policy.window_positions(pos, q_start)
-    else:
-        raise ValueError(f"no model plays {role!r}")
-    logits = forward(model, tok, val, q_start, cache, pair.vocab_size, pos=pos[:, q_start:],
-                     seen=policy.seen(val, stl, narrowest_window(model)), **kw)
-    return logits, pos
+    return BUILT[spec.drafter].of(spec, pair)
 
 
 class ModelDrafter:
-    """A draft model proposing k tokens a row, one pass each. Its cache holds slots 0..S-3 at a round's start:
-    the first pass re-feeds the last two slots, so that after a fully accepted block it catches up on the
-    k-th draft it never fed."""
+    """A draft model proposing k tokens a row, one pass each. Its cache lags the layout by two slots (holds
+    0..S-3 at a round's start): the first pass re-feeds the last two, so that after a fully accepted block it
+    catches up on the k-th draft it never fed."""
 
-    name = "model"
+    kind = DRAFTERS["model"]
+    behind = 2
 
     def __init__(self, pair: ModelPair):
         self.pair = pair
 
-    def new_cache(self):
-        return kvcache.new(self.pair.draft)
+    @classmethod
+    def of(cls, spec, pair: ModelPair) -> ModelDrafter:
+        return cls(pair)
 
-    def prefill(self, policy: Policy, cache, tokens: torch.Tensor, valid: torch.Tensor, stale: torch.Tensor) -> None:
-        S = tokens.shape[1]
-        if S > 2:
-            run_model(self.pair, policy, "draft prefill", tokens[:, : S - 2], valid[:, : S - 2], stale[:, : S - 2], 0,
-                      cache, keep=1)
+    def new_state(self, valid: torch.Tensor, positions: torch.Tensor) -> ModelState:
+        return ModelState.fresh(kvcache.new(self.pair.draft), valid, positions, self.behind)
+
+    def prefill(self, policy: Policy, state: ModelState, tokens: torch.Tensor, valid: torch.Tensor,
+                stale: torch.Tensor) -> None:
+        n = tokens.shape[1] - self.behind
+        if n > 0:
+            run_model(self.pair, policy, "draft prefill", tokens[:, :n], valid[:, :n], stale[:, :n], 0, state.cache,
+                      keep=1)
+
+    def observe(self, b, verified, accepted) -> None:
+        pass  # what the target accepted reaches it through the next round's tokens
+
+    def assisted(self, k: int) -> dict:
+        return {"assistant_model": self.pair.draft}
 
     def propose(self, policy: Policy, b, k: int, sampling: Sampling, stream: Streams,
                 have: torch.Tensor) -> Proposal:
-        S = b.tokens.shape[1]
+        S, state = b.tokens.shape[1], b.draft
         d_tok, d_val, d_stl = b.tokens, b.valid, b.stale
         drafts, probs = [], []
-        q_start, steps = (S - 2 if kvcache.length(b.dcache) else 0), policy.draft_steps(k)
+        q_start, steps = (S - self.behind if kvcache.length(state.cache) else 0), policy.draft_steps(k)
         eos = torch.tensor(self.pair.eos_ids, device=b.tokens.device)
         drafted_eos = torch.zeros(len(b.seqs), dtype=torch.bool, device=b.tokens.device)
         sampler = sampling.drafts(b.seqs)
         for j in range(steps):
             # A recurrent draft state after each token it is fed: the first pass's last two, then each draft.
-            with kvcache.keeping(b.dcache, 2 if j == 0 else 1):
-                logits, d_pos = run_model(self.pair, policy, "draft", d_tok, d_val, d_stl, q_start, b.dcache,
-                                          keep=policy.first_draft_slots if j == 0 else 1)
+            with kvcache.keeping(state.cache, self.behind if j == 0 else 1):
+                logits, d_pos, _ = run_model(self.pair, policy, "draft", d_tok, d_val, d_stl, q_start, state.cache,
+                                             keep=policy.first_draft_slots if j == 0 else 1)
             if j == 0:
                 logits = policy.first_draft(logits, have)
             if sampling.greedy:
@@ -133,7 +137,7 @@ class ModelDrafter:
         confidence = Q.gather(2, D[..., None])[..., 0]
         counts = torch.full_like(have, D.shape[1])
         return Proposal(D, counts, None if sampling.greedy else Q, confidence,
-                        torch.cat([b.d_written, d_pos[:, S - 2:]], 1))
+                        torch.cat([state.written, d_pos[:, S - self.behind:]], 1))
 
 
 class PromptLookup:
@@ -143,17 +147,28 @@ class PromptLookup:
     with no match offers nothing; one whose match lies near its end offers the fewer tokens that follow it.
     Every row is searched at once: one window comparison per n over the batch."""
 
-    name = "lookup"
+    kind = DRAFTERS["lookup"]
 
     def __init__(self, pair: ModelPair, min_n: int, max_n: int):
         self.vocab_size = pair.vocab_size
         self.min_n, self.max_n = min_n, max_n
 
-    def new_cache(self):
-        return None
+    @classmethod
+    def of(cls, spec, pair: ModelPair) -> PromptLookup:
+        return cls(pair, spec.ngram_min, spec.ngram_max)
 
-    def prefill(self, policy: Policy, cache, tokens, valid, stale) -> None:
+    def new_state(self, valid: torch.Tensor, positions: torch.Tensor) -> ModelState:
+        # no cache: the slots it would hold (a draft model's) are recorded empty, and never checked
+        return ModelState.fresh(None, valid, positions, ModelDrafter.behind)
+
+    def prefill(self, policy: Policy, state: ModelState, tokens, valid, stale) -> None:
         pass
+
+    def observe(self, b, verified, accepted) -> None:
+        pass  # it searches each round's tokens afresh
+
+    def assisted(self, k: int) -> dict:  # transformers' PromptLookupCandidateGenerator, matching down to 1 token
+        return {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": self.max_n}
 
     def propose(self, policy: Policy, b, k: int, sampling: Sampling, stream: Streams,
                 have: torch.Tensor) -> Proposal:
@@ -181,3 +196,5 @@ class PromptLookup:
         return Proposal(tokens, follow.clamp(max=k), probs, torch.ones(tokens.shape, device=hist.device),
                         torch.full((B, S + n_out - 1), -1, device=hist.device))
 
+
+BUILT = {d.kind.name: d for d in (ModelDrafter, PromptLookup)}  # one for every declared drafter (a test holds it)

@@ -12,7 +12,6 @@ import time
 
 import torch
 
-from specviz.decoding import kvcache
 from specviz.decoding.batch import left_pad, right_pad
 from specviz.decoding.drafters import Drafter, ModelDrafter
 from specviz.decoding.faults import Policy
@@ -40,7 +39,6 @@ def eqspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
         b = lay_out(pair, policy, drafter, seqs, *layout([prompts[i] for i in seqs], pair.device, min_width=2))
         while b is not None:
             clock = Clock(pair.device)
-            S = b.tokens.shape[1]
             step = speculate(d, b, k, gen, clock)
             if progress:
                 progress(int(step.n_keep.sum()))
@@ -50,7 +48,7 @@ def eqspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
                 gen[i].finished_at = time.perf_counter() - start
             timings = {**step.timings, "realign": clock.lap()}
             if record:
-                rd = record_round(step, old_seqs, index, S, after, timings, moved)
+                rd = record_round(step, old_seqs, index, after, timings, moved)
                 rd.timings["trace"] = clock.lap()
                 rounds.append(rd)
         for i in seqs:
@@ -68,39 +66,20 @@ def _realign(b: Batch, step, policy: Policy) -> tuple[Batch | None, bool, dict]:
     dev = b.tokens.device
     keep = (~step.finished).nonzero().flatten()
     after = {name: torch.full((B,), -1, device=dev) for name in ("pad", "content", "target_kv", "draft_kv")}
-    after["target_state"], after["draft_state"] = step.states[0], step.states[1]
+    after["target_state"], after["draft_state"] = step.target.held, step.draft.held
     if not len(keep):
         return None, False, after
     src, valid, stale, width = _relayout(step.out_val[keep], step.out_stale[keep], policy, S, step.n_keep[keep])
-    rows = keep[:, None]
     nothing_moves = bool(((src == torch.arange(width, device=dev)) | ~valid).all())
     moved = policy.move_kv and not nothing_moves
-    if moved:
-        kvcache.gather(b.tcache, keep, src[:, : width - 1])
-        kvcache.gather(b.dcache, keep, src[:, : width - 2])
-        t_written, d_written = step.t_fed[rows, src[:, : width - 1]], step.d_fed[rows, src[:, : width - 2]]
-    else:  # no row moves (or the fault forgets to move them): drop rows and trailing slots only
-        if len(keep) < B:
-            kvcache.select_rows(b.tcache, keep)
-            kvcache.select_rows(b.dcache, keep)
-        kvcache.crop(b.tcache, width - 1)
-        kvcache.crop(b.dcache, width - 2)
-        t_written, d_written = step.t_fed[keep, : width - 1], step.d_fed[keep, : width - 2]
+    # no row moves (or the fault forgets to move them): rows and trailing slots are dropped only
     lost = _lost(policy, step, keep, src, S)
-    if lost is not None:
-        kvcache.zero_slots(b.tcache, lost[:, : width - 1])
-        kvcache.zero_slots(b.dcache, lost[:, : width - 2])
-        t_written = t_written.masked_fill(lost[:, : width - 1], -1)
-        d_written = d_written.masked_fill(lost[:, : width - 2], -1)
-    t_written = t_written.masked_fill(~valid[:, : width - 1], -1)
-    d_written = d_written.masked_fill(~valid[:, : width - 2], -1)
+    target, draft = (m.rearranged(keep, src if moved else None, valid, lost) for m in (step.target, step.draft))
     after["pad"][keep] = (~valid & ~stale).sum(1)
     after["content"][keep] = valid.sum(1)
-    after["target_kv"][keep], after["draft_kv"][keep] = width - 1, width - 2 if b.dcache is not None else 0
+    after["target_kv"][keep], after["draft_kv"][keep] = target.length(width), draft.length(width)
     seqs = [b.seqs[r] for r in keep.tolist()]
-    new = Batch(seqs, step.out_tok[rows, src], valid, stale, b.tcache, b.dcache, t_written, d_written,
-                *(held[keep] for held in step.states))
-    return new, moved, after
+    return Batch(seqs, step.out_tok[keep[:, None], src], valid, stale, target, draft), moved, after
 
 
 def _relayout(out_val: torch.Tensor, out_stale: torch.Tensor, policy: Policy, S: int, n_keep: torch.Tensor):

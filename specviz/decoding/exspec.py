@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-from specviz.decoding import kvcache
 from specviz.decoding.batch import left_pad
 from specviz.decoding.drafters import Drafter, ModelDrafter
 from specviz.decoding.faults import Policy
+from specviz.decoding.modelstate import ModelState
 from specviz.decoding.result import DecodeResult, Progress, SequenceOutput
 from specviz.decoding.round import Batch, Clock, Decoding, RoundData, prefill, record_round, speculate
 from specviz.decoding.sampling import GREEDY, Sampling
@@ -36,9 +36,8 @@ class SeqState:
     seq: int
     tokens: torch.Tensor  # (1, S) the sequence's slots: real tokens (a 1-token prompt keeps one pad)
     valid: torch.Tensor
-    tcache: object  # single-row caches: S-1 and S-2 slots
-    dcache: object
-    held: torch.Tensor  # (4,) the tokens its recurrent states hold: Batch's t_state, d_state, t_stale, d_stale
+    target: ModelState  # single-row states: a target cache of S-1 slots, the drafter's
+    draft: ModelState
     waited: int = 0  # rounds passed over since it last ran
 
     @property
@@ -52,11 +51,9 @@ def _admit(pair: ModelPair, drafter: Drafter, seqs: list[int], prompts: list[lis
     b = prefill(pair, CORRECT, drafter, seqs, *left_pad([prompts[i] for i in seqs], pair.device, min_width=3))
     S = b.tokens.shape[1]
     starts = [min(S - len(prompts[i]), S - 3) for i in seqs]
-    tparts = kvcache.split(b.tcache, [(lo, S - 1) for lo in starts])
-    dparts = kvcache.split(b.dcache, [(lo, S - 2) for lo in starts])
-    held = torch.stack([b.t_state, b.d_state, b.t_stale, b.d_stale], 1)
-    return [SeqState(seq, b.tokens[r: r + 1, lo:], b.valid[r: r + 1, lo:], tparts[r], dparts[r], held[r])
-            for r, (seq, lo) in enumerate(zip(seqs, starts))]
+    spans = [(lo, S) for lo in starts]
+    return [SeqState(seq, b.tokens[r: r + 1, lo:], b.valid[r: r + 1, lo:], target, draft)
+            for r, (seq, lo, target, draft) in enumerate(zip(seqs, starts, b.target.split(spans), b.draft.split(spans)))]
 
 
 def choose(active: list[SeqState], batch_size: int, max_wait: int) -> tuple[list[SeqState], bool]:
@@ -89,12 +86,8 @@ def _merge(rows: list[SeqState]) -> Batch:
     pad = lambda t, v: torch.nn.functional.pad(t, (width - t.shape[1], 0), value=v)  # noqa: E731
     tokens = torch.cat([pad(s.tokens, 0) for s in rows])
     valid = torch.cat([pad(s.valid, False) for s in rows])
-    tcache = kvcache.merge([s.tcache for s in rows])
-    dcache = kvcache.merge([s.dcache for s in rows])
-    written = torch.where(valid, valid.long().cumsum(1) - 1, -1)
-    held = torch.stack([s.held for s in rows], 1)
-    return Batch([s.seq for s in rows], tokens, valid, torch.zeros_like(valid), tcache, dcache,
-                 written[:, : width - 1], written[:, : width - 2], *held)
+    return Batch([s.seq for s in rows], tokens, valid, torch.zeros_like(valid),
+                 ModelState.merge([s.target for s in rows], valid), ModelState.merge([s.draft for s in rows], valid))
 
 
 @torch.inference_mode()
@@ -119,20 +112,19 @@ def exspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
         rows, group = choose(active, batch_size, max_wait)
         waits = [s.waited for s in rows]
         b = _merge(rows)
-        S = b.tokens.shape[1]
         step = speculate(d, b, k, gen, clock)
         if progress:
             progress(int(step.n_keep.sum()))
 
-        first, t_spans = _split_back(rows, b, step, active, gen, start)
+        first, spans = _split_back(rows, b, step, active, gen, start)
         chosen = {s.seq for s in rows}
         for s in active:
             if s.seq not in chosen:
                 s.waited += 1
         timings = {**step.timings, "realign": clock.lap()}
         if record:
-            rd = record_round(step, b.seqs, -1, S, _after(step, first, t_spans, b.dcache is not None), timings,
-                              not group, group=group, waits=waits)
+            rd = record_round(step, b.seqs, -1, _after(step, first, spans), timings, not group, group=group,
+                              waits=waits)
             rd.timings["trace"] = clock.lap()
             rounds.append(rd)
     return DecodeResult([gen[i] for i in range(len(prompts))], time.perf_counter() - start, rounds)
@@ -140,30 +132,28 @@ def exspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
 
 def _split_back(rows: list[SeqState], b: Batch, step, active: list[SeqState], gen: dict, start: float):
     """Each continuing row keeps its real slots of the round's batch (contiguous: the policy is correct), and at
-    least 3 slots in all; a finished row leaves the window. Returns each row's padding and its target slots."""
+    least 3 slots in all; a finished row leaves the window. Returns each row's padding and the slots it kept."""
     S = b.tokens.shape[1]
     first = (~step.out_val).long().cumprod(1).sum(1)  # the row's padding
-    t_spans = [(min(int(first[r]), S + int(step.accepted[r]) - 2), S + int(step.accepted[r])) for r in range(len(rows))]
-    tparts = kvcache.split(b.tcache, t_spans)
-    dparts = kvcache.split(b.dcache, [(lo, hi - 1) for lo, hi in t_spans])
+    spans = [(min(int(first[r]), S + int(step.accepted[r]) - 2), S + int(step.accepted[r]) + 1) for r in range(len(rows))]
     done = step.finished.tolist()
-    for r, s in enumerate(rows):
+    for r, (s, target, draft) in enumerate(zip(rows, step.target.split(spans), step.draft.split(spans))):
         if done[r]:
             active.remove(s)
             gen[s.seq].finished_at = time.perf_counter() - start
             continue
-        lo, hi = t_spans[r]
-        s.tokens, s.valid = step.out_tok[r: r + 1, lo: hi + 1], step.out_val[r: r + 1, lo: hi + 1]
-        s.tcache, s.dcache, s.held, s.waited = tparts[r], dparts[r], torch.stack(step.states)[:, r], 0
-    return first, t_spans
+        lo, hi = spans[r]
+        s.tokens, s.valid = step.out_tok[r: r + 1, lo:hi], step.out_val[r: r + 1, lo:hi]
+        s.target, s.draft, s.waited = target, draft, 0
+    return first, spans
 
 
-def _after(step, first: torch.Tensor, t_spans: list[tuple[int, int]], draft_cache: bool) -> dict[str, torch.Tensor]:
+def _after(step, first: torch.Tensor, spans: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
     """Each row's pad, content, target and draft KV lengths after the round (-1 for rows that left)."""
     gone = step.finished
-    width = torch.tensor([hi + 1 - lo for lo, hi in t_spans], device=gone.device)
-    pads = first - torch.tensor([lo for lo, _ in t_spans], device=gone.device)
+    width = torch.tensor([hi - lo for lo, hi in spans], device=gone.device)
+    pads = first - torch.tensor([lo for lo, _ in spans], device=gone.device)
     return {"pad": torch.where(gone, -1, pads), "content": torch.where(gone, -1, width - pads),
-            "target_kv": torch.where(gone, -1, width - 1),
-            "draft_kv": torch.where(gone, -1, width - 2 if draft_cache else 0),
-            "target_state": step.states[0], "draft_state": step.states[1]}
+            "target_kv": torch.where(gone, -1, step.target.length(width)),
+            "draft_kv": torch.where(gone, -1, step.draft.length(width)),
+            "target_state": step.target.held, "draft_state": step.draft.held}

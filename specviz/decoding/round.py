@@ -14,7 +14,8 @@ fully accepted block gains a bonus drawn from p (speculative sampling).
 Layout at the start of a round (S slots, see batch.py): the target cache holds
 slots 0..S-2 (every token but the last, which is fed again), a draft model's
 cache slots 0..S-3 (the draft re-feeds the last two, so that after a fully
-accepted block it catches up on the k-th draft it never fed). A batch fresh from
+accepted block it catches up on the k-th draft it never fed); modelstate.py
+keeps each model's state in step with the layout. A batch fresh from
 `lay_out` has empty caches: its first round's draft and verify passes are the
 prefill, as in transformers' assisted generation. Every decision a published
 implementation got wrong goes through a `Policy` (faults.py). The batch also
@@ -32,8 +33,10 @@ import torch
 
 from specviz.decoding import kvcache
 from specviz.decoding.batch import positions
-from specviz.decoding.drafters import Drafter, run_model
+from specviz.decoding.drafters import Drafter
 from specviz.decoding.faults import Policy
+from specviz.decoding.modelstate import ModelState
+from specviz.decoding.passes import run_model
 from specviz.decoding.penalties import history, logprobs
 from specviz.decoding.result import SequenceOutput
 from specviz.decoding.sampling import ACCEPT, GREEDY, RESIDUAL, TARGET, Samplers, Sampling, Streams, inverse_cdf
@@ -52,16 +55,8 @@ class Batch:
     tokens: torch.Tensor  # (B, S)
     valid: torch.Tensor  # (B, S) real tokens
     stale: torch.Tensor  # (B, S) slots holding a rejected draft (only a faulty engine keeps them)
-    tcache: object
-    dcache: object  # the drafter's cache; None for a drafter that keeps none (kvcache.py then does nothing)
-    t_written: torch.Tensor  # (B, S-1) position each target cache slot was computed at, -1 if none
-    d_written: torch.Tensor  # (B, S-2) the same for the draft cache
-    # A hybrid's recurrent states: the row's tokens each holds (-1: it holds a token that is not the row's), and
-    # what it held after the last round's first position (what the `state-after-zero-draft` fault reads).
-    t_state: torch.Tensor  # (B,)
-    d_state: torch.Tensor
-    t_stale: torch.Tensor
-    d_stale: torch.Tensor
+    target: ModelState  # its cache holds slots 0..S-2
+    draft: ModelState  # the drafter's (a cache of None: it keeps none)
 
 
 @dataclass
@@ -76,9 +71,8 @@ class Step:
     out_tok: torch.Tensor  # (B, S+k+1) old slots + this round's slots, as the policy lays them out
     out_val: torch.Tensor
     out_stale: torch.Tensor
-    t_fed: torch.Tensor  # provenance of the target cache after verify, (B, S+k)
-    d_fed: torch.Tensor  # provenance of the draft cache after drafting
-    states: tuple[torch.Tensor, ...]  # each row's t_state, d_state, t_stale, d_stale after the round (Batch's)
+    target: ModelState  # after the round, over the out_ slots (its provenance: the slots verify fed)
+    draft: ModelState  # after drafting
     fields: dict  # recorded per-row tensors and checks (empty when not recording)
     timings: dict
 
@@ -128,21 +122,18 @@ class Clock:
 
 def lay_out(pair: ModelPair, policy: Policy, drafter: Drafter, seqs: list[int], tokens, valid) -> Batch:
     """A freshly laid-out batch with empty caches: the first round's passes fill them."""
-    S = tokens.shape[1]
     stale = torch.zeros_like(valid)
-    written = torch.where(valid[:, : S - 1], policy.positions(valid, stale)[:, : S - 1], -1)
-    held = valid.sum(1) - 1  # the recurrent states the first passes compute: all but the last token (the draft's, two)
-    return Batch(seqs, tokens, valid, stale, kvcache.new(pair.target), drafter.new_cache(), written,
-                 written[:, : S - 2], held, held - 1, held, held - 1)
+    pos = policy.positions(valid, stale)
+    return Batch(seqs, tokens, valid, stale, ModelState.fresh(kvcache.new(pair.target), valid, pos, 1),
+                 drafter.new_state(valid, pos))
 
 
 def prefill(pair: ModelPair, policy: Policy, drafter: Drafter, seqs: list[int], tokens, valid) -> Batch:
-    """A laid-out batch with both caches filled: target slots 0..S-2, a draft model's 0..S-3."""
+    """A laid-out batch with both caches filled: the target's slots 0..S-2, and the drafter's."""
     b = lay_out(pair, policy, drafter, seqs, tokens, valid)
-    S = tokens.shape[1]
-    run_model(pair, policy, "target", tokens[:, : S - 1], valid[:, : S - 1], b.stale[:, : S - 1], 0, b.tcache,
-              keep=1)
-    drafter.prefill(policy, b.dcache, tokens, valid, b.stale)
+    n = b.target.length(tokens.shape[1])
+    run_model(pair, policy, "target", tokens[:, :n], valid[:, :n], b.stale[:, :n], 0, b.target.cache, keep=1)
+    drafter.prefill(policy, b.draft, tokens, valid, b.stale)
     return b
 
 
@@ -185,6 +176,7 @@ class Verified:
     positions: torch.Tensor  # (B, S+k) the position ids the policy derived
     logits: torch.Tensor  # (B, k+1, V) at the last committed token and each draft
     argmax: torch.Tensor  # (B, k+1)
+    hidden: torch.Tensor | None  # (B, k+1, H) the target's last hidden states there, where the drafter hears them
 
 
 @dataclass
@@ -220,17 +212,19 @@ def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clo
             d.skipped[i] = d.skipped.get(i, 0) + skips
     if d.policy.has("state-after-zero-draft"):  # a row offered nothing takes the decode path's stale state
         zero = prop.counts == 0
-        kvcache.read_stale(b.tcache, zero)
-        b.t_state = torch.where(zero, b.t_stale, b.t_state)
+        kvcache.read_stale(b.target.cache, zero)
+        b.target.held = torch.where(zero, b.target.held_first, b.target.held)
     before = _state_before(b) if d.record else {}
     t_draft = clock.lap()
     v = verify(d, b, prop.tokens[:, :k], have)
     t_verify = clock.lap()
     acc = accept(d, v, prop, have, stream, b.seqs, [gen[i].ids for i in b.seqs])
+    d.drafter.observe(b, v, acc)
     lps = d.policy.logprobs(logprobs(v.logits, acc.emitted, d.sampling.target.temperature), prop.confidence[:, :k],
                             acc.accepted)
-    states = (*_roll_back(d.policy, b.tcache, b.t_state, acc.accepted),
-              *_roll_back(d.policy, b.dcache, b.d_state, acc.accepted))
+    target = _roll_back(d.policy, b.target, torch.cat([b.target.written, v.positions[:, b.tokens.shape[1] - 1:]], 1),
+                        acc.accepted)
+    draft = _roll_back(d.policy, b.draft, prop.fed, acc.accepted)
     for i, row, lp, m in zip(b.seqs, acc.emitted.tolist(), lps.tolist(), acc.n_keep.tolist()):
         gen[i].ids.extend(row[:m])
         gen[i].logprobs.extend(lp[:m])
@@ -242,9 +236,8 @@ def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clo
         with clock.pause():
             d.watch.end(b.seqs, gen)
         timings["watch"] = clock.paused
-    t_fed = torch.cat([b.t_written, v.positions[:, b.tokens.shape[1] - 1:]], 1)
-    return Step(k, acc.n_keep, acc.finished, acc.accepted, acc.room, out_tok, out_val, out_stale, t_fed, prop.fed,
-                (states[0], states[2], states[1], states[3]), fields, timings)
+    return Step(k, acc.n_keep, acc.finished, acc.accepted, acc.room, out_tok, out_val, out_stale, target, draft,
+                fields, timings)
 
 
 def verify(d: Decoding, b: Batch, drafts: torch.Tensor, have: torch.Tensor) -> Verified:
@@ -254,14 +247,15 @@ def verify(d: Decoding, b: Batch, drafts: torch.Tensor, have: torch.Tensor) -> V
     tok = torch.cat([b.tokens, drafts], 1)
     val = torch.cat([b.valid, torch.ones_like(drafts, dtype=torch.bool)], 1)
     stl = torch.cat([b.stale, torch.zeros_like(drafts, dtype=torch.bool)], 1)
-    with kvcache.keeping(b.tcache, k + 1):  # a recurrent state after the last committed token and each draft
-        logits, pos = run_model(d.pair, d.policy, "target", tok, val, stl,
-                                S - 1 if kvcache.length(b.tcache) else 0, b.tcache, keep=k + 1)
+    with kvcache.keeping(b.target.cache, k + 1):  # a recurrent state after the last committed token and each draft
+        logits, pos, hidden = run_model(d.pair, d.policy, "target", tok, val, stl,
+                                        S - 1 if kvcache.length(b.target.cache) else 0, b.target.cache, keep=k + 1,
+                                        hidden="hidden" in d.drafter.kind.hears)
     if d.sampling.penalties:
         prompt, output = history(b.tokens, b.valid, have, logits.shape[-1])
         output, drafts = d.policy.penalty_history(output, _ends(d.ends, b.seqs, output), drafts)
         logits = d.sampling.penalties.apply(logits, prompt, output, drafts)
-    return Verified(tok, val, stl, pos, logits, logits.argmax(-1))
+    return Verified(tok, val, stl, pos, logits, logits.argmax(-1), hidden)
 
 
 def _ends(ends: dict[int, list[int]], seqs: list[int], like: torch.Tensor) -> torch.Tensor:
@@ -272,17 +266,18 @@ def _ends(ends: dict[int, list[int]], seqs: list[int], like: torch.Tensor) -> to
     return mask
 
 
-def _roll_back(policy: Policy, cache, held: torch.Tensor, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's recurrent states continue from the position the policy picks (the correct engine: the row's own
-    accepted count). Returns the row's tokens they hold (-1: a token not the row's, a rejected draft) and what
-    they held after the round's first position."""
-    kept = kvcache.kept(cache)
+def _roll_back(policy: Policy, state: ModelState, fed: torch.Tensor, accepted: torch.Tensor) -> ModelState:
+    """The model's state after the round, whose cache slots were computed at positions `fed`: each row's recurrent
+    states continue from the position the policy picks (the correct engine: the row's own accepted count), and hold
+    the row's tokens up to it (-1: a token not the row's, a rejected draft)."""
+    held, kept = state.held, kvcache.kept(state.cache)
+    first = held + (held >= 0)  # what they held after the round's first position
     if not kept:  # no recurrent state: a correct engine's count, for the record
-        return torch.where(held >= 0, held + accepted + 1, -1), held + (held >= 0)
+        return ModelState(state.cache, fed, torch.where(held >= 0, held + accepted + 1, -1), first, state.behind)
     index, conv = policy.state_index(accepted, kept)
-    kvcache.roll_back(cache, index, conv)
+    kvcache.roll_back(state.cache, index, conv)
     own = (index <= accepted) & ((index if conv is None else conv) <= accepted) & (held >= 0)
-    return torch.where(own, held + index + 1, -1), held + (held >= 0)
+    return ModelState(state.cache, fed, torch.where(own, held + index + 1, -1), first, state.behind)
 
 
 def accept(d: Decoding, v: Verified, prop, have: torch.Tensor, stream: Streams, seqs: list[int],
@@ -349,15 +344,16 @@ def _state_before(b: Batch) -> dict:
     pad, content = (~b.valid & ~b.stale).sum(1), b.valid.sum(1)
     checks = {
         "rectangular": pad + content == S,  # else stale slots lie in the row
-        "kv": _kv_in_step(b.t_written, b.valid, S - 1) & b.valid[:, -1],
-        "draft_kv": _kv_in_step(b.d_written, b.valid, S - 2) | (b.dcache is None),  # no cache: nothing out of step
+        "kv": _kv_in_step(b.target.written, b.valid, b.target.length(S)) & b.valid[:, -1],
+        # no cache: nothing out of step
+        "draft_kv": _kv_in_step(b.draft.written, b.valid, S - b.draft.behind) | (b.draft.cache is None),
     }
-    recurrent = tuple(who for who, cache in (("target", b.tcache), ("draft", b.dcache)) if kvcache.recurrent(cache))
-    if recurrent:  # I5: a recurrent state holds exactly the row's tokens but the last (the draft's: but two)
-        checks["recurrent"] = ((b.t_state == content - 1) | ("target" not in recurrent)) & \
-            ((b.d_state == content - 2) | ("draft" not in recurrent))
-    return {"checks": checks, "pad": pad, "content": content, "draft_cache": b.dcache is not None,
-            "recurrent": recurrent, "state": {"target": b.t_state, "draft": b.d_state}}
+    models = {"target": b.target, "draft": b.draft}
+    recurrent = tuple(who for who, m in models.items() if kvcache.recurrent(m.cache))
+    if recurrent:  # I5: a recurrent state holds exactly the row's tokens but those its cache lags by
+        checks["recurrent"] = torch.stack([models[who].held == content - models[who].behind for who in recurrent]).all(0)
+    return {"checks": checks, "pad": pad, "content": content, "recurrent": recurrent,
+            "kv": {who: m.length(S) for who, m in models.items()}, "state": {who: m.held for who, m in models.items()}}
 
 
 def _recorded(d: Decoding, b: Batch, prop, v: Verified, acc: Accepted, before: dict,
@@ -424,7 +420,7 @@ def _to_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def record_round(step: Step, seqs: list[int], batch_index: int, S: int, after: dict[str, torch.Tensor],
+def record_round(step: Step, seqs: list[int], batch_index: int, after: dict[str, torch.Tensor],
                  timings: dict, realigned: bool, **extra) -> RoundData:
     """Bring one round's tensors to the host. `after` holds each row's pad, content, target_kv and draft_kv after
     the round (-1 for rows that left; a drafter without a cache: 0), and the tokens its recurrent states hold."""
@@ -436,8 +432,7 @@ def record_round(step: Step, seqs: list[int], batch_index: int, S: int, after: d
         ints.update({f"{who}_state_before": f["state"][who], f"{who}_state_after": after[f"{who}_state"]})
     ints.update(
         pad_before=f["pad"], content_before=f["content"],
-        target_kv_before=torch.full((B,), S - 1, device=left.device),
-        draft_kv_before=torch.full((B,), S - 2 if f["draft_cache"] else 0, device=left.device),
+        **{f"{who}_kv_before": torch.full((B,), kv, device=left.device) for who, kv in f["kv"].items()},
         pad_after=after["pad"], content_after=after["content"],
         target_kv_after=after["target_kv"], draft_kv_after=after["draft_kv"],
         delta=torch.where(left, 0, after["pad"] - f["pad"]),

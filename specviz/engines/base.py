@@ -2,7 +2,7 @@
 keeps both in a trace)."""
 from __future__ import annotations
 
-from specviz.spec.methods import DRAFTERS
+from specviz.spec.drafters import DRAFTERS
 from specviz.spec.run import Many, SpecError
 from specviz.trace.records import EngineInfo, EngineOutput
 

@@ -14,6 +14,7 @@ from tqdm import tqdm
 from specviz.decoding.recording import build_trace
 from specviz.models.pairs import Placement, pair_for
 from specviz.run.runner import decode, encode
+from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTERS
 from specviz.spec.methods import METHODS, grid
 from specviz.spec.run import RunSpec
 from specviz.trace import metrics
@@ -60,7 +61,7 @@ def bench(args, specs: list[RunSpec], placement: Placement) -> list[dict]:
     base_row = next((r for r in rows if r["method"] == "reference"), rows[0])
     for r in rows:
         r["vs_base"] = r["tokens_per_s"] / base_row["tokens_per_s"]
-    _write(args, next((s for s in specs if s.drafter == "lookup"), base), rows)
+    _write(args, next((s for s in specs if DRAFTERS[s.drafter].options), base), rows)  # its note names their options
     return rows
 
 
@@ -93,12 +94,13 @@ def _write(args, spec: RunSpec, rows: list[dict]) -> None:
         for r in rows
     )
     command = "specviz bench " + " ".join(sys.argv[2:])
-    lookup = f", lookup n-grams {spec.ngram_min}-{spec.ngram_max}" if spec.drafter == "lookup" else ""
-    note = (f"\n{len(spec.prompts)} prompts, {spec.max_new_tokens} new tokens, k={spec.k}{lookup}, {spec.dtype}, "
+    kind = DRAFTERS[spec.drafter]
+    options = f", {kind.name} {kind.setting(spec)}" if kind.setting else ""
+    note = (f"\n{len(spec.prompts)} prompts, {spec.max_new_tokens} new tokens, k={spec.k}{options}, {spec.dtype}, "
             f"pair {spec.target} / {spec.draft}. Made by `{command}`.\n")
     (out / f"{args.name}.md").write_text(head + body + note)
     fig = go.Figure(go.Bar(
-        x=[f"{r['method']}{'' if r['drafter'] in ('-', 'model') else ' ' + r['drafter']} bs{r['batch_size']}"
+        x=[f"{r['method']}{'' if r['drafter'] in ('-', DEFAULT_DRAFTER) else ' ' + r['drafter']} bs{r['batch_size']}"
            for r in rows], y=[r["tokens_per_s"] for r in rows],
         text=[f"{r['tokens_per_s']:.0f}" for r in rows], marker_color=[
             "#888" if "reference" in r["method"] else "#c66" if r["method"] == "hf-assisted" else "#36c" for r in rows],

@@ -38,6 +38,7 @@ from specviz.run.checkpoint import Checkpoint
 from specviz.run.launch import gather, is_main, my_share, on_main, rank, wait_for_everyone, world_size
 from specviz.run.runner import Phases, calibrated_tolerance, checked, encode, phase, yardsticks_for
 from specviz.run.settings import Settings
+from specviz.spec.drafters import DRAFTERS
 from specviz.spec.run import RunSpec, SpecError, describe_validation_error
 from specviz.trace.records import EngineInfo, RoundRecord, RowRecord
 from specviz.trace.schema import Trace
@@ -156,7 +157,8 @@ def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: E
         elif s.engine.approximate and pair.tokenizer.decode(s.output_ids) == pair.tokenizer.decode(s.reference_ids):
             s.equivalent, s.first_divergence = True, None  # re-tokenized text: the same text is the same answer
     judge_engine(trace, forcing, truth, scored, Stops.of(pair, spec.stop)).record(trace)
-    if engine.settings.get("drafter") == "model":  # it says it drafts with the check's draft model: its counters
+    drafter = DRAFTERS.get(engine.settings.get("drafter"))
+    if drafter and drafter.draft_model:  # it says it drafts with the check's draft model: its counters
         trace.acceptance = judge_engine_acceptance(trace, pair.draft, pair.vocab_size, spec.k)
     return trace
 

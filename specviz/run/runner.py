@@ -21,6 +21,7 @@ from specviz.forensics.watch import Watch
 from specviz.forensics.whitebox import analyse, analyse_sampled, flag_batching_noise
 from specviz.models.pairs import ONE_DEVICE, ModelPair, Placement, pair_for
 from specviz.run.settings import Settings
+from specviz.spec.drafters import DRAFTERS
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import MAX_PROMPT_TOKENS, RunSpec, SpecError
 from specviz.spec.verdicts import state_bug
@@ -235,7 +236,7 @@ def explain(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result:
             flag_batching_noise(trace, batched)
     if spec.logprobs and ref is not None:
         judge_logprobs(trace, pair, yardsticks and yardsticks.target).record(trace)
-    if spec.drafter == "model" and trace.rows:  # the drafts: lossless bugs show only there
+    if DRAFTERS[spec.drafter].draft_model and trace.rows:  # the drafts: lossless bugs show only there
         trace.acceptance = judge_acceptance(trace, pair.draft, pair.vocab_size,
                                             lambda: getattr(_calibrated(spec, pair, "draft"), "tolerance", None))
     return trace

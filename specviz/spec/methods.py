@@ -1,4 +1,4 @@
-"""The decoding methods and drafters, declared once: what each needs and what it costs.
+"""The decoding methods, declared once: what each needs and what it costs (the drafters: spec/drafters.py).
 
 The spec validates against these declarations, the CLI, the app and the bench list and combine them from
 here, and the GPU estimate counts their passes. How each one runs is decoding/decoders.py's. Declarations are
@@ -10,13 +10,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTERS
 from specviz.spec.faults import SAMPLING
-
-# name -> what proposes the drafts
-DRAFTERS = {
-    "model": "the draft model, one forward pass per draft",
-    "lookup": "prompt lookup: the tokens that followed the last n-gram's earliest earlier occurrence; no model",
-}
 
 
 @dataclass(frozen=True)
@@ -47,8 +42,8 @@ class Method:
 
 def _rounds(spec, rows_at_once: int) -> int:
     """Speculative rounds, counted at two tokens a round (the low end of what the preset pairs accept), each
-    costing a verify pass and, with a draft model, k draft passes."""
-    per_round = spec.k + 1 if spec.drafter == "model" else 1
+    costing a verify pass and the drafter's passes."""
+    per_round = 1 + DRAFTERS[spec.drafter].draft_passes(spec.k)
     return math.ceil(len(spec.prompts) / rows_at_once) * math.ceil(spec.max_new_tokens / 2) * per_round
 
 
@@ -82,7 +77,7 @@ def grid(methods: list[str], drafters: list[str], batch_sizes: list[int], ks: li
     out = []
     for name in methods:
         m = METHODS[name]
-        for d in [d for d in drafters if d in m.drafters] if m.speculative else ["model"]:
+        for d in [d for d in drafters if d in m.drafters] if m.speculative else [DEFAULT_DRAFTER]:
             for faults in fault_sets if m.faults else [()]:
                 sampling = bool(set(SAMPLING) & set(faults))
                 temps = [t for t in temperatures if (m.samples or t == 0) and (t > 0 or not sampling)]

@@ -12,8 +12,9 @@ from typing import Annotated, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTER_OPTIONS, DRAFTERS, reading
 from specviz.spec.faults import DRAFT_MODEL_ONLY, GREEDY_ONLY, REQUESTS, SAMPLED, expand
-from specviz.spec.methods import DRAFTERS, METHODS
+from specviz.spec.methods import METHODS
 
 ENGINE = "engine"  # the method of an engine check's trace: outputs from outside, judged against the reference
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -49,13 +50,12 @@ BUILT_IN_PAIRS = {target: draft for target, draft in PRESETS.values() if target.
 MAX_PROBLEMS_LISTED = 3  # in one message about a stranger's input
 MAX_TEMPERATURE = 10.0
 SAMPLING_FIELDS = ("top_k", "top_p", "draft_temperature", "draft_top_k", "draft_top_p")
-LOOKUP_FIELDS = ("ngram_min", "ngram_max")
 MAX_NGRAM = 16
 MAX_REPETITION_PENALTY = 10.0
 MAX_PRESENCE_PENALTY = 2.0  # OpenAI's bound
 PENALTY_FIELDS = ("repetition_penalty", "presence_penalty")
 # Left out of the canonical form at their defaults, so that the keys of runs made before them stay what they were.
-OMITTED_AT_DEFAULT = (*SAMPLING_FIELDS, "drafter", *LOOKUP_FIELDS, *PENALTY_FIELDS, "logprobs", "rows", "stop")
+OMITTED_AT_DEFAULT = (*SAMPLING_FIELDS, "drafter", *DRAFTER_OPTIONS, *PENALTY_FIELDS, "logprobs", "rows", "stop")
 MAX_STOPS, MAX_STOP_CHARS = 4, 32  # stop strings a run may set, and the length of each
 TARGET_FIELDS = ("temperature", "top_k", "top_p")  # what a request's own settings (RowSampling) replace
 UNSET_TEMPERATURE = 1.0  # a request that sets no temperature samples at the serving engines' default (vLLM, OpenAI)
@@ -157,7 +157,7 @@ class RunSpec(Strict):
     prompts: tuple[str, ...] = Field(min_length=1, max_length=MAX_PROMPTS, fail_fast=True)
     chat_template: bool = True
     method: Literal[(*METHODS, ENGINE)] = "eqspec"
-    drafter: Literal[tuple(DRAFTERS)] = "model"  # what proposes the drafts (speculative methods)
+    drafter: Literal[tuple(DRAFTERS)] = DEFAULT_DRAFTER  # what proposes the drafts (speculative methods)
     ngram_min: int = Field(1, ge=1, le=MAX_NGRAM)  # prompt lookup: the shortest n-gram matched
     ngram_max: int = Field(3, ge=1, le=MAX_NGRAM)  # and the longest (tried first)
     faults: tuple[str, ...] = Field((), fail_fast=True)  # fault or preset names (decoding/faults.py), for speculative methods
@@ -231,7 +231,7 @@ class RunSpec(Strict):
             raise ValueError(f"faults apply to {takes}, not {self.method}")
         if m.max_batch_size is not None and self.batch_size > m.max_batch_size:
             raise ValueError(f"{self.method} runs at batch size {m.max_batch_size} at most")
-        if self.drafter not in m.drafters and self.drafter != "model":
+        if self.drafter not in m.drafters and self.drafter != DEFAULT_DRAFTER:
             raise ValueError(f"{self.method} drafts nothing: the {self.drafter} drafter needs a speculative method")
         if not self.greedy and not m.samples:
             raise ValueError(f"{self.method} runs greedy only here; sample with "
@@ -239,15 +239,19 @@ class RunSpec(Strict):
         return self
 
     @model_validator(mode="after")
-    def _lookup(self) -> RunSpec:
-        if self.drafter != "lookup":
-            if any(getattr(self, f) != RunSpec.model_fields[f].default for f in LOOKUP_FIELDS):
-                raise ValueError("n-gram sizes set the lookup drafter; choose drafter lookup")
-        elif self.ngram_min > self.ngram_max:
+    def _drafter(self) -> RunSpec:
+        kind = DRAFTERS[self.drafter]
+        stray = [f for f in DRAFTER_OPTIONS if f not in kind.options and getattr(self, f) != RunSpec.model_fields[f].default]
+        if stray:
+            takes = reading(stray[0])
+            raise ValueError(f"{', '.join(stray)} set the {' or '.join(takes)} drafter; choose drafter {takes[0]}")
+        if not kind.draft_model and (found := [f for f in expand(self.faults) if f in DRAFT_MODEL_ONLY]):
+            raise ValueError(f"{', '.join(found)} break a draft model's passes: {kind.noun} runs none")
+        if "ngram_min" not in kind.options:
+            return self
+        if self.ngram_min > self.ngram_max:
             raise ValueError(f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max})")
-        elif found := [f for f in expand(self.faults) if f in DRAFT_MODEL_ONLY]:
-            raise ValueError(f"{', '.join(found)} break a draft model's passes: prompt lookup runs none")
-        elif self.method == "hf-assisted" and self.ngram_min != 1:
+        if self.method == "hf-assisted" and self.ngram_min != 1:
             raise ValueError("transformers' prompt lookup always matches down to 1 token: hf-assisted needs ngram_min 1")
         return self
 

@@ -13,8 +13,9 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from specviz.spec.methods import DRAFTERS, METHODS, grid
-from specviz.spec.run import LOOKUP_FIELDS, SAMPLING_FIELDS, Many, Map, RunSpec, SpecError, Strict, describe_validation_error
+from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTER_OPTIONS, DRAFTERS
+from specviz.spec.methods import METHODS, grid
+from specviz.spec.run import SAMPLING_FIELDS, Many, Map, RunSpec, SpecError, Strict, describe_validation_error
 from specviz.spec.untrusted import parse_file, shown
 from specviz.trace import metrics
 from specviz.trace.evidence import Decisions, Distribution
@@ -37,7 +38,7 @@ def _placed(method: str, drafter: str, faults: tuple[str, ...], batch_size: int,
 
 def _label(method: str, drafter: str, faults: str) -> str:
     """A run's row in a sweep (placed): the method, the drafter where it is not the draft model, the faults."""
-    return " · ".join(x for x in (method, drafter not in ("model", "-") and drafter, faults) if x)
+    return " · ".join(x for x in (method, drafter not in (DEFAULT_DRAFTER, "-") and drafter, faults) if x)
 
 
 def _column(batch_size: int, k: int, temperature: float) -> str:
@@ -65,7 +66,7 @@ class Sweep(Strict):
 
     base: RunSpec
     methods: tuple[Literal[tuple(METHODS)], ...] = Field(min_length=1)
-    drafters: tuple[Literal[tuple(DRAFTERS)], ...] = Field(("model",), min_length=1)
+    drafters: tuple[Literal[tuple(DRAFTERS)], ...] = Field((DEFAULT_DRAFTER,), min_length=1)
     fault_sets: tuple[tuple[str, ...], ...] = Field(((),), min_length=1)  # (): no faults
     batch_sizes: tuple[int, ...] = Field(min_length=1)
     ks: tuple[int, ...] = Field(min_length=1)
@@ -108,8 +109,9 @@ class Sweep(Strict):
 
     def _spec(self, run: int, config: dict) -> RunSpec:
         fields = {**self.base.model_dump(), **config}
-        if config["drafter"] != "lookup":  # n-gram sizes are the lookup drafter's: other drafters' runs leave them out
-            fields.update({f: RunSpec.model_fields[f].default for f in LOOKUP_FIELDS})
+        # a drafter's options (the lookup's n-gram sizes) are its own: other drafters' runs leave them out
+        fields.update({f: RunSpec.model_fields[f].default for f in DRAFTER_OPTIONS
+                       if f not in DRAFTERS[config["drafter"]].options})
         if not config["temperature"]:  # and sampling settings the sampled runs': the greedy ones leave them out
             fields.update({f: RunSpec.model_fields[f].default for f in SAMPLING_FIELDS})
         try:

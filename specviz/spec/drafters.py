@@ -1,0 +1,58 @@
+"""The drafters, declared once: what proposes a round's drafts, the state it keeps, what it costs, the run
+settings it reads and what it hears of the verify pass.
+
+Plain data, as spec/methods.py's methods are: the spec validates against these declarations, and the CLI, the
+page, the trace views, the sweep and the judges ask them instead of a drafter's name. How each one drafts is
+decoding/drafters.py's.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+def ngrams(spec) -> str:
+    """A lookup run's n-gram sizes: "3", or "1–3"."""
+    return str(spec.ngram_min) if spec.ngram_min == spec.ngram_max else f"{spec.ngram_min}–{spec.ngram_max}"
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    name: str
+    summary: str
+    noun: str  # what drafts, in words: "the draft model"
+    draft_model: bool  # drafts with the pair's draft model: its drafts can be replayed (the acceptance judge), and
+    #                    the faults of a draft model's passes apply
+    cache: bool  # keeps a cache laid out like the target's, one slot shorter (the trace's draft KV lane)
+    passes_per_draft: int  # forward passes of its own model per draft (0: it runs none)
+    options: tuple[str, ...] = ()  # the RunSpec fields it reads; a run of another drafter leaves them at default
+    setting: Callable[..., str] | None = None  # (spec) -> its options in words
+    empty: Callable[..., str] | None = None  # (spec) -> why it offered a row nothing (None: it always drafts)
+    trees: bool = False  # proposes several candidates per position (a tree) instead of a chain
+    hears: tuple[str, ...] = ()  # what of the verify pass it observes: "hidden", the target's last hidden states
+
+    def words(self, spec) -> str:
+        """What drafted a run, in words: "the draft model", "prompt lookup (n-grams 1–3, no draft model)"."""
+        notes = [*([self.setting(spec)] if self.setting else []), *([] if self.draft_model else ["no draft model"])]
+        return self.noun + (f" ({', '.join(notes)})" if notes else "")
+
+    def draft_passes(self, k: int) -> int:
+        """Its forward passes in a round of k drafts."""
+        return self.passes_per_draft * k
+
+
+DRAFTERS: dict[str, DrafterKind] = {d.name: d for d in (
+    DrafterKind("model", "the draft model, one forward pass per draft", "the draft model", draft_model=True,
+                cache=True, passes_per_draft=1),
+    DrafterKind("lookup", "prompt lookup: the tokens that followed the last n-gram's earliest earlier occurrence; "
+                "no model", "prompt lookup", draft_model=False, cache=False, passes_per_draft=0,
+                options=("ngram_min", "ngram_max"), setting=lambda spec: f"n-grams {ngrams(spec)}",
+                empty=lambda spec: f"found no earlier occurrence of its last n-gram, n {ngrams(spec)}"),
+)}
+DEFAULT_DRAFTER = "model"
+DRAFTER_OPTIONS = tuple(dict.fromkeys(f for d in DRAFTERS.values() for f in d.options))
+
+
+def reading(option: str) -> list[str]:
+    """The drafters that read a RunSpec field."""
+    return [name for name, d in DRAFTERS.items() if option in d.options]
