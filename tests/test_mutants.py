@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from specviz.decoding import batch, drafters, eqspec, exspec, faults, modelstate, round
+from specviz.decoding import batch, drafters, exspec, faults, modelstate, round
 from specviz.run.runner import run
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import RunSpec
@@ -45,9 +45,9 @@ MUTANTS = {
 }
 # An off-by-one in the draft's catch-up: it re-feeds its last token twice instead of the last two. Greedy
 # output cannot fork on a draft bug (the target picks every token), but the draft's state is corrupt.
-DRAFT_MUTANT = (drafters.ModelDrafter, "propose", "d_tok, d_val, d_stl = b.tokens, b.valid, b.stale",
-                "d_tok, d_val, d_stl = torch.cat([b.tokens[:, :-2], b.tokens[:, -1:], b.tokens[:, -1:]], 1), b.valid, b.stale",
-                (), "eqspec")
+DRAFT_MUTANT = (drafters.ModelDrafter, "propose", 'run_model(self.pair, policy, "draft", tok, val, stl,',
+                'run_model(self.pair, policy, "draft", torch.cat([tok[:, :-2], tok[:, -1:], tok[:, -1:]], 1)'
+                ' if j == 0 else tok, val, stl,', (), "eqspec")
 
 
 def plant(monkeypatch, holder, name, snippet, mutation, importers):

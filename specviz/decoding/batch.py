@@ -86,8 +86,8 @@ def forward(model, tokens: torch.Tensor, valid: torch.Tensor, q_start: int, cach
     """Run `model` on slots q_start.. of the layout (earlier slots are in `cache`).
 
     Returns logits (float32, or float64 for a float64 model) sliced to the shared vocabulary: (B, q, vocab), or
-    (B, keep, vocab) for the last `keep` slots only; with `hidden`, (logits, the last layer's hidden states over the
-    same slots). `pos` and `seen` override the positions and the slots the mask lets through, both derived from
+    (B, keep, vocab) for the last `keep` slots only; with `hidden`, (logits, the last layer's hidden states at every
+    slot fed, (B, q, H)). `pos` and `seen` override the positions and the slots the mask lets through, both derived from
     `valid` by default (a fault policy may swap them; a correct engine never does).
     """
     if pos is None:
@@ -106,4 +106,4 @@ def forward(model, tokens: torch.Tensor, valid: torch.Tensor, q_start: int, cach
     logits = logits if logits.dtype == torch.float64 else logits.float()
     if not hidden:
         return logits
-    return logits, out.hidden_states[-1][:, -logits.shape[1]:].to(tokens.device)
+    return logits, out.hidden_states[-1].to(tokens.device)

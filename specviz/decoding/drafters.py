@@ -10,6 +10,7 @@ What each drafter is (its cache, cost, options) is declared in spec/drafters.py;
 
 - `ModelDrafter`: a draft model with its own KV cache, laid out like the target's.
 - `PromptLookup`: n-gram lookup in each row's own prompt and output; no model, no cache.
+- `HeadDrafter`: an EAGLE-style head over the target's own hidden states; no draft model.
 """
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ import torch
 from specviz.decoding import kvcache
 from specviz.decoding.faults import Policy
 from specviz.decoding.modelstate import ModelState
-from specviz.decoding.passes import run_model
+from specviz.decoding.passes import run_head, run_model
 from specviz.decoding.sampling import DRAFT, Sampling, Streams, inverse_cdf
+from specviz.models.heads import EagleHead
 from specviz.models.pairs import ModelPair
 from specviz.spec.drafters import DRAFTERS, DrafterKind
+from specviz.spec.run import SpecError
 
 
 @dataclass
@@ -50,9 +53,8 @@ class Drafter(Protocol):
     def new_state(self, valid: torch.Tensor, positions: torch.Tensor) -> ModelState:
         """Its state for a freshly laid-out batch, empty until its first pass (a cache of None: it keeps none)."""
 
-    def prefill(self, policy: Policy, state: ModelState, tokens: torch.Tensor, valid: torch.Tensor,
-                stale: torch.Tensor) -> None:
-        """Fill its state with a laid-out batch's slots."""
+    def prefill(self, policy: Policy, b) -> None:
+        """Fill its state (b.draft) with a laid-out batch's slots, once the target has filled its own."""
 
     def propose(self, policy: Policy, b, k: int, sampling: Sampling, stream: Streams,
                 have: torch.Tensor) -> Proposal:
@@ -89,12 +91,11 @@ class ModelDrafter:
     def new_state(self, valid: torch.Tensor, positions: torch.Tensor) -> ModelState:
         return ModelState.fresh(kvcache.new(self.pair.draft), valid, positions, self.behind)
 
-    def prefill(self, policy: Policy, state: ModelState, tokens: torch.Tensor, valid: torch.Tensor,
-                stale: torch.Tensor) -> None:
-        n = tokens.shape[1] - self.behind
+    def prefill(self, policy: Policy, b) -> None:
+        n = b.tokens.shape[1] - self.behind
         if n > 0:
-            run_model(self.pair, policy, "draft prefill", tokens[:, :n], valid[:, :n], stale[:, :n], 0, state.cache,
-                      keep=1)
+            run_model(self.pair, policy, "draft prefill", b.tokens[:, :n], b.valid[:, :n], b.stale[:, :n], 0,
+                      b.draft.cache, keep=1)
 
     def observe(self, b, verified, accepted) -> None:
         pass  # what the target accepted reaches it through the next round's tokens
@@ -105,39 +106,126 @@ class ModelDrafter:
     def propose(self, policy: Policy, b, k: int, sampling: Sampling, stream: Streams,
                 have: torch.Tensor) -> Proposal:
         S, state = b.tokens.shape[1], b.draft
-        d_tok, d_val, d_stl = b.tokens, b.valid, b.stale
-        drafts, probs = [], []
-        q_start, steps = (S - self.behind if kvcache.length(state.cache) else 0), policy.draft_steps(k)
-        eos = torch.tensor(self.pair.eos_ids, device=b.tokens.device)
-        drafted_eos = torch.zeros(len(b.seqs), dtype=torch.bool, device=b.tokens.device)
-        sampler = sampling.drafts(b.seqs)
-        for j in range(steps):
+
+        def drafting_pass(j: int, tok, val, stl, q_start: int):
             # A recurrent draft state after each token it is fed: the first pass's last two, then each draft.
             with kvcache.keeping(state.cache, self.behind if j == 0 else 1):
-                logits, d_pos, _ = run_model(self.pair, policy, "draft", d_tok, d_val, d_stl, q_start, state.cache,
-                                             keep=policy.first_draft_slots if j == 0 else 1)
-            if j == 0:
-                logits = policy.first_draft(logits, have)
-            if sampling.greedy:
-                probs.append(logits[:, -1].softmax(-1))
-                nxt = logits[:, -1].argmax(-1)
-            else:
-                probs.append(sampler.probs(logits[:, -1]))
-                nxt = inverse_cdf(probs[-1], stream.draw(have + j, DRAFT))
-            drafts.append(nxt)
-            drafted_eos |= torch.isin(nxt, eos)
-            if j < steps - 1 and not policy.has("draft-bonus") and bool(drafted_eos.all()):
-                break  # every row has drafted an EOS: no later draft could be emitted
-            if j < steps - 1:
-                q_start = d_tok.shape[1]
-                d_tok = torch.cat([d_tok, nxt[:, None]], 1)
-                d_val = torch.cat([d_val, torch.ones_like(b.valid[:, :1])], 1)
-                d_stl = torch.cat([d_stl, torch.zeros_like(b.valid[:, :1])], 1)
-        D, Q = torch.stack(drafts, 1), torch.stack(probs, 1)
-        confidence = Q.gather(2, D[..., None])[..., 0]
-        counts = torch.full_like(have, D.shape[1])
-        return Proposal(D, counts, None if sampling.greedy else Q, confidence,
-                        torch.cat([state.written, d_pos[:, S - self.behind:]], 1))
+                logits, pos, _ = run_model(self.pair, policy, "draft", tok, val, stl, q_start, state.cache,
+                                           keep=policy.first_draft_slots if j == 0 else 1)
+            return (policy.first_draft(logits, have) if j == 0 else logits)[:, -1], pos
+
+        q_start = S - self.behind if kvcache.length(state.cache) else 0
+        drafts, probs, pos = _chain(policy, b, k, sampling, stream, have, self.pair.eos_ids, drafting_pass, q_start)
+        return _proposal(drafts, probs, have, sampling, torch.cat([state.written, pos[:, S - self.behind:]], 1))
+
+
+def _chain(policy: Policy, b, k: int, sampling: Sampling, stream: Streams, have: torch.Tensor,
+           eos_ids: tuple[int, ...], drafting_pass, start: int):
+    """A chain of drafts, one pass each: the first feeds the batch's slots start.., each later one the draft
+    before. `drafting_pass(j, tokens, valid, stale, q_start)` gives the logits at its last slot and the positions
+    of the layout it saw. Returns the drafts (B, n), the distributions they were drawn from (B, n, V) and the
+    last pass's positions."""
+    tok, val, stl = b.tokens, b.valid, b.stale
+    drafts, probs = [], []
+    steps = policy.draft_steps(k)
+    eos = torch.tensor(eos_ids, device=tok.device)
+    drafted_eos = torch.zeros(len(b.seqs), dtype=torch.bool, device=tok.device)
+    sampler, q_start = sampling.drafts(b.seqs), start
+    for j in range(steps):
+        logits, pos = drafting_pass(j, tok, val, stl, q_start)
+        if sampling.greedy:
+            probs.append(logits.softmax(-1))
+            nxt = logits.argmax(-1)
+        else:
+            probs.append(sampler.probs(logits))
+            nxt = inverse_cdf(probs[-1], stream.draw(have + j, DRAFT))
+        drafts.append(nxt)
+        drafted_eos |= torch.isin(nxt, eos)
+        if j < steps - 1 and not policy.has("draft-bonus") and bool(drafted_eos.all()):
+            break  # every row has drafted an EOS: no later draft could be emitted
+        if j < steps - 1:
+            q_start = tok.shape[1]
+            tok = torch.cat([tok, nxt[:, None]], 1)
+            val = torch.cat([val, torch.ones_like(b.valid[:, :1])], 1)
+            stl = torch.cat([stl, torch.zeros_like(b.valid[:, :1])], 1)
+    return torch.stack(drafts, 1), torch.stack(probs, 1), pos
+
+
+def _proposal(D: torch.Tensor, Q: torch.Tensor, have: torch.Tensor, sampling: Sampling, fed: torch.Tensor) -> Proposal:
+    """Every row offered all of its drafts `D`, drawn from `Q`."""
+    return Proposal(D, torch.full_like(have, D.shape[1]), None if sampling.greedy else Q,
+                    Q.gather(2, D[..., None])[..., 0], fed)
+
+
+class HeadDrafter:
+    """An EAGLE-style head (models/heads.py) drafting k tokens a row from the target's own hidden states, which
+    the target's state keeps for it. A head slot is fed its token and the target's hidden state at the slot
+    before; each draft after the first is fed the head's own output instead. Its cache lags the layout by two
+    slots, as a draft model's does, but the slots of accepted drafts were computed from the head's guesses: each
+    round it re-feeds the last k+1 slots from the target's hidden states (the at most k-1 accepted drafts it holds
+    and the two it does not; a fixed count, so that the batch's rows stay in step), then drafts. A fresh batch's first round offers nothing: the target has computed no hidden state
+    yet, and its verify pass is the prefill."""
+
+    kind = DRAFTERS["eagle"]
+    behind = 2
+
+    def __init__(self, pair: ModelPair, k: int):
+        self.pair, self.head, self.refeed = pair, EagleHead.of(pair.target, pair.info["target"]), k + 1
+
+    @classmethod
+    def of(cls, spec, pair: ModelPair) -> HeadDrafter:
+        return cls(pair, spec.k)
+
+    def new_state(self, valid: torch.Tensor, positions: torch.Tensor) -> ModelState:
+        return ModelState.fresh(kvcache.new(self.head.body), valid, positions, self.behind)
+
+    def prefill(self, policy: Policy, b) -> None:
+        n = b.tokens.shape[1] - self.behind
+        if n > 0:
+            run_head(self.pair, self.head, policy, b.tokens[:, :n], b.valid[:, :n], b.stale[:, :n],
+                     _features(b)[:, :n], 0, b.draft.cache, keep=1)
+
+    def propose(self, policy: Policy, b, k: int, sampling: Sampling, stream: Streams,
+                have: torch.Tensor) -> Proposal:
+        if b.target.hidden is None:
+            return _nothing(b, k, sampling, self.pair.vocab_size)
+        S, state = b.tokens.shape[1], b.draft
+        start = min(max(0, S - self.refeed), kvcache.length(state.cache))
+        kvcache.crop(state.cache, start)
+        features = _features(b)[:, start:]
+
+        def drafting_pass(j: int, tok, val, stl, q_start: int):
+            nonlocal features
+            logits, pos, hidden = run_head(self.pair, self.head, policy, tok, val, stl, features, q_start,
+                                           state.cache, keep=1)
+            features = hidden[:, -1:]  # the head's guess of the target's next hidden state
+            return logits[:, -1], pos
+
+        drafts, probs, pos = _chain(policy, b, k, sampling, stream, have, self.pair.eos_ids, drafting_pass, start)
+        return _proposal(drafts, probs, have, sampling, torch.cat([state.written[:, :start], pos[:, start:]], 1))
+
+    def observe(self, b, verified, accepted) -> None:
+        pass  # it reads the hidden states the target's state keeps
+
+    def assisted(self, k: int) -> dict:
+        raise SpecError("transformers' assisted generation runs no EAGLE-style head of specviz's")
+
+
+def _features(b) -> torch.Tensor:
+    """(B, S, H) the hidden state each slot of batch `b` is fed: the target's at the slot before (zeros at a row's
+    first token, which has none)."""
+    hidden = b.target.hidden
+    before = torch.cat([torch.zeros_like(b.valid[:, :1]), b.valid[:, :-1]], 1)
+    return torch.cat([torch.zeros_like(hidden[:, :1]), hidden], 1).masked_fill(~before[..., None], 0)
+
+
+def _nothing(b, k: int, sampling: Sampling, vocab_size: int) -> Proposal:
+    """No drafts for any row: filler (each row's last token) the target never accepts."""
+    B, S = b.tokens.shape
+    tokens = b.tokens[:, -1:].expand(B, k)
+    probs = None if sampling.greedy else torch.nn.functional.one_hot(tokens, vocab_size).float()
+    return Proposal(tokens, torch.zeros(B, dtype=torch.long, device=tokens.device), probs,
+                    torch.ones(tokens.shape, device=tokens.device), torch.full((B, S + k - 1), -1, device=tokens.device))
 
 
 class PromptLookup:
@@ -161,7 +249,7 @@ class PromptLookup:
         # no cache: the slots it would hold (a draft model's) are recorded empty, and never checked
         return ModelState.fresh(None, valid, positions, ModelDrafter.behind)
 
-    def prefill(self, policy: Policy, state: ModelState, tokens, valid, stale) -> None:
+    def prefill(self, policy: Policy, b) -> None:
         pass
 
     def observe(self, b, verified, accepted) -> None:
@@ -197,4 +285,5 @@ class PromptLookup:
                         torch.full((B, S + n_out - 1), -1, device=hist.device))
 
 
-BUILT = {d.kind.name: d for d in (ModelDrafter, PromptLookup)}  # one for every declared drafter (a test holds it)
+# one for every declared drafter (a test holds it)
+BUILT = {d.kind.name: d for d in (ModelDrafter, PromptLookup, HeadDrafter)}

@@ -22,6 +22,8 @@ class ModelState:
     held: torch.Tensor  # (B,) the row's tokens its recurrent state holds (-1: it holds a token not the row's)
     held_first: torch.Tensor  # (B,) what it held after the last round's first position (state-after-zero-draft)
     behind: int  # the layout's last slots its cache does not hold
+    hidden: torch.Tensor | None = None  # (B, slots, H) the last hidden state each cache slot's pass computed, kept
+    #                                     where a drafter drafts from them (spec/drafters.py: hears)
 
     @classmethod
     def fresh(cls, cache, valid: torch.Tensor, positions: torch.Tensor, behind: int) -> ModelState:
@@ -40,31 +42,40 @@ class ModelState:
         src[i, j] (None: every slot stays where it is, and the layout is cut to `valid`'s width). `lost`: new
         slots whose K/V a fault threw away. The cache is rebuilt in place."""
         slots = valid.shape[1] - self.behind
+        hidden = self.hidden
         if src is not None:
             kvcache.gather(self.cache, rows, src[:, :slots])
             written = self.written[rows[:, None], src[:, :slots]]
+            if hidden is not None:
+                hidden = hidden[rows[:, None], src[:, :slots]]
         else:
             if len(rows) < len(self.held):
                 kvcache.select_rows(self.cache, rows)
             kvcache.crop(self.cache, slots)
             written = self.written[rows, :slots]
+            if hidden is not None:
+                hidden = hidden[rows, :slots]
         if lost is not None:
             kvcache.zero_slots(self.cache, lost[:, :slots])
             written = written.masked_fill(lost[:, :slots], -1)
         return ModelState(self.cache, written.masked_fill(~valid[:, :slots], -1), self.held[rows],
-                          self.held_first[rows], self.behind)
+                          self.held_first[rows], self.behind, hidden)
 
     def split(self, spans: list[tuple[int, int]]) -> list[ModelState]:
         """One single-row state per batch row, row i keeping the layout's slots spans[i] = (start, end)."""
         slots = [(lo, hi - self.behind) for lo, hi in spans]
         caches = kvcache.split(self.cache, slots)
         return [ModelState(cache, self.written[i: i + 1, lo:hi], self.held[i: i + 1], self.held_first[i: i + 1],
-                           self.behind) for i, (cache, (lo, hi)) in enumerate(zip(caches, slots))]
+                           self.behind, None if self.hidden is None else self.hidden[i: i + 1, lo:hi])
+                for i, (cache, (lo, hi)) in enumerate(zip(caches, slots))]
 
     @staticmethod
     def merge(states: list[ModelState], valid: torch.Tensor) -> ModelState:
         """Single-row states stacked into one batch laid out as `valid` (left-padded to its width)."""
         slots = valid.shape[1] - states[0].behind
         written = torch.where(valid, valid.long().cumsum(1) - 1, -1)[:, :slots]
+        hidden = None
+        if states[0].hidden is not None:  # left-padded with zeros, as the cache is
+            hidden = torch.cat([torch.nn.functional.pad(s.hidden, (0, 0, slots - s.hidden.shape[1], 0)) for s in states])
         return ModelState(kvcache.merge([s.cache for s in states]), written, torch.cat([s.held for s in states]),
-                          torch.cat([s.held_first for s in states]), states[0].behind)
+                          torch.cat([s.held_first for s in states]), states[0].behind, hidden)

@@ -1,21 +1,22 @@
 """A model's pass over the padded batch layout (batch.py), with the positions and the mask a policy (faults.py)
-derives: the target's verify and prefill, and a draft model's drafting passes and prefill."""
+derives: the target's verify and prefill, a draft model's drafting passes and prefill, and a draft head's."""
 from __future__ import annotations
 
 from typing import NamedTuple
 
 import torch
 
-from specviz.decoding.batch import forward
+from specviz.decoding.batch import attention_masks, forward
 from specviz.decoding.faults import Policy
 from specviz.models.architecture import narrowest_window
+from specviz.models.heads import EagleHead
 from specviz.models.pairs import ModelPair
 
 
 class Pass(NamedTuple):
     logits: torch.Tensor  # (B, q or keep, vocab)
     positions: torch.Tensor  # (B, S) the position ids the policy derived for every slot
-    hidden: torch.Tensor | None  # (B, q or keep, H) the last layer's hidden states, where asked for
+    hidden: torch.Tensor | None  # (B, q, H) the last layer's hidden states at every slot fed, where asked for
 
 
 def run_model(pair: ModelPair, policy: Policy, role: str, tok, val, stl, q_start, cache, hidden: bool = False,
@@ -35,3 +36,17 @@ def run_model(pair: ModelPair, policy: Policy, role: str, tok, val, stl, q_start
                   seen=policy.seen(val, stl, narrowest_window(model)), hidden=hidden, **kw)
     logits, last = out if hidden else (out, None)
     return Pass(logits, pos, last)
+
+
+def run_head(pair: ModelPair, head: EagleHead, policy: Policy, tok, val, stl, features: torch.Tensor, q_start: int,
+             cache, keep: int) -> Pass:
+    """A draft head (models/heads.py) over slots q_start.., fed each slot's token and `features` (B, q, H), the
+    hidden state it drafts from there: its logits at the last `keep` slots, the positions, and its own last hidden
+    states (what it feeds itself next)."""
+    pos = policy.draft_positions(policy.positions(val, stl), q_start)
+    out = head.body(inputs_embeds=head.inputs(tok[:, q_start:], features), position_ids=pos[:, q_start:],
+                    attention_mask=attention_masks(head.body, policy.seen(val, stl, None), q_start), cache=cache,
+                    use_cache=True)
+    hidden = out.last_hidden_state
+    logits = head.logits(hidden[:, -keep:])[..., :pair.vocab_size].to(tok.device)
+    return Pass(logits if logits.dtype == torch.float64 else logits.float(), pos, hidden)

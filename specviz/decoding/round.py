@@ -132,8 +132,9 @@ def prefill(pair: ModelPair, policy: Policy, drafter: Drafter, seqs: list[int], 
     """A laid-out batch with both caches filled: the target's slots 0..S-2, and the drafter's."""
     b = lay_out(pair, policy, drafter, seqs, tokens, valid)
     n = b.target.length(tokens.shape[1])
-    run_model(pair, policy, "target", tokens[:, :n], valid[:, :n], b.stale[:, :n], 0, b.target.cache, keep=1)
-    drafter.prefill(policy, b.draft, tokens, valid, b.stale)
+    b.target.hidden = run_model(pair, policy, "target", tokens[:, :n], valid[:, :n], b.stale[:, :n], 0, b.target.cache,
+                                keep=1, hidden="hidden" in drafter.kind.hears).hidden
+    drafter.prefill(policy, b)
     return b
 
 
@@ -176,7 +177,8 @@ class Verified:
     positions: torch.Tensor  # (B, S+k) the position ids the policy derived
     logits: torch.Tensor  # (B, k+1, V) at the last committed token and each draft
     argmax: torch.Tensor  # (B, k+1)
-    hidden: torch.Tensor | None  # (B, k+1, H) the target's last hidden states there, where the drafter hears them
+    hidden: torch.Tensor | None  # (B, q, H) the target's last hidden states at the slots it fed (the last q of the
+    #                              S+k), where the drafter hears them
 
 
 @dataclass
@@ -204,6 +206,7 @@ def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clo
     have = torch.tensor([len(gen[i].ids) for i in b.seqs], device=d.pair.device)
     k = max(1, min(k, d.max_new_tokens - 1 - int(have.min())))
     stream = d.policy.stream(d.sampling.streams(b.seqs, [d.skipped.get(i, 0) for i in b.seqs], d.pair.device))
+    draft_empty = kvcache.length(b.draft.cache) == 0  # before the drafter fills it
     prop = d.drafter.propose(d.policy, b, k, d.sampling, stream, have).handed(
         d.policy.draft_rows(len(b.seqs), have.device))
     k = min(k, int(prop.counts.max()))
@@ -214,7 +217,7 @@ def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clo
         zero = prop.counts == 0
         kvcache.read_stale(b.target.cache, zero)
         b.target.held = torch.where(zero, b.target.held_first, b.target.held)
-    before = _state_before(b) if d.record else {}
+    before = _state_before(b, draft_empty) if d.record else {}
     t_draft = clock.lap()
     v = verify(d, b, prop.tokens[:, :k], have)
     t_verify = clock.lap()
@@ -222,8 +225,9 @@ def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clo
     d.drafter.observe(b, v, acc)
     lps = d.policy.logprobs(logprobs(v.logits, acc.emitted, d.sampling.target.temperature), prop.confidence[:, :k],
                             acc.accepted)
+    heard = v.hidden if v.hidden is None or b.target.hidden is None else torch.cat([b.target.hidden, v.hidden], 1)
     target = _roll_back(d.policy, b.target, torch.cat([b.target.written, v.positions[:, b.tokens.shape[1] - 1:]], 1),
-                        acc.accepted)
+                        acc.accepted, heard)
     draft = _roll_back(d.policy, b.draft, prop.fed, acc.accepted)
     for i, row, lp, m in zip(b.seqs, acc.emitted.tolist(), lps.tolist(), acc.n_keep.tolist()):
         gen[i].ids.extend(row[:m])
@@ -266,18 +270,21 @@ def _ends(ends: dict[int, list[int]], seqs: list[int], like: torch.Tensor) -> to
     return mask
 
 
-def _roll_back(policy: Policy, state: ModelState, fed: torch.Tensor, accepted: torch.Tensor) -> ModelState:
-    """The model's state after the round, whose cache slots were computed at positions `fed`: each row's recurrent
-    states continue from the position the policy picks (the correct engine: the row's own accepted count), and hold
-    the row's tokens up to it (-1: a token not the row's, a rejected draft)."""
+def _roll_back(policy: Policy, state: ModelState, fed: torch.Tensor, accepted: torch.Tensor,
+               hidden: torch.Tensor | None = None) -> ModelState:
+    """The model's state after the round, whose cache slots were computed at positions `fed` (with last hidden
+    states `hidden`, where kept): each row's recurrent states continue from the position the policy picks (the
+    correct engine: the row's own accepted count), and hold the row's tokens up to it (-1: a token not the row's, a
+    rejected draft)."""
     held, kept = state.held, kvcache.kept(state.cache)
     first = held + (held >= 0)  # what they held after the round's first position
     if not kept:  # no recurrent state: a correct engine's count, for the record
-        return ModelState(state.cache, fed, torch.where(held >= 0, held + accepted + 1, -1), first, state.behind)
+        return ModelState(state.cache, fed, torch.where(held >= 0, held + accepted + 1, -1), first, state.behind,
+                          hidden)
     index, conv = policy.state_index(accepted, kept)
     kvcache.roll_back(state.cache, index, conv)
     own = (index <= accepted) & ((index if conv is None else conv) <= accepted) & (held >= 0)
-    return ModelState(state.cache, fed, torch.where(own, held + index + 1, -1), first, state.behind)
+    return ModelState(state.cache, fed, torch.where(own, held + index + 1, -1), first, state.behind, hidden)
 
 
 def accept(d: Decoding, v: Verified, prop, have: torch.Tensor, stream: Streams, seqs: list[int],
@@ -338,15 +345,15 @@ def slots_after(policy: Policy, b: Batch, acc: Accepted, k: int) -> tuple[torch.
             torch.cat([b.stale, (idx[None] >= a) & (idx[None] < k)], 1))
 
 
-def _state_before(b: Batch) -> dict:
+def _state_before(b: Batch, draft_empty: bool) -> dict:
     """What a recorded round keeps of the state it starts from, and the invariants that state holds."""
     S = b.tokens.shape[1]
     pad, content = (~b.valid & ~b.stale).sum(1), b.valid.sum(1)
     checks = {
         "rectangular": pad + content == S,  # else stale slots lie in the row
         "kv": _kv_in_step(b.target.written, b.valid, b.target.length(S)) & b.valid[:, -1],
-        # no cache: nothing out of step
-        "draft_kv": _kv_in_step(b.draft.written, b.valid, S - b.draft.behind) | (b.draft.cache is None),
+        # no cache, or an empty one (filled from the start, as a fresh batch's): nothing out of step
+        "draft_kv": _kv_in_step(b.draft.written, b.valid, S - b.draft.behind) | draft_empty,
     }
     models = {"target": b.target, "draft": b.draft}
     recurrent = tuple(who for who, m in models.items() if kvcache.recurrent(m.cache))

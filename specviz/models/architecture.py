@@ -98,6 +98,11 @@ def recurrent_mixers(model) -> list[torch.nn.Module]:
     return [m for m in model.modules() if _writes_state(type(m))]
 
 
+def attention_layers_only(model) -> list[int]:
+    """The layers that only attend (no recurrent state): those an EAGLE-style head copies (heads.py)."""
+    return [i for i, t in enumerate(_layer_types(model)[0]) if t in ATTENTION]
+
+
 def sliding_windows(model) -> dict[str, int]:
     """The window of each sliding-attention layer type of `model` ({} when every layer sees its whole context)."""
     types, kwargs = _layer_types(model)

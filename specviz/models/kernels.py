@@ -16,7 +16,8 @@ last place apart). At one row the GEMMs are bound by reading the weights, and th
 bytes, stay on `F.linear`.
 
 A packed weight is a copy, rebuilt whenever the weight tensor is replaced or written in place; any other
-input (another dtype or device, autograd) takes `F.linear`.
+input (another dtype or device, autograd through the weight or the input) takes `F.linear`: oneDNN's kernel has
+no backward.
 """
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ class PackedLinear(torch.nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         if not (x.dtype == w.dtype and x.device.type == w.device.type == "cpu"
-                and not (torch.is_grad_enabled() and w.requires_grad)):
+                and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))):
             return super().forward(x)
         if x.dtype == torch.float32:
             return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), self.bias, "none", [], "")

@@ -30,6 +30,7 @@ class DrafterKind:
     empty: Callable[..., str] | None = None  # (spec) -> why it offered a row nothing (None: it always drafts)
     trees: bool = False  # proposes several candidates per position (a tree) instead of a chain
     hears: tuple[str, ...] = ()  # what of the verify pass it observes: "hidden", the target's last hidden states
+    in_transformers: bool = True  # transformers' assisted generation drafts as it does (the hf-assisted cross-check)
 
     def words(self, spec) -> str:
         """What drafted a run, in words: "the draft model", "prompt lookup (n-grams 1–3, no draft model)"."""
@@ -48,6 +49,13 @@ DRAFTERS: dict[str, DrafterKind] = {d.name: d for d in (
                 "no model", "prompt lookup", draft_model=False, cache=False, passes_per_draft=0,
                 options=("ngram_min", "ngram_max"), setting=lambda spec: f"n-grams {ngrams(spec)}",
                 empty=lambda spec: f"found no earlier occurrence of its last n-gram, n {ngrams(spec)}"),
+    DrafterKind("eagle", "an EAGLE-style head: a small decoder over the target's own last hidden state and the next "
+                "token's embedding, one pass per draft; untrained here (copies of the target's first layers, for the "
+                "tiny pair only): it shows how a head's state is kept, not a trained head's speed-up",
+                "an EAGLE-style head",
+                draft_model=False, cache=True, passes_per_draft=1, hears=("hidden",), in_transformers=False,
+                empty=lambda spec: "had no hidden state of the target to draft from yet: the target's first pass "
+                                   "over a batch computes them"),
 )}
 DEFAULT_DRAFTER = "model"
 DRAFTER_OPTIONS = tuple(dict.fromkeys(f for d in DRAFTERS.values() for f in d.options))

@@ -58,7 +58,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("batched-reference", "the target alone on the padded batch, kept full as rows finish: batching noise "
            "without speculation", passes=_refilled, refills=True),
     Method("hf-assisted", "transformers' own assisted generation (greedy), an external cross-check",
-           passes=lambda spec: _rounds(spec, 1), drafters=tuple(DRAFTERS), samples=False, max_batch_size=1,
+           passes=lambda spec: _rounds(spec, 1), drafters=tuple(n for n, d in DRAFTERS.items() if d.in_transformers),
+           samples=False, max_batch_size=1,
            # transformers has no presence penalty, and matches stop strings its own way
            penalties=("repetition",), logprobs=False, stop_strings=False),
     Method("eqspec", "static batches realigned every round (unpad, append, repad)",
