@@ -163,8 +163,8 @@ class HeadDrafter:
     before; each draft after the first is fed the head's own output instead. Its cache lags the layout by two
     slots, as a draft model's does, but the slots of accepted drafts were computed from the head's guesses: each
     round it re-feeds the last k+1 slots from the target's hidden states (the at most k-1 accepted drafts it holds
-    and the two it does not; a fixed count, so that the batch's rows stay in step), then drafts. A fresh batch's first round offers nothing: the target has computed no hidden state
-    yet, and its verify pass is the prefill."""
+    and the two it does not; a fixed count, so that the batch's rows stay in step), then drafts. A fresh batch's
+    first round offers nothing: the target has computed no hidden state yet, and its verify pass is the prefill."""
 
     kind = DRAFTERS["eagle"]
     behind = 2
