@@ -228,6 +228,29 @@ def test_the_check_tab_judges_an_uploaded_outputs_file(tmp_path, good_trace, app
     assert all(s.equivalent for s in trace.sequences[1:])
 
 
+def test_the_check_tab_judges_the_acceptance_of_an_engine_said_to_draft_with_the_pairs_draft(tmp_path, good_trace,
+                                                                                            app_url):
+    """Right outputs whose counters accept no draft: a lossless draft bug, caught once the user says the engine
+    drafts with the pair's draft model (its counters are judged against that draft's replay); not judged unsaid."""
+    from gradio_client import handle_file
+
+    trace = Trace.from_json(good_trace)
+    lines = [{"engine": {"name": "my-engine", "settings": {"k": 5}}}]
+    lines += [{"prompt_ids": p.ids, "output_ids": s.output_ids, "drafts": 5 * len(s.output_ids), "accepted": 0}
+              for p, s in zip(trace.prompts, trace.sequences)]
+    path = tmp_path / "counted.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines))
+    client = Client(app_url, verbose=False)
+    checked = ["tiny", "", "float64", handle_file(str(path)), None, "", "", "", "quick", 8, False, 0, 1, 0]
+    for said in (False, True):
+        _, trace_file = client.predict(*checked, said, api_name="/check_engine")
+        acceptance = Trace.from_json(Path(trace_file).read_text()).acceptance
+        if said:
+            assert acceptance.counters and acceptance.verdict == "draft-bug:acceptance", acceptance.explanation
+        else:
+            assert acceptance is None
+
+
 def test_the_check_tab_judges_a_sampled_engine_at_its_settings(tmp_path, good_trace, app_url):
     """Sampled, a file is judged by its tokens' distribution under the target at the tab's settings, which the
     check's spec records (a server would be asked with them)."""

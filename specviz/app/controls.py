@@ -91,7 +91,7 @@ def run_controls_of(settings: Settings) -> dict:
 
 
 ENGINE_CONTROLS = ("pair", "target", "dtype", "outputs", "control", "server", "served_model", "control_server",
-                   "prompt_set", "max_new_tokens", "determinism", "temperature", "top_p", "seed")
+                   "prompt_set", "max_new_tokens", "determinism", "temperature", "top_p", "seed", "same_draft")
 
 
 def engine_controls(settings: Settings) -> dict:
@@ -124,4 +124,7 @@ def engine_controls(settings: Settings) -> dict:
                                           "its tokens under the target at these settings")
         e["top_p"] = gr.Slider(TOP_P_MIN, 1, value=1, step=0.01, label="its top-p (1: off)")
         e["seed"] = gr.Number(value=0, precision=0, minimum=0, label="seed (a server gets one a prompt from it)")
+    e["same_draft"] = gr.Checkbox(False, label="the engine drafts with this pair's draft model",
+                                  info="its acceptance is then judged against the draft's own replay: per request from "
+                                       "the file's drafts and accepted counts, or from a server's counters")
     return e

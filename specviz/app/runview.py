@@ -162,10 +162,11 @@ def run_controls(settings: Settings, pair, target, draft, prompt_set, typed, pro
 
 
 def check_engine(settings: Settings, pair, target, dtype, outputs, control, server, served_model, control_server,
-                 prompt_set, max_new_tokens, determinism=False, temperature=0, top_p=1, seed=0, progress=gr.Progress()):
+                 prompt_set, max_new_tokens, determinism=False, temperature=0, top_p=1, seed=0, same_draft=False,
+                 progress=gr.Progress()):
     """The check tab: an outputs file (and a control file), or, where the operator allows it, a server (asked every
     prompt twice more with `determinism`); greedy, or sampled at `temperature` and `top_p` (each prompt's request
-    seeded from `seed`)."""
+    seeded from `seed`). `same_draft`: the engine drafts with the pair's draft model (its acceptance is judged)."""
     with serving.as_page_errors():
         if pair == CUSTOM:
             target = (target or "").strip()
@@ -195,7 +196,9 @@ def check_engine(settings: Settings, pair, target, dtype, outputs, control, serv
         servers = None if files else ((server.strip(), (served_model or "").strip() or None),
                                       (control_server.strip(), (served_model or "").strip() or None)
                                       if (control_server or "").strip() else None)
-        trace = serving.check_engine(spec, settings, files, servers, bool(determinism) and files is None, progress)
+        drafter = next(n for n, d in DRAFTERS.items() if d.draft_model) if same_draft else None
+        trace = serving.check_engine(spec, settings, files, servers, bool(determinism) and files is None, progress,
+                                     drafter)
     return trace, summary.headline(trace), serving.save(trace), None
 
 

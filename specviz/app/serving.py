@@ -183,21 +183,23 @@ def shrink_fork(trace: Trace, seq: int, settings: Settings, progress: gr.Progres
 @gpu
 def _check_on_gpu(spec: RunSpec, settings: Settings, outputs: tuple[bytes, str] | None,
                   control: tuple[bytes, str] | None, servers: tuple[tuple[str, str | None], tuple | None] | None,
-                  determinism: bool = False, progress=None) -> Trace:
+                  determinism: bool = False, progress=None, drafter: str | None = None) -> Trace:
     """All work of an engine check (the judging passes, the reference where they cannot prove it); returns plain
     data only."""
     pair = pair_for(spec, settings.trust_remote_code)
     if outputs is not None:
-        return check.from_files(spec, pair, outputs, control, limits=settings, judging=check.Judging(progress=progress))
+        return check.from_files(spec, pair, outputs, control, limits=settings, judging=check.Judging(progress=progress),
+                                drafter=drafter)
     engine, control_server = servers
     return check.from_servers(spec, pair, engine, control_server, concurrency=8, timeout=300, limits=settings,
-                              determinism=determinism, judging=check.Judging(progress=progress))
+                              determinism=determinism, judging=check.Judging(progress=progress), drafter=drafter)
 
 
 def check_engine(spec: RunSpec, settings: Settings, files: tuple | None, servers: tuple | None,
-                 determinism: bool = False, progress: gr.Progress | None = None) -> Trace:
+                 determinism: bool = False, progress: gr.Progress | None = None, drafter: str | None = None) -> Trace:
     """An engine check: from its outputs file (and a control's), or from its servers' (asked every prompt twice
-    more when `determinism`), its phases counted on `progress`."""
+    more when `determinism`), its phases counted on `progress`; `drafter`, what the engine drafts with, where the
+    user says (spec/drafters.py)."""
     done: dict[str, int] = {}
 
     def tick(phase: str, n: int) -> None:
@@ -206,7 +208,7 @@ def check_engine(spec: RunSpec, settings: Settings, files: tuple | None, servers
 
     with LOCK:
         return _check_on_gpu(spec, settings, *(files or (None, None)), servers, determinism,
-                             None if ZEROGPU or progress is None else tick)
+                             None if ZEROGPU or progress is None else tick, drafter)
 
 
 def remember(trace: Trace) -> None:

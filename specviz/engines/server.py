@@ -46,7 +46,7 @@ def from_server(url: str, served_model: str | None, prompt_ids: list[list[int]],
     wait for its answer. `tokenizer` (the pair's) re-tokenizes text-only answers; without one they are
     errors. `launch` is how the server was started, where the caller knows it: recorded as given. `order`: the
     order the prompts are sent in (each still answered as prompt i, with its own seed); default, as given.
-    `drafter`: what the caller knows the server drafts with (spec/methods.DRAFTERS), recorded in its settings; a
+    `drafter`: what the caller knows the server drafts with (spec/drafters.DRAFTERS), recorded in its settings; a
     server does not say.
     """
     base = url.rstrip("/").removesuffix("/v1")

@@ -66,7 +66,7 @@ def from_files(spec: RunSpec, pair: ModelPair, outputs: tuple[bytes, str], contr
                drafter: str | None = None) -> Trace | None:
     """Check an engine from its outputs file ((content, name); docs/engines.md), and its control run's file. The
     prompts are the file's; the reference's budget is its longest output. `drafter`: what the engine drafts with
-    (spec/methods.DRAFTERS), where its header does not say otherwise."""
+    (spec/drafters.DRAFTERS), where its header does not say otherwise."""
     header, lines, ignored = jsonl.parse(*outputs)
     texts, ids = prompts_of(lines, pair, spec.chat_template)
     if limits:
@@ -90,7 +90,7 @@ def from_servers(spec: RunSpec, pair: ModelPair, engine: tuple[str, str | None],
                  judging: Judging = Judging(), drafter: str | None = None) -> Trace | None:
     """Check an engine behind a server (OpenAI-compatible or llama.cpp: (url, served model)), and its control
     run's server. `determinism`: ask the engine every prompt twice more (repeats.py) and record what differs.
-    `drafter`: what the engine drafts with (spec/methods.DRAFTERS; a server does not say)."""
+    `drafter`: what the engine drafts with (spec/drafters.DRAFTERS; a server does not say)."""
     ids = encode(spec, pair, limits)
 
     def ask(url: str, model: str | None, order: list[int] | None = None, drafter: str | None = None) -> EngineRun:
@@ -112,7 +112,7 @@ def from_servers(spec: RunSpec, pair: ModelPair, engine: tuple[str, str | None],
 def from_callables(spec: RunSpec, pair: ModelPair, engine: str, control: str | None,
                    judging: Judging = Judging(), drafter: str | None = None) -> Trace | None:
     """Check a Python callable module:function (engines/python.py), and a control callable. `drafter`: what the
-    engine drafts with (spec/methods.DRAFTERS), where the settings it returns do not say otherwise."""
+    engine drafts with (spec/drafters.DRAFTERS), where the settings it returns do not say otherwise."""
     ids = encode(spec, pair)
     settings = {"max_new_tokens": spec.max_new_tokens, "k": spec.k, "dtype": spec.dtype, "device": str(pair.device),
                 "eos_ids": list(pair.eos_ids), **({"stop": list(spec.stop)} if spec.stop else {}),
