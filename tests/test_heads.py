@@ -13,9 +13,11 @@ from specviz.decoding.exspec import exspec
 from specviz.decoding.reference import reference
 from specviz.models.heads import EagleHead
 from specviz.run.runner import run
+from specviz.spec.faults import ACCEPTANCE_OF, HEAD_ONLY
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import TINY_DRAFT, TINY_HYBRID, TINY_HYBRID_DRAFT, TINY_TARGET, RunSpec, SpecError
 from specviz.spec.verdicts import verdict
+from specviz.trace import metrics
 
 K, NEW = 4, 24
 
@@ -73,6 +75,24 @@ def test_every_rounds_drafts_are_the_heads_own_from_fresh_hidden_states(tiny, me
             have += len(r.emitted)
     assert checked >= 20
     assert all(all(r.checks.values()) for r in trace.rows)  # the engine's own invariants hold every round
+    a = trace.acceptance  # the acceptance judge's own replay (forensics) agrees
+    assert a.verdict is None and a.beyond == 0 and a.compared >= checked, a.explanation
+
+
+@pytest.mark.parametrize("fault", HEAD_ONLY)
+def test_a_heads_lossless_bug_keeps_the_output_and_is_named_by_its_side(tiny, fault):
+    """vLLM #14647 (the head's input shifted by one) and #14649 (accepted drafts' slots never re-fed from the target's
+    hidden states). Lossless (the target verifies every draft), so only the acceptance judge, replaying the head
+    from fresh hidden states, sees them."""
+    spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, prompts=tuple(builtin_set("all")[:5]),
+                         method="eqspec", drafter="eagle", faults=(fault,), batch_size=3, k=K, max_new_tokens=NEW,
+                         dtype="float64", device="cpu")
+    trace = run(spec)
+    assert metrics.equivalence(trace)["exact"] == 1
+    a = trace.acceptance
+    assert a.verdict == ACCEPTANCE_OF[fault] and a.beyond > 0 and a.first is not None, a.explanation
+    with pytest.raises(SpecError, match="hears no hidden state; choose drafter eagle"):
+        RunSpec.build(prompts=("Hello",), faults=(fault,))
     assert r"drafts by **an EAGLE\-style head \(no draft model\)**" in headline(trace)
 
 

@@ -170,7 +170,7 @@ class HeadDrafter:
     behind = 2
 
     def __init__(self, pair: ModelPair, k: int):
-        self.pair, self.head, self.refeed = pair, EagleHead.of(pair.target, pair.info["target"]), k + 1
+        self.pair, self.head, self.k = pair, EagleHead.of(pair.target, pair.info["target"]), k
 
     @classmethod
     def of(cls, spec, pair: ModelPair) -> HeadDrafter:
@@ -183,16 +183,16 @@ class HeadDrafter:
         n = b.tokens.shape[1] - self.behind
         if n > 0:
             run_head(self.pair, self.head, policy, b.tokens[:, :n], b.valid[:, :n], b.stale[:, :n],
-                     _features(b)[:, :n], 0, b.draft.cache, keep=1)
+                     policy.head_features(_features(b))[:, :n], 0, b.draft.cache, keep=1)
 
     def propose(self, policy: Policy, b, k: int, sampling: Sampling, stream: Streams,
                 have: torch.Tensor) -> Proposal:
         if b.target.hidden is None:
             return _nothing(b, k, sampling, self.pair.vocab_size)
         S, state = b.tokens.shape[1], b.draft
-        start = min(max(0, S - self.refeed), kvcache.length(state.cache))
+        start = min(max(0, S - policy.head_refeed(self.k, self.behind)), kvcache.length(state.cache))
         kvcache.crop(state.cache, start)
-        features = _features(b)[:, start:]
+        features = policy.head_features(_features(b))[:, start:]
 
         def drafting_pass(j: int, tok, val, stl, q_start: int):
             nonlocal features

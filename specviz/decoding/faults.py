@@ -66,6 +66,19 @@ class Policy:
             return pos
         return torch.cat([pos[:, :q_start], pos[:, q_start:] + 1], 1)
 
+    def head_features(self, features: torch.Tensor) -> torch.Tensor:
+        """(B, S, H) the hidden state a draft head is fed at each slot: the target's at the slot before; the fault
+        feeds the one two slots back (vLLM #14647)."""
+        if not self.has("head-hidden-off-by-one"):
+            return features
+        return torch.cat([torch.zeros_like(features[:, :1]), features[:, :-1]], 1)
+
+    def head_refeed(self, k: int, behind: int) -> int:
+        """The last slots a draft head re-feeds from the target's hidden states each round: the at most k-1 accepted
+        drafts it holds, computed from its own guesses, and the `behind` it does not hold; the fault re-feeds only
+        those it does not hold (vLLM #14649)."""
+        return behind if self.has("head-keeps-own-guesses") else k - 1 + behind
+
     @property
     def first_draft_slots(self) -> int:
         """The slots whose logits a round's first draft pass keeps."""

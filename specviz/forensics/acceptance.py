@@ -40,9 +40,61 @@ class _Slot:
     gap: float  # the fresh pass's own choice's logit minus the draft's
 
 
+# (seq, t0, m) -> the drafter's own m drafts for the round whose first draft proposes output token t0 (the committed
+# tokens before each as its earlier drafts), and their logits (m, vocab)
+Proposals = Callable[[int, int, int], tuple[list[int], torch.Tensor]]
+
+
 @torch.inference_mode()
 def judge_acceptance(trace: Trace, draft, vocab: int, tolerance: Callable[[], float | None]) -> Acceptance:
     """`draft`: the run's draft model; `tolerance()`: its rounding tolerance, asked only where a draft differs."""
+    own: dict[int, list[int]] = {}  # seq -> the fresh pass's choice for each of its output tokens
+    logits: dict[int, torch.Tensor] = {}
+
+    def proposals(seq: int, t0: int, m: int) -> tuple[list[int], torch.Tensor]:
+        if seq not in own:  # one pass a sequence: the draft model's choice at every output token
+            out = trace.sequences[seq].output_ids
+            logits[seq] = fresh_logits(draft, trace.prompts[seq].ids + out[:-1], len(out), vocab)
+            own[seq] = logits[seq].argmax(-1).tolist()
+        return own[seq][t0: t0 + m], logits[seq][t0: t0 + m]
+
+    return _judge(trace, proposals, "the draft model", tolerance,
+                  lambda beyond, starts: _side(trace, draft, vocab, beyond, own, starts))
+
+
+@torch.inference_mode()
+def judge_head_acceptance(trace: Trace, target, head, vocab: int, tolerance: Callable[[], float | None]) -> Acceptance:
+    """A draft head's drafts (models/heads.py), against the head replayed from scratch: each sequence's hidden
+    states from one fresh pass of the target (batch size 1, no cache), then for each round the head over the
+    committed tokens, fed the target's hidden state at each slot before, and for each later draft its own output,
+    over the whole sequence again (no cache). `tolerance()`: the run's draft rounding tolerance."""
+    hidden: dict[int, torch.Tensor] = {}
+
+    def replay(shift: int) -> Proposals:
+        def proposals(seq: int, t0: int, m: int) -> tuple[list[int], torch.Tensor]:
+            ids = trace.prompts[seq].ids + trace.sequences[seq].output_ids
+            if seq not in hidden:
+                out = target(input_ids=torch.tensor([ids], device=target.device), output_hidden_states=True)
+                hidden[seq] = out.hidden_states[-1][0]
+            h, at = hidden[seq], len(trace.prompts[seq].ids) + t0
+            fed = torch.cat([torch.zeros_like(h[: 1 + shift]), h[: at - 1 - shift]])[:at]
+            rows = []
+            for j in range(m):
+                tokens = torch.tensor([ids[: at + j]], device=h.device)
+                y = head.body(inputs_embeds=head.inputs(tokens, fed[None]), use_cache=False,
+                              position_ids=torch.arange(at + j, device=h.device)[None]).last_hidden_state[0]
+                rows.append(head.logits(y[-1])[:vocab].double().cpu())
+                fed = torch.cat([fed, y[-1:]])  # the head's guess of the target's hidden state, for its next draft
+            z = torch.stack(rows) if rows else torch.zeros(0, vocab, dtype=torch.float64)
+            return z.argmax(-1).tolist(), z
+        return proposals
+
+    return _judge(trace, replay(0), "the head", tolerance, lambda beyond, starts: _head_side(beyond, starts, replay(1)))
+
+
+def _judge(trace: Trace, proposals: Proposals, whose: str, tolerance: Callable[[], float | None], side) -> Acceptance:
+    """Each round's drafts against the drafter's own `proposals`: the accepted drafts and the first rejected one,
+    whose prefix the row had committed. `side(beyond, starts)` names the side that went wrong."""
     rows_of: dict[int, list] = {}
     for r in sorted(trace.rows, key=lambda r: r.round):
         rows_of.setdefault(r.seq, []).append(r)
@@ -50,19 +102,17 @@ def judge_acceptance(trace: Trace, draft, vocab: int, tolerance: Callable[[], fl
     accepted = accepted_fresh = 0
     width = max((len(r.draft_tokens) for r in trace.rows), default=0)
     reached, taken, reached_fresh, taken_fresh = ([0] * width for _ in range(4))
-    own: dict[int, list[int]] = {}  # seq -> the fresh pass's choice for each of its output tokens
     starts: dict[tuple[int, int], int] = {}  # (round, seq) -> the output token its round's first draft proposes
     for s in trace.sequences:
         out = s.output_ids
         if not out or s.seq not in rows_of:
             continue
-        z = fresh_logits(draft, trace.prompts[s.seq].ids + out[:-1], len(out), vocab)  # one sequence at a time
-        choice = own[s.seq] = z.argmax(-1).tolist()
         t0 = 0
         for r in rows_of[s.seq]:
             starts[r.round, s.seq] = t0
             m = min(len(r.draft_tokens), len(out) - t0)
-            a, a_fresh = min(r.accepted, m), next((j for j in range(m) if choice[t0 + j] != out[t0 + j]), m)
+            choice, z = proposals(s.seq, t0, m) if m else ([], None)
+            a, a_fresh = min(r.accepted, m), next((j for j in range(m) if choice[j] != out[t0 + j]), m)
             accepted, accepted_fresh = accepted + a, accepted_fresh + a_fresh
             for j in range(m):
                 reached[j] += j <= a
@@ -72,14 +122,14 @@ def judge_acceptance(trace: Trace, draft, vocab: int, tolerance: Callable[[], fl
             for j in range(min(a + 1, m)):
                 compared += 1
                 d = r.draft_tokens[j]
-                if d != choice[t0 + j]:
-                    differing.append(_Slot(r.round, s.seq, j, t0 + j, d, float(z[t0 + j].max() - z[t0 + j, d])))
+                if d != choice[j]:
+                    differing.append(_Slot(r.round, s.seq, j, t0 + j, d, float(z[j].max() - z[j, d])))
             t0 += len(r.emitted)
     ev = Acceptance(compared=compared, differ=len(differing), beyond=0, tolerance=None, accepted=accepted,
                     accepted_fresh=accepted_fresh, per_position=_rates(taken, reached),
                     per_position_fresh=_rates(taken_fresh, reached_fresh),
                     verdict=None, explanation="")
-    cost = (f"The run accepted {accepted} drafts; the draft model's own proposals, computed fresh on the same "
+    cost = (f"The run accepted {accepted} drafts; {whose}'s own proposals, computed fresh on the same "
             f"committed tokens, would have had {accepted_fresh} accepted in the same rounds.")
     if differing:
         ev.tolerance = tolerance()
@@ -88,23 +138,38 @@ def judge_acceptance(trace: Trace, draft, vocab: int, tolerance: Callable[[], fl
     ev.beyond = len(beyond)
     if differing and ev.tolerance is None:
         ev.verdict = "unexplained"
-        ev.explanation = (f"{len(differing)} of {compared} drafts are not the draft model's own choice on their "
+        ev.explanation = (f"{len(differing)} of {compared} drafts are not {whose}'s own choice on their "
                           "prefix, but its rounding is not measured (no float64 copy), so a near-tie cannot be told "
                           f"from a bug. {cost}")
     elif not beyond:
-        ev.explanation = (f"Every one of the {compared} drafts compared is the draft model's own choice on its "
+        ev.explanation = (f"Every one of the {compared} drafts compared is {whose}'s own choice on its "
                           f"prefix" + (f", {len(differing)} within its rounding" if differing else "") + f". {cost}")
     else:
         first = beyond[0]
         ev.first = [first.round, first.seq, first.slot]
-        ev.verdict, why = _side(trace, draft, vocab, beyond, own, starts)
+        ev.verdict, why = side(beyond, starts)
         harm = ("The output is unharmed (the target verified every draft); the drafts are wasted."
                 if all(s.equivalent is not False for s in trace.sequences) else
                 "Outputs forked as well (their own verdicts say why): the drafts were wrong besides.")
-        ev.explanation = (f"{len(beyond)} of {compared} drafts are not the draft model's own choice on their prefix, "
+        ev.explanation = (f"{len(beyond)} of {compared} drafts are not {whose}'s own choice on their prefix, "
                           f"beyond its rounding ({ev.tolerance:.3g}); the first in round {first.round}, sequence "
                           f"{first.seq}, draft slot {first.slot}. {why} {harm} {cost}")
     return ev
+
+
+def _head_side(beyond: list[_Slot], starts: dict[tuple[int, int], int], shifted: Proposals) -> tuple[str, str]:
+    """The side of a head that went wrong: the hidden states one slot off give its drafts, or its own state."""
+    explained = 0
+    for d in beyond:
+        t0 = starts[d.round, d.seq]
+        choice, _ = shifted(d.seq, t0, d.slot + 1)
+        explained += d.draft == choice[d.slot]
+    if explained >= EXPLAINED * len(beyond):
+        return "draft-bug:hidden", (
+            f"The head replayed from the target's hidden states one slot earlier proposes {explained} of them: it "
+            "was fed each slot's hidden state off by one.")
+    return "draft-bug:cache", ("The target's hidden states one slot off do not give them: the head's own state (its "
+                               "cache, or what it was fed) was wrong.")
 
 
 @torch.inference_mode()

@@ -15,17 +15,18 @@ from specviz.decoding.reference import batched_reference, reference
 from specviz.decoding.result import DecodeResult, Progress
 from specviz.decoding.sampling import GREEDY, Sampling, greedy_of
 from specviz.forensics import distribution, yardstick
-from specviz.forensics.acceptance import judge_acceptance
+from specviz.forensics.acceptance import judge_acceptance, judge_head_acceptance
 from specviz.forensics.logprobs import judge_logprobs
 from specviz.forensics.watch import Watch
 from specviz.forensics.whitebox import analyse, analyse_sampled, flag_batching_noise
+from specviz.models.heads import EagleHead
 from specviz.models.pairs import ONE_DEVICE, ModelPair, Placement, pair_for
 from specviz.run.settings import Settings
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import MAX_PROMPT_TOKENS, RunSpec, SpecError
 from specviz.spec.verdicts import state_bug
-from specviz.trace.evidence import Rounding, Yardsticks
+from specviz.trace.evidence import Acceptance, Rounding, Yardsticks
 from specviz.trace.schema import Trace
 
 
@@ -202,6 +203,21 @@ def calibrated_yardsticks(spec: RunSpec, pair: ModelPair) -> Yardsticks | None:
     return Yardsticks(target=target, draft=_calibrated(spec, pair, "draft") if spec.audit else None)
 
 
+def _judge_drafts(trace: Trace, spec: RunSpec, pair: ModelPair) -> Acceptance | None:
+    """The acceptance judge for the run's drafter, where it can replay it: a draft model, or a head over the
+    target's hidden states (None: prompt lookup, whose drafts are its prompt's own tokens)."""
+    kind = DRAFTERS[spec.drafter]
+
+    def tolerance() -> float | None:
+        return getattr(_calibrated(spec, pair, "draft"), "tolerance", None)
+    if kind.draft_model:
+        return judge_acceptance(trace, pair.draft, pair.vocab_size, tolerance)
+    if "hidden" in kind.hears:
+        return judge_head_acceptance(trace, pair.target, EagleHead.of(pair.target, spec.target), pair.vocab_size,
+                                     tolerance)
+    return None
+
+
 def _calibrated(spec: RunSpec, pair: ModelPair, role: str) -> Rounding | None:
     """A model's rounding from the built-in prompts alone (None without a float64 copy)."""
     return yardstick.rounding(_calibration(pair, role), pair.dtype, spec.k + 1)
@@ -236,7 +252,6 @@ def explain(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result:
             flag_batching_noise(trace, batched)
     if spec.logprobs and ref is not None:
         judge_logprobs(trace, pair, yardsticks and yardsticks.target).record(trace)
-    if DRAFTERS[spec.drafter].draft_model and trace.rows:  # the drafts: lossless bugs show only there
-        trace.acceptance = judge_acceptance(trace, pair.draft, pair.vocab_size,
-                                            lambda: getattr(_calibrated(spec, pair, "draft"), "tolerance", None))
+    if trace.rows:  # the drafts: lossless bugs show only there
+        trace.acceptance = _judge_drafts(trace, spec, pair)
     return trace

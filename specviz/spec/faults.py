@@ -68,6 +68,13 @@ FAULTS = {
                                               "round (its correction or bonus): it proposes that token again "
                                               "(vllm-metal PR #721, after prefill only: 65% acceptance with draft "
                                               "= target, 98% fixed)"),
+    "head-hidden-off-by-one": ("lossless", "a draft head is fed, at each slot, the target's hidden state two slots back "
+                                           "instead of the one before (vLLM #14647, PR #14464: EAGLE's first input "
+                                           "token not removed, an input shift of one; 25% of acceptance lost)"),
+    "head-keeps-own-guesses": ("lossless", "a draft head never re-feeds the slots of the drafts a row accepted: their "
+                                           "cache entries stay computed from its own guesses of the target's hidden "
+                                           "states (vLLM #14649: approximated hidden states never overwritten, 8-15% "
+                                           "of acceptance length lost)"),
     # Sampling faults (temperature > 0): the text stays fluent, only the distribution is wrong.
     "residual-from-draft": ("sampling", "after a rejection the token is drawn from the draft's q, not the residual"),
     "residual-unclamped": ("sampling", "the residual is p - q without max(0, .)"),
@@ -128,13 +135,17 @@ VERDICT_OF = {
     "unseeded-noise-to-copy": "decision-bug:stream",
     "stream-advanced-for-zero-draft": "decision-bug:stream",
 }
-# Faults of a draft model's passes: prompt lookup runs none.
+# Faults of a draft model's passes: prompt lookup and a head run none.
 DRAFT_MODEL_ONLY = ("draft-positions-off-by-one", "draft-misses-target-token")
+# Faults of a draft head's inputs: only a drafter that hears the target's hidden states has them.
+HEAD_ONLY = ("head-hidden-off-by-one", "head-keeps-own-guesses")
 # What the acceptance judge names each lossless fault.
 ACCEPTANCE_OF = {
     "draft-positions-off-by-one": "draft-bug:positions",
     "draft-misses-target-token": "draft-bug:first-token",
     "drafts-to-another-row": "draft-bug:rows",
+    "head-hidden-off-by-one": "draft-bug:hidden",
+    "head-keeps-own-guesses": "draft-bug:cache",
 }
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, Literal, Self, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTER_OPTIONS, DRAFTERS, reading
-from specviz.spec.faults import DRAFT_MODEL_ONLY, GREEDY_ONLY, REQUESTS, SAMPLED, expand
+from specviz.spec.faults import DRAFT_MODEL_ONLY, GREEDY_ONLY, HEAD_ONLY, REQUESTS, SAMPLED, expand
 from specviz.spec.methods import METHODS
 
 ENGINE = "engine"  # the method of an engine check's trace: outputs from outside, judged against the reference
@@ -247,6 +247,9 @@ class RunSpec(Strict):
             raise ValueError(f"{', '.join(stray)} set the {' or '.join(takes)} drafter; choose drafter {takes[0]}")
         if not kind.draft_model and (found := [f for f in expand(self.faults) if f in DRAFT_MODEL_ONLY]):
             raise ValueError(f"{', '.join(found)} break a draft model's passes: {kind.noun} runs none")
+        if "hidden" not in kind.hears and (found := [f for f in expand(self.faults) if f in HEAD_ONLY]):
+            raise ValueError(f"{', '.join(found)} break a draft head's inputs: {kind.noun} hears no hidden state; "
+                             "choose drafter " + " or ".join(n for n, d in DRAFTERS.items() if "hidden" in d.hears))
         if "ngram_min" not in kind.options:
             return self
         if self.ngram_min > self.ngram_max:

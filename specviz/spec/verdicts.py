@@ -80,6 +80,9 @@ VERDICTS = {v.name: v for v in (
             "pass of the draft model, beyond its rounding; they are its proposals for another row of the round"),
     Verdict("draft-bug:positions", "the draft model was fed position ids one off", "each round's drafts against a "
             "fresh pass of the draft model, beyond its rounding; a fresh pass at positions one off gives them"),
+    Verdict("draft-bug:hidden", "a draft head was fed the target's hidden states of other slots (one off)",
+            "each round's drafts against the head replayed from a fresh pass of the target, beyond rounding; replayed "
+            "from the hidden states one slot earlier, it gives them"),
     Verdict("draft-bug:cache", "the drafter's own state (its cache, or what it was fed) was wrong", "each round's "
             "drafts against a fresh pass of the draft model, beyond its rounding, and no simpler hypothesis gives "
             "them"),
