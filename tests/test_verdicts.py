@@ -22,7 +22,7 @@ def test_every_name_a_judge_writes_is_declared():
 
 def test_every_fault_that_breaks_names_a_declared_verdict():
     assert set(VERDICT_OF) <= set(FAULTS) and set(VERDICT_OF.values()) <= set(VERDICTS)
-    assert all(VERDICT_OF.get(f) for f, (kind, _) in FAULTS.items() if kind in ("breaking", "recurrent", "stop"))
+    assert all(VERDICT_OF.get(f) for f, (kind, _) in FAULTS.items() if kind in ("breaking", "recurrent", "stop", "tree"))
     assert set(ACCEPTANCE_OF) == {f for f, (kind, _) in FAULTS.items() if kind == "lossless"}
     assert set(ACCEPTANCE_OF.values()) <= set(VERDICTS)
 

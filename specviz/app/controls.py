@@ -12,7 +12,15 @@ from specviz.spec.faults import FAULTS
 from specviz.spec.faults import PRESETS as FAULT_PRESETS
 from specviz.spec.methods import METHODS
 from specviz.spec.prompts import builtin_sets
-from specviz.spec.run import DTYPES, MAX_NGRAM, MAX_PRESENCE_PENALTY, MAX_REPETITION_PENALTY, MAX_TEMPERATURE, PRESETS
+from specviz.spec.run import (
+    DTYPES,
+    MAX_NGRAM,
+    MAX_PRESENCE_PENALTY,
+    MAX_REPETITION_PENALTY,
+    MAX_TEMPERATURE,
+    MAX_TREE_WIDTH,
+    PRESETS,
+)
 
 # Pixels of a file box: Gradio's drop zone ("Drop File Here - or - Click to Upload") is cut below about 120.
 UPLOAD_HEIGHT = 124
@@ -42,6 +50,9 @@ def run_controls_of(settings: Settings) -> dict:
                                    visible="ngram_min" in options, elem_id="sv-ngram-min")
         c["ngram_max"] = gr.Slider(1, MAX_NGRAM, value=DEFAULTS["ngram_max"], step=1, label="longest n-gram (tried first)",
                                    visible="ngram_max" in options, elem_id="sv-ngram-max")
+        c["tree_width"] = gr.Slider(1, MAX_TREE_WIDTH, value=DEFAULTS["tree_width"], step=1, label="tree width",
+                                    info="candidates per position, verified as a token tree (greedy; 1: a chain)",
+                                    visible="tree_width" in options, elem_id="sv-tree-width")
     with_faults = " and ".join(n for n, m in METHODS.items() if m.faults)
     c["faults"] = gr.Dropdown([*FAULTS, *FAULT_PRESETS], value=[], multiselect=True, label=f"faults ({with_faults} only)",
                               info="re-create a published engine's bug; the sampling faults need a temperature above 0",

@@ -60,7 +60,8 @@ DEFAULTS = {"pair": "embedded", "target": "", "draft": "", "prompt_set": "quick"
             "faults": [], "batch_size": 4, "k": 5, "max_new_tokens": 48, "dtype": "float32", "seed": 0, "window": 0,
             "max_wait": 4, "audit": False, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "draft_temperature": None,
             "draft_top_k": None, "draft_top_p": None, "drafter": DEFAULT_DRAFTER, "ngram_min": 1, "ngram_max": 3, "rows": "",
-            "repetition_penalty": 1.0, "presence_penalty": 0.0, "logprobs": False, "stop": "", "chat_template": True}
+            "repetition_penalty": 1.0, "presence_penalty": 0.0, "logprobs": False, "stop": "", "chat_template": True,
+            "tree_width": 1}
 
 
 FIRST_PAGE = "bsp-like decay"
@@ -88,12 +89,13 @@ def spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, meth
                        max_new_tokens, dtype, seed, window, max_wait, audit, temperature=0.0, top_k=0, top_p=1.0,
                        draft_temperature=None, draft_top_k=None, draft_top_p=None, drafter=DEFAULT_DRAFTER, ngram_min=1,
                        ngram_max=3, rows="", repetition_penalty=1.0, presence_penalty=0.0, logprobs=False,
-                       stop="", chat_template=True) -> RunSpec:
+                       stop="", chat_template=True, tree_width=1) -> RunSpec:
     """The run the controls describe. Prompts: typed ones, else the uploaded file, else the built-in set.
     Sampling: temperature 0 is greedy; top-k 0 and top-p 1 are off; a blank draft setting is the target's; `rows`,
     where typed, each request's own settings (one a line, key=value pairs), in place of the target's. `stop`:
     stop strings, one a line (spaces kept). `chat_template`: each prompt wrapped in the model's chat template.
-    The n-gram sizes belong to prompt lookup: with the draft model they are not read (the page hides them)."""
+    The n-gram sizes belong to prompt lookup: with the draft model they are not read (the page hides them); a
+    tree's width to the drafters that grow trees."""
     if pair == CUSTOM:
         if not (target or "").strip() or not (draft or "").strip():
             raise SpecError("a custom pair needs both a target and a draft model id")
@@ -117,7 +119,7 @@ def spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, meth
                          presence_penalty=_real(presence_penalty, 0.0), logprobs=bool(logprobs),
                          stop=tuple(s for s in (stop or "").replace("\r\n", "\n").split("\n") if s),
                          chat_template=bool(chat_template),
-                         **_drafter_options(drafter, ngram_min=ngram_min, ngram_max=ngram_max))
+                         **_drafter_options(drafter, ngram_min=ngram_min, ngram_max=ngram_max, tree_width=tree_width))
 
 
 def _drafter_options(drafter: str | None, **values) -> dict:
@@ -147,7 +149,7 @@ def run_controls(settings: Settings, pair, target, draft, prompt_set, typed, pro
                  k, max_new_tokens, dtype, seed, window, max_wait, audit=False, temperature=0.0, top_k=0, top_p=1.0,
                  draft_temperature=None, draft_top_k=None, draft_top_p=None, drafter=DEFAULT_DRAFTER, ngram_min=1,
                  ngram_max=3, rows="", repetition_penalty=1.0, presence_penalty=0.0, logprobs=False, stop="",
-                 chat_template=True, progress=gr.Progress(), request: gr.Request = None):
+                 chat_template=True, tree_width=1, progress=gr.Progress(), request: gr.Request = None):
     """Run button and examples: decode what the controls say. The parameters are spec_from_controls'; those with
     defaults may be left out by an API client (the draft's own sampling settings default to blank, the drafter
     to the draft model)."""
@@ -156,7 +158,7 @@ def run_controls(settings: Settings, pair, target, draft, prompt_set, typed, pro
         spec = spec_from_controls(pair, target, draft, prompt_set, typed, prompt_file, method, faults, batch_size, k,
                                   max_new_tokens, dtype, seed, window, max_wait, audit, temperature, top_k, top_p,
                                   draft_temperature, draft_top_k, draft_top_p, drafter, ngram_min, ngram_max, rows,
-                                  repetition_penalty, presence_penalty, logprobs, stop, chat_template)
+                                  repetition_penalty, presence_penalty, logprobs, stop, chat_template, tree_width)
         trace, timing = serving.decode(spec, settings, progress, session)
     return trace, serving.headline(trace, timing), serving.save(trace), None
 
@@ -243,6 +245,7 @@ def controls_of(s: RunSpec) -> list:
               "ngram_min": s.ngram_min, "ngram_max": s.ngram_max, "rows": rows_as_text(s.rows),
               "repetition_penalty": s.repetition_penalty, "presence_penalty": s.presence_penalty,
               "logprobs": s.logprobs, "stop": "\n".join(s.stop), "chat_template": s.chat_template,
+              "tree_width": s.tree_width,
               # A link may carry what the sliders do not reach (the CLI's temperature 5): they widen to it.
               "temperature": s.temperature if s.temperature <= TEMPERATURE_MAX else gr.update(
                   value=s.temperature, maximum=s.temperature),

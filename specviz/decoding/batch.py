@@ -42,7 +42,8 @@ def positions(valid: torch.Tensor) -> torch.Tensor:
     return (valid.long().cumsum(dim=1) - 1).clamp(min=0)
 
 
-def attention_bias(valid: torch.Tensor, q_start: int, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
+def attention_bias(valid: torch.Tensor, q_start: int, dtype: torch.dtype, window: int | None = None,
+                   among: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Additive 4D mask (B, 1, q, kv) for the queries at slots q_start.. over keys 0..S-1.
 
     A query sees the valid slots at or before it, and always itself: a pad
@@ -50,51 +51,56 @@ def attention_bias(valid: torch.Tensor, q_start: int, dtype: torch.dtype, window
     would leak into the cache. A sliding-window layer sees only the keys less
     than `window` positions back (transformers' rule), counted in positions,
     not slots: padding and stale slots take no room in a row's window.
+    `among`: a token tree's (decoding/trees.py) slots each slot may see (B, S, S), in place of `valid`, and the
+    positions of every slot (B, S), which its windows count.
     """
     _, S = valid.shape
     q = torch.arange(q_start, S, device=valid.device)[:, None]
     kv = torch.arange(S, device=valid.device)[None, :]
-    allowed = (valid[:, None, :] & (kv <= q)[None]) | (kv == q)[None]
+    shown = valid[:, None, :] if among is None else among[0][:, q_start:]
+    allowed = (shown & (kv <= q)[None]) | (kv == q)[None]
     if window is not None:
-        pos = positions(valid)
+        pos = positions(valid) if among is None else among[1]
         allowed &= (pos[:, q_start:, None] - pos[:, None, :] < window) | (kv == q)[None]
     bias = torch.zeros(allowed.shape, dtype=dtype, device=valid.device)
     bias.masked_fill_(~allowed, torch.finfo(dtype).min)
     return bias[:, None]
 
 
-def attention_masks(model, valid: torch.Tensor, q_start: int):
+def attention_masks(model, valid: torch.Tensor, q_start: int, among: tuple[torch.Tensor, torch.Tensor] | None = None):
     """The mask `model` takes for this layout: one bias, or where some layers see a sliding window or carry a
     recurrent state, a mask per layer type (a model that declares `layer_types` reads them by type; one that does
     not has a single window on every layer). A recurrent layer takes the plain padding mask of the slots fed, as
-    transformers gives it, and zeroes its pads before they reach its state."""
+    transformers gives it, and zeroes its pads before they reach its state. `among`: a token tree's (attention_bias)."""
     windows, recurrent = sliding_windows(model), is_recurrent(model)
     if not windows and not recurrent:
-        return attention_bias(valid, q_start, model.dtype)
+        return attention_bias(valid, q_start, model.dtype, among=among)
     if not declares_layer_types(model) and not recurrent:
         (window,) = set(windows.values())
-        return attention_bias(valid, q_start, model.dtype, window)
-    masks = {"full_attention": attention_bias(valid, q_start, model.dtype),
-             **{t: attention_bias(valid, q_start, model.dtype, w) for t, w in windows.items()}}
+        return attention_bias(valid, q_start, model.dtype, window, among)
+    masks = {"full_attention": attention_bias(valid, q_start, model.dtype, among=among),
+             **{t: attention_bias(valid, q_start, model.dtype, w, among) for t, w in windows.items()}}
     if recurrent:
         masks.update(dict.fromkeys(RECURRENT, valid[:, q_start:].long()))
     return masks
 
 
 def forward(model, tokens: torch.Tensor, valid: torch.Tensor, q_start: int, cache, vocab: int,
-            pos: torch.Tensor | None = None, seen: torch.Tensor | None = None, keep: int = 0, hidden: bool = False):
+            pos: torch.Tensor | None = None, seen: torch.Tensor | None = None, keep: int = 0, hidden: bool = False,
+            among: tuple[torch.Tensor, torch.Tensor] | None = None):
     """Run `model` on slots q_start.. of the layout (earlier slots are in `cache`).
 
     Returns logits (float32, or float64 for a float64 model) sliced to the shared vocabulary: (B, q, vocab), or
     (B, keep, vocab) for the last `keep` slots only; with `hidden`, (logits, the last layer's hidden states at every
     slot fed, (B, q, H)). `pos` and `seen` override the positions and the slots the mask lets through, both derived from
-    `valid` by default (a fault policy may swap them; a correct engine never does).
+    `valid` by default (a fault policy may swap them; a correct engine never does). `among`: a token tree's mask
+    (attention_bias).
     """
     if pos is None:
         pos = positions(valid)[:, q_start:]
     out = model(
         input_ids=tokens[:, q_start:],
-        attention_mask=attention_masks(model, valid if seen is None else seen, q_start),
+        attention_mask=attention_masks(model, valid if seen is None else seen, q_start, among),
         position_ids=pos,
         cache=cache,
         use_cache=True,

@@ -19,11 +19,12 @@ from typing import Protocol
 
 import torch
 
-from specviz.decoding import kvcache
+from specviz.decoding import kvcache, trees
 from specviz.decoding.faults import Policy
 from specviz.decoding.modelstate import ModelState
 from specviz.decoding.passes import run_head, run_model
 from specviz.decoding.sampling import DRAFT, Sampling, Streams, inverse_cdf
+from specviz.models.architecture import is_recurrent
 from specviz.models.heads import EagleHead
 from specviz.models.pairs import ModelPair
 from specviz.spec.drafters import DRAFTERS, DrafterKind
@@ -37,11 +38,13 @@ class Proposal:
     probs: torch.Tensor | None  # (B, n, V) the distribution each draft was drawn from; sampled rounds only
     confidence: torch.Tensor  # (B, n) the drafter's probability of each of its drafts (recorded)
     fed: torch.Tensor  # (B, S+n-1) the position each draft cache slot was computed at afterwards, -1 if none
+    parents: torch.Tensor | None = None  # (B, n) a token tree (trees.py): each draft's parent, -1 the row's last
+    #                                      committed token; a row's drafts past its count are filler. None: a chain
 
     def handed(self, rows: torch.Tensor) -> Proposal:
         """The drafts as the rows receive them: row i gets row `rows[i]`'s (the draft cache stays the drafter's)."""
         return Proposal(self.tokens[rows], self.counts[rows], None if self.probs is None else self.probs[rows],
-                        self.confidence[rows], self.fed)
+                        self.confidence[rows], self.fed, None if self.parents is None else self.parents[rows])
 
 
 class Drafter(Protocol):
@@ -81,12 +84,12 @@ class ModelDrafter:
     kind = DRAFTERS["model"]
     behind = 2
 
-    def __init__(self, pair: ModelPair):
-        self.pair = pair
+    def __init__(self, pair: ModelPair, width: int = 1):
+        self.pair, self.width = pair, _tree_width(pair, width)
 
     @classmethod
     def of(cls, spec, pair: ModelPair) -> ModelDrafter:
-        return cls(pair)
+        return cls(pair, spec.tree_width)
 
     def new_state(self, valid: torch.Tensor, positions: torch.Tensor) -> ModelState:
         return ModelState.fresh(kvcache.new(self.pair.draft), valid, positions, self.behind)
@@ -116,7 +119,8 @@ class ModelDrafter:
 
         q_start = S - self.behind if kvcache.length(state.cache) else 0
         drafts, probs, pos = _chain(policy, b, k, sampling, stream, have, self.pair.eos_ids, drafting_pass, q_start)
-        return _proposal(drafts, probs, have, sampling, torch.cat([state.written, pos[:, S - self.behind:]], 1))
+        return _proposal(drafts, probs, have, sampling, torch.cat([state.written, pos[:, S - self.behind:]], 1),
+                         self.width)
 
 
 def _chain(policy: Policy, b, k: int, sampling: Sampling, stream: Streams, have: torch.Tensor,
@@ -151,10 +155,27 @@ def _chain(policy: Policy, b, k: int, sampling: Sampling, stream: Streams, have:
     return torch.stack(drafts, 1), torch.stack(probs, 1), pos
 
 
-def _proposal(D: torch.Tensor, Q: torch.Tensor, have: torch.Tensor, sampling: Sampling, fed: torch.Tensor) -> Proposal:
-    """Every row offered all of its drafts `D`, drawn from `Q`."""
-    return Proposal(D, torch.full_like(have, D.shape[1]), None if sampling.greedy else Q,
-                    Q.gather(2, D[..., None])[..., 0], fed)
+def _proposal(D: torch.Tensor, Q: torch.Tensor, have: torch.Tensor, sampling: Sampling, fed: torch.Tensor,
+              width: int = 1) -> Proposal:
+    """Every row offered all of its drafts `D`, drawn from `Q`. Wider than 1 (greedy only), a tree grown from the
+    chain: at each depth, beside the chain's draft, the width-1 likeliest other tokens of its distribution."""
+    confidence = Q.gather(2, D[..., None])[..., 0]
+    if width == 1:
+        return Proposal(D, torch.full_like(have, D.shape[1]), None if sampling.greedy else Q, confidence, fed)
+    others = Q.scatter(2, D[..., None], -1.0).topk(width - 1, dim=-1)
+    tokens = torch.cat([D, others.indices.flatten(1)], 1)
+    return Proposal(tokens, torch.full_like(have, tokens.shape[1]), None,
+                    torch.cat([confidence, others.values.flatten(1)], 1), fed,
+                    trees.main_line(D.shape[1], width, D.device).expand(len(D), -1))
+
+
+def _tree_width(pair: ModelPair, width: int) -> int:
+    """`width`, where the pair's target can verify a tree of it."""
+    if width > 1 and is_recurrent(pair.target):
+        raise SpecError("the target carries a recurrent state (a hybrid model), which cannot hold a token tree's "
+                        "branches apart, and one verify pass per branch is not built: draft chains (tree width 1) "
+                        "on this pair")
+    return width
 
 
 class HeadDrafter:
@@ -169,12 +190,13 @@ class HeadDrafter:
     kind = DRAFTERS["eagle"]
     behind = 2
 
-    def __init__(self, pair: ModelPair, k: int):
+    def __init__(self, pair: ModelPair, k: int, width: int = 1):
         self.pair, self.head, self.k = pair, EagleHead.of(pair.target, pair.info["target"]), k
+        self.width = _tree_width(pair, width)
 
     @classmethod
     def of(cls, spec, pair: ModelPair) -> HeadDrafter:
-        return cls(pair, spec.k)
+        return cls(pair, spec.k, spec.tree_width)
 
     def new_state(self, valid: torch.Tensor, positions: torch.Tensor) -> ModelState:
         return ModelState.fresh(kvcache.new(self.head.body), valid, positions, self.behind)
@@ -202,7 +224,8 @@ class HeadDrafter:
             return logits[:, -1], pos
 
         drafts, probs, pos = _chain(policy, b, k, sampling, stream, have, self.pair.eos_ids, drafting_pass, start)
-        return _proposal(drafts, probs, have, sampling, torch.cat([state.written[:, :start], pos[:, start:]], 1))
+        return _proposal(drafts, probs, have, sampling, torch.cat([state.written[:, :start], pos[:, start:]], 1),
+                         self.width)
 
     def observe(self, b, verified, accepted) -> None:
         pass  # it reads the hidden states the target's state keeps
@@ -237,13 +260,13 @@ class PromptLookup:
 
     kind = DRAFTERS["lookup"]
 
-    def __init__(self, pair: ModelPair, min_n: int, max_n: int):
+    def __init__(self, pair: ModelPair, min_n: int, max_n: int, width: int = 1):
         self.vocab_size = pair.vocab_size
-        self.min_n, self.max_n = min_n, max_n
+        self.min_n, self.max_n, self.width = min_n, max_n, _tree_width(pair, width)
 
     @classmethod
     def of(cls, spec, pair: ModelPair) -> PromptLookup:
-        return cls(pair, spec.ngram_min, spec.ngram_max)
+        return cls(pair, spec.ngram_min, spec.ngram_max, spec.tree_width)
 
     def new_state(self, valid: torch.Tensor, positions: torch.Tensor) -> ModelState:
         # no cache: the slots it would hold (a draft model's) are recorded empty, and never checked
@@ -268,12 +291,16 @@ class PromptLookup:
         slot = torch.arange(S, device=hist.device)
         found = torch.zeros(B, dtype=torch.bool, device=hist.device)
         begin = torch.zeros(B, dtype=torch.long, device=hist.device)  # where the proposed tokens start
+        starts = torch.zeros(B, S, dtype=torch.bool, device=hist.device)  # where every match's tokens start
         for n in range(min(self.max_n, S - 1), self.min_n - 1, -1):
             windows = hist.unfold(1, n, 1)[:, : S - n]  # windows followed by at least one token
             hit = (windows == hist[:, None, S - n:]).all(-1) & (slot[None, : S - n] >= first_real[:, None])
             new = hit.any(1) & ~found
             begin = torch.where(new, hit.long().argmax(1) + n, begin)  # argmax: the first hit
+            starts[new, n:] = hit[new]
             found |= new
+        if self.width > 1:
+            return self._tree(hist, starts, k, sampling)
         follow = torch.where(found, S - begin, 0)  # the tokens after the match, to the row's end
         j = torch.arange(n_out, device=hist.device)
         at = (begin[:, None] + j).clamp(max=S - 1)
@@ -283,6 +310,30 @@ class PromptLookup:
             probs = torch.nn.functional.one_hot(tokens, self.vocab_size).float()
         return Proposal(tokens, follow.clamp(max=k), probs, torch.ones(tokens.shape, device=hist.device),
                         torch.full((B, S + n_out - 1), -1, device=hist.device))
+
+
+    def _tree(self, hist: torch.Tensor, starts: torch.Tensor, k: int, sampling: Sampling) -> Proposal:
+        """Each row's first `width` matches' next k tokens as one tree (a trie, as SGLang's n-gram drafter keeps):
+        the earliest match's branch first, then each later one's where it parts from those before."""
+        B, S = hist.shape
+        rows = []
+        for r in range(B):
+            index: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+            for start in starts[r].nonzero().flatten().tolist()[: self.width]:
+                at = -1
+                for token in hist[r, start: start + k].tolist():
+                    at = index.setdefault((at, token), len(index))
+            rows.append(sorted(index.items(), key=lambda item: item[1]))
+        n = max(1, max(len(nodes) for nodes in rows))
+        tokens = hist[:, -1:].repeat(1, n)  # filler: the row's last token
+        parents = torch.full((B, n), -1, device=hist.device)
+        for r, nodes in enumerate(rows):
+            if nodes:
+                tokens[r, :len(nodes)] = torch.tensor([t for (_, t), _ in nodes])
+                parents[r, :len(nodes)] = torch.tensor([p for (p, _), _ in nodes])
+        counts = torch.tensor([len(nodes) for nodes in rows], device=hist.device)
+        return Proposal(tokens, counts, None, torch.ones(tokens.shape, device=hist.device),
+                        torch.full((B, S + n - 1), -1, device=hist.device), parents)
 
 
 # one for every declared drafter (a test holds it)

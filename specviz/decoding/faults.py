@@ -10,8 +10,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from specviz.decoding import trees
 from specviz.decoding.batch import positions as mask_positions
 from specviz.decoding.sampling import Row, Sampler, Samplers, Streams, inverse_cdf
+from specviz.decoding.trees import Tree
 from specviz.spec.faults import expand
 
 
@@ -78,6 +80,31 @@ class Policy:
         drafts it holds, computed from its own guesses, and the `behind` it does not hold; the fault re-feeds only
         those it does not hold (vLLM #14649)."""
         return behind if self.has("head-keeps-own-guesses") else k - 1 + behind
+
+    def tree_positions(self, pos: torch.Tensor, tree: Tree) -> torch.Tensor:
+        """The position ids of a layout whose last slots are a tree's nodes: each node at the root's position plus
+        its depth; the fault numbers them by their index, as a chain's are."""
+        return pos if self.has("tree-positions-by-index") else trees.positions(pos, tree)
+
+    def tree_among(self, tree: Tree) -> torch.Tensor:
+        """(B, n, n) the nodes each node of a tree sees: itself and its ancestors; the fault, every node listed
+        before it (a chain's causal mask): its siblings and their branches too."""
+        if not self.has("tree-siblings-visible"):
+            return tree.ancestors
+        return torch.ones_like(tree.ancestors).tril()
+
+    def compacted(self, path: torch.Tensor) -> torch.Tensor:
+        """(B, deepest) the node whose K/V each slot of a row's accepted path keeps: the path's own; the fault keeps
+        the nodes where they were fed, so that a branch the target refused stays in the cache."""
+        if not self.has("tree-rejected-branch-kept"):
+            return path
+        return torch.arange(path.shape[1], device=path.device).expand_as(path)
+
+    def bonus_node(self, path: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+        """(B,) the node whose logits choose the token after a row's accepted path (of `length` nodes, at least 1):
+        its last; the fault takes the node listed at that depth's index, as a chain's would be."""
+        last = (length - 1).clamp(min=0)
+        return last if self.has("tree-bonus-by-index") else path.gather(1, last[:, None])[:, 0]
 
     @property
     def first_draft_slots(self) -> int:

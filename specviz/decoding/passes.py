@@ -6,8 +6,10 @@ from typing import NamedTuple
 
 import torch
 
+from specviz.decoding import trees
 from specviz.decoding.batch import attention_masks, forward
 from specviz.decoding.faults import Policy
+from specviz.decoding.trees import Tree
 from specviz.models.architecture import narrowest_window
 from specviz.models.heads import EagleHead
 from specviz.models.pairs import ModelPair
@@ -20,10 +22,14 @@ class Pass(NamedTuple):
 
 
 def run_model(pair: ModelPair, policy: Policy, role: str, tok, val, stl, q_start, cache, hidden: bool = False,
-              **kw) -> Pass:
+              tree: Tree | None = None, **kw) -> Pass:
     """The pair's `role` model over slots q_start.. Roles: "target", "draft" (a drafting pass), "draft prefill"
-    (the draft cache's first fill). `hidden`: return its last hidden states too."""
+    (the draft cache's first fill). `hidden`: return its last hidden states too. `tree`: the last slots are a
+    tree's nodes (trees.py), placed and masked as the policy places them."""
     pos = policy.positions(val, stl)
+    among = None
+    if tree is not None:
+        pos, among = policy.tree_positions(pos, tree), policy.tree_among(tree)
     if role == "draft prefill":
         model = pair.draft
     elif role == "draft":
@@ -32,8 +38,9 @@ def run_model(pair: ModelPair, policy: Policy, role: str, tok, val, stl, q_start
         model, pos = pair.target, policy.window_positions(pos, q_start)
     else:
         raise ValueError(f"no model plays {role!r}")
+    seen = policy.seen(val, stl, narrowest_window(model))
     out = forward(model, tok, val, q_start, cache, pair.vocab_size, pos=pos[:, q_start:],
-                  seen=policy.seen(val, stl, narrowest_window(model)), hidden=hidden, **kw)
+                  seen=seen, among=None if among is None else (trees.visible(seen, among), pos), hidden=hidden, **kw)
     logits, last = out if hidden else (out, None)
     return Pass(logits, pos, last)
 

@@ -21,7 +21,7 @@ from specviz.models.pairs import ModelPair
 from specviz.spec.run import RunSpec
 from specviz.trace import text
 from specviz.trace.evidence import Yardsticks
-from specviz.trace.records import PickFrom, PromptRecord, RoundRecord, RowRecord, SequenceRecord, first_difference
+from specviz.trace.records import PickFrom, PromptRecord, RoundRecord, RowRecord, SequenceRecord, TreeRecord, first_difference
 from specviz.trace.schema import Manifest, Trace
 
 
@@ -91,9 +91,18 @@ def _row_records(rounds: list[RoundData], audit: dict) -> tuple[list[RoundRecord
                    for f in STATE_FIELDS if f in ints},
                 checks={n: bool(v[row]) for n, v in checks.items()},
                 **dict(zip(("audit", "audit_draft"), audit.get((r, seq), ()))),
-                **_drawn(ints, floats, row, k),
+                **_drawn(ints, floats, row, k), **_tree(ints, row, a),
             ))
     return round_recs, row_recs
+
+
+def _tree(ints: dict, row: int, accepted: int) -> dict:
+    """A tree round's tree for one row, and the `accepted` nodes of its path (nothing for a chain's round)."""
+    if "tree_tokens" not in ints:
+        return {}
+    offered = ints["tree_offered"][row]
+    return {"tree": TreeRecord(tokens=ints["tree_tokens"][row][:offered], parents=ints["tree_parents"][row][:offered],
+                               path=ints["tree_path"][row][:accepted])}
 
 
 def _drawn(ints: dict, floats: dict, row: int, k: int) -> dict:

@@ -31,9 +31,9 @@ from functools import cached_property
 
 import torch
 
-from specviz.decoding import kvcache
+from specviz.decoding import kvcache, trees
 from specviz.decoding.batch import positions
-from specviz.decoding.drafters import Drafter
+from specviz.decoding.drafters import Drafter, Proposal
 from specviz.decoding.faults import Policy
 from specviz.decoding.modelstate import ModelState
 from specviz.decoding.passes import run_model
@@ -41,6 +41,7 @@ from specviz.decoding.penalties import history, logprobs
 from specviz.decoding.result import SequenceOutput
 from specviz.decoding.sampling import ACCEPT, GREEDY, RESIDUAL, TARGET, Samplers, Sampling, Streams, inverse_cdf
 from specviz.decoding.stops import Stops
+from specviz.decoding.trees import Tree, walk
 from specviz.models.architecture import narrowest_window
 from specviz.models.pairs import ModelPair
 
@@ -179,6 +180,11 @@ class Verified:
     argmax: torch.Tensor  # (B, k+1)
     hidden: torch.Tensor | None  # (B, q, H) the target's last hidden states at the slots it fed (the last q of the
     #                              S+k), where the drafter hears them
+    # A tree's pass, taken along each row's path (_along_path): which of the pass's logits each slot's are (B, k+1),
+    # the tree as proposed and walked (for the record), and its own checks of positions and mask.
+    slots: torch.Tensor | None = None
+    tree: dict[str, torch.Tensor] | None = None
+    tree_checks: dict[str, torch.Tensor] | None = None
 
 
 @dataclass
@@ -209,7 +215,7 @@ def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clo
     draft_empty = kvcache.length(b.draft.cache) == 0  # before the drafter fills it
     prop = d.drafter.propose(d.policy, b, k, d.sampling, stream, have).handed(
         d.policy.draft_rows(len(b.seqs), have.device))
-    k = min(k, int(prop.counts.max()))
+    k = int(prop.counts.max()) if prop.parents is not None else min(k, int(prop.counts.max()))  # a tree: its nodes
     for i, skips in zip(b.seqs, d.policy.skips(prop.counts, k).tolist()):
         if skips:  # from the next round on
             d.skipped[i] = d.skipped.get(i, 0) + skips
@@ -219,7 +225,10 @@ def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clo
         b.target.held = torch.where(zero, b.target.held_first, b.target.held)
     before = _state_before(b, draft_empty) if d.record else {}
     t_draft = clock.lap()
-    v = verify(d, b, prop.tokens[:, :k], have)
+    tree = None if prop.parents is None or not k else Tree.of(prop.parents[:, :k])
+    v = verify(d, b, prop.tokens[:, :k], have, tree)
+    if tree is not None:
+        v, prop, k = _along_path(d.policy, b, v, prop, tree)
     t_verify = clock.lap()
     acc = accept(d, v, prop, have, stream, b.seqs, [gen[i].ids for i in b.seqs])
     d.drafter.observe(b, v, acc)
@@ -238,15 +247,16 @@ def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clo
     timings = {"draft": t_draft, "verify": t_verify}
     if d.watch:
         with clock.pause():
-            d.watch.end(b.seqs, gen)
+            d.watch.end(b.seqs, gen, v.slots)
         timings["watch"] = clock.paused
     return Step(k, acc.n_keep, acc.finished, acc.accepted, acc.room, out_tok, out_val, out_stale, target, draft,
                 fields, timings)
 
 
-def verify(d: Decoding, b: Batch, drafts: torch.Tensor, have: torch.Tensor) -> Verified:
+def verify(d: Decoding, b: Batch, drafts: torch.Tensor, have: torch.Tensor, tree: Tree | None = None) -> Verified:
     """The target over the last committed token and the drafts, in one pass (the prefill too, on an empty cache); its
-    logits penalised by each row's history, where the run sets a penalty (`have`: each row's output tokens)."""
+    logits penalised by each row's history, where the run sets a penalty (`have`: each row's output tokens). A
+    `tree`'s drafts are its nodes, each at its depth's position, seeing its ancestors only (trees.py)."""
     S, k = b.tokens.shape[1], drafts.shape[1]
     tok = torch.cat([b.tokens, drafts], 1)
     val = torch.cat([b.valid, torch.ones_like(drafts, dtype=torch.bool)], 1)
@@ -254,12 +264,45 @@ def verify(d: Decoding, b: Batch, drafts: torch.Tensor, have: torch.Tensor) -> V
     with kvcache.keeping(b.target.cache, k + 1):  # a recurrent state after the last committed token and each draft
         logits, pos, hidden = run_model(d.pair, d.policy, "target", tok, val, stl,
                                         S - 1 if kvcache.length(b.target.cache) else 0, b.target.cache, keep=k + 1,
-                                        hidden="hidden" in d.drafter.kind.hears)
+                                        hidden="hidden" in d.drafter.kind.hears, tree=tree)
     if d.sampling.penalties:
         prompt, output = history(b.tokens, b.valid, have, logits.shape[-1])
         output, drafts = d.policy.penalty_history(output, _ends(d.ends, b.seqs, output), drafts)
         logits = d.sampling.penalties.apply(logits, prompt, output, drafts)
     return Verified(tok, val, stl, pos, logits, logits.argmax(-1), hidden)
+
+
+def _along_path(policy: Policy, b: Batch, v: Verified, prop, tree: Tree):
+    """A verified tree as the chain of the path each row accepts (trees.walk), followed by the first child the
+    target refused: the verify pass's slots, logits and hidden states taken along it, the target's cache compacted
+    (through the policy) so that its slots hold the chain's, and the proposal the chain's drafts. Returns them and
+    the chain's width, the round's k from here on."""
+    S, (B, n) = b.tokens.shape[1], prop.tokens[:, :tree.parents.shape[1]].shape
+    path, length, refused = walk(prop.tokens[:, :n], tree, prop.counts, v.argmax)
+    along = trees.slots(path, S)
+    rows = torch.arange(B, device=path.device)
+    kvcache.gather(b.target.cache, rows, trees.slots(policy.compacted(path), S))
+    fed_at = torch.cat([torch.zeros_like(path[:, :1]), 1 + path], 1)  # each chain slot's place in the verify pass
+    bonus = policy.bonus_node(path, length)  # where the token after the path is chosen
+    at = fed_at.scatter(1, length[:, None], torch.where(length > 0, 1 + bonus, 0)[:, None])
+    logits = v.logits.gather(1, at[..., None].expand(-1, -1, v.logits.shape[-1]))
+    hidden = v.hidden
+    if hidden is not None:  # the last q of the S+n slots fed
+        skip = S + n - hidden.shape[1]
+        hidden = hidden.gather(1, (along[:, skip:] - skip)[..., None].expand(-1, -1, hidden.shape[-1]))
+    live = torch.arange(n, device=path.device)[None] < prop.counts[:, None]
+    checks = {  # over every node offered, as the padding mask's check is over every slot
+        "positions": ((v.positions[:, S:] == trees.positions(positions(v.valid), tree)[:, S:]) | ~live).all(1),
+        "mask": ((policy.tree_among(tree) == tree.ancestors) | ~live[:, :, None]).all(2).all(1),
+    }
+    record = {"tree_tokens": prop.tokens[:, :n], "tree_parents": tree.parents, "tree_path": path,
+              "tree_offered": prop.counts}
+    past = torch.arange(fed_at.shape[1], device=path.device) > (length + refused)[:, None]  # filler slots
+    chain = Verified(v.tokens.gather(1, along), v.valid.gather(1, along), v.stale.gather(1, along),
+                     v.positions.gather(1, along), logits, logits.argmax(-1), hidden, fed_at.masked_fill(past, -1),
+                     record, checks)
+    drafts = prop.tokens.gather(1, path)
+    return chain, Proposal(drafts, length + refused, None, prop.confidence.gather(1, path), prop.fed), path.shape[1]
 
 
 def _ends(ends: dict[int, list[int]], seqs: list[int], like: torch.Tensor) -> torch.Tensor:
@@ -372,14 +415,16 @@ def _recorded(d: Decoding, b: Batch, prop, v: Verified, acc: Accepted, before: d
     for i, row, m in zip(b.seqs, margins.tolist(), acc.n_keep.tolist()):
         gen[i].margins.extend(row[:m])
     seen = d.policy.seen(v.valid, v.stale, narrowest_window(d.pair.target))
+    tree = v.tree_checks or {}  # a tree's: over its nodes (its chain's slots past the path are filler)
     fields = {**before, "checks": {**before["checks"],
-                                   "positions": (v.positions == positions(v.valid))[:, S - 1:].all(1),
-                                   "mask": (seen == v.valid).all(1), "bonus": acc.pick[:, 0] == acc.own}}
+                                   "positions": tree.get("positions", (v.positions == positions(v.valid))[:, S - 1:].all(1)),
+                                   "mask": (seen == v.valid).all(1) & tree.get("mask", True),
+                                   "bonus": acc.pick[:, 0] == acc.own}}
     fields["ints"] = {
         "draft_tokens": prop.tokens[:, :k], "target_tokens": v.argmax, "emitted": acc.emitted,
         "accepted": acc.accepted, "n_emitted": acc.n_keep, "finished": acc.finished.long(), "drafts": acc.room,
         "pos_first": v.positions[:, S - 1], "pos_last": v.positions[:, -1], "mask_sum": seen[:, :S].sum(1),
-        "target_top_ids": top.indices,
+        "target_top_ids": top.indices, **(v.tree or {}),
     }
     fields["floats"] = {
         "draft_probs": prop.confidence[:, :k],

@@ -93,8 +93,11 @@ class Watch:
         self._target.clear()
         self._draft.clear()
 
-    def end(self, seqs: list[int], gen: dict) -> None:
-        """A round ended: row r of the batch was sequence seqs[r], and `gen[seq].ids` holds its tokens so far."""
+    def end(self, seqs: list[int], gen: dict, along: torch.Tensor | None = None) -> None:
+        """A round ended: row r of the batch was sequence seqs[r], and `gen[seq].ids` holds its tokens so far. A
+        round that verified token trees (decoding/trees.py) gives `along` (B, k+1): which of the pass's verified
+        slots each row's accepted path (and the branch it refused next) was fed at; each row is then judged along
+        its path, as a chain, against the truth."""
         r = self.rounds
         self.rounds += 1
         verify = self._target.calls[-1] if self._target.calls else None
@@ -108,13 +111,15 @@ class Watch:
             for row, (s, before, truth) in enumerate(zip(seqs, befores, truths)):
                 ids = gen[s].ids
                 self.seen[s] = len(ids)
+                at = None if along is None else [i for i in along[row].tolist() if i >= 0]
                 if s not in self.forks and (fork := self._fork(s, before, ids)) is not None:
-                    self.forks[s] = self._inspect(verify, r, row, truths, fork - before, s)
+                    self.forks[s] = self._inspect(verify, r, row, truths, fork - before, s, at)
                 if row in audited:
-                    self.audit[(r, s)] = (self._state_diff(verify, row, truth)[0], self._draft_diff(drafted, row, truth))
+                    self.audit[(r, s)] = (self._state_diff(verify, row, truth, at)[0],
+                                          self._draft_diff(drafted, row, truth))
                     if self.references is None and s not in self.forks and self.tolerance is not None \
                             and self.audit[(r, s)][0] > self.tolerance:
-                        self.forks[s] = self._inspect(verify, r, row, truths, 0, s)
+                        self.forks[s] = self._inspect(verify, r, row, truths, 0, s, at)
 
     def _audited(self, rows: int, r: int) -> set[int]:
         if self.audit_rows >= rows:
@@ -127,13 +132,16 @@ class Watch:
         ref = self.references[s]
         return next((i for i in range(before, len(ids)) if i >= len(ref) or ids[i] != ref[i]), None)
 
-    def _state_diff(self, call: Call, row: int, truth: list[int]) -> tuple[float, list[int], torch.Tensor]:
-        """Largest |emitting - fresh| logit over the row's verified slots, the tokens it was fed there, and the fresh logits."""
+    def _state_diff(self, call: Call, row: int, truth: list[int],
+                    at: list[int] | None) -> tuple[float, list[int], torch.Tensor]:
+        """Largest |emitting - fresh| logit over the row's verified slots (`at`: those of its path through a tree),
+        the tokens it was fed there, and the fresh logits."""
         vocab = self.pair.vocab_size
         keep = call.logits.shape[1]
-        fed = call.input_ids[row, -keep:].tolist()
-        fresh = fresh_logits(self.pair.target, truth + fed[1:], keep, vocab)
-        emitting = call.logits[row, :, :vocab].double().cpu()
+        at = list(range(keep)) if at is None else at
+        fed = [call.input_ids[row, -keep:].tolist()[i] for i in at]
+        fresh = fresh_logits(self.pair.target, truth + fed[1:], len(at), vocab)
+        emitting = call.logits[row, at, :vocab].double().cpu()
         return float((emitting - fresh).abs().max()), fed, fresh
 
     def _draft_diff(self, call: Call | None, row: int, truth: list[int]) -> float | None:
@@ -144,16 +152,19 @@ class Watch:
         fresh = fresh_logits(self.pair.draft, truth, 1, vocab)[0]
         return float((call.logits[row, -1, :vocab].double().cpu() - fresh).abs().max())
 
-    def _inspect(self, call: Call, r: int, row: int, truths: list[list[int]], slot: int, seq: int) -> ForkState:
+    def _inspect(self, call: Call, r: int, row: int, truths: list[list[int]], slot: int, seq: int,
+                 at: list[int] | None) -> ForkState:
         truth = truths[row]
-        diff, fed, fresh = self._state_diff(call, row, truth)
-        keep = len(fed)
+        diff, fed, fresh = self._state_diff(call, row, truth, at)
+        keep, verified = len(fed), call.logits.shape[1]
+        along = list(range(verified)) if at is None else at
         expected = list(range(len(truth) - 1, len(truth) - 1 + keep))
-        fed_pos = None if call.position_ids is None else call.position_ids[row, -keep:].tolist()
+        fed_pos = None if call.position_ids is None else [call.position_ids[row, -verified:].tolist()[i] for i in along]
         window = self._window(call)
         seen = [p + 1 if window is None else min(p + 1, window) for p in expected]  # what each slot should see
-        vis = call.visible(row, keep)
-        emitting = call.logits[row, :, : self.pair.vocab_size].double()
+        vis = call.visible(row, verified)
+        vis = None if vis is None else vis[along]
+        emitting = call.logits[row, along, : self.pair.vocab_size].double()
         if self.penalties:  # by the row's true history: its prompt, its tokens and the drafts before each slot
             prompt = self.prompts[seq]
             emitting = self.penalties.along(emitting, prompt, truth[len(prompt):] + fed[1:])
@@ -161,9 +172,10 @@ class Watch:
         top = emitting.topk(2).values
         clean = self.tolerance is not None and diff <= self.tolerance  # nothing to narrow down
         visible = None if vis is None else vis.sum(1).tolist()
-        # The computation is suspect only where every input was right: a wrong input already names the state.
+        # The computation is suspect only where every input was right: a wrong input already names the state. A
+        # tree's pass is not rebuilt (its kernels are judged on chains).
         inputs_right = (fed[0] == truth[-1] and fed_pos in (None, expected)
-                        and visible in (None, seen))
+                        and visible in (None, seen) and at is None)
         return ForkState(
             round=r, row=row, slot=slot, state_diff=diff, tokens_ok=fed[0] == truth[-1],
             kernel_diff=None if clean or not inputs_right else
@@ -254,7 +266,7 @@ class Watch:
             keys = _first_layer_keys(self.pair.target, [truth[at]] * max(span, at + 1), list(range(max(span, at + 1))))
             alt = _key_error(cached[:, i: i + 1].expand(-1, keys.shape[1], -1), keys)
             best = int(alt.argmin())
-            if alt[best] * 8 < err[i]:  # another position fits far better than its own
+            if best != at and alt[best] * 8 < err[i]:  # another position fits far better than its own
                 found.append([at, best])
             elif err[i] > 8 * err.median():
                 found.append([at, -1])

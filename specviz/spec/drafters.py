@@ -28,13 +28,18 @@ class DrafterKind:
     options: tuple[str, ...] = ()  # the RunSpec fields it reads; a run of another drafter leaves them at default
     setting: Callable[..., str] | None = None  # (spec) -> its options in words
     empty: Callable[..., str] | None = None  # (spec) -> why it offered a row nothing (None: it always drafts)
-    trees: bool = False  # proposes several candidates per position (a tree) instead of a chain
     hears: tuple[str, ...] = ()  # what of the verify pass it observes: "hidden", the target's last hidden states
     in_transformers: bool = True  # transformers' assisted generation drafts as it does (the hf-assisted cross-check)
 
+    @property
+    def trees(self) -> bool:
+        """It can propose several candidates per position (a token tree, run setting tree_width), not only a chain."""
+        return "tree_width" in self.options
+
     def words(self, spec) -> str:
         """What drafted a run, in words: "the draft model", "prompt lookup (n-grams 1–3, no draft model)"."""
-        notes = [*([self.setting(spec)] if self.setting else []), *([] if self.draft_model else ["no draft model"])]
+        notes = [*([self.setting(spec)] if self.setting else []), *([] if self.draft_model else ["no draft model"]),
+                 *([f"trees {spec.tree_width} wide"] if getattr(spec, "tree_width", 1) > 1 else [])]
         return self.noun + (f" ({', '.join(notes)})" if notes else "")
 
     def draft_passes(self, k: int) -> int:
@@ -43,17 +48,20 @@ class DrafterKind:
 
 
 DRAFTERS: dict[str, DrafterKind] = {d.name: d for d in (
-    DrafterKind("model", "the draft model, one forward pass per draft", "the draft model", draft_model=True,
-                cache=True, passes_per_draft=1),
+    DrafterKind("model", "the draft model, one forward pass per draft; in a tree, the likeliest other tokens of each "
+                "draft's distribution beside it", "the draft model", draft_model=True, cache=True, passes_per_draft=1,
+                options=("tree_width",)),
     DrafterKind("lookup", "prompt lookup: the tokens that followed the last n-gram's earliest earlier occurrence; "
-                "no model", "prompt lookup", draft_model=False, cache=False, passes_per_draft=0,
-                options=("ngram_min", "ngram_max"), setting=lambda spec: f"n-grams {ngrams(spec)}",
+                "no model; in a tree, the tokens after its next earliest occurrences too", "prompt lookup",
+                draft_model=False, cache=False, passes_per_draft=0, options=("ngram_min", "ngram_max", "tree_width"),
+                setting=lambda spec: f"n-grams {ngrams(spec)}",
                 empty=lambda spec: f"found no earlier occurrence of its last n-gram, n {ngrams(spec)}"),
     DrafterKind("eagle", "an EAGLE-style head: a small decoder over the target's own last hidden state and the next "
                 "token's embedding, one pass per draft; untrained here (copies of the target's first layers, for the "
                 "tiny pair only): it shows how a head's state is kept, not a trained head's speed-up",
                 "an EAGLE-style head",
-                draft_model=False, cache=True, passes_per_draft=1, hears=("hidden",), in_transformers=False,
+                draft_model=False, cache=True, passes_per_draft=1, options=("tree_width",), hears=("hidden",),
+                in_transformers=False,
                 empty=lambda spec: "had no hidden state of the target to draft from yet: the target's first pass "
                                    "over a batch computes them"),
 )}

@@ -75,6 +75,15 @@ FAULTS = {
                                            "cache entries stay computed from its own guesses of the target's hidden "
                                            "states (vLLM #14649: approximated hidden states never overwritten, 8-15% "
                                            "of acceptance length lost)"),
+    # Breaking where a row accepts a token tree's branch other than its first (a tree wider than 1, decoding/trees.py).
+    "tree-siblings-visible": ("tree", "a tree's nodes are verified under a chain's causal mask: each sees every node "
+                                      "listed before it, its siblings' branches too, not its ancestors only"),
+    "tree-positions-by-index": ("tree", "a tree's nodes are fed positions by their index in the tree, as a chain's, "
+                                        "not by their depth"),
+    "tree-rejected-branch-kept": ("tree", "the accepted path is not compacted in the cache: the slots after the root "
+                                          "keep the nodes fed there, a refused branch's K/V among them"),
+    "tree-bonus-by-index": ("tree", "the token after an accepted path is chosen at the node listed at the path's "
+                                    "length, as a chain's is, not at the path's last node"),
     # Sampling faults (temperature > 0): the text stays fluent, only the distribution is wrong.
     "residual-from-draft": ("sampling", "after a rejection the token is drawn from the draft's q, not the residual"),
     "residual-unclamped": ("sampling", "the residual is p - q without max(0, .)"),
@@ -123,6 +132,10 @@ VERDICT_OF = {
     "bonus-from-another-row": "sync-bug:bonus",
     "rollback-by-draft-list": "sync-bug:kv",
     "accept-on-raw-softmax": "decision-bug:accept",
+    "tree-siblings-visible": "sync-bug:mask",
+    "tree-positions-by-index": "sync-bug:positions",
+    "tree-rejected-branch-kept": "sync-bug:kv",
+    "tree-bonus-by-index": "sync-bug:bonus",
     "state-not-rolled-back": "sync-bug:recurrent",
     "state-after-zero-draft": "sync-bug:recurrent",
     "conv-state-off-by-one": "sync-bug:recurrent",
@@ -139,6 +152,8 @@ VERDICT_OF = {
 DRAFT_MODEL_ONLY = ("draft-positions-off-by-one", "draft-misses-target-token")
 # Faults of a draft head's inputs: only a drafter that hears the target's hidden states has them.
 HEAD_ONLY = ("head-hidden-off-by-one", "head-keeps-own-guesses")
+# Faults of a token tree's verify: only a run drafting trees (tree_width above 1) has them.
+TREE_ONLY = tuple(f for f, (kind, _) in FAULTS.items() if kind == "tree")
 # What the acceptance judge names each lossless fault.
 ACCEPTANCE_OF = {
     "draft-positions-off-by-one": "draft-bug:positions",

@@ -28,6 +28,7 @@ class Method:
     penalties: tuple[str, ...] = ("repetition", "presence")  # the penalties it applies (decoding/penalties.py)
     logprobs: bool = True  # records each token's log-probability
     stop_strings: bool = True  # ends an output at a stop string (decoding/stops.py)
+    trees: bool = False  # verifies a drafter's token trees (decoding/trees.py), not only chains
 
     @property
     def speculative(self) -> bool:
@@ -63,9 +64,9 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            # transformers has no presence penalty, and matches stop strings its own way
            penalties=("repetition",), logprobs=False, stop_strings=False),
     Method("eqspec", "static batches realigned every round (unpad, append, repad)",
-           passes=lambda spec: _rounds(spec, spec.batch_size), drafters=tuple(DRAFTERS), faults=True),
+           passes=lambda spec: _rounds(spec, spec.batch_size), drafters=tuple(DRAFTERS), faults=True, trees=True),
     Method("exspec", "a window of sequences, same-length groups batched without realignment",
-           passes=lambda spec: _rounds(spec, spec.batch_size), drafters=tuple(DRAFTERS), refills=True),
+           passes=lambda spec: _rounds(spec, spec.batch_size), drafters=tuple(DRAFTERS), refills=True, trees=True),
 )}
 
 

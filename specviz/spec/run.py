@@ -13,7 +13,7 @@ from typing import Annotated, Literal, Self, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTER_OPTIONS, DRAFTERS, reading
-from specviz.spec.faults import DRAFT_MODEL_ONLY, GREEDY_ONLY, HEAD_ONLY, REQUESTS, SAMPLED, expand
+from specviz.spec.faults import DRAFT_MODEL_ONLY, GREEDY_ONLY, HEAD_ONLY, REQUESTS, SAMPLED, TREE_ONLY, expand
 from specviz.spec.methods import METHODS
 
 ENGINE = "engine"  # the method of an engine check's trace: outputs from outside, judged against the reference
@@ -51,6 +51,7 @@ MAX_PROBLEMS_LISTED = 3  # in one message about a stranger's input
 MAX_TEMPERATURE = 10.0
 SAMPLING_FIELDS = ("top_k", "top_p", "draft_temperature", "draft_top_k", "draft_top_p")
 MAX_NGRAM = 16
+MAX_TREE_WIDTH = 8
 MAX_REPETITION_PENALTY = 10.0
 MAX_PRESENCE_PENALTY = 2.0  # OpenAI's bound
 PENALTY_FIELDS = ("repetition_penalty", "presence_penalty")
@@ -160,6 +161,7 @@ class RunSpec(Strict):
     drafter: Literal[tuple(DRAFTERS)] = DEFAULT_DRAFTER  # what proposes the drafts (speculative methods)
     ngram_min: int = Field(1, ge=1, le=MAX_NGRAM)  # prompt lookup: the shortest n-gram matched
     ngram_max: int = Field(3, ge=1, le=MAX_NGRAM)  # and the longest (tried first)
+    tree_width: int = Field(1, ge=1, le=MAX_TREE_WIDTH)  # candidates per position (decoding/trees.py); 1: a chain
     faults: tuple[str, ...] = Field((), fail_fast=True)  # fault or preset names (decoding/faults.py), for speculative methods
     batch_size: int = Field(4, ge=1, le=MAX_BATCH_SIZE)
     k: int = Field(5, ge=1, le=MAX_K)
@@ -250,6 +252,10 @@ class RunSpec(Strict):
         if "hidden" not in kind.hears and (found := [f for f in expand(self.faults) if f in HEAD_ONLY]):
             raise ValueError(f"{', '.join(found)} break a draft head's inputs: {kind.noun} hears no hidden state; "
                              "choose drafter " + " or ".join(n for n, d in DRAFTERS.items() if "hidden" in d.hears))
+        if self.tree_width > 1:
+            self._trees()
+        elif found := [f for f in expand(self.faults) if f in TREE_ONLY]:
+            raise ValueError(f"{', '.join(found)} break a token tree's verify: set tree_width above 1")
         if "ngram_min" not in kind.options:
             return self
         if self.ngram_min > self.ngram_max:
@@ -257,6 +263,17 @@ class RunSpec(Strict):
         if self.method == "hf-assisted" and self.ngram_min != 1:
             raise ValueError("transformers' prompt lookup always matches down to 1 token: hf-assisted needs ngram_min 1")
         return self
+
+    def _trees(self) -> None:
+        if self.method != ENGINE and not METHODS[self.method].trees:
+            raise ValueError(f"{self.method} verifies chains only; trees run in "
+                             + " or ".join(n for n, m in METHODS.items() if m.trees))
+        if not self.greedy:
+            raise ValueError("a token tree at temperature > 0 needs multi-candidate rejection sampling (SpecInfer), "
+                             "which specviz does not build yet: sample with tree_width 1")
+        if self.repetition_penalty != 1 or self.presence_penalty != 0:
+            raise ValueError("a penalty's history along a token tree's branches is not built: penalise with "
+                             "tree_width 1")
 
     @model_validator(mode="after")
     def _rows(self) -> RunSpec:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from specviz.trace.evidence import EngineForensics, RunForensics
 
-SCHEMA_VERSION = 9  # 3: whole-character pieces (trace/text.py); 4: sampled runs; 5: yardsticks; 6: engine facts;
-#                    7: references proved by teacher forcing; 8: controls that bound none of an engine's rounding;
-#                    9: a hybrid's recurrent states
+SCHEMA_VERSION = 10  # 3: whole-character pieces (trace/text.py); 4: sampled runs; 5: yardsticks; 6: engine facts;
+#                     7: references proved by teacher forcing; 8: controls that bound none of an engine's rounding;
+#                     9: a hybrid's recurrent states; 10: token trees
 
 
 def _from_version_1(raw: dict) -> dict:
@@ -88,6 +88,12 @@ def _from_version_8(raw: dict) -> dict:
     return {**raw, "schema_version": 9}
 
 
+def _from_version_9(raw: dict) -> dict:
+    """Version 10 records the token trees a run verified (a row's `tree`) and a run's tree width, both optional:
+    version 9 verified chains only."""
+    return {**raw, "schema_version": 10}
+
+
 def _floor_as_rounding(floor: dict, factor: object, manifest: dict) -> dict:
     spec = manifest.get("spec")
     return {"dtype": spec.get("dtype", "?") if isinstance(spec, dict) else "?",
@@ -100,4 +106,4 @@ def _floor_as_rounding(floor: dict, factor: object, manifest: dict) -> dict:
 
 # version -> a function that lifts a raw trace one version up
 MIGRATIONS = {1: _from_version_1, 2: _from_version_2, 3: _from_version_3, 4: _from_version_4,
-              5: _from_version_5, 6: _from_version_6, 7: _from_version_7, 8: _from_version_8}
+              5: _from_version_5, 6: _from_version_6, 7: _from_version_7, 8: _from_version_8, 9: _from_version_9}

@@ -4,12 +4,33 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import model_validator
+
 from specviz.spec.run import Many, Map, Strict
 from specviz.trace.evidence import Forensics
 
 Source = Literal["draft", "correction", "bonus"]
 PickFrom = Literal["target", "residual", "draft"]
 CHECKS = ("rectangular", "positions", "mask", "kv", "draft_kv", "bonus", "recurrent")
+
+
+class TreeRecord(Strict):
+    """A row's token tree in one round (decoding/trees.py): its nodes, each one's parent (-1: the row's last
+    committed token), and the nodes it accepted, root to leaf. The row's draft_tokens are then the accepted path's
+    tokens, followed by the first child the target refused, where there was one."""
+
+    tokens: Many[int]
+    parents: Many[int]
+    path: Many[int]
+
+    @model_validator(mode="after")
+    def _a_tree(self) -> TreeRecord:
+        if len(self.parents) != len(self.tokens) or any(not -1 <= p < i for i, p in enumerate(self.parents)):
+            raise ValueError("a tree lists each node after its parent, one parent per token")
+        if any(not 0 <= n < len(self.tokens) for n in self.path) or \
+                [self.parents[n] for n in self.path] != [-1, *self.path][:len(self.path)]:
+            raise ValueError("a tree's accepted path runs from the root, each node a child of the one before")
+        return self
 
 
 class RowRecord(Strict):
@@ -55,6 +76,7 @@ class RowRecord(Strict):
     accept_draws: Many[float] | None = None  # the uniform draw of each draft's decision: accepted iff draw < p/q
     pick_draw: float | None = None  # the uniform draw the non-draft token was sampled with
     pick_from: PickFrom | None = None  # the distribution the non-draft token was drawn from, as the engine did it
+    tree: TreeRecord | None = None  # a round that verified token trees: this row's
 
 
 class RoundRecord(Strict):

@@ -42,7 +42,7 @@ class Manifest(Strict):
 
 
 class Trace(Strict):
-    schema_version: Literal[9] = SCHEMA_VERSION
+    schema_version: Literal[10] = SCHEMA_VERSION
     manifest: Manifest
     prompts: Many[PromptRecord]
     rounds: Many[RoundRecord]
