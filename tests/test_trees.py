@@ -4,6 +4,7 @@ model, the EAGLE-style head and prompt lookup, in eqspec and exspec at batch siz
 in the verify pass are a fresh batch-size-1 pass over the row's tokens and the node's own ancestors (float64), and
 each tree fault is named by the state or decision it breaks."""
 import json
+import re
 
 import pytest
 import torch
@@ -137,9 +138,16 @@ def tree_run_spec():
                 tree_width=4, batch_size=4, k=4, max_new_tokens=NEW, dtype="float64", device="cpu")
 
 
-def test_a_tree_runs_trace_records_every_rows_tree_and_path(tree_run_spec, tmp_path):
-    trace = run(RunSpec.build(**tree_run_spec))
+@pytest.fixture(scope="module")
+def tree_trace(tree_run_spec):
+    return run(RunSpec.build(**tree_run_spec))
+
+
+def test_a_tree_runs_trace_records_every_rows_tree_and_path(tree_trace, tmp_path):
+    trace = tree_trace
     assert metrics.equivalence(trace)["exact"] == 1
+    a = trace.acceptance  # each draft is the draft model's own candidate of its rank, fresh
+    assert a.verdict is None and a.beyond == 0 and a.compared > 0, a.explanation
     for r in trace.rows:
         assert r.tree is not None and len(r.tree.path) == r.accepted
         assert [r.tree.tokens[n] for n in r.tree.path] == r.draft_tokens[:r.accepted] == r.emitted[:r.accepted]
@@ -187,3 +195,26 @@ def test_a_hybrid_target_refuses_trees_and_says_why():
                          device="cpu")
     with pytest.raises(SpecError, match="recurrent state"):
         run(spec)
+
+
+def test_the_page_draws_each_rows_tree_and_marks_tokens_off_the_first_branch(tree_trace):
+    from hostile import hostile_trace, live_markup
+
+    from specviz.app import runview
+
+    off = next(r for r in tree_trace.rows if any(r.tree.candidate(n)[0] > 1 for n in r.tree.path))
+    out = dict(zip(runview.VIEW_NAMES, runview.render(tree_trace, off.seq, off.round)))
+    picture = re.search(r"<svg class=\"sv-tree\".*?</svg>", out["forensics"]).group(0)
+    assert picture.count("<g ") == len(off.tree.tokens)  # a box for every node
+    assert picture.count('class="sv-node-path"') == off.accepted and "candidate 2 of" in out["forensics"]
+    assert "sv-branch" in out["timeline"] and "off the first branch" in out["timeline"]
+    assert "sv-tree-cell" in out["grid"] and "a token tree of" in out["grid"]
+    assert set(off.tree.tokens) <= set(tree_trace.vocab)  # every node's text is in the trace, for its label
+    hostile = hostile_trace(tree_trace)  # every token's text a stranger's: shown as text, in the picture too
+    for seq in range(len(hostile.sequences)):
+        for name, page in zip(runview.VIEW_NAMES, runview.render(hostile, seq, off.round)):
+            if name in ("timeline", "grid", "forensics"):
+                assert live_markup(page, {"div", "span", "p", "b", "h4", "table", "thead", "tbody", "tr", "th", "td",
+                                          "svg", "g", "rect", "line", "text", "title"},
+                                   {"class", "title", "style", "data-seq", "data-round", "data-index", "role", "width",
+                                    "height", "viewbox", "aria-label", "x", "y", "x1", "y1", "x2", "y2", "rx"}) == [], name

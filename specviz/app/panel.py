@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 
 from specviz.app.summary import sampling_text
+from specviz.app.treeview import tree_svg, tree_words
 from specviz.app.views import CHECK_TEXT, PICK_TEXT, Focus, no_drafts, round_widths, rows_by_seq, token_text, visible
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.verdicts import verdict
@@ -43,6 +44,8 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
         have = sum(len(r.emitted) for r in rows_by_seq(trace)[focus.seq] if r.round < row.round)
         kind = DRAFTERS[trace.manifest.spec.drafter]
         out.append(f"<h4>Round {row.round}, batch row {row.row}</h4>")
+        if row.tree is not None:
+            out.append(f'<p class="sv-tree-words">{html.escape(tree_words(row))}:</p>{tree_svg(trace, row)}')
         out.append(_table([
             ("drafts offered to this row", f"{k}" + (f" (the round's widest row: {widest})" if k < widest else "")
              + (f" — {no_drafts(trace, have)}" if not k else "")),

@@ -52,6 +52,9 @@ EXAMPLES = {
     # model 0.60x. The page says what each run measured.
     "prompt lookup: summaries and code edits": {**_EMBEDDED, "prompt_set": "summarize+code", "batch_size": 1,
                                                 "drafter": "lookup", "ngram_min": 2, "ngram_max": 3},
+    # Four candidates a position, verified as one token tree; the fault takes the token after an accepted path at
+    # the node listed at its length (a chain's index), which is wrong once the path leaves the first branch.
+    "token trees: bonus from the wrong node": {**_EMBEDDED, "tree_width": 4, "faults": ["tree-bonus-by-index"]},
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 
 from specviz.app.summary import sampling_text
+from specviz.app.treeview import tree_words
 from specviz.app.views import (
     PICK_TEXT,
     SOURCE_TEXT,
@@ -67,14 +68,25 @@ def _round_html(trace: Trace, seq: SequenceRecord, r: RowRecord, i: int, widest:
     for j, (tok, src) in enumerate(zip(r.emitted, r.sources)):
         tip = [f"#{i + j} · id {tok} · {reads(seq.output_pieces, i + j)}",
                SOURCE_TEXT[src] if k else "the target's own token (no drafts were offered this round)",
-               *_emitted_tip(trace, r, j, src), *([f"log-probability {seq.logprobs[i + j]:.4g}"] if seq.logprobs else []),
+               *_emitted_tip(trace, r, j, src), *_branch_tip(r, j),
+               *([f"log-probability {seq.logprobs[i + j]:.4g}"] if seq.logprobs else []),
                f"round {r.round} · target KV {r.target_kv_before + 1 + j}"]
-        out.append(_chip(seq, i + j, f"sv-{src}" + (" sv-mismatch" if src == "draft" and j in wrong else ""),
-                         " · ".join(tip)))
+        off = r.tree is not None and j < r.accepted and r.tree.candidate(r.tree.path[j])[0] > 1
+        out.append(_chip(seq, i + j, f"sv-{src}" + (" sv-mismatch" if src == "draft" and j in wrong else "")
+                         + (" sv-branch" if off else ""), " · ".join(tip)))
     for j in range(r.accepted, k):  # the first rejected draft, then those that came after it
         out.append(_rejected_chip(trace, r, j, j in wrong))
     out.append("</div>")
     return "".join(out)
+
+
+def _branch_tip(r: RowRecord, j: int) -> list[str]:
+    """Which branch of the row's token tree an accepted draft came from (nothing for a chain's round)."""
+    if r.tree is None or j >= r.accepted:
+        return []
+    node = r.tree.path[j]
+    rank, of = r.tree.candidate(node)
+    return [f"tree node {node}: candidate {rank} of {of} at depth {j + 1}" + ("" if rank == 1 else ", off the first branch")]
 
 
 def _emitted_tip(trace: Trace, r: RowRecord, j: int, src: str) -> list[str]:
@@ -212,6 +224,9 @@ def grid_html(trace: Trace, focus: Focus) -> str:
             else:
                 offered = no_drafts(trace, start - len(r.emitted))
             fork = "first divergence" if s.equivalent is False else "its state found corrupt"
+            if r.tree is not None:
+                offered += f" along {tree_words(r)}"
+                cls += " sv-tree-cell"
             tip = (f"seq {s.seq} · round {r.round} (its {n + 1}.) · {offered} · "
                    f"emitted {len(r.emitted)}" + (f" · {fork}" if r.round == fr else "")
                    + (" · audit: the target's state left rounding here" if r.round == s.audit_round else "")

@@ -156,6 +156,6 @@ def build_trace(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], res
 
 def _vocab(pair: ModelPair, sequences: list[SequenceRecord], rows: list[RowRecord]) -> dict[int, str]:
     ids = {i for s in sequences for i in (*s.output_ids, *(s.reference_ids or ()))}
-    ids |= {i for r in rows for i in (*r.draft_tokens, *r.target_tokens)}
+    ids |= {i for r in rows for i in (*r.draft_tokens, *r.target_tokens, *(r.tree.tokens if r.tree else ()))}
     ids = sorted(ids)
     return dict(zip(ids, pair.tokenizer.batch_decode([[i] for i in ids])))

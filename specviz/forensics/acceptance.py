@@ -112,7 +112,12 @@ def _judge(trace: Trace, proposals: Proposals, whose: str, tolerance: Callable[[
             starts[r.round, s.seq] = t0
             m = min(len(r.draft_tokens), len(out) - t0)
             choice, z = proposals(s.seq, t0, m) if m else ([], None)
+            # a token tree's drafts (decoding/trees.py): the drafter's own candidate of each draft's rank
             a, a_fresh = min(r.accepted, m), next((j for j in range(m) if choice[j] != out[t0 + j]), m)
+            if r.tree and a_fresh < m and out[t0 + a_fresh] in z[a_fresh].topk(trace.manifest.spec.tree_width).indices:
+                a_fresh += 1  # a fresh tree's other candidate beside its chain's draft there
+            rank = r.tree.ranks(m) if r.tree else [1] * m
+            choice = [c if n == 1 else int(z[j].topk(n).indices[-1]) for j, (c, n) in enumerate(zip(choice, rank))]
             accepted, accepted_fresh = accepted + a, accepted_fresh + a_fresh
             for j in range(m):
                 reached[j] += j <= a
@@ -123,7 +128,7 @@ def _judge(trace: Trace, proposals: Proposals, whose: str, tolerance: Callable[[
                 compared += 1
                 d = r.draft_tokens[j]
                 if d != choice[j]:
-                    differing.append(_Slot(r.round, s.seq, j, t0 + j, d, float(z[j].max() - z[j, d])))
+                    differing.append(_Slot(r.round, s.seq, j, t0 + j, d, abs(float(z[j, choice[j]] - z[j, d]))))
             t0 += len(r.emitted)
     ev = Acceptance(compared=compared, differ=len(differing), beyond=0, tolerance=None, accepted=accepted,
                     accepted_fresh=accepted_fresh, per_position=_rates(taken, reached),

@@ -32,6 +32,20 @@ class TreeRecord(Strict):
             raise ValueError("a tree's accepted path runs from the root, each node a child of the one before")
         return self
 
+    def children(self, node: int) -> list[int]:
+        """The nodes whose parent is `node` (-1: the root's), in the order they were listed."""
+        return [i for i, p in enumerate(self.parents) if p == node]
+
+    def candidate(self, node: int) -> tuple[int, int]:
+        """Which candidate `node` is among its parent's children (1: the first), and how many there are."""
+        siblings = self.children(self.parents[node])
+        return siblings.index(node) + 1, len(siblings)
+
+    def ranks(self, slots: int) -> list[int]:
+        """The candidate each of a row's first `slots` drafts was: its path's nodes, then the first child the target
+        refused (a first candidate)."""
+        return ([self.candidate(n)[0] for n in self.path] + [1])[:slots]
+
 
 class RowRecord(Strict):
     """One row of one round: what was drafted, verified, kept, and the state around it."""
