@@ -39,9 +39,8 @@ MUTANTS = {
                              "(valid.long().cumsum(dim=1) - valid[:, :1].long()).clamp(min=0)", (faults, round),
                              "eqspec"),
     # the mask lets the pad slot just before a row's tokens through; the engine's mask check never sees it
-    "mask-leaks-a-pad": (batch, "attention_bias", "allowed = (valid[:, None, :] & (kv <= q)[None]) | (kv == q)[None]",
-                         "allowed = ((valid | valid.roll(-1, 1))[:, None, :] & (kv <= q)[None]) | (kv == q)[None]",
-                         (), "eqspec"),
+    "mask-leaks-a-pad": (batch, "attention_bias", "shown = valid[:, None, :] if among is None",
+                         "shown = (valid | valid.roll(-1, 1))[:, None, :] if among is None", (), "eqspec"),
 }
 # An off-by-one in the draft's catch-up: it re-feeds its last token twice instead of the last two. Greedy
 # output cannot fork on a draft bug (the target picks every token), but the draft's state is corrupt.

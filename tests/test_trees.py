@@ -179,8 +179,35 @@ def test_every_tree_fault_is_named_by_the_state_or_decision_it_breaks(tree_run_s
     assert verdicts.count(VERDICT_OF[fault]) > len(verdicts) / 2
 
 
+SAMPLED = dict(temperature=0.8, top_p=0.95, draft_temperature=2.0)  # a flat q: a chain's draft often refused
+SAMPLED_PROMPTS = ("Write a short poem about the sea.", "Explain recursion.", "List three fruits.", "What is 2+2?") * 4
+
+
+@pytest.mark.parametrize("method", ["eqspec", "exspec"])
+def test_sampled_trees_are_the_targets_distribution(method):
+    """SpecInfer's multi-candidate speculative sampling is lossless: every token's PIT under the target is
+    uniform, each recorded decision follows its draw, and rows accept candidates off the chain."""
+    trace = run(RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, prompts=SAMPLED_PROMPTS, method=method,
+                              tree_width=4, batch_size=4, k=4, max_new_tokens=48, seed=1, device="cpu", **SAMPLED))
+    d = trace.distribution
+    assert d.verdict == "consistent" and d.impossible == 0, d
+    assert trace.decisions.checked > 0 and trace.decisions.mismatches == 0
+    assert any(r.tree.candidate(n)[0] > 1 for r in trace.rows for n in r.tree.path)
+
+
+def test_a_sampled_tree_draws_the_same_tokens_whatever_its_batch(tiny):
+    from specviz.decoding.sampling import Sampler, Sampling
+
+    ids = _ids(tiny, 9)
+    sampling = Sampling(target=Sampler(temperature=0.8, top_p=0.95), draft=Sampler(temperature=2.0), seed=3)
+    outs = [[o.ids for o in decoder(tiny, ids, bs, 4, NEW, sampling=sampling, drafter=ModelDrafter(tiny, 4),
+                                    **(dict(window=2 * bs, max_wait=4) if decoder is exspec else {})).outputs]
+            for decoder in (eqspec, exspec) for bs in (1, 3, 8)]
+    assert all(o == outs[0] for o in outs)
+
+
 @pytest.mark.parametrize("fields, refusal", [
-    (dict(tree_width=2, temperature=0.8), "multi-candidate rejection sampling"),
+    (dict(tree_width=2, temperature=0.8, faults=("residual-from-draft",)), "a token tree's are SpecInfer's"),
     (dict(tree_width=2, method="hf-assisted", batch_size=1), "verifies chains only"),
     (dict(tree_width=2, repetition_penalty=1.2), "penalty"),
     (dict(faults=("tree-bonus-by-index",)), "set tree_width above 1"),

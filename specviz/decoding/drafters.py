@@ -23,7 +23,7 @@ from specviz.decoding import kvcache, trees
 from specviz.decoding.faults import Policy
 from specviz.decoding.modelstate import ModelState
 from specviz.decoding.passes import run_head, run_model
-from specviz.decoding.sampling import DRAFT, Sampling, Streams, inverse_cdf
+from specviz.decoding.sampling import DRAFT, Sampling, Streams, inverse_cdf, sibling
 from specviz.models.architecture import is_recurrent
 from specviz.models.heads import EagleHead
 from specviz.models.pairs import ModelPair
@@ -119,8 +119,8 @@ class ModelDrafter:
 
         q_start = S - self.behind if kvcache.length(state.cache) else 0
         drafts, probs, pos = _chain(policy, b, k, sampling, stream, have, self.pair.eos_ids, drafting_pass, q_start)
-        return _proposal(drafts, probs, have, sampling, torch.cat([state.written, pos[:, S - self.behind:]], 1),
-                         self.width)
+        return _proposal(drafts, probs, have, sampling, stream,
+                         torch.cat([state.written, pos[:, S - self.behind:]], 1), self.width)
 
 
 def _chain(policy: Policy, b, k: int, sampling: Sampling, stream: Streams, have: torch.Tensor,
@@ -155,17 +155,23 @@ def _chain(policy: Policy, b, k: int, sampling: Sampling, stream: Streams, have:
     return torch.stack(drafts, 1), torch.stack(probs, 1), pos
 
 
-def _proposal(D: torch.Tensor, Q: torch.Tensor, have: torch.Tensor, sampling: Sampling, fed: torch.Tensor,
-              width: int = 1) -> Proposal:
-    """Every row offered all of its drafts `D`, drawn from `Q`. Wider than 1 (greedy only), a tree grown from the
-    chain: at each depth, beside the chain's draft, the width-1 likeliest other tokens of its distribution."""
+def _proposal(D: torch.Tensor, Q: torch.Tensor, have: torch.Tensor, sampling: Sampling, stream: Streams,
+              fed: torch.Tensor, width: int = 1) -> Proposal:
+    """Every row offered all of its drafts `D`, drawn from `Q`. Wider than 1, a tree grown from the chain: at each
+    depth, beside the chain's draft, width-1 other candidates from its distribution: the likeliest (greedy), or
+    further independent draws (sampled: SpecInfer's acceptance needs each drawn from its q)."""
     confidence = Q.gather(2, D[..., None])[..., 0]
     if width == 1:
         return Proposal(D, torch.full_like(have, D.shape[1]), None if sampling.greedy else Q, confidence, fed)
-    others = Q.scatter(2, D[..., None], -1.0).topk(width - 1, dim=-1)
-    tokens = torch.cat([D, others.indices.flatten(1)], 1)
-    return Proposal(tokens, torch.full_like(have, tokens.shape[1]), None,
-                    torch.cat([confidence, others.values.flatten(1)], 1), fed,
+    if sampling.greedy:
+        others = Q.scatter(2, D[..., None], -1.0).topk(width - 1, dim=-1).indices
+    else:
+        at = have[:, None] + torch.arange(D.shape[1], device=D.device)
+        others = torch.stack([inverse_cdf(Q, stream.draw(at, sibling(DRAFT, s))) for s in range(1, width)], -1)
+    tokens = torch.cat([D, others.flatten(1)], 1)
+    return Proposal(tokens, torch.full_like(have, tokens.shape[1]),
+                    None if sampling.greedy else torch.cat([Q, Q.repeat_interleave(width - 1, 1)], 1),
+                    torch.cat([confidence, Q.gather(2, others).flatten(1)], 1), fed,
                     trees.main_line(D.shape[1], width, D.device).expand(len(D), -1))
 
 
@@ -224,8 +230,8 @@ class HeadDrafter:
             return logits[:, -1], pos
 
         drafts, probs, pos = _chain(policy, b, k, sampling, stream, have, self.pair.eos_ids, drafting_pass, start)
-        return _proposal(drafts, probs, have, sampling, torch.cat([state.written[:, :start], pos[:, start:]], 1),
-                         self.width)
+        return _proposal(drafts, probs, have, sampling, stream,
+                         torch.cat([state.written[:, :start], pos[:, start:]], 1), self.width)
 
     def observe(self, b, verified, accepted) -> None:
         pass  # it reads the hidden states the target's state keeps
@@ -332,7 +338,8 @@ class PromptLookup:
                 tokens[r, :len(nodes)] = torch.tensor([t for (_, t), _ in nodes])
                 parents[r, :len(nodes)] = torch.tensor([p for (p, _), _ in nodes])
         counts = torch.tensor([len(nodes) for nodes in rows], device=hist.device)
-        return Proposal(tokens, counts, None, torch.ones(tokens.shape, device=hist.device),
+        probs = None if sampling.greedy else torch.nn.functional.one_hot(tokens, self.vocab_size).float()
+        return Proposal(tokens, counts, probs, torch.ones(tokens.shape, device=hist.device),
                         torch.full((B, S + n - 1), -1, device=hist.device), parents)
 
 

@@ -41,7 +41,7 @@ from specviz.decoding.penalties import history, logprobs
 from specviz.decoding.result import SequenceOutput
 from specviz.decoding.sampling import ACCEPT, GREEDY, RESIDUAL, TARGET, Samplers, Sampling, Streams, inverse_cdf
 from specviz.decoding.stops import Stops
-from specviz.decoding.trees import Tree, walk
+from specviz.decoding.trees import Tree, walk, walk_sampled
 from specviz.models.architecture import narrowest_window
 from specviz.models.pairs import ModelPair
 
@@ -185,6 +185,7 @@ class Verified:
     slots: torch.Tensor | None = None
     tree: dict[str, torch.Tensor] | None = None
     tree_checks: dict[str, torch.Tensor] | None = None
+    decided: tuple | None = None  # a sampled tree's decisions, made along its walk (accepted, own token, draws)
 
 
 @dataclass
@@ -228,7 +229,7 @@ def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clo
     tree = None if prop.parents is None or not k else Tree.of(prop.parents[:, :k])
     v = verify(d, b, prop.tokens[:, :k], have, tree)
     if tree is not None:
-        v, prop, k = _along_path(d.policy, b, v, prop, tree)
+        v, prop, k = _along_path(d, b, v, prop, tree, have, stream)
     t_verify = clock.lap()
     acc = accept(d, v, prop, have, stream, b.seqs, [gen[i].ids for i in b.seqs])
     d.drafter.observe(b, v, acc)
@@ -272,13 +273,22 @@ def verify(d: Decoding, b: Batch, drafts: torch.Tensor, have: torch.Tensor, tree
     return Verified(tok, val, stl, pos, logits, logits.argmax(-1), hidden)
 
 
-def _along_path(policy: Policy, b: Batch, v: Verified, prop, tree: Tree):
-    """A verified tree as the chain of the path each row accepts (trees.walk), followed by the first child the
-    target refused: the verify pass's slots, logits and hidden states taken along it, the target's cache compacted
-    (through the policy) so that its slots hold the chain's, and the proposal the chain's drafts. Returns them and
-    the chain's width, the round's k from here on."""
+def _along_path(d: Decoding, b: Batch, v: Verified, prop, tree: Tree, have: torch.Tensor, stream: Streams):
+    """A verified tree as the chain of the path each row accepts (trees.walk, or trees.walk_sampled, which decides
+    the row's tokens too), followed by the first child the target refused: the verify pass's slots, logits and
+    hidden states taken along it, the target's cache compacted (through the policy) so that its slots hold the
+    chain's, and the proposal the chain's drafts. Returns them and the chain's width, the round's k from here on."""
+    policy = d.policy
     S, (B, n) = b.tokens.shape[1], prop.tokens[:, :tree.parents.shape[1]].shape
-    path, length, refused = walk(prop.tokens[:, :n], tree, prop.counts, v.argmax)
+    decided = None
+    if d.sampling.greedy:
+        path, length, refused = walk(prop.tokens[:, :n], tree, prop.counts, v.argmax)
+    else:
+        P = policy.verify_samplers([d.sampling.row(i) for i in b.seqs]).probs(v.logits)
+        path, length, refused, own, drawn = walk_sampled(
+            prop.tokens[:, :n], tree, prop.counts, P, prop.probs[:, :n], (d.max_new_tokens - 1 - have).clamp(min=0),
+            stream, have, policy.accept)
+        decided = (length, own, drawn)
     along = trees.slots(path, S)
     rows = torch.arange(B, device=path.device)
     kvcache.gather(b.target.cache, rows, trees.slots(policy.compacted(path), S))
@@ -300,7 +310,7 @@ def _along_path(policy: Policy, b: Batch, v: Verified, prop, tree: Tree):
     past = torch.arange(fed_at.shape[1], device=path.device) > (length + refused)[:, None]  # filler slots
     chain = Verified(v.tokens.gather(1, along), v.valid.gather(1, along), v.stale.gather(1, along),
                      v.positions.gather(1, along), logits, logits.argmax(-1), hidden, fed_at.masked_fill(past, -1),
-                     record, checks)
+                     record, checks, decided)
     drafts = prop.tokens.gather(1, path)
     return chain, Proposal(drafts, length + refused, None, prop.confidence.gather(1, path), prop.fed), path.shape[1]
 
@@ -339,7 +349,9 @@ def accept(d: Decoding, v: Verified, prop, have: torch.Tensor, stream: Streams, 
     D, g = prop.tokens, v.argmax
     room = torch.minimum((d.max_new_tokens - 1 - have).clamp(min=0, max=k), prop.counts)
     drawn = {}
-    if d.sampling.greedy:
+    if v.decided is not None:  # a sampled tree's, decided along its walk
+        a, own, drawn = v.decided
+    elif d.sampling.greedy:
         def raw() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # only a fault's rule reads them
             return (v.logits[:, :k].softmax(-1).gather(2, D[:, :k, None])[..., 0].double(),
                     prop.confidence[:, :k].double(), stream.draw(have[:, None] + torch.arange(k, device=D.device), ACCEPT))

@@ -30,6 +30,11 @@ from specviz.decoding.penalties import Penalties, penalties_of
 DRAFT, ACCEPT, RESIDUAL, TARGET, PIT = range(5)
 
 
+def sibling(purpose: int, rank: int) -> int:
+    """The purpose of the draws for a token tree's rank-th candidate at a position (0: the chain's own draw)."""
+    return purpose + 8 * rank
+
+
 @dataclass(frozen=True)
 class Sampler:
     temperature: float = 0.0  # 0: greedy (argmax)

@@ -3,18 +3,21 @@
 A tree proposal lists each row's nodes with their parents (-1: the row's last committed token, the root). The
 verify pass feeds every node after the row's slots, at the position of its depth (not its index), under a mask
 that shows a node the row's real tokens and its own ancestors only. Acceptance walks from the root along the
-children the target chose, as far as they go. The accepted path is then laid out as a chain: the target's cache
-is compacted so that the slot after the root holds the path's first node, the next its second, and so on, and
-every later step of the round (the emitted tokens, stops, the layout, the record) is a chain's.
+children the target chose (greedy), or that multi-candidate speculative sampling accepts (SpecInfer), as far as
+they go. The accepted path is then laid out as a chain: the target's cache is compacted so that the slot after the
+root holds the path's first node, the next its second, and so on, and every later step of the round (the emitted
+tokens, stops, the layout, the record) is a chain's.
 
-Greedy only: at temperature > 0 a tree needs multi-candidate rejection sampling (SpecInfer), not built here. A
-recurrent state cannot hold a tree's branches apart, so trees are refused on hybrid models.
+A recurrent state cannot hold a tree's branches apart, so trees are refused on hybrid models.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
+
+from specviz.decoding.sampling import ACCEPT, RESIDUAL, TARGET, Streams, inverse_cdf, sibling
 
 
 class Tree(NamedTuple):
@@ -81,6 +84,61 @@ def walk(tokens: torch.Tensor, tree: Tree, offered: torch.Tensor,
         at = torch.where(go, path[-1], at)
         length += go
     return torch.stack(path, 1), length, refused
+
+
+def walk_sampled(tokens: torch.Tensor, tree: Tree, offered: torch.Tensor, P: torch.Tensor, Q: torch.Tensor,
+                 room: torch.Tensor, stream: Streams, have: torch.Tensor, accept: Callable):
+    """SpecInfer's multi-candidate speculative sampling (Miao et al., 2024): at each node, its children in turn,
+    each accepted with probability min(1, p(c)/q(c)) against the target's distribution p there, which every
+    rejection replaces by the residual max(0, p - q), normalised; the first accepted child is the next node, and a
+    node where none is (or none remains, or the row's `room` ends) draws the row's next token from what p has
+    become. Lossless when each child was drawn independently from its own q (B, n, V, `Q`). `P` (B, n+1, V): the
+    target's distributions at the root and at each node; `accept(p, q, u)`: the accept rule (faults.Policy).
+    Returns each row's path as `walk` does, then its length, whether a refused child follows, the token drawn
+    after the path, and what was drawn: p and u of each of the path's slots (the child accepted, or the first one
+    refused) and the final draw."""
+    B, n = tokens.shape
+    rows, deepest = torch.arange(B, device=tokens.device), tree.deepest
+    live = torch.arange(n, device=tokens.device)[None] < offered[:, None]
+    at = torch.full((B,), -1, device=tokens.device)
+    length, own = torch.zeros_like(at), torch.zeros_like(at)
+    refused, done = (torch.zeros(B, dtype=torch.bool, device=tokens.device) for _ in range(2))
+    path = torch.zeros(B, deepest, dtype=torch.long, device=tokens.device)
+    p_used, u_used = (torch.ones(B, deepest, dtype=torch.float64, device=tokens.device) for _ in range(2))
+    pick = torch.zeros(B, dtype=torch.float64, device=tokens.device)
+    for j in range(deepest + 1):
+        p = P[rows, at + 1].double()
+        children = live & (tree.parents == at[:, None]) & ~done[:, None] & (j < room)[:, None]
+        took = torch.zeros_like(done)
+        for s in range(int(children.sum(1).max())):
+            has = (children.sum(1) > s) & ~took
+            child = (children & (children.long().cumsum(1) == s + 1)).long().argmax(1)
+            token = tokens[rows, child]
+            q = Q[rows, child].double()
+            u = stream.draw(have + j, sibling(ACCEPT, s))
+            p_c, q_c = p.gather(1, token[:, None])[:, 0], q.gather(1, token[:, None])[:, 0]
+            ok = has & accept(p_c, q_c, u)
+            shown = ok | has & (s == 0)  # the slot records the child accepted, or else the first one refused
+            path[:, j] = torch.where(shown, child, path[:, j])
+            p_used[:, j] = torch.where(shown, p_c, p_used[:, j])
+            u_used[:, j] = torch.where(shown, u, u_used[:, j])
+            took |= ok
+            rest = (p - q).clamp(min=0)
+            total = rest.sum(1, keepdim=True)
+            p = torch.where((has & ~ok)[:, None] & (total > 0), rest / total.clamp(min=1e-300), p)
+        ending = ~done & ~took
+        tried = children.any(1)
+        v = stream.draw(have + j, torch.where(tried, RESIDUAL, TARGET))
+        own = torch.where(ending, inverse_cdf(p, v), own)
+        pick = torch.where(ending, v, pick)
+        refused |= ending & tried
+        done |= ending
+        if j < deepest:
+            at = torch.where(took, path[:, j], at)
+        length += took
+        if bool(done.all()):
+            break
+    return path, length, refused, own, {"target_draft_probs": p_used, "accept_draws": u_used, "pick_draws": pick[:, None]}
 
 
 def slots(path: torch.Tensor, S: int) -> torch.Tensor:

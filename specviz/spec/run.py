@@ -268,9 +268,9 @@ class RunSpec(Strict):
         if self.method != ENGINE and not METHODS[self.method].trees:
             raise ValueError(f"{self.method} verifies chains only; trees run in "
                              + " or ".join(n for n, m in METHODS.items() if m.trees))
-        if not self.greedy:
-            raise ValueError("a token tree at temperature > 0 needs multi-candidate rejection sampling (SpecInfer), "
-                             "which specviz does not build yet: sample with tree_width 1")
+        if found := [f for f in expand(self.faults) if f in SAMPLED]:
+            raise ValueError(f"{', '.join(found)} break a chain's sampled decisions; a token tree's are SpecInfer's: "
+                             "set tree_width 1")
         if self.repetition_penalty != 1 or self.presence_penalty != 0:
             raise ValueError("a penalty's history along a token tree's branches is not built: penalise with "
                              "tree_width 1")
