@@ -51,7 +51,7 @@ def run_controls_of(settings: Settings) -> dict:
         c["ngram_max"] = gr.Slider(1, MAX_NGRAM, value=DEFAULTS["ngram_max"], step=1, label="longest n-gram (tried first)",
                                    visible="ngram_max" in options, elem_id="sv-ngram-max")
         c["tree_width"] = gr.Slider(1, MAX_TREE_WIDTH, value=DEFAULTS["tree_width"], step=1, label="tree width",
-                                    info="candidates per position, verified as a token tree (greedy; 1: a chain)",
+                                    info="candidates per position, verified as one token tree (1: a chain)",
                                     visible="tree_width" in options, elem_id="sv-tree-width")
     with_faults = " and ".join(n for n, m in METHODS.items() if m.faults)
     c["faults"] = gr.Dropdown([*FAULTS, *FAULT_PRESETS], value=[], multiselect=True, label=f"faults ({with_faults} only)",

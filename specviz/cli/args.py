@@ -66,8 +66,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
                         + " (verify and bench: several, comma-separated)")
     g.add_argument("--ngram-min", type=int, help="lookup: the shortest n-gram matched (default 1)")
     g.add_argument("--ngram-max", type=int, help="lookup: the longest n-gram matched, tried first (default 3)")
-    g.add_argument("--tree-width", type=int, help="candidates per position, verified as a token tree (greedy, eqspec "
-                   "and exspec; default 1: a chain)")
+    g.add_argument("--tree-width", type=int, help="candidates per position, verified as one token tree (eqspec and "
+                   "exspec; default 1: a chain)")
     g.add_argument("--faults", default="", help=f"comma-separated faults or presets: {', '.join([*FAULTS, *FAULT_PRESETS])}"
                                                  " (in the methods that take faults)")
     g.add_argument("--audit", type=int, nargs="?", const=MAX_BATCH_SIZE, default=0, metavar="ROWS",
