@@ -397,7 +397,7 @@ def test_the_method_registry_drives_the_method_drafter_and_fault_controls():
     from specviz.app import page
     from specviz.app import runview as ui
     from specviz.run.settings import Settings
-    from specviz.spec.drafters import DRAFTERS
+    from specviz.spec.drafters import DRAFTER_OPTIONS, DRAFTERS
     from specviz.spec.methods import METHODS
 
     blocks = page.build(Settings())
@@ -405,16 +405,18 @@ def test_the_method_registry_drives_the_method_drafter_and_fault_controls():
     assert [v for _, v in by_id["sv-method"].choices] == list(METHODS)
     assert [v for _, v in by_id["sv-drafter"].choices] == list(DRAFTERS)
     assert by_id["sv-method"].info == METHODS["eqspec"].summary and by_id["sv-drafter"].info == DRAFTERS["model"].summary
-    assert not by_id["sv-ngram-min"].visible and not by_id["sv-ngram-max"].visible  # the draft model: no n-grams
+    assert not by_id["sv-ngram-min"].visible and not by_id["sv-ngram-max"].visible  # the draft model: no n-grams,
+    assert by_id["sv-tree-width"].visible  # but trees
     for name, m in METHODS.items():
         info, faults, drafter, k = ui.method_allows(name, "lookup")
         assert info["info"] == m.summary
         assert faults["interactive"] == m.faults and faults.get("value", "kept") == ("kept" if m.faults else [])
         assert drafter["interactive"] == k["interactive"] == m.speculative
         assert drafter.get("value", "kept") == ("kept" if "lookup" in m.drafters else "model")
-    info, low, high = ui.drafter_shows("lookup")
-    assert info["info"] == DRAFTERS["lookup"].summary and low["visible"] and high["visible"]
-    assert not any(x["visible"] for x in ui.drafter_shows("model")[1:])
+    info, low, high, width = ui.drafter_shows("lookup")
+    assert info["info"] == DRAFTERS["lookup"].summary and low["visible"] and high["visible"] and width["visible"]
+    model = dict(zip(DRAFTER_OPTIONS, ui.drafter_shows("model")[1:]))
+    assert [f for f, x in model.items() if x["visible"]] == ["tree_width"]
 
 
 def test_the_prompt_lookup_example_fills_the_drafter_and_other_examples_reset_it(client):
@@ -424,3 +426,13 @@ def test_the_prompt_lookup_example_fills_the_drafter_and_other_examples_reset_it
     assert (values["drafter"], values["ngram_min"], values["ngram_max"]) == ("lookup", 2, 3)
     assert (values["prompt_set"], values["method"], values["batch_size"], values["k"]) == ("summarize+code", "eqspec", 1, 5)
     assert dict(zip(ui.DEFAULTS, client.predict(api_name="/example_clean")))["drafter"] == "model"
+
+
+def test_the_tree_width_control_makes_the_spec_and_a_link_restores_it():
+    from specviz.app import runview as ui
+
+    spec = ui.spec_from_controls(**{**ui.DEFAULTS, "pair": "tiny", "prompt_file": None, "tree_width": 4})
+    assert (spec.drafter, spec.tree_width) == ("model", 4)
+    values = dict(zip(ui.DEFAULTS, ui.open_link(share.encode(share.Link(spec)))))
+    assert values["tree_width"] == 4
+    assert ui.spec_from_controls(**{**values, "prompt_file": None}) == spec
