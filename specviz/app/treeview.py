@@ -22,21 +22,18 @@ def refused(row: RowRecord) -> int | None:
 def _layout(tree: TreeRecord) -> dict[int, tuple[int, int]]:
     """(column, line) of every node: depth-first from the root, each leaf on a line of its own (the first branch
     on the first line)."""
-    children: dict[int, list[int]] = {}
-    for i, p in enumerate(tree.parents):
-        children.setdefault(p, []).append(i)
     at, line = {}, 0
 
     def place(node: int, depth: int) -> None:
         nonlocal line
         at[node] = (depth, line)
-        kids = children.get(node, [])
+        kids = tree.children(node)
         if not kids:
             line += 1
         for kid in kids:
             place(kid, depth + 1)
 
-    for top in children.get(-1, []):
+    for top in tree.children(-1):
         place(top, 1)
     return at
 
@@ -49,17 +46,16 @@ def tree_svg(trace: Trace, row: RowRecord) -> str:
     at = _layout(tree)
     path, no = set(tree.path), refused(row)
     lines = max((y for _, y in at.values()), default=0) + 1
-    root_line = 0  # beside the first branch's line
     left = lambda depth: ROOT_W + 10 + (depth - 1) * COLUMN  # noqa: E731
     middle = lambda line: 2 + line * LINE + BOX_H / 2  # noqa: E731
     width, height = left(max((x for x, _ in at.values()), default=1)) + BOX_W + 4, LINE * lines + 4
     parts = [f'<svg class="sv-tree" role="img" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
              f'aria-label="round {row.round}: a tree of {len(tree.tokens)} nodes, {len(tree.path)} accepted">',
-             f'<rect x="2" y="{middle(root_line) - BOX_H / 2}" width="{ROOT_W - 2}" height="{BOX_H}" rx="4" '
+             f'<rect x="2" y="2" width="{ROOT_W - 2}" height="{BOX_H}" rx="4" '
              'class="sv-node-root"><title>the row\'s last committed token</title></rect>']
     for node, (x, y) in at.items():
         parent = tree.parents[node]
-        x0, y0 = (ROOT_W, root_line) if parent < 0 else (left(at[parent][0]) + BOX_W, at[parent][1])
+        x0, y0 = (ROOT_W, 0) if parent < 0 else (left(at[parent][0]) + BOX_W, at[parent][1])
         parts.append(f'<line x1="{x0}" y1="{middle(y0)}" x2="{left(x)}" y2="{middle(y)}" '
                      f'class="sv-edge{" sv-on-path" if node in path else ""}"/>')
     for node, (x, y) in at.items():
