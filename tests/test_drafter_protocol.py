@@ -5,6 +5,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import mtp_checkpoints
 import pytest
 import torch
 
@@ -16,6 +17,7 @@ from specviz.decoding.exspec import exspec
 from specviz.decoding.faults import Policy
 from specviz.decoding.reference import reference
 from specviz.decoding.round import lay_out
+from specviz.models.pairs import load_pair
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import RunSpec
@@ -23,13 +25,15 @@ from specviz.spec.run import RunSpec
 SOURCE = Path(specviz.__file__).parent
 
 
-def test_every_declared_drafter_is_built_and_keeps_the_state_it_declares(tiny):
+def test_every_declared_drafter_is_built_and_keeps_the_state_it_declares(tiny, tmp_path):
     assert BUILT.keys() == DRAFTERS.keys()
     tokens, valid = left_pad([[5, 6, 7], [8, 9]], torch.device("cpu"))
+    with_mtp = load_pair(*[mtp_checkpoints.save(tmp_path, "mellum")] * 2, dtype="float64", device="cpu")
     for name, cls in BUILT.items():
         assert cls.kind is DRAFTERS[name]
         spec = RunSpec.build(prompts=("a",), drafter=name)
-        b = lay_out(tiny, Policy(()), cls.of(spec, tiny), [0, 1], tokens, valid)
+        pair = with_mtp if name == "mtp" else tiny  # the tiny pair ships no MTP layer
+        b = lay_out(pair, Policy(()), cls.of(spec, pair), [0, 1], tokens, valid)
         assert (b.draft.cache is not None) == DRAFTERS[name].cache
         assert b.draft.length(tokens.shape[1]) == (tokens.shape[1] - 2 if DRAFTERS[name].cache else 0)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specviz.app.summary import headline
-from specviz.decoding.drafters import HeadDrafter
+from specviz.decoding.drafters import EagleDrafter
 from specviz.decoding.eqspec import eqspec
 from specviz.decoding.exspec import exspec
 from specviz.decoding.reference import reference
@@ -31,7 +31,7 @@ def _ids(tiny, n: int) -> list[list[int]]:
 def test_a_head_drafts_to_the_reference_exactly(tiny, decoder, batch_size):
     prompts = _ids(tiny, 9)
     kw = dict(window=2 * batch_size, max_wait=4) if decoder is exspec else {}
-    out = decoder(tiny, prompts, batch_size, K, NEW, drafter=HeadDrafter(tiny, K), **kw)
+    out = decoder(tiny, prompts, batch_size, K, NEW, drafter=EagleDrafter(tiny, K), **kw)
     assert [o.ids for o in out.outputs] == [o.ids for o in reference(tiny, prompts, NEW).outputs]
     accepted = torch.cat([r.ints["accepted"] for r in out.rounds])
     assert (accepted >= 2).sum() >= 5  # rows kept several drafts: the slots the head drafted are fed again

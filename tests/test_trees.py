@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specviz.decoding.batch import left_pad
-from specviz.decoding.drafters import HeadDrafter, ModelDrafter, PromptLookup
+from specviz.decoding.drafters import EagleDrafter, ModelDrafter, PromptLookup
 from specviz.decoding.eqspec import eqspec
 from specviz.decoding.exspec import exspec
 from specviz.decoding.faults import Policy
@@ -46,7 +46,7 @@ def _decode(decoder, pair, prompts, batch_size, drafter):
     return decoder(pair, prompts, batch_size, DEPTH, NEW, drafter=drafter, **kw)
 
 
-DRAFTERS = {"model": lambda pair, w: ModelDrafter(pair, w), "eagle": lambda pair, w: HeadDrafter(pair, DEPTH, w)}
+DRAFTERS = {"model": lambda pair, w: ModelDrafter(pair, w), "eagle": lambda pair, w: EagleDrafter(pair, DEPTH, w)}
 
 
 @pytest.mark.parametrize("batch_size", [1, 3, 8])

@@ -10,7 +10,8 @@ What each drafter is (its cache, cost, options) is declared in spec/drafters.py;
 
 - `ModelDrafter`: a draft model with its own KV cache, laid out like the target's.
 - `PromptLookup`: n-gram lookup in each row's own prompt and output; no model, no cache.
-- `HeadDrafter`: an EAGLE-style head over the target's own hidden states; no draft model.
+- `HeadDrafter`: a head over the target's own hidden states (an EAGLE-style head, or the target's own MTP layer:
+  `EagleDrafter`, `MtpDrafter`); no draft model.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from specviz.decoding.modelstate import ModelState
 from specviz.decoding.passes import run_head, run_model
 from specviz.decoding.sampling import DRAFT, Sampling, Streams, inverse_cdf, sibling
 from specviz.models.architecture import is_recurrent
-from specviz.models.heads import EagleHead
+from specviz.models.heads import head_for
 from specviz.models.pairs import ModelPair
 from specviz.spec.drafters import DRAFTERS, DrafterKind
 from specviz.spec.run import SpecError
@@ -185,19 +186,19 @@ def _tree_width(pair: ModelPair, width: int) -> int:
 
 
 class HeadDrafter:
-    """An EAGLE-style head (models/heads.py) drafting k tokens a row from the target's own hidden states, which
-    the target's state keeps for it. A head slot is fed its token and the target's hidden state at the slot
-    before; each draft after the first is fed the head's own output instead. Its cache lags the layout by two
-    slots, as a draft model's does, but the slots of accepted drafts were computed from the head's guesses: each
-    round it re-feeds the last k+1 slots from the target's hidden states (the at most k-1 accepted drafts it holds
-    and the two it does not; a fixed count, so that the batch's rows stay in step), then drafts. A fresh batch's
-    first round offers nothing: the target has computed no hidden state yet, and its verify pass is the prefill."""
+    """A draft head (models/heads.py) drafting k tokens a row from the target's own hidden states, which the target's
+    state keeps for it. A head slot is fed its token and the target's hidden state at the slot before; each draft
+    after the first is fed the head's own output instead. Its cache lags the layout by two slots, as a draft model's
+    does, but the slots of accepted drafts were computed from the head's guesses: each round it re-feeds the last
+    k+1 slots from the target's hidden states (the at most k-1 accepted drafts it holds and the two it does not; a
+    fixed count, so that the batch's rows stay in step), then drafts. A fresh batch's first round offers nothing:
+    the target has computed no hidden state yet, and its verify pass is the prefill. Which head: its `kind`."""
 
-    kind = DRAFTERS["eagle"]
+    kind: DrafterKind
     behind = 2
 
     def __init__(self, pair: ModelPair, k: int, width: int = 1):
-        self.pair, self.head, self.k = pair, EagleHead.of(pair.target, pair.info["target"]), k
+        self.pair, self.head, self.k = pair, head_for(self.kind.name, pair.target, pair.info["target"]), k
         self.width = _tree_width(pair, width)
 
     @classmethod
@@ -236,8 +237,24 @@ class HeadDrafter:
     def observe(self, b, verified, accepted) -> None:
         pass  # it reads the hidden states the target's state keeps
 
+
+
+class EagleDrafter(HeadDrafter):
+    """Drafts with an EAGLE-style head of specviz's (models/heads.py)."""
+
+    kind = DRAFTERS["eagle"]
+
     def assisted(self, k: int) -> dict:
         raise SpecError("transformers' assisted generation runs no EAGLE-style head of specviz's")
+
+
+class MtpDrafter(HeadDrafter):
+    """Drafts with the target's own MTP layer (models/heads.py)."""
+
+    kind = DRAFTERS["mtp"]
+
+    def assisted(self, k: int) -> dict:  # transformers' MTPCandidateGenerator: one draft per MTP layer a round
+        return {"use_mtp": True}
 
 
 def _features(b) -> torch.Tensor:
@@ -344,4 +361,4 @@ class PromptLookup:
 
 
 # one for every declared drafter (a test holds it)
-BUILT = {d.kind.name: d for d in (ModelDrafter, PromptLookup, HeadDrafter)}
+BUILT = {d.kind.name: d for d in (ModelDrafter, PromptLookup, EagleDrafter, MtpDrafter)}

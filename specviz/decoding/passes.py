@@ -11,7 +11,6 @@ from specviz.decoding.batch import attention_masks, forward
 from specviz.decoding.faults import Policy
 from specviz.decoding.trees import Tree
 from specviz.models.architecture import narrowest_window
-from specviz.models.heads import EagleHead
 from specviz.models.pairs import ModelPair
 
 
@@ -45,15 +44,15 @@ def run_model(pair: ModelPair, policy: Policy, role: str, tok, val, stl, q_start
     return Pass(logits, pos, last)
 
 
-def run_head(pair: ModelPair, head: EagleHead, policy: Policy, tok, val, stl, features: torch.Tensor, q_start: int,
+def run_head(pair: ModelPair, head, policy: Policy, tok, val, stl, features: torch.Tensor, q_start: int,
              cache, keep: int) -> Pass:
     """A draft head (models/heads.py) over slots q_start.., fed each slot's token and `features` (B, q, H), the
     hidden state it drafts from there: its logits at the last `keep` slots, the positions, and its own last hidden
     states (what it feeds itself next)."""
     pos = policy.draft_positions(policy.positions(val, stl), q_start)
+    seen = policy.seen(val, stl, narrowest_window(head.body))
     out = head.body(inputs_embeds=head.inputs(tok[:, q_start:], features), position_ids=pos[:, q_start:],
-                    attention_mask=attention_masks(head.body, policy.seen(val, stl, None), q_start), cache=cache,
-                    use_cache=True)
+                    attention_mask=attention_masks(head.body, seen, q_start), cache=cache, use_cache=True)
     hidden = out.last_hidden_state
     logits = head.logits(hidden[:, -keep:])[..., :pair.vocab_size].to(tok.device)
     return Pass(logits if logits.dtype == torch.float64 else logits.float(), pos, hidden)

@@ -169,7 +169,8 @@ _ENTERED: list[Float64Throughout | None] = []
 
 
 def _enter(module, args) -> None:
-    mode = Float64Throughout() if module.dtype == torch.float64 else None  # a narrower copy of it computes as it is
+    dtype = next(module.parameters()).dtype
+    mode = Float64Throughout() if dtype == torch.float64 else None  # a narrower copy of it computes as it is
     if mode is not None:
         mode.__enter__()
     _ENTERED.append(mode)
@@ -188,8 +189,13 @@ def in_float64(model):
     narrower dtype computes as that dtype does."""
     model.set_experts_implementation("eager")
     model.double()  # parameters a checkpoint keeps in float32 (`_keep_in_fp32_modules`) too
-    if not getattr(model, "_specviz_float64", False):
-        model.register_forward_pre_hook(_enter)
-        model.register_forward_hook(_leave, always_call=True)
-        model._specviz_float64 = True
-    return model
+    return throughout_float64(model)
+
+
+def throughout_float64(module):
+    """`module` (any torch module, float64) with no part of its forward pass narrowed to float32."""
+    if not getattr(module, "_specviz_float64", False):
+        module.register_forward_pre_hook(_enter)
+        module.register_forward_hook(_leave, always_call=True)
+        module._specviz_float64 = True
+    return module

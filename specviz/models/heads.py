@@ -1,5 +1,7 @@
 """Draft heads: modules that draft from the target's own hidden states instead of a model of their own (EAGLE,
-MTP), and so need no draft model.
+MTP), and so need no draft model. Every head is a shallow decoder `body` (a transformers decoder model fed
+embeddings, with its own cache), `inputs(tokens, features)` that mix each slot's token with the hidden state it
+is fed, and `logits(hidden)` through the target's output head; drafters.py's `HeadDrafter` drafts with any.
 
 An EAGLE-style head is a decoder layer (or a few) fed, at each slot, the token there (the target's embedding of it) and the
 target's last hidden state at the slot before, mixed by one linear map; the target's output head reads the
@@ -11,6 +13,12 @@ embedding plus a small share of the hidden state. Their drafts depend on the tar
 wrong ones drafts differently) and are sometimes right: they show how a head's state is kept, not the speed-up a
 trained head brings. Only the tiny pair has one: two of its layers and a share of 0.01 accept about one draft in
 five (measured: 537 of 2779 on the built-in prompts, k 4); a one-layer copy, or a larger share, almost none.
+
+An MTP head is the multi-token-prediction layer a checkpoint ships beside its model (DeepSeek-V3, GLM-4.5, Mellum,
+Ling's hybrids...), loaded by transformers' own `MtpModel` and run as transformers runs it: the token's embedding and
+the hidden state, each normalised, projected together, then the layer's decoder block and its norm. A checkpoint
+with several MTP layers drafts with its first, fed its own output for every later draft (as vLLM does once k
+passes the layers it has).
 """
 from __future__ import annotations
 
@@ -18,15 +26,17 @@ import copy
 import weakref
 
 import torch
+from transformers.modeling_layers import MtpModel
 
-from specviz.models.architecture import attention_layers_only, in_float64
+from specviz.models.architecture import attention_layers_only, in_float64, is_recurrent, throughout_float64
 from specviz.spec.run import TINY_TARGET, SpecError
 
 SHAPES = {TINY_TARGET: (2, 0.01)}  # target -> its head's layers, and the share of the hidden state in its input
-_HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class EagleHead(torch.nn.Module):
+    made = weakref.WeakKeyDictionary()  # target -> its head, made once
+
     def __init__(self, target, layers: int, share: float):
         super().__init__()
         indices, decoder = attention_layers_only(target)[:layers], target.model
@@ -45,9 +55,7 @@ class EagleHead(torch.nn.Module):
         with torch.no_grad():
             self.fc.weight.copy_(torch.cat([torch.eye(H), share * torch.eye(H)], 1))
         self.body = body
-        self.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
-        if target.dtype == torch.float64:  # as the target computes: no norm narrowed to float32
-            in_float64(body)
+        _settle(self, target)
         self._target = (target,)  # read, not owned: a tuple keeps it out of this module's parameters
 
     @classmethod
@@ -56,9 +64,9 @@ class EagleHead(torch.nn.Module):
         if name not in SHAPES:
             raise SpecError(f"specviz has no EAGLE-style head for {name} yet: it has one for "
                             f"{', '.join(SHAPES)} only; draft with the draft model or prompt lookup")
-        if target not in _HEADS:
-            _HEADS[target] = cls(target, *SHAPES[name])
-        return _HEADS[target]
+        if target not in cls.made:
+            cls.made[target] = cls(target, *SHAPES[name])
+        return cls.made[target]
 
     def inputs(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """The layer's input at each slot: the token's embedding mixed with the hidden state it is fed."""
@@ -67,3 +75,79 @@ class EagleHead(torch.nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._target[0].get_output_embeddings()(hidden)
 
+
+
+class MtpInputs(torch.nn.Module):
+    """An MTP layer's input: the token's embedding and the hidden state, each normalised, projected together."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.enorm, self.hnorm, self.eh_proj = layer.enorm, layer.hnorm, layer.eh_proj
+        self.hidden_first = getattr(layer.config, "mtp_hidden_states_first", False)  # Inkling's checkpoints' order
+
+    def forward(self, embedded: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        mixed = [self.enorm(embedded), self.hnorm(features)]
+        return self.eh_proj(torch.cat(mixed[::-1] if self.hidden_first else mixed, -1))
+
+
+class MtpHead(torch.nn.Module):
+    made = weakref.WeakKeyDictionary()  # target -> its head, loaded once
+
+    def __init__(self, target, mtp: MtpModel):
+        super().__init__()
+        layer, config = mtp.layers[0], copy.deepcopy(mtp.config)
+        config.num_hidden_layers = 1
+        for field in ("layer_types", "mlp_layer_types"):
+            if getattr(config, field, None) is not None:
+                setattr(config, field, getattr(config, field)[:1])
+        with torch.random.fork_rng():
+            body = type(target.get_decoder())(config)
+        body.embed_tokens = None  # it is fed the mix of the token's embedding and the hidden state
+        body.layers[0] = layer.mtp_block
+        body.norm = layer.post_norm if layer.use_post_norm else (
+            mtp.shared_post_norm if mtp.use_shared_post_norm else torch.nn.Identity())
+        self.body, self.mix = body, MtpInputs(layer)
+        self._mtp = (mtp,)  # read, not owned: its embedding and output head are the target's own
+        _settle(self, target)
+
+    @classmethod
+    def of(cls, target, name: str) -> MtpHead:
+        """The first MTP layer `target`'s checkpoint `name` ships, loaded once."""
+        if not getattr(target.config.get_text_config(), "num_mtp_layers", None):
+            raise SpecError(f"{name} ships no multi-token-prediction (MTP) layer that transformers can load (its "
+                            "config has no num_mtp_layers): draft with the draft model, prompt lookup or an "
+                            "EAGLE-style head")
+        if target not in cls.made:
+            try:
+                mtp = MtpModel.from_pretrained(target, device_map={"": target.device})
+            except (OSError, ValueError, RuntimeError) as e:
+                raise SpecError(f"transformers could not load {name}'s MTP layers: {e}") from e
+            head = cls(target, mtp)
+            if is_recurrent(head.body):
+                raise SpecError(f"{name}'s MTP layer carries a recurrent state, which a head's cache (cut back each "
+                                "round) cannot hold: draft with the draft model or prompt lookup")
+            cls.made[target] = head
+        return cls.made[target]
+
+    def inputs(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        return self.mix(self._mtp[0].embed_tokens(tokens), features)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._mtp[0]._project_to_logits(hidden)
+
+
+def _settle(head: torch.nn.Module, target) -> None:
+    """`head` on the target's device and in its dtype, for inference; in float64 throughout where the target is."""
+    head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+    if target.dtype == torch.float64:  # as the target computes: no norm narrowed to float32
+        in_float64(head.body)
+        for part in head.children():
+            throughout_float64(part)
+
+
+HEADS = {"eagle": EagleHead, "mtp": MtpHead}  # drafter (spec/drafters.py) -> the head it drafts with
+
+
+def head_for(drafter: str, target, name: str):
+    """The head drafter `drafter` drafts with over `target`, whose id is `name`."""
+    return HEADS[drafter].of(target, name)

@@ -19,7 +19,7 @@ from specviz.forensics.acceptance import judge_acceptance, judge_head_acceptance
 from specviz.forensics.logprobs import judge_logprobs
 from specviz.forensics.watch import Watch
 from specviz.forensics.whitebox import analyse, analyse_sampled, flag_batching_noise
-from specviz.models.heads import EagleHead
+from specviz.models.heads import head_for
 from specviz.models.pairs import ONE_DEVICE, ModelPair, Placement, pair_for
 from specviz.run.settings import Settings
 from specviz.spec.drafters import DRAFTERS
@@ -213,8 +213,8 @@ def _judge_drafts(trace: Trace, spec: RunSpec, pair: ModelPair) -> Acceptance | 
     if kind.draft_model:
         return judge_acceptance(trace, pair.draft, pair.vocab_size, tolerance)
     if "hidden" in kind.hears:
-        return judge_head_acceptance(trace, pair.target, EagleHead.of(pair.target, spec.target), pair.vocab_size,
-                                     tolerance)
+        head = head_for(spec.drafter, pair.target, spec.target)
+        return judge_head_acceptance(trace, pair.target, head, pair.vocab_size, tolerance)
     return None
 
 

@@ -47,6 +47,10 @@ class DrafterKind:
         return self.passes_per_draft * k
 
 
+def _no_hidden_state_yet(spec) -> str:
+    return "had no hidden state of the target to draft from yet: the target's first pass over a batch computes them"
+
+
 DRAFTERS: dict[str, DrafterKind] = {d.name: d for d in (
     DrafterKind("model", "the draft model, one forward pass per draft; in a tree, the likeliest other tokens of each "
                 "draft's distribution beside it", "the draft model", draft_model=True, cache=True, passes_per_draft=1,
@@ -61,9 +65,13 @@ DRAFTERS: dict[str, DrafterKind] = {d.name: d for d in (
                 "tiny pair only): it shows how a head's state is kept, not a trained head's speed-up",
                 "an EAGLE-style head",
                 draft_model=False, cache=True, passes_per_draft=1, options=("tree_width",), hears=("hidden",),
-                in_transformers=False,
-                empty=lambda spec: "had no hidden state of the target to draft from yet: the target's first pass "
-                                   "over a batch computes them"),
+                in_transformers=False, empty=_no_hidden_state_yet),
+    DrafterKind("mtp", "the target's own multi-token-prediction (MTP) layer, which its checkpoint ships (DeepSeek-V3, "
+                "GLM-4.5, Mellum, Ling's hybrids), loaded by transformers' MtpModel: fed the target's last hidden "
+                "state and the next token, one pass per draft, then its own output",
+                "the model's MTP layer",
+                draft_model=False, cache=True, passes_per_draft=1, options=("tree_width",), hears=("hidden",),
+                empty=_no_hidden_state_yet),
 )}
 DEFAULT_DRAFTER = "model"
 DRAFTER_OPTIONS = tuple(dict.fromkeys(f for d in DRAFTERS.values() for f in d.options))
