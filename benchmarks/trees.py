@@ -1,7 +1,8 @@
 """Chains against token trees, on this machine, side by side in one run.
 
-For each drafter that grows trees on the pair (the draft model and prompt lookup on the embedded pair; the
-EAGLE-style head on the tiny pair only, where it exists), at batch size 1 and --batch-size: eqspec with a chain
+For each drafter that grows trees on the pair (the draft model, prompt lookup, and the EAGLE-style head where
+the pair has one: the embedded pair's once `specviz train-head` has trained it, the tiny pair's untrained; the
+model's own MTP layer where its checkpoint ships one), at batch size 1 and --batch-size: eqspec with a chain
 (tree width 1) and with trees of each --widths, beside the reference (batch size 1) and batched-reference (the
 wider batch). It prints and writes tokens per row and round, the drafts accepted and the drafts verified per
 row and round (a tree's nodes), tokens/s and the speed-up over the baseline in the same run, and whether every output equals the
@@ -74,7 +75,7 @@ def main() -> None:
             for width in widths:
                 try:
                     got = measure("eqspec", bs, drafter=name, tree_width=width)
-                except SpecError as e:  # a drafter this pair cannot run (the head: the tiny pair only)
+                except SpecError as e:  # a drafter this pair cannot run (no head, no MTP layer)
                     print(f"{name}: {e}")
                     break
                 lines.append(_row(name, bs, width, got, baselines[bs], reference))

@@ -12,10 +12,11 @@ from tqdm import tqdm
 from specviz.cli.args import placement_of, spec_of
 from specviz.engines import jsonl
 from specviz.engines.dialects import LlamaCpp, OpenAI
-from specviz.models.pairs import pair_for
+from specviz.models.heads import TRAINED
+from specviz.models.pairs import load_pair, pair_for
 from specviz.run import launch
 from specviz.spec.drafters import DRAFTERS
-from specviz.spec.run import ENGINE, RunSpec, SpecError
+from specviz.spec.run import EMBEDDED_TARGET, ENGINE, PRESETS, RunSpec, SpecError
 from specviz.spec.verdicts import OWN_DRAFTS, verdict
 from specviz.trace import metrics, share
 from specviz.trace.schema import Trace, schema
@@ -353,4 +354,18 @@ def cmd_bench(args) -> int:
 def cmd_schema(args) -> int:
     print(json.dumps(jsonl.schema() if args.outputs else SweepReport.model_json_schema() if args.report else schema(),
                      indent=1))
+    return 0
+
+
+def cmd_train_head(args) -> int:
+    from specviz.run.head_training import CONTINUING, train_head
+    from specviz.spec.prompts import builtin_set
+
+    recipe = TRAINED[EMBEDDED_TARGET]
+    units = {CONTINUING: len(builtin_set(recipe.prompts)) * recipe.new_tokens * (1 + recipe.sampled)}
+    pair = load_pair(*PRESETS["embedded"], dtype="float32", device=args.device)
+    with _bars(lambda phase: units.get(phase, recipe.steps)) as progress:
+        path, losses = train_head(pair, EMBEDDED_TARGET, progress)
+    print(f"trained the embedded pair's EAGLE-style head in {recipe.steps} steps: loss per token "
+          f"{losses[0]:.3f} at the first, {losses[-1]:.3f} at the last; cached at {path}")
     return 0

@@ -1,4 +1,4 @@
-"""specviz on the command line: run, verify, check, shrink, bench and schema, without a browser."""
+"""specviz on the command line: run, verify, check, shrink, bench, schema and train-head, without a browser."""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from specviz.cli.args import add_common, fault_set, float_list, int_list, methods
-from specviz.cli.commands import cmd_bench, cmd_check, cmd_run, cmd_schema, cmd_shrink, cmd_verify
+from specviz.cli.commands import cmd_bench, cmd_check, cmd_run, cmd_schema, cmd_shrink, cmd_train_head, cmd_verify
 from specviz.decoding import determinism
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.methods import METHODS
@@ -17,7 +17,7 @@ from specviz.trace.sweep import NO_FAULTS
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="specviz", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
-    for add in (_add_run, _add_verify, _add_check, _add_shrink, _add_bench, _add_schema):
+    for add in (_add_run, _add_verify, _add_check, _add_shrink, _add_bench, _add_schema, _add_train_head):
         add(sub)
     return ap
 
@@ -124,6 +124,13 @@ def _add_schema(sub) -> None:
     p.add_argument("--report", action="store_true",
                    help="the JSON Schema of a sweep report instead (verify --json; docs/sweep-report.schema.json)")
     p.set_defaults(func=cmd_schema)
+
+
+def _add_train_head(sub) -> None:
+    p = sub.add_parser("train-head", help="train the embedded pair's EAGLE-style head on this machine, once, and "
+                                          "cache it (about 15 minutes on 2 CPU cores)")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=cmd_train_head)
 
 
 def main(argv: list[str] | None = None) -> int:

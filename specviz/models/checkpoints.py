@@ -43,7 +43,7 @@ def embedded_gguf_path() -> Path:
     return path
 
 
-def _atomic_save(dest: Path, save) -> None:
+def atomic_save(dest: Path, save) -> None:
     """Run save(tmpdir) and move the result to dest, so a crash never leaves half a cache; where another process
     got there first (two test workers, two servers), its copy stays."""
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -65,7 +65,7 @@ def embedded_tokenizer_dir() -> Path:
     if not dest.exists():
         gguf = embedded_gguf_path()
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        _atomic_save(dest, tok.save_pretrained)
+        atomic_save(dest, tok.save_pretrained)
     return dest
 
 
@@ -86,7 +86,7 @@ def embedded_target_dir() -> Path:
             plain.save_pretrained(tmp)
             AutoTokenizer.from_pretrained(embedded_tokenizer_dir()).save_pretrained(tmp)
 
-        _atomic_save(dest, save)
+        atomic_save(dest, save)
     return dest
 
 
@@ -104,7 +104,7 @@ def embedded_draft_dir() -> Path:
             draft.save_pretrained(tmp)
             AutoTokenizer.from_pretrained(target_dir).save_pretrained(tmp)
 
-        _atomic_save(dest, save)
+        atomic_save(dest, save)
     return dest
 
 

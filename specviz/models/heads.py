@@ -8,11 +8,11 @@ target's last hidden state at the slot before, mixed by one linear map; the targ
 layer's output as the next token's logits, and the output is the head's guess of the target's next hidden state,
 which it feeds itself to draft further.
 
-specviz's heads are untrained so far: copies of the target's first attention layers, with a mix that passes the
-embedding plus a small share of the hidden state. Their drafts depend on the target's hidden states (a head fed the
-wrong ones drafts differently) and are sometimes right: they show how a head's state is kept, not the speed-up a
-trained head brings. Only the tiny pair has one: two of its layers and a share of 0.01 accept about one draft in
-five (measured: 537 of 2779 on the built-in prompts, k 4); a one-layer copy, or a larger share, almost none.
+A head starts as copies of the target's first attention layers, with a mix that passes the embedding plus a small
+share of the hidden state. The tiny pair's stays so, untrained: its drafts depend on the target's hidden states (a
+head fed the wrong ones drafts differently) and are sometimes right (two layers and a share of 0.01 accept about
+one draft in five, 537 of 2779 on the built-in prompts, k 4); it shows how a head's state is kept. The embedded
+pair's is one layer trained on this machine by EAGLE's recipe (`Recipe`, run/head_training.py), cached once.
 
 An MTP head is the multi-token-prediction layer a checkpoint ships beside its model (DeepSeek-V3, GLM-4.5, Mellum,
 Ling's hybrids...), loaded by transformers' own `MtpModel` and run as transformers runs it: the token's embedding and
@@ -24,14 +24,41 @@ from __future__ import annotations
 
 import copy
 import weakref
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from transformers.modeling_layers import MtpModel
 
 from specviz.models.architecture import attention_layers_only, in_float64, is_recurrent, throughout_float64
-from specviz.spec.run import TINY_TARGET, SpecError
+from specviz.models.checkpoints import cache_dir
+from specviz.spec.run import EMBEDDED_TARGET, TINY_TARGET, SpecError
 
-SHAPES = {TINY_TARGET: (2, 0.01)}  # target -> its head's layers, and the share of the hidden state in its input
+SHAPES = {TINY_TARGET: (2, 0.01), EMBEDDED_TARGET: (1, 0.01)}  # target -> its head's layers, and the share of the
+#                                                                 hidden state in its input (untrained)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a head is trained on this machine (run/head_training.py): EAGLE's recipe, small."""
+    steps: int = 300
+    seed: int = 0
+    tokens_per_step: int = 512
+    learning_rate: float = 3e-4
+    prompts: str = "spec-bench"  # the built-in set it learns from; "all" is held out
+    new_tokens: int = 160  # of each continuation of a training prompt by the target
+    sampled: int = 2  # continuations sampled (temperature `temperature`) beside the greedy one, for more contexts
+    temperature: float = 0.8
+
+    def weights(self, name: str) -> Path:
+        """Where the head of target `name` trained so is cached, beside the embedded pair's converted weights."""
+        slug = name.split(":")[-1]
+        return cache_dir() / (f"{slug}-eagle-head-{self.prompts}-{self.new_tokens}x{1 + self.sampled}-"
+                              f"steps{self.steps}-seed{self.seed}") / "head.safetensors"
+
+
+TRAINED = {EMBEDDED_TARGET: Recipe()}  # heads trained on this machine, loaded from its cache
 
 
 class EagleHead(torch.nn.Module):
@@ -65,8 +92,20 @@ class EagleHead(torch.nn.Module):
             raise SpecError(f"specviz has no EAGLE-style head for {name} yet: it has one for "
                             f"{', '.join(SHAPES)} only; draft with the draft model or prompt lookup")
         if target not in cls.made:
-            cls.made[target] = cls(target, *SHAPES[name])
+            head = cls(target, *SHAPES[name])
+            if name in TRAINED:
+                head.load_trained(TRAINED[name].weights(name))
+            cls.made[target] = head
         return cls.made[target]
+
+    def load_trained(self, path: Path) -> None:
+        """Its trained weights (a SpecError naming the command that trains them, where none are cached)."""
+        if not path.exists():
+            raise SpecError("this pair's EAGLE-style head is not trained on this machine yet: run `specviz train-head` "
+                            f"once (about 15 minutes on 2 CPU cores; it caches the head at {path.parent})")
+        mine = self.state_dict()
+        self.load_state_dict({name: w.to(dtype=mine[name].dtype, device=mine[name].device)
+                              for name, w in load_file(path).items()})
 
     def inputs(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """The layer's input at each slot: the token's embedding mixed with the hidden state it is fed."""

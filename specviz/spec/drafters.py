@@ -61,8 +61,9 @@ DRAFTERS: dict[str, DrafterKind] = {d.name: d for d in (
                 setting=lambda spec: f"n-grams {ngrams(spec)}",
                 empty=lambda spec: f"found no earlier occurrence of its last n-gram, n {ngrams(spec)}"),
     DrafterKind("eagle", "an EAGLE-style head: a small decoder over the target's own last hidden state and the next "
-                "token's embedding, one pass per draft; untrained here (copies of the target's first layers, for the "
-                "tiny pair only): it shows how a head's state is kept, not a trained head's speed-up",
+                "token's embedding, one pass per draft; for the embedded pair, one layer trained on this machine "
+                "(specviz train-head, once); for the tiny pair, untrained copies of its first layers, which show how "
+                "a head's state is kept, not a trained head's speed-up",
                 "an EAGLE-style head",
                 draft_model=False, cache=True, passes_per_draft=1, options=("tree_width",), hears=("hidden",),
                 in_transformers=False, empty=_no_hidden_state_yet),
