@@ -3,8 +3,8 @@
 EAGLE's recipe, small: the head is one decoder layer (started as a copy of the target's first) and the map that
 mixes each slot's token embedding with the target's last hidden state at the slot before. It learns from the target
 itself: the target's continuations of a built-in prompt set (greedy, and a few sampled for more contexts), and
-over each prompt and continuation one target pass, whose argmax at every slot is the token to predict and whose last hidden state is the one the head
-must guess (its guess is what it feeds itself for its next draft). The loss is the cross-entropy against the
+over each prompt and continuation one target pass, whose argmax at every slot is the token to predict and whose
+last hidden state is the one the head must guess (its guess is what it feeds itself for its next draft). The loss is the cross-entropy against the
 target's argmax plus a smooth L1 on the hidden state, as EAGLE's. A fixed step count, seed and token budget per
 step train the same head on every machine, up to its float rounding; the target's embedding and output head stay
 frozen. `specviz train-head` runs it and caches the head where heads.py loads it.
