@@ -238,7 +238,6 @@ class HeadDrafter:
         pass  # it reads the hidden states the target's state keeps
 
 
-
 class EagleDrafter(HeadDrafter):
     """Drafts with an EAGLE-style head of specviz's (models/heads.py)."""
 
