@@ -5,9 +5,10 @@ the pair has one: the embedded pair's once `specviz train-head` has trained it, 
 model's own MTP layer where its checkpoint ships one), at batch size 1 and --batch-size: eqspec with a chain
 (tree width 1) and with trees of each --widths, beside the reference (batch size 1) and batched-reference (the
 wider batch). It prints and writes tokens per row and round, the drafts accepted and the drafts verified per
-row and round (a tree's nodes), tokens/s and the speed-up over the baseline in the same run, and whether every output equals the
-batch-size-1 reference. A tree verifies more slots per pass to accept more per round: on a CPU that pass costs
-nearly its width, on a GPU almost nothing until the batch fills it; the table says which this machine is.
+row and round (a tree's nodes), tokens/s and the speed-up over the baseline in the same run, and whether every
+output equals the batch-size-1 reference. A tree verifies more slots per pass to accept more per round: on a CPU
+that pass costs nearly its width, on a GPU almost nothing until the batch fills it; the table says which this
+machine is.
 Timings on a shared machine are noisy: quote the ratios of one run.
 
     python benchmarks/trees.py [--pair embedded] [--prompt-set all] [--k 5] [--widths 2,4] [--batch-size 8]

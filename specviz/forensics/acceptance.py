@@ -80,9 +80,7 @@ def judge_head_acceptance(trace: Trace, target, head, vocab: int, tolerance: Cal
             fed = torch.cat([torch.zeros_like(h[: 1 + shift]), h[: at - 1 - shift]])[:at]
             rows = []
             for j in range(m):
-                tokens = torch.tensor([ids[: at + j]], device=h.device)
-                y = head.body(inputs_embeds=head.inputs(tokens, fed[None]), use_cache=False,
-                              position_ids=torch.arange(at + j, device=h.device)[None]).last_hidden_state[0]
+                y = head.fresh(torch.tensor(ids[: at + j], device=h.device), fed)
                 rows.append(head.logits(y[-1])[:vocab].double().cpu())
                 fed = torch.cat([fed, y[-1:]])  # the head's guess of the target's hidden state, for its next draft
             z = torch.stack(rows) if rows else torch.zeros(0, vocab, dtype=torch.float64)

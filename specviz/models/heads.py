@@ -1,10 +1,10 @@
 """Draft heads: modules that draft from the target's own hidden states instead of a model of their own (EAGLE,
 MTP), and so need no draft model. Every head is a shallow decoder `body` (a transformers decoder model fed
-embeddings, with its own cache), `inputs(tokens, features)` that mix each slot's token with the hidden state it
-is fed, and `logits(hidden)` through the target's output head; drafters.py's `HeadDrafter` drafts with any.
+embeddings, with its own cache), `inputs(tokens, features)` that mix each slot's token with the hidden state
+it is fed, and `logits(hidden)` through the target's output head; drafters.py's `HeadDrafter` drafts with any.
 
-An EAGLE-style head is a decoder layer (or a few) fed, at each slot, the token there (the target's embedding of it) and the
-target's last hidden state at the slot before, mixed by one linear map; the target's output head reads the
+An EAGLE-style head is a decoder layer (or a few) fed, at each slot, the token there (the target's embedding of
+it) and the target's last hidden state at the slot before, mixed by one linear map; the target's output head reads the
 layer's output as the next token's logits, and the output is the head's guess of the target's next hidden state,
 which it feeds itself to draft further.
 
@@ -61,7 +61,17 @@ class Recipe:
 TRAINED = {EMBEDDED_TARGET: Recipe()}  # heads trained on this machine, loaded from its cache
 
 
-class EagleHead(torch.nn.Module):
+class Head(torch.nn.Module):
+    """What every head has: a `body`, `inputs(tokens, features)` and `logits(hidden)` (above)."""
+
+    def fresh(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """(T, H) the body's last hidden states over one whole sequence from scratch (no cache): `tokens` (T,),
+        each slot fed `features` (T, H)."""
+        return self.body(inputs_embeds=self.inputs(tokens[None], features[None]), use_cache=False,
+                         position_ids=torch.arange(len(tokens), device=tokens.device)[None]).last_hidden_state[0]
+
+
+class EagleHead(Head):
     made = weakref.WeakKeyDictionary()  # target -> its head, made once
 
     def __init__(self, target, layers: int, share: float):
@@ -129,7 +139,7 @@ class MtpInputs(torch.nn.Module):
         return self.eh_proj(torch.cat(mixed[::-1] if self.hidden_first else mixed, -1))
 
 
-class MtpHead(torch.nn.Module):
+class MtpHead(Head):
     made = weakref.WeakKeyDictionary()  # target -> its head, loaded once
 
     def __init__(self, target, mtp: MtpModel):

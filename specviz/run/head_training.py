@@ -4,10 +4,10 @@ EAGLE's recipe, small: the head is one decoder layer (started as a copy of the t
 mixes each slot's token embedding with the target's last hidden state at the slot before. It learns from the target
 itself: the target's continuations of a built-in prompt set (greedy, and a few sampled for more contexts), and
 over each prompt and continuation one target pass, whose argmax at every slot is the token to predict and whose
-last hidden state is the one the head must guess (its guess is what it feeds itself for its next draft). The loss is the cross-entropy against the
-target's argmax plus a smooth L1 on the hidden state, as EAGLE's. A fixed step count, seed and token budget per
-step train the same head on every machine, up to its float rounding; the target's embedding and output head stay
-frozen. `specviz train-head` runs it and caches the head where heads.py loads it.
+last hidden state is the one the head must guess (its guess is what it feeds itself for its next draft). The
+loss is the cross-entropy against the target's argmax plus a smooth L1 on the hidden state, as EAGLE's. A fixed
+step count, seed and token budget per step train the same head on every machine, up to its float rounding; the
+target's embedding and output head stay frozen. `specviz train-head` runs it and caches the head where heads.py loads it.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from specviz.models.heads import SHAPES, TRAINED, EagleHead, Recipe
 from specviz.models.pairs import ModelPair
 from specviz.spec.prompts import builtin_set
 
-Progress = Callable[[str, int], None]  # (phase, n more done): PHASES names the phases and their units
+Progress = Callable[[str, int], None]  # (phase, n more done)
 CONTINUING, TRAINING = "the target's continuations", "training"  # in tokens, in steps
 Example = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # token ids, the target's argmax, its last hidden state
 
@@ -62,8 +62,7 @@ def train(head: EagleHead, data: list[Example], vocab: int, recipe: Recipe,
                 order = torch.randperm(len(data), generator=generator).tolist()
             ids, argmax, hidden = data[order.pop()]
             fed = torch.cat([torch.zeros_like(hidden[:1]), hidden[:-1]])  # the hidden state at the slot before
-            out = head.body(inputs_embeds=head.inputs(ids[None], fed[None]), use_cache=False,
-                            position_ids=torch.arange(len(ids), device=ids.device)[None]).last_hidden_state[0]
+            out = head.fresh(ids, fed)
             loss = (torch.nn.functional.cross_entropy(head.logits(out)[:, :vocab].float(), argmax, reduction="sum")
                     + torch.nn.functional.smooth_l1_loss(out, hidden, reduction="sum") / hidden.shape[-1])
             (loss / recipe.tokens_per_step).backward()
