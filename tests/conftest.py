@@ -153,3 +153,19 @@ def vllm(request, vllm_servers):
     parametrization: none, ngram or draft; see specviz/engines/vllm.py). pytest runs the tests of one mode
     together, so each mode starts about once (75-150 s here)."""
     return Served(vllm_servers, request.param)
+
+
+def attribute_every_fork(trace, spec, pair, ids, settings: dict, batch: int, label: str):
+    """A correct engine's forks, every one attributed on purpose (its rounding's too): none may be named. Prints
+    what was measured, the threshold's false-attribution count on this engine, for docs/engines.md."""
+    from specviz.run import attribution
+
+    seqs = attribution.forks_to_attribute(trace, every_fork=True)
+    attribution.attribute(trace, attribution.Replaying(spec, pair, ids, settings, batch), seqs)
+    found = [trace.sequences[seq].attribution for seq in seqs]
+    closest = max((a.hypotheses[0].explained for a in found if a.hypotheses), default=0)
+    named = [a.explanation for a in found if any(h.named for h in a.hypotheses)]
+    print(f"\n{label}: {len(found)} forks attributed, {len(named)} named; the closest hypothesis explained "
+          f"{closest} token(s) after a fork; {sum(a.replays for a in found)} replays, "
+          f"{sum(a.seconds for a in found):.0f} s")
+    return found, named

@@ -7,7 +7,7 @@ import json
 
 import httpx
 import pytest
-from conftest import ENGINE_THREADS
+from conftest import ENGINE_THREADS, attribute_every_fork
 
 from specviz.engines.dialects import LlamaCpp
 from specviz.engines.llamacpp import llama_server
@@ -105,6 +105,19 @@ def test_every_configuration_against_its_plain_run_and_the_reference(llama, embe
                 continue
             assert f.verdict in ("numerics", "unexplained"), (name, s.seq, f.explanation)
             assert f.tolerance == noise.tolerance and f"{f.tolerance:.3g}" in f.explanation
+
+
+def test_no_fork_of_a_correct_configuration_is_attributed(llama, embedded, capsys):
+    """Every fork of llama.cpp with the draft model and with ngram-simple (its quantized kernels' rounding),
+    attributed on purpose, in batches of its 4 slots: no mechanism of the catalogue is named."""
+    spec, ids, runs = llama
+    declared = {"draft": {"drafter": "model", "k": K}, "ngram-simple": {"drafter": "lookup", "k": K, "ngram_min": 3,
+                                                                       "ngram_max": 3}}
+    for name, settings in declared.items():
+        trace = check.check(spec, embedded, ids, runs[name], runs["plain, 4 slots"], check.Judging(attribute=False))
+        with capsys.disabled():
+            _, named = attribute_every_fork(trace, spec, embedded, ids, settings, 4, f"llama.cpp {name}")
+        assert not named, (name, named)
 
 
 def test_the_target_as_its_own_draft_is_accepted_but_where_batch_shapes_round_apart(llama):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 
+from specviz.app.attributionview import attribution_html
 from specviz.app.summary import sampling_text
 from specviz.app.treeview import tree_svg, tree_words
 from specviz.app.views import CHECK_TEXT, PICK_TEXT, Focus, no_drafts, round_widths, rows_by_seq, token_text, visible
@@ -32,6 +33,7 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
         out.append(f'<p class="sv-verdict sv-{kind}">Sequence {s.seq}: <b>{html.escape(f.verdict)}</b> — '
                    f"{html.escape(f.explanation)}</p>")
         out.append(_table(_evidence(trace, f)))
+        out.append(attribution_html(trace, s))
         if metrics.sampled(trace):  # its state named; its tokens still judged by their distribution
             out.append(_sampled_verdict(trace, s))
     if s.audit_round is not None or s.audit_draft_round is not None:

@@ -31,7 +31,8 @@ def _bars(total: Callable[[str], int | None]):
 
     def progress(phase: str, n: int) -> None:
         if phase not in bars:
-            bars[phase] = tqdm(total=total(phase), desc=phase, unit="tok", leave=False,
+            unit = "replay" if phase == "attribution" else "tok"
+            bars[phase] = tqdm(total=total(phase), desc=phase, unit=unit, leave=False,
                                disable=not sys.stderr.isatty() or launch.rank() > 0)  # one process draws
         bars[phase].update(n)
 
@@ -215,7 +216,7 @@ def cmd_check(args) -> int:
         raise SpecError("stop strings are not sent to servers (how each engine's token ids end at one is not "
                         "checked yet): check a file of the server's outputs made with them, --outputs FILE --stop")
     with _bars(lambda phase: None) as progress:  # the budget of an outputs file is its longest output
-        judging = check.Judging(args.decode_reference, progress, args.checkpoint)
+        judging = check.Judging(args.decode_reference, progress, args.checkpoint, args.attribute)
         if args.outputs:
             control = (args.control.read_bytes(), args.control.name) if args.control else None
             trace = check.from_files(spec, pair, (args.outputs.read_bytes(), args.outputs.name), control,
@@ -255,8 +256,24 @@ def _print_check(trace) -> None:
             print(f"  [{s.seq}] {s.forensics.verdict}: {s.forensics.explanation}")
             if verdict(s.forensics.verdict).bug:  # a bug seen from outside: the smallest request that shows it
                 print(f"    reproduce: {_reproducer(trace, s)}")
+            if s.attribution:
+                _print_attribution(s.attribution)
         elif s.engine.error:
             print(f"  [{s.seq}] no answer: {s.engine.error}")
+
+
+def _print_attribution(a) -> None:
+    """Which mechanism writes the fork's tokens: the finding, then the best hypotheses, one a line."""
+    print(f"    attribution: {a.explanation}")
+    for h in a.hypotheses[:3]:
+        where = "alone" if not h.companions else f"beside {','.join(map(str, h.companions))}"
+        failed = "none" if h.failed_at is None else h.failed_at
+        print(f"      {'named ' if h.named else ''}{'+'.join(h.faults)} ({where}): {h.explained} of {a.tokens} "
+              f"explained, first failed {failed}")
+    for fact in a.facts:
+        print(f"      fact: {fact}")
+    print(f"      tried {len(a.hypotheses)} mechanisms in {a.replays} replays ({a.seconds:.1f} s); skipped "
+          f"{len(a.skipped)} that do not fit the engine")
 
 
 def _reproducer(trace, s) -> str:

@@ -88,6 +88,10 @@ def _add_check(sub) -> None:
     p.add_argument("--checkpoint", type=Path,
                    help="keep every prompt's judging in this file as it is done; the same command run again after a "
                         "stop (a crash, Ctrl-C) takes up the prompts judged already, where the engine answered alike")
+    p.add_argument("--no-attribution", dest="attribute", action="store_false",
+                   help="do not replay forks under the catalogue's faults to name their mechanism (attribution runs "
+                        "only on forks not put down to rounding, in batches of the engine's declared batch_size or "
+                        "--concurrency)")
     p.add_argument("--json", type=Path, help="write the summary and every sequence here")
     p.add_argument("--trace", type=Path, help="write the check as a trace (opens in the app)")
     p.set_defaults(func=cmd_check)

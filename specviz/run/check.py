@@ -34,6 +34,7 @@ from specviz.forensics import distribution, enginenoise, proof, repeats
 from specviz.forensics.acceptance import judge_engine_acceptance
 from specviz.forensics.blackbox import force_outputs, judge_engine
 from specviz.models.pairs import ModelPair
+from specviz.run import attribution
 from specviz.run.checkpoint import Checkpoint
 from specviz.run.launch import gather, is_main, my_share, on_main, rank, wait_for_everyone, world_size
 from specviz.run.runner import Phases, calibrated_tolerance, checked, encode, phase, yardsticks_for
@@ -59,6 +60,7 @@ class Judging:
     decode_reference: bool = False  # decode every reference token by token, as a run does, instead of proving it
     progress: Phases | None = None  # (phase, n): n more tokens teacher-forced ("teacher forcing") or decoded ("reference")
     checkpoint: Path | None = None  # keeps every prompt's work as it is done, for the same check run again
+    attribute: bool = True  # replay each fork not put down to rounding under the catalogue's faults (attribution.py)
 
 
 def from_files(spec: RunSpec, pair: ModelPair, outputs: tuple[bytes, str], control: tuple[bytes, str] | None = None,
@@ -103,7 +105,7 @@ def from_servers(spec: RunSpec, pair: ModelPair, engine: tuple[str, str | None],
         return first, again, ask(*control) if control else None
 
     first, again, control_run = on_main(answers)  # under a launch, the server is asked once
-    trace = check(spec, pair, ids, first, control_run, judging)
+    trace = check(spec, pair, ids, first, control_run, judging, batch=concurrency)
     if trace and determinism:
         trace.manifest.determinism = repeats.compare(first.outputs, {name: run.outputs for name, run in again.items()})
     return trace
@@ -123,13 +125,14 @@ def from_callables(spec: RunSpec, pair: ModelPair, engine: str, control: str | N
 
 
 def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: EngineRun,
-          control: EngineRun | None = None, judging: Judging = Judging()) -> Trace | None:
+          control: EngineRun | None = None, judging: Judging = Judging(), batch: int | None = None) -> Trace | None:
     """The trace of `engine`'s outputs for `prompt_ids`, judged against the reference (`spec`: method engine).
 
     Prompt by prompt, the outputs are teacher-forced through the target in float64, and the reference is proved
     from them where their margins allow (forensics/proof.py) and decoded from where they do not (Judging). Under
     `accelerate launch` every process judges its share of the prompts, and the main one alone returns the trace
-    (None on the others)."""
+    (None on the others). Each fork not put down to rounding is then attributed (attribution.py) by replays in
+    batches of the engine's declared `batch_size`, else `batch` (a server's concurrency), else alone."""
     for run, role in ((engine, "engine"), (control, "control run")):
         if run is not None and len(run.outputs) != len(prompt_ids):
             raise SpecError(f"the {role} answered {len(run.outputs)} prompts of {len(prompt_ids)}")
@@ -160,6 +163,11 @@ def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: E
     drafter = DRAFTERS.get(engine.settings.get("drafter"))
     if drafter and drafter.draft_model:  # it says it drafts with the check's draft model: its counters
         trace.acceptance = judge_engine_acceptance(trace, pair.draft, pair.vocab_size, spec.k)
+    if judging.attribute:
+        replaying = attribution.Replaying(spec, pair, prompt_ids, engine.settings,
+                                          int(engine.settings.get("batch_size") or batch or 1))
+        attribution.attribute(trace, replaying, attribution.forks_to_attribute(trace),
+                              phase(judging.progress, "attribution"))
     return trace
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specviz.spec.faults import ACCEPTANCE_OF, FAULTS, VERDICT_OF
+from specviz.spec.faults import ACCEPTANCE_OF, FAULTS, PRESETS, VERDICT_OF
 from specviz.spec.run import EMBEDDED_TARGET, TINY_WINDOW, TINY_WINDOW_DRAFT
 
 REPOS = {  # the short names threads are cited by -> GitHub repository
@@ -212,3 +212,17 @@ CASES = (
          dict(temperature=0.8, prompts=(PROMPTS[0],) * len(PROMPTS), audit=4), verdict="decision-bug:stream"),
 )
 BY_FAULT = {c.fault: c for c in CASES}
+
+
+def mechanism(faults: tuple[str, ...] | list[str]) -> str:
+    """A hypothesis about an engine's fork in words (run/attribution.py): each fault's description, its threads
+    in it; () is the correct engine."""
+    if not faults:
+        return "the correct engine"
+    return "; ".join(f"{f}: the preset {' + '.join(PRESETS[f])}" if f in PRESETS else f"{f}: {FAULTS[f][1]}"
+                     for f in faults)
+
+
+def threads(faults: tuple[str, ...] | list[str]) -> list[Thread]:
+    """The casebook's threads of a hypothesis's faults."""
+    return [t for f in faults if f in BY_FAULT for t in BY_FAULT[f].threads]

@@ -285,3 +285,31 @@ class Determinism(Strict):
         return (f"determinism: {len(seqs)} of {self.prompts} prompts got another answer when asked again "
                 f"({', '.join(f'{name} {sum(r.run == name for r in self.differing)}' for name in self.runs)}); "
                 "first at " + ", ".join(f"[{r.seq}] token {r.index}" for r in self.differing[:5]))
+
+
+class Hypothesis(Strict):
+    """One known mechanism, planted in specviz's engine, replaying an engine's forked row (run/attribution.py)."""
+
+    faults: Many[str]  # the fault (or preset) replayed; () for the correct engine
+    companions: Many[int]  # the other prompts replayed in its batch, in batch order; [] when replayed alone
+    explained: int  # the engine's tokens from the fork on that the replay wrote too
+    failed_at: int | None = None  # the first engine token the replay did not write (None: it wrote them all)
+    replay_ids: Many[int] = []  # the replay's tokens, up to and including the one at failed_at
+    round: int | None = None  # the replay's round that wrote the fork token, and its slot in that round
+    slot: int | None = None
+    named: bool = False  # beyond the threshold and beyond the correct engine: the mechanism is named
+
+
+class Attribution(Strict):
+    """Which mechanism writes a forked engine row's tokens (run/attribution.py): every hypothesis tried, ranked."""
+
+    fork: int
+    tokens: int  # the engine's tokens from the fork on
+    threshold: int  # tokens a hypothesis must explain to be named (all of them, where the engine wrote fewer)
+    correct: Hypothesis  # the correct engine replayed the same ways: its best
+    hypotheses: Many[Hypothesis]  # each fault's best replay, ranked best first
+    skipped: Map[str, str] = {}  # fault -> why it was not tried (it does not fit the engine's method)
+    facts: Many[str] = []  # what fresh float64 passes establish about the fork, where nothing is named
+    replays: int  # replays run
+    seconds: float
+    explanation: str

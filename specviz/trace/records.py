@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import model_validator
 
 from specviz.spec.run import Many, Map, Strict
-from specviz.trace.evidence import Forensics
+from specviz.trace.evidence import Attribution, Forensics
 
 Source = Literal["draft", "correction", "bonus"]
 PickFrom = Literal["target", "residual", "draft"]
@@ -167,6 +167,7 @@ class SequenceRecord(Strict):
     pit: Many[float | None] | None = None  # sampled runs: each token's randomized PIT under the target, recomputed
     #                                        at batch size 1 (distribution.py); None where the target gives it 0
     forensics: Forensics | None = None
+    attribution: Attribution | None = None  # engine checks: the mechanism behind a fork not put down to rounding
 
 
 def check_sequence(s: SequenceRecord) -> None:

@@ -1,0 +1,77 @@
+"""The hypothesis view of an engine check's fork (run/attribution.py): which known mechanism, replayed in
+specviz's engine, writes the engine's tokens; the engine's, the correct and the best hypothesis's tokens aligned
+from the fork; every hypothesis ranked, with its threads."""
+from __future__ import annotations
+
+import html
+
+from specviz.app.views import token_text, visible
+from specviz.spec.casebook import mechanism, threads
+from specviz.trace.evidence import Attribution, Hypothesis
+from specviz.trace.records import SequenceRecord
+from specviz.trace.schema import Trace
+
+SHOWN = 24  # tokens from the fork on, per aligned line
+
+
+def attribution_html(trace: Trace, s: SequenceRecord) -> str:
+    """The attribution of sequence `s`'s fork, or nothing where it has none."""
+    a = s.attribution
+    if a is None:
+        return ""
+    named = any(h.named for h in a.hypotheses)
+    best = a.hypotheses[0] if a.hypotheses else None
+    out = [f'<div class="sv-attribution" data-named="{str(named).lower()}">',
+           f'<h4>Which bug is this?</h4><p class="sv-verdict sv-{"bug" if named else "unexplained"}">'
+           f"{html.escape(a.explanation)}</p>"]
+    lines = [("engine", s.engine.ids), ("correct", s.reference_ids or [])]
+    if best is not None:
+        lines.append((f"best: {'+'.join(best.faults)}", best.replay_ids))
+    out.append(_aligned(trace, a, lines, s.engine.ids))
+    if best is not None and best.round is not None:
+        out.append(f"<p>In its replay the fault wrote the fork token in round {best.round}, slot {best.slot}.</p>")
+    if a.facts:
+        out.append("<ul>" + "".join(f"<li>{html.escape(f)}</li>" for f in a.facts) + "</ul>")
+    out.append(_ranked(a))
+    if a.skipped:
+        out.append(f"<details><summary>{len(a.skipped)} not tried: they do not fit the engine</summary><ul>" +
+                   "".join(f"<li><b>{html.escape(f)}</b>: {html.escape(why)}</li>" for f, why in a.skipped.items())
+                   + "</ul></details>")
+    out.append("</div>")
+    return "".join(out)
+
+
+def _aligned(trace: Trace, a: Attribution, lines: list[tuple[str, list[int]]], engine: list[int]) -> str:
+    """Each line's tokens from the fork, a cell a token: green where it is the engine's, red where not."""
+    span = range(a.fork, min(a.fork + SHOWN, max(len(ids) for _, ids in lines)))
+    head = "".join(f"<th>{i}</th>" for i in span)
+    rows = []
+    for name, ids in lines:
+        cells = []
+        for i in span:
+            if i >= len(ids):
+                cells.append("<td></td>")
+                continue
+            same = i < len(engine) and ids[i] == engine[i]
+            cells.append(f'<td class="{"sv-held" if same else "sv-broken"}">'
+                         f"{html.escape(visible(token_text(trace, ids[i])))}</td>")
+        rows.append(f"<tr><th>{html.escape(name)}</th>{''.join(cells)}</tr>")
+    return f'<table class="sv-aligned"><tr><th>token</th>{head}</tr>{"".join(rows)}</table>'
+
+
+def _ranked(a: Attribution) -> str:
+    """Every hypothesis tried, best first, the correct engine last."""
+    rows = [_row(h, a) for h in a.hypotheses] + [_row(a.correct, a)]
+    return ('<table class="sv-hypotheses"><tr><th>mechanism</th><th>threads</th><th>replayed</th>'
+            f'<th>explained of {a.tokens}</th><th>first failed</th><th>named</th></tr>{"".join(rows)}</table>'
+            f"<p>{a.replays} replays in {a.seconds:.1f} s; a mechanism is named when it writes {a.threshold} of "
+            "the engine's tokens after the fork and more than the correct engine.</p>")
+
+
+def _row(h: Hypothesis, a: Attribution) -> str:
+    links = ", ".join(f'<a href="{html.escape(t.url)}" target="_blank">{html.escape(t.label)}</a>'
+                      for t in threads(h.faults))
+    where = "alone" if not h.companions else f"beside {', '.join(map(str, h.companions))}"
+    failed = "—" if h.failed_at is None else str(h.failed_at)
+    return (f'<tr class="{"sv-held" if h.named else ""}"><td>{html.escape(mechanism(h.faults))}</td><td>{links}</td>'
+            f"<td>{where}</td><td>{h.explained}</td><td>{failed}</td><td>{'✓' if h.named else ''}</td></tr>")

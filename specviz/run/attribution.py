@@ -1,0 +1,240 @@
+"""Which bug is this? The mechanism behind another engine's fork, named from its tokens alone.
+
+For a checked row whose fork the black-box judge (forensics/blackbox.py) did not put down to rounding, each
+fault of the catalogue (spec/faults.py, the field casebook's among them) that fits the engine's declared method
+is planted in specviz's engine (eqspec), which replays the row: alone, and beside the prompts the engine ran it
+with (its batch, or the requests sent beside it). A replay is watched round by round and stopped at its first
+token that is not the engine's: up to there the faulted state has been fed the engine's own tokens, so the replay
+is the engine's tokens teacher-forced through the faulted state. Its score is the engine's tokens it writes from
+the fork on. The correct engine is replayed the same ways and writes none of them at a fork of its own.
+
+A mechanism is named only when its replay writes at least THRESHOLD of the engine's tokens after the fork (all
+of them, where the engine wrote fewer, and never fewer than MIN_TOKENS) and more than the correct engine does:
+a correct engine's rounding tips one near-tie, and no fault of the catalogue then goes on to write the engine's
+next eight tokens (docs/engines.md measures it on vLLM's and llama.cpp's controls). Where none is named, the
+report says so and gives what fresh float64 passes at batch size 1 establish about the fork token.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from specviz.decoding.decoders import Job, decode
+from specviz.decoding.result import Progress
+from specviz.forensics.enginenoise import truth_model
+from specviz.forensics.recompute import fresh_logits
+from specviz.models.architecture import is_recurrent, sliding_windows
+from specviz.models.pairs import ModelPair
+from specviz.spec.casebook import mechanism
+from specviz.spec.faults import FAULTS, PRESETS
+from specviz.spec.run import RunSpec, SpecError
+from specviz.trace.evidence import Attribution, Hypothesis
+from specviz.trace.schema import Trace
+
+THRESHOLD = 8  # engine tokens after the fork a named mechanism writes
+MIN_TOKENS = 2  # never fewer: one token written by chance names nothing
+# The kinds of fault that change a greedy row's tokens (the others waste drafts, or change samples or logprobs).
+CHANGES_TOKENS = ("breaking", "ragged", "greedy", "recurrent", "window", "stop", "penalty", "tree")
+DECLARED = ("k", "drafter", "ngram_min", "ngram_max", "tree_width")  # engine settings a replay takes as they are
+
+
+@dataclass(frozen=True)
+class Replaying:
+    """What a check knows of how the engine ran: the spec it was checked under, its prompts and declared
+    settings, and its batch (the prompts it ran beside each other; 1: unknown or one at a time)."""
+
+    spec: RunSpec
+    pair: ModelPair
+    prompt_ids: list[list[int]]
+    settings: dict
+    batch: int = 1
+
+
+def forks_to_attribute(trace: Trace, every_fork: bool = False) -> list[int]:
+    """The sequences whose fork is attributed: those the black-box judge did not put down to rounding (with
+    `every_fork`, rounding's too: how the threshold is measured on correct engines), with the engine's own ids."""
+    return [s.seq for s in trace.sequences if s.forensics and s.first_divergence is not None and s.engine
+            and not s.engine.error and not s.engine.approximate and (every_fork or s.forensics.verdict != "numerics")]
+
+
+def attribute(trace: Trace, replaying: Replaying, seqs: list[int], progress: Progress | None = None) -> None:
+    """Attribute the forks of `seqs` (forks_to_attribute) and keep each finding on its sequence. A replay in a
+    batch follows every forked row of it at once, and stops once each has failed."""
+    if not seqs:
+        return
+    fits, skipped = candidates(replaying)
+    forks = {seq: trace.sequences[seq] for seq in seqs}
+    best: dict[int, dict[tuple[str, ...], Hypothesis]] = {seq: {} for seq in seqs}
+    replays, seconds = dict.fromkeys(seqs, 0), dict.fromkeys(seqs, 0.0)
+    for faults in ((), *fits):
+        spec = fits.get(faults) or replay_spec(replaying, faults)
+        for batch in layouts(seqs, len(replaying.prompt_ids), replaying.batch):
+            start = time.perf_counter()
+            found = replay(replaying, spec, batch, {seq: (forks[seq].engine.ids, forks[seq].first_divergence)
+                                                    for seq in batch if seq in forks})
+            for seq, h in found.items():
+                replays[seq] += 1
+                seconds[seq] += (time.perf_counter() - start) / len(found)
+                if faults not in best[seq] or h.explained > best[seq][faults].explained:
+                    best[seq][faults] = h
+            if progress:
+                progress(1)
+    for seq in seqs:
+        forks[seq].attribution = judge(trace, replaying, seq, best[seq], skipped, replays[seq], seconds[seq])
+
+
+def candidates(r: Replaying) -> tuple[dict[tuple[str, ...], RunSpec], dict[str, str]]:
+    """Every hypothesis that fits the engine's method, as the spec of its replay, and why each other was not
+    tried. Single faults first, then the presets: the paper's re-creations of published implementations."""
+    fits, skipped = {}, {}
+    recurrent, windowed = is_recurrent(r.pair.target), bool(sliding_windows(r.pair.target))
+    penalised = r.spec.repetition_penalty != 1 or r.spec.presence_penalty != 0
+    for fault in (*(f for f, (kind, _) in FAULTS.items() if kind in CHANGES_TOKENS), *PRESETS):
+        kind = FAULTS[fault][0] if fault in FAULTS else "preset"
+        why = {"recurrent": None if recurrent else "the target keeps no recurrent state",
+               "window": None if windowed else "the target has no sliding window",
+               "penalty": None if penalised else "the check sets no repetition or presence penalty"}.get(kind)
+        if why is None:
+            try:
+                fits[(fault,)] = replay_spec(r, (fault,))
+            except SpecError as e:
+                why = str(e)
+        if why:
+            skipped[fault] = why
+    return fits, skipped
+
+
+def replay_spec(r: Replaying, faults: tuple[str, ...]) -> RunSpec:
+    """The spec of a replay under `faults`: the check's, run by eqspec with the engine's declared settings."""
+    declared = {f: r.settings[f] for f in DECLARED if r.settings.get(f) is not None}
+    return RunSpec.build(**{**r.spec.model_dump(), **declared, "method": "eqspec", "faults": faults,
+                            "batch_size": max(1, r.batch)})
+
+
+def layouts(seqs: list[int], prompts: int, batch: int) -> list[list[int]]:
+    """The batches the forked rows `seqs` are replayed in: each alone, and (an engine that ran prompts beside
+    each other) each chunk of `batch` prompts in their order that holds some, as an engine that takes them in
+    turn lays them out."""
+    alone = [[seq] for seq in seqs]
+    if batch <= 1 or prompts == 1:
+        return alone
+    chunks = sorted({seq // batch for seq in seqs})
+    return alone + [list(range(c * batch, min((c + 1) * batch, prompts))) for c in chunks]
+
+
+def judge(trace: Trace, r: Replaying, seq: int, best: dict[tuple[str, ...], Hypothesis], skipped: dict[str, str],
+          replays: int, seconds: float) -> Attribution:
+    """One forked row's attribution from each hypothesis's best replay: ranked, and named beyond the threshold."""
+    s = trace.sequences[seq]
+    fork, tokens = s.first_divergence, len(s.engine.ids) - s.first_divergence
+    threshold = max(MIN_TOKENS, min(THRESHOLD, tokens))
+    best = dict(best)
+    correct = best.pop(())
+    ranked = sorted(best.values(), key=lambda h: (-h.explained, len(h.companions), len(h.faults)))
+    top = ranked[0].explained if ranked else 0
+    for h in ranked:
+        h.named = h.explained == top and h.explained >= threshold and h.explained > correct.explained
+    named = [h for h in ranked if h.named]
+    a = Attribution(fork=fork, tokens=tokens, threshold=threshold, correct=correct, hypotheses=ranked,
+                    skipped=skipped, replays=replays, seconds=seconds, explanation="",
+                    facts=[] if named else facts(trace, r, seq))
+    a.explanation = explain(a, named)
+    return a
+
+
+class _Departed(Exception):
+    """A replay wrote a token the engine did not, or every one the engine wrote: it stops there."""
+
+
+class _Follow:
+    """A watch (decoding/round.py hears it each round) on a replay's forked rows, each against the engine's
+    tokens: it stops the replay once every one has written a token the engine did not, or all the engine's."""
+
+    def __init__(self, rows: dict[int, tuple[list[int], int]]):
+        self.rows = rows  # batch row -> (the engine's tokens, its fork)
+        self.rounds = 0
+        self.ids: dict[int, list[int]] = {row: [] for row in rows}
+        self.failed_at: dict[int, int | None] = {}  # the rows done: their first token not the engine's (None: none)
+        self.acted: dict[int, tuple[int, int]] = {}  # row -> (round, slot) of the replay's token at the fork
+
+    def start(self) -> None:
+        pass
+
+    def end(self, seqs: list[int], gen: dict, slots=None) -> None:
+        self.rounds += 1
+        for row, (engine, fork) in self.rows.items():
+            if row in self.failed_at or row not in seqs:
+                continue
+            ids, have = gen[row].ids, len(self.ids[row])
+            self.ids[row] = list(ids)
+            if have <= fork < len(ids):
+                self.acted[row] = (self.rounds - 1, fork - have)
+            wrong = next((j for j in range(have, len(ids)) if j >= len(engine) or ids[j] != engine[j]), None)
+            if wrong is not None or len(ids) == len(engine):
+                self.failed_at[row] = wrong
+        if len(self.failed_at) == len(self.rows):
+            raise _Departed
+
+
+def replay(r: Replaying, spec: RunSpec, batch: list[int], forks: dict[int, tuple[list[int], int]]) -> dict[int, Hypothesis]:
+    """Replay `batch` (sequence numbers) under `spec` and score each forked row of it (seq -> (the engine's
+    tokens, its fork)) on the engine's tokens."""
+    follow = _Follow({batch.index(seq): fork for seq, fork in forks.items()})
+    try:
+        out = decode(Job(spec, r.pair, [r.prompt_ids[i] for i in batch], record=False, watch=follow)).outputs
+    except _Departed:
+        out = None
+    found = {}
+    for seq, (engine, fork) in forks.items():
+        row = batch.index(seq)
+        ids = follow.ids[row] if out is None else out[row].ids
+        failed = follow.failed_at[row] if row in follow.failed_at else (None if ids == engine else len(ids))
+        end = len(engine) if failed is None else failed
+        round_, slot = follow.acted.get(row, (None, None))
+        found[seq] = Hypothesis(faults=spec.faults, companions=[i for i in batch if i != seq],
+                                explained=max(0, end - fork), failed_at=failed, replay_ids=ids[: end + 1],
+                                round=round_, slot=slot)
+    return found
+
+
+def facts(trace: Trace, r: Replaying, seq: int) -> list[str]:
+    """What fresh float64 passes at batch size 1 establish about a fork no hypothesis explains: which context, or
+    which model or row, the engine's fork token is the choice of."""
+    s = trace.sequences[seq]
+    prompt, out, f = r.prompt_ids[seq], s.engine.ids, s.first_divergence
+    token = out[f]
+    model, truth = truth_model(r.pair)
+    found = []
+    if f > 0 and int(fresh_logits(model, prompt + out[: f - 1], 1, r.pair.vocab_size)[0].argmax()) == token:
+        found.append(f"The fork token {token} is the target's choice ({truth}) over a context missing the token "
+                     f"before it ({out[f - 1]}): as if the last accepted token had not been fed.")
+    if int(fresh_logits(r.pair.draft, prompt + out[:f], 1, r.pair.vocab_size)[0].argmax()) == token:
+        found.append(f"The fork token {token} is the draft model's own choice on the same prefix: a draft written "
+                     "where the target's token belongs.")
+    others = [o.seq for o in trace.sequences if o.seq != seq and o.reference_ids and len(o.reference_ids) > f
+              and o.reference_ids[f] == token]
+    if others:
+        found.append(f"The fork token {token} is the reference's token {f} of prompt{'s' * (len(others) > 1)} "
+                     f"{', '.join(map(str, others))}: another row's.")
+    return found or [f"The fork token {token} is not the target's choice over the context missing the token before "
+                     "it, nor the draft model's, nor another prompt's at the same index."]
+
+
+def explain(a: Attribution, named: list[Hypothesis]) -> str:
+    """The finding in words."""
+    end = a.fork + a.tokens - 1
+    correct = f"the correct engine, replayed the same ways, explains {a.correct.explained}"
+    if named:
+        h = named[0]
+        where = "alone" if not h.companions else f"beside prompts {', '.join(map(str, h.companions))}"
+        span = f"tokens {a.fork}-{a.fork + h.explained - 1}"
+        rest = "all of them" if h.failed_at is None else f"it first fails token {h.failed_at}"
+        also = f" Indistinguishable by these tokens: {', '.join('+'.join(x.faults) for x in named[1:])}." \
+            if len(named) > 1 else ""
+        return (f"{mechanism(h.faults)}. Replayed {where}, it writes the engine's {span} ({h.explained} of the "
+                f"{a.tokens} after the fork; {rest}); {correct}.{also}")
+    best = a.hypotheses[0] if a.hypotheses else None
+    tried = f"{len(a.hypotheses)} mechanisms of the catalogue tried in {a.replays} replays"
+    closest = (f" The closest, {'+'.join(best.faults)}, writes {best.explained} of the engine's {a.tokens} tokens "
+               f"after the fork (tokens {a.fork}-{end}); naming one needs {a.threshold}." if best else "")
+    return f"A bug outside the casebook: none explains the engine's tokens from the fork on ({tried}; {correct}).{closest}"
