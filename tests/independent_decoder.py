@@ -6,8 +6,8 @@ It keeps no KV cache: every pass feeds each row's whole sequence again, left-pad
 and position ids. What a cached engine's cache would remember (the position a token was fed at, K/V a rollback threw
 away) is kept per sequence and replayed on every pass, so a planted bug lasts as it does in a cached engine.
 
-`bug` plants one bug from the field by hand, named after specviz's fault of the same mechanism (BUGS); None is the
-correct engine, whose greedy outputs are those of the target decoding alone.
+`bug` plants a bug from the field by hand (or several at once: a tuple), named after specviz's fault of the same
+mechanism (BUGS); None is the correct engine, whose greedy outputs are those of the target decoding alone.
 """
 from __future__ import annotations
 
@@ -85,11 +85,12 @@ def _lookup(hist: list[int], lo: int, hi: int, width: int) -> tuple[list[int], i
 @torch.inference_mode()
 def decode(target, draft, prompts: list[list[int]], *, k: int, max_new_tokens: int, batch_size: int,
            drafter: str = "model", ngram: tuple[int, int] | int = (1, 3), temperature: float = 0.0, seed: int = 0,
-           eos_ids=(), bug: str | None = None) -> list[list[int]]:
+           eos_ids=(), bug: str | tuple[str, ...] | None = None) -> list[list[int]]:
     """Each prompt's output ids. Prompts run in consecutive static batches of `batch_size`; a finished row leaves its
     batch at once. `drafter`: "model" (the draft model) or "ngram" (prompt lookup over n in `ngram`, (min, max))."""
-    if bug is not None and bug not in BUGS:
-        raise ValueError(f"unknown bug {bug!r}")
+    bugs = frozenset((bug,) if isinstance(bug, str) else bug or ())
+    if bugs - set(BUGS) or len(bugs & set(ERASING)) > 1:
+        raise ValueError(f"unknown bugs, or two that erase the cache: {sorted(bugs)}")
     lo, hi = (ngram, ngram) if isinstance(ngram, int) else ngram
     vocab = min(m.get_output_embeddings().weight.shape[0] for m in (target, draft) if m is not None)
     eos, gen = set(eos_ids), torch.Generator().manual_seed(seed)
@@ -99,22 +100,22 @@ def decode(target, draft, prompts: list[list[int]], *, k: int, max_new_tokens: i
         live, first = list(seqs), True
         while live:
             live = _round(target, draft, live, first, k, max_new_tokens, drafter, lo, hi, temperature, gen, eos,
-                          bug, vocab)
+                          bugs, vocab)
             first = False  # the first round is the batch's prefill: nothing is cached before it
         outputs += [s.out for s in seqs]
     return outputs
 
 
 def _round(target, draft, live: list[_Seq], first: bool, k: int, budget: int, drafter: str, lo: int, hi: int,
-           temperature: float, gen: torch.Generator, eos: set[int], bug: str | None, vocab: int) -> list[_Seq]:
+           temperature: float, gen: torch.Generator, eos: set[int], bugs: frozenset[str], vocab: int) -> list[_Seq]:
     """One round of drafting, verifying and accepting for every live row; returns the rows that go on."""
     have = [len(s.out) for s in live]
     kr = max(1, min(k, budget - 1 - min(have)))  # near the budget, no more drafts than the shortest row can emit
-    width = kr + 1 if bug == "draft-bonus" else kr  # a draft that supplies the bonus proposes one more
+    width = kr + 1 if "draft-bonus" in bugs else kr  # a draft that supplies the bonus proposes one more
     q = None
     if drafter == "model":
-        drafts, q = _draft_chain(draft, live, width, vocab, temperature, gen, eos, stop_early=bug != "draft-bonus",
-                                 zeroed=bug in ERASING)
+        drafts, q = _draft_chain(draft, live, width, vocab, temperature, gen, eos, stop_early="draft-bonus" not in bugs,
+                                 zeroed=bool(bugs & set(ERASING)))
         counts = [len(drafts[0])] * len(live)
     else:
         drafts, counts = map(list, zip(*(_lookup(s.ids, lo, hi, width) for s in live)))
@@ -123,10 +124,10 @@ def _round(target, draft, live: list[_Seq], first: bool, k: int, budget: int, dr
     room = [min(max(0, min(kk, budget - 1 - h)), c) for h, c in zip(have, counts)]
 
     # verify: each row's sequence and its drafts in one pass
-    shifted = bug == "verify-positions-not-advanced" and not first  # every window slot at the window's first position
+    shifted = "verify-positions-not-advanced" in bugs and not first  # every window slot at the window's first position
     z = _logits(target, [s.ids + d[:kk] for s, d in zip(live, drafts)],
                 [s.pos + ([s.pos[-1]] * kk if shifted else list(range(len(s.ids), len(s.ids) + kk))) for s in live],
-                vocab, kk + 1, [s.lost for s in live] if bug in ERASING else None)
+                vocab, kk + 1, [s.lost for s in live] if bugs & set(ERASING) else None)
 
     # accept: drafts up to the first disagreement (or rejection), then the target's own token there
     accepted, own = [], []
@@ -151,14 +152,14 @@ def _round(target, draft, live: list[_Seq], first: bool, k: int, budget: int, dr
     going = []
     for r, s in enumerate(live):
         a = accepted[r]
-        if bug == "draft-bonus":
+        if "draft-bonus" in bugs:
             pick = drafts[r][a]  # the draft's own next token
-        elif bug == "bonus-from-another-row":
+        elif "bonus-from-another-row" in bugs:
             pick = own[r - 1]  # the row before's choice (row 0: the last row's)
         else:
             pick = own[r]
         new = drafts[r][:a] + [pick]
-        stops = [a] if bug == "stop-at-last-token" else range(a + 1)  # only the block's last token ends the row
+        stops = [a] if "stop-at-last-token" in bugs else range(a + 1)  # only the block's last token ends the row
         stop = next((i for i in stops if new[i] in eos), None)
         n_keep = min(a + 1, budget - have[r]) if stop is None else min(stop + 1, budget - have[r])
         finished = (stop is not None and stop < n_keep) or have[r] + n_keep >= budget
@@ -168,11 +169,11 @@ def _round(target, draft, live: list[_Seq], first: bool, k: int, budget: int, dr
         s.pos += [opener if shifted and i < a else base + i for i in range(n_keep)]
         if finished:
             continue
-        if bug in ERASING:  # the cache holds every token before the picked one; the bug erases its last entries
+        if bugs & set(ERASING):  # the cache holds every token before the picked one; the bug erases its last entries
             held = base + a
             # min-crop: every row's cache cut to the batch's fewest accepted drafts (finished rows count too);
             # rollback-by-draft-list: rolled back by the widest draft list, a row offered fewer loses the difference
-            cut = base + min(accepted) if bug == "min-crop" else max(0, held - max(0, kk - room[r]))
+            cut = base + min(accepted) if "min-crop" in bugs else max(0, held - max(0, kk - room[r]))
             s.lost |= set(range(cut, held))
             s.draft_lost |= set(range(cut, held - 1))  # the draft re-feeds its last two
         going.append(s)

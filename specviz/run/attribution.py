@@ -16,7 +16,10 @@ report says so and gives what fresh float64 passes at batch size 1 establish abo
 """
 from __future__ import annotations
 
+import contextlib
+import itertools
 import time
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from specviz.decoding.decoders import Job, decode
@@ -28,11 +31,14 @@ from specviz.models.pairs import ModelPair
 from specviz.spec.casebook import mechanism
 from specviz.spec.faults import FAULTS, PRESETS
 from specviz.spec.run import RunSpec, SpecError
+from specviz.spec.verdicts import verdict
 from specviz.trace.evidence import Attribution, Hypothesis
+from specviz.trace.records import SequenceRecord
 from specviz.trace.schema import Trace
 
 THRESHOLD = 8  # engine tokens after the fork a named mechanism writes
 MIN_TOKENS = 2  # never fewer: one token written by chance names nothing
+PARTIAL = 3  # single faults that wrote some tokens of unnamed rows, the most often first, paired for those rows
 # The kinds of fault that change a greedy row's tokens (the others waste drafts, or change samples or logprobs).
 CHANGES_TOKENS = ("breaking", "ragged", "greedy", "recurrent", "window", "stop", "penalty", "tree")
 DECLARED = ("k", "drafter", "ngram_min", "ngram_max", "tree_width")  # engine settings a replay takes as they are
@@ -58,29 +64,62 @@ def forks_to_attribute(trace: Trace, every_fork: bool = False) -> list[int]:
 
 
 def attribute(trace: Trace, replaying: Replaying, seqs: list[int], progress: Progress | None = None) -> None:
-    """Attribute the forks of `seqs` (forks_to_attribute) and keep each finding on its sequence. A replay in a
-    batch follows every forked row of it at once, and stops once each has failed."""
+    """Attribute the forks of `seqs` (forks_to_attribute) and keep each finding on its sequence: the correct
+    engine and every single fault first; then, for the rows none of them explains to the end, pairs of the (at
+    most PARTIAL) faults that wrote some of such a row's tokens after its fork (pairs()), as a compound bug would."""
     if not seqs:
         return
     fits, skipped = candidates(replaying)
-    forks = {seq: trace.sequences[seq] for seq in seqs}
-    best: dict[int, dict[tuple[str, ...], Hypothesis]] = {seq: {} for seq in seqs}
-    replays, seconds = dict.fromkeys(seqs, 0), dict.fromkeys(seqs, 0.0)
+    tally = _Tally(trace, replaying, progress)
     for faults in ((), *fits):
-        spec = fits.get(faults) or replay_spec(replaying, faults)
-        for batch in layouts(seqs, len(replaying.prompt_ids), replaying.batch):
-            start = time.perf_counter()
-            found = replay(replaying, spec, batch, {seq: (forks[seq].engine.ids, forks[seq].first_divergence)
-                                                    for seq in batch if seq in forks})
-            for seq, h in found.items():
-                replays[seq] += 1
-                seconds[seq] += (time.perf_counter() - start) / len(found)
-                if faults not in best[seq] or h.explained > best[seq][faults].explained:
-                    best[seq][faults] = h
-            if progress:
-                progress(1)
+        tally.replay(fits.get(faults) or replay_spec(replaying, faults), seqs)
+    # An engine's bugs are its rows' too: the faults that wrote part of some row, paired for every row that no
+    # single fault explains to its end.
+    unnamed = [seq for seq in seqs if max(h.explained for h in tally.best[seq].values())
+               < len(trace.sequences[seq].engine.ids) - trace.sequences[seq].first_divergence]
+    partial = Counter(h.faults[0] for seq in unnamed for h in tally.best[seq].values()
+                      if h.explained > 0 and len(h.faults) == 1 and h.faults[0] in FAULTS)
+    for two in pairs([f for f, _ in partial.most_common(PARTIAL)], [f[0] for f in fits if f[0] in FAULTS]):
+        with contextlib.suppress(SpecError):  # two faults the spec refuses together: not a hypothesis
+            tally.replay(replay_spec(replaying, two), unnamed)
     for seq in seqs:
-        forks[seq].attribution = judge(trace, replaying, seq, best[seq], skipped, replays[seq], seconds[seq])
+        trace.sequences[seq].attribution = judge(trace, replaying, seq, tally.best[seq], skipped, tally.replays[seq],
+                                                 tally.seconds[seq])
+
+
+def pairs(partial: list[str], singles: list[str]) -> list[tuple[str, ...]]:
+    """The pairs worth a replay: the fault that wrote part of the most unnamed rows with every other single fault
+    (its partner may have written nothing alone, hidden behind it), and the partial faults with each other."""
+    if not partial:
+        return []
+    found = {tuple(sorted((partial[0], f))) for f in singles if f != partial[0]}
+    return sorted(found | set(itertools.combinations(sorted(partial), 2)))
+
+
+class _Tally:
+    """Each forked row's best replay under each hypothesis, and the replays (and seconds) spent on it. A replay in
+    a batch follows every forked row of it at once, and stops once each has failed."""
+
+    def __init__(self, trace: Trace, r: Replaying, progress: Progress | None):
+        self.trace, self.r, self.progress = trace, r, progress
+        self.best: dict[int, dict[tuple[str, ...], Hypothesis]] = defaultdict(dict)
+        self.replays: dict[int, int] = defaultdict(int)
+        self.seconds: dict[int, float] = defaultdict(float)
+
+    def replay(self, spec: RunSpec, seqs: list[int]) -> None:
+        for batch in layouts(seqs, len(self.r.prompt_ids), self.r.batch):
+            start = time.perf_counter()
+            forked = {seq: (self.trace.sequences[seq].engine.ids, self.trace.sequences[seq].first_divergence)
+                      for seq in batch if seq in seqs}
+            found = replay(self.r, spec, batch, forked)
+            for seq, h in found.items():
+                self.replays[seq] += 1
+                self.seconds[seq] += (time.perf_counter() - start) / len(found)
+                held = self.best[seq].get(spec.faults)
+                if held is None or h.explained > held.explained:
+                    self.best[seq][spec.faults] = h
+            if self.progress:
+                self.progress(1)
 
 
 def candidates(r: Replaying) -> tuple[dict[tuple[str, ...], RunSpec], dict[str, str]]:
@@ -122,12 +161,16 @@ def layouts(seqs: list[int], prompts: int, batch: int) -> list[list[int]]:
     return alone + [list(range(c * batch, min((c + 1) * batch, prompts))) for c in chunks]
 
 
+def threshold_of(s: SequenceRecord) -> int:
+    """The engine's tokens after a row's fork that a mechanism must write to be named."""
+    return max(MIN_TOKENS, min(THRESHOLD, len(s.engine.ids) - s.first_divergence))
+
+
 def judge(trace: Trace, r: Replaying, seq: int, best: dict[tuple[str, ...], Hypothesis], skipped: dict[str, str],
           replays: int, seconds: float) -> Attribution:
     """One forked row's attribution from each hypothesis's best replay: ranked, and named beyond the threshold."""
     s = trace.sequences[seq]
-    fork, tokens = s.first_divergence, len(s.engine.ids) - s.first_divergence
-    threshold = max(MIN_TOKENS, min(THRESHOLD, tokens))
+    fork, tokens, threshold = s.first_divergence, len(s.engine.ids) - s.first_divergence, threshold_of(s)
     best = dict(best)
     correct = best.pop(())
     ranked = sorted(best.values(), key=lambda h: (-h.explained, len(h.companions), len(h.faults)))
@@ -138,7 +181,7 @@ def judge(trace: Trace, r: Replaying, seq: int, best: dict[tuple[str, ...], Hypo
     a = Attribution(fork=fork, tokens=tokens, threshold=threshold, correct=correct, hypotheses=ranked,
                     skipped=skipped, replays=replays, seconds=seconds, explanation="",
                     facts=[] if named else facts(trace, r, seq))
-    a.explanation = explain(a, named)
+    a.explanation = explain(a, named, verdict(s.forensics.verdict).bug)
     return a
 
 
@@ -220,9 +263,8 @@ def facts(trace: Trace, r: Replaying, seq: int) -> list[str]:
                      "it, nor the draft model's, nor another prompt's at the same index."]
 
 
-def explain(a: Attribution, named: list[Hypothesis]) -> str:
-    """The finding in words."""
-    end = a.fork + a.tokens - 1
+def explain(a: Attribution, named: list[Hypothesis], judged_bug: bool) -> str:
+    """The finding in words (`judged_bug`: the black-box judge called the fork a bug; else it could not decide)."""
     correct = f"the correct engine, replayed the same ways, explains {a.correct.explained}"
     if named:
         h = named[0]
@@ -233,8 +275,14 @@ def explain(a: Attribution, named: list[Hypothesis]) -> str:
             if len(named) > 1 else ""
         return (f"{mechanism(h.faults)}. Replayed {where}, it writes the engine's {span} ({h.explained} of the "
                 f"{a.tokens} after the fork; {rest}); {correct}.{also}")
+    tried = f"{len(a.hypotheses)} mechanisms of the catalogue tried in {a.replays} replays; {correct}"
     best = a.hypotheses[0] if a.hypotheses else None
-    tried = f"{len(a.hypotheses)} mechanisms of the catalogue tried in {a.replays} replays"
-    closest = (f" The closest, {'+'.join(best.faults)}, writes {best.explained} of the engine's {a.tokens} tokens "
-               f"after the fork (tokens {a.fork}-{end}); naming one needs {a.threshold}." if best else "")
-    return f"A bug outside the casebook: none explains the engine's tokens from the fork on ({tried}; {correct}).{closest}"
+    if best and best.explained > a.correct.explained:
+        return (f"Too little evidence to name a mechanism: the closest, {'+'.join(best.faults)}, writes "
+                f"{best.explained} of the engine's {a.tokens} tokens after the fork, and naming one needs "
+                f"{a.threshold} ({tried}). Missing evidence: more of the engine's tokens after the fork (a larger "
+                "token budget), or more prompts that fork.")
+    if judged_bug:
+        return f"A bug outside the casebook: no mechanism writes the engine's fork token ({tried})."
+    return (f"No mechanism of the catalogue writes the engine's fork token ({tried}): if this fork is a bug, it is "
+            "one outside the casebook; the verdict above says what is missing to decide whether it is one.")
