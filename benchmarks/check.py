@@ -144,7 +144,8 @@ def main() -> None:
         for way in ("decoded", "proved"):
             runner.clear_caches(calibration=not calibrated)
             start = time.perf_counter()
-            traces[way] = check.check(spec, pair, ids, engine, control, check.Judging(decode_reference=way == "decoded"))
+            judging = check.Judging(decode_reference=way == "decoded", attribute=False)  # benchmarks/attribution.py
+            traces[way] = check.check(spec, pair, ids, engine, control, judging)
             seconds_of[calibrated, way] = seconds = time.perf_counter() - start
             proofs = [s.reference_proof for s in traces[way].sequences if s.reference_proof]
             proved = sum(p.proved for p in proofs)

@@ -163,9 +163,13 @@ def attribute_every_fork(trace, spec, pair, ids, settings: dict, batch: int, lab
     seqs = attribution.forks_to_attribute(trace, every_fork=True)
     attribution.attribute(trace, attribution.Replaying(spec, pair, ids, settings, batch), seqs)
     found = [trace.sequences[seq].attribution for seq in seqs]
-    closest = max((a.hypotheses[0].explained for a in found if a.hypotheses), default=0)
+    closest = max((a.hypotheses[0].beyond for a in found if a.hypotheses), default=0)
+    longest = max((h.explained for a in found for h in a.hypotheses), default=0)
     named = [a.explanation for a in found if any(h.named for h in a.hypotheses)]
-    print(f"\n{label}: {len(found)} forks attributed, {len(named)} named; the closest hypothesis explained "
-          f"{closest} token(s) after a fork; {sum(a.replays for a in found)} replays, "
-          f"{sum(a.seconds for a in found):.0f} s")
+    print(f"\n{label}: {len(found)} forks attributed, {len(named)} named; the closest hypothesis wrote {closest} "
+          f"departing token(s) (the longest replay {longest} tokens after a fork); "
+          f"{sum(a.replays for a in found)} replays, {sum(a.seconds for a in found):.0f} s; per fork (departing, "
+          "the correct replay's, the best hypothesis's): " + ", ".join(
+              f"({len(a.departing)}, {a.correct.beyond}, {a.hypotheses[0].beyond if a.hypotheses else 0})"
+              for a in found))
     return found, named

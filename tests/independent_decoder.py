@@ -7,7 +7,8 @@ and position ids. What a cached engine's cache would remember (the position a to
 away) is kept per sequence and replayed on every pass, so a planted bug lasts as it does in a cached engine.
 
 `bug` plants a bug from the field by hand (or several at once: a tuple), named after specviz's fault of the same
-mechanism (BUGS); None is the correct engine, whose greedy outputs are those of the target decoding alone.
+mechanism (BUGS; SAMPLING_BUGS, of its sampler); None is the correct engine, whose greedy outputs are those of the
+target decoding alone.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 
 BUGS = ("draft-bonus", "bonus-from-another-row", "verify-positions-not-advanced", "stop-at-last-token", "min-crop",
         "rollback-by-draft-list")
+SAMPLING_BUGS = ("residual-from-draft", "temperature-draft-only")  # bugs of its sampler (temperature > 0)
 ERASING = ("min-crop", "rollback-by-draft-list")  # the bugs that erase committed K/V (the tokens are kept)
 
 
@@ -89,7 +91,7 @@ def decode(target, draft, prompts: list[list[int]], *, k: int, max_new_tokens: i
     """Each prompt's output ids. Prompts run in consecutive static batches of `batch_size`; a finished row leaves its
     batch at once. `drafter`: "model" (the draft model) or "ngram" (prompt lookup over n in `ngram`, (min, max))."""
     bugs = frozenset((bug,) if isinstance(bug, str) else bug or ())
-    if bugs - set(BUGS) or len(bugs & set(ERASING)) > 1:
+    if bugs - set(BUGS + SAMPLING_BUGS) or len(bugs & set(ERASING)) > 1:
         raise ValueError(f"unknown bugs, or two that erase the cache: {sorted(bugs)}")
     lo, hi = (ngram, ngram) if isinstance(ngram, int) else ngram
     vocab = min(m.get_output_embeddings().weight.shape[0] for m in (target, draft) if m is not None)
@@ -138,14 +140,18 @@ def _round(target, draft, live: list[_Seq], first: bool, k: int, budget: int, dr
                 a += 1
             own.append(int(z[r, a].argmax()))
         else:
-            p = (z[r] / temperature).softmax(-1).double().cpu()
+            verify_at = 1.0 if "temperature-draft-only" in bugs else temperature  # the bug: the draft's alone
+            p = (z[r] / verify_at).softmax(-1).double().cpu()
             qr = q[r] if q is not None else torch.nn.functional.one_hot(torch.tensor(drafts[r]), vocab).double()
             while a < room[r]:  # accept a draft d with probability min(1, p(d) / q(d))
                 d = drafts[r][a]
                 if not float(torch.rand((), generator=gen, dtype=torch.float64)) * qr[a, d] < p[a, d]:
                     break
                 a += 1
-            dist = p[a] if a == room[r] else (p[a] - qr[a]).clamp(min=0)  # the bonus, or the residual
+            if a == room[r]:  # the bonus
+                dist = p[a]
+            else:  # the residual; the bug draws from the draft's q instead
+                dist = qr[a] if "residual-from-draft" in bugs else (p[a] - qr[a]).clamp(min=0)
             own.append(int(torch.multinomial(dist / dist.sum(), 1, generator=gen)))
         accepted.append(a)
 

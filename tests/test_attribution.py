@@ -8,13 +8,15 @@ row it forks, and the correct decoder's rows, and a bug outside the catalogue, m
 
 import pytest
 import torch
-from independent_decoder import BUGS, decode, write_outputs
+from independent_decoder import BUGS, SAMPLING_BUGS, decode, write_outputs
 
 from specviz.app.panel import forensics_html
 from specviz.app.views import Focus
 from specviz.cli.main import main as cli
+from specviz.forensics import rules
 from specviz.run import attribution, check
 from specviz.spec.faults import expand
+from specviz.spec.prompts import builtin_set
 from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
 from specviz.trace.schema import Trace
 
@@ -90,7 +92,7 @@ def test_each_planted_bug_of_an_independent_engine_is_named_by_its_mechanism(bug
         # Named; beside it only what these tokens cannot tell from it (a preset holding it; a fault whose replay
         # writes the very same tokens here), said in the report.
         best = next(h for h in named if bug in expand(h.faults))
-        assert best.explained >= a.threshold > a.correct.explained == 0 and best.explained == a.tokens
+        assert best.explained == a.tokens and best.beyond == len(a.departing) >= a.threshold > a.correct.beyond == 0
         assert all(h.replay_ids == best.replay_ids for h in named), (bug, s.seq, a.explanation)
         assert best.round is not None and best.replay_ids[a.fork] == s.engine.ids[a.fork]
         assert bug in a.explanation and not a.facts
@@ -197,8 +199,8 @@ def test_candidates_fit_the_engine_s_declared_method(tiny, prompts):
     assert skipped["window-full-keeps-rejected"] == "the target has no sliding window"
     assert "penalty-history-last-token" in skipped and "tree-siblings-visible" in skipped
     assert not tried & {"keep-rejected-kv", "draft-positions-off-by-one", "logprobs-from-draft"}
-    assert attribution.layouts([1, 6], 10, 4) == [[1], [6], [0, 1, 2, 3], [4, 5, 6, 7]]
-    assert attribution.layouts([1], 10, 1) == [[1]]
+    assert attribution.layouts([1, 3, 6], 10, 4) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert attribution.layouts([1, 6], 10, 1) == [[1], [6]]
 
 
 def test_the_correct_engine_explains_what_it_writes(tiny, prompts):
@@ -210,3 +212,43 @@ def test_the_correct_engine_explains_what_it_writes(tiny, prompts):
     found = attribution.replay(r, attribution.replay_spec(r, ()), [0, 1, 2, 3], {1: (own[1], 5), 2: (own[2][:9] + [0], 9)})
     assert found[1].explained == BUDGET - 5 and found[1].failed_at is None
     assert (found[2].explained, found[2].failed_at) == (0, 9)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_the_correct_rule_s_likelihood_of_an_output_is_the_target_s(k):
+    """Summed over every cut of an output into rounds, a lossless sampler's likelihood is the product of p: the
+    forward pass checked against the closed form, on distributions and tokens drawn at random."""
+    gen = torch.Generator().manual_seed(k)
+    p = torch.randn(12, 30, generator=gen, dtype=torch.float64).mul(2).softmax(-1)
+    q = torch.randn(12, 30, generator=gen, dtype=torch.float64).mul(2).softmax(-1)
+    tokens = torch.multinomial(p, 1, generator=gen)[:, 0]
+    ll = rules.log_likelihood(*rules.chances(rules.RULES["correct"], p, q, p, p, tokens), k)
+    assert ll == pytest.approx(float(p.gather(1, tokens[:, None]).log().sum()), abs=1e-9)
+    for rule in rules.RULES.values():  # every rule's chances are chances
+        accept, redraw, bonus = rules.chances(rule, p, q, p, p, tokens)
+        assert all(0 <= a <= 1 and 0 <= r <= 1 and 0 <= a + r <= 1 + 1e-12 and 0 <= b <= 1
+                   for a, r, b in zip(accept, redraw, bonus))
+
+
+@pytest.mark.parametrize("bug", [None, *SAMPLING_BUGS])
+def test_a_sampling_engine_s_acceptance_rule_is_named_by_the_likelihood_of_its_tokens(bug, tiny, tmp_path, capsys):
+    """The independent decoder sampling at temperature 0.5 (its own generator: nothing of specviz's streams), with
+    its residual drawn from the draft's q, or its verify at temperature 1: the rule is named by the likelihood
+    ratio of its tokens; the correct sampler's tokens name none."""
+    texts = builtin_set("all")[:16]
+    prompts = tiny.encode(texts)
+    torch.set_num_threads(1)
+    outputs = decode(tiny.target, tiny.draft, prompts, k=K, max_new_tokens=48, batch_size=BATCH, temperature=0.5,
+                     seed=1, bug=bug)
+    path = tmp_path / "sampled.jsonl"
+    write_outputs(path, prompts, outputs, {"k": K, "batch_size": BATCH, "drafter": "model"})
+    trace = tmp_path / "check.json"
+    assert cli(["check", "--outputs", str(path), "--pair", "tiny", "--dtype", "float64", "--device", "cpu",
+                "--k", str(K), "--temperature", "0.5", "--trace", str(trace)]) == 0
+    a = Trace.from_json(trace.read_text()).distribution.attribution
+    named = [h.fault for h in a.hypotheses if h.named]
+    assert named == ([bug] if bug else []), a.explanation
+    printed = capsys.readouterr().out
+    assert "attribution: " in printed and (f"named {bug}" in printed) == bool(bug)
+    if bug is None:  # the correct sampler: no rule comes near the threshold
+        assert all(h.log_ratio is None or h.log_ratio < a.threshold / 2 for h in a.hypotheses)

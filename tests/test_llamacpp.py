@@ -72,8 +72,9 @@ def test_every_configuration_against_its_plain_run_and_the_reference(llama, embe
     declared to draft with the check's draft model drafts its own proposals by its counters."""
     spec, ids, runs = llama
     plain = runs["plain, 4 slots"]
+    no_replays = check.Judging(attribute=False)  # the forks are attributed on purpose in the test below
     traces = {name: check.check(spec, embedded, ids, runs[name], runs["plain, 1 slot"] if name == "plain, 4 slots"
-                                else plain) for name in ("plain, 4 slots", *SPECULATIVE)}
+                                else plain, no_replays) for name in ("plain, 4 slots", *SPECULATIVE)}
     ref = [s.reference_ids for s in traces["plain, 4 slots"].sequences]  # proved or decoded: the bs-1 reference
     with capsys.disabled():
         print(f"\nllama.cpp {runs['plain, 1 slot'].version}, embedded Q4_1 target, {len(ids)} prompts, {NEW_TOKENS} tokens")
@@ -137,7 +138,7 @@ def test_a_file_of_raw_llama_cpp_answers_is_read_and_judged(llama, embedded, tmp
                  for i, p in enumerate(ids)]
     path = tmp_path / "dump.jsonl"
     path.write_text("\n".join(json.dumps(d) for d in dumps))
-    filed = check.from_files(spec, embedded, (path.read_bytes(), path.name))
+    filed = check.from_files(spec, embedded, (path.read_bytes(), path.name), judging=check.Judging(attribute=False))
     assert filed.manifest.engine.ignored == ["seq"]
     assert [s.output_ids for s in filed.sequences] == [d["response"]["tokens"] for d in dumps]
     assert [s.engine.drafts for s in filed.sequences] == [d["response"]["timings"].get("draft_n") for d in dumps]
@@ -167,11 +168,17 @@ def test_a_sampled_check_of_llama_cpp_speculating_with_the_draft_is_consistent(e
     spec = RunSpec.build(prompts=PROMPTS, method="engine", max_new_tokens=NEW_TOKENS, device="cpu", k=K,
                          temperature=0.8)
     with llama_server("draft", tmp_path / "draft.log", slots=4, k=K, threads=ENGINE_THREADS) as server:
-        trace = check.from_servers(spec, embedded, (server.url, None), None, concurrency=4, timeout=300)
+        trace = check.from_servers(spec, embedded, (server.url, None), None, concurrency=4, timeout=300,
+                                   drafter="model")
     sent = trace.manifest.engine.settings["sampling"]
     assert (sent["temperature"], sent["top_p"], sent["samplers"]) == (0.8, 1.0, ["temperature", "top_k", "top_p"])
     assert sent["min_p"] == 0 and sent["top_k"] == 0 and sum(s.engine.drafts or 0 for s in trace.sequences) > 0
     d = trace.distribution
     assert d.verdict == "consistent" and d.impossible == 0, d
     assert d.tokens > len(PROMPTS) * NEW_TOKENS / 2, d  # most of the budget judged (a sample may stop at EOS)
+    # Its tokens scored under every acceptance rule of the catalogue: a correct sampler's name none.
+    rules = d.attribution
+    assert rules is not None and not any(h.named for h in rules.hypotheses), rules.explanation
+    print(f"\nllama.cpp sampled with the draft: the likeliest wrong rule {rules.hypotheses[0].fault} at "
+          f"{rules.hypotheses[0].log_ratio} nats over the correct one (naming needs {rules.threshold:.1f})")
 

@@ -42,8 +42,10 @@ def attribution_html(trace: Trace, s: SequenceRecord) -> str:
 
 
 def _aligned(trace: Trace, a: Attribution, lines: list[tuple[str, list[int]]], engine: list[int]) -> str:
-    """Each line's tokens from the fork, a cell a token: green where it is the engine's, red where not."""
+    """Each line's tokens from the fork, a cell a token: green where it is the engine's, red where not; the
+    engine's departing tokens underlined."""
     span = range(a.fork, min(a.fork + SHOWN, max(len(ids) for _, ids in lines)))
+    departing = set(a.departing)
     head = "".join(f"<th>{i}</th>" for i in span)
     rows = []
     for name, ids in lines:
@@ -53,8 +55,10 @@ def _aligned(trace: Trace, a: Attribution, lines: list[tuple[str, list[int]]], e
                 cells.append("<td></td>")
                 continue
             same = i < len(engine) and ids[i] == engine[i]
-            cells.append(f'<td class="{"sv-held" if same else "sv-broken"}">'
-                         f"{html.escape(visible(token_text(trace, ids[i])))}</td>")
+            text = html.escape(visible(token_text(trace, ids[i])))
+            if same and i in departing:
+                text = f"<u>{text}</u>"
+            cells.append(f'<td class="{"sv-held" if same else "sv-broken"}">{text}</td>')
         rows.append(f"<tr><th>{html.escape(name)}</th>{''.join(cells)}</tr>")
     return f'<table class="sv-aligned"><tr><th>token</th>{head}</tr>{"".join(rows)}</table>'
 
@@ -63,9 +67,11 @@ def _ranked(a: Attribution) -> str:
     """Every hypothesis tried, best first, the correct engine last."""
     rows = [_row(h, a) for h in a.hypotheses] + [_row(a.correct, a)]
     return ('<table class="sv-hypotheses"><tr><th>mechanism</th><th>threads</th><th>replayed</th>'
-            f'<th>explained of {a.tokens}</th><th>first failed</th><th>named</th></tr>{"".join(rows)}</table>'
-            f"<p>{a.replays} replays in {a.seconds:.1f} s; a mechanism is named when it writes {a.threshold} of "
-            "the engine's tokens after the fork and more than the correct engine.</p>")
+            f"<th>tokens written of {a.tokens}</th><th>departing written of {len(a.departing)}</th><th>first failed</th>"
+            f'<th>named</th></tr>{"".join(rows)}</table>'
+            f"<p>{a.replays} replays in {a.seconds:.1f} s. Departing: the engine's tokens the target itself would "
+            f"not write on the engine's prefix (underlined above); a mechanism is named when it writes {a.threshold} "
+            "of them, more than the correct engine and than any other.</p>")
 
 
 def _row(h: Hypothesis, a: Attribution) -> str:
@@ -74,4 +80,5 @@ def _row(h: Hypothesis, a: Attribution) -> str:
     where = "alone" if not h.companions else f"beside {', '.join(map(str, h.companions))}"
     failed = "—" if h.failed_at is None else str(h.failed_at)
     return (f'<tr class="{"sv-held" if h.named else ""}"><td>{html.escape(mechanism(h.faults))}</td><td>{links}</td>'
-            f"<td>{where}</td><td>{h.explained}</td><td>{failed}</td><td>{'✓' if h.named else ''}</td></tr>")
+            f"<td>{where}</td><td>{h.explained}</td><td>{h.beyond}</td><td>{failed}</td>"
+            f"<td>{'✓' if h.named else ''}</td></tr>")

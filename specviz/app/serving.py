@@ -204,7 +204,8 @@ def check_engine(spec: RunSpec, settings: Settings, files: tuple | None, servers
 
     def tick(phase: str, n: int) -> None:
         done[phase] = done.get(phase, 0) + n
-        progress((done[phase], None), desc=f"{phase}: {done[phase]} tokens", unit="tokens")
+        unit = "replays" if phase == "attribution" else "tokens"
+        progress((done[phase], None), desc=f"{phase}: {done[phase]} {unit}", unit=unit)
 
     with LOCK:
         return _check_on_gpu(spec, settings, *(files or (None, None)), servers, determinism,

@@ -179,6 +179,11 @@ def distribution_md(trace: Trace | None) -> str:
         else:
             audit += "all follow their draw."
         lines.append(audit)
+    if (a := trace.distribution.attribution) is not None:
+        lines.append(f"**Which rule wrote these tokens?** {md(a.explanation)}")
+        lines.append("| acceptance rule | log-likelihood ratio over the correct rule | named |\n|---|---:|---|\n" + "".join(
+            f"| {md(h.fault)} | {'—' if h.log_ratio is None else f'{h.log_ratio:.1f}'} | {'✓' if h.named else ''} |\n"
+            for h in a.hypotheses))
     return "\n\n".join(lines)
 
 

@@ -128,6 +128,11 @@ def _print_distribution(trace) -> None:
         kind = metrics.sampled_verdict(trace)
         if kind:
             print(f"sampled verdict: {kind[0]}. {kind[1]}")
+        if (a := trace.distribution.attribution) is not None:
+            print(f"attribution: {a.explanation}")
+            for h in a.hypotheses:
+                ratio = "impossible" if h.log_ratio is None else f"{h.log_ratio:+.1f} nats"
+                print(f"  {'named ' if h.named else ''}{h.fault}: {ratio} over the correct rule")
 
 
 def _distribution(trace) -> str:
@@ -268,8 +273,8 @@ def _print_attribution(a) -> None:
     for h in a.hypotheses[:3]:
         where = "alone" if not h.companions else f"beside {','.join(map(str, h.companions))}"
         failed = "none" if h.failed_at is None else h.failed_at
-        print(f"      {'named ' if h.named else ''}{'+'.join(h.faults)} ({where}): {h.explained} of {a.tokens} "
-              f"explained, first failed {failed}")
+        print(f"      {'named ' if h.named else ''}{'+'.join(h.faults)} ({where}): {h.explained} of {a.tokens} tokens "
+              f"written, {h.beyond} of {len(a.departing)} departing, first failed {failed}")
     for fact in a.facts:
         print(f"      fact: {fact}")
     print(f"      tried {len(a.hypotheses)} mechanisms in {a.replays} replays ({a.seconds:.1f} s); skipped "

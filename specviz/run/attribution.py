@@ -2,17 +2,20 @@
 
 For a checked row whose fork the black-box judge (forensics/blackbox.py) did not put down to rounding, each
 fault of the catalogue (spec/faults.py, the field casebook's among them) that fits the engine's declared method
-is planted in specviz's engine (eqspec), which replays the row: alone, and beside the prompts the engine ran it
-with (its batch, or the requests sent beside it). A replay is watched round by round and stopped at its first
-token that is not the engine's: up to there the faulted state has been fed the engine's own tokens, so the replay
-is the engine's tokens teacher-forced through the faulted state. Its score is the engine's tokens it writes from
-the fork on. The correct engine is replayed the same ways and writes none of them at a fork of its own.
+is planted in specviz's engine (eqspec), which replays the row beside the prompts the engine ran it with (its
+batch, or the requests sent beside it; alone where it declares none). A replay is watched round by round and
+stopped at its first token that is not the engine's: up to there the faulted state has been fed the engine's own
+tokens, so the replay is the engine's tokens teacher-forced through the faulted state. Its score is the engine's
+tokens it writes from the fork on. The correct engine is replayed the same way.
 
-A mechanism is named only when its replay writes at least THRESHOLD of the engine's tokens after the fork (all
-of them, where the engine wrote fewer, and never fewer than MIN_TOKENS) and more than the correct engine does:
-a correct engine's rounding tips one near-tie, and no fault of the catalogue then goes on to write the engine's
-next eight tokens (docs/engines.md measures it on vLLM's and llama.cpp's controls). Where none is named, the
-report says so and gives what fresh float64 passes at batch size 1 establish about the fork token.
+Most of what a replay writes after the fork proves nothing: once past the fork token, any replay that computes
+about right writes the target's own choices on the engine's prefix, as the engine did. The evidence is in the
+engine's tokens that the correct target, teacher-forced on the engine's own prefix, would not write (beyond the
+check's tolerance, or past where the reference stopped: departing()). A mechanism is named only when its replay
+writes at least EVIDENCE of those more than the correct engine replayed the same way does (all the others where the
+engine wrote fewer, never fewer than MIN_EVIDENCE), and no other writes more. docs/engines.md measures the threshold
+on vLLM's and llama.cpp's controls. Where none is named, the report says so and gives what fresh float64 passes
+at batch size 1 establish about the fork token.
 """
 from __future__ import annotations
 
@@ -36,8 +39,8 @@ from specviz.trace.evidence import Attribution, Hypothesis
 from specviz.trace.records import SequenceRecord
 from specviz.trace.schema import Trace
 
-THRESHOLD = 8  # engine tokens after the fork a named mechanism writes
-MIN_TOKENS = 2  # never fewer: one token written by chance names nothing
+EVIDENCE = 4  # tokens a named mechanism writes that the correct target, on the engine's prefix, would not
+MIN_EVIDENCE = 2  # never fewer (where the engine wrote fewer such tokens, all of them): one may be rounding's
 PARTIAL = 3  # single faults that wrote some tokens of unnamed rows, the most often first, paired for those rows
 # The kinds of fault that change a greedy row's tokens (the others waste drafts, or change samples or logprobs).
 CHANGES_TOKENS = ("breaking", "ragged", "greedy", "recurrent", "window", "stop", "penalty", "tree")
@@ -66,19 +69,19 @@ def forks_to_attribute(trace: Trace, every_fork: bool = False) -> list[int]:
 def attribute(trace: Trace, replaying: Replaying, seqs: list[int], progress: Progress | None = None) -> None:
     """Attribute the forks of `seqs` (forks_to_attribute) and keep each finding on its sequence: the correct
     engine and every single fault first; then, for the rows none of them explains to the end, pairs of the (at
-    most PARTIAL) faults that wrote some of such a row's tokens after its fork (pairs()), as a compound bug would."""
+    most PARTIAL) faults that wrote some of such a row's departing tokens (pairs()), as a compound bug would."""
     if not seqs:
         return
     fits, skipped = candidates(replaying)
     tally = _Tally(trace, replaying, progress)
     for faults in ((), *fits):
         tally.replay(fits.get(faults) or replay_spec(replaying, faults), seqs)
-    # An engine's bugs are its rows' too: the faults that wrote part of some row, paired for every row that no
-    # single fault explains to its end.
+    # An engine's bugs are its rows' too: the faults that wrote departing tokens of some row (more than the correct
+    # engine), paired for every row that no single fault explains to its end.
     unnamed = [seq for seq in seqs if max(h.explained for h in tally.best[seq].values())
                < len(trace.sequences[seq].engine.ids) - trace.sequences[seq].first_divergence]
     partial = Counter(h.faults[0] for seq in unnamed for h in tally.best[seq].values()
-                      if h.explained > 0 and len(h.faults) == 1 and h.faults[0] in FAULTS)
+                      if h.beyond > tally.best[seq][()].beyond and len(h.faults) == 1 and h.faults[0] in FAULTS)
     for two in pairs([f for f, _ in partial.most_common(PARTIAL)], [f[0] for f in fits if f[0] in FAULTS]):
         with contextlib.suppress(SpecError):  # two faults the spec refuses together: not a hypothesis
             tally.replay(replay_spec(replaying, two), unnamed)
@@ -115,8 +118,9 @@ class _Tally:
             for seq, h in found.items():
                 self.replays[seq] += 1
                 self.seconds[seq] += (time.perf_counter() - start) / len(found)
+                h.beyond = sum(departing(self.trace.sequences[seq])[: h.explained])
                 held = self.best[seq].get(spec.faults)
-                if held is None or h.explained > held.explained:
+                if held is None or (h.beyond, h.explained) > (held.beyond, held.explained):
                     self.best[seq][spec.faults] = h
             if self.progress:
                 self.progress(1)
@@ -151,36 +155,47 @@ def replay_spec(r: Replaying, faults: tuple[str, ...]) -> RunSpec:
 
 
 def layouts(seqs: list[int], prompts: int, batch: int) -> list[list[int]]:
-    """The batches the forked rows `seqs` are replayed in: each alone, and (an engine that ran prompts beside
-    each other) each chunk of `batch` prompts in their order that holds some, as an engine that takes them in
-    turn lays them out."""
-    alone = [[seq] for seq in seqs]
+    """The batches the forked rows `seqs` are replayed in: where the engine ran prompts beside each other, each
+    chunk of `batch` prompts in their order that holds some, as an engine that takes them in turn lays them out
+    (a fault that acts on a row alone acts there too); else each row alone."""
     if batch <= 1 or prompts == 1:
-        return alone
+        return [[seq] for seq in seqs]
     chunks = sorted({seq // batch for seq in seqs})
-    return alone + [list(range(c * batch, min((c + 1) * batch, prompts))) for c in chunks]
+    return [list(range(c * batch, min((c + 1) * batch, prompts))) for c in chunks]
 
 
-def threshold_of(s: SequenceRecord) -> int:
-    """The engine's tokens after a row's fork that a mechanism must write to be named."""
-    return max(MIN_TOKENS, min(THRESHOLD, len(s.engine.ids) - s.first_divergence))
+def departing(s: SequenceRecord) -> list[bool]:
+    """Per engine token from the fork on: one the correct engine would not write, teacher-forced on the engine's
+    own prefix: beyond the tolerance below the target's own choice (the check's gaps, in float64), or past where
+    the reference stopped. The rest, the target's own choices, any replay that reached them writes too."""
+    tolerance = s.forensics.tolerance or 0.0
+    gaps = s.gaps or []
+    ended = len(s.reference_ids or [])
+    return [j >= ended or (j < len(gaps) and gaps[j] > tolerance) for j in range(s.first_divergence, len(s.engine.ids))]
+
+
+def threshold_of(s: SequenceRecord, correct: Hypothesis) -> int:
+    """The departing tokens (departing()) a mechanism must write beyond those the correct engine's replay writes
+    (batch-dependent rounding may tip a near-tie as the engine's did) to be named: EVIDENCE, or all the others
+    where the engine wrote fewer, and never fewer than MIN_EVIDENCE."""
+    return max(MIN_EVIDENCE, min(EVIDENCE, sum(departing(s)) - correct.beyond))
 
 
 def judge(trace: Trace, r: Replaying, seq: int, best: dict[tuple[str, ...], Hypothesis], skipped: dict[str, str],
           replays: int, seconds: float) -> Attribution:
     """One forked row's attribution from each hypothesis's best replay: ranked, and named beyond the threshold."""
     s = trace.sequences[seq]
-    fork, tokens, threshold = s.first_divergence, len(s.engine.ids) - s.first_divergence, threshold_of(s)
     best = dict(best)
     correct = best.pop(())
-    ranked = sorted(best.values(), key=lambda h: (-h.explained, len(h.companions), len(h.faults)))
-    top = ranked[0].explained if ranked else 0
+    fork, tokens, threshold = s.first_divergence, len(s.engine.ids) - s.first_divergence, threshold_of(s, correct)
+    ranked = sorted(best.values(), key=lambda h: (-h.beyond, -h.explained, len(h.companions), len(h.faults)))
+    top = ranked[0].beyond if ranked else 0
     for h in ranked:
-        h.named = h.explained == top and h.explained >= threshold and h.explained > correct.explained
+        h.named = h.beyond == top and h.beyond - correct.beyond >= threshold
     named = [h for h in ranked if h.named]
-    a = Attribution(fork=fork, tokens=tokens, threshold=threshold, correct=correct, hypotheses=ranked,
-                    skipped=skipped, replays=replays, seconds=seconds, explanation="",
-                    facts=[] if named else facts(trace, r, seq))
+    a = Attribution(fork=fork, tokens=tokens, departing=[fork + j for j, d in enumerate(departing(s)) if d],
+                    threshold=threshold, correct=correct, hypotheses=ranked, skipped=skipped, replays=replays,
+                    seconds=seconds, explanation="", facts=[] if named else facts(trace, r, seq))
     a.explanation = explain(a, named, verdict(s.forensics.verdict).bug)
     return a
 
@@ -265,24 +280,25 @@ def facts(trace: Trace, r: Replaying, seq: int) -> list[str]:
 
 def explain(a: Attribution, named: list[Hypothesis], judged_bug: bool) -> str:
     """The finding in words (`judged_bug`: the black-box judge called the fork a bug; else it could not decide)."""
-    correct = f"the correct engine, replayed the same ways, explains {a.correct.explained}"
+    correct = f"the correct engine, replayed the same way, writes {a.correct.beyond} of them"
+    departing = f"the {len(a.departing)} the target itself would not write on the engine's prefix"
     if named:
         h = named[0]
         where = "alone" if not h.companions else f"beside prompts {', '.join(map(str, h.companions))}"
-        span = f"tokens {a.fork}-{a.fork + h.explained - 1}"
-        rest = "all of them" if h.failed_at is None else f"it first fails token {h.failed_at}"
+        rest = "all of them" if h.failed_at is None else f"first failing token {h.failed_at}"
         also = f" Indistinguishable by these tokens: {', '.join('+'.join(x.faults) for x in named[1:])}." \
             if len(named) > 1 else ""
-        return (f"{mechanism(h.faults)}. Replayed {where}, it writes the engine's {span} ({h.explained} of the "
-                f"{a.tokens} after the fork; {rest}); {correct}.{also}")
-    tried = f"{len(a.hypotheses)} mechanisms of the catalogue tried in {a.replays} replays; {correct}"
+        return (f"{mechanism(h.faults)}. Replayed {where}, it writes the engine's tokens {a.fork}-"
+                f"{a.fork + h.explained - 1} ({h.explained} of the {a.tokens} after the fork, {rest}), {h.beyond} of "
+                f"{departing}; {correct}.{also}")
+    tried = f"{len(a.hypotheses)} mechanisms of the catalogue tried in {a.replays} replays"
     best = a.hypotheses[0] if a.hypotheses else None
-    if best and best.explained > a.correct.explained:
-        return (f"Too little evidence to name a mechanism: the closest, {'+'.join(best.faults)}, writes "
-                f"{best.explained} of the engine's {a.tokens} tokens after the fork, and naming one needs "
-                f"{a.threshold} ({tried}). Missing evidence: more of the engine's tokens after the fork (a larger "
-                "token budget), or more prompts that fork.")
+    if best and best.beyond > a.correct.beyond:
+        return (f"Too little evidence to name a mechanism: the closest, {'+'.join(best.faults)}, writes {best.beyond} "
+                f"of {departing}, and naming one needs {a.threshold} ({tried}; {correct}). Missing evidence: more "
+                "of the engine's tokens after the fork (a larger token budget), or more prompts that fork.")
     if judged_bug:
-        return f"A bug outside the casebook: no mechanism writes the engine's fork token ({tried})."
-    return (f"No mechanism of the catalogue writes the engine's fork token ({tried}): if this fork is a bug, it is "
-            "one outside the casebook; the verdict above says what is missing to decide whether it is one.")
+        return f"A bug outside the casebook: no mechanism writes the engine's departing tokens ({tried}; {correct})."
+    return (f"No mechanism of the catalogue writes the engine's departing tokens ({tried}; {correct}): if this fork "
+            "is a bug, it is one outside the casebook; the verdict above says what is missing to decide whether it "
+            "is one.")

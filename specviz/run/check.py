@@ -30,7 +30,7 @@ from specviz.decoding.stops import Stops
 from specviz.engines import jsonl, python, server
 from specviz.engines.base import EngineRun
 from specviz.engines.jsonl import OutputLine
-from specviz.forensics import distribution, enginenoise, proof, repeats
+from specviz.forensics import distribution, enginenoise, proof, repeats, rules
 from specviz.forensics.acceptance import judge_engine_acceptance
 from specviz.forensics.blackbox import force_outputs, judge_engine
 from specviz.models.pairs import ModelPair
@@ -137,7 +137,7 @@ def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: E
         if run is not None and len(run.outputs) != len(prompt_ids):
             raise SpecError(f"the {role} answered {len(run.outputs)} prompts of {len(prompt_ids)}")
     if not spec.greedy:  # judged by the main process alone: one pass per token, no reference to decode
-        return check_sampled(spec, pair, prompt_ids, engine, control) if is_main() else None
+        return check_sampled(spec, pair, prompt_ids, engine, control, judging.attribute) if is_main() else None
     model, truth = enginenoise.truth_model(pair)
     forcing = enginenoise.TeacherForcing(model, pair.vocab_size, functools.partial(checked, pair))
     tolerance = None if judging.decode_reference or truth != "float64" else on_main(
@@ -237,14 +237,16 @@ def sampling_settings(spec: RunSpec) -> dict:
 
 
 def check_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: EngineRun,
-                  control: EngineRun | None = None) -> Trace:
+                  control: EngineRun | None = None, attribute: bool = True) -> Trace:
     """The trace of a sampling engine's outputs, judged by their distribution: every token's randomized PIT under
     the target recomputed at batch size 1 with the spec's temperature, top-k and top-p (distribution.judge).
 
     Only the engine's own ids can be judged: an output re-tokenized from text (a server that gave text only, a
     file's `output_text`) is refused, since a tokenizer may split the text otherwise than the engine drew it,
     and the PIT would then test the tokenizer. So is an id outside the target's vocabulary, and a control run
-    (there is no reference to depart from: check the engine without speculation on its own)."""
+    (there is no reference to depart from: check the engine without speculation on its own). The tokens of an
+    engine that drafts with the check's draft model are scored under each acceptance rule of the catalogue too
+    (forensics/rules.py): a likelihood ratio, which names a wrong rule where the PIT's test may not reject."""
     if control is not None:
         raise SpecError("a sampled check has no token reference, so no control run: check the engine without "
                         "speculation on its own, with the same settings, and compare the two verdicts")
@@ -265,7 +267,11 @@ def check_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], e
     _rounds(trace, engine)  # an engine that reports its rounds in our schema: its PIT is split by slot and row too
     for s in trace.sequences:
         s.engine = engine.outputs[s.seq]
-    return distribution.judge(trace, pair, prompt_ids).record(trace)
+    distribution.judge(trace, pair, prompt_ids).record(trace)
+    drafter = DRAFTERS.get(engine.settings.get("drafter"))
+    if attribute and drafter and drafter.draft_model:  # a likelihood ratio test: stronger than the PIT's for these
+        trace.distribution.attribution = rules.judge(trace, pair, prompt_ids, int(engine.settings.get("k") or spec.k))
+    return trace
 
 
 def sampled_summary(trace: Trace) -> dict:

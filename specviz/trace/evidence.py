@@ -208,6 +208,24 @@ class OtherSettings(Strict):
     log_ratio: float | None  # log of their likelihood over its own settings'; None: its own make a token impossible
 
 
+class RuleHypothesis(Strict):
+    """A sampling engine's tokens scored under one acceptance rule (forensics/rules.py)."""
+
+    fault: str
+    log_ratio: float | None  # log-likelihood of the tokens under this rule minus under the correct one; None: infinite
+    named: bool = False
+
+
+class RuleAttribution(Strict):
+    """Which acceptance rule wrote a sampling engine's tokens: every rule of the catalogue scored, likeliest first."""
+
+    hypotheses: Many[RuleHypothesis]
+    tokens: int
+    threshold: float  # nats a rule's log-likelihood ratio must reach to be named
+    skipped: Map[str, str] = {}  # sampling faults with no likelihood here, and why
+    explanation: str
+
+
 class Distribution(Strict):
     """The verdict on a sampler: do its tokens come from the target's distribution?"""
 
@@ -222,6 +240,8 @@ class Distribution(Strict):
     skipped: Many[str]  # splits with fewer than min_count values: not tested
     # Runs with per-request settings: the sequences another request's settings (or greedy) fit beyond chance.
     settings: Many[OtherSettings] = []
+    # Engine checks that draft with the check's draft model, when the tokens are not the target's: which rule.
+    attribution: RuleAttribution | None = None
 
 
 class Decisions(Strict):
@@ -293,6 +313,7 @@ class Hypothesis(Strict):
     faults: Many[str]  # the fault (or preset) replayed; () for the correct engine
     companions: Many[int]  # the other prompts replayed in its batch, in batch order; [] when replayed alone
     explained: int  # the engine's tokens from the fork on that the replay wrote too
+    beyond: int = 0  # of those, the ones the correct target would not write on the engine's prefix: the evidence
     failed_at: int | None = None  # the first engine token the replay did not write (None: it wrote them all)
     replay_ids: Many[int] = []  # the replay's tokens, up to and including the one at failed_at
     round: int | None = None  # the replay's round that wrote the fork token, and its slot in that round
@@ -305,7 +326,8 @@ class Attribution(Strict):
 
     fork: int
     tokens: int  # the engine's tokens from the fork on
-    threshold: int  # tokens a hypothesis must explain to be named (all of them, where the engine wrote fewer)
+    departing: Many[int]  # of those, the ones the correct target would not write on the engine's prefix (indices)
+    threshold: int  # departing tokens a hypothesis must write to be named (all of them, where there are fewer)
     correct: Hypothesis  # the correct engine replayed the same ways: its best
     hypotheses: Many[Hypothesis]  # each fault's best replay, ranked best first
     skipped: Map[str, str] = {}  # fault -> why it was not tried (it does not fit the engine's method)
