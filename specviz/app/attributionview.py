@@ -1,6 +1,6 @@
 """The hypothesis view of an engine check's fork (run/attribution.py): which known mechanism, replayed in
-specviz's engine, writes the engine's tokens; the engine's, the correct and the best hypothesis's tokens aligned
-from the fork; every hypothesis ranked, with its threads."""
+specviz's engine, writes the engine's tokens; the engine's, the reference's and the best hypothesis's tokens
+aligned from the fork; every hypothesis ranked, with its threads."""
 from __future__ import annotations
 
 import html
@@ -24,7 +24,7 @@ def attribution_html(trace: Trace, s: SequenceRecord) -> str:
     out = [f'<div class="sv-attribution" data-named="{str(named).lower()}">',
            f'<h4>Which bug is this?</h4><p class="sv-verdict sv-{"bug" if named else "unexplained"}">'
            f"{html.escape(a.explanation)}</p>"]
-    lines = [("engine", s.engine.ids), ("correct", s.reference_ids or [])]
+    lines = [("engine", s.engine.ids), ("reference", s.reference_ids or [])]
     if best is not None:
         lines.append((f"best: {'+'.join(best.faults)}", best.replay_ids))
     out.append(_aligned(trace, a, lines, s.engine.ids))
@@ -60,25 +60,29 @@ def _aligned(trace: Trace, a: Attribution, lines: list[tuple[str, list[int]]], e
                 text = f"<u>{text}</u>"
             cells.append(f'<td class="{"sv-held" if same else "sv-broken"}">{text}</td>')
         rows.append(f"<tr><th>{html.escape(name)}</th>{''.join(cells)}</tr>")
-    return f'<table class="sv-aligned"><tr><th>token</th>{head}</tr>{"".join(rows)}</table>'
+    return (f'<div style="overflow-x:auto"><table class="sv-aligned"><tr><th>token</th>{head}</tr>'
+            f'{"".join(rows)}</table></div>')
 
 
 def _ranked(a: Attribution) -> str:
-    """Every hypothesis tried, best first, the correct engine last."""
-    rows = [_row(h, a) for h in a.hypotheses] + [_row(a.correct, a)]
-    return ('<table class="sv-hypotheses"><tr><th>mechanism</th><th>threads</th><th>replayed</th>'
-            f"<th>tokens written of {a.tokens}</th><th>departing written of {len(a.departing)}</th><th>first failed</th>"
-            f'<th>named</th></tr>{"".join(rows)}</table>'
+    """Every hypothesis tried, best first, the correct engine last: each named by its fault, its description on
+    hover."""
+    rows = [_row(h) for h in a.hypotheses] + [_row(a.correct)]
+    return ('<div style="overflow-x:auto"><table class="sv-hypotheses"><tr><th>mechanism</th><th>threads</th>'
+            f"<th>replayed</th><th>tokens written of {a.tokens}</th><th>departing written of {len(a.departing)}</th>"
+            f'<th>first failed</th><th>named</th></tr>{"".join(rows)}</table></div>'
             f"<p>{a.replays} replays in {a.seconds:.1f} s. Departing: the engine's tokens the target itself would "
             f"not write on the engine's prefix (underlined above); a mechanism is named when it writes {a.threshold} "
-            "of them, more than the correct engine and than any other.</p>")
+            "of them more than the correct engine's replay does, and no other writes more.</p>")
 
 
-def _row(h: Hypothesis, a: Attribution) -> str:
+def _row(h: Hypothesis) -> str:
     links = ", ".join(f'<a href="{html.escape(t.url)}" target="_blank">{html.escape(t.label)}</a>'
                       for t in threads(h.faults))
     where = "alone" if not h.companions else f"beside {', '.join(map(str, h.companions))}"
     failed = "—" if h.failed_at is None else str(h.failed_at)
-    return (f'<tr class="{"sv-held" if h.named else ""}"><td>{html.escape(mechanism(h.faults))}</td><td>{links}</td>'
+    name = "+".join(h.faults) or "the correct engine"
+    return (f'<tr class="{"sv-held" if h.named else ""}"><td title="{html.escape(mechanism(h.faults))}">'
+            f"{html.escape(name)}</td><td>{links}</td>"
             f"<td>{where}</td><td>{h.explained}</td><td>{h.beyond}</td><td>{failed}</td>"
             f"<td>{'✓' if h.named else ''}</td></tr>")

@@ -182,7 +182,7 @@ def distribution_md(trace: Trace | None) -> str:
     if (a := trace.distribution.attribution) is not None:
         lines.append(f"**Which rule wrote these tokens?** {md(a.explanation)}")
         lines.append("| acceptance rule | log-likelihood ratio over the correct rule | named |\n|---|---:|---|\n" + "".join(
-            f"| {md(h.fault)} | {'—' if h.log_ratio is None else f'{h.log_ratio:.1f}'} | {'✓' if h.named else ''} |\n"
+            f"| {md(h.fault)} | {metrics.ratio_text(h)} | {'✓' if h.named else ''} |\n"
             for h in a.hypotheses))
     return "\n\n".join(lines)
 
@@ -266,3 +266,4 @@ def column_widths(frame: pd.DataFrame) -> list[str]:
         longest_cell = max((len(str(v)) for v in frame[column]), default=0)
         return max(max(len(w) for w in column.split()) * 8 + 28, longest_cell * 8 + 24)
     return [f"{PROMPT_COLUMN_PX}px" if c == "prompt" else f"{width(c)}px" for c in frame.columns]
+

@@ -131,8 +131,7 @@ def _print_distribution(trace) -> None:
         if (a := trace.distribution.attribution) is not None:
             print(f"attribution: {a.explanation}")
             for h in a.hypotheses:
-                ratio = "impossible" if h.log_ratio is None else f"{h.log_ratio:+.1f} nats"
-                print(f"  {'named ' if h.named else ''}{h.fault}: {ratio} over the correct rule")
+                print(f"  {'named ' if h.named else ''}{h.fault}: {metrics.ratio_text(h)} over the correct rule")
 
 
 def _distribution(trace) -> str:

@@ -11,7 +11,8 @@ lossless sampler, as the tests check. Each sampling fault of the catalogue (spec
 closed form is a rule, written here from its description, not from the engine's code; the log-likelihood ratio of
 the engine's tokens under it against the correct rule, summed over the check, names it beyond LOG_RATIO, if no
 other rule comes within APART of it. Under the correct rule each ratio is a martingale of mean 1: it passes
-LOG_RATIO with probability at most e^-LOG_RATIO (Ville's inequality), whatever the number of tokens.
+LOG_RATIO with probability at most e^-LOG_RATIO (Ville's inequality), whatever the number of tokens, as far as the
+p and q recomputed here are the engine's (its rounding is not).
 """
 from __future__ import annotations
 
@@ -129,11 +130,14 @@ def judge(trace: Trace, pair: ModelPair, prompt_ids: list[list[int]], k: int) ->
             totals[name] += log_likelihood(*chances(RULES[name], p, q, full, one, out), k)
         tokens += len(s.output_ids)
     correct = totals.pop("correct")
-    ratios = {name: ll - correct if math.isfinite(ll - correct) else None for name, ll in totals.items()}
-    ranked = sorted(ratios.items(), key=lambda x: -math.inf if x[1] is None else -x[1])
-    hypotheses = [RuleHypothesis(fault=name, log_ratio=ratio) for name, ratio in ranked]
-    best, runner_up = ranked[0][1], ranked[1][1] if len(ranked) > 1 else None
-    hypotheses[0].named = best is not None and best >= LOG_RATIO and (runner_up is None or best - runner_up >= APART)
+    # -inf where the rule makes a token impossible; +inf where only the correct rule does (the check refuses
+    # penalties, so the target's p here is the engine's, up to its rounding)
+    ratios = {name: ll - correct if ll > -math.inf else -math.inf for name, ll in totals.items()}
+    ranked = sorted(ratios.items(), key=lambda x: -x[1])
+    hypotheses = [RuleHypothesis(fault=name, log_ratio=ratio if math.isfinite(ratio) else None,
+                                 possible=ratio > -math.inf) for name, ratio in ranked]
+    best, runner_up = ranked[0][1], ranked[1][1] if len(ranked) > 1 else -math.inf
+    hypotheses[0].named = best >= LOG_RATIO and (runner_up == -math.inf or best - runner_up >= APART)
     return RuleAttribution(hypotheses=hypotheses, tokens=tokens, threshold=LOG_RATIO, skipped={**SKIPPED, **same},
                            explanation=_explain(hypotheses, tokens))
 
@@ -143,16 +147,21 @@ def _explain(hypotheses: list[RuleHypothesis], tokens: int) -> str:
     tried = (f"{len(hypotheses)} acceptance rules of the catalogue scored on {tokens} tokens, each summed over every "
              f"way its tokens split into rounds")
     if best.named:
-        return (f"{mechanism([best.fault])}. It makes the engine's tokens e^{best.log_ratio:.1f} times likelier "
-                f"than the correct rule does ({tried}).")
-    if best.log_ratio is not None and best.log_ratio >= LOG_RATIO:
+        return (f"{mechanism([best.fault])}. It makes the engine's tokens {_times(best)} likelier than the correct "
+                f"rule does ({tried}).")
+    if not best.possible:
+        return f"No rule is named: each makes some of the engine's tokens impossible ({tried})."
+    if best.log_ratio is None or best.log_ratio >= LOG_RATIO:  # far likelier, but so is the next one
         return (f"No rule is named: {best.fault} and {hypotheses[1].fault} both make the engine's tokens far likelier "
-                f"than the correct rule does (e^{best.log_ratio:.1f} and e^{hypotheses[1].log_ratio:.1f}), and these "
-                f"tokens cannot tell them apart (naming one needs e^{APART:.1f} between them; {tried}). Missing "
-                "evidence: more tokens.")
-    if best.log_ratio is None:
-        return (f"No rule is named: some of the engine's tokens are impossible under the correct rule or under every "
-                f"other ({tried}).")
+                f"than the correct rule does ({_times(best)} and {_times(hypotheses[1])}), and these tokens cannot "
+                f"tell them apart (naming one needs e^{APART:.1f} between them; {tried}). Missing evidence: more "
+                "tokens.")
     return (f"No rule of the catalogue is named: the likeliest, {best.fault}, makes the engine's tokens "
             f"e^{best.log_ratio:.1f} times as likely as the correct rule does, and naming one needs "
             f"e^{LOG_RATIO:.1f} ({tried}).")
+
+
+def _times(h: RuleHypothesis) -> str:
+    """How many times likelier a rule makes the engine's tokens, in words."""
+    return "infinitely (some are impossible under the correct rule alone)" if h.log_ratio is None else \
+        f"e^{h.log_ratio:.1f} times"

@@ -78,15 +78,15 @@ def attribute(trace: Trace, replaying: Replaying, seqs: list[int], progress: Pro
         tally.replay(fits.get(faults) or replay_spec(replaying, faults), seqs)
     # An engine's bugs are its rows' too: the faults that wrote departing tokens of some row (more than the correct
     # engine), paired for every row that no single fault explains to its end.
-    unnamed = [seq for seq in seqs if max(h.explained for h in tally.best[seq].values())
-               < len(trace.sequences[seq].engine.ids) - trace.sequences[seq].first_divergence]
-    partial = Counter(h.faults[0] for seq in unnamed for h in tally.best[seq].values()
-                      if h.beyond > tally.best[seq][()].beyond and len(h.faults) == 1 and h.faults[0] in FAULTS)
+    unfinished = [seq for seq in seqs if max(h.explained for h in tally.found[seq].values())
+                  < len(trace.sequences[seq].engine.ids) - trace.sequences[seq].first_divergence]
+    partial = Counter(h.faults[0] for seq in unfinished for h in tally.found[seq].values()
+                      if h.beyond > tally.found[seq][()].beyond and len(h.faults) == 1 and h.faults[0] in FAULTS)
     for two in pairs([f for f, _ in partial.most_common(PARTIAL)], [f[0] for f in fits if f[0] in FAULTS]):
         with contextlib.suppress(SpecError):  # two faults the spec refuses together: not a hypothesis
-            tally.replay(replay_spec(replaying, two), unnamed)
+            tally.replay(replay_spec(replaying, two), unfinished)
     for seq in seqs:
-        trace.sequences[seq].attribution = judge(trace, replaying, seq, tally.best[seq], skipped, tally.replays[seq],
+        trace.sequences[seq].attribution = judge(trace, replaying, seq, tally.found[seq], skipped, tally.replays[seq],
                                                  tally.seconds[seq])
 
 
@@ -100,12 +100,12 @@ def pairs(partial: list[str], singles: list[str]) -> list[tuple[str, ...]]:
 
 
 class _Tally:
-    """Each forked row's best replay under each hypothesis, and the replays (and seconds) spent on it. A replay in
-    a batch follows every forked row of it at once, and stops once each has failed."""
+    """Each forked row's replay under each hypothesis, and the replays (and seconds) spent on it. A replay in a
+    batch follows every forked row of it at once, and stops once each has failed."""
 
     def __init__(self, trace: Trace, r: Replaying, progress: Progress | None):
         self.trace, self.r, self.progress = trace, r, progress
-        self.best: dict[int, dict[tuple[str, ...], Hypothesis]] = defaultdict(dict)
+        self.found: dict[int, dict[tuple[str, ...], Hypothesis]] = defaultdict(dict)
         self.replays: dict[int, int] = defaultdict(int)
         self.seconds: dict[int, float] = defaultdict(float)
 
@@ -119,9 +119,7 @@ class _Tally:
                 self.replays[seq] += 1
                 self.seconds[seq] += (time.perf_counter() - start) / len(found)
                 h.beyond = sum(departing(self.trace.sequences[seq])[: h.explained])
-                held = self.best[seq].get(spec.faults)
-                if held is None or (h.beyond, h.explained) > (held.beyond, held.explained):
-                    self.best[seq][spec.faults] = h
+                self.found[seq][spec.faults] = h
             if self.progress:
                 self.progress(1)
 
@@ -166,12 +164,13 @@ def layouts(seqs: list[int], prompts: int, batch: int) -> list[list[int]]:
 
 def departing(s: SequenceRecord) -> list[bool]:
     """Per engine token from the fork on: one the correct engine would not write, teacher-forced on the engine's
-    own prefix: beyond the tolerance below the target's own choice (the check's gaps, in float64), or past where
-    the reference stopped. The rest, the target's own choices, any replay that reached them writes too."""
+    own prefix: beyond the tolerance below the target's own choice (the check's gaps, in float64), or, where the
+    fork is the reference's stop, every one (a correct engine writes nothing there). The rest, the target's own
+    choices, any replay that reached them writes too."""
     tolerance = s.forensics.tolerance or 0.0
     gaps = s.gaps or []
-    ended = len(s.reference_ids or [])
-    return [j >= ended or (j < len(gaps) and gaps[j] > tolerance) for j in range(s.first_divergence, len(s.engine.ids))]
+    past_stop = s.first_divergence >= len(s.reference_ids or [])  # the engine went on where the reference stopped
+    return [past_stop or (j < len(gaps) and gaps[j] > tolerance) for j in range(s.first_divergence, len(s.engine.ids))]
 
 
 def threshold_of(s: SequenceRecord, correct: Hypothesis) -> int:
@@ -187,6 +186,9 @@ def judge(trace: Trace, r: Replaying, seq: int, best: dict[tuple[str, ...], Hypo
     s = trace.sequences[seq]
     best = dict(best)
     correct = best.pop(())
+    # a pair is a hypothesis only where it writes more than each of its faults alone
+    best = {faults: h for faults, h in best.items() if len(faults) < 2 or
+            all(h.beyond > best[(f,)].beyond for f in faults if (f,) in best)}
     fork, tokens, threshold = s.first_divergence, len(s.engine.ids) - s.first_divergence, threshold_of(s, correct)
     ranked = sorted(best.values(), key=lambda h: (-h.beyond, -h.explained, len(h.companions), len(h.faults)))
     top = ranked[0].beyond if ranked else 0
@@ -218,14 +220,17 @@ class _Follow:
     def start(self) -> None:
         pass
 
-    def end(self, seqs: list[int], gen: dict, slots=None) -> None:
+    def end(self, seqs: list[int], gen: dict, slots=None) -> None:  # (slots: the watch protocol's, unused here)
         self.rounds += 1
         for row, (engine, fork) in self.rows.items():
-            if row in self.failed_at or row not in seqs:
+            if row in self.failed_at:
+                continue
+            if row not in seqs:  # it finished where the engine went on
+                self.failed_at[row] = len(self.ids[row])
                 continue
             ids, have = gen[row].ids, len(self.ids[row])
             self.ids[row] = list(ids)
-            if have <= fork < len(ids):
+            if have <= fork < len(ids) and fork < len(engine) and ids[fork] == engine[fork]:
                 self.acted[row] = (self.rounds - 1, fork - have)
             wrong = next((j for j in range(have, len(ids)) if j >= len(engine) or ids[j] != engine[j]), None)
             if wrong is not None or len(ids) == len(engine):
@@ -237,7 +242,7 @@ class _Follow:
 def replay(r: Replaying, spec: RunSpec, batch: list[int], forks: dict[int, tuple[list[int], int]]) -> dict[int, Hypothesis]:
     """Replay `batch` (sequence numbers) under `spec` and score each forked row of it (seq -> (the engine's
     tokens, its fork)) on the engine's tokens."""
-    follow = _Follow({batch.index(seq): fork for seq, fork in forks.items()})
+    follow = _Follow({batch.index(seq): engine_fork for seq, engine_fork in forks.items()})
     try:
         out = decode(Job(spec, r.pair, [r.prompt_ids[i] for i in batch], record=False, watch=follow)).outputs
     except _Departed:
@@ -256,8 +261,9 @@ def replay(r: Replaying, spec: RunSpec, batch: list[int], forks: dict[int, tuple
 
 
 def facts(trace: Trace, r: Replaying, seq: int) -> list[str]:
-    """What fresh float64 passes at batch size 1 establish about a fork no hypothesis explains: which context, or
-    which model or row, the engine's fork token is the choice of."""
+    """What fresh passes at batch size 1 (the target in float64 where it has a float64 copy, the draft in its own
+    dtype) establish about a fork no hypothesis explains: which context, or which model or row, the engine's fork
+    token is the choice of."""
     s = trace.sequences[seq]
     prompt, out, f = r.prompt_ids[seq], s.engine.ids, s.first_divergence
     token = out[f]
@@ -295,7 +301,8 @@ def explain(a: Attribution, named: list[Hypothesis], judged_bug: bool) -> str:
     best = a.hypotheses[0] if a.hypotheses else None
     if best and best.beyond > a.correct.beyond:
         return (f"Too little evidence to name a mechanism: the closest, {'+'.join(best.faults)}, writes {best.beyond} "
-                f"of {departing}, and naming one needs {a.threshold} ({tried}; {correct}). Missing evidence: more "
+                f"of {departing}, and naming one needs {a.threshold} more than the correct engine's ({tried}; "
+                f"{correct}). Missing evidence: more "
                 "of the engine's tokens after the fork (a larger token budget), or more prompts that fork.")
     if judged_bug:
         return f"A bug outside the casebook: no mechanism writes the engine's departing tokens ({tried}; {correct})."

@@ -219,8 +219,8 @@ def mechanism(faults: tuple[str, ...] | list[str]) -> str:
     in it; () is the correct engine."""
     if not faults:
         return "the correct engine"
-    return "; ".join(f"{f}: the preset {' + '.join(PRESETS[f])}" if f in PRESETS else f"{f}: {FAULTS[f][1]}"
-                     for f in faults)
+    return "; ".join(f"{f}: the preset {' + '.join(PRESETS[f])}" if f in PRESETS else
+                     f"{f}: {FAULTS[f][1] if f in FAULTS else 'not in this version of the catalogue'}" for f in faults)
 
 
 def threads(faults: tuple[str, ...] | list[str]) -> list[Thread]:

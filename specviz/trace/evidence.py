@@ -213,6 +213,7 @@ class RuleHypothesis(Strict):
 
     fault: str
     log_ratio: float | None  # log-likelihood of the tokens under this rule minus under the correct one; None: infinite
+    possible: bool = True  # the rule gives every token some probability (log_ratio None and possible: +infinite)
     named: bool = False
 
 

@@ -271,3 +271,10 @@ def reference_proofs(trace: Trace) -> str | None:
             f"{proved} tokens proved (every one the float64 argmax by more than the tolerance, "
             f"{proofs[0].tolerance:.3g} logits" + (f"; the smallest margin {min(margins):.3g}" if margins else "")
             + f"), {decoded} decoded one at a time from a fork, a near-tie or an output's end")
+
+
+def ratio_text(h) -> str:
+    """A rule's log-likelihood ratio over the correct rule (trace.evidence.RuleHypothesis), in nats."""
+    if h.log_ratio is not None:
+        return f"{h.log_ratio:+.1f} nats"
+    return "+∞ (only the correct rule makes a token impossible)" if h.possible else "−∞ (it makes a token impossible)"
