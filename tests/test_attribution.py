@@ -5,6 +5,7 @@ specviz, with bugs from the casebook planted by hand in its own code. Its output
 check --outputs`, as a user checks any engine's: each planted bug must be named by its own mechanism, on every
 row it forks, and the correct decoder's rows, and a bug outside the catalogue, must be named by none.
 """
+import copy
 
 import pytest
 import torch
@@ -55,14 +56,11 @@ def eos_pair(tiny, tmp_path_factory):
 
 def _engine(tiny, prompts, bug, drafter, eos=(), dtype=torch.float64):
     torch.set_num_threads(1)
+    # another dtype on copies: the session's tiny pair must keep its float64 weights
     target, draft = (tiny.target, tiny.draft) if dtype == torch.float64 else \
-        (tiny.target.to(dtype), tiny.draft.to(dtype))
-    try:
-        return decode(target, draft if drafter == "model" else None, prompts, k=K, max_new_tokens=BUDGET,
-                      batch_size=BATCH, drafter=drafter, eos_ids=tuple(sorted(set(eos) | set(tiny.eos_ids))), bug=bug)
-    finally:
-        if dtype != torch.float64:
-            tiny.target.double(), tiny.draft.double()
+        (copy.deepcopy(tiny.target).to(dtype), copy.deepcopy(tiny.draft).to(dtype))
+    return decode(target, draft if drafter == "model" else None, prompts, k=K, max_new_tokens=BUDGET,
+                  batch_size=BATCH, drafter=drafter, eos_ids=tuple(sorted(set(eos) | set(tiny.eos_ids))), bug=bug)
 
 
 def _check(tmp_path, outputs_file, pair=(TINY_TARGET, TINY_DRAFT), *extra) -> Trace:
@@ -135,6 +133,16 @@ def test_the_correct_independent_engine_is_attributed_to_nothing_even_where_its_
     for seq in seqs:
         a = trace.sequences[seq].attribution
         assert not any(h.named for h in a.hypotheses), a.explanation
+
+
+def test_an_engine_that_stopped_early_has_nothing_to_attribute(tiny, prompts, tmp_path):
+    """A row cut short forks where the engine wrote nothing: judged, not attributed."""
+    outputs = _engine(tiny, prompts, None, "model")
+    outputs[1] = outputs[1][:10]
+    path = tmp_path / "short.jsonl"
+    write_outputs(path, prompts, outputs, {"k": K, "batch_size": BATCH, "drafter": "model"})
+    s = _check(tmp_path, path).sequences[1]
+    assert s.first_divergence == 10 and s.forensics is not None and s.attribution is None
 
 
 def _skips_its_last_token(tiny, prompt, budget, after):

@@ -61,9 +61,11 @@ class Replaying:
 
 def forks_to_attribute(trace: Trace, every_fork: bool = False) -> list[int]:
     """The sequences whose fork is attributed: those the black-box judge did not put down to rounding (with
-    `every_fork`, rounding's too: how the threshold is measured on correct engines), with the engine's own ids."""
+    `every_fork`, rounding's too: how the threshold is measured on correct engines), with the engine's own ids and
+    a token of its at the fork (an engine that stopped early wrote nothing to attribute)."""
     return [s.seq for s in trace.sequences if s.forensics and s.first_divergence is not None and s.engine
-            and not s.engine.error and not s.engine.approximate and (every_fork or s.forensics.verdict != "numerics")]
+            and not s.engine.error and not s.engine.approximate and s.first_divergence < len(s.engine.ids)
+            and (every_fork or s.forensics.verdict != "numerics")]
 
 
 def attribute(trace: Trace, replaying: Replaying, seqs: list[int], progress: Progress | None = None) -> None:
