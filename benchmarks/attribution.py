@@ -9,12 +9,10 @@ rows must not fork, and nothing is named.
     python benchmarks/attribution.py [--pair embedded] [--prompt-set quick] [--k 4] [--batch-size 4]
                                      [--max-new-tokens 32] [--threads 2] [--out benchmarks/results/attribution.md]
 """
-import argparse
 import statistics
 import time
 from pathlib import Path
 
-import torch
 
 from specviz.decoding.eqspec import eqspec
 from specviz.engines.base import EngineRun
@@ -25,21 +23,17 @@ from specviz.spec.prompts import builtin_sets
 from specviz.spec.run import PRESETS, RunSpec
 from specviz.trace.records import EngineOutput
 
+import options
+
 PLANTED = ("draft-bonus", "bonus-from-another-row", "verify-positions-not-advanced", "positions-from-slots", "no-mask",
            "min-crop", "no-kv-shift")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = options.parser(__doc__, prompt_set="quick", k=4, batch_size=4, max_new_tokens=32,
+                        threads=2, out=Path("benchmarks/results/attribution.md"))
     ap.add_argument("--pair", default="embedded", choices=list(PRESETS))
-    ap.add_argument("--prompt-set", default="quick")
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/attribution.md"))
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = options.parse(ap)
     target, draft = PRESETS[args.pair]
     spec = RunSpec.build(target=target, draft=draft, prompts=tuple(builtin_sets()[args.prompt_set]), method="engine",
                          k=args.k, max_new_tokens=args.max_new_tokens, device="cpu")

@@ -14,11 +14,9 @@ start and model loading are excluded. Timings on a shared machine are noisy: com
     python benchmarks/engines.py [--prompt-set all] [--max-new-tokens 48] [--batch-size 8] [--k 5] [--threads 2]
                                  [--dtype float32] [--out benchmarks/results/engines.md]
 """
-import argparse
 import tempfile
 from pathlib import Path
 
-import torch
 
 from specviz.engines import llamacpp, vllm
 from specviz.engines.server import from_server
@@ -29,18 +27,13 @@ from specviz.spec.prompts import builtin_set
 from specviz.spec.run import ENGINE, RunSpec
 from specviz.trace import metrics
 
+import options
+
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompt-set", default="all")
-    ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--k", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=2, help="CPU threads, for vLLM's workers and specviz's torch")
-    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    ap.add_argument("--out", type=Path, help="also write the table here (Markdown)")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    ap = options.parser(__doc__, prompt_set="all", max_new_tokens=48, batch_size=8, k=5, threads=2,
+                        dtype="float32", out=None)
+    args = options.parse(ap)
     pair = load_pair(dtype=args.dtype, device="cpu")
     prompts = builtin_set(args.prompt_set)
     ids = pair.encode(prompts)

@@ -11,9 +11,7 @@ row. Timings on a shared machine are noisy: quote the ratios of one run.
     python benchmarks/linear_kernels.py [--prompt-set all] [--max-new-tokens 48] [--batch-size 8] [--k 5] [--threads 2]
                                  [--dtype float32] [--out benchmarks/results/linear-kernels.md]
 """
-import argparse
 import time
-from pathlib import Path
 
 import torch
 
@@ -22,6 +20,8 @@ from specviz.models.pairs import load_pair
 from specviz.run.runner import decode
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import RunSpec
+
+import options
 
 
 def per_call_us(f, calls: int = 30) -> float:
@@ -49,16 +49,9 @@ def gemm_rows(pair, batch_size: int, dtype: torch.dtype) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompt-set", default="all")
-    ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--k", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--out", type=Path, help="also write the tables here (Markdown)")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    ap = options.parser(__doc__, prompt_set="all", max_new_tokens=48, batch_size=8, k=5, threads=2,
+                        dtype="float32", out=None)
+    args = options.parse(ap)
     pair = load_pair(dtype=args.dtype, device="cpu")
     packed = pair.info.get("linear_kernels")
     if packed is None:

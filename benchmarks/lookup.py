@@ -16,11 +16,9 @@ warm-up precedes each engine. Timings on a shared machine are noisy: quote the r
     python benchmarks/lookup.py [--k 5] [--ngram-min 2] [--ngram-max 3] [--max-new-tokens 48] [--batch-size 8]
                                 [--threads 2] [--no-vllm] [--out benchmarks/results/lookup.md]
 """
-import argparse
 import tempfile
 from pathlib import Path
 
-import torch
 
 from specviz.decoding.recording import build_trace
 from specviz.engines.server import from_server
@@ -31,21 +29,17 @@ from specviz.spec.prompts import builtin_records, builtin_sets
 from specviz.spec.run import RunSpec
 from specviz.trace import metrics
 
+import options
+
 SUBSETS = ("summarize+code", "all")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--k", type=int, default=5)
+    ap = options.parser(__doc__, k=5, max_new_tokens=48, batch_size=8, threads=2, out=None)
     ap.add_argument("--ngram-min", type=int, default=2)
     ap.add_argument("--ngram-max", type=int, default=3)
-    ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=2, help="CPU threads, for torch and vLLM's workers")
     ap.add_argument("--no-vllm", action="store_true", help="leave vLLM out")
-    ap.add_argument("--out", type=Path, help="also write the tables here (Markdown)")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = options.parse(ap)
     pair = load_pair(dtype="float32", device="cpu")
     sets = builtin_sets()
     categories = sorted({r["category"] for r in builtin_records()})

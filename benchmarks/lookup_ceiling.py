@@ -15,9 +15,7 @@ server warmed by every other prompt, in all the others' outputs), before any sho
     python benchmarks/lookup_ceiling.py [--prompt-set summarize+code] [--k 5] [--max-new-tokens 48]
                                         [--out benchmarks/results/lookup-ceiling.md]
 """
-import argparse
 from collections import Counter
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -29,6 +27,8 @@ from specviz.decoding.sampling import GREEDY
 from specviz.models.pairs import load_pair
 from specviz.spec.prompts import builtin_set
 from publish import publish
+
+import options
 
 CAPS = {"k": lambda n, k: k, "1 after a 1-gram": lambda n, k: 1 if n == 1 else k, "n + 1": lambda n, k: min(k, n + 1),
         "2n": lambda n, k: min(k, 2 * n)}
@@ -83,13 +83,9 @@ def tokens_per_round(lookups: dict[int, PromptLookup], prompts: list[list[int]],
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompt-set", default="summarize+code")
-    ap.add_argument("--k", type=int, default=5)
-    ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--out", type=Path)
-    args = ap.parse_args()
-    torch.set_num_threads(2)
+    ap = options.parser(__doc__, prompt_set="summarize+code", k=5, max_new_tokens=48, threads=2,
+                        out=None)
+    args = options.parse(ap)
     pair = load_pair(dtype="float32", device="cpu")
     lookups = {n: PromptLookup(pair, n, n) for n in range(1, max(n for _, n in RANGES) + 1)}
     prompts = pair.encode(builtin_set(args.prompt_set))

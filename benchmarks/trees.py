@@ -14,10 +14,7 @@ Timings on a shared machine are noisy: quote the ratios of one run.
     python benchmarks/trees.py [--pair embedded] [--prompt-set all] [--k 5] [--widths 2,4] [--batch-size 8]
                                [--max-new-tokens 48] [--threads 2] [--out benchmarks/results/trees.md]
 """
-import argparse
-from pathlib import Path
 
-import torch
 
 from specviz.decoding.recording import build_trace
 from specviz.models.pairs import load_pair
@@ -26,22 +23,18 @@ from specviz.spec.drafters import DRAFTERS
 from specviz.spec.prompts import builtin_sets
 from specviz.spec.run import PRESETS, RunSpec, SpecError
 
+import options
+
 HEAD = ("| drafter | batch | tree width | tok/s | speed-up | tokens/row/round | drafts accepted/row/round "
         "| drafts verified/row/round | equal to reference |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = options.parser(__doc__, prompt_set="all", k=5, batch_size=8, max_new_tokens=48, threads=2,
+                        out=None)
     ap.add_argument("--pair", default="embedded", choices=list(PRESETS))
-    ap.add_argument("--prompt-set", default="all")
-    ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--widths", default="2,4")
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, help="also write the table here (Markdown)")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = options.parse(ap)
     target, draft = PRESETS[args.pair]
     pair = load_pair(target, draft, dtype="float32", device="cpu")
     prompts = builtin_sets()[args.prompt_set]
