@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from specviz.run.runner import run
-from specviz.spec.faults import SAMPLING
+from specviz.spec.faults import of_kind
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import RunSpec
 
@@ -49,7 +49,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, help="only the first N prompts of the set")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--top-p", type=float, default=0.95, help="1: off (then no token is impossible)")
-    ap.add_argument("--faults", default=",".join([*SAMPLING, "draft-bonus"]))
+    ap.add_argument("--faults", default=",".join([*of_kind("sampling"), "draft-bonus"]))
     ap.add_argument("--skip-correct", action="store_true")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()

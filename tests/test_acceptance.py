@@ -6,7 +6,7 @@ import pytest
 
 from specviz.decoding import drafters
 from specviz.run.runner import run
-from specviz.spec.faults import ACCEPTANCE_OF, HEAD_ONLY
+from specviz.spec.faults import FAULTS, needing
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
 from specviz.trace import metrics
@@ -30,12 +30,16 @@ def test_a_correct_runs_drafts_are_the_draft_models_own(draft, method, tiny):
         assert min(p for p in a.per_position_fresh if p is not None) >= 0.95
 
 
-@pytest.mark.parametrize("fault", [f for f in ACCEPTANCE_OF if f not in HEAD_ONLY])  # a head's: test_heads.py
+# (a head's: tests/test_heads.py)
+LOSSLESS = [f for f, r in FAULTS.items() if r.acceptance and f not in needing("hidden")]
+
+
+@pytest.mark.parametrize("fault", LOSSLESS)
 def test_a_lossless_draft_bug_keeps_the_output_and_is_named_by_its_side(fault, tiny):
     trace = _run(TINY_TARGET, (fault,))
     assert metrics.equivalence(trace)["exact"] == 1  # lossless: every output is the reference
     a = trace.acceptance
-    assert a.verdict == ACCEPTANCE_OF[fault], a.explanation
+    assert a.verdict == FAULTS[fault].acceptance, a.explanation
     # With the target as its own draft every correct draft is accepted: the bug's cost is the whole shortfall.
     assert a.accepted < 0.8 * a.accepted_fresh and a.beyond > 0 and a.first is not None
     assert "the drafts are wasted" in a.explanation

@@ -9,7 +9,7 @@ import pytest
 from specviz.app.sweepviews import heatmap_html
 from specviz.run.runner import run
 from specviz.spec.casebook import BY_FAULT, CASES, PROMPTS
-from specviz.spec.faults import FAULTS, VERDICT_OF
+from specviz.spec.faults import FAULTS
 from specviz.spec.run import EMBEDDED_DRAFT, EMBEDDED_TARGET, TINY_DRAFT, TINY_TARGET, RunSpec
 from specviz.spec.verdicts import VERDICTS
 from specviz.trace import metrics
@@ -60,11 +60,11 @@ def test_every_case_shows_and_is_named_by_its_mechanism(case):
     elif not spec.greedy:  # sampled: no token reference; the run's verdict names the decision or the rule
         assert metrics.sampled_verdict(trace)[0] == case.expected, metrics.sampled_verdict(trace)
     else:  # it forks; a wrong log-probability keeps the tokens and is named on them
-        tokens_kept = FAULTS[case.fault][0] == "logprobs"
+        tokens_kept = FAULTS[case.fault].kind == "logprobs"
         assert (metrics.equivalence(trace)["exact"] == 1) == tokens_kept, "the replica must fork"
         assert verdicts and set(verdicts) == {case.expected}, [s.forensics.explanation for s in trace.sequences
                                                                  if s.forensics]
-        assert VERDICT_OF[case.fault] == case.expected
+        assert FAULTS[case.fault].verdict == case.expected
 
 
 # The built-in pairs a case needs a feature of (a hybrid's recurrent state, a sliding window): without the fault,

@@ -19,7 +19,7 @@ from specviz.decoding.sampling import GREEDY
 from specviz.models.pairs import load_pair
 from specviz.run import gpu
 from specviz.run.runner import run
-from specviz.spec.faults import FAULTS, VERDICT_OF
+from specviz.spec.faults import FAULTS, of_kind
 from specviz.spec.methods import DRAFTERS, METHODS
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec, SpecError
@@ -145,7 +145,7 @@ def _faulty_lookup_run(faults: tuple[str, ...]):
                              batch_size=4, faults=faults, device="cpu"))
 
 
-BREAKING = [f for f, (kind, _) in FAULTS.items() if kind == "breaking"]
+BREAKING = list(of_kind("breaking"))
 
 
 @pytest.mark.parametrize("fault", BREAKING)
@@ -153,7 +153,7 @@ def test_faults_compose_with_lookup_and_are_named(fault):
     trace = _faulty_lookup_run((fault,))
     assert metrics.equivalence(trace)["exact"] < 1
     verdicts = [s.forensics.verdict for s in trace.sequences if s.forensics]
-    assert verdicts and all(v == VERDICT_OF[fault] for v in verdicts), verdicts
+    assert verdicts and all(v == FAULTS[fault].verdict for v in verdicts), verdicts
 
 
 @pytest.mark.parametrize("preset", ["bsp-like", "dsd-like"])

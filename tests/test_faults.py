@@ -4,12 +4,12 @@ import pytest
 
 from specviz.decoding.eqspec import eqspec
 from specviz.run.runner import run
-from specviz.spec.faults import FAULTS, PRESETS, VERDICT_OF, expand
+from specviz.spec.faults import FAULTS, PRESETS, expand, of_kind
 from specviz.spec.run import RunSpec, SpecError
 from specviz.trace import metrics
 
-BREAKING = [f for f, (kind, _) in FAULTS.items() if kind == "breaking"]
-WASTEFUL = [f for f, (kind, _) in FAULTS.items() if kind == "wasteful"]
+BREAKING = list(of_kind("breaking"))
+WASTEFUL = list(of_kind("wasteful"))
 
 
 def _run(faults, batch_size, prompts, **kw):
@@ -36,7 +36,7 @@ def test_each_breaking_fault_breaks_equivalence_and_is_named(fault, prompts):
     eq = metrics.equivalence(trace)
     assert eq["exact"] < 1
     verdicts = _verdicts(trace)
-    assert verdicts and all(v == VERDICT_OF[fault] for v in verdicts), verdicts
+    assert verdicts and all(v == FAULTS[fault].verdict for v in verdicts), verdicts
 
 
 @pytest.mark.parametrize("fault,breaks", [

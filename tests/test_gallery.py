@@ -110,7 +110,8 @@ def test_the_sweep_tab_runs_the_whole_casebook_as_one_sweep_and_its_link_replays
     assert "shared-stream · T 0.8</th>" in views["exact"]
     # Every token right and a bug beside them (wasted drafts, wrong log-probabilities): the cell says so (⚠).
     flagged = {int(i) for i in re.findall(r'class="sv-hcell[^"]*sv-flag[^"]*" data-run="(\d+)"', views["exact"])}
-    assert flagged == {i for i, c in enumerate(CASES) if c.lossless or FAULTS[c.fault][0] == "logprobs"}
+    assert flagged == {i for i, c in enumerate(CASES)
+                       if c.lossless or FAULTS[c.fault].kind == "logprobs"}
     bars = {d.name: list(d.x) for d in sweepviews.verdict_bars(found).data}
     assert bars["equivalent, decision-bug:logprobs"][CASES.index(BY_FAULT["logprobs-from-draft"])] == len(PROMPTS)
     bars = sweepviews.verdict_bars(found)  # every run named, and the legend below the bars, not scrolled

@@ -13,7 +13,7 @@ from specviz.decoding.exspec import exspec
 from specviz.decoding.reference import reference
 from specviz.models.pairs import load_pair
 from specviz.run.runner import run
-from specviz.spec.faults import ACCEPTANCE_OF
+from specviz.spec.faults import FAULTS
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec, SpecError
 from specviz.trace import metrics
@@ -107,7 +107,7 @@ def test_an_mtp_layers_lossless_bug_is_named_by_its_side(checkpoints):
     trace = run(_spec(checkpoints["mellum"], faults=(fault,), prompts=tuple(builtin_set("all")[:5])))
     assert metrics.equivalence(trace)["exact"] == 1
     a = trace.acceptance
-    assert a.verdict == ACCEPTANCE_OF[fault] and a.beyond > 0, a.explanation
+    assert a.verdict == FAULTS[fault].acceptance and a.beyond > 0, a.explanation
 
 
 def test_mtp_trees_decode_as_the_model_alone_and_hybrids_refuse_them(checkpoints):

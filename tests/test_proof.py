@@ -15,7 +15,7 @@ from specviz.forensics.recompute import fresh_logits
 from specviz.models.pairs import load_pair
 from specviz.run import check
 from specviz.run.runner import reference_for
-from specviz.spec.faults import FAULTS, PRESETS
+from specviz.spec.faults import PRESETS, of_kind
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import ENGINE, TINY_DRAFT, TINY_TARGET, RunSpec
 from specviz.trace.records import EngineOutput
@@ -23,7 +23,7 @@ from specviz.trace.schema import Trace
 
 BUDGET = 24
 PROMPTS = builtin_set("chat") + builtin_set("code")
-SYNC_FAULTS = [f for f, (kind, _) in FAULTS.items() if kind in ("breaking", "wasteful")]
+SYNC_FAULTS = list(of_kind("breaking", "wasteful"))
 
 
 def _engine(name: str, outputs: list[list[int]]) -> EngineRun:

@@ -8,15 +8,16 @@ from test_mutants import MUTANTS, plant
 from specviz.app import tokens, views
 from specviz.app.panel import forensics_html
 from specviz.run.runner import run
-from specviz.spec.faults import FAULTS, VERDICT_OF
+from specviz.spec.faults import FAULTS, of_kind
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import RunSpec
 from specviz.trace import metrics
 
 # fault -> the states its verdicts name (dsd-like's draft bonus fails the engine's own check before its mask shows)
-NAMED = {**{f: {v} for f, v in VERDICT_OF.items() if FAULTS[f][0] == "breaking"}, "bsp-like": {"sync-bug:positions"},
+NAMED = {**{f: {FAULTS[f].verdict} for f in of_kind("breaking")},
+         "bsp-like": {"sync-bug:positions"},
          "dsd-like": {"sync-bug:mask", "sync-bug:bonus"}}  # (a hybrid's state faults: tests/test_hybrids.py)
-HARMLESS_ALONE = [f for f, (kind, _) in FAULTS.items() if kind == "wasteful"]
+HARMLESS_ALONE = list(of_kind("wasteful"))
 
 
 def _sampled(method="eqspec", seed=0, **kw):

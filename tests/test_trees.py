@@ -21,14 +21,14 @@ from specviz.decoding.trees import Tree, main_line, walk
 from specviz.forensics.recompute import fresh_logits
 from specviz.models.pairs import load_pair
 from specviz.run.runner import run
-from specviz.spec.faults import FAULTS, VERDICT_OF
+from specviz.spec.faults import FAULTS, of_kind
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import TINY_DRAFT, TINY_HYBRID, TINY_HYBRID_DRAFT, TINY_TARGET, RunSpec, SpecError
 from specviz.trace import metrics
 from specviz.trace.schema import Trace
 
 NEW, DEPTH = 24, 5
-TREE_FAULTS = [f for f, (kind, _) in FAULTS.items() if kind == "tree"]
+TREE_FAULTS = list(of_kind("tree"))
 
 
 def _ids(pair, n: int) -> list[list[int]]:
@@ -175,8 +175,8 @@ def test_every_tree_fault_is_named_by_the_state_or_decision_it_breaks(tree_run_s
     trace = run(RunSpec.build(**tree_run_spec, faults=(fault,)))
     assert metrics.equivalence(trace)["exact"] < 1
     verdicts = [s.forensics.verdict for s in trace.sequences if s.forensics]
-    assert verdicts and set(verdicts) <= {VERDICT_OF[fault], *LATER.get(fault, ())}, verdicts
-    assert verdicts.count(VERDICT_OF[fault]) > len(verdicts) / 2
+    assert verdicts and set(verdicts) <= {FAULTS[fault].verdict, *LATER.get(fault, ())}, verdicts
+    assert verdicts.count(FAULTS[fault].verdict) > len(verdicts) / 2
 
 
 SAMPLED = dict(temperature=0.8, top_p=0.95, draft_temperature=2.0)  # a flat q: a chain's draft often refused

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from specviz.app import glossary
 from specviz.forensics import whitebox
-from specviz.spec.faults import ACCEPTANCE_OF, FAULTS, VERDICT_OF
+from specviz.spec.faults import FAULTS
 from specviz.spec.verdicts import VERDICTS, state_bug, verdict
 
 JUDGES = [*Path(whitebox.__file__).parent.glob("*.py"), Path(whitebox.__file__).parents[1] / "trace" / "metrics.py"]
@@ -21,10 +21,12 @@ def test_every_name_a_judge_writes_is_declared():
 
 
 def test_every_fault_that_breaks_names_a_declared_verdict():
-    assert set(VERDICT_OF) <= set(FAULTS) and set(VERDICT_OF.values()) <= set(VERDICTS)
-    assert all(VERDICT_OF.get(f) for f, (kind, _) in FAULTS.items() if kind in ("breaking", "recurrent", "stop", "tree"))
-    assert set(ACCEPTANCE_OF) == {f for f, (kind, _) in FAULTS.items() if kind == "lossless"}
-    assert set(ACCEPTANCE_OF.values()) <= set(VERDICTS)
+    assert {f.verdict for f in FAULTS.values() if f.verdict} <= set(VERDICTS)
+    assert all(f.verdict for f in FAULTS.values()
+               if f.kind in ("breaking", "recurrent", "stop", "tree"))
+    lossless = {n for n, f in FAULTS.items() if f.kind == "lossless"}
+    assert {n for n, f in FAULTS.items() if f.acceptance} == lossless
+    assert {f.acceptance for f in FAULTS.values() if f.acceptance} <= set(VERDICTS)
 
 
 def test_each_verdict_says_what_it_means_and_what_it_rests_on():

@@ -57,7 +57,8 @@ def _card(case: Case) -> str:
     return (f'<article class="sv-case sv-case-{e(family)}" id="sv-case-{e(case.fault)}">'
             f'<h3>{e(case.title)}</h3><p class="sv-case-threads">{threads}</p>'
             f'<p class="sv-case-mechanism">{"<br>".join(map(e, case.mechanism.splitlines()))}</p>'
-            f'<p class="sv-case-replica"><code>{e(case.fault)}</code> ({e(FAULTS[case.fault][0])}) on '
+            f'<p class="sv-case-replica"><code>{e(case.fault)}</code> '
+            f'({e(FAULTS[case.fault].kind)}) on '
             f'{e(replica(case))}</p>'
             f'<p><span class="sv-verdict sv-{e(family)}">{e(said)}</span></p>'
             f'<button class="sv-case-open" data-case="{e(case.fault)}">Open this case</button></article>')

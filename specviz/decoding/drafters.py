@@ -146,7 +146,7 @@ def _chain(policy: Policy, b, k: int, sampling: Sampling, stream: Streams, have:
             nxt = inverse_cdf(probs[-1], stream.draw(have + j, DRAFT))
         drafts.append(nxt)
         drafted_eos |= torch.isin(nxt, eos)
-        if j < steps - 1 and not policy.has("draft-bonus") and bool(drafted_eos.all()):
+        if j < steps - 1 and not policy.bonus_from_draft and bool(drafted_eos.all()):
             break  # every row has drafted an EOS: no later draft could be emitted
         if j < steps - 1:
             q_start = tok.shape[1]

@@ -29,7 +29,7 @@ def eqspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
     policy = Policy(tuple(faults))
     drafter = drafter or ModelDrafter(pair)
     d = Decoding(pair, policy, drafter, max_new_tokens, sampling, record, watch)
-    layout = right_pad if policy.has("right-padding") else left_pad
+    layout = right_pad if policy.pads_right else left_pad
     outputs: list[SequenceOutput | None] = [None] * len(prompts)
     rounds: list[RoundData] = []
     start = time.perf_counter()
@@ -98,7 +98,7 @@ def _relayout(out_val: torch.Tensor, out_stale: torch.Tensor, policy: Policy, S:
         order = torch.arange(out_val.shape[1], device=dev).expand_as(out_val)
         length = out_val.shape[1] - (out_val.flip(1).long().cumsum(1) == 0).sum(1)  # through the last real slot
     width = int(length.max())
-    if policy.has("growing-padding"):
+    if policy.pads_only_grow:
         width = max(width, S + int(n_keep.max()))
     jj = torch.arange(width, device=dev)[None] - (width - length)[:, None]
     src = order.gather(1, jj.clamp(min=0))
@@ -107,16 +107,13 @@ def _relayout(out_val: torch.Tensor, out_stale: torch.Tensor, policy: Policy, S:
 
 
 def _lost(policy: Policy, step, keep: torch.Tensor, src: torch.Tensor, S: int) -> torch.Tensor | None:
-    """Slots (in the new layout) of committed tokens whose K/V a fault threw away; None: the correct engine's.
-    min-crop: accepted drafts beyond the batch's smallest accepted count. rollback-by-draft-list: the last
-    committed entries a row's oversized rollback erased (the cache holds slots up to S + a - 1)."""
+    """Slots (in the new layout) of committed tokens whose K/V a fault threw away: the last of
+    each row's committed entries that Policy.committed_lost counts (the cache holds slots up to
+    S + a - 1); None: the correct engine's."""
     a = step.accepted
-    ext = torch.arange(step.out_val.shape[1], device=a.device)[None]
-    if policy.has("min-crop"):
-        lost_ext = (ext >= S + a.min()) & (ext < S + a[:, None])
-    elif policy.has("rollback-by-draft-list"):
-        erased = policy.rollback_lost(a, step.room, step.k)
-        lost_ext = (ext >= S + a[:, None] - erased[:, None]) & (ext < S + a[:, None])
-    else:
+    erased = policy.committed_lost(a, step.room, step.k)
+    if erased is None:
         return None
+    ext = torch.arange(step.out_val.shape[1], device=a.device)[None]
+    lost_ext = (ext >= S + a[:, None] - erased[:, None]) & (ext < S + a[:, None])
     return lost_ext[keep[:, None], src]

@@ -37,7 +37,7 @@ class Policy:
         starts at slot 0 and its pads lie beyond) only real and stale slots."""
         if not self.has("positions-from-slots"):
             return mask_positions(valid)
-        if self.has("right-padding"):
+        if self.pads_right:
             return mask_positions(valid | stale)
         return torch.arange(valid.shape[1], device=valid.device).expand_as(valid)
 
@@ -128,12 +128,17 @@ class Policy:
             return self.accept(*raw())
         return drafts == target
 
-    def rollback_lost(self, accepted: torch.Tensor, offered: torch.Tensor, k: int) -> torch.Tensor:
-        """(B,) committed cache entries each row's rollback erases: none. The fault rolls back by the batch's
-        draft list (k), so a row offered fewer drafts loses the difference."""
-        if not self.has("rollback-by-draft-list"):
-            return torch.zeros_like(accepted)
-        return (k - offered).clamp(min=0)
+    def committed_lost(self, accepted: torch.Tensor, offered: torch.Tensor,
+                       k: int) -> torch.Tensor | None:
+        """(B,) the last committed cache entries each row loses this round (its accepted drafts'
+        among them); None: none, the correct engine. min-crop crops every row to the batch's fewest
+        accepted; rollback-by-draft-list rolls back by the batch's draft list (k), so a row offered
+        fewer drafts loses the difference."""
+        if self.has("min-crop"):
+            return accepted - accepted.min()
+        if self.has("rollback-by-draft-list"):
+            return (k - offered).clamp(min=0)
+        return None
 
     def seen(self, valid: torch.Tensor, stale: torch.Tensor, window: int | None) -> torch.Tensor:
         """The slots the attention mask lets through (`window`: the model's sliding window, where it has one)."""
@@ -144,9 +149,14 @@ class Policy:
             return valid | (stale & (valid.long().cumsum(1) >= window))
         return valid
 
+    @property
+    def bonus_from_draft(self) -> bool:
+        """Whether the token after a row's accepted drafts is the draft's own, not the target's."""
+        return self.has("draft-bonus")
+
     def draft_steps(self, k: int) -> int:
         """A draft that supplies the bonus token must propose one more."""
-        return k + 1 if self.has("draft-bonus") else k
+        return k + 1 if self.bonus_from_draft else k
 
     def stops(self, idx: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
         """(B, k+1): the slots of a round whose end-of-sequence token ends the row: every slot it keeps."""
@@ -185,6 +195,22 @@ class Policy:
             return target
         own = torch.arange(target.shape[1], device=target.device)[None] < accepted[:, None]
         return torch.where(own, torch.nn.functional.pad(drafted.log(), (0, 1)).to(target.dtype), target)
+
+    @property
+    def stale_state_without_drafts(self) -> bool:
+        """Whether a row offered no drafts reads its recurrent state from before the last round's
+        accepted drafts (the decode path's stale column, vLLM #39273)."""
+        return self.has("state-after-zero-draft")
+
+    @property
+    def pads_right(self) -> bool:
+        """Whether prompts are padded on the right (the pad block after the prompt)."""
+        return self.has("right-padding")
+
+    @property
+    def pads_only_grow(self) -> bool:
+        """Whether a realigned batch keeps its width: padding is only ever added."""
+        return self.has("growing-padding")
 
     @property
     def compact(self) -> bool:

@@ -220,7 +220,7 @@ def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clo
     for i, skips in zip(b.seqs, d.policy.skips(prop.counts, k).tolist()):
         if skips:  # from the next round on
             d.skipped[i] = d.skipped.get(i, 0) + skips
-    if d.policy.has("state-after-zero-draft"):  # a row offered nothing takes the decode path's stale state
+    if d.policy.stale_state_without_drafts:  # a row offered nothing: the decode path's stale state
         zero = prop.counts == 0
         kvcache.read_stale(b.target.cache, zero)
         b.target.held = torch.where(zero, b.target.held_first, b.target.held)
@@ -362,7 +362,8 @@ def accept(d: Decoding, v: Verified, prop, have: torch.Tensor, stream: Streams, 
     else:
         target = d.policy.verify_samplers([d.sampling.row(i) for i in seqs])
         a, own, drawn = _accept_sampled(d.policy, target, v.logits, prop.probs, D, room, stream, have)
-    pick = D.gather(1, a[:, None]) if d.policy.has("draft-bonus") else own[d.policy.bonus_rows(len(own), own.device), None]
+    pick = (D.gather(1, a[:, None]) if d.policy.bonus_from_draft
+            else own[d.policy.bonus_rows(len(own), own.device), None])
     emitted = torch.cat([D[:, :k], g[:, k:]], 1).scatter(1, a[:, None], pick)
     idx = torch.arange(k + 1, device=D.device)
     is_eos = torch.isin(emitted, torch.tensor(d.pair.eos_ids, device=D.device)) & d.policy.stops(idx, a)
@@ -446,7 +447,7 @@ def _recorded(d: Decoding, b: Batch, prop, v: Verified, acc: Accepted, before: d
     if not d.sampling.greedy:
         fields["floats"].update(acc.drawn)
         # trace.PickFrom: 0 target (the bonus), 1 residual, 2 draft (a fault takes the draft's own token)
-        fields["ints"]["pick_from"] = (torch.full_like(acc.accepted, 2) if d.policy.has("draft-bonus")
+        fields["ints"]["pick_from"] = (torch.full_like(acc.accepted, 2) if d.policy.bonus_from_draft
                                        else (acc.accepted < acc.room).long())
     return fields
 

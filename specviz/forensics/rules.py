@@ -55,6 +55,13 @@ RULES: dict[str, Rule] = {
     "temperature-draft-only": lambda p, q, full, one: (torch.minimum(one, q), _norm((one - q).clamp(min=0)), one),
     "top-p-not-in-residual": lambda p, q, full, one: (torch.minimum(p, q), _norm((full - q).clamp(min=0)), p),
 }
+_CORRECT_HERE = "the rule is the correct one here"
+MOOT = {  # rule -> (whether a run's settings make it the correct rule, why)
+    "temperature-draft-only": (lambda spec: spec.temperature == 1,
+                               f"the target samples at temperature 1: {_CORRECT_HERE}"),
+    "top-p-not-in-residual": (lambda spec: spec.top_p == 1 and not spec.top_k,
+                              f"no top-k or top-p truncates p: {_CORRECT_HERE}"),
+}
 SKIPPED = {  # the catalogue's other sampling faults, and why no likelihood is computed for them
     "residual-unclamped": "its residual p - q is no distribution: what it draws depends on the sampler's arithmetic",
     "target-probs-mutated": "its residual depends on which draft was refused: a sum over the vocabulary per token",
@@ -109,10 +116,7 @@ def judge(trace: Trace, pair: ModelPair, prompt_ids: list[list[int]], k: int) ->
     that drafts with the check's draft model, `k` drafts a round)."""
     spec = trace.manifest.spec
     sampling = sampling_of(spec)
-    same = {"temperature-draft-only": "the target samples at temperature 1: the rule is the correct one here",
-            "top-p-not-in-residual": "no top-k or top-p truncates p: the rule is the correct one here"}
-    same = {rule: why for rule, why in same.items() if (spec.temperature == 1 if rule == "temperature-draft-only"
-                                                        else spec.top_p == 1 and not spec.top_k)}
+    same = {rule: why for rule, (moot, why) in MOOT.items() if moot(spec)}
     totals = {rule: 0.0 for rule in RULES if rule not in same}
     tokens = 0
     for s in trace.sequences:

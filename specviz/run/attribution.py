@@ -42,8 +42,6 @@ from specviz.trace.schema import Trace
 EVIDENCE = 4  # tokens a named mechanism writes that the correct target, on the engine's prefix, would not
 MIN_EVIDENCE = 2  # never fewer (where the engine wrote fewer such tokens, all of them): one may be rounding's
 PARTIAL = 3  # single faults that wrote some tokens of unnamed rows, the most often first, paired for those rows
-# The kinds of fault that change a greedy row's tokens (the others waste drafts, or change samples or logprobs).
-CHANGES_TOKENS = ("breaking", "ragged", "greedy", "recurrent", "window", "stop", "penalty", "tree")
 DECLARED = ("k", "drafter", "ngram_min", "ngram_max", "tree_width")  # engine settings a replay takes as they are
 
 
@@ -130,13 +128,11 @@ def candidates(r: Replaying) -> tuple[dict[tuple[str, ...], RunSpec], dict[str, 
     """Every hypothesis that fits the engine's method, as the spec of its replay, and why each other was not
     tried. Single faults first, then the presets: the paper's re-creations of published implementations."""
     fits, skipped = {}, {}
-    recurrent, windowed = is_recurrent(r.pair.target), bool(sliding_windows(r.pair.target))
-    penalised = r.spec.repetition_penalty != 1 or r.spec.presence_penalty != 0
-    for fault in (*(f for f, (kind, _) in FAULTS.items() if kind in CHANGES_TOKENS), *PRESETS):
-        kind = FAULTS[fault][0] if fault in FAULTS else "preset"
-        why = {"recurrent": None if recurrent else "the target keeps no recurrent state",
-               "window": None if windowed else "the target has no sliding window",
-               "penalty": None if penalised else "the check sets no repetition or presence penalty"}.get(kind)
+    # what the engine's target and the check settle; the replay's spec validates the rest
+    has = {"recurrent": is_recurrent(r.pair.target), "window": bool(sliding_windows(r.pair.target)),
+           "penalty": r.spec.repetition_penalty != 1 or r.spec.presence_penalty != 0}
+    for fault in (*(name for name, f in FAULTS.items() if f.changes_tokens), *PRESETS):
+        why = FAULTS[fault].unfit_reason(has) if fault in FAULTS else None  # a preset: spec says
         if why is None:
             try:
                 fits[(fault,)] = replay_spec(r, (fault,))

@@ -1,43 +1,20 @@
-"""The field casebook: speculative-decoding bugs that hit real engines, each replayed by one fault of specviz's
-engine (spec/faults.py), declared once here for every layer that shows them: the page's gallery, the sweep that
-runs them all, docs/casebook.md and tests/test_casebook.py.
+"""The field casebook: speculative-decoding bugs that hit real engines, each replayed by one fault
+of specviz's engine (spec/faults.py), declared once here for every layer that shows them: the page's
+gallery, the sweep that runs them all, docs/casebook.md and tests/test_casebook.py.
 
-A case names its threads (repository and number), the mechanism in two lines, what the replica leaves out, and
-the run that replays it: the embedded pair by default, a built-in pair where the case needs a feature the
-embedded one lacks (a hybrid's recurrent state, a sliding window). Its recorded run is bundled as assets/traces/case-<fault>.json.
-Plain data: no torch.
+A case is a card for its fault: what the users saw, the mechanism in two lines, what the replica
+leaves out, and the run that replays it: the embedded pair by default, a built-in pair where the
+case needs a feature the embedded one lacks (a hybrid's recurrent state, a sliding window). The
+threads it cites and the verdict it gets are its fault's record's. Its recorded run is bundled as
+assets/traces/case-<fault>.json. Plain data: no torch.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specviz.spec.faults import ACCEPTANCE_OF, FAULTS, PRESETS, VERDICT_OF
+from specviz.spec.faults import FAULTS, PRESETS
 from specviz.spec.run import EMBEDDED_TARGET, TINY_WINDOW, TINY_WINDOW_DRAFT
-
-REPOS = {  # the short names threads are cited by -> GitHub repository
-    "vLLM": "vllm-project/vllm", "vllm-metal": "vllm-project/vllm-metal", "vllm-ascend": "vllm-project/vllm-ascend",
-    "SGLang": "sgl-project/sglang", "sglang-jax": "sgl-project/sglang-jax", "llama.cpp": "ggml-org/llama.cpp",
-    "TensorRT-LLM": "NVIDIA/TensorRT-LLM", "transformers": "huggingface/transformers", "mlx-lm": "ml-explore/mlx-lm",
-    "openvino.genai": "openvinotoolkit/openvino.genai", "oMLX": "jundot/omlx", "koboldcpp": "LostRuins/koboldcpp",
-    "Atlas": "Avarok-Cybersecurity/atlas", "mistral.rs": "EricLBuehler/mistral.rs",
-    "speculative-sampling": "jaymody/speculative-sampling",
-}
-
-
-@dataclass(frozen=True)
-class Thread:
-    repo: str  # a short name of REPOS
-    number: int
-    pr: bool = True  # a pull request, else an issue
-
-    @property
-    def label(self) -> str:
-        return f"{self.repo} {'PR ' if self.pr else ''}#{self.number}"
-
-    @property
-    def url(self) -> str:  # GitHub serves a pull request at its issue address too
-        return f"https://github.com/{REPOS[self.repo]}/{'pull' if self.pr else 'issues'}/{self.number}"
-
+from specviz.spec.threads import Thread
 
 # The replica's run, beside the fault: greedy, float32, eqspec, on prompts one of which ("What is the capital of
 # France?") ends inside a block of drafts. On the device the server picks (auto, the page's default): a served page
@@ -49,14 +26,11 @@ BASE_RUN = dict(prompts=PROMPTS, method="eqspec", dtype="float32", batch_size=4,
 
 @dataclass(frozen=True)
 class Case:
-    fault: str
+    fault: str  # the record it replays (spec/faults.py)
     title: str  # what the user saw, in a few words
-    threads: tuple[Thread, ...]
     mechanism: str  # two lines: what fell out of step, and how
     leaves_out: str  # what the replica does not replay
     run: dict = field(default_factory=dict)  # RunSpec fields beyond BASE_RUN and the fault
-    # The verdict where the fault's catalogue entry does not fix it: a sampled run's, which the audit decides.
-    verdict: str | None = None
 
     @property
     def trace(self) -> str:
@@ -67,11 +41,16 @@ class Case:
     def expected(self) -> str | None:
         """The verdict its mechanism gets: a breaking case's fork, a lossless case's drafts; None where the
         distribution test alone judges the run (a sampling fault unaudited: trace/evidence.py's Distribution)."""
-        return self.verdict or VERDICT_OF.get(self.fault) or ACCEPTANCE_OF.get(self.fault)
+        return FAULTS[self.fault].verdict or FAULTS[self.fault].acceptance
+
+    @property
+    def threads(self) -> tuple[Thread, ...]:
+        """The field's threads its fault replays."""
+        return FAULTS[self.fault].threads
 
     @property
     def lossless(self) -> bool:
-        return FAULTS[self.fault][0] == "lossless"
+        return FAULTS[self.fault].kind == "lossless"
 
     def spec_fields(self) -> dict:
         """Every RunSpec field of its replica."""
@@ -92,124 +71,101 @@ _WINDOW = dict(target=TINY_WINDOW, draft=TINY_WINDOW_DRAFT)  # PROMPTS reach its
 
 CASES = (
     Case("verify-positions-not-advanced", "greedy output left the reference once a draft was accepted",
-         (Thread("oMLX", 2363),),
          "Every slot of a verify window got the window's first position id.\n"
          "The keys committed to the cache were rotated at the wrong positions.",
          "oMLX's multimodal rotary offsets (M-RoPE): the text model's one position per slot is enough to show it."),
     Case("positions-from-slots", "speculation differed from plain decoding in a padded batch",
-         (Thread("vLLM", 10350),),
          "A row's position ids were counted from its cache slots, pads included.\n"
          "vLLM dropped a per-row position offset when it expanded the batch alike.",
          "the vision model's M-RoPE delta: here the offset is the row's left padding."),
     Case("bonus-from-another-row", "a word dropped and its continuation kept, at temperature > 0",
-         (Thread("openvino.genai", 4190, pr=False), Thread("openvino.genai", 4490)),
          "The token after a row's accepted drafts was another row's target choice.\n"
          "The recovered token was read from the wrong row, one iteration late.",
          "the one-iteration lateness and the prefix-cache assertion: the row mix-up alone, at greedy."),
     Case("rollback-by-draft-list", "temperature-0 degeneration: the model's history lost its own output",
-         (Thread("Atlas", 699),),
          "A row's rollback was sized by the batch's draft list, not by the drafts the row was offered.\n"
          "It erased committed tokens the verify pass never added: the cache fell behind the output.",
          "Atlas's depth cap on the verified drafts: here a row is offered fewer drafts by prompt lookup.",
          dict(drafter="lookup")),
     Case("accept-on-raw-softmax", "greedy speculative output differed from greedy decoding",
-         (Thread("speculative-sampling", 3, pr=False), Thread("speculative-sampling", 4),
-          Thread("mistral.rs", 2424)),
          "At temperature 0 an argmax draft was accepted with probability min(1, p/q) of the untempered softmaxes.\n"
          "Drafts the target would not choose were kept; tempering first makes p and q one-hot.",
          "the residual drawn after a rejection: the replica takes the target's argmax there."),
     Case("stop-at-last-token", "generated past an end-of-sequence token accepted mid-block",
-         (Thread("transformers", 47912, pr=False), Thread("transformers", 47931), Thread("transformers", 48981),
-          Thread("koboldcpp", 1276, pr=False)),
          "The stop check looked only at the last token of the block a round kept.\n"
          "An end-of-sequence token accepted inside the block was written, and decoding went on.",
          "the stop strings of the threads: the replica stops on the model's end-of-sequence tokens (the fault "
          "misses stop strings alike: tests/test_stop_strings.py)."),
     Case("penalty-history-last-token", "penalties weaker the better the draft; loops under a repetition penalty",
-         (Thread("SGLang", 33643), Thread("SGLang", 28180, pr=False), Thread("TensorRT-LLM", 17701)),
          "The penalty history gained only the last token of each round, and each verify slot used the round's start.\n"
          "Accepted drafts went unpenalised: the target chose tokens the row already held.",
          "min_new_tokens and the frequency penalty: the replica applies a repetition penalty of 1.3.",
          dict(repetition_penalty=1.3)),
     Case("logprobs-from-draft", "log-probability 0.0 for every accepted token while the text was right",
-         (Thread("llama.cpp", 27972, pr=False), Thread("llama.cpp", 27196), Thread("vLLM", 53488, pr=False),
-          Thread("vLLM", 17876, pr=False)),
          "An accepted draft's log-probability was the drafter's own, not the target's.\n"
          "The tokens stay right; only the reported numbers are wrong (0.0 under prompt lookup).",
          "prompt_logprobs and chunked prefill (vLLM #53488): the replica reports the output's log-probabilities.",
          dict(logprobs=True)),
     Case("state-not-rolled-back", "a hybrid model's output corrupted after rejected drafts",
-         (Thread("mlx-lm", 1109), Thread("mlx-lm", 846, pr=False)),
          "A recurrent state's rollback after rejected drafts was a silent no-op.\n"
          "Every drafted token stayed in the state the next round read.",
          "mlx-lm's cache classes: any hybrid layer's state shows it (a random Qwen 3.5-style pair here).",
          _HYBRID),
     Case("state-after-zero-draft", "loops and drift on a hybrid with n-gram drafts; acceptance looked healthy",
-         (Thread("vLLM", 39273, pr=False), Thread("vLLM", 40738), Thread("SGLang", 26351)),
          "A row offered no drafts read its recurrent state from before the last round's accepted drafts.\n"
          "The decode path's state column was committed only on the speculative path.",
          "vLLM's slot arithmetic and CUDA graphs: the stale column is read directly.",
          {**_HYBRID, "drafter": "lookup", "ngram_min": 1, "draft": "specviz:tiny-hybrid"}),
     Case("window-full-keeps-rejected", "a late greedy fork, reported as \"should be identical\"",
-         (Thread("mlx-lm", 1423, pr=False), Thread("mlx-lm", 1427)),
          "Once a sliding-window (rotating) cache was full, it could no longer be trimmed.\n"
          "Drafts rejected after that stayed in the window, seen by every later token.",
          "the rotating cache's offset, not rewound either: the replica keeps positions right (a random Mistral-style "
          "pair with a 48-token window here).", _WINDOW),
     Case("draft-positions-off-by-one", "acceptance dropped while the output stayed right",
-         (Thread("SGLang", 25015),),
          "The draft model's passes were fed position ids one ahead of its prefill's.\n"
          "Drafts came from a shifted context: fewer were accepted, none was wrong.",
          "SGLang's EAGLE worker: a separate draft model shows the same shift.", _SELF_DRAFT),
     Case("draft-misses-target-token", "65% acceptance with the target as its own draft (98% fixed)",
-         (Thread("vllm-metal", 721),),
          "The drafter drafted before it had fed the token the target wrote last.\n"
          "Its first draft repeated that token, and was rejected.",
          "vllm-metal's case was after prefill only: the replica misses the token every round.", _SELF_DRAFT),
     Case("drafts-to-another-row", "acceptance dropped after the batch was reordered",
-         (Thread("vLLM", 43434), Thread("TensorRT-LLM", 7803)),
          "Each row verified the drafts proposed for another row.\n"
          "The row-to-draft mapping went stale when the batch was reordered.",
          "ragged draft widths packed as rectangles (−1 placeholders): the rows are simply rotated.", _SELF_DRAFT),
     Case("settings-from-first-row", "rows sampled with another request's temperature, top-k and top-p",
-         (Thread("sglang-jax", 1293), Thread("sglang-jax", 1389)),
          "The fused verify read the first row's temperature, top-k and top-p and gave them to every row.\n"
          "A greedy first request made every sampled request greedy.",
          "the overlap scheduler that made the path reachable: every verify here reads the first row's settings.",
          _REQUESTS),
     Case("unset-temperature-greedy", "top-k-only requests silently became greedy",
-         (Thread("TensorRT-LLM", 19390),),
          "A request that left its temperature unset got the greedy sentinel, whatever else it asked.\n"
          "Its top-k (and seed) then changed nothing: it wrote the argmax.",
          "the one-model path's 1e-5 sentinel: here the verify reads an unset temperature as 0.", _REQUESTS),
     Case("unseeded-noise-to-copy", "gibberish (\"I!!!!!!!! will\") in some requests of a mixed batch",
-         (Thread("vLLM", 9441, pr=False), Thread("vLLM", 11123, pr=False), Thread("vLLM", 10863)),
          "With seeded and unseeded requests in one batch, the unseeded rows' noise went to a copy.\n"
          "Their rows kept a buffer never written: only they broke, and only when the batch was mixed.",
          "the buffer's garbage: the replica reads it as zeros, so those rows draw the lowest tokens.", _REQUESTS),
     Case("stream-advanced-for-zero-draft", "seeded output not reproducible, dependent on the batch",
-         (Thread("vllm-ascend", 13608, pr=False), Thread("vLLM", 6038, pr=False), Thread("vLLM", 6034)),
          "A row offered no drafts still advanced its random generator in a round that verified others'.\n"
          "Its later draws shifted with the schedule; its distribution stayed right.",
          "the vocabulary's worth of draws vllm-ascend consumed: the replica skips one.",
          dict(drafter="lookup", chat_template=False, rows=_REQUESTS["rows"][1:],
               prompts=("one two one two one two one two one two", *PROMPTS[1:]))),
     Case("target-probs-mutated", "wrong recovered tokens and wrong log-probabilities after a rejection",
-         (Thread("vllm-ascend", 2881), Thread("vLLM", 30846)),
          "The target's probability of the draft token was zeroed in place before it was copied.\n"
          "Every later decision read the altered distribution: every draft was rejected.",
          "the raw-logprobs mode of vLLM PR #30846: the replica alters p, not the logits returned.",
          # At 0.3 the draft token holds much of p, and zeroing it shows in 32 tokens of the tiny pair as well.
-         dict(temperature=0.3, audit=4), verdict="sampler-bug:rule"),
+         dict(temperature=0.3, audit=4)),
     Case("shared-stream", "identical or degenerate samples across requests",
-         (Thread("TensorRT-LLM", 19487, pr=False), Thread("TensorRT-LLM", 17599)),
          "Every row drew the same random numbers: one stream for the whole batch.\n"
          "Identical prompts gave identical samples; rows' draws were not independent.",
          "the engine-wide seed's step counter: the streams are shared, not shifted.",
          # One prompt in every row: rows sharing a stream then draw the same tokens, which the distribution
          # test's row pairs show (on four different prompts it found them consistent); audited, each draw is
          # re-derived from its row's own stream, which names it.
-         dict(temperature=0.8, prompts=(PROMPTS[0],) * len(PROMPTS), audit=4), verdict="decision-bug:stream"),
+         dict(temperature=0.8, prompts=(PROMPTS[0],) * len(PROMPTS), audit=4)),
 )
 BY_FAULT = {c.fault: c for c in CASES}
 
@@ -219,10 +175,11 @@ def mechanism(faults: tuple[str, ...] | list[str]) -> str:
     in it; () is the correct engine."""
     if not faults:
         return "the correct engine"
+    unknown = "not in this version of the catalogue"
     return "; ".join(f"{f}: the preset {' + '.join(PRESETS[f])}" if f in PRESETS else
-                     f"{f}: {FAULTS[f][1] if f in FAULTS else 'not in this version of the catalogue'}" for f in faults)
+                     f"{f}: {FAULTS[f].description if f in FAULTS else unknown}" for f in faults)
 
 
 def threads(faults: tuple[str, ...] | list[str]) -> list[Thread]:
-    """The casebook's threads of a hypothesis's faults."""
-    return [t for f in faults if f in BY_FAULT for t in BY_FAULT[f].threads]
+    """The field's threads a hypothesis's faults cite."""
+    return [t for f in faults if f in FAULTS for t in FAULTS[f].threads]

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTERS
-from specviz.spec.faults import SAMPLING
+from specviz.spec.faults import of_kind
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def grid(methods: list[str], drafters: list[str], batch_sizes: list[int], ks: li
         m = METHODS[name]
         for d in [d for d in drafters if d in m.drafters] if m.speculative else [DEFAULT_DRAFTER]:
             for faults in fault_sets if m.faults else [()]:
-                sampling = bool(set(SAMPLING) & set(faults))
+                sampling = bool(set(of_kind("sampling")) & set(faults))
                 temps = [t for t in temperatures if (m.samples or t == 0) and (t > 0 or not sampling)]
                 out += [{"method": name, "drafter": d, "faults": tuple(faults), "batch_size": bs, "k": k,
                          "temperature": t}

@@ -13,7 +13,7 @@ from typing import Annotated, Literal, Self, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTER_OPTIONS, DRAFTERS, reading
-from specviz.spec.faults import DRAFT_MODEL_ONLY, GREEDY_ONLY, HEAD_ONLY, REQUESTS, SAMPLED, TREE_ONLY, expand
+from specviz.spec.faults import expand, needing
 from specviz.spec.methods import METHODS
 
 ENGINE = "engine"  # the method of an engine check's trace: outputs from outside, judged against the reference
@@ -247,14 +247,14 @@ class RunSpec(Strict):
         if stray:
             takes = reading(stray[0])
             raise ValueError(f"{', '.join(stray)} set the {' or '.join(takes)} drafter; choose drafter {takes[0]}")
-        if not kind.draft_model and (found := [f for f in expand(self.faults) if f in DRAFT_MODEL_ONLY]):
+        if not kind.draft_model and (found := needing("draft-model", self.faults)):
             raise ValueError(f"{', '.join(found)} break a draft model's passes: {kind.noun} runs none")
-        if "hidden" not in kind.hears and (found := [f for f in expand(self.faults) if f in HEAD_ONLY]):
+        if "hidden" not in kind.hears and (found := needing("hidden", self.faults)):
             raise ValueError(f"{', '.join(found)} break a draft head's inputs: {kind.noun} hears no hidden state; "
                              "choose drafter " + " or ".join(n for n, d in DRAFTERS.items() if "hidden" in d.hears))
         if self.tree_width > 1:
             self._trees()
-        elif found := [f for f in expand(self.faults) if f in TREE_ONLY]:
+        elif found := needing("tree", self.faults):
             raise ValueError(f"{', '.join(found)} break a token tree's verify: set tree_width above 1")
         if "ngram_min" not in kind.options:
             return self
@@ -268,7 +268,7 @@ class RunSpec(Strict):
         if self.method != ENGINE and not METHODS[self.method].trees:
             raise ValueError(f"{self.method} verifies chains only; trees run in "
                              + " or ".join(n for n, m in METHODS.items() if m.trees))
-        if found := [f for f in expand(self.faults) if f in SAMPLED]:
+        if found := needing("sampled", self.faults):
             raise ValueError(f"{', '.join(found)} break a chain's sampled decisions; a token tree's are SpecInfer's: "
                              "set tree_width 1")
         if self.repetition_penalty != 1 or self.presence_penalty != 0:
@@ -278,7 +278,7 @@ class RunSpec(Strict):
     @model_validator(mode="after")
     def _rows(self) -> RunSpec:
         if not self.rows:
-            if found := [f for f in expand(self.faults) if f in REQUESTS]:
+            if found := needing("rows", self.faults):
                 raise ValueError(f"{', '.join(found)} need per-request sampling settings (rows)")
             return self
         if self.method == ENGINE:
@@ -292,12 +292,12 @@ class RunSpec(Strict):
     @model_validator(mode="after")
     def _sampling(self) -> RunSpec:
         if not self.greedy:  # (the audit compares each row's state with a fresh pass, at any temperature)
-            if found := set(GREEDY_ONLY) & set(expand(self.faults)):
+            if found := needing("greedy", self.faults):
                 raise ValueError(f"{', '.join(sorted(found))} breaks greedy acceptance: it needs temperature 0")
             return self
         if any(getattr(self, f) != RunSpec.model_fields[f].default for f in SAMPLING_FIELDS):
             raise ValueError("top-k, top-p and the draft's sampling settings need a temperature above 0")
-        if set(SAMPLED) & set(expand(self.faults)):
+        if needing("sampled", self.faults):
             raise ValueError("sampling faults need a temperature above 0" + (" in some request" if self.rows else ""))
         return self
 
@@ -317,11 +317,10 @@ class RunSpec(Strict):
             raise ValueError(f"{self.method} records no log-probabilities")
         if self.stop and not m.stop_strings:
             raise ValueError(f"{self.method} takes no stop strings")
-        faults = expand(self.faults)
-        if "penalty-history-last-token" in faults and not penalised:
-            raise ValueError("penalty-history-last-token needs a repetition or presence penalty to break")
-        if "logprobs-from-draft" in faults and not self.logprobs:
-            raise ValueError("logprobs-from-draft breaks only the log-probabilities: set logprobs")
+        if not penalised and (found := needing("penalty", self.faults)):
+            raise ValueError(f"{', '.join(found)} needs a repetition or presence penalty to break")
+        if not self.logprobs and (found := needing("logprobs", self.faults)):
+            raise ValueError(f"{', '.join(found)} breaks only the log-probabilities: set logprobs")
         return self
 
     @property

@@ -1,0 +1,33 @@
+"""The field's threads a fault cites (spec/faults.py): an issue or a pull request of a repository,
+named by its short name. Plain data: no torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+REPOS = {  # the short names threads are cited by -> GitHub repository
+    "vLLM": "vllm-project/vllm", "vllm-metal": "vllm-project/vllm-metal",
+    "vllm-ascend": "vllm-project/vllm-ascend", "SGLang": "sgl-project/sglang",
+    "sglang-jax": "sgl-project/sglang-jax", "llama.cpp": "ggml-org/llama.cpp",
+    "TensorRT-LLM": "NVIDIA/TensorRT-LLM", "transformers": "huggingface/transformers",
+    "mlx-lm": "ml-explore/mlx-lm", "openvino.genai": "openvinotoolkit/openvino.genai",
+    "oMLX": "jundot/omlx", "koboldcpp": "LostRuins/koboldcpp",
+    "Atlas": "Avarok-Cybersecurity/atlas", "mistral.rs": "EricLBuehler/mistral.rs",
+    "speculative-sampling": "jaymody/speculative-sampling",
+}
+
+
+@dataclass(frozen=True)
+class Thread:
+    repo: str  # a short name of REPOS
+    number: int
+    pr: bool = True  # a pull request, else an issue
+
+    @property
+    def label(self) -> str:
+        return f"{self.repo} {'PR ' if self.pr else ''}#{self.number}"
+
+    @property
+    def url(self) -> str:  # GitHub serves a pull request at its issue address too
+        kind = "pull" if self.pr else "issues"
+        return f"https://github.com/{REPOS[self.repo]}/{kind}/{self.number}"
