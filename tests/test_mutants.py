@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from specviz.decoding import batch, drafters, exspec, faults, modelstate, round
+from specviz.decoding import batch, drafters, exspec, faults, modelstate, recording, round, treestep
 from specviz.run.runner import run
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import RunSpec
@@ -31,12 +31,13 @@ MUTANTS = {
     "shrink-row-order": (modelstate.ModelState, "rearranged", "kvcache.select_rows(self.cache, rows)",
                          "kvcache.select_rows(self.cache, torch.arange(len(rows), device=rows.device))", (), "eqspec"),
     # a corrupted bonus index: the target's token is written one slot late, leaving the rejected draft in place
-    "bonus-index": (round, "accept", "emitted = torch.cat([D[:, :k], g[:, k:]], 1).scatter(1, a[:, None], pick)",
+    "bonus-index": (round, "commit", "emitted = torch.cat([D[:, :k], g[:, k:]], 1).scatter(1, a[:, None], pick)",
                     "emitted = torch.cat([D[:, :k], g[:, k:]], 1).scatter(1, (a[:, None] + 1).clamp(max=k), pick)",
                     (), "eqspec"),
     # positions counted from the first slot on padded rows: shared by the engine's own checks, so they agree
     "positions-off-by-one": (batch, "positions", "(valid.long().cumsum(dim=1) - 1).clamp(min=0)",
-                             "(valid.long().cumsum(dim=1) - valid[:, :1].long()).clamp(min=0)", (faults, round),
+                             "(valid.long().cumsum(dim=1) - valid[:, :1].long()).clamp(min=0)",
+                             (faults, recording, treestep),
                              "eqspec"),
     # the mask lets the pad slot just before a row's tokens through; the engine's mask check never sees it
     "mask-leaks-a-pad": (batch, "attention_bias", "shown = valid[:, None, :] if among is None",

@@ -15,8 +15,9 @@ from specviz.decoding.eqspec import eqspec
 from specviz.decoding.exspec import exspec
 from specviz.decoding.faults import Policy
 from specviz.decoding.reference import reference
-from specviz.decoding.round import Decoding, prefill, verify
+from specviz.decoding.round import prefill, verify
 from specviz.decoding.sampling import GREEDY
+from specviz.decoding.stages import Decoding
 from specviz.decoding.trees import Tree, main_line, walk
 from specviz.forensics.recompute import fresh_logits
 from specviz.models.pairs import load_pair

@@ -65,8 +65,8 @@ class Drafter(Protocol):
         """Up to k drafts for every row of batch `b`, whose rows already have `have` tokens."""
 
     def observe(self, b, verified, accepted) -> None:
-        """Hear the round's verify pass (round.Verified, with the target's hidden states where `kind.hears` asks
-        for them) and what each row accepted (round.Accepted), before the batch is laid out again."""
+        """Hear the round's verify pass (stages.Verified, with the target's hidden states where `kind.hears`
+        asks for them) and what each row accepted (stages.Accepted), before the batch is laid out again."""
 
     def assisted(self, k: int) -> dict:
         """transformers' `generate` arguments that draft as it does (the hf-assisted cross-check)."""

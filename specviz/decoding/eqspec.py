@@ -15,9 +15,11 @@ import torch
 from specviz.decoding.batch import left_pad, right_pad
 from specviz.decoding.drafters import Drafter, ModelDrafter
 from specviz.decoding.faults import Policy
+from specviz.decoding.recording import RoundData, record_round
 from specviz.decoding.result import DecodeResult, Progress, SequenceOutput, chunks
-from specviz.decoding.round import Batch, Clock, Decoding, RoundData, lay_out, record_round, speculate
+from specviz.decoding.round import Clock, lay_out, speculate
 from specviz.decoding.sampling import GREEDY, Sampling
+from specviz.decoding.stages import Batch, Decoding
 from specviz.models.pairs import ModelPair
 
 

@@ -23,9 +23,11 @@ from specviz.decoding.batch import left_pad
 from specviz.decoding.drafters import Drafter, ModelDrafter
 from specviz.decoding.faults import Policy
 from specviz.decoding.modelstate import ModelState
+from specviz.decoding.recording import RoundData, record_round
 from specviz.decoding.result import DecodeResult, Progress, SequenceOutput
-from specviz.decoding.round import Batch, Clock, Decoding, RoundData, prefill, record_round, speculate
+from specviz.decoding.round import Clock, prefill, speculate
 from specviz.decoding.sampling import GREEDY, Sampling
+from specviz.decoding.stages import Batch, Decoding
 from specviz.models.pairs import ModelPair
 
 CORRECT = Policy(())

@@ -1,6 +1,8 @@
-"""Recording: a decode's results become a Trace (trace/schema.py).
+"""Recording: what each round did, as tensors, and a decode's results as a Trace (trace/schema.py).
 
-The engine records tensors in bulk; Python objects are built here, once.
+A recorded round keeps its per-row tensors and checks on the device (`round_fields`, called once by
+the round) and brings them to the host in bulk after the batch is laid out again (`record_round`);
+Python objects are built from them once, when the trace is built.
 """
 from __future__ import annotations
 
@@ -10,19 +12,141 @@ import hashlib
 import json
 import platform
 import typing
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
-from specviz.decoding import determinism
-from specviz.decoding.result import DecodeResult
-from specviz.decoding.round import RoundData
+from specviz.decoding import determinism, kvcache
+from specviz.decoding.batch import positions
+from specviz.decoding.result import DecodeResult, SequenceOutput
+from specviz.decoding.stages import Accepted, Batch, Committed, Decoding, Drafted, Step
+from specviz.models.architecture import narrowest_window
 from specviz.models.pairs import ModelPair
 from specviz.spec.run import RunSpec
 from specviz.trace import text
 from specviz.trace.evidence import Yardsticks
 from specviz.trace.records import PickFrom, PromptRecord, RoundRecord, RowRecord, SequenceRecord, TreeRecord, first_difference
 from specviz.trace.schema import Manifest, Trace
+
+TOP = 8  # target logits kept per verified slot (for forensics, not saved in the trace)
+
+
+@dataclass
+class RoundData:
+    """One round as recorded: tensors on the CPU, turned into trace records only when saving."""
+
+    batch: int  # index of the static batch (eqspec) or -1 (exspec)
+    seqs: list[int]
+    k: int
+    ints: dict[str, torch.Tensor]
+    floats: dict[str, torch.Tensor]
+    checks: dict[str, torch.Tensor]
+    timings: dict[str, float]  # seconds: draft, verify, realign, trace
+    realigned: bool  # whether the caches had to be gathered (else only cropped or stacked)
+    group: bool | None = None  # exspec: a same-length group (no realignment at all)
+    waits: list[int] | None = None  # exspec: rounds each row had been passed over
+
+
+def round_fields(d: Decoding, b: Batch, drafted: Drafted, acc: Accepted, kept: Committed,
+                 gen: dict[int, SequenceOutput]) -> dict:
+    """A recorded round's per-row tensors and checks, still on the device (record_round brings them
+    over); each row's margins are appended to `gen`."""
+    before = _state_before(b, drafted.fresh)
+    S, k, v, prop = b.tokens.shape[1], acc.k, acc.verified, acc.drafts
+    top = v.logits.topk(TOP, dim=-1)
+    margins = top.values[..., 0] - top.values[..., 1]
+    for i, row, m in zip(b.seqs, margins.tolist(), kept.n_keep.tolist()):
+        gen[i].margins.extend(row[:m])
+    seen = d.policy.seen(v.valid, v.stale, narrowest_window(d.pair.target))
+    own = acc.checks  # a tree's: over its nodes (its chain's slots past the path are filler)
+    chain_positions = (v.positions == positions(v.valid))[:, S - 1:].all(1)
+    fields = {**before, "checks": {**before["checks"],
+                                   "positions": own.get("positions", chain_positions),
+                                   "mask": (seen == v.valid).all(1) & own.get("mask", True),
+                                   "bonus": kept.pick[:, 0] == acc.own}}
+    fields["ints"] = {
+        "draft_tokens": prop.tokens[:, :k], "target_tokens": v.argmax, "emitted": kept.emitted,
+        "accepted": acc.accepted, "n_emitted": kept.n_keep, "finished": kept.finished.long(),
+        "drafts": acc.room, "pos_first": v.positions[:, S - 1], "pos_last": v.positions[:, -1],
+        "mask_sum": seen[:, :S].sum(1), "target_top_ids": top.indices, **acc.record,
+    }
+    fields["floats"] = {
+        "draft_probs": prop.confidence[:, :k],
+        "target_probs": v.logits.softmax(-1).gather(2, v.argmax[..., None])[..., 0],
+        "target_margins": margins, "target_top_values": top.values.float(),
+    }
+    if not d.sampling.greedy:
+        fields["floats"].update(acc.drawn)
+        # trace.PickFrom: 0 target (the bonus), 1 residual, 2 draft (a fault takes the draft's)
+        fields["ints"]["pick_from"] = (torch.full_like(acc.accepted, 2)
+                                       if d.policy.bonus_from_draft
+                                       else (acc.accepted < acc.room).long())
+    return fields
+
+
+def _state_before(b: Batch, draft_empty: bool) -> dict:
+    """What a recorded round keeps of the state it starts from, and the invariants it holds."""
+    S = b.tokens.shape[1]
+    pad, content = (~b.valid & ~b.stale).sum(1), b.valid.sum(1)
+    checks = {
+        "rectangular": pad + content == S,  # else stale slots lie in the row
+        "kv": _kv_in_step(b.target.written, b.valid, b.target.length(S)) & b.valid[:, -1],
+        # no cache, or an empty one (filled from the start, as a fresh batch's): nothing out of step
+        "draft_kv": _kv_in_step(b.draft.written, b.valid, S - b.draft.behind) | draft_empty,
+    }
+    models = {"target": b.target, "draft": b.draft}
+    recurrent = tuple(who for who, m in models.items() if kvcache.recurrent(m.cache))
+    # I5: a recurrent state holds exactly the row's tokens but those its cache lags by
+    if recurrent:
+        held = [models[who].held == content - models[who].behind for who in recurrent]
+        checks["recurrent"] = torch.stack(held).all(0)
+    return {"checks": checks, "pad": pad, "content": content, "recurrent": recurrent,
+            "kv": {who: m.length(S) for who, m in models.items()},
+            "state": {who: m.held for who, m in models.items()}}
+
+
+def _kv_in_step(written: torch.Tensor, valid: torch.Tensor, slots: int) -> torch.Tensor:
+    """I3 per row: every real token in the first `slots` slots has K/V computed
+    at its own position (by the mask), and the cache holds exactly those slots."""
+    want = torch.where(valid, positions(valid), -1)[:, :slots]
+    return ((written == want) | ~valid[:, :slots]).all(1) & (written.shape[1] == slots)
+
+
+def record_round(step: Step, seqs: list[int], batch_index: int, after: dict[str, torch.Tensor],
+                 timings: dict, realigned: bool, **extra) -> RoundData:
+    """Bring one round's tensors to the host. `after` holds each row's pad, content, target_kv and
+    draft_kv after the round (-1 for rows that left; a drafter without a cache: 0), and the tokens
+    its recurrent states hold."""
+    f = step.fields
+    B = len(seqs)
+    left = step.finished
+    ints = dict(f["ints"])
+    for who in f["recurrent"]:
+        ints[f"{who}_state_before"] = f["state"][who]
+        ints[f"{who}_state_after"] = after[f"{who}_state"]
+    ints.update(
+        pad_before=f["pad"], content_before=f["content"],
+        **{f"{who}_kv_before": torch.full((B,), kv, device=left.device)
+           for who, kv in f["kv"].items()},
+        pad_after=after["pad"], content_after=after["content"],
+        target_kv_after=after["target_kv"], draft_kv_after=after["draft_kv"],
+        delta=torch.where(left, 0, after["pad"] - f["pad"]),
+    )
+    return RoundData(batch_index, list(seqs), step.k, _to_host(ints), _to_host(f["floats"]),
+                     _to_host(f["checks"]), timings, realigned, **extra)
+
+
+def _to_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One device-to-host copy for a dict of same-dtype per-row tensors."""
+    rows = next(iter(tensors.values())).shape[0]
+    flat = torch.cat([t.reshape(rows, t[0].numel()) for t in tensors.values()], 1).cpu()
+    out, at = {}, 0
+    for name, t in tensors.items():
+        width = t[0].numel()
+        out[name] = flat[:, at:at + width].reshape(t.shape)
+        at += width
+    return out
 
 
 def _version(dist: str) -> str:
