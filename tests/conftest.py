@@ -161,7 +161,8 @@ def attribute_every_fork(trace, spec, pair, ids, settings: dict, batch: int, lab
     from specviz.run import attribution
 
     seqs = attribution.forks_to_attribute(trace, every_fork=True)
-    attribution.attribute(trace, attribution.Replaying(spec, pair, ids, settings, batch), seqs)
+    replaying = attribution.Replaying(spec, pair, ids, settings, batch)
+    attribution.attribute(trace, replaying, seqs).record(trace)
     found = [trace.sequences[seq].attribution for seq in seqs]
     closest = max((a.hypotheses[0].beyond for a in found if a.hypotheses), default=0)
     longest = max((h.explained for a in found for h in a.hypotheses), default=0)

@@ -129,7 +129,8 @@ def test_the_correct_independent_engine_is_attributed_to_nothing_even_where_its_
     trace = check.from_files(spec, tiny, (path.read_bytes(), path.name), judging=check.Judging(attribute=False))
     seqs = attribution.forks_to_attribute(trace, every_fork=True)
     assert seqs, "bfloat16 rounding should fork some row of the tiny pair"
-    attribution.attribute(trace, attribution.Replaying(spec, tiny, prompts, {"k": K}, BATCH), seqs)
+    replaying = attribution.Replaying(spec, tiny, prompts, {"k": K}, BATCH)
+    attribution.attribute(trace, replaying, seqs).record(trace)
     for seq in seqs:
         a = trace.sequences[seq].attribution
         assert not any(h.named for h in a.hypotheses), a.explanation

@@ -192,15 +192,26 @@ def test_what_is_no_report_is_refused_with_a_message(data, says):
 
 
 def test_stranger_text_is_escaped_in_every_view(written):
-    """Verdict names load (they are free text); a fault name cannot, so the row is planted after loading."""
+    """A row's verdict counts load (their names are free text); a fault name cannot, nor a
+    sequence's verdict (a declared name), so those are planted after loading."""
     def plant(raw):
         raw["rows"][5]["verdicts"] = {PAYLOAD: 4}
+
+    def plant_verdicts(raw):
         for s in raw["sequences"][20:]:
             if s["forensics"]:
                 s["forensics"]["verdict"] = PAYLOAD
+    with pytest.raises(SpecError, match="not a verdict specviz gives"):
+        SweepReport.from_json(_edited(written, plant_verdicts))
     report = SweepReport.from_json(_edited(written, plant))
     rows = [*report.rows[:4], *(r.model_copy(update={"faults": PAYLOAD}) for r in report.rows[4:])]
-    report = report.model_copy(update={"rows": rows})
+    def planted(s):  # model_copy does not validate: the views escape whatever reaches them
+        verdict = s.forensics.model_copy(update={"verdict": PAYLOAD})
+        return s.model_copy(update={"forensics": verdict})
+    sequences = [*report.sequences[:20],
+                 *(planted(s) if s.forensics else s for s in report.sequences[20:])]
+    assert any(s.forensics and s.forensics.verdict == PAYLOAD for s in sequences)
+    report = report.model_copy(update={"rows": rows, "sequences": sequences})
     shown = [sweepviews.heatmap_html(report), sweepviews.heatmap_html(report, "prefix_pct", selected=5)]
     figures = (sweepviews.verdict_bars, sweepviews.divergence_histogram, sweepviews.accept_length_histogram,
                sweepviews.acceptance_curves)

@@ -5,18 +5,23 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 import specviz
 from specviz.app import views
 from specviz.app.panel import forensics_html
+from specviz.forensics.sampledrun import with_sampled_verdict
 from specviz.run.runner import run
 from specviz.spec.run import RunSpec, SpecError
+from specviz.spec.verdicts import VERDICTS
 from specviz.trace import metrics
+from specviz.trace.evidence import EngineForensics, RunForensics
 from specviz.trace.frames import rows_frame, tokens_frame
 from specviz.trace.migrations import SCHEMA_VERSION
 from specviz.trace.schema import Trace, schema
 
 DOCS_SCHEMA = Path(__file__).resolve().parents[1] / "docs" / "trace.schema.json"
+ASSETS = Path(__file__).resolve().parents[1] / "assets" / "traces"
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +63,7 @@ def test_a_trace_file_loads_without_torch(trace, tmp_path):
     sampled = run(RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64", device="cpu",
                                 prompts=("Hi", "Name three rivers."), batch_size=2, k=3, max_new_tokens=8, temperature=0.8))
     assert sampled.distribution and sampled.rows[0].accept_draws is not None
+    assert sampled.sampled_verdict is not None  # judged with the run, kept in its trace
     for name, t in (("greedy", trace), ("sampled", sampled)):
         (tmp_path / f"{name}.json").write_text(t.to_json())
     code = (
@@ -161,3 +167,44 @@ def test_a_version_4_trace_keeps_its_noise_floor_as_the_yardstick_it_was(tiny):
     assert [s.forensics.verdict for s in old.sequences if s.forensics] == \
         [s["forensics"]["verdict"] for s in raw["sequences"] if s["forensics"]]
     forensics_html(old, views.Focus(seq=0, round=None))  # the page shows it
+
+
+def test_an_undeclared_verdict_name_fails_where_it_is_written(trace):
+    """A record's verdict is a name spec/verdicts.py declares: a judge that sets another fails as it
+    sets it, and a file that holds one is refused on load."""
+    ok = RunForensics(verdict="numerics", explanation="", fork=0)
+    ok.verdict = "sync-bug:kv"  # a declared name is taken
+    with pytest.raises(ValidationError, match="not a verdict specviz gives"):
+        ok.verdict = "made-up"
+    with pytest.raises(ValidationError, match="not a verdict specviz gives"):
+        EngineForensics(verdict="sync-bug:made-up", explanation="", fork=0)
+    raw = json.loads(trace.to_json())
+    for name in ("numerics", "made-up"):
+        raw["sequences"][0]["forensics"] = {"verdict": name, "explanation": "", "fork": 0}
+        if name in VERDICTS:
+            assert Trace.from_json(json.dumps(raw)).sequences[0].forensics.verdict == name
+        else:
+            with pytest.raises(SpecError, match="'made-up' is not a verdict specviz gives"):
+                Trace.from_json(json.dumps(raw))
+    raw["sequences"][0]["forensics"] = None
+    raw["sampled_verdict"] = {"verdict": "made-up", "explanation": ""}
+    with pytest.raises(SpecError, match="sampled_verdict"):
+        Trace.from_json(json.dumps(raw))
+
+
+@pytest.mark.parametrize("path", sorted(ASSETS.glob("*.json")), ids=lambda p: p.stem)
+def test_every_bundled_trace_loads_its_verdicts_declared(path):
+    """Every name a bundled trace (or an older one, above) holds is a declared verdict: none needs
+    migrating. A sampled run's trace written before its verdict was kept is judged when read, from
+    the same evidence (forensics/sampledrun.py; the trace layer itself never judges)."""
+    old = Trace.from_json(path.read_text(encoding="utf-8"))
+    names = [s.forensics.verdict for s in old.sequences if s.forensics]
+    assert set(names) <= set(VERDICTS)
+    assert old.sampled_verdict is None  # bundled before the verdict was kept
+    read = with_sampled_verdict(old)
+    if old.distribution is not None and old.rows:  # a sampled run of ours
+        assert read.sampled_verdict is not None
+        assert Trace.from_json(read.to_json()).sampled_verdict == read.sampled_verdict
+        assert metrics.sampled_verdict(read)[0] in {*VERDICTS, "consistent", "too few tokens"}
+    else:
+        assert read.sampled_verdict is None

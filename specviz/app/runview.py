@@ -209,7 +209,7 @@ def check_engine(settings: Settings, pair, target, dtype, outputs, control, serv
 
 def open_trace(path: str | None):
     """Upload: view a trace file without loading any model."""
-    trace = serving.uploaded(path, Trace.from_json)
+    trace = serving.uploaded(path, serving.read_trace)
     return trace, summary.headline(trace, " (opened from a file)"), serving.save(trace), None
 
 

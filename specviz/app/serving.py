@@ -17,6 +17,7 @@ from pathlib import Path
 import gradio as gr
 
 from specviz.app import summary
+from specviz.forensics.sampledrun import with_sampled_verdict
 from specviz.models.pairs import pair_for
 from specviz.run import check
 from specviz.run.gpu import ZEROGPU, gpu
@@ -44,8 +45,14 @@ class Cancelled(Exception):
     pass
 
 
+def read_trace(data: str | bytes) -> Trace:
+    """A trace file, parsed; a sampled run's verdict as stored, or judged now where the file was
+    written before it was stored (forensics/sampledrun.py: the trace layer cannot judge)."""
+    return with_sampled_verdict(Trace.from_json(data))
+
+
 def _read_bundled(file: str) -> Trace:
-    return Trace.from_json((ASSETS / "traces" / file).read_text(encoding="utf-8"))
+    return read_trace((ASSETS / "traces" / file).read_text(encoding="utf-8"))
 
 
 @functools.cache

@@ -53,10 +53,6 @@ from specviz.trace.text import span
 # The engine's own checks whose failure puts the target's view out of step, by priority when several fail in
 # the same round (positions also spoil the cache's provenance).
 BREAKING = ("bonus", "positions", "mask", "kv", "recurrent")
-# Audited rounds beyond the yardstick that name a sampled run's state corrupt. Every audited row is a comparison
-# at the yardstick's false-alarm rate (about 1 in 500 rows of the embedded pair went past it once, in 20 seeds
-# of a correct sampler); a corrupt cache, position or mask stays corrupt, so a second round beyond it decides.
-PERSISTS = 2
 EXPLAIN = {
     "bonus": ("a correction/bonus token was not the target's own (the argmax of the pass that chose it, or its draw "
               "when sampling) (I4)"),
@@ -83,7 +79,9 @@ def emitter(rows: list[RowRecord], fork: int) -> tuple[RowRecord | None, int]:
     return None, 0
 
 
-def _failures(rows: list[RowRecord], until_round: int | None) -> dict[str, int]:
+def failures(rows: list[RowRecord], until_round: int | None) -> dict[str, int]:
+    """The engine's own breaking checks that failed up to `until_round` (None: any), each at its
+    first round."""
     failed: dict[str, int] = {}
     for r in rows:
         if until_round is not None and r.round > until_round:
@@ -94,7 +92,7 @@ def _failures(rows: list[RowRecord], until_round: int | None) -> dict[str, int]:
     return failed
 
 
-def _first_over(rows: list[RowRecord], field: str, tolerance: float | None) -> int | None:
+def first_over(rows: list[RowRecord], field: str, tolerance: float | None) -> int | None:
     """The first round whose audited difference (`audit` or `audit_draft`) exceeds `tolerance`."""
     if tolerance is None:
         return None
@@ -108,13 +106,14 @@ def analyse(trace: Trace, result: DecodeResult, pair: ModelPair | None) -> Findi
     ys = trace.manifest.yardstick
     rounding = ys.target if ys else None
     penalties = sampling_of(trace.manifest.spec).penalties
-    rows_of = _rows_of(trace)
+    by_seq = rows_of(trace)
     found = Findings()
     for s in trace.sequences:
-        rows, mine = rows_of.get(s.seq, []), found.of(s.seq)
+        rows, mine = by_seq.get(s.seq, []), found.of(s.seq)
         if rounding is not None:
-            mine["audit_round"] = _first_over(rows, "audit", rounding.tolerance)
-            mine["audit_draft_round"] = _first_over(rows, "audit_draft", ys.draft and ys.draft.tolerance)
+            mine["audit_round"] = first_over(rows, "audit", rounding.tolerance)
+            draft = ys.draft and ys.draft.tolerance
+            mine["audit_draft_round"] = first_over(rows, "audit_draft", draft)
         mine["forensics"] = None
         if s.equivalent is not False:
             continue
@@ -132,11 +131,12 @@ def analyse(trace: Trace, result: DecodeResult, pair: ModelPair | None) -> Findi
     return found
 
 
-def _rows_of(trace: Trace) -> dict[int, list[RowRecord]]:
-    rows_of: dict[int, list[RowRecord]] = {}
+def rows_of(trace: Trace) -> dict[int, list[RowRecord]]:
+    """Each sequence's (round, row) records, in round order."""
+    by_seq: dict[int, list[RowRecord]] = {}
     for r in trace.rows:
-        rows_of.setdefault(r.seq, []).append(r)
-    return rows_of
+        by_seq.setdefault(r.seq, []).append(r)
+    return by_seq
 
 
 def _arbiter(pair: ModelPair, penalties, prompt: list[int], before: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -174,60 +174,7 @@ def _penalty_bug(ev: RunForensics, rounding: Rounding | None, arbiter, history: 
     return True
 
 
-def analyse_sampled(trace: Trace, result: DecodeResult) -> Findings:
-    """An audited sampled run: each sequence's first audited round beyond the yardstick and, where its
-    target state departed, and stayed out in a later audited round, `forensics` naming what was wrong with it,
-    from the watch's inspection of that row (result.forks); where the state held but the engine's own checks
-    failed, the check that failed first. A sampled run has no reference to fork from: the fork is the first
-    token that round emitted."""
-    ys = trace.manifest.yardstick
-    rows_of = _rows_of(trace)
-    found = Findings()
-    for s in trace.sequences:
-        rows, mine = rows_of.get(s.seq, []), found.of(s.seq)
-        mine["audit_round"] = _first_over(rows, "audit", ys.target.tolerance)
-        mine["audit_draft_round"] = _first_over(rows, "audit_draft", ys.draft and ys.draft.tolerance)
-        state, failed = result.forks.get(s.seq), _failures(rows, None)
-        if sum(r.audit is not None and r.audit > ys.target.tolerance for r in rows) < PERSISTS:
-            state = None  # rounding: a correct row leaves the yardstick once in a few hundred rounds, then returns
-        mine["forensics"] = _sampled_verdict(s, rows, state, failed, ys.target) if state is not None or failed else None
-    return found
-
-
-def _sampled_verdict(s: SequenceRecord, rows: list[RowRecord], state, failed: dict[str, int],
-                     rounding: Rounding) -> RunForensics:
-    """The earliest evidence names it: the watched state's departure, or the engine's own check where that
-    failed in an earlier round (a bonus token drawn from the draft leaves the state clean)."""
-    checked = min(failed.values(), default=None)
-    by_check = state is None or (checked is not None and checked < state.round)
-    first_round = checked if by_check else state.round
-    fork = sum(len(r.emitted) for r in rows if r.round < first_round)
-    ev = RunForensics(verdict="unexplained", explanation="", fork=fork,
-                      output_token=s.output_ids[fork] if fork < len(s.output_ids) else None,
-                      failed_checks=_failures(rows, first_round), tolerance=rounding.tolerance, alpha=rounding.alpha,
-                      yardstick=rounding.describe())
-    rec = next((r for r in rows if r.round == first_round), None)
-    if rec is not None:
-        ev.round, ev.row = rec.round, rec.row
-    invariant = _first_invariant(ev)
-    first = f" The first token drawn from that round is token {fork}; every later draw of this row rests on it."
-    if by_check:
-        ev.verdict = f"sync-bug:{invariant}"
-        later = ("every audited round of this sequence kept its target state within rounding of a fresh "
-                 "batch-size-1 recomputation" if state is None else
-                 f"its target state left rounding later, in round {state.round} (by {state.state_diff:.3g})")
-        ev.explanation = (f"The engine's own check failed in round {first_round}: {EXPLAIN[invariant]}; {later}."
-                          + first)
-        return ev
-    _fill_state(ev, state)
-    ev.emitting_argmax = ev.margin_batched = None  # a sampled token is a draw, not the pass's argmax
-    _corrupt(ev, rounding, invariant, f"In round {state.round} (batch row {state.row}) the target's verify logits "
-                                      "for this sequence")
-    ev.explanation += _recorded(ev, invariant) + first
-    return ev
-
-
-def _corrupt(ev: RunForensics, rounding: Rounding, invariant: str | None, logits: str) -> None:
+def corrupt(ev: RunForensics, rounding: Rounding, invariant: str | None, logits: str) -> None:
     """A state beyond the yardstick, the `logits` of its pass named: `kernel-bug` where every input was right and the
     pass rebuilt from them still departs, else `sync-bug:` the input that was wrong."""
     component = _component(ev, rounding)
@@ -242,13 +189,13 @@ def _corrupt(ev: RunForensics, rounding: Rounding, invariant: str | None, logits
         ev.explanation = f"{beyond}: the row's state was corrupt. {_why(ev, component)}"
 
 
-def _recorded(ev: RunForensics, invariant: str | None) -> str:
+def failed_check_sentence(ev: RunForensics, invariant: str | None) -> str:
     """The engine's own failed check, in a sentence: it corroborates the independent evidence."""
     return (f" The engine's own check found, in round {ev.failed_checks[invariant]}, that {EXPLAIN[invariant]}."
             if invariant else "")
 
 
-def _first_invariant(ev: RunForensics) -> str | None:
+def first_invariant(ev: RunForensics) -> str | None:
     """The engine's own breaking check that failed first, at or before the fork (None: none failed)."""
     if not ev.failed_checks:
         return None
@@ -256,7 +203,7 @@ def _first_invariant(ev: RunForensics) -> str | None:
     return next(c for c in BREAKING if ev.failed_checks.get(c) == first)
 
 
-def _fill_state(ev: RunForensics, fork) -> None:
+def fill_state(ev: RunForensics, fork) -> None:
     """The watch's inspection of the emitting row (watch.ForkState), as evidence."""
     ev.state_diff, ev.kv_diff, ev.tokens_fed_ok = fork.state_diff, fork.kv_diff, fork.tokens_ok
     ev.recurrent_diff = fork.recurrent_diff
@@ -279,9 +226,9 @@ def _evidence(s: SequenceRecord, rows: list[RowRecord], fork) -> RunForensics:
     )
     if rec is not None:
         ev.round, ev.row, ev.fork_source = rec.round, rec.row, rec.sources[slot]
-    ev.failed_checks = _failures(rows, ev.round)
+    ev.failed_checks = failures(rows, ev.round)
     if fork is not None:
-        _fill_state(ev, fork)
+        fill_state(ev, fork)
     return ev
 
 
@@ -322,8 +269,8 @@ def _sync_bug(ev: RunForensics, rounding: Rounding | None) -> bool:
     tolerance = rounding.tolerance if rounding else None
     # The engine's own checks (its provenance of every cache slot) corroborate; they name the state only where
     # the independent evidence cannot.
-    invariant = _first_invariant(ev)
-    recorded = _recorded(ev, invariant)
+    invariant = first_invariant(ev)
+    recorded = failed_check_sentence(ev, invariant)
     if ev.output_token is None or ev.reference_token is None:
         ended = "the reference had already ended" if ev.reference_token is None else "the output had stopped"
         ev.verdict = f"sync-bug:{invariant}" if invariant else "decision-bug:stop"  # a state out of step comes first
@@ -338,7 +285,7 @@ def _sync_bug(ev: RunForensics, rounding: Rounding | None) -> bool:
         ev.explanation = (f"At {at} the engine emitted a token that is not the argmax of the target pass that chose "
                           f"it (the pass's own logits pick id {ev.emitting_argmax}): {EXPLAIN['bonus']}.")
     elif ev.state_diff is not None and tolerance is not None and ev.state_diff > tolerance:
-        _corrupt(ev, rounding, invariant, f"At {at} the emitting pass's logits")
+        corrupt(ev, rounding, invariant, f"At {at} the emitting pass's logits")
         ev.explanation += recorded
     elif invariant is not None:
         ev.verdict = f"sync-bug:{invariant}"
@@ -426,14 +373,17 @@ def _why(ev: RunForensics, state: str) -> str:
     return "Its first token, positions, mask and visible cache entries each check out alone: " + EXPLAIN["state"] + "."
 
 
-def flag_batching_noise(trace: Trace, batched: DecodeResult) -> None:
+def flag_batching_noise(trace: Trace, batched: DecodeResult) -> Findings:
     """Mark divergences that batched-reference (same prompts and batch size, no
     speculation) shows at or before the same token: batching noise."""
+    found = Findings()
     for s in trace.sequences:
         ev = s.forensics
         if ev is None:
             continue
         alt = first_difference(batched.outputs[s.seq].ids, s.reference_ids)
-        ev.batching_noise = alt is not None and alt <= ev.fork
-        if ev.batching_noise:
-            ev.explanation += " Batched greedy decoding without speculation departs here too: batching noise."
+        noise = alt is not None and alt <= ev.fork
+        said = " Batched greedy decoding without speculation departs here too: batching noise."
+        found.of(s.seq)["forensics"] = ev.model_copy(update={
+            "batching_noise": noise, "explanation": ev.explanation + said * noise})
+    return found

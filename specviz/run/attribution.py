@@ -1,21 +1,14 @@
-"""Which bug is this? The mechanism behind another engine's fork, named from its tokens alone.
+"""Which bug is this? The replays that name the mechanism of another engine's fork, from its tokens.
 
-For a checked row whose fork the black-box judge (forensics/blackbox.py) did not put down to rounding, each
-fault of the catalogue (spec/faults.py, the field casebook's among them) that fits the engine's declared method
-is planted in specviz's engine (eqspec), which replays the row beside the prompts the engine ran it with (its
-batch, or the requests sent beside it; alone where it declares none). A replay is watched round by round and
-stopped at its first token that is not the engine's: up to there the faulted state has been fed the engine's own
-tokens, so the replay is the engine's tokens teacher-forced through the faulted state. Its score is the engine's
-tokens it writes from the fork on. The correct engine is replayed the same way.
-
-Most of what a replay writes after the fork proves nothing: once past the fork token, any replay that computes
-about right writes the target's own choices on the engine's prefix, as the engine did. The evidence is in the
-engine's tokens that the correct target, teacher-forced on the engine's own prefix, would not write (beyond the
-check's tolerance, or past where the reference stopped: departing()). A mechanism is named only when its replay
-writes at least EVIDENCE of those more than the correct engine replayed the same way does (all the others where the
-engine wrote fewer, never fewer than MIN_EVIDENCE), and no other writes more. docs/engines.md measures the threshold
-on vLLM's and llama.cpp's controls. Where none is named, the report says so and gives what fresh float64 passes
-at batch size 1 establish about the fork token.
+For a checked row whose fork the black-box judge (forensics/blackbox.py) did not put down to
+rounding, each fault of the catalogue (spec/faults.py, the field casebook's among them) that fits
+the engine's declared method is planted in specviz's engine (eqspec), which replays the row beside
+the prompts the engine ran it with (its batch, or the requests sent beside it; alone where it
+declares none). A replay is watched round by round and stopped at its first token that is not the
+engine's: up to there the faulted state has been fed the engine's own tokens, so the replay is the
+engine's tokens teacher-forced through the faulted state. The correct engine is replayed the same
+way. The replays go to the judge as data (forensics/attribution.py), which scores them and names a
+mechanism, or says why none is named.
 """
 from __future__ import annotations
 
@@ -27,20 +20,14 @@ from dataclasses import dataclass
 
 from specviz.decoding.decoders import Job, decode
 from specviz.decoding.result import Progress
-from specviz.forensics.enginenoise import truth_model
-from specviz.forensics.recompute import fresh_logits
+from specviz.forensics.attribution import Replay, evidence, judge_replays
 from specviz.models.architecture import is_recurrent, sliding_windows
 from specviz.models.pairs import ModelPair
-from specviz.spec.casebook import mechanism
 from specviz.spec.faults import FAULTS, PRESETS
 from specviz.spec.run import RunSpec, SpecError
-from specviz.spec.verdicts import verdict
-from specviz.trace.evidence import Attribution, Hypothesis
-from specviz.trace.records import SequenceRecord
+from specviz.trace.findings import Findings
 from specviz.trace.schema import Trace
 
-EVIDENCE = 4  # tokens a named mechanism writes that the correct target, on the engine's prefix, would not
-MIN_EVIDENCE = 2  # never fewer (where the engine wrote fewer such tokens, all of them): one may be rounding's
 PARTIAL = 3  # single faults that wrote some tokens of unnamed rows, the most often first, paired for those rows
 DECLARED = ("k", "drafter", "ngram_min", "ngram_max", "tree_width")  # engine settings a replay takes as they are
 
@@ -66,12 +53,14 @@ def forks_to_attribute(trace: Trace, every_fork: bool = False) -> list[int]:
             and (every_fork or s.forensics.verdict != "numerics")]
 
 
-def attribute(trace: Trace, replaying: Replaying, seqs: list[int], progress: Progress | None = None) -> None:
-    """Attribute the forks of `seqs` (forks_to_attribute) and keep each finding on its sequence: the correct
-    engine and every single fault first; then, for the rows none of them explains to the end, pairs of the (at
-    most PARTIAL) faults that wrote some of such a row's departing tokens (pairs()), as a compound bug would."""
+def attribute(trace: Trace, replaying: Replaying, seqs: list[int],
+              progress: Progress | None = None) -> Findings:
+    """The forks of `seqs` (forks_to_attribute) replayed, and each row's `attribution` as the judge
+    finds it: the correct engine and every single fault first; then, for the rows none of them
+    explains to the end, pairs of the (at most PARTIAL) faults that wrote some of such a row's
+    departing tokens (pairs()), as a compound bug would."""
     if not seqs:
-        return
+        return Findings()
     fits, skipped = candidates(replaying)
     tally = _Tally(trace, replaying, progress)
     for faults in ((), *fits):
@@ -81,13 +70,12 @@ def attribute(trace: Trace, replaying: Replaying, seqs: list[int], progress: Pro
     unfinished = [seq for seq in seqs if max(h.explained for h in tally.found[seq].values())
                   < len(trace.sequences[seq].engine.ids) - trace.sequences[seq].first_divergence]
     partial = Counter(h.faults[0] for seq in unfinished for h in tally.found[seq].values()
-                      if h.beyond > tally.found[seq][()].beyond and len(h.faults) == 1 and h.faults[0] in FAULTS)
+                      if tally.beyond(h) > tally.beyond(tally.found[seq][()]) and len(h.faults) == 1
+                      and h.faults[0] in FAULTS)
     for two in pairs([f for f, _ in partial.most_common(PARTIAL)], [f[0] for f in fits if f[0] in FAULTS]):
         with contextlib.suppress(SpecError):  # two faults the spec refuses together: not a hypothesis
             tally.replay(replay_spec(replaying, two), unfinished)
-    for seq in seqs:
-        trace.sequences[seq].attribution = judge(trace, replaying, seq, tally.found[seq], skipped, tally.replays[seq],
-                                                 tally.seconds[seq])
+    return judge_replays(trace, tally.replays, skipped, replaying.pair, replaying.prompt_ids)
 
 
 def pairs(partial: list[str], singles: list[str]) -> list[tuple[str, ...]]:
@@ -100,28 +88,27 @@ def pairs(partial: list[str], singles: list[str]) -> list[tuple[str, ...]]:
 
 
 class _Tally:
-    """Each forked row's replay under each hypothesis, and the replays (and seconds) spent on it. A replay in a
+    """Every replay of the forked rows, and each row's latest under each hypothesis. A replay in a
     batch follows every forked row of it at once, and stops once each has failed."""
 
     def __init__(self, trace: Trace, r: Replaying, progress: Progress | None):
         self.trace, self.r, self.progress = trace, r, progress
-        self.found: dict[int, dict[tuple[str, ...], Hypothesis]] = defaultdict(dict)
-        self.replays: dict[int, int] = defaultdict(int)
-        self.seconds: dict[int, float] = defaultdict(float)
+        self.replays: list[Replay] = []
+        self.found: dict[int, dict[tuple[str, ...], Replay]] = defaultdict(dict)
 
     def replay(self, spec: RunSpec, seqs: list[int]) -> None:
         for batch in layouts(seqs, len(self.r.prompt_ids), self.r.batch):
-            start = time.perf_counter()
             forked = {seq: (self.trace.sequences[seq].engine.ids, self.trace.sequences[seq].first_divergence)
                       for seq in batch if seq in seqs}
-            found = replay(self.r, spec, batch, forked)
-            for seq, h in found.items():
-                self.replays[seq] += 1
-                self.seconds[seq] += (time.perf_counter() - start) / len(found)
-                h.beyond = sum(departing(self.trace.sequences[seq])[: h.explained])
+            for seq, h in replay(self.r, spec, batch, forked).items():
+                self.replays.append(h)
                 self.found[seq][spec.faults] = h
             if self.progress:
                 self.progress(1)
+
+    def beyond(self, h: Replay) -> int:
+        """The judge's evidence in replay `h`: the departing tokens it wrote."""
+        return evidence(self.trace.sequences[h.seq], h.explained)
 
 
 def candidates(r: Replaying) -> tuple[dict[tuple[str, ...], RunSpec], dict[str, str]]:
@@ -158,46 +145,6 @@ def layouts(seqs: list[int], prompts: int, batch: int) -> list[list[int]]:
         return [[seq] for seq in seqs]
     chunks = sorted({seq // batch for seq in seqs})
     return [list(range(c * batch, min((c + 1) * batch, prompts))) for c in chunks]
-
-
-def departing(s: SequenceRecord) -> list[bool]:
-    """Per engine token from the fork on: one the correct engine would not write, teacher-forced on the engine's
-    own prefix: beyond the tolerance below the target's own choice (the check's gaps, in float64), or, where the
-    fork is the reference's stop, every one (a correct engine writes nothing there). The rest, the target's own
-    choices, any replay that reached them writes too."""
-    tolerance = s.forensics.tolerance or 0.0
-    gaps = s.gaps or []
-    past_stop = s.first_divergence >= len(s.reference_ids or [])  # the engine went on where the reference stopped
-    return [past_stop or (j < len(gaps) and gaps[j] > tolerance) for j in range(s.first_divergence, len(s.engine.ids))]
-
-
-def threshold_of(s: SequenceRecord, correct: Hypothesis) -> int:
-    """The departing tokens (departing()) a mechanism must write beyond those the correct engine's replay writes
-    (batch-dependent rounding may tip a near-tie as the engine's did) to be named: EVIDENCE, or all the others
-    where the engine wrote fewer, and never fewer than MIN_EVIDENCE."""
-    return max(MIN_EVIDENCE, min(EVIDENCE, sum(departing(s)) - correct.beyond))
-
-
-def judge(trace: Trace, r: Replaying, seq: int, best: dict[tuple[str, ...], Hypothesis], skipped: dict[str, str],
-          replays: int, seconds: float) -> Attribution:
-    """One forked row's attribution from each hypothesis's best replay: ranked, and named beyond the threshold."""
-    s = trace.sequences[seq]
-    best = dict(best)
-    correct = best.pop(())
-    # a pair is a hypothesis only where it writes more than each of its faults alone
-    best = {faults: h for faults, h in best.items() if len(faults) < 2 or
-            all(h.beyond > best[(f,)].beyond for f in faults if (f,) in best)}
-    fork, tokens, threshold = s.first_divergence, len(s.engine.ids) - s.first_divergence, threshold_of(s, correct)
-    ranked = sorted(best.values(), key=lambda h: (-h.beyond, -h.explained, len(h.companions), len(h.faults)))
-    top = ranked[0].beyond if ranked else 0
-    for h in ranked:
-        h.named = h.beyond == top and h.beyond - correct.beyond >= threshold
-    named = [h for h in ranked if h.named]
-    a = Attribution(fork=fork, tokens=tokens, departing=[fork + j for j, d in enumerate(departing(s)) if d],
-                    threshold=threshold, correct=correct, hypotheses=ranked, skipped=skipped, replays=replays,
-                    seconds=seconds, explanation="", facts=[] if named else facts(trace, r, seq))
-    a.explanation = explain(a, named, verdict(s.forensics.verdict).bug)
-    return a
 
 
 class _Departed(Exception):
@@ -237,9 +184,11 @@ class _Follow:
             raise _Departed
 
 
-def replay(r: Replaying, spec: RunSpec, batch: list[int], forks: dict[int, tuple[list[int], int]]) -> dict[int, Hypothesis]:
-    """Replay `batch` (sequence numbers) under `spec` and score each forked row of it (seq -> (the engine's
-    tokens, its fork)) on the engine's tokens."""
+def replay(r: Replaying, spec: RunSpec, batch: list[int],
+           forks: dict[int, tuple[list[int], int]]) -> dict[int, Replay]:
+    """Replay `batch` (sequence numbers) under `spec` and follow each forked row of it (seq -> (the
+    engine's tokens, its fork)) on the engine's tokens; each gets its share of the seconds."""
+    start = time.perf_counter()
     follow = _Follow({batch.index(seq): engine_fork for seq, engine_fork in forks.items()})
     try:
         out = decode(Job(spec, r.pair, [r.prompt_ids[i] for i in batch], record=False, watch=follow)).outputs
@@ -252,58 +201,8 @@ def replay(r: Replaying, spec: RunSpec, batch: list[int], forks: dict[int, tuple
         failed = follow.failed_at[row] if row in follow.failed_at else (None if ids == engine else len(ids))
         end = len(engine) if failed is None else failed
         round_, slot = follow.acted.get(row, (None, None))
-        found[seq] = Hypothesis(faults=spec.faults, companions=[i for i in batch if i != seq],
-                                explained=max(0, end - fork), failed_at=failed, replay_ids=ids[: end + 1],
-                                round=round_, slot=slot)
+        seconds = (time.perf_counter() - start) / len(forks)
+        found[seq] = Replay(seq=seq, faults=spec.faults, companions=[i for i in batch if i != seq],
+                            explained=max(0, end - fork), failed_at=failed,
+                            replay_ids=ids[: end + 1], round=round_, slot=slot, seconds=seconds)
     return found
-
-
-def facts(trace: Trace, r: Replaying, seq: int) -> list[str]:
-    """What fresh passes at batch size 1 (the target in float64 where it has a float64 copy, the draft in its own
-    dtype) establish about a fork no hypothesis explains: which context, or which model or row, the engine's fork
-    token is the choice of."""
-    s = trace.sequences[seq]
-    prompt, out, f = r.prompt_ids[seq], s.engine.ids, s.first_divergence
-    token = out[f]
-    model, truth = truth_model(r.pair)
-    found = []
-    if f > 0 and int(fresh_logits(model, prompt + out[: f - 1], 1, r.pair.vocab_size)[0].argmax()) == token:
-        found.append(f"The fork token {token} is the target's choice ({truth}) over a context missing the token "
-                     f"before it ({out[f - 1]}): as if the last accepted token had not been fed.")
-    if int(fresh_logits(r.pair.draft, prompt + out[:f], 1, r.pair.vocab_size)[0].argmax()) == token:
-        found.append(f"The fork token {token} is the draft model's own choice on the same prefix: a draft written "
-                     "where the target's token belongs.")
-    others = [o.seq for o in trace.sequences if o.seq != seq and o.reference_ids and len(o.reference_ids) > f
-              and o.reference_ids[f] == token]
-    if others:
-        found.append(f"The fork token {token} is the reference's token {f} of prompt{'s' * (len(others) > 1)} "
-                     f"{', '.join(map(str, others))}: another row's.")
-    return found or [f"The fork token {token} is not the target's choice over the context missing the token before "
-                     "it, nor the draft model's, nor another prompt's at the same index."]
-
-
-def explain(a: Attribution, named: list[Hypothesis], judged_bug: bool) -> str:
-    """The finding in words (`judged_bug`: the black-box judge called the fork a bug; else it could not decide)."""
-    correct = f"the correct engine, replayed the same way, writes {a.correct.beyond} of them"
-    departing = f"the {len(a.departing)} the target itself would not write on the engine's prefix"
-    if named:
-        h = named[0]
-        where = "alone" if not h.companions else f"beside prompts {', '.join(map(str, h.companions))}"
-        rest = "all of them" if h.failed_at is None else f"first failing token {h.failed_at}"
-        also = f" Indistinguishable by these tokens: {', '.join('+'.join(x.faults) for x in named[1:])}." \
-            if len(named) > 1 else ""
-        return (f"{mechanism(h.faults)}. Replayed {where}, it writes the engine's tokens {a.fork}-"
-                f"{a.fork + h.explained - 1} ({h.explained} of the {a.tokens} after the fork, {rest}), {h.beyond} of "
-                f"{departing}; {correct}.{also}")
-    tried = f"{len(a.hypotheses)} mechanisms of the catalogue tried in {a.replays} replays"
-    best = a.hypotheses[0] if a.hypotheses else None
-    if best and best.beyond > a.correct.beyond:
-        return (f"Too little evidence to name a mechanism: the closest, {'+'.join(best.faults)}, writes {best.beyond} "
-                f"of {departing}, and naming one needs {a.threshold} more than the correct engine's ({tried}; "
-                f"{correct}). Missing evidence: more "
-                "of the engine's tokens after the fork (a larger token budget), or more prompts that fork.")
-    if judged_bug:
-        return f"A bug outside the casebook: no mechanism writes the engine's departing tokens ({tried}; {correct})."
-    return (f"No mechanism of the catalogue writes the engine's departing tokens ({tried}; {correct}): if this fork "
-            "is a bug, it is one outside the casebook; the verdict above says what is missing to decide whether it "
-            "is one.")

@@ -33,6 +33,7 @@ from specviz.engines.jsonl import OutputLine
 from specviz.forensics import distribution, enginenoise, proof, repeats, rules
 from specviz.forensics.acceptance import judge_engine_acceptance
 from specviz.forensics.blackbox import force_outputs, judge_engine
+from specviz.forensics.sampledrun import judge_sampled_run
 from specviz.models.pairs import ModelPair
 from specviz.run import attribution
 from specviz.run.checkpoint import Checkpoint
@@ -41,6 +42,7 @@ from specviz.run.runner import Phases, calibrated_tolerance, checked, encode, ph
 from specviz.run.settings import Settings
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.run import RunSpec, SpecError, describe_validation_error
+from specviz.trace.findings import Findings
 from specviz.trace.records import EngineInfo, RoundRecord, RowRecord
 from specviz.trace.schema import Trace
 
@@ -107,7 +109,8 @@ def from_servers(spec: RunSpec, pair: ModelPair, engine: tuple[str, str | None],
     first, again, control_run = on_main(answers)  # under a launch, the server is asked once
     trace = check(spec, pair, ids, first, control_run, judging, batch=concurrency)
     if trace and determinism:
-        trace.manifest.determinism = repeats.compare(first.outputs, {name: run.outputs for name, run in again.items()})
+        asked = repeats.compare(first.outputs, {name: run.outputs for name, run in again.items()})
+        Findings(run={"manifest.determinism": asked}).record(trace)
     return trace
 
 
@@ -148,26 +151,23 @@ def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: E
     scored, ref, yardsticks = judged
     answered = DecodeResult([SequenceOutput(o.ids) for o in engine.outputs], engine.seconds or 0.0)
     trace = build_trace(spec, pair, prompt_ids, answered, ref, yardsticks)
-    trace.manifest.engine = _info(engine)
-    if control is not None:
-        trace.manifest.control = _info(control)
-    _rounds(trace, engine)  # an engine that reports its rounds in our schema gets the white-box views too
+    trace = _answered(trace, engine, control)
     for s in trace.sequences:
-        s.engine = engine.outputs[s.seq]
-        s.control = control.outputs[s.seq] if control else None
         if s.engine.error:  # no answer: nothing to compare
-            s.equivalent = s.first_divergence = None
+            Findings({s.seq: {"equivalent": None, "first_divergence": None}}).record(trace)
         elif s.engine.approximate and pair.tokenizer.decode(s.output_ids) == pair.tokenizer.decode(s.reference_ids):
-            s.equivalent, s.first_divergence = True, None  # re-tokenized text: the same text is the same answer
+            # re-tokenized text: the same text is the same answer
+            Findings({s.seq: {"equivalent": True, "first_divergence": None}}).record(trace)
     judge_engine(trace, forcing, truth, scored, Stops.of(pair, spec.stop)).record(trace)
     drafter = DRAFTERS.get(engine.settings.get("drafter"))
     if drafter and drafter.draft_model:  # it says it drafts with the check's draft model: its counters
-        trace.acceptance = judge_engine_acceptance(trace, pair.draft, pair.vocab_size, spec.k)
+        drafts = judge_engine_acceptance(trace, pair.draft, pair.vocab_size, spec.k)
+        Findings(run={"acceptance": drafts}).record(trace)
     if judging.attribute:
         replaying = attribution.Replaying(spec, pair, prompt_ids, engine.settings,
                                           int(engine.settings.get("batch_size") or batch or 1))
         attribution.attribute(trace, replaying, attribution.forks_to_attribute(trace),
-                              phase(judging.progress, "attribution"))
+                              phase(judging.progress, "attribution")).record(trace)
     return trace
 
 
@@ -262,16 +262,14 @@ def check_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], e
         raise SpecError(f"output {outside[0]} holds token id {outside[1]}, outside the target's vocabulary "
                         f"(0-{pair.vocab_size - 1}): not this target's tokens")
     result = DecodeResult([SequenceOutput(o.ids) for o in engine.outputs], engine.seconds or 0.0)
-    trace = build_trace(spec, pair, prompt_ids, result)
-    trace.manifest.engine = _info(engine)
-    _rounds(trace, engine)  # an engine that reports its rounds in our schema: its PIT is split by slot and row too
-    for s in trace.sequences:
-        s.engine = engine.outputs[s.seq]
+    # an engine that reports its rounds in our schema: its PIT is split by slot and row too
+    trace = _answered(build_trace(spec, pair, prompt_ids, result), engine)
     distribution.judge(trace, pair, prompt_ids).record(trace)
     drafter = DRAFTERS.get(engine.settings.get("drafter"))
     if attribute and drafter and drafter.draft_model:  # a likelihood ratio test: stronger than the PIT's for these
-        trace.distribution.attribution = rules.judge(trace, pair, prompt_ids, int(engine.settings.get("k") or spec.k))
-    return trace
+        rule = rules.judge(trace, pair, prompt_ids, int(engine.settings.get("k") or spec.k))
+        Findings(run={"distribution.attribution": rule}).record(trace)
+    return judge_sampled_run(trace).record(trace)
 
 
 def sampled_summary(trace: Trace) -> dict:
@@ -287,12 +285,21 @@ def sampled_summary(trace: Trace) -> dict:
             "tokens_per_second": tokens / info.seconds if info.seconds else None}
 
 
-def _rounds(trace: Trace, engine: EngineRun) -> None:
+def _answered(trace: Trace, engine: EngineRun, control: EngineRun | None = None) -> Trace:
+    """The trace built from the engine's answers, with what the engine said of them: itself, each
+    answer as it came, its control's, and its rounds where it reports them in our schema (they get
+    the white-box views)."""
     try:
-        trace.rows = [RowRecord.model_validate(r) for r in engine.rows]
-        trace.rounds = [RoundRecord.model_validate(r) for r in engine.rounds]
+        rows = [RowRecord.model_validate(r) for r in engine.rows]
+        rounds = [RoundRecord.model_validate(r) for r in engine.rounds]
     except ValidationError as e:
-        raise SpecError(f"the engine's rounds are not in specviz's trace schema: {describe_validation_error(e)}") from None
+        raise SpecError("the engine's rounds are not in specviz's trace schema: "
+                        f"{describe_validation_error(e)}") from None
+    said = {s.seq: {"engine": engine.outputs[s.seq], "control": control and control.outputs[s.seq]}
+            for s in trace.sequences}
+    run = {"manifest.engine": _info(engine), "manifest.control": control and _info(control),
+           "rows": rows, "rounds": rounds}
+    return Findings(said, run).record(trace)
 
 
 def _info(run: EngineRun) -> EngineInfo:

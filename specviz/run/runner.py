@@ -17,8 +17,9 @@ from specviz.decoding.sampling import GREEDY, Sampling, greedy_of
 from specviz.forensics import distribution, yardstick
 from specviz.forensics.acceptance import judge_acceptance, judge_head_acceptance
 from specviz.forensics.logprobs import judge_logprobs
+from specviz.forensics.sampledrun import analyse_sampled, judge_sampled_run
 from specviz.forensics.watch import Watch
-from specviz.forensics.whitebox import analyse, analyse_sampled, flag_batching_noise
+from specviz.forensics.whitebox import analyse, flag_batching_noise
 from specviz.models.heads import head_for
 from specviz.models.pairs import ONE_DEVICE, ModelPair, Placement, pair_for
 from specviz.run.settings import Settings
@@ -27,6 +28,7 @@ from specviz.spec.prompts import builtin_set
 from specviz.spec.run import MAX_PROMPT_TOKENS, RunSpec, SpecError
 from specviz.spec.verdicts import state_bug
 from specviz.trace.evidence import Acceptance, Rounding, Yardsticks
+from specviz.trace.findings import Findings
 from specviz.trace.schema import Trace
 
 
@@ -164,7 +166,7 @@ def explain_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]],
     if spec.logprobs and judge:
         yardsticks = yardsticks or calibrated_yardsticks(spec, pair)
         judge_logprobs(trace, pair, yardsticks and yardsticks.target).record(trace)
-    return trace
+    return judge_sampled_run(trace).record(trace)  # from what every judge above found
 
 
 def yardsticks_for(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], ref: DecodeResult) -> Yardsticks | None:
@@ -249,9 +251,9 @@ def explain(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result:
             # Would batching alone, without speculation, have forked there too?
             batched = _cached_batched(pair, tuple(tuple(x) for x in prompt_ids), spec.batch_size, spec.max_new_tokens,
                                       greedy_of(spec))
-            flag_batching_noise(trace, batched)
+            flag_batching_noise(trace, batched).record(trace)
     if spec.logprobs and ref is not None:
         judge_logprobs(trace, pair, yardsticks and yardsticks.target).record(trace)
     if trace.rows:  # the drafts: lossless bugs show only there
-        trace.acceptance = _judge_drafts(trace, spec, pair)
+        Findings(run={"acceptance": _judge_drafts(trace, spec, pair)}).record(trace)
     return trace

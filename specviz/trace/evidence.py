@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Discriminator, Tag
+from pydantic import AfterValidator, ConfigDict, Discriminator, Field, Tag
 
 from specviz.spec.run import Many, Map, Strict
+from specviz.spec.untrusted import shown
+from specviz.spec.verdicts import VERDICTS
 
 
 class Rounding(Strict):
@@ -117,10 +119,26 @@ class Yardsticks(Strict):
     engine: EngineNoise | None = None  # engine checks
 
 
-class Verdict(Strict):
-    """Why a sequence departed from the reference: what both judges record."""
+def _declared(name: str) -> str:
+    """A name spec/verdicts.py declares: no judge gives another, and a record or file holding one is
+    refused."""
+    if name not in VERDICTS:
+        raise ValueError(f"{shown(name)} is not a verdict specviz gives (spec/verdicts.py)")
+    return name
 
-    verdict: str  # a name spec/verdicts.py declares
+
+# A verdict's name, checked against the registry wherever a record is built, assigned or read.
+VerdictName = Annotated[str, AfterValidator(_declared),
+                        Field(json_schema_extra={"enum": list(VERDICTS)})]
+
+
+class Judgement(Strict):
+    """Why a sequence departed from the reference: what both judges record (what the verdict's name
+    means is its declaration, spec/verdicts.py's Verdict)."""
+
+    model_config = ConfigDict(validate_assignment=True)  # a judge setting an undeclared name fails
+
+    verdict: VerdictName
     explanation: str
     fork: int  # index of the first differing token
     output_token: int | None = None
@@ -132,7 +150,7 @@ class Verdict(Strict):
     yardstick: str | None = None  # which yardstick judged it, in words
 
 
-class RunForensics(Verdict):
+class RunForensics(Judgement):
     """The white-box judge's verdict on one of our runs, with its evidence (forensics/whitebox.py): the watched
     state of the row that emitted the fork, recomputed against the truth."""
 
@@ -160,7 +178,7 @@ class RunForensics(Verdict):
     batching_noise: bool | None = None  # batched-reference (no speculation) already departs here
 
 
-class EngineForensics(Verdict):
+class EngineForensics(Judgement):
     """The black-box judge's verdict on an engine from outside, by its token ids alone (forensics/blackbox.py):
     its tokens teacher-forced through the target, against the engine's own rounding."""
 
@@ -182,7 +200,7 @@ def _judge_of(data) -> str:
     return data.get("judge") or ("engine" if any(data.get(f) is not None for f in ENGINE_ONLY) else "run")
 
 
-ENGINE_ONLY = tuple(EngineForensics.model_fields.keys() - Verdict.model_fields.keys() - {"judge"})
+ENGINE_ONLY = tuple(EngineForensics.model_fields.keys() - Judgement.model_fields.keys() - {"judge"})
 Forensics = Annotated[Annotated[RunForensics, Tag("run")] | Annotated[EngineForensics, Tag("engine")],
                       Discriminator(_judge_of)]
 
@@ -245,6 +263,15 @@ class Distribution(Strict):
     attribution: RuleAttribution | None = None
 
 
+class SampledJudgement(Strict):
+    """A sampled run of ours judged as a whole (forensics/sampledrun.py): which kind of fault its
+    state audit, decision audit and distribution test show together, and why; where none, the
+    distribution test's outcome."""
+
+    verdict: VerdictName | Literal["consistent", "too few tokens"]
+    explanation: str
+
+
 class Decisions(Strict):
     """Sampled runs: every recorded accept/reject decision re-derived from its recorded p, q and draw."""
 
@@ -273,7 +300,7 @@ class Acceptance(Strict):
     accepted_fresh: int  # drafts the fresh pass's proposals would have had accepted, in the same rounds
     per_position: Many[float | None]  # the run's acceptance at each draft slot, of the rounds that reached it
     per_position_fresh: Many[float | None]  # (None: no round reached the slot)
-    verdict: str | None  # None: the drafts are the drafter's own; else a draft-bug (spec/verdicts.py), or unexplained
+    verdict: VerdictName | None  # None: the drafter's own drafts; else a draft-bug, or unexplained
     explanation: str
     # An engine seen from outside has no rounds, only its own counters (drafts offered and accepted per prompt, or
     # a server's /metrics totals over the run): then `compared` counts the drafts it offered, and the fresh pass
@@ -309,7 +336,8 @@ class Determinism(Strict):
 
 
 class Hypothesis(Strict):
-    """One known mechanism, planted in specviz's engine, replaying an engine's forked row (run/attribution.py)."""
+    """One known mechanism, planted in specviz's engine, replaying an engine's forked row
+    (replayed by run/attribution.py, scored by forensics/attribution.py)."""
 
     faults: Many[str]  # the fault (or preset) replayed; () for the correct engine
     companions: Many[int]  # the other prompts replayed in its batch, in batch order; [] when replayed alone
@@ -323,7 +351,8 @@ class Hypothesis(Strict):
 
 
 class Attribution(Strict):
-    """Which mechanism writes a forked engine row's tokens (run/attribution.py): every hypothesis tried, ranked."""
+    """Which mechanism writes a forked engine row's tokens (forensics/attribution.py): every
+    hypothesis tried, ranked."""
 
     fork: int
     tokens: int  # the engine's tokens from the fork on

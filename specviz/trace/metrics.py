@@ -193,63 +193,11 @@ def distribution_summary(trace: Trace) -> dict | None:
 
 
 def sampled_verdict(trace: Trace) -> tuple[str, str] | None:
-    """Which kind of fault a judged sampled run of ours shows, and why, from three independent pieces of evidence:
-    the state audit (each row's verify logits against a fresh batch-size-1 pass), the decision audit (each decision
-    re-derived from its recorded p, q and draw) and the distribution test (PIT). None where there is no such run:
-    greedy, not judged, or without rounds (reference decoders, engines seen from outside)."""
-    d = trace.distribution
-    if d is None or not trace.rows:
-        return None
-    corrupt = sorted((s for s in trace.sequences if s.forensics), key=lambda s: (s.forensics.round or 0, s.seq))
-    mismatches = trace.decisions.mismatches if trace.decisions else 0
-    audited = sum(r.audit is not None for r in trace.rows)
-    rejected = d.verdict == "not the target's distribution"
-    tokens = (f"the tokens are not the target's distribution (failing: {d.failing}, p = {d.p:.2g})" if rejected
-              else f"the distribution test says {d.verdict}")
-    decided = (f"{mismatches} of {trace.decisions.checked} accept/reject decisions do not follow the engine's own "
-               "recorded p, q and draw u (accepted iff u < p/q)" if mismatches else
-               "every accept/reject decision follows its recorded p, q and draw")
-    if corrupt:
-        f, s = corrupt[0].forensics, corrupt[0]
-        return f.verdict, (f"The target state of {len(corrupt)} of {len(trace.sequences)} sequences went wrong; the "
-                           f"first, sequence {s.seq}, in round {f.round} (batch row {f.row}): {f.verdict}. Every p the "
-                           f"sampler used after that rests on a corrupt state. Besides, {tokens}; {decided}.")
-    if mismatches:
-        return "sampler-bug:decisions", (
-            f"The sampler does not follow its own record: {decided}; the first at (round, row, slot) "
-            f"{trace.decisions.first[0]}. " + (f"Every audited row's state held, and {tokens}." if audited else
-                                               f"The rows' states were not audited; {tokens}."))
-    if d.settings:
-        f = d.settings[0]
-        fit = "greedy decoding" if f.temperature == 0 else (f"temperature {f.temperature:g}, top-k {f.top_k}, "
-                                                            f"top-p {f.top_p:g}")
-        ratio = ("its own settings make one of its tokens impossible" if f.log_ratio is None else
-                 f"e^{f.log_ratio:.0f} times likelier than under its own")
-        return "decision-bug:settings", (
-            f"{len(d.settings)} of {len(trace.sequences)} sequences were sampled with another request's settings: "
-            f"the first, sequence {f.seq}, fits {fit} ({ratio}, beyond what chance gives any of the settings). "
-            f"Besides, {tokens}; {decided}.")
-    if trace.decisions and trace.decisions.stream_mismatches:
-        first = trace.decisions.stream_first[0]
-        return "decision-bug:stream", (
-            f"{trace.decisions.stream_mismatches} of {trace.decisions.draws} recorded draws are not their row's own "
-            f"stream's (its request's seed, or the run's seed and its sequence, at its token); the first at (round, "
-            f"seq, token) {first}. Such a row's tokens depend on its batch and schedule, whatever its distribution. "
-            f"Besides, {tokens}; {decided}.")
-    if not rejected:
-        return d.verdict, (f"No fault found: {tokens}; {decided}" + (
-            f"; all {audited} audited row states held." if audited else "; the rows' states were not audited."))
-    if audited < len(trace.rows):
-        which = (f"only {audited} of {len(trace.rows)} (round, row) states were" if audited else
-                 "the rows' states were not")
-        return "unexplained", (
-            f"{tokens[0].upper()}{tokens[1:]} and {decided}, but {which} audited against a fresh batch-size-1 pass, so "
-            "a corrupt state cannot be told from a wrong sampling rule. The missing evidence: run it again auditing "
-            "every row (--audit with the batch size, or the page's audit box).")
-    return "sampler-bug:rule", (
-        f"Every row's target state held within rounding of a fresh batch-size-1 recomputation, in all {audited} "
-        f"(round, row) states, and {decided}, yet {tokens}: the sampler's rule is wrong, in what it computes from "
-        "p and q (the acceptance ratio, the residual, the warping) or in its random streams.")
+    """Which kind of fault a judged sampled run of ours shows, and why, as its judge found it when
+    the run was judged (forensics/sampledrun.py). None where there is no such run: greedy, not
+    judged, or without rounds (reference decoders, engines seen from outside)."""
+    v = trace.sampled_verdict
+    return None if v is None else (v.verdict, v.explanation)
 
 
 def engine_drafts(trace: Trace) -> tuple[int, int]:

@@ -15,7 +15,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from specviz.spec.run import Many, Map, RunSpec, SpecError, Strict, describe_validation_error
 from specviz.spec.untrusted import parse_file, shown
-from specviz.trace.evidence import Acceptance, Decisions, Determinism, Distribution, Fidelity, Yardsticks
+from specviz.trace.evidence import Acceptance, Decisions, Determinism, Distribution, Fidelity, SampledJudgement, Yardsticks
 from specviz.trace.migrations import MIGRATIONS, SCHEMA_VERSION
 from specviz.trace.records import EngineInfo, PromptRecord, RoundRecord, RowRecord, SequenceRecord, check_sequence
 
@@ -51,6 +51,8 @@ class Trace(Strict):
     vocab: Map[int, str] = {}  # each token id's own text, so a trace reads without its tokenizer
     distribution: Distribution | None = None  # sampled runs: are the tokens drawn from the target's distribution?
     decisions: Decisions | None = None  # sampled speculative runs: the decision audit
+    # sampled runs of ours with rounds, judged: the run's verdict (None in older traces: not stored)
+    sampled_verdict: SampledJudgement | None = None
     acceptance: Acceptance | None = None  # greedy runs with a draft model: were the drafts the drafter's own?
 
     @model_validator(mode="after")
