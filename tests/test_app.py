@@ -111,7 +111,8 @@ def test_an_oversized_trace_file_is_refused(client, tmp_path):
 
 
 def test_operator_limits_are_enforced_with_clear_messages(client):
-    over = {**TINY_RUN, "batch_size": 17}  # the default SPECVIZ_MAX_BATCH_SIZE is 16: the slider stops at it
+    # The default SPECVIZ_MAX_BATCH_SIZE is 16: the slider itself stops at it.
+    over = {**TINY_RUN, "batch_size": 17}
     with pytest.raises(Exception, match="greater than maximum value 16"):
         client.predict(**over, api_name="/run")
     many = {**TINY_RUN, "typed": "\n".join(f"prompt {i}" for i in range(65))}
@@ -128,7 +129,7 @@ def test_operator_limits_are_enforced_with_clear_messages(client):
     with pytest.raises(Exception, match=r"prompts × max new tokens 4400 is over this server's limit of 4096 "
                                         r"\(SPECVIZ_MAX_RUN_TOKENS\)"):
         client.predict(**work, api_name="/run")
-    long = {**TINY_RUN, "typed": " ".join(["word"] * 2100)}  # about 2,100 tokens in 10,500 characters
+    long = {**TINY_RUN, "typed": " ".join(["word"] * 2100)}  # about 2,100 tokens, 10,500 characters
     with pytest.raises(Exception, match=r"prompt 0 is \d+ tokens long, over this server's limit of 2048 "
                                         r"\(SPECVIZ_MAX_PROMPT_TOKENS\)"):
         client.predict(**long, api_name="/run")

@@ -47,8 +47,10 @@ def test_the_bundled_cases_are_what_their_names_say():
 
 def test_the_first_page_opens_the_bundled_decay_at_its_fork_and_its_link_replays_it_at_once():
     opened = ui.open_link("")
-    trace, download, pending, status = (opened[n] for n in ("trace", "download", "pending", "status"))
-    assert not set(opened) & set(DEFAULTS) and pending is None  # controls untouched (left out), nothing to replay
+    trace, download, pending, status = (opened[n]
+                                        for n in ("trace", "download", "pending", "status"))
+    # The controls untouched (left out), nothing to replay.
+    assert not set(opened) & set(DEFAULTS) and pending is None
     assert trace is serving.bundled()[ui.FIRST_PAGE] and Trace.from_json(open(download).read()) == trace
     assert status.startswith("**You are looking at a real case") and "To run your own" in status
     assert "bundled with specviz" in status

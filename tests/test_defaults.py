@@ -1,6 +1,7 @@
-"""Every default a run setting has is RunSpec's: the command line's flags and the page's controls read
-them from RunSpec's fields, and the few defaults of their own (verify's and bench's sweeps) are what they
-were. No handler of the page takes more than eight positional parameters: the page is keyed by names."""
+"""Every default a run setting has is RunSpec's: the command line's flags and the page's controls
+read them from RunSpec's fields, and the few defaults of their own (verify's and bench's sweeps) are
+what they were. No handler of the page takes more than eight positional parameters: the page is
+keyed by names."""
 import ast
 import contextlib
 import io
@@ -16,9 +17,9 @@ from specviz.spec.run import RunSpec
 
 QUICK = RunSpec.build(prompts=tuple(builtin_sets()[DEFAULT_SET]))
 # Flags that set a RunSpec field of the same name, in the commands that take them.
-SHARED = ("max_new_tokens", "dtype", "device", "seed", "max_wait", "audit", "temperature", "top_k", "top_p",
-          "repetition_penalty", "presence_penalty", "draft_temperature", "draft_top_k", "draft_top_p", "window",
-          "target_revision", "draft_revision")
+SHARED = ("max_new_tokens", "dtype", "device", "seed", "max_wait", "audit", "temperature", "top_k",
+          "top_p", "repetition_penalty", "presence_penalty", "draft_temperature", "draft_top_k",
+          "draft_top_p", "window", "target_revision", "draft_revision")
 
 
 def _parsed(*argv: str) -> dict:
@@ -29,15 +30,17 @@ def _parsed(*argv: str) -> dict:
 def test_every_flag_that_sets_a_run_field_defaults_to_runspecs_default(command):
     args = _parsed(command)
     for field in SHARED:
-        assert args[field] == default_of(field) and type(args[field]) is type(default_of(field)), field
+        default = default_of(field)
+        assert args[field] == default and type(args[field]) is type(default), field
     assert args["pair"] == DEFAULT_PAIR == "embedded" and args["drafter"] == [default_of("drafter")]
-    assert (args["ngram_min"], args["ngram_max"], args["tree_width"]) == (None, None, None)  # left out: defaults
+    # Left out of the spec unless given: RunSpec's defaults.
+    assert (args["ngram_min"], args["ngram_max"], args["tree_width"]) == (None, None, None)
 
 
 def test_a_run_with_no_flags_is_runspecs_default_run_on_the_quick_prompts():
     args = parser().parse_args(["run"])
-    assert (args.method, args.batch_size, args.k) == (default_of("method"), default_of("batch_size"),
-                                                      default_of("k"))
+    assert (args.method, args.batch_size, args.k) == (
+        default_of("method"), default_of("batch_size"), default_of("k"))
     spec = spec_of(args, method=args.method, batch_size=args.batch_size, k=args.k)
     assert spec == QUICK and spec.key() == QUICK.key()
     assert _parsed("check")["k"] == _parsed("bench")["k"] == default_of("k") == 5
@@ -47,7 +50,8 @@ def test_the_commands_own_defaults_are_what_they_were():
     verify, bench, check = _parsed("verify"), _parsed("bench"), _parsed("check")
     assert verify["methods"] == ["batched-reference", "eqspec"] and verify["batch_sizes"] == [1, 4]
     assert verify["k"] == [5] and verify["temperatures"] is None and verify["fault_sets"] is None
-    assert bench["batch_sizes"] == [1, 2, 4, 8] and bench["max_waits"] is None and bench["name"] == "bench"
+    assert bench["batch_sizes"] == [1, 2, 4, 8] and bench["max_waits"] is None
+    assert bench["name"] == "bench"
     assert (check["concurrency"], check["timeout"]) == (8, 300.0)
     assert _parsed("shrink")["url"] == "http://localhost:7860/"
 
@@ -58,7 +62,8 @@ def test_the_help_names_the_same_defaults():
         parser().parse_args(["run", "--help"])
     shown = " ".join(out.getvalue().split())
     for said in ("(default: quick)", "(default 1)", "tried first (default 3)", "default 1: a chain",
-                 "(default 2 x batch size)", "(default: embedded SmolLM2-135M-Instruct and its draft)"):
+                 "(default 2 x batch size)",
+                 "(default: embedded SmolLM2-135M-Instruct and its draft)"):
         assert said in shown, said
 
 
@@ -66,7 +71,8 @@ def test_the_page_starts_at_runspecs_defaults():
     from specviz.app.form import DEFAULTS, ENGINE_DEFAULTS, INPUTS, controls_of, spec_from_controls
 
     assert spec_from_controls() == QUICK  # every control at its default: RunSpec's default run
-    assert {**controls_of(QUICK), "target": "", "draft": ""} == DEFAULTS and INPUTS["prompt_file"] is None
+    assert {**controls_of(QUICK), "target": "", "draft": ""} == DEFAULTS
+    assert INPUTS["prompt_file"] is None
     assert (DEFAULTS["pair"], DEFAULTS["prompt_set"]) == (DEFAULT_PAIR, DEFAULT_SET)
     for field in ("dtype", "max_new_tokens", "temperature", "top_p", "seed"):
         assert ENGINE_DEFAULTS[field] == default_of(field), field
@@ -86,5 +92,6 @@ def test_no_function_of_the_page_takes_more_than_eight_positional_parameters():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 positional = len(node.args.posonlyargs) + len(node.args.args)
                 if positional > MAX_POSITIONAL:
-                    found.append(f"{path.name}:{node.lineno} {getattr(node, 'name', 'lambda')} ({positional})")
+                    name = getattr(node, "name", "lambda")
+                    found.append(f"{path.name}:{node.lineno} {name} ({positional})")
     assert found == [], found

@@ -1,6 +1,6 @@
-"""The page's controls: the Run view's (a run spec's fields) and the Check tab's (an engine to judge),
-built inside the caller's layout, each named as its form (form.py) names it and set to its default
-there; page.py places and wires them, runview.py reads their values.
+"""The page's controls: the Run view's (a run spec's fields) and the Check tab's (an engine to
+judge), built inside the caller's layout, each named as its form (form.py) names it and set to its
+default there; page.py places and wires them, runview.py reads their values.
 """
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def run_controls_of(settings: Settings) -> dict:
         c["target"] = gr.Textbox(DEFAULTS["target"], label="target model")
         c["draft"] = gr.Textbox(DEFAULTS["draft"], label="draft model")
     c["prompt_set"] = gr.Dropdown(list(builtin_sets()), value=DEFAULTS["prompt_set"], label="built-in prompts")
-    c["typed"] = gr.Textbox(DEFAULTS["typed"], lines=3, label="or type prompts", info="one a line, or Spec-Bench JSONL; used when not empty")
+    c["typed"] = gr.Textbox(DEFAULTS["typed"], lines=3, label="or type prompts",
+                            info="one a line, or Spec-Bench JSONL; used when not empty")
     c["prompt_file"] = gr.File(label="or upload prompts (text or Spec-Bench .jsonl)", file_types=[".txt", ".jsonl"],
                                type="filepath", height=UPLOAD_HEIGHT)
     c["chat_template"] = gr.Checkbox(value=DEFAULTS["chat_template"], label="chat template",
@@ -114,7 +115,8 @@ def engine_controls(settings: Settings) -> dict:
                 "The file format is in docs/engines.md (`specviz schema --outputs`).")
     e["pair"] = gr.Dropdown([*PRESETS, CUSTOM], value=d["pair"],
                             label="reference: the engine's target weights")
-    e["target"] = gr.Textbox(d["target"], label="custom target (Hub id or local path)", visible=True)
+    e["target"] = gr.Textbox(d["target"], label="custom target (Hub id or local path)",
+                             visible=True)
     e["dtype"] = gr.Dropdown(list(DTYPES), value=d["dtype"], label="reference dtype")
     e["outputs"] = gr.File(label="the engine's outputs (JSONL)", file_types=[".jsonl", ".json", ".txt"],
                            type="filepath", height=UPLOAD_HEIGHT)
@@ -122,13 +124,17 @@ def engine_controls(settings: Settings) -> dict:
                            file_types=[".jsonl", ".json", ".txt"], type="filepath", height=UPLOAD_HEIGHT)
     servers = bool(settings.engine_servers) and not settings.public
     with gr.Accordion("or ask a server (llama.cpp, vLLM or any OpenAI-compatible)", open=False, visible=servers):
-        e["server"] = gr.Textbox(d["server"], label="server URL", info="allowed: " + (", ".join(settings.engine_servers) or "none")
+        e["server"] = gr.Textbox(d["server"], label="server URL",
+                                 info="allowed: " + (", ".join(settings.engine_servers) or "none")
                                  + "; llama.cpp's llama-server is asked in its own API, any other as OpenAI's")
-        e["served_model"] = gr.Textbox(d["served_model"], label="served model (blank: the server's only model)")
-        e["control_server"] = gr.Textbox(d["control_server"], label="optional: a server of the same engine without speculation")
+        e["served_model"] = gr.Textbox(d["served_model"],
+                                       label="served model (blank: the server's only model)")
+        e["control_server"] = gr.Textbox(
+            d["control_server"], label="optional: a server of the same engine without speculation")
         e["prompt_set"] = gr.Dropdown(list(builtin_sets()), value=d["prompt_set"],
                                       label="prompts to send")
-        e["max_new_tokens"] = gr.Slider(1, settings.max_new_tokens, value=d["max_new_tokens"], step=1,
+        e["max_new_tokens"] = gr.Slider(1, settings.max_new_tokens, value=d["max_new_tokens"],
+                                        step=1,
                                         label="max new tokens")
         e["determinism"] = gr.Checkbox(d["determinism"], label="ask every prompt twice more",
                                        info="the same requests again, then in reverse order (other slots, other batch "
@@ -138,10 +144,12 @@ def engine_controls(settings: Settings) -> dict:
                                      label="the engine's temperature",
                                      info="0: greedy, checked token by token; above 0: judged by the distribution of "
                                           "its tokens under the target at these settings")
-        e["top_p"] = gr.Slider(TOP_P_MIN, 1, value=d["top_p"], step=0.01, label="its top-p (1: off)")
+        e["top_p"] = gr.Slider(TOP_P_MIN, 1, value=d["top_p"], step=0.01,
+                               label="its top-p (1: off)")
         e["seed"] = gr.Number(value=d["seed"], precision=0, minimum=0,
                               label="seed (a server gets one a prompt from it)")
-    e["same_draft"] = gr.Checkbox(d["same_draft"], label="the engine drafts with this pair's draft model",
+    e["same_draft"] = gr.Checkbox(d["same_draft"],
+                                  label="the engine drafts with this pair's draft model",
                                   info="its acceptance is then judged against the draft's own replay: per request from "
                                        "the file's drafts and accepted counts, or from a server's counters")
     return e

@@ -53,7 +53,8 @@ def controls_of(s: RunSpec) -> dict:
 
 # The controls a spec fills, at RunSpec's defaults (on the default prompt set), in the API's order;
 # the custom pair's boxes start blank (a preset names its models).
-DEFAULTS = {**controls_of(RunSpec(prompts=tuple(builtin_sets()[DEFAULT_SET]))), "target": "", "draft": ""}
+DEFAULTS = {**controls_of(RunSpec(prompts=tuple(builtin_sets()[DEFAULT_SET]))),
+            "target": "", "draft": ""}
 # Every control a run reads: those and the uploaded prompt file.
 INPUTS = {**DEFAULTS, "prompt_file": None}
 # The Check tab's controls: the reference's pair and settings (RunSpec's), and the engine's outputs

@@ -71,8 +71,8 @@ def cards_html() -> str:
 def open_case(evt: gr.EventData) -> dict:
     """A card's button, by name: the Run controls set to its case's run (Run decodes it again), its
     bundled run for the Run view ("trace", "status", "download", no "pending" replay; opened on its
-    first fork, a lossless case on its drafts per slot), the Run view's tab ("tabs"), and the tab of its
-    views to show ("view_tabs")."""
+    first fork, a lossless case on its drafts per slot), the Run view's tab ("tabs"), and the tab
+    of its views to show ("view_tabs")."""
     case = BY_FAULT.get((evt._data or {}).get("case"))
     if case is None:
         raise gr.Error("that is not a case of the field casebook")

@@ -204,8 +204,9 @@ class Page:
 
     @property
     def named(self) -> dict:
-        """The components a handler's result may name: the run's controls, the Run view's views (and
-        its status and tabs), the trace, its download, a link's pending replay and the page's tabs."""
+        """The components a handler's result may name: the run's controls, the Run view's views
+        (and its status and tabs), the trace, its download, a link's pending replay and the page's
+        tabs."""
         return {**self.c, **self.v, "trace": self.trace, "download": self.buttons["download"],
                 "pending": self.pending, "tabs": self.tabs}
 
@@ -214,8 +215,8 @@ class Page:
         return [self.named[n] for n in names]
 
     def keyed(self, fn, named: dict | None = None):
-        """`fn`, whose result is keyed by name (`named`'s, else self.named's), as Gradio's handler: keyed
-        by component. Gradio reads the handler's parameters (an EventData among them) through
+        """`fn`, whose result is keyed by name (`named`'s, else self.named's), as Gradio's handler:
+        keyed by component. Gradio reads the handler's parameters (an EventData among them) through
         functools.wraps."""
         named = named or self.named
 
@@ -244,10 +245,10 @@ class Page:
     def wire_run_view(self) -> None:
         c, b, settings = self.c, self.buttons, self.settings
         controls = self.parts(*DEFAULTS)
-        run_inputs = {n: c[n] for n in INPUTS}  # by name: the API's parameters are the controls' names
+        run_inputs = {n: c[n] for n in INPUTS}  # by name: the API's parameters bear their names
         run_here = functools.partial(run_controls, settings)
-        running = [b["run"].click(run_here, None, self.opened, inputs_kwargs=run_inputs, api_name="run",
-                                  concurrency_id="decode")]
+        running = [b["run"].click(run_here, None, self.opened, inputs_kwargs=run_inputs,
+                                  api_name="run", concurrency_id="decode")]
         for name, btn in b["examples"].items():
             values = {c[n]: value for n, value in {**DEFAULTS, **EXAMPLES[name]}.items()}
             filled = btn.click(lambda v=values: v, None, controls, api_name=example_api_name(name))
@@ -256,7 +257,8 @@ class Page:
                                 api_visibility="private", show_progress="hidden")
             running.append(shown.then(run_here, None, self.opened, inputs_kwargs=run_inputs,
                                       api_visibility="private", concurrency_id="decode"))
-        running.append(b["check"].click(functools.partial(check_engine, settings), None, self.opened,
+        running.append(b["check"].click(functools.partial(check_engine, settings), None,
+                                        self.opened,
                                         inputs_kwargs={n: self.e[n] for n in ENGINE_DEFAULTS},
                                         api_name="check_engine", concurrency_id="decode"))
         for event in running:
@@ -283,8 +285,8 @@ class Page:
         """A card's button opens its case's bundled run in the Run view."""
         c = self.c
         opened = self.cards.click(self.keyed(gallery.open_case), None,
-                                  self.parts(*DEFAULTS, "trace", "status", "download", "pending", "tabs",
-                                             "view_tabs"), api_name="open_case")
+                                  self.parts(*DEFAULTS, "trace", "status", "download", "pending",
+                                             "tabs", "view_tabs"), api_name="open_case")
         opened.then(drafter_shows, [c["drafter"]], [c["drafter"], *(c[f] for f in DRAFTER_OPTIONS)],
                     api_visibility="private", show_progress="hidden")
         self.then_show(opened)
@@ -298,15 +300,15 @@ class Page:
         self.show_link(v["table"].select(self.keyed(pick_row), [self.trace, v["table"]], shown,
                                          api_name="pick_sequence"))
         for name in ("seq", "round"):
-            self.show_link(v[f"focus_{name}"].submit(self.keyed(render),
-                                                     [self.trace, v["focus_seq"], v["focus_round"]], shown,
+            focus = [self.trace, v["focus_seq"], v["focus_round"]]
+            self.show_link(v[f"focus_{name}"].submit(self.keyed(render), focus, shown,
                                                      api_name=f"focus_{name}"))
 
     def then_show_sweep(self, event) -> None:
         w = self.w
-        shown_sweep = event.success(self.keyed(functools.partial(sweeptab.render_sweep, self.settings), w),
-                                    [w["report"], w["cell"]], [w[n] for n in sweeptab.SWEEP_VIEW_NAMES],
-                                    api_visibility="private")
+        rendered = self.keyed(functools.partial(sweeptab.render_sweep, self.settings), w)
+        shown_sweep = event.success(rendered, [w["report"], w["cell"]],
+                                    [w[n] for n in sweeptab.SWEEP_VIEW_NAMES], api_visibility="private")
         shown_sweep.then(None, [w["link_query"]], [w["link_box"]], js=UPDATE_URL, api_visibility="private")
         shown_sweep.then(sweeptab.remember_sides, [self.sides, w["report"]], [self.sides, self.p["a"], self.p["b"]],
                          api_visibility="private")
@@ -317,7 +319,8 @@ class Page:
         sweep_controls = {n: w[n] for n in sweeptab.SWEEP_DEFAULTS}
         found_out = [w["report"], w["download"], w["cell"]]
         swept = [w["run"].click(functools.partial(sweeptab.run_sweep, settings), None, found_out,
-                                inputs_kwargs=sweep_controls, api_name="sweep", concurrency_id="decode"),
+                                inputs_kwargs=sweep_controls, api_name="sweep",
+                                concurrency_id="decode"),
                  w["casebook"].click(functools.partial(sweeptab.run_casebook, settings), None, found_out,
                                      api_name="sweep_casebook", concurrency_id="decode")]
         for event in swept:
@@ -336,9 +339,10 @@ class Page:
             self.then_show(opened_cell)
             opened_cell.success(sweeptab.outline_cell, [w["report"], w["cell"]], [w["exact"], w["prefix"]],
                                 api_visibility="private")
-        sweep_loaded = self.demo.load(self.keyed(sweeptab.open_sweep_link, {**w, "tabs": self.tabs}),
-                                      [w["link_query"]],
-                                      [*sweep_controls.values(), w["pending"], w["status"], self.tabs],
+        opened_link = self.keyed(sweeptab.open_sweep_link, {**w, "tabs": self.tabs})
+        sweep_loaded = self.demo.load(opened_link, [w["link_query"]],
+                                      [*sweep_controls.values(), w["pending"], w["status"],
+                                       self.tabs],
                                       js="() => location.search", api_name="open_sweep_link")
         self.then_show_sweep(sweep_loaded.then(functools.partial(sweeptab.replay_sweep, settings), [w["pending"]],
                                                [*found_out, w["status"]], api_visibility="private",

@@ -87,7 +87,8 @@ def shrink_focused(settings: Settings, trace: Trace | None, seq, progress=gr.Pro
 
 
 @by_name(INPUTS)
-def run_controls(settings: Settings, progress=gr.Progress(), request: gr.Request = None, **controls):
+def run_controls(settings: Settings, progress=gr.Progress(), request: gr.Request = None,
+                 **controls):
     """Run button and examples: decode what the controls say (spec_from_controls'; an API client may
     leave any out: the draft's own sampling settings default to blank, the drafter to the draft
     model)."""
@@ -100,10 +101,10 @@ def run_controls(settings: Settings, progress=gr.Progress(), request: gr.Request
 
 @by_name(ENGINE_DEFAULTS)
 def check_engine(settings: Settings, progress=gr.Progress(), **controls):
-    """The check tab (ENGINE_DEFAULTS' controls): an outputs file (and a control file), or, where the
-    operator allows it, a server (asked every prompt twice more with `determinism`); greedy, or sampled
-    at `temperature` and `top_p` (each prompt's request seeded from `seed`). `same_draft`: the engine
-    drafts with the pair's draft model (its acceptance is judged)."""
+    """The check tab (ENGINE_DEFAULTS' controls): an outputs file (and a control file), or, where
+    the operator allows it, a server (asked every prompt twice more with `determinism`); greedy, or
+    sampled at `temperature` and `top_p` (each prompt's request seeded from `seed`). `same_draft`:
+    the engine drafts with the pair's draft model (its acceptance is judged)."""
     c = filled(ENGINE_DEFAULTS, controls)
     outputs, control = c["outputs"], c["control"]
     server, control_server = (c["server"] or "").strip(), (c["control_server"] or "").strip()
@@ -125,8 +126,9 @@ def check_engine(settings: Settings, progress=gr.Progress(), **controls):
             if control_server:
                 settings.check_server(control_server)
         else:
-            raise SpecError("upload the engine's outputs file" + (
-                ", or give a server URL" if settings.engine_servers and not settings.public else ""))
+            servers_allowed = settings.engine_servers and not settings.public
+            raise SpecError("upload the engine's outputs file"
+                            + (", or give a server URL" if servers_allowed else ""))
         # A blank box (an API client's None) is the control's default.
         spec = RunSpec.build(
             target=target, draft=draft, method=ENGINE, dtype=c["dtype"],
@@ -137,8 +139,8 @@ def check_engine(settings: Settings, progress=gr.Progress(), **controls):
             seed=int(c["seed"] or ENGINE_DEFAULTS["seed"]))
         if files is None:
             settings.check(spec)
-        progress(0, desc="the outputs teacher-forced through the target, then the reference where they "
-                         "do not prove it")
+        progress(0, desc="the outputs teacher-forced through the target, then the reference where "
+                         "they do not prove it")
         served = (c["served_model"] or "").strip() or None
         servers = None if files else ((server, served),
                                       (control_server, served) if control_server else None)
@@ -155,9 +157,10 @@ def open_trace(path: str | None):
 
 
 def open_link(query: str) -> dict:
-    """Page load, by name (form.DEFAULTS' controls, "trace", "download", "pending" and "status"): the
-    controls filled from a share link, to be replayed; without one (or with a bad one, which gets a
-    message), the first bundled trace at once: no decode, no queue. What it leaves out stays."""
+    """Page load, by name (form.DEFAULTS' controls, "trace", "download", "pending" and "status"):
+    the controls filled from a share link, to be replayed; without one (or with a bad one, which
+    gets a message), the first bundled trace at once: no decode, no queue. What it leaves out
+    stays."""
     try:
         link = share.decode(query or "")
     except SpecError as e:
@@ -165,8 +168,8 @@ def open_link(query: str) -> dict:
     if link is None:
         tab = share.other_tab(query or "")  # the Sweep or Compare tab opens it (sweeptab.open_*_link)
         if tab == "sweep":
-            return {"pending": None, "status": "This link is a sweep's: see the Sweep tab; click a cell "
-                                               "there to open its run here."}
+            return {"pending": None, "status": "This link is a sweep's: see the Sweep tab; click a "
+                                               "cell there to open its run here."}
         if tab == "compare":
             return {"pending": None, "status": "This link compares two runs: see the Compare tab."}
         return _first_page()
@@ -180,9 +183,11 @@ def _first_page(problem: str = "") -> dict:
     """The trace, download, pending replay (none) and status of the page a visitor first sees: the
     FIRST_PAGE bundled trace."""
     trace = serving.bundled()[FIRST_PAGE]
-    status = WELCOME.format(what=BUNDLED_WHAT[FIRST_PAGE]) + "\n\n" + serving.headline(trace, "bundled")
-    return {"trace": trace, "download": serving.save(trace), "pending": None,
-            "status": (f"{problem} Showing a bundled case instead.\n\n" if problem else "") + status}
+    status = (WELCOME.format(what=BUNDLED_WHAT[FIRST_PAGE]) + "\n\n"
+              + serving.headline(trace, "bundled"))
+    if problem:
+        status = f"{problem} Showing a bundled case instead.\n\n" + status
+    return {"trace": trace, "download": serving.save(trace), "pending": None, "status": status}
 
 
 def replay(settings: Settings, pending: dict | None, progress=gr.Progress(), request: gr.Request = None):
@@ -235,8 +240,8 @@ def render(trace: Trace | None, seq=None, round=None, note: str = "") -> dict:
     m = trace.manifest
     try:
         if m.engine is not None:
-            raise SpecError("an engine check cannot be replayed from a link (the engine is not here): "
-                            "share its trace file")
+            raise SpecError("an engine check cannot be replayed from a link (the engine is not "
+                            "here): share its trace file")
         link = share.encode(share.Link(m.spec, focus.seq, focus.round, m.fingerprint,
                                        share.environment(m)))
     except SpecError as e:
@@ -245,7 +250,8 @@ def render(trace: Trace | None, seq=None, round=None, note: str = "") -> dict:
     return {
         "table": gr.update(value=frame, column_widths=summary.column_widths(frame)),
         "timeline": tokens.timeline_html(trace, focus), "grid": tokens.grid_html(trace, focus),
-        "compare": tokens.compare_html(trace, focus), "forensics": panel.forensics_html(trace, focus),
+        "compare": tokens.compare_html(trace, focus),
+        "forensics": panel.forensics_html(trace, focus),
         "lanes": plots.kv_lanes(trace, focus), "phases": plots.phase_timings(trace),
         "glossary": glossary_text(trace), "focus_seq": focus.seq, "focus_round": focus.round,
         "link_query": link, "focus_note": (note + " " + moved).strip(),
@@ -256,8 +262,8 @@ def render(trace: Trace | None, seq=None, round=None, note: str = "") -> dict:
 
 # render's views, in the order of the page's API outputs.
 VIEW_NAMES = ("table", "timeline", "grid", "compare", "forensics", "lanes", "phases", "glossary",
-              "focus_seq", "focus_round", "link_query", "focus_note", "pit", "pit_verdict", "yardstick",
-              "drafts")
+              "focus_seq", "focus_round", "link_query", "focus_note", "pit", "pit_verdict",
+              "yardstick", "drafts")
 
 
 def render_replayed(trace, pending) -> dict:

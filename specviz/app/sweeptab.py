@@ -62,9 +62,9 @@ def casebook_sweep() -> Sweep:
 
 
 def _sweep_controls_of(sweep: Sweep) -> dict:
-    """The Sweep tab's control values for `sweep` (a link's), by name; a control that cannot hold it
-    (prompts not a built-in set, a fault set of several faults, a listed sweep's runs) is left out and
-    keeps its value, and the sweep runs as the link says."""
+    """The Sweep tab's control values for `sweep` (a link's), by name; a control that cannot hold
+    it (prompts not a built-in set, a fault set of several faults, a listed sweep's runs) is left
+    out and keeps its value, and the sweep runs as the link says."""
     if sweep.runs:
         return {}
     b = sweep.base
@@ -133,8 +133,8 @@ def _save_report(found: SweepReport) -> str:
 
 
 def render_sweep(settings: Settings, found: SweepReport | None, cell=None) -> dict:
-    """Every view of the Sweep tab, and the sweep's share link (or, in the summary, why it has none),
-    by name (SWEEP_VIEW_NAMES)."""
+    """Every view of the Sweep tab, and the sweep's share link (or, in the summary, why it has
+    none), by name (SWEEP_VIEW_NAMES)."""
     if found is None:
         return dict.fromkeys(SWEEP_VIEW_NAMES, gr.skip())
     try:
@@ -155,8 +155,8 @@ def render_sweep(settings: Settings, found: SweepReport | None, cell=None) -> di
 
 
 # render_sweep's views, in the order of the page's API outputs.
-SWEEP_VIEW_NAMES = ("summary", "exact", "prefix", "verdicts", "divergence", "accept_lengths", "acceptance",
-                    "link_query")
+SWEEP_VIEW_NAMES = ("summary", "exact", "prefix", "verdicts", "divergence", "accept_lengths",
+                    "acceptance", "link_query")
 
 
 def open_cell(settings: Settings, found: SweepReport | None, evt: gr.EventData, progress=gr.Progress(),
@@ -186,11 +186,13 @@ def open_sweep_link(query: str) -> dict:
     try:
         found = share.decode_sweep(query or "")
     except SpecError as e:
-        return {"pending": None, "status": f"**That sweep link could not be used:** {views.md(str(e))}."}
+        return {"pending": None,
+                "status": f"**That sweep link could not be used:** {views.md(str(e))}."}
     if found is None:
         return {"pending": None}
     sweep, cell = found
-    return {**_sweep_controls_of(sweep), "pending": {"sweep": sweep.model_dump_json(), "cell": cell},
+    pending = {"sweep": sweep.model_dump_json(), "cell": cell}
+    return {**_sweep_controls_of(sweep), "pending": pending,
             "status": "Replaying the shared sweep…", "tabs": gr.Tabs(selected="sweep")}
 
 

@@ -1,5 +1,6 @@
 """The command line's arguments: those every command shares (the pair, the prompts, decoding, sampling), their
-types, and a RunSpec made of them. A flag that sets a RunSpec field defaults to that field's default."""
+types, and a RunSpec made of them. A flag that sets a RunSpec field defaults to that field's
+default."""
 from __future__ import annotations
 
 import argparse
@@ -58,7 +59,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
                         "at an end-of-sequence token (repeat it for more; check: the engine's own stop strings)")
     g.add_argument("--dtype", choices=DTYPES, default=default_of("dtype"))
     g.add_argument("--device", choices=DEVICES, default=default_of("device"))
-    g.add_argument("--seed", type=int, default=default_of("seed"), help="sampled runs: every sequence's random stream derives from it")
+    g.add_argument("--seed", type=int, default=default_of("seed"),
+                   help="sampled runs: every sequence's random stream derives from it")
     g.add_argument("--deterministic", action="store_true",
                    help="deterministic GPU kernels (fixed cuBLAS workspace, no TF32): reruns repeat bit for bit; slower")
     g.add_argument("--window", type=int, help="exspec: active sequences in the window (default 2 x batch size)")
@@ -67,17 +69,19 @@ def add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--drafter", type=drafters, default=[default_of("drafter")], metavar="DRAFTER",
                    help="what proposes the drafts: " + "; ".join(f"{n}: {d.summary}" for n, d in DRAFTERS.items())
                         + " (verify and bench: several, comma-separated)")
-    # Unset, the drafter's options stay out of the spec (spec_of): RunSpec's defaults, named in the help.
+    # Unset, a drafter's options stay out of the spec (spec_of): RunSpec's defaults, in the help.
     g.add_argument("--ngram-min", type=int,
                    help=f"lookup: the shortest n-gram matched (default {default_of('ngram_min')})")
     g.add_argument("--ngram-max", type=int,
-                   help=f"lookup: the longest n-gram matched, tried first (default {default_of('ngram_max')})")
-    g.add_argument("--tree-width", type=int, help="candidates per position, verified as one token tree (eqspec "
-                   f"and exspec; default {default_of('tree_width')}: a chain)")
+                   help="lookup: the longest n-gram matched, tried first "
+                        f"(default {default_of('ngram_max')})")
+    g.add_argument("--tree-width", type=int,
+                   help="candidates per position, verified as one token tree (eqspec and exspec; "
+                        f"default {default_of('tree_width')}: a chain)")
     g.add_argument("--faults", default="", help=f"comma-separated faults or presets: {', '.join([*FAULTS, *FAULT_PRESETS])}"
                                                  " (in the methods that take faults)")
-    g.add_argument("--audit", type=int, nargs="?", const=MAX_BATCH_SIZE, default=default_of("audit"),
-                   metavar="ROWS",
+    g.add_argument("--audit", type=int, nargs="?", const=MAX_BATCH_SIZE,
+                   default=default_of("audit"), metavar="ROWS",
                    help="check every row's state against a fresh batch-size-1 recomputation every round, or ROWS "
                         "sampled rows a round: finds corruption before (or without) a fork; about one extra "
                         "batch-size-1 pass of the target and one of the draft per audited row and round")

@@ -41,7 +41,8 @@ def _add_verify(sub) -> None:
     # verify's own sweep: the reference batched as the method is, beside RunSpec's method
     p.add_argument("--methods", type=methods, default=["batched-reference", default_of("method")])
     p.add_argument("--batch-sizes", type=int_list, default=[1, 4])
-    p.add_argument("--k", type=int_list, default=[default_of("k")], help="draft lengths, comma-separated")
+    p.add_argument("--k", type=int_list, default=[default_of("k")],
+                   help="draft lengths, comma-separated")
     p.add_argument("--temperatures", type=float_list, metavar="T,T",
                    help="sweep target temperatures, comma-separated (default: --temperature); 0 is greedy, judged "
                         "token by token, above 0 by the distribution; a method that runs greedy only runs at 0")
