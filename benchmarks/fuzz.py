@@ -25,7 +25,7 @@ from specviz.app import page as ui  # noqa: E402
 
 
 def open_link(query: str) -> str:
-    status = ui.open_link(query)[-1]
+    status = ui.open_link(query)["status"]
     return "message" if "could not be used" in status else "opened"
 
 

@@ -12,7 +12,9 @@ from specviz.spec.run import RunSpec
 from specviz.trace import share
 from specviz.trace.schema import MAX_TRACE_BYTES, Trace
 
-TINY_RUN = ["tiny", "", "", "quick", "", None, "eqspec", [], 2, 3, 8, "float64", 0, 0, 4]
+TINY_RUN = {"pair": "tiny", "target": "", "draft": "", "prompt_set": "quick", "typed": "", "prompt_file": None,
+            "method": "eqspec", "faults": [], "batch_size": 2, "k": 3, "max_new_tokens": 8, "dtype": "float64",
+            "seed": 0, "window": 0, "max_wait": 4}
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +23,10 @@ def client(app_url):
 
 
 def test_default_example_through_the_named_api_equals_the_reference(client, embedded):
+    from specviz.app.form import DEFAULTS
+
     controls = client.predict(api_name="/example_clean")  # fills the controls as the button does
-    _, trace_file = client.predict(*controls[:5], None, *controls[5:], api_name="/run")
+    _, trace_file = client.predict(**dict(zip(DEFAULTS, controls)), prompt_file=None, api_name="/run")
     trace = Trace.from_json(Path(trace_file).read_text())
     assert trace.manifest.spec.target == "specviz:smollm2-135m" and trace.manifest.spec.method == "eqspec"
     assert [p.ids for p in trace.prompts] == embedded.encode(trace.manifest.spec.prompts)
@@ -31,15 +35,13 @@ def test_default_example_through_the_named_api_equals_the_reference(client, embe
 
 
 def test_bad_input_gets_a_message_and_the_server_keeps_serving(client, tiny):
-    bad = list(TINY_RUN)
-    bad[6], bad[7] = "reference", ["no-mask"]
+    bad = {**TINY_RUN, "method": "reference", "faults": ["no-mask"]}
     with pytest.raises(Exception, match="faults apply to eqspec, not reference"):
-        client.predict(*bad, api_name="/run")
-    typed = list(TINY_RUN)
-    typed[4] = '{"turns": ["broken'
+        client.predict(**bad, api_name="/run")
+    typed = {**TINY_RUN, "typed": '{"turns": ["broken'}
     with pytest.raises(Exception, match="typed prompts, line 1"):
-        client.predict(*typed, api_name="/run")
-    status, _ = client.predict(*TINY_RUN, api_name="/run")
+        client.predict(**typed, api_name="/run")
+    status, _ = client.predict(**TINY_RUN, api_name="/run")
     assert "100% of sequences equal the batch-size-1 reference" in status
 
 
@@ -81,7 +83,7 @@ def _upload(client, tmp_path, name: str, content: bytes):
 
 @pytest.fixture(scope="module")
 def good_trace(client) -> bytes:
-    _, trace_file = client.predict(*TINY_RUN, api_name="/run")
+    _, trace_file = client.predict(**TINY_RUN, api_name="/run")
     return Path(trace_file).read_bytes()
 
 
@@ -109,34 +111,29 @@ def test_an_oversized_trace_file_is_refused(client, tmp_path):
 
 
 def test_operator_limits_are_enforced_with_clear_messages(client):
-    over = list(TINY_RUN)
-    over[8] = 17  # the default SPECVIZ_MAX_BATCH_SIZE is 16: the slider itself stops at it
+    # The default SPECVIZ_MAX_BATCH_SIZE is 16: the slider itself stops at it.
+    over = {**TINY_RUN, "batch_size": 17}
     with pytest.raises(Exception, match="greater than maximum value 16"):
-        client.predict(*over, api_name="/run")
-    many = list(TINY_RUN)
-    many[4] = "\n".join(f"prompt {i}" for i in range(65))
+        client.predict(**over, api_name="/run")
+    many = {**TINY_RUN, "typed": "\n".join(f"prompt {i}" for i in range(65))}
     with pytest.raises(Exception, match=r"the number of prompts 65 is over this server's limit of 64 \(SPECVIZ_MAX_PROMPTS\)"):
-        client.predict(*many, api_name="/run")
-    custom = list(TINY_RUN)
-    custom[:3] = ["custom (type ids below)", "gpt2", "distilgpt2"]
+        client.predict(**many, api_name="/run")
+    custom = {**TINY_RUN, "pair": "custom (type ids below)", "target": "gpt2", "draft": "distilgpt2"}
     with pytest.raises(Exception, match=r"target model 'gpt2' is not allowed on this server"):
-        client.predict(*custom, api_name="/run")
-    wide = list(TINY_RUN)
-    wide[0] = "smollm2"  # Hub ids: refused before anything is downloaded
+        client.predict(**custom, api_name="/run")
+    wide = {**TINY_RUN, "pair": "smollm2"}  # Hub ids: refused before anything is downloaded
     with pytest.raises(Exception, match=r"dtype float64 is wider than this server's limit of float32 for Hub and "
                                         r"local models \(SPECVIZ_MAX_DTYPE\)"):
-        client.predict(*wide, api_name="/run")
-    work = list(TINY_RUN)
-    work[4], work[10] = "\n".join(f"prompt {i}" for i in range(40)), 110
+        client.predict(**wide, api_name="/run")
+    work = {**TINY_RUN, "typed": "\n".join(f"prompt {i}" for i in range(40)), "max_new_tokens": 110}
     with pytest.raises(Exception, match=r"prompts × max new tokens 4400 is over this server's limit of 4096 "
                                         r"\(SPECVIZ_MAX_RUN_TOKENS\)"):
-        client.predict(*work, api_name="/run")
-    long = list(TINY_RUN)
-    long[4] = " ".join(["word"] * 2100)  # about 2,100 tokens in 10,500 characters
+        client.predict(**work, api_name="/run")
+    long = {**TINY_RUN, "typed": " ".join(["word"] * 2100)}  # about 2,100 tokens, 10,500 characters
     with pytest.raises(Exception, match=r"prompt 0 is \d+ tokens long, over this server's limit of 2048 "
                                         r"\(SPECVIZ_MAX_PROMPT_TOKENS\)"):
-        client.predict(*long, api_name="/run")
-    status, _ = client.predict(*TINY_RUN, api_name="/run")  # and the next run goes through
+        client.predict(**long, api_name="/run")
+    status, _ = client.predict(**TINY_RUN, api_name="/run")  # and the next run goes through
     assert "100% of sequences equal the batch-size-1 reference" in status
 
 
@@ -170,22 +167,21 @@ def test_an_uploaded_prompt_file_is_used_and_a_bad_one_explained(client, tmp_pat
 
     good = tmp_path / "prompts.jsonl"
     good.write_text('{"turns": ["Hello there"]}\n{"turns": ["Two\\nlines"]}\n')
-    with_file = list(TINY_RUN)
-    with_file[5] = handle_file(str(good))
-    _, trace_file = client.predict(*with_file, api_name="/run")
+    with_file = {**TINY_RUN, "prompt_file": handle_file(str(good))}
+    _, trace_file = client.predict(**with_file, api_name="/run")
     assert Trace.from_json(Path(trace_file).read_text()).manifest.spec.prompts == ("Hello there", "Two\nlines")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "no turns"}\n')
-    with_file[5] = handle_file(str(bad))
+    with_file["prompt_file"] = handle_file(str(bad))
     with pytest.raises(Exception, match="bad.jsonl, line 1"):
-        client.predict(*with_file, api_name="/run")
+        client.predict(**with_file, api_name="/run")
 
 
 def test_the_shrink_button_gives_a_smaller_run_that_opens_on_the_fork(app_url):
     client = Client(app_url, verbose=False)  # a session of its own: shrink reads the session's trace
-    bsp = list(TINY_RUN)
-    bsp[3], bsp[7], bsp[8], bsp[10], bsp[11] = "all", ["bsp-like"], 4, 16, "float32"
-    _, trace_file = client.predict(*bsp, api_name="/run")
+    bsp = {**TINY_RUN, "prompt_set": "all", "faults": ["bsp-like"], "batch_size": 4, "max_new_tokens": 16,
+           "dtype": "float32"}
+    _, trace_file = client.predict(**bsp, api_name="/run")
     trace = Trace.from_json(Path(trace_file).read_text())
     seq = next(s for s in trace.sequences if s.equivalent is False)
     note = client.predict(seq.seq, api_name="/shrink")
@@ -211,16 +207,19 @@ def _outputs_file(tmp_path, trace: Trace, tamper: int | None = None, name: str =
     return str(path)
 
 
+CHECKED = {"pair": "tiny", "target": "", "dtype": "float64", "outputs": None, "control": None, "server": "",
+           "served_model": "", "control_server": "", "prompt_set": "quick", "max_new_tokens": 8}
+
+
 def test_the_check_tab_judges_an_uploaded_outputs_file(tmp_path, good_trace, app_url):
     from gradio_client import handle_file
 
     client = Client(app_url, verbose=False)
-    checked = ["tiny", "", "float64", None, None, "", "", "", "quick", 8]
-    checked[3] = handle_file(_outputs_file(tmp_path, Trace.from_json(good_trace), tamper=0))
-    status, _ = client.predict(*checked, api_name="/check_engine")
+    checked = {**CHECKED, "outputs": handle_file(_outputs_file(tmp_path, Trace.from_json(good_trace), tamper=0))}
+    status, _ = client.predict(**checked, api_name="/check_engine")
     assert "unexplained × 1" in status  # without its control run, this engine's rounding is not known
-    checked[4] = handle_file(_outputs_file(tmp_path, Trace.from_json(good_trace), name="control.jsonl"))
-    status, trace_file = client.predict(*checked, api_name="/check_engine")
+    checked["control"] = handle_file(_outputs_file(tmp_path, Trace.from_json(good_trace), name="control.jsonl"))
+    status, trace_file = client.predict(**checked, api_name="/check_engine")
     trace = Trace.from_json(Path(trace_file).read_text())
     assert trace.manifest.engine.name == "my-engine" and trace.manifest.spec.method == "engine"
     assert "engine check" in status and "my\\-engine 1\\.2" in status and "engine\\-bug × 1" in status
@@ -241,9 +240,10 @@ def test_the_check_tab_judges_the_acceptance_of_an_engine_said_to_draft_with_the
     path = tmp_path / "counted.jsonl"
     path.write_text("\n".join(json.dumps(line) for line in lines))
     client = Client(app_url, verbose=False)
-    checked = ["tiny", "", "float64", handle_file(str(path)), None, "", "", "", "quick", 8, False, 0, 1, 0]
+    checked = {**CHECKED, "outputs": handle_file(str(path)), "determinism": False, "temperature": 0, "top_p": 1,
+               "seed": 0}
     for said in (False, True):
-        _, trace_file = client.predict(*checked, said, api_name="/check_engine")
+        _, trace_file = client.predict(**checked, same_draft=said, api_name="/check_engine")
         acceptance = Trace.from_json(Path(trace_file).read_text()).acceptance
         if said:
             assert acceptance.counters and acceptance.verdict == "draft-bug:acceptance", acceptance.explanation
@@ -258,8 +258,8 @@ def test_the_check_tab_judges_a_sampled_engine_at_its_settings(tmp_path, good_tr
 
     client = Client(app_url, verbose=False)
     outputs = handle_file(_outputs_file(tmp_path, Trace.from_json(good_trace)))
-    status, trace_file = client.predict("tiny", "", "float64", outputs, None, "", "", "", "quick", 8, False, 0.8, 0.9,
-                                        3, api_name="/check_engine")
+    status, trace_file = client.predict(**{**CHECKED, "outputs": outputs}, determinism=False, temperature=0.8,
+                                        top_p=0.9, seed=3, api_name="/check_engine")
     trace = Trace.from_json(Path(trace_file).read_text())
     spec = trace.manifest.spec
     assert (spec.method, spec.temperature, spec.top_p, spec.seed) == ("engine", 0.8, 0.9, 3)
@@ -271,45 +271,49 @@ def test_the_check_tab_asks_no_server_unless_the_operator_allows_it(app_url):
     client = Client(app_url, verbose=False)
     with pytest.raises(Exception, match=r"engine server 'http://example\.org:8000' is not allowed on this server; "
                                         r"allowed: none \(SPECVIZ_ENGINE_SERVERS\)"):
-        client.predict("tiny", "", "float64", None, None, "http://example.org:8000", "", "", "quick", 8,
-                       api_name="/check_engine")
+        client.predict(**{**CHECKED, "server": "http://example.org:8000"}, api_name="/check_engine")
 
 
-SAMPLED = [*TINY_RUN, False, 0.8, 40, 0.9, None, None, None]  # audit off; temperature, top-k, top-p; the draft's own
+SAMPLED = {**TINY_RUN, "audit": False, "temperature": 0.8, "top_k": 40, "top_p": 0.9, "draft_temperature": None,
+           "draft_top_k": None, "draft_top_p": None}
 
 
 def test_penalties_log_probabilities_stop_strings_and_the_chat_template_go_through_the_controls_and_back():
+    from specviz.app import form
     from specviz.app import runview as ui
 
-    spec = ui.spec_from_controls(*TINY_RUN, False, 0.0, 0, 1.0, None, None, None, "model", 1, 3, "", 1.3, 0.5, True,
-                                 " Paris\r\n!", False)
+    spec = form.spec_from_controls(**TINY_RUN, audit=False, temperature=0.0, top_k=0, top_p=1.0,
+                                   draft_temperature=None, draft_top_k=None, draft_top_p=None, drafter="model",
+                                   ngram_min=1, ngram_max=3, rows="", repetition_penalty=1.3, presence_penalty=0.5,
+                                   logprobs=True, stop=" Paris\r\n!", chat_template=False)
     assert (spec.repetition_penalty, spec.presence_penalty, spec.logprobs) == (1.3, 0.5, True)
     assert spec.stop == (" Paris", "!") and spec.chat_template is False
-    controls = ui.open_link(share.encode(share.Link(spec)))[:len(ui.DEFAULTS)]
-    assert ui.spec_from_controls(*controls[:5], None, *controls[5:]) == spec
+    opened = ui.open_link(share.encode(share.Link(spec)))
+    assert form.spec_from_controls(**{n: opened[n] for n in form.DEFAULTS}) == spec
 
 
 def test_the_sampling_controls_make_the_spec_and_a_sampled_link_replays_exactly(client):
+    from specviz.app import form, serving
     from specviz.app import runview as ui
-    from specviz.app import serving
     from specviz.run.settings import Settings
 
-    status, trace_file = client.predict(*SAMPLED, api_name="/run")
+    status, trace_file = client.predict(**SAMPLED, api_name="/run")
     trace = Trace.from_json(Path(trace_file).read_text())
     spec = trace.manifest.spec
     assert (spec.temperature, spec.top_k, spec.top_p, spec.draft_temperature) == (0.8, 40, 0.9, None)
-    assert spec == ui.spec_from_controls(*SAMPLED)
+    assert spec == form.spec_from_controls(**SAMPLED)
     assert trace.distribution is not None and all(s.reference_ids is None for s in trace.sequences)
     assert "sampled** at temperature 0\\.8\\, top\\-k 40\\, top\\-p 0\\.9" in status and "| distribution |" in status
     # The link fills the controls back to the same spec, and carries it exactly.
     link = share.encode(share.Link(spec, 0, None, trace.manifest.fingerprint, share.environment(trace.manifest)))
     *controls, _download, note = client.predict(link, api_name="/open_link")  # States are not API outputs
     assert "Replaying" in note
-    assert ui.spec_from_controls(*controls[:5], None, *controls[5:]) == spec
-    own = ui.spec_from_controls(*SAMPLED[:-3], 0.5, 0, 0.99)  # the draft's own settings, in the accordion
+    assert form.spec_from_controls(**dict(zip(form.DEFAULTS, controls))) == spec
+    # the draft's own settings, in the accordion
+    own = form.spec_from_controls(**{**SAMPLED, "draft_temperature": 0.5, "draft_top_k": 0, "draft_top_p": 0.99})
     assert (own.draft_temperature, own.draft_top_k, own.draft_top_p) == (0.5, 0, 0.99)
-    controls = ui.open_link(share.encode(share.Link(own)))[:len(ui.DEFAULTS)]
-    assert ui.spec_from_controls(*controls[:5], None, *controls[5:]) == own
+    opened = ui.open_link(share.encode(share.Link(own)))
+    assert form.spec_from_controls(**{n: opened[n] for n in form.DEFAULTS}) == own
     # Replayed afresh (not from this process's cache): the same fingerprint, and the report says so.
     serving.TRACES.pop(spec.key(), None)
     replayed, report, _, _ = ui.replay(Settings(), {"spec": spec.canonical_json(), "fp": trace.manifest.fingerprint,
@@ -322,7 +326,7 @@ def test_the_sampling_controls_make_the_spec_and_a_sampled_link_replays_exactly(
 def test_a_sampled_replay_that_drifted_says_what_that_means(client):
     from specviz.app import runview as ui
 
-    _, trace_file = client.predict(*SAMPLED, api_name="/run")
+    _, trace_file = client.predict(**SAMPLED, api_name="/run")
     trace = Trace.from_json(Path(trace_file).read_text())
     elsewhere = {**share.environment(trace.manifest), "device": "cuda:0"}
     shown = markdown_text(ui._replay_report(trace, {"fp": "0" * 16, "env": elsewhere}))
@@ -330,15 +334,14 @@ def test_a_sampled_replay_that_drifted_says_what_that_means(client):
 
 
 def test_out_of_range_sampling_is_refused_with_a_message(client):
-    from specviz.app.runview import DEFAULTS
+    from specviz.app.form import DEFAULTS
 
-    top_p_without_temperature = [*TINY_RUN, False, 0, 0, 0.9]
+    top_p_without_temperature = {**TINY_RUN, "audit": False, "temperature": 0, "top_k": 0, "top_p": 0.9}
     with pytest.raises(Exception, match="need a temperature above 0"):
-        client.predict(*top_p_without_temperature, api_name="/run")
-    sampling_fault_greedy = list(TINY_RUN)
-    sampling_fault_greedy[7] = ["accept-q-over-p"]
+        client.predict(**top_p_without_temperature, api_name="/run")
+    sampling_fault_greedy = {**TINY_RUN, "faults": ["accept-q-over-p"]}
     with pytest.raises(Exception, match="sampling faults need a temperature above 0"):
-        client.predict(*sampling_fault_greedy, api_name="/run")
+        client.predict(**sampling_fault_greedy, api_name="/run")
     hot = share.encode(share.Link(RunSpec.build(prompts=("Hi",), temperature=5.0, top_p=0.01)))
     values = dict(zip(DEFAULTS, client.predict(hot, api_name="/open_link")))
     assert values["temperature"] == {"__type__": "update", "value": 5.0, "maximum": 5.0}  # the slider widens to it
@@ -346,51 +349,52 @@ def test_out_of_range_sampling_is_refused_with_a_message(client):
 
 
 def test_the_sampling_examples_fill_the_controls(client):
-    from specviz.app import page
+    from specviz.app import form, page
     from specviz.app import runview as ui
 
     names = [n for n in ui.EXAMPLES if ui.EXAMPLES[n].get("temperature")]
     assert {page.example_api_name(n) for n in names} == {"example_sampled", "example_sampling", "example_audited"}
-    values = dict(zip(ui.DEFAULTS, client.predict(api_name="/example_sampling")))
+    values = dict(zip(form.DEFAULTS, client.predict(api_name="/example_sampling")))
     assert values["faults"] == ["temperature-draft-only"] and (values["temperature"], values["top_p"]) == (0.8, 0.95)
-    greedy = dict(zip(ui.DEFAULTS, client.predict(api_name="/example_clean")))
+    greedy = dict(zip(form.DEFAULTS, client.predict(api_name="/example_clean")))
     assert (greedy["temperature"], greedy["top_k"], greedy["top_p"]) == (0, 0, 1)  # an example resets sampling
 
 
 # Typed prompts of this test's own, so that their reference is decoded first here (the timing note says so).
-LOOKUP = [*TINY_RUN[:4], "Name three rivers. Name three rivers.\nHi", *TINY_RUN[5:], False, 0, 0, 1, None, None, None,
-          "lookup", 2, 4]
+LOOKUP = {**TINY_RUN, "typed": "Name three rivers. Name three rivers.\nHi", "audit": False, "temperature": 0,
+          "top_k": 0, "top_p": 1, "draft_temperature": None, "draft_top_k": None, "draft_top_p": None,
+          "drafter": "lookup", "ngram_min": 2, "ngram_max": 4}
 
 
 def test_the_drafter_controls_make_the_spec_and_a_lookup_link_restores_them(client):
+    from specviz.app import form
     from specviz.app import runview as ui
 
-    status, trace_file = client.predict(*LOOKUP, api_name="/run")
+    status, trace_file = client.predict(**LOOKUP, api_name="/run")
     trace = Trace.from_json(Path(trace_file).read_text())
     spec = trace.manifest.spec
     assert (spec.method, spec.drafter, spec.ngram_min, spec.ngram_max) == ("eqspec", "lookup", 2, 4)
-    assert spec == ui.spec_from_controls(*LOOKUP)
+    assert spec == form.spec_from_controls(**LOOKUP)
     shown = markdown_text(status)
     assert "drafts by prompt lookup (n-grams 2–4, no draft model)" in shown
     assert f"Speed-up: {views.metrics.speedup(trace)['ratio']:.2f}×" in shown
     assert "both measured on this machine in this run" in shown  # its reference decoded in this run
     # The same spec again: served from the process's cache, and said so; another k: the reference reused.
-    assert "when this process first ran this spec" in markdown_text(client.predict(*LOOKUP, api_name="/run")[0])
-    other_k = list(LOOKUP)
-    other_k[9] = 4
-    assert "reused here, not timed again" in markdown_text(client.predict(*other_k, api_name="/run")[0])
+    assert "when this process first ran this spec" in markdown_text(client.predict(**LOOKUP, api_name="/run")[0])
+    other_k = {**LOOKUP, "k": 4}
+    assert "reused here, not timed again" in markdown_text(client.predict(**other_k, api_name="/run")[0])
     # The link fills the drafter and n-gram controls back to the same spec.
     link = share.encode(share.Link(spec, 0, None, trace.manifest.fingerprint, share.environment(trace.manifest)))
     *controls, _download, note = client.predict(link, api_name="/open_link")  # States are not API outputs
-    values = dict(zip(ui.DEFAULTS, controls))
+    values = dict(zip(form.DEFAULTS, controls))
     assert "Replaying" in note and (values["drafter"], values["ngram_min"], values["ngram_max"]) == ("lookup", 2, 4)
-    assert ui.spec_from_controls(*controls[:5], None, *controls[5:]) == spec
+    assert form.spec_from_controls(**values) == spec
     # With the draft model the (hidden) n-gram sliders are not read, and its link restores the draft model.
-    model = ui.spec_from_controls(*LOOKUP[:-3], "model", 2, 4)
+    model = form.spec_from_controls(**{**LOOKUP, "drafter": "model", "ngram_min": 2, "ngram_max": 4})
     assert (model.drafter, model.ngram_min, model.ngram_max) == ("model", 1, 3)
-    values = dict(zip(ui.DEFAULTS, ui.open_link(share.encode(share.Link(model)))))
-    assert values["drafter"] == "model" and ui.spec_from_controls(*[values[n] for n in list(ui.DEFAULTS)[:5]], None,
-                                                                  *[values[n] for n in list(ui.DEFAULTS)[5:]]) == model
+    opened = ui.open_link(share.encode(share.Link(model)))
+    values = {n: opened[n] for n in form.DEFAULTS}
+    assert values["drafter"] == "model" and form.spec_from_controls(**values) == model
 
 
 def test_the_method_registry_drives_the_method_drafter_and_fault_controls():
@@ -420,19 +424,21 @@ def test_the_method_registry_drives_the_method_drafter_and_fault_controls():
 
 
 def test_the_prompt_lookup_example_fills_the_drafter_and_other_examples_reset_it(client):
-    from specviz.app import runview as ui
+    from specviz.app.form import DEFAULTS
 
-    values = dict(zip(ui.DEFAULTS, client.predict(api_name="/example_prompt")))
+    values = dict(zip(DEFAULTS, client.predict(api_name="/example_prompt")))
     assert (values["drafter"], values["ngram_min"], values["ngram_max"]) == ("lookup", 2, 3)
     assert (values["prompt_set"], values["method"], values["batch_size"], values["k"]) == ("summarize+code", "eqspec", 1, 5)
-    assert dict(zip(ui.DEFAULTS, client.predict(api_name="/example_clean")))["drafter"] == "model"
+    assert dict(zip(DEFAULTS, client.predict(api_name="/example_clean")))["drafter"] == "model"
 
 
 def test_the_tree_width_control_makes_the_spec_and_a_link_restores_it():
+    from specviz.app import form
     from specviz.app import runview as ui
 
-    spec = ui.spec_from_controls(**{**ui.DEFAULTS, "pair": "tiny", "prompt_file": None, "tree_width": 4})
+    spec = form.spec_from_controls(**{**form.DEFAULTS, "pair": "tiny", "prompt_file": None, "tree_width": 4})
     assert (spec.drafter, spec.tree_width) == ("model", 4)
-    values = dict(zip(ui.DEFAULTS, ui.open_link(share.encode(share.Link(spec)))))
+    opened = ui.open_link(share.encode(share.Link(spec)))
+    values = {n: opened[n] for n in form.DEFAULTS}
     assert values["tree_width"] == 4
-    assert ui.spec_from_controls(**{**values, "prompt_file": None}) == spec
+    assert form.spec_from_controls(**{**values, "prompt_file": None}) == spec

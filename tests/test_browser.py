@@ -202,12 +202,11 @@ def test_cjk_and_emoji_show_whole_characters_in_the_compare_view(new_page, app_u
 @pytest.fixture(scope="module")
 def sampled_trace(tiny, tmp_path_factory):
     """The page's sampling-fault example (temperature on the draft only) run on the tiny pair, as a trace file."""
-    from specviz.app.runview import DEFAULTS, EXAMPLES, spec_from_controls
+    from specviz.app.form import spec_from_controls
+    from specviz.app.runview import EXAMPLES
     from specviz.run.runner import run
 
-    values = {**DEFAULTS, **EXAMPLES["sampling fault: draft-only temperature"], "pair": "tiny"}
-    trace = run(spec_from_controls(*[values[n] for n in list(DEFAULTS)[:5]], None,
-                                   *[values[n] for n in list(DEFAULTS)[5:]]))
+    trace = run(spec_from_controls(**{**EXAMPLES["sampling fault: draft-only temperature"], "pair": "tiny"}))
     path = tmp_path_factory.mktemp("sampled") / "sampled.json"
     path.write_text(trace.to_json())
     return trace, path
@@ -216,12 +215,11 @@ def sampled_trace(tiny, tmp_path_factory):
 @pytest.fixture(scope="module")
 def audited_trace(tmp_path_factory, tiny):
     """The page's audited sampling example (bsp-like), on the tiny pair."""
-    from specviz.app.runview import DEFAULTS, EXAMPLES, spec_from_controls
+    from specviz.app.form import spec_from_controls
+    from specviz.app.runview import EXAMPLES
     from specviz.run.runner import run
 
-    values = {**DEFAULTS, **EXAMPLES["audited sampling: bsp-like state"], "pair": "tiny"}
-    trace = run(spec_from_controls(*[values[n] for n in list(DEFAULTS)[:5]], None,
-                                   *[values[n] for n in list(DEFAULTS)[5:]]))
+    trace = run(spec_from_controls(**{**EXAMPLES["audited sampling: bsp-like state"], "pair": "tiny"}))
     assert any(s.forensics for s in trace.sequences), "bsp-like must corrupt some row's state"
     path = tmp_path_factory.mktemp("audited") / "audited.json"
     path.write_text(trace.to_json())

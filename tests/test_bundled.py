@@ -6,6 +6,7 @@ import pytest
 
 from specviz.app import runview as ui
 from specviz.app import serving
+from specviz.app.form import DEFAULTS, spec_from_controls
 from specviz.run.runner import run
 from specviz.run.settings import Settings
 from specviz.trace import share
@@ -32,8 +33,7 @@ def test_a_bundled_trace_is_current_and_is_what_the_engine_writes_today(name):
                                                                            t.first_divergence)
             assert (b.forensics and b.forensics.verdict) == (t.forensics and t.forensics.verdict)
     # The page's example of the same name is this spec: it opens at once.
-    example = ui.spec_from_controls(*[{**ui.DEFAULTS, **ui.EXAMPLES[name]}[n] for n in list(ui.DEFAULTS)[:5]], None,
-                                    *[{**ui.DEFAULTS, **ui.EXAMPLES[name]}[n] for n in list(ui.DEFAULTS)[5:]])
+    example = spec_from_controls(**ui.EXAMPLES[name])
     assert example.key() == bundled.manifest.spec.key()
 
 
@@ -46,12 +46,15 @@ def test_the_bundled_cases_are_what_their_names_say():
 
 
 def test_the_first_page_opens_the_bundled_decay_at_its_fork_and_its_link_replays_it_at_once():
-    *controls, trace, download, pending, status = ui.open_link("")
-    assert all(c is not None for c in controls) and pending is None  # controls untouched (skips), nothing to replay
+    opened = ui.open_link("")
+    trace, download, pending, status = (opened[n]
+                                        for n in ("trace", "download", "pending", "status"))
+    # The controls untouched (left out), nothing to replay.
+    assert not set(opened) & set(DEFAULTS) and pending is None
     assert trace is serving.bundled()[ui.FIRST_PAGE] and Trace.from_json(open(download).read()) == trace
     assert status.startswith("**You are looking at a real case") and "To run your own" in status
     assert "bundled with specviz" in status
-    views = dict(zip(ui.VIEW_NAMES, ui.render(trace)))
+    views = ui.render(trace)
     first = next(s for s in trace.sequences if s.equivalent is False)
     assert views["focus_seq"] == first.seq  # focused on the first divergent sequence, at its fork
     assert f'class="sv-cell sv-fork sv-sel" data-seq="{first.seq}"' in views["grid"]
@@ -59,7 +62,7 @@ def test_the_first_page_opens_the_bundled_decay_at_its_fork_and_its_link_replays
 
     # Its share link replays from the bundle: the same fingerprint, no decode.
     link = views["link_query"]
-    *_, pending, note = ui.open_link(link)
+    pending, note = (ui.open_link(link)[n] for n in ("pending", "status"))
     assert note == "Replaying the shared run…"
     replayed, report, _, _ = ui.replay(Settings(), pending)
     assert replayed is trace and "matched the shared run exactly" in report
@@ -67,6 +70,6 @@ def test_the_first_page_opens_the_bundled_decay_at_its_fork_and_its_link_replays
 
 
 def test_a_bad_link_says_so_and_still_opens_the_bundled_case():
-    *_, trace, _, pending, status = ui.open_link("?run=@@@@")
+    trace, pending, status = (ui.open_link("?run=@@@@")[n] for n in ("trace", "pending", "status"))
     assert trace is serving.bundled()[ui.FIRST_PAGE] and pending is None
     assert status.startswith("**That share link could not be used") and "Showing a bundled case instead" in status

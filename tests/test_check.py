@@ -205,7 +205,7 @@ def test_the_page_shows_an_engine_check(tmp_path, tiny):
     assert "engine-bug" in shown and "rank of the engine" in shown and "without speculation departs at" in shown
     headline = summary.headline(trace)
     assert "engine check" in headline and r"\(control\, no speculation\)" in headline
-    views_out = dict(zip(ui.VIEW_NAMES, ui.render(trace)))
+    views_out = ui.render(trace)
     link, note = views_out["link_query"], views_out["focus_note"]
     assert link == "" and "share its trace file" in note
     assert Trace.from_json(trace.to_json()) == trace

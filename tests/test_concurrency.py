@@ -6,7 +6,7 @@ from pathlib import Path
 
 from gradio_client import Client, handle_file
 
-from specviz.app.runview import DEFAULTS, spec_from_controls
+from specviz.app.form import spec_from_controls
 from specviz.app.serving import save
 from specviz.run.runner import run
 from specviz.trace.schema import Trace
@@ -24,9 +24,9 @@ RUNS = [
 ]
 
 
-def controls(i: int) -> list:
-    values = {**DEFAULTS, "pair": "tiny", "dtype": "float64", "max_new_tokens": 8, "seed": 900 + i, **RUNS[i]}
-    return [*[values[n] for n in list(DEFAULTS)[:5]], None, *[values[n] for n in list(DEFAULTS)[5:]]]
+def controls(i: int) -> dict:
+    """Session i's controls by name (the rest at their defaults)."""
+    return {"pair": "tiny", "dtype": "float64", "max_new_tokens": 8, "seed": 900 + i, **RUNS[i]}
 
 
 def decisions(trace: Trace) -> tuple:
@@ -43,7 +43,7 @@ def test_eight_simultaneous_sessions_each_get_their_own_run_and_files(app_url, t
     def session(i: int) -> None:
         client = Client(app_url, verbose=False)  # a session of its own
         together.wait()
-        ran[i] = Trace.from_json(Path(client.predict(*controls(i), api_name="/run")[1]).read_text())
+        ran[i] = Trace.from_json(Path(client.predict(**controls(i), api_name="/run")[1]).read_text())
         together.wait()
         # Upload this run's trace under the next session's fingerprint, while the others do the same.
         forged[i] = ran[i].model_copy(deep=True)
@@ -54,12 +54,12 @@ def test_eight_simultaneous_sessions_each_get_their_own_run_and_files(app_url, t
         downloads[i] = client.predict(handle_file(str(upload)), api_name="/open_trace")[1]
         # Then run the next session's spec, while others still upload: it may come from the replay cache,
         # never from an upload, and its file is not the forged one of the same fingerprint.
-        swapped[i] = Trace.from_json(Path(client.predict(*controls((i + 1) % n), api_name="/run")[1]).read_text())
+        swapped[i] = Trace.from_json(Path(client.predict(**controls((i + 1) % n), api_name="/run")[1]).read_text())
 
     with ThreadPoolExecutor(n) as pool:
         list(pool.map(session, range(n)))
 
-    alone = [run(spec_from_controls(*controls(i))) for i in range(n)]
+    alone = [run(spec_from_controls(**controls(i))) for i in range(n)]
     assert len({t.manifest.fingerprint for t in alone}) == n  # eight different runs
     for i in range(n):
         assert decisions(ran[i]) == decisions(alone[i]), f"session {i}"
@@ -69,7 +69,7 @@ def test_eight_simultaneous_sessions_each_get_their_own_run_and_files(app_url, t
 
 
 def test_saved_traces_with_one_fingerprint_never_share_a_file():
-    trace = run(spec_from_controls(*controls(0)))
+    trace = run(spec_from_controls(**controls(0)))
     # Another trace claiming the same fingerprint (a well-formed one: a trace whose parts disagree is refused).
     other = trace.model_copy(update={"manifest": trace.manifest.model_copy(update={"device_name": "elsewhere"})})
     assert other.manifest.fingerprint == trace.manifest.fingerprint

@@ -9,7 +9,7 @@ import re
 import gradio as gr
 import pytest
 
-from specviz.app import gallery, serving, sweeptab, sweepviews
+from specviz.app import form, gallery, serving, sweeptab, sweepviews
 from specviz.app import runview as ui
 from specviz.app.views import md
 from specviz.run.settings import Settings
@@ -53,15 +53,17 @@ def test_every_case_has_its_bundled_run_of_its_spec_with_the_verdict_its_mechani
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.fault)
 def test_a_card_opens_its_case_at_its_fork_and_its_share_link_replays_it_from_the_bundle(case):
-    *controls, trace, status, download, pending, tabs, view_tabs = gallery.open_case(Click(case=case.fault))
+    opened = gallery.open_case(Click(case=case.fault))
+    trace, status, download, pending, tabs, view_tabs = (
+        opened[n] for n in ("trace", "status", "download", "pending", "tabs", "view_tabs"))
     assert trace is serving.bundled_case(case.fault) and json.loads(open(download).read()) == json.loads(trace.to_json())
     # The Run controls are set to the case's run: Run decodes it again.
-    values = dict(zip(ui.DEFAULTS, controls))
-    assert ui.spec_from_controls(*controls[:5], None, *controls[5:]) == trace.manifest.spec, values
+    values = {n: opened[n] for n in form.DEFAULTS}
+    assert form.spec_from_controls(**values) == trace.manifest.spec, values
     assert pending is None and tabs.selected == "run"
     assert status.startswith(f"**Field case: {case.title}**") and "bundled with specviz" in status
     assert all(t.url in status for t in case.threads)
-    views = dict(zip(ui.VIEW_NAMES, ui.render(trace)))
+    views = ui.render(trace)
     if case.lossless:  # no fork: the drafts per slot, and the status names the shortfall
         assert view_tabs.selected == "drafts" and f"**Drafts: {md(case.expected)}.**" in status
     else:
@@ -74,7 +76,7 @@ def test_a_card_opens_its_case_at_its_fork_and_its_share_link_replays_it_from_th
         assert html.escape(case.expected) in views["forensics"]
     # Its share link replays it in any process: from the bundle, not from this process's cache of runs.
     serving.TRACES.clear()
-    *_, pending, note = ui.open_link(views["link_query"])
+    pending, note = (ui.open_link(views["link_query"])[n] for n in ("pending", "status"))
     replayed, report, _, _ = ui.replay(Settings(), pending)
     assert note == "Replaying the shared run…" and replayed is trace
     assert "matched the shared run exactly" in report and "bundled with specviz" in report
@@ -102,7 +104,7 @@ def test_the_sweep_tab_runs_the_whole_casebook_as_one_sweep_and_its_link_replays
             assert row.sampled_verdict == case.expected, case.fault
         elif not case.lossless:
             assert case.expected in row.verdicts, (case.fault, row.verdicts)
-    views = dict(zip(sweeptab.SWEEP_VIEW_NAMES, sweeptab.render_sweep(Settings(), found, 2)))
+    views = sweeptab.render_sweep(Settings(), found, 2)
     assert views["exact"].count('class="sv-hcell') == len(CASES)  # a cell each, in one column: none left empty
     assert views["exact"].split("<tbody>")[0].count("<th>") == 2 and "<td></td>" not in views["exact"]
     for row in found.rows:  # a run at another place than most is named with it (the sampled cases' temperatures)
@@ -122,8 +124,9 @@ def test_the_sweep_tab_runs_the_whole_casebook_as_one_sweep_and_its_link_replays
     assert f"{md('specviz:tiny-hybrid')} / {md('specviz:tiny-hybrid-draft')}" in views["summary"]  # every pair
     sweep, picked = share.decode_sweep(views["link_query"])
     assert sweep == found.sweep and picked == 2
-    *controls, pending, status, tabs = sweeptab.open_sweep_link(views["link_query"])
-    assert all(not isinstance(c, (list, str, int)) for c in controls)  # no control holds a listed sweep: kept
+    opened = sweeptab.open_sweep_link(views["link_query"])
+    pending = opened["pending"]
+    assert not set(opened) & set(sweeptab.SWEEP_DEFAULTS)  # no control holds a listed sweep: kept
     replayed, _, cell, said = sweeptab.replay_sweep(Settings(), pending)
     assert replayed.to_json() == found.to_json() and cell == 2 and "replayed" in said
 

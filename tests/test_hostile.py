@@ -40,7 +40,7 @@ def _every_focus(trace):
 
 def test_every_view_at_every_focus_shows_the_payload_as_text(hostile):
     for seq, round_ in _every_focus(hostile):
-        out = dict(zip(ui.VIEW_NAMES, ui.render(hostile, seq, round_)))
+        out = ui.render(hostile, seq, round_)
         for name in HTML_VIEWS:
             assert live_markup(out[name], VIEW_TAGS, VIEW_ATTRIBUTES) == [], name
         assert live_markdown(out["glossary"]) == [] and live_markdown(out["focus_note"]) == []
@@ -57,12 +57,12 @@ def test_markdown_carries_stranger_text_inert(hostile):
     env = {**share.environment(hostile.manifest), **{f"{HOSTILE[:150]} {i}": HOSTILE[:200] for i in range(3)}}
     env = {k[:200]: v[:200] for k, v in env.items()}  # a link's environment is short, flat text
     query = share.encode(share.Link(hostile.manifest.spec, 0, 1, "0123456789abcdef", env))
-    pending = ui.open_link(query)[-2]
+    pending = ui.open_link(query)["pending"]
     report = ui._replay_report(hostile, pending)
     assert "drifted" in report and live_markdown(report) == []
     bad = json.loads(hostile.manifest.spec.canonical_json()) | {HOSTILE[:150]: 1, "k": HOSTILE}
     run = base64.urlsafe_b64encode(zlib.compress(json.dumps({"spec": bad}).encode())).decode()
-    status = ui.open_link("?run=" + run)[-1]
+    status = ui.open_link("?run=" + run)["status"]
     assert "could not be used" in status and "Extra inputs" in status and live_markdown(status) == []
 
 
@@ -72,9 +72,11 @@ def test_error_messages_quoting_a_stranger_are_escaped(hostile, tmp_path):
     with pytest.raises(gr.Error) as e:
         ui.open_trace(str(path))
     assert "onerror" in e.value.message and not parse_html(e.value.message).elements
-    custom = [ui.CUSTOM, PAYLOADS[0], "d", "quick", "", None, "eqspec", [], 1, 1, 1, "float32", 0, 0, 4, False]
+    custom = {"pair": ui.CUSTOM, "target": PAYLOADS[0], "draft": "d", "prompt_set": "quick", "typed": "",
+              "prompt_file": None, "method": "eqspec", "faults": [], "batch_size": 1, "k": 1, "max_new_tokens": 1,
+              "dtype": "float32", "seed": 0, "window": 0, "max_wait": 4, "audit": False}
     with pytest.raises(gr.Error) as e:
-        ui.run_controls(Settings(), *custom)
+        ui.run_controls(Settings(), **custom)
     assert "is not allowed on this server" in e.value.message and not parse_html(e.value.message).elements
 
 

@@ -129,13 +129,12 @@ def test_target_probabilities_zeroed_in_place_reject_every_draft_and_break_the_d
 
 
 def test_the_command_line_and_the_page_take_per_request_settings():
-    from specviz.app.runview import DEFAULTS, spec_from_controls
+    from specviz.app.form import spec_from_controls
     from specviz.cli.main import parser
 
     args = parser().parse_args(["run", "--pair", "tiny", "--row", "temperature=0", "--row", "top_k=20,seed=7"])
     assert spec_of(args).rows == (RowSampling(temperature=0), RowSampling(top_k=20, seed=7))
-    values = {**DEFAULTS, "pair": "tiny", "rows": rows_as_text(spec_of(args).rows)}
-    spec = spec_from_controls(*[values[n] for n in list(DEFAULTS)[:5]], None, *[values[n] for n in list(DEFAULTS)[5:]])
+    spec = spec_from_controls(pair="tiny", rows=rows_as_text(spec_of(args).rows))
     assert spec.rows == spec_of(args).rows
     with pytest.raises(SystemExit):
         parser().parse_args(["run", "--row", "temperature"])

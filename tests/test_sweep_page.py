@@ -13,7 +13,9 @@ from specviz.trace import share
 from specviz.trace.sweep import Sweep
 
 # eqspec with no fault and with bsp-like, at batch sizes 1 and 4, k 5, on the tiny pair's quick prompts.
-CONTROLS = ("tiny", "quick", 16, "float32", ["eqspec"], ["model"], ["none", "bsp-like"], [1, 4], [5], [0])
+CONTROLS = {"pair": "tiny", "prompt_set": "quick", "max_new_tokens": 16, "dtype": "float32", "methods": ["eqspec"],
+            "drafters": ["model"], "fault_sets": ["none", "bsp-like"], "batch_sizes": [1, 4], "ks": [5],
+            "temperatures": [0]}
 
 
 class Click:
@@ -25,7 +27,7 @@ class Click:
 
 @pytest.fixture(scope="module")
 def swept():
-    found, download, cell = sweeptab.run_sweep(Settings(), *CONTROLS)
+    found, download, cell = sweeptab.run_sweep(Settings(), **CONTROLS)
     return found, download, cell
 
 
@@ -36,15 +38,15 @@ def test_a_sweep_runs_each_configuration_and_its_link_replays_it(swept):
         ("eqspec", 1, 100.0), ("eqspec", 4, 100.0), ("eqspec · bsp-like", 1, found.rows[2].exact_pct),
         ("eqspec · bsp-like", 4, found.rows[3].exact_pct)]
     assert found.rows[3].exact_pct < 100 and found.rows[3].verdicts
-    views = dict(zip(sweeptab.SWEEP_VIEW_NAMES, sweeptab.render_sweep(Settings(), found, 3)))
+    views = sweeptab.render_sweep(Settings(), found, 3)
     assert views["exact"].count('class="sv-hcell') == 4 and 'class="sv-hcell sv-sel" data-run="3"' in views["exact"]
     assert "4 runs" in views["summary"] and "No share link" not in views["summary"]
     sweep, cell = share.decode_sweep(views["link_query"])
     assert sweep == found.sweep and cell == 3
     # Opening the link fills the tab's controls and opens it; the replay serves the runs from this process's cache.
-    *controls, pending, status, tabs = sweeptab.open_sweep_link(views["link_query"])
-    assert controls == [CONTROLS[0], CONTROLS[1], 16, "float32", ["eqspec"], ["model"], ["none", "bsp-like"], [1, 4],
-                        [5], [0]]
+    opened = sweeptab.open_sweep_link(views["link_query"])
+    pending, status, tabs = opened["pending"], opened["status"], opened["tabs"]
+    assert {n: opened[n] for n in sweeptab.SWEEP_DEFAULTS} == CONTROLS
     assert status == "Replaying the shared sweep…" and tabs.selected == "sweep"
     replayed, _, cell, said = sweeptab.replay_sweep(Settings(), pending)
     assert replayed.to_json() == found.to_json() and cell == 3 and "replayed" in said
@@ -54,8 +56,8 @@ def test_a_sweep_over_the_servers_limit_is_refused_and_its_report_offered_instea
     found, _, _ = swept
     small = Settings(max_sweep_runs=3)
     with pytest.raises(gr.Error, match="4 runs, over this server's limit of 3 \\(SPECVIZ_MAX_SWEEP_RUNS\\)"):
-        sweeptab.run_sweep(small, *CONTROLS)
-    views = dict(zip(sweeptab.SWEEP_VIEW_NAMES, sweeptab.render_sweep(small, found)))
+        sweeptab.run_sweep(small, **CONTROLS)
+    views = sweeptab.render_sweep(small, found)
     assert views["link_query"] == "" and "No share link" in views["summary"]
     assert "report file" in views["summary"]
     pending = {"sweep": found.sweep.model_dump_json(), "cell": None}
@@ -63,33 +65,34 @@ def test_a_sweep_over_the_servers_limit_is_refused_and_its_report_offered_instea
         sweeptab.replay_sweep(small, pending)
     # A run the server refuses (a batch size over its limit) refuses the whole sweep before any work.
     with pytest.raises(gr.Error, match="batch size 4 is over this server's limit of 2"):
-        sweeptab.run_sweep(Settings(max_batch_size=2), *CONTROLS)
+        sweeptab.run_sweep(Settings(max_batch_size=2), **CONTROLS)
 
 
 def test_bad_sweep_links_and_controls_get_a_message(swept):
-    *_, pending, status, _ = sweeptab.open_sweep_link("?sweep=@@@@")
-    assert pending is None and "could not be used" in status and "damaged" in status
+    opened = sweeptab.open_sweep_link("?sweep=@@@@")
+    assert opened["pending"] is None and "could not be used" in opened["status"] and "damaged" in opened["status"]
     good = share.encode_sweep(swept[0].sweep)
-    *_, pending, status, _ = sweeptab.open_sweep_link(good[:60])
-    assert pending is None and "could not be used" in status
-    *_, pending, status, tabs = sweeptab.open_sweep_link("?run=abc")  # a run's link: not the Sweep tab's business
-    assert pending is None and tabs == gr.skip()
+    opened = sweeptab.open_sweep_link(good[:60])
+    assert opened["pending"] is None and "could not be used" in opened["status"]
+    opened = sweeptab.open_sweep_link("?run=abc")  # a run's link: not the Sweep tab's business
+    assert opened["pending"] is None and "tabs" not in opened  # the tabs left out: as they were
     with pytest.raises(gr.Error, match="pick at least a batch size"):
-        sweeptab.run_sweep(Settings(), *CONTROLS[:7], [], [5], [0])
+        sweeptab.run_sweep(Settings(), **{**CONTROLS, "batch_sizes": []})
     with pytest.raises(gr.Error, match="pick at least a temperature"):
-        sweeptab.run_sweep(Settings(), *CONTROLS[:9], [])
+        sweeptab.run_sweep(Settings(), **{**CONTROLS, "temperatures": []})
 
 
 def test_a_temperature_axis_runs_sampled_cells_beside_greedy_ones_and_its_link_keeps_it():
-    controls = (*CONTROLS[:6], ["none", "accept-q-over-p"], [4], [5], [0, 0.8])
-    found, _, _ = sweeptab.run_sweep(Settings(), *controls)
+    controls = {**CONTROLS, "fault_sets": ["none", "accept-q-over-p"], "batch_sizes": [4], "temperatures": [0, 0.8]}
+    found, _, _ = sweeptab.run_sweep(Settings(), **controls)
     assert [(r.faults, r.temperature) for r in found.rows] == [("", 0), ("", 0.8), ("accept-q-over-p", 0.8)]
     assert found.rows[2].sampled_verdict == "sampler-bug:decisions"
-    views = dict(zip(sweeptab.SWEEP_VIEW_NAMES, sweeptab.render_sweep(Settings(), found)))
+    views = sweeptab.render_sweep(Settings(), found)
     assert "bs 4 · k 5 · T 0.8" in views["exact"] and "✗" in views["exact"]
     assert "temperatures 0, 0.8" in views["summary"]
-    *shown, pending, _, _ = sweeptab.open_sweep_link(views["link_query"])
-    assert shown[-1] == [0, 0.8] and Sweep.model_validate_json(pending["sweep"]) == found.sweep
+    opened = sweeptab.open_sweep_link(views["link_query"])
+    pending = opened["pending"]
+    assert opened["temperatures"] == [0, 0.8] and Sweep.model_validate_json(pending["sweep"]) == found.sweep
     # A link made before the axis carries none: every run samples at its base's temperature, as it did then.
     fields = found.sweep.model_dump(mode="json", include={"methods", "drafters", "fault_sets", "batch_sizes", "ks"})
     old = share._query("sweep", {"base": json.loads(found.sweep.base.canonical_json()), **fields}, (), "", "")
@@ -102,7 +105,7 @@ def test_a_cell_opens_its_run_in_the_run_view_at_its_fork_and_compare_marks_wher
     assert said == "Opened run 4 of the sweep: eqspec · bsp-like · bs 4 · k 5 in the Run view."
     assert trace.manifest.spec == found.spec_of(3) and pending is None and cell == 3
     assert tabs.selected == "run" and "run 4 of the sweep: eqspec · bsp-like · bs 4 · k 5" in status
-    views = dict(zip(ui.VIEW_NAMES, ui.render(trace)))
+    views = ui.render(trace)
     first = next(s for s in trace.sequences if s.equivalent is False)
     assert views["focus_seq"] == first.seq and "sv-fork sv-sel" in views["grid"]
     with pytest.raises(gr.Error, match="not a run of this sweep"):
@@ -128,7 +131,7 @@ def test_a_cell_opens_its_run_in_the_run_view_at_its_fork_and_compare_marks_wher
     assert seq == first.seq and len(replayed) == 2
     again = sweeptab.compare_runs(replayed, a["value"], b["value"], seq)
     assert f"first differ at token {fork}:" in again[0] and f'data-first="{fork}"' in again[1] and again[2] == link
-    assert ui.open_link(link)[-1] == "This link compares two runs: see the Compare tab."
+    assert ui.open_link(link)["status"] == "This link compares two runs: see the Compare tab."
 
 
 def _side(label, ids, prompts=("p",), rounds=((),), reference=None):

@@ -231,7 +231,7 @@ def test_the_page_draws_each_rows_tree_and_marks_tokens_off_the_first_branch(tre
     from specviz.app import runview
 
     off = next(r for r in tree_trace.rows if any(r.tree.candidate(n)[0] > 1 for n in r.tree.path))
-    out = dict(zip(runview.VIEW_NAMES, runview.render(tree_trace, off.seq, off.round)))
+    out = runview.render(tree_trace, off.seq, off.round)
     picture = re.search(r"<svg class=\"sv-tree\".*?</svg>", out["forensics"]).group(0)
     assert picture.count("<g ") == len(off.tree.tokens)  # a box for every node
     assert picture.count('class="sv-node-path"') == off.accepted and "candidate 2 of" in out["forensics"]
@@ -240,7 +240,7 @@ def test_the_page_draws_each_rows_tree_and_marks_tokens_off_the_first_branch(tre
     assert set(off.tree.tokens) <= set(tree_trace.vocab)  # every node's text is in the trace, for its label
     hostile = hostile_trace(tree_trace)  # every token's text a stranger's: shown as text, in the picture too
     for seq in range(len(hostile.sequences)):
-        for name, page in zip(runview.VIEW_NAMES, runview.render(hostile, seq, off.round)):
+        for name, page in runview.render(hostile, seq, off.round).items():
             if name in ("timeline", "grid", "forensics"):
                 assert live_markup(page, {"div", "span", "p", "b", "h4", "table", "thead", "tbody", "tr", "th", "td",
                                           "svg", "g", "rect", "line", "text", "title"},

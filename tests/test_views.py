@@ -270,18 +270,18 @@ def test_the_forensic_panel_shows_a_sampled_rounds_draws(drawn):
 def test_the_sampling_example_is_caught_on_the_tiny_pair(tiny):
     """The page's sampling-fault example, on the tiny pair (the page runs it on the embedded one): rejected, and
     the correct example's settings are not."""
-    from specviz.app.runview import DEFAULTS, EXAMPLES, spec_from_controls
+    from specviz.app.form import spec_from_controls
+    from specviz.app.runview import EXAMPLES
 
-    def controls(name: str) -> list:
-        values = {**DEFAULTS, **EXAMPLES[name], "pair": "tiny"}
-        return [*[values[n] for n in list(DEFAULTS)[:5]], None, *[values[n] for n in list(DEFAULTS)[5:]]]
+    def controls(name: str) -> dict:
+        return {**EXAMPLES[name], "pair": "tiny"}
 
-    caught = run(spec_from_controls(*controls("sampling fault: draft-only temperature")))
+    caught = run(spec_from_controls(**controls("sampling fault: draft-only temperature")))
     assert caught.manifest.spec.faults == ("temperature-draft-only",) and caught.manifest.spec.top_p == 0.95
     d = caught.distribution
     assert d.verdict == "not the target's distribution" and d.p < 0.001
     assert "not the target\\'s distribution" in summary.headline(caught)
-    correct = run(spec_from_controls(*controls("sampled eqspec")))
+    correct = run(spec_from_controls(**controls("sampled eqspec")))
     assert correct.distribution.verdict == "consistent" and correct.decisions.mismatches == 0
 
 
@@ -294,7 +294,7 @@ def test_a_hostile_sampled_trace_shows_stranger_text_as_text(outside):
     d = trace.distribution
     assert HOSTILE in d.failing and all(HOSTILE in s.name for s in d.splits) and all(HOSTILE in n for n in d.skipped)
     for seq in range(len(trace.sequences)):
-        out = dict(zip(ui.VIEW_NAMES, ui.render(trace, seq)))
+        out = ui.render(trace, seq)
         for name in ("timeline", "grid", "compare", "forensics"):
             assert live_markup(out[name], {"div", "span", "p", "b", "h4", "table", "thead", "tbody", "tr", "th", "td", "mark"},
                                {"class", "title", "style", "data-seq", "data-round", "data-index"}) == [], name
@@ -425,7 +425,7 @@ def test_a_hostile_lookup_trace_shows_stranger_text_as_text(lookup):
 
     trace = hostile_trace(lookup)
     for seq in range(len(trace.sequences)):
-        out = dict(zip(ui.VIEW_NAMES, ui.render(trace, seq)))
+        out = ui.render(trace, seq)
         for name in ("timeline", "grid", "forensics"):
             assert live_markup(out[name], {"div", "span", "p", "b", "h4", "table", "thead", "tbody", "tr", "th", "td"},
                                {"class", "title", "style", "data-seq", "data-round", "data-index"}) == [], name
@@ -466,13 +466,13 @@ def test_the_summary_says_the_speed_up_over_the_reference_and_where_it_was_timed
 
 def test_the_prompt_lookup_example_is_a_batch_size_1_lookup_run_on_the_copying_prompts():
     from specviz.app.page import example_api_name
-    from specviz.app.runview import DEFAULTS, EXAMPLES, spec_from_controls
+    from specviz.app.form import spec_from_controls
+    from specviz.app.runview import EXAMPLES
     from specviz.spec.prompts import builtin_sets
 
     name = next(n for n in EXAMPLES if EXAMPLES[n].get("drafter") == "lookup")
     assert example_api_name(name) == "example_prompt"
-    values = {**DEFAULTS, **EXAMPLES[name]}
-    spec = spec_from_controls(*[values[n] for n in list(DEFAULTS)[:5]], None, *[values[n] for n in list(DEFAULTS)[5:]])
+    spec = spec_from_controls(**EXAMPLES[name])
     assert (spec.method, spec.drafter, spec.batch_size, spec.k) == ("eqspec", "lookup", 1, 5)
     assert spec.prompts == tuple(builtin_sets()["summarize+code"]) and spec.target == "specviz:smollm2-135m"
     assert (spec.ngram_min, spec.ngram_max) == (2, 3)

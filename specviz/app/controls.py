@@ -1,11 +1,12 @@
-"""The page's controls: the Run view's (a run spec's fields) and the Check tab's (an engine to judge), built
-inside the caller's layout; page.py places and wires them, runview.py reads their values.
+"""The page's controls: the Run view's (a run spec's fields) and the Check tab's (an engine to
+judge), built inside the caller's layout, each named as its form (form.py) names it and set to its
+default there; page.py places and wires them, runview.py reads their values.
 """
 from __future__ import annotations
 
 import gradio as gr
 
-from specviz.app.runview import CUSTOM, DEFAULTS, TEMPERATURE_MAX, TOP_P_MIN
+from specviz.app.form import CUSTOM, DEFAULTS, ENGINE_DEFAULTS, TEMPERATURE_MAX, TOP_P_MIN
 from specviz.run.settings import Settings
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.faults import FAULTS
@@ -27,15 +28,16 @@ UPLOAD_HEIGHT = 124
 
 
 def run_controls_of(settings: Settings) -> dict:
-    """The Run view's controls, by name (runview.DEFAULTS' names and the prompt file)."""
+    """The Run view's controls, by name (form.INPUTS': form.DEFAULTS' names and the prompt file)."""
     c = {}
     c["pair"] = gr.Dropdown([*PRESETS, CUSTOM], value=DEFAULTS["pair"], label="model pair",
                             info="embedded: SmolLM2-135M-Instruct and its draft, offline; tiny: a random 3-layer test pair")
     with gr.Accordion("custom pair (Hub ids or local paths)", open=False):
-        c["target"] = gr.Textbox(label="target model")
-        c["draft"] = gr.Textbox(label="draft model")
+        c["target"] = gr.Textbox(DEFAULTS["target"], label="target model")
+        c["draft"] = gr.Textbox(DEFAULTS["draft"], label="draft model")
     c["prompt_set"] = gr.Dropdown(list(builtin_sets()), value=DEFAULTS["prompt_set"], label="built-in prompts")
-    c["typed"] = gr.Textbox(lines=3, label="or type prompts", info="one a line, or Spec-Bench JSONL; used when not empty")
+    c["typed"] = gr.Textbox(DEFAULTS["typed"], lines=3, label="or type prompts",
+                            info="one a line, or Spec-Bench JSONL; used when not empty")
     c["prompt_file"] = gr.File(label="or upload prompts (text or Spec-Bench .jsonl)", file_types=[".txt", ".jsonl"],
                                type="filepath", height=UPLOAD_HEIGHT)
     c["chat_template"] = gr.Checkbox(value=DEFAULTS["chat_template"], label="chat template",
@@ -54,7 +56,8 @@ def run_controls_of(settings: Settings) -> dict:
                                     info="candidates per position, verified as one token tree (1: a chain)",
                                     visible="tree_width" in options, elem_id="sv-tree-width")
     with_faults = " and ".join(n for n, m in METHODS.items() if m.faults)
-    c["faults"] = gr.Dropdown([*FAULTS, *FAULT_PRESETS], value=[], multiselect=True, label=f"faults ({with_faults} only)",
+    c["faults"] = gr.Dropdown([*FAULTS, *FAULT_PRESETS], value=DEFAULTS["faults"], multiselect=True,
+                              label=f"faults ({with_faults} only)",
                               info="re-create a published engine's bug; the sampling faults need a temperature above 0",
                               interactive=METHODS[DEFAULTS["method"]].faults, elem_id="sv-faults")
     with gr.Row():
@@ -73,9 +76,12 @@ def run_controls_of(settings: Settings) -> dict:
         c["top_p"] = gr.Slider(TOP_P_MIN, 1, value=DEFAULTS["top_p"], step=0.01, label="top-p (1: off)",
                                elem_id="sv-top-p")
     with gr.Accordion("the draft's own sampling (blank: the target's)", open=False):
-        c["draft_temperature"] = gr.Number(value=None, minimum=0, maximum=MAX_TEMPERATURE, label="draft temperature")
-        c["draft_top_k"] = gr.Number(value=None, precision=0, minimum=0, label="draft top-k (0: off)")
-        c["draft_top_p"] = gr.Number(value=None, minimum=0, maximum=1, label="draft top-p (1: off)")
+        c["draft_temperature"] = gr.Number(value=DEFAULTS["draft_temperature"], minimum=0,
+                                           maximum=MAX_TEMPERATURE, label="draft temperature")
+        c["draft_top_k"] = gr.Number(value=DEFAULTS["draft_top_k"], precision=0, minimum=0,
+                                     label="draft top-k (0: off)")
+        c["draft_top_p"] = gr.Number(value=DEFAULTS["draft_top_p"], minimum=0, maximum=1,
+                                     label="draft top-p (1: off)")
     with gr.Accordion("each request's own sampling (blank: the settings above for all)", open=False):
         c["rows"] = gr.Textbox(value=DEFAULTS["rows"], lines=3, label="per-request settings", elem_id="sv-rows",
                                info="one request a line, given to the prompts in turn: key=value pairs of temperature "
@@ -101,41 +107,49 @@ def run_controls_of(settings: Settings) -> dict:
     return c
 
 
-ENGINE_CONTROLS = ("pair", "target", "dtype", "outputs", "control", "server", "served_model", "control_server",
-                   "prompt_set", "max_new_tokens", "determinism", "temperature", "top_p", "seed", "same_draft")
-
-
 def engine_controls(settings: Settings) -> dict:
-    """The Check tab's controls, by name (ENGINE_CONTROLS)."""
-    e = {}
+    """The Check tab's controls, by name (form.ENGINE_DEFAULTS')."""
+    e, d = {}, ENGINE_DEFAULTS
     gr.Markdown("An engine's outputs (vLLM, SGLang, TGI, llama.cpp, your own) against the batch-size-1 reference of "
                 "the same weights: every difference judged numerics or a bug, from the engine's token ids alone. "
                 "The file format is in docs/engines.md (`specviz schema --outputs`).")
-    e["pair"] = gr.Dropdown([*PRESETS, CUSTOM], value=DEFAULTS["pair"], label="reference: the engine's target weights")
-    e["target"] = gr.Textbox(label="custom target (Hub id or local path)", visible=True)
-    e["dtype"] = gr.Dropdown(list(DTYPES), value="float32", label="reference dtype")
+    e["pair"] = gr.Dropdown([*PRESETS, CUSTOM], value=d["pair"],
+                            label="reference: the engine's target weights")
+    e["target"] = gr.Textbox(d["target"], label="custom target (Hub id or local path)",
+                             visible=True)
+    e["dtype"] = gr.Dropdown(list(DTYPES), value=d["dtype"], label="reference dtype")
     e["outputs"] = gr.File(label="the engine's outputs (JSONL)", file_types=[".jsonl", ".json", ".txt"],
                            type="filepath", height=UPLOAD_HEIGHT)
     e["control"] = gr.File(label="optional: the same engine without speculation (JSONL, the same prompts)",
                            file_types=[".jsonl", ".json", ".txt"], type="filepath", height=UPLOAD_HEIGHT)
     servers = bool(settings.engine_servers) and not settings.public
     with gr.Accordion("or ask a server (llama.cpp, vLLM or any OpenAI-compatible)", open=False, visible=servers):
-        e["server"] = gr.Textbox(label="server URL", info="allowed: " + (", ".join(settings.engine_servers) or "none")
+        e["server"] = gr.Textbox(d["server"], label="server URL",
+                                 info="allowed: " + (", ".join(settings.engine_servers) or "none")
                                  + "; llama.cpp's llama-server is asked in its own API, any other as OpenAI's")
-        e["served_model"] = gr.Textbox(label="served model (blank: the server's only model)")
-        e["control_server"] = gr.Textbox(label="optional: a server of the same engine without speculation")
-        e["prompt_set"] = gr.Dropdown(list(builtin_sets()), value="quick", label="prompts to send")
-        e["max_new_tokens"] = gr.Slider(1, settings.max_new_tokens, value=48, step=1, label="max new tokens")
-        e["determinism"] = gr.Checkbox(False, label="ask every prompt twice more",
+        e["served_model"] = gr.Textbox(d["served_model"],
+                                       label="served model (blank: the server's only model)")
+        e["control_server"] = gr.Textbox(
+            d["control_server"], label="optional: a server of the same engine without speculation")
+        e["prompt_set"] = gr.Dropdown(list(builtin_sets()), value=d["prompt_set"],
+                                      label="prompts to send")
+        e["max_new_tokens"] = gr.Slider(1, settings.max_new_tokens, value=d["max_new_tokens"],
+                                        step=1,
+                                        label="max new tokens")
+        e["determinism"] = gr.Checkbox(d["determinism"], label="ask every prompt twice more",
                                        info="the same requests again, then in reverse order (other slots, other batch "
                                             "company): every prompt answered otherwise is reported with its fork")
     with gr.Row():  # what the engine sampled with: a server is asked with them; a file is judged under them
-        e["temperature"] = gr.Slider(0, TEMPERATURE_MAX, value=0, step=0.05, label="the engine's temperature",
+        e["temperature"] = gr.Slider(0, TEMPERATURE_MAX, value=d["temperature"], step=0.05,
+                                     label="the engine's temperature",
                                      info="0: greedy, checked token by token; above 0: judged by the distribution of "
                                           "its tokens under the target at these settings")
-        e["top_p"] = gr.Slider(TOP_P_MIN, 1, value=1, step=0.01, label="its top-p (1: off)")
-        e["seed"] = gr.Number(value=0, precision=0, minimum=0, label="seed (a server gets one a prompt from it)")
-    e["same_draft"] = gr.Checkbox(False, label="the engine drafts with this pair's draft model",
+        e["top_p"] = gr.Slider(TOP_P_MIN, 1, value=d["top_p"], step=0.01,
+                               label="its top-p (1: off)")
+        e["seed"] = gr.Number(value=d["seed"], precision=0, minimum=0,
+                              label="seed (a server gets one a prompt from it)")
+    e["same_draft"] = gr.Checkbox(d["same_draft"],
+                                  label="the engine drafts with this pair's draft model",
                                   info="its acceptance is then judged against the draft's own replay: per request from "
                                        "the file's drafts and accepted counts, or from a server's counters")
     return e

@@ -10,7 +10,7 @@ import html
 import gradio as gr
 
 from specviz.app import serving
-from specviz.app.runview import controls_of
+from specviz.app.form import controls_of
 from specviz.spec.casebook import BY_FAULT, CASES, Case
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.faults import FAULTS
@@ -69,10 +69,11 @@ def cards_html() -> str:
     return '<div class="sv-cases">' + "".join(map(_card, CASES)) + "</div>"
 
 
-def open_case(evt: gr.EventData):
-    """A card's button: the Run controls set to its case's run (Run decodes it again), its bundled run for the Run
-    view (opened on its first fork; a lossless case on its drafts per slot), the Run view's tab, and the tab of its
-    views to show."""
+def open_case(evt: gr.EventData) -> dict:
+    """A card's button, by name: the Run controls set to its case's run (Run decodes it again), its
+    bundled run for the Run view ("trace", "status", "download", no "pending" replay; opened on its
+    first fork, a lossless case on its drafts per slot), the Run view's tab ("tabs"), and the tab
+    of its views to show ("view_tabs")."""
     case = BY_FAULT.get((evt._data or {}).get("case"))
     if case is None:
         raise gr.Error("that is not a case of the field casebook")
@@ -82,5 +83,6 @@ def open_case(evt: gr.EventData):
     status = (f"**Field case: {case.title}** ({threads}). {case.mechanism.replace(chr(10), ' ')} Replayed by the "
               f"fault `{case.fault}` on {replica(case)}; specviz judges it `{said}`. The replica leaves out "
               f"{case.leaves_out}\n\n" + serving.headline(trace, "bundled"))
-    return (*controls_of(trace.manifest.spec), trace, status, serving.save(trace), None, gr.Tabs(selected="run"),
-            gr.Tabs(selected="drafts") if case.lossless else gr.skip())
+    return {**controls_of(trace.manifest.spec), "trace": trace, "status": status,
+            "download": serving.save(trace), "pending": None, "tabs": gr.Tabs(selected="run"),
+            "view_tabs": gr.Tabs(selected="drafts") if case.lossless else gr.skip()}

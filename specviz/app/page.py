@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import gradio as gr
 
 from specviz.app import gallery, serving, summary, sweeptab
-from specviz.app.controls import ENGINE_CONTROLS, engine_controls, run_controls_of
+from specviz.app.controls import engine_controls, run_controls_of
+from specviz.app.form import DEFAULTS, ENGINE_DEFAULTS, INPUTS
 from specviz.app.glossary import glossary as glossary_text
 from specviz.app.runview import (
-    DEFAULTS,
     EXAMPLES,
     VIEW_NAMES,
     check_engine,
@@ -200,7 +200,30 @@ class Page:
 
     @property
     def shown(self) -> list:
-        return [self.v[n] for n in VIEW_NAMES]
+        return self.parts(*VIEW_NAMES)
+
+    @property
+    def named(self) -> dict:
+        """The components a handler's result may name: the run's controls, the Run view's views
+        (and its status and tabs), the trace, its download, a link's pending replay and the page's
+        tabs."""
+        return {**self.c, **self.v, "trace": self.trace, "download": self.buttons["download"],
+                "pending": self.pending, "tabs": self.tabs}
+
+    def parts(self, *names: str) -> list:
+        """The components `names` name (self.named's), as a handler's inputs or outputs."""
+        return [self.named[n] for n in names]
+
+    def keyed(self, fn, named: dict | None = None):
+        """`fn`, whose result is keyed by name (`named`'s, else self.named's), as Gradio's handler:
+        keyed by component. Gradio reads the handler's parameters (an EventData among them) through
+        functools.wraps."""
+        named = named or self.named
+
+        @functools.wraps(fn)
+        def handler(*args, **kwargs):
+            return {named[n]: value for n, value in fn(*args, **kwargs).items()}
+        return handler
 
     @property
     def opened(self) -> list:
@@ -212,7 +235,8 @@ class Page:
 
     def then_show(self, event, fn=render, inputs=None):
         """After `event` opens a trace: every view, the link, and the trace offered to the compare tab."""
-        shown_run = event.success(fn, inputs or [self.trace], self.shown, api_visibility="private")
+        shown_run = event.success(self.keyed(fn), inputs or [self.trace], self.shown,
+                                  api_visibility="private")
         self.show_link(shown_run)
         shown_run.then(sweeptab.remember_sides, [self.sides, self.trace], [self.sides, self.p["a"], self.p["b"]],
                        api_visibility="private")
@@ -220,20 +244,23 @@ class Page:
 
     def wire_run_view(self) -> None:
         c, b, settings = self.c, self.buttons, self.settings
-        controls = [c[n] for n in DEFAULTS]
-        run_inputs = [*controls[:5], c["prompt_file"], *controls[5:]]
+        controls = self.parts(*DEFAULTS)
+        run_inputs = {n: c[n] for n in INPUTS}  # by name: the API's parameters bear their names
         run_here = functools.partial(run_controls, settings)
-        running = [b["run"].click(run_here, run_inputs, self.opened, api_name="run", concurrency_id="decode")]
+        running = [b["run"].click(run_here, None, self.opened, inputs_kwargs=run_inputs,
+                                  api_name="run", concurrency_id="decode")]
         for name, btn in b["examples"].items():
-            values = {**DEFAULTS, **EXAMPLES[name]}
-            filled = btn.click(lambda v=values: [v[n] for n in DEFAULTS], None, controls, api_name=example_api_name(name))
+            values = {c[n]: value for n, value in {**DEFAULTS, **EXAMPLES[name]}.items()}
+            filled = btn.click(lambda v=values: v, None, controls, api_name=example_api_name(name))
             # The drafter's controls follow before the decode starts (its change event, unqueued, waits on a busy CPU).
             shown = filled.then(drafter_shows, [c["drafter"]], [c["drafter"], *(c[f] for f in DRAFTER_OPTIONS)],
                                 api_visibility="private", show_progress="hidden")
-            running.append(shown.then(run_here, run_inputs, self.opened, api_visibility="private",
-                                      concurrency_id="decode"))
-        running.append(b["check"].click(functools.partial(check_engine, settings), [self.e[n] for n in ENGINE_CONTROLS],
-                                        self.opened, api_name="check_engine", concurrency_id="decode"))
+            running.append(shown.then(run_here, None, self.opened, inputs_kwargs=run_inputs,
+                                      api_visibility="private", concurrency_id="decode"))
+        running.append(b["check"].click(functools.partial(check_engine, settings), None,
+                                        self.opened,
+                                        inputs_kwargs={n: self.e[n] for n in ENGINE_DEFAULTS},
+                                        api_name="check_engine", concurrency_id="decode"))
         for event in running:
             self.then_show(event)
         running.append(self.v["shrink"].click(functools.partial(shrink_focused, settings),
@@ -246,8 +273,8 @@ class Page:
                            api_visibility="private", queue=False, show_progress="hidden")
         c["drafter"].change(drafter_shows, [c["drafter"]], [c["drafter"], *(c[f] for f in DRAFTER_OPTIONS)],
                             api_visibility="private", queue=False, show_progress="hidden")
-        loaded = self.demo.load(open_link, [self.v["link_query"]],
-                                [*controls, self.trace, b["download"], self.pending, self.v["status"]],
+        loaded = self.demo.load(self.keyed(open_link), [self.v["link_query"]],
+                                self.parts(*DEFAULTS, "trace", "download", "pending", "status"),
                                 js="() => location.search", api_name="open_link")
         self.then_show(loaded)  # the first page's bundled trace (a link's run is shown once replayed)
         replayed = loaded.then(functools.partial(replay, settings), [self.pending], self.opened,
@@ -257,8 +284,9 @@ class Page:
     def wire_gallery(self) -> None:
         """A card's button opens its case's bundled run in the Run view."""
         c = self.c
-        opened = self.cards.click(gallery.open_case, None, [*[c[n] for n in DEFAULTS], *self.opened, self.tabs,
-                                                            self.v["view_tabs"]], api_name="open_case")
+        opened = self.cards.click(self.keyed(gallery.open_case), None,
+                                  self.parts(*DEFAULTS, "trace", "status", "download", "pending",
+                                             "tabs", "view_tabs"), api_name="open_case")
         opened.then(drafter_shows, [c["drafter"]], [c["drafter"], *(c[f] for f in DRAFTER_OPTIONS)],
                     api_visibility="private", show_progress="hidden")
         self.then_show(opened)
@@ -266,16 +294,20 @@ class Page:
     def _wire_focus(self) -> None:
         """Clicks on the grid, the timeline and the table, and the focus boxes, move the focus."""
         v = self.v
-        self.show_link(v["grid"].click(pick, [self.trace], self.shown, api_name="pick_cell"))
-        self.show_link(v["timeline"].click(pick, [self.trace], self.shown, api_name="pick_round"))
-        self.show_link(v["table"].select(pick_row, [self.trace, v["table"]], self.shown, api_name="pick_sequence"))
+        picked, shown = self.keyed(pick), self.shown
+        self.show_link(v["grid"].click(picked, [self.trace], shown, api_name="pick_cell"))
+        self.show_link(v["timeline"].click(picked, [self.trace], shown, api_name="pick_round"))
+        self.show_link(v["table"].select(self.keyed(pick_row), [self.trace, v["table"]], shown,
+                                         api_name="pick_sequence"))
         for name in ("seq", "round"):
-            self.show_link(v[f"focus_{name}"].submit(render, [self.trace, v["focus_seq"], v["focus_round"]], self.shown,
+            focus = [self.trace, v["focus_seq"], v["focus_round"]]
+            self.show_link(v[f"focus_{name}"].submit(self.keyed(render), focus, shown,
                                                      api_name=f"focus_{name}"))
 
     def then_show_sweep(self, event) -> None:
         w = self.w
-        shown_sweep = event.success(functools.partial(sweeptab.render_sweep, self.settings), [w["report"], w["cell"]],
+        rendered = self.keyed(functools.partial(sweeptab.render_sweep, self.settings), w)
+        shown_sweep = event.success(rendered, [w["report"], w["cell"]],
                                     [w[n] for n in sweeptab.SWEEP_VIEW_NAMES], api_visibility="private")
         shown_sweep.then(None, [w["link_query"]], [w["link_box"]], js=UPDATE_URL, api_visibility="private")
         shown_sweep.then(sweeptab.remember_sides, [self.sides, w["report"]], [self.sides, self.p["a"], self.p["b"]],
@@ -284,10 +316,11 @@ class Page:
     def wire_sweep_tab(self) -> None:
         """Run or open a report, show it, click a cell into the Run view."""
         w, settings = self.w, self.settings
-        sweep_controls = [w[n] for n in sweeptab.SWEEP_DEFAULTS]
+        sweep_controls = {n: w[n] for n in sweeptab.SWEEP_DEFAULTS}
         found_out = [w["report"], w["download"], w["cell"]]
-        swept = [w["run"].click(functools.partial(sweeptab.run_sweep, settings), sweep_controls, found_out,
-                                api_name="sweep", concurrency_id="decode"),
+        swept = [w["run"].click(functools.partial(sweeptab.run_sweep, settings), None, found_out,
+                                inputs_kwargs=sweep_controls, api_name="sweep",
+                                concurrency_id="decode"),
                  w["casebook"].click(functools.partial(sweeptab.run_casebook, settings), None, found_out,
                                      api_name="sweep_casebook", concurrency_id="decode")]
         for event in swept:
@@ -306,8 +339,10 @@ class Page:
             self.then_show(opened_cell)
             opened_cell.success(sweeptab.outline_cell, [w["report"], w["cell"]], [w["exact"], w["prefix"]],
                                 api_visibility="private")
-        sweep_loaded = self.demo.load(sweeptab.open_sweep_link, [w["link_query"]],
-                                      [*sweep_controls, w["pending"], w["status"], self.tabs],
+        opened_link = self.keyed(sweeptab.open_sweep_link, {**w, "tabs": self.tabs})
+        sweep_loaded = self.demo.load(opened_link, [w["link_query"]],
+                                      [*sweep_controls.values(), w["pending"], w["status"],
+                                       self.tabs],
                                       js="() => location.search", api_name="open_sweep_link")
         self.then_show_sweep(sweep_loaded.then(functools.partial(sweeptab.replay_sweep, settings), [w["pending"]],
                                                [*found_out, w["status"]], api_visibility="private",

@@ -9,42 +9,48 @@ import gradio as gr
 
 from specviz.app import serving, sidebyside, sweepviews, views
 from specviz.app.controls import UPLOAD_HEIGHT
+from specviz.app.form import by_name, filled
 from specviz.run.settings import Settings
 from specviz.spec.casebook import BASE_RUN, CASES
-from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTERS
+from specviz.spec.defaults import DEFAULT_PAIR, default_of
+from specviz.spec.drafters import DRAFTERS
 from specviz.spec.faults import FAULTS
 from specviz.spec.faults import PRESETS as FAULT_PRESETS
 from specviz.spec.methods import METHODS
-from specviz.spec.prompts import builtin_sets
+from specviz.spec.prompts import DEFAULT_SET, builtin_sets
 from specviz.spec.run import DTYPES, PRESETS, RunSpec, SpecError
 from specviz.trace import share
 from specviz.trace.schema import Trace
 from specviz.trace.sweep import NO_FAULTS, Sweep, SweepReport, report, run_name
 
-SWEEP_DEFAULTS = {"pair": "embedded", "prompt_set": "quick", "max_new_tokens": 32, "dtype": "float32",
-                  "methods": ["eqspec"], "drafters": [DEFAULT_DRAFTER], "fault_sets": [NO_FAULTS, "bsp-like", "dsd-like"],
-                  "batch_sizes": [1, 4, 8], "ks": [5], "temperatures": [0]}
+# The Sweep tab's controls, by name: RunSpec's defaults, but for the sweep's own lists and length.
+SWEEP_DEFAULTS = {"pair": DEFAULT_PAIR, "prompt_set": DEFAULT_SET, "max_new_tokens": 32,
+                  "dtype": default_of("dtype"), "methods": [default_of("method")],
+                  "drafters": [default_of("drafter")],
+                  "fault_sets": [NO_FAULTS, "bsp-like", "dsd-like"], "batch_sizes": [1, 4, 8],
+                  "ks": [default_of("k")], "temperatures": [0]}
 SWEEP_BATCH_SIZES = (1, 2, 3, 4, 8, 16, 32, 64)
 SWEEP_KS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 SWEEP_TEMPERATURES = (0, 0.3, 0.6, 0.8, 1, 1.5)
 
 
-def sweep_from_controls(pair, prompt_set, max_new_tokens, dtype, methods, drafters, fault_sets, batch_sizes,
-                        ks, temperatures) -> Sweep:
-    """The sweep the Sweep tab's controls describe: each fault set is one fault or preset (or none)."""
-    missing = [what for what, chosen in (("a method", methods), ("a drafter", drafters), ("a fault set", fault_sets),
-                                         ("a batch size", batch_sizes), ("a k", ks), ("a temperature", temperatures))
-               if not chosen]
-    if missing:
+def sweep_from_controls(**controls) -> Sweep:
+    """The sweep the Sweep tab's controls (SWEEP_DEFAULTS' names; those left out at their defaults)
+    describe: each fault set is one fault or preset (or none)."""
+    c = filled(SWEEP_DEFAULTS, controls)
+    lists = {"methods": "a method", "drafters": "a drafter", "fault_sets": "a fault set",
+             "batch_sizes": "a batch size", "ks": "a k", "temperatures": "a temperature"}
+    if missing := [what for name, what in lists.items() if not c[name]]:
         raise SpecError("pick at least " + ", ".join(missing))
-    target, draft = PRESETS[pair]
-    temperatures = tuple(sorted(float(t) for t in temperatures))
-    base = RunSpec.build(target=target, draft=draft, prompts=tuple(builtin_sets()[prompt_set]),
-                         max_new_tokens=int(max_new_tokens), dtype=dtype, temperature=temperatures[-1])
-    return Sweep.build(base=base, methods=tuple(methods), drafters=tuple(drafters),
-                       fault_sets=tuple(() if f == NO_FAULTS else (f,) for f in fault_sets),
-                       batch_sizes=tuple(sorted(int(b) for b in batch_sizes)), ks=tuple(sorted(int(k) for k in ks)),
-                       temperatures=temperatures)
+    target, draft = PRESETS[c["pair"]]
+    temperatures = tuple(sorted(float(t) for t in c["temperatures"]))
+    base = RunSpec.build(target=target, draft=draft, prompts=tuple(builtin_sets()[c["prompt_set"]]),
+                         max_new_tokens=int(c["max_new_tokens"]), dtype=c["dtype"],
+                         temperature=temperatures[-1])
+    return Sweep.build(base=base, methods=tuple(c["methods"]), drafters=tuple(c["drafters"]),
+                       fault_sets=tuple(() if f == NO_FAULTS else (f,) for f in c["fault_sets"]),
+                       batch_sizes=tuple(sorted(int(b) for b in c["batch_sizes"])),
+                       ks=tuple(sorted(int(k) for k in c["ks"])), temperatures=temperatures)
 
 
 def casebook_sweep() -> Sweep:
@@ -55,12 +61,12 @@ def casebook_sweep() -> Sweep:
         for case in CASES])
 
 
-def _sweep_controls_of(sweep: Sweep) -> list:
-    """The Sweep tab's control values for `sweep` (a link's), in SWEEP_DEFAULTS' order; a control that cannot
-    hold it (prompts not a built-in set, a fault set of several faults, a listed sweep's runs) keeps its value,
-    and the sweep runs as the link says."""
+def _sweep_controls_of(sweep: Sweep) -> dict:
+    """The Sweep tab's control values for `sweep` (a link's), by name; a control that cannot hold
+    it (prompts not a built-in set, a fault set of several faults, a listed sweep's runs) is left
+    out and keeps its value, and the sweep runs as the link says."""
     if sweep.runs:
-        return [gr.skip()] * len(SWEEP_DEFAULTS)
+        return {}
     b = sweep.base
     preset = next((name for name, ids in PRESETS.items() if ids == (b.target, b.draft)), None)
     named = next((name for name, ps in builtin_sets().items() if tuple(ps) == b.prompts), None)
@@ -70,7 +76,7 @@ def _sweep_controls_of(sweep: Sweep) -> list:
               if all(len(f) <= 1 for f in sweep.fault_sets) else None,
               "batch_sizes": list(sweep.batch_sizes), "ks": list(sweep.ks),
               "temperatures": list(sweep.temperatures) if set(sweep.temperatures) <= set(SWEEP_TEMPERATURES) else None}
-    return [gr.skip() if values[n] is None else values[n] for n in SWEEP_DEFAULTS]
+    return {n: value for n, value in values.items() if value is not None}
 
 
 class _RunOf:
@@ -92,12 +98,12 @@ def _sweep_traces(sweep: Sweep, settings: Settings, progress, session: str) -> l
             for i, spec in enumerate(specs)]
 
 
-def run_sweep(settings: Settings, pair, prompt_set, max_new_tokens, dtype, methods, drafters, fault_sets,
-              batch_sizes, ks, temperatures, progress=gr.Progress(), request: gr.Request = None):
-    """The Sweep tab's Run button: every run of the sweep, then its report."""
+@by_name(SWEEP_DEFAULTS)
+def run_sweep(settings: Settings, progress=gr.Progress(), request: gr.Request = None, **controls):
+    """The Sweep tab's Run button (sweep_from_controls' controls): every run of the sweep, then its
+    report."""
     with serving.as_page_errors():
-        sweep = sweep_from_controls(pair, prompt_set, max_new_tokens, dtype, methods, drafters, fault_sets,
-                                    batch_sizes, ks, temperatures)
+        sweep = sweep_from_controls(**controls)
     return _run(settings, sweep, progress, request)
 
 
@@ -126,10 +132,11 @@ def _save_report(found: SweepReport) -> str:
     return serving.write_once(f"sweep-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json", text)
 
 
-def render_sweep(settings: Settings, found: SweepReport | None, cell=None):
-    """Every view of the Sweep tab, and the sweep's share link (or, in the summary, why it has none)."""
+def render_sweep(settings: Settings, found: SweepReport | None, cell=None) -> dict:
+    """Every view of the Sweep tab, and the sweep's share link (or, in the summary, why it has
+    none), by name (SWEEP_VIEW_NAMES)."""
     if found is None:
-        return [gr.skip()] * len(SWEEP_VIEW_NAMES)
+        return dict.fromkeys(SWEEP_VIEW_NAMES, gr.skip())
     try:
         settings.check_sweep(found.sweep.specs())
         link = share.encode_sweep(found.sweep, None if cell is None else int(cell))
@@ -138,13 +145,18 @@ def render_sweep(settings: Settings, found: SweepReport | None, cell=None):
         link, note = "", (f"**No share link:** {views.md(str(e))}: a visitor's link could not replay it here. "
                           "Share the report file instead (Download the report below).")
     selected = None if cell is None else int(cell)
-    return (sweepviews.summary_md(found) + ("\n\n" + note if note else ""),
-            sweepviews.heatmap_html(found, "exact_pct", selected), sweepviews.heatmap_html(found, "prefix_pct", selected),
-            sweepviews.verdict_bars(found), sweepviews.divergence_histogram(found),
-            sweepviews.accept_length_histogram(found), sweepviews.acceptance_curves(found), link)
+    return {"summary": sweepviews.summary_md(found) + ("\n\n" + note if note else ""),
+            "exact": sweepviews.heatmap_html(found, "exact_pct", selected),
+            "prefix": sweepviews.heatmap_html(found, "prefix_pct", selected),
+            "verdicts": sweepviews.verdict_bars(found),
+            "divergence": sweepviews.divergence_histogram(found),
+            "accept_lengths": sweepviews.accept_length_histogram(found),
+            "acceptance": sweepviews.acceptance_curves(found), "link_query": link}
 
 
-SWEEP_VIEW_NAMES = ("summary", "exact", "prefix", "verdicts", "divergence", "accept_lengths", "acceptance", "link_query")
+# render_sweep's views, in the order of the page's API outputs.
+SWEEP_VIEW_NAMES = ("summary", "exact", "prefix", "verdicts", "divergence", "accept_lengths",
+                    "acceptance", "link_query")
 
 
 def open_cell(settings: Settings, found: SweepReport | None, evt: gr.EventData, progress=gr.Progress(),
@@ -168,18 +180,20 @@ def outline_cell(found: SweepReport, cell: int):
     return tuple(sweepviews.heatmap_html(found, metric, cell) for metric in ("exact_pct", "prefix_pct"))
 
 
-def open_sweep_link(query: str):
-    """Page load: a sweep's link fills the Sweep tab and opens it, to be replayed; anything else leaves it be."""
-    keep = [gr.skip()] * len(SWEEP_DEFAULTS)
+def open_sweep_link(query: str) -> dict:
+    """Page load, by name (SWEEP_DEFAULTS' controls, "pending", "status" and "tabs"): a sweep's link
+    fills the Sweep tab and opens it, to be replayed; anything else leaves it be."""
     try:
         found = share.decode_sweep(query or "")
     except SpecError as e:
-        return *keep, None, f"**That sweep link could not be used:** {views.md(str(e))}.", gr.skip()
+        return {"pending": None,
+                "status": f"**That sweep link could not be used:** {views.md(str(e))}."}
     if found is None:
-        return *keep, None, gr.skip(), gr.skip()
+        return {"pending": None}
     sweep, cell = found
-    return (*_sweep_controls_of(sweep), {"sweep": sweep.model_dump_json(), "cell": cell}, "Replaying the shared sweep…",
-            gr.Tabs(selected="sweep"))
+    pending = {"sweep": sweep.model_dump_json(), "cell": cell}
+    return {**_sweep_controls_of(sweep), "pending": pending,
+            "status": "Replaying the shared sweep…", "tabs": gr.Tabs(selected="sweep")}
 
 
 def replay_sweep(settings: Settings, pending: dict | None, progress=gr.Progress(), request: gr.Request = None):

@@ -1,16 +1,18 @@
 """The command line's arguments: those every command shares (the pair, the prompts, decoding, sampling), their
-types, and a RunSpec made of them."""
+types, and a RunSpec made of them. A flag that sets a RunSpec field defaults to that field's
+default."""
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
 from specviz.models.pairs import Placement
-from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTER_OPTIONS, DRAFTERS, reading
+from specviz.spec.defaults import DEFAULT_PAIR, default_of
+from specviz.spec.drafters import DRAFTER_OPTIONS, DRAFTERS, reading
 from specviz.spec.faults import FAULTS
 from specviz.spec.faults import PRESETS as FAULT_PRESETS
 from specviz.spec.methods import METHODS
-from specviz.spec.prompts import builtin_set, builtin_sets, read_prompts
+from specviz.spec.prompts import DEFAULT_SET, builtin_set, builtin_sets, read_prompts
 from specviz.spec.run import DEVICES, DTYPES, MAX_BATCH_SIZE, PRESETS, RowSampling, RunSpec, SpecError, row_fields
 from specviz.trace.sweep import NO_FAULTS
 
@@ -31,7 +33,7 @@ float_list = _list_of(float, "numbers")
 
 def add_common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model pair")
-    g.add_argument("--pair", choices=sorted(PRESETS), default="embedded",
+    g.add_argument("--pair", choices=sorted(PRESETS), default=DEFAULT_PAIR,
                    help="a preset pair (default: embedded SmolLM2-135M-Instruct and its draft)")
     g.add_argument("--target", help="target model: Hub id or local path (overrides --pair)")
     g.add_argument("--draft", help="draft model: Hub id or local path (overrides --pair)")
@@ -45,46 +47,55 @@ def add_common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("prompts")
     g.add_argument("--prompts", type=Path, help="a file: one prompt a line, or Spec-Bench JSONL (turns[0])")
     g.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
-    g.add_argument("--prompt-set", choices=sorted(builtin_sets()), help="a built-in prompt set (default: quick)")
+    g.add_argument("--prompt-set", choices=sorted(builtin_sets()),
+                   help=f"a built-in prompt set (default: {DEFAULT_SET})")
     g.add_argument("--limit", type=int, help="use only the first N prompts of the --prompts file")
     g.add_argument("--sort-by-length", action="store_true", help="order all prompts by length (after --limit)")
     g.add_argument("--no-chat-template", action="store_true", help="feed prompts raw, without the chat template")
     g = p.add_argument_group("decoding")
-    g.add_argument("--max-new-tokens", type=int, default=48)
+    g.add_argument("--max-new-tokens", type=int, default=default_of("max_new_tokens"))
     g.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="a stop string: an output ends at the token whose text completes it, that token kept, as "
                         "at an end-of-sequence token (repeat it for more; check: the engine's own stop strings)")
-    g.add_argument("--dtype", choices=DTYPES, default="float32")
-    g.add_argument("--device", choices=DEVICES, default="auto")
-    g.add_argument("--seed", type=int, default=0, help="sampled runs: every sequence's random stream derives from it")
+    g.add_argument("--dtype", choices=DTYPES, default=default_of("dtype"))
+    g.add_argument("--device", choices=DEVICES, default=default_of("device"))
+    g.add_argument("--seed", type=int, default=default_of("seed"),
+                   help="sampled runs: every sequence's random stream derives from it")
     g.add_argument("--deterministic", action="store_true",
                    help="deterministic GPU kernels (fixed cuBLAS workspace, no TF32): reruns repeat bit for bit; slower")
     g.add_argument("--window", type=int, help="exspec: active sequences in the window (default 2 x batch size)")
-    g.add_argument("--max-wait", type=int, default=4, help="exspec: rounds a sequence may be passed over")
-    g.add_argument("--drafter", type=drafters, default=[DEFAULT_DRAFTER], metavar="DRAFTER",
+    g.add_argument("--max-wait", type=int, default=default_of("max_wait"),
+                   help="exspec: rounds a sequence may be passed over")
+    g.add_argument("--drafter", type=drafters, default=[default_of("drafter")], metavar="DRAFTER",
                    help="what proposes the drafts: " + "; ".join(f"{n}: {d.summary}" for n, d in DRAFTERS.items())
                         + " (verify and bench: several, comma-separated)")
-    g.add_argument("--ngram-min", type=int, help="lookup: the shortest n-gram matched (default 1)")
-    g.add_argument("--ngram-max", type=int, help="lookup: the longest n-gram matched, tried first (default 3)")
-    g.add_argument("--tree-width", type=int, help="candidates per position, verified as one token tree (eqspec and "
-                   "exspec; default 1: a chain)")
+    # Unset, a drafter's options stay out of the spec (spec_of): RunSpec's defaults, in the help.
+    g.add_argument("--ngram-min", type=int,
+                   help=f"lookup: the shortest n-gram matched (default {default_of('ngram_min')})")
+    g.add_argument("--ngram-max", type=int,
+                   help="lookup: the longest n-gram matched, tried first "
+                        f"(default {default_of('ngram_max')})")
+    g.add_argument("--tree-width", type=int,
+                   help="candidates per position, verified as one token tree (eqspec and exspec; "
+                        f"default {default_of('tree_width')}: a chain)")
     g.add_argument("--faults", default="", help=f"comma-separated faults or presets: {', '.join([*FAULTS, *FAULT_PRESETS])}"
                                                  " (in the methods that take faults)")
-    g.add_argument("--audit", type=int, nargs="?", const=MAX_BATCH_SIZE, default=0, metavar="ROWS",
+    g.add_argument("--audit", type=int, nargs="?", const=MAX_BATCH_SIZE,
+                   default=default_of("audit"), metavar="ROWS",
                    help="check every row's state against a fresh batch-size-1 recomputation every round, or ROWS "
                         "sampled rows a round: finds corruption before (or without) a fork; about one extra "
                         "batch-size-1 pass of the target and one of the draft per audited row and round")
     g = p.add_argument_group("sampling (temperature 0: greedy)")
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-k", type=int, default=0, help="0: off")
-    g.add_argument("--top-p", type=float, default=1.0, help="1: off")
+    g.add_argument("--temperature", type=float, default=default_of("temperature"))
+    g.add_argument("--top-k", type=int, default=default_of("top_k"), help="0: off")
+    g.add_argument("--top-p", type=float, default=default_of("top_p"), help="1: off")
     g.add_argument("--draft-temperature", type=float, help="the draft's own (default: the target's)")
     g.add_argument("--draft-top-k", type=int, help="the draft's own (default: the target's)")
     g.add_argument("--draft-top-p", type=float, help="the draft's own (default: the target's)")
-    g.add_argument("--repetition-penalty", type=float, default=1.0,
+    g.add_argument("--repetition-penalty", type=float, default=default_of("repetition_penalty"),
                    help="transformers' on the target's logits: a token of the prompt or output has its logit divided "
                         "by it where positive, multiplied where negative (1: off)")
-    g.add_argument("--presence-penalty", type=float, default=0.0,
+    g.add_argument("--presence-penalty", type=float, default=default_of("presence_penalty"),
                    help="OpenAI's: subtracted from the target's logit of every token the output holds (0: off)")
     g.add_argument("--logprobs", action="store_true",
                    help="record each token's log-probability under the target, and judge them against a fresh "
@@ -126,7 +137,7 @@ def prompts_of(args) -> list[str]:
     """Typed prompts, then the built-in set, then the file's first --limit prompts."""
     prompts = list(args.prompt)
     if args.prompt_set or not (prompts or args.prompts):
-        prompts += builtin_set(args.prompt_set or "quick")
+        prompts += builtin_set(args.prompt_set or DEFAULT_SET)
     if args.prompts:
         prompts += read_prompts(args.prompts)[: args.limit]
     return sorted(prompts, key=len) if args.sort_by_length else prompts

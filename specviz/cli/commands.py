@@ -158,7 +158,7 @@ def _sweep(args) -> Sweep:
     # It samples at its highest temperature, so that the sampling settings hold; every run sets its own.
     temperatures = args.temperatures or [args.temperature]
     hottest = max(temperatures, default=0)
-    base = spec_of(args, method="eqspec", drafter=drafter, faults=(), batch_size=min(args.batch_sizes, default=1),
+    base = spec_of(args, drafter=drafter, faults=(), batch_size=min(args.batch_sizes, default=1),
                    temperature=hottest)
     return Sweep.build(base=base, methods=args.methods, drafters=args.drafter,
                        fault_sets=args.fault_sets or [spec_of(args, temperature=hottest).faults],

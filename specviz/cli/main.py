@@ -8,6 +8,7 @@ from pathlib import Path
 from specviz.cli.args import add_common, fault_set, float_list, int_list, methods
 from specviz.cli.commands import cmd_bench, cmd_check, cmd_run, cmd_schema, cmd_shrink, cmd_train_head, cmd_verify
 from specviz.decoding import determinism
+from specviz.spec.defaults import default_of
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.methods import METHODS
 from specviz.spec.run import SpecError
@@ -25,9 +26,9 @@ def parser() -> argparse.ArgumentParser:
 def _add_run(sub) -> None:
     p = sub.add_parser("run", help="decode prompts with one method; print outputs, write JSON or a trace")
     add_common(p)
-    p.add_argument("--method", choices=list(METHODS), default="eqspec")
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--k", type=int, default=5)
+    p.add_argument("--method", choices=list(METHODS), default=default_of("method"))
+    p.add_argument("--batch-size", type=int, default=default_of("batch_size"))
+    p.add_argument("--k", type=int, default=default_of("k"))
     p.add_argument("--json", type=Path, help="write outputs and token ids here")
     p.add_argument("--trace", type=Path, help="write the full trace (JSON) here")
     p.add_argument("--no-record", action="store_true", help="do not record the per-round trace")
@@ -37,9 +38,11 @@ def _add_run(sub) -> None:
 def _add_verify(sub) -> None:
     p = sub.add_parser("verify", help="equivalence table: exact and prefix match against reference")
     add_common(p)
-    p.add_argument("--methods", type=methods, default=["batched-reference", "eqspec"])
+    # verify's own sweep: the reference batched as the method is, beside RunSpec's method
+    p.add_argument("--methods", type=methods, default=["batched-reference", default_of("method")])
     p.add_argument("--batch-sizes", type=int_list, default=[1, 4])
-    p.add_argument("--k", type=int_list, default=[5], help="draft lengths, comma-separated")
+    p.add_argument("--k", type=int_list, default=[default_of("k")],
+                   help="draft lengths, comma-separated")
     p.add_argument("--temperatures", type=float_list, metavar="T,T",
                    help="sweep target temperatures, comma-separated (default: --temperature); 0 is greedy, judged "
                         "token by token, above 0 by the distribution; a method that runs greedy only runs at 0")
@@ -76,7 +79,7 @@ def _add_check(sub) -> None:
     g.add_argument("--determinism", action="store_true",
                    help="ask every prompt twice more (the same requests again, then in reverse order: other slots and "
                         "batch company) and report every prompt answered otherwise, with its fork")
-    p.add_argument("--k", type=int, default=5,
+    p.add_argument("--k", type=int, default=default_of("k"),
                    help="the engine's draft length, if it speculates (a verify pass's k + 1 positions size the tolerance)")
     p.add_argument("--engine-drafter", choices=list(DRAFTERS),
                    help="what the engine drafts with: `model`, the check's --draft model, has its acceptance judged "
@@ -113,7 +116,7 @@ def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="throughput and phase shares, side by side in one run")
     add_common(p)
     p.add_argument("--batch-sizes", type=int_list, default=[1, 2, 4, 8])
-    p.add_argument("--k", type=int, default=5)
+    p.add_argument("--k", type=int, default=default_of("k"))
     p.add_argument("--methods", type=methods, default=list(METHODS))
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--max-waits", type=int_list, help="exspec: sweep these max-wait values (default: --max-wait)")

@@ -13,6 +13,7 @@ BUILTIN_FILE = ASSETS / "prompts" / "builtin.jsonl"
 SPEC_BENCH_FILE = ASSETS / "prompts" / "spec_bench_slice.jsonl"
 # The default set for the app and quick runs: short, mixed, a few seconds on a CPU.
 QUICK_IDS = (1, 7, 12, 19)
+DEFAULT_SET = "quick"  # what the page and the CLI decode unless told otherwise
 
 
 def parse_prompts(text: str, name: str = "prompts") -> list[str]:
