@@ -63,10 +63,12 @@ def weights_fingerprint(model) -> str:
     dtypes, and a test may round or perturb weights in place. Names, sizes and mtimes of files would
     miss all three; the bytes cannot (about 0.5 s for the embedded target in float32, against
     minutes of measuring). The digest is remembered per model while each of its tensors is the same
-    object at the same in-place version (torch bumps it on every in-place write): hashed once a run.
+    object over the same memory at the same in-place version (torch bumps it on an in-place write,
+    though not through `.data`): a run hashes once. Within a process the runner's in-memory caches
+    take a pair's weights as fixed anyway; a new process hashes the bytes afresh.
     """
     tensors = [*model.named_parameters(), *model.named_buffers()]
-    state = tuple((id(t), t._version) for _, t in tensors)
+    state = tuple((id(t), t.data_ptr(), t._version) for _, t in tensors)
     known = _FINGERPRINTS.get(model)
     if known is not None and known[0] == state:
         return known[1]
