@@ -33,6 +33,7 @@ import torch
 from specviz.decoding.eqspec import eqspec
 from specviz.decoding.reference import batched_reference
 from specviz.engines.base import EngineRun
+from specviz.forensics import yardstick_cache
 from specviz.models.pairs import load_pair
 from specviz.run import check, runner
 from specviz.spec.prompts import builtin_set
@@ -40,6 +41,13 @@ from specviz.spec.run import ENGINE, RunSpec
 from specviz.trace import metrics
 from specviz.trace.records import EngineOutput
 from publish import publish
+
+
+def cold_yardsticks() -> None:
+    """Yardsticks kept in an empty folder from here on: each timed check measures its own, as in one
+    process (benchmarks/first_verdict.py times what keeping them on disk saves)."""
+    folder = Path(tempfile.mkdtemp(prefix="yardsticks-"))
+    yardstick_cache.directory = lambda: folder
 
 
 def as_engine(name: str, result) -> EngineRun:
@@ -143,6 +151,7 @@ def main() -> None:
     for calibrated in (False, True):  # cold; then with the yardstick's calibration measured, as a later check finds it
         for way in ("decoded", "proved"):
             runner.clear_caches(calibration=not calibrated)
+            cold_yardsticks()
             start = time.perf_counter()
             judging = check.Judging(decode_reference=way == "decoded", attribute=False)  # benchmarks/attribution.py
             traces[way] = check.check(spec, pair, ids, engine, control, judging)
@@ -175,6 +184,7 @@ def main() -> None:
                                  device=args.device)
         big_engine = as_engine("batched-reference", batched_reference(pair, big_ids, args.batch_size, args.big_tokens))
         runner.clear_caches()
+        cold_yardsticks()
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         before, start = peak_mib(), time.perf_counter()

@@ -11,6 +11,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from specviz.engines.vllm import vllm_python, vllm_server  # noqa: E402
+from specviz.forensics import yardstick_cache  # noqa: E402
 from specviz.models.pairs import load_pair, unload_pairs  # noqa: E402
 from specviz.spec.prompts import builtin_set  # noqa: E402
 from specviz.spec.run import TINY_DRAFT, TINY_TARGET  # noqa: E402
@@ -37,6 +38,25 @@ def _bounded_memory():
     if psutil.Process().memory_info().rss > MEMORY_LIMIT:
         unload_pairs()
         gc.collect()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_yardsticks(tmp_path_factory):
+    """The session's fixtures keep the yardsticks they measure in a folder of the session's own,
+    never the user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        folder = tmp_path_factory.mktemp("yardsticks")
+        patch.setattr(yardstick_cache, "directory", lambda: folder)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _own_yardsticks(tmp_path_factory, monkeypatch):
+    """Each test keeps the yardsticks it measures on disk in a folder of its own: one that plants a
+    bug in the model's numerics measures it, never reading what another test measured without it (in
+    memory, the runner's caches are shared as before; tests/test_yardstick_cache.py tests reuse)."""
+    folder = tmp_path_factory.mktemp("yardsticks")
+    monkeypatch.setattr(yardstick_cache, "directory", lambda: folder)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ from tqdm import tqdm
 from specviz.cli.args import placement_of, spec_of
 from specviz.engines import jsonl
 from specviz.engines.dialects import LlamaCpp, OpenAI
+from specviz.forensics import yardstick_cache
 from specviz.models.heads import TRAINED
 from specviz.models.pairs import load_pair, pair_for
 from specviz.run import launch
@@ -112,7 +113,7 @@ def _print_yardsticks(trace) -> None:
     if ys is None:
         return
     if ys.target is not None:
-        print(f"judged against {ys.target.describe()}")
+        print(f"judged against {ys.target.describe()}{yardstick_cache.provenance()}")
         if ys.target.anomaly:
             print(f"WARNING: the yardstick itself is suspect: {ys.target.anomaly}")
     if ys.engine is not None:

@@ -9,6 +9,7 @@ from specviz.cli.args import add_common, fault_set, float_list, int_list, method
 from specviz.cli.commands import cmd_bench, cmd_check, cmd_run, cmd_schema, cmd_shrink, cmd_train_head, cmd_verify
 from specviz.decoding import determinism
 from specviz.spec.defaults import default_of
+from specviz.forensics import yardstick_cache
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.methods import METHODS
 from specviz.spec.run import SpecError
@@ -145,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "deterministic", False):
         determinism.enable()
     try:
-        return args.func(args)
+        with yardstick_cache.recording():  # so that a command can say where its yardstick came from
+            return args.func(args)
     except SpecError as e:
         print(f"specviz: {e}", file=sys.stderr)
         return 2

@@ -50,12 +50,16 @@ def copy_in(model, dtype: torch.dtype):
         return model
     copies = _COPIES.setdefault(model, {})
     if dtype not in copies:
-        params = sum(p.numel() for p in model.parameters())
-        copies[dtype] = (copy.deepcopy(model).to("cpu", dtype).eval()
-                         if params <= ARBITER_MAX_PARAMS and not hasattr(model, "hf_device_map") else None)
+        copies[dtype] = copy.deepcopy(model).to("cpu", dtype).eval() if copyable(model) else None
         if dtype == torch.float64 and copies[dtype] is not None:
             in_float64(copies[dtype])
     return copies[dtype]
+
+
+def copyable(model) -> bool:
+    """Whether `copy_in` makes copies of `model`: small enough, and on one device."""
+    params = sum(p.numel() for p in model.parameters())
+    return params <= ARBITER_MAX_PARAMS and not hasattr(model, "hf_device_map")
 
 
 def float64_target(pair):

@@ -48,6 +48,9 @@ from specviz.models.architecture import is_recurrent
 from specviz.trace.evidence import Rounding
 from specviz.trace.records import shared_prefix
 
+# Measurements are kept on disk under this version (yardstick_cache.py): bump it whenever `sample`
+# would measure differently (here, or in recompute.py's passes and float64 copies).
+MEASUREMENT_VERSION = 1
 ALPHA = 0.01  # the false-alarm rate one comparison is judged at
 SEQUENCES = 8  # of the reference's continuations, the longest, at most this many
 MAX_POSITIONS = 512  # per sequence, its last

@@ -14,7 +14,7 @@ from specviz.decoding.recording import build_trace
 from specviz.decoding.reference import batched_reference, reference
 from specviz.decoding.result import DecodeResult, Progress
 from specviz.decoding.sampling import GREEDY, Sampling, greedy_of
-from specviz.forensics import distribution, yardstick
+from specviz.forensics import distribution, yardstick, yardstick_cache
 from specviz.forensics.acceptance import judge_acceptance, judge_head_acceptance
 from specviz.forensics.logprobs import judge_logprobs
 from specviz.forensics.sampledrun import analyse_sampled, judge_sampled_run
@@ -172,7 +172,8 @@ def explain_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]],
 def yardsticks_for(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], ref: DecodeResult) -> Yardsticks | None:
     """The run's yardsticks (yardstick.py): the target's rounding, and the draft's when the run is audited; measured
     on fresh passes over the built-in prompts (once per process and pair) and the reference's own continuations
-    (once per prompts and continuations). None without a float64 copy of the target."""
+    (once per prompts and continuations), each kept on disk for later processes too
+    (yardstick_cache.py). None without a float64 copy of the target."""
     longest = sorted(range(len(prompt_ids)), key=lambda i: -len(ref.outputs[i].ids))[: yardstick.SEQUENCES]
     sequences = [prompt_ids[i] + ref.outputs[i].ids for i in longest]
 
@@ -181,8 +182,9 @@ def yardsticks_for(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], 
         if calibration is None:
             return None
         model = pair.target if role == "target" else pair.draft
-        samples = _ROUNDING.get(pair, (role, tuple(map(tuple, sequences))), lambda: calibration + yardstick.sample(
-            model, sequences, pair.vocab_size, calibration.seen))
+        samples = _ROUNDING.get(pair, (role, tuple(map(tuple, sequences))), lambda: calibration + (
+            yardstick_cache.recall(model, role, "the reference's continuations", sequences,
+                                   pair.vocab_size, calibration.seen)))
         return yardstick.rounding(samples, pair.dtype, spec.k + 1)
 
     target = measured("target")
@@ -233,9 +235,10 @@ def calibrated_tolerance(spec: RunSpec, pair: ModelPair) -> float | None:
 
 def _calibration(pair: ModelPair, role: str):
     model = pair.target if role == "target" else pair.draft
-    return _CALIBRATION.get(pair, role, lambda: yardstick.sample(
-        model, yardstick.chained(pair.encode(builtin_set("all") + builtin_set("spec-bench"))), pair.vocab_size,
-        enough=yardstick.CALIBRATION_POSITIONS))
+    prompts = builtin_set("all") + builtin_set("spec-bench")
+    return _CALIBRATION.get(pair, role, lambda: yardstick_cache.recall(
+        model, role, "the built-in prompts", yardstick.chained(pair.encode(prompts)),
+        pair.vocab_size, enough=yardstick.CALIBRATION_POSITIONS))
 
 
 def explain(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result: DecodeResult,
