@@ -20,7 +20,7 @@ from specviz.models.pairs import load_pair
 from specviz.run import attribution, check
 from specviz.run.runner import encode
 from specviz.spec.prompts import builtin_sets
-from specviz.spec.run import PRESETS, RunSpec
+from specviz.spec.run import PAIR_PRESETS, RunSpec
 from specviz.trace.records import EngineOutput
 
 import options
@@ -32,9 +32,9 @@ PLANTED = ("draft-bonus", "bonus-from-another-row", "verify-positions-not-advanc
 def main() -> None:
     ap = options.parser(__doc__, prompt_set="quick", k=4, batch_size=4, max_new_tokens=32,
                         threads=2, out=Path("benchmarks/results/attribution.md"))
-    ap.add_argument("--pair", default="embedded", choices=list(PRESETS))
+    ap.add_argument("--pair", default="embedded", choices=list(PAIR_PRESETS))
     args = options.parse(ap)
-    target, draft = PRESETS[args.pair]
+    target, draft = PAIR_PRESETS[args.pair]
     spec = RunSpec.build(target=target, draft=draft, prompts=tuple(builtin_sets()[args.prompt_set]), method="engine",
                          k=args.k, max_new_tokens=args.max_new_tokens, device="cpu")
     pair = load_pair(target, draft, dtype=spec.dtype, device="cpu")

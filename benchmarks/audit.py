@@ -13,18 +13,18 @@ import time
 from specviz.models.pairs import pair_for
 from specviz.run.runner import decode, encode, reference_for
 from specviz.spec.prompts import builtin_set
-from specviz.spec.run import PRESETS, RunSpec
+from specviz.spec.run import PAIR_PRESETS, RunSpec
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pair", choices=sorted(PRESETS), default="embedded")
+    ap.add_argument("--pair", choices=sorted(PAIR_PRESETS), default="embedded")
     ap.add_argument("--prompt-set", default="quick")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
-    target, draft = PRESETS[args.pair]
+    target, draft = PAIR_PRESETS[args.pair]
     prompts = tuple(builtin_set(args.prompt_set))
     print(f"{len(prompts)} prompts of the {args.prompt_set!r} set, {args.max_new_tokens} new tokens, k {args.k}, "
           f"pair {args.pair}, {args.device}")

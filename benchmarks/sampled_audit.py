@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from specviz.run.runner import run
-from specviz.spec.faults import FAULTS, PRESETS, needing
+from specviz.spec.faults import FAULTS, FAULT_PRESETS, needing
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import RunSpec
 from specviz.trace import metrics
@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--top-p", type=float, default=0.5, help="below 1, tokens outside the nucleus are impossible")
     alone = [f for f in FAULTS if f not in needing("rows")]  # a batch of one request's settings
-    ap.add_argument("--faults", nargs="*", default=[*alone, *PRESETS],
+    ap.add_argument("--faults", nargs="*", default=[*alone, *FAULT_PRESETS],
                     help="default: every fault and preset but those of per-request settings")
     ap.add_argument("--planted", nargs="*", default=STATE_BUGS, choices=list(MUTANTS),
                     help="state bugs planted in the engine's source (tests/test_mutants.py)")

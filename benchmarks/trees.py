@@ -21,7 +21,7 @@ from specviz.models.pairs import load_pair
 from specviz.run.runner import decode
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.prompts import builtin_sets
-from specviz.spec.run import PRESETS, RunSpec, SpecError
+from specviz.spec.run import PAIR_PRESETS, RunSpec, SpecError
 
 import options
 
@@ -32,10 +32,10 @@ HEAD = ("| drafter | batch | tree width | tok/s | speed-up | tokens/row/round | 
 def main() -> None:
     ap = options.parser(__doc__, prompt_set="all", k=5, batch_size=8, max_new_tokens=48, threads=2,
                         out=None)
-    ap.add_argument("--pair", default="embedded", choices=list(PRESETS))
+    ap.add_argument("--pair", default="embedded", choices=list(PAIR_PRESETS))
     ap.add_argument("--widths", default="2,4")
     args = options.parse(ap)
-    target, draft = PRESETS[args.pair]
+    target, draft = PAIR_PRESETS[args.pair]
     pair = load_pair(target, draft, dtype="float32", device="cpu")
     prompts = builtin_sets()[args.prompt_set]
     ids = pair.encode(prompts)

@@ -311,7 +311,7 @@ def real_link_and_trace() -> tuple[str, str]:
     sequences = [s.model_copy(update={"completion_seconds": 0.5}) for s in trace.sequences]
     trace = trace.model_copy(update={"manifest": m, "rounds": rounds, "sequences": sequences})
     link = share.Link(spec, 0, 1, m.fingerprint, share.environment(trace.manifest))
-    return share.encode(link), trace.to_json()
+    return share.encode_link(link), trace.to_json()
 
 
 def malformed_links(seed: int, n: int, real: str) -> Iterator[str]:

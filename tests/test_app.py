@@ -47,7 +47,7 @@ def test_bad_input_gets_a_message_and_the_server_keeps_serving(client, tiny):
 
 def _link(**spec_changes) -> str:
     spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", prompts=("Hi!",), dtype="float64")
-    return share.encode(share.Link(spec.model_copy(update=spec_changes), seq=0, round=1, fingerprint="f" * 16))
+    return share.encode_link(share.Link(spec.model_copy(update=spec_changes), seq=0, round=1, fingerprint="f" * 16))
 
 
 @pytest.mark.parametrize("query, message", [
@@ -187,7 +187,7 @@ def test_the_shrink_button_gives_a_smaller_run_that_opens_on_the_fork(app_url):
     note = client.predict(seq.seq, api_name="/shrink")
     assert "Smallest run found" in note and "sync-bug:" in note
     query = note.split("](", 1)[1].split(")", 1)[0]
-    link = share.decode(query)
+    link = share.decode_link(query)
     assert len(link.spec.prompts) < len(trace.prompts) and link.spec.max_new_tokens <= 16
     assert "Replaying" in client.predict(query, api_name="/open_link")[-1]
     with pytest.raises(Exception, match="there is no sequence 10000"):
@@ -288,7 +288,7 @@ def test_penalties_log_probabilities_stop_strings_and_the_chat_template_go_throu
                                    logprobs=True, stop=" Paris\r\n!", chat_template=False)
     assert (spec.repetition_penalty, spec.presence_penalty, spec.logprobs) == (1.3, 0.5, True)
     assert spec.stop == (" Paris", "!") and spec.chat_template is False
-    opened = ui.open_link(share.encode(share.Link(spec)))
+    opened = ui.open_link(share.encode_link(share.Link(spec)))
     assert form.spec_from_controls(**{n: opened[n] for n in form.DEFAULTS}) == spec
 
 
@@ -305,14 +305,14 @@ def test_the_sampling_controls_make_the_spec_and_a_sampled_link_replays_exactly(
     assert trace.distribution is not None and all(s.reference_ids is None for s in trace.sequences)
     assert "sampled** at temperature 0\\.8\\, top\\-k 40\\, top\\-p 0\\.9" in status and "| distribution |" in status
     # The link fills the controls back to the same spec, and carries it exactly.
-    link = share.encode(share.Link(spec, 0, None, trace.manifest.fingerprint, share.environment(trace.manifest)))
+    link = share.encode_link(share.Link(spec, 0, None, trace.manifest.fingerprint, share.environment(trace.manifest)))
     *controls, _download, note = client.predict(link, api_name="/open_link")  # States are not API outputs
     assert "Replaying" in note
     assert form.spec_from_controls(**dict(zip(form.DEFAULTS, controls))) == spec
     # the draft's own settings, in the accordion
     own = form.spec_from_controls(**{**SAMPLED, "draft_temperature": 0.5, "draft_top_k": 0, "draft_top_p": 0.99})
     assert (own.draft_temperature, own.draft_top_k, own.draft_top_p) == (0.5, 0, 0.99)
-    opened = ui.open_link(share.encode(share.Link(own)))
+    opened = ui.open_link(share.encode_link(share.Link(own)))
     assert form.spec_from_controls(**{n: opened[n] for n in form.DEFAULTS}) == own
     # Replayed afresh (not from this process's cache): the same fingerprint, and the report says so.
     serving.TRACES.pop(spec.key(), None)
@@ -342,7 +342,7 @@ def test_out_of_range_sampling_is_refused_with_a_message(client):
     sampling_fault_greedy = {**TINY_RUN, "faults": ["accept-q-over-p"]}
     with pytest.raises(Exception, match="sampling faults need a temperature above 0"):
         client.predict(**sampling_fault_greedy, api_name="/run")
-    hot = share.encode(share.Link(RunSpec.build(prompts=("Hi",), temperature=5.0, top_p=0.01)))
+    hot = share.encode_link(share.Link(RunSpec.build(prompts=("Hi",), temperature=5.0, top_p=0.01)))
     values = dict(zip(DEFAULTS, client.predict(hot, api_name="/open_link")))
     assert values["temperature"] == {"__type__": "update", "value": 5.0, "maximum": 5.0}  # the slider widens to it
     assert values["top_p"] == {"__type__": "update", "value": 0.01, "minimum": 0.01}
@@ -384,7 +384,7 @@ def test_the_drafter_controls_make_the_spec_and_a_lookup_link_restores_them(clie
     other_k = {**LOOKUP, "k": 4}
     assert "reused here, not timed again" in markdown_text(client.predict(**other_k, api_name="/run")[0])
     # The link fills the drafter and n-gram controls back to the same spec.
-    link = share.encode(share.Link(spec, 0, None, trace.manifest.fingerprint, share.environment(trace.manifest)))
+    link = share.encode_link(share.Link(spec, 0, None, trace.manifest.fingerprint, share.environment(trace.manifest)))
     *controls, _download, note = client.predict(link, api_name="/open_link")  # States are not API outputs
     values = dict(zip(form.DEFAULTS, controls))
     assert "Replaying" in note and (values["drafter"], values["ngram_min"], values["ngram_max"]) == ("lookup", 2, 4)
@@ -392,7 +392,7 @@ def test_the_drafter_controls_make_the_spec_and_a_lookup_link_restores_them(clie
     # With the draft model the (hidden) n-gram sliders are not read, and its link restores the draft model.
     model = form.spec_from_controls(**{**LOOKUP, "drafter": "model", "ngram_min": 2, "ngram_max": 4})
     assert (model.drafter, model.ngram_min, model.ngram_max) == ("model", 1, 3)
-    opened = ui.open_link(share.encode(share.Link(model)))
+    opened = ui.open_link(share.encode_link(share.Link(model)))
     values = {n: opened[n] for n in form.DEFAULTS}
     assert values["drafter"] == "model" and form.spec_from_controls(**values) == model
 
@@ -438,7 +438,7 @@ def test_the_tree_width_control_makes_the_spec_and_a_link_restores_it():
 
     spec = form.spec_from_controls(**{**form.DEFAULTS, "pair": "tiny", "prompt_file": None, "tree_width": 4})
     assert (spec.drafter, spec.tree_width) == ("model", 4)
-    opened = ui.open_link(share.encode(share.Link(spec)))
+    opened = ui.open_link(share.encode_link(share.Link(spec)))
     values = {n: opened[n] for n in form.DEFAULTS}
     assert values["tree_width"] == 4
     assert form.spec_from_controls(**{**values, "prompt_file": None}) == spec

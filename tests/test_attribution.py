@@ -218,7 +218,7 @@ def test_the_correct_engine_explains_what_it_writes(tiny, prompts):
                          device="cpu", k=K, chat_template=False, max_new_tokens=BUDGET)
     r = attribution.Replaying(spec, tiny, prompts, {}, BATCH)
     own = _engine(tiny, prompts[:4], None, "model")
-    found = attribution.replay(r, attribution.replay_spec(r, ()), [0, 1, 2, 3], {1: (own[1], 5), 2: (own[2][:9] + [0], 9)})
+    found = attribution.replay_batch(r, attribution.replay_spec(r, ()), [0, 1, 2, 3], {1: (own[1], 5), 2: (own[2][:9] + [0], 9)})
     assert found[1].explained == BUDGET - 5 and found[1].failed_at is None
     assert (found[2].explained, found[2].failed_at) == (0, 9)
 

@@ -172,7 +172,7 @@ def test_a_hostile_trace_runs_no_script_and_asks_no_other_origin(new_page, app_u
     page.get_by_role("tab", name="Glossary").click()
     page.screenshot(path=SHOTS / "hostile-trace.png")  # the top of the page: status, table, grid, forensics
     # A link naming models this server refuses: the error quotes them, in a toast.
-    page.goto(app_url + share.encode(share.Link(hostile.manifest.spec, 0, 0, None, {HOSTILE[:150]: HOSTILE[:200]})))
+    page.goto(app_url + share.encode_link(share.Link(hostile.manifest.spec, 0, 0, None, {HOSTILE[:150]: HOSTILE[:200]})))
     expect(page.get_by_text("cannot be replayed here")).to_be_visible(timeout=60_000)
     expect(page.get_by_text("is not allowed on this server").first).to_be_visible()
     page.wait_for_timeout(1000)  # an image the toast let through would have been asked for by now

@@ -66,7 +66,7 @@ def test_the_first_page_opens_the_bundled_decay_at_its_fork_and_its_link_replays
     assert note == "Replaying the shared run…"
     replayed, report, _, _ = ui.replay(Settings(), pending)
     assert replayed is trace and "matched the shared run exactly" in report
-    assert share.decode(link).seq == first.seq
+    assert share.decode_link(link).seq == first.seq
 
 
 def test_a_bad_link_says_so_and_still_opens_the_bundled_case():

@@ -243,7 +243,7 @@ def test_the_outputs_schema_file_is_current():
     from specviz.engines import jsonl
 
     published = Path(__file__).resolve().parents[1] / "docs" / "engine-outputs.schema.json"
-    assert json.loads(published.read_text()) == jsonl.schema()
+    assert json.loads(published.read_text()) == jsonl.outputs_schema()
 
 
 def test_two_engines_compare_token_by_token_where_they_part(tmp_path, tiny):

@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from specviz.decoding.exspec import SeqState, choose, exspec
+from specviz.decoding.exspec import SeqState, choose_batch, exspec
 from specviz.decoding.reference import reference
 from specviz.models.draft import layer_subset
 from specviz.run.runner import run
@@ -41,10 +41,10 @@ def _state(seq, width, waited):
 
 def test_choose_prefers_groups_and_bounds_waiting():
     active = [_state(0, 10, 0), _state(1, 12, 0), _state(2, 12, 0), _state(3, 9, 0), _state(4, 12, 1)]
-    rows, group = choose(active, 3, max_wait=5)
+    rows, group = choose_batch(active, 3, max_wait=5)
     assert group and {s.seq for s in rows} == {1, 2, 4}
     active[3].waited = 5  # overdue: forced in, the batch falls back to padding
-    rows, group = choose(active, 3, max_wait=5)
+    rows, group = choose_batch(active, 3, max_wait=5)
     assert 3 in {s.seq for s in rows} and not group
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import specviz
 from specviz.spec.drafters import DRAFTERS
-from specviz.spec.faults import FAULTS, PRESETS, expand, needing, of_kind
+from specviz.spec.faults import FAULTS, FAULT_PRESETS, expand, needing, of_kind
 from specviz.spec.fits import FAULT_KINDS, NEEDS
 from specviz.spec.methods import METHODS
 from specviz.spec.threads import REPOS
@@ -55,7 +55,7 @@ def _data(parent: ast.AST) -> bool:
 
 
 def test_a_faults_name_is_a_literal_only_where_it_is_declared_acted_on_or_data():
-    names = {*FAULTS, *PRESETS}
+    names = {*FAULTS, *FAULT_PRESETS}
     found = _named(names)
     assert {m for m, *_ in found} >= DECLARED  # the scan sees both homes of the faults
     stray = [f"{m}:{line} {name}" for m, line, name, parent in found

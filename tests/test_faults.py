@@ -4,7 +4,7 @@ import pytest
 
 from specviz.decoding.eqspec import eqspec
 from specviz.run.runner import run
-from specviz.spec.faults import FAULTS, PRESETS, expand, of_kind
+from specviz.spec.faults import FAULTS, FAULT_PRESETS, expand, of_kind
 from specviz.spec.run import RunSpec, SpecError
 from specviz.trace import metrics
 
@@ -77,7 +77,7 @@ def test_signatures_dsd_breaks_at_once_bsp_decays(prompts):
 
 
 def test_presets_expand_and_unknown_faults_are_refused():
-    assert set(expand(["bsp-like"])) == set(PRESETS["bsp-like"])
+    assert set(expand(["bsp-like"])) == set(FAULT_PRESETS["bsp-like"])
     assert expand(["no-mask", "dsd-like"]) == expand(["dsd-like"])
     with pytest.raises(SpecError, match="unknown fault 'nope'"):
         RunSpec.build(prompts=("x",), faults=("nope",))
@@ -89,7 +89,7 @@ def test_the_engine_itself_expands_presets_and_refuses_a_fault_it_does_not_know(
     """Called directly (a benchmark, a user's script), not only through a RunSpec: a preset is its faults, and a
     misspelt fault raises instead of running the correct engine."""
     ids = tiny.encode(["The capital of France is", "def add(a, b):"])
-    by_preset, by_faults = (eqspec(tiny, ids, 2, 3, 12, faults=f).outputs for f in (("dsd-like",), PRESETS["dsd-like"]))
+    by_preset, by_faults = (eqspec(tiny, ids, 2, 3, 12, faults=f).outputs for f in (("dsd-like",), FAULT_PRESETS["dsd-like"]))
     assert [o.ids for o in by_preset] == [o.ids for o in by_faults]
     assert [o.ids for o in by_preset] != [o.ids for o in eqspec(tiny, ids, 2, 3, 12).outputs]
     with pytest.raises(ValueError, match="unknown fault 'no-masks'"):

@@ -56,7 +56,7 @@ def test_markdown_carries_stranger_text_inert(hostile):
     assert live_markdown(summary.headline(hostile)) == []
     env = {**share.environment(hostile.manifest), **{f"{HOSTILE[:150]} {i}": HOSTILE[:200] for i in range(3)}}
     env = {k[:200]: v[:200] for k, v in env.items()}  # a link's environment is short, flat text
-    query = share.encode(share.Link(hostile.manifest.spec, 0, 1, "0123456789abcdef", env))
+    query = share.encode_link(share.Link(hostile.manifest.spec, 0, 1, "0123456789abcdef", env))
     pending = ui.open_link(query)["pending"]
     report = ui._replay_report(hostile, pending)
     assert "drifted" in report and live_markdown(report) == []

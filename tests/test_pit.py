@@ -6,7 +6,7 @@ from scipy import stats
 from specviz.app.plots import WARN
 from specviz.app.plots import pit_figure as figure
 from specviz.forensics import pit as pitmod
-from specviz.forensics.pit import BINS, judge, pair_differences, pit, row_pairs, uniformity
+from specviz.forensics.pit import BINS, pit_test, pair_differences, pit, row_pairs, uniformity
 from specviz.trace.evidence import Distribution
 
 # A tiny vocabulary with the exact zeros top-k/top-p leave, the last token among them.
@@ -35,7 +35,7 @@ def sample(q, n, seed):
 
 def test_the_target_sampler_is_consistent_and_one_at_tv_002_is_rejected():
     _, _, u, _ = sample(P, N, seed=1)
-    right = judge({"all tokens": u})
+    right = pit_test({"all tokens": u})
     assert right.verdict == "consistent" and right.p >= 0.001 and right.tokens == N
     for src, dst in ((0, 6), (4, 5)):
         q = P.copy()
@@ -43,7 +43,7 @@ def test_the_target_sampler_is_consistent_and_one_at_tv_002_is_rejected():
         q[dst] += 0.02
         assert 0.5 * np.abs(q - P).sum() == pytest.approx(0.02)
         _, _, u, _ = sample(q, N, seed=2)
-        wrong = judge({"all tokens": u})
+        wrong = pit_test({"all tokens": u})
         assert wrong.verdict == "not the target's distribution" and wrong.p < 0.001 and wrong.failing == "all tokens"
 
 
@@ -54,10 +54,10 @@ def test_a_wrong_pit_rejects_the_right_sampler():
     assert np.allclose(u, below + draws * P[tokens]) and np.array_equal(mass, P[tokens])
     # The randomisation forgotten (the bin's midpoint), or F(x) in place of F(x-) without it (x counted too):
     for broken in (below + 0.5 * P[tokens], upto):
-        assert judge({"all tokens": broken}).p < 1e-6
+        assert pit_test({"all tokens": broken}).p < 1e-6
     # F(x) in place of F(x-) with it: the last possible token goes past 1, which no PIT can.
     with pytest.raises(ValueError, match="above 1: F"):
-        judge({"all tokens": upto + draws * P[tokens]})
+        pit_test({"all tokens": upto + draws * P[tokens]})
 
 
 def test_chunked_pit_equals_a_direct_computation(monkeypatch):
@@ -94,7 +94,7 @@ def test_the_verdict_is_not_anticonservative():
     rejected, splits = 0, []
     for seed in range(200):
         rows = np.random.default_rng(seed).random((10, 100))
-        d = judge({f"row {i}": r for i, r in enumerate(rows)}, alpha=0.01)
+        d = pit_test({f"row {i}": r for i, r in enumerate(rows)}, alpha=0.01)
         rejected += d.verdict != "consistent"
         splits += d.splits
     assert rejected <= stats.binom.ppf(0.999, 200, 0.01)
@@ -104,14 +104,14 @@ def test_the_verdict_is_not_anticonservative():
 
 def test_impossible_tokens_reject_alone():
     u = np.random.default_rng(0).random(1000)
-    d = judge({"all tokens": u}, impossible=1)
+    d = pit_test({"all tokens": u}, impossible=1)
     assert (d.verdict, d.failing, d.p, d.impossible) == ("not the target's distribution", "impossible tokens", 0.0, 1)
     with pytest.raises(ValueError, match="1 values outside"):
         uniformity(np.array([0.5, np.nan]), "all tokens")
 
 
 def test_too_few_tokens_says_so():
-    d = judge({"all tokens": np.random.default_rng(0).random(10), "row 0": np.random.default_rng(1).random(5)})
+    d = pit_test({"all tokens": np.random.default_rng(0).random(10), "row 0": np.random.default_rng(1).random(5)})
     assert (d.verdict, d.p, d.failing, d.splits, d.skipped) == ("too few tokens", None, None, [], ["all tokens", "row 0"])
     assert "too few tokens" in figure(d).layout.annotations[0].text
 
@@ -119,7 +119,7 @@ def test_too_few_tokens_says_so():
 def test_the_split_that_fails_alone_is_named():
     rows = np.random.default_rng(4).random((10, 500))
     rows[3] **= 1.5  # one row's sampler leans to small u
-    d = judge({"all tokens": rows.ravel(), **{f"row {i}": r for i, r in enumerate(rows)}, "row 10": rows[0, :20]})
+    d = pit_test({"all tokens": rows.ravel(), **{f"row {i}": r for i, r in enumerate(rows)}, "row 10": rows[0, :20]})
     assert d.splits[0].p > 0.01  # diluted in the pool
     assert d.verdict == "not the target's distribution" and d.failing == "row 3" and d.skipped == ["row 10"]
     assert d.p / min(s.p for s in d.splits) == pytest.approx(11)  # Bonferroni over the 11 tested
@@ -135,12 +135,12 @@ def test_small_splits_get_fewer_bins():
 def test_row_pairs_see_rows_that_share_one_stream():
     rng = np.random.default_rng(5)
     independent = [sample(P, 400, seed)[2] for seed in range(6)]
-    assert judge({"row pairs": row_pairs(independent)}).verdict == "consistent"
+    assert pit_test({"row pairs": row_pairs(independent)}).verdict == "consistent"
     # Every row draws the same tokens (one stream, one prompt); the checker's draws are still independent.
     tokens = torch.tensor(rng.choice(len(P), size=400, p=P))
     same = [pit(torch.tensor(P).expand(400, len(P)), tokens, torch.tensor(rng.random(400)))[0] for _ in range(6)]
-    assert all(judge({"row": u}).verdict == "consistent" for u in same)  # each row alone looks right
-    d = judge({"row pairs": row_pairs(same)})
+    assert all(pit_test({"row": u}).verdict == "consistent" for u in same)  # each row alone looks right
+    d = pit_test({"row pairs": row_pairs(same)})
     assert d.verdict == "not the target's distribution" and d.tokens == 1200
     assert len(pair_differences(np.array([0.1, 0.9, 0.5]), np.array([0.3, 0.2]))) == 2
     assert np.allclose(pair_differences(np.array([0.1, 0.9]), np.array([0.3, 0.2])), [0.8, 0.7])
@@ -150,7 +150,7 @@ def test_row_pairs_see_rows_that_share_one_stream():
 def test_figure_has_a_panel_and_band_per_shown_split():
     rows = np.random.default_rng(6).random((15, 300))
     rows[7] **= 2
-    d = judge({"all tokens": rows.ravel(), **{f"row {i}": r for i, r in enumerate(rows)}})
+    d = pit_test({"all tokens": rows.ravel(), **{f"row {i}": r for i, r in enumerate(rows)}})
     fig = figure(d)
     bars = [t for t in fig.data if t.type == "bar"]
     assert len(bars) == 12 and len([t for t in fig.data if t.name == "band"]) == 12

@@ -15,7 +15,7 @@ from specviz.forensics.recompute import fresh_logits
 from specviz.models.pairs import load_pair
 from specviz.run import check
 from specviz.run.runner import reference_for
-from specviz.spec.faults import PRESETS, of_kind
+from specviz.spec.faults import FAULT_PRESETS, of_kind
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import ENGINE, TINY_DRAFT, TINY_TARGET, RunSpec
 from specviz.trace.records import EngineOutput
@@ -48,7 +48,7 @@ def _assert_agree(decoded: Trace, proved: Trace) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("faults", [(), *((f,) for f in SYNC_FAULTS), *((p,) for p in PRESETS)], ids=str)
+@pytest.mark.parametrize("faults", [(), *((f,) for f in SYNC_FAULTS), *((p,) for p in FAULT_PRESETS)], ids=str)
 def test_a_proved_reference_is_the_decoded_one_with_the_same_verdicts(dtype, faults):
     pair = load_pair(TINY_TARGET, TINY_DRAFT, dtype=dtype, device="cpu")
     ids = pair.encode(PROMPTS)

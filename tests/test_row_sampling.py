@@ -7,15 +7,15 @@ import functools
 import pytest
 
 from specviz.cli.args import spec_of
-from specviz.decoding.decoders import Job, decode
+from specviz.decoding.decoders import Job, decode_job
 from specviz.decoding.reference import reference
 from specviz.models.pairs import load_pair
 from specviz.run.runner import run
 from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RowSampling, RunSpec, SpecError, rows_as_text, rows_from_text
 from specviz.trace import metrics
 from specviz.trace.share import Link
-from specviz.trace.share import decode as decode_link
-from specviz.trace.share import encode as encode_link
+from specviz.trace.share import decode_link
+from specviz.trace.share import encode_link
 
 PROMPTS = ("Write a short poem about the sea.", "Explain recursion.", "List three fruits.")
 # Prompt i gets ROWS[i % 3], and with three prompts the same one each time: sequences 2 and 5 are the same seeded
@@ -34,7 +34,7 @@ def _spec(dtype="float32", **fields) -> RunSpec:
 def _ids(spec: RunSpec) -> list[list[int]]:
     """The spec's tokens, decoded alone (no trace, no judge), once per spec."""
     pair = load_pair(spec.target, spec.draft, dtype=spec.dtype, device="cpu")
-    return [o.ids for o in decode(Job(spec, pair, pair.encode(list(spec.prompts)), record=False)).outputs]
+    return [o.ids for o in decode_job(Job(spec, pair, pair.encode(list(spec.prompts)), record=False)).outputs]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

@@ -79,7 +79,7 @@ def test_a_greedy_spec_keeps_its_key():
 
 def test_a_sampled_run_repeats_bit_for_bit_and_its_link_replays_it():
     first = _tiny(PROMPTS, max_new_tokens=24)
-    link = share.decode(share.encode(share.Link(first.manifest.spec, fingerprint=first.manifest.fingerprint)))
+    link = share.decode_link(share.encode_link(share.Link(first.manifest.spec, fingerprint=first.manifest.fingerprint)))
     again = run(link.spec)
     assert again.manifest.fingerprint == first.manifest.fingerprint == link.fingerprint
     assert [s.output_ids for s in again.sequences] == [s.output_ids for s in first.sequences]

@@ -4,7 +4,7 @@ import pytest
 
 from specviz.run.settings import Settings, SettingsError, is_local_path
 from specviz.spec.prompts import builtin_set
-from specviz.spec.run import EMBEDDED_DRAFT, EMBEDDED_TARGET, PRESETS, RunSpec, SpecError
+from specviz.spec.run import EMBEDDED_DRAFT, EMBEDDED_TARGET, PAIR_PRESETS, RunSpec, SpecError
 
 
 def spec(**fields) -> RunSpec:
@@ -14,7 +14,7 @@ def spec(**fields) -> RunSpec:
 def test_defaults_are_safe_for_a_public_page():
     s = Settings.from_env({})
     assert s == Settings()
-    assert s.allowed_models == {m for pair in PRESETS.values() for m in pair}
+    assert s.allowed_models == {m for pair in PAIR_PRESETS.values() for m in pair}
     assert not s.trust_remote_code and not s.deterministic and not s.public
     assert (s.max_batch_size, s.max_k, s.max_new_tokens, s.max_prompts) == (16, 8, 256, 64)
     assert (s.max_run_tokens, s.max_prompt_tokens, s.max_total_prompt_tokens) == (4096, 2048, 16384)

@@ -19,15 +19,15 @@ def _run_param(payload) -> str:
 
 def test_a_link_carries_spec_focus_fingerprint_and_environment():
     link = share.Link(SPEC, seq=1, round=7, fingerprint="0123456789abcdef", env={"torch": "2.13.0", "device": "cpu"})
-    query = share.encode(link)
+    query = share.encode_link(link)
     assert query.startswith("?run=") and "seq=1" in query and "round=7" in query
-    assert share.decode(query) == link
-    assert share.decode(query.lstrip("?")) == link  # with or without the '?'
+    assert share.decode_link(query) == link
+    assert share.decode_link(query.lstrip("?")) == link  # with or without the '?'
 
 
 def test_a_plain_visit_carries_no_link():
-    assert share.decode("") is None
-    assert share.decode("?utm_source=x") is None
+    assert share.decode_link("") is None
+    assert share.decode_link("?utm_source=x") is None
 
 
 @pytest.mark.parametrize("query, message", [
@@ -47,7 +47,7 @@ def test_a_plain_visit_carries_no_link():
 ])
 def test_malformed_links_get_a_clear_message(query, message):
     with pytest.raises(SpecError, match=message):
-        share.decode(query)
+        share.decode_link(query)
 
 
 def test_a_run_too_long_for_a_link_says_to_share_the_trace():
@@ -56,4 +56,4 @@ def test_a_run_too_long_for_a_link_says_to_share_the_trace():
     rng = random.Random(0)  # incompressible prompts
     prompts = tuple("".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(4000)) for _ in range(8))
     with pytest.raises(SpecError, match="share the trace file instead"):
-        share.encode(share.Link(SPEC.model_copy(update={"prompts": prompts})))
+        share.encode_link(share.Link(SPEC.model_copy(update={"prompts": prompts})))

@@ -36,7 +36,7 @@ def test_shrink_keeps_the_fork_in_a_smaller_run_and_links_to_it(faults, tmp_path
     assert kept.forensics.verdict.startswith("sync-bug:")
     # The printed link replays that run and opens on the fork: that sequence, the round that emitted it.
     out = capsys.readouterr().out
-    link = share.decode(out.split("share link: ")[1].splitlines()[0].split("?", 1)[1])
+    link = share.decode_link(out.split("share link: ")[1].splitlines()[0].split("?", 1)[1])
     assert link.spec == spec and link.seq == here and link.fingerprint == small.manifest.fingerprint
     replayed = run(link.spec)
     assert replayed.manifest.fingerprint == small.manifest.fingerprint

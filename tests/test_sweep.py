@@ -128,7 +128,7 @@ def test_verify_sweeps_temperatures_judging_greedy_runs_by_tokens_and_sampled_on
     assert re.findall(r"<th>(bs[^<]*)</th>", html) == ["bs 4 · k 5", "bs 4 · k 5 · T 0.8"]
     assert re.search(r'data-run="2"[^>]*title="[^"]*sampler-bug:decisions[^"]*">✗</td>', html)
     assert html.count("<td></td>") == 1  # accept-q-over-p does not run greedy
-    assert "temperatures 0, 0.8" in sweepviews.summary_md(found)
+    assert "temperatures 0, 0.8" in sweepviews.sweep_summary_md(found)
 
 
 def test_fault_sets_run_in_the_methods_that_take_faults_only():
@@ -268,7 +268,7 @@ def test_figures_count_every_sequence(report):
     curves = sweepviews.acceptance_curves(report)
     assert len(curves.data) == 4 and all(list(t.x) == [1, 2, 3, 4, 5] for t in curves.data)
     assert all(y is None or 0 <= y <= 1 for t in curves.data for y in t.y)
-    summary = sweepviews.summary_md(report)
+    summary = sweepviews.sweep_summary_md(report)
     assert "**6 runs**" in summary and "4 of 6 greedy runs equal the reference" in summary
 
 

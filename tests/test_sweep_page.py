@@ -144,7 +144,7 @@ def test_compare_links_round_trip_and_bad_ones_get_a_message():
     a, b = (RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", prompts=("one", "two"), method="eqspec",
                           faults=faults) for faults in ((), ("bsp-like",)))
     assert share.decode_compare(share.encode_compare(a, b, 1)) == (a, b, 1)
-    assert share.other_tab(share.encode_compare(a, b)) == "compare" and share.decode(share.encode_compare(a, b)) is None
+    assert share.other_tab(share.encode_compare(a, b)) == "compare" and share.decode_link(share.encode_compare(a, b)) is None
     for bad, said in (("?compare=%%%", "damaged"), ("?compare=" + share.encode_compare(a, b)[9:40], "damaged")):
         pending, status, _ = sweeptab.open_compare_link(bad)
         assert pending is None and status.startswith("**That compare link could not be used:**") and said in status
@@ -160,10 +160,10 @@ def test_compare_marks_rounds_a_run_that_ends_early_and_refuses_other_prompts():
     assert "<1>" not in html and "&lt;1&gt;" in html  # every token's text
     assert html.count("sv-rstart") == 4  # A's rounds start at 0 and 2, B's at 0 and 1
     assert html.count('class="sv-sbs-end"') == 2  # B ended: its tokens 3 and 4 are empty cells
-    assert "B wrote nothing (it had ended)" in sidebyside.summary_md(a, b, 0)
+    assert "B wrote nothing (it had ended)" in sidebyside.compare_summary_md(a, b, 0)
     other = _side("C", ((1, 2, 3),), prompts=("q",))
-    assert "different prompts" in sidebyside.summary_md(a, other, 0)
-    assert "no sequence 4" in sidebyside.summary_md(a, b, 4)
+    assert "different prompts" in sidebyside.compare_summary_md(a, other, 0)
+    assert "no sequence 4" in sidebyside.compare_summary_md(a, b, 4)
 
 
 def test_a_sweep_link_names_its_runs_not_its_decode():
@@ -171,4 +171,4 @@ def test_a_sweep_link_names_its_runs_not_its_decode():
     sweep = Sweep.build(base=base, methods=("eqspec", "reference"), fault_sets=((), ("bsp-like",)), batch_sizes=(1, 2),
                         ks=(3,))
     assert share.decode_sweep(share.encode_sweep(sweep)) == (sweep, None)
-    assert share.decode(share.encode_sweep(sweep)) is None  # a run link's decoder leaves it to the Sweep tab
+    assert share.decode_link(share.encode_sweep(sweep)) is None  # a run link's decoder leaves it to the Sweep tab

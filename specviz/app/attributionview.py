@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 
-from specviz.app.views import token_text, visible
+from specviz.app.views import token_text, visible_text
 from specviz.spec.casebook import mechanism, threads
 from specviz.trace.evidence import Attribution, Hypothesis
 from specviz.trace.records import SequenceRecord
@@ -55,7 +55,7 @@ def _aligned(trace: Trace, a: Attribution, lines: list[tuple[str, list[int]]], e
                 cells.append("<td></td>")
                 continue
             same = i < len(engine) and ids[i] == engine[i]
-            text = html.escape(visible(token_text(trace, ids[i])))
+            text = html.escape(visible_text(token_text(trace, ids[i])))
             if same and i in departing:
                 text = f"<u>{text}</u>"
             cells.append(f'<td class="{"sv-held" if same else "sv-broken"}">{text}</td>')

@@ -10,7 +10,7 @@ from specviz.app.form import CUSTOM, DEFAULTS, ENGINE_DEFAULTS, TEMPERATURE_MAX,
 from specviz.run.settings import Settings
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.faults import FAULTS
-from specviz.spec.faults import PRESETS as FAULT_PRESETS
+from specviz.spec.faults import FAULT_PRESETS
 from specviz.spec.methods import METHODS
 from specviz.spec.prompts import builtin_sets
 from specviz.spec.run import (
@@ -20,7 +20,7 @@ from specviz.spec.run import (
     MAX_REPETITION_PENALTY,
     MAX_TEMPERATURE,
     MAX_TREE_WIDTH,
-    PRESETS,
+    PAIR_PRESETS,
 )
 
 # Pixels of a file box: Gradio's drop zone ("Drop File Here - or - Click to Upload") is cut below about 120.
@@ -30,7 +30,7 @@ UPLOAD_HEIGHT = 124
 def run_controls_of(settings: Settings) -> dict:
     """The Run view's controls, by name (form.INPUTS': form.DEFAULTS' names and the prompt file)."""
     c = {}
-    c["pair"] = gr.Dropdown([*PRESETS, CUSTOM], value=DEFAULTS["pair"], label="model pair",
+    c["pair"] = gr.Dropdown([*PAIR_PRESETS, CUSTOM], value=DEFAULTS["pair"], label="model pair",
                             info="embedded: SmolLM2-135M-Instruct and its draft, offline; tiny: a random 3-layer test pair")
     with gr.Accordion("custom pair (Hub ids or local paths)", open=False):
         c["target"] = gr.Textbox(DEFAULTS["target"], label="target model")
@@ -113,7 +113,7 @@ def engine_controls(settings: Settings) -> dict:
     gr.Markdown("An engine's outputs (vLLM, SGLang, TGI, llama.cpp, your own) against the batch-size-1 reference of "
                 "the same weights: every difference judged numerics or a bug, from the engine's token ids alone. "
                 "The file format is in docs/engines.md (`specviz schema --outputs`).")
-    e["pair"] = gr.Dropdown([*PRESETS, CUSTOM], value=d["pair"],
+    e["pair"] = gr.Dropdown([*PAIR_PRESETS, CUSTOM], value=d["pair"],
                             label="reference: the engine's target weights")
     e["target"] = gr.Textbox(d["target"], label="custom target (Hub id or local path)",
                              visible=True)

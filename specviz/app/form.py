@@ -17,7 +17,7 @@ from specviz.app import serving
 from specviz.spec.defaults import default_of
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.prompts import DEFAULT_SET, builtin_sets, parse_prompts
-from specviz.spec.run import PRESETS, RunSpec, SpecError, rows_as_text, rows_from_text
+from specviz.spec.run import PAIR_PRESETS, RunSpec, SpecError, rows_as_text, rows_from_text
 
 CUSTOM = "custom (type ids below)"
 MAX_PROMPT_FILE_BYTES = 4 * 2**20
@@ -28,7 +28,8 @@ TOP_P_MIN = 0.05
 def controls_of(s: RunSpec) -> dict:
     """The Run view's controls' values that describe the run `s`, by name (spec_from_controls reads
     them back). The prompt file is not among them: a spec names no file."""
-    preset = next((name for name, ids in PRESETS.items() if ids == (s.target, s.draft)), CUSTOM)
+    pair = (s.target, s.draft)
+    preset = next((name for name, ids in PAIR_PRESETS.items() if ids == pair), CUSTOM)
     named = next((name for name, ps in builtin_sets().items() if tuple(ps) == s.prompts), None)
     return {"pair": preset, "target": s.target, "draft": s.draft,
             "prompt_set": named or DEFAULT_SET,
@@ -105,7 +106,7 @@ def spec_from_controls(**controls) -> RunSpec:
         if not target or not draft:
             raise SpecError("a custom pair needs both a target and a draft model id")
     else:
-        target, draft = PRESETS[c["pair"]]
+        target, draft = PAIR_PRESETS[c["pair"]]
     if (c["typed"] or "").strip():
         prompts = parse_prompts(c["typed"], "typed prompts")
     elif c["prompt_file"]:

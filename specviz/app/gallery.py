@@ -14,7 +14,7 @@ from specviz.app.form import controls_of
 from specviz.spec.casebook import BY_FAULT, CASES, Case
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.faults import FAULTS
-from specviz.spec.run import PRESETS, RunSpec
+from specviz.spec.run import PAIR_PRESETS, RunSpec
 from specviz.spec.verdicts import verdict
 
 # A card's button: open its case.
@@ -24,7 +24,7 @@ element.addEventListener('click', (e) => {
   if (b) trigger('click', {case: b.dataset.case});
 });
 """
-INTRO = ("Speculative-decoding bugs that hit real engines, each replayed by one fault of specviz's engine: open a "
+CASEBOOK_INTRO = ("Speculative-decoding bugs that hit real engines, each replayed by one fault of specviz's engine: open a "
          "case to see its recorded run in the Run view, at the round where it first parts from the reference (a "
          "lossless case has no fork: its drafts show the shortfall). The Sweep tab runs them all as one sweep.")
 
@@ -33,7 +33,7 @@ def replica(case: Case) -> str:
     """The run that replays `case`, in words: its pair, its drafter where it is not the draft model, greedy or
     sampled."""
     s = RunSpec.build(**case.spec_fields())
-    preset = next((name for name, ids in PRESETS.items() if ids == (s.target, s.draft)), None)
+    preset = next((name for name, ids in PAIR_PRESETS.items() if ids == (s.target, s.draft)), None)
     pair = (f"the {preset} pair" if preset else f"{s.target} as its own draft" if s.target == s.draft
             else f"{s.target} / {s.draft}")
     return ", ".join([pair, *([] if (kind := DRAFTERS[s.drafter]).draft_model else [f"drafts by {kind.noun}"]),
@@ -82,7 +82,7 @@ def open_case(evt: gr.EventData) -> dict:
     said, _ = expected(case)
     status = (f"**Field case: {case.title}** ({threads}). {case.mechanism.replace(chr(10), ' ')} Replayed by the "
               f"fault `{case.fault}` on {replica(case)}; specviz judges it `{said}`. The replica leaves out "
-              f"{case.leaves_out}\n\n" + serving.headline(trace, "bundled"))
+              f"{case.leaves_out}\n\n" + serving.served_headline(trace, "bundled"))
     return {**controls_of(trace.manifest.spec), "trace": trace, "status": status,
             "download": serving.save(trace), "pending": None, "tabs": gr.Tabs(selected="run"),
             "view_tabs": gr.Tabs(selected="drafts") if case.lossless else gr.skip()}

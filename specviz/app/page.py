@@ -54,7 +54,7 @@ UPDATE_URL = """
 """
 # The Compare tab's link, whole, without taking the address bar from the Run view's.
 FULL_URL = "(q) => q ? location.origin + location.pathname + q : ''"
-INTRO = """# specviz
+PAGE_INTRO = """# specviz
 Batch speculative decoding, checked token by token against the target model alone — or, for a sampled run
 (temperature above 0), by whether its tokens are drawn from the target's distribution. Pick an example or set up
 a run; every view below follows one focused sequence and round — click a grid cell, a round in the timeline or a
@@ -91,7 +91,7 @@ def build(settings: Settings | None = None) -> gr.Blocks:
     with gr.Blocks(title="specviz") as demo:
         page = Page(demo, settings, trace=gr.State(None), pending=gr.State(None),
                     sides=gr.State({}))  # sides: the runs shown so far, for the compare tab (label -> Side)
-        gr.Markdown(INTRO)
+        gr.Markdown(PAGE_INTRO)
         with gr.Tabs(elem_id="sv-tabs") as page.tabs:
             with gr.Tab("Run view", id="run"), gr.Row():
                 with gr.Column(scale=1, min_width=300):
@@ -99,7 +99,7 @@ def build(settings: Settings | None = None) -> gr.Blocks:
                 with gr.Column(scale=3, elem_id="sv-views"):
                     page.v = _views_column()
             with gr.Tab("Field cases", id="cases", elem_id="sv-cases-tab"):
-                gr.Markdown(gallery.INTRO)
+                gr.Markdown(gallery.CASEBOOK_INTRO)
                 page.cards = gr.HTML(gallery.cards_html(), js_on_load=gallery.CARD_CLICKS, elem_id="sv-cases")
             with gr.Tab("Sweep", id="sweep", elem_id="sv-sweep-tab"):
                 page.w = sweeptab.sweep_tab(settings)

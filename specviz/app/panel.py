@@ -7,7 +7,7 @@ import html
 from specviz.app.attributionview import attribution_html
 from specviz.app.summary import sampling_text
 from specviz.app.treeview import tree_svg, tree_words
-from specviz.app.views import CHECK_TEXT, PICK_TEXT, Focus, no_drafts, round_widths, rows_by_seq, token_text, visible
+from specviz.app.views import CHECK_TEXT, PICK_TEXT, Focus, no_drafts, round_widths, rows_by_seq, token_text, visible_text
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.verdicts import verdict
 from specviz.trace import metrics
@@ -32,7 +32,7 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
         kind = html.escape(verdict(f.verdict).family)
         out.append(f'<p class="sv-verdict sv-{kind}">Sequence {s.seq}: <b>{html.escape(f.verdict)}</b> — '
                    f"{html.escape(f.explanation)}</p>")
-        out.append(_table(_evidence(trace, f)))
+        out.append(_table(_evidence_rows(trace, f)))
         out.append(attribution_html(trace, s))
         if metrics.sampled(trace):  # its state named; its tokens still judged by their distribution
             out.append(_sampled_verdict(trace, s))
@@ -52,7 +52,7 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
             ("drafts offered to this row", f"{k}" + (f" (the round's widest row: {widest})" if k < widest else "")
              + (f" — {no_drafts(trace, have)}" if not k else "")),
             ("accepted", f"{row.accepted} of {k}" if k else "—"),
-            ("emitted", " ".join(f"{visible(token_text(trace, t))} ({src})" for t, src in zip(row.emitted, row.sources))),
+            ("emitted", " ".join(f"{visible_text(token_text(trace, t))} ({src})" for t, src in zip(row.emitted, row.sources))),
             ("padding before → after", f"{row.pad_before} → {_opt(row.pad_after)}"),
             ("content before → after", f"{row.content_before} → {_opt(row.content_after)}"),
             ("positions fed to verify", f"{row.pos_first} … {row.pos_last}"),
@@ -109,7 +109,7 @@ def _draws_table(trace: Trace, row: RowRecord) -> str:
         decision = "accepted" if j < row.accepted else "rejected" if j == row.accepted else "not decided"
         if j in wrong:
             decision += " — does not follow u < p/q"
-        cells = (j, f"{visible(token_text(trace, tok))} (id {tok})", f"{q:.4g}", f"{p:.4g}",
+        cells = (j, f"{visible_text(token_text(trace, tok))} (id {tok})", f"{q:.4g}", f"{p:.4g}",
                  f"{min(1.0, p / q) if q > 0 else 1.0:.4g}", f"{u:.4g}", decision)
         out.append(f'<tr class="{"sv-broken" if j in wrong else "sv-held"}">'
                    + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
@@ -119,11 +119,11 @@ def _draws_table(trace: Trace, row: RowRecord) -> str:
         tok = row.emitted[a]
         where = PICK_TEXT.get(row.pick_from, "drawn from an unknown distribution")
         draw = "" if row.pick_draw is None else f", with draw v {row.pick_draw:.4g}"
-        out.append(_table([(f"slot {a}: {visible(token_text(trace, tok))} (id {tok})", where + draw)]))
+        out.append(_table([(f"slot {a}: {visible_text(token_text(trace, tok))} (id {tok})", where + draw)]))
     return "".join(out)
 
 
-def _evidence(trace: Trace, f: RunForensics | EngineForensics) -> list[tuple[str, object]]:
+def _evidence_rows(trace: Trace, f: RunForensics | EngineForensics) -> list[tuple[str, object]]:
     """The verdict's evidence, in the order its judge weighed it."""
     common = [
         ("first token drawn in the corrupt round" if metrics.sampled(trace) else "first divergent token", f.fork),
@@ -198,7 +198,7 @@ def _engine_evidence(trace: Trace, f: EngineForensics) -> list[tuple[str, object
 
 
 def _tok(trace: Trace, tok: int | None) -> str | None:
-    return None if tok is None else f"{visible(token_text(trace, tok))} (id {tok})"
+    return None if tok is None else f"{visible_text(token_text(trace, tok))} (id {tok})"
 
 
 def _num(v: float | None) -> str | None:

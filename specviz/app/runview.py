@@ -23,7 +23,7 @@ from specviz.run.settings import Settings
 from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTER_OPTIONS, DRAFTERS
 from specviz.spec.methods import METHODS
 from specviz.spec.prompts import builtin_sets
-from specviz.spec.run import ENGINE, PRESETS, RunSpec, SpecError
+from specviz.spec.run import ENGINE, PAIR_PRESETS, RunSpec, SpecError
 from specviz.trace import share
 from specviz.trace.schema import MAX_TRACE_BYTES, Trace
 
@@ -95,8 +95,8 @@ def run_controls(settings: Settings, progress=gr.Progress(), request: gr.Request
     session = request.session_hash if request else ""
     with serving.as_page_errors():
         spec = spec_from_controls(**controls)
-        trace, timing = serving.decode(spec, settings, progress, session)
-    return trace, serving.headline(trace, timing), serving.save(trace), None
+        trace, timing = serving.served_trace(spec, settings, progress, session)
+    return trace, serving.served_headline(trace, timing), serving.save(trace), None
 
 
 @by_name(ENGINE_DEFAULTS)
@@ -115,7 +115,7 @@ def check_engine(settings: Settings, progress=gr.Progress(), **controls):
                 raise SpecError("a custom reference needs a target model id")
             draft = target  # no draft: the reference is the target alone
         else:
-            target, draft = PRESETS[c["pair"]]
+            target, draft = PAIR_PRESETS[c["pair"]]
         files = None
         if outputs:
             files = ((serving.read_upload(outputs, MAX_TRACE_BYTES).encode(), Path(outputs).name),
@@ -145,7 +145,7 @@ def check_engine(settings: Settings, progress=gr.Progress(), **controls):
         servers = None if files else ((server, served),
                                       (control_server, served) if control_server else None)
         drafter = next(n for n, d in DRAFTERS.items() if d.draft_model) if c["same_draft"] else None
-        trace = serving.check_engine(spec, settings, files, servers,
+        trace = serving.check_engine_trace(spec, settings, files, servers,
                                      bool(c["determinism"]) and files is None, progress, drafter)
     return trace, summary.headline(trace), serving.save(trace), None
 
@@ -162,7 +162,7 @@ def open_link(query: str) -> dict:
     gets a message), the first bundled trace at once: no decode, no queue. What it leaves out
     stays."""
     try:
-        link = share.decode(query or "")
+        link = share.decode_link(query or "")
     except SpecError as e:
         return _first_page(f"**That share link could not be used:** {views.md(str(e))}.")
     if link is None:
@@ -184,7 +184,7 @@ def _first_page(problem: str = "") -> dict:
     FIRST_PAGE bundled trace."""
     trace = serving.bundled()[FIRST_PAGE]
     status = (WELCOME.format(what=BUNDLED_WHAT[FIRST_PAGE]) + "\n\n"
-              + serving.headline(trace, "bundled"))
+              + serving.served_headline(trace, "bundled"))
     if problem:
         status = f"{problem} Showing a bundled case instead.\n\n" + status
     return {"trace": trace, "download": serving.save(trace), "pending": None, "status": status}
@@ -196,8 +196,8 @@ def replay(settings: Settings, pending: dict | None, progress=gr.Progress(), req
         return gr.skip(), gr.skip(), gr.skip(), None
     session = request.session_hash if request else ""
     with serving.as_page_errors("the shared run cannot be replayed here: "):
-        trace, timing = serving.decode(RunSpec.model_validate_json(pending["spec"]), settings, progress, session)
-    return trace, serving.headline(trace, timing) + "\n\n" + _replay_report(trace, pending), serving.save(trace), pending
+        trace, timing = serving.served_trace(RunSpec.model_validate_json(pending["spec"]), settings, progress, session)
+    return trace, serving.served_headline(trace, timing) + "\n\n" + _replay_report(trace, pending), serving.save(trace), pending
 
 
 def _replay_report(trace: Trace, pending: dict) -> str:
@@ -242,7 +242,7 @@ def render(trace: Trace | None, seq=None, round=None, note: str = "") -> dict:
         if m.engine is not None:
             raise SpecError("an engine check cannot be replayed from a link (the engine is not "
                             "here): share its trace file")
-        link = share.encode(share.Link(m.spec, focus.seq, focus.round, m.fingerprint,
+        link = share.encode_link(share.Link(m.spec, focus.seq, focus.round, m.fingerprint,
                                        share.environment(m)))
     except SpecError as e:
         link, moved = "", moved + str(e)

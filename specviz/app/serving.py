@@ -25,10 +25,10 @@ from specviz.run.runner import run
 from specviz.run.settings import Settings
 from specviz.run.shrink import MAX_TRIALS, Mark, Shrunk, mark_of, shrink, size
 from specviz.spec.casebook import BY_FAULT, CASES
+from specviz.spec.prompts import ASSETS
 from specviz.spec.run import RunSpec, SpecError
 from specviz.trace.schema import MAX_TRACE_BYTES, Trace
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets"
 TRACES: OrderedDict[str, Trace] = OrderedDict()  # by spec key: a replayed link is served from here
 MAX_TRACES = 48  # a sweep's runs (SPECVIZ_MAX_SWEEP_RUNS) stay, so its cells and its link open at once
 CANCELLED: set[str] = set()  # sessions whose running decode should stop
@@ -84,7 +84,7 @@ def bundled_for(spec: RunSpec) -> Trace | None:
     return bundled_case(case) if case else _bundled_by_key().get(key)
 
 
-def headline(trace: Trace, timing: str | None, note: str = "") -> str:
+def served_headline(trace: Trace, timing: str | None, note: str = "") -> str:
     """summary.headline, saying so when the trace is a bundled one (its times are the file's)."""
     if timing == "bundled":
         note += " (bundled with specviz; its times are from when it was recorded, `make traces` records it anew)"
@@ -127,7 +127,7 @@ def decode_on_gpu(spec: RunSpec, settings: Settings, progress=None) -> Trace:
     return run(spec, progress=progress, trust_remote_code=settings.trust_remote_code, limits=settings)
 
 
-def decode(spec: RunSpec, settings: Settings, progress: gr.Progress, session: str) -> tuple[Trace, str | None]:
+def served_trace(spec: RunSpec, settings: Settings, progress: gr.Progress, session: str) -> tuple[Trace, str | None]:
     """The trace for `spec`: from this process's cache, else decoded with progress and a way to stop; and where
     its times come from (summary.TIMING_TEXT): "cached", "now" (the reference decoded in this run too), "reused"
     (the reference from an earlier run of the same prompts), "bundled" (a trace shipped in assets/traces), None
@@ -202,8 +202,9 @@ def _check_on_gpu(spec: RunSpec, settings: Settings, outputs: tuple[bytes, str] 
                               determinism=determinism, judging=check.Judging(progress=progress), drafter=drafter)
 
 
-def check_engine(spec: RunSpec, settings: Settings, files: tuple | None, servers: tuple | None,
-                 determinism: bool = False, progress: gr.Progress | None = None, drafter: str | None = None) -> Trace:
+def check_engine_trace(spec: RunSpec, settings: Settings, files: tuple | None,
+                       servers: tuple | None, determinism: bool = False,
+                       progress: gr.Progress | None = None, drafter: str | None = None) -> Trace:
     """An engine check: from its outputs file (and a control's), or from its servers' (asked every prompt twice
     more when `determinism`), its phases counted on `progress`; `drafter`, what the engine drafts with, where the
     user says (spec/drafters.py)."""

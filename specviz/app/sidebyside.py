@@ -46,17 +46,17 @@ def side_of_trace(trace: Trace) -> Side:
     name = f"engine {m.engine.name}" if m.engine is not None else run_name(m.spec)
     by_seq = views.rows_by_seq(trace)
     rounds = [[len(r.emitted) for r in by_seq.get(q.seq, [])] for q in trace.sequences]
-    return _side(f"{name} · {m.fingerprint[:8]}", [p.text for p in trace.prompts], trace.sequences, rounds,
+    return _side_of(f"{name} · {m.fingerprint[:8]}", [p.text for p in trace.prompts], trace.sequences, rounds,
                  None if m.engine is not None else m.spec)
 
 
 def side_of_report(report: SweepReport, run: int) -> Side:
     seqs = report.sequences_of(run)
-    return _side(report.rows[run].name() + " · sweep", report.spec_of(run).prompts, seqs, [q.rounds for q in seqs],
+    return _side_of(report.rows[run].name() + " · sweep", report.spec_of(run).prompts, seqs, [q.rounds for q in seqs],
                  report.sweep.specs()[run])
 
 
-def _side(label: str, prompts, seqs: list[SequenceRecord], rounds: list[list[int]], spec: RunSpec | None) -> Side:
+def _side_of(label: str, prompts, seqs: list[SequenceRecord], rounds: list[list[int]], spec: RunSpec | None) -> Side:
     def frozen(values):
         return None if values is None else tuple(values)
 
@@ -80,7 +80,7 @@ def first_parting(a: Side, b: Side, seq: int) -> int | None:
     return first_difference(list(a.ids[seq]), list(b.ids[seq]))
 
 
-def summary_md(a: Side, b: Side, seq: int) -> str:
+def compare_summary_md(a: Side, b: Side, seq: int) -> str:
     """Where the two runs part, what each wrote there, and where each departs from the reference."""
     if (why := problem(a, b, seq)) is not None:
         return f"**Cannot compare:** {views.md(why)}."
@@ -95,7 +95,7 @@ def summary_md(a: Side, b: Side, seq: int) -> str:
 def _wrote(side: Side, seq: int, i: int) -> str:
     if i >= len(side.ids[seq]):
         return "nothing (it had ended)"
-    return f"«{views.md(views.visible(side.pieces[seq][i]))}» (id {side.ids[seq][i]})"
+    return f"«{views.md(views.visible_text(side.pieces[seq][i]))}» (id {side.ids[seq][i]})"
 
 
 def _against_reference(side: Side, seq: int) -> str:
@@ -130,7 +130,7 @@ def aligned_html(a: Side, b: Side, seq: int) -> str:
             out.append(f'<tr><th class="sv-sbs-name" title="{html.escape(name)}">{html.escape(name.split(":")[0])}'
                        "</th>")
             for i in cols:
-                out.append(_cell(ids, pieces, ref, i, first, round_starts))
+                out.append(_token_cell(ids, pieces, ref, i, first, round_starts))
             out.append(pad + "</tr>")
         out.append("</tbody></table>")
     return "".join(out) + "</div>"
@@ -145,7 +145,7 @@ def _round_starts(rounds: tuple[int, ...]) -> dict[int, int]:
     return starts
 
 
-def _cell(ids, pieces, ref, i: int, first: int | None, round_starts: dict[int, int]) -> str:
+def _token_cell(ids, pieces, ref, i: int, first: int | None, round_starts: dict[int, int]) -> str:
     if i >= len(ids):
         return '<td class="sv-sbs-end" title="ended">·</td>'
     cls = ["sv-tok"]
@@ -162,5 +162,6 @@ def _cell(ids, pieces, ref, i: int, first: int | None, round_starts: dict[int, i
         cls.append("sv-rstart")
         tip.append(f"round {round_starts[i]} starts here")
     return (f'<td class="{" ".join(cls)}" data-index="{i}" title="{html.escape(" · ".join(tip))}">'
-            f"{html.escape(views.visible(pieces[i]) if i < len(pieces) else str(ids[i]))}</td>")
+            f"{html.escape(views.visible_text(pieces[i]) if i < len(pieces) else str(ids[i]))}"
+            "</td>")
 

@@ -15,10 +15,10 @@ from specviz.spec.casebook import BASE_RUN, CASES
 from specviz.spec.defaults import DEFAULT_PAIR, default_of
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.faults import FAULTS
-from specviz.spec.faults import PRESETS as FAULT_PRESETS
+from specviz.spec.faults import FAULT_PRESETS
 from specviz.spec.methods import METHODS
 from specviz.spec.prompts import DEFAULT_SET, builtin_sets
-from specviz.spec.run import DTYPES, PRESETS, RunSpec, SpecError
+from specviz.spec.run import DTYPES, PAIR_PRESETS, RunSpec, SpecError
 from specviz.trace import share
 from specviz.trace.schema import Trace
 from specviz.trace.sweep import NO_FAULTS, Sweep, SweepReport, report, run_name
@@ -42,7 +42,7 @@ def sweep_from_controls(**controls) -> Sweep:
              "batch_sizes": "a batch size", "ks": "a k", "temperatures": "a temperature"}
     if missing := [what for name, what in lists.items() if not c[name]]:
         raise SpecError("pick at least " + ", ".join(missing))
-    target, draft = PRESETS[c["pair"]]
+    target, draft = PAIR_PRESETS[c["pair"]]
     temperatures = tuple(sorted(float(t) for t in c["temperatures"]))
     base = RunSpec.build(target=target, draft=draft, prompts=tuple(builtin_sets()[c["prompt_set"]]),
                          max_new_tokens=int(c["max_new_tokens"]), dtype=c["dtype"],
@@ -68,7 +68,7 @@ def _sweep_controls_of(sweep: Sweep) -> dict:
     if sweep.runs:
         return {}
     b = sweep.base
-    preset = next((name for name, ids in PRESETS.items() if ids == (b.target, b.draft)), None)
+    preset = next((name for name, ids in PAIR_PRESETS.items() if ids == (b.target, b.draft)), None)
     named = next((name for name, ps in builtin_sets().items() if tuple(ps) == b.prompts), None)
     values = {"pair": preset, "prompt_set": named, "max_new_tokens": b.max_new_tokens, "dtype": b.dtype,
               "methods": list(sweep.methods), "drafters": list(sweep.drafters),
@@ -90,11 +90,11 @@ class _RunOf:
 
 
 def _sweep_traces(sweep: Sweep, settings: Settings, progress, session: str) -> list[Trace]:
-    """Every run of `sweep`, each through serving.decode (its cache, the bundle, else decoded): refused whole, before any
+    """Every run of `sweep`, each through serving.served_trace (its cache, the bundle, else decoded): refused whole, before any
     work, when the server does not allow it."""
     specs = sweep.specs()
     settings.check_sweep(specs)
-    return [serving.decode(spec, settings, _RunOf(progress, i, len(specs), run_name(spec)), session)[0]
+    return [serving.served_trace(spec, settings, _RunOf(progress, i, len(specs), run_name(spec)), session)[0]
             for i, spec in enumerate(specs)]
 
 
@@ -145,7 +145,7 @@ def render_sweep(settings: Settings, found: SweepReport | None, cell=None) -> di
         link, note = "", (f"**No share link:** {views.md(str(e))}: a visitor's link could not replay it here. "
                           "Share the report file instead (Download the report below).")
     selected = None if cell is None else int(cell)
-    return {"summary": sweepviews.summary_md(found) + ("\n\n" + note if note else ""),
+    return {"summary": sweepviews.sweep_summary_md(found) + ("\n\n" + note if note else ""),
             "exact": sweepviews.heatmap_html(found, "exact_pct", selected),
             "prefix": sweepviews.heatmap_html(found, "prefix_pct", selected),
             "verdicts": sweepviews.verdict_bars(found),
@@ -169,9 +169,9 @@ def open_cell(settings: Settings, found: SweepReport | None, evt: gr.EventData, 
         raise gr.Error("that cell is not a run of this sweep")
     session = request.session_hash if request else ""
     with serving.as_page_errors("this run cannot be opened here: "):
-        trace, timing = serving.decode(found.spec_of(run), settings, progress, session)
+        trace, timing = serving.served_trace(found.spec_of(run), settings, progress, session)
     where = f"run {run + 1} of the sweep: {found.rows[run].name()}"
-    return (trace, serving.headline(trace, timing, f" ({where})"), serving.save(trace), None, gr.Tabs(selected="run"), run,
+    return (trace, serving.served_headline(trace, timing, f" ({where})"), serving.save(trace), None, gr.Tabs(selected="run"), run,
             f"Opened {where} in the Run view.")  # the Sweep tab's status: a decode's progress shows there too
 
 
@@ -242,7 +242,7 @@ def compare_runs(sides: dict | None, a: str | None, b: str | None, seq):
     if a not in sides or b not in sides:
         return "Pick two runs: every run this page has shown you (the run view's, a sweep's) is listed.", "", ""
     seq = int(seq or 0)
-    return (sidebyside.summary_md(sides[a], sides[b], seq), sidebyside.aligned_html(sides[a], sides[b], seq),
+    return (sidebyside.compare_summary_md(sides[a], sides[b], seq), sidebyside.aligned_html(sides[a], sides[b], seq),
             sidebyside.link(sides[a], sides[b], seq))
 
 
@@ -266,7 +266,7 @@ def replay_compare(settings: Settings, pending: dict | None, sides: dict | None,
         return gr.skip(), gr.skip(), gr.skip(), gr.skip()
     session = request.session_hash if request else ""
     with serving.as_page_errors("the shared runs cannot be replayed here: "):
-        traces = [serving.decode(RunSpec.model_validate_json(pending[x]), settings, progress, session)[0] for x in "ab"]
+        traces = [serving.served_trace(RunSpec.model_validate_json(pending[x]), settings, progress, session)[0] for x in "ab"]
     sides, _, _ = remember_sides(sides, *traces)
     labels = list(sides)
     a, b = (sidebyside.side_of_trace(t).label for t in traces)
@@ -292,7 +292,7 @@ def sweep_tab(settings: Settings) -> dict:
             gr.Markdown("Every run of a table of methods × fault sets × batch sizes × k × temperatures: greedy runs "
                         "checked token by token against the batch-size-1 reference, sampled ones by their "
                         "distribution. Or open a `specviz verify --json` report.")
-            w["pair"] = gr.Dropdown(list(PRESETS), value=d["pair"], label="model pair", elem_id="sv-sweep-pair")
+            w["pair"] = gr.Dropdown(list(PAIR_PRESETS), value=d["pair"], label="model pair", elem_id="sv-sweep-pair")
             w["prompt_set"] = gr.Dropdown(list(builtin_sets()), value=d["prompt_set"], label="built-in prompts")
             with gr.Row():
                 w["max_new_tokens"] = gr.Slider(1, settings.max_new_tokens, value=d["max_new_tokens"], step=1,

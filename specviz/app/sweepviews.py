@@ -60,7 +60,7 @@ SAMPLED_CELLS = {"consistent": ("✓", "hsl(120,65%,72%)"), "too few tokens": ("
                  "not judged": ("—", "#e4e4e4")}
 
 
-def _cell(run: int, row: RunRow, metric: str, selected: int | None) -> str:
+def _metric_cell(run: int, row: RunRow, metric: str, selected: int | None) -> str:
     cls = "sv-hcell" + (" sv-sel" if run == selected else "")
     value = getattr(row, metric)
     if value is None:  # sampled: judged by its distribution (and, ours, its audits), not token by token
@@ -109,7 +109,7 @@ def heatmap_html(report: SweepReport, metric: str = "exact_pct", selected: int |
            "<thead><tr><th></th>", *(f"<th>{html.escape(c)}</th>" for c in heads), "</tr></thead><tbody>"]
     for label, runs in lines:
         out.append(f'<tr><th class="sv-hlabel">{html.escape(label)}</th>')
-        out += ["<td></td>" if run is None else _cell(run, report.rows[run], metric, selected) for run in runs]
+        out += ["<td></td>" if run is None else _metric_cell(run, report.rows[run], metric, selected) for run in runs]
         out.append("</tr>")
     out.append("</tbody></table></div>")
     return "".join(out)
@@ -226,7 +226,7 @@ def acceptance_curves(report: SweepReport) -> go.Figure:
 # ---------------------------------------------------------------- summary
 
 
-def summary_md(report: SweepReport) -> str:
+def sweep_summary_md(report: SweepReport) -> str:
     """What was swept, in two Markdown lines."""
     sweep, base = report.sweep, report.sweep.base
     tokens = sum(len(s.output_ids) for s in report.sequences)

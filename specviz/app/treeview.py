@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 
-from specviz.app.views import token_text, visible
+from specviz.app.views import token_text, visible_text
 from specviz.trace.records import RowRecord, TreeRecord
 from specviz.trace.schema import Trace
 
@@ -61,7 +61,7 @@ def tree_svg(trace: Trace, row: RowRecord) -> str:
     for node, (x, y) in at.items():
         kind = "path" if node in path else "refused" if node == no else "pruned"
         rank, of = tree.candidate(node)
-        label = visible(token_text(trace, tree.tokens[node]))[:10]
+        label = visible_text(token_text(trace, tree.tokens[node]))[:10]
         tip = (f"node {node} · depth {x} · candidate {rank} of {of} · id {tree.tokens[node]} · "
                + {"path": "accepted", "refused": "refused by the target", "pruned": "pruned: off the accepted path"}[kind])
         parts.append(f'<g class="sv-node-{kind}"><title>{html.escape(tip)}</title>'

@@ -157,7 +157,7 @@ def md(stranger: str) -> str:
     return _MD_PUNCTUATION.sub(r"\\\g<0>", " ".join(stranger.splitlines()))
 
 
-def visible(piece: str | None) -> str:
+def visible_text(piece: str | None) -> str:
     """A token's text with invisible characters made visible (not escaped)."""
     if piece is None:
         return PART
@@ -167,7 +167,7 @@ def visible(piece: str | None) -> str:
 
 
 def chip_text(piece: str | None) -> str:
-    return html.escape(visible(piece))
+    return html.escape(visible_text(piece))
 
 
 def token_text(trace: Trace, tok: int) -> str | None:

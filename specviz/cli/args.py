@@ -10,10 +10,10 @@ from specviz.models.pairs import Placement
 from specviz.spec.defaults import DEFAULT_PAIR, default_of
 from specviz.spec.drafters import DRAFTER_OPTIONS, DRAFTERS, reading
 from specviz.spec.faults import FAULTS
-from specviz.spec.faults import PRESETS as FAULT_PRESETS
+from specviz.spec.faults import FAULT_PRESETS
 from specviz.spec.methods import METHODS
 from specviz.spec.prompts import DEFAULT_SET, builtin_set, builtin_sets, read_prompts
-from specviz.spec.run import DEVICES, DTYPES, MAX_BATCH_SIZE, PRESETS, RowSampling, RunSpec, SpecError, row_fields
+from specviz.spec.run import DEVICES, DTYPES, MAX_BATCH_SIZE, PAIR_PRESETS, RowSampling, RunSpec, SpecError, row_fields
 from specviz.trace.sweep import NO_FAULTS
 
 
@@ -33,7 +33,7 @@ float_list = _list_of(float, "numbers")
 
 def add_common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model pair")
-    g.add_argument("--pair", choices=sorted(PRESETS), default=DEFAULT_PAIR,
+    g.add_argument("--pair", choices=sorted(PAIR_PRESETS), default=DEFAULT_PAIR,
                    help="a preset pair (default: embedded SmolLM2-135M-Instruct and its draft)")
     g.add_argument("--target", help="target model: Hub id or local path (overrides --pair)")
     g.add_argument("--draft", help="draft model: Hub id or local path (overrides --pair)")
@@ -133,7 +133,7 @@ drafters = _names_of(DRAFTERS, "drafter")
 methods = _names_of(METHODS, "method")
 
 
-def prompts_of(args) -> list[str]:
+def prompts_from_args(args) -> list[str]:
     """Typed prompts, then the built-in set, then the file's first --limit prompts."""
     prompts = list(args.prompt)
     if args.prompt_set or not (prompts or args.prompts):
@@ -144,11 +144,11 @@ def prompts_of(args) -> list[str]:
 
 
 def spec_of(args, **overrides) -> RunSpec:
-    target, draft = PRESETS[args.pair]
+    target, draft = PAIR_PRESETS[args.pair]
     fields = dict(
         target=args.target or target, draft=args.draft or draft,
         target_revision=args.target_revision, draft_revision=args.draft_revision,
-        prompts=tuple(prompts_of(args)), chat_template=not args.no_chat_template,
+        prompts=tuple(prompts_from_args(args)), chat_template=not args.no_chat_template,
         max_new_tokens=args.max_new_tokens, dtype=args.dtype, device=args.device, seed=args.seed,
         faults=tuple(f.strip() for f in args.faults.split(",") if f.strip()),
         window=args.window, max_wait=args.max_wait, audit=args.audit,

@@ -17,10 +17,10 @@ from specviz.models.heads import TRAINED
 from specviz.models.pairs import load_pair, pair_for
 from specviz.run import launch
 from specviz.spec.drafters import DRAFTERS
-from specviz.spec.run import EMBEDDED_TARGET, ENGINE, PRESETS, RunSpec, SpecError
+from specviz.spec.run import EMBEDDED_TARGET, ENGINE, PAIR_PRESETS, RunSpec, SpecError
 from specviz.spec.verdicts import OWN_DRAFTS, verdict
 from specviz.trace import metrics, share
-from specviz.trace.schema import Trace, schema
+from specviz.trace.schema import Trace, trace_schema
 from specviz.trace.sweep import Sweep, SweepReport, report, row_of
 from specviz.trace.text import clip
 
@@ -74,13 +74,13 @@ def cmd_run(args) -> int:
         data = {"spec": spec.model_dump(mode="json"), "fingerprint": trace.manifest.fingerprint,
                 "sequences": [s.model_dump() for s in trace.sequences],
                 "texts": [tok.decode(s.output_ids) for s in trace.sequences]}
-        _write(args.json, json.dumps(data, indent=1))
+        _write_text(args.json, json.dumps(data, indent=1))
     if args.trace:
-        _write(args.trace, trace.to_json(), f"trace {trace.manifest.fingerprint} to")
+        _write_text(args.trace, trace.to_json(), f"trace {trace.manifest.fingerprint} to")
     return 0
 
 
-def _write(path: Path, text: str, what: str = "") -> None:
+def _write_text(path: Path, text: str, what: str = "") -> None:
     """Write `text` to `path` (its folders made) and say so."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -202,7 +202,7 @@ def cmd_verify(args) -> int:
     bar = tqdm(traces, total=len(specs), desc="verify", leave=False, disable=not sys.stderr.isatty())
     done = report(plan, (_print_row(spec, trace) for spec, trace in zip(specs, bar)))
     if args.json:
-        _write(args.json, done.to_json())
+        _write_text(args.json, done.to_json())
     sound = all(r.distribution.verdict == "consistent" if r.distribution else r.exact_pct == 100 for r in done.rows)
     return 0 if sound or args.allow_divergence else 1
 
@@ -237,10 +237,10 @@ def cmd_check(args) -> int:
         return 0
     _print_check(trace)
     if args.json:
-        _write(args.json, json.dumps({"engine": trace.manifest.engine.model_dump(), "summary": metrics.engine_summary(trace),
+        _write_text(args.json, json.dumps({"engine": trace.manifest.engine.model_dump(), "summary": metrics.engine_summary(trace),
                                       "sequences": [s.model_dump() for s in trace.sequences]}, indent=1))
     if args.trace:
-        _write(args.trace, trace.to_json(), "trace")
+        _write_text(args.trace, trace.to_json(), "trace")
     return 0
 
 
@@ -328,7 +328,7 @@ def cmd_shrink(args) -> int:
     if args.trace:
         trace = Trace.from_json(args.trace.read_bytes())
     else:
-        link = share.decode(args.link.partition("?")[2] or args.link)
+        link = share.decode_link(args.link.partition("?")[2] or args.link)
         if link is None:
             raise SpecError("that link carries no run")
         trace = _run_with_bars(link.spec, args)
@@ -348,7 +348,7 @@ def cmd_shrink(args) -> int:
           f"{verdict} ({found.trials} runs tried)")
     print(f"share link: {args.url.rstrip('/')}/{found.link()}")
     if args.out:
-        _write(args.out, found.trace.to_json(), "trace")
+        _write_text(args.out, found.trace.to_json(), "trace")
     return 0
 
 
@@ -374,7 +374,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_schema(args) -> int:
-    print(json.dumps(jsonl.schema() if args.outputs else SweepReport.model_json_schema() if args.report else schema(),
+    print(json.dumps(jsonl.outputs_schema() if args.outputs else SweepReport.model_json_schema() if args.report else trace_schema(),
                      indent=1))
     return 0
 
@@ -385,7 +385,7 @@ def cmd_train_head(args) -> int:
 
     recipe = TRAINED[EMBEDDED_TARGET]
     units = {CONTINUING: len(builtin_set(recipe.prompts)) * recipe.new_tokens * (1 + recipe.sampled)}
-    pair = load_pair(*PRESETS["embedded"], dtype="float32", device=args.device)
+    pair = load_pair(*PAIR_PRESETS["embedded"], dtype="float32", device=args.device)
     with _bars(lambda phase: units.get(phase, recipe.steps)) as progress:
         path, losses = train_head(pair, EMBEDDED_TARGET, progress)
     print(f"trained the embedded pair's EAGLE-style head in {recipe.steps} steps: loss per token "

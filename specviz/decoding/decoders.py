@@ -36,7 +36,7 @@ class Job:
     first_seq: int = 0
 
 
-def _reference(job: Job) -> DecodeResult:
+def _decode_reference(job: Job) -> DecodeResult:
     s = job.spec
     return reference(job.pair, job.prompt_ids, s.max_new_tokens, job.progress, sampling_of(s, job.first_seq))
 
@@ -71,12 +71,13 @@ def _exspec(job: Job) -> DecodeResult:
 
 
 DECODERS: dict[str, Callable[[Job], DecodeResult]] = {
-    "reference": _reference, "batched-reference": _batched_reference, "hf-assisted": _hf_assisted,
+    "reference": _decode_reference, "batched-reference": _batched_reference,
+    "hf-assisted": _hf_assisted,
     "eqspec": _eqspec, "exspec": _exspec,
 }
 
 
-def decode(job: Job) -> DecodeResult:
+def decode_job(job: Job) -> DecodeResult:
     """Run the job's method."""
     if job.spec.method not in DECODERS:
         raise SpecError(f"{job.spec.method!r} is not a decoding method; choose from {', '.join(DECODERS)}")

@@ -58,7 +58,8 @@ def _admit(pair: ModelPair, drafter: Drafter, seqs: list[int], prompts: list[lis
             for r, (seq, lo, target, draft) in enumerate(zip(seqs, starts, b.target.split(spans), b.draft.split(spans)))]
 
 
-def choose(active: list[SeqState], batch_size: int, max_wait: int) -> tuple[list[SeqState], bool]:
+def choose_batch(active: list[SeqState], batch_size: int,
+                 max_wait: int) -> tuple[list[SeqState], bool]:
     """The round's rows, and whether they form a same-length group.
 
     A sequence that has waited `max_wait` rounds goes first; otherwise the
@@ -82,7 +83,7 @@ def choose(active: list[SeqState], batch_size: int, max_wait: int) -> tuple[list
     return chosen, len({s.width for s in chosen}) == 1
 
 
-def _merge(rows: list[SeqState]) -> Batch:
+def _merged_batch(rows: list[SeqState]) -> Batch:
     """Stack the rows' states into one left-padded batch (no padding for a same-length group)."""
     width = max(s.width for s in rows)
     pad = lambda t, v: torch.nn.functional.pad(t, (width - t.shape[1], 0), value=v)  # noqa: E731
@@ -111,9 +112,9 @@ def exspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
         if admitted:
             active += _admit(pair, drafter, admitted, prompts)
         clock = Clock(pair.device)
-        rows, group = choose(active, batch_size, max_wait)
+        rows, group = choose_batch(active, batch_size, max_wait)
         waits = [s.waited for s in rows]
-        b = _merge(rows)
+        b = _merged_batch(rows)
         step = speculate(d, b, k, gen, clock)
         if progress:
             progress(int(step.n_keep.sum()))

@@ -84,7 +84,7 @@ class Policy:
     def tree_positions(self, pos: torch.Tensor, tree: Tree) -> torch.Tensor:
         """The position ids of a layout whose last slots are a tree's nodes: each node at the root's position plus
         its depth; the fault numbers them by their index, as a chain's are."""
-        return pos if self.has("tree-positions-by-index") else trees.positions(pos, tree)
+        return pos if self.has("tree-positions-by-index") else trees.node_positions(pos, tree)
 
     def tree_among(self, tree: Tree) -> torch.Tensor:
         """(B, n, n) the nodes each node of a tree sees: itself and its ancestors; the fault, every node listed

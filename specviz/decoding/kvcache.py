@@ -163,7 +163,7 @@ def row_kv(cache: DynamicCache, layer: int, row: int) -> tuple[torch.Tensor, tor
     return lay.keys[row], lay.values[row]
 
 
-def _rebuilt(cache: DynamicCache, part) -> DynamicCache:
+def _rebuilt_cache(cache: DynamicCache, part) -> DynamicCache:
     """A cache of `cache`'s layer kinds, each layer's tensors `part(index, layer)`: (keys, values) or None, and a
     recurrent layer's states."""
     out = copy.copy(cache)
@@ -186,7 +186,7 @@ def split(cache: DynamicCache | None, spans: list[tuple[int, int]]) -> list[Dyna
     (cross-batch scheduling keeps these). Views, not copies."""
     if cache is None:
         return [None] * len(spans)
-    return [_rebuilt(cache, lambda _, lay, i=i, lo=lo, hi=hi: (
+    return [_rebuilt_cache(cache, lambda _, lay, i=i, lo=lo, hi=hi: (
         (lay.keys[i: i + 1, :, lo:hi], lay.values[i: i + 1, :, lo:hi]) if _kv(lay) else None,
         {key: t[i: i + 1] for key, t in states(lay).items()}))
         for i, (lo, hi) in enumerate(spans)]
@@ -207,7 +207,7 @@ def merge(caches: list[DynamicCache | None]) -> DynamicCache | None:
             kv = (torch.cat([torch.nn.functional.pad(la.keys, p) for la, p in zip(layers, pad)]),
                   torch.cat([torch.nn.functional.pad(la.values, p) for la, p in zip(layers, pad)]))
         return kv, {key: torch.cat([states(la)[key] for la in layers]) for key in states(lay)}
-    return _rebuilt(caches[0], part)
+    return _rebuilt_cache(caches[0], part)
 
 
 def assembled(model, kv: list[tuple[torch.Tensor, torch.Tensor]], state: list[State]) -> DynamicCache:

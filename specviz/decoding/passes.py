@@ -39,7 +39,7 @@ def run_model(pair: ModelPair, policy: Policy, role: str, tok, val, stl, q_start
         raise ValueError(f"no model plays {role!r}")
     seen = policy.seen(val, stl, narrowest_window(model))
     out = forward(model, tok, val, q_start, cache, pair.vocab_size, pos=pos[:, q_start:],
-                  seen=seen, among=None if among is None else (trees.visible(seen, among), pos), hidden=hidden, **kw)
+                  seen=seen, among=None if among is None else (trees.visible_slots(seen, among), pos), hidden=hidden, **kw)
     logits, last = out if hidden else (out, None)
     return Pass(logits, pos, last)
 

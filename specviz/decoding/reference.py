@@ -22,7 +22,7 @@ from specviz.decoding.stops import Stops
 from specviz.models.pairs import ModelPair
 
 
-def choose(logits: torch.Tensor, sampling: Sampling, seqs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def choose_tokens(logits: torch.Tensor, sampling: Sampling, seqs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Each row's next token from its logits (B, V): the argmax, or a draw from its request's target distribution
     (a greedy request's: a point mass on the argmax)."""
     if sampling.greedy:
@@ -61,7 +61,7 @@ def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int, pr
                                                   ids, out.ids)[0]
             logits = logits.double()  # exact for every model dtype: the argmax is the model's
             at = torch.tensor([[seq, len(out.ids)]], device=pair.device)
-            out.ids.append(int(choose(logits[None], sampling, at[:, 0], at[:, 1])))
+            out.ids.append(int(choose_tokens(logits[None], sampling, at[:, 0], at[:, 1])))
             out.margins.append(float(top2_margin(logits)))
             out.logprobs.append(float(logprobs(logits[None], torch.tensor(out.ids[-1:], device=pair.device),
                                                sampling.target.temperature)))
@@ -140,7 +140,7 @@ def batched_reference(pair: ModelPair, prompts: list[list[int]], batch_size: int
                                               said.new_zeros(len(said), 0))
         logits = logits[:, -1]
         seqs = torch.tensor(rows.seqs, device=pair.device)
-        nxt = choose(logits, sampling, seqs, torch.tensor([len(outputs[i].ids) for i in rows.seqs], device=pair.device))
+        nxt = choose_tokens(logits, sampling, seqs, torch.tensor([len(outputs[i].ids) for i in rows.seqs], device=pair.device))
         for i, t, m, lp in zip(rows.seqs, nxt.tolist(), top2_margin(logits).tolist(),
                                logprobs(logits, nxt, sampling.target.temperature).tolist()):
             outputs[i].ids.append(t)

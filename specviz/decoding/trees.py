@@ -44,7 +44,7 @@ class Tree(NamedTuple):
         return int(self.depth.max())
 
 
-def positions(pos: torch.Tensor, tree: Tree) -> torch.Tensor:
+def node_positions(pos: torch.Tensor, tree: Tree) -> torch.Tensor:
     """The layout's position ids with the tree's n nodes (its last n slots) at the root's position plus their
     depth."""
     n = tree.parents.shape[1]
@@ -52,7 +52,7 @@ def positions(pos: torch.Tensor, tree: Tree) -> torch.Tensor:
     return torch.cat([pos[:, :-n], root + tree.depth], 1)
 
 
-def visible(seen: torch.Tensor, among: torch.Tensor) -> torch.Tensor:
+def visible_slots(seen: torch.Tensor, among: torch.Tensor) -> torch.Tensor:
     """(B, S+n, S+n) the key slots each slot may see, before causality: the row's slots `seen` (B, S+n) as the
     padding mask has them, except that a node sees only the nodes `among` (B, n, n) shows it."""
     B, width = seen.shape

@@ -63,7 +63,7 @@ def accept_tree(d: Decoding, b: Batch, drafted: Drafted, v: Verified,
     else:
         acc = Accepted(chain_v, chain_prop, chain.room(d.max_new_tokens), length, own, drawn)
     live = torch.arange(n, device=path.device)[None] < prop.counts[:, None]
-    tree_positions = trees.positions(positions(v.valid), tree)[:, S:]
+    tree_positions = trees.node_positions(positions(v.valid), tree)[:, S:]
     checks = {  # over every node offered, as the padding mask's check is over every slot
         "positions": ((v.positions[:, S:] == tree_positions) | ~live).all(1),
         "mask": ((policy.tree_among(tree) == tree.ancestors) | ~live[:, :, None]).all(2).all(1),

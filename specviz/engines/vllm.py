@@ -12,6 +12,9 @@ stops it and its child processes on exit. Modes:
 
 Greedy or sampled decoding is the request's business (temperature 0, or the
 check's temperature, top-p, top-k and a seed per request: see server.py).
+
+MODES and SERVED_MODEL: the same names in each engine module (vllm.py, llamacpp.py), one per engine,
+read side by side by benchmarks/engines.py.
 """
 from __future__ import annotations
 

@@ -58,8 +58,8 @@ def judge_acceptance(trace: Trace, draft, vocab: int, tolerance: Callable[[], fl
             own[seq] = logits[seq].argmax(-1).tolist()
         return own[seq][t0: t0 + m], logits[seq][t0: t0 + m]
 
-    return _judge(trace, proposals, "the draft model", tolerance,
-                  lambda beyond, starts: _side(trace, draft, vocab, beyond, own, starts))
+    return _judge_rounds(trace, proposals, "the draft model", tolerance,
+                  lambda beyond, starts: _wrong_side(trace, draft, vocab, beyond, own, starts))
 
 
 @torch.inference_mode()
@@ -87,10 +87,10 @@ def judge_head_acceptance(trace: Trace, target, head, vocab: int, tolerance: Cal
             return z.argmax(-1).tolist(), z
         return proposals
 
-    return _judge(trace, replay(0), "the head", tolerance, lambda beyond, starts: _head_side(beyond, starts, replay(1)))
+    return _judge_rounds(trace, replay(0), "the head", tolerance, lambda beyond, starts: _head_side(beyond, starts, replay(1)))
 
 
-def _judge(trace: Trace, proposals: Proposals, whose: str, tolerance: Callable[[], float | None], side) -> Acceptance:
+def _judge_rounds(trace: Trace, proposals: Proposals, whose: str, tolerance: Callable[[], float | None], side) -> Acceptance:
     """Each round's drafts against the drafter's own `proposals`: the accepted drafts and the first rejected one,
     whose prefix the row had committed. `side(beyond, starts)` names the side that went wrong."""
     rows_of: dict[int, list] = {}
@@ -256,7 +256,7 @@ def _rates(taken: list[int], reached: list[int]) -> list[float | None]:
     return [round(t / n, 4) if n else None for t, n in zip(taken, reached)]
 
 
-def _side(trace: Trace, draft, vocab: int, beyond: list[_Slot], own: dict[int, list[int]],
+def _wrong_side(trace: Trace, draft, vocab: int, beyond: list[_Slot], own: dict[int, list[int]],
           starts: dict[tuple[int, int], int]) -> tuple[str, str]:
     """The side of the drafter that went wrong, from the hypothesis that gives its drafts."""
     out = {s.seq: s.output_ids for s in trace.sequences}

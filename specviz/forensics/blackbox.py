@@ -58,7 +58,7 @@ def judge_engine(trace: Trace, forcing: enginenoise.TeacherForcing, truth: str,
         mine["forensics"] = None
         if s.equivalent is False:
             reference = functools.partial(_forced_reference, s, forcing, trace.prompts[s.seq].ids, scored)
-            mine["forensics"] = _judge(s, scored["engine", s.seq], reference, ys, stops)
+            mine["forensics"] = _judge_sequence(s, scored["engine", s.seq], reference, ys, stops)
     found.run["manifest.fidelity"] = [f for role in ("engine", "control")
                                       if (f := _fidelity(trace, scored, role, ys.engine))]
     return found
@@ -127,7 +127,7 @@ def _forced_reference(s: SequenceRecord, forcing: enginenoise.TeacherForcing, pr
     return enginenoise.force(forcing, prompt, s.reference_ids)
 
 
-def _judge(s: SequenceRecord, forced: enginenoise.Forced, reference: Callable[[], enginenoise.Forced],
+def _judge_sequence(s: SequenceRecord, forced: enginenoise.Forced, reference: Callable[[], enginenoise.Forced],
            ys: Yardsticks, stops: Stops) -> EngineForensics:
     """A divergent sequence's verdict, from its output teacher-forced and its reference's (`reference()`, forced
     only where the reference goes past the fork). Up to the fork the two share a prefix, so at the fork both were

@@ -35,12 +35,13 @@ from specviz.trace.findings import Findings
 from specviz.trace.schema import Trace
 
 PIT_SEED = 0x5EC7  # the PIT's own draws: never the engine's (those are seeded by the run)
-ALPHA = 0.001  # the family-wise significance level of the PIT test and of the settings test
+FAMILY_ALPHA = 0.001  # the family-wise significance level of the PIT test and of the settings test
 ROUND_SPLITS = 4  # the rounds (or, without rounds, the token indices) cut in this many ranges
 MAX_LISTED = 20
 
 
-def judge(trace: Trace, pair: ModelPair, prompt_ids: list[list[int]], progress=None) -> Findings:
+def judge_distribution(trace: Trace, pair: ModelPair, prompt_ids: list[list[int]],
+                       progress=None) -> Findings:
     """Score every sequence under the target: each sequence's `pit`, the run's `distribution` (with the requests'
     settings that fit a sequence better than its own) and, for speculative runs, its `decisions`."""
     spec = trace.manifest.spec
@@ -48,7 +49,7 @@ def judge(trace: Trace, pair: ModelPair, prompt_ids: list[list[int]], progress=N
     # Per-request settings: every request's, and greedy (an unset temperature read as greedy), are the others.
     others = list(dict.fromkeys([*(r.target for r in sampling.rows), Sampler()])) if spec.rows else []
     # Markov: under its own settings, another's likelihood ratio exceeds 1/x with probability at most x.
-    threshold = math.log(max(1, len(trace.sequences) * len(others)) / ALPHA)
+    threshold = math.log(max(1, len(trace.sequences) * len(others)) / FAMILY_ALPHA)
     fits = []
     pits: dict[int, list[float | None]] = {}
     for s in trace.sequences:
@@ -68,9 +69,9 @@ def judge(trace: Trace, pair: ModelPair, prompt_ids: list[list[int]], progress=N
         if progress:
             progress(len(s.output_ids))
     found = Findings({seq: {"pit": values} for seq, values in pits.items()})
-    found.run["distribution"] = pit.judge(samples(trace, pits),
+    found.run["distribution"] = pit.pit_test(samples(trace, pits),
                                           impossible=sum(x is None for values in pits.values() for x in values),
-                                          alpha=ALPHA)
+                                          alpha=FAMILY_ALPHA)
     found.run["distribution"].settings = fits
     if trace.rows:
         found.run["decisions"] = decisions(trace)

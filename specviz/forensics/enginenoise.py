@@ -34,20 +34,20 @@ from scipy import optimize, special, stats
 
 from specviz.decoding import kvcache
 from specviz.forensics.recompute import float64_target, fresh_logits
+from specviz.forensics.yardstick import ALPHA  # one false-alarm rate for every comparison
 from specviz.models.architecture import is_recurrent
 from specviz.trace.records import shared_prefix
 
-ALPHA = 0.01
 CHI2_95 = stats.chi2.ppf(0.95, 1)
 SIGMA_RANGE = (1e-9, 1e3)
 SIGMA_GRID = np.geomspace(*SIGMA_RANGE, 12 * 50 + 1)  # 50 a decade, each 4.7% above the last
 MAX_DEPARTURES = 200  # kept in the trace, the largest first
 
-T = TypeVar("T")
-Memo = Callable[[Hashable, Callable[[], T]], T]  # (key, compute) -> compute(), or what it gave for the key before
+Computed = TypeVar("Computed")
+Memo = Callable[[Hashable, Callable[[], Computed]], Computed]  # (key, compute) -> compute(), or what it gave for the key before
 
 
-def computed(key: Hashable, compute: Callable[[], T]) -> T:
+def computed(key: Hashable, compute: Callable[[], Computed]) -> Computed:
     """No memory: computed every time."""
     return compute()
 
@@ -113,10 +113,10 @@ def force(forcing: TeacherForcing, prompt: list[int], output: list[int]) -> Forc
     if not output:
         return Forced([], [], [], [], [])
     key = ("forced", str(forcing.model.dtype), tuple(prompt), tuple(output))  # the truth: float64, else the dtype's
-    return forcing.memo(key, lambda: _read(forcing(prompt, output), output))
+    return forcing.memo(key, lambda: _forced_from(forcing(prompt, output), output))
 
 
-def _read(logits: torch.Tensor, output: list[int]) -> Forced:
+def _forced_from(logits: torch.Tensor, output: list[int]) -> Forced:
     top = logits.topk(2, -1).values
     idx = torch.tensor(output)[:, None]
     token = logits.gather(1, idx)

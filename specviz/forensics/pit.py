@@ -72,7 +72,7 @@ def uniformity(values: np.ndarray, name: str) -> Split:
     return Split(name=name, n=len(values), ks=ks, chi2=chi2, p=min(1.0, 2 * min(ks, chi2)), counts=counts.tolist())
 
 
-def judge(samples: dict[str, np.ndarray], impossible: int = 0, alpha: float = 0.001, min_count: int = MIN) -> Distribution:
+def pit_test(samples: dict[str, np.ndarray], impossible: int = 0, alpha: float = 0.001, min_count: int = MIN) -> Distribution:
     """Test every split with at least min_count values; Bonferroni across them.
 
     samples maps split names to values uniform under H0, the pooled split ("all tokens") first. A smaller split

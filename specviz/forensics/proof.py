@@ -48,7 +48,7 @@ def proved(output: list[int], forced: Forced, tolerance: float, stops: Stops, bu
     return len(output), f"the output ends at token {len(output)}, short of the budget, without a stop"
 
 
-def reference(pair: ModelPair, prompt_ids: list[list[int]], candidates: list[dict[str, tuple[list[int], Forced]]],
+def proved_reference(pair: ModelPair, prompt_ids: list[list[int]], candidates: list[dict[str, tuple[list[int], Forced]]],
               budget: int, tolerance: float, progress: Progress | None = None, memo: Memo = computed,
               greedy: Sampling = GREEDY) -> DecodeResult:
     """The reference of every prompt, proved from the longest-proved of its candidate outputs ({role: (ids,

@@ -22,10 +22,10 @@ def compare(first: list[EngineOutput], repeats: dict[str, list[EngineOutput]]) -
         compared += 1
         for name, other in again.items():
             if (i := first_difference(out.ids, other.ids)) is not None:
-                differing.append(Repeat(seq=seq, run=name, index=i, first=_at(out.ids, i), then=_at(other.ids, i)))
+                differing.append(Repeat(seq=seq, run=name, index=i, first=_token_at(out.ids, i), then=_token_at(other.ids, i)))
     return Determinism(runs={name: REPEATS.get(name, name) for name in repeats}, prompts=compared,
                        differing=differing)
 
 
-def _at(ids: list[int], i: int) -> int | None:
+def _token_at(ids: list[int], i: int) -> int | None:
     return ids[i] if i < len(ids) else None

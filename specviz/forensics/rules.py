@@ -111,7 +111,8 @@ def _add(a: float, b: float) -> float:
     return hi + math.log1p(math.exp(lo - hi))
 
 
-def judge(trace: Trace, pair: ModelPair, prompt_ids: list[list[int]], k: int) -> RuleAttribution:
+def judge_rules(trace: Trace, pair: ModelPair, prompt_ids: list[list[int]],
+                k: int) -> RuleAttribution:
     """Each rule's log-likelihood ratio over the correct one, summed over the check's answered outputs (an engine
     that drafts with the check's draft model, `k` drafts a round)."""
     spec = trace.manifest.spec

@@ -117,7 +117,7 @@ def analyse(trace: Trace, result: DecodeResult, pair: ModelPair | None) -> Findi
         mine["forensics"] = None
         if s.equivalent is not False:
             continue
-        ev = _evidence(s, rows, result.forks.get(s.seq))
+        ev = _forensics_of(s, rows, result.forks.get(s.seq))
         if rounding is not None:
             ev.tolerance, ev.alpha, ev.yardstick = rounding.tolerance, rounding.alpha, rounding.describe()
         prompt, before = trace.prompts[s.seq].ids, s.output_ids[: ev.fork]
@@ -164,7 +164,7 @@ def _penalty_bug(ev: RunForensics, rounding: Rounding | None, arbiter, history: 
     held_at = [i for i, x in enumerate(history) if x == t]
     places = ", ".join(map(str, held_at[:8])) + ("…" if len(held_at) > 8 else "")
     ev.verdict, ev.margin_float64, ev.penalty_lifted = "decision-bug:penalty", gap, t
-    ev.explanation = (f"At {_at(ev)} the row's state was clean (its logits within {ev.state_diff:.3g} of a fresh "
+    ev.explanation = (f"At {_where(ev)} the row's state was clean (its logits within {ev.state_diff:.3g} of a fresh "
                       f"batch-size-1 recomputation) and every check held. The target's float64 logits there, penalised "
                       f"by the row's whole history, choose the reference's token {ref} over the engine's {t} by "
                       f"{gap:.3g}, beyond what rounding in {rounding.dtype} flips ({rounding.tolerance:.3g}); with the "
@@ -183,7 +183,7 @@ def corrupt(ev: RunForensics, rounding: Rounding, invariant: str | None, logits:
               f"({rounding.tolerance:.3g}; two correct computations differ by more with probability {rounding.alpha:.2g})")
     if component == "kernel":
         ev.verdict = "kernel-bug"
-        ev.explanation = f"{beyond}, though its first token, positions and mask were right. {_rebuilt(ev, rounding)}"
+        ev.explanation = f"{beyond}, though its first token, positions and mask were right. {_rebuilt_pass_shows(ev, rounding)}"
     else:
         ev.verdict = f"sync-bug:{invariant if component == 'state' and invariant else component}"
         ev.explanation = f"{beyond}: the row's state was corrupt. {_why(ev, component)}"
@@ -214,7 +214,7 @@ def fill_state(ev: RunForensics, fork) -> None:
     ev.emitting_argmax, ev.margin_batched = fork.emitting_argmax, fork.emitting_margin
 
 
-def _evidence(s: SequenceRecord, rows: list[RowRecord], fork) -> RunForensics:
+def _forensics_of(s: SequenceRecord, rows: list[RowRecord], fork) -> RunForensics:
     f = s.first_divergence
     rec, slot = emitter(rows, f)
     ev = RunForensics(
@@ -259,13 +259,13 @@ def _component(ev: RunForensics, rounding: Rounding) -> str:
     return "state"
 
 
-def _at(ev: RunForensics) -> str:
+def _where(ev: RunForensics) -> str:
     return f"token {ev.fork}" + (f" (round {ev.round}, batch row {ev.row})" if ev.round is not None else "")
 
 
 def _sync_bug(ev: RunForensics, rounding: Rounding | None) -> bool:
     """Call the fork a sync bug (or a kernel bug) when the evidence shows one, and say which; False otherwise."""
-    at = _at(ev)
+    at = _where(ev)
     tolerance = rounding.tolerance if rounding else None
     # The engine's own checks (its provenance of every cache slot) corroborate; they name the state only where
     # the independent evidence cannot.
@@ -294,13 +294,13 @@ def _sync_bug(ev: RunForensics, rounding: Rounding | None) -> bool:
         ev.verdict = "kernel-bug"
         ev.explanation = (f"At {at} the emitting pass's logits are within rounding of a fresh batch-size-1 "
                           f"recomputation ({ev.state_diff:.3g} against {tolerance:.3g} in {rounding.dtype}), so the fork "
-                          f"alone could be rounding. {_rebuilt(ev, rounding)}")
+                          f"alone could be rounding. {_rebuilt_pass_shows(ev, rounding)}")
     else:
         return False
     return True
 
 
-def _rebuilt(ev: RunForensics, rounding: Rounding) -> str:
+def _rebuilt_pass_shows(ev: RunForensics, rounding: Rounding) -> str:
     """What the pass rebuilt from correct inputs shows: a computation the model itself does not make."""
     where = []
     if ev.kernel_diff_float64 is not None and rounding.float64_tolerance is not None \
@@ -316,7 +316,7 @@ def _rebuilt(ev: RunForensics, rounding: Rounding) -> str:
 
 def _near_tie(ev: RunForensics, rounding: Rounding | None) -> None:
     """A clean fork: `numerics` when float64 shows a gap that rounding flips, else `unexplained`."""
-    at = _at(ev)
+    at = _where(ev)
     if ev.state_diff is None:
         ev.explanation = (f"The output forked at {at}, but the pass that emitted it could not be checked (hf-assisted "
                           "decodes inside transformers' generate, where specviz does not watch rounds), so numerics "

@@ -91,14 +91,14 @@ def recall(model, role: str, what: str, sequences: list[list[int]], vocab: int,
     key = _key(model, role, sequences, vocab, seen, enough)
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
     path = directory() / f"{role}-{name}.json"
-    found = _read(path, key)
+    found = _read_entry(path, key)
     if found is not None:
         samples, measured_at = found
         _note(Lookup(role, what, measured_at, cached=True, kept=True))
         return samples
     samples = yardstick.sample(model, sequences, vocab, seen, enough)
     measured_at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    kept = samples is not None and _write(path, key, samples, measured_at)
+    kept = samples is not None and _write_entry(path, key, samples, measured_at)
     _note(Lookup(role, what, measured_at, cached=False, kept=kept))
     return samples
 
@@ -142,7 +142,7 @@ def _samples_of(data: dict) -> Samples:
                    tuple(map(tuple, seen)), counts[1], float(algorithms))
 
 
-def _read(path: Path, key: dict) -> tuple[Samples, str] | None:
+def _read_entry(path: Path, key: dict) -> tuple[Samples, str] | None:
     """The samples kept at `path` under `key`, and when measured (None: none, or not whole)."""
     try:
         data = json.loads(path.read_text())
@@ -155,7 +155,7 @@ def _read(path: Path, key: dict) -> tuple[Samples, str] | None:
     return samples, data["measured_at"]
 
 
-def _write(path: Path, key: dict, samples: Samples, measured_at: str) -> bool:
+def _write_entry(path: Path, key: dict, samples: Samples, measured_at: str) -> bool:
     """Keep `samples` at `path`, whole or not at all; False where the cache cannot be written."""
     data = {"key": key, "measured_at": measured_at, "errors": samples.errors.tolist(),
             "relative": samples.relative.tolist(), "sequences": samples.sequences,

@@ -36,7 +36,7 @@ from specviz.spec.run import (
     SpecError,
 )
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 PROBE_STRINGS = (
     "Hello, world! The quick brown fox jumps over the lazy dog.",
     "def f(x):\n    return x ** 2  # 42\n",
@@ -269,7 +269,7 @@ def _itself(target) -> tuple:
 @functools.lru_cache(maxsize=MAX_PAIRS)
 def _cached_pair(target: str, draft: str, target_revision: str | None, draft_revision: str | None, dtype: str,
                  device: str, trust_remote_code: bool, placement: Placement) -> ModelPair:
-    torch_dtype = DTYPES[dtype]
+    torch_dtype = TORCH_DTYPES[dtype]
     dev = torch.device(device)
     info = {"target": target, "draft": draft, "target_revision": target_revision, "draft_revision": draft_revision}
     if target == EMBEDDED_TARGET:

@@ -18,12 +18,12 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from specviz.decoding.decoders import Job, decode
+from specviz.decoding.decoders import Job, decode_job
 from specviz.decoding.result import Progress
 from specviz.forensics.attribution import Replay, evidence, judge_replays
 from specviz.models.architecture import is_recurrent, sliding_windows
 from specviz.models.pairs import ModelPair
-from specviz.spec.faults import FAULTS, PRESETS
+from specviz.spec.faults import FAULTS, FAULT_PRESETS
 from specviz.spec.run import RunSpec, SpecError
 from specviz.trace.findings import Findings
 from specviz.trace.schema import Trace
@@ -100,7 +100,7 @@ class _Tally:
         for batch in layouts(seqs, len(self.r.prompt_ids), self.r.batch):
             forked = {seq: (self.trace.sequences[seq].engine.ids, self.trace.sequences[seq].first_divergence)
                       for seq in batch if seq in seqs}
-            for seq, h in replay(self.r, spec, batch, forked).items():
+            for seq, h in replay_batch(self.r, spec, batch, forked).items():
                 self.replays.append(h)
                 self.found[seq][spec.faults] = h
             if self.progress:
@@ -118,7 +118,7 @@ def candidates(r: Replaying) -> tuple[dict[tuple[str, ...], RunSpec], dict[str, 
     # what the engine's target and the check settle; the replay's spec validates the rest
     has = {"recurrent": is_recurrent(r.pair.target), "window": bool(sliding_windows(r.pair.target)),
            "penalty": r.spec.repetition_penalty != 1 or r.spec.presence_penalty != 0}
-    for fault in (*(name for name, f in FAULTS.items() if f.changes_tokens), *PRESETS):
+    for fault in (*(name for name, f in FAULTS.items() if f.changes_tokens), *FAULT_PRESETS):
         why = FAULTS[fault].unfit_reason(has) if fault in FAULTS else None  # a preset: spec says
         if why is None:
             try:
@@ -184,14 +184,14 @@ class _Follow:
             raise _Departed
 
 
-def replay(r: Replaying, spec: RunSpec, batch: list[int],
+def replay_batch(r: Replaying, spec: RunSpec, batch: list[int],
            forks: dict[int, tuple[list[int], int]]) -> dict[int, Replay]:
     """Replay `batch` (sequence numbers) under `spec` and follow each forked row of it (seq -> (the
     engine's tokens, its fork)) on the engine's tokens; each gets its share of the seconds."""
     start = time.perf_counter()
     follow = _Follow({batch.index(seq): engine_fork for seq, engine_fork in forks.items()})
     try:
-        out = decode(Job(spec, r.pair, [r.prompt_ids[i] for i in batch], record=False, watch=follow)).outputs
+        out = decode_job(Job(spec, r.pair, [r.prompt_ids[i] for i in batch], record=False, watch=follow)).outputs
     except _Departed:
         out = None
     found = {}

@@ -61,7 +61,7 @@ def bench(args, specs: list[RunSpec], placement: Placement) -> list[dict]:
     base_row = next((r for r in rows if r["method"] == "reference"), rows[0])
     for r in rows:
         r["vs_base"] = r["tokens_per_s"] / base_row["tokens_per_s"]
-    _write(args, next((s for s in specs if DRAFTERS[s.drafter].options), base), rows)  # its note names their options
+    _write_rows(args, next((s for s in specs if DRAFTERS[s.drafter].options), base), rows)  # its note names their options
     return rows
 
 
@@ -79,7 +79,7 @@ def _fmt(v, pct=False):
     return f"{v:.1%}" if pct else f"{v:.2f}"
 
 
-def _write(args, spec: RunSpec, rows: list[dict]) -> None:
+def _write_rows(args, spec: RunSpec, rows: list[dict]) -> None:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     base = rows[0]["method"] if rows[0]["method"] == "reference" else f"{rows[0]['method']} bs {rows[0]['batch_size']}"

@@ -11,7 +11,8 @@ within it is the engine's numerics, one beyond it a bug. The result is a trace l
 A sampled check (the spec's temperature above 0, with its top-k, top-p and seed) has no token reference: the
 engine samples (a server is asked with those settings, a callable is told them, a file is taken as it is),
 and its tokens, by their ids alone, are scored under the target recomputed at batch size 1 with the same
-temperature, top-k and top-p: their randomized PIT must be uniform (distribution.judge).
+temperature, top-k and top-p: their randomized PIT must be uniform
+(distribution.judge_distribution).
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from specviz.forensics.sampledrun import judge_sampled_run
 from specviz.models.pairs import ModelPair
 from specviz.run import attribution
 from specviz.run.checkpoint import Checkpoint
-from specviz.run.launch import gather, is_main, my_share, on_main, rank, wait_for_everyone, world_size
+from specviz.run.launch import gather_from_ranks, is_main, my_share, on_main, rank, wait_for_everyone, world_size
 from specviz.run.runner import Phases, calibrated_tolerance, checked, encode, phase, yardsticks_for
 from specviz.run.settings import Settings
 from specviz.spec.drafters import DRAFTERS
@@ -47,7 +48,7 @@ from specviz.trace.records import EngineInfo, RoundRecord, RowRecord
 from specviz.trace.schema import Trace
 
 
-def prompts_of(lines: list[OutputLine], pair: ModelPair, chat_template: bool) -> tuple[list[str], list[list[int]]]:
+def prompts_of_outputs(lines: list[OutputLine], pair: ModelPair, chat_template: bool) -> tuple[list[str], list[list[int]]]:
     """The prompts of an outputs file, as text and as ids: ids as given, text through the tokenizer (and the chat
     template, as for any run)."""
     ids = [line.prompt_ids or pair.encode([line.prompt], chat_template)[0] for line in lines]
@@ -72,7 +73,7 @@ def from_files(spec: RunSpec, pair: ModelPair, outputs: tuple[bytes, str], contr
     prompts are the file's; the reference's budget is its longest output. `drafter`: what the engine drafts with
     (spec/drafters.DRAFTERS), where its header does not say otherwise."""
     header, lines, ignored = jsonl.parse(*outputs)
-    texts, ids = prompts_of(lines, pair, spec.chat_template)
+    texts, ids = prompts_of_outputs(lines, pair, spec.chat_template)
     if limits:
         limits.check_prompt_ids(ids)
     engine = jsonl.from_lines(header, lines, pair.tokenizer, outputs[1], ignored, drafter)
@@ -83,7 +84,7 @@ def from_files(spec: RunSpec, pair: ModelPair, outputs: tuple[bytes, str], contr
     control_run = None
     if control is not None:
         c_header, c_lines, c_ignored = jsonl.parse(*control)
-        if prompts_of(c_lines, pair, spec.chat_template)[1] != ids:
+        if prompts_of_outputs(c_lines, pair, spec.chat_template)[1] != ids:
             raise SpecError(f"{control[1]} does not hold the same prompts, in the same order, as {outputs[1]}")
         control_run = jsonl.from_lines(c_header, c_lines, pair.tokenizer, control[1], c_ignored)
     return check(spec, pair, ids, engine, control_run, judging)
@@ -189,16 +190,16 @@ def _judge_rows(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], run
         outputs = {role: run.outputs[seq].ids for role, run in runs.items() if run and run.outputs[seq].error is None}
         done = saved and saved.get(seq, outputs)
         if done and tolerance is not None and not proof.holds(done[1], tolerance):  # kept under a narrower yardstick
-            done = done[0], _reference(spec, pair, prompt, outputs, done[0], tolerance,
+            done = done[0], _prompt_reference(spec, pair, prompt, outputs, done[0], tolerance,
                                        phase(progress, "reference"))
         if not done:
             forced = force_outputs(forcing, prompt, outputs, phase(progress, "teacher forcing"))
-            done = forced, _reference(spec, pair, prompt, outputs, forced, tolerance,
+            done = forced, _prompt_reference(spec, pair, prompt, outputs, forced, tolerance,
                                       phase(progress, "reference"))
             if saved:
                 saved.put(seq, outputs, *done)
         mine[seq] = done
-    judged = {seq: done for share in gather(mine) for seq, done in share.items()}
+    judged = {seq: done for share in gather_from_ranks(mine) for seq, done in share.items()}
     if not is_main():
         return None
     scored = {(role, seq): f for seq, (forced, _) in judged.items() for role, f in forced.items()}
@@ -211,20 +212,20 @@ def _judge_rows(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], run
         for seq, out in enumerate(refs):
             if not proof.holds(out, tolerance):
                 outputs = {role: run.outputs[seq].ids for role, run in runs.items() if (role, seq) in scored}
-                refs[seq] = _reference(spec, pair, prompt_ids[seq], outputs, {r: scored[r, seq] for r in outputs},
+                refs[seq] = _prompt_reference(spec, pair, prompt_ids[seq], outputs, {r: scored[r, seq] for r in outputs},
                                        tolerance, phase(progress, "reference"))
         yardsticks = yardsticks_for(spec, pair, prompt_ids, ref)
     return scored, ref, yardsticks
 
 
-def _reference(spec: RunSpec, pair: ModelPair, prompt: list[int], outputs: dict[str, list[int]], forced: dict,
+def _prompt_reference(spec: RunSpec, pair: ModelPair, prompt: list[int], outputs: dict[str, list[int]], forced: dict,
                tolerance: float | None, progress: Progress | None) -> SequenceOutput:
     """One prompt's reference: proved from its outputs as far as `tolerance` allows, else (None) decoded."""
     budget, greedy = spec.max_new_tokens, greedy_of(spec)
     if tolerance is None:
         return reference(pair, [prompt], budget, progress, greedy).outputs[0]
     candidates = [{role: (ids, forced[role]) for role, ids in outputs.items()}]
-    return proof.reference(pair, [prompt], candidates, budget, tolerance, progress,
+    return proof.proved_reference(pair, [prompt], candidates, budget, tolerance, progress,
                            functools.partial(checked, pair), greedy).outputs[0]
 
 
@@ -239,7 +240,7 @@ def sampling_settings(spec: RunSpec) -> dict:
 def check_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: EngineRun,
                   control: EngineRun | None = None, attribute: bool = True) -> Trace:
     """The trace of a sampling engine's outputs, judged by their distribution: every token's randomized PIT under
-    the target recomputed at batch size 1 with the spec's temperature, top-k and top-p (distribution.judge).
+    the target recomputed at batch size 1 with the spec's temperature, top-k and top-p (distribution.judge_distribution).
 
     Only the engine's own ids can be judged: an output re-tokenized from text (a server that gave text only, a
     file's `output_text`) is refused, since a tokenizer may split the text otherwise than the engine drew it,
@@ -264,10 +265,10 @@ def check_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], e
     result = DecodeResult([SequenceOutput(o.ids) for o in engine.outputs], engine.seconds or 0.0)
     # an engine that reports its rounds in our schema: its PIT is split by slot and row too
     trace = _answered(build_trace(spec, pair, prompt_ids, result), engine)
-    distribution.judge(trace, pair, prompt_ids).record(trace)
+    distribution.judge_distribution(trace, pair, prompt_ids).record(trace)
     drafter = DRAFTERS.get(engine.settings.get("drafter"))
     if attribute and drafter and drafter.draft_model:  # a likelihood ratio test: stronger than the PIT's for these
-        rule = rules.judge(trace, pair, prompt_ids, int(engine.settings.get("k") or spec.k))
+        rule = rules.judge_rules(trace, pair, prompt_ids, int(engine.settings.get("k") or spec.k))
         Findings(run={"distribution.attribution": rule}).record(trace)
     return judge_sampled_run(trace).record(trace)
 

@@ -23,7 +23,7 @@ from specviz.forensics.enginenoise import Forced
 from specviz.spec.run import Many, Map, SpecError, Strict
 from specviz.trace.records import ReferenceProof
 
-VERSION = 2  # 2: each forced output keeps its tokens' ranks
+CHECKPOINT_VERSION = 2  # 2: each forced output keeps its tokens' ranks
 
 
 class ForcedRecord(Strict):
@@ -34,7 +34,7 @@ class ForcedRecord(Strict):
     ranks: Many[int]
 
 
-class Row(Strict):
+class CheckpointRow(Strict):
     seq: int
     outputs: Map[str, Many[int]]  # role -> the ids judged
     forced: Map[str, ForcedRecord]
@@ -50,9 +50,9 @@ class Checkpoint:
         """`part`: the number of this process under `accelerate launch`, which writes `path`.part<N> and reads
         every part, so that a check resumes whatever the number of processes it ran on before."""
         self.path = path if part is None else path.with_name(f"{path.name}.part{part}")
-        self.header = {"specviz_check": VERSION, "check": hashlib.sha256(json.dumps(check, sort_keys=True).encode())
+        self.header = {"specviz_check": CHECKPOINT_VERSION, "check": hashlib.sha256(json.dumps(check, sort_keys=True).encode())
                        .hexdigest()}
-        self.rows: dict[int, Row] = {}
+        self.rows: dict[int, CheckpointRow] = {}
         for found in [path, *sorted(path.parent.glob(f"{glob.escape(path.name)}.part*"))]:
             if found.exists() and found.stat().st_size:
                 self._load(found)
@@ -69,7 +69,7 @@ class Checkpoint:
                                 "budget, or an earlier specviz's): remove it, or name another file")
             for line in f:
                 try:
-                    row = Row.model_validate_json(line)
+                    row = CheckpointRow.model_validate_json(line)
                 except ValidationError:
                     continue  # the line a stop cut short
                 self.rows[row.seq] = row
@@ -83,7 +83,7 @@ class Checkpoint:
         return forced, SequenceOutput(list(row.reference), list(row.margins), proof=row.proof)
 
     def put(self, seq: int, outputs: dict[str, list[int]], forced: dict[str, Forced], ref: SequenceOutput) -> None:
-        row = Row(seq=seq, outputs=outputs, forced={r: ForcedRecord(**dataclasses.asdict(f)) for r, f in forced.items()},
+        row = CheckpointRow(seq=seq, outputs=outputs, forced={r: ForcedRecord(**dataclasses.asdict(f)) for r, f in forced.items()},
                   reference=ref.ids, margins=ref.margins, proof=ref.proof)
         self.rows[seq] = row
         new = not self.path.exists() or not self.path.stat().st_size

@@ -24,12 +24,12 @@ from specviz.models.heads import SHAPES, TRAINED, EagleHead, Recipe
 from specviz.models.pairs import ModelPair
 from specviz.spec.prompts import builtin_set
 
-Progress = Callable[[str, int], None]  # (phase, n more done)
+TrainingProgress = Callable[[str, int], None]  # (phase, n more done)
 CONTINUING, TRAINING = "the target's continuations", "training"  # in tokens, in steps
 Example = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # token ids, the target's argmax, its last hidden state
 
 
-def examples(pair: ModelPair, prompts: list[str], recipe: Recipe, progress: Progress | None = None) -> list[Example]:
+def examples(pair: ModelPair, prompts: list[str], recipe: Recipe, progress: TrainingProgress | None = None) -> list[Example]:
     """Every prompt followed by each of the target's continuations (greedy, then sampled): its ids, and at each slot
     the target's argmax (what the head must predict, whichever token the continuation took) and last hidden state."""
     ids, found = pair.encode(prompts), []
@@ -46,7 +46,7 @@ def examples(pair: ModelPair, prompts: list[str], recipe: Recipe, progress: Prog
 
 
 def train(head: EagleHead, data: list[Example], vocab: int, recipe: Recipe,
-          progress: Progress | None = None) -> list[float]:
+          progress: TrainingProgress | None = None) -> list[float]:
     """Train `head` in place on `data` over the pair's shared `vocab`; the mean loss per token of every step."""
     generator = torch.Generator().manual_seed(recipe.seed)
     head.train().requires_grad_(True)
@@ -76,7 +76,7 @@ def train(head: EagleHead, data: list[Example], vocab: int, recipe: Recipe,
     return losses
 
 
-def train_head(pair: ModelPair, name: str, progress: Progress | None = None) -> tuple[Path, list[float]]:
+def train_head(pair: ModelPair, name: str, progress: TrainingProgress | None = None) -> tuple[Path, list[float]]:
     """Train the head of `pair`'s target (id `name`) by its recipe, from its untrained start, and cache it: its
     file and the losses."""
     recipe = TRAINED[name]

@@ -15,7 +15,7 @@ import torch
 
 from specviz.spec.run import SpecError
 
-T = TypeVar("T")
+Value = TypeVar("Value")
 
 
 def world_size() -> int:
@@ -55,7 +55,7 @@ def my_share(n: int, batch_size: int = 1) -> range:
     return share(n, batch_size, rank(), world_size())
 
 
-def on_main(work: Callable[[], T]) -> T:
+def on_main(work: Callable[[], Value]) -> Value:
     """`work()`, done by the main process alone and handed to every process: what must be the same everywhere
     (a server's answers, asked once) or costs more than it is worth to repeat (a calibration)."""
     if world_size() == 1:
@@ -77,7 +77,7 @@ def on_main(work: Callable[[], T]) -> T:
     return result
 
 
-def gather(mine: T) -> list[T]:
+def gather_from_ranks(mine: Value) -> list[Value]:
     """Every process's `mine`, in rank order, handed to every process."""
     if world_size() == 1:
         return [mine]

@@ -54,11 +54,13 @@ def decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record: 
     `first_seq`: the number of the first of `prompt_ids` in the spec's list (a shard's share): their draws follow it."""
     audit = min(spec.audit, spec.batch_size) if record else 0
     if reference is None and not audit:
-        return decoders.decode(Job(spec, pair, prompt_ids, record, progress, first_seq=first_seq))
+        job = Job(spec, pair, prompt_ids, record, progress, first_seq=first_seq)
+        return decoders.decode_job(job)
     watch = Watch(pair, prompt_ids, reference and [o.ids for o in reference.outputs], audit,
                   tolerance=yardsticks.target.tolerance if yardsticks else None, penalties=penalties_of(spec))
     with watch.watching():
-        result = decoders.decode(Job(spec, pair, prompt_ids, record, progress, watch, first_seq))
+        job = Job(spec, pair, prompt_ids, record, progress, watch, first_seq)
+        result = decoders.decode_job(job)
     result.forks, result.audit = watch.forks, watch.audit
     return result
 
@@ -160,7 +162,7 @@ def explain_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]],
     """The trace of a sampled run: its distribution judged (`judge`), and an audited run's corrupt states named."""
     trace = build_trace(spec, pair, prompt_ids, result, yardsticks=yardsticks)
     if judge:
-        distribution.judge(trace, pair, prompt_ids, progress).record(trace)
+        distribution.judge_distribution(trace, pair, prompt_ids, progress).record(trace)
     if yardsticks is not None:
         analyse_sampled(trace, result).record(trace)
     if spec.logprobs and judge:

@@ -37,10 +37,10 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
 from specviz.spec import run as _spec
-from specviz.spec.run import BUILT_IN_PAIRS, DEVICES, PRESETS, RunSpec, SpecError
+from specviz.spec.run import BUILT_IN_PAIRS, DEVICES, PAIR_PRESETS, RunSpec, SpecError
 
 ANY = "*"
-PRESET_IDS = frozenset(m for pair in PRESETS.values() for m in pair)
+PRESET_IDS = frozenset(m for pair in PAIR_PRESETS.values() for m in pair)
 BUILT_IN = frozenset({*BUILT_IN_PAIRS, *BUILT_IN_PAIRS.values()})  # at most 135M parameters
 WIDTH = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}  # bytes a weight takes
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")

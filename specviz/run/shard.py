@@ -25,7 +25,7 @@ from specviz.decoding.reference import reference
 from specviz.decoding.result import DecodeResult
 from specviz.decoding.sampling import greedy_of
 from specviz.models.pairs import ONE_DEVICE, Placement, pair_for
-from specviz.run.launch import gather, is_main, my_share, rank, world_size
+from specviz.run.launch import gather_from_ranks, is_main, my_share, rank, world_size
 from specviz.run.runner import decode, encode, explain, explain_sampled, run, sampled_yardsticks
 from specviz.spec.methods import METHODS
 from specviz.spec.run import RunSpec, SpecError
@@ -56,7 +56,7 @@ def sweep(runs: list[tuple[RunSpec, bool]], trust_remote_code: bool = False,
     ref = None
     if any(spec.greedy for spec, _ in runs):
         rows = my_share(n)
-        ref = _merge(gather((rows, 1, reference(pair, [prompt_ids[j] for j in rows], first.max_new_tokens,
+        ref = _merged_shares(gather_from_ranks((rows, 1, reference(pair, [prompt_ids[j] for j in rows], first.max_new_tokens,
                                                     sampling=greedy_of(first)))))
     mine = []  # (rows, batch size, result) of every other run
     for i, (spec, record) in enumerate(runs):
@@ -72,10 +72,10 @@ def sweep(runs: list[tuple[RunSpec, bool]], trust_remote_code: bool = False,
         else:
             result = decode(spec, pair, prompts, record, yardsticks=sampled_yardsticks(spec, pair), first_seq=rows.start)
         mine.append((rows, spec.batch_size, result))
-    shares = gather(mine)  # every process's list, in rank order
+    shares = gather_from_ranks(mine)  # every process's list, in rank order
     if not is_main():
         return
-    merged = iter(_merge([s[j] for s in shares]) for j in range(len(mine)))
+    merged = iter(_merged_shares([s[j] for s in shares]) for j in range(len(mine)))
     for spec, _ in runs:
         if not spec.greedy:
             yield explain_sampled(spec, pair, prompt_ids, next(merged), sampled_yardsticks(spec, pair))
@@ -83,7 +83,7 @@ def sweep(runs: list[tuple[RunSpec, bool]], trust_remote_code: bool = False,
             yield explain(spec, pair, prompt_ids, ref if spec.method == "reference" else next(merged), ref)
 
 
-def _merge(shares: list[tuple[range, int, DecodeResult]]) -> DecodeResult:
+def _merged_shares(shares: list[tuple[range, int, DecodeResult]]) -> DecodeResult:
     """One DecodeResult from the processes' shares of a run: sequence ids, round and static-batch indices made global."""
     outputs, rounds, forks, audit = [], [], {}, {}
     for rows, batch_size, result in shares:

@@ -94,7 +94,7 @@ class Shrunk:
         """The share link's query string: this run, focused on the fork (the round that emitted it)."""
         f = self.trace.sequences[self.seq].forensics
         m = self.trace.manifest
-        return share.encode(share.Link(m.spec, self.seq, f.round if f else None, m.fingerprint,
+        return share.encode_link(share.Link(m.spec, self.seq, f.round if f else None, m.fingerprint,
                                        share.environment(m)))
 
 

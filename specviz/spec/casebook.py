@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specviz.spec.faults import FAULTS, PRESETS
+from specviz.spec.faults import FAULTS, FAULT_PRESETS
 from specviz.spec.run import EMBEDDED_TARGET, TINY_WINDOW, TINY_WINDOW_DRAFT
 from specviz.spec.threads import Thread
 
@@ -176,7 +176,7 @@ def mechanism(faults: tuple[str, ...] | list[str]) -> str:
     if not faults:
         return "the correct engine"
     unknown = "not in this version of the catalogue"
-    return "; ".join(f"{f}: the preset {' + '.join(PRESETS[f])}" if f in PRESETS else
+    return "; ".join(f"{f}: the preset {' + '.join(FAULT_PRESETS[f])}" if f in FAULT_PRESETS else
                      f"{f}: {FAULTS[f].description if f in FAULTS else unknown}" for f in faults)
 
 

@@ -2,7 +2,7 @@
 never restated."""
 from __future__ import annotations
 
-from specviz.spec.run import PRESETS, RunSpec
+from specviz.spec.run import PAIR_PRESETS, RunSpec
 
 
 def default_of(field: str):
@@ -11,5 +11,5 @@ def default_of(field: str):
 
 
 # The preset that names RunSpec's default target and draft: a run's pair unless told otherwise.
-DEFAULT_PAIR = next(name for name, ids in PRESETS.items()
+DEFAULT_PAIR = next(name for name, ids in PAIR_PRESETS.items()
                     if ids == (default_of("target"), default_of("draft")))

@@ -234,7 +234,7 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
                    Thread("vLLM", 6038, pr=False),
                    Thread("vLLM", 6034))),
 )}
-PRESETS = {
+FAULT_PRESETS = {
     "bsp-like": ("positions-from-slots", "keep-rejected-kv", "right-padding"),
     "dsd-like": ("no-mask", "growing-padding", "draft-bonus"),
 }
@@ -256,10 +256,11 @@ def expand(names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     """Presets expanded, duplicates removed, in catalogue order; unknown names raise ValueError."""
     out = set()
     for n in names:
-        if n in PRESETS:
-            out.update(PRESETS[n])
+        if n in FAULT_PRESETS:
+            out.update(FAULT_PRESETS[n])
         elif n in FAULTS:
             out.add(n)
         else:
-            raise ValueError(f"unknown fault {n!r}; choose from {', '.join([*FAULTS, *PRESETS])}")
+            known = ', '.join([*FAULTS, *FAULT_PRESETS])
+            raise ValueError(f"unknown fault {n!r}; choose from {known}")
     return tuple(f for f in FAULTS if f in out)

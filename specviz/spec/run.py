@@ -37,7 +37,7 @@ TINY_WINDOW = "specviz:tiny-window"  # the tiny pair with a sliding window of TI
 TINY_WINDOW_DRAFT = "specviz:tiny-window-draft"
 TINY_WINDOW_SIZE = 48  # longer than the casebook's chat prompts (35 to 40 tokens), reached within 32 new tokens
 # name -> (target, draft). The Hub pairs are for machines with a GPU and Hub access.
-PRESETS = {
+PAIR_PRESETS = {
     "embedded": (EMBEDDED_TARGET, EMBEDDED_DRAFT),
     "tiny": (TINY_TARGET, TINY_DRAFT),
     "tiny-hybrid": (TINY_HYBRID, TINY_HYBRID_DRAFT),
@@ -46,7 +46,7 @@ PRESETS = {
     "vicuna": ("lmsys/vicuna-7b-v1.3", "double7/vicuna-68m"),
     "smollm2": ("HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
 }
-BUILT_IN_PAIRS = {target: draft for target, draft in PRESETS.values() if target.startswith("specviz:")}
+BUILT_IN_PAIRS = {target: draft for target, draft in PAIR_PRESETS.values() if target.startswith("specviz:")}
 MAX_PROBLEMS_LISTED = 3  # in one message about a stranger's input
 MAX_TEMPERATURE = 10.0
 SAMPLING_FIELDS = ("top_k", "top_p", "draft_temperature", "draft_top_k", "draft_top_p")
@@ -66,12 +66,12 @@ class SpecError(ValueError):
     """A run that cannot be done as asked; the message says what to change."""
 
 
-T = TypeVar("T")
-K = TypeVar("K")
+Item = TypeVar("Item")
+Key = TypeVar("Key")
 # Collections of a stranger's data stop validating at their first bad item: one in every item of a huge list
 # would cost pydantic an error object each (18 s for 10 million).
-Many = Annotated[list[T], Field(fail_fast=True)]
-Map = Annotated[dict[K, T], Field(fail_fast=True)]
+Many = Annotated[list[Item], Field(fail_fast=True)]
+Map = Annotated[dict[Key, Item], Field(fail_fast=True)]
 
 
 class Strict(BaseModel):

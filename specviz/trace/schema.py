@@ -102,5 +102,5 @@ class Trace(Strict):
             raise SpecError("invalid trace: " + describe_validation_error(e)) from None
 
 
-def schema() -> dict:
+def trace_schema() -> dict:
     return Trace.model_json_schema()

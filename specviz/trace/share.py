@@ -41,7 +41,7 @@ def environment(manifest) -> dict[str, str]:
             **{k: str(v) for k, v in manifest.deterministic.items()}}
 
 
-def encode(link: Link) -> str:
+def encode_link(link: Link) -> str:
     """The query string (with its leading '?') for `link`."""
     if not _flat(link.env):
         raise SpecError(f"a link records at most {MAX_ENV_ITEMS} environment fields of {MAX_ENV_CHARS} characters")
@@ -76,7 +76,7 @@ def _query(name: str, payload: dict, readable: tuple, what: str, instead: str) -
     return text
 
 
-def decode(query: str) -> Link | None:
+def decode_link(query: str) -> Link | None:
     """The link in a query string; None when it carries no run (a plain visit, or a sweep's link)."""
     params = _params(query)
     if "run" not in params:
