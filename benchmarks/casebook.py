@@ -1,7 +1,8 @@
-"""The field casebook's table (docs/casebook.md), read off the bundled runs of its cases (spec/casebook.py;
-`make traces` records them): each case's threads, fault, mechanism, the verdict its replica got, and where it
-first forked (round, and the slot of that round's block that emitted the token) or, for a lossless case, the
-drafts its run accepted against those the draft model's own proposals would have had. No decoding.
+"""The field casebook's table (docs/casebook.md), read off the bundled runs of its cases
+(spec/casebook.py; `make traces` records them): each case's threads, fault, mechanism, the verdict
+its replica got, and where it first forked (round, and the slot of that round's block that emitted
+the token) or, for a lossless case, the drafts its run accepted against those the draft model's own
+proposals would have had. No decoding.
 
     python benchmarks/casebook.py
 """
@@ -10,7 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's engine, whichever one is installed
+# this checkout's engine, whichever one is installed
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specviz.app.serving import ASSETS  # noqa: E402
 from specviz.spec.casebook import CASES  # noqa: E402
 from specviz.trace import metrics  # noqa: E402
@@ -23,13 +25,17 @@ def _shown(case, trace: Trace) -> tuple[str, str]:
         a = trace.acceptance
         return a.verdict, f"{a.accepted} of {a.accepted_fresh} drafts accepted (lossless)"
     sampled = metrics.sampled_verdict(trace)
-    if sampled:  # no token reference: the first evidence of the decision, beside the distribution test
+    # no token reference: the first evidence of the decision, beside the distribution test
+    if sampled:
         d, decided = trace.distribution, trace.decisions
-        first = (f"sequence {d.settings[0].seq} fits another request's settings; " if d.settings else
-                 f"round {decided.stream_first[0][0]}: a draw not its row's stream's; " if decided and
+        first = (f"sequence {d.settings[0].seq} fits another request's settings; " if d.settings
+                 else
+                 f"round {decided.stream_first[0][0]}: a draw not its row's stream's; " if decided
+                 and
                  decided.stream_first else "")
         return sampled[0], f"{first}distribution {d.verdict} (p = {d.p:.2g})"
-    forked = sorted((s for s in trace.sequences if s.forensics), key=lambda s: (s.forensics.round or 0, s.seq))
+    forked = sorted((s for s in trace.sequences if s.forensics),
+                    key=lambda s: (s.forensics.round or 0, s.seq))
     if not forked:
         return "-", "no fork"
     s, f = forked[0], forked[0].forensics
@@ -38,12 +44,14 @@ def _shown(case, trace: Trace) -> tuple[str, str]:
 
 
 def main() -> None:
-    print("| field case (thread) | fault | mechanism | verdict | first fork, or drafts accepted |\n|---|---|---|---|---|")
+    print("| field case (thread) | fault | mechanism | verdict | first fork, or drafts accepted "
+          "|\n|---|---|---|---|---|")
     for case in CASES:
         trace = Trace.from_json((ASSETS / "traces" / case.trace).read_text(encoding="utf-8"))
         verdict, where = _shown(case, trace)
         threads = "; ".join(f"[{t.label}]({t.url})" for t in case.threads)
-        print(f"| {threads} | `{case.fault}` | {case.mechanism.splitlines()[0]} | `{verdict}` | {where} |")
+        print(f"| {threads} | `{case.fault}` | {case.mechanism.splitlines()[0]} | `{verdict}` | "
+              f"{where} |")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""Record the field casebook's bundled runs (`make traces`): each case's replica (spec/casebook.py) through the
-runner, written to assets/traces/case-<fault>.json, where the page's Field cases gallery opens it without
-decoding and tests/test_gallery.py checks it. Faults named on the command line record only those cases.
+"""Record the field casebook's bundled runs (`make traces`): each case's replica (spec/casebook.py)
+through the runner, written to assets/traces/case-<fault>.json, where the page's Field cases gallery
+opens it without decoding and tests/test_gallery.py checks it. Faults named on the command line
+record only those cases.
 
     python benchmarks/casebook_traces.py [FAULT ...]
 """
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's engine, whichever one is installed
+# this checkout's engine, whichever one is installed
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specviz.app.serving import ASSETS  # noqa: E402
 from specviz.run.runner import run  # noqa: E402
 from specviz.spec.casebook import BY_FAULT, CASES  # noqa: E402
@@ -26,7 +28,8 @@ def main(faults: list[str]) -> None:
         trace = run(RunSpec.build(**case.spec_fields()))
         path = ASSETS / "traces" / case.trace
         path.write_text(trace.to_json(), encoding="utf-8")
-        print(f"{path.name}: {path.stat().st_size / 1024:.0f} KiB, {time.perf_counter() - start:.0f} s", flush=True)
+        print(f"{path.name}: {path.stat().st_size / 1024:.0f} KiB, "
+              f"{time.perf_counter() - start:.0f} s", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,18 +1,21 @@
-"""`specviz check`'s time to a verdict: the reference proved by teacher forcing against the same check with the
-reference decoded token by token, side by side in one process, and a large check's time and peak memory.
+"""`specviz check`'s time to a verdict: the reference proved by teacher forcing against the same
+check with the reference decoded token by token, side by side in one process, and a large check's
+time and peak memory.
 
-The engine is specviz's own eqspec (batch --batch-size, k --k) on the embedded pair, its control the batched
-reference: both correct, as most of a production's rows are (--faults breaks the engine, so that rows fork and
-each fork is judged). The first table checks --rows prompts (the
-built-in `all` set, then Spec-Bench's) both ways, each from cold caches (the reference, the yardstick's
-calibration), then again with the calibration measured before (as any later check in the process, the page's
-included, finds it), and says whether the two ways give the same reference ids and verdicts. Before them, the same
-check as it was at --before (by default b1cd892, the last commit before the proof and the faster check), in a process
-of its own on a copy of that tree, cold: what a check cost when the issue asking for a faster one was filed. The
-second table checks --big prompts (the built-in prompts, each numbered to make it new) with the proof; its engine
-outputs are decoded first, untimed. Timings on a shared machine are noisy: compare rows of one run.
+The engine is specviz's own eqspec (batch --batch-size, k --k) on the embedded pair, its control the
+batched reference: both correct, as most of a production's rows are (--faults breaks the engine, so
+that rows fork and each fork is judged). The first table checks --rows prompts (the built-in `all`
+set, then Spec-Bench's) both ways, each from cold caches (the reference, the yardstick's
+calibration), then again with the calibration measured before (as any later check in the process,
+the page's included, finds it), and says whether the two ways give the same reference ids and
+verdicts. Before them, the same check as it was at --before (by default b1cd892, the last commit
+before the proof and the faster check), in a process of its own on a copy of that tree, cold: what a
+check cost when the issue asking for a faster one was filed. The second table checks --big prompts
+(the built-in prompts, each numbered to make it new) with the proof; its engine outputs are decoded
+first, untimed. Timings on a shared machine are noisy: compare rows of one run.
 
-    python benchmarks/check.py [--rows 36] [--max-new-tokens 48] [--before b1cd892] [--big 1000] [--big-tokens 16]
+    python benchmarks/check.py [--rows 36] [--max-new-tokens 48] [--before b1cd892] [--big 1000]
+    [--big-tokens 16]
                                [--faults F,...] [--device cpu] [--out benchmarks/results/check.md]
 """
 import argparse
@@ -80,18 +83,21 @@ print(json.dumps({"module": specviz.__file__, "seconds": time.perf_counter() - s
 
 
 def check_at(commit: str, rows: dict, folder: Path) -> dict:
-    """The check as it was at `commit`, cold, in a process of its own on a copy of that tree's package and assets:
-    its seconds, reference ids and verdicts."""
+    """The check as it was at `commit`, cold, in a process of its own on a copy of that tree's
+    package and assets: its seconds, reference ids and verdicts."""
     archive = subprocess.run(["git", "archive", "--format=tar", commit, "specviz", "assets"],
-                             cwd=Path(__file__).parent.parent, check=True, capture_output=True).stdout
+                             cwd=Path(__file__).parent.parent, check=True,
+                             capture_output=True).stdout
     tree = folder / commit
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(tree, filter="data")
     (folder / "rows.json").write_text(json.dumps(rows))
-    out = subprocess.run([sys.executable, "-c", CHECK_THEN, str(folder / "rows.json")], check=True, text=True,
-                         stdout=subprocess.PIPE, cwd=folder, env={**os.environ, "PYTHONPATH": str(tree)}).stdout
+    out = subprocess.run([sys.executable, "-c", CHECK_THEN, str(folder / "rows.json")], check=True,
+                         text=True, stdout=subprocess.PIPE, cwd=folder,
+                         env={**os.environ, "PYTHONPATH": str(tree)}).stdout
     then = json.loads(out.splitlines()[-1])
-    assert then["module"].startswith(str(tree)), then["module"]  # that commit's package, not this one
+    # that commit's package, not this one
+    assert then["module"].startswith(str(tree)), then["module"]
     return then
 
 
@@ -112,12 +118,14 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--k", type=int, default=5)
-    ap.add_argument("--before", default="b1cd892", help="the commit whose check is timed beside (empty: skip it)")
+    ap.add_argument("--before", default="b1cd892",
+                    help="the commit whose check is timed beside (empty: skip it)")
     ap.add_argument("--big", type=int, default=1000, help="prompts in the large check (0: skip it)")
     ap.add_argument("--big-tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    ap.add_argument("--faults", default="", help="the engine's faults, comma-separated (e.g. dsd-like: most rows "
+    ap.add_argument("--faults", default="",
+                    help="the engine's faults, comma-separated (e.g. dsd-like: most rows "
                     "fork, and each fork is judged)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -125,64 +133,81 @@ def main() -> None:
     pair = load_pair(dtype="float32", device=args.device)
     prompts = (builtin_set("all") + builtin_set("spec-bench"))[: args.rows]
     ids = pair.encode(prompts)
-    spec = RunSpec.build(prompts=tuple(prompts), method=ENGINE, k=args.k, max_new_tokens=args.max_new_tokens,
-                         device=args.device)
+    spec = RunSpec.build(prompts=tuple(prompts), method=ENGINE, k=args.k,
+                         max_new_tokens=args.max_new_tokens, device=args.device)
     faults = tuple(f for f in args.faults.split(",") if f)
-    engine = as_engine("eqspec", eqspec(pair, ids, args.batch_size, args.k, args.max_new_tokens, faults=faults))
-    control = as_engine("batched-reference", batched_reference(pair, ids, args.batch_size, args.max_new_tokens))
+    engine = as_engine("eqspec",
+            eqspec(pair, ids, args.batch_size, args.k, args.max_new_tokens, faults=faults))
+    control = as_engine("batched-reference",
+                        batched_reference(pair, ids, args.batch_size, args.max_new_tokens))
     device = torch.cuda.get_device_name() if args.device == "cuda" else "this CPU"
     lines = ["# specviz check: time to a verdict\n",
-             (f"{len(ids)} prompts, {args.max_new_tokens} new tokens, embedded pair in float32 on {device}, greedy; engine: "
-              f"eqspec (batch {args.batch_size}, k {args.k}{', faults ' + ', '.join(faults) if faults else ''}), "
-              f"control: batched-reference; {args.threads} threads; "
-              "each way from cold caches (reference, yardstick calibration), then with the calibration kept.\n"),
-             "| reference | seconds | proved tokens | decoded tokens | verdicts |", "|---|---:|---:|---:|---|"]
+             (f"{len(ids)} prompts, {args.max_new_tokens} new tokens, embedded pair in float32 on "
+              f"{device}, greedy; engine: eqspec (batch {args.batch_size}, k "
+              f"{args.k}{', faults ' + ', '.join(faults) if faults else ''}), control: "
+              f"batched-reference; {args.threads} threads; "
+              "each way from cold caches (reference, yardstick calibration), then with the "
+              "calibration kept.\n"),
+             "| reference | seconds | proved tokens | decoded tokens | verdicts |",
+             "|---|---:|---:|---:|---|"]
     traces, seconds_of = {}, {}
     if args.before:
         with tempfile.TemporaryDirectory() as folder:
-            then = check_at(args.before, {"prompts": prompts, "k": args.k, "tokens": args.max_new_tokens,
-                                          "threads": args.threads, "device": args.device,
-                                          "engine": [o.ids for o in engine.outputs],
-                                          "control": [o.ids for o in control.outputs]}, Path(folder))
-        verdicts = ", ".join(f"{v} {c}" for v, c in Counter(v for v in then["verdicts"] if v).items()) or "-"
+            then = check_at(args.before,
+                            {"prompts": prompts, "k": args.k, "tokens": args.max_new_tokens,
+                             "threads": args.threads, "device": args.device,
+                             "engine": [o.ids for o in engine.outputs],
+                             "control": [o.ids for o in control.outputs]}, Path(folder))
+        verdicts = ", ".join(f"{v} {c}"
+                             for v, c in Counter(v for v in then["verdicts"] if v).items()) or "-"
         lines.append(f"| decoded, the check at {args.before} | {then['seconds']:.1f} | 0 | "
                      f"{sum(map(len, then['reference']))} | {verdicts} |")
         print(lines[-1], flush=True)
-    for calibrated in (False, True):  # cold; then with the yardstick's calibration measured, as a later check finds it
+    # cold; then with the yardstick's calibration measured, as a later check finds it
+    for calibrated in (False, True):
         for way in ("decoded", "proved"):
             runner.clear_caches(calibration=not calibrated)
             cold_yardsticks()
             start = time.perf_counter()
-            judging = check.Judging(decode_reference=way == "decoded", attribute=False)  # benchmarks/attribution.py
+            # benchmarks/attribution.py
+            judging = check.Judging(decode_reference=way == "decoded", attribute=False)
             traces[way] = check.check(spec, pair, ids, engine, control, judging)
             seconds_of[calibrated, way] = seconds = time.perf_counter() - start
             proofs = [s.reference_proof for s in traces[way].sequences if s.reference_proof]
             proved = sum(p.proved for p in proofs)
-            decoded = sum(p.decoded for p in proofs) if proofs else sum(len(s.reference_ids) for s in traces[way].sequences)
-            verdicts = ", ".join(f"{v} {c}" for v, c in metrics.verdict_counts(traces[way]).items()) or "-"
-            lines.append(f"| {way}{', calibration measured before' if calibrated else ''} | {seconds:.1f} | {proved} | "
-                         f"{decoded} | {verdicts} |")
+            decoded = sum(p.decoded for p in proofs) if proofs else sum(len(s.reference_ids)
+                    for s in traces[way].sequences)
+            verdicts = ", ".join(f"{v} {c}"
+                                 for v, c in metrics.verdict_counts(traces[way]).items()) or "-"
+            lines.append(f"| {way}{', calibration measured before' if calibrated else ''} | "
+                         f"{seconds:.1f} | {proved} | {decoded} | {verdicts} |")
             print(lines[-1], flush=True)
     slow, fast = (traces[w] for w in ("decoded", "proved"))
-    same_refs = all(a.reference_ids == b.reference_ids for a, b in zip(slow.sequences, fast.sequences))
-    same_verdicts = all((a.forensics and a.forensics.verdict) == (b.forensics and b.forensics.verdict)
+    same_refs = all(a.reference_ids == b.reference_ids
+                    for a, b in zip(slow.sequences, fast.sequences))
+    same_verdicts = all((a.forensics and a.forensics.verdict)
+                        == (b.forensics and b.forensics.verdict)
                         for a, b in zip(slow.sequences, fast.sequences))
     ratio = {c: seconds_of[c, "decoded"] / seconds_of[c, "proved"] for c in (False, True)}
-    lines += ["", (f"Proved over decoded: **{ratio[False]:.1f}x** faster cold, **{ratio[True]:.1f}x** with the "
-                   f"calibration measured before; the same reference ids: {same_refs}; the same verdicts: "
-                   f"{same_verdicts}.")]
+    lines += ["",
+              (f"Proved over decoded: **{ratio[False]:.1f}x** faster cold, **{ratio[True]:.1f}x** "
+               f"with the calibration measured before; the same reference ids: {same_refs}; the "
+               f"same verdicts: {same_verdicts}.")]
     if args.before:
         same_then = ([s.reference_ids for s in fast.sequences] == then["reference"]
-                     and [s.forensics and s.forensics.verdict for s in fast.sequences] == then["verdicts"])
-        lines.append(f"Proved, cold, over the check at {args.before}: **{then['seconds'] / seconds_of[False, 'proved']:.1f}"
-                     f"x** faster; the same reference ids and verdicts: {same_then}.")
+                     and [s.forensics and s.forensics.verdict for s in fast.sequences]
+                     == then["verdicts"])
+        lines.append(f"Proved, cold, over the check at {args.before}: "
+                     f"**{then['seconds'] / seconds_of[False, 'proved']:.1f}x** faster; the same "
+                     f"reference ids and verdicts: {same_then}.")
     if args.big:
         base = builtin_set("all") + builtin_set("spec-bench")
         many = [f"{base[i % len(base)]} (#{i})" for i in range(args.big)]
         big_ids = pair.encode(many)
-        big_spec = RunSpec.build(prompts=tuple(many), method=ENGINE, k=args.k, max_new_tokens=args.big_tokens,
-                                 device=args.device)
-        big_engine = as_engine("batched-reference", batched_reference(pair, big_ids, args.batch_size, args.big_tokens))
+        big_spec = RunSpec.build(prompts=tuple(many), method=ENGINE, k=args.k,
+                                 max_new_tokens=args.big_tokens, device=args.device)
+        big_engine = as_engine("batched-reference",
+                               batched_reference(pair, big_ids, args.batch_size, args.big_tokens))
         runner.clear_caches()
         cold_yardsticks()
         if args.device == "cuda":
@@ -192,11 +217,13 @@ def main() -> None:
         seconds = time.perf_counter() - start
         proofs = [s.reference_proof for s in big.sequences]
         lines += ["", f"## {args.big} rows\n",
-                  (f"{args.big} prompts, {args.big_tokens} new tokens, engine: batched-reference (batch "
-                   f"{args.batch_size}), no control: **{seconds:.0f} s** ({args.big / seconds:.1f} rows/s); "
-                   f"{sum(p.proved for p in proofs)} reference tokens proved, {sum(p.decoded for p in proofs)} decoded; "
-                   f"{sum(s.equivalent for s in big.sequences)} of {args.big} equal; peak memory {peak_mib():.0f} MiB "
-                   f"(before the check: {before:.0f} MiB){gpu_peak(args.device)}.")]
+                  (f"{args.big} prompts, {args.big_tokens} new tokens, engine: batched-reference "
+                   f"(batch {args.batch_size}), no control: **{seconds:.0f} s** "
+                   f"({args.big / seconds:.1f} rows/s); {sum(p.proved for p in proofs)} reference "
+                   f"tokens proved, {sum(p.decoded for p in proofs)} decoded; "
+                   f"{sum(s.equivalent for s in big.sequences)} of {args.big} equal; peak memory "
+                   f"{peak_mib():.0f} MiB (before the check: {before:.0f} "
+                   f"MiB){gpu_peak(args.device)}.")]
         print("\n".join(lines[-2:]), flush=True)
     text = "\n".join(lines) + "\n"
     publish(text, args.out)

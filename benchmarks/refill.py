@@ -1,8 +1,10 @@
-"""batched-reference kept full as rows finish, beside the same decoder at an earlier commit (static batches of
---batch-size prompts, each shrinking as its rows finish) and vLLM without speculation, in one run: the 27 built-in
-prompts (chat template), 48 new tokens, embedded pair in float32, greedy, each specviz row its best of two.
+"""batched-reference kept full as rows finish, beside the same decoder at an earlier commit (static
+batches of --batch-size prompts, each shrinking as its rows finish) and vLLM without speculation, in
+one run: the 27 built-in prompts (chat template), 48 new tokens, embedded pair in float32, greedy,
+each specviz row its best of two.
 
-    python benchmarks/refill.py [--before 6c81cb4] [--batch-size 8] [--threads 2] [--out benchmarks/results/refill.md]
+    python benchmarks/refill.py [--before 6c81cb4] [--batch-size 8] [--threads 2] [--out
+    benchmarks/results/refill.md]
 """
 import argparse
 import importlib.util
@@ -35,7 +37,8 @@ def decoder_at(commit: str, folder: Path):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--before", default="6c81cb4", help="the commit whose batched-reference is compared")
+    ap.add_argument("--before", default="6c81cb4",
+                    help="the commit whose batched-reference is compared")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path)
@@ -46,24 +49,29 @@ def main() -> None:
     ref = [o.ids for o in reference(pair, ids, 48).outputs]
     rows = {}  # name -> [(seconds, output ids)]
     with tempfile.TemporaryDirectory() as folder:
-        decoders = {f"specviz batched-reference at {args.before} (static batches)": decoder_at(args.before, Path(folder)),
-                    "specviz batched-reference (kept full)": batched_reference}
+        decoders = {
+            f"specviz batched-reference at {args.before} (static batches)": decoder_at(args.before,
+                Path(folder)),
+            "specviz batched-reference (kept full)": batched_reference}
         batched_reference(pair, ids[:2], 2, 4)  # warm-up
         for _ in range(2):
             for name, decode in decoders.items():
                 start = time.perf_counter()
                 outputs = decode(pair, ids, args.batch_size, 48).outputs
-                rows.setdefault(name, []).append((time.perf_counter() - start, [o.ids for o in outputs]))
+                rows.setdefault(name,
+                                []).append((time.perf_counter() - start, [o.ids for o in outputs]))
                 print(name, f"{rows[name][-1][0]:.1f} s", flush=True)
         with vllm.vllm_server("none", Path(folder) / "vllm.log", k=5, max_num_seqs=args.batch_size,
                               threads=args.threads, dtype="float32") as server:
             from_server(server.url, None, ids[:2], 4)  # warm-up
-            run = from_server(server.url, None, ids, 48, concurrency=args.batch_size, tokenizer=pair.tokenizer,
-                              launch=server.launch)
-            rows[f"vLLM {run.version} none, {args.batch_size} in flight"] = [(run.seconds, [o.ids for o in run.outputs])]
+            run = from_server(server.url, None, ids, 48, concurrency=args.batch_size,
+                              tokenizer=pair.tokenizer, launch=server.launch)
+            rows[f"vLLM {run.version} none, {args.batch_size} in flight"] = [(run.seconds,
+                    [o.ids for o in run.outputs])]
     lines = ["# batched-reference kept full\n",
-             (f"{len(ids)} built-in prompts (chat template), 48 new tokens, embedded pair in float32, greedy, batch size "
-              f"{args.batch_size}, {args.threads} threads; specviz rows: the best of two.\n"),
+             (f"{len(ids)} built-in prompts (chat template), 48 new tokens, embedded pair in "
+              f"float32, greedy, batch size {args.batch_size}, {args.threads} threads; specviz "
+              "rows: the best of two.\n"),
              "| run | seconds | tokens | tok/s | equal to reference |", "|---|---:|---:|---:|---:|"]
     for name, runs in rows.items():
         seconds, outputs = min(runs, key=lambda r: r[0])

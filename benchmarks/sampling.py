@@ -1,7 +1,8 @@
 """Speculative sampling under the PIT verdict (distribution.py), on the embedded pair:
 
 - the correct eqspec and exspec samplers over many seeds: how often is a correct sampler rejected?
-- every sampling fault: rejected, and after how many tokens (the smallest budget of a doubling series)?
+- every sampling fault: rejected, and after how many tokens (the smallest budget of a doubling
+  series)?
 
     python benchmarks/sampling.py --seeds 20 --out benchmarks/results/sampling.md
 
@@ -23,8 +24,8 @@ SETTINGS = {"temperature": 0.8, "batch_size": 4, "k": 5, "device": "cpu"}
 
 def _run(prompts, top_p, method="eqspec", faults=(), seed=0, max_new_tokens=32):
     start = time.perf_counter()
-    trace = run(RunSpec.build(prompts=tuple(prompts), method=method, faults=faults, seed=seed, top_p=top_p,
-                              max_new_tokens=max_new_tokens, **SETTINGS))
+    trace = run(RunSpec.build(prompts=tuple(prompts), method=method, faults=faults, seed=seed,
+                              top_p=top_p, max_new_tokens=max_new_tokens, **SETTINGS))
     return trace, time.perf_counter() - start
 
 
@@ -36,26 +37,30 @@ def _row(label, trace, seconds):
             f"{dec.mismatches if dec else '—'} | {seconds:.0f} s |")
 
 
-HEADER = ("| run | tokens | verdict | p (Bonferroni) | failing split | worst split (p) | impossible | "
-          "decision mismatches | time |\n|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| run | tokens | verdict | p (Bonferroni) | failing split | worst split (p) | "
+          "impossible | decision mismatches | time |\n|---|---|---|---|---|---|---|---|---|")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=20, help="seeds per correct sampler")
     ap.add_argument("--first-seed", type=int, default=0)
-    ap.add_argument("--methods", default="eqspec,exspec", help="the correct samplers to run over seeds")
+    ap.add_argument("--methods", default="eqspec,exspec",
+                    help="the correct samplers to run over seeds")
     ap.add_argument("--prompt-set", default="all")
     ap.add_argument("--prompts", type=int, help="only the first N prompts of the set")
     ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--top-p", type=float, default=0.95, help="1: off (then no token is impossible)")
+    ap.add_argument("--top-p", type=float, default=0.95,
+                    help="1: off (then no token is impossible)")
     ap.add_argument("--faults", default=",".join([*of_kind("sampling"), "draft-bonus"]))
     ap.add_argument("--skip-correct", action="store_true")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     prompts = builtin_set(args.prompt_set)[: args.prompts]
-    lines = [(f"Embedded pair, float32, this CPU; the first {len(prompts)} prompts of `{args.prompt_set}`; "
-              f"temperature 0.8, top-p {args.top_p}, batch size 4, k 5, {args.max_new_tokens} new tokens a prompt. "
+    lines = [(f"Embedded pair, float32, this CPU; the first {len(prompts)} prompts of "
+              f"`{args.prompt_set}`; temperature 0.8, top-p {args.top_p}, batch size 4, k 5, "
+              f"{args.max_new_tokens} new tokens a prompt. "
               "Verdicts at alpha 0.001."), ""]
 
     if not args.skip_correct:
@@ -64,21 +69,28 @@ def main() -> None:
         for method in args.methods.split(","):
             rejected[method] = 0
             for seed in range(args.first_seed, args.first_seed + args.seeds):
-                trace, seconds = _run(prompts, args.top_p, method, seed=seed, max_new_tokens=args.max_new_tokens)
+                trace, seconds = _run(prompts, args.top_p, method, seed=seed,
+                                      max_new_tokens=args.max_new_tokens)
                 rejected[method] += trace.distribution.verdict != "consistent"
                 lines.append(_row(f"{method}, seed {seed}", trace, seconds))
                 print(lines[-1], flush=True)
-        lines += ["", "False positives: " + ", ".join(f"{m} {r} of {args.seeds} seeds" for m, r in rejected.items()), ""]
+        lines += ["",
+                  "False positives: "
+                  + ", ".join(f"{m} {r} of {args.seeds} seeds" for m, r in rejected.items()), ""]
 
-    lines += ["## Each sampling fault: the smallest prompt count (doubling) that rejects it", "", HEADER]
+    lines += ["## Each sampling fault: the smallest prompt count (doubling) that rejects it", "",
+              HEADER]
     for fault in filter(None, args.faults.split(",")):
         n = 2
         while True:
             same = fault == "shared-stream"  # shows when rows see the same prompt
             chosen = [prompts[0]] * n if same else (prompts * (1 + n // len(prompts)))[:n]
-            trace, seconds = _run(chosen, args.top_p, faults=(fault,), max_new_tokens=args.max_new_tokens)
-            if trace.distribution.verdict == "not the target's distribution" or n >= 4 * len(prompts):
-                lines.append(_row(f"{fault}, {n} prompts" + (" (one prompt, repeated)" if same else ""), trace, seconds))
+            trace, seconds = _run(chosen, args.top_p, faults=(fault,),
+                                  max_new_tokens=args.max_new_tokens)
+            if (trace.distribution.verdict == "not the target's distribution"
+                or n >= 4 * len(prompts)):
+                lines.append(_row(f"{fault}, {n} prompts"
+                                  + (" (one prompt, repeated)" if same else ""), trace, seconds))
                 print(lines[-1], flush=True)
                 break
             n *= 2

@@ -4,7 +4,8 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every test runs offline, as on CI
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("SPECVIZ_MAX_PAIRS", "12")  # every pair the suite uses stays loaded, with its references and yardsticks
+# every pair the suite uses stays loaded, with its references and yardsticks
+os.environ.setdefault("SPECVIZ_MAX_PAIRS", "12")
 
 import psutil  # noqa: E402
 import pytest  # noqa: E402
@@ -16,24 +17,25 @@ from specviz.models.pairs import load_pair, unload_pairs  # noqa: E402
 from specviz.spec.prompts import builtin_set  # noqa: E402
 from specviz.spec.run import TINY_DRAFT, TINY_TARGET  # noqa: E402
 
-# `make test` runs two workers on two cores: one torch thread each, and one thread for each engine server a
-# worker starts. An engine's threads meet at a barrier after every operation, spinning: with the other worker
-# on one of their cores, each barrier waits for a thread that is not running (llama.cpp took 15x longer so).
+# `make test` runs two workers on two cores: one torch thread each, and one thread for each engine
+# server a worker starts. An engine's threads meet at a barrier after every operation, spinning:
+# with the other worker on one of their cores, each barrier waits for a thread that is not running
+# (llama.cpp took 15x longer so).
 ENGINE_THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
-# One worker's share of the CI machine's 24 GiB, beside the other worker and a vLLM server: an audited run of the
-# embedded pair holds about 4 GiB (the pair, its packed weights, its float64 copy), and a worker that has loaded it
-# in three dtypes holds three times that.
+# One worker's share of the CI machine's 24 GiB, beside the other worker and a vLLM server: an
+# audited run of the embedded pair holds about 4 GiB (the pair, its packed weights, its float64
+# copy), and a worker that has loaded it in three dtypes holds three times that.
 MEMORY_LIMIT = 6 * 2**30
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _bounded_memory():
-    """After each test file: a worker past its share of memory lets go of the pairs it loaded, and so of all that was
-    computed from them (the next file to ask for one loads it again)."""
+    """After each test file: a worker past its share of memory lets go of the pairs it loaded, and
+    so of all that was computed from them (the next file to ask for one loads it again)."""
     yield
     if psutil.Process().memory_info().rss > MEMORY_LIMIT:
         unload_pairs()
@@ -96,15 +98,17 @@ def app_url():
 
 @pytest.fixture(scope="session")
 def hostile(tiny):
-    """A real tiny-pair trace with sync-bug divergences (so every view has content), and a script-carrying
-    payload in every string field its schema accepts one in (tests/hostile.py)."""
+    """A real tiny-pair trace with sync-bug divergences (so every view has content), and a
+    script-carrying payload in every string field its schema accepts one in (tests/hostile.py)."""
     from hostile import hostile_trace
 
     from specviz.run.runner import run
     from specviz.spec.run import RunSpec
 
-    spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64", device="cpu", faults=("bsp-like",),
-                         prompts=("Hi!", "Name three rivers.", "Write a long story about a dragon."), batch_size=3,
+    spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64", device="cpu",
+                         faults=("bsp-like",),
+                         prompts=("Hi!", "Name three rivers.",
+                                  "Write a long story about a dragon."), batch_size=3,
                          k=3, max_new_tokens=12)
     return hostile_trace(run(spec))
 
@@ -116,18 +120,19 @@ FLAGS_PROMPT = "Name the country of each flag in one word: " + "🇫🇷🇯🇵
 
 @pytest.fixture(scope="session")
 def cjk_emoji(embedded):
-    """The embedded pair on a CJK, an emoji and a flags prompt, with bsp-like faults so that they fork: its
-    tokenizer splits many of these characters over 2–4 tokens."""
+    """The embedded pair on a CJK, an emoji and a flags prompt, with bsp-like faults so that they
+    fork: its tokenizer splits many of these characters over 2–4 tokens."""
     from specviz.run.runner import run
     from specviz.spec.run import RunSpec
 
-    return run(RunSpec.build(prompts=(CJK_PROMPT, EMOJI_PROMPT, FLAGS_PROMPT), faults=("bsp-like",), batch_size=3,
-                             k=3, max_new_tokens=24, device="cpu"))
+    return run(RunSpec.build(prompts=(CJK_PROMPT, EMOJI_PROMPT, FLAGS_PROMPT), faults=("bsp-like",),
+                             batch_size=3, k=3, max_new_tokens=24, device="cpu"))
 
 
 class VllmServers:
-    """Real vLLM servers on the embedded target, at most one up at a time: two would share this machine's two
-    cores (and vLLM's CPU build binds its workers to them). Asking for another mode or dtype stops the one up."""
+    """Real vLLM servers on the embedded target, at most one up at a time: two would share this
+    machine's two cores (and vLLM's CPU build binds its workers to them). Asking for another mode or
+    dtype stops the one up."""
 
     def __init__(self, logs):
         self.logs, self.up, self.stack, self.server = logs, None, None, None
@@ -136,7 +141,8 @@ class VllmServers:
         if self.up != (mode, dtype):
             self.close()
             self.stack = contextlib.ExitStack()
-            self.server = self.stack.enter_context(vllm_server(mode, self.logs / f"{mode}-{dtype}.log", dtype=dtype,
+            self.server = self.stack.enter_context(vllm_server(mode,
+                    self.logs / f"{mode}-{dtype}.log", dtype=dtype,
                                                                eager=True, threads=ENGINE_THREADS))
             self.up = (mode, dtype)
         return self.server
@@ -149,8 +155,8 @@ class VllmServers:
 
 @pytest.fixture(scope="session")
 def vllm_servers(tmp_path_factory):
-    """Without `make vllm` (which `make test` runs) the first test to ask fails, saying so: these tests are part
-    of the suite."""
+    """Without `make vllm` (which `make test` runs) the first test to ask fails, saying so: these
+    tests are part of the suite."""
     vllm_python()
     servers = VllmServers(tmp_path_factory.mktemp("vllm"))
     yield servers
@@ -158,7 +164,8 @@ def vllm_servers(tmp_path_factory):
 
 
 class Served:
-    """One mode's float32 server, (re)started whenever a test reaches for its url, model or launch."""
+    """One mode's float32 server, (re)started whenever a test reaches for its url, model or
+    launch."""
 
     def __init__(self, servers: VllmServers, mode: str):
         self.servers, self.mode = servers, mode
@@ -170,14 +177,15 @@ class Served:
 @pytest.fixture(scope="session")
 def vllm(request, vllm_servers):
     """A real vLLM server on the embedded target in float32, in the mode its test asks for (indirect
-    parametrization: none, ngram or draft; see specviz/engines/vllm.py). pytest runs the tests of one mode
-    together, so each mode starts about once (75-150 s here)."""
+    parametrization: none, ngram or draft; see specviz/engines/vllm.py). pytest runs the tests of
+    one mode together, so each mode starts about once (75-150 s here)."""
     return Served(vllm_servers, request.param)
 
 
 def attribute_every_fork(trace, spec, pair, ids, settings: dict, batch: int, label: str):
-    """A correct engine's forks, every one attributed on purpose (its rounding's too): none may be named. Prints
-    what was measured, the threshold's false-attribution count on this engine, for docs/engines.md."""
+    """A correct engine's forks, every one attributed on purpose (its rounding's too): none may be
+    named. Prints what was measured, the threshold's false-attribution count on this engine, for
+    docs/engines.md."""
     from specviz.run import attribution
 
     seqs = attribution.forks_to_attribute(trace, every_fork=True)
@@ -187,10 +195,12 @@ def attribute_every_fork(trace, spec, pair, ids, settings: dict, batch: int, lab
     closest = max((a.hypotheses[0].beyond for a in found if a.hypotheses), default=0)
     longest = max((h.explained for a in found for h in a.hypotheses), default=0)
     named = [a.explanation for a in found if any(h.named for h in a.hypotheses)]
-    print(f"\n{label}: {len(found)} forks attributed, {len(named)} named; the closest hypothesis wrote {closest} "
-          f"departing token(s) (the longest replay {longest} tokens after a fork); "
-          f"{sum(a.replays for a in found)} replays, {sum(a.seconds for a in found):.0f} s; per fork (departing, "
+    print(f"\n{label}: {len(found)} forks attributed, {len(named)} named; the closest hypothesis "
+          f"wrote {closest} departing token(s) (the longest replay {longest} tokens after a fork); "
+          f"{sum(a.replays for a in found)} replays, {sum(a.seconds for a in found):.0f} s; per "
+          "fork (departing, "
           "the correct replay's, the best hypothesis's): " + ", ".join(
-              f"({len(a.departing)}, {a.correct.beyond}, {a.hypotheses[0].beyond if a.hypotheses else 0})"
+              f"({len(a.departing)}, {a.correct.beyond}, "
+              f"{a.hypotheses[0].beyond if a.hypotheses else 0})"
               for a in found))
     return found, named

@@ -1,14 +1,15 @@
-"""An independent batch speculative decoder over HF transformers: the "other engine" the tests have specviz judge
-from its token ids alone. It imports nothing of specviz (torch, transformers and the standard library only), so
-that a bug they shared could not hide itself.
+"""An independent batch speculative decoder over HF transformers: the "other engine" the tests have
+specviz judge from its token ids alone. It imports nothing of specviz (torch, transformers and the
+standard library only), so that a bug they shared could not hide itself.
 
-It keeps no KV cache: every pass feeds each row's whole sequence again, left-padded, with its own attention mask
-and position ids. What a cached engine's cache would remember (the position a token was fed at, K/V a rollback threw
-away) is kept per sequence and replayed on every pass, so a planted bug lasts as it does in a cached engine.
+It keeps no KV cache: every pass feeds each row's whole sequence again, left-padded, with its own
+attention mask and position ids. What a cached engine's cache would remember (the position a token
+was fed at, K/V a rollback threw away) is kept per sequence and replayed on every pass, so a planted
+bug lasts as it does in a cached engine.
 
-`bug` plants a bug from the field by hand (or several at once: a tuple), named after specviz's fault of the same
-mechanism (BUGS; SAMPLING_BUGS, of its sampler); None is the correct engine, whose greedy outputs are those of the
-target decoding alone.
+`bug` plants a bug from the field by hand (or several at once: a tuple), named after specviz's fault
+of the same mechanism (BUGS; SAMPLING_BUGS, of its sampler); None is the correct engine, whose
+greedy outputs are those of the target decoding alone.
 """
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-BUGS = ("draft-bonus", "bonus-from-another-row", "verify-positions-not-advanced", "stop-at-last-token", "min-crop",
-        "rollback-by-draft-list")
-SAMPLING_BUGS = ("residual-from-draft", "temperature-draft-only")  # bugs of its sampler (temperature > 0)
-ERASING = ("min-crop", "rollback-by-draft-list")  # the bugs that erase committed K/V (the tokens are kept)
+BUGS = ("draft-bonus", "bonus-from-another-row", "verify-positions-not-advanced",
+        "stop-at-last-token", "min-crop", "rollback-by-draft-list")
+# bugs of its sampler (temperature > 0)
+SAMPLING_BUGS = ("residual-from-draft", "temperature-draft-only")
+# the bugs that erase committed K/V (the tokens are kept)
+ERASING = ("min-crop", "rollback-by-draft-list")
 
 
 @dataclass
@@ -28,7 +31,8 @@ class _Seq:
     prompt: list[int]
     out: list[int] = field(default_factory=list)
     pos: list[int] = field(default_factory=list)  # per token: the position the target was fed it at
-    lost: set[int] = field(default_factory=set)  # tokens whose K/V the target no longer holds (zeroed)
+    # tokens whose K/V the target no longer holds (zeroed)
+    lost: set[int] = field(default_factory=set)
     draft_lost: set[int] = field(default_factory=set)  # the same in the draft model's cache
 
     @property
@@ -38,8 +42,9 @@ class _Seq:
 
 def _logits(model, rows: list[list[int]], positions: list[list[int]], vocab: int, keep: int,
             zeroed: list[set[int]] | None = None) -> torch.Tensor:
-    """(B, keep, vocab): the logits at each row's last `keep` tokens, every row fed whole. `zeroed`: per row, the
-    tokens whose keys and values are zero at every layer (what a cache holds after its entries were erased)."""
+    """(B, keep, vocab): the logits at each row's last `keep` tokens, every row fed whole. `zeroed`:
+    per row, the tokens whose keys and values are zero at every layer (what a cache holds after its
+    entries were erased)."""
     dev = next(model.parameters()).device
     B, width = len(rows), max(map(len, rows))
     ids = torch.zeros(B, width, dtype=torch.long)
@@ -52,18 +57,22 @@ def _logits(model, rows: list[list[int]], positions: list[list[int]], vocab: int
         lost[r, [pad + i for i in (zeroed[r] if zeroed else ())]] = True
     # causal over real tokens; every slot sees itself, so that a pad's row is never all -inf (NaN)
     slot = torch.arange(width)
-    sees = (real[:, None, :] & (slot[None, :] <= slot[:, None])) | torch.eye(width, dtype=torch.bool)
-    bias = torch.zeros(B, 1, width, width, dtype=model.dtype).masked_fill(~sees[:, None], torch.finfo(model.dtype).min)
+    sees = ((real[:, None, :] & (slot[None, :] <= slot[:, None]))
+            | torch.eye(width, dtype=torch.bool))
+    bias = torch.zeros(B, 1, width, width, dtype=model.dtype).masked_fill(~sees[:, None],
+            torch.finfo(model.dtype).min)
     hooks = []
-    if lost.any():  # zero K and V as they leave their projections (RoPE and norms keep a zero vector zero)
+    # zero K and V as they leave their projections (RoPE and norms keep a zero vector zero)
+    if lost.any():
         mask = lost[..., None].to(dev)
         projections = [m for n, m in model.named_modules() if n.endswith(("k_proj", "v_proj"))]
         if not projections:
             raise ValueError("zeroing K/V needs separate k_proj and v_proj modules")
-        hooks = [m.register_forward_hook(lambda mod, args, out: out.masked_fill(mask, 0)) for m in projections]
+        hooks = [m.register_forward_hook(lambda mod, args, out: out.masked_fill(mask, 0))
+                 for m in projections]
     try:
-        out = model(input_ids=ids.to(dev), attention_mask=bias.to(dev), position_ids=pos.to(dev), use_cache=False,
-                    logits_to_keep=keep)
+        out = model(input_ids=ids.to(dev), attention_mask=bias.to(dev), position_ids=pos.to(dev),
+                    use_cache=False, logits_to_keep=keep)
     finally:
         for h in hooks:
             h.remove()
@@ -72,9 +81,9 @@ def _logits(model, rows: list[list[int]], positions: list[list[int]], vocab: int
 
 
 def _lookup(hist: list[int], lo: int, hi: int, width: int) -> tuple[list[int], int]:
-    """Prompt lookup: the tokens after the earliest earlier occurrence of the row's last n tokens, the longest n in
-    [lo, hi] that has one. Returns `width` tokens (filler past the match's: the row's last token) and how many are
-    real."""
+    """Prompt lookup: the tokens after the earliest earlier occurrence of the row's last n tokens,
+    the longest n in [lo, hi] that has one. Returns `width` tokens (filler past the match's: the
+    row's last token) and how many are real."""
     L = len(hist)
     for n in range(min(hi, L - 1), lo - 1, -1):
         for s in range(L - n):  # an occurrence followed by at least one token
@@ -86,10 +95,11 @@ def _lookup(hist: list[int], lo: int, hi: int, width: int) -> tuple[list[int], i
 
 @torch.inference_mode()
 def decode(target, draft, prompts: list[list[int]], *, k: int, max_new_tokens: int, batch_size: int,
-           drafter: str = "model", ngram: tuple[int, int] | int = (1, 3), temperature: float = 0.0, seed: int = 0,
-           eos_ids=(), bug: str | tuple[str, ...] | None = None) -> list[list[int]]:
-    """Each prompt's output ids. Prompts run in consecutive static batches of `batch_size`; a finished row leaves its
-    batch at once. `drafter`: "model" (the draft model) or "ngram" (prompt lookup over n in `ngram`, (min, max))."""
+           drafter: str = "model", ngram: tuple[int, int] | int = (1, 3), temperature: float = 0.0,
+           seed: int = 0, eos_ids=(), bug: str | tuple[str, ...] | None = None) -> list[list[int]]:
+    """Each prompt's output ids. Prompts run in consecutive static batches of `batch_size`; a
+    finished row leaves its batch at once. `drafter`: "model" (the draft model) or "ngram" (prompt
+    lookup over n in `ngram`, (min, max))."""
     bugs = frozenset((bug,) if isinstance(bug, str) else bug or ())
     if bugs - set(BUGS + SAMPLING_BUGS) or len(bugs & set(ERASING)) > 1:
         raise ValueError(f"unknown bugs, or two that erase the cache: {sorted(bugs)}")
@@ -101,22 +111,27 @@ def decode(target, draft, prompts: list[list[int]], *, k: int, max_new_tokens: i
         seqs = [_Seq(list(p), pos=list(range(len(p)))) for p in prompts[start:start + batch_size]]
         live, first = list(seqs), True
         while live:
-            live = _round(target, draft, live, first, k, max_new_tokens, drafter, lo, hi, temperature, gen, eos,
-                          bugs, vocab)
+            live = _round(target, draft, live, first, k, max_new_tokens, drafter, lo, hi,
+                          temperature, gen, eos, bugs, vocab)
             first = False  # the first round is the batch's prefill: nothing is cached before it
         outputs += [s.out for s in seqs]
     return outputs
 
 
-def _round(target, draft, live: list[_Seq], first: bool, k: int, budget: int, drafter: str, lo: int, hi: int,
-           temperature: float, gen: torch.Generator, eos: set[int], bugs: frozenset[str], vocab: int) -> list[_Seq]:
-    """One round of drafting, verifying and accepting for every live row; returns the rows that go on."""
+def _round(target, draft, live: list[_Seq], first: bool, k: int, budget: int, drafter: str, lo: int,
+           hi: int, temperature: float, gen: torch.Generator, eos: set[int], bugs: frozenset[str],
+           vocab: int) -> list[_Seq]:
+    """One round of drafting, verifying and accepting for every live row; returns the rows that go
+    on."""
     have = [len(s.out) for s in live]
-    kr = max(1, min(k, budget - 1 - min(have)))  # near the budget, no more drafts than the shortest row can emit
-    width = kr + 1 if "draft-bonus" in bugs else kr  # a draft that supplies the bonus proposes one more
+    # near the budget, no more drafts than the shortest row can emit
+    kr = max(1, min(k, budget - 1 - min(have)))
+    # a draft that supplies the bonus proposes one more
+    width = kr + 1 if "draft-bonus" in bugs else kr
     q = None
     if drafter == "model":
-        drafts, q = _draft_chain(draft, live, width, vocab, temperature, gen, eos, stop_early="draft-bonus" not in bugs,
+        drafts, q = _draft_chain(draft, live, width, vocab, temperature, gen, eos,
+                                 stop_early="draft-bonus" not in bugs,
                                  zeroed=bool(bugs & set(ERASING)))
         counts = [len(drafts[0])] * len(live)
     else:
@@ -126,9 +141,11 @@ def _round(target, draft, live: list[_Seq], first: bool, k: int, budget: int, dr
     room = [min(max(0, min(kk, budget - 1 - h)), c) for h, c in zip(have, counts)]
 
     # verify: each row's sequence and its drafts in one pass
-    shifted = "verify-positions-not-advanced" in bugs and not first  # every window slot at the window's first position
+    # every window slot at the window's first position
+    shifted = "verify-positions-not-advanced" in bugs and not first
     z = _logits(target, [s.ids + d[:kk] for s, d in zip(live, drafts)],
-                [s.pos + ([s.pos[-1]] * kk if shifted else list(range(len(s.ids), len(s.ids) + kk))) for s in live],
+                [s.pos + ([s.pos[-1]] * kk if shifted else list(range(len(s.ids), len(s.ids) + kk)))
+                 for s in live],
                 vocab, kk + 1, [s.lost for s in live] if bugs & set(ERASING) else None)
 
     # accept: drafts up to the first disagreement (or rejection), then the target's own token there
@@ -140,12 +157,15 @@ def _round(target, draft, live: list[_Seq], first: bool, k: int, budget: int, dr
                 a += 1
             own.append(int(z[r, a].argmax()))
         else:
-            verify_at = 1.0 if "temperature-draft-only" in bugs else temperature  # the bug: the draft's alone
+            # the bug: the draft's alone
+            verify_at = 1.0 if "temperature-draft-only" in bugs else temperature
             p = (z[r] / verify_at).softmax(-1).double().cpu()
-            qr = q[r] if q is not None else torch.nn.functional.one_hot(torch.tensor(drafts[r]), vocab).double()
+            qr = (q[r] if q is not None
+                  else torch.nn.functional.one_hot(torch.tensor(drafts[r]), vocab).double())
             while a < room[r]:  # accept a draft d with probability min(1, p(d) / q(d))
                 d = drafts[r][a]
-                if not float(torch.rand((), generator=gen, dtype=torch.float64)) * qr[a, d] < p[a, d]:
+                if (not float(torch.rand((), generator=gen, dtype=torch.float64)) * qr[a, d]
+                    < p[a, d]):
                     break
                 a += 1
             if a == room[r]:  # the bonus
@@ -165,31 +185,38 @@ def _round(target, draft, live: list[_Seq], first: bool, k: int, budget: int, dr
         else:
             pick = own[r]
         new = drafts[r][:a] + [pick]
-        stops = [a] if "stop-at-last-token" in bugs else range(a + 1)  # only the block's last token ends the row
+        # only the block's last token ends the row
+        stops = [a] if "stop-at-last-token" in bugs else range(a + 1)
         stop = next((i for i in stops if new[i] in eos), None)
         n_keep = min(a + 1, budget - have[r]) if stop is None else min(stop + 1, budget - have[r])
         finished = (stop is not None and stop < n_keep) or have[r] + n_keep >= budget
         base, opener = len(s.ids), s.pos[-1]
         s.out += new[:n_keep]
-        # an accepted draft was fed at the window's first position; the last token is fed next round, at its own
+        # an accepted draft was fed at the window's first position; the last token is fed next
+        # round, at its own
         s.pos += [opener if shifted and i < a else base + i for i in range(n_keep)]
         if finished:
             continue
-        if bugs & set(ERASING):  # the cache holds every token before the picked one; the bug erases its last entries
+        # the cache holds every token before the picked one; the bug erases its last entries
+        if bugs & set(ERASING):
             held = base + a
-            # min-crop: every row's cache cut to the batch's fewest accepted drafts (finished rows count too);
-            # rollback-by-draft-list: rolled back by the widest draft list, a row offered fewer loses the difference
-            cut = base + min(accepted) if "min-crop" in bugs else max(0, held - max(0, kk - room[r]))
+            # min-crop: every row's cache cut to the batch's fewest accepted drafts (finished rows
+            # count too); rollback-by-draft-list: rolled back by the widest draft list, a row
+            # offered fewer loses the difference
+            cut = (base + min(accepted) if "min-crop" in bugs
+                   else max(0, held - max(0, kk - room[r])))
             s.lost |= set(range(cut, held))
             s.draft_lost |= set(range(cut, held - 1))  # the draft re-feeds its last two
         going.append(s)
     return going
 
 
-def _draft_chain(draft, live: list[_Seq], n: int, vocab: int, temperature: float, gen: torch.Generator,
-                 eos: set[int], stop_early: bool, zeroed: bool) -> tuple[list[list[int]], torch.Tensor | None]:
-    """Up to n drafts a row from the draft model, one pass each, and (sampled) the distributions they came from
-    (B, n, V). Drafting stops once every row has drafted an end of sequence: nothing after it could be emitted."""
+def _draft_chain(draft, live: list[_Seq], n: int, vocab: int, temperature: float,
+                 gen: torch.Generator, eos: set[int], stop_early: bool,
+                 zeroed: bool) -> tuple[list[list[int]], torch.Tensor | None]:
+    """Up to n drafts a row from the draft model, one pass each, and (sampled) the distributions
+    they came from (B, n, V). Drafting stops once every row has drafted an end of sequence: nothing
+    after it could be emitted."""
     chains: list[list[int]] = [[] for _ in live]
     dists = []
     for j in range(n):
@@ -209,8 +236,10 @@ def _draft_chain(draft, live: list[_Seq], n: int, vocab: int, temperature: float
 
 
 def write_outputs(path, prompts: list[list[int]], outputs: list[list[int]], settings: dict) -> None:
-    """The outputs as specviz reads an engine's (engines/jsonl.py): a header, then one line a prompt."""
+    """The outputs as specviz reads an engine's (engines/jsonl.py): a header, then one line a
+    prompt."""
     with open(path, "w") as f:
-        f.write(json.dumps({"engine": {"name": "independent-decoder", "settings": settings}}) + "\n")
+        f.write(json.dumps({"engine": {"name": "independent-decoder", "settings": settings}})
+                + "\n")
         for p, o in zip(prompts, outputs):
             f.write(json.dumps({"prompt_ids": list(p), "output_ids": list(o)}) + "\n")

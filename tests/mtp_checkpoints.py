@@ -1,15 +1,16 @@
-"""Tiny random checkpoints that ship multi-token-prediction (MTP) layers, saved as a user's local model is, with the
-embedded pair's tokenizer, in the two layouts transformers' `MtpModel` loads:
+"""Tiny random checkpoints that ship multi-token-prediction (MTP) layers, saved as a user's local
+model is, with the embedded pair's tokenizer, in the two layouts transformers' `MtpModel` loads:
 
-- "layers": the MTP layer stored after the decoder's own, `model.layers.{N}.` with `enorm`, `hnorm`, `eh_proj` and
-  `shared_head.norm` (DeepSeek-V3, GLM-4.5, Ling's hybrids);
-- "mtp": under `mtp.`, with `fc`, `pre_fc_norm_embedding`, `pre_fc_norm_hidden` and `norm` (Qwen3-Next's and
-  Qwen3.5's layout, which Mellum shares).
+- "layers": the MTP layer stored after the decoder's own, `model.layers.{N}.` with `enorm`, `hnorm`,
+  `eh_proj` and `shared_head.norm` (DeepSeek-V3, GLM-4.5, Ling's hybrids);
+- "mtp": under `mtp.`, with `fc`, `pre_fc_norm_embedding`, `pre_fc_norm_hidden` and `norm`
+  (Qwen3-Next's and Qwen3.5's layout, which Mellum shares).
 
-The MTP layer is a copy of one of the target's attention layers, its final norm, and a projection that passes the
-token's embedding and a small share of the hidden state, so that it drafts from both, as the EAGLE-style head of
-models/heads.py is built. The target's other layers are damped, so that its MTP layer is right about half the time
-(measured: 57, 57 and 41 of 96 next tokens on six built-in prompts, Mellum, Ling's hybrid and DeepSeek-V3).
+The MTP layer is a copy of one of the target's attention layers, its final norm, and a projection
+that passes the token's embedding and a small share of the hidden state, so that it drafts from
+both, as the EAGLE-style head of models/heads.py is built. The target's other layers are damped, so
+that its MTP layer is right about half the time (measured: 57, 57 and 41 of 96 next tokens on six
+built-in prompts, Mellum, Ling's hybrid and DeepSeek-V3).
 """
 from __future__ import annotations
 
@@ -21,23 +22,27 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from specviz.models.checkpoints import embedded_tokenizer_dir
 
 ATTN = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128)
-MLA = dict(num_attention_heads=4, num_key_value_heads=4, intermediate_size=128, kv_lora_rank=16, q_lora_rank=None,
-           qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16)
+MLA = dict(num_attention_heads=4, num_key_value_heads=4, intermediate_size=128, kv_lora_rank=16,
+           q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16)
 _, BAILING, _ = HYBRIDS["bailing-hybrid"]
-# name -> (model_type, config fields, layout, the target layers the MTP layer copies (its attention and norms, its
-# MLP), what it is)
+# name -> (model_type, config fields, layout, the target layers the MTP layer copies (its attention
+# and norms, its MLP), what it is)
 FAMILIES = {
     "mellum": ("mellum", dict(**ATTN, num_hidden_layers=3, num_experts=4, num_experts_per_tok=2,
                               moe_intermediate_size=32, sliding_window=24,
-                              layer_types=["sliding_attention", "full_attention", "full_attention"]), "mtp", (0, 0),
+                              layer_types=["sliding_attention", "full_attention",
+                                           "full_attention"]), "mtp", (0, 0),
                "mixture of experts, sliding-window layers (the MTP layer's too), Qwen3.5's layout"),
-    # transformers 5.24 finds DeepSeek-V3's MTP layer at index 61 only: the target has DeepSeek-V3's depth, its
-    # last layer's MLP a mixture of experts, as the MTP layer's is
+    # transformers 5.24 finds DeepSeek-V3's MTP layer at index 61 only: the target has DeepSeek-V3's
+    # depth, its last layer's MLP a mixture of experts, as the MTP layer's is
     "deepseek-v3": ("deepseek_v3", dict(**MLA, num_hidden_layers=61, first_k_dense_replace=60,
-                                        moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
-                                        topk_group=1), "layers", (0, 60), "multi-head latent attention, experts"),
-    "bailing-hybrid": ("bailing_hybrid", dict(BAILING, num_hidden_layers=4, num_nextn_predict_layers=1,
-                                              mtp_layer_types=["full_attention"], mtp_mlp_layer_types=["sparse"]),
+                                        moe_intermediate_size=32, n_routed_experts=4,
+                                        num_experts_per_tok=2, n_group=1,
+                                        topk_group=1), "layers", (0, 60),
+                    "multi-head latent attention, experts"),
+    "bailing-hybrid": ("bailing_hybrid",
+                       dict(BAILING, num_hidden_layers=4, num_nextn_predict_layers=1,
+                            mtp_layer_types=["full_attention"], mtp_mlp_layer_types=["sparse"]),
                        "layers", (1, 1),
                        "a hybrid: Kimi delta attention, MLA, experts"),
 }
@@ -49,9 +54,10 @@ def save(path, family: str) -> str:
     """`family`'s target with one MTP layer, saved in `path`."""
     model_type, fields, layout, copied, _ = FAMILIES[family]
     tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
-    config = AutoConfig.for_model(model_type, vocab_size=len(tok), hidden_size=64, initializer_range=0.2,
-                                  tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
-                                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    config = AutoConfig.for_model(model_type, vocab_size=len(tok), hidden_size=64,
+                                  initializer_range=0.2, tie_word_embeddings=True,
+                                  bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                  pad_token_id=tok.pad_token_id,
                                   **{"num_nextn_predict_layers": 1, **fields})
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, experts_implementation="eager")
@@ -61,13 +67,15 @@ def save(path, family: str) -> str:
             if "layers" not in parts:
                 continue
             layer, mlp = int(parts[parts.index("layers") + 1]), "mlp" in parts
-            if layer != copied[mlp] and name.endswith(("o_proj.weight", "dense.weight", "down_proj.weight",
-                                                       "down_proj")):
+            if layer != copied[mlp] and name.endswith(("o_proj.weight", "dense.weight",
+                                                       "down_proj.weight", "down_proj")):
                 weight.mul_(DAMPED)
     model.save_pretrained(path)
     tok.save_pretrained(path)
-    stored = load_file(f"{path}/model.safetensors")  # the checkpoint's own names and layouts, to copy from
-    save_file({**stored, **_mtp_layer(stored, layout, copied, config.num_hidden_layers, config.hidden_size)},
+    # the checkpoint's own names and layouts, to copy from
+    stored = load_file(f"{path}/model.safetensors")
+    save_file({**stored,
+               **_mtp_layer(stored, layout, copied, config.num_hidden_layers, config.hidden_size)},
               f"{path}/model.safetensors", metadata={"format": "pt"})
     return str(path)
 
@@ -77,9 +85,11 @@ def _mtp_layer(stored: dict, layout: str, copied: tuple[int, int], layers: int, 
     for name, w in stored.items():
         for layer, part in zip(copied, ("attention", "mlp")):
             prefix = f"model.layers.{layer}."
-            if name.startswith(prefix) and (name[len(prefix):].startswith("mlp.") == (part == "mlp")):
+            if name.startswith(prefix) and (name[len(prefix):].startswith("mlp.")
+                                            == (part == "mlp")):
                 block[name[len(prefix):]] = w
-    # the norms give the embedding its own scale back (the layer's residual stream is an embedding, as in the target)
+    # the norms give the embedding its own scale back (the layer's residual stream is an embedding,
+    # as in the target)
     embedding = next(w for name, w in stored.items() if "embed" in name)
     scale = torch.full((H,), float(embedding.pow(2).mean(-1).sqrt().mean()))
     mix = torch.cat([torch.eye(H), SHARE * torch.eye(H)], 1)
@@ -89,5 +99,6 @@ def _mtp_layer(stored: dict, layout: str, copied: tuple[int, int], layers: int, 
                 at + "hnorm.weight": scale.clone(), at + "eh_proj.weight": mix,
                 at + "shared_head.norm.weight": stored["model.norm.weight"].clone()}
     return {**{"mtp.layers.0." + n: w.clone() for n, w in block.items()}, "mtp.fc.weight": mix,
-            "mtp.pre_fc_norm_embedding.weight": scale, "mtp.pre_fc_norm_hidden.weight": scale.clone(),
+            "mtp.pre_fc_norm_embedding.weight": scale,
+            "mtp.pre_fc_norm_hidden.weight": scale.clone(),
             "mtp.norm.weight": stored["model.norm.weight"].clone()}

@@ -1,7 +1,8 @@
-"""Bugs that keep the output right and waste the drafts (forensics/acceptance.py). The target verifies every draft,
-so a drafter fed wrong positions, or one that drafts before it has seen the target's last token, writes the
-reference all the same: only its acceptance shows it. Each round's drafts are compared with a fresh pass of the
-draft model on the committed tokens; a correct run's drafts are the draft model's own."""
+"""Bugs that keep the output right and waste the drafts (forensics/acceptance.py). The target
+verifies every draft, so a drafter fed wrong positions, or one that drafts before it has seen the
+target's last token, writes the reference all the same: only its acceptance shows it. Each round's
+drafts are compared with a fresh pass of the draft model on the committed tokens; a correct run's
+drafts are the draft model's own."""
 import pytest
 
 from specviz.decoding import drafters
@@ -13,9 +14,9 @@ from specviz.trace import metrics
 
 
 def _run(draft=TINY_DRAFT, faults=(), method="eqspec"):
-    return run(RunSpec.build(target=TINY_TARGET, draft=draft, dtype="float32", device="cpu", method=method,
-                             prompts=tuple(builtin_set("all")[:8]), batch_size=4, k=4, max_new_tokens=24,
-                             faults=faults))
+    return run(RunSpec.build(target=TINY_TARGET, draft=draft, dtype="float32", device="cpu",
+                             method=method, prompts=tuple(builtin_set("all")[:8]), batch_size=4,
+                             k=4, max_new_tokens=24, faults=faults))
 
 
 @pytest.mark.parametrize("draft", [TINY_DRAFT, TINY_TARGET], ids=["draft", "draft=target"])
@@ -25,7 +26,8 @@ def test_a_correct_runs_drafts_are_the_draft_models_own(draft, method, tiny):
     a = trace.acceptance
     assert a.verdict is None and a.beyond == 0 and a.compared > 0, a.explanation
     assert a.accepted == sum(r.accepted for r in trace.rows)
-    if draft == TINY_TARGET:  # the target drafting for itself: every draft is accepted but where rounding tips one
+    # the target drafting for itself: every draft is accepted but where rounding tips one
+    if draft == TINY_TARGET:
         assert a.accepted_fresh >= 0.97 * a.compared
         assert min(p for p in a.per_position_fresh if p is not None) >= 0.95
 
@@ -40,14 +42,15 @@ def test_a_lossless_draft_bug_keeps_the_output_and_is_named_by_its_side(fault, t
     assert metrics.equivalence(trace)["exact"] == 1  # lossless: every output is the reference
     a = trace.acceptance
     assert a.verdict == FAULTS[fault].acceptance, a.explanation
-    # With the target as its own draft every correct draft is accepted: the bug's cost is the whole shortfall.
+    # With the target as its own draft every correct draft is accepted: the bug's cost is the whole
+    # shortfall.
     assert a.accepted < 0.8 * a.accepted_fresh and a.beyond > 0 and a.first is not None
     assert "the drafts are wasted" in a.explanation
 
 
 def test_a_draft_bug_outside_the_catalogue_is_the_drafters_state(monkeypatch, tiny):
-    """Planted here: the draft model's first pass of each round is fed the token before its last one in place of
-    it, a stale slot. Neither hypothesis gives those drafts."""
+    """Planted here: the draft model's first pass of each round is fed the token before its last one
+    in place of it, a stale slot. Neither hypothesis gives those drafts."""
     real = drafters.run_model
 
     def stale_feed(pair, policy, role, tok, *args, **kw):

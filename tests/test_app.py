@@ -12,9 +12,9 @@ from specviz.spec.run import RunSpec
 from specviz.trace import share
 from specviz.trace.schema import MAX_TRACE_BYTES, Trace
 
-TINY_RUN = {"pair": "tiny", "target": "", "draft": "", "prompt_set": "quick", "typed": "", "prompt_file": None,
-            "method": "eqspec", "faults": [], "batch_size": 2, "k": 3, "max_new_tokens": 8, "dtype": "float64",
-            "seed": 0, "window": 0, "max_wait": 4}
+TINY_RUN = {"pair": "tiny", "target": "", "draft": "", "prompt_set": "quick", "typed": "",
+            "prompt_file": None, "method": "eqspec", "faults": [], "batch_size": 2, "k": 3,
+            "max_new_tokens": 8, "dtype": "float64", "seed": 0, "window": 0, "max_wait": 4}
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +26,11 @@ def test_default_example_through_the_named_api_equals_the_reference(client, embe
     from specviz.app.form import DEFAULTS
 
     controls = client.predict(api_name="/example_clean")  # fills the controls as the button does
-    _, trace_file = client.predict(**dict(zip(DEFAULTS, controls)), prompt_file=None, api_name="/run")
+    _, trace_file = client.predict(**dict(zip(DEFAULTS, controls)), prompt_file=None,
+                                   api_name="/run")
     trace = Trace.from_json(Path(trace_file).read_text())
-    assert trace.manifest.spec.target == "specviz:smollm2-135m" and trace.manifest.spec.method == "eqspec"
+    assert (trace.manifest.spec.target == "specviz:smollm2-135m"
+            and trace.manifest.spec.method == "eqspec")
     assert [p.ids for p in trace.prompts] == embedded.encode(trace.manifest.spec.prompts)
     for s in trace.sequences:
         assert s.reference_ids and s.output_ids == s.reference_ids
@@ -46,8 +48,10 @@ def test_bad_input_gets_a_message_and_the_server_keeps_serving(client, tiny):
 
 
 def _link(**spec_changes) -> str:
-    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", prompts=("Hi!",), dtype="float64")
-    return share.encode_link(share.Link(spec.model_copy(update=spec_changes), seq=0, round=1, fingerprint="f" * 16))
+    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", prompts=("Hi!",),
+                         dtype="float64")
+    return share.encode_link(share.Link(spec.model_copy(update=spec_changes), seq=0, round=1,
+                                        fingerprint="f" * 16))
 
 
 @pytest.mark.parametrize("query, message", [
@@ -96,7 +100,8 @@ def test_a_trace_file_opens_without_a_model(client, tmp_path, good_trace):
     (lambda t: t[: len(t) // 2], "invalid JSON"),  # truncated
     (lambda t: json.dumps({**json.loads(t), "schema_version": 99}).encode(), "schema version 1"),
     (lambda t: json.dumps({**json.loads(t), "rows": "many"}).encode(), "rows"),
-    (lambda t: json.dumps({**json.loads(t), "sequences": [{"seq": "zero"}]}).encode(), "sequences.0"),
+    (lambda t: json.dumps({**json.loads(t), "sequences": [{"seq": "zero"}]}).encode(),
+     "sequences.0"),
     (lambda t: b"\xff\xfe binary", "not UTF-8"),
 ])
 def test_malformed_trace_files_get_a_message(client, tmp_path, good_trace, mangle, message):
@@ -116,22 +121,27 @@ def test_operator_limits_are_enforced_with_clear_messages(client):
     with pytest.raises(Exception, match="greater than maximum value 16"):
         client.predict(**over, api_name="/run")
     many = {**TINY_RUN, "typed": "\n".join(f"prompt {i}" for i in range(65))}
-    with pytest.raises(Exception, match=r"the number of prompts 65 is over this server's limit of 64 \(SPECVIZ_MAX_PROMPTS\)"):
+    with pytest.raises(Exception, match=r"the number of prompts 65 is over this server's limit "
+                                        r"of 64 \(SPECVIZ_MAX_PROMPTS\)"):
         client.predict(**many, api_name="/run")
-    custom = {**TINY_RUN, "pair": "custom (type ids below)", "target": "gpt2", "draft": "distilgpt2"}
+    custom = {**TINY_RUN, "pair": "custom (type ids below)", "target": "gpt2",
+              "draft": "distilgpt2"}
     with pytest.raises(Exception, match=r"target model 'gpt2' is not allowed on this server"):
         client.predict(**custom, api_name="/run")
     wide = {**TINY_RUN, "pair": "smollm2"}  # Hub ids: refused before anything is downloaded
-    with pytest.raises(Exception, match=r"dtype float64 is wider than this server's limit of float32 for Hub and "
-                                        r"local models \(SPECVIZ_MAX_DTYPE\)"):
+    with pytest.raises(Exception,
+            match=r"dtype float64 is wider than this server's limit of float32 for Hub and "
+                  r"local models \(SPECVIZ_MAX_DTYPE\)"):
         client.predict(**wide, api_name="/run")
     work = {**TINY_RUN, "typed": "\n".join(f"prompt {i}" for i in range(40)), "max_new_tokens": 110}
-    with pytest.raises(Exception, match=r"prompts × max new tokens 4400 is over this server's limit of 4096 "
-                                        r"\(SPECVIZ_MAX_RUN_TOKENS\)"):
+    with pytest.raises(Exception,
+                       match=r"prompts × max new tokens 4400 is over this server's limit of 4096 "
+                             r"\(SPECVIZ_MAX_RUN_TOKENS\)"):
         client.predict(**work, api_name="/run")
     long = {**TINY_RUN, "typed": " ".join(["word"] * 2100)}  # about 2,100 tokens, 10,500 characters
-    with pytest.raises(Exception, match=r"prompt 0 is \d+ tokens long, over this server's limit of 2048 "
-                                        r"\(SPECVIZ_MAX_PROMPT_TOKENS\)"):
+    with pytest.raises(Exception,
+                       match=r"prompt 0 is \d+ tokens long, over this server's limit of 2048 "
+                             r"\(SPECVIZ_MAX_PROMPT_TOKENS\)"):
         client.predict(**long, api_name="/run")
     status, _ = client.predict(**TINY_RUN, api_name="/run")  # and the next run goes through
     assert "100% of sequences equal the batch-size-1 reference" in status
@@ -143,9 +153,11 @@ def test_a_shared_link_to_another_revision_is_not_replayed():
     from specviz.app.runview import replay
     from specviz.run.settings import Settings
 
-    spec = RunSpec.build(target="Qwen/Qwen3-8B", draft="Qwen/Qwen3-0.6B", target_revision="refs/pr/7", prompts=("Hi",))
-    with pytest.raises(Error, match=r"cannot be replayed here: revision 'refs/pr/7' of target model 'Qwen/Qwen3-8B' "
-                                    r"is not allowed on this server; .*\(SPECVIZ_ALLOWED_MODELS\)"):
+    spec = RunSpec.build(target="Qwen/Qwen3-8B", draft="Qwen/Qwen3-0.6B",
+                         target_revision="refs/pr/7", prompts=("Hi",))
+    with pytest.raises(Error,
+            match=r"cannot be replayed here: revision 'refs/pr/7' of target model 'Qwen/Qwen3-8B' "
+                  r"is not allowed on this server; .*\(SPECVIZ_ALLOWED_MODELS\)"):
         replay(Settings(), {"spec": spec.canonical_json()})
 
 
@@ -153,13 +165,15 @@ def test_a_replay_that_drifted_says_so_and_shows_what_differs(good_trace):
     from specviz.app.runview import _replay_report
 
     trace = Trace.from_json(good_trace)
-    same = _replay_report(trace, {"fp": trace.manifest.fingerprint, "env": share.environment(trace.manifest)})
+    same = _replay_report(trace,
+            {"fp": trace.manifest.fingerprint, "env": share.environment(trace.manifest)})
     assert "matched the shared run exactly" in same and "| differs |" not in same
     elsewhere = {**share.environment(trace.manifest), "device": "cuda:0", "torch": "2.12.0"}
     drifted = _replay_report(trace, {"fp": "0" * 16, "env": elsewhere})
     shown = markdown_text(drifted)
     assert "drifted" in shown and "differs shared run this replay" in shown
-    assert "device cuda:0 cpu" in shown and f"torch 2.12.0 {trace.manifest.versions['torch']}" in shown
+    assert ("device cuda:0 cpu" in shown
+            and f"torch 2.12.0 {trace.manifest.versions['torch']}" in shown)
 
 
 def test_an_uploaded_prompt_file_is_used_and_a_bad_one_explained(client, tmp_path):
@@ -169,7 +183,8 @@ def test_an_uploaded_prompt_file_is_used_and_a_bad_one_explained(client, tmp_pat
     good.write_text('{"turns": ["Hello there"]}\n{"turns": ["Two\\nlines"]}\n')
     with_file = {**TINY_RUN, "prompt_file": handle_file(str(good))}
     _, trace_file = client.predict(**with_file, api_name="/run")
-    assert Trace.from_json(Path(trace_file).read_text()).manifest.spec.prompts == ("Hello there", "Two\nlines")
+    assert (Trace.from_json(Path(trace_file).read_text()).manifest.spec.prompts
+            == ("Hello there", "Two\nlines"))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "no turns"}\n')
     with_file["prompt_file"] = handle_file(str(bad))
@@ -178,9 +193,10 @@ def test_an_uploaded_prompt_file_is_used_and_a_bad_one_explained(client, tmp_pat
 
 
 def test_the_shrink_button_gives_a_smaller_run_that_opens_on_the_fork(app_url):
-    client = Client(app_url, verbose=False)  # a session of its own: shrink reads the session's trace
-    bsp = {**TINY_RUN, "prompt_set": "all", "faults": ["bsp-like"], "batch_size": 4, "max_new_tokens": 16,
-           "dtype": "float32"}
+    # a session of its own: shrink reads the session's trace
+    client = Client(app_url, verbose=False)
+    bsp = {**TINY_RUN, "prompt_set": "all", "faults": ["bsp-like"], "batch_size": 4,
+           "max_new_tokens": 16, "dtype": "float32"}
     _, trace_file = client.predict(**bsp, api_name="/run")
     trace = Trace.from_json(Path(trace_file).read_text())
     seq = next(s for s in trace.sequences if s.equivalent is False)
@@ -194,8 +210,10 @@ def test_the_shrink_button_gives_a_smaller_run_that_opens_on_the_fork(app_url):
         client.predict(10_000, api_name="/shrink")
 
 
-def _outputs_file(tmp_path, trace: Trace, tamper: int | None = None, name: str = "outputs.jsonl") -> str:
-    """An engine's outputs file made from a run's outputs; `tamper`: that sequence's token 2 replaced."""
+def _outputs_file(tmp_path, trace: Trace, tamper: int | None = None,
+                  name: str = "outputs.jsonl") -> str:
+    """An engine's outputs file made from a run's outputs; `tamper`: that sequence's token 2
+    replaced."""
     lines = [json.dumps({"engine": {"name": "my-engine", "version": "1.2", "settings": {"k": 3}}})]
     for p, s in zip(trace.prompts, trace.sequences):
         ids = list(s.output_ids)
@@ -207,59 +225,69 @@ def _outputs_file(tmp_path, trace: Trace, tamper: int | None = None, name: str =
     return str(path)
 
 
-CHECKED = {"pair": "tiny", "target": "", "dtype": "float64", "outputs": None, "control": None, "server": "",
-           "served_model": "", "control_server": "", "prompt_set": "quick", "max_new_tokens": 8}
+CHECKED = {"pair": "tiny", "target": "", "dtype": "float64", "outputs": None, "control": None,
+           "server": "", "served_model": "", "control_server": "", "prompt_set": "quick",
+           "max_new_tokens": 8}
 
 
 def test_the_check_tab_judges_an_uploaded_outputs_file(tmp_path, good_trace, app_url):
     from gradio_client import handle_file
 
     client = Client(app_url, verbose=False)
-    checked = {**CHECKED, "outputs": handle_file(_outputs_file(tmp_path, Trace.from_json(good_trace), tamper=0))}
+    checked = {**CHECKED,
+            "outputs": handle_file(_outputs_file(tmp_path, Trace.from_json(good_trace), tamper=0))}
     status, _ = client.predict(**checked, api_name="/check_engine")
-    assert "unexplained × 1" in status  # without its control run, this engine's rounding is not known
-    checked["control"] = handle_file(_outputs_file(tmp_path, Trace.from_json(good_trace), name="control.jsonl"))
+    # without its control run, this engine's rounding is not known
+    assert "unexplained × 1" in status
+    checked["control"] = handle_file(_outputs_file(tmp_path, Trace.from_json(good_trace),
+                                                   name="control.jsonl"))
     status, trace_file = client.predict(**checked, api_name="/check_engine")
     trace = Trace.from_json(Path(trace_file).read_text())
     assert trace.manifest.engine.name == "my-engine" and trace.manifest.spec.method == "engine"
-    assert "engine check" in status and "my\\-engine 1\\.2" in status and "engine\\-bug × 1" in status
+    assert ("engine check" in status and "my\\-engine 1\\.2" in status
+            and "engine\\-bug × 1" in status)
     assert trace.sequences[0].forensics.verdict == "engine-bug"
     assert all(s.equivalent for s in trace.sequences[1:])
 
 
-def test_the_check_tab_judges_the_acceptance_of_an_engine_said_to_draft_with_the_pairs_draft(tmp_path, good_trace,
+def test_the_check_tab_judges_the_acceptance_of_an_engine_said_to_draft_with_the_pairs_draft(
+        tmp_path, good_trace,
                                                                                             app_url):
-    """Right outputs whose counters accept no draft: a lossless draft bug, caught once the user says the engine
-    drafts with the pair's draft model (its counters are judged against that draft's replay); not judged unsaid."""
+    """Right outputs whose counters accept no draft: a lossless draft bug, caught once the user says
+    the engine drafts with the pair's draft model (its counters are judged against that draft's
+    replay); not judged unsaid."""
     from gradio_client import handle_file
 
     trace = Trace.from_json(good_trace)
     lines = [{"engine": {"name": "my-engine", "settings": {"k": 5}}}]
-    lines += [{"prompt_ids": p.ids, "output_ids": s.output_ids, "drafts": 5 * len(s.output_ids), "accepted": 0}
+    lines += [{"prompt_ids": p.ids, "output_ids": s.output_ids, "drafts": 5 * len(s.output_ids),
+               "accepted": 0}
               for p, s in zip(trace.prompts, trace.sequences)]
     path = tmp_path / "counted.jsonl"
     path.write_text("\n".join(json.dumps(line) for line in lines))
     client = Client(app_url, verbose=False)
-    checked = {**CHECKED, "outputs": handle_file(str(path)), "determinism": False, "temperature": 0, "top_p": 1,
-               "seed": 0}
+    checked = {**CHECKED, "outputs": handle_file(str(path)), "determinism": False, "temperature": 0,
+               "top_p": 1, "seed": 0}
     for said in (False, True):
         _, trace_file = client.predict(**checked, same_draft=said, api_name="/check_engine")
         acceptance = Trace.from_json(Path(trace_file).read_text()).acceptance
         if said:
-            assert acceptance.counters and acceptance.verdict == "draft-bug:acceptance", acceptance.explanation
+            assert (acceptance.counters
+                    and acceptance.verdict == "draft-bug:acceptance"), acceptance.explanation
         else:
             assert acceptance is None
 
 
 def test_the_check_tab_judges_a_sampled_engine_at_its_settings(tmp_path, good_trace, app_url):
-    """Sampled, a file is judged by its tokens' distribution under the target at the tab's settings, which the
-    check's spec records (a server would be asked with them)."""
+    """Sampled, a file is judged by its tokens' distribution under the target at the tab's settings,
+    which the check's spec records (a server would be asked with them)."""
     from gradio_client import handle_file
 
     client = Client(app_url, verbose=False)
     outputs = handle_file(_outputs_file(tmp_path, Trace.from_json(good_trace)))
-    status, trace_file = client.predict(**{**CHECKED, "outputs": outputs}, determinism=False, temperature=0.8,
-                                        top_p=0.9, seed=3, api_name="/check_engine")
+    status, trace_file = client.predict(**{**CHECKED, "outputs": outputs}, determinism=False,
+                                        temperature=0.8, top_p=0.9, seed=3,
+                                        api_name="/check_engine")
     trace = Trace.from_json(Path(trace_file).read_text())
     spec = trace.manifest.spec
     assert (spec.method, spec.temperature, spec.top_p, spec.seed) == ("engine", 0.8, 0.9, 3)
@@ -269,13 +297,14 @@ def test_the_check_tab_judges_a_sampled_engine_at_its_settings(tmp_path, good_tr
 
 def test_the_check_tab_asks_no_server_unless_the_operator_allows_it(app_url):
     client = Client(app_url, verbose=False)
-    with pytest.raises(Exception, match=r"engine server 'http://example\.org:8000' is not allowed on this server; "
-                                        r"allowed: none \(SPECVIZ_ENGINE_SERVERS\)"):
+    with pytest.raises(Exception,
+            match=r"engine server 'http://example\.org:8000' is not allowed on this server; "
+                  r"allowed: none \(SPECVIZ_ENGINE_SERVERS\)"):
         client.predict(**{**CHECKED, "server": "http://example.org:8000"}, api_name="/check_engine")
 
 
-SAMPLED = {**TINY_RUN, "audit": False, "temperature": 0.8, "top_k": 40, "top_p": 0.9, "draft_temperature": None,
-           "draft_top_k": None, "draft_top_p": None}
+SAMPLED = {**TINY_RUN, "audit": False, "temperature": 0.8, "top_k": 40, "top_p": 0.9,
+           "draft_temperature": None, "draft_top_k": None, "draft_top_p": None}
 
 
 def test_penalties_log_probabilities_stop_strings_and_the_chat_template_go_through_the_controls_and_back():
@@ -283,8 +312,9 @@ def test_penalties_log_probabilities_stop_strings_and_the_chat_template_go_throu
     from specviz.app import runview as ui
 
     spec = form.spec_from_controls(**TINY_RUN, audit=False, temperature=0.0, top_k=0, top_p=1.0,
-                                   draft_temperature=None, draft_top_k=None, draft_top_p=None, drafter="model",
-                                   ngram_min=1, ngram_max=3, rows="", repetition_penalty=1.3, presence_penalty=0.5,
+                                   draft_temperature=None, draft_top_k=None, draft_top_p=None,
+                                   drafter="model", ngram_min=1, ngram_max=3, rows="",
+                                   repetition_penalty=1.3, presence_penalty=0.5,
                                    logprobs=True, stop=" Paris\r\n!", chat_template=False)
     assert (spec.repetition_penalty, spec.presence_penalty, spec.logprobs) == (1.3, 0.5, True)
     assert spec.stop == (" Paris", "!") and spec.chat_template is False
@@ -300,26 +330,33 @@ def test_the_sampling_controls_make_the_spec_and_a_sampled_link_replays_exactly(
     status, trace_file = client.predict(**SAMPLED, api_name="/run")
     trace = Trace.from_json(Path(trace_file).read_text())
     spec = trace.manifest.spec
-    assert (spec.temperature, spec.top_k, spec.top_p, spec.draft_temperature) == (0.8, 40, 0.9, None)
+    assert ((spec.temperature, spec.top_k, spec.top_p, spec.draft_temperature)
+            == (0.8, 40, 0.9, None))
     assert spec == form.spec_from_controls(**SAMPLED)
     assert trace.distribution is not None and all(s.reference_ids is None for s in trace.sequences)
-    assert "sampled** at temperature 0\\.8\\, top\\-k 40\\, top\\-p 0\\.9" in status and "| distribution |" in status
+    assert ("sampled** at temperature 0\\.8\\, top\\-k 40\\, top\\-p 0\\.9" in status
+            and "| distribution |" in status)
     # The link fills the controls back to the same spec, and carries it exactly.
-    link = share.encode_link(share.Link(spec, 0, None, trace.manifest.fingerprint, share.environment(trace.manifest)))
-    *controls, _download, note = client.predict(link, api_name="/open_link")  # States are not API outputs
+    link = share.encode_link(share.Link(spec, 0, None, trace.manifest.fingerprint,
+                                        share.environment(trace.manifest)))
+    # States are not API outputs
+    *controls, _download, note = client.predict(link, api_name="/open_link")
     assert "Replaying" in note
     assert form.spec_from_controls(**dict(zip(form.DEFAULTS, controls))) == spec
     # the draft's own settings, in the accordion
-    own = form.spec_from_controls(**{**SAMPLED, "draft_temperature": 0.5, "draft_top_k": 0, "draft_top_p": 0.99})
+    own = form.spec_from_controls(**{**SAMPLED, "draft_temperature": 0.5, "draft_top_k": 0,
+                                     "draft_top_p": 0.99})
     assert (own.draft_temperature, own.draft_top_k, own.draft_top_p) == (0.5, 0, 0.99)
     opened = ui.open_link(share.encode_link(share.Link(own)))
     assert form.spec_from_controls(**{n: opened[n] for n in form.DEFAULTS}) == own
     # Replayed afresh (not from this process's cache): the same fingerprint, and the report says so.
     serving.TRACES.pop(spec.key(), None)
-    replayed, report, _, _ = ui.replay(Settings(), {"spec": spec.canonical_json(), "fp": trace.manifest.fingerprint,
+    replayed, report, _, _ = ui.replay(Settings(),
+            {"spec": spec.canonical_json(), "fp": trace.manifest.fingerprint,
                                                    "env": share.environment(trace.manifest)})
     assert replayed is not trace and replayed.manifest.fingerprint == trace.manifest.fingerprint
-    assert "Replay matched the shared run exactly" in report and "Every draw fell the same way" in report
+    assert ("Replay matched the shared run exactly" in report
+            and "Every draw fell the same way" in report)
     assert markdown_text(summary.distribution_row(replayed)) in markdown_text(report)
 
 
@@ -330,13 +367,15 @@ def test_a_sampled_replay_that_drifted_says_what_that_means(client):
     trace = Trace.from_json(Path(trace_file).read_text())
     elsewhere = {**share.environment(trace.manifest), "device": "cuda:0"}
     shown = markdown_text(ui._replay_report(trace, {"fp": "0" * 16, "env": elsewhere}))
-    assert "drifted" in shown and "random numbers are counter-based" in shown and "device cuda:0 cpu" in shown
+    assert ("drifted" in shown and "random numbers are counter-based" in shown
+            and "device cuda:0 cpu" in shown)
 
 
 def test_out_of_range_sampling_is_refused_with_a_message(client):
     from specviz.app.form import DEFAULTS
 
-    top_p_without_temperature = {**TINY_RUN, "audit": False, "temperature": 0, "top_k": 0, "top_p": 0.9}
+    top_p_without_temperature = {**TINY_RUN, "audit": False, "temperature": 0, "top_k": 0,
+                                 "top_p": 0.9}
     with pytest.raises(Exception, match="need a temperature above 0"):
         client.predict(**top_p_without_temperature, api_name="/run")
     sampling_fault_greedy = {**TINY_RUN, "faults": ["accept-q-over-p"]}
@@ -344,7 +383,8 @@ def test_out_of_range_sampling_is_refused_with_a_message(client):
         client.predict(**sampling_fault_greedy, api_name="/run")
     hot = share.encode_link(share.Link(RunSpec.build(prompts=("Hi",), temperature=5.0, top_p=0.01)))
     values = dict(zip(DEFAULTS, client.predict(hot, api_name="/open_link")))
-    assert values["temperature"] == {"__type__": "update", "value": 5.0, "maximum": 5.0}  # the slider widens to it
+    # the slider widens to it
+    assert values["temperature"] == {"__type__": "update", "value": 5.0, "maximum": 5.0}
     assert values["top_p"] == {"__type__": "update", "value": 0.01, "minimum": 0.01}
 
 
@@ -353,17 +393,21 @@ def test_the_sampling_examples_fill_the_controls(client):
     from specviz.app import runview as ui
 
     names = [n for n in ui.EXAMPLES if ui.EXAMPLES[n].get("temperature")]
-    assert {page.example_api_name(n) for n in names} == {"example_sampled", "example_sampling", "example_audited"}
+    assert {page.example_api_name(n) for n in names} == {"example_sampled", "example_sampling",
+                                                         "example_audited"}
     values = dict(zip(form.DEFAULTS, client.predict(api_name="/example_sampling")))
-    assert values["faults"] == ["temperature-draft-only"] and (values["temperature"], values["top_p"]) == (0.8, 0.95)
+    assert (values["faults"] == ["temperature-draft-only"]
+            and (values["temperature"], values["top_p"]) == (0.8, 0.95))
     greedy = dict(zip(form.DEFAULTS, client.predict(api_name="/example_clean")))
-    assert (greedy["temperature"], greedy["top_k"], greedy["top_p"]) == (0, 0, 1)  # an example resets sampling
+    # an example resets sampling
+    assert (greedy["temperature"], greedy["top_k"], greedy["top_p"]) == (0, 0, 1)
 
 
-# Typed prompts of this test's own, so that their reference is decoded first here (the timing note says so).
-LOOKUP = {**TINY_RUN, "typed": "Name three rivers. Name three rivers.\nHi", "audit": False, "temperature": 0,
-          "top_k": 0, "top_p": 1, "draft_temperature": None, "draft_top_k": None, "draft_top_p": None,
-          "drafter": "lookup", "ngram_min": 2, "ngram_max": 4}
+# Typed prompts of this test's own, so that their reference is decoded first here (the timing note
+# says so).
+LOOKUP = {**TINY_RUN, "typed": "Name three rivers. Name three rivers.\nHi", "audit": False,
+          "temperature": 0, "top_k": 0, "top_p": 1, "draft_temperature": None, "draft_top_k": None,
+          "draft_top_p": None, "drafter": "lookup", "ngram_min": 2, "ngram_max": 4}
 
 
 def test_the_drafter_controls_make_the_spec_and_a_lookup_link_restores_them(client):
@@ -379,18 +423,26 @@ def test_the_drafter_controls_make_the_spec_and_a_lookup_link_restores_them(clie
     assert "drafts by prompt lookup (n-grams 2–4, no draft model)" in shown
     assert f"Speed-up: {views.metrics.speedup(trace)['ratio']:.2f}×" in shown
     assert "both measured on this machine in this run" in shown  # its reference decoded in this run
-    # The same spec again: served from the process's cache, and said so; another k: the reference reused.
-    assert "when this process first ran this spec" in markdown_text(client.predict(**LOOKUP, api_name="/run")[0])
+    # The same spec again: served from the process's cache, and said so; another k: the reference
+    # reused.
+    assert "when this process first ran this spec" in markdown_text(client.predict(**LOOKUP,
+            api_name="/run")[0])
     other_k = {**LOOKUP, "k": 4}
-    assert "reused here, not timed again" in markdown_text(client.predict(**other_k, api_name="/run")[0])
+    assert ("reused here, not timed again"
+            in markdown_text(client.predict(**other_k, api_name="/run")[0]))
     # The link fills the drafter and n-gram controls back to the same spec.
-    link = share.encode_link(share.Link(spec, 0, None, trace.manifest.fingerprint, share.environment(trace.manifest)))
-    *controls, _download, note = client.predict(link, api_name="/open_link")  # States are not API outputs
+    link = share.encode_link(share.Link(spec, 0, None, trace.manifest.fingerprint,
+                                        share.environment(trace.manifest)))
+    # States are not API outputs
+    *controls, _download, note = client.predict(link, api_name="/open_link")
     values = dict(zip(form.DEFAULTS, controls))
-    assert "Replaying" in note and (values["drafter"], values["ngram_min"], values["ngram_max"]) == ("lookup", 2, 4)
+    assert "Replaying" in note and (values["drafter"], values["ngram_min"],
+                                    values["ngram_max"]) == ("lookup", 2, 4)
     assert form.spec_from_controls(**values) == spec
-    # With the draft model the (hidden) n-gram sliders are not read, and its link restores the draft model.
-    model = form.spec_from_controls(**{**LOOKUP, "drafter": "model", "ngram_min": 2, "ngram_max": 4})
+    # With the draft model the (hidden) n-gram sliders are not read, and its link restores the draft
+    # model.
+    model = form.spec_from_controls(**{**LOOKUP, "drafter": "model", "ngram_min": 2,
+                                       "ngram_max": 4})
     assert (model.drafter, model.ngram_min, model.ngram_max) == ("model", 1, 3)
     opened = ui.open_link(share.encode_link(share.Link(model)))
     values = {n: opened[n] for n in form.DEFAULTS}
@@ -408,17 +460,21 @@ def test_the_method_registry_drives_the_method_drafter_and_fault_controls():
     by_id = {b.elem_id: b for b in blocks.blocks.values() if getattr(b, "elem_id", None)}
     assert [v for _, v in by_id["sv-method"].choices] == list(METHODS)
     assert [v for _, v in by_id["sv-drafter"].choices] == list(DRAFTERS)
-    assert by_id["sv-method"].info == METHODS["eqspec"].summary and by_id["sv-drafter"].info == DRAFTERS["model"].summary
-    assert not by_id["sv-ngram-min"].visible and not by_id["sv-ngram-max"].visible  # the draft model: no n-grams,
+    assert (by_id["sv-method"].info == METHODS["eqspec"].summary
+            and by_id["sv-drafter"].info == DRAFTERS["model"].summary)
+    # the draft model: no n-grams,
+    assert not by_id["sv-ngram-min"].visible and not by_id["sv-ngram-max"].visible
     assert by_id["sv-tree-width"].visible  # but trees
     for name, m in METHODS.items():
         info, faults, drafter, k = ui.method_allows(name, "lookup")
         assert info["info"] == m.summary
-        assert faults["interactive"] == m.faults and faults.get("value", "kept") == ("kept" if m.faults else [])
+        assert faults["interactive"] == m.faults and faults.get("value",
+                "kept") == ("kept" if m.faults else [])
         assert drafter["interactive"] == k["interactive"] == m.speculative
         assert drafter.get("value", "kept") == ("kept" if "lookup" in m.drafters else "model")
     info, low, high, width = ui.drafter_shows("lookup")
-    assert info["info"] == DRAFTERS["lookup"].summary and low["visible"] and high["visible"] and width["visible"]
+    assert (info["info"] == DRAFTERS["lookup"].summary and low["visible"] and high["visible"]
+            and width["visible"])
     model = dict(zip(DRAFTER_OPTIONS, ui.drafter_shows("model")[1:]))
     assert [f for f, x in model.items() if x["visible"]] == ["tree_width"]
 
@@ -428,7 +484,8 @@ def test_the_prompt_lookup_example_fills_the_drafter_and_other_examples_reset_it
 
     values = dict(zip(DEFAULTS, client.predict(api_name="/example_prompt")))
     assert (values["drafter"], values["ngram_min"], values["ngram_max"]) == ("lookup", 2, 3)
-    assert (values["prompt_set"], values["method"], values["batch_size"], values["k"]) == ("summarize+code", "eqspec", 1, 5)
+    assert (values["prompt_set"], values["method"], values["batch_size"],
+            values["k"]) == ("summarize+code", "eqspec", 1, 5)
     assert dict(zip(DEFAULTS, client.predict(api_name="/example_clean")))["drafter"] == "model"
 
 
@@ -436,7 +493,8 @@ def test_the_tree_width_control_makes_the_spec_and_a_link_restores_it():
     from specviz.app import form
     from specviz.app import runview as ui
 
-    spec = form.spec_from_controls(**{**form.DEFAULTS, "pair": "tiny", "prompt_file": None, "tree_width": 4})
+    spec = form.spec_from_controls(**{**form.DEFAULTS, "pair": "tiny", "prompt_file": None,
+                                      "tree_width": 4})
     assert (spec.drafter, spec.tree_width) == ("model", 4)
     opened = ui.open_link(share.encode_link(share.Link(spec)))
     values = {n: opened[n] for n in form.DEFAULTS}

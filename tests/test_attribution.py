@@ -1,9 +1,11 @@
-"""Attribution (run/attribution.py): which known mechanism writes another engine's fork, from its ids alone.
+"""Attribution (run/attribution.py): which known mechanism writes another engine's fork, from its
+ids alone.
 
-The engine is tests/independent_decoder.py, a batch speculative decoder over transformers that shares no code with
-specviz, with bugs from the casebook planted by hand in its own code. Its outputs file is checked with `specviz
-check --outputs`, as a user checks any engine's: each planted bug must be named by its own mechanism, on every
-row it forks, and the correct decoder's rows, and a bug outside the catalogue, must be named by none.
+The engine is tests/independent_decoder.py, a batch speculative decoder over transformers that
+shares no code with specviz, with bugs from the casebook planted by hand in its own code. Its
+outputs file is checked with `specviz check --outputs`, as a user checks any engine's: each planted
+bug must be named by its own mechanism, on every row it forks, and the correct decoder's rows, and a
+bug outside the catalogue, must be named by none.
 """
 import copy
 
@@ -22,13 +24,16 @@ from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
 from specviz.trace.schema import Trace
 
 K, BATCH, BUDGET = 4, 4, 24
-TEXTS = ("Hi", "The quick brown fox jumps over the lazy dog. The quick brown fox", "one two three one two three one two",
-         "Once upon a time", "def f(x): return x + 1\ndef g(x): return f(x) * 2\ndef h(x):", "a b a b a b a b")
-EOS = (35373, 15491, 25223)  # tokens the tiny target writes mid-output: its end-of-sequence tokens for the stop bug
+TEXTS = ("Hi", "The quick brown fox jumps over the lazy dog. The quick brown fox",
+         "one two three one two three one two",
+         "Once upon a time", "def f(x): return x + 1\ndef g(x): return f(x) * 2\ndef h(x):",
+         "a b a b a b a b")
+# tokens the tiny target writes mid-output: its end-of-sequence tokens for the stop bug
+EOS = (35373, 15491, 25223)
 # bug -> (drafter, what else the engine and the check share); each forks some rows of TEXTS under it
 SETTINGS = {"draft-bonus": ("model", {}), "bonus-from-another-row": ("ngram", {}),
-            "verify-positions-not-advanced": ("model", {}), "stop-at-last-token": ("model", {"eos": EOS}),
-            "min-crop": ("model", {}),
+            "verify-positions-not-advanced": ("model", {}),
+            "stop-at-last-token": ("model", {"eos": EOS}), "min-crop": ("model", {}),
             "rollback-by-draft-list": ("ngram", {})}
 
 
@@ -39,8 +44,8 @@ def prompts(tiny):
 
 @pytest.fixture(scope="module")
 def eos_pair(tiny, tmp_path_factory):
-    """The tiny pair saved as a user's local models, whose end-of-sequence tokens the target writes mid-output:
-    (target folder, draft folder)."""
+    """The tiny pair saved as a user's local models, whose end-of-sequence tokens the target writes
+    mid-output: (target folder, draft folder)."""
     folders = []
     for name, model in (("target", tiny.target), ("draft", tiny.draft)):
         path = tmp_path_factory.mktemp("eos") / name
@@ -59,20 +64,22 @@ def _engine(tiny, prompts, bug, drafter, eos=(), dtype=torch.float64):
     # another dtype on copies: the session's tiny pair must keep its float64 weights
     target, draft = (tiny.target, tiny.draft) if dtype == torch.float64 else \
         (copy.deepcopy(tiny.target).to(dtype), copy.deepcopy(tiny.draft).to(dtype))
-    return decode(target, draft if drafter == "model" else None, prompts, k=K, max_new_tokens=BUDGET,
-                  batch_size=BATCH, drafter=drafter, eos_ids=tuple(sorted(set(eos) | set(tiny.eos_ids))), bug=bug)
+    return decode(target, draft if drafter == "model" else None, prompts, k=K,
+                  max_new_tokens=BUDGET, batch_size=BATCH, drafter=drafter,
+                  eos_ids=tuple(sorted(set(eos) | set(tiny.eos_ids))), bug=bug)
 
 
 def _check(tmp_path, outputs_file, pair=(TINY_TARGET, TINY_DRAFT), *extra) -> Trace:
     trace = tmp_path / "check.json"
-    assert cli(["check", "--outputs", str(outputs_file), "--target", str(pair[0]), "--draft", str(pair[1]),
-                "--dtype", "float64", "--device", "cpu", "--k", str(K), "--no-chat-template",
-                "--trace", str(trace), *extra]) == 0
+    assert cli(["check", "--outputs", str(outputs_file), "--target", str(pair[0]), "--draft",
+                str(pair[1]), "--dtype", "float64", "--device", "cpu", "--k", str(K),
+                "--no-chat-template", "--trace", str(trace), *extra]) == 0
     return Trace.from_json(trace.read_text())
 
 
 @pytest.mark.parametrize("bug", BUGS)
-def test_each_planted_bug_of_an_independent_engine_is_named_by_its_mechanism(bug, tiny, prompts, eos_pair, tmp_path,
+def test_each_planted_bug_of_an_independent_engine_is_named_by_its_mechanism(bug, tiny, prompts,
+                                                                             eos_pair, tmp_path,
                                                                              capsys):
     drafter, more = SETTINGS[bug]
     outputs = _engine(tiny, prompts, bug, drafter, **more)
@@ -87,21 +94,25 @@ def test_each_planted_bug_of_an_independent_engine_is_named_by_its_mechanism(bug
         a = s.attribution
         assert a is not None, (bug, s.seq, s.forensics.verdict)
         named = [h for h in a.hypotheses if h.named]
-        # Named; beside it only what these tokens cannot tell from it (a preset holding it; a fault whose replay
-        # writes the very same tokens here), said in the report.
+        # Named; beside it only what these tokens cannot tell from it (a preset holding it; a fault
+        # whose replay writes the very same tokens here), said in the report.
         best = next(h for h in named if bug in expand(h.faults))
-        assert best.explained == a.tokens and best.beyond == len(a.departing) >= a.threshold > a.correct.beyond == 0
+        assert (best.explained == a.tokens
+                and best.beyond == len(a.departing) >= a.threshold > a.correct.beyond == 0)
         assert all(h.replay_ids == best.replay_ids for h in named), (bug, s.seq, a.explanation)
         assert best.round is not None and best.replay_ids[a.fork] == s.engine.ids[a.fork]
         assert bug in a.explanation and not a.facts
     assert "named " + bug in printed
 
 
-@pytest.mark.parametrize("two", [("min-crop", "verify-positions-not-advanced"), ("draft-bonus", "min-crop")])
+@pytest.mark.parametrize("two",
+        [("min-crop", "verify-positions-not-advanced"), ("draft-bonus", "min-crop")])
 def test_two_bugs_at_once_are_named_as_the_pair(two, tiny, prompts, tmp_path):
-    """No single fault writes such an engine's rows to their end: the pair does, and is named alone."""
+    """No single fault writes such an engine's rows to their end: the pair does, and is named
+    alone."""
     path = tmp_path / "engine.jsonl"
-    write_outputs(path, prompts, _engine(tiny, prompts, two, "model"), {"k": K, "batch_size": BATCH, "drafter": "model"})
+    write_outputs(path, prompts, _engine(tiny, prompts, two, "model"),
+                  {"k": K, "batch_size": BATCH, "drafter": "model"})
     trace = _check(tmp_path, path)
     forked = [s for s in trace.sequences if s.first_divergence is not None]
     assert forked
@@ -113,9 +124,11 @@ def test_two_bugs_at_once_are_named_as_the_pair(two, tiny, prompts, tmp_path):
         assert max(h.explained for h in singles) < s.attribution.tokens
 
 
-def test_the_correct_independent_engine_is_attributed_to_nothing_even_where_its_rounding_forks(tiny, prompts, tmp_path):
-    """In float64 it writes the reference; in bfloat16 its rounding tips near-ties, and every such fork, attributed
-    on purpose, is named by no mechanism: the threshold's false alarms, measured on an engine that is right."""
+def test_the_correct_independent_engine_is_attributed_to_nothing_even_where_its_rounding_forks(tiny,
+        prompts, tmp_path):
+    """In float64 it writes the reference; in bfloat16 its rounding tips near-ties, and every such
+    fork, attributed on purpose, is named by no mechanism: the threshold's false alarms, measured on
+    an engine that is right."""
     exact = _engine(tiny, prompts, None, "model")
     path = tmp_path / "correct.jsonl"
     write_outputs(path, prompts, exact, {"k": K, "batch_size": BATCH, "drafter": "model"})
@@ -124,9 +137,10 @@ def test_the_correct_independent_engine_is_attributed_to_nothing_even_where_its_
 
     rounded = _engine(tiny, prompts, None, "model", dtype=torch.bfloat16)
     write_outputs(path, prompts, rounded, {"k": K, "batch_size": BATCH, "drafter": "model"})
-    spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, prompts=TEXTS, method="engine", dtype="float64",
-                         device="cpu", k=K, chat_template=False)
-    trace = check.from_files(spec, tiny, (path.read_bytes(), path.name), judging=check.Judging(attribute=False))
+    spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, prompts=TEXTS, method="engine",
+                         dtype="float64", device="cpu", k=K, chat_template=False)
+    trace = check.from_files(spec, tiny, (path.read_bytes(), path.name),
+                             judging=check.Judging(attribute=False))
     seqs = attribution.forks_to_attribute(trace, every_fork=True)
     assert seqs, "bfloat16 rounding should fork some row of the tiny pair"
     replaying = attribution.Replaying(spec, tiny, prompts, {"k": K}, BATCH)
@@ -147,8 +161,9 @@ def test_an_engine_that_stopped_early_has_nothing_to_attribute(tiny, prompts, tm
 
 
 def _skips_its_last_token(tiny, prompt, budget, after):
-    """A bug outside the catalogue: from token `after` on, the target is asked for the next token over a context
-    without its last one (as if the token just written were never fed). Plain greedy, batch size 1."""
+    """A bug outside the catalogue: from token `after` on, the target is asked for the next token
+    over a context without its last one (as if the token just written were never fed). Plain greedy,
+    batch size 1."""
     out = []
     with torch.no_grad():
         while len(out) < budget:
@@ -157,7 +172,8 @@ def _skips_its_last_token(tiny, prompt, budget, after):
     return out
 
 
-def test_a_bug_outside_the_catalogue_is_named_by_none_and_its_state_fact_is_given(tiny, prompts, tmp_path):
+def test_a_bug_outside_the_catalogue_is_named_by_none_and_its_state_fact_is_given(tiny, prompts,
+                                                                                  tmp_path):
     outputs = [_skips_its_last_token(tiny, p, BUDGET, 3) for p in prompts[:4]]
     path = tmp_path / "unknown.jsonl"
     write_outputs(path, prompts[:4], outputs, {"k": K, "batch_size": BATCH, "drafter": "model"})
@@ -171,7 +187,8 @@ def test_a_bug_outside_the_catalogue_is_named_by_none_and_its_state_fact_is_give
         assert a.correct.explained == 0 and a.replays > len(a.hypotheses)
 
 
-def test_the_page_shows_the_hypotheses_aligned_from_the_fork_and_the_json_keeps_them(tiny, prompts, tmp_path, capsys):
+def test_the_page_shows_the_hypotheses_aligned_from_the_fork_and_the_json_keeps_them(tiny, prompts,
+        tmp_path, capsys):
     outputs = _engine(tiny, prompts, "draft-bonus", "model")
     path = tmp_path / "engine.jsonl"
     write_outputs(path, prompts, outputs, {"k": K, "batch_size": BATCH, "drafter": "model"})
@@ -179,7 +196,8 @@ def test_the_page_shows_the_hypotheses_aligned_from_the_fork_and_the_json_keeps_
     s = next(s for s in trace.sequences if s.attribution)
     page = forensics_html(trace, Focus(s.seq, None))
     assert 'class="sv-attribution" data-named="true"' in page and "best: draft-bonus" in page
-    assert page.count("<tr>") >= 4 and "round" in page  # the aligned lines, the hypothesis's round and slot
+    # the aligned lines, the hypothesis's round and slot
+    assert page.count("<tr>") >= 4 and "round" in page
     assert Trace.from_json(trace.to_json()).sequences[s.seq].attribution == s.attribution
     # --no-attribution: the same verdicts, no replays
     quiet = _check(tmp_path, path, (TINY_TARGET, TINY_DRAFT), "--no-attribution")
@@ -193,15 +211,17 @@ def test_a_trace_string_in_the_hypothesis_view_is_escaped(tiny, prompts, tmp_pat
     write_outputs(path, prompts, outputs, {"k": K, "batch_size": BATCH, "drafter": "model"})
     trace = _check(tmp_path, path)
     s = next(s for s in trace.sequences if s.attribution)
-    s.attribution = s.attribution.model_copy(update={"facts": ["<script>alert(1)</script>"], "explanation": "<b>x</b>"})
+    s.attribution = s.attribution.model_copy(update={"facts": ["<script>alert(1)</script>"],
+                                                     "explanation": "<b>x</b>"})
     page = forensics_html(trace, Focus(s.seq, None))
     assert "<script>" not in page and "&lt;script&gt;" in page and "&lt;b&gt;x" in page
 
 
 def test_candidates_fit_the_engine_s_declared_method(tiny, prompts):
-    spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, prompts=TEXTS, method="engine", dtype="float64",
-                         device="cpu", k=K, chat_template=False)
-    fits, skipped = attribution.candidates(attribution.Replaying(spec, tiny, prompts, {"drafter": "lookup"}, BATCH))
+    spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, prompts=TEXTS, method="engine",
+                         dtype="float64", device="cpu", k=K, chat_template=False)
+    fits, skipped = attribution.candidates(attribution.Replaying(spec, tiny, prompts,
+                                                                 {"drafter": "lookup"}, BATCH))
     tried = {f for faults in fits for f in faults}
     assert "rollback-by-draft-list" in tried and "bonus-from-another-row" in tried
     assert skipped["state-not-rolled-back"] == "the target keeps no recurrent state"
@@ -214,19 +234,22 @@ def test_candidates_fit_the_engine_s_declared_method(tiny, prompts):
 
 def test_the_correct_engine_explains_what_it_writes(tiny, prompts):
     """The score itself: the correct engine replayed against its own tokens explains all of them."""
-    spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, prompts=TEXTS, method="engine", dtype="float64",
-                         device="cpu", k=K, chat_template=False, max_new_tokens=BUDGET)
+    spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, prompts=TEXTS, method="engine",
+                         dtype="float64", device="cpu", k=K, chat_template=False,
+                         max_new_tokens=BUDGET)
     r = attribution.Replaying(spec, tiny, prompts, {}, BATCH)
     own = _engine(tiny, prompts[:4], None, "model")
-    found = attribution.replay_batch(r, attribution.replay_spec(r, ()), [0, 1, 2, 3], {1: (own[1], 5), 2: (own[2][:9] + [0], 9)})
+    found = attribution.replay_batch(r, attribution.replay_spec(r, ()), [0, 1, 2, 3],
+                                     {1: (own[1], 5), 2: (own[2][:9] + [0], 9)})
     assert found[1].explained == BUDGET - 5 and found[1].failed_at is None
     assert (found[2].explained, found[2].failed_at) == (0, 9)
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_the_correct_rule_s_likelihood_of_an_output_is_the_target_s(k):
-    """Summed over every cut of an output into rounds, a lossless sampler's likelihood is the product of p: the
-    forward pass checked against the closed form, on distributions and tokens drawn at random."""
+    """Summed over every cut of an output into rounds, a lossless sampler's likelihood is the
+    product of p: the forward pass checked against the closed form, on distributions and tokens
+    drawn at random."""
     gen = torch.Generator().manual_seed(k)
     p = torch.randn(12, 30, generator=gen, dtype=torch.float64).mul(2).softmax(-1)
     q = torch.randn(12, 30, generator=gen, dtype=torch.float64).mul(2).softmax(-1)
@@ -240,20 +263,21 @@ def test_the_correct_rule_s_likelihood_of_an_output_is_the_target_s(k):
 
 
 @pytest.mark.parametrize("bug", [None, *SAMPLING_BUGS])
-def test_a_sampling_engine_s_acceptance_rule_is_named_by_the_likelihood_of_its_tokens(bug, tiny, tmp_path, capsys):
-    """The independent decoder sampling at temperature 0.5 (its own generator: nothing of specviz's streams), with
-    its residual drawn from the draft's q, or its verify at temperature 1: the rule is named by the likelihood
-    ratio of its tokens; the correct sampler's tokens name none."""
+def test_a_sampling_engine_s_acceptance_rule_is_named_by_the_likelihood_of_its_tokens(bug, tiny,
+        tmp_path, capsys):
+    """The independent decoder sampling at temperature 0.5 (its own generator: nothing of specviz's
+    streams), with its residual drawn from the draft's q, or its verify at temperature 1: the rule
+    is named by the likelihood ratio of its tokens; the correct sampler's tokens name none."""
     texts = builtin_set("all")[:16]
     prompts = tiny.encode(texts)
     torch.set_num_threads(1)
-    outputs = decode(tiny.target, tiny.draft, prompts, k=K, max_new_tokens=48, batch_size=BATCH, temperature=0.5,
-                     seed=1, bug=bug)
+    outputs = decode(tiny.target, tiny.draft, prompts, k=K, max_new_tokens=48, batch_size=BATCH,
+                     temperature=0.5, seed=1, bug=bug)
     path = tmp_path / "sampled.jsonl"
     write_outputs(path, prompts, outputs, {"k": K, "batch_size": BATCH, "drafter": "model"})
     trace = tmp_path / "check.json"
-    assert cli(["check", "--outputs", str(path), "--pair", "tiny", "--dtype", "float64", "--device", "cpu",
-                "--k", str(K), "--temperature", "0.5", "--trace", str(trace)]) == 0
+    assert cli(["check", "--outputs", str(path), "--pair", "tiny", "--dtype", "float64", "--device",
+                "cpu", "--k", str(K), "--temperature", "0.5", "--trace", str(trace)]) == 0
     a = Trace.from_json(trace.read_text()).distribution.attribution
     named = [h.fault for h in a.hypotheses if h.named]
     assert named == ([bug] if bug else []), a.explanation

@@ -27,8 +27,8 @@ def browser():
 
 @pytest.fixture
 def new_page(browser):
-    """Pages for one test, closed when it ends: an open page's renderer keeps taking CPU from the decodes that
-    later tests wait on."""
+    """Pages for one test, closed when it ends: an open page's renderer keeps taking CPU from the
+    decodes that later tests wait on."""
     pages = []
 
     def make(**kwargs):
@@ -58,24 +58,32 @@ def test_a_fresh_page_shows_a_real_fork_at_once_then_a_click_and_its_share_link(
     status = page.locator("#sv-status")
     expect(status).to_contain_text("You are looking at a real case, bundled with specviz")
     expect(status).to_contain_text("To run your own")
-    expect(page.locator("#sv-lanes .main-svg").first).to_be_visible(timeout=60_000)  # plotly has drawn
+    # plotly has drawn
+    expect(page.locator("#sv-lanes .main-svg").first).to_be_visible(timeout=60_000)
     _assert_lanes_stack(page)
-    # Beside the verdict, its yardstick: the rounding distribution, the tolerance and the fork's state check on it.
+    # Beside the verdict, its yardstick: the rounding distribution, the tolerance and the fork's
+    # state check on it.
     yardstick = page.locator("#sv-yardstick")
     expect(yardstick.locator(".main-svg").first).to_be_visible(timeout=60_000)
     for name in ("rounding per position", "tolerance (α", "state check:"):
         expect(yardstick).to_contain_text(name)
     expect(page.locator("#sv-forensics")).to_contain_text("judged against")
-    # At 1280 px the sequence table's headers break between words, never inside one ("equi vale nt").
+    # At 1280 px the sequence table's headers break between words, never inside one ("equi vale
+    # nt").
     headers = _lines(page, "#sv-table th .header")
     assert headers and all(lines <= len(text.split()) for text, lines in headers), headers
-    table, last = page.locator("#sv-table").bounding_box(), page.locator("#sv-table th").last.bounding_box()
-    assert last["x"] + last["width"] <= table["x"] + table["width"] + 1  # every column in view, none scrolled off
+    table, last = (page.locator("#sv-table").bounding_box(),
+                   page.locator("#sv-table th").last.bounding_box())
+    # every column in view, none scrolled off
+    assert last["x"] + last["width"] <= table["x"] + table["width"] + 1
     page.screenshot(path=SHOTS / "first-page.png", full_page=True)
     grid_bottom = page.locator("#sv-grid").bounding_box()
-    page.screenshot(path=SHOTS / "first-page-top.png", full_page=True,  # down to the grid: the README's screenshot
-                    clip={"x": 0, "y": 0, "width": 1280, "height": grid_bottom["y"] + grid_bottom["height"] + 16})
-    page.locator("#sv-lanes").screenshot(path=SHOTS / "lanes.png")  # docs/lanes.png (this scrolls the page)
+    # down to the grid: the README's screenshot
+    page.screenshot(path=SHOTS / "first-page-top.png", full_page=True,
+                    clip={"x": 0, "y": 0, "width": 1280,
+                          "height": grid_bottom["y"] + grid_bottom["height"] + 16})
+    # docs/lanes.png (this scrolls the page)
+    page.locator("#sv-lanes").screenshot(path=SHOTS / "lanes.png")
 
     selected = page.locator("#sv-grid td.sv-cell.sv-sel")
     seq = selected.get_attribute("data-seq")
@@ -83,15 +91,18 @@ def test_a_fresh_page_shows_a_real_fork_at_once_then_a_click_and_its_share_link(
     other = page.locator(f'#sv-grid td.sv-cell[data-seq="{seq}"]:not(.sv-sel)').first
     round_ = other.get_attribute("data-round")
     other.click()
-    expect(page.locator("#sv-forensics .sv-forensics")).to_have_attribute("data-round", round_, timeout=60_000)
+    expect(page.locator("#sv-forensics .sv-forensics")).to_have_attribute("data-round", round_,
+                                                                          timeout=60_000)
     after = page.inner_text("#sv-forensics")
     assert after != before and f"Round {round_}," in after
-    expect(page).to_have_url(re.compile(rf"\?run=.*&seq={seq}&round={round_}$"))  # the address bar is the share link
+    # the address bar is the share link
+    expect(page).to_have_url(re.compile(rf"\?run=.*&seq={seq}&round={round_}$"))
     page.screenshot(path=SHOTS / "bsp-like-clicked.png", full_page=True)
 
     fresh = new_page(viewport={"width": 1280, "height": 1000})
     fresh.goto(page.url)
-    expect(fresh.locator("#sv-status")).to_contain_text("matched the shared run exactly", timeout=DECODE_MS)
+    expect(fresh.locator("#sv-status")).to_contain_text("matched the shared run exactly",
+                                                        timeout=DECODE_MS)
     cell = fresh.locator("#sv-grid td.sv-cell.sv-sel")
     expect(cell).to_have_attribute("data-round", round_)
     assert cell.get_attribute("data-seq") == seq
@@ -102,8 +113,9 @@ def test_a_fresh_page_shows_a_real_fork_at_once_then_a_click_and_its_share_link(
 
 
 def _assert_lanes_stack(page) -> None:
-    """The KV and padding lanes as drawn: each lane's plot area (plotly's drag rectangle) apart from the others,
-    top to bottom, and each lane's title in its own lane, between the lane above and its own plot area."""
+    """The KV and padding lanes as drawn: each lane's plot area (plotly's drag rectangle) apart from
+    the others, top to bottom, and each lane's title in its own lane, between the lane above and its
+    own plot area."""
     drawn = page.evaluate("""() => {
         const box = e => { const r = e.getBoundingClientRect(); return [r.top, r.bottom, r.left, r.right]; };
         return {
@@ -112,7 +124,8 @@ def _assert_lanes_stack(page) -> None:
         };
     }""")
     plots = sorted(drawn["plots"])
-    assert len(plots) == 6 and len(drawn["titles"]) == 6, drawn  # the bsp-like case: a draft model's six lanes
+    # the bsp-like case: a draft model's six lanes
+    assert len(plots) == 6 and len(drawn["titles"]) == 6, drawn
     assert all(above[1] <= below[0] for above, below in zip(plots, plots[1:])), plots
     titles = sorted(drawn["titles"], key=lambda t: t[1][0])
     for i, ((text, (top, bottom, left, right)), plot) in enumerate(zip(titles, plots)):
@@ -129,8 +142,10 @@ def test_at_phone_width_the_page_opens_on_the_case_and_never_scrolls_sideways(ne
     expect(page.locator("#sv-grid td.sv-cell.sv-fork.sv-sel")).to_be_visible(timeout=60_000)
     expect(page.locator("#sv-forensics")).to_contain_text("sync-bug")
     width = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
-    assert width[0] <= width[1], width  # wide things (the grid, the table) scroll inside their own boxes
-    # The case comes before the controls: a phone's first screen is the welcome line and the verdict, not a form.
+    # wide things (the grid, the table) scroll inside their own boxes
+    assert width[0] <= width[1], width
+    # The case comes before the controls: a phone's first screen is the welcome line and the
+    # verdict, not a form.
     status_y = page.locator("#sv-status").bounding_box()["y"]
     assert status_y < page.get_by_role("button", name="Run", exact=True).bounding_box()["y"]
     assert status_y < 844
@@ -139,12 +154,15 @@ def test_at_phone_width_the_page_opens_on_the_case_and_never_scrolls_sideways(ne
 
 
 def _open_trace_file(page, app_url: str, path) -> None:
-    """Load the page and open a trace file through its "open a trace" control, as a visitor would."""
+    """Load the page and open a trace file through its "open a trace" control, as a visitor
+    would."""
     page.goto(app_url)
     cells = page.locator("#sv-grid td.sv-cell")
     expect(cells.first).to_be_visible(timeout=60_000)  # the first page's bundled trace is in
-    # Its views stay until the file's replace them (the status line says "opened" a step before): mark them.
-    page.evaluate("document.querySelectorAll('#sv-grid td.sv-cell').forEach(td => td.dataset.stale = '1')")
+    # Its views stay until the file's replace them (the status line says "opened" a step before):
+    # mark them.
+    page.evaluate("document.querySelectorAll('#sv-grid td.sv-cell').forEach(td => "
+                  "td.dataset.stale = '1')")
     page.get_by_text("Trace files").click()
     page.locator("#sv-upload input[type=file]").set_input_files(str(path))
     expect(page.locator("#sv-status")).to_contain_text("opened from a file", timeout=60_000)
@@ -153,7 +171,8 @@ def _open_trace_file(page, app_url: str, path) -> None:
     expect(page.locator("#sv-timeline .sv-tok").first).to_be_visible(timeout=60_000)
 
 
-def test_a_hostile_trace_runs_no_script_and_asks_no_other_origin(new_page, app_url, hostile, tmp_path):
+def test_a_hostile_trace_runs_no_script_and_asks_no_other_origin(new_page, app_url, hostile,
+                                                                 tmp_path):
     from hostile import EVIL, HOSTILE, PAYLOADS
 
     from specviz.trace import share
@@ -167,12 +186,16 @@ def test_a_hostile_trace_runs_no_script_and_asks_no_other_origin(new_page, app_u
     _open_trace_file(page, app_url, path)
     expect(page.locator("#sv-forensics")).to_contain_text(PAYLOADS[0])  # shown, as text
     expect(page.locator("#sv-table")).to_contain_text("<script>")
-    for chip in page.locator("#sv-timeline .sv-tok").all()[:6]:  # the payloads' onmouseover, were they live
+    # the payloads' onmouseover, were they live
+    for chip in page.locator("#sv-timeline .sv-tok").all()[:6]:
         chip.hover()
     page.get_by_role("tab", name="Glossary").click()
-    page.screenshot(path=SHOTS / "hostile-trace.png")  # the top of the page: status, table, grid, forensics
+    # the top of the page: status, table, grid, forensics
+    page.screenshot(path=SHOTS / "hostile-trace.png")
     # A link naming models this server refuses: the error quotes them, in a toast.
-    page.goto(app_url + share.encode_link(share.Link(hostile.manifest.spec, 0, 0, None, {HOSTILE[:150]: HOSTILE[:200]})))
+    page.goto(app_url
+              + share.encode_link(share.Link(hostile.manifest.spec, 0, 0, None,
+                                             {HOSTILE[:150]: HOSTILE[:200]})))
     expect(page.get_by_text("cannot be replayed here")).to_be_visible(timeout=60_000)
     expect(page.get_by_text("is not allowed on this server").first).to_be_visible()
     page.wait_for_timeout(1000)  # an image the toast let through would have been asked for by now
@@ -184,7 +207,8 @@ def test_a_hostile_trace_runs_no_script_and_asks_no_other_origin(new_page, app_u
     page.wait_for_function("window.__pwned === 1")
 
 
-def test_cjk_and_emoji_show_whole_characters_in_the_compare_view(new_page, app_url, cjk_emoji, embedded, tmp_path):
+def test_cjk_and_emoji_show_whole_characters_in_the_compare_view(new_page, app_url, cjk_emoji,
+                                                                 embedded, tmp_path):
     SHOTS.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "cjk-emoji.json"
     path.write_text(cjk_emoji.to_json())
@@ -201,12 +225,14 @@ def test_cjk_and_emoji_show_whole_characters_in_the_compare_view(new_page, app_u
 
 @pytest.fixture(scope="module")
 def sampled_trace(tiny, tmp_path_factory):
-    """The page's sampling-fault example (temperature on the draft only) run on the tiny pair, as a trace file."""
+    """The page's sampling-fault example (temperature on the draft only) run on the tiny pair, as a
+    trace file."""
     from specviz.app.form import spec_from_controls
     from specviz.app.runview import EXAMPLES
     from specviz.run.runner import run
 
-    trace = run(spec_from_controls(**{**EXAMPLES["sampling fault: draft-only temperature"], "pair": "tiny"}))
+    trace = run(spec_from_controls(**{**EXAMPLES["sampling fault: draft-only temperature"],
+                                      "pair": "tiny"}))
     path = tmp_path_factory.mktemp("sampled") / "sampled.json"
     path.write_text(trace.to_json())
     return trace, path
@@ -219,28 +245,35 @@ def audited_trace(tmp_path_factory, tiny):
     from specviz.app.runview import EXAMPLES
     from specviz.run.runner import run
 
-    trace = run(spec_from_controls(**{**EXAMPLES["audited sampling: bsp-like state"], "pair": "tiny"}))
+    trace = run(spec_from_controls(**{**EXAMPLES["audited sampling: bsp-like state"],
+                                      "pair": "tiny"}))
     assert any(s.forensics for s in trace.sequences), "bsp-like must corrupt some row's state"
     path = tmp_path_factory.mktemp("audited") / "audited.json"
     path.write_text(trace.to_json())
     return trace, path
 
 
-def test_an_audited_sampled_fault_opens_on_its_corrupt_round_with_its_verdict(new_page, app_url, audited_trace):
+def test_an_audited_sampled_fault_opens_on_its_corrupt_round_with_its_verdict(new_page, app_url,
+                                                                              audited_trace):
     trace, path = audited_trace
-    first = min((s for s in trace.sequences if s.forensics), key=lambda s: (s.forensics.round, s.seq))
+    first = min((s for s in trace.sequences if s.forensics),
+                key=lambda s: (s.forensics.round, s.seq))
     page = new_page(viewport={"width": 1400, "height": 1000})
     _open_trace_file(page, app_url, path)
-    cell = page.locator("#sv-grid td.sv-cell.sv-fork.sv-sel")  # the corrupt round, outlined and focused
+    # the corrupt round, outlined and focused
+    cell = page.locator("#sv-grid td.sv-cell.sv-fork.sv-sel")
     expect(cell).to_be_visible(timeout=60_000)
     assert (cell.get_attribute("data-seq"), cell.get_attribute("data-round")) == (str(first.seq),
-                                                                                 str(first.forensics.round))
+                                                                                 str(
+            first.forensics.round))
     expect(page.locator("#sv-forensics")).to_contain_text(first.forensics.verdict)
-    expect(page.locator("#sv-pit-verdict")).to_contain_text(f"{first.forensics.verdict} — The target state of")
+    expect(page.locator("#sv-pit-verdict")).to_contain_text(f"{first.forensics.verdict} — The "
+                                                            "target state of")
     page.screenshot(path=SHOTS / "audited-sampled.png", full_page=True)
 
 
-def test_a_sampled_trace_shows_its_pit_panel_verdict_and_each_drafts_draws(new_page, app_url, sampled_trace):
+def test_a_sampled_trace_shows_its_pit_panel_verdict_and_each_drafts_draws(new_page, app_url,
+                                                                           sampled_trace):
     trace, path = sampled_trace
     SHOTS.mkdir(parents=True, exist_ok=True)
     page = new_page(viewport={"width": 1400, "height": 1000})
@@ -249,41 +282,52 @@ def test_a_sampled_trace_shows_its_pit_panel_verdict_and_each_drafts_draws(new_p
     expect(verdict).to_contain_text("Distribution: not the target's distribution", timeout=60_000)
     expect(verdict).to_contain_text(f"{trace.distribution.impossible} impossible")
     expect(verdict).to_contain_text("Decision audit")
-    expect(page.locator("#sv-pit .main-svg").first).to_be_visible(timeout=60_000)  # plotly has drawn
+    # plotly has drawn
+    expect(page.locator("#sv-pit .main-svg").first).to_be_visible(timeout=60_000)
     expect(page.locator("#sv-pit")).to_contain_text("all tokens")
     expect(page.locator("#sv-status")).to_contain_text("sampled at temperature 0.8, top-p 0.95")
     expect(page.locator("#sv-table")).to_contain_text("mean PIT")
-    # The page opens on the first impossible token's round; its chip says so, and every draft chip its draws.
+    # The page opens on the first impossible token's round; its chip says so, and every draft chip
+    # its draws.
     expect(page.locator("#sv-timeline .sv-tok.sv-impossible").first).to_be_visible()
     chip = page.locator("#sv-timeline .sv-tok.sv-draft").first
     chip.hover()
     tip = chip.get_attribute("title")
-    assert all(part in tip for part in ("draft q", "target p", "min(1, p/q)", "draw u", "ACCEPTED")), tip
+    assert all(part in tip
+               for part in ("draft q", "target p", "min(1, p/q)", "draw u", "ACCEPTED")), tip
     expect(page.locator("#sv-forensics")).to_contain_text("min(1, p/q)")
     page.locator("#sv-distribution").screenshot(path=SHOTS / "pit-panel.png")
     page.screenshot(path=SHOTS / "sampled-trace.png", full_page=True)
 
 
-def test_prompt_lookup_example_says_its_speed_up_and_shows_rows_offered_no_drafts(new_page, app_url, embedded):
+def test_prompt_lookup_example_says_its_speed_up_and_shows_rows_offered_no_drafts(new_page, app_url,
+                                                                                  embedded):
     SHOTS.mkdir(parents=True, exist_ok=True)
     page = new_page(viewport={"width": 1400, "height": 1000})
     page.goto(app_url)
-    expect(page.locator("#sv-grid td.sv-cell.sv-fork.sv-sel")).to_be_visible(timeout=60_000)  # the first page is in
+    # the first page is in
+    expect(page.locator("#sv-grid td.sv-cell.sv-fork.sv-sel")).to_be_visible(timeout=60_000)
     expect(page.locator("#sv-ngram-min")).to_be_hidden()  # the draft model: no n-gram sizes
     page.get_by_role("button", name="prompt lookup: summaries and code edits").click()
-    # The example's drafter is prompt lookup: its n-gram sizes come with the example's values, before its decode.
+    # The example's drafter is prompt lookup: its n-gram sizes come with the example's values,
+    # before its decode.
     expect(page.locator("#sv-ngram-min")).to_be_visible(timeout=60_000)
     expect(page.locator("#sv-ngram-min input[type=number]")).to_have_value("2")
     status = page.locator("#sv-status")
     # (the first page's bundled case states a speed-up too: wait for this run's own words)
-    expect(status).to_contain_text("drafts by prompt lookup (n-grams 2–3, no draft model)", timeout=DECODE_MS)
+    expect(status).to_contain_text("drafts by prompt lookup (n-grams 2–3, no draft model)",
+                                   timeout=DECODE_MS)
     expect(status).to_contain_text("Speed-up:")
     said = " ".join(status.inner_text().split())
-    assert re.search(r"Speed-up: \d+\.\d\d× (the batch-size-1 reference's tokens/s|— (faster|slower) than the "
-                     r"batch-size-1 reference): \d+\.\d tokens/s \(\d+ tokens in \d+\.\d\d s\) against \d+\.\d \(\d+ tokens in "
-                     r"\d+\.\d\d s\), (both|the run's) measured on this machine in this run", said), said
-    assert "batching is part of this ratio" not in said  # batch size 1: the ratio is prompt lookup's alone
-    # Rows offered no drafts beside rows offered some; one of the focused sequence's, clicked, opens its round.
+    assert re.search(r"Speed-up: \d+\.\d\d× (the batch-size-1 reference's tokens/s|— "
+                     r"(faster|slower) than the batch-size-1 reference): \d+\.\d tokens/s \(\d+ "
+                     r"tokens in \d+\.\d\d s\) against \d+\.\d \(\d+ tokens in "
+                     r"\d+\.\d\d s\), (both|the run's) measured on this machine in this run",
+                     said), said
+    # batch size 1: the ratio is prompt lookup's alone
+    assert "batching is part of this ratio" not in said
+    # Rows offered no drafts beside rows offered some; one of the focused sequence's, clicked, opens
+    # its round.
     expect(page.locator("#sv-grid td.sv-cell.sv-nodraft").first).to_be_visible()
     assert page.locator("#sv-grid td.sv-cell:not(.sv-nodraft)").count() > 0
     seq = page.locator("#sv-grid td.sv-cell.sv-sel").get_attribute("data-seq")
@@ -291,7 +335,8 @@ def test_prompt_lookup_example_says_its_speed_up_and_shows_rows_offered_no_draft
     assert cell.inner_text() == "—" and "no drafts offered" in cell.get_attribute("title")
     round_ = cell.get_attribute("data-round")
     cell.click()
-    expect(page.locator("#sv-forensics .sv-forensics")).to_have_attribute("data-round", round_, timeout=60_000)
+    expect(page.locator("#sv-forensics .sv-forensics")).to_have_attribute("data-round", round_,
+                                                                          timeout=60_000)
     expect(page.locator("#sv-forensics")).to_contain_text("no drafts offered")
     focused = page.locator("#sv-timeline .sv-round.sv-sel")
     expect(focused.locator(".sv-nodraft")).to_have_text("no drafts")
@@ -299,10 +344,12 @@ def test_prompt_lookup_example_says_its_speed_up_and_shows_rows_offered_no_draft
     assert "no drafts were offered" in focused.locator(".sv-tok").get_attribute("title")
     page.screenshot(path=SHOTS / "example-prompt-lookup.png", full_page=True)
     page.locator("#sv-grid").screenshot(path=SHOTS / "example-prompt-lookup-grid.png")
-    # The link restores the drafter and its n-grams, and replays the run (from this process's cache).
+    # The link restores the drafter and its n-grams, and replays the run (from this process's
+    # cache).
     fresh = new_page(viewport={"width": 1400, "height": 1000})
     fresh.goto(page.url)
-    expect(fresh.locator("#sv-status")).to_contain_text("matched the shared run exactly", timeout=DECODE_MS)
+    expect(fresh.locator("#sv-status")).to_contain_text("matched the shared run exactly",
+                                                        timeout=DECODE_MS)
     expect(fresh.locator("#sv-status")).to_contain_text("when this process first ran this spec")
     expect(fresh.locator("#sv-drafter input")).to_have_value("lookup")
     expect(fresh.locator("#sv-ngram-min input[type=number]")).to_have_value("2")
@@ -311,18 +358,22 @@ def test_prompt_lookup_example_says_its_speed_up_and_shows_rows_offered_no_draft
 
 
 def _heat_cell(page, metric: str, label: str, column: int):
-    """The heatmap cell of run `label` (method · faults) in its `column`-th (batch size, k) column."""
-    row = page.locator(f"#sv-sweep-{metric} tr").filter(has=page.locator("th.sv-hlabel", has_text=label))
+    """The heatmap cell of run `label` (method · faults) in its `column`-th (batch size, k)
+    column."""
+    row = page.locator(f"#sv-sweep-{metric} tr").filter(has=page.locator("th.sv-hlabel",
+                                                                         has_text=label))
     return row.locator("td").nth(column)
 
 
-def test_a_sweep_shows_where_equivalence_breaks_a_cell_opens_its_run_and_compare_finds_the_fork(new_page, app_url, tiny):
+def test_a_sweep_shows_where_equivalence_breaks_a_cell_opens_its_run_and_compare_finds_the_fork(
+        new_page, app_url, tiny):
     SHOTS.mkdir(parents=True, exist_ok=True)
     page = new_page(viewport={"width": 1280, "height": 1000})
     page.goto(app_url)
     page.get_by_role("tab", name="Sweep").click()
-    # The tab's defaults (eqspec with no fault, bsp-like and dsd-like, at bs 1, 4 and 8, k 5, on the quick prompts)
-    # on the tiny pair in float64, where a correct engine equals the reference exactly: the page is under test here.
+    # The tab's defaults (eqspec with no fault, bsp-like and dsd-like, at bs 1, 4 and 8, k 5, on the
+    # quick prompts) on the tiny pair in float64, where a correct engine equals the reference
+    # exactly: the page is under test here.
     _pick(page, "#sv-sweep-pair", "tiny")
     _pick(page, "#sv-sweep-dtype", "float64")
     page.locator("#sv-sweep-run").click()
@@ -349,14 +400,17 @@ def test_a_sweep_shows_where_equivalence_breaks_a_cell_opens_its_run_and_compare
     expect(page.locator("#sv-forensics")).to_contain_text("sync-bug")
     page.screenshot(path=SHOTS / "sweep-cell-opened.png", full_page=True)
 
-    # bsp-like at bs 4 in the run view: the index its table reports is where compare marks eqspec and it parting.
+    # bsp-like at bs 4 in the run view: the index its table reports is where compare marks eqspec
+    # and it parting.
     page.get_by_role("tab", name="Sweep").click()
     dsd_like = page.url  # the run view's share link
     _heat_cell(page, "exact", "eqspec · bsp-like", 1).click()
     expect(page.locator("#sv-status")).to_contain_text("run 5 of the sweep", timeout=DECODE_MS)
-    expect(page).not_to_have_url(dsd_like, timeout=60_000)  # the run view has rendered bsp-like's run
+    # the run view has rendered bsp-like's run
+    expect(page).not_to_have_url(dsd_like, timeout=60_000)
     seq = page.locator("#sv-grid td.sv-cell.sv-sel").get_attribute("data-seq")
-    note = page.locator(f'#sv-compare .sv-compare[data-seq="{seq}"] .sv-note')  # the run view's texts, side by side
+    # the run view's texts, side by side
+    note = page.locator(f'#sv-compare .sv-compare[data-seq="{seq}"] .sv-note')
     expect(note).to_contain_text(re.compile(r"first divergence at token \d+"))
     fork = re.search(r"first divergence at token (\d+)", note.inner_text()).group(1)
     page.get_by_role("tab", name="Compare two runs").click()
@@ -366,16 +420,19 @@ def test_a_sweep_shows_where_equivalence_breaks_a_cell_opens_its_run_and_compare
     page.locator("#sv-compare-seq input").press("Enter")
     aligned = page.locator(f'#sv-compare-aligned .sv-sbs[data-seq="{seq}"]')
     expect(aligned).to_have_attribute("data-first", fork, timeout=60_000)
-    expect(aligned.locator(f'td.sv-first[data-index="{fork}"]')).to_have_count(3)  # reference, A and B
+    # reference, A and B
+    expect(aligned.locator(f'td.sv-first[data-index="{fork}"]')).to_have_count(3)
     expect(page.locator("#sv-compare-summary")).to_contain_text(f"first differ at token {fork}")
     page.screenshot(path=SHOTS / "compare.png", full_page=True)
 
-    # The comparison's link opens a fresh page on the Compare tab, the same two runs and sequence, the same fork.
+    # The comparison's link opens a fresh page on the Compare tab, the same two runs and sequence,
+    # the same fork.
     compared = page.locator("#sv-compare-link input, #sv-compare-link textarea").first
     expect(compared).to_have_value(re.compile(rf"\?compare=.*seq={seq}"), timeout=60_000)
     shared = new_page(viewport={"width": 1280, "height": 1000})
     shared.goto(compared.input_value())
-    expect(shared.get_by_role("tab", name="Compare two runs")).to_have_attribute("aria-selected", "true",
+    expect(shared.get_by_role("tab", name="Compare two runs")).to_have_attribute("aria-selected",
+                                                                                 "true",
                                                                                  timeout=60_000)
     again = shared.locator(f'#sv-compare-aligned .sv-sbs[data-seq="{seq}"]')
     expect(again).to_have_attribute("data-first", fork, timeout=DECODE_MS)
@@ -388,7 +445,8 @@ def test_a_sweep_shows_where_equivalence_breaks_a_cell_opens_its_run_and_compare
     expect(fresh.locator("#sv-sweep-exact td.sv-hcell")).to_have_count(9, timeout=DECODE_MS)
     expect(fresh.locator("#sv-sweep-status")).to_contain_text("replayed on this server")
     cells = "els => els.map(e => e.dataset.run + ':' + e.textContent)"
-    assert fresh.eval_on_selector_all("#sv-sweep-exact td.sv-hcell", cells) == page.eval_on_selector_all(
+    assert fresh.eval_on_selector_all("#sv-sweep-exact td.sv-hcell",
+                                      cells) == page.eval_on_selector_all(
         "#sv-sweep-exact td.sv-hcell", cells)
 
 
@@ -398,14 +456,15 @@ def _pick(page, dropdown: str, label: str) -> None:
     expect(page.locator(f"{dropdown} input")).to_have_value(label)
 
 
-def test_a_verify_json_report_written_by_the_cli_opens_in_the_sweep_view(new_page, app_url, tiny, tmp_path):
+def test_a_verify_json_report_written_by_the_cli_opens_in_the_sweep_view(new_page, app_url, tiny,
+                                                                         tmp_path):
     from specviz.cli.main import main
     from specviz.trace.sweep import SweepReport
 
     path = tmp_path / "verify.json"
-    assert main(["verify", "--pair", "tiny", "--device", "cpu", "--methods", "eqspec", "--fault-sets", "none",
-                 "bsp-like", "--batch-sizes", "1,4", "--k", "3", "--max-new-tokens", "12", "--allow-divergence",
-                 "--json", str(path)]) == 0
+    assert main(["verify", "--pair", "tiny", "--device", "cpu", "--methods", "eqspec",
+                 "--fault-sets", "none", "bsp-like", "--batch-sizes", "1,4", "--k", "3",
+                 "--max-new-tokens", "12", "--allow-divergence", "--json", str(path)]) == 0
     report = SweepReport.from_json(path.read_text())
     page = new_page(viewport={"width": 1280, "height": 1000})
     page.goto(app_url)
@@ -413,14 +472,18 @@ def test_a_verify_json_report_written_by_the_cli_opens_in_the_sweep_view(new_pag
     page.locator("#sv-sweep-upload input[type=file]").set_input_files(str(path))
     cells = page.locator("#sv-sweep-exact td.sv-hcell")
     expect(cells).to_have_count(len(report.rows), timeout=60_000)
-    shown = {int(cells.nth(i).get_attribute("data-run")): cells.nth(i).inner_text() for i in range(len(report.rows))}
-    assert all(abs(int(shown[i]) - r.exact_pct) < 1 for i, r in enumerate(report.rows)), shown  # the file's numbers
-    assert shown[0] == "100" and shown[3] != "100"  # eqspec at bs 1 equals the reference; bsp-like at bs 4 does not
+    shown = {int(cells.nth(i).get_attribute("data-run")): cells.nth(i).inner_text()
+             for i in range(len(report.rows))}
+    # the file's numbers
+    assert all(abs(int(shown[i]) - r.exact_pct) < 1 for i, r in enumerate(report.rows)), shown
+    # eqspec at bs 1 equals the reference; bsp-like at bs 4 does not
+    assert shown[0] == "100" and shown[3] != "100"
     expect(page.locator("#sv-sweep-summary")).to_contain_text("4 runs")
     page.screenshot(path=SHOTS / "sweep-from-verify-json.png", full_page=True)
 
 
-def test_a_field_case_opens_from_its_card_at_its_fork_and_its_share_link_replays_it(new_page, app_url, tmp_path):
+def test_a_field_case_opens_from_its_card_at_its_fork_and_its_share_link_replays_it(new_page,
+        app_url, tmp_path):
     from specviz.engines.process import free_port, serving
     from specviz.spec.casebook import CASES
 
@@ -436,27 +499,33 @@ def test_a_field_case_opens_from_its_card_at_its_fork_and_its_share_link_replays
     expect(card.locator("a").first).to_have_attribute("target", "_blank")
     page.screenshot(path=SHOTS / "casebook.png", full_page=True)  # docs/casebook.png
     # The first page's views stay until the case's replace them: mark them.
-    page.evaluate("document.querySelectorAll('#sv-grid td.sv-cell').forEach(td => td.dataset.stale = '1')")
+    page.evaluate("document.querySelectorAll('#sv-grid td.sv-cell').forEach(td => "
+                  "td.dataset.stale = '1')")
     card.get_by_role("button", name="Open this case").click()
     expect(page.locator("#sv-status")).to_contain_text(f"Field case: {case.title}", timeout=60_000)
     expect(page.get_by_role("tab", name="Run view")).to_have_attribute("aria-selected", "true")
     expect(page.locator("#sv-grid td.sv-cell[data-stale]")).to_have_count(0, timeout=60_000)
-    fork = page.locator("#sv-grid td.sv-cell.sv-fork.sv-sel")  # focused on its first fork, with its verdict
+    # focused on its first fork, with its verdict
+    fork = page.locator("#sv-grid td.sv-cell.sv-fork.sv-sel")
     expect(fork).to_be_visible(timeout=60_000)
     expect(page.locator("#sv-forensics")).to_contain_text(case.expected)
     seq, round_ = fork.get_attribute("data-seq"), fork.get_attribute("data-round")
     expect(page).to_have_url(re.compile(rf"\?run=.*&seq={seq}&round={round_}$"), timeout=60_000)
     page.screenshot(path=SHOTS / "casebook-opened.png", full_page=True)
 
-    # Its link replays it in a fresh process, `python app.py` with nothing cached: from the bundle, as it says.
+    # Its link replays it in a fresh process, `python app.py` with nothing cached: from the bundle,
+    # as it says.
     port = free_port()
     with serving("python app.py", [sys.executable, str(ROOT / "app.py")],
-                 {"GRADIO_SERVER_PORT": str(port)}, tmp_path / "app.log", f"http://127.0.0.1:{port}", "/", 300):
-        _replays_in(new_page, f"http://127.0.0.1:{port}/?" + page.url.partition("?")[2], case, seq, round_)
+                 {"GRADIO_SERVER_PORT": str(port)}, tmp_path / "app.log",
+                 f"http://127.0.0.1:{port}", "/", 300):
+        _replays_in(new_page, f"http://127.0.0.1:{port}/?" + page.url.partition("?")[2], case, seq,
+                    round_)
 
 
 def _replays_in(new_page, link: str, case, seq: str, round_: str) -> None:
-    """The case's share link, opened: its fork and verdict; then the Sweep tab runs the whole casebook."""
+    """The case's share link, opened: its fork and verdict; then the Sweep tab runs the whole
+    casebook."""
     from specviz.spec.casebook import CASES
 
     fresh = new_page(viewport={"width": 1280, "height": 1000})
@@ -469,9 +538,11 @@ def _replays_in(new_page, link: str, case, seq: str, round_: str) -> None:
     assert cell.get_attribute("data-seq") == seq
     expect(fresh.locator("#sv-forensics")).to_contain_text(case.expected)
 
-    # The Sweep tab runs the whole casebook as one sweep: a cell for each case (each run from the bundle).
+    # The Sweep tab runs the whole casebook as one sweep: a cell for each case (each run from the
+    # bundle).
     fresh.get_by_role("tab", name="Sweep").click()
     fresh.locator("#sv-sweep-casebook").click()
-    expect(fresh.locator("#sv-sweep-exact td.sv-hcell")).to_have_count(len(CASES), timeout=DECODE_MS)
+    expect(fresh.locator("#sv-sweep-exact td.sv-hcell")).to_have_count(len(CASES),
+                                                                       timeout=DECODE_MS)
     expect(fresh.locator("#sv-sweep-summary")).to_contain_text(f"{len(CASES)} runs")
     fresh.screenshot(path=SHOTS / "casebook-sweep.png", full_page=True)

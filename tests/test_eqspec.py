@@ -57,10 +57,11 @@ def test_self_speculation_accepts_everything(tiny, mixed_prompts):
     """draft = target: acceptance 100%, every round emits k+1 tokens per active row."""
     same = dataclasses.replace(tiny, draft=layer_subset(tiny.target, [0, 1, 2]))
     k, n = 4, 21
-    prompts = [p[:12] for p in mixed_prompts[:4] if len(p) >= 12]  # equal lengths: no realignment at all
+    # equal lengths: no realignment at all
+    prompts = [p[:12] for p in mixed_prompts[:4] if len(p) >= 12]
     got = eqspec(same, prompts, 4, k, n)
-    # 21 = 4 rounds of k+1, then one token left: the last round drafts only 1, and each row, with room for
-    # no draft, takes the target's own token
+    # 21 = 4 rounds of k+1, then one token left: the last round drafts only 1, and each row, with
+    # room for no draft, takes the target's own token
     assert [rd.k for rd in got.rounds] == [k, k, k, k, 1]
     rows = len(prompts)
     assert [rd.ints["drafts"].tolist() for rd in got.rounds] == [[k] * rows] * 4 + [[0] * rows]

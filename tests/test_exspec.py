@@ -23,7 +23,8 @@ def test_exspec_equals_reference_in_float64(tiny, mixed_prompts, batch_size, k):
 
 
 def test_equal_growth_runs_entirely_in_same_length_groups(tiny, mixed_prompts):
-    """draft = target and equal prompt lengths: every round is a same-length group, none realigns."""
+    """draft = target and equal prompt lengths: every round is a same-length group, none
+    realigns."""
     same = dataclasses.replace(tiny, draft=layer_subset(tiny.target, [0, 1, 2]))
     prompts = [p[:10] for p in mixed_prompts if len(p) >= 10][:8]
     got = exspec(same, prompts, 4, 3, 16, window=8, max_wait=100)
@@ -35,12 +36,13 @@ def test_equal_growth_runs_entirely_in_same_length_groups(tiny, mixed_prompts):
 def _state(seq, width, waited):
     import torch
 
-    return SeqState(seq, torch.zeros(1, width, dtype=torch.long), torch.ones(1, width, dtype=torch.bool),
-                    None, None, waited)
+    return SeqState(seq, torch.zeros(1, width, dtype=torch.long),
+                    torch.ones(1, width, dtype=torch.bool), None, None, waited)
 
 
 def test_choose_prefers_groups_and_bounds_waiting():
-    active = [_state(0, 10, 0), _state(1, 12, 0), _state(2, 12, 0), _state(3, 9, 0), _state(4, 12, 1)]
+    active = [_state(0, 10, 0), _state(1, 12, 0), _state(2, 12, 0), _state(3, 9, 0),
+              _state(4, 12, 1)]
     rows, group = choose_batch(active, 3, max_wait=5)
     assert group and {s.seq for s in rows} == {1, 2, 4}
     active[3].waited = 5  # overdue: forced in, the batch falls back to padding
@@ -49,9 +51,11 @@ def test_choose_prefers_groups_and_bounds_waiting():
 
 
 def test_trace_records_groups_waits_and_latency(tiny):
-    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64", device="cpu",
-                         method="exspec", prompts=("Hi", "Name three rivers.", "Tell me a joke.", "Count to five.",
-                                                   "What is 2+2?"), batch_size=2, k=3, max_new_tokens=12, window=4)
+    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64",
+                         device="cpu",
+                         method="exspec",
+                         prompts=("Hi", "Name three rivers.", "Tell me a joke.", "Count to five.",
+                                  "What is 2+2?"), batch_size=2, k=3, max_new_tokens=12, window=4)
     trace = run(spec)
     assert metrics.equivalence(trace)["exact"] == 1
     assert all(r.waits is not None and len(r.waits) == len(r.seqs) for r in trace.rounds)

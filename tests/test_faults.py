@@ -13,9 +13,9 @@ WASTEFUL = list(of_kind("wasteful"))
 
 
 def _run(faults, batch_size, prompts, **kw):
-    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64", device="cpu",
-                         prompts=tuple(prompts), batch_size=batch_size, k=5, max_new_tokens=24,
-                         faults=tuple(faults), **kw)
+    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64",
+                         device="cpu", prompts=tuple(prompts), batch_size=batch_size, k=5,
+                         max_new_tokens=24, faults=tuple(faults), **kw)
     return run(spec)
 
 
@@ -40,8 +40,8 @@ def test_each_breaking_fault_breaks_equivalence_and_is_named(fault, prompts):
 
 
 @pytest.mark.parametrize("fault,breaks", [
-    ("draft-bonus", True), ("positions-from-slots", False), ("no-kv-shift", False), ("min-crop", False),
-    ("bsp-like", True),
+    ("draft-bonus", True), ("positions-from-slots", False), ("no-kv-shift", False),
+    ("min-crop", False), ("bsp-like", True),
 ])
 def test_at_batch_size_1(fault, breaks, prompts):
     trace = _run([fault], 1, prompts)
@@ -55,7 +55,8 @@ def test_wasteful_faults_stay_equivalent_and_show_their_cost(fault, prompts):
     trace = _run([fault], 4, prompts)
     assert metrics.equivalence(trace)["exact"] == 1
     cost, base = metrics.waste(trace), metrics.waste(correct)
-    if fault == "right-padding":  # harmless alone here: the pad block is reclaimed at the first realignment
+    # harmless alone here: the pad block is reclaimed at the first realignment
+    if fault == "right-padding":
         assert cost["peak_target_kv"] == base["peak_target_kv"]
     else:
         assert cost["peak_target_kv"] > base["peak_target_kv"]
@@ -86,10 +87,11 @@ def test_presets_expand_and_unknown_faults_are_refused():
 
 
 def test_the_engine_itself_expands_presets_and_refuses_a_fault_it_does_not_know(tiny):
-    """Called directly (a benchmark, a user's script), not only through a RunSpec: a preset is its faults, and a
-    misspelt fault raises instead of running the correct engine."""
+    """Called directly (a benchmark, a user's script), not only through a RunSpec: a preset is its
+    faults, and a misspelt fault raises instead of running the correct engine."""
     ids = tiny.encode(["The capital of France is", "def add(a, b):"])
-    by_preset, by_faults = (eqspec(tiny, ids, 2, 3, 12, faults=f).outputs for f in (("dsd-like",), FAULT_PRESETS["dsd-like"]))
+    by_preset, by_faults = (eqspec(tiny, ids, 2, 3, 12, faults=f).outputs
+                            for f in (("dsd-like",), FAULT_PRESETS["dsd-like"]))
     assert [o.ids for o in by_preset] == [o.ids for o in by_faults]
     assert [o.ids for o in by_preset] != [o.ids for o in eqspec(tiny, ids, 2, 3, 12).outputs]
     with pytest.raises(ValueError, match="unknown fault 'no-masks'"):
@@ -97,19 +99,22 @@ def test_the_engine_itself_expands_presets_and_refuses_a_fault_it_does_not_know(
 
 
 def test_numerics_case_in_bfloat16_is_called_numerics(tiny):
-    """A correct engine in bfloat16 departs from the batch-size-1 reference
-    through floating point alone; forensics must say numerics (at least 90%), else unexplained, never sync-bug."""
+    """A correct engine in bfloat16 departs from the batch-size-1 reference through floating point
+    alone; forensics must say numerics (at least 90%), else unexplained, never sync-bug."""
     from specviz.spec.prompts import builtin_set
 
-    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="bfloat16", device="cpu",
-                         prompts=tuple(builtin_set("spec-bench")[:24]), batch_size=4, k=5, max_new_tokens=48)
+    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="bfloat16",
+                         device="cpu", prompts=tuple(builtin_set("spec-bench")[:24]), batch_size=4,
+                         k=5, max_new_tokens=48)
     trace = run(spec)
     verdicts = _verdicts(trace)
     assert verdicts and verdicts.count("numerics") >= 0.9 * len(verdicts), verdicts
     assert set(verdicts) <= {"numerics", "unexplained"}, verdicts
     rounding = trace.manifest.yardstick.target
-    assert rounding.positions >= 1200 and rounding.alpha <= 0.01  # enough positions for the stated rate
-    assert rounding.tolerance > 2 * rounding.resolution and rounding.anomaly is None  # bfloat16 is well above one ulp
+    # enough positions for the stated rate
+    assert rounding.positions >= 1200 and rounding.alpha <= 0.01
+    # bfloat16 is well above one ulp
+    assert rounding.tolerance > 2 * rounding.resolution and rounding.anomaly is None
     for s in trace.sequences:
         if s.forensics and s.forensics.verdict == "numerics":
             ev = s.forensics
@@ -119,11 +124,12 @@ def test_numerics_case_in_bfloat16_is_called_numerics(tiny):
 
 
 def test_embedded_pair_in_bfloat16_stays_numerics():
-    """Real weights, real near-ties: the correct engine on SmolLM2 in bfloat16 (about 3 minutes here)."""
+    """Real weights, real near-ties: the correct engine on SmolLM2 in bfloat16 (about 3 minutes
+    here)."""
     from specviz.spec.prompts import builtin_set
 
-    spec = RunSpec.build(dtype="bfloat16", device="cpu", prompts=tuple(builtin_set("all")[:8]), batch_size=4, k=5,
-                         max_new_tokens=32)
+    spec = RunSpec.build(dtype="bfloat16", device="cpu", prompts=tuple(builtin_set("all")[:8]),
+                         batch_size=4, k=5, max_new_tokens=32)
     verdicts = _verdicts(run(spec))
     assert verdicts and verdicts.count("numerics") >= 0.9 * len(verdicts), verdicts
     assert set(verdicts) <= {"numerics", "unexplained"}, verdicts

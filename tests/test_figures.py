@@ -1,7 +1,7 @@
-"""Every figure of the page, built as plotly would validate it: the page builds them without validation (for
-speed), so a property plotly refuses would vanish there without a word. Here `plots.figure` validates, and each
-figure function runs on the bundled traces, a run with prompt lookup, a sampled run, an engine check and a
-sweep report."""
+"""Every figure of the page, built as plotly would validate it: the page builds them without
+validation (for speed), so a property plotly refuses would vanish there without a word. Here
+`plots.figure` validates, and each figure function runs on the bundled traces, a run with prompt
+lookup, a sampled run, an engine check and a sweep report."""
 import inspect
 from pathlib import Path
 
@@ -25,8 +25,9 @@ def validating(monkeypatch):
 
 
 def _tiny(**kw) -> Trace:
-    return run(RunSpec.build(**{**dict(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64", device="cpu",
-                                       prompts=tuple(builtin_set("quick")), batch_size=3, k=3, max_new_tokens=12),
+    return run(RunSpec.build(**{**dict(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64",
+                                       device="cpu", prompts=tuple(builtin_set("quick")),
+                                       batch_size=3, k=3, max_new_tokens=12),
                                 **kw}))
 
 
@@ -36,8 +37,9 @@ def traces(tiny, tmp_path_factory) -> dict[str, Trace]:
     out["lookup"] = _tiny(drafter="lookup", ngram_min=1)
     out["sampled"] = _tiny(temperature=0.8, seed=3)
     check = tmp_path_factory.mktemp("check") / "check.json"
-    assert cli.main(["check", "--pair", "tiny", "--dtype", "float32", "--device", "cpu", "--prompt-set", "quick",
-                     "--max-new-tokens", "12", "--trace", str(check), "--engine", "test_check:bsp_like",
+    assert cli.main(["check", "--pair", "tiny", "--dtype", "float32", "--device", "cpu",
+                     "--prompt-set", "quick", "--max-new-tokens", "12", "--trace", str(check),
+                     "--engine", "test_check:bsp_like",
                      "--control-engine", "test_check:no_speculation"]) == 0
     out["check"] = Trace.from_json(check.read_text())
     return out
@@ -46,8 +48,9 @@ def traces(tiny, tmp_path_factory) -> dict[str, Trace]:
 @pytest.fixture(scope="module")
 def report(tiny, tmp_path_factory) -> SweepReport:
     path = tmp_path_factory.mktemp("sweep") / "sweep.json"
-    assert cli.main(["verify", "--pair", "tiny", "--dtype", "float64", "--device", "cpu", "--prompt-set", "quick",
-                     "--max-new-tokens", "12", "--k", "3", "--methods", "eqspec", "--fault-sets", "none", "bsp-like",
+    assert cli.main(["verify", "--pair", "tiny", "--dtype", "float64", "--device", "cpu",
+                     "--prompt-set", "quick", "--max-new-tokens", "12", "--k", "3", "--methods",
+                     "eqspec", "--fault-sets", "none", "bsp-like",
                      "--batch-sizes", "1,3", "--temperatures", "0,0.8", "--json", str(path),
                      "--allow-divergence"]) == 0
     return SweepReport.from_json(path.read_bytes())
@@ -59,17 +62,20 @@ TRACE_FIGURES = {
     "draft_slots": plots.draft_slots,
     "pit_histograms": plots.pit_histograms,
     "yardstick": lambda t: plots.yardstick(t, views.resolve(t)[0]),
-    "pit_figure": lambda t: plots.pit_figure(t.distribution) if t.distribution else plots.empty("greedy"),
+    "pit_figure": lambda t: plots.pit_figure(t.distribution) if t.distribution
+    else plots.empty("greedy"),
     "empty": lambda t: plots.empty(f"{t.manifest.spec.method}: nothing to show"),
 }
 REPORT_FIGURES = {name: getattr(sweepviews, name)
-                  for name in ("verdict_bars", "divergence_histogram", "accept_length_histogram", "acceptance_curves")}
+                  for name in ("verdict_bars", "divergence_histogram", "accept_length_histogram",
+                               "acceptance_curves")}
 
 
 def test_every_figure_function_of_the_page_is_built_here():
     returns_figure = {f"{module.__name__}.{name}" for module in (plots, sweepviews)
                       for name, fn in inspect.getmembers(module, inspect.isfunction)
-                      if fn.__module__ == module.__name__ and fn.__annotations__.get("return") == "go.Figure"
+                      if fn.__module__ == module.__name__
+                      and fn.__annotations__.get("return") == "go.Figure"
                       and not name.startswith("_") and name != "figure"}
     assert returns_figure == {*(f"specviz.app.plots.{n}" for n in TRACE_FIGURES),
                               *(f"specviz.app.sweepviews.{n}" for n in REPORT_FIGURES)}
@@ -78,7 +84,8 @@ def test_every_figure_function_of_the_page_is_built_here():
 @pytest.mark.parametrize("name", TRACE_FIGURES)
 def test_each_trace_figure_holds_only_properties_plotly_accepts(name, traces):
     for label, trace in traces.items():
-        assert isinstance(TRACE_FIGURES[name](trace), go.Figure), label  # validating: a refused property raises
+        # validating: a refused property raises
+        assert isinstance(TRACE_FIGURES[name](trace), go.Figure), label
 
 
 @pytest.mark.parametrize("name", REPORT_FIGURES)
@@ -87,8 +94,8 @@ def test_each_sweep_figure_holds_only_properties_plotly_accepts(name, report):
 
 
 def test_the_lanes_stack_without_overlapping_whatever_their_number(traces):
-    """Six lanes (a draft model) and five (prompt lookup keeps no draft cache): each y axis in its own band of
-    the figure, top to bottom, and each lane's title at the top of its own band."""
+    """Six lanes (a draft model) and five (prompt lookup keeps no draft cache): each y axis in its
+    own band of the figure, top to bottom, and each lane's title at the top of its own band."""
     for label, n in (("bsp-like-decay", 6), ("lookup", 5)):
         trace = traces[label]
         fig = plots.kv_lanes(trace, views.resolve(trace)[0])

@@ -1,13 +1,14 @@
-"""Seeded fuzzing of what strangers send: 10,000 malformed share links and 1,000 malformed trace files, each
-must get our message or a rendered page, through the handlers the server calls and through the server.
-benchmarks/fuzz.py times the same inputs."""
+"""Seeded fuzzing of what strangers send: 10,000 malformed share links and 1,000 malformed trace
+files, each must get our message or a rendered page, through the handlers the server calls and
+through the server. benchmarks/fuzz.py times the same inputs."""
 import random
 
 import gradio as gr
 import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
-from hostile import malformed_link, malformed_links, malformed_trace, malformed_traces, real_link_and_trace
+from hostile import (malformed_link, malformed_links, malformed_trace, malformed_traces,
+                     real_link_and_trace)
 
 from specviz.app import runview as ui
 
@@ -43,7 +44,8 @@ def test_every_malformed_trace_gets_our_message_or_renders(real, tmp_path):
             refused += 1
             continue
         views = ui.render(trace)
-        assert tuple(views) == ui.VIEW_NAMES and views["timeline"].startswith('<div class="sv-timeline"')
+        assert (tuple(views) == ui.VIEW_NAMES
+                and views["timeline"].startswith('<div class="sv-timeline"'))
         rendered += 1
     assert refused > 0.7 * TRACES and rendered > 0
 
@@ -52,11 +54,14 @@ def test_the_server_turns_a_sample_away_and_keeps_serving(real, app_url, tmp_pat
     client = Client(app_url, verbose=False)
     rng = random.Random(SEED)
     sample = rng.sample(range(LINKS), SERVED_LINKS)
-    for start in range(0, SERVED_LINKS, 8):  # 8 at a time: within the queue's 16 places, and quicker than one
-        jobs = [client.submit(malformed_link(SEED, i, real[0]), api_name="/open_link") for i in sample[start: start + 8]]
+    # 8 at a time: within the queue's 16 places, and quicker than one
+    for start in range(0, SERVED_LINKS, 8):
+        jobs = [client.submit(malformed_link(SEED, i, real[0]), api_name="/open_link")
+                for i in sample[start: start + 8]]
         for job in jobs:
             status = job.result()[-1]
-            assert status.startswith(("Replaying the shared run…", "**You are looking at")) or "could not be used" in status
+            assert status.startswith(("Replaying the shared run…",
+                                      "**You are looking at")) or "could not be used" in status
     path = tmp_path / "upload.json"
     for i in rng.sample(range(TRACES), SERVED_TRACES):
         path.write_bytes(malformed_trace(SEED, i, real[1]))

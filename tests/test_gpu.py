@@ -25,7 +25,8 @@ def spec(**fields) -> RunSpec:
 
 
 def test_without_spaces_the_decorator_changes_nothing(reload_gpu):
-    module = reload_gpu(None)  # a None entry makes `import spaces` fail, as where it is not installed
+    # a None entry makes `import spaces` fail, as where it is not installed
+    module = reload_gpu(None)
     assert module.spaces is None
 
     def fn(s):
@@ -37,7 +38,8 @@ def test_without_spaces_the_decorator_changes_nothing(reload_gpu):
 def test_with_spaces_each_call_asks_for_the_duration_of_its_spec(reload_gpu):
     asked = []
 
-    def GPU(duration):  # what ZeroGPU does: size each call by calling `duration` with the call's arguments
+    # what ZeroGPU does: size each call by calling `duration` with the call's arguments
+    def GPU(duration):
         def decorate(fn):
             def call(*args, **kwargs):
                 asked.append(duration(*args, **kwargs))
@@ -60,8 +62,10 @@ def test_with_spaces_each_call_asks_for_the_duration_of_its_spec(reload_gpu):
 def test_the_estimate_grows_with_the_work_and_is_clamped():
     base = spec(method="reference", max_new_tokens=32)
     assert gpu.forward_passes(base) == 4 * 32  # the reference alone
-    assert gpu.forward_passes(spec(method="eqspec", max_new_tokens=32, batch_size=4, k=5)) == 4 * 32 + 16 * 6
-    assert gpu.forward_passes(spec(method="eqspec", max_new_tokens=32, batch_size=1, k=5)) == 4 * 32 + 4 * 16 * 6
+    assert gpu.forward_passes(spec(method="eqspec", max_new_tokens=32, batch_size=4,
+                                   k=5)) == 4 * 32 + 16 * 6
+    assert gpu.forward_passes(spec(method="eqspec", max_new_tokens=32, batch_size=1,
+                                   k=5)) == 4 * 32 + 4 * 16 * 6
     assert gpu.seconds(spec(method="reference", max_new_tokens=1)) == gpu.MIN_SECONDS
     assert gpu.seconds(spec(max_new_tokens=1024, batch_size=1, k=16)) == gpu.MAX_SECONDS
     s = spec(max_new_tokens=256, batch_size=2, k=5)

@@ -1,5 +1,5 @@
-"""A trace and a link with a script-carrying payload in every string field: every view the server sends
-shows the payload as text, never as markup (tests/hostile.py says what may appear)."""
+"""A trace and a link with a script-carrying payload in every string field: every view the server
+sends shows the payload as text, never as markup (tests/hostile.py says what may appear)."""
 import base64
 import json
 import re
@@ -24,12 +24,14 @@ HTML_VIEWS = ("timeline", "grid", "compare", "forensics")
 
 def test_the_payload_is_in_every_string_field_the_schema_accepts(hostile):
     m, f = hostile.manifest, next(s.forensics for s in hostile.sequences if s.forensics)
-    fields = [m.spec.target, m.spec.draft, *m.spec.prompts, m.device, m.device_name, *m.versions, *m.versions.values(),
-              *m.pair, *m.deterministic, f.verdict, f.explanation, *f.failed_checks, *hostile.rows[0].checks,
+    fields = [m.spec.target, m.spec.draft, *m.spec.prompts, m.device, m.device_name, *m.versions,
+              *m.versions.values(), *m.pair, *m.deterministic, f.verdict, f.explanation,
+              *f.failed_checks, *hostile.rows[0].checks,
               *hostile.vocab.values(), *(p.text for p in hostile.prompts)]
     assert all(HOSTILE in x for x in fields)
     # Closed sets and patterns refuse it: the method, the fault names, the fingerprint.
-    assert m.spec.method == "eqspec" and m.spec.faults == ("bsp-like",) and re.fullmatch(FINGERPRINT, m.fingerprint)
+    assert (m.spec.method == "eqspec" and m.spec.faults == ("bsp-like",)
+            and re.fullmatch(FINGERPRINT, m.fingerprint))
 
 
 def _every_focus(trace):
@@ -44,9 +46,11 @@ def test_every_view_at_every_focus_shows_the_payload_as_text(hostile):
         for name in HTML_VIEWS:
             assert live_markup(out[name], VIEW_TAGS, VIEW_ATTRIBUTES) == [], name
         assert live_markdown(out["glossary"]) == [] and live_markdown(out["focus_note"]) == []
-        for fig in (out["lanes"], out["phases"]):  # plotly reads <a href> and <img> in its texts: none may come
+        # plotly reads <a href> and <img> in its texts: none may come
+        for fig in (out["lanes"], out["phases"]):
             assert "__pwned" not in fig.to_json() and "evil" not in fig.to_json()
-        cells = out["table"]["value"].to_numpy().ravel().tolist()  # a Dataframe of datatype "str": text, whatever it holds
+        # a Dataframe of datatype "str": text, whatever it holds
+        cells = out["table"]["value"].to_numpy().ravel().tolist()
         assert any(PAYLOADS[0] in str(c) for c in cells)
     shown = "".join(parse_html(tokens.timeline_html(hostile, views.resolve(hostile)[0])).text)
     assert PAYLOADS[0] in shown  # seen, as text
@@ -54,7 +58,8 @@ def test_every_view_at_every_focus_shows_the_payload_as_text(hostile):
 
 def test_markdown_carries_stranger_text_inert(hostile):
     assert live_markdown(summary.headline(hostile)) == []
-    env = {**share.environment(hostile.manifest), **{f"{HOSTILE[:150]} {i}": HOSTILE[:200] for i in range(3)}}
+    env = {**share.environment(hostile.manifest),
+           **{f"{HOSTILE[:150]} {i}": HOSTILE[:200] for i in range(3)}}
     env = {k[:200]: v[:200] for k, v in env.items()}  # a link's environment is short, flat text
     query = share.encode_link(share.Link(hostile.manifest.spec, 0, 1, "0123456789abcdef", env))
     pending = ui.open_link(query)["pending"]
@@ -63,7 +68,8 @@ def test_markdown_carries_stranger_text_inert(hostile):
     bad = json.loads(hostile.manifest.spec.canonical_json()) | {HOSTILE[:150]: 1, "k": HOSTILE}
     run = base64.urlsafe_b64encode(zlib.compress(json.dumps({"spec": bad}).encode())).decode()
     status = ui.open_link("?run=" + run)["status"]
-    assert "could not be used" in status and "Extra inputs" in status and live_markdown(status) == []
+    assert ("could not be used" in status and "Extra inputs" in status
+            and live_markdown(status) == [])
 
 
 def test_error_messages_quoting_a_stranger_are_escaped(hostile, tmp_path):
@@ -72,12 +78,14 @@ def test_error_messages_quoting_a_stranger_are_escaped(hostile, tmp_path):
     with pytest.raises(gr.Error) as e:
         ui.open_trace(str(path))
     assert "onerror" in e.value.message and not parse_html(e.value.message).elements
-    custom = {"pair": ui.CUSTOM, "target": PAYLOADS[0], "draft": "d", "prompt_set": "quick", "typed": "",
-              "prompt_file": None, "method": "eqspec", "faults": [], "batch_size": 1, "k": 1, "max_new_tokens": 1,
-              "dtype": "float32", "seed": 0, "window": 0, "max_wait": 4, "audit": False}
+    custom = {"pair": ui.CUSTOM, "target": PAYLOADS[0], "draft": "d", "prompt_set": "quick",
+              "typed": "", "prompt_file": None, "method": "eqspec", "faults": [], "batch_size": 1,
+              "k": 1, "max_new_tokens": 1, "dtype": "float32", "seed": 0, "window": 0,
+              "max_wait": 4, "audit": False}
     with pytest.raises(gr.Error) as e:
         ui.run_controls(Settings(), **custom)
-    assert "is not allowed on this server" in e.value.message and not parse_html(e.value.message).elements
+    assert ("is not allowed on this server" in e.value.message
+            and not parse_html(e.value.message).elements)
 
 
 def test_what_the_server_sends_has_no_live_markup(app_url, hostile, tmp_path):

@@ -1,6 +1,6 @@
-"""Every hybrid family transformers 5.24 ships (tests/hybrids.py): decoded as the model alone decodes it, with the
-draft model and with prompt lookup, or refused at load with the reason. docs/models.md's "Architectures" table
-reports what this file holds."""
+"""Every hybrid family transformers 5.24 ships (tests/hybrids.py): decoded as the model alone
+decodes it, with the draft model and with prompt lookup, or refused at load with the reason.
+docs/models.md's "Architectures" table reports what this file holds."""
 import pytest
 from hybrids import FAMILIES, REFUSED, save, save_pair
 from test_reference import plain_argmax

@@ -1,10 +1,12 @@
-"""Hybrid models: layers that attend beside layers that carry a recurrent state (Gated DeltaNet in Qwen 3.5 and
-Qwen3-Next, Mamba-2 in Nemotron-H, short convolutions in LFM2), saved as a user's local checkpoint is.
+"""Hybrid models: layers that attend beside layers that carry a recurrent state (Gated DeltaNet in
+Qwen 3.5 and Qwen3-Next, Mamba-2 in Nemotron-H, short convolutions in LFM2), saved as a user's local
+checkpoint is.
 
-A recurrent state cannot be cropped back after rejected drafts: the engine keeps it at every drafted position and
-each row continues from the one at its own accepted count (decoding/kvcache.py). Every method writes what the
-model alone writes, in float64 and float32; each planted state fault, and a bug planted here outside the
-catalogue, is named `sync-bug:recurrent`, never numerics; the float64 truth is float64 throughout."""
+A recurrent state cannot be cropped back after rejected drafts: the engine keeps it at every drafted
+position and each row continues from the one at its own accepted count (decoding/kvcache.py). Every
+method writes what the model alone writes, in float64 and float32; each planted state fault, and a
+bug planted here outside the catalogue, is named `sync-bug:recurrent`, never numerics; the float64
+truth is float64 throughout."""
 import re
 
 import pytest
@@ -30,14 +32,16 @@ from specviz.spec.run import RunSpec, SpecError
 from specviz.trace import metrics
 from specviz.trace.schema import Trace
 
-FOUR = ("qwen3.5", "nemotron-h", "lfm2", "qwen3-next")  # Gated DeltaNet, Mamba-2, short convolutions, with experts
+# Gated DeltaNet, Mamba-2, short convolutions, with experts
+FOUR = ("qwen3.5", "nemotron-h", "lfm2", "qwen3-next")
 NEW = 10
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> dict[str, tuple[str, str]]:
     pairs = {f: save_pair(tmp_path_factory.mktemp(f), f) for f in FOUR}
-    # A target that loops as small models do: prompt lookup drafts in its loops, and offers nothing where one breaks.
+    # A target that loops as small models do: prompt lookup drafts in its loops, and offers nothing
+    # where one breaks.
     pairs["looping"] = save_pair(tmp_path_factory.mktemp("looping"), "qwen3-next", loops=True)
     return pairs
 
@@ -80,8 +84,8 @@ def _lookup(pair):
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("family", FOUR)
 def test_every_method_writes_the_batch_size_1_reference(references, family, dtype):
-    """batched-reference, then eqspec and exspec with the draft model and with prompt lookup, at batch sizes 1, 3
-    and 8 and k 1 and 5: token for token the reference's."""
+    """batched-reference, then eqspec and exspec with the draft model and with prompt lookup, at
+    batch sizes 1, 3 and 8 and k 1 and 5: token for token the reference's."""
     pair, ids, ref = references[family, dtype]
     ran = {}
     for bs in (1, 3, 8):
@@ -89,17 +93,22 @@ def test_every_method_writes_the_batch_size_1_reference(references, family, dtyp
         for k in (1, 5):
             for name, drafter in (("model", None), ("lookup", _lookup(pair))):
                 ran["eqspec", name, bs, k] = eqspec(pair, ids, bs, k, NEW, drafter=drafter)
-                ran["exspec", name, bs, k] = exspec(pair, ids, bs, k, NEW, window=2 * bs, max_wait=4, drafter=drafter)
-    wrong = {key: [i for i, (o, r) in enumerate(zip(res.outputs, ref)) if o.ids != r] for key, res in ran.items()}
+                ran["exspec", name, bs, k] = exspec(pair, ids, bs, k, NEW, window=2 * bs,
+                                                    max_wait=4, drafter=drafter)
+    wrong = {key: [i for i, (o, r) in enumerate(zip(res.outputs, ref)) if o.ids != r]
+             for key, res in ran.items()}
     assert not any(wrong.values()), {key: rows for key, rows in wrong.items() if rows}
-    accepted = [int(r.ints["accepted"][i]) for r in ran["eqspec", "model", 8, 5].rounds for i in range(len(r.seqs))]
-    assert 0 < sum(accepted) < 5 * len(accepted)  # ragged acceptance: rows roll their states back to different counts
+    accepted = [int(r.ints["accepted"][i]) for r in ran["eqspec", "model", 8, 5].rounds
+                for i in range(len(r.seqs))]
+    # ragged acceptance: rows roll their states back to different counts
+    assert 0 < sum(accepted) < 5 * len(accepted)
 
 
 def _run(saved, family: str, **kw):
     target, draft = saved[family]
     return run(RunSpec.build(**{**dict(target=target, draft=draft, dtype="float64", device="cpu",
-                                       prompts=tuple(_prompts()), batch_size=4, k=4, max_new_tokens=NEW), **kw}))
+                                       prompts=tuple(_prompts()), batch_size=4, k=4,
+                                       max_new_tokens=NEW), **kw}))
 
 
 @pytest.mark.parametrize("family,fault,drafter", [
@@ -110,7 +119,8 @@ def test_a_planted_state_fault_is_named_by_its_state(saved, family, fault, draft
     trace = _run(saved, family, faults=(fault,), drafter=drafter, ngram_min=1)
     verdicts = [s.forensics.verdict for s in trace.sequences if s.forensics]
     assert verdicts and set(verdicts) == {"sync-bug:recurrent"}, verdicts
-    assert any(not r.checks["recurrent"] for r in trace.rows)  # the engine's own I5 check saw it too
+    # the engine's own I5 check saw it too
+    assert any(not r.checks["recurrent"] for r in trace.rows)
 
 
 @pytest.fixture(scope="module")
@@ -125,15 +135,17 @@ def test_a_correct_run_records_each_rows_state_and_every_state_check_holds(corre
         assert r.checks["recurrent"] and r.target_state_before == r.content_before - 1
         assert r.draft_state_before == r.content_before - 2
         if r.content_after is not None:
-            assert (r.target_state_after, r.draft_state_after) == (r.content_after - 1, r.content_after - 2)
+            assert ((r.target_state_after, r.draft_state_after)
+                    == (r.content_after - 1, r.content_after - 2))
     assert Trace.from_json(trace.to_json()) == trace
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_a_roll_back_bug_planted_here_is_named_by_the_states_own_evidence(saved, monkeypatch, dtype):
-    """Each row continues from the state one position past its accepted count, and the engine's bookkeeping
-    never hears of it: its own checks hold, and the watch's replay of the row's recurrent states over fresh K/V
-    names the state."""
+def test_a_roll_back_bug_planted_here_is_named_by_the_states_own_evidence(saved, monkeypatch,
+                                                                          dtype):
+    """Each row continues from the state one position past its accepted count, and the engine's
+    bookkeeping never hears of it: its own checks hold, and the watch's replay of the row's
+    recurrent states over fresh K/V names the state."""
     roll_back = kvcache.roll_back
 
     def one_late(cache, index, conv_index=None):
@@ -146,7 +158,8 @@ def test_a_roll_back_bug_planted_here_is_named_by_the_states_own_evidence(saved,
 
 
 def test_in_bfloat16_a_hybrids_forks_are_numerics_only_where_the_yardstick_says(saved):
-    """bfloat16's near-ties are rare here (every row's recurrent layers decode alike): the built-in prompts, bs 8."""
+    """bfloat16's near-ties are rare here (every row's recurrent layers decode alike): the built-in
+    prompts, bs 8."""
     trace = _run(saved, "lfm2", dtype="bfloat16", prompts=tuple(builtin_set("all")), batch_size=8,
                  max_new_tokens=32)
     verdicts = [s.forensics for s in trace.sequences if s.forensics]
@@ -158,18 +171,21 @@ def test_in_bfloat16_a_hybrids_forks_are_numerics_only_where_the_yardstick_says(
 
 
 def test_the_float64_truth_is_float64_throughout(saved, references):
-    """A fresh pass runs a recurrent layer's chunked algorithm; a decode its recurrent one. transformers computes
-    both partly in float32 even in a float64 model (here 6e-5 apart); the truth specviz judges with does not (1e-13)."""
+    """A fresh pass runs a recurrent layer's chunked algorithm; a decode its recurrent one.
+    transformers computes both partly in float32 even in a float64 model (here 6e-5 apart); the
+    truth specviz judges with does not (1e-13)."""
     pair, ids, _ = references["qwen3.5", "float32"]
     long = ids[-1][:64]
     truth = float64_target(pair)
     assert float((fresh_logits(truth, long, 32, pair.vocab_size)
                   - decoded_logits(truth, long, 32, pair.vocab_size)).abs().max()) < 1e-12
-    own = AutoModelForCausalLM.from_pretrained(saved["qwen3.5"][0], dtype=torch.float64)  # as transformers computes
+    # as transformers computes
+    own = AutoModelForCausalLM.from_pretrained(saved["qwen3.5"][0], dtype=torch.float64)
     assert float((fresh_logits(own, long, 32, pair.vocab_size)
                   - decoded_logits(own, long, 32, pair.vocab_size)).abs().max()) > 1e-10
     with Float64Throughout():
-        assert torch.ones(2).float().dtype == torch.float64 and torch.zeros(2).dtype == torch.float64
+        assert (torch.ones(2).float().dtype == torch.float64
+                and torch.zeros(2).dtype == torch.float64)
     assert torch.ones(2).float().dtype == torch.float32
 
 
@@ -179,8 +195,8 @@ def test_the_yardstick_measures_both_algorithms_of_a_hybrid(saved):
 
 
 def test_teacher_forcing_a_hybrid_reads_what_a_fresh_pass_reads(references):
-    """The judge of other engines crops its cache back to each prompt between outputs: a recurrent state cannot
-    be cropped, so a hybrid's outputs are forced fresh."""
+    """The judge of other engines crops its cache back to each prompt between outputs: a recurrent
+    state cannot be cropped, so a hybrid's outputs are forced fresh."""
     pair, ids, ref = references["nemotron-h", "float64"]
     forcing = enginenoise.TeacherForcing(pair.target, pair.vocab_size)
     for prompt, output in zip(ids[1:4], ref[1:4]):
@@ -194,8 +210,8 @@ def test_transformers_assisted_generation_is_refused_on_a_hybrid(saved):
 
 
 def test_the_cache_moves_recurrent_states_with_their_rows(references):
-    """Split into rows and merged back (exspec), rows selected and gathered (eqspec's realignment): each row's
-    states travel with it."""
+    """Split into rows and merged back (exspec), rows selected and gathered (eqspec's realignment):
+    each row's states travel with it."""
     pair, ids, _ = references["qwen3-next", "float64"]
     cache = kvcache.new(pair.target)
     with torch.inference_mode():
@@ -205,16 +221,18 @@ def test_the_cache_moves_recurrent_states_with_their_rows(references):
     assert all(torch.equal(m[("recurrent", 0)], b.flip(0)) for m, b in
                zip(kvcache.layers_states(merged), before))
     kvcache.gather(cache, torch.tensor([2, 0]), torch.arange(5).expand(2, 5))
-    assert all(torch.equal(s[("recurrent", 0)], b[[2, 0]]) for s, b in zip(kvcache.layers_states(cache), before))
+    assert all(torch.equal(s[("recurrent", 0)], b[[2, 0]])
+               for s, b in zip(kvcache.layers_states(cache), before))
     assert isinstance(cache, DynamicCache) and kvcache.length(cache) == 5
 
 
 def test_the_page_shows_each_rows_recurrent_state(saved, correct):
-    """A state lane beside the KV lanes, each row's states in the focused round's table, I5 in the glossary; and a
-    fault's row shows the state that holds a rejected draft."""
+    """A state lane beside the KV lanes, each row's states in the focused round's table, I5 in the
+    glossary; and a fault's row shows the state that holds a rejected draft."""
     focus, _ = views.resolve(correct)
     titles = [a.text for a in plots.kv_lanes(correct, focus).layout.annotations]
-    assert any(t.startswith("target recurrent state") for t in titles) and any(t.startswith("draft recurrent") for t in titles)
+    assert any(t.startswith("target recurrent state")
+               for t in titles) and any(t.startswith("draft recurrent") for t in titles)
     assert "target recurrent state before → after" in forensics_html(correct, focus)
     assert "I5" in glossary.glossary(correct) and "held I5" in glossary.glossary(correct)
     broken = _run(saved, "qwen3.5", faults=("state-not-rolled-back",))

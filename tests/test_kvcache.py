@@ -93,7 +93,8 @@ def test_split_and_merge_round_trip(tiny, mixed_prompts):
     _assert_row_matches_alone(tiny, unpadded[0], 0, 0, a)
     merged = kvcache.merge(rows)
     for layer in range(len(cache.layers)):
-        torch.testing.assert_close(merged.layers[layer].keys, cache.layers[layer].keys, rtol=0, atol=0)
+        torch.testing.assert_close(merged.layers[layer].keys, cache.layers[layer].keys, rtol=0,
+                                   atol=0)
     # Caches of different lengths merge left-padded: each row stays right-aligned.
     _, _, alone, _ = _prefill(tiny, [a])
     mixed = kvcache.merge([alone, rows[1]])

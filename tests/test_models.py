@@ -13,8 +13,10 @@ from specviz.spec.run import RunSpec, SpecError
 
 def test_embedded_pair_loads_offline_and_answers(embedded):
     assert embedded.target.config.num_hidden_layers == 30
-    # The draft is the target plus seeded noise: same shapes, different weights, derived the same way every time.
-    t_w, d_w = embedded.target.model.layers[3].mlp.up_proj.weight, embedded.draft.model.layers[3].mlp.up_proj.weight
+    # The draft is the target plus seeded noise: same shapes, different weights, derived the same
+    # way every time.
+    t_w, d_w = (embedded.target.model.layers[3].mlp.up_proj.weight,
+                embedded.draft.model.layers[3].mlp.up_proj.weight)
     assert t_w.shape == d_w.shape and not torch.equal(t_w, d_w)
     from specviz.models.draft import derive_draft
 
@@ -33,10 +35,12 @@ def test_a_pair_loads_once_per_process():
     assert load_pair("specviz:tiny", "specviz:tiny-draft", dtype="float32", device="cpu") is first
     # However it is asked for: by position, as a spec's pair, or with the device auto picks here.
     assert load_pair("specviz:tiny", "specviz:tiny-draft", None, None, "float32", "cpu") is first
-    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float32", device="cpu", prompts=("Hi",))
+    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float32",
+                         device="cpu", prompts=("Hi",))
     assert pair_for(spec) is first
     if not torch.cuda.is_available():
-        assert load_pair("specviz:tiny", "specviz:tiny-draft", dtype="float32", device="auto") is first
+        assert load_pair("specviz:tiny", "specviz:tiny-draft", dtype="float32",
+                         device="auto") is first
 
 
 def _save_local(tmp_path, name, tokenizer):
@@ -70,7 +74,8 @@ def test_pad_equal_to_eos_never_truncates_or_corrupts_prompts(tiny):
     """SmolLM2 pads with its EOS token. Prompts that contain and end with that
     token must stay whole: padding is tracked by the mask, never by value."""
     eos = tiny.eos_ids[0]
-    raw = tiny.encode(["The end.<|im_end|>", "<|im_end|>", "Hello there, how are you doing today?"], chat_template=False)
+    raw = tiny.encode(["The end.<|im_end|>", "<|im_end|>", "Hello there, how are you doing today?"],
+                      chat_template=False)
     assert raw[0][-1] == eos and raw[1] == [eos]
     tokens, valid = left_pad(raw, tiny.device)
     assert valid.sum(1).tolist() == [len(r) for r in raw]

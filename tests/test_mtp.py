@@ -1,7 +1,8 @@
-"""The target's own multi-token-prediction (MTP) layer as the drafter (models/heads.py `MtpHead`, loaded by
-transformers' `MtpModel`), on tiny checkpoints that ship one (mtp_checkpoints.py): every output is the batch-size-1
-reference's, every draft is the one transformers' own MTP layer writes from a fresh pass, transformers' own MTP
-generation agrees, and a head's bug is named by its side."""
+"""The target's own multi-token-prediction (MTP) layer as the drafter (models/heads.py `MtpHead`,
+loaded by transformers' `MtpModel`), on tiny checkpoints that ship one (mtp_checkpoints.py): every
+output is the batch-size-1 reference's, every draft is the one transformers' own MTP layer writes
+from a fresh pass, transformers' own MTP generation agrees, and a head's bug is named by its
+side."""
 import pytest
 import torch
 from mtp_checkpoints import FAMILIES, save
@@ -31,8 +32,9 @@ def _pair(checkpoints, family: str, dtype: str = "float64"):
 
 
 def _spec(path: str, **kw) -> RunSpec:
-    return RunSpec.build(**{"target": path, "draft": path, "prompts": tuple(builtin_set("all")[:6]), "drafter": "mtp",
-                            "batch_size": 3, "k": K, "max_new_tokens": NEW, "dtype": "float64", "device": "cpu", **kw})
+    return RunSpec.build(**{"target": path, "draft": path, "prompts": tuple(builtin_set("all")[:6]),
+                            "drafter": "mtp", "batch_size": 3, "k": K, "max_new_tokens": NEW,
+                            "dtype": "float64", "device": "cpu", **kw})
 
 
 @pytest.mark.parametrize("batch_size", [1, 3, 8])
@@ -44,7 +46,8 @@ def test_an_mtp_layer_drafts_to_the_reference_exactly(checkpoints, decoder, batc
     out = decoder(pair, prompts, batch_size, K, NEW, drafter=MtpDrafter(pair, K), **kw)
     assert [o.ids for o in out.outputs] == [o.ids for o in reference(pair, prompts, NEW).outputs]
     accepted = torch.cat([r.ints["accepted"] for r in out.rounds])
-    assert (accepted >= 2).sum() >= 5  # rows kept several drafts: the slots the layer drafted are fed again
+    # rows kept several drafts: the slots the layer drafted are fed again
+    assert (accepted >= 2).sum() >= 5
 
 
 @pytest.mark.parametrize("family,dtype", [("mellum", "float32"), ("bailing-hybrid", "float64"),
@@ -60,14 +63,15 @@ def test_every_family_and_dtype_decodes_as_the_model_alone(checkpoints, family, 
 
 
 def _transformers_drafts(pair, mtp: MtpModel, ids: list[int], k: int) -> list[int]:
-    """The MTP layer's greedy drafts after `ids` from transformers' own module, from scratch: the target's hidden
-    states from one batch-size-1 pass, then the layer over the whole sequence for each draft (no cache), fed its
-    own output after the last token."""
+    """The MTP layer's greedy drafts after `ids` from transformers' own module, from scratch: the
+    target's hidden states from one batch-size-1 pass, then the layer over the whole sequence for
+    each draft (no cache), fed its own output after the last token."""
     hidden = pair.target(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[-1]
     tokens, fed = list(ids), torch.cat([torch.zeros_like(hidden[:, :1]), hidden[:, :-1]], 1)
     drafts = []
     for _ in range(k):
-        out = mtp.forward_layer(0, fed, torch.arange(len(tokens))[None], None, input_ids=torch.tensor([tokens]))
+        out = mtp.forward_layer(0, fed, torch.arange(len(tokens))[None], None,
+                                input_ids=torch.tensor([tokens]))
         drafts.append(int(mtp._project_to_logits(out[:, -1])[0, : pair.vocab_size].argmax()))
         tokens, fed = tokens + drafts[-1:], torch.cat([fed, out[:, -1:]], 1)
     return drafts
@@ -85,7 +89,8 @@ def test_every_rounds_drafts_are_transformers_own_mtp_layers(checkpoints, family
         for r in sorted((r for r in trace.rows if r.seq == seq.seq), key=lambda r: r.round):
             if r.draft_tokens:
                 ids = prompt_ids[seq.seq] + seq.output_ids[:have]
-                assert r.draft_tokens == _transformers_drafts(pair, mtp, ids, len(r.draft_tokens)), (seq.seq, r.round)
+                assert r.draft_tokens == _transformers_drafts(pair, mtp, ids,
+                        len(r.draft_tokens)), (seq.seq, r.round)
                 checked += 1
             have += len(r.emitted)
     assert checked >= 8
@@ -96,15 +101,18 @@ def test_every_rounds_drafts_are_transformers_own_mtp_layers(checkpoints, family
 
 
 def test_transformers_own_mtp_generation_writes_what_specviz_writes(checkpoints):
-    trace = run(_spec(checkpoints["mellum"], method="hf-assisted", batch_size=1, prompts=tuple(builtin_set("all")[:3])))
+    trace = run(_spec(checkpoints["mellum"], method="hf-assisted", batch_size=1,
+                      prompts=tuple(builtin_set("all")[:3])))
     assert metrics.equivalence(trace)["exact"] == 1
 
 
 def test_an_mtp_layers_lossless_bug_is_named_by_its_side(checkpoints):
-    """vLLM #14647: the hidden states fed one slot off. (A layer that keeps its own guesses, vLLM #14649, drafts the
-    same tokens on this checkpoint: the hidden state's share in its input is too small to change one.)"""
+    """vLLM #14647: the hidden states fed one slot off. (A layer that keeps its own guesses, vLLM
+    #14649, drafts the same tokens on this checkpoint: the hidden state's share in its input is too
+    small to change one.)"""
     fault = "head-hidden-off-by-one"
-    trace = run(_spec(checkpoints["mellum"], faults=(fault,), prompts=tuple(builtin_set("all")[:5])))
+    trace = run(_spec(checkpoints["mellum"], faults=(fault,),
+                      prompts=tuple(builtin_set("all")[:5])))
     assert metrics.equivalence(trace)["exact"] == 1
     a = trace.acceptance
     assert a.verdict == FAULTS[fault].acceptance and a.beyond > 0, a.explanation
@@ -120,6 +128,7 @@ def test_mtp_trees_decode_as_the_model_alone_and_hybrids_refuse_them(checkpoints
 
 
 def test_a_model_without_mtp_layers_is_refused_with_the_reason(tiny):
-    spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, prompts=("Hello",), drafter="mtp", device="cpu")
+    spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, prompts=("Hello",), drafter="mtp",
+                         device="cpu")
     with pytest.raises(SpecError, match="ships no multi-token-prediction"):
         run(spec)

@@ -32,7 +32,8 @@ def tiny_dirs(tmp_path_factory):
 
 
 def test_max_memory_parses_to_accelerates_form():
-    assert parse_max_memory("0=20GiB, 1=20GiB,cpu=64GiB") == {0: "20GiB", 1: "20GiB", "cpu": "64GiB"}
+    assert (parse_max_memory("0=20GiB, 1=20GiB,cpu=64GiB")
+            == {0: "20GiB", 1: "20GiB", "cpu": "64GiB"})
     with pytest.raises(SpecError, match="expected DEVICE=SIZE, DEVICE a GPU index or cpu"):
         parse_max_memory("gpu0=20GiB")
     with pytest.raises(SpecError, match="'lots' is not a size like 20GiB"):
@@ -43,14 +44,18 @@ def test_max_memory_parses_to_accelerates_form():
 
 def test_built_in_pairs_and_an_explicit_cpu_device_refuse_to_spread(tiny_dirs):
     with pytest.raises(SpecError, match="needs a Hub or local target and device auto or cuda"):
-        load_pair(TINY_TARGET, TINY_DRAFT, dtype="float64", device="auto", placement=Placement(spread=True))
+        load_pair(TINY_TARGET, TINY_DRAFT, dtype="float64", device="auto",
+                  placement=Placement(spread=True))
     with pytest.raises(SpecError, match="needs a Hub or local target"):
         load_pair(*tiny_dirs, dtype="float64", device="cpu", placement=Placement(spread=True))
 
 
-def test_a_target_spread_by_accelerate_decodes_exactly_as_on_one_device(tiny, tiny_dirs, mixed_prompts):
-    spread = load_pair(*tiny_dirs, dtype="float64", device="auto", placement=Placement(True, CPU_AND_DISK))
-    assert spread.target.hf_device_map["model.embed_tokens"] == "cpu" and "disk" in spread.target.hf_device_map.values()
+def test_a_target_spread_by_accelerate_decodes_exactly_as_on_one_device(tiny, tiny_dirs,
+                                                                        mixed_prompts):
+    spread = load_pair(*tiny_dirs, dtype="float64", device="auto",
+                       placement=Placement(True, CPU_AND_DISK))
+    assert (spread.target.hf_device_map["model.embed_tokens"] == "cpu"
+            and "disk" in spread.target.hf_device_map.values())
     assert spread.info["target_devices"] == "cpu,disk"
     assert spread.device == torch.device("cpu")  # the draft sits where the target takes its inputs
     assert next(spread.draft.parameters()).device == spread.device
@@ -59,5 +64,6 @@ def test_a_target_spread_by_accelerate_decodes_exactly_as_on_one_device(tiny, ti
     ref = reference(tiny, prompts, 12)
     assert [o.ids for o in reference(spread, prompts, 12).outputs] == [o.ids for o in ref.outputs]
     plain, hooked = (eqspec(p, prompts, 3, 3, 12) for p in (tiny, spread))
-    assert [o.ids for o in hooked.outputs] == [o.ids for o in plain.outputs] == [o.ids for o in ref.outputs]
+    assert [o.ids for o in hooked.outputs] == [o.ids for o in plain.outputs] == [o.ids
+            for o in ref.outputs]
     assert any(r.realigned for r in hooked.rounds)  # the caches were gathered, layer by layer

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from specviz.spec.prompts import SPEC_BENCH_FILE, builtin_set, builtin_sets, parse_prompts, read_prompts
+from specviz.spec.prompts import (SPEC_BENCH_FILE, builtin_set, builtin_sets, parse_prompts,
+                                  read_prompts)
 from specviz.spec.run import SpecError
 
 
@@ -12,18 +13,21 @@ def test_plain_text_is_one_prompt_a_line():
 
 def test_spec_bench_jsonl_uses_the_first_turn(tmp_path):
     f = tmp_path / "q.jsonl"
-    f.write_text("\n".join(json.dumps({"question_id": i, "category": "x", "turns": [f"q{i}", "follow-up"]})
+    f.write_text("\n".join(json.dumps({"question_id": i, "category": "x",
+                                       "turns": [f"q{i}", "follow-up"]})
                            for i in range(3)))
     assert read_prompts(f) == ["q0", "q1", "q2"]
 
 
 def test_the_carried_spec_bench_slice_is_the_first_64_questions_and_a_builtin_set():
     records = [json.loads(ln) for ln in SPEC_BENCH_FILE.read_text(encoding="utf-8").splitlines()]
-    assert [r["question_id"] for r in records] == list(range(81, 145))  # Spec-Bench's first 64, in order
+    # Spec-Bench's first 64, in order
+    assert [r["question_id"] for r in records] == list(range(81, 145))
     prompts = read_prompts(SPEC_BENCH_FILE)
     assert prompts == [r["turns"][0] for r in records] and all(p.strip() for p in prompts)
     assert builtin_set("spec-bench") == prompts
-    assert (SPEC_BENCH_FILE.parent / "LICENSE-spec-bench.txt").read_text().lstrip().startswith("Apache License")
+    assert (SPEC_BENCH_FILE.parent
+            / "LICENSE-spec-bench.txt").read_text().lstrip().startswith("Apache License")
 
 
 @pytest.mark.parametrize("text,message", [
@@ -31,7 +35,8 @@ def test_the_carried_spec_bench_slice_is_the_first_64_questions_and_a_builtin_se
     ('{"turns": ["ok"]}\n{"turns": []}', "line 2: expected a JSON object"),
     ('{"turns": ["ok"]}\nnot json', "line 2"),
     ('{"turns": [""]}', "turns[0] must be a non-empty string"),
-    ('{"turns": ' + "[" * 100_000, "line 1: expected a JSON object"),  # Python's json raised RecursionError
+    # Python's json raised RecursionError
+    ('{"turns": ' + "[" * 100_000, "line 1: expected a JSON object"),
 ])
 def test_bad_prompt_files_say_what_is_wrong(text, message):
     with pytest.raises(SpecError, match=message.replace("[", r"\[").replace("]", r"\]")):

@@ -1,6 +1,7 @@
-"""The reference proved by teacher forcing (forensics/proof.py) is the reference decoded token by token: the same
-ids, forks and verdicts, on correct engines and on every catalogued fault, in float32 and bfloat16; and it decodes
-exactly where a proof cannot reach (a fork, a near-tie, an output that stops short)."""
+"""The reference proved by teacher forcing (forensics/proof.py) is the reference decoded token by
+token: the same ids, forks and verdicts, on correct engines and on every catalogued fault, in
+float32 and bfloat16; and it decodes exactly where a proof cannot reach (a fork, a near-tie, an
+output that stops short)."""
 import json
 
 import pytest
@@ -27,12 +28,16 @@ SYNC_FAULTS = list(of_kind("breaking", "wasteful"))
 
 
 def _engine(name: str, outputs: list[list[int]]) -> EngineRun:
-    return EngineRun(name=name, source="callable", outputs=[EngineOutput(ids=ids) for ids in outputs])
+    return EngineRun(name=name, source="callable",
+                     outputs=[EngineOutput(ids=ids) for ids in outputs])
 
 
-def _both_ways(pair, engine: EngineRun, control: EngineRun | None = None, prompts=PROMPTS, **spec) -> tuple[Trace, Trace]:
-    run = RunSpec.build(target=pair.info["target"], draft=pair.info["draft"], dtype=str(pair.dtype).removeprefix("torch."),
-                        device="cpu", prompts=tuple(prompts), method=ENGINE, max_new_tokens=BUDGET, **spec)
+def _both_ways(pair, engine: EngineRun, control: EngineRun | None = None, prompts=PROMPTS,
+               **spec) -> tuple[Trace, Trace]:
+    run = RunSpec.build(target=pair.info["target"], draft=pair.info["draft"],
+                        dtype=str(pair.dtype).removeprefix("torch."),
+                        device="cpu", prompts=tuple(prompts), method=ENGINE, max_new_tokens=BUDGET,
+                        **spec)
     ids = pair.encode(prompts)
     return (check.check(run, pair, ids, engine, control, check.Judging(decode_reference=True)),
             check.check(run, pair, ids, engine, control))
@@ -48,22 +53,25 @@ def _assert_agree(decoded: Trace, proved: Trace) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("faults", [(), *((f,) for f in SYNC_FAULTS), *((p,) for p in FAULT_PRESETS)], ids=str)
+@pytest.mark.parametrize("faults",
+        [(), *((f,) for f in SYNC_FAULTS), *((p,) for p in FAULT_PRESETS)], ids=str)
 def test_a_proved_reference_is_the_decoded_one_with_the_same_verdicts(dtype, faults):
     pair = load_pair(TINY_TARGET, TINY_DRAFT, dtype=dtype, device="cpu")
     ids = pair.encode(PROMPTS)
-    engine = _engine("eqspec", [o.ids for o in eqspec(pair, ids, 4, 4, BUDGET, faults=faults).outputs])
+    engine = _engine("eqspec",
+                     [o.ids for o in eqspec(pair, ids, 4, 4, BUDGET, faults=faults).outputs])
     control = _engine("batched", [o.ids for o in batched_reference(pair, ids, 4, BUDGET).outputs])
     decoded, proved = _both_ways(pair, engine, control, k=4)
     _assert_agree(decoded, proved)
-    if not faults and dtype == "float32":  # a correct engine in float32: its whole output is the reference, proved
+    # a correct engine in float32: its whole output is the reference, proved
+    if not faults and dtype == "float32":
         assert all(s.reference_proof.decoded == 0 for s in proved.sequences)
 
 
 def test_in_bfloat16_where_the_tolerance_covers_most_margins_near_ties_are_decoded_from_the_prompt():
-    """bfloat16's tolerance on the embedded pair is some 3 logits: proofs stop at near-ties within a token or two,
-    and a reference decoded on from a proved prefix could round otherwise than the plain one (it did, before
-    near-ties were decoded from the prompt)."""
+    """bfloat16's tolerance on the embedded pair is some 3 logits: proofs stop at near-ties within a
+    token or two, and a reference decoded on from a proved prefix could round otherwise than the
+    plain one (it did, before near-ties were decoded from the prompt)."""
     pair = load_pair(dtype="bfloat16", device="cpu")
     prompts = builtin_set("chat")[:3]
     ids = pair.encode(prompts)
@@ -98,15 +106,16 @@ def test_a_short_output_is_proved_as_far_as_it_goes(tiny):
 
 
 def test_near_ties_are_decoded_not_proved(tiny, monkeypatch):
-    """A tolerance wider than every margin (a dtype that rounds that coarsely) proves nothing: every token is
-    a near-tie, and the reference decoded from the prompt on is the plain one."""
+    """A tolerance wider than every margin (a dtype that rounds that coarsely) proves nothing: every
+    token is a near-tie, and the reference decoded from the prompt on is the plain one."""
     ids = tiny.encode(PROMPTS)
     truth = reference_for(tiny, ids, BUDGET).outputs
     monkeypatch.setattr(check, "calibrated_tolerance", lambda spec, pair: 1e9)
     decoded, proved = _both_ways(tiny, _engine("reference", [o.ids for o in truth]))
     _assert_agree(decoded, proved)
     for s in proved.sequences:
-        assert s.reference_proof.proved == 0 and s.reference_proof.stop.startswith("a near-tie at token 0")
+        assert (s.reference_proof.proved == 0
+                and s.reference_proof.stop.startswith("a near-tie at token 0"))
 
 
 def test_the_longer_proof_of_engine_and_control_is_taken_and_recorded_in_the_trace(tiny):
@@ -116,7 +125,8 @@ def test_the_longer_proof_of_engine_and_control_is_taken_and_recorded_in_the_tra
     _, proved = _both_ways(tiny, _engine("broken", broken), _engine("control", truth))
     back = Trace.from_json(proved.to_json())
     for s, t in zip(back.sequences, truth):
-        assert s.reference_proof.source == "control" and s.reference_proof.decoded == 0 and s.reference_ids == t
+        assert (s.reference_proof.source == "control" and s.reference_proof.decoded == 0
+                and s.reference_ids == t)
         assert s.reference_proof.smallest_margin > s.reference_proof.tolerance
     old = json.loads(proved.to_json()) | {"schema_version": 6}
     for s in old["sequences"]:
@@ -126,13 +136,15 @@ def test_the_longer_proof_of_engine_and_control_is_taken_and_recorded_in_the_tra
 
 def _cli_check(tmp_path, *extra) -> Trace:
     out = tmp_path / "check.json"
-    assert cli.main(["check", "--pair", "tiny", "--dtype", "float32", "--device", "cpu", "--prompt-set", "chat",
-                     "--max-new-tokens", str(BUDGET), "--engine", "test_check:dsd_like", "--control-engine",
+    assert cli.main(["check", "--pair", "tiny", "--dtype", "float32", "--device", "cpu",
+                     "--prompt-set", "chat", "--max-new-tokens", str(BUDGET), "--engine",
+                     "test_check:dsd_like", "--control-engine",
                      "test_check:no_speculation", "--trace", str(out), *extra]) == 0
     return Trace.from_json(out.read_text())
 
 
-def test_a_check_that_stops_resumes_from_its_checkpoint_and_judges_alike(tmp_path, monkeypatch, tiny):
+def test_a_check_that_stops_resumes_from_its_checkpoint_and_judges_alike(tmp_path, monkeypatch,
+                                                                         tiny):
     whole = _cli_check(tmp_path)
     saved, forced = tmp_path / "rows.jsonl", []
     real = enginenoise.force
@@ -152,19 +164,24 @@ def test_a_check_that_stops_resumes_from_its_checkpoint_and_judges_alike(tmp_pat
     forced.clear()
     monkeypatch.setattr(enginenoise, "force", lambda *a: forced.append(a[1]) or real(*a))
     resumed = _cli_check(tmp_path, "--checkpoint", str(saved))
-    assert {tuple(p) for p in forced} == {tuple(p.ids) for p in whole.prompts[3:]}  # only the prompts left
+    # only the prompts left
+    assert {tuple(p) for p in forced} == {tuple(p.ids) for p in whole.prompts[3:]}
     for a, b in zip(whole.sequences, resumed.sequences, strict=True):
-        assert (a.reference_ids, a.gaps, a.forensics, a.reference_proof) == (b.reference_ids, b.gaps, b.forensics,
+        assert (a.reference_ids, a.gaps, a.forensics, a.reference_proof) == (b.reference_ids,
+                                                                             b.gaps, b.forensics,
                                                                             b.reference_proof)
 
 
-def test_the_same_outputs_checked_again_are_neither_forced_nor_decoded_again_and_are_judged_alike(tiny,
+def test_the_same_outputs_checked_again_are_neither_forced_nor_decoded_again_and_are_judged_alike(
+        tiny,
                                                                                                  monkeypatch):
-    """A user checks the same file twice, or another engine beside the same control: what the first check read of
-    each output and decoded of each reference is kept for the process (run/runner.py), not computed again."""
+    """A user checks the same file twice, or another engine beside the same control: what the first
+    check read of each output and decoded of each reference is kept for the process (run/runner.py),
+    not computed again."""
     ids = tiny.encode(PROMPTS)
     planted = [list(o.ids) for o in reference_for(tiny, ids, BUDGET).outputs]
-    planted[1][5] = (planted[1][5] + 1) % tiny.vocab_size  # a fork: the reference is decoded on after it
+    # a fork: the reference is decoded on after it
+    planted[1][5] = (planted[1][5] + 1) % tiny.vocab_size
     planted[2] = planted[2][:3]  # an output cut short: decoded on after it too
     engine = _engine("planted", planted)
     first = _both_ways(tiny, engine)[1]
@@ -175,22 +192,26 @@ def test_the_same_outputs_checked_again_are_neither_forced_nor_decoded_again_and
 
     monkeypatch.setattr(enginenoise.TeacherForcing, "__call__", again)
     monkeypatch.setattr(proof.decoding, "reference", again)
-    run = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64", device="cpu", prompts=PROMPTS,
-                        method=ENGINE, max_new_tokens=BUDGET)
+    run = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64", device="cpu",
+                        prompts=PROMPTS, method=ENGINE, max_new_tokens=BUDGET)
     second = check.check(run, tiny, ids, engine)
     for a, b in zip(first.sequences, second.sequences, strict=True):
-        assert (a.reference_ids, a.gaps, a.forensics, a.reference_proof) == (b.reference_ids, b.gaps, b.forensics,
+        assert (a.reference_ids, a.gaps, a.forensics, a.reference_proof) == (b.reference_ids,
+                                                                             b.gaps, b.forensics,
                                                                             b.reference_proof)
 
 
-def test_a_checkpoint_of_another_check_is_refused_and_changed_answers_are_judged_again(tmp_path, capsys, tiny):
+def test_a_checkpoint_of_another_check_is_refused_and_changed_answers_are_judged_again(tmp_path,
+        capsys, tiny):
     saved = tmp_path / "rows.jsonl"
     _cli_check(tmp_path, "--checkpoint", str(saved))
-    assert cli.main(["check", "--pair", "tiny", "--dtype", "float32", "--device", "cpu", "--prompt-set", "code",
-                     "--engine", "test_check:correct", "--checkpoint", str(saved)]) == 2
+    assert cli.main(["check", "--pair", "tiny", "--dtype", "float32", "--device", "cpu",
+                     "--prompt-set", "code", "--engine", "test_check:correct", "--checkpoint",
+                     str(saved)]) == 2
     assert "not this check's checkpoint" in capsys.readouterr().err
     rows = [json.loads(line) for line in saved.read_text().splitlines()]
-    rows[1]["outputs"]["engine"] = rows[1]["outputs"]["engine"][:-1]  # the engine answered otherwise, then
+    # the engine answered otherwise, then
+    rows[1]["outputs"]["engine"] = rows[1]["outputs"]["engine"][:-1]
     saved.write_text("".join(json.dumps(r) + "\n" for r in rows))
     resumed = _cli_check(tmp_path, "--checkpoint", str(saved))
     again = [json.loads(line) for line in saved.read_text().splitlines()[len(rows):]]
@@ -198,13 +219,15 @@ def test_a_checkpoint_of_another_check_is_refused_and_changed_answers_are_judged
     assert resumed.sequences[0].output_ids == again[0]["outputs"]["engine"]
 
 
-def test_teacher_forcing_keeps_the_prefix_of_the_last_prompt_and_reads_what_a_fresh_pass_reads(tiny):
-    """The chat template's prefix is computed once for a run of prompts, each prompt's own tokens in its first
-    output's pass, and each output's logits are still those of one fresh pass over its prompt and output."""
+def test_teacher_forcing_keeps_the_prefix_of_the_last_prompt_and_reads_what_a_fresh_pass_reads(
+        tiny):
+    """The chat template's prefix is computed once for a run of prompts, each prompt's own tokens in
+    its first output's pass, and each output's logits are still those of one fresh pass over its
+    prompt and output."""
     model = tiny.target
     fed = []
-    handle = model.register_forward_pre_hook(lambda m, args, kwargs: fed.append(kwargs["input_ids"].shape[1]),
-                                             with_kwargs=True)
+    handle = model.register_forward_pre_hook(
+        lambda m, args, kwargs: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
     forcing = enginenoise.TeacherForcing(model, tiny.vocab_size)
     a, b = tiny.encode(["Name three primes.", "Why is the sky blue?"])
     shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)

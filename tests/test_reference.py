@@ -30,13 +30,15 @@ def test_reference_is_plain_argmax(tiny, mixed_prompts):
     assert len(out.margins) == len(out.ids) and all(m >= 0 for m in out.margins)
 
 
-def test_reference_equals_transformers_generate_for_a_model_without_generation_defaults(tiny, mixed_prompts):
+def test_reference_equals_transformers_generate_for_a_model_without_generation_defaults(tiny,
+        mixed_prompts):
     """transformers' own greedy `generate` stays the oracle of the reference loop."""
     prompts = mixed_prompts[:6]
     config = GenerationConfig(max_new_tokens=NEW, do_sample=False, eos_token_id=list(tiny.eos_ids),
                               pad_token_id=tiny.eos_ids[0])
     with torch.inference_mode():
-        expected = [tiny.target.generate(torch.tensor([ids]), generation_config=config)[0, len(ids):].tolist()
+        expected = [tiny.target.generate(torch.tensor([ids]), generation_config=config)[0,
+                len(ids):].tolist()
                     for ids in prompts]
     assert [o.ids for o in reference(tiny, prompts, NEW).outputs] == expected
 
@@ -49,10 +51,12 @@ def test_batched_reference_equals_reference_in_float64(tiny, mixed_prompts):
         assert [o.ids for o in got.outputs] == [o.ids for o in ref.outputs], f"batch size {bs}"
 
 
-def test_batched_reference_keeps_its_batch_full_as_rows_finish_and_stays_the_reference(tiny, mixed_prompts):
-    """Rows that end at different tokens (EOS set to tokens the reference writes early) leave the batch at once,
-    and the next prompts take their places: every decoding pass runs a full batch while prompts wait, and every
-    row is still the batch-size-1 reference, the ~330-token passage admitted mid-way included."""
+def test_batched_reference_keeps_its_batch_full_as_rows_finish_and_stays_the_reference(tiny,
+        mixed_prompts):
+    """Rows that end at different tokens (EOS set to tokens the reference writes early) leave the
+    batch at once, and the next prompts take their places: every decoding pass runs a full batch
+    while prompts wait, and every row is still the batch-size-1 reference, the ~330-token passage
+    admitted mid-way included."""
     prompts = mixed_prompts[15:26]
     assert max(map(len, prompts)) > 300
     plain = reference(tiny, prompts, 16).outputs
@@ -61,7 +65,8 @@ def test_batched_reference_keeps_its_batch_full_as_rows_finish_and_stays_the_ref
     assert len({len(ids) for ids in ref}) > 2  # rows finish at different steps
     passes = []  # (rows, a prefill: an empty cache)
     hook = pair.target.register_forward_pre_hook(
-        lambda _, args, kw: passes.append((len(kw["input_ids"]), kvcache.length(kw["cache"]) == 0)), with_kwargs=True)
+        lambda _, args, kw: passes.append((len(kw["input_ids"]), kvcache.length(kw["cache"]) == 0)),
+        with_kwargs=True)
     try:
         got = batched_reference(pair, prompts, 4, 16)
     finally:
@@ -70,12 +75,14 @@ def test_batched_reference_keeps_its_batch_full_as_rows_finish_and_stays_the_ref
     last_prefill = max(i for i, (_, prefill) in enumerate(passes) if prefill)
     assert [rows for rows, prefill in passes[:last_prefill] if not prefill] == [4] * sum(
         not prefill for _, prefill in passes[:last_prefill])  # full while prompts waited
-    assert sum(rows for rows, _ in passes) == sum(map(len, ref))  # a pass per token of each row, no more
+    # a pass per token of each row, no more
+    assert sum(rows for rows, _ in passes) == sum(map(len, ref))
 
 
 def test_prompts_admitted_together_are_prefilled_apart_from_a_much_longer_one():
     prompts = [[7] * n for n in (40, 330, 45, 52, 55, 35)]
-    assert prefill_groups(list(range(6)), prompts) == [[0, 2, 3, 4, 5], [1]]  # 227 real tokens in 275 slots
+    # 227 real tokens in 275 slots
+    assert prefill_groups(list(range(6)), prompts) == [[0, 2, 3, 4, 5], [1]]
     assert prefill_groups([1, 4], prompts) == [[4], [1]]
     assert prefill_groups([3, 2, 0], prompts) == [[3, 2, 0]]  # the order admitted, within a group
 
@@ -86,31 +93,36 @@ def prompts(mixed_prompts):
 
 
 def test_a_checkpoints_generation_config_does_not_change_the_reference(tiny, prompts):
-    """A Hub model may ship repetition_penalty, no_repeat_ngram_size, suppress_tokens, min_new_tokens:
-    the reference stays plain argmax, and so does hf-assisted's target."""
+    """A Hub model may ship repetition_penalty, no_repeat_ngram_size, suppress_tokens,
+    min_new_tokens: the reference stays plain argmax, and so does hf-assisted's target."""
     target = tiny_target(torch.float64)
     plain = [plain_argmax(target, ids, NEW, tiny.vocab_size) for ids in prompts]
-    target.generation_config.update(repetition_penalty=1.5, no_repeat_ngram_size=2, min_new_tokens=NEW,
-                                    suppress_tokens=sorted({ids[0] for ids in plain}))  # tokens argmax picks
+    target.generation_config.update(repetition_penalty=1.5, no_repeat_ngram_size=2,
+                                    min_new_tokens=NEW,
+                                    # tokens argmax picks
+                                    suppress_tokens=sorted({ids[0] for ids in plain}))
     with torch.inference_mode():  # the config bites when generate is left to read it
-        bent = [target.generate(torch.tensor([ids]), max_new_tokens=NEW)[0, len(ids):].tolist() for ids in prompts]
+        bent = [target.generate(torch.tensor([ids]), max_new_tokens=NEW)[0, len(ids):].tolist()
+                for ids in prompts]
     assert all(b != p for b, p in zip(bent, plain))
     pair = dataclasses.replace(tiny, target=target)
     assert [o.ids for o in reference(pair, prompts, NEW).outputs] == plain
     assert [o.ids for o in hf_assisted(pair, prompts, 3, NEW).outputs] == plain
-    assert target.generation_config.repetition_penalty == 1.5  # the model's own config is left as it was
+    # the model's own config is left as it was
+    assert target.generation_config.repetition_penalty == 1.5
 
 
 def test_a_padded_output_head_is_argmaxed_over_the_shared_vocabulary_only(tiny, prompts):
-    """Rows of the head past the tokenizer's vocabulary (both models', as in a model family that pads its
-    heads alike) never win, in the reference, the engine or hf-assisted."""
+    """Rows of the head past the tokenizer's vocabulary (both models', as in a model family that
+    pads its heads alike) never win, in the reference, the engine or hf-assisted."""
     target = tiny_target(torch.float64)
     plain = [plain_argmax(target, ids, NEW, tiny.vocab_size) for ids in prompts]
     picked = sorted({t for out in plain for t in out})
     target.resize_token_embeddings(tiny.vocab_size + len(picked), mean_resizing=False)
     head = target.get_output_embeddings().weight
     with torch.no_grad():
-        head[tiny.vocab_size:] = 2 * head[picked]  # each picked token's twin, with twice its (positive) logit
+        # each picked token's twin, with twice its (positive) logit
+        head[tiny.vocab_size:] = 2 * head[picked]
     with torch.inference_mode():  # over the whole head, argmax would pick a padding row
         assert int(target(torch.tensor([prompts[0]])).logits[0, -1].argmax()) >= tiny.vocab_size
     pair = dataclasses.replace(tiny, target=target, draft=layer_subset(target, [0, 1]))

@@ -20,7 +20,8 @@ def test_defaults_are_safe_for_a_public_page():
     assert (s.max_run_tokens, s.max_prompt_tokens, s.max_total_prompt_tokens) == (4096, 2048, 16384)
     assert s.max_dtype == "float32" and s.devices == {"auto", "cuda"}
     s.check(spec())  # the page's default run passes
-    s.check(RunSpec.build(prompts=tuple(builtin_set("spec-bench")), max_new_tokens=64))  # the largest built-in set
+    # the largest built-in set
+    s.check(RunSpec.build(prompts=tuple(builtin_set("spec-bench")), max_new_tokens=64))
     s.check_prompt_ids([[1] * 2048] * 8)
 
 
@@ -29,24 +30,28 @@ def test_environment_overrides_every_limit():
         "SPECVIZ_ALLOWED_MODELS": " org/target , org/draft@v1.0,",
         "SPECVIZ_MAX_BATCH_SIZE": "32", "SPECVIZ_MAX_K": "4", "SPECVIZ_MAX_NEW_TOKENS": "64",
         "SPECVIZ_MAX_PROMPTS": "2", "SPECVIZ_TRUST_REMOTE_CODE": "yes", "SPECVIZ_QUEUE_SIZE": "3",
-        "SPECVIZ_DETERMINISTIC": "On", "SPECVIZ_MAX_RUN_TOKENS": "100", "SPECVIZ_MAX_PROMPT_TOKENS": "10",
-        "SPECVIZ_MAX_TOTAL_PROMPT_TOKENS": "15", "SPECVIZ_MAX_DTYPE": "float64", "SPECVIZ_DEVICES": "cpu, auto",
-        "SPECVIZ_PUBLIC": "1",
+        "SPECVIZ_DETERMINISTIC": "On", "SPECVIZ_MAX_RUN_TOKENS": "100",
+        "SPECVIZ_MAX_PROMPT_TOKENS": "10",
+        "SPECVIZ_MAX_TOTAL_PROMPT_TOKENS": "15", "SPECVIZ_MAX_DTYPE": "float64",
+        "SPECVIZ_DEVICES": "cpu, auto", "SPECVIZ_PUBLIC": "1",
     })
-    assert s == Settings(allowed_models=frozenset({"org/target", "org/draft@v1.0"}), max_batch_size=32, max_k=4,
-                         max_new_tokens=64, max_prompts=2, trust_remote_code=True, queue_size=3, deterministic=True,
-                         max_run_tokens=100, max_prompt_tokens=10, max_total_prompt_tokens=15, max_dtype="float64",
-                         devices=frozenset({"cpu", "auto"}), public=True)
-    s.check(spec(target="org/target", draft="org/draft", draft_revision="v1.0", batch_size=32, k=4, max_new_tokens=64,
-                 dtype="float64", device="cpu"))
+    assert s == Settings(allowed_models=frozenset({"org/target", "org/draft@v1.0"}),
+                         max_batch_size=32, max_k=4, max_new_tokens=64, max_prompts=2,
+                         trust_remote_code=True, queue_size=3, deterministic=True,
+                         max_run_tokens=100, max_prompt_tokens=10, max_total_prompt_tokens=15,
+                         max_dtype="float64", devices=frozenset({"cpu", "auto"}), public=True)
+    s.check(spec(target="org/target", draft="org/draft", draft_revision="v1.0", batch_size=32, k=4,
+                 max_new_tokens=64, dtype="float64", device="cpu"))
     s.check_prompt_ids([[1] * 10, [1] * 5])
     assert Settings.from_env({"SPECVIZ_ALLOWED_MODELS": "*"}).allowed_models is None
-    Settings.from_env({"SPECVIZ_ALLOWED_MODELS": "*"}).check(spec(target="/any/path", draft="/any/path"))
+    Settings.from_env({"SPECVIZ_ALLOWED_MODELS": "*"}).check(spec(target="/any/path",
+                                                                  draft="/any/path"))
 
 
 def test_a_disallowed_model_is_refused_by_name():
-    with pytest.raises(SpecError, match=r"target model 'evil/model' is not allowed on this server; allowed: .*"
-                                        r"specviz:smollm2-135m.*\(SPECVIZ_ALLOWED_MODELS\)"):
+    with pytest.raises(SpecError,
+                       match=r"target model 'evil/model' is not allowed on this server; allowed: .*"
+                             r"specviz:smollm2-135m.*\(SPECVIZ_ALLOWED_MODELS\)"):
         Settings().check(spec(target="evil/model", draft="HuggingFaceTB/SmolLM2-135M-Instruct"))
     only = Settings.from_env({"SPECVIZ_ALLOWED_MODELS": "org/big"})
     with pytest.raises(SpecError, match="draft model 'org/small' is not allowed"):
@@ -56,10 +61,13 @@ def test_a_disallowed_model_is_refused_by_name():
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"batch_size": 32}, r"batch size 32 is over this server's limit of 16 \(SPECVIZ_MAX_BATCH_SIZE\)"),
+    ({"batch_size": 32},
+     r"batch size 32 is over this server's limit of 16 \(SPECVIZ_MAX_BATCH_SIZE\)"),
     ({"k": 9}, r"k 9 is over this server's limit of 8 \(SPECVIZ_MAX_K\)"),
-    ({"max_new_tokens": 257}, r"max new tokens 257 is over this server's limit of 256 \(SPECVIZ_MAX_NEW_TOKENS\)"),
-    ({"prompts": ("a",) * 65}, r"the number of prompts 65 is over this server's limit of 64 \(SPECVIZ_MAX_PROMPTS\)"),
+    ({"max_new_tokens": 257},
+     r"max new tokens 257 is over this server's limit of 256 \(SPECVIZ_MAX_NEW_TOKENS\)"),
+    ({"prompts": ("a",) * 65},
+     r"the number of prompts 65 is over this server's limit of 64 \(SPECVIZ_MAX_PROMPTS\)"),
 ])
 def test_over_limit_runs_are_refused_with_the_limit_and_its_variable(fields, message):
     Settings().check(spec(batch_size=16, k=8, max_new_tokens=256))  # at the limits: fine
@@ -70,15 +78,21 @@ def test_over_limit_runs_are_refused_with_the_limit_and_its_variable(fields, mes
 @pytest.mark.parametrize("env, message", [
     ({"SPECVIZ_MAX_BATCH_SIZE": "many"}, r"SPECVIZ_MAX_BATCH_SIZE='many': expected a whole number"),
     ({"SPECVIZ_MAX_K": "0"}, r"SPECVIZ_MAX_K=0: must be between 1 and 16"),
-    ({"SPECVIZ_MAX_NEW_TOKENS": "100000"}, r"SPECVIZ_MAX_NEW_TOKENS=100000: must be between 1 and 1024"),
-    ({"SPECVIZ_TRUST_REMOTE_CODE": "sure"}, r"SPECVIZ_TRUST_REMOTE_CODE='sure': expected 1/0, true/false"),
+    ({"SPECVIZ_MAX_NEW_TOKENS": "100000"},
+     r"SPECVIZ_MAX_NEW_TOKENS=100000: must be between 1 and 1024"),
+    ({"SPECVIZ_TRUST_REMOTE_CODE": "sure"},
+     r"SPECVIZ_TRUST_REMOTE_CODE='sure': expected 1/0, true/false"),
     ({"SPECVIZ_DETERMINISTIC": "2"}, r"SPECVIZ_DETERMINISTIC='2'"),
-    ({"SPECVIZ_MAX_PROMPT_TOKENS": "200000"}, r"SPECVIZ_MAX_PROMPT_TOKENS=200000: must be between 1 and 131072"),
+    ({"SPECVIZ_MAX_PROMPT_TOKENS": "200000"},
+     r"SPECVIZ_MAX_PROMPT_TOKENS=200000: must be between 1 and 131072"),
     ({"SPECVIZ_MAX_RUN_TOKENS": "-1"}, r"SPECVIZ_MAX_RUN_TOKENS=-1: must be between 1 and"),
-    ({"SPECVIZ_MAX_DTYPE": "float128"}, r"SPECVIZ_MAX_DTYPE='float128': expected one of bfloat16, float16, float32"),
-    ({"SPECVIZ_DEVICES": "cpu,tpu"}, r"SPECVIZ_DEVICES='cpu,tpu': expected a comma-separated list of auto, cpu, cuda"),
+    ({"SPECVIZ_MAX_DTYPE": "float128"},
+     r"SPECVIZ_MAX_DTYPE='float128': expected one of bfloat16, float16, float32"),
+    ({"SPECVIZ_DEVICES": "cpu,tpu"},
+     r"SPECVIZ_DEVICES='cpu,tpu': expected a comma-separated list of auto, cpu, cuda"),
     ({"SPECVIZ_PUBLIC": "maybe"}, r"SPECVIZ_PUBLIC='maybe'"),
-    ({"SPECVIZ_ALLOWED_MODELS": "org/model@"}, r"SPECVIZ_ALLOWED_MODELS: 'org/model@': expected a model id"),
+    ({"SPECVIZ_ALLOWED_MODELS": "org/model@"},
+     r"SPECVIZ_ALLOWED_MODELS: 'org/model@': expected a model id"),
 ])
 def test_bad_values_fail_at_startup_naming_the_variable(env, message):
     with pytest.raises(SettingsError, match=message):
@@ -86,12 +100,14 @@ def test_bad_values_fail_at_startup_naming_the_variable(env, message):
 
 
 def test_describe_shows_the_limits_in_force():
-    text = Settings.from_env({"SPECVIZ_MAX_BATCH_SIZE": "8", "SPECVIZ_ALLOWED_MODELS": "org/a,org/b@v2"}).describe()
+    text = Settings.from_env({"SPECVIZ_MAX_BATCH_SIZE": "8",
+                              "SPECVIZ_ALLOWED_MODELS": "org/a,org/b@v2"}).describe()
     lines = text.splitlines()
     assert all(ln.startswith("- ") for ln in lines)
     assert "`org/a`, `org/b@v2`" in text and "batch size ≤ 8" in text and "k ≤ 8" in text
     assert "new tokens ≤ 256" in text and "prompts ≤ 64" in text and "refused" in text
-    assert "prompts × new tokens ≤ 4096" in text and "the longest ≤ 2048, all together ≤ 16384" in text
+    assert ("prompts × new tokens ≤ 4096" in text
+            and "the longest ≤ 2048, all together ≤ 16384" in text)
     assert "up to float32 for Hub and local models" in text and "devices: auto, cuda" in text
     assert "no local paths" not in text
     assert "no local paths" in Settings.from_env({"SPACE_ID": "org/space"}).describe()
@@ -99,81 +115,101 @@ def test_describe_shows_the_limits_in_force():
 
 
 def test_a_link_cannot_name_another_revision_of_an_allowed_model():
-    with pytest.raises(SpecError, match=r"revision 'refs/pr/1' of target model 'Qwen/Qwen3-8B' is not allowed on "
-                                        r"this server; allowed: .* \(SPECVIZ_ALLOWED_MODELS\)"):
-        Settings().check(spec(target="Qwen/Qwen3-8B", draft="Qwen/Qwen3-0.6B", target_revision="refs/pr/1"))
+    with pytest.raises(SpecError,
+            match=r"revision 'refs/pr/1' of target model 'Qwen/Qwen3-8B' is not allowed on "
+                  r"this server; allowed: .* \(SPECVIZ_ALLOWED_MODELS\)"):
+        Settings().check(spec(target="Qwen/Qwen3-8B", draft="Qwen/Qwen3-0.6B",
+                              target_revision="refs/pr/1"))
     pinned = Settings.from_env({"SPECVIZ_ALLOWED_MODELS": "org/big@0123abc,org/small"})
     pinned.check(spec(target="org/big", draft="org/small", target_revision="0123abc"))
     for revision, message in ((None, "revision (the default) of target model 'org/big'"),
                               ("main", "revision 'main' of target model 'org/big'")):
         with pytest.raises(SpecError, match=re.escape(message) + r".*\(SPECVIZ_ALLOWED_MODELS\)"):
             pinned.check(spec(target="org/big", draft="org/small", target_revision=revision))
-    with pytest.raises(SpecError, match=r"revision 'dev' of draft model 'org/small' is not allowed"):
-        pinned.check(spec(target="org/big", draft="org/small", target_revision="0123abc", draft_revision="dev"))
+    with pytest.raises(SpecError,
+                       match=r"revision 'dev' of draft model 'org/small' is not allowed"):
+        pinned.check(spec(target="org/big", draft="org/small", target_revision="0123abc",
+                          draft_revision="dev"))
 
 
 def test_a_public_server_refuses_local_paths_whatever_the_allowlist(tmp_path, monkeypatch):
-    assert Settings.from_env({"SPACE_ID": "org/space"}).public  # a Space is public unless the operator says not
+    # a Space is public unless the operator says not
+    assert Settings.from_env({"SPACE_ID": "org/space"}).public
     assert not Settings.from_env({"SPACE_ID": "org/space", "SPECVIZ_PUBLIC": "0"}).public
     assert Settings.from_env({"SPECVIZ_PUBLIC": "1"}).public
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "org" / "model").mkdir(parents=True)  # a folder named like a Hub id: transformers would read it
-    public = Settings.from_env({"SPACE_ID": "org/space", "SPECVIZ_ALLOWED_MODELS": f"*,{tmp_path},org/model"})
+    # a folder named like a Hub id: transformers would read it
+    (tmp_path / "org" / "model").mkdir(parents=True)
+    public = Settings.from_env({"SPACE_ID": "org/space",
+                                "SPECVIZ_ALLOWED_MODELS": f"*,{tmp_path},org/model"})
     for path in (str(tmp_path), "org/model", "./weights", "~/weights", "../weights", "C:\\weights"):
         assert is_local_path(path)
-        with pytest.raises(SpecError, match=re.escape(f"target model {path!r} is a local path; this server is public "
-                                                      "and loads Hub ids only (SPECVIZ_PUBLIC)")):
+        with pytest.raises(SpecError,
+                match=re.escape(f"target model {path!r} is a local path; this server is public "
+                                "and loads Hub ids only (SPECVIZ_PUBLIC)")):
             public.check(spec(target=path, draft="org/draft"))
     public.check(spec(target="org/other", draft="org/draft"))  # Hub ids are still welcome
     public.check(spec())  # and so are the built-in pairs
-    Settings(allowed_models=None).check(spec(target=str(tmp_path), draft="org/model"))  # not public: allowed
+    # not public: allowed
+    Settings(allowed_models=None).check(spec(target=str(tmp_path), draft="org/model"))
 
 
 def test_float64_is_capped_for_hub_models_and_free_for_the_built_in_pairs():
-    hub = {"target": "HuggingFaceTB/SmolLM2-1.7B-Instruct", "draft": "HuggingFaceTB/SmolLM2-135M-Instruct"}
-    with pytest.raises(SpecError, match=r"dtype float64 is wider than this server's limit of float32 for Hub and "
-                                        r"local models \(SPECVIZ_MAX_DTYPE\)"):
+    hub = {"target": "HuggingFaceTB/SmolLM2-1.7B-Instruct",
+           "draft": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+    with pytest.raises(SpecError,
+            match=r"dtype float64 is wider than this server's limit of float32 for Hub and "
+                  r"local models \(SPECVIZ_MAX_DTYPE\)"):
         Settings().check(spec(dtype="float64", **hub))
     Settings().check(spec(dtype="float32", **hub))
     Settings().check(spec(dtype="float64", target="specviz:tiny", draft="specviz:tiny-draft"))
     Settings().check(spec(dtype="float64"))  # the embedded pair
     half = Settings.from_env({"SPECVIZ_MAX_DTYPE": "bfloat16"})
     half.check(spec(dtype="float16", **hub))
-    with pytest.raises(SpecError, match=r"dtype float32 is wider .* of bfloat16 .*\(SPECVIZ_MAX_DTYPE\)"):
+    with pytest.raises(SpecError,
+                       match=r"dtype float32 is wider .* of bfloat16 .*\(SPECVIZ_MAX_DTYPE\)"):
         half.check(spec(dtype="float32", **hub))
 
 
 def test_devices_and_work_per_run_are_capped():
-    with pytest.raises(SpecError, match=r"device 'cpu' is not allowed on this server; allowed: auto, cuda "
-                                        r"\(SPECVIZ_DEVICES\)"):
+    with pytest.raises(SpecError,
+                       match=r"device 'cpu' is not allowed on this server; allowed: auto, cuda "
+                             r"\(SPECVIZ_DEVICES\)"):
         Settings().check(spec(device="cpu"))
     Settings().check(spec(device="cuda"))
-    Settings().check(RunSpec.build(prompts=("a",) * 16, max_new_tokens=256))  # 4096 tokens: at the limit
-    with pytest.raises(SpecError, match=r"prompts × max new tokens 4352 is over this server's limit of 4096 "
-                                        r"\(SPECVIZ_MAX_RUN_TOKENS\)"):
+    # 4096 tokens: at the limit
+    Settings().check(RunSpec.build(prompts=("a",) * 16, max_new_tokens=256))
+    with pytest.raises(SpecError,
+                       match=r"prompts × max new tokens 4352 is over this server's limit of 4096 "
+                             r"\(SPECVIZ_MAX_RUN_TOKENS\)"):
         Settings().check(RunSpec.build(prompts=("a",) * 17, max_new_tokens=256))
 
 
 def test_prompt_tokens_are_capped_once_tokenized():
-    with pytest.raises(SpecError, match=r"prompt 1 is 2049 tokens long, over this server's limit of 2048 "
-                                        r"\(SPECVIZ_MAX_PROMPT_TOKENS\)"):
+    with pytest.raises(SpecError,
+                       match=r"prompt 1 is 2049 tokens long, over this server's limit of 2048 "
+                             r"\(SPECVIZ_MAX_PROMPT_TOKENS\)"):
         Settings().check_prompt_ids([[1] * 5, [1] * 2049, [1] * 7])
-    with pytest.raises(SpecError, match=r"the prompts total 16385 tokens, over this server's limit of 16384 "
-                                        r"\(SPECVIZ_MAX_TOTAL_PROMPT_TOKENS\)"):
+    with pytest.raises(SpecError,
+                       match=r"the prompts total 16385 tokens, over this server's limit of 16384 "
+                             r"\(SPECVIZ_MAX_TOTAL_PROMPT_TOKENS\)"):
         Settings().check_prompt_ids([[1] * 2048] * 8 + [[1]])
 
 
 def test_the_runner_checks_the_tokenized_prompts_before_decoding(tiny):
     from specviz.run.runner import run
 
-    long_prompt = " ".join(["word"] * 2100)  # about 2,100 tokens: far below the 400,000-character bound
+    # about 2,100 tokens: far below the 400,000-character bound
+    long_prompt = " ".join(["word"] * 2100)
     long = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64",
                          prompts=(long_prompt,), max_new_tokens=4)
     Settings().check(long)  # nothing in the spec itself is over a limit
-    with pytest.raises(SpecError, match=r"prompt 0 is \d+ tokens long, over this server's limit of 2048 "
-                                        r"\(SPECVIZ_MAX_PROMPT_TOKENS\)"):
+    with pytest.raises(SpecError,
+                       match=r"prompt 0 is \d+ tokens long, over this server's limit of 2048 "
+                             r"\(SPECVIZ_MAX_PROMPT_TOKENS\)"):
         run(long, limits=Settings())
-    assert run(long).sequences[0].output_ids  # the command line is the operator's own: no limit applies
+    # the command line is the operator's own: no limit applies
+    assert run(long).sequences[0].output_ids
 
 
 def test_engine_servers_are_refused_unless_listed_and_always_when_public():
@@ -181,10 +217,12 @@ def test_engine_servers_are_refused_unless_listed_and_always_when_public():
         Settings().check_server("http://localhost:8000")
     listed = Settings.from_env({"SPECVIZ_ENGINE_SERVERS": "http://localhost:8000"})
     listed.check_server("http://localhost:8000/v1")
-    for sneaky in ("http://localhost:8000.evil.com", "http://localhost:8001", "https://localhost:8000"):
+    for sneaky in ("http://localhost:8000.evil.com", "http://localhost:8001",
+                   "https://localhost:8000"):
         with pytest.raises(SpecError, match="SPECVIZ_ENGINE_SERVERS"):
             listed.check_server(sneaky)
-    public = Settings.from_env({"SPECVIZ_ENGINE_SERVERS": "http://localhost:8000", "SPACE_ID": "me/specviz"})
+    public = Settings.from_env({"SPECVIZ_ENGINE_SERVERS": "http://localhost:8000",
+                                "SPACE_ID": "me/specviz"})
     with pytest.raises(SpecError, match=r"public.*\(SPECVIZ_PUBLIC\)"):
         public.check_server("http://localhost:8000")
     assert "engine servers the check may ask: none" in public.describe()

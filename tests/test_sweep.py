@@ -1,5 +1,5 @@
-"""Sweeps: `verify --fault-sets ... --json` writes a SweepReport that loads, matches its runs and reruns; a stranger's
-report is refused with a message, or shown escaped."""
+"""Sweeps: `verify --fault-sets ... --json` writes a SweepReport that loads, matches its runs and
+reruns; a stranger's report is refused with a message, or shown escaped."""
 import json
 import os
 import re
@@ -21,12 +21,14 @@ from specviz.trace.schema import MAX_TRACE_BYTES
 from specviz.trace.sweep import SweepReport
 
 PAYLOAD = "<img src=x onerror=alert(1)>"
-VERIFY = ["verify", "--pair", "tiny", "--dtype", "float64", "--device", "cpu", "--prompt-set", "lists",
-          "--max-new-tokens", "12", "--k", "5"]
-SWEEP = [*VERIFY, "--methods", "batched-reference,eqspec", "--fault-sets", "none", "bsp-like", "--batch-sizes", "1,4"]
-# The runs, in methods.grid order: a method without faults (batched-reference) runs once per batch size.
-RUNS = [("batched-reference", "", 1), ("batched-reference", "", 4), ("eqspec", "", 1), ("eqspec", "", 4),
-        ("eqspec", "bsp-like", 1), ("eqspec", "bsp-like", 4)]
+VERIFY = ["verify", "--pair", "tiny", "--dtype", "float64", "--device", "cpu", "--prompt-set",
+          "lists", "--max-new-tokens", "12", "--k", "5"]
+SWEEP = [*VERIFY, "--methods", "batched-reference,eqspec", "--fault-sets", "none", "bsp-like",
+         "--batch-sizes", "1,4"]
+# The runs, in methods.grid order: a method without faults (batched-reference) runs once per batch
+# size.
+RUNS = [("batched-reference", "", 1), ("batched-reference", "", 4), ("eqspec", "", 1),
+        ("eqspec", "", 4), ("eqspec", "bsp-like", 1), ("eqspec", "bsp-like", 4)]
 
 
 @pytest.fixture(scope="module")
@@ -45,20 +47,27 @@ def test_the_report_holds_one_row_per_run_in_the_sweeps_order(report):
     assert [(r.method, r.faults, r.batch_size) for r in report.rows] == RUNS
     assert [(s.method, s.faults, s.batch_size) for s in report.sweep.specs()] == [
         (m, (f,) if f else (), bs) for m, f, bs in RUNS]
-    assert all(r.exact_pct == 100 for r in report.rows[:4])  # the reference's equals, faults or none
-    assert report.rows[5].exact_pct < 100 and report.rows[5].verdicts  # bsp-like at batch size 4, explained
-    assert [r.label() for r in report.rows] == ["batched-reference"] * 2 + ["eqspec"] * 2 + ["eqspec · bsp-like"] * 2
+    # the reference's equals, faults or none
+    assert all(r.exact_pct == 100 for r in report.rows[:4])
+    # bsp-like at batch size 4, explained
+    assert report.rows[5].exact_pct < 100 and report.rows[5].verdicts
+    assert [r.label()
+            for r in report.rows] == ["batched-reference"] * 2 + ["eqspec"] * 2 + [
+                "eqspec · bsp-like"] * 2
     assert report.rows[3].column() == "bs 4 · k 5" and report.rows[0].drafter == "-"
-    assert [(s.run, s.seq) for s in report.sequences] == [(r, q) for r in range(6) for q in range(4)]
+    assert [(s.run, s.seq) for s in report.sequences] == [(r, q) for r in range(6)
+                                                          for q in range(4)]
 
 
 def test_a_divergent_sweep_fails_verify_without_allow_divergence(tiny):
-    assert main([*VERIFY, "--methods", "eqspec", "--fault-sets", "bsp-like", "--batch-sizes", "4"]) == 1
+    assert main([*VERIFY, "--methods", "eqspec", "--fault-sets", "bsp-like", "--batch-sizes",
+                 "4"]) == 1
 
 
 def test_spec_of_reruns_the_run_its_row_and_sequences_describe(report):
     spec = report.spec_of(5)
-    assert spec == RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, prompts=tuple(builtin_set("lists")),
+    assert spec == RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT,
+                                 prompts=tuple(builtin_set("lists")),
                                  max_new_tokens=12, dtype="float64", device="cpu", method="eqspec",
                                  faults=("bsp-like",), batch_size=4, k=5)
     trace = run(spec)
@@ -66,7 +75,8 @@ def test_spec_of_reruns_the_run_its_row_and_sequences_describe(report):
     assert [s.output_ids for s in sequences] == [s.output_ids for s in trace.sequences]
     assert [s.forensics.verdict for s in sequences if s.forensics] == [
         s.forensics.verdict for s in trace.sequences if s.forensics]
-    # Accept lengths, offered and accepted drafts count the (round, row) records; rounds, each sequence's tokens.
+    # Accept lengths, offered and accepted drafts count the (round, row) records; rounds, each
+    # sequence's tokens.
     assert sum(row.accept_lengths) == len(trace.rows)
     assert row.accept_lengths == [sum(r.accepted == j for r in trace.rows) for j in range(6)]
     assert row.offered == [sum(len(r.draft_tokens) > j for r in trace.rows) for j in range(5)]
@@ -82,16 +92,21 @@ def test_non_speculative_runs_have_no_rounds(report):
 
 def test_the_report_loads_without_torch_plotly_or_pandas(written):
     code = ("import sys\nfrom specviz.trace.sweep import SweepReport\n"
-            "r = SweepReport.from_json(open(sys.argv[1], 'rb').read())\nassert r.spec_of(5).faults == ('bsp-like',)\n"
-            "bad = {'torch', 'transformers', 'plotly', 'pandas'} & set(sys.modules)\nassert not bad, bad\n")
-    root = Path(specviz.__file__).resolve().parents[1]  # the checkout under test, not another installed copy
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))}
-    done = subprocess.run([sys.executable, "-c", code, str(written)], cwd=root, env=env, capture_output=True,
-                          text=True, check=False)
+            "r = SweepReport.from_json(open(sys.argv[1], 'rb').read())\nassert r.spec_of(5).faults "
+            "== ('bsp-like',)\n"
+            "bad = {'torch', 'transformers', 'plotly', 'pandas'} & set(sys.modules)\nassert not "
+            "bad, bad\n")
+    # the checkout under test, not another installed copy
+    root = Path(specviz.__file__).resolve().parents[1]
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))}
+    done = subprocess.run([sys.executable, "-c", code, str(written)], cwd=root, env=env,
+                          capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
 
 
-def test_a_version_1_report_opens_with_its_bases_temperature_as_its_one_temperature(written, report):
+def test_a_version_1_report_opens_with_its_bases_temperature_as_its_one_temperature(written,
+                                                                                    report):
     def version_1(raw):  # as specviz wrote it before the temperature axis
         raw["version"] = 1
         del raw["sweep"]["temperatures"]
@@ -103,25 +118,31 @@ def test_a_version_1_report_opens_with_its_bases_temperature_as_its_one_temperat
 
 
 def test_each_temperature_runs_in_the_methods_that_sample_and_sampling_faults_above_0_only():
-    runs = grid(["reference", "hf-assisted", "eqspec"], ["model"], [1], [5], [(), ("accept-q-over-p",)], [0.0, 0.8])
+    runs = grid(["reference", "hf-assisted", "eqspec"], ["model"], [1], [5],
+                [(), ("accept-q-over-p",)], [0.0, 0.8])
     assert [(c["method"], c["faults"], c["temperature"]) for c in runs] == [
-        ("reference", (), 0.0), ("reference", (), 0.8), ("hf-assisted", (), 0.0), ("eqspec", (), 0.0),
-        ("eqspec", (), 0.8), ("eqspec", ("accept-q-over-p",), 0.8)]
+        ("reference", (), 0.0), ("reference", (), 0.8), ("hf-assisted", (), 0.0),
+        ("eqspec", (), 0.0), ("eqspec", (), 0.8), ("eqspec", ("accept-q-over-p",), 0.8)]
 
 
-def test_verify_sweeps_temperatures_judging_greedy_runs_by_tokens_and_sampled_ones_by_their_verdict(tiny, tmp_path):
+def test_verify_sweeps_temperatures_judging_greedy_runs_by_tokens_and_sampled_ones_by_their_verdict(
+        tiny, tmp_path):
     path = tmp_path / "sampled.json"
-    args = [*VERIFY, "--methods", "eqspec", "--batch-sizes", "4", "--temperatures", "0,0.8", "--top-p", "0.5",
-            "--fault-sets", "none", "accept-q-over-p", "--json", str(path)]
+    args = [*VERIFY, "--methods", "eqspec", "--batch-sizes", "4", "--temperatures", "0,0.8",
+            "--top-p", "0.5", "--fault-sets", "none", "accept-q-over-p", "--json", str(path)]
     assert main(args) == 1  # accept-q-over-p's distribution is not the target's
     found = SweepReport.from_json(path.read_bytes())
     assert [(r.faults, r.temperature, r.column()) for r in found.rows] == [
-        ("", 0.0, "bs 4 · k 5"), ("", 0.8, "bs 4 · k 5 · T 0.8"), ("accept-q-over-p", 0.8, "bs 4 · k 5 · T 0.8")]
+        ("", 0.0, "bs 4 · k 5"), ("", 0.8, "bs 4 · k 5 · T 0.8"),
+        ("accept-q-over-p", 0.8, "bs 4 · k 5 · T 0.8")]
     greedy, sampled, faulty = found.rows
-    assert greedy.exact_pct == 100 and greedy.distribution is None and greedy.sampled_verdict is None
-    assert found.spec_of(0).top_p == 1 and found.spec_of(1).top_p == 0.5  # the greedy run leaves top-p out
+    assert (greedy.exact_pct == 100 and greedy.distribution is None
+            and greedy.sampled_verdict is None)
+    # the greedy run leaves top-p out
+    assert found.spec_of(0).top_p == 1 and found.spec_of(1).top_p == 0.5
     assert sampled.exact_pct is None
-    assert sampled.sampled_verdict == sampled.distribution.verdict != "not the target's distribution"
+    assert (sampled.sampled_verdict == sampled.distribution.verdict
+            != "not the target's distribution")
     assert faulty.sampled_verdict == "sampler-bug:decisions" and faulty.decisions.mismatches > 0
     assert [s.temperature for s in found.sequences] == [0.0] * 4 + [0.8] * 8
     html = sweepviews.heatmap_html(found)
@@ -132,11 +153,14 @@ def test_verify_sweeps_temperatures_judging_greedy_runs_by_tokens_and_sampled_on
 
 
 def test_fault_sets_run_in_the_methods_that_take_faults_only():
-    runs = grid(["reference", "eqspec", "exspec"], ["model"], [1, 4], [5], [(), ("bsp-like",), ("no-mask",)])
+    runs = grid(["reference", "eqspec", "exspec"], ["model"], [1, 4], [5],
+                [(), ("bsp-like",), ("no-mask",)])
     assert [(c["method"], c["faults"], c["batch_size"]) for c in runs] == [
-        ("reference", (), 1), *(("eqspec", f, bs) for f in [(), ("bsp-like",), ("no-mask",)] for bs in (1, 4)),
+        ("reference", (), 1),
+        *(("eqspec", f, bs) for f in [(), ("bsp-like",), ("no-mask",)] for bs in (1, 4)),
         ("exspec", (), 1), ("exspec", (), 4)]
-    assert all(c["faults"] == () for c in grid(["eqspec"], ["model"], [1], [5]))  # no fault sets: none
+    # no fault sets: none
+    assert all(c["faults"] == () for c in grid(["eqspec"], ["model"], [1], [5]))
 
 
 @pytest.mark.parametrize("args,says", [
@@ -171,7 +195,8 @@ def _edited(written, edit) -> bytes:
     (lambda raw: raw["sequences"][21].update(rounds=[1]), "rounds do not add up"),
     (lambda raw: raw["sequences"][21].update(first_divergence=10**6), "do not match its ids"),
     (lambda raw: raw["sweep"]["fault_sets"].append([PAYLOAD]), "unknown fault"),
-    (lambda raw: raw["sweep"].update(drafters=["model", "lookup"], batch_sizes=list(range(1, 65)), ks=list(range(1, 17))),
+    (lambda raw: raw["sweep"].update(drafters=["model", "lookup"], batch_sizes=list(range(1, 65)),
+                                     ks=list(range(1, 17))),
      "up to 8192 runs; a sweep makes 4096 at most"),
     (lambda raw: raw["rows"][0].update(exact_pct=1e9), "less than or equal to 100"),
 ])
@@ -212,10 +237,12 @@ def test_stranger_text_is_escaped_in_every_view(written):
                  *(planted(s) if s.forensics else s for s in report.sequences[20:])]
     assert any(s.forensics and s.forensics.verdict == PAYLOAD for s in sequences)
     report = report.model_copy(update={"rows": rows, "sequences": sequences})
-    shown = [sweepviews.heatmap_html(report), sweepviews.heatmap_html(report, "prefix_pct", selected=5)]
-    figures = (sweepviews.verdict_bars, sweepviews.divergence_histogram, sweepviews.accept_length_histogram,
-               sweepviews.acceptance_curves)
-    shown += [str(figure(report).to_dict()) for figure in figures]  # not to_json: it writes < as \u003c anyway
+    shown = [sweepviews.heatmap_html(report),
+             sweepviews.heatmap_html(report, "prefix_pct", selected=5)]
+    figures = (sweepviews.verdict_bars, sweepviews.divergence_histogram,
+               sweepviews.accept_length_histogram, sweepviews.acceptance_curves)
+    # not to_json: it writes < as \u003c anyway
+    shown += [str(figure(report).to_dict()) for figure in figures]
     assert all(PAYLOAD not in text and "<img" not in text for text in shown)
     assert "&lt;img src=x onerror=alert(1)&gt;" in shown[0]
 
@@ -225,7 +252,8 @@ def test_stranger_text_is_escaped_in_every_view(written):
 
 def test_heatmap_cells_hold_their_runs_values(report):
     html = sweepviews.heatmap_html(report, selected=5)
-    assert html.startswith('<p class="sv-heat-caption">exact match:')  # above the table's scrolling box
+    # above the table's scrolling box
+    assert html.startswith('<p class="sv-heat-caption">exact match:')
     assert '<div class="sv-heat-wrap"><table class="sv-heat" data-metric="exact_pct">' in html
     cells = re.findall(r'<td class="(sv-hcell[^"]*)" data-run="(\d+)"[^>]*>([^<]*)</td>', html)
     assert sorted(int(i) for _, i, _ in cells) == list(range(6))
@@ -240,27 +268,34 @@ def test_heatmap_cells_hold_their_runs_values(report):
 
 
 def test_a_cell_says_100_and_0_only_when_exactly_so():
-    assert [sweepviews._percent(v) for v in (0, 0.4, 50.5, 99.6, 100)] == ["0", "1", "50", "99", "100"]
+    assert ([sweepviews._percent(v) for v in (0, 0.4, 50.5, 99.6, 100)]
+            == ["0", "1", "50", "99", "100"])
 
 
 def test_a_missing_combination_is_an_empty_cell_and_a_sampled_run_its_verdicts_mark(report):
-    judged = Distribution(verdict="not the target's distribution", alpha=0.01, p=0.0, failing="slot 0", tokens=48,
-                          impossible=0, splits=[], skipped=[])
-    rows = [*report.rows[:5], report.rows[5].model_copy(update={"exact_pct": None, "distribution": judged})]
-    html = sweepviews.heatmap_html(report.model_copy(update={"rows": rows[1:]}))  # batched-reference at bs 1 gone
+    judged = Distribution(verdict="not the target's distribution", alpha=0.01, p=0.0,
+                          failing="slot 0", tokens=48, impossible=0, splits=[], skipped=[])
+    rows = [*report.rows[:5],
+            report.rows[5].model_copy(update={"exact_pct": None, "distribution": judged})]
+    # batched-reference at bs 1 gone
+    html = sweepviews.heatmap_html(report.model_copy(update={"rows": rows[1:]}))
     assert html.count("<td></td>") == 1
-    assert re.search(r'data-run="4"[^>]*title="[^"]*not the target&#x27;s distribution[^"]*">✗</td>', html)
+    assert re.search(r'data-run="4"[^>]*title="[^"]*not the target&#x27;s '
+                     r'distribution[^"]*">✗</td>', html)
 
 
 def test_figures_count_every_sequence(report):
     bars = sweepviews.verdict_bars(report)
     assert bars.data[0].name == "equivalent"
-    assert {t.name for t in bars.data[1:]} == set(report.rows[4].verdicts) | set(report.rows[5].verdicts)
-    assert all(t.orientation == "h" for t in bars.data)  # one bar a run, laid sideways: run names read across
+    assert {t.name
+            for t in bars.data[1:]} == set(report.rows[4].verdicts) | set(report.rows[5].verdicts)
+    # one bar a run, laid sideways: run names read across
+    assert all(t.orientation == "h" for t in bars.data)
     assert [sum(t.x[i] for t in bars.data) for i in range(6)] == [r.n for r in report.rows]
     forks = sweepviews.divergence_histogram(report)
     divergent = [s for s in report.sequences if s.equivalent is False]
-    assert [t.name for t in forks.data] == ["eqspec · bsp-like"] and sum(forks.data[0].y) == len(divergent)
+    assert [t.name
+            for t in forks.data] == ["eqspec · bsp-like"] and sum(forks.data[0].y) == len(divergent)
     assert forks.layout.xaxis.title.text == "first divergent token index"
     lengths = sweepviews.accept_length_histogram(report)
     assert [t.name for t in lengths.data] == ["eqspec", "eqspec · bsp-like"]
@@ -275,4 +310,5 @@ def test_figures_count_every_sequence(report):
 def test_the_published_report_schema_is_the_codes(capsys):
     assert main(["schema", "--report"]) == 0
     published = Path(__file__).resolve().parents[1] / "docs" / "sweep-report.schema.json"
-    assert json.loads(published.read_text()) == json.loads(capsys.readouterr().out) == SweepReport.model_json_schema()
+    assert (json.loads(published.read_text()) == json.loads(capsys.readouterr().out)
+            == SweepReport.model_json_schema())

@@ -26,14 +26,16 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets" / "traces"
 
 @pytest.fixture(scope="module")
 def trace(tiny):
-    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64", device="cpu",
+    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64",
+                         device="cpu",
                          prompts=("Hi", "Name three rivers.", "Write a long story about a dragon."),
                          batch_size=3, k=4, max_new_tokens=16)
     return run(spec)
 
 
 def test_a_source_checkout_that_was_never_installed_still_traces(tiny, monkeypatch):
-    """On a GPU box one may put the checkout on PYTHONPATH without `pip install`: no package metadata."""
+    """On a GPU box one may put the checkout on PYTHONPATH without `pip install`: no package
+    metadata."""
     from importlib.metadata import PackageNotFoundError
 
     import specviz.decoding.recording
@@ -46,8 +48,8 @@ def test_a_source_checkout_that_was_never_installed_still_traces(tiny, monkeypat
         return installed(dist)
 
     monkeypatch.setattr(specviz.decoding.recording, "version", specviz_missing)
-    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64", device="cpu",
-                         prompts=("Hi",), batch_size=1, k=2, max_new_tokens=4)
+    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64",
+                         device="cpu", prompts=("Hi",), batch_size=1, k=2, max_new_tokens=4)
     assert run(spec).manifest.versions["specviz"] == "not installed"
 
 
@@ -58,10 +60,12 @@ def test_save_load_round_trip_is_exact(trace):
 
 
 def test_a_trace_file_loads_without_torch(trace, tmp_path):
-    """The schema stands alone: a process that never imports torch, transformers, scipy, plotly or pandas loads,
-    validates and saves a greedy and a sampled trace (the sampled one carries draws and a distribution verdict)."""
-    sampled = run(RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64", device="cpu",
-                                prompts=("Hi", "Name three rivers."), batch_size=2, k=3, max_new_tokens=8, temperature=0.8))
+    """The schema stands alone: a process that never imports torch, transformers, scipy, plotly or
+    pandas loads, validates and saves a greedy and a sampled trace (the sampled one carries draws
+    and a distribution verdict)."""
+    sampled = run(RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64",
+                                device="cpu", prompts=("Hi", "Name three rivers."), batch_size=2,
+                                k=3, max_new_tokens=8, temperature=0.8))
     assert sampled.distribution and sampled.rows[0].accept_draws is not None
     assert sampled.sampled_verdict is not None  # judged with the run, kept in its trace
     for name, t in (("greedy", trace), ("sampled", sampled)):
@@ -74,10 +78,12 @@ def test_a_trace_file_loads_without_torch(trace, tmp_path):
         "bad = {'torch', 'transformers', 'scipy', 'plotly', 'pandas'} & set(sys.modules)\n"
         "assert not bad, bad\n"
     )
-    root = Path(specviz.__file__).resolve().parents[1]  # the checkout under test, not another installed copy
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))}
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=root, env=env, capture_output=True, text=True,
-                          check=False)
+    # the checkout under test, not another installed copy
+    root = Path(specviz.__file__).resolve().parents[1]
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))}
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=root, env=env,
+                          capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     for name, t in (("greedy", trace), ("sampled", sampled)):
         assert Trace.from_json((tmp_path / f"{name}.again").read_bytes()) == t
@@ -128,16 +134,19 @@ def test_malformed_traces_are_refused_clearly(trace, mutate, message):
 
 
 def test_a_version_1_trace_still_opens_with_its_verdicts(tiny):
-    """Version 1 judged forks by noise measured on the run itself; its files open, verdicts as recorded."""
-    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64", device="cpu",
-                         prompts=("Hi", "Name three rivers."), batch_size=2, k=3, max_new_tokens=12, faults=("dsd-like",))
+    """Version 1 judged forks by noise measured on the run itself; its files open, verdicts as
+    recorded."""
+    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64",
+                         device="cpu", prompts=("Hi", "Name three rivers."), batch_size=2, k=3,
+                         max_new_tokens=12, faults=("dsd-like",))
     raw = json.loads(run(spec).to_json())
     raw["schema_version"] = 1
     del raw["manifest"]["yardstick"], raw["manifest"]["fidelity"]  # version 5's
     for s in raw["sequences"]:
         del s["output_pieces"], s["reference_pieces"]  # version 3's
         if s["forensics"]:
-            s["forensics"] = {k: s["forensics"][k] for k in ("verdict", "explanation", "fork", "round", "row")}
+            s["forensics"] = {k: s["forensics"][k]
+                              for k in ("verdict", "explanation", "fork", "round", "row")}
             s["forensics"].update(noise=0.5, logit_diff=3.0)
     old = Trace.from_json(json.dumps(raw))
     assert old.schema_version == SCHEMA_VERSION and old.manifest.yardstick is None
@@ -146,15 +155,17 @@ def test_a_version_1_trace_still_opens_with_its_verdicts(tiny):
 
 
 def test_a_version_4_trace_keeps_its_noise_floor_as_the_yardstick_it_was(tiny):
-    """Version 4 judged by a floor measured through the batched, cached path: it opens with that floor as its
-    yardstick, its verdicts as recorded, and no false-alarm rate claimed for it."""
-    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64", device="cpu",
-                         prompts=("Hi", "Name three rivers."), batch_size=2, k=3, max_new_tokens=12, faults=("dsd-like",))
+    """Version 4 judged by a floor measured through the batched, cached path: it opens with that
+    floor as its yardstick, its verdicts as recorded, and no false-alarm rate claimed for it."""
+    spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64",
+                         device="cpu", prompts=("Hi", "Name three rivers."), batch_size=2, k=3,
+                         max_new_tokens=12, faults=("dsd-like",))
     raw = json.loads(run(spec).to_json())
     raw["schema_version"] = 4
     del raw["manifest"]["yardstick"], raw["manifest"]["fidelity"]
-    raw["manifest"]["noise_floor"] = {"target": {"value": 2e-6, "median": 1e-6, "resolution": 1e-15, "positions": 88,
-                                                 "sequences": 2, "chunk": 4, "method": "teacher-forced, batched"},
+    raw["manifest"]["noise_floor"] = {"target": {"value": 2e-6, "median": 1e-6, "resolution": 1e-15,
+                                                 "positions": 88, "sequences": 2, "chunk": 4,
+                                                 "method": "teacher-forced, batched"},
                                       "draft": None, "factor": 4.0}
     for s in raw["sequences"]:
         if s["forensics"]:
@@ -162,8 +173,10 @@ def test_a_version_4_trace_keeps_its_noise_floor_as_the_yardstick_it_was(tiny):
                 del s["forensics"][new]
     old = Trace.from_json(json.dumps(raw))
     r = old.manifest.yardstick.target
-    assert (r.tolerance, r.quantiles, r.positions, r.slots, r.alpha) == (8e-6, [1e-6, 2e-6], 88, 4, None)
-    assert r.method.startswith("version 4's noise floor: teacher-forced") and old.manifest.yardstick.draft is None
+    assert ((r.tolerance, r.quantiles, r.positions, r.slots, r.alpha)
+            == (8e-6, [1e-6, 2e-6], 88, 4, None))
+    assert (r.method.startswith("version 4's noise floor: teacher-forced")
+            and old.manifest.yardstick.draft is None)
     assert [s.forensics.verdict for s in old.sequences if s.forensics] == \
         [s["forensics"]["verdict"] for s in raw["sequences"] if s["forensics"]]
     forensics_html(old, views.Focus(seq=0, round=None))  # the page shows it

@@ -1,6 +1,6 @@
-"""The hypothesis view of an engine check's fork (run/attribution.py): which known mechanism, replayed in
-specviz's engine, writes the engine's tokens; the engine's, the reference's and the best hypothesis's tokens
-aligned from the fork; every hypothesis ranked, with its threads."""
+"""The hypothesis view of an engine check's fork (run/attribution.py): which known mechanism,
+replayed in specviz's engine, writes the engine's tokens; the engine's, the reference's and the best
+hypothesis's tokens aligned from the fork; every hypothesis ranked, with its threads."""
 from __future__ import annotations
 
 import html
@@ -22,28 +22,33 @@ def attribution_html(trace: Trace, s: SequenceRecord) -> str:
     named = any(h.named for h in a.hypotheses)
     best = a.hypotheses[0] if a.hypotheses else None
     out = [f'<div class="sv-attribution" data-named="{str(named).lower()}">',
-           f'<h4>Which bug is this?</h4><p class="sv-verdict sv-{"bug" if named else "unexplained"}">'
+           '<h4>Which bug is this?</h4><p class="sv-verdict '
+           f'sv-{"bug" if named else "unexplained"}">'
            f"{html.escape(a.explanation)}</p>"]
     lines = [("engine", s.engine.ids), ("reference", s.reference_ids or [])]
     if best is not None:
         lines.append((f"best: {'+'.join(best.faults)}", best.replay_ids))
     out.append(_aligned(trace, a, lines, s.engine.ids))
     if best is not None and best.round is not None:
-        out.append(f"<p>In its replay the fault wrote the fork token in round {best.round}, slot {best.slot}.</p>")
+        out.append(f"<p>In its replay the fault wrote the fork token in round {best.round}, slot "
+                   f"{best.slot}.</p>")
     if a.facts:
         out.append("<ul>" + "".join(f"<li>{html.escape(f)}</li>" for f in a.facts) + "</ul>")
     out.append(_ranked(a))
     if a.skipped:
-        out.append(f"<details><summary>{len(a.skipped)} not tried: they do not fit the engine</summary><ul>" +
-                   "".join(f"<li><b>{html.escape(f)}</b>: {html.escape(why)}</li>" for f, why in a.skipped.items())
+        out.append(f"<details><summary>{len(a.skipped)} not tried: they do not fit the "
+                   "engine</summary><ul>" +
+                   "".join(f"<li><b>{html.escape(f)}</b>: {html.escape(why)}</li>"
+                           for f, why in a.skipped.items())
                    + "</ul></details>")
     out.append("</div>")
     return "".join(out)
 
 
-def _aligned(trace: Trace, a: Attribution, lines: list[tuple[str, list[int]]], engine: list[int]) -> str:
-    """Each line's tokens from the fork, a cell a token: green where it is the engine's, red where not; the
-    engine's departing tokens underlined."""
+def _aligned(trace: Trace, a: Attribution, lines: list[tuple[str, list[int]]],
+             engine: list[int]) -> str:
+    """Each line's tokens from the fork, a cell a token: green where it is the engine's, red where
+    not; the engine's departing tokens underlined."""
     span = range(a.fork, min(a.fork + SHOWN, max(len(ids) for _, ids in lines)))
     departing = set(a.departing)
     head = "".join(f"<th>{i}</th>" for i in span)
@@ -65,14 +70,17 @@ def _aligned(trace: Trace, a: Attribution, lines: list[tuple[str, list[int]]], e
 
 
 def _ranked(a: Attribution) -> str:
-    """Every hypothesis tried, best first, the correct engine last: each named by its fault, its description on
-    hover."""
+    """Every hypothesis tried, best first, the correct engine last: each named by its fault, its
+    description on hover."""
     rows = [_row(h) for h in a.hypotheses] + [_row(a.correct)]
-    return ('<div style="overflow-x:auto"><table class="sv-hypotheses"><tr><th>mechanism</th><th>threads</th>'
-            f"<th>replayed</th><th>tokens written of {a.tokens}</th><th>departing written of {len(a.departing)}</th>"
+    return ('<div style="overflow-x:auto"><table '
+            'class="sv-hypotheses"><tr><th>mechanism</th><th>threads</th>'
+            f"<th>replayed</th><th>tokens written of {a.tokens}</th><th>departing written of "
+            f"{len(a.departing)}</th>"
             f'<th>first failed</th><th>named</th></tr>{"".join(rows)}</table></div>'
-            f"<p>{a.replays} replays in {a.seconds:.1f} s. Departing: the engine's tokens the target itself would "
-            f"not write on the engine's prefix (underlined above); a mechanism is named when it writes {a.threshold} "
+            f"<p>{a.replays} replays in {a.seconds:.1f} s. Departing: the engine's tokens the "
+            "target itself would not write on the engine's prefix (underlined above); a mechanism "
+            f"is named when it writes {a.threshold} "
             "of them more than the correct engine's replay does, and no other writes more.</p>")
 
 
@@ -82,7 +90,8 @@ def _row(h: Hypothesis) -> str:
     where = "alone" if not h.companions else f"beside {', '.join(map(str, h.companions))}"
     failed = "—" if h.failed_at is None else str(h.failed_at)
     name = "+".join(h.faults) or "the correct engine"
-    return (f'<tr class="{"sv-held" if h.named else ""}"><td title="{html.escape(mechanism(h.faults))}">'
+    return (f'<tr class="{"sv-held" if h.named else ""}"><td '
+            f'title="{html.escape(mechanism(h.faults))}">'
             f"{html.escape(name)}</td><td>{links}</td>"
             f"<td>{where}</td><td>{h.explained}</td><td>{h.beyond}</td><td>{failed}</td>"
             f"<td>{'✓' if h.named else ''}</td></tr>")

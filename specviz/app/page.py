@@ -1,6 +1,6 @@
-"""The Gradio page: its layout and its wiring. The Run view's handlers are runview.py's, the Sweep and Compare
-tabs sweeptab.py's; every decode, shrink and engine check goes through serving.py. Gradio is imported by these
-modules only, and they read traces only.
+"""The Gradio page: its layout and its wiring. The Run view's handlers are runview.py's, the Sweep
+and Compare tabs sweeptab.py's; every decode, shrink and engine check goes through serving.py.
+Gradio is imported by these modules only, and they read traces only.
 
 One focus (a sequence and one of its rounds) links every view; clicks on the
 grid, the timeline or the table move it. The page URL always carries the run
@@ -60,28 +60,31 @@ Batch speculative decoding, checked token by token against the target model alon
 a run; every view below follows one focused sequence and round — click a grid cell, a round in the timeline or a
 table row to move it. The address bar is always a share link."""
 LEGEND = ('<div class="sv-legend"><span class="sv-tok sv-draft">accepted draft</span>'
-          '<span class="sv-tok sv-correction">target correction</span><span class="sv-tok sv-bonus">bonus</span>'
-          '<span class="sv-tok sv-rejected">rejected draft</span><span class="sv-tok sv-fork">first divergence</span>'
-          '<span class="sv-tok sv-draft sv-branch">accepted off a token tree\'s first branch</span>'
-          '<span class="sv-tok sv-impossible">impossible under the target</span>'
-          '<span class="sv-tok sv-mismatch">decision against its draw</span>'
-          '<span class="sv-nodraft">no drafts offered: the target\'s own token follows</span>'
+          '<span class="sv-tok sv-correction">target correction</span><span class="sv-tok '
+          'sv-bonus">bonus</span><span class="sv-tok sv-rejected">rejected draft</span><span '
+          'class="sv-tok sv-fork">first divergence</span><span class="sv-tok sv-draft '
+          'sv-branch">accepted off a token tree\'s first branch</span><span class="sv-tok '
+          'sv-impossible">impossible under the target</span><span class="sv-tok '
+          'sv-mismatch">decision against its draw</span><span class="sv-nodraft">no drafts '
+          'offered: the target\'s own token follows</span>'
           "</div>")
 
 
-GRID_HELP = ("### Acceptance grid — sequences × their rounds, accepted / drafts offered (click a cell)\n"
-             "Each cell counts against the drafts its own row was offered, which prompt lookup and the token budget "
-             "make differ between rows; a hatched — cell: no drafts offered, the target's own token alone; an "
-             "underlined cell: a token tree, counted along the path it accepted (its accepted nodes, and the first "
-             "child refused). Red "
-             "outline: the round that emitted a sequence's first divergence. Violet corner (audited runs): the round "
-             "a row's state first left rounding. Sampled runs: a red corner marks a round that emitted a token "
-             "impossible under the target, a dotted violet outline a decision that does not follow its draw.")
+GRID_HELP = ("### Acceptance grid — sequences × their rounds, accepted / drafts offered (click a "
+             "cell)\n"
+             "Each cell counts against the drafts its own row was offered, which prompt lookup and "
+             "the token budget make differ between rows; a hatched — cell: no drafts offered, the "
+             "target's own token alone; an underlined cell: a token tree, counted along the path "
+             "it accepted (its accepted nodes, and the first child refused). Red "
+             "outline: the round that emitted a sequence's first divergence. Violet corner "
+             "(audited runs): the round a row's state first left rounding. Sampled runs: a red "
+             "corner marks a round that emitted a token impossible under the target, a dotted "
+             "violet outline a decision that does not follow its draw.")
 
 
 def example_api_name(name: str) -> str:
-    """An example's API name: its first word ("bsp-like decay": example_bsp_like; "sampling fault: …":
-    example_sampling)."""
+    """An example's API name: its first word ("bsp-like decay": example_bsp_like; "sampling fault:
+    …": example_sampling)."""
     return "example_" + re.sub(r"\W+", "_", name.split()[0]).strip("_")
 
 
@@ -90,7 +93,8 @@ def build(settings: Settings | None = None) -> gr.Blocks:
     settings = settings or Settings.from_env()
     with gr.Blocks(title="specviz") as demo:
         page = Page(demo, settings, trace=gr.State(None), pending=gr.State(None),
-                    sides=gr.State({}))  # sides: the runs shown so far, for the compare tab (label -> Side)
+                    # sides: the runs shown so far, for the compare tab (label -> Side)
+                    sides=gr.State({}))
         gr.Markdown(PAGE_INTRO)
         with gr.Tabs(elem_id="sv-tabs") as page.tabs:
             with gr.Tab("Run view", id="run"), gr.Row():
@@ -100,7 +104,8 @@ def build(settings: Settings | None = None) -> gr.Blocks:
                     page.v = _views_column()
             with gr.Tab("Field cases", id="cases", elem_id="sv-cases-tab"):
                 gr.Markdown(gallery.CASEBOOK_INTRO)
-                page.cards = gr.HTML(gallery.cards_html(), js_on_load=gallery.CARD_CLICKS, elem_id="sv-cases")
+                page.cards = gr.HTML(gallery.cards_html(), js_on_load=gallery.CARD_CLICKS,
+                                     elem_id="sv-cases")
             with gr.Tab("Sweep", id="sweep", elem_id="sv-sweep-tab"):
                 page.w = sweeptab.sweep_tab(settings)
             with gr.Tab("Compare two runs", id="compare", elem_id="sv-compare-tab"):
@@ -131,20 +136,23 @@ def _run_controls_column(settings: Settings) -> tuple[dict, dict, dict]:
         gr.Markdown(settings.describe())
     with gr.Accordion("Trace files", open=False):
         buttons["download"] = gr.DownloadButton("Download this trace (JSON)", value=None)
-        buttons["upload"] = gr.File(label=f"open a trace (JSON, up to {MAX_TRACE_BYTES // 2**20} MiB; no model needed)",
+        buttons["upload"] = gr.File(label=f"open a trace (JSON, up to {MAX_TRACE_BYTES // 2**20} "
+                                          "MiB; no model needed)",
                                     file_types=[".json"], type="filepath", elem_id="sv-upload")
     return c, e, buttons
 
 
 def _views_column() -> dict:
-    """The Run view's views, by the names runview.VIEW_NAMES gives render's outputs, and the status around them."""
+    """The Run view's views, by the names runview.VIEW_NAMES gives render's outputs, and the status
+    around them."""
     v = {}
     # Stranger text reaches the status escaped (views.md); no $$ in it may become LaTeX either.
-    v["status"] = gr.Markdown("Run something, pick an example, or open a trace file.", elem_id="sv-status",
-                              latex_delimiters=[])
-    v["link_box"] = gr.Textbox(label="share link (opens this run at this focus)", interactive=False, lines=1,
-                               max_lines=1, buttons=["copy"], elem_id="sv-link")
-    v["table"] = gr.Dataframe(label="sequences (click one to focus it)", interactive=False, wrap=True, max_height=320,
+    v["status"] = gr.Markdown("Run something, pick an example, or open a trace file.",
+                              elem_id="sv-status", latex_delimiters=[])
+    v["link_box"] = gr.Textbox(label="share link (opens this run at this focus)", interactive=False,
+                               lines=1, max_lines=1, buttons=["copy"], elem_id="sv-link")
+    v["table"] = gr.Dataframe(label="sequences (click one to focus it)", interactive=False,
+                              wrap=True, max_height=320,
                               elem_id="sv-table", datatype="str")  # cells as plain text
     with gr.Row():
         v["focus_seq"] = gr.Number(label="focused sequence", precision=0, minimum=0)
@@ -155,13 +163,17 @@ def _views_column() -> dict:
         v["grid"] = gr.HTML(js_on_load=CLICKS, elem_id="sv-grid", padding=False)
         with gr.Column():
             v["forensics"] = gr.HTML(elem_id="sv-forensics", js_on_load=None)
-            with gr.Accordion("The yardstick: where this fork falls on it", open=True, elem_id="sv-yardstick-box"):
+            with gr.Accordion("The yardstick: where this fork falls on it", open=True,
+                              elem_id="sv-yardstick-box"):
                 v["yardstick"] = gr.Plot(show_label=False, elem_id="sv-yardstick")
-            v["shrink"] = gr.Button("Shrink the focused divergence to a minimal reproducer", size="sm")
+            v["shrink"] = gr.Button("Shrink the focused divergence to a minimal reproducer",
+                                    size="sm")
             v["shrink_note"] = gr.Markdown(elem_id="sv-shrink")
-    with gr.Accordion("Distribution (sampled runs): are the tokens drawn from the target's distribution?", open=True,
+    with gr.Accordion("Distribution (sampled runs): are the tokens drawn from the target's "
+                      "distribution?", open=True,
                       elem_id="sv-distribution"):
-        v["pit_verdict"] = gr.Markdown(summary.distribution_md(None), elem_id="sv-pit-verdict", latex_delimiters=[])
+        v["pit_verdict"] = gr.Markdown(summary.distribution_md(None), elem_id="sv-pit-verdict",
+                                       latex_delimiters=[])
         v["pit"] = gr.Plot(show_label=False, elem_id="sv-pit")
     gr.Markdown("### Token timeline of the focused sequence (click a round)")
     gr.HTML(LEGEND, js_on_load=None)
@@ -227,19 +239,22 @@ class Page:
 
     @property
     def opened(self) -> list:
-        """What a handler that opens a trace sets: the trace, the status, the download and a link's pending replay."""
+        """What a handler that opens a trace sets: the trace, the status, the download and a link's
+        pending replay."""
         return [self.trace, self.v["status"], self.buttons["download"], self.pending]
 
     def show_link(self, event):
-        return event.then(None, [self.v["link_query"]], [self.v["link_box"]], js=UPDATE_URL, api_visibility="private")
+        return event.then(None, [self.v["link_query"]], [self.v["link_box"]], js=UPDATE_URL,
+                          api_visibility="private")
 
     def then_show(self, event, fn=render, inputs=None):
-        """After `event` opens a trace: every view, the link, and the trace offered to the compare tab."""
+        """After `event` opens a trace: every view, the link, and the trace offered to the compare
+        tab."""
         shown_run = event.success(self.keyed(fn), inputs or [self.trace], self.shown,
                                   api_visibility="private")
         self.show_link(shown_run)
-        shown_run.then(sweeptab.remember_sides, [self.sides, self.trace], [self.sides, self.p["a"], self.p["b"]],
-                       api_visibility="private")
+        shown_run.then(sweeptab.remember_sides, [self.sides, self.trace],
+                       [self.sides, self.p["a"], self.p["b"]], api_visibility="private")
         return shown_run
 
     def wire_run_view(self) -> None:
@@ -252,8 +267,10 @@ class Page:
         for name, btn in b["examples"].items():
             values = {c[n]: value for n, value in {**DEFAULTS, **EXAMPLES[name]}.items()}
             filled = btn.click(lambda v=values: v, None, controls, api_name=example_api_name(name))
-            # The drafter's controls follow before the decode starts (its change event, unqueued, waits on a busy CPU).
-            shown = filled.then(drafter_shows, [c["drafter"]], [c["drafter"], *(c[f] for f in DRAFTER_OPTIONS)],
+            # The drafter's controls follow before the decode starts (its change event, unqueued,
+            # waits on a busy CPU).
+            shown = filled.then(drafter_shows, [c["drafter"]],
+                                [c["drafter"], *(c[f] for f in DRAFTER_OPTIONS)],
                                 api_visibility="private", show_progress="hidden")
             running.append(shown.then(run_here, None, self.opened, inputs_kwargs=run_inputs,
                                       api_visibility="private", concurrency_id="decode"))
@@ -264,19 +281,24 @@ class Page:
         for event in running:
             self.then_show(event)
         running.append(self.v["shrink"].click(functools.partial(shrink_focused, settings),
-                                              [self.trace, self.v["focus_seq"]], [self.v["shrink_note"]],
-                                              api_name="shrink", concurrency_id="decode"))
+                                              [self.trace, self.v["focus_seq"]],
+                                              [self.v["shrink_note"]], api_name="shrink",
+                                              concurrency_id="decode"))
         b["stop"].click(serving.stop, None, None, cancels=running, api_name="stop")
-        self.then_show(b["upload"].upload(open_trace, [b["upload"]], self.opened, api_name="open_trace"))
+        self.then_show(b["upload"].upload(open_trace, [b["upload"]], self.opened,
+                                          api_name="open_trace"))
         self._wire_focus()
-        c["method"].change(method_allows, [c["method"], c["drafter"]], [c["method"], c["faults"], c["drafter"], c["k"]],
+        c["method"].change(method_allows, [c["method"], c["drafter"]],
+                           [c["method"], c["faults"], c["drafter"], c["k"]],
                            api_visibility="private", queue=False, show_progress="hidden")
-        c["drafter"].change(drafter_shows, [c["drafter"]], [c["drafter"], *(c[f] for f in DRAFTER_OPTIONS)],
+        c["drafter"].change(drafter_shows, [c["drafter"]],
+                            [c["drafter"], *(c[f] for f in DRAFTER_OPTIONS)],
                             api_visibility="private", queue=False, show_progress="hidden")
         loaded = self.demo.load(self.keyed(open_link), [self.v["link_query"]],
                                 self.parts(*DEFAULTS, "trace", "download", "pending", "status"),
                                 js="() => location.search", api_name="open_link")
-        self.then_show(loaded)  # the first page's bundled trace (a link's run is shown once replayed)
+        # the first page's bundled trace (a link's run is shown once replayed)
+        self.then_show(loaded)
         replayed = loaded.then(functools.partial(replay, settings), [self.pending], self.opened,
                                api_visibility="private", concurrency_id="decode")
         self.then_show(replayed, fn=render_replayed, inputs=[self.trace, self.pending])
@@ -308,10 +330,12 @@ class Page:
         w = self.w
         rendered = self.keyed(functools.partial(sweeptab.render_sweep, self.settings), w)
         shown_sweep = event.success(rendered, [w["report"], w["cell"]],
-                                    [w[n] for n in sweeptab.SWEEP_VIEW_NAMES], api_visibility="private")
-        shown_sweep.then(None, [w["link_query"]], [w["link_box"]], js=UPDATE_URL, api_visibility="private")
-        shown_sweep.then(sweeptab.remember_sides, [self.sides, w["report"]], [self.sides, self.p["a"], self.p["b"]],
+                                    [w[n] for n in sweeptab.SWEEP_VIEW_NAMES],
+                                    api_visibility="private")
+        shown_sweep.then(None, [w["link_query"]], [w["link_box"]], js=UPDATE_URL,
                          api_visibility="private")
+        shown_sweep.then(sweeptab.remember_sides, [self.sides, w["report"]],
+                         [self.sides, self.p["a"], self.p["b"]], api_visibility="private")
 
     def wire_sweep_tab(self) -> None:
         """Run or open a report, show it, click a cell into the Run view."""
@@ -321,55 +345,68 @@ class Page:
         swept = [w["run"].click(functools.partial(sweeptab.run_sweep, settings), None, found_out,
                                 inputs_kwargs=sweep_controls, api_name="sweep",
                                 concurrency_id="decode"),
-                 w["casebook"].click(functools.partial(sweeptab.run_casebook, settings), None, found_out,
-                                     api_name="sweep_casebook", concurrency_id="decode")]
+                 w["casebook"].click(functools.partial(sweeptab.run_casebook, settings), None,
+                                     found_out, api_name="sweep_casebook", concurrency_id="decode")]
         for event in swept:
             self.then_show_sweep(event)
         w["stop"].click(serving.stop, None, None, cancels=swept, api_visibility="private")
-        self.then_show_sweep(w["upload"].upload(sweeptab.open_report, [w["upload"]], found_out, api_name="open_report"))
+        self.then_show_sweep(w["upload"].upload(sweeptab.open_report, [w["upload"]], found_out,
+                                                api_name="open_report"))
 
-        def open_cell_here(found, evt: gr.EventData, progress=gr.Progress(), request: gr.Request = None):
-            return sweeptab.open_cell(settings, found, evt, progress, request)  # gradio finds EventData in no partial
+        def open_cell_here(found, evt: gr.EventData, progress=gr.Progress(),
+                           request: gr.Request = None):
+            # gradio finds EventData in no partial
+            return sweeptab.open_cell(settings, found, evt, progress, request)
 
         for heatmap in (w["exact"], w["prefix"]):
             exact = heatmap is w["exact"]
-            opened_cell = heatmap.click(open_cell_here, [w["report"]], [*self.opened, self.tabs, w["cell"], w["status"]],
+            opened_cell = heatmap.click(open_cell_here, [w["report"]],
+                                        [*self.opened, self.tabs, w["cell"], w["status"]],
                                         api_name="open_cell" if exact else None,
-                                        api_visibility="public" if exact else "private", concurrency_id="decode")
+                                        api_visibility="public" if exact else "private",
+                                        concurrency_id="decode")
             self.then_show(opened_cell)
-            opened_cell.success(sweeptab.outline_cell, [w["report"], w["cell"]], [w["exact"], w["prefix"]],
-                                api_visibility="private")
+            opened_cell.success(sweeptab.outline_cell, [w["report"], w["cell"]],
+                                [w["exact"], w["prefix"]], api_visibility="private")
         opened_link = self.keyed(sweeptab.open_sweep_link, {**w, "tabs": self.tabs})
         sweep_loaded = self.demo.load(opened_link, [w["link_query"]],
                                       [*sweep_controls.values(), w["pending"], w["status"],
                                        self.tabs],
                                       js="() => location.search", api_name="open_sweep_link")
-        self.then_show_sweep(sweep_loaded.then(functools.partial(sweeptab.replay_sweep, settings), [w["pending"]],
-                                               [*found_out, w["status"]], api_visibility="private",
-                                               concurrency_id="decode"))
+        self.then_show_sweep(sweep_loaded.then(functools.partial(sweeptab.replay_sweep, settings),
+                                               [w["pending"]], [*found_out, w["status"]],
+                                               api_visibility="private", concurrency_id="decode"))
 
     def wire_compare_tab(self) -> None:
-        """Any two runs shown so far, side by side, and their link; a compare link replays its two runs here."""
+        """Any two runs shown so far, side by side, and their link; a compare link replays its two
+        runs here."""
         p = self.p
         compared = sweeptab.compare_runs  # on a pick, and once a link's runs are replayed
-        inputs, shown = [self.sides, p["a"], p["b"], p["seq"]], [p["summary"], p["aligned"], p["link_query"]]
+        inputs, shown = ([self.sides, p["a"], p["b"], p["seq"]],
+                         [p["summary"], p["aligned"], p["link_query"]])
 
         def show_link(event) -> None:
-            event.then(None, [p["link_query"]], [p["link_box"]], js=FULL_URL, api_visibility="private")
+            event.then(None, [p["link_query"]], [p["link_box"]], js=FULL_URL,
+                       api_visibility="private")
 
         for picker in (p["a"], p["b"], p["seq"]):
-            show_link(picker.change(compared, inputs, shown, api_visibility="private", show_progress="hidden"))
-        loaded = self.demo.load(sweeptab.open_compare_link, [p["link_query"]], [p["pending"], p["summary"], self.tabs],
+            show_link(picker.change(compared, inputs, shown, api_visibility="private",
+                                    show_progress="hidden"))
+        loaded = self.demo.load(sweeptab.open_compare_link, [p["link_query"]],
+                                [p["pending"], p["summary"], self.tabs],
                                 js="() => location.search", api_name="open_compare_link")
-        replayed = loaded.then(functools.partial(sweeptab.replay_compare, self.settings), [p["pending"], self.sides],
-                               [self.sides, p["a"], p["b"], p["seq"]], api_visibility="private", concurrency_id="decode")
+        replayed = loaded.then(functools.partial(sweeptab.replay_compare, self.settings),
+                               [p["pending"], self.sides], [self.sides, p["a"], p["b"], p["seq"]],
+                               api_visibility="private", concurrency_id="decode")
         show_link(replayed.success(compared, inputs, shown, api_visibility="private"))
 
 
 def serve(settings: Settings | None = None, **launch_kwargs) -> gr.Blocks:
-    """Build the page and serve it: one decode at a time, a bounded queue, uploads capped, the page's CSS."""
+    """Build the page and serve it: one decode at a time, a bounded queue, uploads capped, the
+    page's CSS."""
     settings = settings or Settings.from_env()
     demo = build(settings)
     demo.queue(default_concurrency_limit=1, max_size=settings.queue_size)
-    demo.launch(css_paths=[serving.ASSETS / "specviz.css"], max_file_size=MAX_TRACE_BYTES, **launch_kwargs)
+    demo.launch(css_paths=[serving.ASSETS / "specviz.css"], max_file_size=MAX_TRACE_BYTES,
+                **launch_kwargs)
     return demo

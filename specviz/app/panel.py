@@ -1,5 +1,6 @@
-"""The forensic panel: the focused sequence's verdict with its evidence, in the order its judge weighed it
-(forensics/whitebox.py, forensics/blackbox.py), and the focused round's state and checks."""
+"""The forensic panel: the focused sequence's verdict with its evidence, in the order its judge
+weighed it (forensics/whitebox.py, forensics/blackbox.py), and the focused round's state and
+checks."""
 from __future__ import annotations
 
 import html
@@ -7,7 +8,8 @@ import html
 from specviz.app.attributionview import attribution_html
 from specviz.app.summary import sampling_text
 from specviz.app.treeview import tree_svg, tree_words
-from specviz.app.views import CHECK_TEXT, PICK_TEXT, Focus, no_drafts, round_widths, rows_by_seq, token_text, visible_text
+from specviz.app.views import (CHECK_TEXT, PICK_TEXT, Focus, no_drafts, round_widths, rows_by_seq,
+                               token_text, visible_text)
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.verdicts import verdict
 from specviz.trace import metrics
@@ -18,19 +20,25 @@ from specviz.trace.text import span
 
 
 def forensics_html(trace: Trace, focus: Focus) -> str:
-    """The focused sequence's verdict with its evidence, and the focused round's state and checks."""
+    """The focused sequence's verdict with its evidence, and the focused round's state and
+    checks."""
     s = trace.sequences[focus.seq]
-    out = [f'<div class="sv-forensics" data-seq="{focus.seq}" data-round="{"" if focus.round is None else focus.round}">']
+    out = ['<div '
+           f'class="sv-forensics" data-seq="{focus.seq}" data-round="'
+           f'{"" if focus.round is None else focus.round}">']
     f = s.forensics
-    if s.equivalent and f is None:  # (an equivalent sequence's log-probabilities may still be named)
-        out.append(f'<p class="sv-verdict sv-ok">Sequence {s.seq} equals the reference, token for token.</p>')
+    # (an equivalent sequence's log-probabilities may still be named)
+    if s.equivalent and f is None:
+        out.append(f'<p class="sv-verdict sv-ok">Sequence {s.seq} equals the reference, token for '
+                   'token.</p>')
     elif f is None and metrics.sampled(trace):
         out.append(_sampled_verdict(trace, s))
     elif f is None:
         out.append(f'<p class="sv-verdict">Sequence {s.seq}: no reference to compare with.</p>')
     else:
         kind = html.escape(verdict(f.verdict).family)
-        out.append(f'<p class="sv-verdict sv-{kind}">Sequence {s.seq}: <b>{html.escape(f.verdict)}</b> — '
+        out.append(f'<p class="sv-verdict sv-{kind}">Sequence {s.seq}: '
+                   f'<b>{html.escape(f.verdict)}</b> — '
                    f"{html.escape(f.explanation)}</p>")
         out.append(_table(_evidence_rows(trace, f)))
         out.append(attribution_html(trace, s))
@@ -47,21 +55,28 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
         kind = DRAFTERS[trace.manifest.spec.drafter]
         out.append(f"<h4>Round {row.round}, batch row {row.row}</h4>")
         if row.tree is not None:
-            out.append(f'<p class="sv-tree-words">{html.escape(tree_words(row))}:</p>{tree_svg(trace, row)}')
+            out.append('<p '
+                       f'class="sv-tree-words">{html.escape(tree_words(row))}:</p>'
+                       f'{tree_svg(trace, row)}')
         out.append(_table([
-            ("drafts offered to this row", f"{k}" + (f" (the round's widest row: {widest})" if k < widest else "")
+            ("drafts offered to this row",
+             f"{k}" + (f" (the round's widest row: {widest})" if k < widest else "")
              + (f" — {no_drafts(trace, have)}" if not k else "")),
             ("accepted", f"{row.accepted} of {k}" if k else "—"),
-            ("emitted", " ".join(f"{visible_text(token_text(trace, t))} ({src})" for t, src in zip(row.emitted, row.sources))),
+            ("emitted",
+             " ".join(f"{visible_text(token_text(trace, t))} ({src})"
+                      for t, src in zip(row.emitted, row.sources))),
             ("padding before → after", f"{row.pad_before} → {_opt(row.pad_after)}"),
             ("content before → after", f"{row.content_before} → {_opt(row.content_after)}"),
             ("positions fed to verify", f"{row.pos_first} … {row.pos_last}"),
             ("mask sum (slots visible to the first verified token)", row.mask_sum),
             ("target KV before → after", f"{row.target_kv_before} → {_opt(row.target_kv_after)}"),
-            ("draft KV before → after", f"— ({kind.noun} keeps no draft cache)" if not kind.cache else
+            ("draft KV before → after",
+             f"— ({kind.noun} keeps no draft cache)" if not kind.cache else
              f"{row.draft_kv_before} → {_opt(row.draft_kv_after)}"),
             *[(f"{who} recurrent state before → after (its tokens; -1: not the row's)",
-               f"{getattr(row, f'{who}_state_before')} → {_opt(getattr(row, f'{who}_state_after'))}")
+               f"{getattr(row, f'{who}_state_before')} → "
+               f"{_opt(getattr(row, f'{who}_state_after'))}")
               for who in ("target", "draft") if getattr(row, f"{who}_state_before") is not None],
             ("realignment shift (delta)", row.delta),
         ]))
@@ -79,34 +94,43 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
 
 
 def _sampled_verdict(trace: Trace, s: SequenceRecord) -> str:
-    """A sampled sequence has no reference to diverge from: how its tokens score under the target instead."""
+    """A sampled sequence has no reference to diverge from: how its tokens score under the target
+    instead."""
     spec = trace.manifest.spec
-    head = f"Sequence {s.seq} was sampled at {html.escape(sampling_text(spec))}: no token-by-token reference"
+    head = (f"Sequence {s.seq} was sampled at {html.escape(sampling_text(spec))}: no "
+            "token-by-token reference")
     if s.pit is None:
         return f'<p class="sv-verdict">{head}; its tokens were not scored under the target.</p>'
     bad = metrics.impossible(s)
     wrong = sum(len(metrics.mismatched(r)) for r in rows_by_seq(trace).get(s.seq, []))
     mean = metrics.mean_pit(s)
-    facts = [f"{len(s.pit)} tokens", f"mean PIT {'—' if mean is None else f'{mean:.3f}'} (0.5 expected)"]
+    facts = [f"{len(s.pit)} tokens",
+             f"mean PIT {'—' if mean is None else f'{mean:.3f}'} (0.5 expected)"]
     if bad:
         first = next(i for i, u in enumerate(s.pit) if u is None)
-        facts.append(f"<b>{bad} impossible under the target</b> (probability 0; the first is token #{first})")
+        facts.append(f"<b>{bad} impossible under the target</b> (probability 0; the first is "
+                     f"token #{first})")
     if wrong:
         facts.append(f"<b>{wrong} decision(s) that do not follow their draw</b>")
     cls = " sv-sync-bug" if bad or wrong else ""
-    return (f'<p class="sv-verdict{cls}">{head}; its tokens are judged with the whole run\'s, by their randomized '
-            f"PIT under the target recomputed at batch size 1 (the distribution panel): {'; '.join(facts)}.</p>")
+    return (f'<p class="sv-verdict{cls}">{head}; its tokens are judged with the whole run\'s, by '
+            'their randomized '
+            "PIT under the target recomputed at batch size 1 (the distribution panel): "
+            f"{'; '.join(facts)}.</p>")
 
 
 def _draws_table(trace: Trace, row: RowRecord) -> str:
-    """A sampled round's draws for one row: each draft's q, p, min(1, p/q), u and decision, then the non-draft
-    token and where it was drawn from. A decision that does not follow its draw is marked."""
+    """A sampled round's draws for one row: each draft's q, p, min(1, p/q), u and decision, then the
+    non-draft token and where it was drawn from. A decision that does not follow its draw is
+    marked."""
     wrong = metrics.mismatched(row)
-    out = [('<table class="sv-checks"><tr><th>slot</th><th>draft token</th><th>q (draft)</th><th>p (target)</th>'
+    out = [('<table class="sv-checks"><tr><th>slot</th><th>draft token</th><th>q (draft)</th><th>p '
+            '(target)</th>'
             "<th>min(1, p/q)</th><th>draw u</th><th>decision</th></tr>")]
     for j, tok in enumerate(row.draft_tokens):
         q, p, u = row.draft_probs[j], row.target_draft_probs[j], row.accept_draws[j]
-        decision = "accepted" if j < row.accepted else "rejected" if j == row.accepted else "not decided"
+        decision = ("accepted" if j < row.accepted else "rejected" if j == row.accepted
+                    else "not decided")
         if j in wrong:
             decision += " — does not follow u < p/q"
         cells = (j, f"{visible_text(token_text(trace, tok))} (id {tok})", f"{q:.4g}", f"{p:.4g}",
@@ -119,15 +143,18 @@ def _draws_table(trace: Trace, row: RowRecord) -> str:
         tok = row.emitted[a]
         where = PICK_TEXT.get(row.pick_from, "drawn from an unknown distribution")
         draw = "" if row.pick_draw is None else f", with draw v {row.pick_draw:.4g}"
-        out.append(_table([(f"slot {a}: {visible_text(token_text(trace, tok))} (id {tok})", where + draw)]))
+        out.append(_table([(f"slot {a}: {visible_text(token_text(trace, tok))} (id {tok})",
+                            where + draw)]))
     return "".join(out)
 
 
 def _evidence_rows(trace: Trace, f: RunForensics | EngineForensics) -> list[tuple[str, object]]:
     """The verdict's evidence, in the order its judge weighed it."""
     common = [
-        ("first token drawn in the corrupt round" if metrics.sampled(trace) else "first divergent token", f.fork),
-        ("engine's token" if f.judge == "engine" else "speculative token", _tok(trace, f.output_token)),
+        ("first token drawn in the corrupt round" if metrics.sampled(trace)
+         else "first divergent token", f.fork),
+        ("engine's token" if f.judge == "engine" else "speculative token",
+         _tok(trace, f.output_token)),
         ("reference token", _tok(trace, f.reference_token)),
         ("judged against", f.yardstick),
     ]
@@ -140,14 +167,16 @@ def _run_evidence(trace: Trace, f: RunForensics) -> list[tuple[str, object]]:
     rounding = ys.target if ys else None
 
     def beyond(diff: float | None) -> str | None:
-        if diff is None or rounding is None or not rounding.tolerance:  # a stranger's tolerance may be 0
+        # a stranger's tolerance may be 0
+        if diff is None or rounding is None or not rounding.tolerance:
             return _num(diff)
-        return (f"{diff:.3g} logits = {diff / rounding.tolerance:.3g} × the rounding tolerance, beyond twice the "
-                f"rounding of {rounding.place(diff):.0%} of measured positions")
+        return (f"{diff:.3g} logits = {diff / rounding.tolerance:.3g} × the rounding tolerance, "
+                f"beyond twice the rounding of {rounding.place(diff):.0%} of measured positions")
 
     return [
         ("emitted in round / batch row", f"{f.round} / {f.row}" if f.round is not None else None),
-        ("rounding tolerance (two correct computations differ by more with probability α)", None if rounding is None
+        ("rounding tolerance (two correct computations differ by more with probability α)",
+         None if rounding is None
          else f"{rounding.tolerance:.3g} logits in {rounding.dtype}, α = "
          + ("not stated" if rounding.alpha is None else f"{rounding.alpha:.2g}")),
         ("rounding yardstick suspect", rounding.anomaly if rounding else None),
@@ -156,20 +185,26 @@ def _run_evidence(trace: Trace, f: RunForensics) -> list[tuple[str, object]]:
          ("yes" if f.tokens_fed_ok else "NO")),
         ("positions fed / where its tokens sit", None if f.positions_fed is None else
          f"{span(f.positions_fed)} / {span(f.positions_expected)}"),
-        ("key slots visible / real tokens", None if f.visible is None else f"{span(f.visible)} / {span(f.visible_expected)}"),
+        ("key slots visible / real tokens",
+         None if f.visible is None else f"{span(f.visible)} / {span(f.visible_expected)}"),
         ("the same pass rebuilt from correct inputs, vs fresh", beyond(f.kernel_diff)),
-        ("the same, rebuilt in float64, vs fresh float64", None if f.kernel_diff_float64 is None else
+        ("the same, rebuilt in float64, vs fresh float64",
+         None if f.kernel_diff_float64 is None else
          f"{f.kernel_diff_float64:.3g} logits (float64's rounding tolerance: "
-         + ("?" if rounding is None or rounding.float64_tolerance is None else f"{rounding.float64_tolerance:.2g}") + ")"),
+         + ("?" if rounding is None or rounding.float64_tolerance is None
+            else f"{rounding.float64_tolerance:.2g}") + ")"),
         ("cache replayed alone with true positions, vs fresh", _num(f.kv_diff)),
         ("cache entries computed at another position", ", ".join(
-            f"position {i} at {at}" if at >= 0 else f"position {i}: another token's" for i, at in f.written_at) or None),
+            f"position {i} at {at}" if at >= 0 else f"position {i}: another token's"
+            for i, at in f.written_at) or None),
         ("the emitting pass's own choice", _tok(trace, f.emitting_argmax)),
         ("top-1 − top-2 margin, batch size 1", _num(f.margin_reference)),
         ("the same in the emitting pass", _num(f.margin_batched)),
-        ("float64: the reference token's logit − the divergent token's", None if f.margin_float64 is None else
+        ("float64: the reference token's logit − the divergent token's",
+         None if f.margin_float64 is None else
          f"{f.margin_float64:.4g} (its size: {beyond(abs(f.margin_float64))})"),
-        ("penalty lifted: the token the engine's choice needs it lifted for", _tok(trace, f.penalty_lifted)),
+        ("penalty lifted: the token the engine's choice needs it lifted for",
+         _tok(trace, f.penalty_lifted)),
         ("log-probability recorded / float64 at batch size 1", None if f.logprob is None else
          f"{f.logprob:.6g} / {f.logprob_float64:.6g}"),
         ("plain batching (no speculation) forks here too", None if f.batching_noise is None else
@@ -189,10 +224,12 @@ def _engine_evidence(trace: Trace, f: EngineForensics) -> list[tuple[str, object
         ("largest gap the engine's rounding explains", None if f.tolerance is None else
          f"{_num(f.tolerance)} at false-alarm rate {_num(f.alpha)}"),
         ("first token beyond it, at or after the fork", f.first_bad),
-        ("the same engine without speculation departs at", None if trace.manifest.control is None else
+        ("the same engine without speculation departs at",
+         None if trace.manifest.control is None else
          "never" if f.control_fork is None else f.control_fork),
         ("repeated 4-grams after the fork", None if f.repeated is None else f"{f.repeated:.0%}"),
-        ("nats a token after the fork, under the target: engine / reference", None if f.nll is None else
+        ("nats a token after the fork, under the target: engine / reference",
+         None if f.nll is None else
          f"{f.nll:.2f} / {_num(f.reference_nll)}"),
     ]
 

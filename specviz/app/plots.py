@@ -1,4 +1,5 @@
-"""Plotly figures from a Trace: KV and padding lanes, phase timings, a sampled run's PIT histograms."""
+"""Plotly figures from a Trace: KV and padding lanes, phase timings, a sampled run's PIT
+histograms."""
 from __future__ import annotations
 
 import html
@@ -16,19 +17,21 @@ from specviz.trace.metrics import PHASES, sampled
 from specviz.trace.schema import Trace
 
 LANES = (("pad", "padding"), ("content", "content length"), ("target_kv", "target KV length"),
-         ("draft_kv", "draft KV length"), ("target_state", "target recurrent state (tokens it holds; -1: not the row's)"),
+         ("draft_kv", "draft KV length"),
+         ("target_state", "target recurrent state (tokens it holds; -1: not the row's)"),
          ("draft_state", "draft recurrent state (tokens it holds)"), ("delta", "KV shift (delta)"),
          ("drafts", "drafts offered (the row's own k)"))
 STATES = ("target_state", "draft_state")  # only a hybrid model's rows record them
 
 
 def lanes(trace: Trace) -> tuple[tuple[str, str], ...]:
-    """The lanes a run has: prompt lookup keeps no draft cache (its draft KV lane would be all 0); a model without
-    recurrent layers has no recurrent state."""
+    """The lanes a run has: prompt lookup keeps no draft cache (its draft KV lane would be all 0); a
+    model without recurrent layers has no recurrent state."""
     def has(field: str) -> bool:
         if field == "draft_kv":
             return DRAFTERS[trace.manifest.spec.drafter].cache
-        return field not in STATES or any(getattr(r, f"{field}_before") is not None for r in trace.rows)
+        return field not in STATES or any(getattr(r, f"{field}_before") is not None
+                                          for r in trace.rows)
     return tuple(lane for lane in LANES if has(lane[0]))
 
 
@@ -49,31 +52,35 @@ PHASE_COLOURS = {"draft": "#4c78a8", "verify": "#f58518", "realign": "#e45756", 
 
 
 def figure(data: list[dict], layout: dict) -> go.Figure:
-    """A figure from plain dicts, without plotly's per-property validation (10x faster: 0.3 s -> 0.03 s for eight
-    rows' lanes). A property plotly would refuse is then dropped silently, so tests/test_figures.py builds every
-    figure of the page through a validating `figure` instead."""
+    """A figure from plain dicts, without plotly's per-property validation (10x faster: 0.3 s ->
+    0.03 s for eight rows' lanes). A property plotly would refuse is then dropped silently, so
+    tests/test_figures.py builds every figure of the page through a validating `figure` instead."""
     return go.Figure(data=data, layout=layout, skip_invalid=True)
 
 
 def stacked(n: int, gap: float) -> list[list[float]]:
-    """`n` equal domains of [0, 1], the first at the top, `gap` apart. Edges are counted from 0 and clamped to
-    1, so rounding never leaves [0, 1]: plotly refuses such a domain (a lane's axis then spans the figure)."""
+    """`n` equal domains of [0, 1], the first at the top, `gap` apart. Edges are counted from 0 and
+    clamped to 1, so rounding never leaves [0, 1]: plotly refuses such a domain (a lane's axis then
+    spans the figure)."""
     size = (1 - gap * (n - 1)) / n
-    return [[(n - 1 - i) * (size + gap), min(1.0, (n - 1 - i) * (size + gap) + size)] for i in range(n)]
+    return [[(n - 1 - i) * (size + gap), min(1.0, (n - 1 - i) * (size + gap) + size)]
+            for i in range(n)]
 
 
 def empty(message: str) -> go.Figure:
     fig = go.Figure()
     fig.add_annotation(text=message, showarrow=False, font={"size": 14})
-    fig.update_layout(xaxis_visible=False, yaxis_visible=False, height=160, margin={"t": 10, "b": 10})
+    fig.update_layout(xaxis_visible=False, yaxis_visible=False, height=160,
+                      margin={"t": 10, "b": 10})
     return fig
 
 
 def kv_lanes(trace: Trace, focus: Focus) -> go.Figure:
-    """Per row of the focused sequence's batch: padding, content, target and draft KV, delta, and the drafts each
-    row was offered, over the rounds.
+    """Per row of the focused sequence's batch: padding, content, target and draft KV, delta, and
+    the drafts each row was offered, over the rounds.
 
-    A static batch (eqspec) shows all its rows; exspec shows the sequences that shared the focused round.
+    A static batch (eqspec) shows all its rows; exspec shows the sequences that shared the focused
+    round.
     """
     by_seq = rows_by_seq(trace)
     mine = by_seq.get(focus.seq, [])
@@ -87,24 +94,27 @@ def kv_lanes(trace: Trace, focus: Focus) -> go.Figure:
     # One shared x axis and a y axis per lane, stacked top to bottom.
     shown = lanes(trace)
     n = len(shown)
-    layout = {"height": 150 * n, "margin": {"t": 30, "b": 30, "l": 40, "r": 10}, "hovermode": "closest",
-              "legend": {"orientation": "h", "y": -0.06}, "xaxis": {"title": {"text": "round (start of)"}, "anchor": f"y{n}"},
-              "shapes": [{"type": "line", "xref": "x", "yref": "paper", "x0": here.round, "x1": here.round, "y0": 0,
-                          "y1": 1, "line": {"dash": "dot", "color": "#c00"}}], "annotations": []}
+    layout = {"height": 150 * n, "margin": {"t": 30, "b": 30, "l": 40, "r": 10},
+              "hovermode": "closest", "legend": {"orientation": "h", "y": -0.06},
+              "xaxis": {"title": {"text": "round (start of)"}, "anchor": f"y{n}"},
+              "shapes": [{"type": "line", "xref": "x", "yref": "paper", "x0": here.round,
+                          "x1": here.round, "y0": 0, "y1": 1,
+                          "line": {"dash": "dot", "color": "#c00"}}], "annotations": []}
     data = []
     for i, ((field, title), (bottom, top)) in enumerate(zip(shown, stacked(n, 0.04))):
         axis = "y" if i == 0 else f"y{i + 1}"
         layout["yaxis" if i == 0 else f"yaxis{i + 1}"] = {"domain": [bottom, top], "anchor": "x"}
-        layout["annotations"].append({"text": title, "xref": "paper", "yref": "paper", "x": 0, "xanchor": "left",
-                                      "y": top, "yanchor": "bottom", "showarrow": False})
+        layout["annotations"].append({"text": title, "xref": "paper", "yref": "paper", "x": 0,
+                                      "xanchor": "left", "y": top, "yanchor": "bottom",
+                                      "showarrow": False})
         for c, seq in enumerate(seqs):
             rows = by_seq[seq]
             focused = seq == focus.seq
             colour = COLOURS[c % len(COLOURS)]
             data.append({
-                "type": "scatter", "xaxis": "x", "yaxis": axis, "mode": "lines+markers", "name": f"seq {seq}",
-                "legendgroup": f"seq {seq}", "showlegend": i == 0, "opacity": 1 if focused else 0.55,
-                "x": [r.round for r in rows],
+                "type": "scatter", "xaxis": "x", "yaxis": axis, "mode": "lines+markers",
+                "name": f"seq {seq}", "legendgroup": f"seq {seq}", "showlegend": i == 0,
+                "opacity": 1 if focused else 0.55, "x": [r.round for r in rows],
                 "y": [_lane_value(r, field) for r in rows],
                 "line": {"width": 3 if focused else 1.2, "color": colour},
                 "marker": {"size": 5 if focused else 3, "color": colour},
@@ -127,35 +137,40 @@ def phase_timings(trace: Trace) -> go.Figure:
                              hovertemplate=f"round %{{x}}<br>{p} %{{y:.1f}} ms<extra></extra>"))
     fig.update_layout(barmode="stack", height=300, margin={"t": 40, "b": 30, "l": 40, "r": 10},
                       title=f"time per round (share of {total:.1f} s decode time in the legend)",
-                      yaxis_title="ms", xaxis_title="round", legend={"orientation": "h", "y": -0.25})
+                      yaxis_title="ms", xaxis_title="round",
+                      legend={"orientation": "h", "y": -0.25})
     return fig
 
 
 def draft_slots(trace: Trace) -> go.Figure:
-    """Per draft slot, the run's acceptance beside what the draft model's own proposals would have had (the
-    acceptance judge's): a lossless draft bug shows as the gap between them."""
+    """Per draft slot, the run's acceptance beside what the draft model's own proposals would have
+    had (the acceptance judge's): a lossless draft bug shows as the gap between them."""
     a = trace.acceptance
     if a is None:
-        return empty("The drafts are judged on greedy runs with a draft model: each round's drafts against a fresh "
-                     "pass<br>of the draft model on the committed tokens. This run has no such judgement.")
+        return empty("The drafts are judged on greedy runs with a draft model: each round's drafts "
+                     "against a fresh pass<br>of the draft model on the committed tokens. This "
+                     "run has no such judgement.")
     x = list(range(len(a.per_position)))
     data = [{"type": "bar", "x": x, "y": ys, "name": name, "marker": {"color": colour},
              "hovertemplate": f"draft slot %{{x}}<br>{name}: %{{y:.0%}}<extra></extra>"}
             for ys, name, colour in ((a.per_position, "the run's drafts", COLOURS[0]),
                                      (a.per_position_fresh, "the draft model's own", COLOURS[2]))]
     verdict = html.escape(a.verdict or OWN_DRAFTS)
-    return figure(data, {"barmode": "group", "height": 300, "margin": {"t": 40, "b": 30, "l": 50, "r": 10},
-                         "title": {"text": f"acceptance per draft slot, of the rounds that reached it: {verdict}"},
-                         "yaxis": {"title": {"text": "accepted"}, "tickformat": ".0%", "range": [0, 1.05]},
-                         "xaxis": {"title": {"text": "draft slot"}, "dtick": 1},
-                         "legend": {"orientation": "h", "y": -0.25}})
+    return figure(data,
+            {"barmode": "group", "height": 300, "margin": {"t": 40, "b": 30, "l": 50, "r": 10},
+             "title": {"text": "acceptance per draft slot, of the rounds that reached it: "
+                               f"{verdict}"},
+             "yaxis": {"title": {"text": "accepted"}, "tickformat": ".0%", "range": [0, 1.05]},
+             "xaxis": {"title": {"text": "draft slot"}, "dtick": 1},
+             "legend": {"orientation": "h", "y": -0.25}})
 
 
 def pit_histograms(trace: Trace | None) -> go.Figure:
-    """A sampled run's PIT histograms (pit_figure), one panel per split; an explanatory empty figure otherwise.
+    """A sampled run's PIT histograms (pit_figure), one panel per split; an explanatory empty figure
+    otherwise.
 
-    Split names come from the trace (a stranger's text): plotly reads tags such as <a href> in its texts, so
-    they are escaped here (plotly turns the entities back into plain characters).
+    Split names come from the trace (a stranger's text): plotly reads tags such as <a href> in its
+    texts, so they are escaped here (plotly turns the entities back into plain characters).
     """
     if trace is None or not sampled(trace):
         return empty("Greedy run: checked token by token against the reference.<br>"
@@ -168,40 +183,54 @@ def pit_histograms(trace: Trace | None) -> go.Figure:
 
 
 def yardstick(trace: Trace | None, focus: Focus | None) -> go.Figure:
-    """Where the focused fork falls on the yardstick that judged it: the target's rounding (a white-box run) or
-    the engine's own, from its control run (an engine check), on a log axis of logits."""
+    """Where the focused fork falls on the yardstick that judged it: the target's rounding (a
+    white-box run) or the engine's own, from its control run (an engine check), on a log axis of
+    logits."""
     ys = trace.manifest.yardstick if trace else None
     if ys is None or (ys.target is None and ys.engine is None):
         return empty("No yardstick: no reference was decoded beside this run.")
     seq = trace.sequences[focus.seq] if focus is not None else None
     f = seq.forensics if seq is not None else None
-    return _engine_yardstick(ys.engine, seq, f) if ys.engine is not None else _rounding_yardstick(ys.target, f)
+    return _engine_yardstick(ys.engine, seq,
+                             f) if ys.engine is not None else _rounding_yardstick(ys.target, f)
 
 
 def _marks(fig: go.Figure, marks: list[tuple[str, float | None, str]]) -> None:
-    """Vertical lines at the evidence's values, each named (values at or below 0 have no place on a log axis)."""
+    """Vertical lines at the evidence's values, each named (values at or below 0 have no place on a
+    log axis)."""
     for name, x, colour in marks:
         if x is not None and x > 0:
-            fig.add_vline(x=x, line={"color": colour, "dash": "dot" if colour == "#c00" else "solid", "width": 2})
-            fig.add_trace(go.Scatter(x=[x], y=[1.02], mode="markers", marker={"color": colour, "size": 9,
-                          "symbol": "triangle-down"}, name=f"{name}: {x:.3g}", hovertemplate=f"{name}: {x:.3g}<extra></extra>"))
+            fig.add_vline(x=x,
+                          line={"color": colour, "dash": "dot" if colour == "#c00" else "solid",
+                                "width": 2})
+            fig.add_trace(go.Scatter(x=[x], y=[1.02], mode="markers",
+                                     marker={"color": colour, "size": 9,
+                          "symbol": "triangle-down"}, name=f"{name}: {x:.3g}",
+                                     hovertemplate=f"{name}: {x:.3g}<extra></extra>"))
 
 
 def _rounding_yardstick(r, f) -> go.Figure:
-    fig = go.Figure(go.Scatter(x=[max(q, 1e-300) for q in r.quantiles], y=r.levels, mode="lines", name="rounding per position",
-                               line={"color": "#4c78a8", "width": 3},
-                               hovertemplate="%{y:.0%} of positions round within %{x:.3g} of float64<extra></extra>"))
-    marks = [("tolerance" + ("" if r.alpha is None else f" (α {r.alpha:.2g})"), r.tolerance, "#c00")]
+    fig = go.Figure(go.Scatter(x=[max(q, 1e-300) for q in r.quantiles], y=r.levels, mode="lines",
+                               name="rounding per position", line={"color": "#4c78a8", "width": 3},
+                               hovertemplate="%{y:.0%} of positions round within %{x:.3g} of "
+                                             "float64<extra></extra>"))
+    marks = [("tolerance" + ("" if r.alpha is None else f" (α {r.alpha:.2g})"), r.tolerance,
+              "#c00")]
     if f is not None:
         gap = None if f.margin_float64 is None else abs(f.margin_float64)
-        marks += [("state check", f.state_diff, "#f58518"), ("|float64 gap| at the fork", gap, "#54a24b"),
+        marks += [("state check", f.state_diff, "#f58518"),
+                  ("|float64 gap| at the fork", gap, "#54a24b"),
                   ("rebuilt from correct inputs", f.kernel_diff, "#b279a2"),
-                  ("float64 tolerance", f.kernel_diff_float64 is not None and r.float64_tolerance or None, "#9d9d9d"),
+                  ("float64 tolerance",
+                   f.kernel_diff_float64 is not None and r.float64_tolerance or None, "#9d9d9d"),
                   ("rebuilt in float64", f.kernel_diff_float64, "#e45756")]
     _marks(fig, marks)
-    fig.update_layout(height=300, margin={"t": 40, "b": 40, "l": 50, "r": 10}, legend={"orientation": "h", "y": -0.35},
-                      title=f"the target's rounding in {html.escape(r.dtype)} ({r.positions} positions)",
-                      xaxis={"type": "log", "title": {"text": "logits"}}, yaxis={"title": {"text": "share of positions"},
+    fig.update_layout(height=300, margin={"t": 40, "b": 40, "l": 50, "r": 10},
+                      legend={"orientation": "h", "y": -0.35},
+                      title=f"the target's rounding in {html.escape(r.dtype)} ({r.positions} "
+                            "positions)",
+                      xaxis={"type": "log", "title": {"text": "logits"}},
+                      yaxis={"title": {"text": "share of positions"},
                                                                               "range": [0, 1.08]})
     return fig
 
@@ -209,17 +238,22 @@ def _rounding_yardstick(r, f) -> go.Figure:
 def _engine_yardstick(noise, seq, f) -> go.Figure:
     fig = go.Figure()
     if noise.departures:
-        fig.add_trace(go.Histogram(x=noise.departures, name="control's departures (float64 gaps)", marker_color="#4c78a8",
-                                   histnorm="probability", hovertemplate="%{y:.0%} of departures near %{x:.3g}<extra></extra>"))
+        fig.add_trace(go.Histogram(x=noise.departures, name="control's departures (float64 gaps)",
+                                   marker_color="#4c78a8", histnorm="probability",
+                hovertemplate="%{y:.0%} of departures near %{x:.3g}<extra></extra>"))
     marks = [("engine tolerance" + f" (α {noise.alpha:g})", noise.tolerance, "#c00"),
              ("transformers' rounding", noise.rounding, "#9d9d9d")]
     if f is not None:
-        marks += [("gap at the fork", seq.gaps[f.fork] if f.fork < len(seq.gaps) else None, "#54a24b"),
-                  ("first gap beyond", seq.gaps[f.first_bad] if f.first_bad is not None else None, "#e45756")]
+        marks += [("gap at the fork", seq.gaps[f.fork] if f.fork < len(seq.gaps) else None,
+                   "#54a24b"),
+                  ("first gap beyond", seq.gaps[f.first_bad] if f.first_bad is not None else None,
+                   "#e45756")]
     _marks(fig, marks)
-    where = {"none": "no control run", "unbounded": f"its control's {noise.tokens} tokens bound none of it"}.get(
+    where = {"none": "no control run",
+             "unbounded": f"its control's {noise.tokens} tokens bound none of it"}.get(
         noise.source, f"its control's {noise.tokens} tokens")
-    fig.update_layout(height=300, margin={"t": 40, "b": 40, "l": 50, "r": 10}, legend={"orientation": "h", "y": -0.35},
+    fig.update_layout(height=300, margin={"t": 40, "b": 40, "l": 50, "r": 10},
+                      legend={"orientation": "h", "y": -0.35},
                       title=f"the engine's rounding ({where})",
                       xaxis={"type": "log", "title": {"text": "logits (float64 gap)"}},
                       yaxis={"title": {"text": "share of departures"}})
@@ -228,7 +262,8 @@ def _engine_yardstick(noise, seq, f) -> go.Figure:
 
 def band(n: int, k: int, alpha: float) -> tuple[int, int]:
     """The counts one of k equal bins holds under uniformity with probability 1 - alpha / k at least
-    (Bonferroni over the panel's bins): a bar outside says, alone, that the panel is not uniform at alpha."""
+    (Bonferroni over the panel's bins): a bar outside says, alone, that the panel is not uniform at
+    alpha."""
     q = alpha / k / 2
     return int(stats.binom.ppf(q, n, 1 / k)), int(stats.binom.ppf(1 - q, n, 1 / k))
 
@@ -236,21 +271,25 @@ def band(n: int, k: int, alpha: float) -> tuple[int, int]:
 def pit_figure(dist: Distribution) -> go.Figure:
     """PIT histograms as small multiples: the pooled split, then the splits with the smallest p.
 
-    Bars are counts over the expected count (1 under uniformity); the grey band holds each bar with probability
-    1 - alpha at least. A split in the warning colour fails alone after Bonferroni across the tested splits.
+    Bars are counts over the expected count (1 under uniformity); the grey band holds each bar with
+    probability 1 - alpha at least. A split in the warning colour fails alone after Bonferroni
+    across the tested splits.
     """
     if not dist.splits:
         fig = go.Figure()
-        fig.add_annotation(text=f"No PIT histogram: {dist.verdict}.", showarrow=False, font={"size": 14})
-        fig.update_layout(xaxis_visible=False, yaxis_visible=False, height=160, margin={"t": 10, "b": 10})
+        fig.add_annotation(text=f"No PIT histogram: {dist.verdict}.", showarrow=False,
+                           font={"size": 14})
+        fig.update_layout(xaxis_visible=False, yaxis_visible=False, height=160,
+                          margin={"t": 10, "b": 10})
         return fig
     shown = dist.splits[:1] + sorted(dist.splits[1:], key=lambda s: s.p)[:PIT_PANELS - 1]
     rows = math.ceil(len(shown) / PIT_COLUMNS)
     columns, heights = stacked(PIT_COLUMNS, 0.04)[::-1], stacked(rows, 0.3 / rows)
-    layout = {"height": 60 + 200 * rows, "margin": {"t": 50, "b": 30, "l": 40, "r": 10}, "bargap": 0,
-              "showlegend": False, "hovermode": "closest", "annotations": [],
-              "title": {"text": f"PIT histograms: count / expected; grey band: {1 - dist.alpha:.3g} per panel, "
-                                f"Bonferroni over its bins; red: p below {dist.alpha:g} / {len(dist.splits)} splits",
+    layout = {"height": 60 + 200 * rows, "margin": {"t": 50, "b": 30, "l": 40, "r": 10},
+              "bargap": 0, "showlegend": False, "hovermode": "closest", "annotations": [],
+              "title": {"text": "PIT histograms: count / expected; grey band: "
+                                f"{1 - dist.alpha:.3g} per panel, Bonferroni over its bins; red: "
+                                f"p below {dist.alpha:g} / {len(dist.splits)} splits",
                         "font": {"size": 13}}}
     data = []
     for i, s in enumerate(shown):
@@ -260,22 +299,28 @@ def pit_figure(dist: Distribution) -> go.Figure:
         layout[f"xaxis{ax}"] = {"domain": [x0, x1], "anchor": f"y{ax}", "range": [0, 1]}
         layout[f"yaxis{ax}"] = {"domain": [y0, y1], "anchor": f"x{ax}", "rangemode": "tozero"}
         fails = s.p * len(dist.splits) < dist.alpha
-        layout["annotations"].append({"text": f"{s.name} · n={s.n} · p={s.p:.2g}", "x": (x0 + x1) / 2, "y": y1,
-                                      "xref": "paper", "yref": "paper", "xanchor": "center", "yanchor": "bottom",
-                                      "showarrow": False, "font": {"size": 11, "color": WARN if fails else "#333"}})
+        layout["annotations"].append({"text": f"{s.name} · n={s.n} · p={s.p:.2g}",
+                                      "x": (x0 + x1) / 2, "y": y1, "xref": "paper", "yref": "paper",
+                                      "xanchor": "center", "yanchor": "bottom",
+                                      "showarrow": False,
+                                      "font": {"size": 11, "color": WARN if fails else "#333"}})
         k = len(s.counts)
         expected = s.n / k
         lo, hi = band(s.n, k, dist.alpha)
         axes = {"xaxis": f"x{ax}", "yaxis": f"y{ax}"}
         data.append({"type": "scatter", **axes, "name": "band", "x": [0, 1, 1, 0, 0],
-                     "y": [lo / expected, lo / expected, hi / expected, hi / expected, lo / expected],
-                     "fill": "toself", "fillcolor": "rgba(0,0,0,0.1)", "line": {"width": 0}, "mode": "lines",
-                     "hoverinfo": "text", "text": f"{1 - dist.alpha:.3g} band per bin (Bonferroni over {k} bins): "
+                     "y": [lo / expected, lo / expected, hi / expected, hi / expected,
+                           lo / expected],
+                     "fill": "toself", "fillcolor": "rgba(0,0,0,0.1)", "line": {"width": 0},
+                     "mode": "lines", "hoverinfo": "text",
+                     "text": f"{1 - dist.alpha:.3g} band per bin (Bonferroni over {k} bins): "
                                                   f"{lo}-{hi} values"})
         data.append({"type": "bar", **axes, "name": s.name, "x": [(j + 0.5) / k for j in range(k)],
                      "y": [v / expected for v in s.counts], "width": 1 / k, "customdata": s.counts,
                      "marker": {"color": WARN if fails else OK},
-                     "hovertemplate": f"u %{{x:.3f}}: %{{customdata}} values, {expected:.1f} expected<extra></extra>"})
-        data.append({"type": "scatter", **axes, "name": "expected", "x": [0, 1], "y": [1, 1], "mode": "lines",
-                     "line": {"color": "#333", "width": 1, "dash": "dot"}, "hoverinfo": "skip"})
+                     "hovertemplate": f"u %{{x:.3f}}: %{{customdata}} values, {expected:.1f} "
+                                      "expected<extra></extra>"})
+        data.append({"type": "scatter", **axes, "name": "expected", "x": [0, 1], "y": [1, 1],
+                     "mode": "lines", "line": {"color": "#333", "width": 1, "dash": "dot"},
+                     "hoverinfo": "skip"})
     return figure(data, layout)

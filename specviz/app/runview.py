@@ -1,6 +1,7 @@
-"""The Run view's handlers: from the controls (or a share link, or an uploaded trace) to a trace, and from a trace
-and a focus (a sequence and one of its rounds) to every view. Decoding, shrinking and engine checks go through
-the serving layer (serving.py); the views are drawn from the trace alone.
+"""The Run view's handlers: from the controls (or a share link, or an uploaded trace) to a trace,
+and from a trace and a focus (a sequence and one of its rounds) to every view. Decoding, shrinking
+and engine checks go through the serving layer (serving.py); the views are drawn from the trace
+alone.
 """
 from __future__ import annotations
 
@@ -39,51 +40,66 @@ EXAMPLES = {
     "bsp-like decay": {**_EMBEDDED, "faults": ["bsp-like"]},
     "dsd-like collapse": {**_EMBEDDED, "faults": ["dsd-like"]},
     "numerics near-tie": {"pair": "tiny", "prompt_set": "all", "dtype": "bfloat16"},
-    # Sampled runs have no token-by-token reference: the distribution panel judges them. k 3 and 24 tokens keep
-    # them quick on a CPU (no reference to decode either); the fault still emits tokens outside the target's nucleus.
+    # Sampled runs have no token-by-token reference: the distribution panel judges them. k 3 and 24
+    # tokens keep them quick on a CPU (no reference to decode either); the fault still emits tokens
+    # outside the target's nucleus.
     "sampled eqspec": _SAMPLED,
     "sampling fault: draft-only temperature": {**_SAMPLED, "faults": ["temperature-draft-only"]},
-    # Audited, a sampled run's corrupt state is named in the round it went wrong: every row checked every round.
+    # Audited, a sampled run's corrupt state is named in the round it went wrong: every row checked
+    # every round.
     "audited sampling: bsp-like state": {**_SAMPLED, "faults": ["bsp-like"], "audit": True},
-    # Answers that copy from their prompt (summaries, code, code edits): prompt lookup drafts them with no draft
-    # model. Batch size 1 against the batch-size-1 reference: no batching in the speed-up the summary states. On a
-    # busy 2-core CPU at one thread (k 5, 32 tokens) n-grams 2-3 ran 1.00-1.12x the reference's tokens/s over three
-    # runs; in one sweep 1-3 ran 1.04x (a 1-gram matches often, and wrongly), 2-4 1.13x, 3-4 1.11x and the draft
-    # model 0.60x. The page says what each run measured.
-    "prompt lookup: summaries and code edits": {**_EMBEDDED, "prompt_set": "summarize+code", "batch_size": 1,
-                                                "drafter": "lookup", "ngram_min": 2, "ngram_max": 3},
-    # Four candidates a position, verified as one token tree; the fault takes the token after an accepted path at
-    # the node listed at its length (a chain's index), which is wrong once the path leaves the first branch.
-    "token trees: bonus from the wrong node": {**_EMBEDDED, "tree_width": 4, "faults": ["tree-bonus-by-index"]},
+    # Answers that copy from their prompt (summaries, code, code edits): prompt lookup drafts them
+    # with no draft model. Batch size 1 against the batch-size-1 reference: no batching in the
+    # speed-up the summary states. On a busy 2-core CPU at one thread (k 5, 32 tokens) n-grams 2-3
+    # ran 1.00-1.12x the reference's tokens/s over three runs; in one sweep 1-3 ran 1.04x (a 1-gram
+    # matches often, and wrongly), 2-4 1.13x, 3-4 1.11x and the draft model 0.60x. The page says
+    # what each run measured.
+    "prompt lookup: summaries and code edits": {**_EMBEDDED, "prompt_set": "summarize+code",
+                                                "batch_size": 1, "drafter": "lookup",
+                                                "ngram_min": 2, "ngram_max": 3},
+    # Four candidates a position, verified as one token tree; the fault takes the token after an
+    # accepted path at the node listed at its length (a chain's index), which is wrong once the path
+    # leaves the first branch.
+    "token trees: bonus from the wrong node": {**_EMBEDDED, "tree_width": 4,
+                                               "faults": ["tree-bonus-by-index"]},
 }
 
 
 FIRST_PAGE = "bsp-like decay"
 
 
-WELCOME = ("**You are looking at a real case, bundled with specviz:** {what}, recorded by its own engine. The red "
-           "outline in the grid is the round that wrote a sequence's first divergent token; the panel beside it says "
-           "why. **To run your own,** set the controls under \"Run a method\" (or pick an example) and press Run; the "
-           "Sweep tab runs a table of methods, faults, batch sizes and k.")
+WELCOME = ("**You are looking at a real case, bundled with specviz:** {what}, recorded by its own "
+           "engine. The red outline in the grid is the round that wrote a sequence's first "
+           "divergent token; the panel beside it says why. **To run your own,** set the controls "
+           "under \"Run a method\" (or pick an example) and press Run; the Sweep tab runs a table "
+           "of methods, faults, batch sizes and k.")
 
 
-BUNDLED_WHAT = {"bsp-like decay": "the bsp-like faults (position ids counted from cache slots, pads and rejected "
-                                  "drafts included) decaying batch speculative decoding on the embedded pair",
-                "numerics near-tie": "clean batch speculative decoding in bfloat16 on the tiny pair, where near-ties "
+BUNDLED_WHAT = {"bsp-like "
+                "decay": "the bsp-like faults (position ids counted from cache slots, pads and "
+                         "rejected "
+                                  "drafts included) decaying batch speculative decoding on the "
+                                  "embedded pair",
+                "numerics "
+                "near-tie": "clean batch speculative decoding in bfloat16 on the tiny pair, where "
+                            "near-ties "
                                      "tip under floating point (numerics, not a bug)"}
 
 
-def shrink_focused(settings: Settings, trace: Trace | None, seq, progress=gr.Progress(), request: gr.Request = None):
-    """The forensic panel's button: the smallest run that still shows what the focused sequence shows (its fork;
-    sampled, its corrupt state or a token the target could not draw)."""
+def shrink_focused(settings: Settings, trace: Trace | None, seq, progress=gr.Progress(),
+                   request: gr.Request = None):
+    """The forensic panel's button: the smallest run that still shows what the focused sequence
+    shows (its fork; sampled, its corrupt state or a token the target could not draw)."""
     if trace is None:
         raise gr.Error("run something or open a trace first")
     if trace.manifest.engine is not None:
-        raise gr.Error("an engine check cannot be shrunk here: shrinking decodes smaller runs again, and the "
-                       "engine is not here; run `specviz shrink` on a trace of our own engine instead")
+        raise gr.Error("an engine check cannot be shrunk here: shrinking decodes smaller runs "
+                       "again, and the engine is not here; run `specviz shrink` on a trace of our "
+                       "own engine instead")
     with serving.as_page_errors("cannot shrink this run here: ", stopped="nothing was kept"):
         settings.check(trace.manifest.spec)
-        return serving.shrink_fork(trace, int(seq or 0), settings, progress, request.session_hash if request else "")
+        return serving.shrink_fork(trace, int(seq or 0), settings, progress,
+                                   request.session_hash if request else "")
 
 
 @by_name(INPUTS)
@@ -166,7 +182,8 @@ def open_link(query: str) -> dict:
     except SpecError as e:
         return _first_page(f"**That share link could not be used:** {views.md(str(e))}.")
     if link is None:
-        tab = share.other_tab(query or "")  # the Sweep or Compare tab opens it (sweeptab.open_*_link)
+        # the Sweep or Compare tab opens it (sweeptab.open_*_link)
+        tab = share.other_tab(query or "")
         if tab == "sweep":
             return {"pending": None, "status": "This link is a sweep's: see the Sweep tab; click a "
                                                "cell there to open its run here."}
@@ -190,18 +207,22 @@ def _first_page(problem: str = "") -> dict:
     return {"trace": trace, "download": serving.save(trace), "pending": None, "status": status}
 
 
-def replay(settings: Settings, pending: dict | None, progress=gr.Progress(), request: gr.Request = None):
+def replay(settings: Settings, pending: dict | None, progress=gr.Progress(),
+           request: gr.Request = None):
     """Decode the linked run (exactly its spec) and say whether it matched the original."""
     if not pending:
         return gr.skip(), gr.skip(), gr.skip(), None
     session = request.session_hash if request else ""
     with serving.as_page_errors("the shared run cannot be replayed here: "):
-        trace, timing = serving.served_trace(RunSpec.model_validate_json(pending["spec"]), settings, progress, session)
-    return trace, serving.served_headline(trace, timing) + "\n\n" + _replay_report(trace, pending), serving.save(trace), pending
+        trace, timing = serving.served_trace(RunSpec.model_validate_json(pending["spec"]), settings,
+                                             progress, session)
+    return trace, serving.served_headline(trace, timing) + "\n\n" + _replay_report(trace,
+            pending), serving.save(trace), pending
 
 
 def _replay_report(trace: Trace, pending: dict) -> str:
-    """Markdown: whether the replay matched, and the two environments (the link's is a stranger's text)."""
+    """Markdown: whether the replay matched, and the two environments (the link's is a stranger's
+    text)."""
     m = trace.manifest
     here = share.environment(m)
     if pending.get("fp") is None:
@@ -209,15 +230,18 @@ def _replay_report(trace: Trace, pending: dict) -> str:
     elif pending["fp"] == m.fingerprint:
         verdict = f"**Replay matched the shared run exactly** (fingerprint `{m.fingerprint}`)."
         if not m.spec.greedy:
-            verdict += " Every draw fell the same way: the same tokens and the same accept/reject decisions."
+            verdict += (" Every draw fell the same way: the same tokens and the same "
+                        "accept/reject decisions.")
     else:
         verdict = (f"**Replay drifted from the shared run:** fingerprint `{m.fingerprint}` here, "
-                   f"`{pending['fp']}` in the link: some token or acceptance decision differs. ")  # both: 16 hex digits
+                   # both: 16 hex digits
+                   f"`{pending['fp']}` in the link: some token or acceptance decision differs. ")
         if not m.spec.greedy:
-            verdict += ("This run samples, but its random numbers are counter-based (the seed, the sequence, the "
-                        "token's index), the same in every environment: a drift means some probability was computed "
-                        "differently here and a draw fell on its other side. Each run's sample is judged on its own "
-                        "(the distribution verdict above is this replay's). ")
+            verdict += ("This run samples, but its random numbers are counter-based (the seed, the "
+                        "sequence, the token's index), the same in every environment: a drift "
+                        "means some probability was computed differently here and a draw fell on "
+                        "its other side. Each run's sample is judged on its own (the distribution "
+                        "verdict above is this replay's). ")
         verdict += "Compare the environments:"
     there = {k: str(v) for k, v in (pending.get("env") or {}).items()}
     keys = list(dict.fromkeys([*there, *here]))
@@ -226,7 +250,8 @@ def _replay_report(trace: Trace, pending: dict) -> str:
     text = verdict + "\n\nThe same in both environments: " + (", ".join(same) or "nothing") + "."
     if differ:
         text += "\n\n| differs | shared run | this replay |\n|---|---|---|\n" + "".join(
-            f"| {views.md(k)} | {views.md(there.get(k, '?'))} | {views.md(here.get(k, '?'))} |\n" for k in differ)
+            f"| {views.md(k)} | {views.md(there.get(k, '?'))} | {views.md(here.get(k, '?'))} |\n"
+            for k in differ)
     return text
 
 
@@ -285,22 +310,25 @@ def pick_row(trace, table, evt: gr.SelectData):
 
 
 def method_allows(method: str, drafter: str):
-    """What the method registry (methods.py) lets `method` take, as updates of its info and of the faults,
-    drafter and k controls: faults only where it declares them, a drafter and k only where it speculates. A value
-    the method cannot take is reset, so that the page never holds a spec it refuses."""
+    """What the method registry (methods.py) lets `method` take, as updates of its info and of the
+    faults, drafter and k controls: faults only where it declares them, a drafter and k only where
+    it speculates. A value the method cannot take is reset, so that the page never holds a spec it
+    refuses."""
     m = METHODS.get(method)
     if m is None:
         return gr.skip(), gr.skip(), gr.skip(), gr.skip()
     takes = m.drafters or (DEFAULT_DRAFTER,)
     return (gr.update(info=m.summary),
             gr.update(interactive=m.faults) if m.faults else gr.update(interactive=False, value=[]),
-            gr.update(interactive=m.speculative) if drafter in takes else gr.update(interactive=m.speculative,
+            gr.update(interactive=m.speculative) if drafter in takes
+            else gr.update(interactive=m.speculative,
                                                                                   value=takes[0]),
             gr.update(interactive=m.speculative))
 
 
 def drafter_shows(drafter: str):
-    """The drafter's description, and its option controls (prompt lookup's n-gram sizes) where it reads them."""
+    """The drafter's description, and its option controls (prompt lookup's n-gram sizes) where it
+    reads them."""
     kind = DRAFTERS.get(drafter)
     return (gr.update(info=kind.summary if kind else ""),
             *(gr.update(visible=bool(kind) and f in kind.options) for f in DRAFTER_OPTIONS))

@@ -1,6 +1,7 @@
-"""The serving layer: all the page's handlers reach decoding, shrinking and engine checks through here, one at a
-time (on a GPU where one is lent); decodes are served from this process's cache of traces or from the bundled
-ones where they can be; a way to stop them; visitors' uploads read within limits; downloads written once.
+"""The serving layer: all the page's handlers reach decoding, shrinking and engine checks through
+here, one at a time (on a GPU where one is lent); decodes are served from this process's cache of
+traces or from the bundled ones where they can be; a way to stop them; visitors' uploads read within
+limits; downloads written once.
 """
 from __future__ import annotations
 
@@ -30,12 +31,14 @@ from specviz.spec.run import RunSpec, SpecError
 from specviz.trace.schema import MAX_TRACE_BYTES, Trace
 
 TRACES: OrderedDict[str, Trace] = OrderedDict()  # by spec key: a replayed link is served from here
-MAX_TRACES = 48  # a sweep's runs (SPECVIZ_MAX_SWEEP_RUNS) stay, so its cells and its link open at once
+# a sweep's runs (SPECVIZ_MAX_SWEEP_RUNS) stay, so its cells and its link open at once
+MAX_TRACES = 48
 CANCELLED: set[str] = set()  # sessions whose running decode should stop
 LOCK = threading.Lock()  # every decode, shrink and check holds it: one at a time in this process
-# Finished traces our own engine made (`make traces`), served without decoding: the first page opens on one,
-# and the examples of the same spec open at once. tests/test_bundled.py keeps them equal to today's engine.
-# The field cases' runs are bundled too (Case.trace), each parsed when first asked for.
+# Finished traces our own engine made (`make traces`), served without decoding: the first page opens
+# on one, and the examples of the same spec open at once. tests/test_bundled.py keeps them equal to
+# today's engine. The field cases' runs are bundled too (Case.trace), each parsed when first asked
+# for.
 BUNDLED = {"bsp-like decay": "bsp-like-decay.json", "numerics near-tie": "numerics-near-tie.json"}
 PHASE_TEXT = {"reference": "reference (target alone, batch size 1)",
               "distribution": "distribution (each token scored under the target, batch size 1)"}
@@ -87,19 +90,21 @@ def bundled_for(spec: RunSpec) -> Trace | None:
 def served_headline(trace: Trace, timing: str | None, note: str = "") -> str:
     """summary.headline, saying so when the trace is a bundled one (its times are the file's)."""
     if timing == "bundled":
-        note += " (bundled with specviz; its times are from when it was recorded, `make traces` records it anew)"
+        note += (" (bundled with specviz; its times are from when it was recorded, `make traces` "
+                 "records it anew)")
     return summary.headline(trace, note, timing=timing)
 
 
 def error(message: str, **kwargs) -> gr.Error:
-    """gr.Error shows its message as HTML (sanitized, yet an <img> still loads): it may quote a stranger."""
+    """gr.Error shows its message as HTML (sanitized, yet an <img> still loads): it may quote a
+    stranger."""
     return gr.Error(html.escape(message, quote=False), **kwargs)
 
 
 @contextlib.contextmanager
 def as_page_errors(refused: str = "", then: str = "", stopped: str = "nothing was recorded"):
-    """A handler's SpecError as the page's error (between `refused` and `then`, escaped), and a Stop as
-    "stopped; `stopped`"."""
+    """A handler's SpecError as the page's error (between `refused` and `then`, escaped), and a Stop
+    as "stopped; `stopped`"."""
     try:
         yield
     except SpecError as e:
@@ -124,14 +129,16 @@ def read_upload(path: str, limit: int) -> str:
 @gpu
 def decode_on_gpu(spec: RunSpec, settings: Settings, progress=None) -> Trace:
     """All GPU work of a run; returns plain data only (a ZeroGPU worker sends it back)."""
-    return run(spec, progress=progress, trust_remote_code=settings.trust_remote_code, limits=settings)
+    return run(spec, progress=progress, trust_remote_code=settings.trust_remote_code,
+               limits=settings)
 
 
-def served_trace(spec: RunSpec, settings: Settings, progress: gr.Progress, session: str) -> tuple[Trace, str | None]:
-    """The trace for `spec`: from this process's cache, else decoded with progress and a way to stop; and where
-    its times come from (summary.TIMING_TEXT): "cached", "now" (the reference decoded in this run too), "reused"
-    (the reference from an earlier run of the same prompts), "bundled" (a trace shipped in assets/traces), None
-    where the progress cannot tell (ZeroGPU)."""
+def served_trace(spec: RunSpec, settings: Settings, progress: gr.Progress,
+                 session: str) -> tuple[Trace, str | None]:
+    """The trace for `spec`: from this process's cache, else decoded with progress and a way to
+    stop; and where its times come from (summary.TIMING_TEXT): "cached", "now" (the reference
+    decoded in this run too), "reused" (the reference from an earlier run of the same prompts),
+    "bundled" (a trace shipped in assets/traces), None where the progress cannot tell (ZeroGPU)."""
     settings.check(spec)
     if (trace := bundled_for(spec)) is not None:
         return trace, "bundled"
@@ -155,20 +162,23 @@ def served_trace(spec: RunSpec, settings: Settings, progress: gr.Progress, sessi
         # A ZeroGPU worker is another process: the callback (progress, Stop) stays behind.
         trace = decode_on_gpu(spec, settings, None if ZEROGPU else tick)
     remember(trace)
-    return trace, None if ZEROGPU else "now" if "reference" in done else "reused"  # the reference ticks unless cached
+    # the reference ticks unless cached
+    return trace, None if ZEROGPU else "now" if "reference" in done else "reused"
 
 
 @gpu(runs=8)
-def _shrink_on_gpu(spec: RunSpec, seq: int, mark: Mark, settings: Settings, progress=None) -> Shrunk:
+def _shrink_on_gpu(spec: RunSpec, seq: int, mark: Mark, settings: Settings,
+                   progress=None) -> Shrunk:
     """All GPU work of a shrink (many small runs); returns plain data only."""
     pair = pair_for(spec, settings.trust_remote_code)
     return shrink(spec, seq, mark, pair, progress, limits=settings)
 
 
-def shrink_fork(trace: Trace, seq: int, settings: Settings, progress: gr.Progress, session: str) -> str:
-    """The smallest run found that still shows what sequence `seq` of `trace` shows (its fork; sampled, its corrupt
-    state or impossible token), said in Markdown with its link (the trace it made is kept, so the link opens at
-    once)."""
+def shrink_fork(trace: Trace, seq: int, settings: Settings, progress: gr.Progress,
+                session: str) -> str:
+    """The smallest run found that still shows what sequence `seq` of `trace` shows (its fork;
+    sampled, its corrupt state or impossible token), said in Markdown with its link (the trace it
+    made is kept, so the link opens at once)."""
     spec, mark = trace.manifest.spec, mark_of(trace, seq)
 
     def tick(n: int) -> None:
@@ -182,32 +192,36 @@ def shrink_fork(trace: Trace, seq: int, settings: Settings, progress: gr.Progres
     small = found.trace
     remember(small)
     f = small.sequences[found.seq].forensics
-    return (f"**Smallest run found** ({found.trials} candidate runs): {size(spec)} → {size(small.manifest.spec)}; "
-            f"its sequence {found.seq} still {mark.describe()}" + (f" (`{f.verdict}`)" if f else "") + ". "
+    return (f"**Smallest run found** ({found.trials} candidate runs): {size(spec)} → "
+            f"{size(small.manifest.spec)}; its "
+            f"sequence {found.seq} still {mark.describe()}" + (f" (`{f.verdict}`)" if f else "")
+            + ". "
             f"[Open it]({found.link()}), or copy the link.")
 
 
 @gpu
 def _check_on_gpu(spec: RunSpec, settings: Settings, outputs: tuple[bytes, str] | None,
-                  control: tuple[bytes, str] | None, servers: tuple[tuple[str, str | None], tuple | None] | None,
+                  control: tuple[bytes, str] | None,
+                  servers: tuple[tuple[str, str | None], tuple | None] | None,
                   determinism: bool = False, progress=None, drafter: str | None = None) -> Trace:
-    """All work of an engine check (the judging passes, the reference where they cannot prove it); returns plain
-    data only."""
+    """All work of an engine check (the judging passes, the reference where they cannot prove it);
+    returns plain data only."""
     pair = pair_for(spec, settings.trust_remote_code)
     if outputs is not None:
-        return check.from_files(spec, pair, outputs, control, limits=settings, judging=check.Judging(progress=progress),
-                                drafter=drafter)
+        return check.from_files(spec, pair, outputs, control, limits=settings,
+                                judging=check.Judging(progress=progress), drafter=drafter)
     engine, control_server = servers
-    return check.from_servers(spec, pair, engine, control_server, concurrency=8, timeout=300, limits=settings,
-                              determinism=determinism, judging=check.Judging(progress=progress), drafter=drafter)
+    return check.from_servers(spec, pair, engine, control_server, concurrency=8, timeout=300,
+                              limits=settings, determinism=determinism,
+                              judging=check.Judging(progress=progress), drafter=drafter)
 
 
 def check_engine_trace(spec: RunSpec, settings: Settings, files: tuple | None,
                        servers: tuple | None, determinism: bool = False,
                        progress: gr.Progress | None = None, drafter: str | None = None) -> Trace:
-    """An engine check: from its outputs file (and a control's), or from its servers' (asked every prompt twice
-    more when `determinism`), its phases counted on `progress`; `drafter`, what the engine drafts with, where the
-    user says (spec/drafters.py)."""
+    """An engine check: from its outputs file (and a control's), or from its servers' (asked every
+    prompt twice more when `determinism`), its phases counted on `progress`; `drafter`, what the
+    engine drafts with, where the user says (spec/drafters.py)."""
     done: dict[str, int] = {}
 
     def tick(phase: str, n: int) -> None:
@@ -221,7 +235,8 @@ def check_engine_trace(spec: RunSpec, settings: Settings, files: tuple | None,
 
 
 def remember(trace: Trace) -> None:
-    """Keep a decoded trace for replays of its spec (a link this process has already run opens at once)."""
+    """Keep a decoded trace for replays of its spec (a link this process has already run opens at
+    once)."""
     TRACES[trace.manifest.spec.key()] = trace
     if len(TRACES) > MAX_TRACES:
         TRACES.popitem(last=False)
@@ -229,7 +244,8 @@ def remember(trace: Trace) -> None:
 
 @functools.cache
 def _trace_dir() -> Path:
-    """This process's own folder for downloads: private, not a fixed name in the shared temp folder."""
+    """This process's own folder for downloads: private, not a fixed name in the shared temp
+    folder."""
     return Path(tempfile.mkdtemp(prefix="specviz-traces-"))
 
 
@@ -243,10 +259,12 @@ def save(trace: Trace) -> str:
 
 
 def write_once(name: str, text: str) -> str:
-    """`text` in this process's download folder under `name` (unless already there), and its path."""
+    """`text` in this process's download folder under `name` (unless already there), and its
+    path."""
     path = _trace_dir() / name
     if not path.exists():
-        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, suffix=".tmp", delete=False) as f:
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, suffix=".tmp",
+                                         delete=False) as f:
             f.write(text)
         os.replace(f.name, path)  # whole or not at all: another session may be handed the same file
     return str(path)
@@ -259,8 +277,8 @@ def stop(request: gr.Request = None):
 
 
 def uploaded(path: str | None, parse):
-    """A visitor's uploaded file, read (capped) and parsed by `parse` (a from_json); a bad one is a message
-    naming the file."""
+    """A visitor's uploaded file, read (capped) and parsed by `parse` (a from_json); a bad one is a
+    message naming the file."""
     if not path:
         raise gr.Error("no file")
     try:

@@ -1,8 +1,8 @@
-"""Two runs of the same prompts side by side: their tokens aligned by index under the reference's, their rounds
-marked, and the first token where the two part.
+"""Two runs of the same prompts side by side: their tokens aligned by index under the reference's,
+their rounds marked, and the first token where the two part.
 
-A run is a `Side`, made from a trace (any run the page showed, an engine check included) or from one run of a
-sweep report (sweep.py), so that eqspec and bsp-like, or two engines, compare the same way.
+A run is a `Side`, made from a trace (any run the page showed, an engine check included) or from one
+run of a sweep report (sweep.py), so that eqspec and bsp-like, or two engines, compare the same way.
 """
 from __future__ import annotations
 
@@ -24,15 +24,20 @@ class Side:
     label: str
     prompts: tuple[str, ...]
     ids: tuple[tuple[int, ...], ...]  # per sequence
-    pieces: tuple[tuple[str | None, ...], ...]  # per sequence, text.pieces: None where a token only starts a character
-    rounds: tuple[tuple[int, ...], ...]  # per sequence: the tokens each of its rounds gave it (empty: not recorded)
-    reference: tuple[tuple[int, ...] | None, ...]  # per sequence: the batch-size-1 reference's ids, where decoded
+    # per sequence, text.pieces: None where a token only starts a character
+    pieces: tuple[tuple[str | None, ...], ...]
+    # per sequence: the tokens each of its rounds gave it (empty: not recorded)
+    rounds: tuple[tuple[int, ...], ...]
+    # per sequence: the batch-size-1 reference's ids, where decoded
+    reference: tuple[tuple[int, ...] | None, ...]
     reference_pieces: tuple[tuple[str | None, ...] | None, ...]
-    spec: RunSpec | None = None  # what a link replays it from; None for an engine check, which only its files make
+    # what a link replays it from; None for an engine check, which only its files make
+    spec: RunSpec | None = None
 
 
 def link(a: Side, b: Side, seq: int) -> str:
-    """The query string that opens the Compare tab on `a` and `b` at `seq`; "" when either has no spec to replay."""
+    """The query string that opens the Compare tab on `a` and `b` at `seq`; "" when either has no
+    spec to replay."""
     if a.spec is None or b.spec is None:
         return ""
     try:
@@ -46,21 +51,25 @@ def side_of_trace(trace: Trace) -> Side:
     name = f"engine {m.engine.name}" if m.engine is not None else run_name(m.spec)
     by_seq = views.rows_by_seq(trace)
     rounds = [[len(r.emitted) for r in by_seq.get(q.seq, [])] for q in trace.sequences]
-    return _side_of(f"{name} · {m.fingerprint[:8]}", [p.text for p in trace.prompts], trace.sequences, rounds,
+    return _side_of(f"{name} · {m.fingerprint[:8]}", [p.text for p in trace.prompts],
+                    trace.sequences, rounds,
                  None if m.engine is not None else m.spec)
 
 
 def side_of_report(report: SweepReport, run: int) -> Side:
     seqs = report.sequences_of(run)
-    return _side_of(report.rows[run].name() + " · sweep", report.spec_of(run).prompts, seqs, [q.rounds for q in seqs],
+    return _side_of(report.rows[run].name() + " · sweep", report.spec_of(run).prompts, seqs,
+                    [q.rounds for q in seqs],
                  report.sweep.specs()[run])
 
 
-def _side_of(label: str, prompts, seqs: list[SequenceRecord], rounds: list[list[int]], spec: RunSpec | None) -> Side:
+def _side_of(label: str, prompts, seqs: list[SequenceRecord], rounds: list[list[int]],
+             spec: RunSpec | None) -> Side:
     def frozen(values):
         return None if values is None else tuple(values)
 
-    return Side(label, tuple(prompts), tuple(tuple(q.output_ids) for q in seqs), tuple(tuple(q.output_pieces) for q in seqs),
+    return Side(label, tuple(prompts), tuple(tuple(q.output_ids) for q in seqs),
+                tuple(tuple(q.output_pieces) for q in seqs),
                 tuple(map(tuple, rounds)), tuple(frozen(q.reference_ids) for q in seqs),
                 tuple(frozen(q.reference_pieces) for q in seqs), spec)
 
@@ -68,7 +77,8 @@ def _side_of(label: str, prompts, seqs: list[SequenceRecord], rounds: list[list[
 def problem(a: Side, b: Side, seq: int) -> str | None:
     """Why `a` and `b` cannot be compared at sequence `seq`, in words; None when they can."""
     if a.prompts != b.prompts:
-        return (f"the two runs decode different prompts ({len(a.prompts)} and {len(b.prompts)}, not the same "
+        return (f"the two runs decode different prompts ({len(a.prompts)} and {len(b.prompts)}, "
+                "not the same "
                 "texts): compare runs of the same prompts")
     if not 0 <= seq < len(a.ids):
         return f"there is no sequence {seq}: these runs have {len(a.ids)}"
@@ -76,7 +86,8 @@ def problem(a: Side, b: Side, seq: int) -> str | None:
 
 
 def first_parting(a: Side, b: Side, seq: int) -> int | None:
-    """The first token index where the two runs' sequence `seq` differ (one ending early counts); None: equal."""
+    """The first token index where the two runs' sequence `seq` differ (one ending early counts);
+    None: equal."""
     return first_difference(list(a.ids[seq]), list(b.ids[seq]))
 
 
@@ -85,10 +96,12 @@ def compare_summary_md(a: Side, b: Side, seq: int) -> str:
     if (why := problem(a, b, seq)) is not None:
         return f"**Cannot compare:** {views.md(why)}."
     i = first_parting(a, b, seq)
-    head = (f"**Sequence {seq}: the two runs write the same {len(a.ids[seq])} tokens.**" if i is None else
-            f"**Sequence {seq}: the two runs first differ at token {i}:** A wrote {_wrote(a, seq, i)}, "
-            f"B wrote {_wrote(b, seq, i)}.")
-    return head + " " + " ".join(f"{name} ({views.md(side.label)}): {_against_reference(side, seq)}."
+    head = (f"**Sequence {seq}: the two runs write the same {len(a.ids[seq])} tokens.**"
+            if i is None else
+            f"**Sequence {seq}: the two runs first differ at token {i}:** A wrote "
+            f"{_wrote(a, seq, i)}, B wrote {_wrote(b, seq, i)}.")
+    return head + " " + " ".join(f"{name} ({views.md(side.label)}): "
+                                 f"{_against_reference(side, seq)}."
                                  for name, side in (("A", a), ("B", b)))
 
 
@@ -103,17 +116,20 @@ def _against_reference(side: Side, seq: int) -> str:
     if ref is None:
         return "no reference recorded"
     fork = first_difference(list(side.ids[seq]), list(ref))
-    return "equal to the batch-size-1 reference" if fork is None else f"departs from the reference at token {fork}"
+    return ("equal to the batch-size-1 reference" if fork is None
+            else f"departs from the reference at token {fork}")
 
 
 def aligned_html(a: Side, b: Side, seq: int) -> str:
-    """The reference, A and B as aligned rows of token chips, TOKENS_PER_LINE columns a line. A chip that starts
-    a round has a bar on its left; a token unlike the reference's is shaded; the first index where A and B part
-    is outlined in every row (data-first on the wrapper: the index, or "" when they never part)."""
+    """The reference, A and B as aligned rows of token chips, TOKENS_PER_LINE columns a line. A chip
+    that starts a round has a bar on its left; a token unlike the reference's is shaded; the first
+    index where A and B part is outlined in every row (data-first on the wrapper: the index, or ""
+    when they never part)."""
     if problem(a, b, seq) is not None:
         return '<p class="sv-empty">Pick two runs of the same prompts.</p>'
     first = first_parting(a, b, seq)
-    ref, ref_pieces = a.reference[seq] or b.reference[seq], a.reference_pieces[seq] or b.reference_pieces[seq]
+    ref, ref_pieces = (a.reference[seq] or b.reference[seq],
+                       a.reference_pieces[seq] or b.reference_pieces[seq])
     rows = ([("reference", ref, ref_pieces, ())] if ref is not None else []) + [
         (f"A: {a.label}", a.ids[seq], a.pieces[seq], a.rounds[seq]),
         (f"B: {b.label}", b.ids[seq], b.pieces[seq], b.rounds[seq])]
@@ -122,12 +138,15 @@ def aligned_html(a: Side, b: Side, seq: int) -> str:
     out = [f'<div class="sv-sbs" data-seq="{seq}" data-first="{"" if first is None else first}">']
     for start in range(0, max(width, 1), TOKENS_PER_LINE):
         cols = range(start, min(start + TOKENS_PER_LINE, width))
-        pad = "<td></td>" * (TOKENS_PER_LINE - len(cols))  # a short last line keeps the others' column widths
+        # a short last line keeps the others' column widths
+        pad = "<td></td>" * (TOKENS_PER_LINE - len(cols))
         out.append('<table class="sv-sbs-line"><thead><tr><th></th>' + "".join(
             f'<th class="{"sv-first" if i == first else ""}">{i}</th>' for i in cols)
             + "<th></th>" * (TOKENS_PER_LINE - len(cols)) + "</tr></thead><tbody>")
         for (name, ids, pieces, _), round_starts in zip(rows, starts):
-            out.append(f'<tr><th class="sv-sbs-name" title="{html.escape(name)}">{html.escape(name.split(":")[0])}'
+            out.append('<tr><th '
+                       f'class="sv-sbs-name" title="{html.escape(name)}">'
+                       f'{html.escape(name.split(":")[0])}'
                        "</th>")
             for i in cols:
                 out.append(_token_cell(ids, pieces, ref, i, first, round_starts))

@@ -1,5 +1,5 @@
-"""The page's summaries of a trace, in Markdown and one table: the headline, the speed-up, a sampled run's
-distribution verdict, an engine check's headline, and the sequence table."""
+"""The page's summaries of a trace, in Markdown and one table: the headline, the speed-up, a sampled
+run's distribution verdict, an engine check's headline, and the sequence table."""
 from __future__ import annotations
 
 import pandas as pd
@@ -11,9 +11,9 @@ from specviz.trace.schema import Trace
 
 
 def headline(trace: Trace, note: str = "", timing: str | None = None) -> str:
-    """One markdown paragraph: what ran and how it went, `note` (our own words) at its end; then the speed-up
-    over the batch-size-1 reference (speed_md, `timing` its word on where the times come from), and a table for
-    engine checks and sampled runs."""
+    """One markdown paragraph: what ran and how it went, `note` (our own words) at its end; then the
+    speed-up over the batch-size-1 reference (speed_md, `timing` its word on where the times come
+    from), and a table for engine checks and sampled runs."""
     m = trace.manifest
     s = m.spec
     if m.engine is not None:
@@ -24,10 +24,11 @@ def headline(trace: Trace, note: str = "", timing: str | None = None) -> str:
     models = (f"{md(s.target)} / {md(s.draft)}" if DRAFTERS[s.drafter].draft_model
               else f"{md(s.target)}, drafts by **{md(drafter_text(s))}**")
     parts = [(f"**{md(s.method)}**{faults} on {models}, "
-              f"{len(trace.sequences)} prompts, batch size {s.batch_size}, k {s.k}, {md(s.dtype)} on {md(m.device)}"
-              f"{sampling}: {tokens} tokens in {m.decode_seconds:.1f} s")]
+              f"{len(trace.sequences)} prompts, batch size {s.batch_size}, k {s.k}, {md(s.dtype)} "
+              f"on {md(m.device)}{sampling}: {tokens} tokens in {m.decode_seconds:.1f} s")]
     if trace.rows:
-        acceptance = metrics.acceptance_rate(trace)  # None: no row was offered a draft (prompt lookup found nothing)
+        # None: no row was offered a draft (prompt lookup found nothing)
+        acceptance = metrics.acceptance_rate(trace)
         parts.append(("no drafts offered" if acceptance is None else f"acceptance {acceptance:.2f}")
                      + f", {metrics.tokens_per_round(trace):.2f} tokens/round")
     if (g := metrics.group_rate(trace)) is not None:
@@ -39,75 +40,89 @@ def headline(trace: Trace, note: str = "", timing: str | None = None) -> str:
         verdicts = metrics.verdict_counts(trace)
         if verdicts:
             parts.append("divergences: " + ", ".join(f"{md(v)} × {c}" for v, c in verdicts.items()))
-    text = "; ".join(parts) + f". Fingerprint `{m.fingerprint}`.{note}"  # 16 hex digits: the schema's pattern
+    # 16 hex digits: the schema's pattern
+    text = "; ".join(parts) + f". Fingerprint `{m.fingerprint}`.{note}"
     if speed := speed_md(trace, timing):
         text += "\n\n" + speed
     if metrics.sampled(trace):
         text += "\n\n" + distribution_row(trace)
-    if trace.acceptance and trace.acceptance.verdict:  # a lossless bug: nothing else on the page shows it
-        text += f"\n\n**Drafts: {md(trace.acceptance.verdict)}.** {md(trace.acceptance.explanation)}"
+    # a lossless bug: nothing else on the page shows it
+    if trace.acceptance and trace.acceptance.verdict:
+        text += (f"\n\n**Drafts: {md(trace.acceptance.verdict)}.** "
+                 f"{md(trace.acceptance.explanation)}")
     return text
 
 
 def drafter_text(spec) -> str:
-    """What proposed a run's drafts, in words: the draft model, or prompt lookup with its n-gram sizes."""
+    """What proposed a run's drafts, in words: the draft model, or prompt lookup with its n-gram
+    sizes."""
     return DRAFTERS[spec.drafter].words(spec)
 
 
 # Where the page came by a run's times (serving.py knows; a trace file alone does not).
 TIMING_TEXT = {
     "now": "both measured on this machine in this run",
-    "reused": ("the run's measured on this machine in this run; the reference's when this process first decoded "
-               "it for the same pair, prompts and budget (reused here, not timed again)"),
-    "cached": ("measured on this machine when this process first ran this spec, at {created} (the run is served "
-               "from its cache; the reference's time is from then or from an earlier run of the same prompts)"),
+    "reused": ("the run's measured on this machine in this run; the reference's when this process "
+               "first decoded it for the same pair, prompts and budget (reused here, not timed "
+               "again)"),
+    "cached": ("measured on this machine when this process first ran this spec, at {created} (the "
+               "run is served from its cache; the reference's time is from then or from an "
+               "earlier run of the same prompts)"),
 }
 
 
-FILE_TIMING = ("measured on {device} when this trace was made, at {created}; the reference is decoded once per "
-               "process for the same pair, prompts and budget, so its time may come from an earlier run there")
+FILE_TIMING = ("measured on {device} when this trace was made, at {created}; the reference is "
+               "decoded once per process for the same pair, prompts and budget, so its time may "
+               "come from an earlier run there")
 
 
 def speed_md(trace: Trace, timing: str | None = None) -> str:
-    """The run's tokens/s against the batch-size-1 reference's (metrics.speedup), and where both times come
-    from: `timing` one of TIMING_TEXT's keys, None when only the trace is known. Empty without a reference time."""
+    """The run's tokens/s against the batch-size-1 reference's (metrics.speedup), and where both
+    times come from: `timing` one of TIMING_TEXT's keys, None when only the trace is known. Empty
+    without a reference time."""
     sp = metrics.speedup(trace)
     if sp is None:
         return ""
     m, s = trace.manifest, trace.manifest.spec
     r = sp["ratio"]
-    head = f"**Speed-up: {r:.2f}×** " + ("the batch-size-1 reference's tokens/s" if f"{r:.2f}" == "1.00" else
+    head = f"**Speed-up: {r:.2f}×** " + ("the batch-size-1 reference's tokens/s"
+                                         if f"{r:.2f}" == "1.00" else
                                           "— faster than the batch-size-1 reference" if r > 1 else
                                           "— slower than the batch-size-1 reference")
     device = m.device if m.device_name in ("", m.device) else f"{m.device} ({m.device_name})"
     where = TIMING_TEXT.get(timing, FILE_TIMING).format(created=m.created, device=device)
-    out = (f"{head}: {sp['tokens_per_second']:.1f} tokens/s ({sp['tokens']} tokens in {sp['seconds']:.2f} s) "
-           f"against {sp['reference_tokens_per_second']:.1f} ({sp['reference_tokens']} tokens in "
-           f"{sp['reference_seconds']:.2f} s), {md(where)}.")
+    out = (f"{head}: {sp['tokens_per_second']:.1f} tokens/s ({sp['tokens']} tokens in "
+           f"{sp['seconds']:.2f} s) against {sp['reference_tokens_per_second']:.1f} "
+           f"({sp['reference_tokens']} tokens in {sp['reference_seconds']:.2f} s), {md(where)}.")
     if timing in TIMING_TEXT:
         out += f" Device: {md(device)}."
     if s.batch_size > 1:
-        out += (f" The run decodes up to {s.batch_size} prompts at once, the reference one at a time: batching is "
+        out += (f" The run decodes up to {s.batch_size} prompts at once, the reference one at a "
+                "time: batching is "
                 "part of this ratio.")
     traced = sum(metrics.phase_seconds(trace)[p] for p in ("trace", "watch"))
     if traced >= 0.005:
-        out += f" The run's time includes {traced:.2f} s of recording its trace and watching for forks."
+        out += (f" The run's time includes {traced:.2f} s of recording its trace and watching for "
+                "forks.")
     return out
 
 
 def sampling_text(spec) -> str:
     """A sampled run's settings in words: the target's, then the draft's own where it has any."""
     def words(t: float, k: int, p: float) -> str:
-        return ", ".join([f"temperature {t:g}", *([f"top-k {k}"] if k else []), *([f"top-p {p:g}"] if p < 1 else [])])
+        return ", ".join([f"temperature {t:g}", *([f"top-k {k}"] if k else []),
+                          *([f"top-p {p:g}"] if p < 1 else [])])
 
     if spec.rows:  # each request its own
         return "each request's own settings, cycled over the prompts: " + "; ".join(
-            ("greedy" if r.greedy else words(*r.target()) + (" (temperature unset)" if r.temperature is None else ""))
+            ("greedy" if r.greedy
+             else words(*r.target()) + (" (temperature unset)" if r.temperature is None else ""))
             + ("" if r.seed is None else f", seed {r.seed}") for r in spec.rows)
     out = words(spec.temperature, spec.top_k, spec.top_p)
     own = (spec.draft_temperature, spec.draft_top_k, spec.draft_top_p)
     if any(x is not None for x in own):
-        t, k, p = (mine if o is None else o for mine, o in zip((spec.temperature, spec.top_k, spec.top_p), own))
+        t, k, p = (mine if o is None else o
+                   for mine, o in zip((spec.temperature, spec.top_k, spec.top_p), own))
         out += "; the draft at " + words(t, k, p)
     return out
 
@@ -121,37 +136,45 @@ def _places(first: list[list[int]]) -> str:
 
 
 def distribution_row(trace: Trace) -> str:
-    """A sampled run's summary row (markdown): in place of the exact and prefix match of a greedy run."""
+    """A sampled run's summary row (markdown): in place of the exact and prefix match of a greedy
+    run."""
     d = metrics.distribution_summary(trace)
-    head = ("| sampled run | verdict | p | failing split | tokens tested | impossible tokens | decision mismatches |\n"
+    head = ("| sampled run | verdict | p | failing split | tokens tested | impossible tokens | "
+            "decision mismatches |\n"
             "|---|---|---:|---|---:|---:|---:|\n")
     if d is None:
-        return head + "| distribution | not judged (no distribution in this trace) | — | — | — | — | — |"
+        return (head + "| distribution | not judged (no distribution in this trace) | — | — | — | "
+                       "— | — |")
     mismatches = "—" if d["checked"] is None else f"{d['mismatches']} of {d['checked']}"
     if d["mismatches"]:
         mismatches = f"**{mismatches}**"
-    return head + (f"| distribution | **{md(d['verdict'])}** | {p_value(d['p'])} | {md(d['failing'] or '—')} | "
-                   f"{d['tokens']} | {d['impossible']} | {mismatches} |")
+    return head + (f"| distribution | **{md(d['verdict'])}** | {p_value(d['p'])} | "
+                   f"{md(d['failing'] or '—')} | {d['tokens']} | {d['impossible']} | {mismatches} "
+                   "|")
 
 
 def distribution_md(trace: Trace | None) -> str:
-    """The PIT panel's verdict: the test, its p, the failing split, and the decision audit, in a few lines."""
+    """The PIT panel's verdict: the test, its p, the failing split, and the decision audit, in a few
+    lines."""
     if trace is None:
-        return ("A sampled run (temperature above 0) is judged here: each token's randomized PIT under the target, "
-                "recomputed at batch size 1, must be uniform in every split; every accept/reject decision is "
-                "re-derived from its recorded p, q and draw.")
+        return ("A sampled run (temperature above 0) is judged here: each token's randomized PIT "
+                "under the target, recomputed at batch size 1, must be uniform in every split; "
+                "every accept/reject decision is re-derived from its recorded p, q and draw.")
     if not metrics.sampled(trace):
-        return ("**Greedy run** (temperature 0): checked token by token against the batch-size-1 reference (the "
-                "sequence table and the forensic panel). The distribution test is for sampled runs.")
+        return ("**Greedy run** (temperature 0): checked token by token against the batch-size-1 "
+                "reference (the sequence table and the forensic panel). The distribution test is "
+                "for sampled runs.")
     d = metrics.distribution_summary(trace)
     if d is None:
-        return "**Not judged:** this sampled run's trace holds no distribution test (it was run without one)."
+        return ("**Not judged:** this sampled run's trace holds no distribution test (it was run "
+                "without one).")
     ok = d["verdict"] == "consistent"
     splits = f"{d['splits']} split" + ("s" if d["splits"] != 1 else "")
     if d["impossible"]:
         test = (f"p = {p_value(d['p'])}: an impossible token rejects alone" + (
             "" if d["splits_p"] is None else
-            f" (the PIT splits alone: p = {p_value(d['splits_p'])}, the smallest split's p × {splits} tested)"))
+            f" (the PIT splits alone: p = {p_value(d['splits_p'])}, the smallest split's p × "
+            f"{splits} tested)"))
     elif d["p"] is None:
         test = "too few tokens to test (a split needs 50)"
     else:
@@ -160,73 +183,86 @@ def distribution_md(trace: Trace | None) -> str:
     kind = metrics.sampled_verdict(trace)
     lines = [f"**{md(kind[0])}** — {md(kind[1])}"] if kind else []
     lines.append(f"**Distribution: {md(d['verdict'])}** — {test}"
-                 + ("" if ok or d["failing"] is None else f"; failing: **{md(d['failing'])}**") + ".")
-    lines.append(f"{d['tokens']} tokens tested; **{d['impossible']} impossible** (probability 0 under the target: "
+                 + ("" if ok or d["failing"] is None else f"; failing: **{md(d['failing'])}**")
+                 + ".")
+    lines.append(f"{d['tokens']} tokens tested; **{d['impossible']} impossible** (probability 0 "
+                 "under the target: "
                  "no correct sampler emits one)" if d["impossible"] else
                  f"{d['tokens']} tokens tested; no impossible token")
     if d["skipped"]:
         lines[-1] += f"; {d['skipped']} splits too small to test"
     lines[-1] += "."
     if d["checked"] is not None:
-        audit = (f"Decision audit: {d['checked']} accept/reject decisions re-derived from their recorded p, q and "
-                 f"draw u (accepted iff u < p/q): ")
+        audit = (f"Decision audit: {d['checked']} accept/reject decisions re-derived from their "
+                 "recorded p, q and draw u (accepted iff u < p/q): ")
         if d["mismatches"]:
             shown = d["first"][:5]
-            audit += (f"**{d['mismatches']} do not follow their draw**; the first at (round, row, slot) "
-                      f"{md(_places(shown))}" + (", …" if d["mismatches"] > len(shown) else "") + ". "
-                      + ("The engine does not sample as it records, whatever the PIT test can see yet."
+            audit += (f"**{d['mismatches']} do not follow their draw**; the first at (round, row, "
+                      "slot) "
+                      f"{md(_places(shown))}" + (", …" if d["mismatches"] > len(shown) else "")
+                      + ". "
+                      + ("The engine does not sample as it records, whatever the PIT test can see "
+                         "yet."
                          if ok else ""))
         else:
             audit += "all follow their draw."
         lines.append(audit)
     if (a := trace.distribution.attribution) is not None:
         lines.append(f"**Which rule wrote these tokens?** {md(a.explanation)}")
-        lines.append("| acceptance rule | log-likelihood ratio over the correct rule | named |\n|---|---:|---|\n" + "".join(
+        lines.append("| acceptance rule | log-likelihood ratio over the correct rule | named "
+                     "|\n|---|---:|---|\n" + "".join(
             f"| {md(h.fault)} | {metrics.ratio_text(h)} | {'✓' if h.named else ''} |\n"
             for h in a.hypotheses))
     return "\n\n".join(lines)
 
 
 def engine_headline(trace: Trace, note: str = "") -> str:
-    """An engine check: the engine as it described itself (a stranger's words), and a Table-1 row per run."""
+    """An engine check: the engine as it described itself (a stranger's words), and a Table-1 row
+    per run."""
     m, s = trace.manifest, trace.manifest.spec
     e = m.engine
-    against = (f"**sampled** at {md(sampling_text(s))} (seed {s.seed}), judged by its tokens' distribution under "
+    against = (f"**sampled** at {md(sampling_text(s))} (seed {s.seed}), judged by its "
+               "tokens' distribution under "
                if metrics.sampled(trace) else "against the batch-size-1 reference of ")
-    head = (f"**engine check** of {md(' '.join(x for x in (e.name, e.version) if x))} ({md(e.source)}) {against}"
-            f"{md(s.target)} in {md(s.dtype)}, {len(trace.sequences)} prompts, "
-            f"up to {s.max_new_tokens} new tokens. Fingerprint `{m.fingerprint}`.{note}")
-    rows = ["| run | answered | no answer | exact % | prefix % | tok/s | verdicts |", "|---|---:|---:|---:|---:|---:|---|"]
+    head = (f"**engine check** of {md(' '.join(x for x in (e.name, e.version) if x))} "
+            f"({md(e.source)}) {against}{md(s.target)} in {md(s.dtype)}, {len(trace.sequences)} "
+            f"prompts, up to {s.max_new_tokens} new tokens. Fingerprint `{m.fingerprint}`.{note}")
+    rows = ["| run | answered | no answer | exact % | prefix % | tok/s | verdicts |",
+            "|---|---:|---:|---:|---:|---:|---|"]
     for r in metrics.engine_summary(trace):
         tps = "-" if r["tokens_per_second"] is None else f"{r['tokens_per_second']:.1f}"
         verdicts = ", ".join(f"{md(v)} × {c}" for v, c in r["verdicts"].items()) or "-"
-        rows.append(f"| {md(r['engine'])} | {r['n']} | {r['errors']} | {metrics.percent(r['exact_pct'])} | "
-                    f"{metrics.percent(r['prefix_pct'])} | {tps} | {verdicts} |")
+        rows.append(f"| {md(r['engine'])} | {r['n']} | {r['errors']} | "
+                    f"{metrics.percent(r['exact_pct'])} | {metrics.percent(r['prefix_pct'])} | "
+                    f"{tps} | {verdicts} |")
     return head + "\n\n" + "\n".join(rows) + "".join(f"\n\n{line}" for line in engine_facts(trace))
 
 
 def engine_facts(trace: Trace) -> list[str]:
-    """What an engine check learnt besides the outputs (Markdown): the drafts the engine counted, how the
-    references were obtained, the fields of its file that were ignored, whether it answered alike when asked
-    again."""
+    """What an engine check learnt besides the outputs (Markdown): the drafts the engine counted,
+    how the references were obtained, the fields of its file that were ignored, whether it answered
+    alike when asked again."""
     m, lines = trace.manifest, []
     accepted, offered = metrics.engine_drafts(trace)
     if offered:
-        lines.append(f"**Engine drafts** (its own count, per request): {accepted} of {offered} draft tokens accepted "
-                     f"({accepted / offered:.0%}).")
+        lines.append(f"**Engine drafts** (its own count, per request): {accepted} of {offered} "
+                     f"draft tokens accepted ({accepted / offered:.0%}).")
     proofs = metrics.reference_proofs(trace)
     if proofs:
         lines.append(f"**Reference:** {proofs}.")
     if m.engine.ignored:
-        lines.append("**Ignored fields** of the outputs file: " + ", ".join(md(f) for f in m.engine.ignored) + ".")
+        lines.append("**Ignored fields** of the outputs file: "
+                     + ", ".join(md(f) for f in m.engine.ignored) + ".")
     if m.determinism:
-        lines.append(f"**Asked again:** {md(m.determinism.describe().removeprefix('determinism: '))}.")
+        lines.append("**Asked again:** "
+                     f"{md(m.determinism.describe().removeprefix('determinism: '))}.")
     return lines
 
 
 def summary_frame(trace: Trace) -> pd.DataFrame:
-    """One line per sequence. A sampled run has no reference to diverge from: its lines say how its tokens
-    score under the target instead (mean PIT, impossible tokens) and whether its decisions follow their draws."""
+    """One line per sequence. A sampled run has no reference to diverge from: its lines say how its
+    tokens score under the target instead (mean PIT, impossible tokens) and whether its decisions
+    follow their draws."""
     by_seq = rows_by_seq(trace)
     sampled = metrics.sampled(trace)
     records = []
@@ -239,7 +275,8 @@ def summary_frame(trace: Trace) -> pd.DataFrame:
             record.update({
                 "mean PIT": "—" if mean is None else f"{mean:.3f}",
                 "impossible tokens": "—" if s.pit is None else str(metrics.impossible(s)),
-                "decision mismatches": str(sum(len(metrics.mismatched(r)) for r in rows)) if rows else "—",
+                "decision mismatches": str(sum(len(metrics.mismatched(r)) for r in rows)) if rows
+                else "—",
             })
         else:
             record.update({
@@ -249,19 +286,22 @@ def summary_frame(trace: Trace) -> pd.DataFrame:
             })
         record.update({
             "acceptance": f"{sum(r.accepted for r in rows) / proposed:.2f}" if proposed else "",
-            "tokens a round": f"{sum(len(r.emitted) for r in rows) / len(rows):.2f}" if rows else "",
+            "tokens a round": f"{sum(len(r.emitted) for r in rows) / len(rows):.2f}" if rows
+            else "",
         })
         records.append(record)
     return pd.DataFrame.from_records(records)
 
 
-PROMPT_COLUMN_PX = 200  # the prompt wraps (the table's cells do): the other columns fit beside it at 1280 px
+# the prompt wraps (the table's cells do): the other columns fit beside it at 1280 px
+PROMPT_COLUMN_PX = 200
 
 
 def column_widths(frame: pd.DataFrame) -> list[str]:
-    """The sequence table's column widths: none so narrow that a header breaks inside a word (Gradio sizes
-    columns from their cells alone, and wrapped "equivalent" letter by letter), and no wider than its longest
-    word or cell. About 8 px a header character and 8 a cell's (monospace), plus the cell's padding."""
+    """The sequence table's column widths: none so narrow that a header breaks inside a word (Gradio
+    sizes columns from their cells alone, and wrapped "equivalent" letter by letter), and no wider
+    than its longest word or cell. About 8 px a header character and 8 a cell's (monospace), plus
+    the cell's padding."""
     def width(column: str) -> int:
         longest_cell = max((len(str(v)) for v in frame[column]), default=0)
         return max(max(len(w) for w in column.split()) * 8 + 28, longest_cell * 8 + 24)

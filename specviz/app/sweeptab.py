@@ -1,5 +1,6 @@
-"""The page's Sweep tab (a table of runs: run it, or open a `specviz verify --json` report) and its Compare tab
-(any two runs shown so far, token by token), their controls and their handlers. page.py wires them.
+"""The page's Sweep tab (a table of runs: run it, or open a `specviz verify --json` report) and its
+Compare tab (any two runs shown so far, token by token), their controls and their handlers. page.py
+wires them.
 """
 from __future__ import annotations
 
@@ -54,10 +55,11 @@ def sweep_from_controls(**controls) -> Sweep:
 
 
 def casebook_sweep() -> Sweep:
-    """The field casebook as one listed sweep: every case's replica, in the casebook's order (each run's fields
-    those of its case beyond the casebook's common run)."""
+    """The field casebook as one listed sweep: every case's replica, in the casebook's order (each
+    run's fields those of its case beyond the casebook's common run)."""
     return Sweep.listed(RunSpec.build(**BASE_RUN), [
-        {name: value for name, value in case.spec_fields().items() if name not in BASE_RUN or BASE_RUN[name] != value}
+        {name: value for name, value in case.spec_fields().items() if name not in BASE_RUN
+         or BASE_RUN[name] != value}
         for case in CASES])
 
 
@@ -70,31 +72,35 @@ def _sweep_controls_of(sweep: Sweep) -> dict:
     b = sweep.base
     preset = next((name for name, ids in PAIR_PRESETS.items() if ids == (b.target, b.draft)), None)
     named = next((name for name, ps in builtin_sets().items() if tuple(ps) == b.prompts), None)
-    values = {"pair": preset, "prompt_set": named, "max_new_tokens": b.max_new_tokens, "dtype": b.dtype,
-              "methods": list(sweep.methods), "drafters": list(sweep.drafters),
+    values = {"pair": preset, "prompt_set": named, "max_new_tokens": b.max_new_tokens,
+              "dtype": b.dtype, "methods": list(sweep.methods), "drafters": list(sweep.drafters),
               "fault_sets": [NO_FAULTS if not f else f[0] for f in sweep.fault_sets]
               if all(len(f) <= 1 for f in sweep.fault_sets) else None,
               "batch_sizes": list(sweep.batch_sizes), "ks": list(sweep.ks),
-              "temperatures": list(sweep.temperatures) if set(sweep.temperatures) <= set(SWEEP_TEMPERATURES) else None}
+              "temperatures": list(sweep.temperatures)
+              if set(sweep.temperatures) <= set(SWEEP_TEMPERATURES) else None}
     return {n: value for n, value in values.items() if value is not None}
 
 
 class _RunOf:
-    """_decode's progress for run i of n in a sweep: the whole sweep's fraction, and which run it is on."""
+    """_decode's progress for run i of n in a sweep: the whole sweep's fraction, and which run it is
+    on."""
 
     def __init__(self, progress, i: int, n: int, label: str):
         self.progress, self.i, self.n, self.label = progress, i, n, label
 
     def __call__(self, fraction: float, desc: str = "") -> None:
-        self.progress((self.i + fraction) / self.n, desc=f"run {self.i + 1} of {self.n} ({self.label}): {desc}")
+        self.progress((self.i + fraction) / self.n,
+                      desc=f"run {self.i + 1} of {self.n} ({self.label}): {desc}")
 
 
 def _sweep_traces(sweep: Sweep, settings: Settings, progress, session: str) -> list[Trace]:
-    """Every run of `sweep`, each through serving.served_trace (its cache, the bundle, else decoded): refused whole, before any
-    work, when the server does not allow it."""
+    """Every run of `sweep`, each through serving.served_trace (its cache, the bundle, else
+    decoded): refused whole, before any work, when the server does not allow it."""
     specs = sweep.specs()
     settings.check_sweep(specs)
-    return [serving.served_trace(spec, settings, _RunOf(progress, i, len(specs), run_name(spec)), session)[0]
+    return [serving.served_trace(spec, settings, _RunOf(progress, i, len(specs), run_name(spec)),
+                                 session)[0]
             for i, spec in enumerate(specs)]
 
 
@@ -108,14 +114,16 @@ def run_sweep(settings: Settings, progress=gr.Progress(), request: gr.Request = 
 
 
 def run_casebook(settings: Settings, progress=gr.Progress(), request: gr.Request = None):
-    """The Sweep tab's "Run the field casebook": every case's replica as one sweep (served from the bundle)."""
+    """The Sweep tab's "Run the field casebook": every case's replica as one sweep (served from the
+    bundle)."""
     return _run(settings, casebook_sweep(), progress, request)
 
 
 def _run(settings: Settings, sweep: Sweep, progress, request: gr.Request | None):
     """Every run of `sweep`, then its report, the report to download, and no cell picked."""
     session = request.session_hash if request else ""
-    with serving.as_page_errors(stopped="the runs finished so far stay cached, so running the sweep again resumes"):
+    with serving.as_page_errors(stopped="the runs finished so far stay cached, so running the "
+                                        "sweep again resumes"):
         found = report(sweep, _sweep_traces(sweep, settings, progress, session))
     return found, _save_report(found), None
 
@@ -127,7 +135,8 @@ def open_report(path: str | None):
 
 
 def _save_report(found: SweepReport) -> str:
-    """The report as a file to download, named after its content's hash (as serving.save names traces)."""
+    """The report as a file to download, named after its content's hash (as serving.save names
+    traces)."""
     text = found.to_json()
     return serving.write_once(f"sweep-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json", text)
 
@@ -142,7 +151,8 @@ def render_sweep(settings: Settings, found: SweepReport | None, cell=None) -> di
         link = share.encode_sweep(found.sweep, None if cell is None else int(cell))
         note = ""
     except SpecError as e:
-        link, note = "", (f"**No share link:** {views.md(str(e))}: a visitor's link could not replay it here. "
+        link, note = "", (f"**No share link:** {views.md(str(e))}: a visitor's link could not "
+                          "replay it here. "
                           "Share the report file instead (Download the report below).")
     selected = None if cell is None else int(cell)
     return {"summary": sweepviews.sweep_summary_md(found) + ("\n\n" + note if note else ""),
@@ -159,10 +169,10 @@ SWEEP_VIEW_NAMES = ("summary", "exact", "prefix", "verdicts", "divergence", "acc
                     "acceptance", "link_query")
 
 
-def open_cell(settings: Settings, found: SweepReport | None, evt: gr.EventData, progress=gr.Progress(),
-              request: gr.Request = None):
-    """A click on a heatmap cell: that run's trace in the run view, at its first divergence (decoded unless this
-    process has it)."""
+def open_cell(settings: Settings, found: SweepReport | None, evt: gr.EventData,
+              progress=gr.Progress(), request: gr.Request = None):
+    """A click on a heatmap cell: that run's trace in the run view, at its first divergence (decoded
+    unless this process has it)."""
     data = evt._data or {}
     run = data.get("run")
     if found is None or not isinstance(run, int) or not 0 <= run < len(found.rows):
@@ -171,13 +181,16 @@ def open_cell(settings: Settings, found: SweepReport | None, evt: gr.EventData, 
     with serving.as_page_errors("this run cannot be opened here: "):
         trace, timing = serving.served_trace(found.spec_of(run), settings, progress, session)
     where = f"run {run + 1} of the sweep: {found.rows[run].name()}"
-    return (trace, serving.served_headline(trace, timing, f" ({where})"), serving.save(trace), None, gr.Tabs(selected="run"), run,
-            f"Opened {where} in the Run view.")  # the Sweep tab's status: a decode's progress shows there too
+    return (trace, serving.served_headline(trace, timing, f" ({where})"), serving.save(trace), None,
+            gr.Tabs(selected="run"), run,
+            # the Sweep tab's status: a decode's progress shows there too
+            f"Opened {where} in the Run view.")
 
 
 def outline_cell(found: SweepReport, cell: int):
     """The heatmaps with the opened run's cell outlined (the rest of the tab stays as it is)."""
-    return tuple(sweepviews.heatmap_html(found, metric, cell) for metric in ("exact_pct", "prefix_pct"))
+    return tuple(sweepviews.heatmap_html(found, metric, cell)
+                 for metric in ("exact_pct", "prefix_pct"))
 
 
 def open_sweep_link(query: str) -> dict:
@@ -196,25 +209,30 @@ def open_sweep_link(query: str) -> dict:
             "status": "Replaying the shared sweep…", "tabs": gr.Tabs(selected="sweep")}
 
 
-def replay_sweep(settings: Settings, pending: dict | None, progress=gr.Progress(), request: gr.Request = None):
-    """Run a linked sweep, when this server allows it; otherwise say why and what to ask for instead."""
+def replay_sweep(settings: Settings, pending: dict | None, progress=gr.Progress(),
+                 request: gr.Request = None):
+    """Run a linked sweep, when this server allows it; otherwise say why and what to ask for
+    instead."""
     if not pending:
         return gr.skip(), gr.skip(), gr.skip(), gr.skip()
     session = request.session_hash if request else ""
-    with serving.as_page_errors("the shared sweep cannot be replayed here: ", then=". Ask whoever shared it for its "
-                                "report file (the Sweep tab's download, or specviz verify --json) and open that instead"):
+    with serving.as_page_errors("the shared sweep cannot be replayed here: ",
+                                then=". Ask whoever shared it for its "
+                                "report file (the Sweep tab's download, or specviz verify "
+                                "--json) and open that instead"):
         sweep = Sweep.model_validate_json(pending["sweep"])
         found = report(sweep, _sweep_traces(sweep, settings, progress, session))
-    return found, _save_report(found), pending.get("cell"), "The shared sweep, replayed on this server."
+    return (found, _save_report(found), pending.get("cell"),
+            "The shared sweep, replayed on this server.")
 
 
 MAX_SIDES = 48  # runs a session keeps to compare (the oldest go first)
 
 
 def remember_sides(sides: dict | None, *found) -> tuple:
-    """Add the runs just shown (a trace, or a sweep report's runs) to the compare tab's pickers. A fresh pick
-    goes to B, and A keeps the run before it, so the last two runs shown are compared (a sweep: its first run
-    and its last)."""
+    """Add the runs just shown (a trace, or a sweep report's runs) to the compare tab's pickers. A
+    fresh pick goes to B, and A keeps the run before it, so the last two runs shown are compared (a
+    sweep: its first run and its last)."""
     sides = dict(sides or {})
     new = []
     for f in found:
@@ -230,24 +248,28 @@ def remember_sides(sides: dict | None, *found) -> tuple:
     labels = list(sides)
     if not new:
         return sides, gr.skip(), gr.skip()
-    kept = [side.label for side in new if side.label in sides]  # a sweep larger than MAX_SIDES keeps its last runs
+    # a sweep larger than MAX_SIDES keeps its last runs
+    kept = [side.label for side in new if side.label in sides]
     a = kept[0] if len(kept) > 1 else labels[-2] if len(labels) > 1 else labels[-1]
     return sides, gr.update(choices=labels, value=a), gr.update(choices=labels, value=labels[-1])
 
 
 def compare_runs(sides: dict | None, a: str | None, b: str | None, seq):
-    """The compare tab: where runs A and B first part on sequence `seq`, their aligned tokens, and the link that
-    opens this comparison ("" for an engine check, which no link replays)."""
+    """The compare tab: where runs A and B first part on sequence `seq`, their aligned tokens, and
+    the link that opens this comparison ("" for an engine check, which no link replays)."""
     sides = sides or {}
     if a not in sides or b not in sides:
-        return "Pick two runs: every run this page has shown you (the run view's, a sweep's) is listed.", "", ""
+        return ("Pick two runs: every run this page has shown you (the run view's, a sweep's) is "
+                "listed.", "", "")
     seq = int(seq or 0)
-    return (sidebyside.compare_summary_md(sides[a], sides[b], seq), sidebyside.aligned_html(sides[a], sides[b], seq),
+    return (sidebyside.compare_summary_md(sides[a], sides[b], seq),
+            sidebyside.aligned_html(sides[a], sides[b], seq),
             sidebyside.link(sides[a], sides[b], seq))
 
 
 def open_compare_link(query: str):
-    """Page load: a compare link opens the Compare tab, its two runs to be replayed; anything else leaves it be."""
+    """Page load: a compare link opens the Compare tab, its two runs to be replayed; anything else
+    leaves it be."""
     try:
         found = share.decode_compare(query or "")
     except SpecError as e:
@@ -255,22 +277,25 @@ def open_compare_link(query: str):
     if found is None:
         return None, gr.skip(), gr.skip()
     a, b, seq = found
-    return ({"a": a.canonical_json(), "b": b.canonical_json(), "seq": seq or 0}, "Replaying the two shared runs…",
-            gr.Tabs(selected="compare"))
+    return ({"a": a.canonical_json(), "b": b.canonical_json(), "seq": seq or 0},
+            "Replaying the two shared runs…", gr.Tabs(selected="compare"))
 
 
-def replay_compare(settings: Settings, pending: dict | None, sides: dict | None, progress=gr.Progress(),
-                   request: gr.Request = None):
-    """Decode a compare link's two runs (each from the cache, the bundle, else decoded) and pick them."""
+def replay_compare(settings: Settings, pending: dict | None, sides: dict | None,
+                   progress=gr.Progress(), request: gr.Request = None):
+    """Decode a compare link's two runs (each from the cache, the bundle, else decoded) and pick
+    them."""
     if not pending:
         return gr.skip(), gr.skip(), gr.skip(), gr.skip()
     session = request.session_hash if request else ""
     with serving.as_page_errors("the shared runs cannot be replayed here: "):
-        traces = [serving.served_trace(RunSpec.model_validate_json(pending[x]), settings, progress, session)[0] for x in "ab"]
+        traces = [serving.served_trace(RunSpec.model_validate_json(pending[x]), settings, progress,
+                                       session)[0] for x in "ab"]
     sides, _, _ = remember_sides(sides, *traces)
     labels = list(sides)
     a, b = (sidebyside.side_of_trace(t).label for t in traces)
-    return sides, gr.update(choices=labels, value=a), gr.update(choices=labels, value=b), pending["seq"]
+    return (sides, gr.update(choices=labels, value=a), gr.update(choices=labels, value=b),
+            pending["seq"])
 
 
 # A sweep's heatmap cell: open its run.
@@ -283,49 +308,63 @@ element.addEventListener('click', (e) => {
 
 
 def sweep_tab(settings: Settings) -> dict:
-    """The Sweep tab's controls and views, by name (SWEEP_DEFAULTS, SWEEP_VIEW_NAMES and the rest)."""
+    """The Sweep tab's controls and views, by name (SWEEP_DEFAULTS, SWEEP_VIEW_NAMES and the
+    rest)."""
     w = {"report": gr.State(None), "cell": gr.State(None), "pending": gr.State(None),
          "link_query": gr.Textbox(visible=False)}
     d = SWEEP_DEFAULTS
     with gr.Row():
         with gr.Column(scale=1, min_width=300):
-            gr.Markdown("Every run of a table of methods × fault sets × batch sizes × k × temperatures: greedy runs "
-                        "checked token by token against the batch-size-1 reference, sampled ones by their "
-                        "distribution. Or open a `specviz verify --json` report.")
-            w["pair"] = gr.Dropdown(list(PAIR_PRESETS), value=d["pair"], label="model pair", elem_id="sv-sweep-pair")
-            w["prompt_set"] = gr.Dropdown(list(builtin_sets()), value=d["prompt_set"], label="built-in prompts")
+            gr.Markdown("Every run of a table of methods × fault sets × batch sizes × k × "
+                        "temperatures: greedy runs checked token by token against the batch-size-1 "
+                        "reference, sampled ones by their distribution. Or open a `specviz verify "
+                        "--json` report.")
+            w["pair"] = gr.Dropdown(list(PAIR_PRESETS), value=d["pair"], label="model pair",
+                                    elem_id="sv-sweep-pair")
+            w["prompt_set"] = gr.Dropdown(list(builtin_sets()), value=d["prompt_set"],
+                                          label="built-in prompts")
             with gr.Row():
-                w["max_new_tokens"] = gr.Slider(1, settings.max_new_tokens, value=d["max_new_tokens"], step=1,
+                w["max_new_tokens"] = gr.Slider(1, settings.max_new_tokens,
+                                                value=d["max_new_tokens"], step=1,
                                                 label="max new tokens")
-                w["dtype"] = gr.Dropdown(list(DTYPES), value=d["dtype"], label="dtype", elem_id="sv-sweep-dtype")
-            w["methods"] = gr.CheckboxGroup(list(METHODS), value=d["methods"], label="methods", elem_id="sv-sweep-methods")
+                w["dtype"] = gr.Dropdown(list(DTYPES), value=d["dtype"], label="dtype",
+                                         elem_id="sv-sweep-dtype")
+            w["methods"] = gr.CheckboxGroup(list(METHODS), value=d["methods"], label="methods",
+                                            elem_id="sv-sweep-methods")
             w["drafters"] = gr.CheckboxGroup(list(DRAFTERS), value=d["drafters"], label="drafters")
-            w["fault_sets"] = gr.CheckboxGroup([NO_FAULTS, *FAULTS, *FAULT_PRESETS], value=d["fault_sets"],
-                                               label="faults: one run for each (the methods that take faults)",
+            w["fault_sets"] = gr.CheckboxGroup([NO_FAULTS, *FAULTS, *FAULT_PRESETS],
+                                               value=d["fault_sets"],
+                    label="faults: one run for each (the methods that take faults)",
                                                elem_id="sv-sweep-faults")
-            w["batch_sizes"] = gr.CheckboxGroup([b for b in SWEEP_BATCH_SIZES if b <= settings.max_batch_size],
-                                                value=d["batch_sizes"], label="batch sizes", elem_id="sv-sweep-bs")
+            w["batch_sizes"] = gr.CheckboxGroup([b for b in SWEEP_BATCH_SIZES
+                                                 if b <= settings.max_batch_size],
+                                                value=d["batch_sizes"], label="batch sizes",
+                                                elem_id="sv-sweep-bs")
             w["ks"] = gr.CheckboxGroup([k for k in SWEEP_KS if k <= settings.max_k], value=d["ks"],
                                        label="k (drafts a round)", elem_id="sv-sweep-k")
             w["temperatures"] = gr.CheckboxGroup(list(SWEEP_TEMPERATURES), value=d["temperatures"],
-                                                 label="temperatures (0: greedy, judged token by token; above 0: by "
-                                                       "the distribution)",
+                                                 label="temperatures (0: greedy, judged token by "
+                                                       "token; above 0: by the distribution)",
                                                  elem_id="sv-sweep-temperatures")
             with gr.Row():
                 w["run"] = gr.Button("Run the sweep", variant="primary", elem_id="sv-sweep-run")
                 w["stop"] = gr.Button("Stop", variant="stop")
             w["casebook"] = gr.Button(f"Run the field casebook ({len(CASES)} cases, one run each)",
                                       elem_id="sv-sweep-casebook")
-            w["upload"] = gr.File(label="or open a report (specviz verify --json)", file_types=[".json"],
-                                  type="filepath", elem_id="sv-sweep-upload", height=UPLOAD_HEIGHT)
-            w["download"] = gr.DownloadButton("Download the report (JSON)", value=None, elem_id="sv-sweep-download")
+            w["upload"] = gr.File(label="or open a report (specviz verify --json)",
+                                  file_types=[".json"], type="filepath", elem_id="sv-sweep-upload",
+                                  height=UPLOAD_HEIGHT)
+            w["download"] = gr.DownloadButton("Download the report (JSON)", value=None,
+                                              elem_id="sv-sweep-download")
         with gr.Column(scale=3, elem_id="sv-sweep-views"):
             w["status"] = gr.Markdown("", elem_id="sv-sweep-status", latex_delimiters=[])
             w["summary"] = gr.Markdown("Run a sweep or open a report.", elem_id="sv-sweep-summary",
                                        latex_delimiters=[])
-            w["link_box"] = gr.Textbox(label="share link (replays this sweep)", interactive=False, lines=1,
-                                       max_lines=1, buttons=["copy"], elem_id="sv-sweep-link")
-            gr.Markdown("### Equivalence — sequences equal to the reference (click a cell to open its run)")
+            w["link_box"] = gr.Textbox(label="share link (replays this sweep)", interactive=False,
+                                       lines=1, max_lines=1, buttons=["copy"],
+                                       elem_id="sv-sweep-link")
+            gr.Markdown("### Equivalence — sequences equal to the reference (click a cell to open "
+                        "its run)")
             with gr.Row():
                 w["exact"] = gr.HTML(js_on_load=CELL_CLICKS, elem_id="sv-sweep-exact")
                 w["prefix"] = gr.HTML(js_on_load=CELL_CLICKS, elem_id="sv-sweep-prefix")
@@ -340,16 +379,19 @@ def sweep_tab(settings: Settings) -> dict:
 
 def compare_tab() -> dict:
     p = {}
-    gr.Markdown("Two runs of the same prompts, token by token under the reference's: a bar where a round starts, "
-                "pink where a run departs from the reference, red at the first token where the two runs part. "
-                "The pickers list every run this page has shown you (the run view's and a sweep's).")
+    gr.Markdown("Two runs of the same prompts, token by token under the reference's: a bar where a "
+                "round starts, pink where a run departs from the reference, red at the first token "
+                "where the two runs part. The pickers list every run this page has shown you (the "
+                "run view's and a sweep's).")
     with gr.Row():
         p["a"] = gr.Dropdown([], label="run A", elem_id="sv-compare-a")
         p["b"] = gr.Dropdown([], label="run B", elem_id="sv-compare-b")
-        p["seq"] = gr.Number(value=0, precision=0, minimum=0, label="sequence", elem_id="sv-compare-seq")
+        p["seq"] = gr.Number(value=0, precision=0, minimum=0, label="sequence",
+                             elem_id="sv-compare-seq")
     p["summary"] = gr.Markdown("Pick two runs.", elem_id="sv-compare-summary", latex_delimiters=[])
     p["aligned"] = gr.HTML(elem_id="sv-compare-aligned", js_on_load=None)
-    p["link_box"] = gr.Textbox(label="share link (opens these two runs here, at this sequence)", interactive=False,
-                               lines=1, max_lines=1, elem_id="sv-compare-link", buttons=["copy"])
+    p["link_box"] = gr.Textbox(label="share link (opens these two runs here, at this sequence)",
+                               interactive=False, lines=1, max_lines=1, elem_id="sv-compare-link",
+                               buttons=["copy"])
     p["link_query"], p["pending"] = gr.Textbox(visible=False), gr.State(None)
     return p

@@ -1,5 +1,5 @@
-"""What every view of the page shares, built from a Trace alone (no model, no gradio): the focus, and strangers'
-text made safe to show.
+"""What every view of the page shares, built from a Trace alone (no model, no gradio): the focus,
+and strangers' text made safe to show.
 
 Every view is linked to one focus: a sequence and one of its rounds. HTML
 views (tokens.py, panel.py) carry `data-seq` / `data-round` on whatever can be
@@ -24,9 +24,11 @@ CHECK_TEXT = {
     "kv": "I3 target KV: one entry per real token, at its own position",
     "draft_kv": "I3 draft KV: the same for the draft's cache",
     "bonus": "I4 the non-draft token is the target's own (its argmax; when sampling, its draw)",
-    "recurrent": "I5 recurrent state: holds exactly the row's committed tokens (all but the last; the draft's, but two)",
+    "recurrent": "I5 recurrent state: holds exactly the row's committed tokens (all but the last; "
+                 "the draft's, but two)",
 }
-SOURCE_TEXT = {"draft": "accepted draft", "correction": "target correction", "bonus": "bonus (target, all drafts accepted)"}
+SOURCE_TEXT = {"draft": "accepted draft", "correction": "target correction",
+               "bonus": "bonus (target, all drafts accepted)"}
 # A sampled round's non-draft token: the distribution it was drawn from (trace.PickFrom).
 PICK_TEXT = {
     "target": "drawn from the target's p (every draft accepted: the bonus)",
@@ -38,7 +40,8 @@ PICK_TEXT = {
 @dataclass(frozen=True)
 class Focus:
     seq: int
-    round: int | None  # a global round index the sequence took part in; None for non-speculative traces
+    # a global round index the sequence took part in; None for non-speculative traces
+    round: int | None
 
 
 def rows_by_seq(trace: Trace) -> dict[int, list[RowRecord]]:
@@ -49,8 +52,9 @@ def rows_by_seq(trace: Trace) -> dict[int, list[RowRecord]]:
 
 
 def round_widths(trace: Trace) -> dict[int, int]:
-    """Each round's width: the most drafts any of its rows was offered (what its verify pass checked). A row may
-    be offered fewer, or none (prompt lookup found no match; the token budget ends the row)."""
+    """Each round's width: the most drafts any of its rows was offered (what its verify pass
+    checked). A row may be offered fewer, or none (prompt lookup found no match; the token budget
+    ends the row)."""
     out: dict[int, int] = defaultdict(int)
     for r in trace.rows:
         out[r.round] = max(out[r.round], len(r.draft_tokens))
@@ -60,7 +64,8 @@ def round_widths(trace: Trace) -> dict[int, int]:
 def no_rounds(trace: Trace) -> str:
     """Why a trace holds no rounds to draw."""
     if trace.manifest.engine is not None:
-        return "No rounds: an engine is judged from its tokens alone; its rounds are not seen from outside."
+        return ("No rounds: an engine is judged from its tokens alone; its rounds are not seen "
+                "from outside.")
     return "No rounds: this method does not speculate."
 
 
@@ -80,8 +85,8 @@ NO_DRAFTS = "no drafts offered"
 
 
 def fork_round(trace: Trace, seq: int, rows: list[RowRecord]) -> int | None:
-    """The round that emitted the sequence's first divergent token; in a sampled run, the round its state was found
-    corrupt in (forensics/whitebox.py)."""
+    """The round that emitted the sequence's first divergent token; in a sampled run, the round its
+    state was found corrupt in (forensics/whitebox.py)."""
     s = trace.sequences[seq]
     fork = s.first_divergence
     if fork is None:
@@ -97,9 +102,9 @@ def fork_round(trace: Trace, seq: int, rows: list[RowRecord]) -> int | None:
 def resolve(trace: Trace, seq: int | None = None, round: int | None = None) -> tuple[Focus, str]:
     """A valid focus near the one asked for, and a note when it had to move.
 
-    No sequence asked: the first divergent one; sampled, the one whose state went wrong first, else the first with
-    an impossible token or a wrong decision (else 0). No valid round: the round of its divergence (else its first
-    round).
+    No sequence asked: the first divergent one; sampled, the one whose state went wrong first, else
+    the first with an impossible token or a wrong decision (else 0). No valid round: the round of
+    its divergence (else its first round).
     """
     note = ""
     n = len(trace.sequences)
@@ -107,12 +112,14 @@ def resolve(trace: Trace, seq: int | None = None, round: int | None = None) -> t
         note = f"sequence {seq} is not in this run (it has {n}); showing another. "
         seq = None
     by_seq = rows_by_seq(trace)
-    if seq is None and metrics.sampled(trace):  # the corrupt state the run's verdict names: the earliest
+    # the corrupt state the run's verdict names: the earliest
+    if seq is None and metrics.sampled(trace):
         named = [s for s in trace.sequences if s.forensics]
         seq = min(named, key=lambda s: (s.forensics.round or 0, s.seq)).seq if named else None
     if seq is None:
         seq = next((s.seq for s in trace.sequences if s.equivalent is False), None)
-    if seq is None:  # a sampled run: the first sequence with an impossible token, else a wrong decision
+    # a sampled run: the first sequence with an impossible token, else a wrong decision
+    if seq is None:
         seq = next((s.seq for s in trace.sequences if metrics.impossible(s)), None)
     if seq is None:
         seq = next((r.seq for r in trace.rows if metrics.mismatched(r)), 0)
@@ -130,8 +137,8 @@ def resolve(trace: Trace, seq: int | None = None, round: int | None = None) -> t
 
 
 def evidence_round(trace: Trace, seq: int, rows: list[RowRecord]) -> int | None:
-    """A sampled sequence's round to open on: the one that emitted its first impossible token, else its first
-    round with a decision that does not follow its draw."""
+    """A sampled sequence's round to open on: the one that emitted its first impossible token, else
+    its first round with a decision that does not follow its draw."""
     s = trace.sequences[seq]
     first = next((i for i, u in enumerate(s.pit or ()) if u is None), None)
     if first is not None:
@@ -143,17 +150,19 @@ def evidence_round(trace: Trace, seq: int, rows: list[RowRecord]) -> int | None:
     return next((r.round for r in rows if metrics.mismatched(r)), None)
 
 
-# ---------------------------------------------------------------- text helpers
-# Every string in a trace or a link was written by a stranger: it is escaped wherever it becomes HTML
-# (html.escape) or Markdown (md), and token texts are shown as whole characters (text.py).
+# ---------------------------------------------------------------- text helpers Every string in a
+# trace or a link was written by a stranger: it is escaped wherever it becomes HTML (html.escape) or
+# Markdown (md), and token texts are shown as whole characters (text.py).
 
-PART = "…"  # a token holding only part of a character: the character shows on the token that completes it
+# a token holding only part of a character: the character shows on the token that completes it
+PART = "…"
 _MD_PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")
 
 
 def md(stranger: str) -> str:
-    """Text as inert Markdown: every ASCII punctuation mark backslash-escaped (CommonMark allows it for each),
-    so no link, image, HTML tag, code span or emphasis can start, and lines joined, so no block can either."""
+    """Text as inert Markdown: every ASCII punctuation mark backslash-escaped (CommonMark allows it
+    for each), so no link, image, HTML tag, code span or emphasis can start, and lines joined, so no
+    block can either."""
     return _MD_PUNCTUATION.sub(r"\\\g<0>", " ".join(stranger.splitlines()))
 
 
@@ -171,7 +180,8 @@ def chip_text(piece: str | None) -> str:
 
 
 def token_text(trace: Trace, tok: int) -> str | None:
-    """A token's own text; None when it holds only part of a character (alone, it decodes to U+FFFD)."""
+    """A token's own text; None when it holds only part of a character (alone, it decodes to
+    U+FFFD)."""
     piece = trace.vocab.get(tok, f"<{tok}>")
     return None if text.REPLACEMENT in piece else piece
 
@@ -182,7 +192,8 @@ def says(piece: str | None) -> str:
 
 
 def reads(pieces: list[str | None], i: int) -> str:
-    """What token i of a sequence reads as, for a tooltip: a partial token names the character it starts."""
+    """What token i of a sequence reads as, for a tooltip: a partial token names the character it
+    starts."""
     if pieces[i] is not None:
         return repr(pieces[i])
     end = text.character_at(pieces, i)[1]

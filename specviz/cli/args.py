@@ -1,6 +1,6 @@
-"""The command line's arguments: those every command shares (the pair, the prompts, decoding, sampling), their
-types, and a RunSpec made of them. A flag that sets a RunSpec field defaults to that field's
-default."""
+"""The command line's arguments: those every command shares (the pair, the prompts, decoding,
+sampling), their types, and a RunSpec made of them. A flag that sets a RunSpec field defaults to
+that field's default."""
 from __future__ import annotations
 
 import argparse
@@ -13,7 +13,8 @@ from specviz.spec.faults import FAULTS
 from specviz.spec.faults import FAULT_PRESETS
 from specviz.spec.methods import METHODS
 from specviz.spec.prompts import DEFAULT_SET, builtin_set, builtin_sets, read_prompts
-from specviz.spec.run import DEVICES, DTYPES, MAX_BATCH_SIZE, PAIR_PRESETS, RowSampling, RunSpec, SpecError, row_fields
+from specviz.spec.run import (DEVICES, DTYPES, MAX_BATCH_SIZE, PAIR_PRESETS, RowSampling, RunSpec,
+                              SpecError, row_fields)
 from specviz.trace.sweep import NO_FAULTS
 
 
@@ -23,7 +24,8 @@ def _list_of(kind: type, what: str):
         try:
             return [kind(x) for x in text.split(",") if x.strip()]
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got "
+                                             f"{text!r}") from None
     return parse
 
 
@@ -39,35 +41,45 @@ def add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft", help="draft model: Hub id or local path (overrides --pair)")
     g.add_argument("--target-revision")
     g.add_argument("--draft-revision")
-    g.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
+    g.add_argument("--trust-remote-code", action="store_true",
+                   help="allow models that ship their own code")
     g.add_argument("--device-map", choices=["auto"],
-                   help="spread a target too large for one GPU over the visible GPUs with accelerate (then CPU memory)")
+                   help="spread a target too large for one GPU over the visible GPUs with "
+                        "accelerate (then CPU memory)")
     g.add_argument("--max-memory", metavar="LIMITS",
-                   help="per-device limits for spreading the target, e.g. 0=20GiB,1=20GiB,cpu=64GiB (implies --device-map auto)")
+                   help="per-device limits for spreading the target, e.g. "
+                        "0=20GiB,1=20GiB,cpu=64GiB (implies --device-map auto)")
     g = p.add_argument_group("prompts")
-    g.add_argument("--prompts", type=Path, help="a file: one prompt a line, or Spec-Bench JSONL (turns[0])")
+    g.add_argument("--prompts", type=Path,
+                   help="a file: one prompt a line, or Spec-Bench JSONL (turns[0])")
     g.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     g.add_argument("--prompt-set", choices=sorted(builtin_sets()),
                    help=f"a built-in prompt set (default: {DEFAULT_SET})")
     g.add_argument("--limit", type=int, help="use only the first N prompts of the --prompts file")
-    g.add_argument("--sort-by-length", action="store_true", help="order all prompts by length (after --limit)")
-    g.add_argument("--no-chat-template", action="store_true", help="feed prompts raw, without the chat template")
+    g.add_argument("--sort-by-length", action="store_true",
+                   help="order all prompts by length (after --limit)")
+    g.add_argument("--no-chat-template", action="store_true",
+                   help="feed prompts raw, without the chat template")
     g = p.add_argument_group("decoding")
     g.add_argument("--max-new-tokens", type=int, default=default_of("max_new_tokens"))
     g.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                   help="a stop string: an output ends at the token whose text completes it, that token kept, as "
-                        "at an end-of-sequence token (repeat it for more; check: the engine's own stop strings)")
+                   help="a stop string: an output ends at the token whose text completes it, that "
+                        "token kept, as at an end-of-sequence token (repeat it for more; check: "
+                        "the engine's own stop strings)")
     g.add_argument("--dtype", choices=DTYPES, default=default_of("dtype"))
     g.add_argument("--device", choices=DEVICES, default=default_of("device"))
     g.add_argument("--seed", type=int, default=default_of("seed"),
                    help="sampled runs: every sequence's random stream derives from it")
     g.add_argument("--deterministic", action="store_true",
-                   help="deterministic GPU kernels (fixed cuBLAS workspace, no TF32): reruns repeat bit for bit; slower")
-    g.add_argument("--window", type=int, help="exspec: active sequences in the window (default 2 x batch size)")
+                   help="deterministic GPU kernels (fixed cuBLAS workspace, no TF32): reruns "
+                        "repeat bit for bit; slower")
+    g.add_argument("--window", type=int,
+                   help="exspec: active sequences in the window (default 2 x batch size)")
     g.add_argument("--max-wait", type=int, default=default_of("max_wait"),
                    help="exspec: rounds a sequence may be passed over")
     g.add_argument("--drafter", type=drafters, default=[default_of("drafter")], metavar="DRAFTER",
-                   help="what proposes the drafts: " + "; ".join(f"{n}: {d.summary}" for n, d in DRAFTERS.items())
+                   help="what proposes the drafts: "
+                   + "; ".join(f"{n}: {d.summary}" for n, d in DRAFTERS.items())
                         + " (verify and bench: several, comma-separated)")
     # Unset, a drafter's options stay out of the spec (spec_of): RunSpec's defaults, in the help.
     g.add_argument("--ngram-min", type=int,
@@ -78,32 +90,39 @@ def add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tree-width", type=int,
                    help="candidates per position, verified as one token tree (eqspec and exspec; "
                         f"default {default_of('tree_width')}: a chain)")
-    g.add_argument("--faults", default="", help=f"comma-separated faults or presets: {', '.join([*FAULTS, *FAULT_PRESETS])}"
+    g.add_argument("--faults", default="",
+                   help=f"comma-separated faults or presets: {', '.join([*FAULTS, *FAULT_PRESETS])}"
                                                  " (in the methods that take faults)")
     g.add_argument("--audit", type=int, nargs="?", const=MAX_BATCH_SIZE,
                    default=default_of("audit"), metavar="ROWS",
-                   help="check every row's state against a fresh batch-size-1 recomputation every round, or ROWS "
-                        "sampled rows a round: finds corruption before (or without) a fork; about one extra "
-                        "batch-size-1 pass of the target and one of the draft per audited row and round")
+                   help="check every row's state against a fresh batch-size-1 recomputation every "
+                        "round, or ROWS sampled rows a round: finds corruption before (or without) "
+                        "a fork; about one extra batch-size-1 pass of the target and one of the "
+                        "draft per audited row and round")
     g = p.add_argument_group("sampling (temperature 0: greedy)")
     g.add_argument("--temperature", type=float, default=default_of("temperature"))
     g.add_argument("--top-k", type=int, default=default_of("top_k"), help="0: off")
     g.add_argument("--top-p", type=float, default=default_of("top_p"), help="1: off")
-    g.add_argument("--draft-temperature", type=float, help="the draft's own (default: the target's)")
+    g.add_argument("--draft-temperature", type=float,
+                   help="the draft's own (default: the target's)")
     g.add_argument("--draft-top-k", type=int, help="the draft's own (default: the target's)")
     g.add_argument("--draft-top-p", type=float, help="the draft's own (default: the target's)")
     g.add_argument("--repetition-penalty", type=float, default=default_of("repetition_penalty"),
-                   help="transformers' on the target's logits: a token of the prompt or output has its logit divided "
-                        "by it where positive, multiplied where negative (1: off)")
+                   help="transformers' on the target's logits: a token of the prompt or output has "
+                        "its logit divided by it where positive, multiplied where negative (1: "
+                        "off)")
     g.add_argument("--presence-penalty", type=float, default=default_of("presence_penalty"),
-                   help="OpenAI's: subtracted from the target's logit of every token the output holds (0: off)")
+                   help="OpenAI's: subtracted from the target's logit of every token the output "
+                        "holds (0: off)")
     g.add_argument("--logprobs", action="store_true",
-                   help="record each token's log-probability under the target, and judge them against a fresh "
-                        "float64 recomputation")
+                   help="record each token's log-probability under the target, and judge them "
+                        "against a fresh float64 recomputation")
     g.add_argument("--row", type=row_sampling, action="append", default=[], metavar="KEY=VALUE,...",
-                   help="one request's own settings, in place of --temperature, --top-k and --top-p; repeat it for "
-                        "more requests, given to the prompts in turn (prompt i gets the (i mod n)-th): keys "
-                        f"{', '.join(RowSampling.model_fields)}; an unset temperature is 1, an unset seed the run's "
+                   help="one request's own settings, in place of --temperature, --top-k and "
+                        "--top-p; repeat it for more requests, given to the prompts in turn "
+                        "(prompt i gets the (i mod n)-th): keys "
+                        f"{', '.join(RowSampling.model_fields)}; an unset temperature is 1, an "
+                        "unset seed the run's "
                         "stream (e.g. --row temperature=0 --row top_k=20,seed=7)")
 
 
@@ -121,7 +140,8 @@ def _names_of(known: dict, what: str):
         got = [x.strip() for x in text.split(",") if x.strip()]
         unknown = [n for n in got if n not in known]
         if unknown or not got:
-            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(unknown) or repr(text)}; choose from "
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(unknown) or repr(text)}; "
+                                             "choose from "
                                              + ", ".join(known))
         return got
     return names
@@ -152,10 +172,11 @@ def spec_of(args, **overrides) -> RunSpec:
         max_new_tokens=args.max_new_tokens, dtype=args.dtype, device=args.device, seed=args.seed,
         faults=tuple(f.strip() for f in args.faults.split(",") if f.strip()),
         window=args.window, max_wait=args.max_wait, audit=args.audit,
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, draft_temperature=args.draft_temperature,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        draft_temperature=args.draft_temperature,
         draft_top_k=args.draft_top_k, draft_top_p=args.draft_top_p, drafter=args.drafter[0],
-        repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty, logprobs=args.logprobs,
-        rows=tuple(args.row), stop=tuple(args.stop),
+        repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+        logprobs=args.logprobs, rows=tuple(args.row), stop=tuple(args.stop),
     )
     fields.update(overrides)
     options = {f: getattr(args, f) for f in DRAFTER_OPTIONS if getattr(args, f) is not None}

@@ -1,4 +1,5 @@
-"""The command line's commands: run, verify, check, shrink, bench, schema; what each prints and writes."""
+"""The command line's commands: run, verify, check, shrink, bench, schema; what each prints and
+writes."""
 from __future__ import annotations
 
 import contextlib
@@ -27,14 +28,16 @@ from specviz.trace.text import clip
 
 @contextlib.contextmanager
 def _bars(total: Callable[[str], int | None]):
-    """A progress callback `(phase, n)` drawing one bar per phase, of `total(phase)` units (None: a count)."""
+    """A progress callback `(phase, n)` drawing one bar per phase, of `total(phase)` units (None: a
+    count)."""
     bars: dict[str, tqdm] = {}
 
     def progress(phase: str, n: int) -> None:
         if phase not in bars:
             unit = "replay" if phase == "attribution" else "tok"
             bars[phase] = tqdm(total=total(phase), desc=phase, unit=unit, leave=False,
-                               disable=not sys.stderr.isatty() or launch.rank() > 0)  # one process draws
+                               # one process draws
+                               disable=not sys.stderr.isatty() or launch.rank() > 0)
         bars[phase].update(n)
 
     try:
@@ -60,12 +63,15 @@ def cmd_run(args) -> int:
     trace = _run_with_bars(spec, args, record=not args.no_record)
     tok = pair_for(spec, args.trust_remote_code, placement_of(args)).tokenizer
     for s, p in zip(trace.sequences, trace.prompts):
-        mark = {True: "= reference", False: f"DIVERGES at token {s.first_divergence}", None: ""}[s.equivalent]
+        mark = {True: "= reference", False: f"DIVERGES at token {s.first_divergence}",
+                None: ""}[s.equivalent]
         print(f"\n[{s.seq}] {clip(p.text, 70)!r}  ({len(s.output_ids)} tokens) {mark}")
         print("   " + tok.decode(s.output_ids).replace("\n", "\n   "))
         if s.logprobs:
-            print(f"   log-probability {sum(s.logprobs):.4g} (mean {sum(s.logprobs) / len(s.logprobs):.4g} a token); "
-                  "per token: " + " ".join(f"{x:.3g}" for x in s.logprobs[:12]) + (" …" if len(s.logprobs) > 12 else ""))
+            print(f"   log-probability {sum(s.logprobs):.4g} (mean "
+                  f"{sum(s.logprobs) / len(s.logprobs):.4g} a token); "
+                  "per token: " + " ".join(f"{x:.3g}" for x in s.logprobs[:12])
+                  + (" …" if len(s.logprobs) > 12 else ""))
         if s.forensics:
             print(f"   -> {s.forensics.verdict}: {s.forensics.explanation}")
     print()
@@ -90,17 +96,20 @@ def _write_text(path: Path, text: str, what: str = "") -> None:
 def _print_summary(trace) -> None:
     m = trace.manifest
     eq = metrics.equivalence(trace)
-    line = f"{m.spec.method}: {sum(len(s.output_ids) for s in trace.sequences)} tokens in {m.decode_seconds:.1f} s"
+    line = (f"{m.spec.method}: {sum(len(s.output_ids) for s in trace.sequences)} tokens in "
+            f"{m.decode_seconds:.1f} s")
     if trace.rows:
         line += (f"; acceptance rate {metrics.acceptance_rate(trace):.2f}, "
-                 f"{metrics.tokens_per_round(trace):.2f} tokens per round, {len(trace.rounds)} rounds")
+                 f"{metrics.tokens_per_round(trace):.2f} tokens per round, {len(trace.rounds)} "
+                 "rounds")
     print(line)
     if metrics.group_rate(trace) is not None:
         pct = metrics.completion_percentiles(trace)
         print(f"group rate {metrics.group_rate(trace):.0%}; completion P50/P90/P99 "
               f"{pct['p50']:.2f}/{pct['p90']:.2f}/{pct['p99']:.2f} s")
     if eq:
-        print(f"equivalence with reference: {eq['exact']:.0%} exact, {eq['prefix']:.1%} prefix match (n={eq['n']})")
+        print(f"equivalence with reference: {eq['exact']:.0%} exact, {eq['prefix']:.1%} prefix "
+              f"match (n={eq['n']})")
     if trace.acceptance:
         print(f"drafts: {trace.acceptance.verdict or OWN_DRAFTS}. {trace.acceptance.explanation}")
     _print_yardsticks(trace)
@@ -108,7 +117,8 @@ def _print_summary(trace) -> None:
 
 
 def _print_yardsticks(trace) -> None:
-    """What the verdicts were judged against, and how far an engine departs from the model at all."""
+    """What the verdicts were judged against, and how far an engine departs from the model at
+    all."""
     ys = trace.manifest.yardstick
     if ys is None:
         return
@@ -132,31 +142,38 @@ def _print_distribution(trace) -> None:
         if (a := trace.distribution.attribution) is not None:
             print(f"attribution: {a.explanation}")
             for h in a.hypotheses:
-                print(f"  {'named ' if h.named else ''}{h.fault}: {metrics.ratio_text(h)} over the correct rule")
+                print(f"  {'named ' if h.named else ''}{h.fault}: {metrics.ratio_text(h)} over "
+                      "the correct rule")
 
 
 def _distribution(trace) -> str:
-    """A sampled run's verdict in one line: the kind of fault where one was found, then the distribution test."""
+    """A sampled run's verdict in one line: the kind of fault where one was found, then the
+    distribution test."""
     d, line = trace.distribution, trace.distribution.verdict
     kind = metrics.sampled_verdict(trace)
     if kind and kind[0] != d.verdict:
         line = f"{kind[0]}; {line}"
     if d.p is not None:
-        line += f" (p = {d.p:.2g}, {d.tokens} tokens" + (f"; fails: {d.failing}" if d.failing else "") + ")"
+        line += f" (p = {d.p:.2g}, {d.tokens} tokens" + (f"; fails: {d.failing}" if d.failing
+                                                         else "") + ")"
     if d.impossible:
         line += f"; {d.impossible} tokens the target gives probability 0"
     if trace.decisions:
-        line += f"; decision audit: {trace.decisions.mismatches} of {trace.decisions.checked} decisions mismatch"
+        line += (f"; decision audit: {trace.decisions.mismatches} of {trace.decisions.checked} "
+                 "decisions mismatch")
     return line
 
 
 def _sweep(args) -> Sweep:
-    """verify's runs: the methods × drafters × fault sets × batch sizes × k × temperatures on one base spec."""
+    """verify's runs: the methods × drafters × fault sets × batch sizes × k × temperatures on one
+    base spec."""
     if args.fault_sets and args.faults:
         raise SpecError("give one fault set as --faults or several as --fault-sets, not both")
-    # The base carries a swept drafter's options (the lookup's n-gram sizes); every run sets its own method and drafter.
+    # The base carries a swept drafter's options (the lookup's n-gram sizes); every run sets its own
+    # method and drafter.
     drafter = next((d for d in args.drafter if DRAFTERS[d].options), args.drafter[0])
-    # It samples at its highest temperature, so that the sampling settings hold; every run sets its own.
+    # It samples at its highest temperature, so that the sampling settings hold; every run sets its
+    # own.
     temperatures = args.temperatures or [args.temperature]
     hottest = max(temperatures, default=0)
     base = spec_of(args, drafter=drafter, faults=(), batch_size=min(args.batch_sizes, default=1),
@@ -175,9 +192,10 @@ def _print_row(spec: RunSpec, trace: Trace) -> Trace:
     if trace.acceptance and trace.acceptance.verdict:
         shown += f"; drafts: {trace.acceptance.verdict}"
     if row.audit:
-        shown += "; audit: state departed in {target} (target) and {draft} (draft) sequences".format(**row.audit)
-    tqdm.write(f"{row.method:<18} {row.drafter:<8} {row.faults or '-':<14} {row.batch_size:>3} {row.k:>3} "
-               f"{row.temperature:>4g} {row.n:>5} "
+        shown += ("; audit: state departed in {target} (target) and {draft} (draft) "
+                  "sequences").format(**row.audit)
+    tqdm.write(f"{row.method:<18} {row.drafter:<8} {row.faults or '-':<14} {row.batch_size:>3} "
+               f"{row.k:>3} {row.temperature:>4g} {row.n:>5} "
                f"{metrics.percent(row.exact_pct):>8} {metrics.percent(row.prefix_pct):>9}  {shown}")
     return trace
 
@@ -189,68 +207,84 @@ def cmd_verify(args) -> int:
     specs = plan.specs()
     reports = launch.is_main()  # under `accelerate launch`, the main process reports for all
     if reports:
-        print(f"{'method':<18} {'drafter':<8} {'faults':<14} {'bs':>3} {'k':>3} {'T':>4} {'n':>5} {'exact %':>8} {'prefix %':>9}"
+        print(f"{'method':<18} {'drafter':<8} {'faults':<14} {'bs':>3} {'k':>3} {'T':>4} {'n':>5} "
+              f"{'exact %':>8} {'prefix %':>9}"
               "  verdicts")
-    # Recorded runs: every one for a report (its accept lengths and rounds come from the records), else those with
-    # something to explain, and sampled ones (their decisions are audited, their PIT split by slot).
-    recorded = [bool(args.json or spec.faults or spec.audit or not spec.greedy or args.forensics) for spec in specs]
+    # Recorded runs: every one for a report (its accept lengths and rounds come from the records),
+    # else those with something to explain, and sampled ones (their decisions are audited, their PIT
+    # split by slot).
+    recorded = [bool(args.json or spec.faults or spec.audit or not spec.greedy or args.forensics)
+                for spec in specs]
     traces = sweep(list(zip(specs, recorded)), args.trust_remote_code, placement_of(args))
     if not reports:  # this process decoded its shares for the main one
         for _ in traces:
             pass
         return 0
-    bar = tqdm(traces, total=len(specs), desc="verify", leave=False, disable=not sys.stderr.isatty())
+    bar = tqdm(traces, total=len(specs), desc="verify", leave=False,
+               disable=not sys.stderr.isatty())
     done = report(plan, (_print_row(spec, trace) for spec, trace in zip(specs, bar)))
     if args.json:
         _write_text(args.json, done.to_json())
-    sound = all(r.distribution.verdict == "consistent" if r.distribution else r.exact_pct == 100 for r in done.rows)
+    sound = all(r.distribution.verdict == "consistent" if r.distribution else r.exact_pct == 100
+                for r in done.rows)
     return 0 if sound or args.allow_divergence else 1
 
 
 def cmd_check(args) -> int:
     from specviz.run import check
 
-    reports = launch.is_main()  # under `accelerate launch`, every process judges a share and the main one reports
+    # under `accelerate launch`, every process judges a share and the main one reports
+    reports = launch.is_main()
     if sum(map(bool, (args.server, args.outputs, args.engine))) != 1:
-        raise SpecError("give the engine as one of --server URL, --outputs FILE or --engine module:function")
+        raise SpecError("give the engine as one of --server URL, --outputs FILE or --engine "
+                        "module:function")
     spec = spec_of(args, method=ENGINE, k=args.k)
     pair = pair_for(spec, args.trust_remote_code, placement_of(args))
     if args.determinism and not args.server:
         raise SpecError("--determinism asks a server again: give the engine as --server URL")
     if args.stop and (args.server or args.control_server):
-        raise SpecError("stop strings are not sent to servers (how each engine's token ids end at one is not "
-                        "checked yet): check a file of the server's outputs made with them, --outputs FILE --stop")
-    with _bars(lambda phase: None) as progress:  # the budget of an outputs file is its longest output
+        raise SpecError("stop strings are not sent to servers (how each engine's token ids end at "
+                        "one is not checked yet): check a file of the server's outputs made with "
+                        "them, --outputs FILE --stop")
+    # the budget of an outputs file is its longest output
+    with _bars(lambda phase: None) as progress:
         judging = check.Judging(args.decode_reference, progress, args.checkpoint, args.attribute)
         if args.outputs:
             control = (args.control.read_bytes(), args.control.name) if args.control else None
-            trace = check.from_files(spec, pair, (args.outputs.read_bytes(), args.outputs.name), control,
-                                     judging=judging, drafter=args.engine_drafter)
+            trace = check.from_files(spec, pair, (args.outputs.read_bytes(), args.outputs.name),
+                                     control, judging=judging, drafter=args.engine_drafter)
         elif args.server:
-            control = (args.control_server, args.control_served_model or args.served_model) if args.control_server else None
-            trace = check.from_servers(spec, pair, (args.server, args.served_model), control, args.concurrency,
-                                       args.timeout, determinism=args.determinism, judging=judging,
-                                       drafter=args.engine_drafter)
+            control = (args.control_server,
+                    args.control_served_model or args.served_model) if args.control_server else None
+            trace = check.from_servers(spec, pair, (args.server, args.served_model), control,
+                                       args.concurrency, args.timeout, determinism=args.determinism,
+                                       judging=judging, drafter=args.engine_drafter)
         else:
-            trace = check.from_callables(spec, pair, args.engine, args.control_engine, judging, args.engine_drafter)
+            trace = check.from_callables(spec, pair, args.engine, args.control_engine, judging,
+                                         args.engine_drafter)
     if not reports:
         return 0
     _print_check(trace)
     if args.json:
-        _write_text(args.json, json.dumps({"engine": trace.manifest.engine.model_dump(), "summary": metrics.engine_summary(trace),
-                                      "sequences": [s.model_dump() for s in trace.sequences]}, indent=1))
+        _write_text(args.json,
+                    json.dumps({"engine": trace.manifest.engine.model_dump(),
+                                "summary": metrics.engine_summary(trace),
+                                      "sequences": [s.model_dump() for s in trace.sequences]},
+                               indent=1))
     if args.trace:
         _write_text(args.trace, trace.to_json(), "trace")
     return 0
 
 
 def _print_check(trace) -> None:
-    print(f"{'engine':<44} {'n':>4} {'errors':>6} {'exact %':>8} {'prefix %':>9} {'tok/s':>7}  verdicts")
+    print(f"{'engine':<44} {'n':>4} {'errors':>6} {'exact %':>8} {'prefix %':>9} {'tok/s':>7}  "
+          "verdicts")
     for row in metrics.engine_summary(trace):
         tps = "-" if row["tokens_per_second"] is None else f"{row['tokens_per_second']:.1f}"
         shown = ", ".join(f"{v} {c}" for v, c in row["verdicts"].items()) or "-"
-        print(f"{row['engine'][:44]:<44} {row['n']:>4} {row['errors']:>6} {metrics.percent(row['exact_pct']):>8} "
-              f"{metrics.percent(row['prefix_pct']):>9} {tps:>7}  {shown}")
+        print(f"{row['engine'][:44]:<44} {row['n']:>4} {row['errors']:>6} "
+              f"{metrics.percent(row['exact_pct']):>8} {metrics.percent(row['prefix_pct']):>9} "
+              f"{tps:>7}  {shown}")
     _print_yardsticks(trace)
     if proofs := metrics.reference_proofs(trace):
         print(f"reference: {proofs}")
@@ -259,7 +293,8 @@ def _print_check(trace) -> None:
     for s in trace.sequences:
         if s.forensics:
             print(f"  [{s.seq}] {s.forensics.verdict}: {s.forensics.explanation}")
-            if verdict(s.forensics.verdict).bug:  # a bug seen from outside: the smallest request that shows it
+            # a bug seen from outside: the smallest request that shows it
+            if verdict(s.forensics.verdict).bug:
                 print(f"    reproduce: {_reproducer(trace, s)}")
             if s.attribution:
                 _print_attribution(s.attribution)
@@ -268,49 +303,56 @@ def _print_check(trace) -> None:
 
 
 def _print_attribution(a) -> None:
-    """Which mechanism writes the fork's tokens: the finding, then the best hypotheses, one a line."""
+    """Which mechanism writes the fork's tokens: the finding, then the best hypotheses, one a
+    line."""
     print(f"    attribution: {a.explanation}")
     for h in a.hypotheses[:3]:
         where = "alone" if not h.companions else f"beside {','.join(map(str, h.companions))}"
         failed = "none" if h.failed_at is None else h.failed_at
-        print(f"      {'named ' if h.named else ''}{'+'.join(h.faults)} ({where}): {h.explained} of {a.tokens} tokens "
-              f"written, {h.beyond} of {len(a.departing)} departing, first failed {failed}")
+        print(f"      {'named ' if h.named else ''}{'+'.join(h.faults)} ({where}): {h.explained} "
+              f"of {a.tokens} tokens written, {h.beyond} of {len(a.departing)} departing, first "
+              f"failed {failed}")
     for fact in a.facts:
         print(f"      fact: {fact}")
-    print(f"      tried {len(a.hypotheses)} mechanisms in {a.replays} replays ({a.seconds:.1f} s); skipped "
-          f"{len(a.skipped)} that do not fit the engine")
+    print(f"      tried {len(a.hypotheses)} mechanisms in {a.replays} replays ({a.seconds:.1f} s); "
+          f"skipped {len(a.skipped)} that do not fit the engine")
 
 
 def _reproducer(trace, s) -> str:
-    """The smallest request that shows a bug's fork: the prompt's ids, greedy, up to the fork token."""
+    """The smallest request that shows a bug's fork: the prompt's ids, greedy, up to the fork
+    token."""
     e, f = trace.manifest.engine, s.forensics
     budget = f.fork + 1
-    should = "nothing (the reference has stopped)" if f.reference_token is None else f.reference_token
+    should = ("nothing (the reference has stopped)" if f.reference_token is None
+              else f.reference_token)
     dialects = {d.name: d for d in (LlamaCpp, OpenAI)}
     if e.source == "server" and e.settings.get("api") in dialects:
-        asked = dialects[e.settings["api"]](e.settings.get("served_model") or "", budget, 0.0, 1.0, 0, 0)
+        asked = dialects[e.settings["api"]](e.settings.get("served_model") or "", budget, 0.0, 1.0,
+                                            0, 0)
         body = json.dumps(asked.request(trace.prompts[s.seq].ids, None), separators=(",", ":"))
         return f"POST {asked.path} {body} (token {f.fork} should be {should}, is {f.output_token})"
-    return (f"prompt ids {trace.prompts[s.seq].ids}, greedy, {budget} tokens: token {f.fork} should be "
-            f"{should}, is {f.output_token}")
+    return (f"prompt ids {trace.prompts[s.seq].ids}, greedy, {budget} tokens: token {f.fork} "
+            f"should be {should}, is {f.output_token}")
 
 
 def _print_engine_facts(trace) -> None:
-    """What the engine said besides its outputs: its drafts (judged, where it drafts with the check's draft model),
-    the fields of its file left unread, its determinism."""
+    """What the engine said besides its outputs: its drafts (judged, where it drafts with the
+    check's draft model), the fields of its file left unread, its determinism."""
     engine = trace.manifest.engine
     accepted, offered = metrics.engine_drafts(trace)
     if offered:
-        print(f"engine drafts, per request: {accepted} of {offered} draft tokens accepted ({accepted / offered:.0%})")
+        print(f"engine drafts, per request: {accepted} of {offered} draft tokens accepted "
+              f"({accepted / offered:.0%})")
     counters = engine.settings.get("spec_decode") or {}
     if counters.get("draft_tokens"):
         drafts = counters.get("drafts") or 0
         positions = sorted((k for k in counters if k.startswith("accepted_tokens_per_pos_")),
                            key=lambda k: int(k.rsplit("_", 1)[1]))
         by_position = [counters[k] / drafts for k in positions]
-        print(f"engine drafts, its /metrics: {counters['accepted_tokens']:.0f} of {counters['draft_tokens']:.0f} draft "
-              f"tokens accepted in {drafts:.0f} drafts" + (
-                  "; accepted by position: " + " ".join(f"{a:.2f}" for a in by_position) if drafts and by_position
+        print(f"engine drafts, its /metrics: {counters['accepted_tokens']:.0f} of "
+              f"{counters['draft_tokens']:.0f} draft tokens accepted in {drafts:.0f} drafts" + (
+                  "; accepted by position: " + " ".join(f"{a:.2f}" for a in by_position) if drafts
+                  and by_position
                   else ""))
     if trace.acceptance:  # declared to draft with the check's draft model: its counts judged
         print(f"drafts: {trace.acceptance.verdict or OWN_DRAFTS}. {trace.acceptance.explanation}")
@@ -336,16 +378,18 @@ def cmd_shrink(args) -> int:
     marked = [s.seq for s in trace.sequences if _marked(trace, s.seq)]
     seq = marked[0] if args.seq is None and marked else args.seq
     if seq is None or seq not in marked:
-        what = "shows no corrupt state or impossible token" if metrics.sampled(trace) else "does not diverge"
+        what = ("shows no corrupt state or impossible token" if metrics.sampled(trace)
+                else "does not diverge")
         raise SpecError(f"sequence {seq} {what} in that run; those that do: {marked or 'none'}")
     mark = mark_of(trace, seq)
     print(f"before: {size(spec)}; sequence {seq} {mark.describe()}")
     with tqdm(desc="shrink", unit="run", disable=not sys.stderr.isatty()) as bar:
-        found = shrink(spec, seq, mark, pair_for(spec, args.trust_remote_code), progress=lambda n: bar.update())
+        found = shrink(spec, seq, mark, pair_for(spec, args.trust_remote_code),
+                       progress=lambda n: bar.update())
     small = found.trace.sequences[found.seq]
     verdict = small.forensics.verdict if small.forensics else "-"
-    print(f"after:  {size(found.trace.manifest.spec)}; sequence {found.seq} still {mark.describe()}: "
-          f"{verdict} ({found.trials} runs tried)")
+    print(f"after:  {size(found.trace.manifest.spec)}; sequence {found.seq} still "
+          f"{mark.describe()}: {verdict} ({found.trials} runs tried)")
     print(f"share link: {args.url.rstrip('/')}/{found.link()}")
     if args.out:
         _write_text(args.out, found.trace.to_json(), "trace")
@@ -353,7 +397,8 @@ def cmd_shrink(args) -> int:
 
 
 def _marked(trace: Trace, seq: int) -> bool:
-    """Whether sequence `seq` shows something to shrink (a fork; sampled, a corrupt state or an impossible token)."""
+    """Whether sequence `seq` shows something to shrink (a fork; sampled, a corrupt state or an
+    impossible token)."""
     from specviz.run.shrink import mark_of
 
     try:
@@ -374,8 +419,8 @@ def cmd_bench(args) -> int:
 
 
 def cmd_schema(args) -> int:
-    print(json.dumps(jsonl.outputs_schema() if args.outputs else SweepReport.model_json_schema() if args.report else trace_schema(),
-                     indent=1))
+    print(json.dumps(jsonl.outputs_schema() if args.outputs else SweepReport.model_json_schema()
+                     if args.report else trace_schema(), indent=1))
     return 0
 
 
@@ -384,7 +429,8 @@ def cmd_train_head(args) -> int:
     from specviz.spec.prompts import builtin_set
 
     recipe = TRAINED[EMBEDDED_TARGET]
-    units = {CONTINUING: len(builtin_set(recipe.prompts)) * recipe.new_tokens * (1 + recipe.sampled)}
+    units = {CONTINUING: len(builtin_set(recipe.prompts)) * recipe.new_tokens
+             * (1 + recipe.sampled)}
     pair = load_pair(*PAIR_PRESETS["embedded"], dtype="float32", device=args.device)
     with _bars(lambda phase: units.get(phase, recipe.steps)) as progress:
         path, losses = train_head(pair, EMBEDDED_TARGET, progress)

@@ -1,4 +1,5 @@
-"""specviz on the command line: run, verify, check, shrink, bench, schema and train-head, without a browser."""
+"""specviz on the command line: run, verify, check, shrink, bench, schema and train-head, without a
+browser."""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +7,8 @@ import sys
 from pathlib import Path
 
 from specviz.cli.args import add_common, fault_set, float_list, int_list, methods
-from specviz.cli.commands import cmd_bench, cmd_check, cmd_run, cmd_schema, cmd_shrink, cmd_train_head, cmd_verify
+from specviz.cli.commands import (cmd_bench, cmd_check, cmd_run, cmd_schema, cmd_shrink,
+                                  cmd_train_head, cmd_verify)
 from specviz.decoding import determinism
 from specviz.forensics import yardstick_cache
 from specviz.spec.defaults import default_of
@@ -19,13 +21,15 @@ from specviz.trace.sweep import NO_FAULTS
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="specviz", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
-    for add in (_add_run, _add_verify, _add_check, _add_shrink, _add_bench, _add_schema, _add_train_head):
+    for add in (_add_run, _add_verify, _add_check, _add_shrink, _add_bench, _add_schema,
+                _add_train_head):
         add(sub)
     return ap
 
 
 def _add_run(sub) -> None:
-    p = sub.add_parser("run", help="decode prompts with one method; print outputs, write JSON or a trace")
+    p = sub.add_parser("run",
+                       help="decode prompts with one method; print outputs, write JSON or a trace")
     add_common(p)
     p.add_argument("--method", choices=list(METHODS), default=default_of("method"))
     p.add_argument("--batch-size", type=int, default=default_of("batch_size"))
@@ -45,71 +49,95 @@ def _add_verify(sub) -> None:
     p.add_argument("--k", type=int_list, default=[default_of("k")],
                    help="draft lengths, comma-separated")
     p.add_argument("--temperatures", type=float_list, metavar="T,T",
-                   help="sweep target temperatures, comma-separated (default: --temperature); 0 is greedy, judged "
-                        "token by token, above 0 by the distribution; a method that runs greedy only runs at 0")
+                   help="sweep target temperatures, comma-separated (default: --temperature); 0 is "
+                        "greedy, judged token by token, above 0 by the distribution; a method "
+                        "that runs greedy only runs at 0")
     p.add_argument("--fault-sets", type=fault_set, nargs="+", metavar="SET",
-                   help=f"sweep fault sets: each comma-joined faults or presets, or {NO_FAULTS!r} (no faults), e.g. "
-                        f"{NO_FAULTS} bsp-like no-mask,min-crop; the methods that take no faults run once, without")
-    p.add_argument("--json", type=Path, help="write the sweep report here (every run recorded): the page's Sweep tab "
-                                             "loads it")
-    p.add_argument("--allow-divergence", action="store_true", help="exit 0 even when a method diverges")
+                   help=f"sweep fault sets: each comma-joined faults or presets, or {NO_FAULTS!r} "
+                        f"(no faults), e.g. {NO_FAULTS} bsp-like no-mask,min-crop; the methods "
+                        "that take no faults run once, without")
+    p.add_argument("--json", type=Path,
+                   help="write the sweep report here (every run recorded): the page's Sweep tab "
+                        "loads it")
+    p.add_argument("--allow-divergence", action="store_true",
+                   help="exit 0 even when a method diverges")
     p.add_argument("--forensics", action="store_true",
-                   help="record full per-round traces (the engine's own invariant checks, margins, timings); always on "
-                        "with --faults and --audit. Every divergence gets its state check and verdict either way")
+                   help="record full per-round traces (the engine's own invariant checks, margins, "
+                        "timings); always on with --faults and --audit. Every divergence gets its "
+                        "state check and verdict either way")
     p.set_defaults(func=cmd_verify)
 
 
 def _add_check(sub) -> None:
-    p = sub.add_parser("check", help="an engine's outputs (a server, a file, a callable) against the batch-size-1 "
-                                     "reference of the same weights; every difference judged")
+    p = sub.add_parser("check",
+            help="an engine's outputs (a server, a file, a callable) against the batch-size-1 "
+                 "reference of the same weights; every difference judged")
     add_common(p)
     g = p.add_argument_group("the engine under test (one of)")
-    g.add_argument("--server", help="a server's base URL, e.g. http://localhost:8000: llama.cpp's llama-server, or "
-                                    "OpenAI-compatible (vLLM, SGLang, ...); which one is asked of the server")
-    g.add_argument("--outputs", type=Path, help="a JSONL file of its outputs (docs/engines.md; `specviz schema --outputs`)")
-    g.add_argument("--engine", help="a Python callable module:function that takes prompt ids and settings")
-    g = p.add_argument_group("a control run: the same engine without speculation (it measures the engine's rounding)")
+    g.add_argument("--server",
+            help="a server's base URL, e.g. http://localhost:8000: llama.cpp's llama-server, or "
+                 "OpenAI-compatible (vLLM, SGLang, ...); which one is asked of the server")
+    g.add_argument("--outputs", type=Path,
+                   help="a JSONL file of its outputs (docs/engines.md; `specviz schema --outputs`)")
+    g.add_argument("--engine",
+                   help="a Python callable module:function that takes prompt ids and settings")
+    g = p.add_argument_group("a control run: the same engine without speculation (it measures the "
+                             "engine's rounding)")
     g.add_argument("--control-server", help="its server's base URL")
     g.add_argument("--control-served-model", help="its served model name (default: --served-model)")
-    g.add_argument("--control", type=Path, help="its outputs file (the same prompts, in the same order)")
+    g.add_argument("--control", type=Path,
+                   help="its outputs file (the same prompts, in the same order)")
     g.add_argument("--control-engine", help="its callable module:function")
     g = p.add_argument_group("server options")
-    g.add_argument("--served-model", help="the model name the server serves (default: the server's only model)")
-    g.add_argument("--concurrency", type=int, default=8, help="requests in flight, so the server batches them")
+    g.add_argument("--served-model",
+                   help="the model name the server serves (default: the server's only model)")
+    g.add_argument("--concurrency", type=int, default=8,
+                   help="requests in flight, so the server batches them")
     g.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for one answer")
     g.add_argument("--determinism", action="store_true",
-                   help="ask every prompt twice more (the same requests again, then in reverse order: other slots and "
-                        "batch company) and report every prompt answered otherwise, with its fork")
+                   help="ask every prompt twice more (the same requests again, then in reverse "
+                        "order: other slots and batch company) and report every prompt answered "
+                        "otherwise, with its fork")
     p.add_argument("--k", type=int, default=default_of("k"),
-                   help="the engine's draft length, if it speculates (a verify pass's k + 1 positions size the tolerance)")
+                   help="the engine's draft length, if it speculates (a verify pass's k + 1 "
+                        "positions size the tolerance)")
     p.add_argument("--engine-drafter", choices=list(DRAFTERS),
-                   help="what the engine drafts with: `model`, the check's --draft model, has its acceptance judged "
-                        "from the engine's counters (per request, or a server's /metrics over the run) against that "
-                        "model's own proposals; an outputs file's header may say it instead")
+                   help="what the engine drafts with: `model`, the check's --draft model, has its "
+                        "acceptance judged from the engine's counters (per request, or a server's "
+                        "/metrics over the run) against that model's own proposals; an outputs "
+                        "file's header may say it instead")
     p.add_argument("--decode-reference", action="store_true",
-                   help="decode the reference token by token for every prompt, instead of proving it from the outputs "
-                        "by teacher forcing and decoding only from a fork or near-tie on (slower; the same verdicts)")
+                   help="decode the reference token by token for every prompt, instead of proving "
+                        "it from the outputs by teacher forcing and decoding only from a fork or "
+                        "near-tie on (slower; the same verdicts)")
     p.add_argument("--checkpoint", type=Path,
-                   help="keep every prompt's judging in this file as it is done; the same command run again after a "
-                        "stop (a crash, Ctrl-C) takes up the prompts judged already, where the engine answered alike")
+                   help="keep every prompt's judging in this file as it is done; the same command "
+                        "run again after a stop (a crash, Ctrl-C) takes up the prompts judged "
+                        "already, where the engine answered alike")
     p.add_argument("--no-attribution", dest="attribute", action="store_false",
-                   help="do not replay forks under the catalogue's faults to name their mechanism (attribution runs "
-                        "only on forks not put down to rounding, in batches of the engine's declared batch_size or "
-                        "--concurrency)")
+                   help="do not replay forks under the catalogue's faults to name their mechanism "
+                        "(attribution runs only on forks not put down to rounding, in batches of "
+                        "the engine's declared batch_size or --concurrency)")
     p.add_argument("--json", type=Path, help="write the summary and every sequence here")
     p.add_argument("--trace", type=Path, help="write the check as a trace (opens in the app)")
     p.set_defaults(func=cmd_check)
 
 
 def _add_shrink(sub) -> None:
-    p = sub.add_parser("shrink", help="the smallest run that still forks where a divergent run forked, as a share link")
-    p.add_argument("--trace", type=Path, help="the divergent run: a trace file (specviz run --trace, or the page's download)")
+    p = sub.add_parser("shrink",
+            help="the smallest run that still forks where a divergent run forked, as a share link")
+    p.add_argument("--trace", type=Path,
+            help="the divergent run: a trace file (specviz run --trace, or the page's download)")
     p.add_argument("--link", help="the divergent run: a share link (it is decoded once first)")
-    p.add_argument("--seq", type=int, help="the divergent sequence to keep (default: the first that diverges)")
-    p.add_argument("--url", default="http://localhost:7860/", help="the page the printed share link points to")
+    p.add_argument("--seq", type=int,
+                   help="the divergent sequence to keep (default: the first that diverges)")
+    p.add_argument("--url", default="http://localhost:7860/",
+                   help="the page the printed share link points to")
     p.add_argument("--out", type=Path, help="write the smallest run's trace here")
-    p.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
-    p.add_argument("--deterministic", action="store_true", help="deterministic GPU kernels (see run)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow models that ship their own code")
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic GPU kernels (see run)")
     p.set_defaults(func=cmd_shrink, device_map=None, max_memory=None)
 
 
@@ -120,23 +148,28 @@ def _add_bench(sub) -> None:
     p.add_argument("--k", type=int, default=default_of("k"))
     p.add_argument("--methods", type=methods, default=list(METHODS))
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    p.add_argument("--max-waits", type=int_list, help="exspec: sweep these max-wait values (default: --max-wait)")
-    p.add_argument("--name", default="bench", help="file name (without extension) of the table and plot")
+    p.add_argument("--max-waits", type=int_list,
+                   help="exspec: sweep these max-wait values (default: --max-wait)")
+    p.add_argument("--name", default="bench",
+                   help="file name (without extension) of the table and plot")
     p.set_defaults(func=cmd_bench)
 
 
 def _add_schema(sub) -> None:
     p = sub.add_parser("schema", help="print the trace's JSON Schema (docs/trace.schema.json)")
     p.add_argument("--outputs", action="store_true",
-                   help="the JSON Schema of an engine outputs file instead (docs/engine-outputs.schema.json)")
+                   help="the JSON Schema of an engine outputs file instead "
+                        "(docs/engine-outputs.schema.json)")
     p.add_argument("--report", action="store_true",
-                   help="the JSON Schema of a sweep report instead (verify --json; docs/sweep-report.schema.json)")
+                   help="the JSON Schema of a sweep report instead (verify --json; "
+                        "docs/sweep-report.schema.json)")
     p.set_defaults(func=cmd_schema)
 
 
 def _add_train_head(sub) -> None:
-    p = sub.add_parser("train-head", help="train the embedded pair's EAGLE-style head on this machine, once, and "
-                                          "cache it (about 15 minutes on 2 CPU cores)")
+    p = sub.add_parser("train-head",
+                       help="train the embedded pair's EAGLE-style head on this machine, once, and "
+                            "cache it (about 15 minutes on 2 CPU cores)")
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=cmd_train_head)
 

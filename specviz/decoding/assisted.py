@@ -23,17 +23,19 @@ class SharedVocabulary(LogitsProcessor):
         self.size = size
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        return torch.cat([scores[:, : self.size], torch.full_like(scores[:, self.size:], -torch.inf)], dim=1)
+        return torch.cat([scores[:, : self.size],
+                          torch.full_like(scores[:, self.size:], -torch.inf)], dim=1)
 
 
 @contextlib.contextmanager
 def bare_generation_configs(pair: ModelPair, k: int):
-    """For the call, both models' own generation_config is a bare one: transformers 5 fills every unset
-    field from it, so a checkpoint's repetition penalty, suppressed tokens or minimum length would apply.
-    The draft's carries the assistant's schedule (transformers reads it from there)."""
+    """For the call, both models' own generation_config is a bare one: transformers 5 fills every
+    unset field from it, so a checkpoint's repetition penalty, suppressed tokens or minimum length
+    would apply. The draft's carries the assistant's schedule (transformers reads it from there)."""
     saved = pair.target.generation_config, pair.draft.generation_config
     pair.target.generation_config = GenerationConfig()
-    pair.draft.generation_config = GenerationConfig(num_assistant_tokens=k, num_assistant_tokens_schedule="constant",
+    pair.draft.generation_config = GenerationConfig(num_assistant_tokens=k,
+                                                    num_assistant_tokens_schedule="constant",
                                                     assistant_confidence_threshold=0.0)
     try:
         yield
@@ -45,9 +47,9 @@ def bare_generation_configs(pair: ModelPair, k: int):
 def hf_assisted(pair: ModelPair, prompts: list[list[int]], k: int, max_new_tokens: int,
                 progress: Progress | None = None, repetition_penalty: float = 1.0,
                 assistance: dict | None = None) -> DecodeResult:
-    """`assistance`: how transformers drafts (a drafter's `assisted`): `generate`'s assistant model, or prompt
-    lookup's generation settings; the pair's draft model by default. `repetition_penalty`: transformers' own, on
-    each candidate's logits with the candidates before it counted."""
+    """`assistance`: how transformers drafts (a drafter's `assisted`): `generate`'s assistant model,
+    or prompt lookup's generation settings; the pair's draft model by default. `repetition_penalty`:
+    transformers' own, on each candidate's logits with the candidates before it counted."""
     assistance = assistance or {"assistant_model": pair.draft}
     settings = {n: v for n, v in assistance.items() if n != "assistant_model"}
     config = GenerationConfig(
@@ -59,8 +61,9 @@ def hf_assisted(pair: ModelPair, prompts: list[list[int]], k: int, max_new_token
     with bare_generation_configs(pair, k):
         for ids in prompts:
             x = torch.tensor([ids], device=pair.device)
-            out = pair.target.generate(x, attention_mask=torch.ones_like(x), generation_config=config,
-                                       assistant_model=assistance.get("assistant_model"), logits_processor=vocabulary)
+            out = pair.target.generate(x, attention_mask=torch.ones_like(x),
+                                       generation_config=config,
+                    assistant_model=assistance.get("assistant_model"), logits_processor=vocabulary)
             outputs.append(SequenceOutput(out[0, len(ids):].tolist()))
             if progress:
                 progress(len(outputs[-1].ids))

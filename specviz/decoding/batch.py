@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from specviz.models.architecture import RECURRENT, declares_layer_types, is_recurrent, sliding_windows
+from specviz.models.architecture import (RECURRENT, declares_layer_types, is_recurrent,
+                                         sliding_windows)
 
 
-def left_pad(seqs: list[list[int]], device: torch.device, min_width: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(seqs: list[list[int]], device: torch.device,
+             min_width: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens, valid) with every row right-aligned at the same last slot."""
     width = max(min_width, max(len(s) for s in seqs))
     tokens = torch.zeros(len(seqs), width, dtype=torch.long)
@@ -24,7 +26,8 @@ def left_pad(seqs: list[list[int]], device: torch.device, min_width: int = 1) ->
     return tokens.to(device), valid.to(device)
 
 
-def right_pad(seqs: list[list[int]], device: torch.device, min_width: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def right_pad(seqs: list[list[int]], device: torch.device,
+              min_width: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """The `right-padding` fault's layout: the pad block sits after each prompt's
     body, before its last token (which must end the row: it is fed next)."""
     tokens, valid = left_pad(seqs, device, min_width)
@@ -46,12 +49,11 @@ def attention_bias(valid: torch.Tensor, q_start: int, dtype: torch.dtype, window
                    among: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Additive 4D mask (B, 1, q, kv) for the queries at slots q_start.. over keys 0..S-1.
 
-    A query sees the valid slots at or before it, and always itself: a pad
-    query then attends to something finite instead of producing NaNs that
-    would leak into the cache. A sliding-window layer sees only the keys less
-    than `window` positions back (transformers' rule), counted in positions,
-    not slots: padding and stale slots take no room in a row's window.
-    `among`: a token tree's (decoding/trees.py) slots each slot may see (B, S, S), in place of `valid`, and the
+    A query sees the valid slots at or before it, and always itself: a pad query then attends to
+    something finite instead of producing NaNs that would leak into the cache. A sliding-window
+    layer sees only the keys less than `window` positions back (transformers' rule), counted in
+    positions, not slots: padding and stale slots take no room in a row's window. `among`: a token
+    tree's (decoding/trees.py) slots each slot may see (B, S, S), in place of `valid`, and the
     positions of every slot (B, S), which its windows count.
     """
     _, S = valid.shape
@@ -67,11 +69,13 @@ def attention_bias(valid: torch.Tensor, q_start: int, dtype: torch.dtype, window
     return bias[:, None]
 
 
-def attention_masks(model, valid: torch.Tensor, q_start: int, among: tuple[torch.Tensor, torch.Tensor] | None = None):
-    """The mask `model` takes for this layout: one bias, or where some layers see a sliding window or carry a
-    recurrent state, a mask per layer type (a model that declares `layer_types` reads them by type; one that does
-    not has a single window on every layer). A recurrent layer takes the plain padding mask of the slots fed, as
-    transformers gives it, and zeroes its pads before they reach its state. `among`: a token tree's (attention_bias)."""
+def attention_masks(model, valid: torch.Tensor, q_start: int,
+                    among: tuple[torch.Tensor, torch.Tensor] | None = None):
+    """The mask `model` takes for this layout: one bias, or where some layers see a sliding window
+    or carry a recurrent state, a mask per layer type (a model that declares `layer_types` reads
+    them by type; one that does not has a single window on every layer). A recurrent layer takes the
+    plain padding mask of the slots fed, as transformers gives it, and zeroes its pads before they
+    reach its state. `among`: a token tree's (attention_bias)."""
     windows, recurrent = sliding_windows(model), is_recurrent(model)
     if not windows and not recurrent:
         return attention_bias(valid, q_start, model.dtype, among=among)
@@ -79,22 +83,23 @@ def attention_masks(model, valid: torch.Tensor, q_start: int, among: tuple[torch
         (window,) = set(windows.values())
         return attention_bias(valid, q_start, model.dtype, window, among)
     masks = {"full_attention": attention_bias(valid, q_start, model.dtype, among=among),
-             **{t: attention_bias(valid, q_start, model.dtype, w, among) for t, w in windows.items()}}
+             **{t: attention_bias(valid, q_start, model.dtype, w, among)
+                for t, w in windows.items()}}
     if recurrent:
         masks.update(dict.fromkeys(RECURRENT, valid[:, q_start:].long()))
     return masks
 
 
 def forward(model, tokens: torch.Tensor, valid: torch.Tensor, q_start: int, cache, vocab: int,
-            pos: torch.Tensor | None = None, seen: torch.Tensor | None = None, keep: int = 0, hidden: bool = False,
-            among: tuple[torch.Tensor, torch.Tensor] | None = None):
+            pos: torch.Tensor | None = None, seen: torch.Tensor | None = None, keep: int = 0,
+            hidden: bool = False, among: tuple[torch.Tensor, torch.Tensor] | None = None):
     """Run `model` on slots q_start.. of the layout (earlier slots are in `cache`).
 
-    Returns logits (float32, or float64 for a float64 model) sliced to the shared vocabulary: (B, q, vocab), or
-    (B, keep, vocab) for the last `keep` slots only; with `hidden`, (logits, the last layer's hidden states at every
-    slot fed, (B, q, H)). `pos` and `seen` override the positions and the slots the mask lets through, both derived from
-    `valid` by default (a fault policy may swap them; a correct engine never does). `among`: a token tree's mask
-    (attention_bias).
+    Returns logits (float32, or float64 for a float64 model) sliced to the shared vocabulary: (B, q,
+    vocab), or (B, keep, vocab) for the last `keep` slots only; with `hidden`, (logits, the last
+    layer's hidden states at every slot fed, (B, q, H)). `pos` and `seen` override the positions and
+    the slots the mask lets through, both derived from `valid` by default (a fault policy may swap
+    them; a correct engine never does). `among`: a token tree's mask (attention_bias).
     """
     if pos is None:
         pos = positions(valid)[:, q_start:]
@@ -107,7 +112,8 @@ def forward(model, tokens: torch.Tensor, valid: torch.Tensor, q_start: int, cach
         logits_to_keep=keep,
         **({"output_hidden_states": True} if hidden else {}),
     )
-    # A target spread over GPUs returns logits from its last GPU: bring them back to the engine's device.
+    # A target spread over GPUs returns logits from its last GPU: bring them back to the engine's
+    # device.
     logits = out.logits[..., :vocab].to(tokens.device)
     logits = logits if logits.dtype == torch.float64 else logits.float()
     if not hidden:

@@ -1,7 +1,7 @@
 """Every method of spec/methods.py as our engine runs it: one function a method, one signature.
 
-The declarations (what a method needs and costs) are plain data in spec/methods.py, read by the spec, the CLI,
-the page and the bench without torch; here each is bound to the engine that runs it.
+The declarations (what a method needs and costs) are plain data in spec/methods.py, read by the
+spec, the CLI, the page and the bench without torch; here each is bound to the engine that runs it.
 """
 from __future__ import annotations
 
@@ -23,9 +23,10 @@ from specviz.spec.run import RunSpec, SpecError
 
 @dataclass(frozen=True)
 class Job:
-    """One decode: a spec's method on a pair and its prompts' ids, recorded or not, heard by `progress` (every n
-    new tokens) and watched by `watch` (forensics/watch.py), where given. `first_seq`: the number of the first of
-    these prompts in the spec's list (a shard's share), which their random streams continue."""
+    """One decode: a spec's method on a pair and its prompts' ids, recorded or not, heard by
+    `progress` (every n new tokens) and watched by `watch` (forensics/watch.py), where given.
+    `first_seq`: the number of the first of these prompts in the spec's list (a shard's share),
+    which their random streams continue."""
 
     spec: RunSpec
     pair: ModelPair
@@ -38,34 +39,38 @@ class Job:
 
 def _decode_reference(job: Job) -> DecodeResult:
     s = job.spec
-    return reference(job.pair, job.prompt_ids, s.max_new_tokens, job.progress, sampling_of(s, job.first_seq))
+    return reference(job.pair, job.prompt_ids, s.max_new_tokens, job.progress,
+                     sampling_of(s, job.first_seq))
 
 
 def _batched_reference(job: Job) -> DecodeResult:
     s = job.spec
-    return batched_reference(job.pair, job.prompt_ids, s.batch_size, s.max_new_tokens, job.progress, job.watch,
-                             sampling_of(s, job.first_seq))
+    return batched_reference(job.pair, job.prompt_ids, s.batch_size, s.max_new_tokens, job.progress,
+                             job.watch, sampling_of(s, job.first_seq))
 
 
 def _hf_assisted(job: Job) -> DecodeResult:
     s = job.spec
     if is_recurrent(job.pair.target) or is_recurrent(job.pair.draft):
-        raise SpecError("hf-assisted cannot run on a hybrid model: transformers' assisted generation refuses a cache "
-                        "whose recurrent state it cannot crop back; eqspec and exspec roll it back per row")
-    return hf_assisted(job.pair, job.prompt_ids, s.k, s.max_new_tokens, job.progress, s.repetition_penalty,
-                       drafter_for(s, job.pair).assisted(s.k))
+        raise SpecError("hf-assisted cannot run on a hybrid model: transformers' assisted "
+                        "generation refuses a cache whose recurrent state it cannot crop back; "
+                        "eqspec and exspec roll it back per row")
+    return hf_assisted(job.pair, job.prompt_ids, s.k, s.max_new_tokens, job.progress,
+                       s.repetition_penalty, drafter_for(s, job.pair).assisted(s.k))
 
 
 def _eqspec(job: Job) -> DecodeResult:
     s = job.spec
-    return eqspec(job.pair, job.prompt_ids, s.batch_size, s.k, s.max_new_tokens, faults=expand(s.faults),
-                  record=job.record, progress=job.progress, watch=job.watch, sampling=sampling_of(s, job.first_seq),
+    return eqspec(job.pair, job.prompt_ids, s.batch_size, s.k, s.max_new_tokens,
+                  faults=expand(s.faults), record=job.record, progress=job.progress,
+                  watch=job.watch, sampling=sampling_of(s, job.first_seq),
                   drafter=drafter_for(s, job.pair))
 
 
 def _exspec(job: Job) -> DecodeResult:
     s = job.spec
-    return exspec(job.pair, job.prompt_ids, s.batch_size, s.k, s.max_new_tokens, window=s.window or 2 * s.batch_size,
+    return exspec(job.pair, job.prompt_ids, s.batch_size, s.k, s.max_new_tokens,
+                  window=s.window or 2 * s.batch_size,
                   max_wait=s.max_wait, record=job.record, progress=job.progress, watch=job.watch,
                   sampling=sampling_of(s, job.first_seq), drafter=drafter_for(s, job.pair))
 
@@ -80,5 +85,6 @@ DECODERS: dict[str, Callable[[Job], DecodeResult]] = {
 def decode_job(job: Job) -> DecodeResult:
     """Run the job's method."""
     if job.spec.method not in DECODERS:
-        raise SpecError(f"{job.spec.method!r} is not a decoding method; choose from {', '.join(DECODERS)}")
+        raise SpecError(f"{job.spec.method!r} is not a decoding method; choose from "
+                        f"{', '.join(DECODERS)}")
     return DECODERS[job.spec.method](job)

@@ -18,8 +18,10 @@ CUBLAS_WORKSPACE = ":4096:8"  # cuBLAS reads it when it starts: before any CUDA 
 
 def enable() -> None:
     """Deterministic algorithms, a fixed cuBLAS workspace, TF32 off, deterministic cuDNN."""
-    if os.environ.get("CUBLAS_WORKSPACE_CONFIG") != CUBLAS_WORKSPACE and torch.cuda.is_initialized():
-        raise RuntimeError("deterministic mode must be enabled before any CUDA work (cuBLAS has already started)")
+    if (os.environ.get("CUBLAS_WORKSPACE_CONFIG") != CUBLAS_WORKSPACE
+        and torch.cuda.is_initialized()):
+        raise RuntimeError("deterministic mode must be enabled before any CUDA work (cuBLAS has "
+                           "already started)")
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
     torch.use_deterministic_algorithms(True)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -32,8 +34,8 @@ def flags() -> dict[str, bool]:
     """The state a trace's manifest records."""
     return {
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG") in (":4096:8", ":16:8"),
-        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+        in (":4096:8", ":16:8"), "cudnn_deterministic": torch.backends.cudnn.deterministic,
         "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
         "tf32_cudnn": torch.backends.cudnn.allow_tf32,
     }

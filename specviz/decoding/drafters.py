@@ -1,17 +1,18 @@
 """Drafters: what proposes the tokens a round verifies (round.py), behind one protocol.
 
-A drafter proposes up to k tokens for every row of a padded batch, with a count per row: 0 is allowed, and
-that row then takes one token from the target this round. eqspec and exspec verify whatever it proposes; a
-row never accepts more drafts than it was offered. What was accepted reaches a drafter through the batch it
-is given next round (the committed tokens and its own state, which every rearrangement of the batch moves
-with the target's: modelstate.py), as transformers' `CandidateGenerator` learns it from `input_ids`; and through
-`observe`, which hears each verify pass (with the target's hidden states, where its declaration asks for them).
-What each drafter is (its cache, cost, options) is declared in spec/drafters.py; here is how it drafts.
+A drafter proposes up to k tokens for every row of a padded batch, with a count per row: 0 is
+allowed, and that row then takes one token from the target this round. eqspec and exspec verify
+whatever it proposes; a row never accepts more drafts than it was offered. What was accepted reaches
+a drafter through the batch it is given next round (the committed tokens and its own state, which
+every rearrangement of the batch moves with the target's: modelstate.py), as transformers'
+`CandidateGenerator` learns it from `input_ids`; and through `observe`, which hears each verify pass
+(with the target's hidden states, where its declaration asks for them). What each drafter is (its
+cache, cost, options) is declared in spec/drafters.py; here is how it drafts.
 
 - `ModelDrafter`: a draft model with its own KV cache, laid out like the target's.
 - `PromptLookup`: n-gram lookup in each row's own prompt and output; no model, no cache.
-- `HeadDrafter`: a head over the target's own hidden states (an EAGLE-style head, or the target's own MTP layer:
-  `EagleDrafter`, `MtpDrafter`); no draft model.
+- `HeadDrafter`: a head over the target's own hidden states (an EAGLE-style head, or the target's
+  own MTP layer: `EagleDrafter`, `MtpDrafter`); no draft model.
 """
 from __future__ import annotations
 
@@ -34,18 +35,25 @@ from specviz.spec.run import SpecError
 
 @dataclass
 class Proposal:
-    tokens: torch.Tensor  # (B, n): a row's slots past its count hold filler the target never accepts
+    # (B, n): a row's slots past its count hold filler the target never accepts
+    tokens: torch.Tensor
     counts: torch.Tensor  # (B,) drafts each row offers, 0..n
-    probs: torch.Tensor | None  # (B, n, V) the distribution each draft was drawn from; sampled rounds only
+    # (B, n, V) the distribution each draft was drawn from; sampled rounds only
+    probs: torch.Tensor | None
     confidence: torch.Tensor  # (B, n) the drafter's probability of each of its drafts (recorded)
-    fed: torch.Tensor  # (B, S+n-1) the position each draft cache slot was computed at afterwards, -1 if none
-    parents: torch.Tensor | None = None  # (B, n) a token tree (trees.py): each draft's parent, -1 the row's last
-    #                                      committed token; a row's drafts past its count are filler. None: a chain
+    # (B, S+n-1) the position each draft cache slot was computed at afterwards, -1 if none
+    fed: torch.Tensor
+    # (B, n) a token tree (trees.py): each draft's parent, -1 the row's last committed token; a
+    # row's drafts past its count are filler. None: a chain
+    parents: torch.Tensor | None = None
 
     def handed(self, rows: torch.Tensor) -> Proposal:
-        """The drafts as the rows receive them: row i gets row `rows[i]`'s (the draft cache stays the drafter's)."""
-        return Proposal(self.tokens[rows], self.counts[rows], None if self.probs is None else self.probs[rows],
-                        self.confidence[rows], self.fed, None if self.parents is None else self.parents[rows])
+        """The drafts as the rows receive them: row i gets row `rows[i]`'s (the draft cache stays
+        the drafter's)."""
+        return Proposal(self.tokens[rows], self.counts[rows],
+                        None if self.probs is None else self.probs[rows],
+                        self.confidence[rows], self.fed,
+                        None if self.parents is None else self.parents[rows])
 
 
 class Drafter(Protocol):
@@ -55,21 +63,25 @@ class Drafter(Protocol):
     kind: DrafterKind  # its declaration (spec/drafters.py)
 
     def new_state(self, valid: torch.Tensor, positions: torch.Tensor) -> ModelState:
-        """Its state for a freshly laid-out batch, empty until its first pass (a cache of None: it keeps none)."""
+        """Its state for a freshly laid-out batch, empty until its first pass (a cache of None: it
+        keeps none)."""
 
     def prefill(self, policy: Policy, b) -> None:
-        """Fill its state (b.draft) with a laid-out batch's slots, once the target has filled its own."""
+        """Fill its state (b.draft) with a laid-out batch's slots, once the target has filled its
+        own."""
 
     def propose(self, policy: Policy, b, k: int, sampling: Sampling, stream: Streams,
                 have: torch.Tensor) -> Proposal:
         """Up to k drafts for every row of batch `b`, whose rows already have `have` tokens."""
 
     def observe(self, b, verified, accepted) -> None:
-        """Hear the round's verify pass (stages.Verified, with the target's hidden states where `kind.hears`
-        asks for them) and what each row accepted (stages.Accepted), before the batch is laid out again."""
+        """Hear the round's verify pass (stages.Verified, with the target's hidden states where
+        `kind.hears` asks for them) and what each row accepted (stages.Accepted), before the batch
+        is laid out again."""
 
     def assisted(self, k: int) -> dict:
-        """transformers' `generate` arguments that draft as it does (the hf-assisted cross-check)."""
+        """transformers' `generate` arguments that draft as it does (the hf-assisted
+        cross-check)."""
 
 
 def drafter_for(spec, pair: ModelPair) -> Drafter:
@@ -78,9 +90,9 @@ def drafter_for(spec, pair: ModelPair) -> Drafter:
 
 
 class ModelDrafter:
-    """A draft model proposing k tokens a row, one pass each. Its cache lags the layout by two slots (holds
-    0..S-3 at a round's start): the first pass re-feeds the last two, so that after a fully accepted block it
-    catches up on the k-th draft it never fed."""
+    """A draft model proposing k tokens a row, one pass each. Its cache lags the layout by two slots
+    (holds 0..S-3 at a round's start): the first pass re-feeds the last two, so that after a fully
+    accepted block it catches up on the k-th draft it never fed."""
 
     kind = DRAFTERS["model"]
     behind = 2
@@ -98,8 +110,8 @@ class ModelDrafter:
     def prefill(self, policy: Policy, b) -> None:
         n = b.tokens.shape[1] - self.behind
         if n > 0:
-            run_model(self.pair, policy, "draft prefill", b.tokens[:, :n], b.valid[:, :n], b.stale[:, :n], 0,
-                      b.draft.cache, keep=1)
+            run_model(self.pair, policy, "draft prefill", b.tokens[:, :n], b.valid[:, :n],
+                      b.stale[:, :n], 0, b.draft.cache, keep=1)
 
     def observe(self, b, verified, accepted) -> None:
         pass  # what the target accepted reaches it through the next round's tokens
@@ -112,24 +124,27 @@ class ModelDrafter:
         S, state = b.tokens.shape[1], b.draft
 
         def drafting_pass(j: int, tok, val, stl, q_start: int):
-            # A recurrent draft state after each token it is fed: the first pass's last two, then each draft.
+            # A recurrent draft state after each token it is fed: the first pass's last two, then
+            # each draft.
             with kvcache.keeping(state.cache, self.behind if j == 0 else 1):
-                logits, pos, _ = run_model(self.pair, policy, "draft", tok, val, stl, q_start, state.cache,
+                logits, pos, _ = run_model(self.pair, policy, "draft", tok, val, stl, q_start,
+                                           state.cache,
                                            keep=policy.first_draft_slots if j == 0 else 1)
             return (policy.first_draft(logits, have) if j == 0 else logits)[:, -1], pos
 
         q_start = S - self.behind if kvcache.length(state.cache) else 0
-        drafts, probs, pos = _chain(policy, b, k, sampling, stream, have, self.pair.eos_ids, drafting_pass, q_start)
+        drafts, probs, pos = _chain(policy, b, k, sampling, stream, have, self.pair.eos_ids,
+                                    drafting_pass, q_start)
         return _proposal(drafts, probs, have, sampling, stream,
                          torch.cat([state.written, pos[:, S - self.behind:]], 1), self.width)
 
 
 def _chain(policy: Policy, b, k: int, sampling: Sampling, stream: Streams, have: torch.Tensor,
            eos_ids: tuple[int, ...], drafting_pass, start: int):
-    """A chain of drafts, one pass each: the first feeds the batch's slots start.., each later one the draft
-    before. `drafting_pass(j, tokens, valid, stale, q_start)` gives the logits at its last slot and the positions
-    of the layout it saw. Returns the drafts (B, n), the distributions they were drawn from (B, n, V) and the
-    last pass's positions."""
+    """A chain of drafts, one pass each: the first feeds the batch's slots start.., each later one
+    the draft before. `drafting_pass(j, tokens, valid, stale, q_start)` gives the logits at its last
+    slot and the positions of the layout it saw. Returns the drafts (B, n), the distributions they
+    were drawn from (B, n, V) and the last pass's positions."""
     tok, val, stl = b.tokens, b.valid, b.stale
     drafts, probs = [], []
     steps = policy.draft_steps(k)
@@ -156,22 +171,26 @@ def _chain(policy: Policy, b, k: int, sampling: Sampling, stream: Streams, have:
     return torch.stack(drafts, 1), torch.stack(probs, 1), pos
 
 
-def _proposal(D: torch.Tensor, Q: torch.Tensor, have: torch.Tensor, sampling: Sampling, stream: Streams,
-              fed: torch.Tensor, width: int = 1) -> Proposal:
-    """Every row offered all of its drafts `D`, drawn from `Q`. Wider than 1, a tree grown from the chain: at each
-    depth, beside the chain's draft, width-1 other candidates from its distribution: the likeliest (greedy), or
-    further independent draws (sampled: SpecInfer's acceptance needs each drawn from its q)."""
+def _proposal(D: torch.Tensor, Q: torch.Tensor, have: torch.Tensor, sampling: Sampling,
+              stream: Streams, fed: torch.Tensor, width: int = 1) -> Proposal:
+    """Every row offered all of its drafts `D`, drawn from `Q`. Wider than 1, a tree grown from the
+    chain: at each depth, beside the chain's draft, width-1 other candidates from its distribution:
+    the likeliest (greedy), or further independent draws (sampled: SpecInfer's acceptance needs each
+    drawn from its q)."""
     confidence = Q.gather(2, D[..., None])[..., 0]
     if width == 1:
-        return Proposal(D, torch.full_like(have, D.shape[1]), None if sampling.greedy else Q, confidence, fed)
+        return Proposal(D, torch.full_like(have, D.shape[1]), None if sampling.greedy else Q,
+                        confidence, fed)
     if sampling.greedy:
         others = Q.scatter(2, D[..., None], -1.0).topk(width - 1, dim=-1).indices
     else:
         at = have[:, None] + torch.arange(D.shape[1], device=D.device)
-        others = torch.stack([inverse_cdf(Q, stream.draw(at, sibling(DRAFT, s))) for s in range(1, width)], -1)
+        others = torch.stack([inverse_cdf(Q, stream.draw(at, sibling(DRAFT, s)))
+                              for s in range(1, width)], -1)
     tokens = torch.cat([D, others.flatten(1)], 1)
     return Proposal(tokens, torch.full_like(have, tokens.shape[1]),
-                    None if sampling.greedy else torch.cat([Q, Q.repeat_interleave(width - 1, 1)], 1),
+                    None if sampling.greedy
+                    else torch.cat([Q, Q.repeat_interleave(width - 1, 1)], 1),
                     torch.cat([confidence, Q.gather(2, others).flatten(1)], 1), fed,
                     trees.main_line(D.shape[1], width, D.device).expand(len(D), -1))
 
@@ -179,26 +198,29 @@ def _proposal(D: torch.Tensor, Q: torch.Tensor, have: torch.Tensor, sampling: Sa
 def _tree_width(pair: ModelPair, width: int) -> int:
     """`width`, where the pair's target can verify a tree of it."""
     if width > 1 and is_recurrent(pair.target):
-        raise SpecError("the target carries a recurrent state (a hybrid model), which cannot hold a token tree's "
-                        "branches apart, and one verify pass per branch is not built: draft chains (tree width 1) "
-                        "on this pair")
+        raise SpecError("the target carries a recurrent state (a hybrid model), which cannot hold "
+                        "a token tree's branches apart, and one verify pass per branch is not "
+                        "built: draft chains (tree width 1) on this pair")
     return width
 
 
 class HeadDrafter:
-    """A draft head (models/heads.py) drafting k tokens a row from the target's own hidden states, which the target's
-    state keeps for it. A head slot is fed its token and the target's hidden state at the slot before; each draft
-    after the first is fed the head's own output instead. Its cache lags the layout by two slots, as a draft model's
-    does, but the slots of accepted drafts were computed from the head's guesses: each round it re-feeds the last
-    k+1 slots from the target's hidden states (the at most k-1 accepted drafts it holds and the two it does not; a
-    fixed count, so that the batch's rows stay in step), then drafts. A fresh batch's first round offers nothing:
-    the target has computed no hidden state yet, and its verify pass is the prefill. Which head: its `kind`."""
+    """A draft head (models/heads.py) drafting k tokens a row from the target's own hidden states,
+    which the target's state keeps for it. A head slot is fed its token and the target's hidden
+    state at the slot before; each draft after the first is fed the head's own output instead. Its
+    cache lags the layout by two slots, as a draft model's does, but the slots of accepted drafts
+    were computed from the head's guesses: each round it re-feeds the last k+1 slots from the
+    target's hidden states (the at most k-1 accepted drafts it holds and the two it does not; a
+    fixed count, so that the batch's rows stay in step), then drafts. A fresh batch's first round
+    offers nothing: the target has computed no hidden state yet, and its verify pass is the prefill.
+    Which head: its `kind`."""
 
     kind: DrafterKind
     behind = 2
 
     def __init__(self, pair: ModelPair, k: int, width: int = 1):
-        self.pair, self.head, self.k = pair, head_for(self.kind.name, pair.target, pair.info["target"]), k
+        self.pair, self.head, self.k = pair, head_for(self.kind.name, pair.target,
+                                                      pair.info["target"]), k
         self.width = _tree_width(pair, width)
 
     @classmethod
@@ -219,18 +241,20 @@ class HeadDrafter:
         if b.target.hidden is None:
             return _nothing(b, k, sampling, self.pair.vocab_size)
         S, state = b.tokens.shape[1], b.draft
-        start = min(max(0, S - policy.head_refeed(self.k, self.behind)), kvcache.length(state.cache))
+        start = min(max(0, S - policy.head_refeed(self.k, self.behind)),
+                    kvcache.length(state.cache))
         kvcache.crop(state.cache, start)
         features = policy.head_features(_features(b))[:, start:]
 
         def drafting_pass(j: int, tok, val, stl, q_start: int):
             nonlocal features
-            logits, pos, hidden = run_head(self.pair, self.head, policy, tok, val, stl, features, q_start,
-                                           state.cache, keep=1)
+            logits, pos, hidden = run_head(self.pair, self.head, policy, tok, val, stl, features,
+                                           q_start, state.cache, keep=1)
             features = hidden[:, -1:]  # the head's guess of the target's next hidden state
             return logits[:, -1], pos
 
-        drafts, probs, pos = _chain(policy, b, k, sampling, stream, have, self.pair.eos_ids, drafting_pass, start)
+        drafts, probs, pos = _chain(policy, b, k, sampling, stream, have, self.pair.eos_ids,
+                                    drafting_pass, start)
         return _proposal(drafts, probs, have, sampling, stream,
                          torch.cat([state.written[:, :start], pos[:, start:]], 1), self.width)
 
@@ -252,16 +276,18 @@ class MtpDrafter(HeadDrafter):
 
     kind = DRAFTERS["mtp"]
 
-    def assisted(self, k: int) -> dict:  # transformers' MTPCandidateGenerator: one draft per MTP layer a round
+    # transformers' MTPCandidateGenerator: one draft per MTP layer a round
+    def assisted(self, k: int) -> dict:
         return {"use_mtp": True}
 
 
 def _features(b) -> torch.Tensor:
-    """(B, S, H) the hidden state each slot of batch `b` is fed: the target's at the slot before (zeros at a row's
-    first token, which has none)."""
+    """(B, S, H) the hidden state each slot of batch `b` is fed: the target's at the slot before
+    (zeros at a row's first token, which has none)."""
     hidden = b.target.hidden
     before = torch.cat([torch.zeros_like(b.valid[:, :1]), b.valid[:, :-1]], 1)
-    return torch.cat([torch.zeros_like(hidden[:, :1]), hidden], 1).masked_fill(~before[..., None], 0)
+    return torch.cat([torch.zeros_like(hidden[:, :1]), hidden], 1).masked_fill(~before[..., None],
+                                                                               0)
 
 
 def _nothing(b, k: int, sampling: Sampling, vocab_size: int) -> Proposal:
@@ -270,15 +296,17 @@ def _nothing(b, k: int, sampling: Sampling, vocab_size: int) -> Proposal:
     tokens = b.tokens[:, -1:].expand(B, k)
     probs = None if sampling.greedy else torch.nn.functional.one_hot(tokens, vocab_size).float()
     return Proposal(tokens, torch.zeros(B, dtype=torch.long, device=tokens.device), probs,
-                    torch.ones(tokens.shape, device=tokens.device), torch.full((B, S + k - 1), -1, device=tokens.device))
+                    torch.ones(tokens.shape, device=tokens.device),
+                    torch.full((B, S + k - 1), -1, device=tokens.device))
 
 
 class PromptLookup:
-    """Prompt lookup: each row proposes the tokens that followed an earlier occurrence of its own last n tokens,
-    in its prompt or its output so far. The longest n in [min_n, max_n] with a match wins, and of its matches
-    the earliest, as transformers' `PromptLookupCandidateGenerator` and vLLM's `NgramProposer` choose. A row
-    with no match offers nothing; one whose match lies near its end offers the fewer tokens that follow it.
-    Every row is searched at once: one window comparison per n over the batch."""
+    """Prompt lookup: each row proposes the tokens that followed an earlier occurrence of its own
+    last n tokens, in its prompt or its output so far. The longest n in [min_n, max_n] with a match
+    wins, and of its matches the earliest, as transformers' `PromptLookupCandidateGenerator` and
+    vLLM's `NgramProposer` choose. A row with no match offers nothing; one whose match lies near its
+    end offers the fewer tokens that follow it. Every row is searched at once: one window comparison
+    per n over the batch."""
 
     kind = DRAFTERS["lookup"]
 
@@ -300,7 +328,8 @@ class PromptLookup:
     def observe(self, b, verified, accepted) -> None:
         pass  # it searches each round's tokens afresh
 
-    def assisted(self, k: int) -> dict:  # transformers' PromptLookupCandidateGenerator, matching down to 1 token
+    # transformers' PromptLookupCandidateGenerator, matching down to 1 token
+    def assisted(self, k: int) -> dict:
         return {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": self.max_n}
 
     def propose(self, policy: Policy, b, k: int, sampling: Sampling, stream: Streams,
@@ -312,11 +341,14 @@ class PromptLookup:
         first_real = S - b.valid.sum(1)
         slot = torch.arange(S, device=hist.device)
         found = torch.zeros(B, dtype=torch.bool, device=hist.device)
-        begin = torch.zeros(B, dtype=torch.long, device=hist.device)  # where the proposed tokens start
-        starts = torch.zeros(B, S, dtype=torch.bool, device=hist.device)  # where every match's tokens start
+        # where the proposed tokens start
+        begin = torch.zeros(B, dtype=torch.long, device=hist.device)
+        # where every match's tokens start
+        starts = torch.zeros(B, S, dtype=torch.bool, device=hist.device)
         for n in range(min(self.max_n, S - 1), self.min_n - 1, -1):
             windows = hist.unfold(1, n, 1)[:, : S - n]  # windows followed by at least one token
-            hit = (windows == hist[:, None, S - n:]).all(-1) & (slot[None, : S - n] >= first_real[:, None])
+            hit = ((windows == hist[:, None, S - n:]).all(-1)
+                   & (slot[None, : S - n] >= first_real[:, None]))
             new = hit.any(1) & ~found
             begin = torch.where(new, hit.long().argmax(1) + n, begin)  # argmax: the first hit
             starts[new, n:] = hit[new]
@@ -326,17 +358,21 @@ class PromptLookup:
         follow = torch.where(found, S - begin, 0)  # the tokens after the match, to the row's end
         j = torch.arange(n_out, device=hist.device)
         at = (begin[:, None] + j).clamp(max=S - 1)
-        tokens = torch.where(j < follow[:, None], hist.gather(1, at), hist[:, -1:])  # filler: the row's last token
+        # filler: the row's last token
+        tokens = torch.where(j < follow[:, None], hist.gather(1, at), hist[:, -1:])
         probs = None
         if not sampling.greedy:  # a lookup is certain of its drafts: q is a point mass on each
             probs = torch.nn.functional.one_hot(tokens, self.vocab_size).float()
-        return Proposal(tokens, follow.clamp(max=k), probs, torch.ones(tokens.shape, device=hist.device),
+        return Proposal(tokens, follow.clamp(max=k), probs,
+                        torch.ones(tokens.shape, device=hist.device),
                         torch.full((B, S + n_out - 1), -1, device=hist.device))
 
 
-    def _tree(self, hist: torch.Tensor, starts: torch.Tensor, k: int, sampling: Sampling) -> Proposal:
-        """Each row's first `width` matches' next k tokens as one tree (a trie, as SGLang's n-gram drafter keeps):
-        the earliest match's branch first, then each later one's where it parts from those before."""
+    def _tree(self, hist: torch.Tensor, starts: torch.Tensor, k: int,
+              sampling: Sampling) -> Proposal:
+        """Each row's first `width` matches' next k tokens as one tree (a trie, as SGLang's n-gram
+        drafter keeps): the earliest match's branch first, then each later one's where it parts from
+        those before."""
         B, S = hist.shape
         rows = []
         for r in range(B):
@@ -354,7 +390,8 @@ class PromptLookup:
                 tokens[r, :len(nodes)] = torch.tensor([t for (_, t), _ in nodes])
                 parents[r, :len(nodes)] = torch.tensor([p for (p, _), _ in nodes])
         counts = torch.tensor([len(nodes) for nodes in rows], device=hist.device)
-        probs = None if sampling.greedy else torch.nn.functional.one_hot(tokens, self.vocab_size).float()
+        probs = (None if sampling.greedy
+                 else torch.nn.functional.one_hot(tokens, self.vocab_size).float())
         return Proposal(tokens, counts, probs, torch.ones(tokens.shape, device=hist.device),
                         torch.full((B, S + n - 1), -1, device=hist.device), parents)
 

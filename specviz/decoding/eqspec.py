@@ -25,8 +25,8 @@ from specviz.models.pairs import ModelPair
 
 @torch.inference_mode()
 def eqspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, max_new_tokens: int,
-           faults: tuple[str, ...] = (), record: bool = True, progress: Progress | None = None, watch=None,
-           sampling: Sampling = GREEDY, drafter: Drafter | None = None) -> DecodeResult:
+           faults: tuple[str, ...] = (), record: bool = True, progress: Progress | None = None,
+           watch=None, sampling: Sampling = GREEDY, drafter: Drafter | None = None) -> DecodeResult:
     """`drafter`: what proposes the drafts (drafters.py); the pair's draft model by default."""
     policy = Policy(tuple(faults))
     drafter = drafter or ModelDrafter(pair)
@@ -38,7 +38,8 @@ def eqspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
     for index, chunk in enumerate(chunks(len(prompts), batch_size)):
         seqs = list(chunk)
         gen = {i: SequenceOutput([]) for i in seqs}
-        b = lay_out(pair, policy, drafter, seqs, *layout([prompts[i] for i in seqs], pair.device, min_width=2))
+        b = lay_out(pair, policy, drafter, seqs,
+                    *layout([prompts[i] for i in seqs], pair.device, min_width=2))
         while b is not None:
             clock = Clock(pair.device)
             step = speculate(d, b, k, gen, clock)
@@ -61,22 +62,25 @@ def eqspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
 def _realign(b: Batch, step, policy: Policy) -> tuple[Batch | None, bool, dict]:
     """Lay the continuing rows out again, right-aligned; drop finished rows.
 
-    Returns the new batch (None when every row finished), whether the caches had to be gathered, and each old
-    row's pad, content and cache lengths afterwards (-1 for rows that left).
+    Returns the new batch (None when every row finished), whether the caches had to be gathered, and
+    each old row's pad, content and cache lengths afterwards (-1 for rows that left).
     """
     B, S = b.tokens.shape
     dev = b.tokens.device
     keep = (~step.finished).nonzero().flatten()
-    after = {name: torch.full((B,), -1, device=dev) for name in ("pad", "content", "target_kv", "draft_kv")}
+    after = {name: torch.full((B,), -1, device=dev)
+             for name in ("pad", "content", "target_kv", "draft_kv")}
     after["target_state"], after["draft_state"] = step.target.held, step.draft.held
     if not len(keep):
         return None, False, after
-    src, valid, stale, width = _relayout(step.out_val[keep], step.out_stale[keep], policy, S, step.n_keep[keep])
+    src, valid, stale, width = _relayout(step.out_val[keep], step.out_stale[keep], policy, S,
+                                         step.n_keep[keep])
     nothing_moves = bool(((src == torch.arange(width, device=dev)) | ~valid).all())
     moved = policy.move_kv and not nothing_moves
     # no row moves (or the fault forgets to move them): rows and trailing slots are dropped only
     lost = _lost(policy, step, keep, src, S)
-    target, draft = (m.rearranged(keep, src if moved else None, valid, lost) for m in (step.target, step.draft))
+    target, draft = (m.rearranged(keep, src if moved else None, valid, lost)
+                     for m in (step.target, step.draft))
     after["pad"][keep] = (~valid & ~stale).sum(1)
     after["content"][keep] = valid.sum(1)
     after["target_kv"][keep], after["draft_kv"][keep] = target.length(width), draft.length(width)
@@ -84,7 +88,8 @@ def _realign(b: Batch, step, policy: Policy) -> tuple[Batch | None, bool, dict]:
     return Batch(seqs, step.out_tok[keep[:, None], src], valid, stale, target, draft), moved, after
 
 
-def _relayout(out_val: torch.Tensor, out_stale: torch.Tensor, policy: Policy, S: int, n_keep: torch.Tensor):
+def _relayout(out_val: torch.Tensor, out_stale: torch.Tensor, policy: Policy, S: int,
+              n_keep: torch.Tensor):
     """Where each continuing row's slots go: (src, new_valid, new_stale, width).
 
     New slot j of row r takes old (extended) slot src[r, j]; rows are
@@ -94,11 +99,13 @@ def _relayout(out_val: torch.Tensor, out_stale: torch.Tensor, policy: Policy, S:
     """
     dev = out_val.device
     if policy.compact:
-        order = torch.argsort((~out_val).to(torch.int8), dim=1, stable=True)  # real slots first, in order
+        # real slots first, in order
+        order = torch.argsort((~out_val).to(torch.int8), dim=1, stable=True)
         length = out_val.sum(1)
     else:
         order = torch.arange(out_val.shape[1], device=dev).expand_as(out_val)
-        length = out_val.shape[1] - (out_val.flip(1).long().cumsum(1) == 0).sum(1)  # through the last real slot
+        # through the last real slot
+        length = out_val.shape[1] - (out_val.flip(1).long().cumsum(1) == 0).sum(1)
     width = int(length.max())
     if policy.pads_only_grow:
         width = max(width, S + int(n_keep.max()))
@@ -108,7 +115,8 @@ def _relayout(out_val: torch.Tensor, out_stale: torch.Tensor, policy: Policy, S:
     return src, placed & out_val.gather(1, src), placed & out_stale.gather(1, src), width
 
 
-def _lost(policy: Policy, step, keep: torch.Tensor, src: torch.Tensor, S: int) -> torch.Tensor | None:
+def _lost(policy: Policy, step, keep: torch.Tensor, src: torch.Tensor,
+          S: int) -> torch.Tensor | None:
     """Slots (in the new layout) of committed tokens whose K/V a fault threw away: the last of
     each row's committed entries that Policy.committed_lost counts (the cache holds slots up to
     S + a - 1); None: the correct engine's."""

@@ -36,7 +36,8 @@ CORRECT = Policy(())
 @dataclass
 class SeqState:
     seq: int
-    tokens: torch.Tensor  # (1, S) the sequence's slots: real tokens (a 1-token prompt keeps one pad)
+    # (1, S) the sequence's slots: real tokens (a 1-token prompt keeps one pad)
+    tokens: torch.Tensor
     valid: torch.Tensor
     target: ModelState  # single-row states: a target cache of S-1 slots, the drafter's
     draft: ModelState
@@ -47,15 +48,19 @@ class SeqState:
         return self.tokens.shape[1]
 
 
-def _admit(pair: ModelPair, drafter: Drafter, seqs: list[int], prompts: list[list[int]]) -> list[SeqState]:
+def _admit(pair: ModelPair, drafter: Drafter, seqs: list[int],
+           prompts: list[list[int]]) -> list[SeqState]:
     """Prefill the newly admitted sequences in one batch, then give each its own slots: its real
-    tokens, and at least 3 slots in all, so that its draft cache is never empty (pads are masked)."""
-    b = prefill(pair, CORRECT, drafter, seqs, *left_pad([prompts[i] for i in seqs], pair.device, min_width=3))
+    tokens, and at least 3 slots in all, so that its draft cache is never empty (pads are
+    masked)."""
+    b = prefill(pair, CORRECT, drafter, seqs,
+                *left_pad([prompts[i] for i in seqs], pair.device, min_width=3))
     S = b.tokens.shape[1]
     starts = [min(S - len(prompts[i]), S - 3) for i in seqs]
     spans = [(lo, S) for lo in starts]
     return [SeqState(seq, b.tokens[r: r + 1, lo:], b.valid[r: r + 1, lo:], target, draft)
-            for r, (seq, lo, target, draft) in enumerate(zip(seqs, starts, b.target.split(spans), b.draft.split(spans)))]
+            for r, (seq, lo, target,
+            draft) in enumerate(zip(seqs, starts, b.target.split(spans), b.draft.split(spans)))]
 
 
 def choose_batch(active: list[SeqState], batch_size: int,
@@ -90,7 +95,8 @@ def _merged_batch(rows: list[SeqState]) -> Batch:
     tokens = torch.cat([pad(s.tokens, 0) for s in rows])
     valid = torch.cat([pad(s.valid, False) for s in rows])
     return Batch([s.seq for s in rows], tokens, valid, torch.zeros_like(valid),
-                 ModelState.merge([s.target for s in rows], valid), ModelState.merge([s.draft for s in rows], valid))
+                 ModelState.merge([s.target for s in rows], valid),
+                 ModelState.merge([s.draft for s in rows], valid))
 
 
 @torch.inference_mode()
@@ -101,7 +107,8 @@ def exspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
     """`drafter`: what proposes the drafts (drafters.py); the pair's draft model by default."""
     drafter = drafter or ModelDrafter(pair)
     d = Decoding(pair, CORRECT, drafter, max_new_tokens, sampling, record, watch)
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i])) if sort_by_length else range(len(prompts))
+    order = sorted(range(len(prompts)),
+                   key=lambda i: len(prompts[i])) if sort_by_length else range(len(prompts))
     pool = deque(order)
     gen = {i: SequenceOutput([]) for i in range(len(prompts))}
     active: list[SeqState] = []
@@ -126,21 +133,25 @@ def exspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
                 s.waited += 1
         timings = {**step.timings, "realign": clock.lap()}
         if record:
-            rd = record_round(step, b.seqs, -1, _after(step, first, spans), timings, not group, group=group,
-                              waits=waits)
+            rd = record_round(step, b.seqs, -1, _after(step, first, spans), timings, not group,
+                              group=group, waits=waits)
             rd.timings["trace"] = clock.lap()
             rounds.append(rd)
     return DecodeResult([gen[i] for i in range(len(prompts))], time.perf_counter() - start, rounds)
 
 
-def _split_back(rows: list[SeqState], b: Batch, step, active: list[SeqState], gen: dict, start: float):
-    """Each continuing row keeps its real slots of the round's batch (contiguous: the policy is correct), and at
-    least 3 slots in all; a finished row leaves the window. Returns each row's padding and the slots it kept."""
+def _split_back(rows: list[SeqState], b: Batch, step, active: list[SeqState], gen: dict,
+                start: float):
+    """Each continuing row keeps its real slots of the round's batch (contiguous: the policy is
+    correct), and at least 3 slots in all; a finished row leaves the window. Returns each row's
+    padding and the slots it kept."""
     S = b.tokens.shape[1]
     first = (~step.out_val).long().cumprod(1).sum(1)  # the row's padding
-    spans = [(min(int(first[r]), S + int(step.accepted[r]) - 2), S + int(step.accepted[r]) + 1) for r in range(len(rows))]
+    spans = [(min(int(first[r]), S + int(step.accepted[r]) - 2), S + int(step.accepted[r]) + 1)
+             for r in range(len(rows))]
     done = step.finished.tolist()
-    for r, (s, target, draft) in enumerate(zip(rows, step.target.split(spans), step.draft.split(spans))):
+    for r, (s, target,
+            draft) in enumerate(zip(rows, step.target.split(spans), step.draft.split(spans))):
         if done[r]:
             active.remove(s)
             gen[s.seq].finished_at = time.perf_counter() - start
@@ -152,7 +163,8 @@ def _split_back(rows: list[SeqState], b: Batch, step, active: list[SeqState], ge
 
 
 def _after(step, first: torch.Tensor, spans: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
-    """Each row's pad, content, target and draft KV lengths after the round (-1 for rows that left)."""
+    """Each row's pad, content, target and draft KV lengths after the round (-1 for rows that
+    left)."""
     gone = step.finished
     width = torch.tensor([hi - lo for lo, hi in spans], device=gone.device)
     pads = first - torch.tensor([lo for lo, _ in spans], device=gone.device)

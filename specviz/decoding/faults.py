@@ -1,5 +1,5 @@
-"""The faults as the engine meets them: each fault (spec/faults.py) swaps one decision of the correct
-engine, faithful to what the paper found in published batch implementations.
+"""The faults as the engine meets them: each fault (spec/faults.py) swaps one decision of the
+correct engine, faithful to what the paper found in published batch implementations.
 
 The engine asks a `Policy` at each decision point; with no faults the policy
 is the correct engine. Faults compose: any set can be asked for.
@@ -23,7 +23,8 @@ class Policy:
 
     faults: tuple[str, ...] = ()
 
-    def __post_init__(self) -> None:  # presets expanded: a name the engine does not know raises, never runs correct
+    # presets expanded: a name the engine does not know raises, never runs correct
+    def __post_init__(self) -> None:
         object.__setattr__(self, "faults", expand(self.faults))
 
     def has(self, fault: str) -> bool:
@@ -42,11 +43,12 @@ class Policy:
         return torch.arange(valid.shape[1], device=valid.device).expand_as(valid)
 
     def window_positions(self, pos: torch.Tensor, q_start: int) -> torch.Tensor:
-        """The target's position ids for a pass over slots q_start.. (a verify window over a cache when
-        q_start > 0): the layout's; the fault repeats the window's first for all of it."""
+        """The target's position ids for a pass over slots q_start.. (a verify window over a cache
+        when q_start > 0): the layout's; the fault repeats the window's first for all of it."""
         if not self.has("verify-positions-not-advanced") or q_start == 0:
             return pos
-        return torch.cat([pos[:, :q_start], pos[:, q_start:q_start + 1].expand_as(pos[:, q_start:])], 1)
+        return torch.cat([pos[:, :q_start],
+                          pos[:, q_start:q_start + 1].expand_as(pos[:, q_start:])], 1)
 
     def bonus_rows(self, rows: int, device) -> torch.Tensor:
         """(B,) whose target choice each row's non-draft token is: its own."""
@@ -61,48 +63,51 @@ class Policy:
         return own.roll(1) if self.has(fault) else own  # the fault: the row before it's
 
     def draft_positions(self, pos: torch.Tensor, q_start: int) -> torch.Tensor:
-        """The position ids a drafting pass over slots q_start.. feeds the draft model: the layout's. The fault
-        moves them one ahead once the draft has a cache (q_start > 0), so that they sit one off from the
-        prefilled prompt's, as SGLang's did (rotary positions are relative: a shift of every slot changes nothing)."""
+        """The position ids a drafting pass over slots q_start.. feeds the draft model: the
+        layout's. The fault moves them one ahead once the draft has a cache (q_start > 0), so that
+        they sit one off from the prefilled prompt's, as SGLang's did (rotary positions are
+        relative: a shift of every slot changes nothing)."""
         if not self.has("draft-positions-off-by-one") or q_start == 0:
             return pos
         return torch.cat([pos[:, :q_start], pos[:, q_start:] + 1], 1)
 
     def head_features(self, features: torch.Tensor) -> torch.Tensor:
-        """(B, S, H) the hidden state a draft head is fed at each slot: the target's at the slot before; the fault
-        feeds the one two slots back (vLLM #14647)."""
+        """(B, S, H) the hidden state a draft head is fed at each slot: the target's at the slot
+        before; the fault feeds the one two slots back (vLLM #14647)."""
         if not self.has("head-hidden-off-by-one"):
             return features
         return torch.cat([torch.zeros_like(features[:, :1]), features[:, :-1]], 1)
 
     def head_refeed(self, k: int, behind: int) -> int:
-        """The last slots a draft head re-feeds from the target's hidden states each round: the at most k-1 accepted
-        drafts it holds, computed from its own guesses, and the `behind` it does not hold; the fault re-feeds only
-        those it does not hold (vLLM #14649)."""
+        """The last slots a draft head re-feeds from the target's hidden states each round: the at
+        most k-1 accepted drafts it holds, computed from its own guesses, and the `behind` it does
+        not hold; the fault re-feeds only those it does not hold (vLLM #14649)."""
         return behind if self.has("head-keeps-own-guesses") else k - 1 + behind
 
     def tree_positions(self, pos: torch.Tensor, tree: Tree) -> torch.Tensor:
-        """The position ids of a layout whose last slots are a tree's nodes: each node at the root's position plus
-        its depth; the fault numbers them by their index, as a chain's are."""
+        """The position ids of a layout whose last slots are a tree's nodes: each node at the root's
+        position plus its depth; the fault numbers them by their index, as a chain's are."""
         return pos if self.has("tree-positions-by-index") else trees.node_positions(pos, tree)
 
     def tree_among(self, tree: Tree) -> torch.Tensor:
-        """(B, n, n) the nodes each node of a tree sees: itself and its ancestors; the fault, every node listed
-        before it (a chain's causal mask): its siblings and their branches too."""
+        """(B, n, n) the nodes each node of a tree sees: itself and its ancestors; the fault, every
+        node listed before it (a chain's causal mask): its siblings and their branches too."""
         if not self.has("tree-siblings-visible"):
             return tree.ancestors
         return torch.ones_like(tree.ancestors).tril()
 
     def compacted(self, path: torch.Tensor) -> torch.Tensor:
-        """(B, deepest) the node whose K/V each slot of a row's accepted path keeps: the path's own; the fault keeps
-        the nodes where they were fed, so that a branch the target refused stays in the cache."""
+        """(B, deepest) the node whose K/V each slot of a row's accepted path keeps: the path's own;
+        the fault keeps the nodes where they were fed, so that a branch the target refused stays in
+        the cache."""
         if not self.has("tree-rejected-branch-kept"):
             return path
         return torch.arange(path.shape[1], device=path.device).expand_as(path)
 
     def bonus_node(self, path: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
-        """(B,) the node whose logits choose the token after a row's accepted path (of `length` nodes, at least 1):
-        its last; the fault takes the node listed at that depth's index, as a chain's would be."""
+        """(B,) the node whose logits choose the token after a row's accepted path (of `length`
+        nodes, at least 1): its last; the fault takes the node listed at that depth's index, as a
+        chain's would be."""
         last = (length - 1).clamp(min=0)
         return last if self.has("tree-bonus-by-index") else path.gather(1, last[:, None])[:, 0]
 
@@ -112,18 +117,19 @@ class Policy:
         return 2 if self.has("draft-misses-target-token") else 1
 
     def first_draft(self, logits: torch.Tensor, have: torch.Tensor) -> torch.Tensor:
-        """(B, 1, V): the logits each row drafts its first token from, of the first pass's kept slots: the last
-        (its newest token); the fault takes the one before it once the target has written a token, as if that
-        token had not been fed."""
+        """(B, 1, V): the logits each row drafts its first token from, of the first pass's kept
+        slots: the last (its newest token); the fault takes the one before it once the target has
+        written a token, as if that token had not been fed."""
         if not self.has("draft-misses-target-token"):
             return logits
         slot = (have == 0).long().view(-1, 1, 1).expand(-1, 1, logits.shape[-1])
         return logits.gather(1, slot)
 
     def greedy_accept(self, drafts: torch.Tensor, target: torch.Tensor, raw) -> torch.Tensor:
-        """(B, k) which greedy drafts pass: those the target's pass chose too. The fault accepts each with
-        probability min(1, p/q) of the untempered softmaxes: `raw()` gives p and q at each draft and a draw per
-        slot (computed only for it: a softmax over the vocabulary every round)."""
+        """(B, k) which greedy drafts pass: those the target's pass chose too. The fault accepts
+        each with probability min(1, p/q) of the untempered softmaxes: `raw()` gives p and q at each
+        draft and a draw per slot (computed only for it: a softmax over the vocabulary every
+        round)."""
         if self.has("accept-on-raw-softmax"):
             return self.accept(*raw())
         return drafts == target
@@ -141,11 +147,13 @@ class Policy:
         return None
 
     def seen(self, valid: torch.Tensor, stale: torch.Tensor, window: int | None) -> torch.Tensor:
-        """The slots the attention mask lets through (`window`: the model's sliding window, where it has one)."""
+        """The slots the attention mask lets through (`window`: the model's sliding window, where it
+        has one)."""
         if self.has("no-mask"):
             return torch.ones_like(valid)
         if self.has("window-full-keeps-rejected") and window is not None:
-            # drafts rejected once the row held a window of tokens: never rolled back, seen from then on
+            # drafts rejected once the row held a window of tokens: never rolled back, seen from
+            # then on
             return valid | (stale & (valid.long().cumsum(1) >= window))
         return valid
 
@@ -159,21 +167,25 @@ class Policy:
         return k + 1 if self.bonus_from_draft else k
 
     def stops(self, idx: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
-        """(B, k+1): the slots of a round whose end-of-sequence token ends the row: every slot it keeps."""
+        """(B, k+1): the slots of a round whose end-of-sequence token ends the row: every slot it
+        keeps."""
         if self.has("stop-at-last-token"):
             return idx[None] == accepted[:, None]
         return idx[None] <= accepted[:, None]
 
     def string_stop(self, completed: int, kept: int) -> int:
-        """The tokens a row keeps of the `kept` of its round when the `completed`-th completes a stop string: up
-        to that one; the fault, which looks for stops at a block's end only, keeps the whole block."""
+        """The tokens a row keeps of the `kept` of its round when the `completed`-th completes a
+        stop string: up to that one; the fault, which looks for stops at a block's end only, keeps
+        the whole block."""
         return kept if self.has("stop-at-last-token") else completed
 
-    def state_index(self, accepted: torch.Tensor, kept: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Which of the `kept` positions fed this round each row's recurrent states continue from: its accepted
-        count (the state after its last committed token and its accepted drafts); and its convolution state's,
-        where that differs (None: the same)."""
-        if self.has("state-not-rolled-back"):  # the roll back did nothing: every drafted token stays in the state
+    def state_index(self, accepted: torch.Tensor,
+                    kept: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Which of the `kept` positions fed this round each row's recurrent states continue from:
+        its accepted count (the state after its last committed token and its accepted drafts); and
+        its convolution state's, where that differs (None: the same)."""
+        # the roll back did nothing: every drafted token stays in the state
+        if self.has("state-not-rolled-back"):
             return torch.full_like(accepted, kept - 1), None
         if self.has("conv-state-off-by-one"):
             return accepted, (accepted + 1).clamp(max=kept - 1)
@@ -181,20 +193,24 @@ class Policy:
 
     def penalty_history(self, output: torch.Tensor, ends: torch.Tensor,
                         drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The output tokens a verify pass's penalty counts ((B, V), beside the prompt's), and the drafts each slot
-        adds to them (those before it): every output token, and the drafts. The fault: only the tokens that ended
-        each earlier round (`ends`), and no drafts (SGLang PR #33643's history fed `output_ids[-1]` once a step)."""
+        """The output tokens a verify pass's penalty counts ((B, V), beside the prompt's), and the
+        drafts each slot adds to them (those before it): every output token, and the drafts. The
+        fault: only the tokens that ended each earlier round (`ends`), and no drafts (SGLang PR
+        #33643's history fed `output_ids[-1]` once a step)."""
         if not self.has("penalty-history-last-token"):
             return output, drafts
         return ends, drafts[:, :0]
 
-    def logprobs(self, target: torch.Tensor, drafted: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
-        """Each emitted token's log-probability (B, k+1): the target's (`target`). The fault reports an accepted
-        draft's as the drafter's own, log q (`drafted` (B, k): q of each draft; a lookup's point mass gives 0.0)."""
+    def logprobs(self, target: torch.Tensor, drafted: torch.Tensor,
+                 accepted: torch.Tensor) -> torch.Tensor:
+        """Each emitted token's log-probability (B, k+1): the target's (`target`). The fault reports
+        an accepted draft's as the drafter's own, log q (`drafted` (B, k): q of each draft; a
+        lookup's point mass gives 0.0)."""
         if not self.has("logprobs-from-draft"):
             return target
         own = torch.arange(target.shape[1], device=target.device)[None] < accepted[:, None]
-        return torch.where(own, torch.nn.functional.pad(drafted.log(), (0, 1)).to(target.dtype), target)
+        return torch.where(own, torch.nn.functional.pad(drafted.log(), (0, 1)).to(target.dtype),
+                           target)
 
     @property
     def stale_state_without_drafts(self) -> bool:
@@ -227,37 +243,43 @@ class Policy:
         return replace(sampler, temperature=1.0) if self.has("temperature-draft-only") else sampler
 
     def verify_samplers(self, rows: list[Row]) -> Samplers:
-        """The sampler each row of a batch (its request's settings, `rows`) is verified with: its own target's."""
-        own = [Sampler() if self.has("unset-temperature-greedy") and r.unset_temperature else r.target for r in rows]
+        """The sampler each row of a batch (its request's settings, `rows`) is verified with: its
+        own target's."""
+        own = [Sampler() if self.has("unset-temperature-greedy") and r.unset_temperature
+               else r.target for r in rows]
         if self.has("settings-from-first-row"):
             own = own[:1] * len(own)
         return Samplers([self.target_sampler(s) for s in own])
 
     def stream(self, streams: Streams) -> Streams:
-        """The random stream each row draws from: its own (its request's seed, or its sequence's)."""
+        """The random stream each row draws from: its own (its request's seed, or its
+        sequence's)."""
         if not self.has("shared-stream"):
             return streams
         return replace(streams, seeds=streams.seeds[:1].expand_as(streams.seeds),
                        numbers=torch.zeros_like(streams.numbers))
 
     def noise(self, streams: Streams, u: torch.Tensor) -> torch.Tensor:
-        """The verify's draws `u` (B, ...) as each row receives them: its own. The fault: in a batch mixing seeded
-        and unseeded rows, the unseeded rows' are never written; they read what the buffer held, zeros here."""
+        """The verify's draws `u` (B, ...) as each row receives them: its own. The fault: in a batch
+        mixing seeded and unseeded rows, the unseeded rows' are never written; they read what the
+        buffer held, zeros here."""
         seeded = streams.seeded
         if not self.has("unseeded-noise-to-copy") or bool(seeded.all()) or not bool(seeded.any()):
             return u
         return torch.where(seeded.reshape(-1, *([1] * (u.dim() - 1))), u, 0.0)
 
     def skips(self, counts: torch.Tensor, k: int) -> torch.Tensor:
-        """(B,) draws each row's stream skips this round beyond those it uses: none. The fault: a row offered no
-        drafts, in a round that verifies drafts, still advances its generator by one."""
+        """(B,) draws each row's stream skips this round beyond those it uses: none. The fault: a
+        row offered no drafts, in a round that verifies drafts, still advances its generator by
+        one."""
         if not self.has("stream-advanced-for-zero-draft") or k == 0:
             return torch.zeros_like(counts)
         return (counts == 0).long()
 
     def target_probs(self, P: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
-        """The target's distributions (B, k+1, V) as the decisions and the residual read them: untouched. The fault
-        zeroes each draft's own p in place, as building the residual does, before the drafts are decided."""
+        """The target's distributions (B, k+1, V) as the decisions and the residual read them:
+        untouched. The fault zeroes each draft's own p in place, as building the residual does,
+        before the drafts are decided."""
         if not self.has("target-probs-mutated"):
             return P
         P[:, : drafts.shape[1]].scatter_(2, drafts[..., None], 0)  # a view: P itself changes
@@ -269,7 +291,8 @@ class Policy:
 
     def residual(self, sampler: Sampler, logits: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
                  u: torch.Tensor) -> torch.Tensor:
-        """The token after a rejection: a draw from max(0, p - q), normalised (p = sampler.probs(logits))."""
+        """The token after a rejection: a draw from max(0, p - q), normalised (p =
+        sampler.probs(logits))."""
         if self.has("residual-from-draft"):
             return inverse_cdf(q, u)
         if self.has("top-p-not-in-residual"):

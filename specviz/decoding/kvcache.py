@@ -1,26 +1,28 @@
-"""The only module that touches transformers' cache internals: the KV cache of attention layers, and the state of
-recurrent layers (Gated DeltaNet, Mamba, short convolutions) in a hybrid model.
+"""The only module that touches transformers' cache internals: the KV cache of attention layers, and
+the state of recurrent layers (Gated DeltaNet, Mamba, short convolutions) in a hybrid model.
 
-transformers 5.x `DynamicCache` keeps one layer object per decoder layer. An attention layer holds `keys` and
-`values` of shape (batch, kv_heads, slots, head_dim): slot j of a row holds the K/V of that row's layout slot j
-(see decoding/batch.py). Keys are stored after RoPE, so moving a row's entries to other slots is valid only because
-the row's logical positions do not change when its padding does. Every attention layer keeps every slot, sliding-
-window layers too: transformers' sliding layers drop the slots that leave the window, which slot-indexed layouts
-cannot follow. Their window is applied by the mask instead (decoding/batch.py).
+transformers 5.x `DynamicCache` keeps one layer object per decoder layer. An attention layer holds
+`keys` and `values` of shape (batch, kv_heads, slots, head_dim): slot j of a row holds the K/V of
+that row's layout slot j (see decoding/batch.py). Keys are stored after RoPE, so moving a row's
+entries to other slots is valid only because the row's logical positions do not change when its
+padding does. Every attention layer keeps every slot, sliding-window layers too: transformers'
+sliding layers drop the slots that leave the window, which slot-indexed layouts cannot follow. Their
+window is applied by the mask instead (decoding/batch.py).
 
-A recurrent layer holds a state per row instead (a convolution's last inputs, a scan's state), which has no slots:
-it follows the rows when the batch is rearranged, and nothing of a rejected draft can be cropped out of it. So
-while drafts are fed (`keeping`), each recurrent layer runs those positions one at a time, through its own
-single-token (decode) algorithm, and keeps its state after each; once the round's decisions are made, each row
-takes the state at its own accepted count (`roll_back`). The tokens fed before them (a prefill) run in one call,
-through the layer's chunked algorithm, as the model runs a prompt alone.
+A recurrent layer holds a state per row instead (a convolution's last inputs, a scan's state), which
+has no slots: it follows the rows when the batch is rearranged, and nothing of a rejected draft can
+be cropped out of it. So while drafts are fed (`keeping`), each recurrent layer runs those positions
+one at a time, through its own single-token (decode) algorithm, and keeps its state after each; once
+the round's decisions are made, each row takes the state at its own accepted count (`roll_back`).
+The tokens fed before them (a prefill) run in one call, through the layer's chunked algorithm, as
+the model runs a prompt alone.
 
-transformers masks padding out of a recurrent layer only in batches of two rows or more: in a batch of one, the
-row's leading pads are not fed to its recurrent layers at all (their outputs there are zeros, which only pad
-slots read).
+transformers masks padding out of a recurrent layer only in batches of two rows or more: in a batch
+of one, the row's leading pads are not fed to its recurrent layers at all (their outputs there are
+zeros, which only pad slots read).
 
-`None` is the cache of a drafter that keeps none (prompt lookup): every operation on it does nothing, so the
-decoders move "both caches" alike.
+`None` is the cache of a drafter that keeps none (prompt lookup): every operation on it does
+nothing, so the decoders move "both caches" alike.
 """
 from __future__ import annotations
 
@@ -31,19 +33,23 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import (DynamicLayer, DynamicSlidingWindowLayer,
+                                      LinearAttentionCacheLayerMixin)
 
 from specviz.models.architecture import recurrent_mixers
 
-State = dict[tuple[str, int], torch.Tensor]  # ("conv" or "recurrent", index within the layer) -> (rows, ...)
+# ("conv" or "recurrent", index within the layer) -> (rows, ...)
+State = dict[tuple[str, int], torch.Tensor]
 KINDS = ("conv", "recurrent")
 
 
 def new(model) -> DynamicCache:
-    """An empty cache for `model`; its recurrent layers, if any, are made ready to keep per-position states."""
+    """An empty cache for `model`; its recurrent layers, if any, are made ready to keep per-position
+    states."""
     _run_stepwise(model)
     cache = DynamicCache(config=model.config)
-    cache.layers = [DynamicLayer() if isinstance(lay, DynamicSlidingWindowLayer) and not _recurrent(lay) else lay
+    cache.layers = [DynamicLayer() if isinstance(lay, DynamicSlidingWindowLayer)
+                    and not _recurrent(lay) else lay
                     for lay in cache.layers]
     return cache
 
@@ -102,8 +108,9 @@ def crop(cache: DynamicCache | None, slots: int) -> None:
 
 
 def gather(cache: DynamicCache | None, rows: torch.Tensor, src: torch.Tensor) -> None:
-    """Rebuild the cache in one indexing op per layer: new row r, slot j takes old row rows[r], slot src[r, j]; a
-    recurrent state follows its row. Per-row shifts, crops, dropped rows and compaction are all special cases."""
+    """Rebuild the cache in one indexing op per layer: new row r, slot j takes old row rows[r], slot
+    src[r, j]; a recurrent state follows its row. Per-row shifts, crops, dropped rows and compaction
+    are all special cases."""
     if cache is None:
         return
     for lay in cache.layers:
@@ -137,24 +144,28 @@ def _select_states(cache: DynamicCache, rows: torch.Tensor) -> None:
         _put(lay, {key: t[_on(t, rows)] for key, t in states(lay).items()})
     journal = _JOURNALS.get(cache)
     if journal is not None:
-        journal.stale = {i: {key: t[_on(t, rows)] for key, t in s.items()} for i, s in journal.stale.items()}
+        journal.stale = {i: {key: t[_on(t, rows)] for key, t in s.items()}
+                         for i, s in journal.stale.items()}
 
 
 def _on(like: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """`index` on the device of `like`: a target spread over GPUs keeps each layer's cache beside the layer.
-    A no-op (no copy) on one device."""
+    """`index` on the device of `like`: a target spread over GPUs keeps each layer's cache beside
+    the layer. A no-op (no copy) on one device."""
     return index.to(like.device)
 
 
 def layers_kv(cache: DynamicCache | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Every attention layer's (keys, values) as they are now: references, not copies. Each forward pass
-    replaces these tensors (torch.cat) instead of writing into them, so they keep the state of this moment."""
+    """Every attention layer's (keys, values) as they are now: references, not copies. Each forward
+    pass replaces these tensors (torch.cat) instead of writing into them, so they keep the state of
+    this moment."""
     return [(lay.keys, lay.values) for lay in _layers(cache) if _kv(lay)]
 
 
 def layers_states(cache: DynamicCache | None) -> list[State]:
-    """Every recurrent layer's states as they are now: copies, since a forward pass writes them in place."""
-    return [{key: t.clone() for key, t in states(lay).items()} for lay in _layers(cache) if _recurrent(lay)]
+    """Every recurrent layer's states as they are now: copies, since a forward pass writes them in
+    place."""
+    return [{key: t.clone() for key, t in states(lay).items()} for lay in _layers(cache)
+            if _recurrent(lay)]
 
 
 def row_kv(cache: DynamicCache, layer: int, row: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,8 +175,8 @@ def row_kv(cache: DynamicCache, layer: int, row: int) -> tuple[torch.Tensor, tor
 
 
 def _rebuilt_cache(cache: DynamicCache, part) -> DynamicCache:
-    """A cache of `cache`'s layer kinds, each layer's tensors `part(index, layer)`: (keys, values) or None, and a
-    recurrent layer's states."""
+    """A cache of `cache`'s layer kinds, each layer's tensors `part(index, layer)`: (keys, values)
+    or None, and a recurrent layer's states."""
     out = copy.copy(cache)
     out.layers = []
     for i, lay in enumerate(cache.layers):
@@ -182,8 +193,8 @@ def _rebuilt_cache(cache: DynamicCache, part) -> DynamicCache:
 
 
 def split(cache: DynamicCache | None, spans: list[tuple[int, int]]) -> list[DynamicCache | None]:
-    """One single-row cache per batch row, row i keeping slots spans[i] = (start, end) and its states
-    (cross-batch scheduling keeps these). Views, not copies."""
+    """One single-row cache per batch row, row i keeping slots spans[i] = (start, end) and its
+    states (cross-batch scheduling keeps these). Views, not copies."""
     if cache is None:
         return [None] * len(spans)
     return [_rebuilt_cache(cache, lambda _, lay, i=i, lo=lo, hi=hi: (
@@ -193,8 +204,8 @@ def split(cache: DynamicCache | None, spans: list[tuple[int, int]]) -> list[Dyna
 
 
 def merge(caches: list[DynamicCache | None]) -> DynamicCache | None:
-    """Stack single-row caches into one batch, left-padding each to the longest (pad slots hold zeros and must be
-    masked); their states stack as they are."""
+    """Stack single-row caches into one batch, left-padding each to the longest (pad slots hold
+    zeros and must be masked); their states stack as they are."""
     if caches[0] is None:
         return None
     width = max(length(c) for c in caches)
@@ -210,9 +221,10 @@ def merge(caches: list[DynamicCache | None]) -> DynamicCache | None:
     return _rebuilt_cache(caches[0], part)
 
 
-def assembled(model, kv: list[tuple[torch.Tensor, torch.Tensor]], state: list[State]) -> DynamicCache:
-    """A cache for `model` holding exactly these K/V (one pair per attention layer, in order) and recurrent states
-    (one per recurrent layer, as layers_states lists them)."""
+def assembled(model, kv: list[tuple[torch.Tensor, torch.Tensor]],
+              state: list[State]) -> DynamicCache:
+    """A cache for `model` holding exactly these K/V (one pair per attention layer, in order) and
+    recurrent states (one per recurrent layer, as layers_states lists them)."""
     cache, kv, state = new(model), iter(kv), iter(state)
     for lay in cache.layers:
         if isinstance(lay, DynamicLayer):
@@ -223,14 +235,15 @@ def assembled(model, kv: list[tuple[torch.Tensor, torch.Tensor]], state: list[St
     return cache
 
 
-# ---------------------------------------------------------------- recurrent states at every drafted position
+# ------------------------------------------------------- recurrent states at every drafted position
 
 
 @dataclass
 class _Journal:
-    """A cache's recurrent states kept during a round: per recurrent layer, the state after each position fed while
-    `keeping` (in order, over every call of the round); and, after a roll back, each row's state after the round's
-    first position (what a faulty engine reads, `state-after-zero-draft`)."""
+    """A cache's recurrent states kept during a round: per recurrent layer, the state after each
+    position fed while `keeping` (in order, over every call of the round); and, after a roll back,
+    each row's state after the round's first position (what a faulty engine reads,
+    `state-after-zero-draft`)."""
 
     keep: int = 0  # positions of the call under way whose states are kept (its last ones)
     kept: dict[int, list[State]] = field(default_factory=dict)
@@ -242,8 +255,9 @@ _JOURNALS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 @contextlib.contextmanager
 def keeping(cache: DynamicCache | None, positions: int):
-    """Within: the recurrent layers of `cache` run the last `positions` tokens fed to them one at a time and keep
-    their state after each (what `roll_back` chooses from). A cache without recurrent layers is untouched."""
+    """Within: the recurrent layers of `cache` run the last `positions` tokens fed to them one at a
+    time and keep their state after each (what `roll_back` chooses from). A cache without recurrent
+    layers is untouched."""
     if not recurrent(cache):
         yield
         return
@@ -261,16 +275,18 @@ def kept(cache: DynamicCache | None) -> int:
     return len(next(iter(journal.kept.values()), [])) if journal else 0
 
 
-def roll_back(cache: DynamicCache | None, index: torch.Tensor, conv_index: torch.Tensor | None = None) -> None:
-    """Each row's recurrent states become those kept after its `index`-th kept position (its convolution's after
-    `conv_index`, the same by default); the kept states are let go."""
+def roll_back(cache: DynamicCache | None, index: torch.Tensor,
+              conv_index: torch.Tensor | None = None) -> None:
+    """Each row's recurrent states become those kept after its `index`-th kept position (its
+    convolution's after `conv_index`, the same by default); the kept states are let go."""
     journal = _JOURNALS.get(cache) if cache is not None else None
     if not journal or not journal.kept:
         return
     rows = torch.arange(len(index), device=index.device)
     for i, kept_states in journal.kept.items():
         chosen = {}
-        for key in {key: None for s in kept_states for key in s}:  # a position before any state has none: zeros
+        # a position before any state has none: zeros
+        for key in {key: None for s in kept_states for key in s}:
             like = next(s[key] for s in kept_states if key in s)
             stacked = torch.stack([s.get(key, torch.zeros_like(like)) for s in kept_states])
             at = conv_index if key[0] == "conv" and conv_index is not None else index
@@ -281,8 +297,8 @@ def roll_back(cache: DynamicCache | None, index: torch.Tensor, conv_index: torch
 
 
 def read_stale(cache: DynamicCache | None, rows: torch.Tensor) -> None:
-    """The `state-after-zero-draft` fault: the rows marked in `rows` (B,) take the state they had after the last
-    round's first position, as if its accepted drafts had never reached the state."""
+    """The `state-after-zero-draft` fault: the rows marked in `rows` (B,) take the state they had
+    after the last round's first position, as if its accepted drafts had never reached the state."""
     journal = _JOURNALS.get(cache) if cache is not None else None
     if not journal or not journal.stale or not bool(rows.any()):
         return
@@ -294,8 +310,9 @@ def read_stale(cache: DynamicCache | None, rows: torch.Tensor) -> None:
 
 
 def _run_stepwise(model) -> None:
-    """Make each recurrent mixer of `model` keep per-position states when its cache asks (`keeping`). Its class is
-    swapped for a subclass, as models/kernels.py swaps linear layers: copies of the model keep it."""
+    """Make each recurrent mixer of `model` keep per-position states when its cache asks
+    (`keeping`). Its class is swapped for a subclass, as models/kernels.py swaps linear layers:
+    copies of the model keep it."""
     for mixer in recurrent_mixers(model):
         cls = type(mixer)
         if cls not in _STEPWISE.values():
@@ -312,7 +329,8 @@ def _stepwise_forward(cls: type):
         n = min(journal.keep, hidden_states.shape[1]) if journal else 0
         if not n:
             return _unpadded(cls, self, hidden_states, cache, attention_mask, kwargs)
-        parts = [hidden_states.shape[1] - n + 1] + [1] * (n - 1)  # what came before the kept positions, in one call
+        # what came before the kept positions, in one call
+        parts = [hidden_states.shape[1] - n + 1] + [1] * (n - 1)
         outs, at = [], 0
         for size in parts:
             mask = None if attention_mask is None else attention_mask[:, at: at + size]
@@ -325,12 +343,14 @@ def _stepwise_forward(cls: type):
 
 
 def _unpadded(cls: type, mixer, hidden_states, cache, mask, kwargs):
-    """The mixer's own forward; a batch of one row leaves its leading pads out (transformers masks pads only in
-    batches of two or more)."""
-    if hidden_states.shape[0] == 1 and mask is not None and mask.dim() == 2 and not bool(mask.all()):
+    """The mixer's own forward; a batch of one row leaves its leading pads out (transformers masks
+    pads only in batches of two or more)."""
+    if (hidden_states.shape[0] == 1 and mask is not None and mask.dim() == 2
+        and not bool(mask.all())):
         lead = int((mask[0] == 0).long().cumprod(0).sum())
         if lead == hidden_states.shape[1]:  # nothing but pads: the state stays as it was (none yet)
             return hidden_states.new_zeros(hidden_states.shape)
-        out = cls.forward(mixer, hidden_states[:, lead:], cache=cache, attention_mask=None, **kwargs)
+        out = cls.forward(mixer, hidden_states[:, lead:], cache=cache, attention_mask=None,
+                          **kwargs)
         return torch.cat([out.new_zeros(1, lead, out.shape[-1]), out], 1)
     return cls.forward(mixer, hidden_states, cache=cache, attention_mask=mask, **kwargs)

@@ -1,5 +1,6 @@
-"""A model's pass over the padded batch layout (batch.py), with the positions and the mask a policy (faults.py)
-derives: the target's verify and prefill, a draft model's drafting passes and prefill, and a draft head's."""
+"""A model's pass over the padded batch layout (batch.py), with the positions and the mask a policy
+(faults.py) derives: the target's verify and prefill, a draft model's drafting passes and prefill,
+and a draft head's."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -17,14 +18,16 @@ from specviz.models.pairs import ModelPair
 class Pass(NamedTuple):
     logits: torch.Tensor  # (B, q or keep, vocab)
     positions: torch.Tensor  # (B, S) the position ids the policy derived for every slot
-    hidden: torch.Tensor | None  # (B, q, H) the last layer's hidden states at every slot fed, where asked for
+    # (B, q, H) the last layer's hidden states at every slot fed, where asked for
+    hidden: torch.Tensor | None
 
 
-def run_model(pair: ModelPair, policy: Policy, role: str, tok, val, stl, q_start, cache, hidden: bool = False,
-              tree: Tree | None = None, **kw) -> Pass:
-    """The pair's `role` model over slots q_start.. Roles: "target", "draft" (a drafting pass), "draft prefill"
-    (the draft cache's first fill). `hidden`: return its last hidden states too. `tree`: the last slots are a
-    tree's nodes (trees.py), placed and masked as the policy places them."""
+def run_model(pair: ModelPair, policy: Policy, role: str, tok, val, stl, q_start, cache,
+              hidden: bool = False, tree: Tree | None = None, **kw) -> Pass:
+    """The pair's `role` model over slots q_start.. Roles: "target", "draft" (a drafting pass),
+    "draft prefill" (the draft cache's first fill). `hidden`: return its last hidden states too.
+    `tree`: the last slots are a tree's nodes (trees.py), placed and masked as the policy places
+    them."""
     pos = policy.positions(val, stl)
     among = None
     if tree is not None:
@@ -39,20 +42,23 @@ def run_model(pair: ModelPair, policy: Policy, role: str, tok, val, stl, q_start
         raise ValueError(f"no model plays {role!r}")
     seen = policy.seen(val, stl, narrowest_window(model))
     out = forward(model, tok, val, q_start, cache, pair.vocab_size, pos=pos[:, q_start:],
-                  seen=seen, among=None if among is None else (trees.visible_slots(seen, among), pos), hidden=hidden, **kw)
+                  seen=seen,
+                  among=None if among is None else (trees.visible_slots(seen, among), pos),
+                  hidden=hidden, **kw)
     logits, last = out if hidden else (out, None)
     return Pass(logits, pos, last)
 
 
-def run_head(pair: ModelPair, head, policy: Policy, tok, val, stl, features: torch.Tensor, q_start: int,
-             cache, keep: int) -> Pass:
-    """A draft head (models/heads.py) over slots q_start.., fed each slot's token and `features` (B, q, H), the
-    hidden state it drafts from there: its logits at the last `keep` slots, the positions, and its own last hidden
-    states (what it feeds itself next)."""
+def run_head(pair: ModelPair, head, policy: Policy, tok, val, stl, features: torch.Tensor,
+             q_start: int, cache, keep: int) -> Pass:
+    """A draft head (models/heads.py) over slots q_start.., fed each slot's token and `features` (B,
+    q, H), the hidden state it drafts from there: its logits at the last `keep` slots, the
+    positions, and its own last hidden states (what it feeds itself next)."""
     pos = policy.draft_positions(policy.positions(val, stl), q_start)
     seen = policy.seen(val, stl, narrowest_window(head.body))
-    out = head.body(inputs_embeds=head.inputs(tok[:, q_start:], features), position_ids=pos[:, q_start:],
-                    attention_mask=attention_masks(head.body, seen, q_start), cache=cache, use_cache=True)
+    out = head.body(inputs_embeds=head.inputs(tok[:, q_start:], features),
+                    position_ids=pos[:, q_start:],
+            attention_mask=attention_masks(head.body, seen, q_start), cache=cache, use_cache=True)
     hidden = out.last_hidden_state
     logits = head.logits(hidden[:, -keep:])[..., :pair.vocab_size].to(tok.device)
     return Pass(logits if logits.dtype == torch.float64 else logits.float(), pos, hidden)

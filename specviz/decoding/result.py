@@ -14,10 +14,14 @@ Progress = Callable[[int], None]  # called with the number of new tokens just pr
 @dataclass
 class SequenceOutput:
     ids: list[int]  # generated ids, through the first EOS, never past it
-    margins: list[float] = field(default_factory=list)  # target top-1 minus top-2 logit per generated token
-    logprobs: list[float] = field(default_factory=list)  # per generated token, under the target (decoding/penalties.py)
-    finished_at: float | None = None  # seconds from the start of decoding to this sequence's last token
-    proof: ReferenceProof | None = None  # a reference proved by teacher forcing, not decoded (forensics/proof.py)
+    # target top-1 minus top-2 logit per generated token
+    margins: list[float] = field(default_factory=list)
+    # per generated token, under the target (decoding/penalties.py)
+    logprobs: list[float] = field(default_factory=list)
+    # seconds from the start of decoding to this sequence's last token
+    finished_at: float | None = None
+    # a reference proved by teacher forcing, not decoded (forensics/proof.py)
+    proof: ReferenceProof | None = None
 
 
 @dataclass
@@ -25,8 +29,8 @@ class DecodeResult:
     outputs: list[SequenceOutput]
     seconds: float  # decode wall time, model loading excluded
     rounds: list = field(default_factory=list)  # speculative methods: their per-round trace records
-    # What a watch (watch.py) found, when the decode was watched: seq -> ForkState at its first divergence,
-    # and (round, seq) -> (target, draft) logit differences of audited rows.
+    # What a watch (watch.py) found, when the decode was watched: seq -> ForkState at its first
+    # divergence, and (round, seq) -> (target, draft) logit differences of audited rows.
     forks: dict = field(default_factory=dict)
     audit: dict = field(default_factory=dict)
 

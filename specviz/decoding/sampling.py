@@ -31,7 +31,8 @@ DRAFT, ACCEPT, RESIDUAL, TARGET, PIT = range(5)
 
 
 def sibling(purpose: int, rank: int) -> int:
-    """The purpose of the draws for a token tree's rank-th candidate at a position (0: the chain's own draw)."""
+    """The purpose of the draws for a token tree's rank-th candidate at a position (0: the chain's
+    own draw)."""
     return purpose + 8 * rank
 
 
@@ -48,7 +49,8 @@ class Sampler:
     def probs(self, logits: torch.Tensor, truncate: bool = True) -> torch.Tensor:
         """The distribution over the last dim (float32 for float32 logits, float64 for float64).
         `truncate=False`: temperature only, no top-k or top-p (what a sampling fault may use)."""
-        if self.greedy:  # a point mass on the argmax (a greedy draft proposing to a sampling target)
+        # a point mass on the argmax (a greedy draft proposing to a sampling target)
+        if self.greedy:
             return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
         z = logits / self.temperature
         if truncate and self.top_k and self.top_k < z.shape[-1]:
@@ -60,8 +62,9 @@ class Sampler:
 
 
 class Samplers:
-    """Each batch row's own Sampler, with Sampler's `probs`: the rows that share settings are computed together,
-    each group exactly as a batch of its own would be (a row's distribution never depends on its batch mates)."""
+    """Each batch row's own Sampler, with Sampler's `probs`: the rows that share settings are
+    computed together, each group exactly as a batch of its own would be (a row's distribution never
+    depends on its batch mates)."""
 
     def __init__(self, by_row: list[Sampler]):
         self.by_row = by_row
@@ -81,14 +84,15 @@ class Samplers:
 
 
 def _outside_nucleus(z: torch.Tensor, top_p: float) -> torch.Tensor:
-    """The tokens whose less likely tokens, themselves included, hold at most 1 - top_p: an ascending prefix of
-    the sorted logits (the most likely token always stays). Summed in sorted order, as transformers and vLLM do;
-    off the CPU exactly as they do.
+    """The tokens whose less likely tokens, themselves included, hold at most 1 - top_p: an
+    ascending prefix of the sorted logits (the most likely token always stays). Summed in sorted
+    order, as transformers and vLLM do; off the CPU exactly as they do.
 
-    On a CPU the values are sorted by numpy, 15x faster than `torch.sort` over a 49k vocabulary (it was two
-    thirds of a small model's sampled decode); the prefix is then every logit below its first kept value. Only
-    where that value ties with the last dropped one does the choice depend on which of the tied tokens a sort put
-    first, and there torch's order decides, as it always has: the mask is bit for bit the same either way."""
+    On a CPU the values are sorted by numpy, 15x faster than `torch.sort` over a 49k vocabulary (it
+    was two thirds of a small model's sampled decode); the prefix is then every logit below its
+    first kept value. Only where that value ties with the last dropped one does the choice depend on
+    which of the tied tokens a sort put first, and there torch's order decides, as it always has:
+    the mask is bit for bit the same either way."""
     if z.device.type != "cpu" or z.dtype not in (torch.float32, torch.float64):
         srt, order = z.sort(dim=-1)
         drop = _dropped(srt, top_p)
@@ -104,7 +108,8 @@ def _outside_nucleus(z: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def _dropped(ascending: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Which of the sorted logits leave the nucleus (a prefix: on a CPU the cumulative sum never decreases)."""
+    """Which of the sorted logits leave the nucleus (a prefix: on a CPU the cumulative sum never
+    decreases)."""
     drop = ascending.softmax(-1).cumsum(-1) <= 1 - top_p
     drop[..., -1] = False
     return drop
@@ -115,8 +120,9 @@ SEEDED = -1  # the stream number of a request's own seed: never a sequence's (th
 
 @dataclass(frozen=True)
 class Row:
-    """One request's own settings: the target's sampler, the draft's, its seed (None: the run's stream for its
-    sequence), and whether its temperature was left unset (the serving engines' default 1.0 stands in)."""
+    """One request's own settings: the target's sampler, the draft's, its seed (None: the run's
+    stream for its sequence), and whether its temperature was left unset (the serving engines'
+    default 1.0 stands in)."""
 
     target: Sampler
     draft: Sampler
@@ -126,8 +132,9 @@ class Row:
 
 @dataclass(frozen=True)
 class Streams:
-    """The random stream each row of a batch draws from: a seed and a stream number (a sequence's, or SEEDED),
-    and how many draws the row's generator has skipped (a faulty engine's; 0 in a correct one)."""
+    """The random stream each row of a batch draws from: a seed and a stream number (a sequence's,
+    or SEEDED), and how many draws the row's generator has skipped (a faulty engine's; 0 in a
+    correct one)."""
 
     seeds: torch.Tensor  # (B,)
     numbers: torch.Tensor  # (B,)
@@ -136,22 +143,25 @@ class Streams:
 
     def draw(self, index: torch.Tensor, purpose: int | torch.Tensor) -> torch.Tensor:
         """Each row's draws at token `index` (B,) or (B, n), for `purpose`."""
-        return uniform(self.seeds, self.numbers, index + self.skipped.reshape(-1, *([1] * (index.dim() - 1))),
-                       purpose)
+        return uniform(self.seeds, self.numbers,
+                       index + self.skipped.reshape(-1, *([1] * (index.dim() - 1))), purpose)
 
 
 @dataclass(frozen=True)
 class Sampling:
-    """How a run samples: the target's settings, the draft's, and the seed of every row's stream; or each
-    request's own settings, `rows`, given to the prompt list cyclically (sequence i gets rows[i % len(rows)]); and
-    the penalties on the target's logits; and the run's stop strings (stops.py)."""
+    """How a run samples: the target's settings, the draft's, and the seed of every row's stream; or
+    each request's own settings, `rows`, given to the prompt list cyclically (sequence i gets rows[i
+    % len(rows)]); and the penalties on the target's logits; and the run's stop strings
+    (stops.py)."""
 
     target: Sampler = Sampler()
     draft: Sampler = Sampler()
     seed: int = 0
-    first_seq: int = 0  # the number of this decode's first sequence: a shard of a prompt list continues its numbering
+    # the number of this decode's first sequence: a shard of a prompt list continues its numbering
+    first_seq: int = 0
     rows: tuple[Row, ...] = ()
-    penalties: Penalties = Penalties()  # on the target's logits, before it chooses (greedy or sampled)
+    # on the target's logits, before it chooses (greedy or sampled)
+    penalties: Penalties = Penalties()
     stop: tuple[str, ...] = ()
 
     @property
@@ -172,12 +182,13 @@ class Sampling:
         return Samplers([self.row(i).draft for i in seqs])
 
     def streams(self, seqs: list[int], skipped: list[int] | None = None, device=None) -> Streams:
-        """The streams of this decode's sequences `seqs`: a seeded request's own seed, else the run's seed and the
-        sequence's number in the whole prompt list (so a shard draws what one process decoding the whole list
-        draws)."""
+        """The streams of this decode's sequences `seqs`: a seeded request's own seed, else the
+        run's seed and the sequence's number in the whole prompt list (so a shard draws what one
+        process decoding the whole list draws)."""
         seeds = [self.row(i).seed for i in seqs]
         return Streams(torch.tensor([self.seed if s is None else s for s in seeds], device=device),
-                       torch.tensor([i + self.first_seq if s is None else SEEDED for i, s in zip(seqs, seeds)],
+                       torch.tensor([i + self.first_seq if s is None else SEEDED
+                                     for i, s in zip(seqs, seeds)],
                                     device=device),
                        torch.tensor([s is not None for s in seeds], device=device),
                        torch.tensor(skipped or [0] * len(seqs), device=device))
@@ -187,16 +198,20 @@ GREEDY = Sampling()
 
 
 def sampling_of(spec, first_seq: int = 0) -> Sampling:
-    """How the run `spec` (a RunSpec) samples: the target's settings, the draft's, the seed, and each request's own
-    where it gives them; `first_seq`: the number of the decode's first prompt in the spec's list."""
-    rows = tuple(Row(Sampler(*r.target()), Sampler(*spec.draft_sampling(r)), r.seed, r.temperature is None)
+    """How the run `spec` (a RunSpec) samples: the target's settings, the draft's, the seed, and
+    each request's own where it gives them; `first_seq`: the number of the decode's first prompt in
+    the spec's list."""
+    rows = tuple(Row(Sampler(*r.target()), Sampler(*spec.draft_sampling(r)), r.seed,
+                     r.temperature is None)
                  for r in spec.rows)
-    return Sampling(Sampler(spec.temperature, spec.top_k, spec.top_p), Sampler(*spec.draft_sampling()), spec.seed,
+    return Sampling(Sampler(spec.temperature, spec.top_k, spec.top_p),
+                    Sampler(*spec.draft_sampling()), spec.seed,
                     first_seq, rows, penalties_of(spec), tuple(spec.stop))
 
 
 def greedy_of(spec) -> Sampling:
-    """The greedy reference's settings for the run `spec`: the argmax, under its penalties, to its stops."""
+    """The greedy reference's settings for the run `spec`: the argmax, under its penalties, to its
+    stops."""
     return Sampling(penalties=penalties_of(spec), stop=tuple(spec.stop))
 
 
@@ -204,11 +219,13 @@ def _signed(x: int) -> int:
     return x - (1 << 64) if x >= 1 << 63 else x
 
 
-GOLDEN, MUL1, MUL2 = (_signed(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+GOLDEN, MUL1, MUL2 = (_signed(c)
+                      for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:
-    """splitmix64's finalizer on int64 tensors: multiplication wraps; `>>` is arithmetic, hence the masks."""
+    """splitmix64's finalizer on int64 tensors: multiplication wraps; `>>` is arithmetic, hence the
+    masks."""
     x = x ^ ((x >> 30) & ((1 << 34) - 1))
     x = x * MUL1
     x = x ^ ((x >> 27) & ((1 << 37) - 1))
@@ -218,8 +235,8 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
 
 def uniform(seed: int | torch.Tensor, seqs: torch.Tensor, index: torch.Tensor,
             purpose: int | torch.Tensor) -> torch.Tensor:
-    """Draws in (0, 1), float64, one per element of `index` (B,) or (B, n); `seqs` (B,) names each row's stream,
-    and `seed` its seed: one for all, or (B,) each row's."""
+    """Draws in (0, 1), float64, one per element of `index` (B,) or (B, n); `seqs` (B,) names each
+    row's stream, and `seed` its seed: one for all, or (B,) each row's."""
     seqs = seqs.reshape(-1, *([1] * (index.dim() - 1)))
     seeds = (torch.full_like(index, seed) if isinstance(seed, int) else
              seed.reshape(-1, *([1] * (index.dim() - 1))).expand_as(index))
@@ -230,8 +247,9 @@ def uniform(seed: int | torch.Tensor, seqs: torch.Tensor, index: torch.Tensor,
 
 
 def inverse_cdf(weights: torch.Tensor, u: torch.Tensor, normalised: bool = True) -> torch.Tensor:
-    """The token whose cumulative weight first exceeds u times the total: one exact draw from the normalised
-    `weights` (..., V) per draw u (...). `normalised=False` compares with u alone (a fault's sampler)."""
+    """The token whose cumulative weight first exceeds u times the total: one exact draw from the
+    normalised `weights` (..., V) per draw u (...). `normalised=False` compares with u alone (a
+    fault's sampler)."""
     cdf = weights.double().cumsum(-1)
     idx = (cdf < u[..., None] * (cdf[..., -1:] if normalised else 1.0)).sum(-1)
     return idx.clamp(max=weights.shape[-1] - 1)

@@ -1,5 +1,5 @@
-"""What every engine adapter returns: the engine as it described itself, and its outputs (trace/records.py
-keeps both in a trace)."""
+"""What every engine adapter returns: the engine as it described itself, and its outputs
+(trace/records.py keeps both in a trace)."""
 from __future__ import annotations
 
 from specviz.spec.drafters import DRAFTERS
@@ -11,23 +11,24 @@ class EngineRun(EngineInfo):
     """An engine's outputs for a list of prompts."""
 
     outputs: Many[EngineOutput]
-    # An engine that reports its rounds in specviz's trace schema (trace.RowRecord, trace.RoundRecord, as dicts)
-    # gets every white-box view too.
+    # An engine that reports its rounds in specviz's trace schema (trace.RowRecord,
+    # trace.RoundRecord, as dicts) gets every white-box view too.
     rows: list[dict] = []
     rounds: list[dict] = []
 
 
 def declare_drafter(settings: dict, drafter: str | None, said_by: str) -> dict:
-    """`settings` with the drafter the caller declares, one of DRAFTERS (None: as the engine said), as
-    `settings["drafter"]`: an engine drafting with "model", the check's draft model, has its acceptance judged from
-    its counters (forensics/acceptance.py). Where the engine's own settings (`said_by`: e.g. a file's header) name
-    one, the two must agree."""
+    """`settings` with the drafter the caller declares, one of DRAFTERS (None: as the engine said),
+    as `settings["drafter"]`: an engine drafting with "model", the check's draft model, has its
+    acceptance judged from its counters (forensics/acceptance.py). Where the engine's own settings
+    (`said_by`: e.g. a file's header) name one, the two must agree."""
     if drafter is None:
         return settings
     if drafter not in DRAFTERS:
         raise SpecError(f"the engine's drafter is one of {', '.join(DRAFTERS)}, not {drafter!r}")
     own = settings.get("drafter")
     if own is not None and own != drafter:
-        raise SpecError(f"{said_by} says the engine drafts with {own!r}, but it is declared to draft with {drafter!r}: "
+        raise SpecError(f"{said_by} says the engine drafts with {own!r}, but it is declared to "
+                        f"draft with {drafter!r}: "
                         "drop one of the two or make them agree")
     return {**settings, "drafter": drafter}

@@ -1,23 +1,24 @@
 """An engine's outputs from a file: one JSON object a line (JSONL), as any engine can write them.
 
-    {"engine": {"name": "vllm", "version": "0.32.0", "settings": {"speculative": "ngram", "k": 5}}}   optional, first
-    {"prompt_ids": [1, 9690, ...], "output_ids": [504, 3458, ...], "logprobs": [-0.01, ...]}
-    {"prompt": "What is the capital of France?", "output_ids": [...]}
-    {"prompt": "...", "output_text": "Paris is ..."}
+    {"engine": {"name": "vllm", "version": "0.32.0", "settings": {"speculative": "ngram", "k": 5}}}
+    optional, first {"prompt_ids": [1, 9690, ...], "output_ids": [504, 3458, ...], "logprobs":
+    [-0.01, ...]} {"prompt": "What is the capital of France?", "output_ids": [...]} {"prompt":
+    "...", "output_text": "Paris is ..."}
 
-Each prompt line gives the prompt as token ids (`prompt_ids`, exactly what the engine was fed) or as text
-(`prompt`: specviz applies the pair's tokenizer and chat template, as for any run), and the output as token
-ids (`output_ids`) or, failing that, text (`output_text`: re-tokenized, and marked approximate).
-Optional: `logprobs` (the engine's log-probability of each output token), `top_logprobs` (per token, its
-top alternatives as {"id": logprob}), `finish_reason`, and `error` (this prompt failed). The JSON Schema is
-docs/engine-outputs.schema.json (`specviz schema --outputs`). Optional too: `drafts` and `accepted` (the draft
-tokens the engine offered for this prompt and accepted, where it counts them).
+Each prompt line gives the prompt as token ids (`prompt_ids`, exactly what the engine was fed) or as
+text (`prompt`: specviz applies the pair's tokenizer and chat template, as for any run), and the
+output as token ids (`output_ids`) or, failing that, text (`output_text`: re-tokenized, and marked
+approximate). Optional: `logprobs` (the engine's log-probability of each output token),
+`top_logprobs` (per token, its top alternatives as {"id": logprob}), `finish_reason`, and `error`
+(this prompt failed). The JSON Schema is docs/engine-outputs.schema.json (`specviz schema
+--outputs`). Optional too: `drafts` and `accepted` (the draft tokens the engine offered for this
+prompt and accepted, where it counts them).
 
-Files as users have them: fields this format does not name are ignored and listed (`EngineInfo.ignored`), not
-refused. A line may also be a server's raw answer: `{"request": {...}, "response": {...}}` as sent to and
-answered by an OpenAI-compatible `/v1/completions` or llama.cpp's `/completion` (dialects.py reads the
-answer; the prompt comes from the request), or a bare OpenAI-compatible answer that carries its prompt's ids
-(vLLM's `prompt_token_ids`).
+Files as users have them: fields this format does not name are ignored and listed
+(`EngineInfo.ignored`), not refused. A line may also be a server's raw answer: `{"request": {...},
+"response": {...}}` as sent to and answered by an OpenAI-compatible `/v1/completions` or llama.cpp's
+`/completion` (dialects.py reads the answer; the prompt comes from the request), or a bare
+OpenAI-compatible answer that carries its prompt's ids (vLLM's `prompt_token_ids`).
 """
 from __future__ import annotations
 
@@ -79,10 +80,11 @@ def outputs_schema() -> dict:
 
 
 def parse(text: str | bytes, name: str) -> tuple[Header | None, list[OutputLine], list[str]]:
-    """The header, the lines of an outputs file and the fields it holds that this format does not name; every
-    problem is one SpecError naming the file and line."""
+    """The header, the lines of an outputs file and the fields it holds that this format does not
+    name; every problem is one SpecError naming the file and line."""
     if len(text) > MAX_FILE_BYTES:
-        raise SpecError(f"{name} is {len(text) / 2**20:.1f} MiB; the limit is {MAX_FILE_BYTES // 2**20} MiB")
+        raise SpecError(f"{name} is {len(text) / 2**20:.1f} MiB; the limit is "
+                        f"{MAX_FILE_BYTES // 2**20} MiB")
     try:
         text = text.decode("utf-8") if isinstance(text, bytes) else text
     except UnicodeDecodeError:
@@ -98,7 +100,8 @@ def parse(text: str | bytes, name: str) -> tuple[Header | None, list[OutputLine]
                     raise ValueError("the header line holds only `engine`")
                 header = Header.model_validate(obj["engine"])
                 if isinstance(obj["engine"], dict):
-                    ignored.update(f"engine.{k}" for k in obj["engine"] if k not in Header.model_fields)
+                    ignored.update(f"engine.{k}" for k in obj["engine"]
+                                   if k not in Header.model_fields)
             else:
                 fields = _as_output_line(obj)
                 ignored.update(k for k in fields if k not in OutputLine.model_fields)
@@ -106,7 +109,8 @@ def parse(text: str | bytes, name: str) -> tuple[Header | None, list[OutputLine]
         except ValidationError as e:
             raise SpecError(f"{name}, line {n}: {describe_validation_error(e)}") from None
         except (ValueError, RecursionError) as e:
-            raise SpecError(f"{name}, line {n}: not a JSON object of the outputs format ({e})") from None
+            raise SpecError(f"{name}, line {n}: not a JSON object of the outputs format "
+                            f"({e})") from None
         if len(lines) > MAX_PROMPTS:
             raise SpecError(f"{name} holds more than {MAX_PROMPTS} prompts")
     if not lines:
@@ -121,16 +125,19 @@ def _as_output_line(obj: object) -> dict:
     if "request" in obj and "response" in obj:
         request, response = obj["request"], obj["response"]
         if not isinstance(request, dict) or not isinstance(response, dict):
-            raise ValueError("`request` and `response` are the JSON objects sent to and answered by the server")
+            raise ValueError("`request` and `response` are the JSON objects sent to and answered "
+                             "by the server")
         prompt = request.get("prompt")
         key = "prompt_ids" if isinstance(prompt, list) else "prompt"
-        rest = {k: v for k, v in obj.items() if k not in ("request", "response")}  # listed as ignored, if unknown
+        # listed as ignored, if unknown
+        rest = {k: v for k, v in obj.items() if k not in ("request", "response")}
         return {**rest, key: prompt, **_answer(response, prompt if key == "prompt_ids" else None)}
     if "choices" in obj:
         try:
             prompt = obj["choices"][0]["prompt_token_ids"]
         except (KeyError, IndexError, TypeError):
-            raise ValueError("a bare server answer names no prompt ids (`prompt_token_ids`): give each line as "
+            raise ValueError("a bare server answer names no prompt ids (`prompt_token_ids`): give "
+                             "each line as "
                              '{"request": ..., "response": ...}') from None
         return {"prompt_ids": prompt, **_answer(obj, prompt)}
     return obj
@@ -140,14 +147,16 @@ def _answer(response: dict, prompt: list | None) -> dict:
     """The output fields of a raw OpenAI-compatible or llama.cpp answer."""
     if "choices" in response:
         choice = response["choices"][0]
-        if choice.get("token_ids") is None:  # text only: re-tokenized by from_lines, marked approximate
-            return {"output_text": choice.get("text") or "", "finish_reason": choice.get("finish_reason")}
+        # text only: re-tokenized by from_lines, marked approximate
+        if choice.get("token_ids") is None:
+            return {"output_text": choice.get("text") or "",
+                    "finish_reason": choice.get("finish_reason")}
         out = read_choice(choice, None, 0)
     elif "tokens" in response or "stop_type" in response:
         out = read_llamacpp(response, None, 0)
     else:
-        raise ValueError("`response` is neither an OpenAI-compatible completion (`choices`) nor llama.cpp's "
-                         "(`tokens`)")
+        raise ValueError("`response` is neither an OpenAI-compatible completion (`choices`) nor "
+                         "llama.cpp's (`tokens`)")
     if out.error:
         return {"error": out.error}
     return {"output_ids": out.ids, "logprobs": out.logprobs, "top_logprobs": out.top_logprobs,
@@ -156,19 +165,21 @@ def _answer(response: dict, prompt: list | None) -> dict:
 
 def from_lines(header: Header | None, lines: list[OutputLine], tokenizer, name: str,
                ignored: list[str] = (), drafter: str | None = None) -> EngineRun:
-    """The engine run a file describes; text outputs are re-tokenized (without special tokens) and marked
-    approximate. `ignored`: the file's fields this format does not name, recorded. `drafter`: what the caller
-    declares the engine drafts with, where the header does not say otherwise."""
+    """The engine run a file describes; text outputs are re-tokenized (without special tokens) and
+    marked approximate. `ignored`: the file's fields this format does not name, recorded. `drafter`:
+    what the caller declares the engine drafts with, where the header does not say otherwise."""
     outputs = []
     for line in lines:
         if line.error is not None:
             outputs.append(EngineOutput(error=line.error))
             continue
         approximate = line.output_ids is None
-        ids = tokenizer(line.output_text, add_special_tokens=False)["input_ids"] if approximate else line.output_ids
+        ids = tokenizer(line.output_text,
+                        add_special_tokens=False)["input_ids"] if approximate else line.output_ids
         outputs.append(EngineOutput(ids=ids, logprobs=line.logprobs, top_logprobs=line.top_logprobs,
-                                    approximate=approximate, finish_reason=line.finish_reason, drafts=line.drafts,
-                                    accepted=line.accepted))
+                                    approximate=approximate, finish_reason=line.finish_reason,
+                                    drafts=line.drafts, accepted=line.accepted))
     info = header or Header(name=name)
-    return EngineRun(name=info.name, version=info.version, source="file", outputs=outputs, ignored=list(ignored),
+    return EngineRun(name=info.name, version=info.version, source="file", outputs=outputs,
+                     ignored=list(ignored),
                      settings=declare_drafter(info.settings, drafter, f"{name}'s header"))

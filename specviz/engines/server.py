@@ -1,15 +1,16 @@
-"""An engine behind an HTTP server: OpenAI-compatible completions (vLLM and others), or llama.cpp's own
-(docs/engines.md). Which one is read off /v1/models (llama.cpp's cards are owned by "llamacpp"); what each
-is sent and how its answers are read is dialects.py's.
+"""An engine behind an HTTP server: OpenAI-compatible completions (vLLM and others), or llama.cpp's
+own (docs/engines.md). Which one is read off /v1/models (llama.cpp's cards are owned by "llamacpp");
+what each is sent and how its answers are read is dialects.py's.
 
-Each prompt goes out as token ids (the caller applied the chat template), greedy or, for a sampled check,
-with the check's temperature, top-p and top-k and a seed of its own per prompt (request_seed: the check's
-seed and the prompt's index, so a run repeats), with the check's token budget and `concurrency` requests in
-flight so that the server batches them. The server's speculative-decoding counters (/metrics, where it has
-them) are read before and after.
+Each prompt goes out as token ids (the caller applied the chat template), greedy or, for a sampled
+check, with the check's temperature, top-p and top-k and a seed of its own per prompt (request_seed:
+the check's seed and the prompt's index, so a run repeats), with the check's token budget and
+`concurrency` requests in flight so that the server batches them. The server's speculative-decoding
+counters (/metrics, where it has them) are read before and after.
 
-A prompt that fails (timeout, dropped connection, HTTP error) gets `error` and the others keep their outputs;
-only a server that does not answer at all, or does not serve the asked model, stops the run.
+A prompt that fails (timeout, dropped connection, HTTP error) gets `error` and the others keep their
+outputs; only a server that does not answer at all, or does not serve the asked model, stops the
+run.
 """
 from __future__ import annotations
 
@@ -24,54 +25,65 @@ from specviz.engines.dialects import LlamaCpp, OpenAI
 from specviz.spec.run import SpecError
 from specviz.trace.records import EngineOutput
 
-# Speculative-decoding counters, e.g. `vllm:spec_decode_num_drafts_total{...} 12.0` (llama.cpp names them alike).
-SPEC_COUNTER = re.compile(r"^(?:vllm|llamacpp):spec_decode_num_(\w+?)_total(?:\{([^}]*)\})? (\S+)$", re.MULTILINE)
-SEEDS_PER_RUN = 4096  # a request's seed: the run's seed x this + the prompt's index (at most spec.MAX_PROMPTS)
+# Speculative-decoding counters, e.g. `vllm:spec_decode_num_drafts_total{...} 12.0` (llama.cpp names
+# them alike).
+SPEC_COUNTER = re.compile(r"^(?:vllm|llamacpp):spec_decode_num_(\w+?)_total(?:\{([^}]*)\})? (\S+)$",
+                          re.MULTILINE)
+# a request's seed: the run's seed x this + the prompt's index (at most spec.MAX_PROMPTS)
+SEEDS_PER_RUN = 4096
 
 
 def request_seed(seed: int, index: int) -> int:
-    """The seed of prompt `index`'s request in a sampled run seeded `seed`: one stream per prompt, the same
-    streams every time the run is repeated."""
+    """The seed of prompt `index`'s request in a sampled run seeded `seed`: one stream per prompt,
+    the same streams every time the run is repeated."""
     return seed * SEEDS_PER_RUN + index
 
 
-def from_server(url: str, served_model: str | None, prompt_ids: list[list[int]], max_new_tokens: int,
-                concurrency: int = 8, timeout: float = 300.0, top_logprobs: int = 5, tokenizer=None,
-                launch: dict | None = None, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                seed: int = 0, order: list[int] | None = None, drafter: str | None = None) -> EngineRun:
-    """Completions of `prompt_ids` from the server at `url` (given with or without /v1): greedy, or sampled
-    at `temperature` > 0 with `top_p`, `top_k` (0: off) and prompt i's request seeded request_seed(seed, i).
+def from_server(url: str, served_model: str | None, prompt_ids: list[list[int]],
+                max_new_tokens: int, concurrency: int = 8, timeout: float = 300.0,
+                top_logprobs: int = 5, tokenizer=None,
+                launch: dict | None = None, temperature: float = 0.0, top_p: float = 1.0,
+                top_k: int = 0, seed: int = 0, order: list[int] | None = None,
+                drafter: str | None = None) -> EngineRun:
+    """Completions of `prompt_ids` from the server at `url` (given with or without /v1): greedy, or
+    sampled at `temperature` > 0 with `top_p`, `top_k` (0: off) and prompt i's request seeded
+    request_seed(seed, i).
 
-    `served_model` None takes the one model the server serves. `timeout` (seconds) bounds each request's
-    wait for its answer. `tokenizer` (the pair's) re-tokenizes text-only answers; without one they are
-    errors. `launch` is how the server was started, where the caller knows it: recorded as given. `order`: the
-    order the prompts are sent in (each still answered as prompt i, with its own seed); default, as given.
-    `drafter`: what the caller knows the server drafts with (spec/drafters.DRAFTERS), recorded in its settings; a
-    server does not say.
+    `served_model` None takes the one model the server serves. `timeout` (seconds) bounds each
+    request's wait for its answer. `tokenizer` (the pair's) re-tokenizes text-only answers; without
+    one they are errors. `launch` is how the server was started, where the caller knows it: recorded
+    as given. `order`: the order the prompts are sent in (each still answered as prompt i, with its
+    own seed); default, as given. `drafter`: what the caller knows the server drafts with
+    (spec/drafters.DRAFTERS), recorded in its settings; a server does not say.
     """
     base = url.rstrip("/").removesuffix("/v1")
     with httpx.Client(base_url=base, timeout=timeout) as client:
         card = _model_card(client, base, served_model)
         llama = card.get("owned_by") == "llamacpp"
-        dialect = (LlamaCpp if llama else OpenAI)(card["id"], max_new_tokens, temperature, top_p, top_k, top_logprobs)
+        dialect = (LlamaCpp if llama else OpenAI)(card["id"], max_new_tokens, temperature, top_p,
+                                                  top_k, top_logprobs)
         name, version = _describe(client, card, llama)
         before = _spec_counters(client)
 
         def complete(i: int) -> tuple[EngineOutput, str | None]:
             ids = prompt_ids[i]
             try:
-                r = client.post(dialect.path, json=dialect.request(ids, request_seed(seed, i) if temperature else None))
+                r = client.post(dialect.path,
+                        json=dialect.request(ids, request_seed(seed, i) if temperature else None))
             except httpx.TimeoutException:
                 return EngineOutput(error=f"no answer from {base} within {timeout:g} s"), None
             except httpx.TransportError as e:
                 return EngineOutput(error=f"{base} stopped answering: {e!r}"), None
             if r.status_code != 200:
-                return EngineOutput(error=f"{base} answered HTTP {r.status_code}: {r.text[:300]}"), None
+                return (EngineOutput(error=f"{base} answered HTTP {r.status_code}: {r.text[:300]}"),
+                        None)
             try:
                 body = r.json()
-                return dialect.read(body, ids, max_new_tokens, tokenizer), body.get("system_fingerprint")
+                return dialect.read(body, ids, max_new_tokens,
+                                    tokenizer), body.get("system_fingerprint")
             except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-                return EngineOutput(error=f"{base} answered without a completion: {r.text[:300]}"), None
+                return (EngineOutput(error=f"{base} answered without a completion: {r.text[:300]}"),
+                        None)
 
         start = time.perf_counter()
         sent = list(range(len(prompt_ids))) if order is None else list(order)
@@ -80,15 +92,19 @@ def from_server(url: str, served_model: str | None, prompt_ids: list[list[int]],
         answers = [answered[i] for i in range(len(prompt_ids))]
         seconds = time.perf_counter() - start
         after = _spec_counters(client)
-    settings = {"served_model": card["id"], "model_root": card.get("root"), "max_model_len": card.get("max_model_len"),
-                "system_fingerprint": next((fp for _, fp in answers if fp), None), "api": dialect.name}
+    settings = {"served_model": card["id"], "model_root": card.get("root"),
+                "max_model_len": card.get("max_model_len"),
+                "system_fingerprint": next((fp for _, fp in answers if fp), None),
+                "api": dialect.name}
     if before is not None and after:
         settings["spec_decode"] = {name: after[name] - before.get(name, 0) for name in after}
     if temperature:
-        settings["sampling"] = {**dialect.sampling, "seed": seed, "request_seed": f"seed x {SEEDS_PER_RUN} + prompt index"}
+        settings["sampling"] = {**dialect.sampling, "seed": seed,
+                                "request_seed": f"seed x {SEEDS_PER_RUN} + prompt index"}
     if launch:
         settings["launch"] = launch
-    return EngineRun(name=name, version=version, source="server", settings=declare_drafter(settings, drafter, base),
+    return EngineRun(name=name, version=version, source="server",
+                     settings=declare_drafter(settings, drafter, base),
                      outputs=[out for out, _ in answers], seconds=seconds)
 
 
@@ -96,7 +112,8 @@ def _describe(client: httpx.Client, card: dict, llama: bool) -> tuple[str, str |
     """The engine's name and version: llama.cpp's build from /props, vLLM's from /version."""
     if llama:
         return "llama.cpp", (_get_json(client, "/props") or {}).get("build_info")
-    return card.get("owned_by") or "openai-compatible", (_get_json(client, "/version") or {}).get("version")
+    return card.get("owned_by") or "openai-compatible", (_get_json(client, "/version")
+                                                         or {}).get("version")
 
 
 def _get_json(client: httpx.Client, path: str) -> dict | None:
@@ -109,7 +126,8 @@ def _get_json(client: httpx.Client, path: str) -> dict | None:
 
 
 def _model_card(client: httpx.Client, base: str, served_model: str | None) -> dict:
-    """The served model's entry in /v1/models; a clear error when nothing answers or the model is not served."""
+    """The served model's entry in /v1/models; a clear error when nothing answers or the model is
+    not served."""
     try:
         r = client.get("/v1/models")
     except httpx.HTTPError as e:
@@ -120,7 +138,8 @@ def _model_card(client: httpx.Client, base: str, served_model: str | None) -> di
     except (ValueError, KeyError, TypeError):
         cards = None
     if not cards:
-        raise SpecError(f"{base}/v1/models answered HTTP {r.status_code} without a model list: {r.text[:200]}; "
+        raise SpecError(f"{base}/v1/models answered HTTP {r.status_code} without a model list: "
+                        f"{r.text[:200]}; "
                         "is this an OpenAI-compatible server?")
     names = [c.get("id") for c in cards]
     if served_model is None and len(cards) == 1:
@@ -132,8 +151,9 @@ def _model_card(client: httpx.Client, base: str, served_model: str | None) -> di
 
 
 def _spec_counters(client: httpx.Client) -> dict[str, float] | None:
-    """vLLM's speculative-decoding counters from /metrics, summed over engines: drafts, draft_tokens,
-    accepted_tokens and accepted_tokens_per_pos_<i>. Empty without speculation; None without /metrics."""
+    """vLLM's speculative-decoding counters from /metrics, summed over engines: drafts,
+    draft_tokens, accepted_tokens and accepted_tokens_per_pos_<i>. Empty without speculation; None
+    without /metrics."""
     try:
         r = client.get("/metrics")
     except httpx.HTTPError:

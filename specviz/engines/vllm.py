@@ -43,7 +43,8 @@ class VllmServer:
 
 
 def vllm_python() -> Path:
-    """The Python of vLLM's own environment: $SPECVIZ_VLLM_PYTHON, else .venv-vllm beside this checkout."""
+    """The Python of vLLM's own environment: $SPECVIZ_VLLM_PYTHON, else .venv-vllm beside this
+    checkout."""
     path = Path(os.environ.get("SPECVIZ_VLLM_PYTHON", DEFAULT_PYTHON))
     if not path.exists():
         raise SpecError(f"vLLM's Python is not at {path}: run `make vllm` to install it there, "
@@ -58,7 +59,8 @@ def speculative_config(mode: str, k: int, ngram: tuple[int, int] = (2, 4)) -> di
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": ngram[0],
                 "prompt_lookup_max": ngram[1]}
     if mode == "draft":
-        return {"method": "draft_model", "model": str(embedded_draft_dir()), "num_speculative_tokens": k}
+        return {"method": "draft_model", "model": str(embedded_draft_dir()),
+                "num_speculative_tokens": k}
     raise SpecError(f"unknown vLLM mode {mode!r}; choose from {', '.join(MODES)}")
 
 
@@ -68,17 +70,17 @@ def vllm_server(mode: str, log: Path, k: int = 5, max_num_seqs: int = 8, threads
                 extra_env: dict[str, str] | None = None, ngram: tuple[int, int] = (2, 4),
                 eager: bool = False) -> Iterator[VllmServer]:
     """Serve the embedded target with vLLM in `mode` until the block ends; its output goes to `log`.
-    `ngram`: the shortest and longest n-gram the ngram mode matches. `eager`: vLLM's eager mode, without the
-    graph compile that takes most of a start (76 s of it here, every time: vLLM 0.32 fails to reload its compile
-    cache on CPU; eager starts in under 1 s). Its kernels round differently: in bfloat16, 13 of 19 outputs
-    differ from the compiled mode's.
+    `ngram`: the shortest and longest n-gram the ngram mode matches. `eager`: vLLM's eager mode,
+    without the graph compile that takes most of a start (76 s of it here, every time: vLLM 0.32
+    fails to reload its compile cache on CPU; eager starts in under 1 s). Its kernels round
+    differently: in bfloat16, 13 of 19 outputs differ from the compiled mode's.
 
-    `threads`: the CPUs its workers are bound to (the first ones this process may use). `extra_env`: more
-    environment variables for the server (recorded in its launch, like the others)."""
+    `threads`: the CPUs its workers are bound to (the first ones this process may use). `extra_env`:
+    more environment variables for the server (recorded in its launch, like the others)."""
     spec = speculative_config(mode, k, ngram)
     port = free_port()
-    args = ["--model", str(embedded_target_dir()), "--served-model-name", SERVED_MODEL, "--dtype", dtype,
-            "--max-model-len", "2048", "--max-num-seqs", str(max_num_seqs), "--seed", "0",
+    args = ["--model", str(embedded_target_dir()), "--served-model-name", SERVED_MODEL, "--dtype",
+            dtype, "--max-model-len", "2048", "--max-num-seqs", str(max_num_seqs), "--seed", "0",
             "--host", "127.0.0.1", "--port", str(port)]
     if spec:
         args += ["--speculative-config", json.dumps(spec)]
@@ -87,7 +89,8 @@ def vllm_server(mode: str, log: Path, k: int = 5, max_num_seqs: int = 8, threads
     cpus = sorted(os.sched_getaffinity(0))[:threads]
     env = {
         "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: plenty for 8 sequences of 2,048 tokens
-        "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cpus)),  # "auto" would keep one core of two for itself
+        # "auto" would keep one core of two for itself
+        "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cpus)),
         "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",  # never phone home
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
         **(extra_env or {}),
@@ -95,4 +98,5 @@ def vllm_server(mode: str, log: Path, k: int = 5, max_num_seqs: int = 8, threads
     command = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", *args]
     url = f"http://127.0.0.1:{port}"
     with serving("vLLM", command, env, log, url, "/health", startup_timeout):
-        yield VllmServer(url, SERVED_MODEL, {"mode": mode, "dtype": dtype, "args": args, "env": env}, log)
+        yield VllmServer(url, SERVED_MODEL,
+                         {"mode": mode, "dtype": dtype, "args": args, "env": env}, log)

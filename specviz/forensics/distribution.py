@@ -42,13 +42,17 @@ MAX_LISTED = 20
 
 def judge_distribution(trace: Trace, pair: ModelPair, prompt_ids: list[list[int]],
                        progress=None) -> Findings:
-    """Score every sequence under the target: each sequence's `pit`, the run's `distribution` (with the requests'
-    settings that fit a sequence better than its own) and, for speculative runs, its `decisions`."""
+    """Score every sequence under the target: each sequence's `pit`, the run's `distribution` (with
+    the requests' settings that fit a sequence better than its own) and, for speculative runs, its
+    `decisions`."""
     spec = trace.manifest.spec
     sampling = sampling_of(spec)
-    # Per-request settings: every request's, and greedy (an unset temperature read as greedy), are the others.
-    others = list(dict.fromkeys([*(r.target for r in sampling.rows), Sampler()])) if spec.rows else []
-    # Markov: under its own settings, another's likelihood ratio exceeds 1/x with probability at most x.
+    # Per-request settings: every request's, and greedy (an unset temperature read as greedy), are
+    # the others.
+    others = list(dict.fromkeys([*(r.target for r in sampling.rows),
+                                 Sampler()])) if spec.rows else []
+    # Markov: under its own settings, another's likelihood ratio exceeds 1/x with probability at
+    # most x.
     threshold = math.log(max(1, len(trace.sequences) * len(others)) / FAMILY_ALPHA)
     fits = []
     pits: dict[int, list[float | None]] = {}
@@ -56,9 +60,10 @@ def judge_distribution(trace: Trace, pair: ModelPair, prompt_ids: list[list[int]
         pits[s.seq] = []
         sampler = sampling.row(s.seq).target
         if s.output_ids:
-            logits = fresh_logits(pair.target, prompt_ids[s.seq] + s.output_ids[:-1], len(s.output_ids),
-                                  pair.vocab_size)
-            if sampling.penalties:  # each token drawn under the penalty of the prompt and the tokens before it
+            logits = fresh_logits(pair.target, prompt_ids[s.seq] + s.output_ids[:-1],
+                                  len(s.output_ids), pair.vocab_size)
+            # each token drawn under the penalty of the prompt and the tokens before it
+            if sampling.penalties:
                 logits = sampling.penalties.along(logits, prompt_ids[s.seq], s.output_ids[:-1])
             seqs = torch.tensor([s.seq])
             draws = uniform(PIT_SEED, seqs, torch.arange(len(s.output_ids))[None], PIT)[0]
@@ -70,7 +75,8 @@ def judge_distribution(trace: Trace, pair: ModelPair, prompt_ids: list[list[int]
             progress(len(s.output_ids))
     found = Findings({seq: {"pit": values} for seq, values in pits.items()})
     found.run["distribution"] = pit.pit_test(samples(trace, pits),
-                                          impossible=sum(x is None for values in pits.values() for x in values),
+                                          impossible=sum(x is None for values in pits.values()
+                                                         for x in values),
                                           alpha=FAMILY_ALPHA)
     found.run["distribution"].settings = fits
     if trace.rows:
@@ -83,22 +89,24 @@ def _log_likelihood(sampler: Sampler, logits: torch.Tensor, tokens: torch.Tensor
     return float(sampler.probs(logits).double().gather(1, tokens[:, None]).log().sum())
 
 
-def _better_settings(seq: int, logits: torch.Tensor, tokens: torch.Tensor, own: Sampler, others: list[Sampler],
-                     threshold: float) -> list[OtherSettings]:
-    """The settings of `others` that fit sequence `seq`'s tokens best, if their likelihood beats its `own`
-    settings' by more than e^threshold (nothing else)."""
+def _better_settings(seq: int, logits: torch.Tensor, tokens: torch.Tensor, own: Sampler,
+                     others: list[Sampler], threshold: float) -> list[OtherSettings]:
+    """The settings of `others` that fit sequence `seq`'s tokens best, if their likelihood beats its
+    `own` settings' by more than e^threshold (nothing else)."""
     mine = _log_likelihood(own, logits, tokens)
     scored = [(_log_likelihood(o, logits, tokens), o) for o in others if o != own]
     best, settings = max(scored, key=lambda x: x[0], default=(-math.inf, None))
     if best == -math.inf or best - mine <= threshold:
         return []
-    return [OtherSettings(seq=seq, temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
+    return [OtherSettings(seq=seq, temperature=settings.temperature, top_k=settings.top_k,
+                          top_p=settings.top_p,
                           log_ratio=None if mine == -math.inf else best - mine)]
 
 
 def samples(trace: Trace, pits: dict[int, list[float | None]]) -> dict[str, np.ndarray]:
-    """The PIT values (`pits`: each sequence's) pooled, then split by slot in the round (speculative runs), batch
-    row, round range and row pairs; impossible tokens (None) are counted apart, not tested."""
+    """The PIT values (`pits`: each sequence's) pooled, then split by slot in the round (speculative
+    runs), batch row, round range and row pairs; impossible tokens (None) are counted apart, not
+    tested."""
     where = _token_places(trace)
     k = trace.manifest.spec.k
     last = max((r for places in where.values() for _, _, r in places), default=0)
@@ -117,7 +125,8 @@ def samples(trace: Trace, pits: dict[int, list[float | None]]) -> dict[str, np.n
     out = {"all tokens": pooled}
     out |= {f"slot {j}" + (" (bonus)" if j == k else ""): by_slot[j] for j in sorted(by_slot)}
     out |= {f"row {r}": by_row[r] for r in sorted(by_row)}
-    out |= {f"rounds {part.index(p)}–{last - part[::-1].index(p)}": by_part[p] for p in sorted(by_part)}
+    out |= {f"rounds {part.index(p)}–{last - part[::-1].index(p)}": by_part[p]
+            for p in sorted(by_part)}
     out = {name: np.array(values) for name, values in out.items()}
     out["row pairs"] = pit.row_pairs([np.array([np.nan if u is None else u for u in pits[s.seq]])
                                       for s in trace.sequences])
@@ -125,9 +134,9 @@ def samples(trace: Trace, pits: dict[int, list[float | None]]) -> dict[str, np.n
 
 
 def _token_places(trace: Trace) -> dict[int, list[tuple[int | None, int, int]]]:
-    """Per sequence, per output token: (slot in its round or None, batch row or None, round or token index).
-    Without rounds (the target alone, an engine judged from outside) a token's index stands in for its round,
-    and only batched-reference knows its rows."""
+    """Per sequence, per output token: (slot in its round or None, batch row or None, round or token
+    index). Without rounds (the target alone, an engine judged from outside) a token's index stands
+    in for its round, and only batched-reference knows its rows."""
     places: dict[int, list] = defaultdict(list)
     if trace.rows:
         for r in trace.rows:
@@ -141,9 +150,9 @@ def _token_places(trace: Trace) -> dict[int, list[tuple[int | None, int, int]]]:
 
 
 def decisions(trace: Trace) -> Decisions:
-    """Accepted iff draw < p/q, i.e. draw * q < p (as the engine computes it), for every decided draft: those
-    accepted and the first rejected one. The recorded values are the engine's float64 ones, so a correct engine
-    re-derives exactly."""
+    """Accepted iff draw < p/q, i.e. draw * q < p (as the engine computes it), for every decided
+    draft: those accepted and the first rejected one. The recorded values are the engine's float64
+    ones, so a correct engine re-derives exactly."""
     drawn = [r for r in trace.rows if r.accept_draws is not None]
     checked = sum(min(r.accepted + 1, len(r.draft_tokens)) for r in drawn)
     bad = [[r.round, r.row, j] for r in drawn for j in metrics.mismatched(r)]
@@ -155,10 +164,11 @@ def decisions(trace: Trace) -> Decisions:
 
 
 def streams(trace: Trace) -> tuple[int, list[list[int]]]:
-    """Every recorded draw against the one its row's own stream gives at its token (a seeded request's seed, else
-    the run's seed and the sequence): each decided draft's at the row's token index plus its slot, the non-draft
-    token's at the index it lands on, for a bonus (every draft accepted) or a residual. Returns the draws checked
-    and [round, seq, token index] of those that differ."""
+    """Every recorded draw against the one its row's own stream gives at its token (a seeded
+    request's seed, else the run's seed and the sequence): each decided draft's at the row's token
+    index plus its slot, the non-draft token's at the index it lands on, for a bonus (every draft
+    accepted) or a residual. Returns the draws checked and [round, seq, token index] of those that
+    differ."""
     sampling, have = sampling_of(trace.manifest.spec), defaultdict(int)
     checked, off = 0, []
     for r in sorted((r for r in trace.rows if r.accept_draws is not None), key=lambda r: r.round):

@@ -44,7 +44,8 @@ SIGMA_GRID = np.geomspace(*SIGMA_RANGE, 12 * 50 + 1)  # 50 a decade, each 4.7% a
 MAX_DEPARTURES = 200  # kept in the trace, the largest first
 
 Computed = TypeVar("Computed")
-Memo = Callable[[Hashable, Callable[[], Computed]], Computed]  # (key, compute) -> compute(), or what it gave for the key before
+# (key, compute) -> compute(), or what it gave for the key before
+Memo = Callable[[Hashable, Callable[[], Computed]], Computed]
 
 
 def computed(key: Hashable, compute: Callable[[], Computed]) -> Computed:
@@ -53,21 +54,25 @@ def computed(key: Hashable, compute: Callable[[], Computed]) -> Computed:
 
 
 def truth_model(pair):
-    """The target the truth is computed with: its float64 copy, else itself (and the trace says so)."""
+    """The target the truth is computed with: its float64 copy, else itself (and the trace says
+    so)."""
     model = float64_target(pair)
-    return (model, "float64") if model is not None else (pair.target, str(pair.dtype).removeprefix("torch."))
+    return (model, "float64") if model is not None else (pair.target,
+                                                         str(pair.dtype).removeprefix("torch."))
 
 
 class TeacherForcing:
-    """The target's logits for each token of an output on its own prefix, (len(output), vocab) float64, for
-    several outputs of the same prompt in turn (an engine's, its control's, the reference's): the prompt goes into
-    a cache of this model's own in the pass over its first output, and each further output is one pass over it
-    (cropped back after). The next prompt keeps what it shares with this one (a chat template's prefix: a fifth
-    of a check's float64 positions on the built-in prompts). Batch size 1 throughout; nothing of any engine's is
-    reused. A hybrid's recurrent state cannot be cropped back to the prompt: each of its outputs is a fresh pass.
+    """The target's logits for each token of an output on its own prefix, (len(output), vocab)
+    float64, for several outputs of the same prompt in turn (an engine's, its control's, the
+    reference's): the prompt goes into a cache of this model's own in the pass over its first
+    output, and each further output is one pass over it (cropped back after). The next prompt keeps
+    what it shares with this one (a chat template's prefix: a fifth of a check's float64 positions
+    on the built-in prompts). Batch size 1 throughout; nothing of any engine's is reused. A hybrid's
+    recurrent state cannot be cropped back to the prompt: each of its outputs is a fresh pass.
 
-    `memo(key, compute)`: where `force` keeps what it read of each (prompt, output), so that an output checked
-    again (the same control beside another engine, a file of a live run's answers) is forced once per process."""
+    `memo(key, compute)`: where `force` keeps what it read of each (prompt, output), so that an
+    output checked again (the same control beside another engine, a file of a live run's answers) is
+    forced once per process."""
 
     def __init__(self, model, vocab: int, memo: Memo = computed):
         self.model, self.vocab, self.memo = model, vocab, memo
@@ -78,7 +83,8 @@ class TeacherForcing:
     def __call__(self, prompt: list[int], output: list[int]) -> torch.Tensor:
         if not output:
             return torch.zeros(0, self.vocab, dtype=torch.float64)
-        if len(prompt) < 2 or is_recurrent(self.model):  # nothing to cache; a recurrent state cannot be cropped back
+        # nothing to cache; a recurrent state cannot be cropped back
+        if len(prompt) < 2 or is_recurrent(self.model):
             return fresh_logits(self.model, prompt + output[:-1], len(output), self.vocab)
         device = self.model.get_input_embeddings().weight.device
         prefill = []
@@ -89,8 +95,10 @@ class TeacherForcing:
             else:
                 self._cache = kvcache.new(self.model)
             prefill, self._prompt = prompt[shared:-1], list(prompt)
-        # The prompt's new tokens and the output in one pass: float64 GEMMs of a few dozen rows run at half speed.
-        out = self.model(input_ids=torch.tensor([prefill + prompt[-1:] + output[:-1]], device=device),
+        # The prompt's new tokens and the output in one pass: float64 GEMMs of a few dozen rows run
+        # at half speed.
+        out = self.model(input_ids=torch.tensor([prefill + prompt[-1:] + output[:-1]],
+                                                device=device),
                          cache=self._cache, logits_to_keep=len(output))
         kvcache.crop(self._cache, len(prompt) - 1)
         return out.logits[0, :, : self.vocab].double().cpu()
@@ -98,13 +106,15 @@ class TeacherForcing:
 
 @dataclass
 class Forced:
-    """One output teacher-forced through the target: per token, what the judges read of the target's logits on
-    its own prefix. The logits themselves are dropped, so that a check holds O(tokens), not O(tokens x vocab)."""
+    """One output teacher-forced through the target: per token, what the judges read of the target's
+    logits on its own prefix. The logits themselves are dropped, so that a check holds O(tokens),
+    not O(tokens x vocab)."""
 
     gaps: list[float]  # the top logit minus the token's (0: the target's own choice)
     margins: list[float]  # top-1 minus top-2
     logprobs: list[float]  # the token's log-probability
-    spreads: list[float]  # (1 - p_t)^2 + sum over v != t of p_v^2: how noise on the logits moves log p_t
+    # (1 - p_t)^2 + sum over v != t of p_v^2: how noise on the logits moves log p_t
+    spreads: list[float]
     ranks: list[int]  # 1 + how many tokens' logits exceed the token's
 
 
@@ -112,7 +122,8 @@ def force(forcing: TeacherForcing, prompt: list[int], output: list[int]) -> Forc
     """`output` teacher-forced on `prompt`, read down to what the judges need."""
     if not output:
         return Forced([], [], [], [], [])
-    key = ("forced", str(forcing.model.dtype), tuple(prompt), tuple(output))  # the truth: float64, else the dtype's
+    # the truth: float64, else the dtype's
+    key = ("forced", str(forcing.model.dtype), tuple(prompt), tuple(output))
     return forcing.memo(key, lambda: _forced_from(forcing(prompt, output), output))
 
 
@@ -129,21 +140,23 @@ def _forced_from(logits: torch.Tensor, output: list[int]) -> Forced:
                   ranks=(1 + (logits > token).sum(-1)).tolist())
 
 
-def _log_likelihoods(departures: list[float], kept: list[float], sigmas: np.ndarray = SIGMA_GRID) -> np.ndarray:
-    """The tokens' log-likelihood at each of `sigmas`: log P(noise > g) for each departure, log P(noise < m) for each
-    margin kept."""
+def _log_likelihoods(departures: list[float], kept: list[float],
+                     sigmas: np.ndarray = SIGMA_GRID) -> np.ndarray:
+    """The tokens' log-likelihood at each of `sigmas`: log P(noise > g) for each departure, log
+    P(noise < m) for each margin kept."""
     return (special.log_ndtr(-np.asarray(departures, dtype=float)[:, None] / sigmas).sum(0)
             + special.log_ndtr(np.asarray(kept, dtype=float)[:, None] / sigmas).sum(0))
 
 
 def _split(gaps: list[float], margins: list[float]) -> tuple[list[float], list[float]]:
-    """Tokens' float64 gaps where they depart from the target's argmax, and their margins where they are it."""
+    """Tokens' float64 gaps where they depart from the target's argmax, and their margins where they
+    are it."""
     return [g for g in gaps if g > 0], [m for g, m in zip(gaps, margins) if g == 0 and m > 0]
 
 
 def fit_sigma(gaps: list[float], margins: list[float]) -> tuple[float, float] | None:
-    """(sigma, its 95% upper bound) from tokens' float64 gaps (a departure where > 0) and margins (where kept);
-    None without tokens."""
+    """(sigma, its 95% upper bound) from tokens' float64 gaps (a departure where > 0) and margins
+    (where kept); None without tokens."""
     departures, kept = _split(gaps, margins)
     if not departures and not kept:
         return None
@@ -152,69 +165,79 @@ def fit_sigma(gaps: list[float], margins: list[float]) -> tuple[float, float] | 
     def nll(log_sigma: float) -> float:
         return -float(_log_likelihoods(departures, kept, np.array([math.exp(log_sigma)]))[0])
 
-    best = lo if not departures else optimize.minimize_scalar(nll, bounds=(lo, hi), method="bounded").x
+    best = (lo if not departures
+            else optimize.minimize_scalar(nll, bounds=(lo, hi), method="bounded").x)
     bound = nll(best) + CHI2_95 / 2
     upper = hi if nll(hi) <= bound else optimize.brentq(lambda x: nll(x) - bound, best, hi)
     return (math.exp(best) if departures else 0.0), math.exp(upper)
 
 
 def outliers(outputs: list[tuple[list[float], list[float]]], alpha: float = ALPHA) -> list[int]:
-    """The outputs (indices into `outputs`, each its tokens' (gaps, margins)) whose departures no noise shared with
-    the others explains. Rounding is one engine's kernels on every output, so an output that needs far more noise
-    than the rest departs from the model for another reason (another model, template or request on that prompt);
-    fitted with the rest, it would widen the tolerance for every output. Tested worst first, one output set apart
-    at a time, among those not yet set apart: the likelihood ratio of a sigma for the output and one for the
-    others against one for all (chi-square with one degree of freedom, at alpha / outputs each), each likelihood
-    maximized over SIGMA_GRID. Outputs without departures never need more noise and are never set apart."""
-    each = np.array([_log_likelihoods(*_split(gaps, margins)) for gaps, margins in outputs]).reshape(-1, len(SIGMA_GRID))
+    """The outputs (indices into `outputs`, each its tokens' (gaps, margins)) whose departures no
+    noise shared with the others explains. Rounding is one engine's kernels on every output, so an
+    output that needs far more noise than the rest departs from the model for another reason
+    (another model, template or request on that prompt); fitted with the rest, it would widen the
+    tolerance for every output. Tested worst first, one output set apart at a time, among those not
+    yet set apart: the likelihood ratio of a sigma for the output and one for the others against one
+    for all (chi-square with one degree of freedom, at alpha / outputs each), each likelihood
+    maximized over SIGMA_GRID. Outputs without departures never need more noise and are never set
+    apart."""
+    each = np.array([_log_likelihoods(*_split(gaps, margins))
+                     for gaps, margins in outputs]).reshape(-1, len(SIGMA_GRID))
     candidates = [i for i, (gaps, _) in enumerate(outputs) if any(g > 0 for g in gaps)]
     threshold = stats.chi2.isf(alpha / max(len(outputs), 1), 1) / 2
     kept = np.ones(len(outputs), dtype=bool)
     while True:
         together = each[kept].sum(0)
-        ratio = {i: each[i].max() + (together - each[i]).max() - together.max() for i in candidates if kept[i]}
+        ratio = {i: each[i].max() + (together - each[i]).max() - together.max() for i in candidates
+                 if kept[i]}
         worst = max(ratio, key=ratio.get, default=None)
         if worst is None or ratio[worst] <= threshold:
             return sorted(np.flatnonzero(~kept).tolist())
         kept[worst] = False
 
 
-def unbounded(gaps: list[float], margins: list[float], fit: tuple[float, float] | None) -> str | None:
-    """Why a control's tokens bound none of its engine's rounding, or None where they bound it. The fit tests noise
-    only at the scales of the margins the control kept: far above the largest, every kept token is about as likely
-    under any larger noise, so the upper bound is where the likelihood flattens (or SIGMA_RANGE's top), not a
-    measurement, and its tolerance would explain any gap. A control that departs at every token, or one of a few
-    tokens, would otherwise let any engine's output pass as rounding."""
+def unbounded(gaps: list[float], margins: list[float],
+              fit: tuple[float, float] | None) -> str | None:
+    """Why a control's tokens bound none of its engine's rounding, or None where they bound it. The
+    fit tests noise only at the scales of the margins the control kept: far above the largest, every
+    kept token is about as likely under any larger noise, so the upper bound is where the likelihood
+    flattens (or SIGMA_RANGE's top), not a measurement, and its tolerance would explain any gap. A
+    control that departs at every token, or one of a few tokens, would otherwise let any engine's
+    output pass as rounding."""
     departures, kept = _split(gaps, margins)
     if fit is None:
         return "none of its tokens could be scored"
     if not kept:
-        return (f"all {len(gaps)} of its tokens depart from the target's own choice, by up to {max(departures):.3g}, "
+        return (f"all {len(gaps)} of its tokens depart from the target's own choice, by up to "
+                f"{max(departures):.3g}, "
                 "so none shows where its rounding stops")
     if fit[1] >= max(kept):
-        return (f"the 95% upper bound on its noise, {fit[1]:.3g}, is not below the largest margin it kept, "
-                f"{max(kept):.3g}: none of its {len(gaps)} tokens tests noise that large")
+        return (f"the 95% upper bound on its noise, {fit[1]:.3g}, is not below the largest margin "
+                f"it kept, {max(kept):.3g}: none of its {len(gaps)} tokens tests noise that large")
     return None
 
 
 def sigma_from_logprobs(forced: Forced, logprobs: list[float]) -> list[float]:
-    """Per token, the squared log-probability error scaled to a logit difference's noise: with independent noise
-    of variance s^2 on each logit, log p(t) moves by about (1 - p_t) e_t - sum_v!=t p_v e_v, of variance
-    s^2 ((1 - p_t)^2 + sum_v!=t p_v^2), and a difference of two logits has variance 2 s^2."""
+    """Per token, the squared log-probability error scaled to a logit difference's noise: with
+    independent noise of variance s^2 on each logit, log p(t) moves by about (1 - p_t) e_t -
+    sum_v!=t p_v e_v, of variance s^2 ((1 - p_t)^2 + sum_v!=t p_v^2), and a difference of two logits
+    has variance 2 s^2."""
     return [2 * (lp - truth) ** 2 / max(spread, 1e-12)
             for lp, truth, spread in zip(logprobs, forced.logprobs, forced.spreads)]
 
 
 def robust_sigma(scaled_squares: list[float]) -> float | None:
-    """sigma from scaled squared errors: their median over the median of a chi-square with one degree of freedom."""
+    """sigma from scaled squared errors: their median over the median of a chi-square with one
+    degree of freedom."""
     if not scaled_squares:
         return None
     return math.sqrt(float(torch.tensor(scaled_squares).median()) / stats.chi2.ppf(0.5, 1))
 
 
 def tolerance(sigma_upper: float, tokens: int, alpha: float = ALPHA) -> float:
-    """The largest float64 gap the engine's rounding explains in an output of up to `tokens` tokens, every one of
-    which is compared with it: a correct output stays within it throughout with probability at least 1 - alpha
-    (alpha / tokens a token; 1% a token would allow, where every margin is near zero, a false alarm in about one
-    output of three)."""
+    """The largest float64 gap the engine's rounding explains in an output of up to `tokens` tokens,
+    every one of which is compared with it: a correct output stays within it throughout with
+    probability at least 1 - alpha (alpha / tokens a token; 1% a token would allow, where every
+    margin is near zero, a false alarm in about one output of three)."""
     return stats.norm.isf(alpha / max(tokens, 1)) * sigma_upper

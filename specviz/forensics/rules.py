@@ -1,18 +1,21 @@
-"""Which acceptance rule wrote a sampling engine's tokens: the likelihood of its tokens under each rule.
+"""Which acceptance rule wrote a sampling engine's tokens: the likelihood of its tokens under each
+rule.
 
-A speculative sampler's round emits some accepted drafts, then one token the target chose: a draw from the
-residual after a rejection, or from p once all k drafts passed. Which tokens were drafts cannot be read from the
-ids, so an output's likelihood sums over every way of cutting it into rounds (a forward pass over the round
-boundaries, n x (k + 1) steps). At each token it needs three chances, from the target's p and the draft model's q
-on the engine's own prefix, recomputed fresh at batch size 1: `accept`, that the draft was this token and the rule
-kept it; `redraw`, that the rule refused the draft and then drew this token; `bonus`, that it is the token after k
-kept drafts. Under the correct rule accept + redraw = bonus = p: the sum is the product of p, the likelihood of a
-lossless sampler, as the tests check. Each sampling fault of the catalogue (spec/faults.py) whose sampler has a
-closed form is a rule, written here from its description, not from the engine's code; the log-likelihood ratio of
-the engine's tokens under it against the correct rule, summed over the check, names it beyond LOG_RATIO, if no
-other rule comes within APART of it. Under the correct rule each ratio is a martingale of mean 1: it passes
-LOG_RATIO with probability at most e^-LOG_RATIO (Ville's inequality), whatever the number of tokens, as far as the
-p and q recomputed here are the engine's (its rounding is not).
+A speculative sampler's round emits some accepted drafts, then one token the target chose: a draw
+from the residual after a rejection, or from p once all k drafts passed. Which tokens were drafts
+cannot be read from the ids, so an output's likelihood sums over every way of cutting it into rounds
+(a forward pass over the round boundaries, n x (k + 1) steps). At each token it needs three chances,
+from the target's p and the draft model's q on the engine's own prefix, recomputed fresh at batch
+size 1: `accept`, that the draft was this token and the rule kept it; `redraw`, that the rule
+refused the draft and then drew this token; `bonus`, that it is the token after k kept drafts. Under
+the correct rule accept + redraw = bonus = p: the sum is the product of p, the likelihood of a
+lossless sampler, as the tests check. Each sampling fault of the catalogue (spec/faults.py) whose
+sampler has a closed form is a rule, written here from its description, not from the engine's code;
+the log-likelihood ratio of the engine's tokens under it against the correct rule, summed over the
+check, names it beyond LOG_RATIO, if no other rule comes within APART of it. Under the correct rule
+each ratio is a martingale of mean 1: it passes LOG_RATIO with probability at most e^-LOG_RATIO
+(Ville's inequality), whatever the number of tokens, as far as the p and q recomputed here are the
+engine's (its rounding is not).
 """
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ from specviz.spec.casebook import mechanism
 from specviz.trace.evidence import RuleAttribution, RuleHypothesis
 from specviz.trace.schema import Trace
 
-LOG_RATIO = math.log(1e6)  # nats: a rule is named when it makes the engine's tokens a million times likelier
+# nats: a rule is named when it makes the engine's tokens a million times likelier
+LOG_RATIO = math.log(1e6)
 APART = math.log(100)  # than the correct rule, and a hundred times likelier than the next rule
 
 
@@ -38,22 +42,28 @@ def _norm(w: torch.Tensor) -> torch.Tensor:
 
 
 def _leftover_last(w: torch.Tensor) -> torch.Tensor:
-    """Unnormalised weights drawn by u against their own running sum: the mass they lack falls on the last id."""
+    """Unnormalised weights drawn by u against their own running sum: the mass they lack falls on
+    the last id."""
     out = w.clone()
     out[..., -1] += (1 - w.sum(-1)).clamp(min=0)
     return out
 
 
-# rule -> (p, q, p untruncated, p at temperature 1) -> (q x acceptance, residual, bonus distribution), each (n, V)
+# rule -> (p, q, p untruncated, p at temperature 1) -> (q x acceptance, residual, bonus
+# distribution), each (n, V)
 Rule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
 RULES: dict[str, Rule] = {
     "correct": lambda p, q, full, one: (torch.minimum(p, q), _norm((p - q).clamp(min=0)), p),
-    "accept-q-over-p": lambda p, q, full, one: (torch.where(p > 0, q * (q / p.clamp(min=1e-300)).clamp(max=1), q),
+    "accept-q-over-p": lambda p, q, full, one: (torch.where(p > 0,
+        q * (q / p.clamp(min=1e-300)).clamp(max=1), q),
                                                 _norm((p - q).clamp(min=0)), p),
     "residual-from-draft": lambda p, q, full, one: (torch.minimum(p, q), q, p),
-    "residual-unnormalised": lambda p, q, full, one: (torch.minimum(p, q), _leftover_last((p - q).clamp(min=0)), p),
-    "temperature-draft-only": lambda p, q, full, one: (torch.minimum(one, q), _norm((one - q).clamp(min=0)), one),
-    "top-p-not-in-residual": lambda p, q, full, one: (torch.minimum(p, q), _norm((full - q).clamp(min=0)), p),
+    "residual-unnormalised": lambda p, q, full, one: (torch.minimum(p, q),
+                                                      _leftover_last((p - q).clamp(min=0)), p),
+    "temperature-draft-only": lambda p, q, full, one: (torch.minimum(one, q),
+                                                       _norm((one - q).clamp(min=0)), one),
+    "top-p-not-in-residual": lambda p, q, full, one: (torch.minimum(p, q),
+                                                      _norm((full - q).clamp(min=0)), p),
 }
 _CORRECT_HERE = "the rule is the correct one here"
 MOOT = {  # rule -> (whether a run's settings make it the correct rule, why)
@@ -63,13 +73,16 @@ MOOT = {  # rule -> (whether a run's settings make it the correct rule, why)
                               f"no top-k or top-p truncates p: {_CORRECT_HERE}"),
 }
 SKIPPED = {  # the catalogue's other sampling faults, and why no likelihood is computed for them
-    "residual-unclamped": "its residual p - q is no distribution: what it draws depends on the sampler's arithmetic",
-    "target-probs-mutated": "its residual depends on which draft was refused: a sum over the vocabulary per token",
+    "residual-unclamped": "its residual p - q is no distribution: what it draws depends on the "
+                          "sampler's arithmetic",
+    "target-probs-mutated": "its residual depends on which draft was refused: a sum over the "
+                            "vocabulary per token",
     "shared-stream": "it acts on the random streams of the batch, not on one row's distribution",
 }
 
 
-def chances(rule: Rule, p, q, full, one, tokens: torch.Tensor) -> tuple[list[float], list[float], list[float]]:
+def chances(rule: Rule, p, q, full, one,
+            tokens: torch.Tensor) -> tuple[list[float], list[float], list[float]]:
     """Per token of an output: (accept, redraw, bonus) under `rule`."""
     kept, residual, bonus = rule(p, q, full, one)
     refused = (1 - kept.sum(-1)).clamp(min=0)
@@ -79,8 +92,9 @@ def chances(rule: Rule, p, q, full, one, tokens: torch.Tensor) -> tuple[list[flo
 
 
 def log_likelihood(accept: list[float], redraw: list[float], bonus: list[float], k: int) -> float:
-    """log P(output) under a rule: summed over every cut of the output into rounds of at most k kept drafts and
-    one token the target chose; the last round may end on a kept draft (an end-of-sequence token, the budget)."""
+    """log P(output) under a rule: summed over every cut of the output into rounds of at most k kept
+    drafts and one token the target chose; the last round may end on a kept draft (an
+    end-of-sequence token, the budget)."""
     n = len(accept)
     alpha = [-math.inf] * (n + 1)
     alpha[0] = 0.0
@@ -92,7 +106,8 @@ def log_likelihood(accept: list[float], redraw: list[float], bonus: list[float],
         for m in range(min(k, n - 1 - t) + 1):
             j = t + m
             end = bonus[j] if m == k else redraw[j]
-            if j == n - 1:  # the output ends in this round: on the target's token, or on a kept draft
+            # the output ends in this round: on the target's token, or on a kept draft
+            if j == n - 1:
                 last = end + (accept[j] if m < k else 0.0)
                 if last > 0:
                     total = _add(total, alpha[t] + drafts + math.log(last))
@@ -113,8 +128,8 @@ def _add(a: float, b: float) -> float:
 
 def judge_rules(trace: Trace, pair: ModelPair, prompt_ids: list[list[int]],
                 k: int) -> RuleAttribution:
-    """Each rule's log-likelihood ratio over the correct one, summed over the check's answered outputs (an engine
-    that drafts with the check's draft model, `k` drafts a round)."""
+    """Each rule's log-likelihood ratio over the correct one, summed over the check's answered
+    outputs (an engine that drafts with the check's draft model, `k` drafts a round)."""
     spec = trace.manifest.spec
     sampling = sampling_of(spec)
     same = {rule: why for rule, (moot, why) in MOOT.items() if moot(spec)}
@@ -135,38 +150,42 @@ def judge_rules(trace: Trace, pair: ModelPair, prompt_ids: list[list[int]],
             totals[name] += log_likelihood(*chances(RULES[name], p, q, full, one, out), k)
         tokens += len(s.output_ids)
     correct = totals.pop("correct")
-    # -inf where the rule makes a token impossible; +inf where only the correct rule does (the check refuses
-    # penalties, so the target's p here is the engine's, up to its rounding)
+    # -inf where the rule makes a token impossible; +inf where only the correct rule does (the check
+    # refuses penalties, so the target's p here is the engine's, up to its rounding)
     ratios = {name: ll - correct if ll > -math.inf else -math.inf for name, ll in totals.items()}
     ranked = sorted(ratios.items(), key=lambda x: -x[1])
     hypotheses = [RuleHypothesis(fault=name, log_ratio=ratio if math.isfinite(ratio) else None,
                                  possible=ratio > -math.inf) for name, ratio in ranked]
     best, runner_up = ranked[0][1], ranked[1][1] if len(ranked) > 1 else -math.inf
-    hypotheses[0].named = best >= LOG_RATIO and (runner_up == -math.inf or best - runner_up >= APART)
-    return RuleAttribution(hypotheses=hypotheses, tokens=tokens, threshold=LOG_RATIO, skipped={**SKIPPED, **same},
-                           explanation=_explain(hypotheses, tokens))
+    hypotheses[0].named = best >= LOG_RATIO and (runner_up == -math.inf
+                                                 or best - runner_up >= APART)
+    return RuleAttribution(hypotheses=hypotheses, tokens=tokens, threshold=LOG_RATIO,
+                           skipped={**SKIPPED, **same}, explanation=_explain(hypotheses, tokens))
 
 
 def _explain(hypotheses: list[RuleHypothesis], tokens: int) -> str:
     best = hypotheses[0]
-    tried = (f"{len(hypotheses)} acceptance rules of the catalogue scored on {tokens} tokens, each summed over every "
-             f"way its tokens split into rounds")
+    tried = (f"{len(hypotheses)} acceptance rules of the catalogue scored on {tokens} tokens, each "
+             "summed over every way its tokens split into rounds")
     if best.named:
-        return (f"{mechanism([best.fault])}. It makes the engine's tokens {_times(best)} likelier than the correct "
-                f"rule does ({tried}).")
+        return (f"{mechanism([best.fault])}. It makes the engine's tokens {_times(best)} likelier "
+                f"than the correct rule does ({tried}).")
     if not best.possible:
         return f"No rule is named: each makes some of the engine's tokens impossible ({tried})."
-    if best.log_ratio is None or best.log_ratio >= LOG_RATIO:  # far likelier, but so is the next one
-        return (f"No rule is named: {best.fault} and {hypotheses[1].fault} both make the engine's tokens far likelier "
-                f"than the correct rule does ({_times(best)} and {_times(hypotheses[1])}), and these tokens cannot "
-                f"tell them apart (naming one needs e^{APART:.1f} between them; {tried}). Missing evidence: more "
+    # far likelier, but so is the next one
+    if best.log_ratio is None or best.log_ratio >= LOG_RATIO:
+        return (f"No rule is named: {best.fault} and {hypotheses[1].fault} both make the engine's "
+                f"tokens far likelier than the correct rule does ({_times(best)} and "
+                f"{_times(hypotheses[1])}), and these tokens cannot tell them apart (naming one "
+                f"needs e^{APART:.1f} between them; {tried}). Missing evidence: more "
                 "tokens.")
-    return (f"No rule of the catalogue is named: the likeliest, {best.fault}, makes the engine's tokens "
-            f"e^{best.log_ratio:.1f} times as likely as the correct rule does, and naming one needs "
-            f"e^{LOG_RATIO:.1f} ({tried}).")
+    return (f"No rule of the catalogue is named: the likeliest, {best.fault}, makes the engine's "
+            f"tokens e^{best.log_ratio:.1f} times as likely as the correct rule does, and naming "
+            f"one needs e^{LOG_RATIO:.1f} ({tried}).")
 
 
 def _times(h: RuleHypothesis) -> str:
     """How many times likelier a rule makes the engine's tokens, in words."""
-    return "infinitely (some are impossible under the correct rule alone)" if h.log_ratio is None else \
-        f"e^{h.log_ratio:.1f} times"
+    return ("infinitely (some are impossible under the correct rule alone)" if h.log_ratio is None
+            else
+        f"e^{h.log_ratio:.1f} times")

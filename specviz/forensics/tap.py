@@ -6,9 +6,9 @@ ids, position ids, attention mask, the cache as it stood) and what it returned
 what the engine says it did: a bug anywhere between the engine's bookkeeping
 and the model call shows up here as it is.
 
-K/V are not copied: the tap keeps references, valid because every forward pass replaces a cache's K/V tensors
-instead of writing into them (kvcache.layers_kv). A hybrid's recurrent states are written in place: those are
-copied before the call.
+K/V are not copied: the tap keeps references, valid because every forward pass replaces a cache's
+K/V tensors instead of writing into them (kvcache.layers_kv). A hybrid's recurrent states are
+written in place: those are copied before the call.
 """
 from __future__ import annotations
 
@@ -28,14 +28,18 @@ class Call:
     input_ids: torch.Tensor  # (B, q)
     position_ids: torch.Tensor | None  # (B, q) as given; None when the model derived its own
     mask: torch.Tensor | None  # as given: a 4D additive bias (B, 1, q, kv) or a 2D 0/1 mask (B, kv)
-    past: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # per attention layer, before the call
-    states: list = field(default_factory=list)  # per recurrent layer, its states before the call (kvcache.State)
+    # per attention layer, before the call
+    past: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # per recurrent layer, its states before the call (kvcache.State)
+    states: list = field(default_factory=list)
     logits: torch.Tensor | None = None  # (B, keep, V) as returned
 
     def visible(self, row: int, last: int) -> torch.Tensor | None:
-        """(last, kv) booleans: which key slots each of the row's `last` query slots could attend to."""
+        """(last, kv) booleans: which key slots each of the row's `last` query slots could attend
+        to."""
         mask = self.mask
-        if isinstance(mask, dict):  # one mask per layer type: a full layer's shows the row's whole context
+        # one mask per layer type: a full layer's shows the row's whole context
+        if isinstance(mask, dict):
             mask = mask.get("full_attention", mask.get("sliding_attention"))
         if mask is None:
             return None
@@ -45,7 +49,9 @@ class Call:
             return bias > torch.finfo(bias.dtype).min / 2
         keys = mask[row].bool()  # 2D: padding mask over all slots; causal within the pass
         kv = keys.shape[0]
-        causal = torch.arange(kv, device=keys.device)[None] <= (kv - q + torch.arange(q - last, q, device=keys.device))[:, None]
+        causal = torch.arange(kv,
+                              device=keys.device)[None] <= (kv - q
+                + torch.arange(q - last, q, device=keys.device))[:, None]
         return causal & keys[None]
 
 
@@ -87,8 +93,8 @@ class Tap:
             return
         ids = kwargs.get("input_ids", args[0] if args else None)
         cache = kwargs.get("cache") if self.keep_cache else None
-        self.calls.append(Call(ids, kwargs.get("position_ids"), kwargs.get("attention_mask"), kvcache.layers_kv(cache),
-                               kvcache.layers_states(cache)))
+        self.calls.append(Call(ids, kwargs.get("position_ids"), kwargs.get("attention_mask"),
+                               kvcache.layers_kv(cache), kvcache.layers_states(cache)))
 
     def _after(self, module, args, kwargs, output) -> None:
         if self.enabled:

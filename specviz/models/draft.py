@@ -30,8 +30,9 @@ SEED = 0
 
 
 def layer_subset(model: LlamaForCausalLM, keep: list[int]) -> LlamaForCausalLM:
-    """A model of `model`'s class (a Llama, or a Mistral: the same layers) made of some of its layers (copied),
-    sharing its embedding, rotary table and head (not copied: they are most of a small model)."""
+    """A model of `model`'s class (a Llama, or a Mistral: the same layers) made of some of its
+    layers (copied), sharing its embedding, rotary table and head (not copied: they are most of a
+    small model)."""
     config = copy.deepcopy(model.config)
     config.num_hidden_layers = len(keep)
     if getattr(config, "layer_types", None):
@@ -60,4 +61,5 @@ def derive_draft(target) -> tuple[torch.nn.Module, str]:
         for p in draft.model.layers.parameters():
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
             p.add_((noise * p.float().std() * NOISE_SCALE).to(p.dtype))
-    return draft, f"target layers + seeded Gaussian noise ({NOISE_SCALE} x each tensor's std, seed {SEED})"
+    return (draft, f"target layers + seeded Gaussian noise ({NOISE_SCALE} x each tensor's std, "
+                   f"seed {SEED})")

@@ -1,24 +1,26 @@
-"""Draft heads: modules that draft from the target's own hidden states instead of a model of their own (EAGLE,
-MTP), and so need no draft model. Every head is a shallow decoder `body` (a transformers decoder model fed
-embeddings, with its own cache), `inputs(tokens, features)` that mix each slot's token with the hidden state
-it is fed, and `logits(hidden)` through the target's output head; drafters.py's `HeadDrafter` drafts with any.
+"""Draft heads: modules that draft from the target's own hidden states instead of a model of their
+own (EAGLE, MTP), and so need no draft model. Every head is a shallow decoder `body` (a transformers
+decoder model fed embeddings, with its own cache), `inputs(tokens, features)` that mix each slot's
+token with the hidden state it is fed, and `logits(hidden)` through the target's output head;
+drafters.py's `HeadDrafter` drafts with any.
 
-An EAGLE-style head is a decoder layer (or a few) fed, at each slot, the token there (the target's embedding of
-it) and the target's last hidden state at the slot before, mixed by one linear map; the target's output head reads the
-layer's output as the next token's logits, and the output is the head's guess of the target's next hidden state,
-which it feeds itself to draft further.
+An EAGLE-style head is a decoder layer (or a few) fed, at each slot, the token there (the target's
+embedding of it) and the target's last hidden state at the slot before, mixed by one linear map; the
+target's output head reads the layer's output as the next token's logits, and the output is the
+head's guess of the target's next hidden state, which it feeds itself to draft further.
 
-A head starts as copies of the target's first attention layers, with a mix that passes the embedding plus a small
-share of the hidden state. The tiny pair's stays so, untrained: its drafts depend on the target's hidden states (a
-head fed the wrong ones drafts differently) and are sometimes right (two layers and a share of 0.01 accept about
-one draft in five, 537 of 2779 on the built-in prompts, k 4); it shows how a head's state is kept. The embedded
-pair's is one layer trained on this machine by EAGLE's recipe (`Recipe`, run/head_training.py), cached once.
+A head starts as copies of the target's first attention layers, with a mix that passes the embedding
+plus a small share of the hidden state. The tiny pair's stays so, untrained: its drafts depend on
+the target's hidden states (a head fed the wrong ones drafts differently) and are sometimes right
+(two layers and a share of 0.01 accept about one draft in five, 537 of 2779 on the built-in prompts,
+k 4); it shows how a head's state is kept. The embedded pair's is one layer trained on this machine
+by EAGLE's recipe (`Recipe`, run/head_training.py), cached once.
 
-An MTP head is the multi-token-prediction layer a checkpoint ships beside its model (DeepSeek-V3, GLM-4.5, Mellum,
-Ling's hybrids...), loaded by transformers' own `MtpModel` and run as transformers runs it: the token's embedding and
-the hidden state, each normalised, projected together, then the layer's decoder block and its norm. A checkpoint
-with several MTP layers drafts with its first, fed its own output for every later draft (as vLLM does once k
-passes the layers it has).
+An MTP head is the multi-token-prediction layer a checkpoint ships beside its model (DeepSeek-V3,
+GLM-4.5, Mellum, Ling's hybrids...), loaded by transformers' own `MtpModel` and run as transformers
+runs it: the token's embedding and the hidden state, each normalised, projected together, then the
+layer's decoder block and its norm. A checkpoint with several MTP layers drafts with its first, fed
+its own output for every later draft (as vLLM does once k passes the layers it has).
 """
 from __future__ import annotations
 
@@ -31,12 +33,13 @@ import torch
 from safetensors.torch import load_file
 from transformers.modeling_layers import MtpModel
 
-from specviz.models.architecture import attention_layers_only, in_float64, is_recurrent, throughout_float64
+from specviz.models.architecture import (attention_layers_only, in_float64, is_recurrent,
+                                         throughout_float64)
 from specviz.models.checkpoints import cache_dir
 from specviz.spec.run import EMBEDDED_TARGET, TINY_TARGET, SpecError
 
-SHAPES = {TINY_TARGET: (2, 0.01), EMBEDDED_TARGET: (1, 0.01)}  # target -> its head's layers, and the share of the
-#                                                                 hidden state in its input (untrained)
+# target -> its head's layers, and the share of the hidden state in its input (untrained)
+SHAPES = {TINY_TARGET: (2, 0.01), EMBEDDED_TARGET: (1, 0.01)}
 
 
 @dataclass(frozen=True)
@@ -48,13 +51,16 @@ class Recipe:
     learning_rate: float = 3e-4
     prompts: str = "spec-bench"  # the built-in set it learns from; "all" is held out
     new_tokens: int = 160  # of each continuation of a training prompt by the target
-    sampled: int = 2  # continuations sampled (temperature `temperature`) beside the greedy one, for more contexts
+    # continuations sampled (temperature `temperature`) beside the greedy one, for more contexts
+    sampled: int = 2
     temperature: float = 0.8
 
     def weights(self, name: str) -> Path:
-        """Where the head of target `name` trained so is cached, beside the embedded pair's converted weights."""
+        """Where the head of target `name` trained so is cached, beside the embedded pair's
+        converted weights."""
         slug = name.split(":")[-1]
-        return cache_dir() / (f"{slug}-eagle-head-{self.prompts}-{self.new_tokens}x{1 + self.sampled}-"
+        return cache_dir() / (f"{slug}-eagle-head-{self.prompts}-{self.new_tokens}x"
+                              f"{1 + self.sampled}-"
                               f"steps{self.steps}-seed{self.seed}") / "head.safetensors"
 
 
@@ -65,10 +71,11 @@ class Head(torch.nn.Module):
     """What every head has: a `body`, `inputs(tokens, features)` and `logits(hidden)` (above)."""
 
     def fresh(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """(T, H) the body's last hidden states over one whole sequence from scratch (no cache): `tokens` (T,),
-        each slot fed `features` (T, H)."""
+        """(T, H) the body's last hidden states over one whole sequence from scratch (no cache):
+        `tokens` (T,), each slot fed `features` (T, H)."""
         return self.body(inputs_embeds=self.inputs(tokens[None], features[None]), use_cache=False,
-                         position_ids=torch.arange(len(tokens), device=tokens.device)[None]).last_hidden_state[0]
+                         position_ids=torch.arange(len(tokens),
+                                                   device=tokens.device)[None]).last_hidden_state[0]
 
 
 class EagleHead(Head):
@@ -93,14 +100,16 @@ class EagleHead(Head):
             self.fc.weight.copy_(torch.cat([torch.eye(H), share * torch.eye(H)], 1))
         self.body = body
         _settle(self, target)
-        self._target = (target,)  # read, not owned: a tuple keeps it out of this module's parameters
+        # read, not owned: a tuple keeps it out of this module's parameters
+        self._target = (target,)
 
     @classmethod
     def of(cls, target, name: str) -> EagleHead:
         """The head of `target`, whose id is `name`, made once."""
         if name not in SHAPES:
             raise SpecError(f"specviz has no EAGLE-style head for {name} yet: it has one for "
-                            f"{', '.join(SHAPES)} only; draft with the draft model or prompt lookup")
+                            f"{', '.join(SHAPES)} only; draft with the draft model or prompt "
+                            "lookup")
         if target not in cls.made:
             head = cls(target, *SHAPES[name])
             if name in TRAINED:
@@ -109,16 +118,20 @@ class EagleHead(Head):
         return cls.made[target]
 
     def load_trained(self, path: Path) -> None:
-        """Its trained weights (a SpecError naming the command that trains them, where none are cached)."""
+        """Its trained weights (a SpecError naming the command that trains them, where none are
+        cached)."""
         if not path.exists():
-            raise SpecError("this pair's EAGLE-style head is not trained on this machine yet: run `specviz train-head` "
-                            f"once (about 15 minutes on 2 CPU cores; it caches the head at {path.parent})")
+            raise SpecError("this pair's EAGLE-style head is not trained on this machine yet: run "
+                            "`specviz train-head` "
+                            "once (about 15 minutes on 2 CPU cores; it caches the head at "
+                            f"{path.parent})")
         mine = self.state_dict()
         self.load_state_dict({name: w.to(dtype=mine[name].dtype, device=mine[name].device)
                               for name, w in load_file(path).items()})
 
     def inputs(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """The layer's input at each slot: the token's embedding mixed with the hidden state it is fed."""
+        """The layer's input at each slot: the token's embedding mixed with the hidden state it is
+        fed."""
         return self.fc(torch.cat([self._target[0].get_input_embeddings()(tokens), features], -1))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -127,12 +140,14 @@ class EagleHead(Head):
 
 
 class MtpInputs(torch.nn.Module):
-    """An MTP layer's input: the token's embedding and the hidden state, each normalised, projected together."""
+    """An MTP layer's input: the token's embedding and the hidden state, each normalised, projected
+    together."""
 
     def __init__(self, layer):
         super().__init__()
         self.enorm, self.hnorm, self.eh_proj = layer.enorm, layer.hnorm, layer.eh_proj
-        self.hidden_first = getattr(layer.config, "mtp_hidden_states_first", False)  # Inkling's checkpoints' order
+        # Inkling's checkpoints' order
+        self.hidden_first = getattr(layer.config, "mtp_hidden_states_first", False)
 
     def forward(self, embedded: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         mixed = [self.enorm(embedded), self.hnorm(features)]
@@ -163,9 +178,10 @@ class MtpHead(Head):
     def of(cls, target, name: str) -> MtpHead:
         """The first MTP layer `target`'s checkpoint `name` ships, loaded once."""
         if not getattr(target.config.get_text_config(), "num_mtp_layers", None):
-            raise SpecError(f"{name} ships no multi-token-prediction (MTP) layer that transformers can load (its "
-                            "config has no num_mtp_layers): draft with the draft model, prompt lookup or an "
-                            "EAGLE-style head")
+            raise SpecError(f"{name} ships no multi-token-prediction (MTP) layer that transformers "
+                            "can load (its "
+                            "config has no num_mtp_layers): draft with the draft model, prompt "
+                            "lookup or an EAGLE-style head")
         if target not in cls.made:
             try:
                 mtp = MtpModel.from_pretrained(target, device_map={"": target.device})
@@ -173,7 +189,8 @@ class MtpHead(Head):
                 raise SpecError(f"transformers could not load {name}'s MTP layers: {e}") from e
             head = cls(target, mtp)
             if is_recurrent(head.body):
-                raise SpecError(f"{name}'s MTP layer carries a recurrent state, which a head's cache (cut back each "
+                raise SpecError(f"{name}'s MTP layer carries a recurrent state, which a head's "
+                                "cache (cut back each "
                                 "round) cannot hold: draft with the draft model or prompt lookup")
             cls.made[target] = head
         return cls.made[target]
@@ -186,7 +203,8 @@ class MtpHead(Head):
 
 
 def _settle(head: torch.nn.Module, target) -> None:
-    """`head` on the target's device and in its dtype, for inference; in float64 throughout where the target is."""
+    """`head` on the target's device and in its dtype, for inference; in float64 throughout where
+    the target is."""
     head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
     if target.dtype == torch.float64:  # as the target computes: no norm narrowed to float32
         in_float64(head.body)
@@ -194,7 +212,8 @@ def _settle(head: torch.nn.Module, target) -> None:
             throughout_float64(part)
 
 
-HEADS = {"eagle": EagleHead, "mtp": MtpHead}  # drafter (spec/drafters.py) -> the head it drafts with
+# drafter (spec/drafters.py) -> the head it drafts with
+HEADS = {"eagle": EagleHead, "mtp": MtpHead}
 
 
 def head_for(drafter: str, target, name: str):

@@ -1,23 +1,25 @@
-"""Linear layers on CPU through oneDNN with each weight packed once, as vLLM's CPU backend runs them.
+"""Linear layers on CPU through oneDNN with each weight packed once, as vLLM's CPU backend runs
+them.
 
-At a batch-8 decoding step, GEMMs were 73% of the time. There `F.linear` (MKL's sgemm) takes about twice as
-long as oneDNN's GEMM on a weight laid out for it in advance on the MLP's weights, and four times on the output
-head; at one row the small GEMMs are slower packed, the head still faster (`python benchmarks/linear_kernels.py`).
-Neither kernel gives a row the same bits at every batch size, so this changes which batches round alike, not
-whether they can differ; the forensics' float64 yardstick runs plain `F.linear` (its dtype is not float32) and
-stays apart from both.
+At a batch-8 decoding step, GEMMs were 73% of the time. There `F.linear` (MKL's sgemm) takes about
+twice as long as oneDNN's GEMM on a weight laid out for it in advance on the MLP's weights, and four
+times on the output head; at one row the small GEMMs are slower packed, the head still faster
+(`python benchmarks/linear_kernels.py`). Neither kernel gives a row the same bits at every batch
+size, so this changes which batches round alike, not whether they can differ; the forensics' float64
+yardstick runs plain `F.linear` (its dtype is not float32) and stays apart from both.
 
-A CPU without oneDNN's bfloat16 (or float16) GEMM, such as one with AVX2 and no AVX-512, runs `F.linear` in
-that dtype through a generic loop at about a tenth of float32's speed. There a half-precision linear of more than
-one row widens to float32 and runs packed: each product of two half-precision numbers is exact in float32, the
-sum accumulates in float32 as every half-precision GEMM's does, and the result rounds once to the dtype. It is
-another correct GEMM in that dtype, summing in another order (about one output in 10,000 lands one unit in the
-last place apart). At one row the GEMMs are bound by reading the weights, and the half-precision ones, half the
-bytes, stay on `F.linear`.
+A CPU without oneDNN's bfloat16 (or float16) GEMM, such as one with AVX2 and no AVX-512, runs
+`F.linear` in that dtype through a generic loop at about a tenth of float32's speed. There a
+half-precision linear of more than one row widens to float32 and runs packed: each product of two
+half-precision numbers is exact in float32, the sum accumulates in float32 as every half-precision
+GEMM's does, and the result rounds once to the dtype. It is another correct GEMM in that dtype,
+summing in another order (about one output in 10,000 lands one unit in the last place apart). At one
+row the GEMMs are bound by reading the weights, and the half-precision ones, half the bytes, stay on
+`F.linear`.
 
-A packed weight is a copy, rebuilt whenever the weight tensor is replaced or written in place; any other
-input (another dtype or device, autograd through the weight or the input) takes `F.linear`: oneDNN's kernel has
-no backward.
+A packed weight is a copy, rebuilt whenever the weight tensor is replaced or written in place; any
+other input (another dtype or device, autograd through the weight or the input) takes `F.linear`:
+oneDNN's kernel has no backward.
 """
 from __future__ import annotations
 
@@ -37,8 +39,8 @@ WIDENED = _widened() if torch.backends.mkldnn.is_available() else frozenset()
 
 
 def name_for(dtype: torch.dtype) -> str | None:
-    """The kernels a CPU model in `dtype` runs its linear layers on here (the trace's pair records it); None:
-    `F.linear`'s."""
+    """The kernels a CPU model in `dtype` runs its linear layers on here (the trace's pair records
+    it); None: `F.linear`'s."""
     if not torch.backends.mkldnn.is_available():
         return None
     if dtype == torch.float32:
@@ -49,7 +51,8 @@ def name_for(dtype: torch.dtype) -> str | None:
 
 
 def pack_linears(model: torch.nn.Module) -> bool:
-    """Send `model`'s plain linear layers through PackedLinear; False where oneDNN is not built in."""
+    """Send `model`'s plain linear layers through PackedLinear; False where oneDNN is not built
+    in."""
     if not torch.backends.mkldnn.is_available():
         return False
     for module in model.modules():
@@ -73,7 +76,8 @@ class PackedLinear(torch.nn.Linear):
                 and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))):
             return super().forward(x)
         if x.dtype == torch.float32:
-            return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), self.bias, "none", [], "")
+            return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), self.bias, "none",
+                                                      [], "")
         if x.dtype in WIDENED and x.numel() > x.shape[-1]:
             return widened_linear(x, self._packed_weight(), self.bias)
         return super().forward(x)
@@ -84,17 +88,22 @@ class PackedLinear(torch.nn.Linear):
         key = (w.data_ptr(), w.dtype, 0 if w.is_inference() else w._version)
         packed = self.__dict__.get("_packed")
         if packed is None or packed[0] != key:
-            packed = self.__dict__["_packed"] = (key, torch.ops.mkldnn._reorder_linear_weight(w.detach().float(), None))
+            packed = self.__dict__["_packed"] = (key,
+                    torch.ops.mkldnn._reorder_linear_weight(w.detach().float(), None))
         return packed[1]
 
     def __getstate__(self):
-        """Copies (deepcopy, pickling) leave the packed weight behind: oneDNN's opaque tensors cannot be copied."""
+        """Copies (deepcopy, pickling) leave the packed weight behind: oneDNN's opaque tensors
+        cannot be copied."""
         state = dict(self.__dict__)
         state.pop("_packed", None)
         return state
 
 
-def widened_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """A half-precision linear map summed in float32 on a packed float32 weight, rounded once to `x`'s dtype."""
+def widened_linear(x: torch.Tensor, packed: torch.Tensor,
+                   bias: torch.Tensor | None) -> torch.Tensor:
+    """A half-precision linear map summed in float32 on a packed float32 weight, rounded once to
+    `x`'s dtype."""
     wide_bias = None if bias is None else bias.float()
-    return torch.ops.mkldnn._linear_pointwise(x.float(), packed, wide_bias, "none", [], "").to(x.dtype)
+    return torch.ops.mkldnn._linear_pointwise(x.float(), packed, wide_bias, "none", [],
+                                              "").to(x.dtype)

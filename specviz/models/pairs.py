@@ -22,7 +22,8 @@ from transformers import (
 
 from specviz.models import kernels
 from specviz.models.architecture import in_float64, unsupported
-from specviz.models.checkpoints import GGUF_FILE, GGUF_PACKAGE, embedded_target_dir, embedded_tokenizer_dir
+from specviz.models.checkpoints import (GGUF_FILE, GGUF_PACKAGE, embedded_target_dir,
+                                        embedded_tokenizer_dir)
 from specviz.models.draft import derive_draft, layer_subset
 from specviz.spec.run import (
     BUILT_IN_PAIRS,
@@ -36,7 +37,8 @@ from specviz.spec.run import (
     SpecError,
 )
 
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                "float64": torch.float64}
 PROBE_STRINGS = (
     "Hello, world! The quick brown fox jumps over the lazy dog.",
     "def f(x):\n    return x ** 2  # 42\n",
@@ -68,18 +70,21 @@ ONE_DEVICE = Placement()
 
 
 def parse_max_memory(text: str) -> dict[int | str, str]:
-    """Parse "0=20GiB,1=20GiB,cpu=64GiB" into accelerate's max_memory: {0: "20GiB", 1: "20GiB", "cpu": "64GiB"}."""
+    """Parse "0=20GiB,1=20GiB,cpu=64GiB" into accelerate's max_memory: {0: "20GiB", 1: "20GiB",
+    "cpu": "64GiB"}."""
     from accelerate.utils import convert_file_size_to_int
 
     limits: dict[int | str, str] = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
         where, _, size = (x.strip() for x in part.partition("="))
         if not (where.isdigit() or where == "cpu") or not size:
-            raise SpecError(f"max memory {part!r}: expected DEVICE=SIZE, DEVICE a GPU index or cpu (e.g. 0=20GiB,cpu=64GiB)")
+            raise SpecError(f"max memory {part!r}: expected DEVICE=SIZE, DEVICE a GPU index or "
+                            "cpu (e.g. 0=20GiB,cpu=64GiB)")
         try:
             convert_file_size_to_int(size)
         except ValueError:
-            raise SpecError(f"max memory {part!r}: {size!r} is not a size like 20GiB or 500MB") from None
+            raise SpecError(f"max memory {part!r}: {size!r} is not a size like 20GiB or "
+                            "500MB") from None
         limits[int(where) if where.isdigit() else where] = size
     if not limits:
         raise SpecError("max memory is empty; expected e.g. 0=20GiB,1=20GiB")
@@ -101,7 +106,8 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
-        raise SpecError("device 'cuda' was asked for but no CUDA GPU is available; use 'auto' or 'cpu'")
+        raise SpecError("device 'cuda' was asked for but no CUDA GPU is available; use 'auto' or "
+                        "'cpu'")
     return torch.device(device)
 
 
@@ -118,15 +124,19 @@ class ModelPair:
     dtype: torch.dtype
     info: dict = field(default_factory=dict)  # ids, revisions, derivation
 
-    def encode(self, prompts: list[str] | tuple[str, ...], chat_template: bool = True) -> list[list[int]]:
-        """Token ids of each prompt; the chat template is applied when asked and the model has one."""
+    def encode(self, prompts: list[str] | tuple[str, ...],
+               chat_template: bool = True) -> list[list[int]]:
+        """Token ids of each prompt; the chat template is applied when asked and the model has
+        one."""
         tok = self.tokenizer
         use_chat = chat_template and getattr(tok, "chat_template", None)
         ids = []
         for p in prompts:
             if use_chat:
-                enc = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
-                ids.append(list(enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc))
+                enc = tok.apply_chat_template([{"role": "user", "content": p}],
+                                              add_generation_prompt=True)
+                ids.append(list(enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys")
+                                else enc))
             else:
                 ids.append(tok(p, add_special_tokens=True)["input_ids"])
         return ids
@@ -135,15 +145,18 @@ class ModelPair:
 # ---------------------------------------------------------------- tiny test pair
 
 
-def tiny_target(dtype: torch.dtype, window: int | None = None) -> LlamaForCausalLM | MistralForCausalLM:
-    """A 3-layer random Llama with SmolLM2's vocabulary: seconds to run, fixed seed; with a `window`, the same as a
-    Mistral whose every layer sees that sliding window (the window's field cases need one).
+def tiny_target(dtype: torch.dtype,
+                window: int | None = None) -> LlamaForCausalLM | MistralForCausalLM:
+    """A 3-layer random Llama with SmolLM2's vocabulary: seconds to run, fixed seed; with a
+    `window`, the same as a Mistral whose every layer sees that sliding window (the window's field
+    cases need one).
 
     Its last layer is damped (output projections x0.15), so the tiny draft,
     its first two layers, agrees with it about half the time (measured: 0.53
     acceptance at k=5): ragged acceptance, which is what the tests need."""
     tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
-    config_class, model_class = (MistralConfig, MistralForCausalLM) if window else (LlamaConfig, LlamaForCausalLM)
+    config_class, model_class = (MistralConfig, MistralForCausalLM) if window else (LlamaConfig,
+            LlamaForCausalLM)
     config = config_class(
         vocab_size=len(tok),
         hidden_size=64,
@@ -170,27 +183,29 @@ def tiny_target(dtype: torch.dtype, window: int | None = None) -> LlamaForCausal
 
 
 def tiny_hybrid(dtype: torch.dtype) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """A 4-layer random Qwen 3.5-style hybrid (Gated DeltaNet layers beside attention) with SmolLM2's vocabulary,
-    fixed seed, and its draft: its first two layers. Its weights are small, so that it falls into the loops small
-    models fall into, where prompt lookup finds drafts (and, when a loop breaks, none): the recurrent state's
-    field cases (docs/casebook.md) need both."""
+    """A 4-layer random Qwen 3.5-style hybrid (Gated DeltaNet layers beside attention) with
+    SmolLM2's vocabulary, fixed seed, and its draft: its first two layers. Its weights are small, so
+    that it falls into the loops small models fall into, where prompt lookup finds drafts (and, when
+    a loop breaks, none): the recurrent state's field cases (docs/casebook.md) need both."""
     tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
 
     def build(layers: int):
         config = AutoConfig.for_model(
-            "qwen3_5_text", vocab_size=len(tok), hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, intermediate_size=128, linear_num_key_heads=2,
-            linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
-            layer_types=["linear_attention", "full_attention"] * (layers // 2), initializer_range=0.06,
-            tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id)
+            "qwen3_5_text", vocab_size=len(tok), hidden_size=64, num_hidden_layers=layers,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+            linear_value_head_dim=16, linear_conv_kernel_dim=4,
+            layer_types=["linear_attention", "full_attention"] * (layers // 2),
+            initializer_range=0.06, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
         return AutoModelForCausalLM.from_config(config)
 
     with torch.random.fork_rng():
         torch.manual_seed(0)
         target = build(4)
     draft = build(2)
-    draft.load_state_dict(target.state_dict(), strict=False)  # the layers it has: the target's first two
+    # the layers it has: the target's first two
+    draft.load_state_dict(target.state_dict(), strict=False)
     return target.to(dtype).eval(), draft.to(dtype).eval()
 
 
@@ -211,7 +226,8 @@ def check_tokenizers(target_tok, draft_tok) -> None:
         )
     for s in PROBE_STRINGS:
         if target_tok(s)["input_ids"] != draft_tok(s)["input_ids"]:
-            raise SpecError(f"the two tokenizers encode {s!r} differently; pick a draft from the same model family")
+            raise SpecError(f"the two tokenizers encode {s!r} differently; pick a draft from the "
+                            "same model family")
 
 
 def eos_ids_of(model, tokenizer) -> tuple[int, ...]:
@@ -223,12 +239,15 @@ def eos_ids_of(model, tokenizer) -> tuple[int, ...]:
     return tuple(sorted(set(ids)))
 
 
-def _load_hub(model_id: str, revision: str | None, dtype: torch.dtype, trust_remote_code: bool, **placement):
+def _load_hub(model_id: str, revision: str | None, dtype: torch.dtype, trust_remote_code: bool,
+              **placement):
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            model_id, revision=revision, dtype=dtype, trust_remote_code=trust_remote_code, **placement
+            model_id, revision=revision, dtype=dtype, trust_remote_code=trust_remote_code,
+            **placement
         )
-        tok = AutoTokenizer.from_pretrained(model_id, revision=revision, trust_remote_code=trust_remote_code)
+        tok = AutoTokenizer.from_pretrained(model_id, revision=revision,
+                                            trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         raise SpecError(
             f"cannot load model {model_id!r}: {e}. It must be a local folder or a Hub id reachable "
@@ -237,8 +256,8 @@ def _load_hub(model_id: str, revision: str | None, dtype: torch.dtype, trust_rem
     return model, tok
 
 
-# Pairs kept loaded in one process (with everything computed from them: references, yardsticks): two big pairs
-# fill a GPU; a test process of small pairs keeps more.
+# Pairs kept loaded in one process (with everything computed from them: references, yardsticks): two
+# big pairs fill a GPU; a test process of small pairs keeps more.
 MAX_PAIRS = int(os.environ.get("SPECVIZ_MAX_PAIRS", "2"))
 
 
@@ -252,26 +271,30 @@ def load_pair(
     trust_remote_code: bool = False,
     placement: Placement = ONE_DEVICE,
 ) -> ModelPair:
-    """The pair, loaded once per process however it is asked for: by keyword or position, device auto or the
-    device auto picks (a second copy of a pair would hold its weights, its float64 copy and its caches twice)."""
+    """The pair, loaded once per process however it is asked for: by keyword or position, device
+    auto or the device auto picks (a second copy of a pair would hold its weights, its float64 copy
+    and its caches twice)."""
     if placement.spread and (target in BUILT_IN_PAIRS or device == "cpu"):
-        raise SpecError("spreading a target over GPUs (device map auto, max memory) needs a Hub or local target "
-                        "and device auto or cuda; the built-in pairs fit one device")
-    return _cached_pair(target, draft, target_revision, draft_revision, dtype, str(resolve_device(device)),
-                        trust_remote_code, placement)
+        raise SpecError("spreading a target over GPUs (device map auto, max memory) needs a Hub or "
+                        "local target and device auto or cuda; the built-in pairs fit one device")
+    return _cached_pair(target, draft, target_revision, draft_revision, dtype,
+                        str(resolve_device(device)), trust_remote_code, placement)
 
 
 def _itself(target) -> tuple:
-    """The target as its own draft: a copy, so that hooks on one (forensics' taps) never see the other's passes."""
+    """The target as its own draft: a copy, so that hooks on one (forensics' taps) never see the
+    other's passes."""
     return copy.deepcopy(target), "the target itself"
 
 
 @functools.lru_cache(maxsize=MAX_PAIRS)
-def _cached_pair(target: str, draft: str, target_revision: str | None, draft_revision: str | None, dtype: str,
-                 device: str, trust_remote_code: bool, placement: Placement) -> ModelPair:
+def _cached_pair(target: str, draft: str, target_revision: str | None, draft_revision: str | None,
+                 dtype: str, device: str, trust_remote_code: bool,
+                 placement: Placement) -> ModelPair:
     torch_dtype = TORCH_DTYPES[dtype]
     dev = torch.device(device)
-    info = {"target": target, "draft": draft, "target_revision": target_revision, "draft_revision": draft_revision}
+    info = {"target": target, "draft": draft, "target_revision": target_revision,
+            "draft_revision": draft_revision}
     if target == EMBEDDED_TARGET:
         tokenizer = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
         tgt = AutoModelForCausalLM.from_pretrained(embedded_target_dir(), dtype=torch_dtype)
@@ -281,14 +304,16 @@ def _cached_pair(target: str, draft: str, target_revision: str | None, draft_rev
         tokenizer = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
         tgt = tiny_target(torch_dtype, TINY_WINDOW_SIZE if target == TINY_WINDOW else None)
         drf, info["draft_derivation"] = (_itself(tgt) if draft == target else
-                                         (layer_subset(tgt, [0, 1]), "the tiny target's first two layers"))
+                                         (layer_subset(tgt, [0, 1]),
+                                          "the tiny target's first two layers"))
     elif target == TINY_HYBRID:
         tokenizer = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
         tgt, first_two = tiny_hybrid(torch_dtype)
         drf, info["draft_derivation"] = (_itself(tgt) if draft == target else
                                          (first_two, "the tiny hybrid's first two layers"))
     else:
-        tgt, tokenizer = _load_hub(target, target_revision, torch_dtype, trust_remote_code, **placement.load_kwargs())
+        tgt, tokenizer = _load_hub(target, target_revision, torch_dtype, trust_remote_code,
+                                   **placement.load_kwargs())
         drf, draft_tok = _load_hub(draft, draft_revision, torch_dtype, trust_remote_code)
         check_tokenizers(tokenizer, draft_tok)
         for name, m in (("target", tgt), ("draft", drf)):
@@ -297,8 +322,10 @@ def _cached_pair(target: str, draft: str, target_revision: str | None, draft_rev
                 raise SpecError(f"{name} {info[name]!r}: {why}")
     if placement.spread:  # accelerate placed the target; moving it would undo that
         dev = input_device(tgt)
-        devices = getattr(tgt, "hf_device_map", {"": dev}).values()  # no map when it all fit on one device
-        info["target_devices"] = ",".join(sorted({str(torch.device(d)) if isinstance(d, int) else str(d) for d in devices}))
+        # no map when it all fit on one device
+        devices = getattr(tgt, "hf_device_map", {"": dev}).values()
+        info["target_devices"] = ",".join(sorted({str(torch.device(d)) if isinstance(d, int)
+                                                  else str(d) for d in devices}))
     else:
         tgt = tgt.to(dev)
     tgt, drf = tgt.eval(), drf.to(dev).eval()
@@ -307,17 +334,20 @@ def _cached_pair(target: str, draft: str, target_revision: str | None, draft_rev
     linear_kernels = kernels.name_for(torch_dtype) if dev.type == "cpu" else None
     if linear_kernels and kernels.pack_linears(tgt) and kernels.pack_linears(drf):
         info["linear_kernels"] = linear_kernels
-    vocab = min(tgt.get_output_embeddings().weight.shape[0], drf.get_output_embeddings().weight.shape[0], len(tokenizer))
+    vocab = min(tgt.get_output_embeddings().weight.shape[0],
+                drf.get_output_embeddings().weight.shape[0], len(tokenizer))
     return ModelPair(tgt, drf, tokenizer, eos_ids_of(tgt, tokenizer), vocab, dev, torch_dtype, info)
 
 
 def unload_pairs() -> None:
-    """Let go of every pair loaded so far (and so of all computed from them): a process short of memory."""
+    """Let go of every pair loaded so far (and so of all computed from them): a process short of
+    memory."""
     _cached_pair.cache_clear()
 
 
-def pair_for(spec: RunSpec, trust_remote_code: bool = False, placement: Placement = ONE_DEVICE) -> ModelPair:
+def pair_for(spec: RunSpec, trust_remote_code: bool = False,
+             placement: Placement = ONE_DEVICE) -> ModelPair:
     return load_pair(
-        spec.target, spec.draft, spec.target_revision, spec.draft_revision, spec.dtype, spec.device, trust_remote_code,
-        placement,
+        spec.target, spec.draft, spec.target_revision, spec.draft_revision, spec.dtype, spec.device,
+        trust_remote_code, placement,
     )

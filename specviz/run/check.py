@@ -1,17 +1,19 @@
-"""`specviz check`: did speculative decoding change an engine's outputs, and is each difference numerics or a bug?
+"""`specviz check`: did speculative decoding change an engine's outputs, and is each difference
+numerics or a bug?
 
-The engine (a file of its outputs, an OpenAI-compatible server, a Python callable; engines/) answers the
-prompts; specviz teacher-forces its outputs through the target in float64, proves the batch-size-1 reference of
-the same weights from them as far as their margins reach and decodes it from there (forensics/proof.py),
-measures its own rounding (yardstick.py), and judges every difference from outside (forensics.judge_engine). A control run of
-the same engine without speculation, when given, measures that engine's own rounding (enginenoise.py): a fork
-within it is the engine's numerics, one beyond it a bug. The result is a trace like any other, of method
+The engine (a file of its outputs, an OpenAI-compatible server, a Python callable; engines/) answers
+the prompts; specviz teacher-forces its outputs through the target in float64, proves the
+batch-size-1 reference of the same weights from them as far as their margins reach and decodes it
+from there (forensics/proof.py), measures its own rounding (yardstick.py), and judges every
+difference from outside (forensics.judge_engine). A control run of the same engine without
+speculation, when given, measures that engine's own rounding (enginenoise.py): a fork within it is
+the engine's numerics, one beyond it a bug. The result is a trace like any other, of method
 `engine`.
 
-A sampled check (the spec's temperature above 0, with its top-k, top-p and seed) has no token reference: the
-engine samples (a server is asked with those settings, a callable is told them, a file is taken as it is),
-and its tokens, by their ids alone, are scored under the target recomputed at batch size 1 with the same
-temperature, top-k and top-p: their randomized PIT must be uniform
+A sampled check (the spec's temperature above 0, with its top-k, top-p and seed) has no token
+reference: the engine samples (a server is asked with those settings, a callable is told them, a
+file is taken as it is), and its tokens, by their ids alone, are scored under the target recomputed
+at batch size 1 with the same temperature, top-k and top-p: their randomized PIT must be uniform
 (distribution.judge_distribution).
 """
 from __future__ import annotations
@@ -38,7 +40,8 @@ from specviz.forensics.sampledrun import judge_sampled_run
 from specviz.models.pairs import ModelPair
 from specviz.run import attribution
 from specviz.run.checkpoint import Checkpoint
-from specviz.run.launch import gather_from_ranks, is_main, my_share, on_main, rank, wait_for_everyone, world_size
+from specviz.run.launch import (gather_from_ranks, is_main, my_share, on_main, rank,
+                                wait_for_everyone, world_size)
 from specviz.run.runner import Phases, calibrated_tolerance, checked, encode, phase, yardsticks_for
 from specviz.run.settings import Settings
 from specviz.spec.drafters import DRAFTERS
@@ -48,11 +51,13 @@ from specviz.trace.records import EngineInfo, RoundRecord, RowRecord
 from specviz.trace.schema import Trace
 
 
-def prompts_of_outputs(lines: list[OutputLine], pair: ModelPair, chat_template: bool) -> tuple[list[str], list[list[int]]]:
-    """The prompts of an outputs file, as text and as ids: ids as given, text through the tokenizer (and the chat
-    template, as for any run)."""
+def prompts_of_outputs(lines: list[OutputLine], pair: ModelPair,
+                       chat_template: bool) -> tuple[list[str], list[list[int]]]:
+    """The prompts of an outputs file, as text and as ids: ids as given, text through the tokenizer
+    (and the chat template, as for any run)."""
     ids = [line.prompt_ids or pair.encode([line.prompt], chat_template)[0] for line in lines]
-    texts = [line.prompt if line.prompt is not None else pair.tokenizer.decode(line.prompt_ids) for line in lines]
+    texts = [line.prompt if line.prompt is not None else pair.tokenizer.decode(line.prompt_ids)
+             for line in lines]
     return texts, ids
 
 
@@ -60,24 +65,31 @@ def prompts_of_outputs(lines: list[OutputLine], pair: ModelPair, chat_template: 
 class Judging:
     """How a check judges, whatever the engine's source."""
 
-    decode_reference: bool = False  # decode every reference token by token, as a run does, instead of proving it
-    progress: Phases | None = None  # (phase, n): n more tokens teacher-forced ("teacher forcing") or decoded ("reference")
-    checkpoint: Path | None = None  # keeps every prompt's work as it is done, for the same check run again
-    attribute: bool = True  # replay each fork not put down to rounding under the catalogue's faults (attribution.py)
+    # decode every reference token by token, as a run does, instead of proving it
+    decode_reference: bool = False
+    # (phase, n): n more tokens teacher-forced ("teacher forcing") or decoded ("reference")
+    progress: Phases | None = None
+    # keeps every prompt's work as it is done, for the same check run again
+    checkpoint: Path | None = None
+    # replay each fork not put down to rounding under the catalogue's faults (attribution.py)
+    attribute: bool = True
 
 
-def from_files(spec: RunSpec, pair: ModelPair, outputs: tuple[bytes, str], control: tuple[bytes, str] | None = None,
+def from_files(spec: RunSpec, pair: ModelPair, outputs: tuple[bytes, str],
+               control: tuple[bytes, str] | None = None,
                limits: Settings | None = None, judging: Judging = Judging(),
                drafter: str | None = None) -> Trace | None:
-    """Check an engine from its outputs file ((content, name); docs/engines.md), and its control run's file. The
-    prompts are the file's; the reference's budget is its longest output. `drafter`: what the engine drafts with
-    (spec/drafters.DRAFTERS), where its header does not say otherwise."""
+    """Check an engine from its outputs file ((content, name); docs/engines.md), and its control
+    run's file. The prompts are the file's; the reference's budget is its longest output. `drafter`:
+    what the engine drafts with (spec/drafters.DRAFTERS), where its header does not say
+    otherwise."""
     header, lines, ignored = jsonl.parse(*outputs)
     texts, ids = prompts_of_outputs(lines, pair, spec.chat_template)
     if limits:
         limits.check_prompt_ids(ids)
     engine = jsonl.from_lines(header, lines, pair.tokenizer, outputs[1], ignored, drafter)
-    budget = max(1, *(len(o.ids) for o in engine.outputs))  # the engine's budget, as far as the file shows it
+    # the engine's budget, as far as the file shows it
+    budget = max(1, *(len(o.ids) for o in engine.outputs))
     spec = RunSpec.build(**{**spec.model_dump(), "prompts": tuple(texts), "max_new_tokens": budget})
     if limits:
         limits.check(spec)
@@ -85,26 +97,34 @@ def from_files(spec: RunSpec, pair: ModelPair, outputs: tuple[bytes, str], contr
     if control is not None:
         c_header, c_lines, c_ignored = jsonl.parse(*control)
         if prompts_of_outputs(c_lines, pair, spec.chat_template)[1] != ids:
-            raise SpecError(f"{control[1]} does not hold the same prompts, in the same order, as {outputs[1]}")
+            raise SpecError(f"{control[1]} does not hold the same prompts, in the same order, as "
+                            f"{outputs[1]}")
         control_run = jsonl.from_lines(c_header, c_lines, pair.tokenizer, control[1], c_ignored)
     return check(spec, pair, ids, engine, control_run, judging)
 
 
-def from_servers(spec: RunSpec, pair: ModelPair, engine: tuple[str, str | None], control: tuple[str, str | None] | None,
-                 concurrency: int, timeout: float, limits: Settings | None = None, determinism: bool = False,
-                 judging: Judging = Judging(), drafter: str | None = None) -> Trace | None:
-    """Check an engine behind a server (OpenAI-compatible or llama.cpp: (url, served model)), and its control
-    run's server. `determinism`: ask the engine every prompt twice more (repeats.py) and record what differs.
-    `drafter`: what the engine drafts with (spec/drafters.DRAFTERS; a server does not say)."""
+def from_servers(spec: RunSpec, pair: ModelPair, engine: tuple[str, str | None],
+                 control: tuple[str, str | None] | None,
+                 concurrency: int, timeout: float, limits: Settings | None = None,
+                 determinism: bool = False, judging: Judging = Judging(),
+                 drafter: str | None = None) -> Trace | None:
+    """Check an engine behind a server (OpenAI-compatible or llama.cpp: (url, served model)), and
+    its control run's server. `determinism`: ask the engine every prompt twice more (repeats.py) and
+    record what differs. `drafter`: what the engine drafts with (spec/drafters.DRAFTERS; a server
+    does not say)."""
     ids = encode(spec, pair, limits)
 
-    def ask(url: str, model: str | None, order: list[int] | None = None, drafter: str | None = None) -> EngineRun:
-        return server.from_server(url, model, ids, spec.max_new_tokens, concurrency=concurrency, timeout=timeout,
-                                  tokenizer=pair.tokenizer, order=order, drafter=drafter, **sampling_settings(spec))
+    def ask(url: str, model: str | None, order: list[int] | None = None,
+            drafter: str | None = None) -> EngineRun:
+        return server.from_server(url, model, ids, spec.max_new_tokens, concurrency=concurrency,
+                                  timeout=timeout, tokenizer=pair.tokenizer, order=order,
+                                  drafter=drafter, **sampling_settings(spec))
 
     def answers() -> tuple[EngineRun, dict[str, EngineRun], EngineRun | None]:
         first = ask(*engine, drafter=drafter)
-        again = {"again": ask(*engine), "reordered": ask(*engine, order=list(reversed(range(len(ids)))))} if determinism else {}
+        again = {"again": ask(*engine),
+                 "reordered": ask(*engine,
+                                  order=list(reversed(range(len(ids)))))} if determinism else {}
         return first, again, ask(*control) if control else None
 
     first, again, control_run = on_main(answers)  # under a launch, the server is asked once
@@ -117,36 +137,44 @@ def from_servers(spec: RunSpec, pair: ModelPair, engine: tuple[str, str | None],
 
 def from_callables(spec: RunSpec, pair: ModelPair, engine: str, control: str | None,
                    judging: Judging = Judging(), drafter: str | None = None) -> Trace | None:
-    """Check a Python callable module:function (engines/python.py), and a control callable. `drafter`: what the
-    engine drafts with (spec/drafters.DRAFTERS), where the settings it returns do not say otherwise."""
+    """Check a Python callable module:function (engines/python.py), and a control callable.
+    `drafter`: what the engine drafts with (spec/drafters.DRAFTERS), where the settings it returns
+    do not say otherwise."""
     ids = encode(spec, pair)
-    settings = {"max_new_tokens": spec.max_new_tokens, "k": spec.k, "dtype": spec.dtype, "device": str(pair.device),
-                "eos_ids": list(pair.eos_ids), **({"stop": list(spec.stop)} if spec.stop else {}),
-                **sampling_settings(spec)}
+    settings = {"max_new_tokens": spec.max_new_tokens, "k": spec.k, "dtype": spec.dtype,
+                "device": str(pair.device), "eos_ids": list(pair.eos_ids),
+                **({"stop": list(spec.stop)} if spec.stop else {}), **sampling_settings(spec)}
     answered, control_run = on_main(lambda: (python.from_callable(engine, ids, settings, drafter),
-                                             python.from_callable(control, ids, settings) if control else None))
+                                             python.from_callable(control, ids, settings) if control
+                                             else None))
     return check(spec, pair, ids, answered, control_run, judging)
 
 
 def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: EngineRun,
-          control: EngineRun | None = None, judging: Judging = Judging(), batch: int | None = None) -> Trace | None:
-    """The trace of `engine`'s outputs for `prompt_ids`, judged against the reference (`spec`: method engine).
+          control: EngineRun | None = None, judging: Judging = Judging(),
+          batch: int | None = None) -> Trace | None:
+    """The trace of `engine`'s outputs for `prompt_ids`, judged against the reference (`spec`:
+    method engine).
 
-    Prompt by prompt, the outputs are teacher-forced through the target in float64, and the reference is proved
-    from them where their margins allow (forensics/proof.py) and decoded from where they do not (Judging). Under
-    `accelerate launch` every process judges its share of the prompts, and the main one alone returns the trace
-    (None on the others). Each fork not put down to rounding is then attributed (attribution.py) by replays in
-    batches of the engine's declared `batch_size`, else `batch` (a server's concurrency), else alone."""
+    Prompt by prompt, the outputs are teacher-forced through the target in float64, and the
+    reference is proved from them where their margins allow (forensics/proof.py) and decoded from
+    where they do not (Judging). Under `accelerate launch` every process judges its share of the
+    prompts, and the main one alone returns the trace (None on the others). Each fork not put down
+    to rounding is then attributed (attribution.py) by replays in batches of the engine's declared
+    `batch_size`, else `batch` (a server's concurrency), else alone."""
     for run, role in ((engine, "engine"), (control, "control run")):
         if run is not None and len(run.outputs) != len(prompt_ids):
             raise SpecError(f"the {role} answered {len(run.outputs)} prompts of {len(prompt_ids)}")
-    if not spec.greedy:  # judged by the main process alone: one pass per token, no reference to decode
-        return check_sampled(spec, pair, prompt_ids, engine, control, judging.attribute) if is_main() else None
+    # judged by the main process alone: one pass per token, no reference to decode
+    if not spec.greedy:
+        return check_sampled(spec, pair, prompt_ids, engine, control,
+                             judging.attribute) if is_main() else None
     model, truth = enginenoise.truth_model(pair)
     forcing = enginenoise.TeacherForcing(model, pair.vocab_size, functools.partial(checked, pair))
     tolerance = None if judging.decode_reference or truth != "float64" else on_main(
         lambda: calibrated_tolerance(spec, pair))
-    judged = _judge_rows(spec, pair, prompt_ids, {"engine": engine, "control": control}, forcing, tolerance, judging)
+    judged = _judge_rows(spec, pair, prompt_ids, {"engine": engine, "control": control}, forcing,
+                         tolerance, judging)
     if judged is None:  # this process judged its share for the main one
         return None
     scored, ref, yardsticks = judged
@@ -156,12 +184,14 @@ def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: E
     for s in trace.sequences:
         if s.engine.error:  # no answer: nothing to compare
             Findings({s.seq: {"equivalent": None, "first_divergence": None}}).record(trace)
-        elif s.engine.approximate and pair.tokenizer.decode(s.output_ids) == pair.tokenizer.decode(s.reference_ids):
+        elif (s.engine.approximate
+              and pair.tokenizer.decode(s.output_ids) == pair.tokenizer.decode(s.reference_ids)):
             # re-tokenized text: the same text is the same answer
             Findings({s.seq: {"equivalent": True, "first_divergence": None}}).record(trace)
     judge_engine(trace, forcing, truth, scored, Stops.of(pair, spec.stop)).record(trace)
     drafter = DRAFTERS.get(engine.settings.get("drafter"))
-    if drafter and drafter.draft_model:  # it says it drafts with the check's draft model: its counters
+    # it says it drafts with the check's draft model: its counters
+    if drafter and drafter.draft_model:
         drafts = judge_engine_acceptance(trace, pair.draft, pair.vocab_size, spec.k)
         Findings(run={"acceptance": drafts}).record(trace)
     if judging.attribute:
@@ -172,24 +202,30 @@ def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: E
     return trace
 
 
-def _judge_rows(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], runs: dict[str, EngineRun | None],
+def _judge_rows(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]],
+                runs: dict[str, EngineRun | None],
                 forcing: enginenoise.TeacherForcing, tolerance: float | None, judging: Judging):
-    """Prompt by prompt (each kept in the checkpoint as it is done; under a launch, this process's share): the
-    outputs teacher-forced, (role, seq) -> Forced, and the reference; then, on the main process, the yardsticks,
-    every proof checked against their final tolerance. None on the other processes."""
+    """Prompt by prompt (each kept in the checkpoint as it is done; under a launch, this process's
+    share): the outputs teacher-forced, (role, seq) -> Forced, and the reference; then, on the main
+    process, the yardsticks, every proof checked against their final tolerance. None on the other
+    processes."""
     progress = judging.progress
     saved = judging.checkpoint and Checkpoint(judging.checkpoint, {
-        "pair": pair.info, "dtype": spec.dtype, "device": str(pair.device), "budget": spec.max_new_tokens, "k": spec.k,
+        "pair": pair.info, "dtype": spec.dtype, "device": str(pair.device),
+        "budget": spec.max_new_tokens, "k": spec.k,
         "prompts": prompt_ids, "reference": "proved" if tolerance is not None else "decoded",
         **({"stop": list(spec.stop)} if spec.stop else {})},
         part=rank() if world_size() > 1 else None)
-    wait_for_everyone()  # every process has read the checkpoint's files before any process writes its own
+    # every process has read the checkpoint's files before any process writes its own
+    wait_for_everyone()
     mine, start = {}, time.perf_counter()
     for seq in my_share(len(prompt_ids)):
         prompt = prompt_ids[seq]
-        outputs = {role: run.outputs[seq].ids for role, run in runs.items() if run and run.outputs[seq].error is None}
+        outputs = {role: run.outputs[seq].ids for role, run in runs.items() if run
+                   and run.outputs[seq].error is None}
         done = saved and saved.get(seq, outputs)
-        if done and tolerance is not None and not proof.holds(done[1], tolerance):  # kept under a narrower yardstick
+        # kept under a narrower yardstick
+        if done and tolerance is not None and not proof.holds(done[1], tolerance):
             done = done[0], _prompt_reference(spec, pair, prompt, outputs, done[0], tolerance,
                                        phase(progress, "reference"))
         if not done:
@@ -204,23 +240,29 @@ def _judge_rows(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], run
         return None
     scored = {(role, seq): f for seq, (forced, _) in judged.items() for role, f in forced.items()}
     refs = [judged[seq][1] for seq in range(len(prompt_ids))]
-    ref = DecodeResult(refs, time.perf_counter() - start)  # teacher forcing included: it proves the reference
+    # teacher forcing included: it proves the reference
+    ref = DecodeResult(refs, time.perf_counter() - start)
     yardsticks = yardsticks_for(spec, pair, prompt_ids, ref)
     while tolerance is not None and yardsticks.target.tolerance > tolerance:
-        # The reference's continuations widened the yardstick: every proof must clear the wider tolerance.
+        # The reference's continuations widened the yardstick: every proof must clear the wider
+        # tolerance.
         tolerance = yardsticks.target.tolerance
         for seq, out in enumerate(refs):
             if not proof.holds(out, tolerance):
-                outputs = {role: run.outputs[seq].ids for role, run in runs.items() if (role, seq) in scored}
-                refs[seq] = _prompt_reference(spec, pair, prompt_ids[seq], outputs, {r: scored[r, seq] for r in outputs},
+                outputs = {role: run.outputs[seq].ids for role, run in runs.items()
+                           if (role, seq) in scored}
+                refs[seq] = _prompt_reference(spec, pair, prompt_ids[seq], outputs,
+                                              {r: scored[r, seq] for r in outputs},
                                        tolerance, phase(progress, "reference"))
         yardsticks = yardsticks_for(spec, pair, prompt_ids, ref)
     return scored, ref, yardsticks
 
 
-def _prompt_reference(spec: RunSpec, pair: ModelPair, prompt: list[int], outputs: dict[str, list[int]], forced: dict,
+def _prompt_reference(spec: RunSpec, pair: ModelPair, prompt: list[int],
+                      outputs: dict[str, list[int]], forced: dict,
                tolerance: float | None, progress: Progress | None) -> SequenceOutput:
-    """One prompt's reference: proved from its outputs as far as `tolerance` allows, else (None) decoded."""
+    """One prompt's reference: proved from its outputs as far as `tolerance` allows, else (None)
+    decoded."""
     budget, greedy = spec.max_new_tokens, greedy_of(spec)
     if tolerance is None:
         return reference(pair, [prompt], budget, progress, greedy).outputs[0]
@@ -230,58 +272,68 @@ def _prompt_reference(spec: RunSpec, pair: ModelPair, prompt: list[int], outputs
 
 
 def sampling_settings(spec: RunSpec) -> dict:
-    """What an engine is told of a sampled check: temperature, top-p, top-k (0: off) and the seed; nothing for a
-    greedy one (its engines are asked as they always were)."""
+    """What an engine is told of a sampled check: temperature, top-p, top-k (0: off) and the seed;
+    nothing for a greedy one (its engines are asked as they always were)."""
     if spec.greedy:
         return {}
-    return {"temperature": spec.temperature, "top_p": spec.top_p, "top_k": spec.top_k, "seed": spec.seed}
+    return {"temperature": spec.temperature, "top_p": spec.top_p, "top_k": spec.top_k,
+            "seed": spec.seed}
 
 
 def check_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: EngineRun,
                   control: EngineRun | None = None, attribute: bool = True) -> Trace:
-    """The trace of a sampling engine's outputs, judged by their distribution: every token's randomized PIT under
-    the target recomputed at batch size 1 with the spec's temperature, top-k and top-p (distribution.judge_distribution).
+    """The trace of a sampling engine's outputs, judged by their distribution: every token's
+    randomized PIT under the target recomputed at batch size 1 with the spec's temperature, top-k
+    and top-p (distribution.judge_distribution).
 
-    Only the engine's own ids can be judged: an output re-tokenized from text (a server that gave text only, a
-    file's `output_text`) is refused, since a tokenizer may split the text otherwise than the engine drew it,
-    and the PIT would then test the tokenizer. So is an id outside the target's vocabulary, and a control run
-    (there is no reference to depart from: check the engine without speculation on its own). The tokens of an
-    engine that drafts with the check's draft model are scored under each acceptance rule of the catalogue too
-    (forensics/rules.py): a likelihood ratio, which names a wrong rule where the PIT's test may not reject."""
+    Only the engine's own ids can be judged: an output re-tokenized from text (a server that gave
+    text only, a file's `output_text`) is refused, since a tokenizer may split the text otherwise
+    than the engine drew it, and the PIT would then test the tokenizer. So is an id outside the
+    target's vocabulary, and a control run (there is no reference to depart from: check the engine
+    without speculation on its own). The tokens of an engine that drafts with the check's draft
+    model are scored under each acceptance rule of the catalogue too (forensics/rules.py): a
+    likelihood ratio, which names a wrong rule where the PIT's test may not reject."""
     if control is not None:
-        raise SpecError("a sampled check has no token reference, so no control run: check the engine without "
-                        "speculation on its own, with the same settings, and compare the two verdicts")
+        raise SpecError("a sampled check has no token reference, so no control run: check the "
+                        "engine without speculation on its own, with the same settings, and "
+                        "compare the two verdicts")
     answered = [o for o in engine.outputs if not o.error]
     text_only = sum(o.approximate for o in answered)
     if text_only:
-        raise SpecError(f"{text_only} of the engine's {len(answered)} answers are text, re-tokenized here: a "
-                        "sampled check judges each token the engine drew, so it needs the engine's own token ids "
-                        "(an outputs file's output_ids; from a server, return_token_ids)")
-    outside = next(((i, t) for i, o in enumerate(engine.outputs) for t in o.ids if not 0 <= t < pair.vocab_size),
+        raise SpecError(f"{text_only} of the engine's {len(answered)} answers are text, "
+                        "re-tokenized here: a "
+                        "sampled check judges each token the engine drew, so it needs the engine's "
+                        "own token ids (an outputs file's output_ids; from a server, "
+                        "return_token_ids)")
+    outside = next(((i, t) for i, o in enumerate(engine.outputs) for t in o.ids
+                    if not 0 <= t < pair.vocab_size),
                    None)
     if outside:
-        raise SpecError(f"output {outside[0]} holds token id {outside[1]}, outside the target's vocabulary "
-                        f"(0-{pair.vocab_size - 1}): not this target's tokens")
+        raise SpecError(f"output {outside[0]} holds token id {outside[1]}, outside the target's "
+                        f"vocabulary (0-{pair.vocab_size - 1}): not this target's tokens")
     result = DecodeResult([SequenceOutput(o.ids) for o in engine.outputs], engine.seconds or 0.0)
     # an engine that reports its rounds in our schema: its PIT is split by slot and row too
     trace = _answered(build_trace(spec, pair, prompt_ids, result), engine)
     distribution.judge_distribution(trace, pair, prompt_ids).record(trace)
     drafter = DRAFTERS.get(engine.settings.get("drafter"))
-    if attribute and drafter and drafter.draft_model:  # a likelihood ratio test: stronger than the PIT's for these
+    # a likelihood ratio test: stronger than the PIT's for these
+    if attribute and drafter and drafter.draft_model:
         rule = rules.judge_rules(trace, pair, prompt_ids, int(engine.settings.get("k") or spec.k))
         Findings(run={"distribution.attribution": rule}).record(trace)
     return judge_sampled_run(trace).record(trace)
 
 
 def sampled_summary(trace: Trace) -> dict:
-    """A sampled check in one row: the engine, its answers and tokens, the verdict and its evidence."""
+    """A sampled check in one row: the engine, its answers and tokens, the verdict and its
+    evidence."""
     d, info = trace.distribution, trace.manifest.engine
     answered = [s for s in trace.sequences if not s.engine.error]
     tokens = sum(len(s.output_ids) for s in answered)
     worst = min(d.splits, key=lambda x: x.p, default=None)
     return {"engine": " ".join(x for x in (info.name, info.version) if x), "n": len(answered),
-            "errors": len(trace.sequences) - len(answered), "tokens": tokens, "verdict": d.verdict, "p": d.p,
-            "alpha": d.alpha, "splits": len(d.splits), "worst_split": worst.name if worst else None,
+            "errors": len(trace.sequences) - len(answered), "tokens": tokens, "verdict": d.verdict,
+            "p": d.p, "alpha": d.alpha, "splits": len(d.splits),
+            "worst_split": worst.name if worst else None,
             "worst_split_p": worst.p if worst else None, "impossible": d.impossible,
             "tokens_per_second": tokens / info.seconds if info.seconds else None}
 

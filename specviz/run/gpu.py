@@ -44,9 +44,9 @@ MIN_SECONDS, MAX_SECONDS = 30, 300
 
 
 def forward_passes(spec: RunSpec) -> int:
-    """Forward passes a run costs: the batch-size-1 reference always runs beside it (prompts x new tokens),
-    then the method's own (methods.py); an engine check costs teacher-forced passes over each output and its
-    reference."""
+    """Forward passes a run costs: the batch-size-1 reference always runs beside it (prompts x new
+    tokens), then the method's own (methods.py); an engine check costs teacher-forced passes over
+    each output and its reference."""
     prompts, tokens = len(spec.prompts), spec.max_new_tokens
     own = prompts * 3 if spec.method == ENGINE else METHODS[spec.method].passes(spec)
     return prompts * tokens + own
@@ -59,10 +59,12 @@ def seconds(spec: RunSpec) -> int:
 
 
 def gpu(fn=None, *, runs: int = 1):
-    """Run `fn(spec, ...)` on a ZeroGPU slice sized for `runs` runs of `spec`; `fn` itself where `spaces` is absent."""
+    """Run `fn(spec, ...)` on a ZeroGPU slice sized for `runs` runs of `spec`; `fn` itself where
+    `spaces` is absent."""
     if fn is None:
         return functools.partial(gpu, runs=runs)
     if spaces is None:
         return fn
     # ZeroGPU calls a callable duration with the function's own arguments, at each call.
-    return spaces.GPU(duration=lambda spec, *args, **kwargs: min(MAX_SECONDS, runs * seconds(spec)))(fn)
+    return spaces.GPU(duration=lambda spec, *args, **kwargs: min(MAX_SECONDS,
+                                                                 runs * seconds(spec)))(fn)

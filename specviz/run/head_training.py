@@ -1,13 +1,16 @@
-"""Training an EAGLE-style head (models/heads.py) on this machine's CPU, by the recipe heads.py declares.
+"""Training an EAGLE-style head (models/heads.py) on this machine's CPU, by the recipe heads.py
+declares.
 
-EAGLE's recipe, small: the head is one decoder layer (started as a copy of the target's first) and the map that
-mixes each slot's token embedding with the target's last hidden state at the slot before. It learns from the target
-itself: the target's continuations of a built-in prompt set (greedy, and a few sampled for more contexts), and
-over each prompt and continuation one target pass, whose argmax at every slot is the token to predict and whose
-last hidden state is the one the head must guess (its guess is what it feeds itself for its next draft). The
-loss is the cross-entropy against the target's argmax plus a smooth L1 on the hidden state, as EAGLE's. A fixed
-step count, seed and token budget per step train the same head on every machine, up to its float rounding; the
-target's embedding and output head stay frozen. `specviz train-head` runs it and caches the head where heads.py loads it.
+EAGLE's recipe, small: the head is one decoder layer (started as a copy of the target's first) and
+the map that mixes each slot's token embedding with the target's last hidden state at the slot
+before. It learns from the target itself: the target's continuations of a built-in prompt set
+(greedy, and a few sampled for more contexts), and over each prompt and continuation one target
+pass, whose argmax at every slot is the token to predict and whose last hidden state is the one the
+head must guess (its guess is what it feeds itself for its next draft). The loss is the
+cross-entropy against the target's argmax plus a smooth L1 on the hidden state, as EAGLE's. A fixed
+step count, seed and token budget per step train the same head on every machine, up to its float
+rounding; the target's embedding and output head stay frozen. `specviz train-head` runs it and
+caches the head where heads.py loads it.
 """
 from __future__ import annotations
 
@@ -26,33 +29,39 @@ from specviz.spec.prompts import builtin_set
 
 TrainingProgress = Callable[[str, int], None]  # (phase, n more done)
 CONTINUING, TRAINING = "the target's continuations", "training"  # in tokens, in steps
-Example = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # token ids, the target's argmax, its last hidden state
+# token ids, the target's argmax, its last hidden state
+Example = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def examples(pair: ModelPair, prompts: list[str], recipe: Recipe, progress: TrainingProgress | None = None) -> list[Example]:
-    """Every prompt followed by each of the target's continuations (greedy, then sampled): its ids, and at each slot
-    the target's argmax (what the head must predict, whichever token the continuation took) and last hidden state."""
+def examples(pair: ModelPair, prompts: list[str], recipe: Recipe,
+             progress: TrainingProgress | None = None) -> list[Example]:
+    """Every prompt followed by each of the target's continuations (greedy, then sampled): its ids,
+    and at each slot the target's argmax (what the head must predict, whichever token the
+    continuation took) and last hidden state."""
     ids, found = pair.encode(prompts), []
     for copy in range(1 + recipe.sampled):
         sampler = Sampler(recipe.temperature if copy else 0.0)
-        outputs = batched_reference(pair, ids, 8, recipe.new_tokens, progress and (lambda n: progress(CONTINUING, n)),
+        outputs = batched_reference(pair, ids, 8, recipe.new_tokens,
+                                    progress and (lambda n: progress(CONTINUING, n)),
                                     sampling=Sampling(sampler, sampler, recipe.seed + copy)).outputs
         with torch.no_grad():
             for prompt, out in zip(ids, outputs):
                 seq = torch.tensor([prompt + out.ids], device=pair.device)
                 o = pair.target(input_ids=seq, output_hidden_states=True)
-                found.append((seq[0], o.logits[0, :, : pair.vocab_size].argmax(-1), o.hidden_states[-1][0]))
+                found.append((seq[0], o.logits[0, :, : pair.vocab_size].argmax(-1),
+                              o.hidden_states[-1][0]))
     return found
 
 
 def train(head: EagleHead, data: list[Example], vocab: int, recipe: Recipe,
           progress: TrainingProgress | None = None) -> list[float]:
-    """Train `head` in place on `data` over the pair's shared `vocab`; the mean loss per token of every step."""
+    """Train `head` in place on `data` over the pair's shared `vocab`; the mean loss per token of
+    every step."""
     generator = torch.Generator().manual_seed(recipe.seed)
     head.train().requires_grad_(True)
     optimizer = torch.optim.AdamW(head.parameters(), lr=recipe.learning_rate, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, recipe.learning_rate, total_steps=recipe.steps,
-                                                   pct_start=0.1)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, recipe.learning_rate,
+                                                   total_steps=recipe.steps, pct_start=0.1)
     losses, order = [], []
     for step in range(recipe.steps):
         optimizer.zero_grad()
@@ -61,10 +70,13 @@ def train(head: EagleHead, data: list[Example], vocab: int, recipe: Recipe,
             if not order:
                 order = torch.randperm(len(data), generator=generator).tolist()
             ids, argmax, hidden = data[order.pop()]
-            fed = torch.cat([torch.zeros_like(hidden[:1]), hidden[:-1]])  # the hidden state at the slot before
+            # the hidden state at the slot before
+            fed = torch.cat([torch.zeros_like(hidden[:1]), hidden[:-1]])
             out = head.fresh(ids, fed)
-            loss = (torch.nn.functional.cross_entropy(head.logits(out)[:, :vocab].float(), argmax, reduction="sum")
-                    + torch.nn.functional.smooth_l1_loss(out, hidden, reduction="sum") / hidden.shape[-1])
+            loss = (torch.nn.functional.cross_entropy(head.logits(out)[:, :vocab].float(), argmax,
+                                                      reduction="sum")
+                    + torch.nn.functional.smooth_l1_loss(out, hidden, reduction="sum")
+                    / hidden.shape[-1])
             (loss / recipe.tokens_per_step).backward()
             tokens, total = tokens + len(ids), total + loss.item()
         optimizer.step()
@@ -76,9 +88,10 @@ def train(head: EagleHead, data: list[Example], vocab: int, recipe: Recipe,
     return losses
 
 
-def train_head(pair: ModelPair, name: str, progress: TrainingProgress | None = None) -> tuple[Path, list[float]]:
-    """Train the head of `pair`'s target (id `name`) by its recipe, from its untrained start, and cache it: its
-    file and the losses."""
+def train_head(pair: ModelPair, name: str,
+               progress: TrainingProgress | None = None) -> tuple[Path, list[float]]:
+    """Train the head of `pair`'s target (id `name`) by its recipe, from its untrained start, and
+    cache it: its file and the losses."""
     recipe = TRAINED[name]
     torch.manual_seed(recipe.seed)
     head = EagleHead(pair.target, *SHAPES[name])

@@ -1,6 +1,6 @@
-"""The processes of one `accelerate launch` (GPUs, or CPU processes on one machine or several): who this process
-is, its share of a list, and the few meetings a sharded sweep or check needs. With one process (no launch) every
-function is the plain single-process case and nothing is started.
+"""The processes of one `accelerate launch` (GPUs, or CPU processes on one machine or several): who
+this process is, its share of a list, and the few meetings a sharded sweep or check needs. With one
+process (no launch) every function is the plain single-process case and nothing is started.
 """
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ def _state():
     from accelerate import PartialState
 
     state = PartialState(cpu=not torch.cuda.is_available())  # gloo between CPU processes, else NCCL
-    # The group must close while the interpreter is alive: gloo's threads still hold tensors, and a process that
-    # left them to its teardown died with SIGABRT ("terminate called without an active exception", pytorch#190489).
+    # The group must close while the interpreter is alive: gloo's threads still hold tensors, and a
+    # process that left them to its teardown died with SIGABRT ("terminate called without an active
+    # exception", pytorch#190489).
     atexit.register(state.destroy_process_group)
     return state
 
@@ -39,12 +40,14 @@ def rank() -> int:
 
 
 def is_main() -> bool:
-    """Whether this process reports. Call it before loading models: under a launch it sets this process's GPU."""
+    """Whether this process reports. Call it before loading models: under a launch it sets this
+    process's GPU."""
     return rank() == 0
 
 
 def share(n: int, batch_size: int, rank: int, world: int) -> range:
-    """The items of process `rank`: a run of whole static batches of `batch_size` (the last may be short)."""
+    """The items of process `rank`: a run of whole static batches of `batch_size` (the last may be
+    short)."""
     batches = math.ceil(n / batch_size)
     lo, hi = rank * batches // world, (rank + 1) * batches // world
     return range(min(lo * batch_size, n), min(hi * batch_size, n))
@@ -56,8 +59,9 @@ def my_share(n: int, batch_size: int = 1) -> range:
 
 
 def on_main(work: Callable[[], Value]) -> Value:
-    """`work()`, done by the main process alone and handed to every process: what must be the same everywhere
-    (a server's answers, asked once) or costs more than it is worth to repeat (a calibration)."""
+    """`work()`, done by the main process alone and handed to every process: what must be the same
+    everywhere (a server's answers, asked once) or costs more than it is worth to repeat (a
+    calibration)."""
     if world_size() == 1:
         return work()
     from accelerate.utils import broadcast_object_list

@@ -33,7 +33,8 @@ from specviz.trace.schema import Trace
 
 
 def encode(spec: RunSpec, pair: ModelPair, limits: Settings | None = None) -> list[list[int]]:
-    """The prompts' token ids, within specviz's bound and, on a served page, the operator's `limits`."""
+    """The prompts' token ids, within specviz's bound and, on a served page, the operator's
+    `limits`."""
     ids = pair.encode(spec.prompts, spec.chat_template)
     total = sum(len(x) for x in ids)
     if total > MAX_PROMPT_TOKENS:
@@ -46,18 +47,20 @@ def encode(spec: RunSpec, pair: ModelPair, limits: Settings | None = None) -> li
 def decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record: bool = True,
            progress: Progress | None = None, reference: DecodeResult | None = None,
            yardsticks: Yardsticks | None = None, first_seq: int = 0) -> DecodeResult:
-    """Decode with the spec's method (decoding/decoders.py). Given the reference's outputs, the decode is watched
-    (watch.py): the result then carries the state of every fork's emitting row, and the audit (recorded runs only).
-    With the run's `yardsticks`, the watch spares itself narrowing down the inputs of a fork whose state is clean.
-    A recorded, audited run without a reference (a sampled one) is watched for its audit: the result carries the
-    state of each sequence's first audited row beyond the yardstick instead of its fork's.
-    `first_seq`: the number of the first of `prompt_ids` in the spec's list (a shard's share): their draws follow it."""
+    """Decode with the spec's method (decoding/decoders.py). Given the reference's outputs, the
+    decode is watched (watch.py): the result then carries the state of every fork's emitting row,
+    and the audit (recorded runs only). With the run's `yardsticks`, the watch spares itself
+    narrowing down the inputs of a fork whose state is clean. A recorded, audited run without a
+    reference (a sampled one) is watched for its audit: the result carries the state of each
+    sequence's first audited row beyond the yardstick instead of its fork's. `first_seq`: the number
+    of the first of `prompt_ids` in the spec's list (a shard's share): their draws follow it."""
     audit = min(spec.audit, spec.batch_size) if record else 0
     if reference is None and not audit:
         job = Job(spec, pair, prompt_ids, record, progress, first_seq=first_seq)
         return decoders.decode_job(job)
     watch = Watch(pair, prompt_ids, reference and [o.ids for o in reference.outputs], audit,
-                  tolerance=yardsticks.target.tolerance if yardsticks else None, penalties=penalties_of(spec))
+                  tolerance=yardsticks.target.tolerance if yardsticks else None,
+                  penalties=penalties_of(spec))
     with watch.watching():
         job = Job(spec, pair, prompt_ids, record, progress, watch, first_seq)
         result = decoders.decode_job(job)
@@ -66,12 +69,14 @@ def decode(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], record: 
 
 
 class PerPair:
-    """Results computed from a pair, at most `size` per pair, held only while the pair lives: keyed weakly
-    by the pair, so one evicted from models.load_pair's cache is freed with everything computed from it."""
+    """Results computed from a pair, at most `size` per pair, held only while the pair lives: keyed
+    weakly by the pair, so one evicted from models.load_pair's cache is freed with everything
+    computed from it."""
 
     def __init__(self, size: int):
         self.size = size
-        self._by_pair: weakref.WeakKeyDictionary[ModelPair, OrderedDict] = weakref.WeakKeyDictionary()
+        self._by_pair: weakref.WeakKeyDictionary[ModelPair,
+                                                 OrderedDict] = weakref.WeakKeyDictionary()
 
     def get(self, pair: ModelPair, key: Hashable, compute: Callable[[], object]):
         results = self._by_pair.setdefault(pair, OrderedDict())
@@ -90,36 +95,41 @@ _REFERENCES = PerPair(64)
 _BATCHED = PerPair(16)
 _CALIBRATION = PerPair(4)
 _ROUNDING = PerPair(64)
-_CHECKED = PerPair(4096)  # outputs teacher-forced and references decoded on by checks: O(prompt + output)
+# outputs teacher-forced and references decoded on by checks: O(prompt + output)
+_CHECKED = PerPair(4096)
 
 
 def clear_caches(calibration: bool = True) -> None:
-    """Forget every reference, batched reference, check's intermediate and yardstick computed so far (benchmarks start
-    cold), or all but the yardsticks' calibration on the built-in prompts (as a later check in the same process
-    finds it)."""
-    for cache in (_REFERENCES, _BATCHED, _ROUNDING, _CHECKED, *((_CALIBRATION,) if calibration else ())):
+    """Forget every reference, batched reference, check's intermediate and yardstick computed so far
+    (benchmarks start cold), or all but the yardsticks' calibration on the built-in prompts (as a
+    later check in the same process finds it)."""
+    for cache in (_REFERENCES, _BATCHED, _ROUNDING, _CHECKED,
+                  *((_CALIBRATION,) if calibration else ())):
         cache.clear()
 
 
 def checked(pair: ModelPair, key: Hashable, compute: Callable[[], object]):
-    """What a check computes from an output (teacher-forced) or a prefix (the reference decoded on), once per
-    process: checking the same outputs again, or another engine beside the same control, does not repeat it."""
+    """What a check computes from an output (teacher-forced) or a prefix (the reference decoded on),
+    once per process: checking the same outputs again, or another engine beside the same control,
+    does not repeat it."""
     return _CHECKED.get(pair, key, compute)
 
 
 def reference_for(pair: ModelPair, prompt_ids: list[list[int]], max_new_tokens: int,
                   progress: Progress | None = None, greedy: Sampling = GREEDY) -> DecodeResult:
-    """The batch-size-1 greedy reference (under `greedy`'s penalties, to its stops: sampling.greedy_of), computed
-    once per process for the same pair and prompts."""
-    key = (tuple(tuple(x) for x in prompt_ids), max_new_tokens, *((greedy,) if greedy != GREEDY else ()))
-    return _REFERENCES.get(pair, key, lambda: reference(pair, prompt_ids, max_new_tokens, progress, greedy))
+    """The batch-size-1 greedy reference (under `greedy`'s penalties, to its stops:
+    sampling.greedy_of), computed once per process for the same pair and prompts."""
+    key = (tuple(tuple(x) for x in prompt_ids), max_new_tokens,
+           *((greedy,) if greedy != GREEDY else ()))
+    return _REFERENCES.get(pair, key,
+                           lambda: reference(pair, prompt_ids, max_new_tokens, progress, greedy))
 
 
 def _cached_batched(pair: ModelPair, prompt_ids: tuple[tuple[int, ...], ...], batch_size: int,
                     max_new_tokens: int, greedy: Sampling) -> DecodeResult:
     return _BATCHED.get(pair, (prompt_ids, batch_size, max_new_tokens, greedy),
-                        lambda: batched_reference(pair, [list(x) for x in prompt_ids], batch_size, max_new_tokens,
-                                                  sampling=greedy))
+                        lambda: batched_reference(pair, [list(x) for x in prompt_ids], batch_size,
+                                                  max_new_tokens, sampling=greedy))
 
 
 Phases = Callable[[str, int], None]  # progress by phase: (phase, new tokens)
@@ -133,33 +143,39 @@ def phase(progress: Phases | None, name: str) -> Progress | None:
 def run(spec: RunSpec, record: bool = True, with_reference: bool = True,
         progress: Phases | None = None, trust_remote_code: bool = False,
         placement: Placement = ONE_DEVICE, limits: Settings | None = None) -> Trace:
-    """Decode, decode the reference beside it, record, and explain every divergence. A sampled run has no
-    token-by-token reference: its tokens are scored under the target instead (distribution.py).
+    """Decode, decode the reference beside it, record, and explain every divergence. A sampled run
+    has no token-by-token reference: its tokens are scored under the target instead
+    (distribution.py).
 
-    `progress(phase, n)` hears of every n new tokens: phase "reference" (skipped when cached), then the method,
-    then, for a sampled run, "distribution" (its tokens scored).
-    `limits`: a served page's operator settings, whose token limits only the tokenized prompts can show.
+    `progress(phase, n)` hears of every n new tokens: phase "reference" (skipped when cached), then
+    the method, then, for a sampled run, "distribution" (its tokens scored). `limits`: a served
+    page's operator settings, whose token limits only the tokenized prompts can show.
     """
     pair = pair_for(spec, trust_remote_code, placement)
     prompt_ids = encode(spec, pair, limits)
     if not spec.greedy:
         yardsticks = sampled_yardsticks(spec, pair)
-        result = decode(spec, pair, prompt_ids, record, phase(progress, spec.method), yardsticks=yardsticks)
+        result = decode(spec, pair, prompt_ids, record, phase(progress, spec.method),
+                        yardsticks=yardsticks)
         return explain_sampled(spec, pair, prompt_ids, result, yardsticks,
-                               phase(progress, "distribution") if with_reference else None, with_reference)
+                               phase(progress, "distribution") if with_reference else None,
+                               with_reference)
     ref = reference_for(pair, prompt_ids, spec.max_new_tokens, phase(progress, "reference"),
                         greedy_of(spec)) if with_reference else None
     if spec.method == "reference" and ref:
         result = ref
     else:
         yardsticks = yardsticks_for(spec, pair, prompt_ids, ref) if ref else None
-        result = decode(spec, pair, prompt_ids, record, phase(progress, spec.method), ref, yardsticks)
+        result = decode(spec, pair, prompt_ids, record, phase(progress, spec.method), ref,
+                        yardsticks)
     return explain(spec, pair, prompt_ids, result, ref)
 
 
-def explain_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result: DecodeResult,
-                    yardsticks: Yardsticks | None, progress: Progress | None = None, judge: bool = True) -> Trace:
-    """The trace of a sampled run: its distribution judged (`judge`), and an audited run's corrupt states named."""
+def explain_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]],
+                    result: DecodeResult, yardsticks: Yardsticks | None,
+                    progress: Progress | None = None, judge: bool = True) -> Trace:
+    """The trace of a sampled run: its distribution judged (`judge`), and an audited run's corrupt
+    states named."""
     trace = build_trace(spec, pair, prompt_ids, result, yardsticks=yardsticks)
     if judge:
         distribution.judge_distribution(trace, pair, prompt_ids, progress).record(trace)
@@ -171,12 +187,14 @@ def explain_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]],
     return judge_sampled_run(trace).record(trace)  # from what every judge above found
 
 
-def yardsticks_for(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], ref: DecodeResult) -> Yardsticks | None:
-    """The run's yardsticks (yardstick.py): the target's rounding, and the draft's when the run is audited; measured
-    on fresh passes over the built-in prompts (once per process and pair) and the reference's own continuations
-    (once per prompts and continuations), each kept on disk for later processes too
-    (yardstick_cache.py). None without a float64 copy of the target."""
-    longest = sorted(range(len(prompt_ids)), key=lambda i: -len(ref.outputs[i].ids))[: yardstick.SEQUENCES]
+def yardsticks_for(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]],
+                   ref: DecodeResult) -> Yardsticks | None:
+    """The run's yardsticks (yardstick.py): the target's rounding, and the draft's when the run is
+    audited; measured on fresh passes over the built-in prompts (once per process and pair) and the
+    reference's own continuations (once per prompts and continuations), each kept on disk for later
+    processes too (yardstick_cache.py). None without a float64 copy of the target."""
+    longest = sorted(range(len(prompt_ids)),
+                     key=lambda i: -len(ref.outputs[i].ids))[: yardstick.SEQUENCES]
     sequences = [prompt_ids[i] + ref.outputs[i].ids for i in longest]
 
     def measured(role: str):
@@ -196,13 +214,15 @@ def yardsticks_for(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], 
 
 
 def sampled_yardsticks(spec: RunSpec, pair: ModelPair) -> Yardsticks | None:
-    """A sampled run's yardsticks: the built-in prompts' when it is audited (it has no reference); None unaudited."""
+    """A sampled run's yardsticks: the built-in prompts' when it is audited (it has no reference);
+    None unaudited."""
     return calibrated_yardsticks(spec, pair) if spec.audit else None
 
 
 def calibrated_yardsticks(spec: RunSpec, pair: ModelPair) -> Yardsticks | None:
-    """The yardsticks from the built-in prompts alone, for a run with no reference (a sampled one) or before its
-    reference is known: the target's, and the draft's when audited (None without a float64 copy of the target)."""
+    """The yardsticks from the built-in prompts alone, for a run with no reference (a sampled one)
+    or before its reference is known: the target's, and the draft's when audited (None without a
+    float64 copy of the target)."""
     target = _calibrated(spec, pair, "target")
     if target is None:
         return None
@@ -210,8 +230,9 @@ def calibrated_yardsticks(spec: RunSpec, pair: ModelPair) -> Yardsticks | None:
 
 
 def _judge_drafts(trace: Trace, spec: RunSpec, pair: ModelPair) -> Acceptance | None:
-    """The acceptance judge for the run's drafter, where it can replay it: a draft model, or a head over the
-    target's hidden states (None: prompt lookup, whose drafts are its prompt's own tokens)."""
+    """The acceptance judge for the run's drafter, where it can replay it: a draft model, or a head
+    over the target's hidden states (None: prompt lookup, whose drafts are its prompt's own
+    tokens)."""
     kind = DRAFTERS[spec.drafter]
 
     def tolerance() -> float | None:
@@ -230,7 +251,8 @@ def _calibrated(spec: RunSpec, pair: ModelPair, role: str) -> Rounding | None:
 
 
 def calibrated_tolerance(spec: RunSpec, pair: ModelPair) -> float | None:
-    """The target's rounding tolerance from the built-in prompts alone (None without a float64 copy of it)."""
+    """The target's rounding tolerance from the built-in prompts alone (None without a float64 copy
+    of it)."""
     yardsticks = calibrated_yardsticks(spec, pair)
     return yardsticks and yardsticks.target.tolerance
 
@@ -245,17 +267,19 @@ def _calibration(pair: ModelPair, role: str):
 
 def explain(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result: DecodeResult,
             ref: DecodeResult | None) -> Trace:
-    """The trace of a decoded run, every divergence from `ref` explained; a sampled run's distribution judged."""
+    """The trace of a decoded run, every divergence from `ref` explained; a sampled run's
+    distribution judged."""
     if not spec.greedy:
         return explain_sampled(spec, pair, prompt_ids, result, None)
-    yardsticks = yardsticks_for(spec, pair, prompt_ids, ref) if ref is not None and spec.method != "reference" else None
+    yardsticks = yardsticks_for(spec, pair, prompt_ids,
+                                ref) if ref is not None and spec.method != "reference" else None
     trace = build_trace(spec, pair, prompt_ids, result, ref, yardsticks)
     if ref is not None:
         analyse(trace, result, pair).record(trace)
         if any(s.forensics and not state_bug(s.forensics.verdict) for s in trace.sequences):
             # Would batching alone, without speculation, have forked there too?
-            batched = _cached_batched(pair, tuple(tuple(x) for x in prompt_ids), spec.batch_size, spec.max_new_tokens,
-                                      greedy_of(spec))
+            batched = _cached_batched(pair, tuple(tuple(x) for x in prompt_ids), spec.batch_size,
+                                      spec.max_new_tokens, greedy_of(spec))
             flag_batching_noise(trace, batched).record(trace)
     if spec.logprobs and ref is not None:
         judge_logprobs(trace, pair, yardsticks and yardsticks.target).record(trace)

@@ -41,36 +41,42 @@ def sweep(runs: list[tuple[RunSpec, bool]], trust_remote_code: bool = False,
             yield run(spec, record=record, trust_remote_code=trust_remote_code, placement=placement)
         return
     first = runs[0][0]
-    same = ("target", "draft", "target_revision", "draft_revision", "prompts", "chat_template", "max_new_tokens",
-            "dtype", "device", "repetition_penalty", "presence_penalty")
+    same = ("target", "draft", "target_revision", "draft_revision", "prompts", "chat_template",
+            "max_new_tokens", "dtype", "device", "repetition_penalty", "presence_penalty")
     if any(getattr(spec, f) != getattr(first, f) for spec, _ in runs for f in same):
-        raise SpecError("a sharded sweep runs one pair on one prompt list with one token budget and one penalty")
+        raise SpecError("a sharded sweep runs one pair on one prompt list with one token budget "
+                        "and one penalty")
     if placement.spread:
-        raise SpecError("a sharded sweep cannot spread the target over GPUs: every process would use every GPU")
+        raise SpecError("a sharded sweep cannot spread the target over GPUs: every process would "
+                        "use every GPU")
     pair = pair_for(first, trust_remote_code)
     prompt_ids = encode(first, pair)
     n = len(prompt_ids)
 
-    # The reference first, split prompt by prompt and gathered by every process: each watches its own
-    # share of every other run against it.
+    # The reference first, split prompt by prompt and gathered by every process: each watches its
+    # own share of every other run against it.
     ref = None
     if any(spec.greedy for spec, _ in runs):
         rows = my_share(n)
-        ref = _merged_shares(gather_from_ranks((rows, 1, reference(pair, [prompt_ids[j] for j in rows], first.max_new_tokens,
+        ref = _merged_shares(gather_from_ranks((rows, 1,
+                reference(pair, [prompt_ids[j] for j in rows], first.max_new_tokens,
                                                     sampling=greedy_of(first)))))
     mine = []  # (rows, batch size, result) of every other run
     for i, (spec, record) in enumerate(runs):
         if spec.method == "reference" and spec.greedy:
             continue  # the reference above is that run
-        if METHODS[spec.method].refills:  # its schedule spans the whole pool: one process runs it all
+        # its schedule spans the whole pool: one process runs it all
+        if METHODS[spec.method].refills:
             rows = range(n) if i % world_size() == rank() else range(0)
         else:
             rows = my_share(n, spec.batch_size)
         prompts = [prompt_ids[j] for j in rows]
         if spec.greedy:
-            result = decode(spec, pair, prompts, record, reference=DecodeResult([ref.outputs[j] for j in rows], ref.seconds))
+            result = decode(spec, pair, prompts, record,
+                            reference=DecodeResult([ref.outputs[j] for j in rows], ref.seconds))
         else:
-            result = decode(spec, pair, prompts, record, yardsticks=sampled_yardsticks(spec, pair), first_seq=rows.start)
+            result = decode(spec, pair, prompts, record, yardsticks=sampled_yardsticks(spec, pair),
+                            first_seq=rows.start)
         mine.append((rows, spec.batch_size, result))
     shares = gather_from_ranks(mine)  # every process's list, in rank order
     if not is_main():
@@ -78,20 +84,27 @@ def sweep(runs: list[tuple[RunSpec, bool]], trust_remote_code: bool = False,
     merged = iter(_merged_shares([s[j] for s in shares]) for j in range(len(mine)))
     for spec, _ in runs:
         if not spec.greedy:
-            yield explain_sampled(spec, pair, prompt_ids, next(merged), sampled_yardsticks(spec, pair))
+            yield explain_sampled(spec, pair, prompt_ids, next(merged),
+                                  sampled_yardsticks(spec, pair))
         else:
-            yield explain(spec, pair, prompt_ids, ref if spec.method == "reference" else next(merged), ref)
+            yield explain(spec, pair, prompt_ids,
+                          ref if spec.method == "reference" else next(merged), ref)
 
 
 def _merged_shares(shares: list[tuple[range, int, DecodeResult]]) -> DecodeResult:
-    """One DecodeResult from the processes' shares of a run: sequence ids, round and static-batch indices made global."""
+    """One DecodeResult from the processes' shares of a run: sequence ids, round and static-batch
+    indices made global."""
     outputs, rounds, forks, audit = [], [], {}, {}
     for rows, batch_size, result in shares:
         offset = len(rounds)
         outputs += result.outputs
         for rd in result.rounds:
-            batch = rd.batch + rows.start // batch_size if rd.batch >= 0 else rd.batch  # exspec's is -1
-            rounds.append(dataclasses.replace(rd, seqs=[rows.start + s for s in rd.seqs], batch=batch))
-        forks.update({rows.start + s: dataclasses.replace(f, round=f.round + offset) for s, f in result.forks.items()})
+            # exspec's is -1
+            batch = rd.batch + rows.start // batch_size if rd.batch >= 0 else rd.batch
+            rounds.append(dataclasses.replace(rd, seqs=[rows.start + s for s in rd.seqs],
+                                              batch=batch))
+        forks.update({rows.start + s: dataclasses.replace(f, round=f.round + offset)
+                      for s, f in result.forks.items()})
         audit.update({(r + offset, rows.start + s): v for (r, s), v in result.audit.items()})
-    return DecodeResult(outputs, max(result.seconds for _, _, result in shares), rounds, forks, audit)
+    return DecodeResult(outputs, max(result.seconds for _, _, result in shares), rounds, forks,
+                        audit)

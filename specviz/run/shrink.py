@@ -1,9 +1,10 @@
-"""A minimal reproducer: the smallest run that still shows what a run showed at one of its sequences.
+"""A minimal reproducer: the smallest run that still shows what a run showed at one of its
+sequences.
 
-What it must still show is a `Mark` at token `fork` of sequence `seq`: greedy, that the sequence departs
-from the reference there with token `t`; sampled, that its state is named corrupt (the audit) from the
-round that drew that token, or that it draws `t` there though the target gives it probability 0. Search
-for a smaller run whose copy of that prompt still shows it:
+What it must still show is a `Mark` at token `fork` of sequence `seq`: greedy, that the sequence
+departs from the reference there with token `t`; sampled, that its state is named corrupt (the
+audit) from the round that drew that token, or that it draws `t` there though the target gives it
+probability 0. Search for a smaller run whose copy of that prompt still shows it:
   1. the smallest token budget, fork + 1 at best (nothing after the fork
      matters, but near its end a round drafts fewer tokens);
   2. fewer rows: the divergent prompt with its static batch only, then
@@ -36,9 +37,10 @@ MAX_TRIALS = 64
 
 @dataclass(frozen=True)
 class Mark:
-    """What a smaller run must still show at its copy of the prompt: `kind` "fork" (it departs from the reference at
-    token `fork`, with `token`), "state" (sampled, audited: its state named `verdict` from the round that drew token
-    `fork`) or "impossible" (sampled: it draws `token` at `fork`, which the target gives probability 0)."""
+    """What a smaller run must still show at its copy of the prompt: `kind` "fork" (it departs from
+    the reference at token `fork`, with `token`), "state" (sampled, audited: its state named
+    `verdict` from the round that drew token `fork`) or "impossible" (sampled: it draws `token` at
+    `fork`, which the target gives probability 0)."""
 
     kind: Literal["fork", "state", "impossible"]
     fork: int
@@ -48,8 +50,10 @@ class Mark:
     def shown_by(self, s: SequenceRecord) -> bool:
         """Whether sequence `s` of a smaller (sampled) run still shows this."""
         if self.kind == "state":
-            return s.forensics is not None and (s.forensics.verdict, s.forensics.fork) == (self.verdict, self.fork)
-        return self.fork < len(s.pit or ()) and s.pit[self.fork] is None and s.output_ids[self.fork] == self.token
+            return s.forensics is not None and (s.forensics.verdict,
+                                                s.forensics.fork) == (self.verdict, self.fork)
+        return self.fork < len(s.pit
+                or ()) and s.pit[self.fork] is None and s.output_ids[self.fork] == self.token
 
     def describe(self) -> str:
         if self.kind == "fork":
@@ -60,13 +64,15 @@ class Mark:
 
 
 def mark_of(trace: Trace, seq: int) -> Mark:
-    """What sequence `seq` of `trace` shows that a reproducer should keep, or a SpecError saying it shows nothing."""
+    """What sequence `seq` of `trace` shows that a reproducer should keep, or a SpecError saying it
+    shows nothing."""
     if not 0 <= seq < len(trace.sequences):
         raise SpecError(f"there is no sequence {seq}: the run has {len(trace.sequences)}")
     s = trace.sequences[seq]
     if not metrics.sampled(trace):
         if s.equivalent is not False:
-            raise SpecError(f"sequence {seq} does not diverge from the reference: nothing to shrink")
+            raise SpecError(f"sequence {seq} does not diverge from the reference: nothing to "
+                            "shrink")
         fork = s.first_divergence
         return Mark("fork", fork, s.output_ids[fork] if fork < len(s.output_ids) else None)
     if s.forensics is not None:
@@ -74,7 +80,8 @@ def mark_of(trace: Trace, seq: int) -> Mark:
     bad = next((i for i, u in enumerate(s.pit or ()) if u is None), None)
     if bad is not None:
         return Mark("impossible", bad, s.output_ids[bad])
-    raise SpecError(f"sequence {seq} of this sampled run shows neither a corrupt state nor a token the target could "
+    raise SpecError(f"sequence {seq} of this sampled run shows neither a corrupt state nor a token "
+                    "the target could "
                     "not draw: nothing to shrink" + ("" if trace.manifest.spec.audit else
                                                      " (run it with --audit to check its states)"))
 
@@ -91,7 +98,8 @@ class Shrunk:
         return self.mark.fork
 
     def link(self) -> str:
-        """The share link's query string: this run, focused on the fork (the round that emitted it)."""
+        """The share link's query string: this run, focused on the fork (the round that emitted
+        it)."""
         f = self.trace.sequences[self.seq].forensics
         m = self.trace.manifest
         return share.encode_link(share.Link(m.spec, self.seq, f.round if f else None, m.fingerprint,
@@ -100,13 +108,15 @@ class Shrunk:
 
 def size(spec: RunSpec) -> str:
     n = len(spec.prompts)
-    return f"{n} prompt{'s' * (n != 1)}, batch size {spec.batch_size}, k {spec.k}, {spec.max_new_tokens} new tokens"
+    return (f"{n} prompt{'s' * (n != 1)}, batch size {spec.batch_size}, k {spec.k}, "
+            f"{spec.max_new_tokens} new tokens")
 
 
 class _Search:
     def __init__(self, spec: RunSpec, pair: ModelPair, seq: int, mark: Mark,
                  progress: Callable[[int], None] | None, limits: Settings | None):
-        self.pair, self.mark, self.fork, self.progress, self.limits = pair, mark, mark.fork, progress, limits
+        self.pair, self.mark, self.fork, self.progress, self.limits = (pair, mark, mark.fork,
+                                                                       progress, limits)
         self.ids = dict(zip(spec.prompts, encode(spec, pair, limits)))  # prompt text -> its ids
         self.prompt = spec.prompts[seq]
         self.trials = 0
@@ -119,17 +129,20 @@ class _Search:
         if self.progress:
             self.progress(self.trials)
         i = spec.prompts.index(self.prompt)
-        if self.mark.kind != "fork":  # a sampled run: no reference; its state audited, or its tokens scored
+        # a sampled run: no reference; its state audited, or its tokens scored
+        if self.mark.kind != "fork":
             trace = run(spec, with_reference=self.mark.kind == "impossible", limits=self.limits)
             return self.mark.shown_by(trace.sequences[i])
         ids = [self.ids[p] for p in spec.prompts]
-        refs = [reference_for(self.pair, [x], spec.max_new_tokens, greedy=greedy_of(spec)).outputs[0] for x in ids]
+        refs = [reference_for(self.pair, [x], spec.max_new_tokens,
+                              greedy=greedy_of(spec)).outputs[0] for x in ids]
         out = decode(spec, self.pair, ids, record=False).outputs
         at = first_difference(out[i].ids, refs[i].ids)
         return at == self.fork and (out[i].ids[at:at + 1] or [None])[0] == self.mark.token
 
     def budget(self, spec: RunSpec) -> RunSpec:
-        """The smallest token budget that still forks (bisected: a smaller budget also drafts less near its end)."""
+        """The smallest token budget that still forks (bisected: a smaller budget also drafts less
+        near its end)."""
         lo, hi = self.fork + 1, spec.max_new_tokens
         while lo < hi:
             mid = (lo + hi) // 2
@@ -140,21 +153,24 @@ class _Search:
         return spec.model_copy(update={"max_new_tokens": hi})
 
     def ddmin(self, spec: RunSpec, others: list[str]) -> list[str]:
-        """The fewest of `others` (beside the divergent prompt, kept in their order) the fork still needs."""
+        """The fewest of `others` (beside the divergent prompt, kept in their order) the fork still
+        needs."""
         def keep(subset):
             chosen = set(subset)
             return [p for p in spec.prompts if p == self.prompt or p in chosen]
 
         def test(subset):
             prompts = keep(subset)
-            return self.forks(spec.on_prompts(prompts, batch_size=min(spec.batch_size, len(prompts))))
+            return self.forks(spec.on_prompts(prompts,
+                                              batch_size=min(spec.batch_size, len(prompts))))
 
         n = 2
         while others:
             parts = [others[i * len(others) // n:(i + 1) * len(others) // n] for i in range(n)]
             smaller = next((p for p in parts if len(p) < len(others) and test(p)), None)
             if smaller is None and n > 2:
-                smaller = next((c for c in ([x for x in others if x not in p] for p in parts) if test(c)), None)
+                smaller = next((c for c in ([x for x in others if x not in p] for p in parts)
+                                if test(c)), None)
             if smaller is not None:
                 others, n = smaller, max(n - 1, 2)
             elif n >= len(others):
@@ -166,8 +182,8 @@ class _Search:
 
 def shrink(spec: RunSpec, seq: int, mark: Mark, pair: ModelPair,
            progress: Callable[[int], None] | None = None, limits: Settings | None = None) -> Shrunk:
-    """The smallest run found whose sequence `seq` still shows `mark` (mark_of). `progress(n)` hears of every
-    candidate run; `limits`, a served page's settings, bound the prompts' tokens."""
+    """The smallest run found whose sequence `seq` still shows `mark` (mark_of). `progress(n)` hears
+    of every candidate run; `limits`, a served page's settings, bound the prompts' tokens."""
     if spec.method == "reference" and spec.greedy:
         raise SpecError("the reference cannot diverge from itself: nothing to shrink")
     if len(set(spec.prompts)) < len(spec.prompts):

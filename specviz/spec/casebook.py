@@ -16,12 +16,14 @@ from specviz.spec.faults import FAULTS, FAULT_PRESETS
 from specviz.spec.run import EMBEDDED_TARGET, TINY_WINDOW, TINY_WINDOW_DRAFT
 from specviz.spec.threads import Thread
 
-# The replica's run, beside the fault: greedy, float32, eqspec, on prompts one of which ("What is the capital of
-# France?") ends inside a block of drafts. On the device the server picks (auto, the page's default): a served page
-# refuses device "cpu" (SPECVIZ_DEVICES), and its gallery and casebook sweep must open every case.
-PROMPTS = ("What is the capital of France?", "Write a haiku about the sea.", "Name three primary colors.",
-           "Explain what a prime number is in one sentence.")
-BASE_RUN = dict(prompts=PROMPTS, method="eqspec", dtype="float32", batch_size=4, k=4, max_new_tokens=32)
+# The replica's run, beside the fault: greedy, float32, eqspec, on prompts one of which ("What is
+# the capital of France?") ends inside a block of drafts. On the device the server picks (auto, the
+# page's default): a served page refuses device "cpu" (SPECVIZ_DEVICES), and its gallery and
+# casebook sweep must open every case.
+PROMPTS = ("What is the capital of France?", "Write a haiku about the sea.",
+           "Name three primary colors.", "Explain what a prime number is in one sentence.")
+BASE_RUN = dict(prompts=PROMPTS, method="eqspec", dtype="float32", batch_size=4, k=4,
+                max_new_tokens=32)
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,9 @@ class Case:
 
     @property
     def expected(self) -> str | None:
-        """The verdict its mechanism gets: a breaking case's fork, a lossless case's drafts; None where the
-        distribution test alone judges the run (a sampling fault unaudited: trace/evidence.py's Distribution)."""
+        """The verdict its mechanism gets: a breaking case's fork, a lossless case's drafts; None
+        where the distribution test alone judges the run (a sampling fault unaudited:
+        trace/evidence.py's Distribution)."""
         return FAULTS[self.fault].verdict or FAULTS[self.fault].acceptance
 
     @property
@@ -57,23 +60,29 @@ class Case:
         return {**BASE_RUN, "faults": (self.fault,), **self.run}
 
 
-_SELF_DRAFT = dict(target=EMBEDDED_TARGET, draft=EMBEDDED_TARGET)  # a correct drafter's every draft is accepted
-# Requests of their own in one batch: greedy, sampled at 0.8 (top-p 0.95), and a seeded top-k request that leaves
-# its temperature unset (the engines' default 1.0); on prompts that ask for long answers (the settings test needs
-# tokens: a confident model's sampled tokens are often its argmax, and the short answers of PROMPTS did not tell
-# greedy from sampled beyond chance).
-_REQUESTS = dict(rows=({"temperature": 0}, {"temperature": 0.8, "top_p": 0.95}, {"top_k": 20, "seed": 7}),
-                 prompts=("Write a short story about a lighthouse keeper.", "Describe your favourite city in detail.",
+# a correct drafter's every draft is accepted
+_SELF_DRAFT = dict(target=EMBEDDED_TARGET, draft=EMBEDDED_TARGET)
+# Requests of their own in one batch: greedy, sampled at 0.8 (top-p 0.95), and a seeded top-k
+# request that leaves its temperature unset (the engines' default 1.0); on prompts that ask for long
+# answers (the settings test needs tokens: a confident model's sampled tokens are often its argmax,
+# and the short answers of PROMPTS did not tell greedy from sampled beyond chance).
+_REQUESTS = dict(rows=({"temperature": 0}, {"temperature": 0.8, "top_p": 0.95},
+                       {"top_k": 20, "seed": 7}),
+                 prompts=("Write a short story about a lighthouse keeper.",
+                          "Describe your favourite city in detail.",
                           "Explain how a bicycle works.", "Tell me about the history of tea."),
                  max_new_tokens=48)
 _HYBRID = dict(target="specviz:tiny-hybrid", draft="specviz:tiny-hybrid-draft")
-_WINDOW = dict(target=TINY_WINDOW, draft=TINY_WINDOW_DRAFT)  # PROMPTS reach its window inside the run
+# PROMPTS reach its window inside the run
+_WINDOW = dict(target=TINY_WINDOW, draft=TINY_WINDOW_DRAFT)
 
 CASES = (
-    Case("verify-positions-not-advanced", "greedy output left the reference once a draft was accepted",
+    Case("verify-positions-not-advanced",
+         "greedy output left the reference once a draft was accepted",
          "Every slot of a verify window got the window's first position id.\n"
          "The keys committed to the cache were rotated at the wrong positions.",
-         "oMLX's multimodal rotary offsets (M-RoPE): the text model's one position per slot is enough to show it."),
+         "oMLX's multimodal rotary offsets (M-RoPE): the text model's one position per slot is "
+         "enough to show it."),
     Case("positions-from-slots", "speculation differed from plain decoding in a padded batch",
          "A row's position ids were counted from its cache slots, pads included.\n"
          "vLLM dropped a per-row position offset when it expanded the batch alike.",
@@ -81,46 +90,60 @@ CASES = (
     Case("bonus-from-another-row", "a word dropped and its continuation kept, at temperature > 0",
          "The token after a row's accepted drafts was another row's target choice.\n"
          "The recovered token was read from the wrong row, one iteration late.",
-         "the one-iteration lateness and the prefix-cache assertion: the row mix-up alone, at greedy."),
-    Case("rollback-by-draft-list", "temperature-0 degeneration: the model's history lost its own output",
-         "A row's rollback was sized by the batch's draft list, not by the drafts the row was offered.\n"
-         "It erased committed tokens the verify pass never added: the cache fell behind the output.",
-         "Atlas's depth cap on the verified drafts: here a row is offered fewer drafts by prompt lookup.",
+         "the one-iteration lateness and the prefix-cache assertion: the row mix-up alone, at "
+         "greedy."),
+    Case("rollback-by-draft-list",
+         "temperature-0 degeneration: the model's history lost its own output",
+         "A row's rollback was sized by the batch's draft list, not by the drafts the row was "
+         "offered.\n"
+         "It erased committed tokens the verify pass never added: the cache fell behind the "
+         "output.",
+         "Atlas's depth cap on the verified drafts: here a row is offered fewer drafts by prompt "
+         "lookup.",
          dict(drafter="lookup")),
     Case("accept-on-raw-softmax", "greedy speculative output differed from greedy decoding",
-         "At temperature 0 an argmax draft was accepted with probability min(1, p/q) of the untempered softmaxes.\n"
+         "At temperature 0 an argmax draft was accepted with probability min(1, p/q) of the "
+         "untempered softmaxes.\n"
          "Drafts the target would not choose were kept; tempering first makes p and q one-hot.",
          "the residual drawn after a rejection: the replica takes the target's argmax there."),
     Case("stop-at-last-token", "generated past an end-of-sequence token accepted mid-block",
          "The stop check looked only at the last token of the block a round kept.\n"
          "An end-of-sequence token accepted inside the block was written, and decoding went on.",
-         "the stop strings of the threads: the replica stops on the model's end-of-sequence tokens (the fault "
-         "misses stop strings alike: tests/test_stop_strings.py)."),
-    Case("penalty-history-last-token", "penalties weaker the better the draft; loops under a repetition penalty",
-         "The penalty history gained only the last token of each round, and each verify slot used the round's start.\n"
+         "the stop strings of the threads: the replica stops on the model's end-of-sequence tokens "
+         "(the fault misses stop strings alike: tests/test_stop_strings.py)."),
+    Case("penalty-history-last-token",
+         "penalties weaker the better the draft; loops under a repetition penalty",
+         "The penalty history gained only the last token of each round, and each verify slot used "
+         "the round's start.\n"
          "Accepted drafts went unpenalised: the target chose tokens the row already held.",
-         "min_new_tokens and the frequency penalty: the replica applies a repetition penalty of 1.3.",
+         "min_new_tokens and the frequency penalty: the replica applies a repetition penalty of "
+         "1.3.",
          dict(repetition_penalty=1.3)),
-    Case("logprobs-from-draft", "log-probability 0.0 for every accepted token while the text was right",
+    Case("logprobs-from-draft",
+         "log-probability 0.0 for every accepted token while the text was right",
          "An accepted draft's log-probability was the drafter's own, not the target's.\n"
          "The tokens stay right; only the reported numbers are wrong (0.0 under prompt lookup).",
-         "prompt_logprobs and chunked prefill (vLLM #53488): the replica reports the output's log-probabilities.",
+         "prompt_logprobs and chunked prefill (vLLM #53488): the replica reports the output's "
+         "log-probabilities.",
          dict(logprobs=True)),
     Case("state-not-rolled-back", "a hybrid model's output corrupted after rejected drafts",
          "A recurrent state's rollback after rejected drafts was a silent no-op.\n"
          "Every drafted token stayed in the state the next round read.",
-         "mlx-lm's cache classes: any hybrid layer's state shows it (a random Qwen 3.5-style pair here).",
+         "mlx-lm's cache classes: any hybrid layer's state shows it (a random Qwen 3.5-style pair "
+         "here).",
          _HYBRID),
-    Case("state-after-zero-draft", "loops and drift on a hybrid with n-gram drafts; acceptance looked healthy",
-         "A row offered no drafts read its recurrent state from before the last round's accepted drafts.\n"
+    Case("state-after-zero-draft",
+         "loops and drift on a hybrid with n-gram drafts; acceptance looked healthy",
+         "A row offered no drafts read its recurrent state from before the last round's accepted "
+         "drafts.\n"
          "The decode path's state column was committed only on the speculative path.",
          "vLLM's slot arithmetic and CUDA graphs: the stale column is read directly.",
          {**_HYBRID, "drafter": "lookup", "ngram_min": 1, "draft": "specviz:tiny-hybrid"}),
     Case("window-full-keeps-rejected", "a late greedy fork, reported as \"should be identical\"",
          "Once a sliding-window (rotating) cache was full, it could no longer be trimmed.\n"
          "Drafts rejected after that stayed in the window, seen by every later token.",
-         "the rotating cache's offset, not rewound either: the replica keeps positions right (a random Mistral-style "
-         "pair with a 48-token window here).", _WINDOW),
+         "the rotating cache's offset, not rewound either: the replica keeps positions right (a "
+         "random Mistral-style pair with a 48-token window here).", _WINDOW),
     Case("draft-positions-off-by-one", "acceptance dropped while the output stayed right",
          "The draft model's passes were fed position ids one ahead of its prefill's.\n"
          "Drafts came from a shifted context: fewer were accepted, none was wrong.",
@@ -128,51 +151,65 @@ CASES = (
     Case("draft-misses-target-token", "65% acceptance with the target as its own draft (98% fixed)",
          "The drafter drafted before it had fed the token the target wrote last.\n"
          "Its first draft repeated that token, and was rejected.",
-         "vllm-metal's case was after prefill only: the replica misses the token every round.", _SELF_DRAFT),
+         "vllm-metal's case was after prefill only: the replica misses the token every round.",
+         _SELF_DRAFT),
     Case("drafts-to-another-row", "acceptance dropped after the batch was reordered",
          "Each row verified the drafts proposed for another row.\n"
          "The row-to-draft mapping went stale when the batch was reordered.",
-         "ragged draft widths packed as rectangles (−1 placeholders): the rows are simply rotated.", _SELF_DRAFT),
-    Case("settings-from-first-row", "rows sampled with another request's temperature, top-k and top-p",
-         "The fused verify read the first row's temperature, top-k and top-p and gave them to every row.\n"
+         "ragged draft widths packed as rectangles (−1 placeholders): the rows are simply rotated.",
+         _SELF_DRAFT),
+    Case("settings-from-first-row",
+         "rows sampled with another request's temperature, top-k and top-p",
+         "The fused verify read the first row's temperature, top-k and top-p and gave them to "
+         "every row.\n"
          "A greedy first request made every sampled request greedy.",
-         "the overlap scheduler that made the path reachable: every verify here reads the first row's settings.",
+         "the overlap scheduler that made the path reachable: every verify here reads the first "
+         "row's settings.",
          _REQUESTS),
     Case("unset-temperature-greedy", "top-k-only requests silently became greedy",
-         "A request that left its temperature unset got the greedy sentinel, whatever else it asked.\n"
+         "A request that left its temperature unset got the greedy sentinel, whatever else it "
+         "asked.\n"
          "Its top-k (and seed) then changed nothing: it wrote the argmax.",
-         "the one-model path's 1e-5 sentinel: here the verify reads an unset temperature as 0.", _REQUESTS),
-    Case("unseeded-noise-to-copy", "gibberish (\"I!!!!!!!! will\") in some requests of a mixed batch",
-         "With seeded and unseeded requests in one batch, the unseeded rows' noise went to a copy.\n"
-         "Their rows kept a buffer never written: only they broke, and only when the batch was mixed.",
-         "the buffer's garbage: the replica reads it as zeros, so those rows draw the lowest tokens.", _REQUESTS),
+         "the one-model path's 1e-5 sentinel: here the verify reads an unset temperature as 0.",
+         _REQUESTS),
+    Case("unseeded-noise-to-copy",
+         "gibberish (\"I!!!!!!!! will\") in some requests of a mixed batch",
+         "With seeded and unseeded requests in one batch, the unseeded rows' noise went to a "
+         "copy.\n"
+         "Their rows kept a buffer never written: only they broke, and only when the batch was "
+         "mixed.",
+         "the buffer's garbage: the replica reads it as zeros, so those rows draw the lowest "
+         "tokens.", _REQUESTS),
     Case("stream-advanced-for-zero-draft", "seeded output not reproducible, dependent on the batch",
-         "A row offered no drafts still advanced its random generator in a round that verified others'.\n"
+         "A row offered no drafts still advanced its random generator in a round that verified "
+         "others'.\n"
          "Its later draws shifted with the schedule; its distribution stayed right.",
          "the vocabulary's worth of draws vllm-ascend consumed: the replica skips one.",
          dict(drafter="lookup", chat_template=False, rows=_REQUESTS["rows"][1:],
               prompts=("one two one two one two one two one two", *PROMPTS[1:]))),
-    Case("target-probs-mutated", "wrong recovered tokens and wrong log-probabilities after a rejection",
+    Case("target-probs-mutated",
+         "wrong recovered tokens and wrong log-probabilities after a rejection",
          "The target's probability of the draft token was zeroed in place before it was copied.\n"
          "Every later decision read the altered distribution: every draft was rejected.",
          "the raw-logprobs mode of vLLM PR #30846: the replica alters p, not the logits returned.",
-         # At 0.3 the draft token holds much of p, and zeroing it shows in 32 tokens of the tiny pair as well.
+         # At 0.3 the draft token holds much of p, and zeroing it shows in 32 tokens of the tiny
+         # pair as well.
          dict(temperature=0.3, audit=4)),
     Case("shared-stream", "identical or degenerate samples across requests",
          "Every row drew the same random numbers: one stream for the whole batch.\n"
          "Identical prompts gave identical samples; rows' draws were not independent.",
          "the engine-wide seed's step counter: the streams are shared, not shifted.",
-         # One prompt in every row: rows sharing a stream then draw the same tokens, which the distribution
-         # test's row pairs show (on four different prompts it found them consistent); audited, each draw is
-         # re-derived from its row's own stream, which names it.
+         # One prompt in every row: rows sharing a stream then draw the same tokens, which the
+         # distribution test's row pairs show (on four different prompts it found them consistent);
+         # audited, each draw is re-derived from its row's own stream, which names it.
          dict(temperature=0.8, prompts=(PROMPTS[0],) * len(PROMPTS), audit=4)),
 )
 BY_FAULT = {c.fault: c for c in CASES}
 
 
 def mechanism(faults: tuple[str, ...] | list[str]) -> str:
-    """A hypothesis about an engine's fork in words (run/attribution.py): each fault's description, its threads
-    in it; () is the correct engine."""
+    """A hypothesis about an engine's fork in words (run/attribution.py): each fault's description,
+    its threads in it; () is the correct engine."""
     if not faults:
         return "the correct engine"
     unknown = "not in this version of the catalogue"

@@ -1,9 +1,9 @@
-"""The drafters, declared once: what proposes a round's drafts, the state it keeps, what it costs, the run
-settings it reads and what it hears of the verify pass.
+"""The drafters, declared once: what proposes a round's drafts, the state it keeps, what it costs,
+the run settings it reads and what it hears of the verify pass.
 
-Plain data, as spec/methods.py's methods are: the spec validates against these declarations, and the CLI, the
-page, the trace views, the sweep and the judges ask them instead of a drafter's name. How each one drafts is
-decoding/drafters.py's.
+Plain data, as spec/methods.py's methods are: the spec validates against these declarations, and the
+CLI, the page, the trace views, the sweep and the judges ask them instead of a drafter's name. How
+each one drafts is decoding/drafters.py's.
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 def ngrams(spec) -> str:
     """A lookup run's n-gram sizes: "3", or "1–3"."""
-    return str(spec.ngram_min) if spec.ngram_min == spec.ngram_max else f"{spec.ngram_min}–{spec.ngram_max}"
+    return (str(spec.ngram_min) if spec.ngram_min == spec.ngram_max
+            else f"{spec.ngram_min}–{spec.ngram_max}")
 
 
 @dataclass(frozen=True)
@@ -21,24 +22,33 @@ class DrafterKind:
     name: str
     summary: str
     noun: str  # what drafts, in words: "the draft model"
-    draft_model: bool  # drafts with the pair's draft model: its drafts can be replayed (the acceptance judge), and
-    #                    the faults of a draft model's passes apply
-    cache: bool  # keeps a cache laid out like the target's, one slot shorter (the trace's draft KV lane)
+    # drafts with the pair's draft model: its drafts can be replayed (the acceptance judge), and the
+    # faults of a draft model's passes apply
+    draft_model: bool
+    # keeps a cache laid out like the target's, one slot shorter (the trace's draft KV lane)
+    cache: bool
     passes_per_draft: int  # forward passes of its own model per draft (0: it runs none)
-    options: tuple[str, ...] = ()  # the RunSpec fields it reads; a run of another drafter leaves them at default
+    # the RunSpec fields it reads; a run of another drafter leaves them at default
+    options: tuple[str, ...] = ()
     setting: Callable[..., str] | None = None  # (spec) -> its options in words
-    empty: Callable[..., str] | None = None  # (spec) -> why it offered a row nothing (None: it always drafts)
-    hears: tuple[str, ...] = ()  # what of the verify pass it observes: "hidden", the target's last hidden states
-    in_transformers: bool = True  # transformers' assisted generation drafts as it does (the hf-assisted cross-check)
+    # (spec) -> why it offered a row nothing (None: it always drafts)
+    empty: Callable[..., str] | None = None
+    # what of the verify pass it observes: "hidden", the target's last hidden states
+    hears: tuple[str, ...] = ()
+    # transformers' assisted generation drafts as it does (the hf-assisted cross-check)
+    in_transformers: bool = True
 
     @property
     def trees(self) -> bool:
-        """It can propose several candidates per position (a token tree, run setting tree_width), not only a chain."""
+        """It can propose several candidates per position (a token tree, run setting tree_width),
+        not only a chain."""
         return "tree_width" in self.options
 
     def words(self, spec) -> str:
-        """What drafted a run, in words: "the draft model", "prompt lookup (n-grams 1–3, no draft model)"."""
-        notes = [*([self.setting(spec)] if self.setting else []), *([] if self.draft_model else ["no draft model"]),
+        """What drafted a run, in words: "the draft model", "prompt lookup (n-grams 1–3, no draft
+        model)"."""
+        notes = [*([self.setting(spec)] if self.setting else []),
+                 *([] if self.draft_model else ["no draft model"]),
                  *([f"trees {spec.tree_width} wide"] if getattr(spec, "tree_width", 1) > 1 else [])]
         return self.noun + (f" ({', '.join(notes)})" if notes else "")
 
@@ -48,31 +58,40 @@ class DrafterKind:
 
 
 def _no_hidden_state_yet(spec) -> str:
-    return "had no hidden state of the target to draft from yet: the target's first pass over a batch computes them"
+    return ("had no hidden state of the target to draft from yet: the target's first pass over a "
+            "batch computes them")
 
 
 DRAFTERS: dict[str, DrafterKind] = {d.name: d for d in (
-    DrafterKind("model", "the draft model, one forward pass per draft; in a tree, the likeliest other tokens of each "
-                "draft's distribution beside it", "the draft model", draft_model=True, cache=True, passes_per_draft=1,
-                options=("tree_width",)),
-    DrafterKind("lookup", "prompt lookup: the tokens that followed the last n-gram's earliest earlier occurrence; "
-                "no model; in a tree, the tokens after its next earliest occurrences too", "prompt lookup",
-                draft_model=False, cache=False, passes_per_draft=0, options=("ngram_min", "ngram_max", "tree_width"),
+    DrafterKind("model", "the draft model, one forward pass per draft; in a tree, the likeliest "
+                         "other tokens of each "
+                "draft's distribution beside it", "the draft model", draft_model=True, cache=True,
+                passes_per_draft=1, options=("tree_width",)),
+    DrafterKind("lookup",
+        "prompt lookup: the tokens that followed the last n-gram's earliest earlier occurrence; "
+                "no model; in a tree, the tokens after its next earliest occurrences too",
+                "prompt lookup", draft_model=False, cache=False, passes_per_draft=0,
+                options=("ngram_min", "ngram_max", "tree_width"),
                 setting=lambda spec: f"n-grams {ngrams(spec)}",
-                empty=lambda spec: f"found no earlier occurrence of its last n-gram, n {ngrams(spec)}"),
-    DrafterKind("eagle", "an EAGLE-style head: a small decoder over the target's own last hidden state and the next "
-                "token's embedding, one pass per draft; for the embedded pair, one layer trained on this machine "
-                "(specviz train-head, once); for the tiny pair, untrained copies of its first layers, which show how "
-                "a head's state is kept, not a trained head's speed-up",
+                empty=lambda spec: "found no earlier occurrence of its last n-gram, n "
+                                   f"{ngrams(spec)}"),
+    DrafterKind("eagle",
+        "an EAGLE-style head: a small decoder over the target's own last hidden state and the next "
+                "token's embedding, one pass per draft; for the embedded pair, one layer trained "
+                "on this machine (specviz train-head, once); for the tiny pair, untrained copies "
+                "of its first layers, which show how a head's state is kept, not a trained head's "
+                "speed-up",
                 "an EAGLE-style head",
-                draft_model=False, cache=True, passes_per_draft=1, options=("tree_width",), hears=("hidden",),
-                in_transformers=False, empty=_no_hidden_state_yet),
-    DrafterKind("mtp", "the target's own multi-token-prediction (MTP) layer, which its checkpoint ships (DeepSeek-V3, "
-                "GLM-4.5, Mellum, Ling's hybrids), loaded by transformers' MtpModel: fed the target's last hidden "
-                "state and the next token, one pass per draft, then its own output",
+                draft_model=False, cache=True, passes_per_draft=1, options=("tree_width",),
+                hears=("hidden",), in_transformers=False, empty=_no_hidden_state_yet),
+    DrafterKind("mtp", "the target's own multi-token-prediction (MTP) layer, which its checkpoint "
+                       "ships (DeepSeek-V3, "
+                "GLM-4.5, Mellum, Ling's hybrids), loaded by transformers' MtpModel: fed the "
+                "target's last hidden state and the next token, one pass per draft, then its own "
+                "output",
                 "the model's MTP layer",
-                draft_model=False, cache=True, passes_per_draft=1, options=("tree_width",), hears=("hidden",),
-                empty=_no_hidden_state_yet),
+                draft_model=False, cache=True, passes_per_draft=1, options=("tree_width",),
+                hears=("hidden",), empty=_no_hidden_state_yet),
 )}
 DEFAULT_DRAFTER = "model"
 DRAFTER_OPTIONS = tuple(dict.fromkeys(f for d in DRAFTERS.values() for f in d.options))

@@ -9,7 +9,8 @@ from specviz.spec.untrusted import parse_json
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 BUILTIN_FILE = ASSETS / "prompts" / "builtin.jsonl"
-# The first 64 Spec-Bench questions (Apache-2.0, see assets/prompts/README.md): the tests' and benchmarks' data.
+# The first 64 Spec-Bench questions (Apache-2.0, see assets/prompts/README.md): the tests' and
+# benchmarks' data.
 SPEC_BENCH_FILE = ASSETS / "prompts" / "spec_bench_slice.jsonl"
 # The default set for the app and quick runs: short, mixed, a few seconds on a CPU.
 QUICK_IDS = (1, 7, 12, 19)
@@ -50,7 +51,8 @@ def read_prompts(path: str | Path) -> list[str]:
 
 
 def builtin_records() -> list[dict]:
-    return [json.loads(ln) for ln in BUILTIN_FILE.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    return [json.loads(ln) for ln in BUILTIN_FILE.read_text(encoding="utf-8").splitlines()
+            if ln.strip()]
 
 
 def builtin_sets() -> dict[str, list[str]]:

@@ -16,7 +16,8 @@ from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTER_OPTIONS, DRAFTERS, re
 from specviz.spec.faults import expand, needing
 from specviz.spec.methods import METHODS
 
-ENGINE = "engine"  # the method of an engine check's trace: outputs from outside, judged against the reference
+# the method of an engine check's trace: outputs from outside, judged against the reference
+ENGINE = "engine"
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -31,11 +32,14 @@ EMBEDDED_TARGET = "specviz:smollm2-135m"
 EMBEDDED_DRAFT = "specviz:smollm2-135m-draft"
 TINY_TARGET = "specviz:tiny"
 TINY_DRAFT = "specviz:tiny-draft"
-TINY_HYBRID = "specviz:tiny-hybrid"  # a random Qwen 3.5-style hybrid: attention beside Gated DeltaNet layers
+# a random Qwen 3.5-style hybrid: attention beside Gated DeltaNet layers
+TINY_HYBRID = "specviz:tiny-hybrid"
 TINY_HYBRID_DRAFT = "specviz:tiny-hybrid-draft"
-TINY_WINDOW = "specviz:tiny-window"  # the tiny pair with a sliding window of TINY_WINDOW_SIZE on every layer
+# the tiny pair with a sliding window of TINY_WINDOW_SIZE on every layer
+TINY_WINDOW = "specviz:tiny-window"
 TINY_WINDOW_DRAFT = "specviz:tiny-window-draft"
-TINY_WINDOW_SIZE = 48  # longer than the casebook's chat prompts (35 to 40 tokens), reached within 32 new tokens
+# longer than the casebook's chat prompts (35 to 40 tokens), reached within 32 new tokens
+TINY_WINDOW_SIZE = 48
 # name -> (target, draft). The Hub pairs are for machines with a GPU and Hub access.
 PAIR_PRESETS = {
     "embedded": (EMBEDDED_TARGET, EMBEDDED_DRAFT),
@@ -46,7 +50,8 @@ PAIR_PRESETS = {
     "vicuna": ("lmsys/vicuna-7b-v1.3", "double7/vicuna-68m"),
     "smollm2": ("HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
 }
-BUILT_IN_PAIRS = {target: draft for target, draft in PAIR_PRESETS.values() if target.startswith("specviz:")}
+BUILT_IN_PAIRS = {target: draft for target, draft in PAIR_PRESETS.values()
+                  if target.startswith("specviz:")}
 MAX_PROBLEMS_LISTED = 3  # in one message about a stranger's input
 MAX_TEMPERATURE = 10.0
 SAMPLING_FIELDS = ("top_k", "top_p", "draft_temperature", "draft_top_k", "draft_top_p")
@@ -55,11 +60,15 @@ MAX_TREE_WIDTH = 8
 MAX_REPETITION_PENALTY = 10.0
 MAX_PRESENCE_PENALTY = 2.0  # OpenAI's bound
 PENALTY_FIELDS = ("repetition_penalty", "presence_penalty")
-# Left out of the canonical form at their defaults, so that the keys of runs made before them stay what they were.
-OMITTED_AT_DEFAULT = (*SAMPLING_FIELDS, "drafter", *DRAFTER_OPTIONS, *PENALTY_FIELDS, "logprobs", "rows", "stop")
+# Left out of the canonical form at their defaults, so that the keys of runs made before them stay
+# what they were.
+OMITTED_AT_DEFAULT = (*SAMPLING_FIELDS, "drafter", *DRAFTER_OPTIONS, *PENALTY_FIELDS, "logprobs",
+                      "rows", "stop")
 MAX_STOPS, MAX_STOP_CHARS = 4, 32  # stop strings a run may set, and the length of each
-TARGET_FIELDS = ("temperature", "top_k", "top_p")  # what a request's own settings (RowSampling) replace
-UNSET_TEMPERATURE = 1.0  # a request that sets no temperature samples at the serving engines' default (vLLM, OpenAI)
+# what a request's own settings (RowSampling) replace
+TARGET_FIELDS = ("temperature", "top_k", "top_p")
+# a request that sets no temperature samples at the serving engines' default (vLLM, OpenAI)
+UNSET_TEMPERATURE = 1.0
 
 
 class SpecError(ValueError):
@@ -68,15 +77,16 @@ class SpecError(ValueError):
 
 Item = TypeVar("Item")
 Key = TypeVar("Key")
-# Collections of a stranger's data stop validating at their first bad item: one in every item of a huge list
-# would cost pydantic an error object each (18 s for 10 million).
+# Collections of a stranger's data stop validating at their first bad item: one in every item of a
+# huge list would cost pydantic an error object each (18 s for 10 million).
 Many = Annotated[list[Item], Field(fail_fast=True)]
 Map = Annotated[dict[Key, Item], Field(fail_fast=True)]
 
 
 class Strict(BaseModel):
-    """Unknown fields are refused. pydantic reports each one, so an object with more keys than a few beyond
-    the model's is refused in one error (a stranger's million keys would otherwise cost seconds)."""
+    """Unknown fields are refused. pydantic reports each one, so an object with more keys than a few
+    beyond the model's is refused in one error (a stranger's million keys would otherwise cost
+    seconds)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -84,7 +94,8 @@ class Strict(BaseModel):
     @classmethod
     def _known_fields(cls, data: object) -> object:
         if isinstance(data, dict) and len(data) > len(cls.model_fields) + MAX_PROBLEMS_LISTED:
-            unknown = itertools.islice((k for k in data if k not in cls.model_fields), MAX_PROBLEMS_LISTED)
+            unknown = itertools.islice((k for k in data if k not in cls.model_fields),
+                                       MAX_PROBLEMS_LISTED)
             raise ValueError(f"{len(data)} fields, of {len(cls.model_fields)} known; unknown: "
                              + ", ".join(repr(k)[:40] for k in unknown) + ", …")
         return data
@@ -99,9 +110,10 @@ class Strict(BaseModel):
 
 
 class RowSampling(Strict):
-    """One request's own sampling settings, as a serving engine takes them per request: its temperature (0:
-    greedy; None: unset, the engines' default 1.0), top-k (0: off), top-p (1: off) and seed (None: unseeded, it
-    draws from the run's stream for its sequence; set: from its own seed's stream, whatever its sequence)."""
+    """One request's own sampling settings, as a serving engine takes them per request: its
+    temperature (0: greedy; None: unset, the engines' default 1.0), top-k (0: off), top-p (1: off)
+    and seed (None: unseeded, it draws from the run's stream for its sequence; set: from its own
+    seed's stream, whatever its sequence)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -121,18 +133,20 @@ class RowSampling(Strict):
         return self.temperature == 0
 
     def target(self) -> tuple[float, int, float]:
-        """The temperature (an unset one the default), top-k and top-p the target samples this request with."""
-        return UNSET_TEMPERATURE if self.temperature is None else self.temperature, self.top_k, self.top_p
+        """The temperature (an unset one the default), top-k and top-p the target samples this
+        request with."""
+        return (UNSET_TEMPERATURE if self.temperature is None else self.temperature, self.top_k,
+                self.top_p)
 
 
 def row_fields(text: str) -> dict[str, str]:
-    """One request's settings as typed: comma-separated key=value pairs of RowSampling's fields (RowSampling
-    validates the values)."""
+    """One request's settings as typed: comma-separated key=value pairs of RowSampling's fields
+    (RowSampling validates the values)."""
     pairs = [x.strip().partition("=") for x in text.split(",") if x.strip()]
     bad = [k for k, eq, _ in pairs if not eq or k.strip() not in RowSampling.model_fields]
     if bad or not pairs:
-        raise SpecError(f"a request's settings are key=value pairs of {', '.join(RowSampling.model_fields)}; got "
-                        f"{_cut(text, 80)!r}")
+        raise SpecError("a request's settings are key=value pairs of "
+                        f"{', '.join(RowSampling.model_fields)}; got {_cut(text, 80)!r}")
     return {k.strip(): v.strip() for k, _, v in pairs}
 
 
@@ -143,7 +157,8 @@ def rows_from_text(text: str) -> tuple[dict[str, str], ...]:
 
 def rows_as_text(rows: tuple[RowSampling, ...]) -> str:
     """What rows_from_text reads back: each request's fields that are set, one request a line."""
-    return "\n".join(",".join(f"{k}={v}" for k, v in r.model_dump(exclude_none=True).items()) for r in rows)
+    return "\n".join(",".join(f"{k}={v}" for k, v in r.model_dump(exclude_none=True).items())
+                     for r in rows)
 
 
 class RunSpec(Strict):
@@ -158,36 +173,44 @@ class RunSpec(Strict):
     prompts: tuple[str, ...] = Field(min_length=1, max_length=MAX_PROMPTS, fail_fast=True)
     chat_template: bool = True
     method: Literal[(*METHODS, ENGINE)] = "eqspec"
-    drafter: Literal[tuple(DRAFTERS)] = DEFAULT_DRAFTER  # what proposes the drafts (speculative methods)
+    # what proposes the drafts (speculative methods)
+    drafter: Literal[tuple(DRAFTERS)] = DEFAULT_DRAFTER
     ngram_min: int = Field(1, ge=1, le=MAX_NGRAM)  # prompt lookup: the shortest n-gram matched
     ngram_max: int = Field(3, ge=1, le=MAX_NGRAM)  # and the longest (tried first)
-    tree_width: int = Field(1, ge=1, le=MAX_TREE_WIDTH)  # candidates per position (decoding/trees.py); 1: a chain
-    faults: tuple[str, ...] = Field((), fail_fast=True)  # fault or preset names (decoding/faults.py), for speculative methods
+    # candidates per position (decoding/trees.py); 1: a chain
+    tree_width: int = Field(1, ge=1, le=MAX_TREE_WIDTH)
+    # fault or preset names (decoding/faults.py), for speculative methods
+    faults: tuple[str, ...] = Field((), fail_fast=True)
     batch_size: int = Field(4, ge=1, le=MAX_BATCH_SIZE)
     k: int = Field(5, ge=1, le=MAX_K)
     max_new_tokens: int = Field(48, ge=1, le=MAX_NEW_TOKENS)
     dtype: Literal[DTYPES] = "float32"
     device: Literal[DEVICES] = "auto"
     seed: int = Field(0, ge=0, le=2**31 - 1)
-    window: int | None = Field(None, ge=1, le=4 * MAX_BATCH_SIZE)  # exspec: active sequences (None: 2 x batch)
+    # exspec: active sequences (None: 2 x batch)
+    window: int | None = Field(None, ge=1, le=4 * MAX_BATCH_SIZE)
     max_wait: int = Field(4, ge=0, le=1024)  # exspec: rounds a sequence may be passed over
-    audit: int = Field(0, ge=0, le=MAX_BATCH_SIZE)  # rows per round checked against a fresh recomputation; 0: off
-    # Sampling: the target's temperature (0: greedy), top-k (0: off) and top-p (1: off); the draft's own, where set.
+    # rows per round checked against a fresh recomputation; 0: off
+    audit: int = Field(0, ge=0, le=MAX_BATCH_SIZE)
+    # Sampling: the target's temperature (0: greedy), top-k (0: off) and top-p (1: off); the draft's
+    # own, where set.
     temperature: float = Field(0.0, ge=0, le=MAX_TEMPERATURE)
     top_k: int = Field(0, ge=0, le=2**20)
     top_p: float = Field(1.0, gt=0, le=1)
     draft_temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE)
     draft_top_k: int | None = Field(None, ge=0, le=2**20)
     draft_top_p: float | None = Field(None, gt=0, le=1)
-    # Penalties on the target's logits (decoding/penalties.py), discouraging repeats only: transformers' repetition
-    # penalty (1: off) and OpenAI's presence penalty (0: off).
+    # Penalties on the target's logits (decoding/penalties.py), discouraging repeats only:
+    # transformers' repetition penalty (1: off) and OpenAI's presence penalty (0: off).
     repetition_penalty: float = Field(1.0, ge=1, le=MAX_REPETITION_PENALTY)
     presence_penalty: float = Field(0.0, ge=0, le=MAX_PRESENCE_PENALTY)
-    logprobs: bool = False  # record each emitted token's log-probability under the target, and judge them
-    # Each request's own settings, replacing the three above: prompt i gets rows[i % len(rows)]. Empty: every
-    # request samples with the run's.
+    # record each emitted token's log-probability under the target, and judge them
+    logprobs: bool = False
+    # Each request's own settings, replacing the three above: prompt i gets rows[i % len(rows)].
+    # Empty: every request samples with the run's.
     rows: tuple[RowSampling, ...] = Field((), max_length=MAX_PROMPTS, fail_fast=True)
-    # Stop strings: an output ends at the token whose text completes one (decoding/stops.py), as at its EOS.
+    # Stop strings: an output ends at the token whose text completes one (decoding/stops.py), as at
+    # its EOS.
     stop: tuple[str, ...] = Field((), max_length=MAX_STOPS)
 
     @field_validator("target", "draft")
@@ -234,34 +257,44 @@ class RunSpec(Strict):
         if m.max_batch_size is not None and self.batch_size > m.max_batch_size:
             raise ValueError(f"{self.method} runs at batch size {m.max_batch_size} at most")
         if self.drafter not in m.drafters and self.drafter != DEFAULT_DRAFTER:
-            raise ValueError(f"{self.method} drafts nothing: the {self.drafter} drafter needs a speculative method")
+            raise ValueError(f"{self.method} drafts nothing: the {self.drafter} drafter needs a "
+                             "speculative method")
         if not self.greedy and not m.samples:
             raise ValueError(f"{self.method} runs greedy only here; sample with "
-                             + " or ".join(n for n, x in METHODS.items() if x.samples and x.speculative))
+                             + " or ".join(n for n, x in METHODS.items() if x.samples
+                                           and x.speculative))
         return self
 
     @model_validator(mode="after")
     def _drafter(self) -> RunSpec:
         kind = DRAFTERS[self.drafter]
-        stray = [f for f in DRAFTER_OPTIONS if f not in kind.options and getattr(self, f) != RunSpec.model_fields[f].default]
+        stray = [f for f in DRAFTER_OPTIONS if f not in kind.options
+                 and getattr(self, f) != RunSpec.model_fields[f].default]
         if stray:
             takes = reading(stray[0])
-            raise ValueError(f"{', '.join(stray)} set the {' or '.join(takes)} drafter; choose drafter {takes[0]}")
+            raise ValueError(f"{', '.join(stray)} set the {' or '.join(takes)} drafter; choose "
+                             f"drafter {takes[0]}")
         if not kind.draft_model and (found := needing("draft-model", self.faults)):
-            raise ValueError(f"{', '.join(found)} break a draft model's passes: {kind.noun} runs none")
+            raise ValueError(f"{', '.join(found)} break a draft model's passes: {kind.noun} runs "
+                             "none")
         if "hidden" not in kind.hears and (found := needing("hidden", self.faults)):
-            raise ValueError(f"{', '.join(found)} break a draft head's inputs: {kind.noun} hears no hidden state; "
-                             "choose drafter " + " or ".join(n for n, d in DRAFTERS.items() if "hidden" in d.hears))
+            raise ValueError(f"{', '.join(found)} break a draft head's inputs: {kind.noun} hears "
+                             "no hidden state; "
+                             "choose drafter "
+                             + " or ".join(n for n, d in DRAFTERS.items() if "hidden" in d.hears))
         if self.tree_width > 1:
             self._trees()
         elif found := needing("tree", self.faults):
-            raise ValueError(f"{', '.join(found)} break a token tree's verify: set tree_width above 1")
+            raise ValueError(f"{', '.join(found)} break a token tree's verify: set tree_width "
+                             "above 1")
         if "ngram_min" not in kind.options:
             return self
         if self.ngram_min > self.ngram_max:
-            raise ValueError(f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max})")
+            raise ValueError(f"ngram_min ({self.ngram_min}) must not exceed ngram_max "
+                             f"({self.ngram_max})")
         if self.method == "hf-assisted" and self.ngram_min != 1:
-            raise ValueError("transformers' prompt lookup always matches down to 1 token: hf-assisted needs ngram_min 1")
+            raise ValueError("transformers' prompt lookup always matches down to 1 token: "
+                             "hf-assisted needs ngram_min 1")
         return self
 
     def _trees(self) -> None:
@@ -269,11 +302,12 @@ class RunSpec(Strict):
             raise ValueError(f"{self.method} verifies chains only; trees run in "
                              + " or ".join(n for n, m in METHODS.items() if m.trees))
         if found := needing("sampled", self.faults):
-            raise ValueError(f"{', '.join(found)} break a chain's sampled decisions; a token tree's are SpecInfer's: "
+            raise ValueError(f"{', '.join(found)} break a chain's sampled decisions; a token "
+                             "tree's are SpecInfer's: "
                              "set tree_width 1")
         if self.repetition_penalty != 1 or self.presence_penalty != 0:
-            raise ValueError("a penalty's history along a token tree's branches is not built: penalise with "
-                             "tree_width 1")
+            raise ValueError("a penalty's history along a token tree's branches is not built: "
+                             "penalise with tree_width 1")
 
     @model_validator(mode="after")
     def _rows(self) -> RunSpec:
@@ -282,23 +316,27 @@ class RunSpec(Strict):
                 raise ValueError(f"{', '.join(found)} need per-request sampling settings (rows)")
             return self
         if self.method == ENGINE:
-            raise ValueError("an engine check sends every request the run's settings: per-request rows are for "
-                             "specviz's own methods")
+            raise ValueError("an engine check sends every request the run's settings: per-request "
+                             "rows are for specviz's own methods")
         if any(getattr(self, f) != RunSpec.model_fields[f].default for f in TARGET_FIELDS):
-            raise ValueError("per-request settings (rows) replace the run's temperature, top-k and top-p: leave "
-                             "those at their defaults")
+            raise ValueError("per-request settings (rows) replace the run's temperature, top-k and "
+                             "top-p: leave those at their defaults")
         return self
 
     @model_validator(mode="after")
     def _sampling(self) -> RunSpec:
-        if not self.greedy:  # (the audit compares each row's state with a fresh pass, at any temperature)
+        # (the audit compares each row's state with a fresh pass, at any temperature)
+        if not self.greedy:
             if found := needing("greedy", self.faults):
-                raise ValueError(f"{', '.join(sorted(found))} breaks greedy acceptance: it needs temperature 0")
+                raise ValueError(f"{', '.join(sorted(found))} breaks greedy acceptance: it needs "
+                                 "temperature 0")
             return self
         if any(getattr(self, f) != RunSpec.model_fields[f].default for f in SAMPLING_FIELDS):
-            raise ValueError("top-k, top-p and the draft's sampling settings need a temperature above 0")
+            raise ValueError("top-k, top-p and the draft's sampling settings need a temperature "
+                             "above 0")
         if needing("sampled", self.faults):
-            raise ValueError("sampling faults need a temperature above 0" + (" in some request" if self.rows else ""))
+            raise ValueError("sampling faults need a temperature above 0"
+                             + (" in some request" if self.rows else ""))
         return self
 
     @model_validator(mode="after")
@@ -307,12 +345,14 @@ class RunSpec(Strict):
                      if getattr(self, f) != RunSpec.model_fields[f].default]
         if self.method == ENGINE:
             if penalised or self.logprobs:
-                raise ValueError("an engine check sends no penalties and records the engine's own log-probabilities")
+                raise ValueError("an engine check sends no penalties and records the engine's own "
+                                 "log-probabilities")
             return self
         m = METHODS[self.method]
         if refused := [p for p in penalised if p not in m.penalties]:
             raise ValueError(f"{self.method} takes no {' or '.join(refused)} penalty; "
-                             + ", ".join(n for n, x in METHODS.items() if set(refused) <= set(x.penalties)) + " do")
+                             + ", ".join(n for n, x in METHODS.items()
+                                         if set(refused) <= set(x.penalties)) + " do")
         if self.logprobs and not m.logprobs:
             raise ValueError(f"{self.method} records no log-probabilities")
         if self.stop and not m.stop_strings:
@@ -325,12 +365,13 @@ class RunSpec(Strict):
 
     @property
     def greedy(self) -> bool:
-        """Temperature 0, for the run or every request: the target's argmax at every token (decoding/sampling.py
-        builds the samplers)."""
+        """Temperature 0, for the run or every request: the target's argmax at every token
+        (decoding/sampling.py builds the samplers)."""
         return all(r.greedy for r in self.rows) if self.rows else self.temperature == 0
 
     def draft_sampling(self, row: RowSampling | None = None) -> tuple[float, int, float]:
-        """The draft's temperature, top-k and top-p: its own where set, else the target's (`row`'s, where given)."""
+        """The draft's temperature, top-k and top-p: its own where set, else the target's (`row`'s,
+        where given)."""
         target = row.target() if row else (self.temperature, self.top_k, self.top_p)
         return tuple(t if d is None else d for t, d in zip(
             target, (self.draft_temperature, self.draft_top_k, self.draft_top_p)))
@@ -338,22 +379,25 @@ class RunSpec(Strict):
     @model_validator(mode="after")
     def _window(self) -> RunSpec:
         if self.window is not None and self.window <= self.batch_size:
-            raise ValueError(f"window ({self.window}) must be larger than the batch size ({self.batch_size})")
+            raise ValueError(f"window ({self.window}) must be larger than the batch size "
+                             f"({self.batch_size})")
         return self
 
     @model_validator(mode="after")
     def _pair(self) -> RunSpec:
-        # A built-in target drafts with its own draft, or with itself (a self-test: every draft is accepted).
+        # A built-in target drafts with its own draft, or with itself (a self-test: every draft is
+        # accepted).
         for target, draft in BUILT_IN_PAIRS.items():
             if (self.target == target) != (self.draft in (draft, target)):
-                raise ValueError("the built-in drafts only pair with their own targets (or a built-in target with "
-                                 "itself)")
+                raise ValueError("the built-in drafts only pair with their own targets (or a "
+                                 "built-in target with itself)")
         return self
 
     def on_prompts(self, prompts, **update) -> RunSpec:
-        """This run (unvalidated, with `update`) on some of its own prompts, in their order: each keeps its own
-        request's settings."""
-        rows = tuple(self.rows[self.prompts.index(p) % len(self.rows)] for p in prompts) if self.rows else ()
+        """This run (unvalidated, with `update`) on some of its own prompts, in their order: each
+        keeps its own request's settings."""
+        rows = tuple(self.rows[self.prompts.index(p) % len(self.rows)]
+                     for p in prompts) if self.rows else ()
         return self.model_copy(update={"prompts": tuple(prompts), "rows": rows, **update})
 
     def canonical_json(self) -> str:
@@ -361,7 +405,8 @@ class RunSpec(Strict):
         fields = self.model_dump(mode="json")
         for f in OMITTED_AT_DEFAULT:
             default = RunSpec.model_fields[f].default
-            if fields[f] == (list(default) if isinstance(default, tuple) else default):  # a tuple dumps as a list
+            # a tuple dumps as a list
+            if fields[f] == (list(default) if isinstance(default, tuple) else default):
                 del fields[f]
         return json.dumps(fields, sort_keys=True, separators=(",", ":"))
 
@@ -373,12 +418,14 @@ MAX_PROBLEMS_READ = 10_000  # each problem pydantic reports becomes a Python dic
 
 
 def describe_validation_error(e: ValidationError) -> str:
-    """pydantic's report in a few words: the first problems and where they are, stranger text cut short."""
+    """pydantic's report in a few words: the first problems and where they are, stranger text cut
+    short."""
     n = e.error_count()
     if n > MAX_PROBLEMS_READ:
         return f"{n} problems, too many to list"
     parts = []
-    for err in e.errors(include_url=False, include_context=False, include_input=False)[:MAX_PROBLEMS_LISTED]:
+    for err in e.errors(include_url=False, include_context=False,
+                        include_input=False)[:MAX_PROBLEMS_LISTED]:
         where = ".".join(_cut(str(x), 40) for x in err["loc"])
         msg = _cut(err["msg"].removeprefix("Value error, "), 200)
         parts.append(f"{where}: {msg}" if where else msg)

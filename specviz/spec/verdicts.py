@@ -1,14 +1,16 @@
-"""Every verdict a judge can give, declared once: its name, what it means, the evidence it rests on, and whether
-it names a bug. The judges (forensics/) give only these names, to a sequence or to a run's drafts (a sampled
-run's distribution test has its own three outcomes: trace/evidence.py's Distribution); the page, the CLI, the
-sweep and the glossary ask here what each means. Plain data: specs, traces and views read it without torch.
+"""Every verdict a judge can give, declared once: its name, what it means, the evidence it rests on,
+and whether it names a bug. The judges (forensics/) give only these names, to a sequence or to a
+run's drafts (a sampled run's distribution test has its own three outcomes: trace/evidence.py's
+Distribution); the page, the CLI, the sweep and the glossary ask here what each means. Plain data:
+specs, traces and views read it without torch.
 
-A name says what went wrong in the user's words: `sync-bug:<state>` when a state fell out of step with the row's
-tokens (positions, mask, KV cache, a hybrid's recurrent state, rows mixed up, or the kept token not the one the
-target's pass chose: `bonus`), `decision-bug:<decision>` when the state was right and a decision made from it was
-wrong (which drafts to accept, when to stop, the penalty applied, the log-probability reported; a sampled row's
-settings or random stream), `draft-bug:<side>` when the drafts were not the drafter's own (the output unharmed,
-the drafts wasted), `kernel-bug` when both were right and the computation was not; `numerics` and `unexplained`
+A name says what went wrong in the user's words: `sync-bug:<state>` when a state fell out of step
+with the row's tokens (positions, mask, KV cache, a hybrid's recurrent state, rows mixed up, or the
+kept token not the one the target's pass chose: `bonus`), `decision-bug:<decision>` when the state
+was right and a decision made from it was wrong (which drafts to accept, when to stop, the penalty
+applied, the log-probability reported; a sampled row's settings or random stream),
+`draft-bug:<side>` when the drafts were not the drafter's own (the output unharmed, the drafts
+wasted), `kernel-bug` when both were right and the computation was not; `numerics` and `unexplained`
 are not bugs."""
 from __future__ import annotations
 
@@ -24,85 +26,127 @@ class Verdict:
 
     @property
     def family(self) -> str:
-        """The part before the colon: sync-bug, decision-bug, kernel-bug, engine-bug, sampler-bug, numerics, ..."""
+        """The part before the colon: sync-bug, decision-bug, kernel-bug, engine-bug, sampler-bug,
+        numerics, ..."""
         return self.name.split(":")[0]
 
 
-_WATCHED = "the emitting pass as the model saw it, against a fresh batch-size-1 recomputation of the row"
+_WATCHED = ("the emitting pass as the model saw it, against a fresh batch-size-1 recomputation of "
+            "the row")
 VERDICTS = {v.name: v for v in (
-    Verdict("sync-bug:positions", "the row's position ids were wrong: its tokens were computed at other positions",
-            f"{_WATCHED}, beyond the rounding yardstick; the positions it was fed, or its cache entries fitting "
+    Verdict("sync-bug:positions",
+            "the row's position ids were wrong: its tokens were computed at other positions",
+            f"{_WATCHED}, beyond the rounding yardstick; the positions it was fed, or its cache "
+            "entries fitting "
             "their own tokens at other positions"),
-    Verdict("sync-bug:mask", "the row's attention mask let through slots that are not its tokens, or hid some",
+    Verdict("sync-bug:mask",
+            "the row's attention mask let through slots that are not its tokens, or hid some",
             f"{_WATCHED}, beyond the yardstick; the slots each verified token could see"),
-    Verdict("sync-bug:kv", "the row's KV cache held entries of other tokens, or was cut or moved wrong",
-            f"{_WATCHED}, beyond the yardstick; each cache entry replayed against a fresh prefill of the row"),
-    Verdict("sync-bug:recurrent", "a hybrid's recurrent or convolution state held tokens that are not the row's "
+    Verdict("sync-bug:kv",
+            "the row's KV cache held entries of other tokens, or was cut or moved wrong",
+            f"{_WATCHED}, beyond the yardstick; each cache entry replayed against a fresh "
+            "prefill of the row"),
+    Verdict("sync-bug:recurrent",
+            "a hybrid's recurrent or convolution state held tokens that are not the row's "
             "(a rejected draft, a stale state)",
-            f"{_WATCHED}, beyond the yardstick; the row's own states replayed over fresh K/V, and its own K/V over "
+            f"{_WATCHED}, beyond the yardstick; the row's own states replayed over fresh K/V, and "
+            "its own K/V over "
             "fresh states"),
-    Verdict("sync-bug:state", "the row's state was corrupt and no single input explains it: rows mixed up, or "
+    Verdict("sync-bug:state",
+            "the row's state was corrupt and no single input explains it: rows mixed up, or "
             "the pass fed another token than the row's own",
             f"{_WATCHED}, beyond the yardstick; the engine's own invariant checks"),
-    Verdict("sync-bug:bonus", "the correction or bonus token kept is not the target's own choice at the pass that "
+    Verdict("sync-bug:bonus",
+            "the correction or bonus token kept is not the target's own choice at the pass that "
             "chose it: taken from the draft, another row or another slot",
             "the emitting pass's own argmax at the fork, or the engine's check I4"),
-    Verdict("decision-bug:accept", "a draft was accepted that the target's pass rejects: the accept rule itself "
+    Verdict("decision-bug:accept",
+            "a draft was accepted that the target's pass rejects: the accept rule itself "
             "(at temperature 0 a draft is kept only where it is the verifying pass's argmax)",
-            "the verifying pass's own argmax at the fork, where the fork token is an accepted draft"),
-    Verdict("decision-bug:stop", "the output ran on past a stop (an end-of-sequence token, or the token completing "
-            "a stop string, accepted inside a block of drafts), or stopped where the model does not",
-            "the output's tokens alone: a stop followed by more tokens, or an end the reference lacks"),
-    Verdict("decision-bug:penalty", "the token was chosen under a repetition or presence penalty that missed tokens "
-            "the sequence already holds (its history lost accepted tokens, or a verify slot did not count the "
-            "drafts before it)", "the target's float64 logits at the fork, penalised by the row's whole history, "
-            "choose the reference's token; with the penalty on the engine's token lifted they choose the engine's"),
-    Verdict("decision-bug:logprobs", "the tokens are right but their reported log-probabilities are not the "
-            "target's (an accepted draft's taken from the drafter)", "each recorded log-probability against a fresh "
-            "float64 recomputation of the target at batch size 1, penalised and tempered as the run was, beyond "
-            "what rounding moves it"),
+            "the verifying pass's own argmax at the fork, where the fork token is an accepted "
+            "draft"),
+    Verdict("decision-bug:stop",
+            "the output ran on past a stop (an end-of-sequence token, or the token completing "
+            "a stop string, accepted inside a block of drafts), or stopped where the model does "
+            "not",
+            "the output's tokens alone: a stop followed by more tokens, or an end the reference "
+            "lacks"),
+    Verdict("decision-bug:penalty",
+            "the token was chosen under a repetition or presence penalty that missed tokens "
+            "the sequence already holds (its history lost accepted tokens, or a verify slot did "
+            "not count the "
+            "drafts before it)",
+            "the target's float64 logits at the fork, penalised by the row's whole history, "
+            "choose the reference's token; with the penalty on the engine's token lifted they "
+            "choose the engine's"),
+    Verdict("decision-bug:logprobs",
+            "the tokens are right but their reported log-probabilities are not the "
+            "target's (an accepted draft's taken from the drafter)",
+            "each recorded log-probability against a fresh "
+            "float64 recomputation of the target at batch size 1, penalised and tempered as the "
+            "run was, beyond what rounding moves it"),
     # A sampled run's, with per-request settings or audited (forensics/distribution.py).
-    Verdict("decision-bug:settings", "a row was sampled with settings not its own: another request's temperature, "
+    Verdict("decision-bug:settings",
+            "a row was sampled with settings not its own: another request's temperature, "
             "top-k or top-p, or greedily where its temperature was unset",
-            "each sequence's tokens scored under the target at batch size 1, with its own settings and with every "
-            "other request's (and greedy): another's fits them a likelihood ratio beyond chance (Markov's bound, "
-            "Bonferroni over sequences and settings)"),
-    Verdict("decision-bug:stream", "a row drew random numbers that are not its own stream's: noise never written, "
-            "shared with other rows, or shifted by draws the schedule consumed; its tokens then depend on its batch",
-            "every recorded draw of a sampled run, audited or with per-request settings, re-derived from the row's "
-            "own stream (its seed, or the "
+            "each sequence's tokens scored under the target at batch size 1, with its own settings "
+            "and with every other request's (and greedy): another's fits them a likelihood ratio "
+            "beyond chance (Markov's bound, Bonferroni over sequences and settings)"),
+    Verdict("decision-bug:stream",
+            "a row drew random numbers that are not its own stream's: noise never written, "
+            "shared with other rows, or shifted by draws the schedule consumed; its tokens then "
+            "depend on its batch",
+            "every recorded draw of a sampled run, audited or with per-request settings, "
+            "re-derived from the row's own stream (its seed, or the "
             "run's seed and its sequence) at its token"),
-    # The acceptance judge's (forensics/acceptance.py): lossless, the output right and the drafts wasted.
-    Verdict("draft-bug:first-token", "the drafter drafted without the token the target wrote last round: its "
-            "first draft repeats that token", "each round's drafts against a fresh pass of the draft model on the "
+    # The acceptance judge's (forensics/acceptance.py): lossless, the output right and the drafts
+    # wasted.
+    Verdict("draft-bug:first-token",
+            "the drafter drafted without the token the target wrote last round: its "
+            "first draft repeats that token",
+            "each round's drafts against a fresh pass of the draft model on the "
             "committed tokens, beyond its rounding; they match its choice one token earlier"),
-    Verdict("draft-bug:rows", "each row was handed another row's drafts", "each round's drafts against a fresh "
-            "pass of the draft model, beyond its rounding; they are its proposals for another row of the round"),
-    Verdict("draft-bug:positions", "the draft model was fed position ids one off", "each round's drafts against a "
-            "fresh pass of the draft model, beyond its rounding; a fresh pass at positions one off gives them"),
-    Verdict("draft-bug:hidden", "a draft head was fed the target's hidden states of other slots (one off)",
-            "each round's drafts against the head replayed from a fresh pass of the target, beyond rounding; replayed "
-            "from the hidden states one slot earlier, it gives them"),
-    Verdict("draft-bug:cache", "the drafter's own state (its cache, or what it was fed) was wrong", "each round's "
-            "drafts against a fresh pass of the draft model, beyond its rounding, and no simpler hypothesis gives "
-            "them"),
-    Verdict("draft-bug:acceptance", "an engine accepted fewer of its drafts than its draft model's own proposals "
+    Verdict("draft-bug:rows", "each row was handed another row's drafts",
+            "each round's drafts against a fresh "
+            "pass of the draft model, beyond its rounding; they are its proposals for another "
+            "row of the round"),
+    Verdict("draft-bug:positions", "the draft model was fed position ids one off",
+            "each round's drafts against a "
+            "fresh pass of the draft model, beyond its rounding; a fresh pass at positions one "
+            "off gives them"),
+    Verdict("draft-bug:hidden",
+            "a draft head was fed the target's hidden states of other slots (one off)",
+            "each round's drafts against the head replayed from a fresh pass of the target, beyond "
+            "rounding; replayed from the hidden states one slot earlier, it gives them"),
+    Verdict("draft-bug:cache", "the drafter's own state (its cache, or what it was fed) was wrong",
+            "each round's "
+            "drafts against a fresh pass of the draft model, beyond its rounding, and no simpler "
+            "hypothesis gives them"),
+    Verdict("draft-bug:acceptance",
+            "an engine accepted fewer of its drafts than its draft model's own proposals "
             "would have had: its drafter went wrong on a side not seen from outside",
-            "the engine's own counters (drafts offered and accepted) against the draft model's fresh proposals on "
-            "the engine's output, its rounds replayed at k, short beyond chance"),
-    Verdict("kernel-bug", "every input of the pass was right and it still computes logits the model does not: "
+            "the engine's own counters (drafts offered and accepted) against the draft model's "
+            "fresh proposals on the engine's output, its rounds replayed at k, short beyond "
+            "chance"),
+    Verdict("kernel-bug",
+            "every input of the pass was right and it still computes logits the model does not: "
             "the batched verify computation",
-            "the pass rebuilt from correct inputs departs from a fresh one beyond rounding, in the run's dtype or "
-            "in float64"),
-    Verdict("engine-bug", "another engine wrote a token the target would not, beyond that engine's own rounding",
-            "its output teacher-forced through the target in float64, against its rounding measured on its "
-            "control run (the same engine without speculation)"),
-    Verdict("sampler-bug:decisions", "accept/reject decisions do not follow the sampler's own recorded p, q and "
+            "the pass rebuilt from correct inputs departs from a fresh one beyond rounding, in the "
+            "run's dtype or in float64"),
+    Verdict("engine-bug",
+            "another engine wrote a token the target would not, beyond that engine's own rounding",
+            "its output teacher-forced through the target in float64, against its rounding "
+            "measured on its control run (the same engine without speculation)"),
+    Verdict("sampler-bug:decisions",
+            "accept/reject decisions do not follow the sampler's own recorded p, q and "
             "draw", "every decision re-derived from its record"),
-    Verdict("sampler-bug:rule", "every state and decision held, yet the tokens are not the target's "
-            "distribution: the sampling rule itself", "the state audit of every row, the decision audit and the "
+    Verdict("sampler-bug:rule",
+            "every state and decision held, yet the tokens are not the target's "
+            "distribution: the sampling rule itself",
+            "the state audit of every row, the decision audit and the "
             "distribution test"),
-    Verdict("numerics", "a near-tie that floating point tipped: both tokens are right within rounding",
+    Verdict("numerics",
+            "a near-tie that floating point tipped: both tokens are right within rounding",
             "a clean state, and the float64 gap at the fork within what rounding flips", bug=False),
     Verdict("unexplained", "the evidence cannot decide; the explanation says what is missing",
             "whatever would decide it", bug=False),
@@ -111,12 +155,13 @@ OWN_DRAFTS = "the draft model's own"  # the acceptance judge's finding where the
 
 
 def verdict(name: str) -> Verdict:
-    """The declaration of `name`; a name no judge gives (a hand-edited trace) is unexplained, never a bug."""
+    """The declaration of `name`; a name no judge gives (a hand-edited trace) is unexplained, never
+    a bug."""
     return VERDICTS.get(name) or Verdict(name, "not a verdict specviz gives", "", bug=False)
 
 
 def state_bug(name: str) -> bool:
-    """A state that fell out of step, or a decision made wrong from a right one: batching alone causes neither
-    (no batching-noise check needed)."""
+    """A state that fell out of step, or a decision made wrong from a right one: batching alone
+    causes neither (no batching-noise check needed)."""
     v = verdict(name)
     return v.bug and v.family in ("sync-bug", "decision-bug")

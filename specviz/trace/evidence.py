@@ -1,6 +1,6 @@
-"""The evidence a trace keeps of its verdicts: the yardsticks they were judged against (forensics/yardstick.py,
-forensics/enginenoise.py), how far an engine departs from the model, the two judges' verdicts, and a sampled
-run's distribution test and decision audit."""
+"""The evidence a trace keeps of its verdicts: the yardsticks they were judged against
+(forensics/yardstick.py, forensics/enginenoise.py), how far an engine departs from the model, the
+two judges' verdicts, and a sampled run's distribution test and decision audit."""
 from __future__ import annotations
 
 from typing import Annotated, Literal
@@ -13,85 +13,107 @@ from specviz.spec.verdicts import VERDICTS
 
 
 class Rounding(Strict):
-    """A model's rounding in the run's dtype (yardstick.py): how far a correct computation of its logits sits from
-    float64 truth, measured on fresh batch-size-1 passes without a cache, which no bug in the batched, cached
-    verify path can reach. The white-box verdicts' yardstick."""
+    """A model's rounding in the run's dtype (yardstick.py): how far a correct computation of its
+    logits sits from float64 truth, measured on fresh batch-size-1 passes without a cache, which no
+    bug in the batched, cached verify path can reach. The white-box verdicts' yardstick."""
 
     dtype: str
     method: str  # how it was measured, in words
     positions: int  # distinct positions measured
     sequences: int
     levels: Many[float]  # quantile levels in [0, 1], ascending
-    quantiles: Many[float]  # per position, the largest |logit - float64 logit| over the vocabulary, at those levels
-    resolution: float  # machine epsilon of the dtype times the largest logit: nothing is measured finer
+    # per position, the largest |logit - float64 logit| over the vocabulary, at those levels
+    quantiles: Many[float]
+    # machine epsilon of the dtype times the largest logit: nothing is measured finer
+    resolution: float
     slots: int | None = None  # positions one comparison spans (a verify pass: k + 1)
-    tolerance: float  # two correct computations of `slots` positions differ by more than this with probability alpha
-    float64_tolerance: float | None = None  # the same scaled to float64's unit roundoff: for passes rebuilt in float64
-    alpha: float | None = None  # that probability: the stated false-alarm rate of one comparison (None: not stated)
+    # two correct computations of `slots` positions differ by more than this with probability alpha
+    tolerance: float
+    # the same scaled to float64's unit roundoff: for passes rebuilt in float64
+    float64_tolerance: float | None = None
+    # that probability: the stated false-alarm rate of one comparison (None: not stated)
+    alpha: float | None = None
     relative: float | None = None  # largest error / (unit roundoff x the largest logit there)
     expected: float | None = None  # the largest `relative` this dtype is known to show
-    anomaly: str | None = None  # set when `relative` is far above `expected`: the yardstick itself is suspect
-    # A hybrid: how far its decode (recurrent) algorithm departs from its fresh (chunked) one, both in float64.
+    # set when `relative` is far above `expected`: the yardstick itself is suspect
+    anomaly: str | None = None
+    # A hybrid: how far its decode (recurrent) algorithm departs from its fresh (chunked) one, both
+    # in float64.
     algorithms: float | None = None
 
     def place(self, difference: float) -> float:
-        """Where a difference between two computations falls on the yardstick: the share of measured positions
-        whose rounding, doubled, lies below it (1.0: beyond every one)."""
+        """Where a difference between two computations falls on the yardstick: the share of measured
+        positions whose rounding, doubled, lies below it (1.0: beyond every one)."""
         below = [level for level, q in zip(self.levels, self.quantiles) if 2 * q < difference]
         return below[-1] if below else 0.0
 
     def describe(self) -> str:
         """The yardstick in words, for a verdict or a summary."""
-        rate = "no false-alarm rate stated" if self.alpha is None else f"false-alarm rate {self.alpha:.2g}"
-        return (f"rounding of the target in {self.dtype}: tolerance {self.tolerance:.3g} logits, {rate}, "
-                f"from {self.positions} positions of {self.sequences} sequences measured fresh against float64")
+        rate = ("no false-alarm rate stated" if self.alpha is None
+                else f"false-alarm rate {self.alpha:.2g}")
+        return (f"rounding of the target in {self.dtype}: tolerance {self.tolerance:.3g} logits, "
+                f"{rate}, from {self.positions} positions of {self.sequences} sequences measured "
+                "fresh against float64")
 
 
 class EngineNoise(Strict):
-    """An engine's own rounding, measured on its run without speculation (enginenoise.py), which cannot contain a
-    speculation bug: where its tokens depart from the target's float64 argmax, and by how much, against the
-    margins it kept. The engine verdicts' yardstick."""
+    """An engine's own rounding, measured on its run without speculation (enginenoise.py), which
+    cannot contain a speculation bug: where its tokens depart from the target's float64 argmax, and
+    by how much, against the margins it kept. The engine verdicts' yardstick."""
 
-    # control: measured on the control run; unbounded: the control's tokens bound none of it (method says why) and,
-    # as with none (no control run), only transformers' rounding is granted
+    # control: measured on the control run; unbounded: the control's tokens bound none of it (method
+    # says why) and, as with none (no control run), only transformers' rounding is granted
     source: Literal["control", "unbounded", "none"]
     truth: str  # "float64", or the target's dtype where no float64 copy could be made
     tokens: int  # control tokens scored
-    departures: Many[float]  # float64 gaps of the control's tokens that are not the target's argmax, largest first
-    sigma: float | None = None  # the control's noise on a logit difference (Gaussian, fitted to flips and kept margins)
+    # float64 gaps of the control's tokens that are not the target's argmax, largest first
+    departures: Many[float]
+    # the control's noise on a logit difference (Gaussian, fitted to flips and kept margins)
+    sigma: float | None = None
     sigma_upper: float | None = None  # its 95% upper bound
-    # the same noise read off the control's log-probabilities, where it gave them: reported, never in the tolerance
+    # the same noise read off the control's log-probabilities, where it gave them: reported, never
+    # in the tolerance
     sigma_logprobs: float | None = None
-    rounding: float  # transformers' own tolerance in this dtype (Rounding.tolerance): the yardstick without a control
-    tolerance: float  # the largest float64 gap this engine's own rounding explains, at false-alarm rate alpha
+    # transformers' own tolerance in this dtype (Rounding.tolerance): the yardstick without a
+    # control
+    rounding: float
+    # the largest float64 gap this engine's own rounding explains, at false-alarm rate alpha
+    tolerance: float
     alpha: float
     method: str
-    # control outputs (sequence indices) set apart from the fit: their departures need far more noise than the rest's
+    # control outputs (sequence indices) set apart from the fit: their departures need far more
+    # noise than the rest's
     outliers: Many[int] = []
 
     def describe(self) -> str:
         """What the yardstick explains, and from what."""
         if self.source == "none":
-            return (f"transformers' own rounding in this dtype explains gaps up to {self.rounding:.3g} (no control run "
+            return ("transformers' own rounding in this dtype explains gaps up to "
+                    f"{self.rounding:.3g} (no control run "
                     "measured this engine's)")
         if self.source == "unbounded":
-            return (f"transformers' own rounding in this dtype explains gaps up to {self.rounding:.3g}; the control run "
-                    f"bounds none of this engine's: {self.method}")
+            return ("transformers' own rounding in this dtype explains gaps up to "
+                    f"{self.rounding:.3g}; the control run bounds none of this engine's: "
+                    f"{self.method}")
         seen = "none departing" if not self.departures else \
             f"{len(self.departures)} departing, by up to {self.departures[0]:.3g}"
-        upper = "unknown" if self.sigma_upper is None else f"{self.sigma_upper:.3g}"  # a version-7 control: no token
-        lp = "" if self.sigma_logprobs is None else f", {self.sigma_logprobs:.3g} from its log-probabilities" + (
-            " (more than its tokens allow: not granted)" if self.sigma_logprobs > (self.sigma_upper or 0) else "")
-        apart = (f"; {len(self.outliers)} of its outputs set apart, departing by far more than the rest's rounding"
+        # a version-7 control: no token
+        upper = "unknown" if self.sigma_upper is None else f"{self.sigma_upper:.3g}"
+        lp = "" if self.sigma_logprobs is None else (f", {self.sigma_logprobs:.3g} from its "
+                                                     "log-probabilities") + (
+            " (more than its tokens allow: not granted)"
+            if self.sigma_logprobs > (self.sigma_upper or 0) else "")
+        apart = (f"; {len(self.outliers)} of its outputs set apart, departing by far more than the "
+                 "rest's rounding"
                  if self.outliers else "")
-        return (f"this engine's own rounding explains gaps up to {self.tolerance:.3g} (from its control run: "
-                f"{self.tokens} tokens, {seen}; noise sigma at most {upper}{lp}{apart}; false-alarm rate "
-                f"{self.alpha:g} an output)")
+        return (f"this engine's own rounding explains gaps up to {self.tolerance:.3g} (from its "
+                f"control run: {self.tokens} tokens, {seen}; noise sigma at most "
+                f"{upper}{lp}{apart}; false-alarm rate {self.alpha:g} an output)")
 
 
 class Fidelity(Strict):
-    """How far one run of an engine departs from the model at all, with or without speculation (descriptive: a run
-    never judges itself)."""
+    """How far one run of an engine departs from the model at all, with or without speculation
+    (descriptive: a run never judges itself)."""
 
     role: Literal["engine", "control"]
     outputs: int
@@ -101,18 +123,22 @@ class Fidelity(Strict):
     beyond: int  # departures beyond the tolerance
     largest_gap: float  # the largest float64 gap of any of its tokens
     sigma: float | None = None  # its noise on a logit difference, fitted as EngineNoise.sigma is
-    logprob_error: float | None = None  # the largest |engine log-probability - float64 log-probability|
+    # the largest |engine log-probability - float64 log-probability|
+    logprob_error: float | None = None
 
     def describe(self) -> str:
         sigma = "" if self.sigma is None else f"; noise sigma {self.sigma:.3g}"
-        lp = "" if self.logprob_error is None else f"; log-probabilities within {self.logprob_error:.3g}"
-        return (f"{self.role}: {self.equal} of {self.outputs} outputs equal the reference; {self.departures} of "
-                f"{self.tokens} tokens are not the target's float64 argmax on their own prefix, {self.beyond} beyond "
-                f"the tolerance; largest gap {self.largest_gap:.3g}{sigma}{lp}")
+        lp = ("" if self.logprob_error is None
+              else f"; log-probabilities within {self.logprob_error:.3g}")
+        return (f"{self.role}: {self.equal} of {self.outputs} outputs equal the reference; "
+                f"{self.departures} of {self.tokens} tokens are not the target's float64 argmax on "
+                f"their own prefix, {self.beyond} beyond the tolerance; largest gap "
+                f"{self.largest_gap:.3g}{sigma}{lp}")
 
 
 class Yardsticks(Strict):
-    """What this run's verdicts were judged against: measured on its pair, dtype and device, never on the run."""
+    """What this run's verdicts were judged against: measured on its pair, dtype and device, never
+    on the run."""
 
     target: Rounding | None  # None: no float64 copy of the target could be made
     draft: Rounding | None = None  # measured for audits
@@ -143,72 +169,94 @@ class Judgement(Strict):
     fork: int  # index of the first differing token
     output_token: int | None = None
     reference_token: int | None = None
-    margin_reference: float | None = None  # target top-1 minus top-2 logit at the fork: the reference pass (bs 1)
-    margin_float64: float | None = None  # float64, batch size 1: logit of the reference's token minus the output's
-    tolerance: float | None = None  # largest logit difference rounding explains here (the yardstick's)
+    # target top-1 minus top-2 logit at the fork: the reference pass (bs 1)
+    margin_reference: float | None = None
+    # float64, batch size 1: logit of the reference's token minus the output's
+    margin_float64: float | None = None
+    # largest logit difference rounding explains here (the yardstick's)
+    tolerance: float | None = None
     alpha: float | None = None  # the false-alarm rate the verdict was judged at
     yardstick: str | None = None  # which yardstick judged it, in words
 
 
 class RunForensics(Judgement):
-    """The white-box judge's verdict on one of our runs, with its evidence (forensics/whitebox.py): the watched
-    state of the row that emitted the fork, recomputed against the truth."""
+    """The white-box judge's verdict on one of our runs, with its evidence (forensics/whitebox.py):
+    the watched state of the row that emitted the fork, recomputed against the truth."""
 
     judge: Literal["run"] = "run"
     round: int | None = None  # the round and batch row that emitted it (speculative methods)
     row: int | None = None
-    failed_checks: Map[str, int] = {}  # the engine's own breaking checks -> first round failed, at or before the fork
+    # the engine's own breaking checks -> first round failed, at or before the fork
+    failed_checks: Map[str, int] = {}
     margin_batched: float | None = None  # the same in the pass that emitted the fork
-    state_diff: float | None = None  # largest |emitting - fresh batch-size-1 logit| over the row's verified slots
-    kernel_diff: float | None = None  # the same pass rebuilt from correct inputs (fresh caches, true positions), vs fresh
+    # largest |emitting - fresh batch-size-1 logit| over the row's verified slots
+    state_diff: float | None = None
+    # the same pass rebuilt from correct inputs (fresh caches, true positions), vs fresh
+    kernel_diff: float | None = None
     kernel_diff_float64: float | None = None  # the same in float64, against a fresh float64 pass
-    kv_diff: float | None = None  # the row's visible cache entries alone, true positions and plain mask, vs fresh
-    recurrent_diff: float | None = None  # a hybrid: the row's own recurrent states over fresh K/V, vs fresh
-    written_at: Many[Many[int]] = []  # cache entries that fit their token badly: [true position, computed at (-1: none)]
+    # the row's visible cache entries alone, true positions and plain mask, vs fresh
+    kv_diff: float | None = None
+    # a hybrid: the row's own recurrent states over fresh K/V, vs fresh
+    recurrent_diff: float | None = None
+    # cache entries that fit their token badly: [true position, computed at (-1: none)]
+    written_at: Many[Many[int]] = []
     tokens_fed_ok: bool | None = None  # the emitting pass was fed the sequence's own last token
     positions_fed: Many[int] | None = None  # position ids of the verified slots, as fed
     positions_expected: Many[int] | None = None  # where those tokens sit in the sequence
     visible: Many[int] | None = None  # key slots each verified slot could attend to
     visible_expected: Many[int] | None = None  # real tokens up to and including each verified slot
-    emitting_argmax: int | None = None  # the emitting pass's own choice at the fork slot (penalised, under a penalty)
-    fork_source: Literal["draft", "correction", "bonus"] | None = None  # what the fork token was in its round
-    penalty_lifted: int | None = None  # decision-bug:penalty: the token the engine's choice needs its penalty lifted for
-    logprob: float | None = None  # decision-bug:logprobs: the run's log-probability of the token at `fork`
-    logprob_float64: float | None = None  # and the target's, recomputed fresh in float64 at batch size 1
+    # the emitting pass's own choice at the fork slot (penalised, under a penalty)
+    emitting_argmax: int | None = None
+    # what the fork token was in its round
+    fork_source: Literal["draft", "correction", "bonus"] | None = None
+    # decision-bug:penalty: the token the engine's choice needs its penalty lifted for
+    penalty_lifted: int | None = None
+    # decision-bug:logprobs: the run's log-probability of the token at `fork`
+    logprob: float | None = None
+    # and the target's, recomputed fresh in float64 at batch size 1
+    logprob_float64: float | None = None
     batching_noise: bool | None = None  # batched-reference (no speculation) already departs here
 
 
 class EngineForensics(Judgement):
-    """The black-box judge's verdict on an engine from outside, by its token ids alone (forensics/blackbox.py):
-    its tokens teacher-forced through the target, against the engine's own rounding."""
+    """The black-box judge's verdict on an engine from outside, by its token ids alone
+    (forensics/blackbox.py): its tokens teacher-forced through the target, against the engine's own
+    rounding."""
 
     judge: Literal["engine"] = "engine"
-    engine_rank: int | None = None  # rank of the engine's fork token under the reference (1: its own choice)
-    engine_logprob: float | None = None  # the engine's own log-probability of its fork token, where it gave one
-    first_bad: int | None = None  # first token, at or after the fork, whose reference gap exceeds the tolerance
-    control_fork: int | None = None  # where the same engine without speculation departs (None: it does not)
+    # rank of the engine's fork token under the reference (1: its own choice)
+    engine_rank: int | None = None
+    # the engine's own log-probability of its fork token, where it gave one
+    engine_logprob: float | None = None
+    # first token, at or after the fork, whose reference gap exceeds the tolerance
+    first_bad: int | None = None
+    # where the same engine without speculation departs (None: it does not)
+    control_fork: int | None = None
     repeated: float | None = None  # share of repeated 4-grams in the output after the fork (loops)
-    nll: float | None = None  # mean negative log-likelihood, under the reference, of the output after the fork
+    # mean negative log-likelihood, under the reference, of the output after the fork
+    nll: float | None = None
     reference_nll: float | None = None  # the same for the reference's own continuation
 
 
 def _judge_of(data) -> str:
-    """Which judge wrote a verdict: its `judge`, else (a verdict written before judges were told apart) the
-    fields only an engine check records."""
+    """Which judge wrote a verdict: its `judge`, else (a verdict written before judges were told
+    apart) the fields only an engine check records."""
     if not isinstance(data, dict):
         return getattr(data, "judge", "run")
-    return data.get("judge") or ("engine" if any(data.get(f) is not None for f in ENGINE_ONLY) else "run")
+    return data.get("judge") or ("engine" if any(data.get(f) is not None for f in ENGINE_ONLY)
+                                 else "run")
 
 
 ENGINE_ONLY = tuple(EngineForensics.model_fields.keys() - Judgement.model_fields.keys() - {"judge"})
-Forensics = Annotated[Annotated[RunForensics, Tag("run")] | Annotated[EngineForensics, Tag("engine")],
-                      Discriminator(_judge_of)]
+Forensics = Annotated[Annotated[RunForensics, Tag("run")]
+                      | Annotated[EngineForensics, Tag("engine")], Discriminator(_judge_of)]
 
 
 class Split(Strict):
     """One tested split of the PIT values and its uniformity test."""
 
-    name: str  # what the values share: "all tokens", "slot 0", "row 3", "rounds 0-9", "row pairs", ...
+    # what the values share: "all tokens", "slot 0", "row 3", "rounds 0-9", "row pairs", ...
+    name: str
     n: int  # values tested
     ks: float  # Kolmogorov-Smirnov p-value against uniform(0, 1)
     chi2: float  # chi-square p-value over the bins of counts
@@ -217,26 +265,31 @@ class Split(Strict):
 
 
 class OtherSettings(Strict):
-    """A sequence whose tokens settings not its own fit far better than its own (runs with per-request settings)."""
+    """A sequence whose tokens settings not its own fit far better than its own (runs with
+    per-request settings)."""
 
     seq: int
     temperature: float  # the settings that fit (temperature 0: greedy)
     top_k: int
     top_p: float
-    log_ratio: float | None  # log of their likelihood over its own settings'; None: its own make a token impossible
+    # log of their likelihood over its own settings'; None: its own make a token impossible
+    log_ratio: float | None
 
 
 class RuleHypothesis(Strict):
     """A sampling engine's tokens scored under one acceptance rule (forensics/rules.py)."""
 
     fault: str
-    log_ratio: float | None  # log-likelihood of the tokens under this rule minus under the correct one; None: infinite
-    possible: bool = True  # the rule gives every token some probability (log_ratio None and possible: +infinite)
+    # log-likelihood of the tokens under this rule minus under the correct one; None: infinite
+    log_ratio: float | None
+    # the rule gives every token some probability (log_ratio None and possible: +infinite)
+    possible: bool = True
     named: bool = False
 
 
 class RuleAttribution(Strict):
-    """Which acceptance rule wrote a sampling engine's tokens: every rule of the catalogue scored, likeliest first."""
+    """Which acceptance rule wrote a sampling engine's tokens: every rule of the catalogue scored,
+    likeliest first."""
 
     hypotheses: Many[RuleHypothesis]
     tokens: int
@@ -250,16 +303,19 @@ class Distribution(Strict):
 
     verdict: Literal["consistent", "not the target's distribution", "too few tokens"]
     alpha: float  # the family-wise significance level of the verdict
-    p: float | None  # smallest split p times the number of splits tested (Bonferroni), at most 1; 0 with an
+    # smallest split p times the number of splits tested (Bonferroni), at most 1; 0 with an
+    p: float | None
     # impossible token; None when too few tokens were tested
     failing: str | None  # the split with the smallest p, or "impossible tokens", when rejected
     tokens: int  # PIT values in the pooled split
     impossible: int  # emitted tokens the target gives probability 0; any one of them rejects
     splits: Many[Split]  # the tested splits, the pooled one first, in the caller's order
     skipped: Many[str]  # splits with fewer than min_count values: not tested
-    # Runs with per-request settings: the sequences another request's settings (or greedy) fit beyond chance.
+    # Runs with per-request settings: the sequences another request's settings (or greedy) fit
+    # beyond chance.
     settings: Many[OtherSettings] = []
-    # Engine checks that draft with the check's draft model, when the tokens are not the target's: which rule.
+    # Engine checks that draft with the check's draft model, when the tokens are not the target's:
+    # which rule.
     attribution: RuleAttribution | None = None
 
 
@@ -273,38 +329,44 @@ class SampledJudgement(Strict):
 
 
 class Decisions(Strict):
-    """Sampled runs: every recorded accept/reject decision re-derived from its recorded p, q and draw."""
+    """Sampled runs: every recorded accept/reject decision re-derived from its recorded p, q and
+    draw."""
 
     checked: int
     mismatches: int
     first: Many[Many[int]] = []  # [round, row, slot] of the first mismatches (at most 20)
-    # Audited runs and runs with per-request settings: every recorded draw re-derived from its row's own stream
-    # (None: not checked).
+    # Audited runs and runs with per-request settings: every recorded draw re-derived from its row's
+    # own stream (None: not checked).
     draws: int | None = None
     stream_mismatches: int = 0
-    stream_first: Many[Many[int]] = []  # [round, seq, token index] of the first draws not the row's stream's
+    # [round, seq, token index] of the first draws not the row's stream's
+    stream_first: Many[Many[int]] = []
 
 
 class Acceptance(Strict):
-    """Greedy runs with a draft model: each round's drafts against what a fresh batch-size-1 pass of the draft
-    model proposes on the row's committed tokens (forensics/acceptance.py). A draft bug keeps the output right
-    (the target verifies every draft) and shows only here: drafts a correct drafter would not propose, and the
-    acceptance they cost."""
+    """Greedy runs with a draft model: each round's drafts against what a fresh batch-size-1 pass of
+    the draft model proposes on the row's committed tokens (forensics/acceptance.py). A draft bug
+    keeps the output right (the target verifies every draft) and shows only here: drafts a correct
+    drafter would not propose, and the acceptance they cost."""
 
     compared: int  # draft slots compared: each round's accepted drafts and its first rejected one
     differ: int  # of them, drafts other than the fresh pass's own choice
-    beyond: int  # of those, beyond the draft's rounding (the fresh pass prefers its own by more than it flips)
+    # of those, beyond the draft's rounding (the fresh pass prefers its own by more than it flips)
+    beyond: int
     tolerance: float | None  # the draft's rounding tolerance (None: not measured, no float64 copy)
     first: Many[int] | None = None  # [round, seq, slot] of the first draft beyond rounding
     accepted: int  # drafts the run accepted
-    accepted_fresh: int  # drafts the fresh pass's proposals would have had accepted, in the same rounds
-    per_position: Many[float | None]  # the run's acceptance at each draft slot, of the rounds that reached it
+    # drafts the fresh pass's proposals would have had accepted, in the same rounds
+    accepted_fresh: int
+    # the run's acceptance at each draft slot, of the rounds that reached it
+    per_position: Many[float | None]
     per_position_fresh: Many[float | None]  # (None: no round reached the slot)
     verdict: VerdictName | None  # None: the drafter's own drafts; else a draft-bug, or unexplained
     explanation: str
-    # An engine seen from outside has no rounds, only its own counters (drafts offered and accepted per prompt, or
-    # a server's /metrics totals over the run): then `compared` counts the drafts it offered, and the fresh pass
-    # replays rounds of k on its output. Only /metrics count per draft position (`per_position`; else empty).
+    # An engine seen from outside has no rounds, only its own counters (drafts offered and accepted
+    # per prompt, or a server's /metrics totals over the run): then `compared` counts the drafts it
+    # offered, and the fresh pass replays rounds of k on its output. Only /metrics count per draft
+    # position (`per_position`; else empty).
     counters: bool = False
     offered_fresh: int | None = None  # counters: the drafts those replayed rounds offer
 
@@ -313,7 +375,9 @@ class Repeat(Strict):
     """A prompt the engine answered otherwise when asked again."""
 
     seq: int
-    run: str  # which repeat: "again" (the same requests, in the same order) or "reordered" (other slots and company)
+    # which repeat: "again" (the same requests, in the same order) or "reordered" (other slots and
+    # company)
+    run: str
     index: int  # the first token where the two answers part
     first: int | None  # the first answer's token there (None: it had ended)
     then: int | None  # the repeat's
@@ -328,9 +392,11 @@ class Determinism(Strict):
 
     def describe(self) -> str:
         if not self.differing:
-            return f"determinism: the {self.prompts} prompts got the same answer every time ({', '.join(self.runs)})"
+            return (f"determinism: the {self.prompts} prompts got the same answer every time "
+                    f"({', '.join(self.runs)})")
         seqs = sorted({r.seq for r in self.differing})
-        return (f"determinism: {len(seqs)} of {self.prompts} prompts got another answer when asked again "
+        return (f"determinism: {len(seqs)} of {self.prompts} prompts got another answer when asked "
+                "again "
                 f"({', '.join(f'{name} {sum(r.run == name for r in self.differing)}' for name in self.runs)}); "
                 "first at " + ", ".join(f"[{r.seq}] token {r.index}" for r in self.differing[:5]))
 
@@ -340,14 +406,19 @@ class Hypothesis(Strict):
     (replayed by run/attribution.py, scored by forensics/attribution.py)."""
 
     faults: Many[str]  # the fault (or preset) replayed; () for the correct engine
-    companions: Many[int]  # the other prompts replayed in its batch, in batch order; [] when replayed alone
+    # the other prompts replayed in its batch, in batch order; [] when replayed alone
+    companions: Many[int]
     explained: int  # the engine's tokens from the fork on that the replay wrote too
-    beyond: int = 0  # of those, the ones the correct target would not write on the engine's prefix: the evidence
-    failed_at: int | None = None  # the first engine token the replay did not write (None: it wrote them all)
+    # of those, the ones the correct target would not write on the engine's prefix: the evidence
+    beyond: int = 0
+    # the first engine token the replay did not write (None: it wrote them all)
+    failed_at: int | None = None
     replay_ids: Many[int] = []  # the replay's tokens, up to and including the one at failed_at
-    round: int | None = None  # the replay's round that wrote the fork token, and its slot in that round
+    # the replay's round that wrote the fork token, and its slot in that round
+    round: int | None = None
     slot: int | None = None
-    named: bool = False  # beyond the threshold and beyond the correct engine: the mechanism is named
+    # beyond the threshold and beyond the correct engine: the mechanism is named
+    named: bool = False
 
 
 class Attribution(Strict):
@@ -356,12 +427,16 @@ class Attribution(Strict):
 
     fork: int
     tokens: int  # the engine's tokens from the fork on
-    departing: Many[int]  # of those, the ones the correct target would not write on the engine's prefix (indices)
-    threshold: int  # departing tokens a hypothesis must write to be named (all of them, where there are fewer)
+    # of those, the ones the correct target would not write on the engine's prefix (indices)
+    departing: Many[int]
+    # departing tokens a hypothesis must write to be named (all of them, where there are fewer)
+    threshold: int
     correct: Hypothesis  # the correct engine replayed the same ways: its best
     hypotheses: Many[Hypothesis]  # each fault's best replay, ranked best first
-    skipped: Map[str, str] = {}  # fault -> why it was not tried (it does not fit the engine's method)
-    facts: Many[str] = []  # what fresh float64 passes establish about the fork, where nothing is named
+    # fault -> why it was not tried (it does not fit the engine's method)
+    skipped: Map[str, str] = {}
+    # what fresh float64 passes establish about the fork, where nothing is named
+    facts: Many[str] = []
     replays: int  # replays run
     seconds: float
     explanation: str

@@ -12,7 +12,8 @@ from specviz.trace.schema import Trace
 
 @dataclass
 class Findings:
-    sequences: dict[int, dict[str, object]] = field(default_factory=dict)  # seq -> SequenceRecord fields
+    # seq -> SequenceRecord fields
+    sequences: dict[int, dict[str, object]] = field(default_factory=dict)
     # Trace fields; a nested one by its path: "manifest.engine", "distribution.attribution"
     run: dict[str, object] = field(default_factory=dict)
 

@@ -1,4 +1,5 @@
-"""Tidy pandas views of a trace, for analysis in a notebook: one line per (round, row), one per emitted token."""
+"""Tidy pandas views of a trace, for analysis in a notebook: one line per (round, row), one per
+emitted token."""
 from __future__ import annotations
 
 import pandas as pd
@@ -24,8 +25,8 @@ def tokens_frame(trace: Trace) -> pd.DataFrame:
             i = index.get(r.seq, 0)
             index[r.seq] = i + 1
             records.append({
-                "seq": r.seq, "index": i, "token": tok, "source": src, "round": r.round, "row": r.row,
-                "draft_prob": r.draft_probs[j] if src == "draft" else None,
+                "seq": r.seq, "index": i, "token": tok, "source": src, "round": r.round,
+                "row": r.row, "draft_prob": r.draft_probs[j] if src == "draft" else None,
                 "target_prob": r.target_probs[j], "target_margin": r.target_margins[j],
                 "target_kv": r.target_kv_before + 1 + j,
             })

@@ -1,5 +1,5 @@
-"""The trace's records: one per (round, row), one per round, one per prompt, one per sequence, and what an
-engine under test returned. Plain, JSON-serializable data (pydantic), validated on load."""
+"""The trace's records: one per (round, row), one per round, one per prompt, one per sequence, and
+what an engine under test returned. Plain, JSON-serializable data (pydantic), validated on load."""
 from __future__ import annotations
 
 from typing import Literal
@@ -15,9 +15,10 @@ CHECKS = ("rectangular", "positions", "mask", "kv", "draft_kv", "bonus", "recurr
 
 
 class TreeRecord(Strict):
-    """A row's token tree in one round (decoding/trees.py): its nodes, each one's parent (-1: the row's last
-    committed token), and the nodes it accepted, root to leaf. The row's draft_tokens are then the accepted path's
-    tokens, followed by the first child the target refused, where there was one."""
+    """A row's token tree in one round (decoding/trees.py): its nodes, each one's parent (-1: the
+    row's last committed token), and the nodes it accepted, root to leaf. The row's draft_tokens are
+    then the accepted path's tokens, followed by the first child the target refused, where there was
+    one."""
 
     tokens: Many[int]
     parents: Many[int]
@@ -25,11 +26,13 @@ class TreeRecord(Strict):
 
     @model_validator(mode="after")
     def _a_tree(self) -> TreeRecord:
-        if len(self.parents) != len(self.tokens) or any(not -1 <= p < i for i, p in enumerate(self.parents)):
+        if len(self.parents) != len(self.tokens) or any(not -1 <= p < i
+                                                        for i, p in enumerate(self.parents)):
             raise ValueError("a tree lists each node after its parent, one parent per token")
         if any(not 0 <= n < len(self.tokens) for n in self.path) or \
                 [self.parents[n] for n in self.path] != [-1, *self.path][:len(self.path)]:
-            raise ValueError("a tree's accepted path runs from the root, each node a child of the one before")
+            raise ValueError("a tree's accepted path runs from the root, each node a child of the "
+                             "one before")
         return self
 
     def children(self, node: int) -> list[int]:
@@ -37,13 +40,14 @@ class TreeRecord(Strict):
         return [i for i, p in enumerate(self.parents) if p == node]
 
     def candidate(self, node: int) -> tuple[int, int]:
-        """Which candidate `node` is among its parent's children (1: the first), and how many there are."""
+        """Which candidate `node` is among its parent's children (1: the first), and how many there
+        are."""
         siblings = self.children(self.parents[node])
         return siblings.index(node) + 1, len(siblings)
 
     def ranks(self, slots: int) -> list[int]:
-        """The candidate each of a row's first `slots` drafts was: its path's nodes, then the first child the target
-        refused (a first candidate)."""
+        """The candidate each of a row's first `slots` drafts was: its path's nodes, then the first
+        child the target refused (a first candidate)."""
         return ([self.candidate(n)[0] for n in self.path] + [1])[:slots]
 
 
@@ -75,9 +79,10 @@ class RowRecord(Strict):
     draft_kv_before: int
     draft_kv_after: int | None
     delta: int  # slots this row's KV moved by in the realignment
-    # A hybrid model's recurrent states (Gated DeltaNet, Mamba, short convolutions), where the model has them: how
-    # many of the row's tokens each holds, before and after the round (-1: it holds a token that is not the row's,
-    # a rejected draft). A correct engine's target state holds all but the row's last token; the draft's all but two.
+    # A hybrid model's recurrent states (Gated DeltaNet, Mamba, short convolutions), where the model
+    # has them: how many of the row's tokens each holds, before and after the round (-1: it holds a
+    # token that is not the row's, a rejected draft). A correct engine's target state holds all but
+    # the row's last token; the draft's all but two.
     target_state_before: int | None = None
     target_state_after: int | None = None
     draft_state_before: int | None = None
@@ -85,11 +90,15 @@ class RowRecord(Strict):
     checks: Map[str, bool]  # invariant checks at the start of / during this round
     audit: float | None = None  # audited rows: largest |verify logit - fresh batch-size-1 logit|
     audit_draft: float | None = None  # the same for the draft's first pass of the round
-    # Sampled runs (speculative sampling): draft_probs holds q of each draft, after the draft's temperature/top-k/top-p.
-    target_draft_probs: Many[float] | None = None  # p of each draft, after the target's temperature/top-k/top-p
-    accept_draws: Many[float] | None = None  # the uniform draw of each draft's decision: accepted iff draw < p/q
+    # Sampled runs (speculative sampling): draft_probs holds q of each draft, after the draft's
+    # temperature/top-k/top-p.
+    # p of each draft, after the target's temperature/top-k/top-p
+    target_draft_probs: Many[float] | None = None
+    # the uniform draw of each draft's decision: accepted iff draw < p/q
+    accept_draws: Many[float] | None = None
     pick_draw: float | None = None  # the uniform draw the non-draft token was sampled with
-    pick_from: PickFrom | None = None  # the distribution the non-draft token was drawn from, as the engine did it
+    # the distribution the non-draft token was drawn from, as the engine did it
+    pick_from: PickFrom | None = None
     tree: TreeRecord | None = None  # a round that verified token trees: this row's
 
 
@@ -98,7 +107,8 @@ class RoundRecord(Strict):
     batch: int
     seqs: Many[int]
     realigned: bool  # caches gathered (some row's offset changed), else only cropped
-    timings: Map[str, float]  # seconds: draft, verify, realign, trace, watch (forensic checks outside the engine)
+    # seconds: draft, verify, realign, trace, watch (forensic checks outside the engine)
+    timings: Map[str, float]
     group: bool | None = None  # exspec: a same-length group, needing no realignment
     waits: Many[int] | None = None  # exspec: rounds each row had been passed over
 
@@ -112,14 +122,20 @@ class EngineOutput(Strict):
     """One prompt's answer from the engine."""
 
     ids: Many[int] = []  # output token ids, as the engine produced them
-    logprobs: Many[float] | None = None  # the engine's log-probability of each output token, where given
-    top_logprobs: Many[Map[int, float]] | None = None  # per output token: the engine's top alternatives, where given
-    approximate: bool = False  # the engine gave text only: ids re-tokenized by specviz, so not exact
+    # the engine's log-probability of each output token, where given
+    logprobs: Many[float] | None = None
+    # per output token: the engine's top alternatives, where given
+    top_logprobs: Many[Map[int, float]] | None = None
+    # the engine gave text only: ids re-tokenized by specviz, so not exact
+    approximate: bool = False
     finish_reason: str | None = None  # as reported ("stop", "length", ...)
-    drafts: int | None = None  # draft tokens the engine offered for this prompt, where it counts them (llama.cpp)
+    # draft tokens the engine offered for this prompt, where it counts them (llama.cpp)
+    drafts: int | None = None
     accepted: int | None = None  # of those, the ones it accepted
-    warning: str | None = None  # the output is kept but suspect (e.g. fewer tokens than asked, no stop reason)
-    error: str | None = None  # this prompt failed (the server stopped answering, timed out, ...): the rest is kept
+    # the output is kept but suspect (e.g. fewer tokens than asked, no stop reason)
+    warning: str | None = None
+    # this prompt failed (the server stopped answering, timed out, ...): the rest is kept
+    error: str | None = None
 
 
 class EngineInfo(Strict):
@@ -130,58 +146,75 @@ class EngineInfo(Strict):
     source: str  # "file", "server" or "callable"
     settings: dict = {}  # its configuration as it reports it (speculative method, k, dtype, ...)
     seconds: float | None = None  # wall time it took for all prompts, where known
-    ignored: Many[str] = []  # fields of its outputs file that specviz does not read (listed, never refused)
+    # fields of its outputs file that specviz does not read (listed, never refused)
+    ignored: Many[str] = []
 
 
 class ReferenceProof(Strict):
-    """How a reference was obtained when not decoded token by token from its prompt (forensics/proof.py): its
-    leading tokens proved by teacher forcing an output through the target in float64, the rest decoded."""
+    """How a reference was obtained when not decoded token by token from its prompt
+    (forensics/proof.py): its leading tokens proved by teacher forcing an output through the target
+    in float64, the rest decoded."""
 
-    proved: int  # leading reference tokens proved: each the float64 argmax on its own prefix, beyond the tolerance
+    # leading reference tokens proved: each the float64 argmax on its own prefix, beyond the
+    # tolerance
+    proved: int
     decoded: int  # tokens after them, decoded one at a time at batch size 1 on the proved prefix
     source: str  # the output the proof was read from: "engine" or "control"
-    tolerance: float  # logits: the rounding yardstick's tolerance, which every proved margin exceeds
-    smallest_margin: float | None = None  # the smallest float64 top-1 minus top-2 margin among the proved tokens
-    stop: str | None = None  # why the proof ended before the reference did (a fork, a near-tie, the output's end)
+    # logits: the rounding yardstick's tolerance, which every proved margin exceeds
+    tolerance: float
+    # the smallest float64 top-1 minus top-2 margin among the proved tokens
+    smallest_margin: float | None = None
+    # why the proof ended before the reference did (a fork, a near-tie, the output's end)
+    stop: str | None = None
 
 
 class SequenceRecord(Strict):
     seq: int
     output_ids: Many[int]
-    output_pieces: Many[str | None]  # per token: the whole characters it completes; None when it only starts one
+    # per token: the whole characters it completes; None when it only starts one
+    output_pieces: Many[str | None]
     margins: Many[float]
-    logprobs: Many[float] | None = None  # runs with logprobs: per token, under the target (decoding/penalties.py)
+    # runs with logprobs: per token, under the target (decoding/penalties.py)
+    logprobs: Many[float] | None = None
     reference_ids: Many[int] | None = None
     reference_pieces: Many[str | None] | None = None
     reference_margins: Many[float] | None = None
-    reference_proof: ReferenceProof | None = None  # None: the reference was decoded token by token from the prompt
+    # None: the reference was decoded token by token from the prompt
+    reference_proof: ReferenceProof | None = None
     first_divergence: int | None = None  # first index where output_ids and reference_ids differ
     equivalent: bool | None = None
     completion_seconds: float | None = None  # from the start of decoding to its last token
-    audit_round: int | None = None  # audited runs: first round its target state departed from the noise floor
+    # audited runs: first round its target state departed from the noise floor
+    audit_round: int | None = None
     audit_draft_round: int | None = None  # the same for the draft's state
     engine: EngineOutput | None = None  # engine checks: what the engine returned for this prompt
     control: EngineOutput | None = None  # and the same engine without speculation, when given
-    gaps: Many[float] | None = None  # engine checks: per output token, the reference's top logit minus that token's,
-    #                                  on the engine's own prefix (0: the target's own greedy choice)
-    pit: Many[float | None] | None = None  # sampled runs: each token's randomized PIT under the target, recomputed
-    #                                        at batch size 1 (distribution.py); None where the target gives it 0
+    # engine checks: per output token, the reference's top logit minus that token's, on the engine's
+    # own prefix (0: the target's own greedy choice)
+    gaps: Many[float] | None = None
+    # sampled runs: each token's randomized PIT under the target, recomputed at batch size 1
+    # (distribution.py); None where the target gives it 0
+    pit: Many[float | None] | None = None
     forensics: Forensics | None = None
-    attribution: Attribution | None = None  # engine checks: the mechanism behind a fork not put down to rounding
+    # engine checks: the mechanism behind a fork not put down to rounding
+    attribution: Attribution | None = None
 
 
 def check_sequence(s: SequenceRecord) -> None:
-    """What the views rely on in one sequence beyond types: a piece (and PIT value, log-probability) per token id, and a
-    first_divergence and equivalent that follow from its ids. Raises ValueError."""
+    """What the views rely on in one sequence beyond types: a piece (and PIT value, log-probability)
+    per token id, and a first_divergence and equivalent that follow from its ids. Raises
+    ValueError."""
     if s.pit is not None and len(s.pit) != len(s.output_ids):
         raise ValueError(f"sequence {s.seq}: one PIT value per token id is needed")
     if s.logprobs is not None and len(s.logprobs) != len(s.output_ids):
         raise ValueError(f"sequence {s.seq}: one log-probability per token id is needed")
-    if len(s.output_pieces) != len(s.output_ids) or (s.reference_pieces is None) != (s.reference_ids is None) \
-            or s.reference_ids is not None and len(s.reference_pieces) != len(s.reference_ids):
+    if (len(s.output_pieces) != len(s.output_ids)
+        or (s.reference_pieces is None) != (s.reference_ids is None)
+            or s.reference_ids is not None and len(s.reference_pieces) != len(s.reference_ids)):
         raise ValueError(f"sequence {s.seq}: one piece of text per token id is needed")
     fork = None if s.reference_ids is None else first_difference(s.output_ids, s.reference_ids)
-    if (s.first_divergence, s.equivalent) != (fork, None if s.reference_ids is None else fork is None):
+    if (s.first_divergence, s.equivalent) != (fork,
+                                              None if s.reference_ids is None else fork is None):
         raise ValueError(f"sequence {s.seq}: first_divergence and equivalent do not match its ids")
 
 

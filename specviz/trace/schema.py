@@ -1,10 +1,11 @@
 """The Trace: the one contract between the engine and everything after it.
 
-A manifest (the run and where it ran), the prompts with their ids, one record per (round, row), one per round,
-one per sequence (records.py), and the evidence of their verdicts (evidence.py). Pydantic defines it, validates
-uploads and emits the JSON Schema (docs/trace.schema.json); older versions are lifted on load (migrations.py).
-Building one from a decode is decoding/recording.py's: this package needs neither torch nor the models, so a
-trace file loads and validates with pydantic and orjson alone.
+A manifest (the run and where it ran), the prompts with their ids, one record per (round, row), one
+per round, one per sequence (records.py), and the evidence of their verdicts (evidence.py). Pydantic
+defines it, validates uploads and emits the JSON Schema (docs/trace.schema.json); older versions are
+lifted on load (migrations.py). Building one from a decode is decoding/recording.py's: this package
+needs neither torch nor the models, so a trace file loads and validates with pydantic and orjson
+alone.
 """
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from pydantic import Field, ValidationError, model_validator
 
 from specviz.spec.run import Many, Map, RunSpec, SpecError, Strict, describe_validation_error
 from specviz.spec.untrusted import parse_file, shown
-from specviz.trace.evidence import Acceptance, Decisions, Determinism, Distribution, Fidelity, SampledJudgement, Yardsticks
+from specviz.trace.evidence import (Acceptance, Decisions, Determinism, Distribution, Fidelity,
+                                    SampledJudgement, Yardsticks)
 from specviz.trace.migrations import MIGRATIONS, SCHEMA_VERSION
-from specviz.trace.records import EngineInfo, PromptRecord, RoundRecord, RowRecord, SequenceRecord, check_sequence
+from specviz.trace.records import (EngineInfo, PromptRecord, RoundRecord, RowRecord, SequenceRecord,
+                                   check_sequence)
 
 MAX_TRACE_BYTES = 64 * 2**20
 FINGERPRINT = "[0-9a-f]{16}"  # also a file name (serving.save): nothing else may pass
@@ -33,12 +36,16 @@ class Manifest(Strict):
     created: str
     decode_seconds: float = Field(ge=0)  # 0: not known (an engine's outputs file)
     reference_seconds: float | None = None
-    yardstick: Yardsticks | None = None  # None: no reference was decoded beside the run (or nothing to measure)
-    fidelity: Many[Fidelity] = []  # engine checks: how far the engine, and its control, depart from the model
+    # None: no reference was decoded beside the run (or nothing to measure)
+    yardstick: Yardsticks | None = None
+    # engine checks: how far the engine, and its control, depart from the model
+    fidelity: Many[Fidelity] = []
     engine: EngineInfo | None = None  # engine checks: the engine under test, as it described itself
     control: EngineInfo | None = None  # and its run without speculation, when given
-    determinism: Determinism | None = None  # engine checks asked to: the same prompts asked again, compared
-    fingerprint: str = Field(pattern=f"^{FINGERPRINT}$")  # hash of the spec and every decision: equal fingerprints, equal runs
+    # engine checks asked to: the same prompts asked again, compared
+    determinism: Determinism | None = None
+    # hash of the spec and every decision: equal fingerprints, equal runs
+    fingerprint: str = Field(pattern=f"^{FINGERPRINT}$")
 
 
 class Trace(Strict):
@@ -49,18 +56,23 @@ class Trace(Strict):
     rows: Many[RowRecord]
     sequences: Many[SequenceRecord]
     vocab: Map[int, str] = {}  # each token id's own text, so a trace reads without its tokenizer
-    distribution: Distribution | None = None  # sampled runs: are the tokens drawn from the target's distribution?
+    # sampled runs: are the tokens drawn from the target's distribution?
+    distribution: Distribution | None = None
     decisions: Decisions | None = None  # sampled speculative runs: the decision audit
     # sampled runs of ours with rounds, judged: the run's verdict (None in older traces: not stored)
     sampled_verdict: SampledJudgement | None = None
-    acceptance: Acceptance | None = None  # greedy runs with a draft model: were the drafts the drafter's own?
+    # greedy runs with a draft model: were the drafts the drafter's own?
+    acceptance: Acceptance | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Trace:
-        """What the views rely on beyond types: records numbered in order, rows that match their rounds."""
+        """What the views rely on beyond types: records numbered in order, rows that match their
+        rounds."""
         n = len(self.sequences)
-        if [p.seq for p in self.prompts] != list(range(n)) or [s.seq for s in self.sequences] != list(range(n)):
-            raise ValueError("prompts and sequences must be numbered 0, 1, 2, … in order, one of each per prompt")
+        if [p.seq for p in self.prompts] != list(range(n)) or [s.seq
+                for s in self.sequences] != list(range(n)):
+            raise ValueError("prompts and sequences must be numbered 0, 1, 2, … in order, one of "
+                             "each per prompt")
         for s in self.sequences:
             check_sequence(s)
         if [rd.round for rd in self.rounds] != list(range(len(self.rounds))):
@@ -68,16 +80,21 @@ class Trace(Strict):
         by_round = defaultdict(list)
         for r in self.rows:
             k = len(r.draft_tokens)
-            a = min(max(r.accepted, 0), k)  # the sources it implies, built within bounds even when it is out of them
+            # the sources it implies, built within bounds even when it is out of them
+            a = min(max(r.accepted, 0), k)
             sources = (["draft"] * a + ["bonus" if a == k else "correction"])[: len(r.emitted)]
             drawn = (r.target_draft_probs, r.accept_draws)
-            if not (len(r.draft_probs) == k and len(r.target_tokens) == len(r.target_probs) == len(r.target_margins)
-                    == k + 1 and a == r.accepted and len(r.emitted) == len(r.sources) and r.sources == sources
+            if not (len(r.draft_probs) == k
+                    and len(r.target_tokens) == len(r.target_probs) == len(r.target_margins)
+                    == k + 1 and a == r.accepted and len(r.emitted) == len(r.sources)
+                    and r.sources == sources
                     and all(d is None or len(d) == k for d in drawn)):
-                raise ValueError(f"round {r.round}, row {r.row}: its lists do not fit its {k} drafts")
+                raise ValueError(f"round {r.round}, row {r.row}: its lists do not fit its {k} "
+                                 "drafts")
             by_round[r.round].append((r.row, r.seq))
         for rd in self.rounds:
-            if by_round.pop(rd.round, []) != list(enumerate(rd.seqs)) or not all(0 <= q < n for q in rd.seqs):
+            if by_round.pop(rd.round,
+                            []) != list(enumerate(rd.seqs)) or not all(0 <= q < n for q in rd.seqs):
                 raise ValueError(f"round {rd.round}: its rows are not one per sequence it lists")
         if by_round:
             raise ValueError(f"rows of rounds that are not recorded: {sorted(by_round)[:5]}")

@@ -1,10 +1,10 @@
 """Share links: a run spec and a focus in a URL query string, and back; and a sweep the same way.
 
-`?run=<spec, fingerprint and environment: JSON, zlib, base64url>&seq=3&round=12`;
-`?sweep=<the sweep: its base spec, axes and listed runs, packed the same way>&cell=4` (cell: the run picked in it);
-`?compare=<two run specs, packed the same way>&seq=2`: the Compare tab on those runs, at that sequence.
-The focus stays readable; the spec is compressed because prompts are long.
-Anything a link carries is untrusted: every failure is one readable SpecError.
+`?run=<spec, fingerprint and environment: JSON, zlib, base64url>&seq=3&round=12`; `?sweep=<the
+sweep: its base spec, axes and listed runs, packed the same way>&cell=4` (cell: the run picked in
+it); `?compare=<two run specs, packed the same way>&seq=2`: the Compare tab on those runs, at that
+sequence. The focus stays readable; the spec is compressed because prompts are long. Anything a link
+carries is untrusted: every failure is one readable SpecError.
 """
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from specviz.trace.schema import FINGERPRINT
 from specviz.trace.sweep import AXIS_FIELDS, Sweep
 
 MAX_LINK_CHARS = 16_000  # browsers and servers handle this much reliably
-MAX_PAYLOAD_BYTES = 256 * 2**10  # after decompression; what a 16,000-character link of real prompts inflates to, ×4
+# after decompression; what a 16,000-character link of real prompts inflates to, ×4
+MAX_PAYLOAD_BYTES = 256 * 2**10
 MAX_ENV_ITEMS, MAX_ENV_CHARS = 32, 200  # the environment a link records: a few short, flat fields
 
 
@@ -36,7 +37,8 @@ class Link:
 
 
 def environment(manifest) -> dict[str, str]:
-    """What a link records of where its run ran: device, library versions, determinism flags (a trace's manifest)."""
+    """What a link records of where its run ran: device, library versions, determinism flags (a
+    trace's manifest)."""
     return {"device": manifest.device, "device_name": manifest.device_name, **manifest.versions,
             **{k: str(v) for k, v in manifest.deterministic.items()}}
 
@@ -44,15 +46,19 @@ def environment(manifest) -> dict[str, str]:
 def encode_link(link: Link) -> str:
     """The query string (with its leading '?') for `link`."""
     if not _flat(link.env):
-        raise SpecError(f"a link records at most {MAX_ENV_ITEMS} environment fields of {MAX_ENV_CHARS} characters")
-    payload = {"spec": json.loads(link.spec.canonical_json()), "fp": link.fingerprint, "env": link.env}
-    return _query("run", payload, (("seq", link.seq), ("round", link.round)), "this run's prompts", "trace file")
+        raise SpecError(f"a link records at most {MAX_ENV_ITEMS} environment fields of "
+                        f"{MAX_ENV_CHARS} characters")
+    payload = {"spec": json.loads(link.spec.canonical_json()), "fp": link.fingerprint,
+               "env": link.env}
+    return _query("run", payload, (("seq", link.seq), ("round", link.round)), "this run's prompts",
+                  "trace file")
 
 
 def encode_sweep(sweep: Sweep, cell: int | None = None) -> str:
     """The query string (with its leading '?') for `sweep`, with run `cell` picked in it."""
     payload = {"base": json.loads(sweep.base.canonical_json()),
-               **sweep.model_dump(mode="json", include={*AXIS_FIELDS, *(("runs",) if sweep.runs else ())})}
+               **sweep.model_dump(mode="json",
+                                  include={*AXIS_FIELDS, *(("runs",) if sweep.runs else ())})}
     return _query("sweep", payload, (("cell", cell),), "this sweep's prompts", "report file")
 
 
@@ -68,8 +74,8 @@ def _query(name: str, payload: dict, readable: tuple, what: str, instead: str) -
     query.update({k: v for k, v in readable if v is not None})
     text = "?" + urlencode(query)
     if len(text) > MAX_LINK_CHARS:
-        raise SpecError(f"{what} make a {len(text)}-character link (the limit is {MAX_LINK_CHARS}); "
-                        f"share the {instead} instead")
+        raise SpecError(f"{what} make a {len(text)}-character link (the limit is "
+                        f"{MAX_LINK_CHARS}); share the {instead} instead")
     if len(raw) > MAX_PAYLOAD_BYTES:  # so that every link made here opens
         raise SpecError(f"{what} make a link of {len(raw) // 2**10} KiB uncompressed (the limit is "
                         f"{MAX_PAYLOAD_BYTES // 2**10} KiB); share the {instead} instead")
@@ -77,14 +83,16 @@ def _query(name: str, payload: dict, readable: tuple, what: str, instead: str) -
 
 
 def decode_link(query: str) -> Link | None:
-    """The link in a query string; None when it carries no run (a plain visit, or a sweep's link)."""
+    """The link in a query string; None when it carries no run (a plain visit, or a sweep's
+    link)."""
     params = _params(query)
     if "run" not in params:
         return None
     payload = _payload(params, "run", "spec", "run spec")
     spec = RunSpec.build(**payload["spec"])
     fp, env = payload.get("fp"), payload.get("env") or {}
-    if fp is not None and not (isinstance(fp, str) and re.fullmatch(FINGERPRINT, fp)) or not _flat(env):
+    if fp is not None and not (isinstance(fp, str)
+                               and re.fullmatch(FINGERPRINT, fp)) or not _flat(env):
         raise SpecError("the link's fingerprint or environment is malformed")
     return Link(spec, _index(params, "seq"), _index(params, "round"), fp, env)
 
@@ -96,7 +104,8 @@ def decode_sweep(query: str) -> tuple[Sweep, int | None] | None:
         return None
     payload = _payload(params, "sweep", "base", "base run spec")
     base = RunSpec.build(**payload.pop("base"))
-    payload.setdefault("temperatures", [base.temperature])  # a link made before the axis: every run at the base's
+    # a link made before the axis: every run at the base's
+    payload.setdefault("temperatures", [base.temperature])
     return Sweep.build(base=base, **payload), _index(params, "cell")
 
 
@@ -112,8 +121,8 @@ def decode_compare(query: str) -> tuple[RunSpec, RunSpec, int | None] | None:
 
 
 def other_tab(query: str) -> str | None:
-    """The tab whose link a query string is, where it is not the Run view's: "sweep" (decode_sweep reads it),
-    "compare" (decode_compare), else None."""
+    """The tab whose link a query string is, where it is not the Run view's: "sweep" (decode_sweep
+    reads it), "compare" (decode_compare), else None."""
     params = _params(query)
     return next((name for name in ("sweep", "compare") if name in params), None)
 
@@ -125,7 +134,8 @@ def _params(query: str) -> dict:
 
 
 def _payload(params: dict, name: str, key: str, what: str) -> dict:
-    """The JSON object packed in the link's `name` parameter, which must hold `key` (`what`) as an object."""
+    """The JSON object packed in the link's `name` parameter, which must hold `key` (`what`) as an
+    object."""
     damaged = SpecError(f"the link's {name} is damaged (was it cut off when copied?)")
     try:
         packed = base64.urlsafe_b64decode(params[name][0] + "=" * (-len(params[name][0]) % 4))
@@ -147,13 +157,15 @@ def _payload(params: dict, name: str, key: str, what: str) -> dict:
 def _flat(env: object) -> bool:
     """A few short text fields, as `ui` records them; anything else a link carries is not ours."""
     return isinstance(env, dict) and len(env) <= MAX_ENV_ITEMS and all(
-        isinstance(v, str) and len(k) <= MAX_ENV_CHARS and len(v) <= MAX_ENV_CHARS for k, v in env.items())
+        isinstance(v, str) and len(k) <= MAX_ENV_CHARS and len(v) <= MAX_ENV_CHARS
+        for k, v in env.items())
 
 
 def _index(params: dict, name: str) -> int | None:
     if name not in params:
         return None
     text = params[name][0]
-    if not (text.isascii() and text.isdigit()) or len(text) > 9:  # not "٣" or "²", which isdigit() accepts
+    # not "٣" or "²", which isdigit() accepts
+    if not (text.isascii() and text.isdigit()) or len(text) > 9:
         raise SpecError(f"the link's {name} must be a whole number ≥ 0, not {text[:20]!r}")
     return int(text)
