@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     argv = ["--prompt", args.prompt, "--max-new-tokens", str(args.max_new_tokens)]
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{os.cpu_count()}-core CPU"
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"a {os.cpu_count()}-core CPU"
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         cache = Path(folder)
