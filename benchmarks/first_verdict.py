@@ -19,18 +19,18 @@ import time
 from pathlib import Path
 
 import torch
-
 from publish import publish
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def timed(cache: Path, argv: list[str]) -> tuple[float, str]:
-    """Seconds for `specviz run` with `argv` in a fresh process over `cache`, and its yardstick line."""
+    """Seconds for `specviz run` with `argv` in a fresh process over `cache`, and the line it
+    prints about its yardstick."""
     env = {**os.environ, "SPECVIZ_CACHE": str(cache)}
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "specviz.cli.main", "run", *argv], cwd=ROOT, env=env,
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run([sys.executable, "-m", "specviz.cli.main", "run", *argv], cwd=ROOT,
+                          env=env, capture_output=True, text=True, check=True)
     seconds = time.perf_counter() - start
     line = next((x for x in done.stdout.splitlines() if x.startswith("judged against")), "-")
     return seconds, line
@@ -43,7 +43,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     argv = ["--prompt", args.prompt, "--max-new-tokens", str(args.max_new_tokens)]
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"a {os.cpu_count()}-core CPU"
+    cpu = f"a {os.cpu_count()}-core CPU"
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else cpu
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         cache = Path(folder)
@@ -62,8 +63,9 @@ def main() -> None:
              f"| cold | nothing (a fresh folder) | {cold:.1f} |",
              f"| the yardstick cold | the converted model, no yardstick | {measured:.1f} |",
              f"| warm | the converted model and the yardstick | {warm:.1f} |", "",
-             (f"Warm over cold: **{cold / warm:.1f}x** faster ({warm / cold:.0%} of the wait); over the "
-              f"yardstick cold: **{measured / warm:.1f}x**."), "", f"The warm run printed: `{said}`"]
+             (f"Warm over cold: **{cold / warm:.1f}x** faster ({warm / cold:.0%} of the wait); "
+              f"over the yardstick cold: **{measured / warm:.1f}x**."), "",
+             f"The warm run printed: `{said}`"]
     publish("\n".join(lines), args.out)
 
 
