@@ -19,15 +19,14 @@ import time
 from pathlib import Path
 
 import torch
-
 from publish import publish
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def timed(cache: Path, argv: list[str]) -> tuple[float, str]:
-    """Seconds for `specviz run` with `argv` in a fresh process over `cache`, and its yardstick
-    line."""
+    """Seconds for `specviz run` with `argv` in a fresh process over `cache`, and the line it
+    prints about its yardstick."""
     env = {**os.environ, "SPECVIZ_CACHE": str(cache)}
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "specviz.cli.main", "run", *argv], cwd=ROOT,
@@ -44,8 +43,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     argv = ["--prompt", args.prompt, "--max-new-tokens", str(args.max_new_tokens)]
-    device = (torch.cuda.get_device_name() if torch.cuda.is_available()
-              else f"{os.cpu_count()}-core CPU")
+    cpu = f"a {os.cpu_count()}-core CPU"
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else cpu
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         cache = Path(folder)
@@ -65,8 +64,8 @@ def main() -> None:
              f"| the yardstick cold | the converted model, no yardstick | {measured:.1f} |",
              f"| warm | the converted model and the yardstick | {warm:.1f} |", "",
              (f"Warm over cold: **{cold / warm:.1f}x** faster ({warm / cold:.0%} of the wait); "
-              "over the yardstick cold: "
-              f"**{measured / warm:.1f}x**."), "", f"The warm run printed: `{said}`"]
+              f"over the yardstick cold: **{measured / warm:.1f}x**."), "",
+             f"The warm run printed: `{said}`"]
     publish("\n".join(lines), args.out)
 
 

@@ -216,7 +216,7 @@ def provenance(role: str = "target") -> str:
     if not heard:
         return ""
     if all(x.cached for x in heard):
-        return f" (measured on {' and '.join(sorted({x.measured_at for x in heard}))}, cached)"
+        return f" (measured on {min(x.measured_at for x in heard)}, cached)"  # its first part
     if not any(x.cached for x in heard):
         return " (measured now, cached for later runs)" if all(x.kept for x in heard) else ""
     parts = (f"{x.what} measured on {x.measured_at}, cached" if x.cached
