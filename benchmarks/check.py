@@ -71,9 +71,10 @@ from specviz.trace.records import EngineOutput
 rows = json.loads(open(sys.argv[1]).read())
 torch.set_num_threads(rows["threads"])
 pair = load_pair(dtype="float32", device=rows["device"])
-spec = RunSpec.build(prompts=tuple(rows["prompts"]), method=ENGINE, k=rows["k"], max_new_tokens=rows["tokens"],
-                     device=rows["device"])
-runs = [EngineRun(name=n, source="callable", outputs=[EngineOutput(ids=o) for o in rows[n]]) for n in ("engine", "control")]
+spec = RunSpec.build(prompts=tuple(rows["prompts"]), method=ENGINE, k=rows["k"],
+                     max_new_tokens=rows["tokens"], device=rows["device"])
+runs = [EngineRun(name=n, source="callable", outputs=[EngineOutput(ids=o) for o in rows[n]])
+        for n in ("engine", "control")]
 start = time.perf_counter()
 trace = check.check(spec, pair, pair.encode(rows["prompts"]), *runs)
 print(json.dumps({"module": specviz.__file__, "seconds": time.perf_counter() - start,

@@ -222,8 +222,8 @@ def _vllm(args, pair, ids: dict) -> dict:
                                              f"{failed[0]}")
                         out[(mode, name, flight)] = {"ids": [o.ids for o in run.outputs],
                                                      "seconds": run.seconds, "version": run.version}
-                        print(f"vLLM {mode:<6} {name:<15} {flight} in flight: "
-                              f"{sum(map(len, out[(mode, name, flight)]['ids'])) / run.seconds:6.1f} tok/s")
+                        rate = sum(map(len, out[(mode, name, flight)]["ids"])) / run.seconds
+                        print(f"vLLM {mode:<6} {name:<15} {flight} in flight: {rate:6.1f} tok/s")
     return out
 
 

@@ -23,7 +23,8 @@ from specviz.models.pairs import load_pair
 from specviz.run.runner import decode
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.prompts import builtin_sets
-from specviz.spec.run import PAIR_PRESETS, RunSpec, SpecError
+from specviz.spec.run import PAIR_PRESETS, RunSpec
+from specviz.spec.strict import SpecError
 
 import options
 

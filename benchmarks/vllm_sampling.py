@@ -50,7 +50,8 @@ from specviz.trace.records import EngineOutput
 # rejection_sampler.apply_sampling_constraints) is never written: it keeps whatever memory
 # torch.empty gave it. FIX replaces that stand-in with a plain torch expansion, in vLLM's processes
 # only (a sitecustomize module on their PYTHONPATH), for the --fixed row.
-FIX = '''"""specviz benchmark: vLLM's CPU expand_kernel stand-in, replaced by a torch expansion (see vllm_sampling.py)."""
+FIX = '''"""specviz benchmark: vLLM's CPU expand_kernel stand-in, replaced by a torch expansion
+(see vllm_sampling.py)."""
 import importlib.abc
 import importlib.util
 import sys
@@ -61,7 +62,8 @@ def _expand(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_
 
     cu = cu_num_tokens.long()
     counts = torch.diff(cu, prepend=cu.new_zeros(1))
-    values = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to), input_val)
+    replaced = torch.full_like(input_val, replace_to)
+    values = torch.where(input_val == replace_from, replaced, input_val)
     output[: int(cu[-1])] = values.repeat_interleave(counts).to(output.dtype)
 
 
@@ -76,7 +78,8 @@ class _Patch(importlib.abc.MetaPathFinder):
         def exec_module(module):
             load(module)
             module._expand_kernel_impl = _expand
-            print("specviz: vllm.utils.cpu_triton_utils._expand_kernel_impl replaced", file=sys.stderr)
+            print("specviz: vllm.utils.cpu_triton_utils._expand_kernel_impl replaced",
+                  file=sys.stderr)
 
         spec.loader.exec_module = exec_module
         return spec

@@ -307,7 +307,7 @@ SAMPLED = {**TINY_RUN, "audit": False, "temperature": 0.8, "top_k": 40, "top_p":
            "draft_temperature": None, "draft_top_k": None, "draft_top_p": None}
 
 
-def test_penalties_log_probabilities_stop_strings_and_the_chat_template_go_through_the_controls_and_back():
+def test_penalties_logprobs_stop_strings_and_chat_template_go_through_the_controls_and_back():
     from specviz.app import form
     from specviz.app import runview as ui
 

@@ -37,7 +37,8 @@ from specviz.models.checkpoints import embedded_tokenizer_dir
 from specviz.models.pairs import load_pair
 from specviz.run.runner import run
 from specviz.spec.prompts import builtin_set
-from specviz.spec.run import RunSpec, SpecError
+from specviz.spec.run import RunSpec
+from specviz.spec.strict import SpecError
 from specviz.trace import metrics
 
 WINDOW = 8

@@ -117,10 +117,14 @@ def _assert_lanes_stack(page) -> None:
     the others, top to bottom, and each lane's title in its own lane, between the lane above and its
     own plot area."""
     drawn = page.evaluate("""() => {
-        const box = e => { const r = e.getBoundingClientRect(); return [r.top, r.bottom, r.left, r.right]; };
+        const box = e => {
+            const r = e.getBoundingClientRect();
+            return [r.top, r.bottom, r.left, r.right];
+        };
         return {
             plots: [...document.querySelectorAll('#sv-lanes .draglayer .nsewdrag')].map(box),
-            titles: [...document.querySelectorAll('#sv-lanes g.annotation')].map(a => [a.textContent, box(a)]),
+            titles: [...document.querySelectorAll('#sv-lanes g.annotation')]
+                .map(a => [a.textContent, box(a)]),
         };
     }""")
     plots = sorted(drawn["plots"])

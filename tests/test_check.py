@@ -250,7 +250,7 @@ def test_a_sampled_check_tells_a_callable_its_settings_and_judges_its_ids_by_the
     """No reference at temperature > 0: the engine's tokens are scored under the target (the PIT); a
     file of the same ids gets the same values, a file of text is refused."""
     from specviz.run import check
-    from specviz.spec.run import SpecError
+    from specviz.spec.strict import SpecError
 
     spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float32", device="cpu",
                          method="engine", prompts=tuple(builtin_set("quick")),
@@ -348,7 +348,7 @@ def noisy_control(prompt_ids, settings):
         return no_speculation(prompt_ids, settings)
 
 
-def test_an_engine_whose_kernels_round_by_batch_shape_is_numerics_and_the_same_engine_with_a_bug_is_an_engine_bug(
+def test_kernels_rounding_by_batch_shape_are_numerics_and_the_same_engine_with_a_bug_an_engine_bug(
         tmp_path, tiny):
     """Its control (the same noisy kernels, no speculation) departs from the model as often as it
     does: every fork of the correct engine is that engine's numerics; bsp-like on the same kernels
@@ -426,7 +426,7 @@ def _junk(prompts: list[str]) -> list[list[int]]:
     return [[(7 * i + 13 * j) % 500 + 20 for j in range(BUDGET)] for i in range(len(prompts))]
 
 
-def test_a_control_that_departs_at_every_token_grants_no_rounding_so_the_same_output_is_never_numerics():
+def test_a_control_departing_at_every_token_grants_no_rounding_so_that_output_is_never_numerics():
     """A server serving the wrong model, used as its own control: every control token departs from
     the model, so the fit cannot bound the noise (it used to report SIGMA_RANGE's top, a tolerance
     of thousands of logits, and call every row numerics). Only transformers' rounding is granted,

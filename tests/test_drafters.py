@@ -22,7 +22,8 @@ from specviz.run.runner import run
 from specviz.spec.faults import FAULTS, of_kind
 from specviz.spec.methods import DRAFTERS, METHODS
 from specviz.spec.prompts import builtin_set
-from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec, SpecError
+from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
+from specviz.spec.strict import SpecError
 from specviz.trace import metrics
 
 CORRECT = Policy(())

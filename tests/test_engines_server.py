@@ -15,7 +15,7 @@ from specviz.engines.server import from_server
 from specviz.engines.vllm import MODES
 from specviz.run.runner import reference_for
 from specviz.spec.prompts import builtin_set
-from specviz.spec.run import SpecError
+from specviz.spec.strict import SpecError
 
 NEW_TOKENS = 48
 K = 5

@@ -6,7 +6,8 @@ from specviz.decoding.exspec import SeqState, choose_batch, exspec
 from specviz.decoding.reference import reference
 from specviz.models.draft import layer_subset
 from specviz.run.runner import run
-from specviz.spec.run import RunSpec, SpecError
+from specviz.spec.run import RunSpec
+from specviz.spec.strict import SpecError
 from specviz.trace import metrics
 
 

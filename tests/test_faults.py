@@ -5,7 +5,8 @@ import pytest
 from specviz.decoding.eqspec import eqspec
 from specviz.run.runner import run
 from specviz.spec.faults import FAULTS, FAULT_PRESETS, expand, of_kind
-from specviz.spec.run import RunSpec, SpecError
+from specviz.spec.run import RunSpec
+from specviz.spec.strict import SpecError
 from specviz.trace import metrics
 
 BREAKING = list(of_kind("breaking"))

@@ -16,7 +16,8 @@ from specviz.app.views import md
 from specviz.run.settings import Settings
 from specviz.spec.casebook import BY_FAULT, CASES, PROMPTS
 from specviz.spec.faults import FAULTS
-from specviz.spec.run import RunSpec, SpecError
+from specviz.spec.run import RunSpec
+from specviz.spec.strict import SpecError
 from specviz.trace import metrics, share
 from specviz.trace.migrations import SCHEMA_VERSION
 from specviz.trace.sweep import Sweep

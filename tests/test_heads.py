@@ -18,8 +18,8 @@ from specviz.run.head_training import examples, train
 from specviz.run.runner import run
 from specviz.spec.faults import FAULTS, needing
 from specviz.spec.prompts import builtin_set
-from specviz.spec.run import (TINY_DRAFT, TINY_HYBRID, TINY_HYBRID_DRAFT, TINY_TARGET, RunSpec,
-                              SpecError)
+from specviz.spec.run import TINY_DRAFT, TINY_HYBRID, TINY_HYBRID_DRAFT, TINY_TARGET, RunSpec
+from specviz.spec.strict import SpecError
 from specviz.spec.verdicts import verdict
 from specviz.trace import metrics
 

@@ -10,7 +10,7 @@ from specviz.decoding.eqspec import eqspec
 from specviz.decoding.reference import reference
 from specviz.models.pairs import load_pair
 from specviz.spec.prompts import builtin_set
-from specviz.spec.run import SpecError
+from specviz.spec.strict import SpecError
 
 NEW = 6
 WHY = {  # what each refusal says

@@ -28,7 +28,8 @@ from specviz.models.architecture import Float64Throughout
 from specviz.models.pairs import load_pair
 from specviz.run.runner import run
 from specviz.spec.prompts import builtin_set
-from specviz.spec.run import RunSpec, SpecError
+from specviz.spec.run import RunSpec
+from specviz.spec.strict import SpecError
 from specviz.trace import metrics
 from specviz.trace.schema import Trace
 

@@ -8,7 +8,8 @@ from specviz.decoding.batch import left_pad
 from specviz.decoding.reference import batched_reference, reference
 from specviz.models.checkpoints import embedded_tokenizer_dir
 from specviz.models.pairs import load_pair, pair_for, tiny_target
-from specviz.spec.run import RunSpec, SpecError
+from specviz.spec.run import RunSpec
+from specviz.spec.strict import SpecError
 
 
 def test_embedded_pair_loads_offline_and_answers(embedded):

@@ -16,7 +16,8 @@ from specviz.models.pairs import load_pair
 from specviz.run.runner import run
 from specviz.spec.faults import FAULTS
 from specviz.spec.prompts import builtin_set
-from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec, SpecError
+from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
+from specviz.spec.strict import SpecError
 from specviz.trace import metrics
 
 K, NEW = 4, 24

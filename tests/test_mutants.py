@@ -77,7 +77,9 @@ def plant(monkeypatch, holder, name, snippet, mutation, importers):
             == 1), f"the mutant's snippet is no longer in {holder.__name__}.{name}"
     module = inspect.getmodule(original)
     namespace = dict(vars(module))
-    exec(compile(source.replace(snippet, mutation), inspect.getsourcefile(module), "exec"), namespace)  # noqa: S102  our own source, edited
+    # our own source, edited
+    mutated = compile(source.replace(snippet, mutation), inspect.getsourcefile(module), "exec")
+    exec(mutated, namespace)  # noqa: S102
     for m in (holder, *importers):
         for alias in [n for n, v in vars(m).items() if v is original]:
             monkeypatch.setattr(m, alias, namespace[name])

@@ -18,7 +18,8 @@ from specviz.forensics.logprobs import _float64_logprobs
 from specviz.forensics.recompute import float64_target
 from specviz.models.pairs import load_pair
 from specviz.run.runner import run
-from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec, SpecError
+from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
+from specviz.spec.strict import SpecError
 
 NEW = 12
 

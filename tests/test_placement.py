@@ -13,7 +13,8 @@ from specviz.decoding.reference import reference
 from specviz.models.checkpoints import embedded_tokenizer_dir
 from specviz.models.draft import layer_subset
 from specviz.models.pairs import Placement, load_pair, parse_max_memory, tiny_target
-from specviz.spec.run import TINY_DRAFT, TINY_TARGET, SpecError
+from specviz.spec.run import TINY_DRAFT, TINY_TARGET
+from specviz.spec.strict import SpecError
 
 # The tiny target's embedding (25.2 MB in float64) and its first layer fit; the rest goes to disk.
 CPU_AND_DISK = "cpu=26MB"

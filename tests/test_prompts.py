@@ -4,7 +4,7 @@ import pytest
 
 from specviz.spec.prompts import (SPEC_BENCH_FILE, builtin_set, builtin_sets, parse_prompts,
                                   read_prompts)
-from specviz.spec.run import SpecError
+from specviz.spec.strict import SpecError
 
 
 def test_plain_text_is_one_prompt_a_line():

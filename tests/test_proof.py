@@ -68,7 +68,7 @@ def test_a_proved_reference_is_the_decoded_one_with_the_same_verdicts(dtype, fau
         assert all(s.reference_proof.decoded == 0 for s in proved.sequences)
 
 
-def test_in_bfloat16_where_the_tolerance_covers_most_margins_near_ties_are_decoded_from_the_prompt():
+def test_in_bfloat16_where_the_tolerance_covers_most_margins_near_ties_are_decoded_from_prompts():
     """bfloat16's tolerance on the embedded pair is some 3 logits: proofs stop at near-ties within a
     token or two, and a reference decoded on from a proved prefix could round otherwise than the
     plain one (it did, before near-ties were decoded from the prompt)."""

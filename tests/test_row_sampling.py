@@ -12,8 +12,9 @@ from specviz.decoding.decoders import Job, decode_job
 from specviz.decoding.reference import reference
 from specviz.models.pairs import load_pair
 from specviz.run.runner import run
-from specviz.spec.run import (TINY_DRAFT, TINY_TARGET, RowSampling, RunSpec, SpecError,
-                              rows_as_text, rows_from_text)
+from specviz.spec.run import (TINY_DRAFT, TINY_TARGET, RowSampling, RunSpec, rows_as_text,
+                              rows_from_text)
+from specviz.spec.strict import SpecError
 from specviz.trace import metrics
 from specviz.trace.share import Link
 from specviz.trace.share import decode_link
@@ -120,7 +121,7 @@ def test_unseeded_noise_never_written_breaks_only_the_unseeded_rows_of_a_mixed_b
     assert _ids(_spec(faults=("unseeded-noise-to-copy",), **unmixed)) == _ids(_spec(**unmixed))
 
 
-def test_a_stream_advanced_for_a_row_without_drafts_keeps_the_distribution_and_is_named_by_its_stream():
+def test_a_stream_advanced_for_a_row_without_drafts_keeps_the_distribution_and_is_named_by_stream():
     """Prompt lookup drafts for the repeating prompt and for no other: in its rounds the others'
     streams advance. Their tokens stay the target's distribution; only their draws, checked against
     their own streams, show it."""
@@ -160,7 +161,7 @@ def test_the_command_line_and_the_page_take_per_request_settings():
         rows_from_text("temperature=0.5\nhot=1")
 
 
-def test_runs_without_per_request_settings_keep_their_keys_and_a_subset_keeps_each_prompts_request():
+def test_runs_without_per_request_settings_keep_their_keys_and_a_subset_keeps_each_request():
     assert "rows" not in _spec(rows=(),
             temperature=0.8).canonical_json() and "rows" in _spec().canonical_json()
     spec = _spec(prompts=("a", "b", "c", "d"))

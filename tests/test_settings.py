@@ -4,7 +4,8 @@ import pytest
 
 from specviz.run.settings import Settings, SettingsError, is_local_path
 from specviz.spec.prompts import builtin_set
-from specviz.spec.run import EMBEDDED_DRAFT, EMBEDDED_TARGET, PAIR_PRESETS, RunSpec, SpecError
+from specviz.spec.run import EMBEDDED_DRAFT, EMBEDDED_TARGET, PAIR_PRESETS, RunSpec
+from specviz.spec.strict import SpecError
 
 
 def spec(**fields) -> RunSpec:

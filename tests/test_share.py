@@ -5,7 +5,8 @@ import zlib
 
 import pytest
 
-from specviz.spec.run import RunSpec, SpecError
+from specviz.spec.run import RunSpec
+from specviz.spec.strict import SpecError
 from specviz.trace import share
 
 SPEC = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft",

@@ -1,6 +1,7 @@
 import pytest
 
-from specviz.spec.run import MAX_PROMPT_CHARS, RunSpec, SpecError
+from specviz.spec.run import MAX_PROMPT_CHARS, RunSpec
+from specviz.spec.strict import SpecError
 
 GOOD = dict(prompts=("Hello",))
 

@@ -15,7 +15,8 @@ from specviz.cli.main import main
 from specviz.run.runner import run
 from specviz.spec.methods import grid
 from specviz.spec.prompts import builtin_set
-from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec, SpecError
+from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
+from specviz.spec.strict import SpecError
 from specviz.trace.evidence import Distribution
 from specviz.trace.schema import MAX_TRACE_BYTES
 from specviz.trace.sweep import SweepReport

@@ -12,7 +12,8 @@ from specviz.app import views
 from specviz.app.panel import forensics_html
 from specviz.forensics.sampledrun import with_sampled_verdict
 from specviz.run.runner import run
-from specviz.spec.run import RunSpec, SpecError
+from specviz.spec.run import RunSpec
+from specviz.spec.strict import SpecError
 from specviz.spec.verdicts import VERDICTS
 from specviz.trace import metrics
 from specviz.trace.evidence import EngineForensics, RunForensics

@@ -25,8 +25,8 @@ from specviz.models.pairs import load_pair
 from specviz.run.runner import run
 from specviz.spec.faults import FAULTS, of_kind
 from specviz.spec.prompts import builtin_set
-from specviz.spec.run import (TINY_DRAFT, TINY_HYBRID, TINY_HYBRID_DRAFT, TINY_TARGET, RunSpec,
-                              SpecError)
+from specviz.spec.run import TINY_DRAFT, TINY_HYBRID, TINY_HYBRID_DRAFT, TINY_TARGET, RunSpec
+from specviz.spec.strict import SpecError
 from specviz.trace import metrics
 from specviz.trace.schema import Trace
 

@@ -4,7 +4,7 @@ import re
 from pathlib import Path
 
 from specviz.app import glossary
-from specviz.forensics import whitebox
+from specviz.forensics import corruption, whitebox
 from specviz.spec.faults import FAULTS
 from specviz.spec.verdicts import VERDICTS, state_bug, verdict
 
@@ -21,7 +21,7 @@ def test_every_name_a_judge_writes_is_declared():
     assert written <= set(VERDICTS), written - set(VERDICTS)
     # The white-box judge composes `sync-bug:` with the engine's breaking checks and the inputs it
     # tests.
-    assert {f"sync-bug:{c}" for c in (*whitebox.BREAKING, "state")} <= set(VERDICTS)
+    assert {f"sync-bug:{c}" for c in (*corruption.BREAKING, "state")} <= set(VERDICTS)
 
 
 def test_every_fault_that_breaks_names_a_declared_verdict():

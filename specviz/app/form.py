@@ -17,7 +17,8 @@ from specviz.app import serving
 from specviz.spec.defaults import default_of
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.prompts import DEFAULT_SET, builtin_sets, parse_prompts
-from specviz.spec.run import PAIR_PRESETS, RunSpec, SpecError, rows_as_text, rows_from_text
+from specviz.spec.run import PAIR_PRESETS, RunSpec, rows_as_text, rows_from_text
+from specviz.spec.strict import SpecError
 
 CUSTOM = "custom (type ids below)"
 MAX_PROMPT_FILE_BYTES = 4 * 2**20

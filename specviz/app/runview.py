@@ -24,7 +24,8 @@ from specviz.run.settings import Settings
 from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTER_OPTIONS, DRAFTERS
 from specviz.spec.methods import METHODS
 from specviz.spec.prompts import builtin_sets
-from specviz.spec.run import ENGINE, PAIR_PRESETS, RunSpec, SpecError
+from specviz.spec.run import ENGINE, PAIR_PRESETS, RunSpec
+from specviz.spec.strict import SpecError
 from specviz.trace import share
 from specviz.trace.schema import MAX_TRACE_BYTES, Trace
 

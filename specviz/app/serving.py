@@ -27,7 +27,8 @@ from specviz.run.settings import Settings
 from specviz.run.shrink import MAX_TRIALS, Mark, Shrunk, mark_of, shrink, size
 from specviz.spec.casebook import BY_FAULT, CASES
 from specviz.spec.prompts import ASSETS
-from specviz.spec.run import RunSpec, SpecError
+from specviz.spec.run import RunSpec
+from specviz.spec.strict import SpecError
 from specviz.trace.schema import MAX_TRACE_BYTES, Trace
 
 TRACES: OrderedDict[str, Trace] = OrderedDict()  # by spec key: a replayed link is served from here

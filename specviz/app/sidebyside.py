@@ -10,7 +10,8 @@ import html
 from dataclasses import dataclass
 
 from specviz.app import views
-from specviz.spec.run import RunSpec, SpecError
+from specviz.spec.run import RunSpec
+from specviz.spec.strict import SpecError
 from specviz.trace import share
 from specviz.trace.records import SequenceRecord, first_difference
 from specviz.trace.schema import Trace

@@ -19,7 +19,8 @@ from specviz.spec.faults import FAULTS
 from specviz.spec.faults import FAULT_PRESETS
 from specviz.spec.methods import METHODS
 from specviz.spec.prompts import DEFAULT_SET, builtin_sets
-from specviz.spec.run import DTYPES, PAIR_PRESETS, RunSpec, SpecError
+from specviz.spec.run import DTYPES, PAIR_PRESETS, RunSpec
+from specviz.spec.strict import SpecError
 from specviz.trace import share
 from specviz.trace.schema import Trace
 from specviz.trace.sweep import NO_FAULTS, Sweep, SweepReport, report, run_name

@@ -14,7 +14,8 @@ from specviz.spec.faults import FAULT_PRESETS
 from specviz.spec.methods import METHODS
 from specviz.spec.prompts import DEFAULT_SET, builtin_set, builtin_sets, read_prompts
 from specviz.spec.run import (DEVICES, DTYPES, MAX_BATCH_SIZE, PAIR_PRESETS, RowSampling, RunSpec,
-                              SpecError, row_fields)
+                              row_fields)
+from specviz.spec.strict import SpecError
 from specviz.trace.sweep import NO_FAULTS
 
 

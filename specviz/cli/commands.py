@@ -1,5 +1,5 @@
-"""The command line's commands: run, verify, check, shrink, bench, schema; what each prints and
-writes."""
+"""The command line's commands: run, verify, shrink, bench, schema, train-head (check's:
+enginecheck.py); what each prints and writes, and the progress bars and summaries they share."""
 from __future__ import annotations
 
 import contextlib
@@ -12,14 +12,14 @@ from tqdm import tqdm
 
 from specviz.cli.args import placement_of, spec_of
 from specviz.engines import jsonl
-from specviz.engines.dialects import LlamaCpp, OpenAI
 from specviz.forensics import yardstick_cache
 from specviz.models.heads import TRAINED
 from specviz.models.pairs import load_pair, pair_for
 from specviz.run import launch
 from specviz.spec.drafters import DRAFTERS
-from specviz.spec.run import EMBEDDED_TARGET, ENGINE, PAIR_PRESETS, RunSpec, SpecError
-from specviz.spec.verdicts import OWN_DRAFTS, verdict
+from specviz.spec.run import EMBEDDED_TARGET, PAIR_PRESETS, RunSpec
+from specviz.spec.strict import SpecError
+from specviz.spec.verdicts import OWN_DRAFTS
 from specviz.trace import metrics, share
 from specviz.trace.schema import Trace, trace_schema
 from specviz.trace.sweep import Sweep, SweepReport, report, row_of
@@ -27,7 +27,7 @@ from specviz.trace.text import clip
 
 
 @contextlib.contextmanager
-def _bars(total: Callable[[str], int | None]):
+def progress_bars(total: Callable[[str], int | None]):
     """A progress callback `(phase, n)` drawing one bar per phase, of `total(phase)` units (None: a
     count)."""
     bars: dict[str, tqdm] = {}
@@ -51,7 +51,7 @@ def _run_with_bars(spec: RunSpec, args, record: bool = True):
     """`run` with one progress bar per phase (the batch-size-1 reference, then the method)."""
     from specviz.run.runner import run
 
-    with _bars(lambda phase: len(spec.prompts) * spec.max_new_tokens) as progress:
+    with progress_bars(lambda phase: len(spec.prompts) * spec.max_new_tokens) as progress:
         return run(spec, record=record, progress=progress, trust_remote_code=args.trust_remote_code,
                    placement=placement_of(args))
 
@@ -80,13 +80,13 @@ def cmd_run(args) -> int:
         data = {"spec": spec.model_dump(mode="json"), "fingerprint": trace.manifest.fingerprint,
                 "sequences": [s.model_dump() for s in trace.sequences],
                 "texts": [tok.decode(s.output_ids) for s in trace.sequences]}
-        _write_text(args.json, json.dumps(data, indent=1))
+        write_text(args.json, json.dumps(data, indent=1))
     if args.trace:
-        _write_text(args.trace, trace.to_json(), f"trace {trace.manifest.fingerprint} to")
+        write_text(args.trace, trace.to_json(), f"trace {trace.manifest.fingerprint} to")
     return 0
 
 
-def _write_text(path: Path, text: str, what: str = "") -> None:
+def write_text(path: Path, text: str, what: str = "") -> None:
     """Write `text` to `path` (its folders made) and say so."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -112,11 +112,11 @@ def _print_summary(trace) -> None:
               f"match (n={eq['n']})")
     if trace.acceptance:
         print(f"drafts: {trace.acceptance.verdict or OWN_DRAFTS}. {trace.acceptance.explanation}")
-    _print_yardsticks(trace)
-    _print_distribution(trace)
+    print_yardsticks(trace)
+    print_distribution(trace)
 
 
-def _print_yardsticks(trace) -> None:
+def print_yardsticks(trace) -> None:
     """What the verdicts were judged against, and how far an engine departs from the model at
     all."""
     ys = trace.manifest.yardstick
@@ -132,7 +132,7 @@ def _print_yardsticks(trace) -> None:
         print(f"  {f.describe()}")
 
 
-def _print_distribution(trace) -> None:
+def print_distribution(trace) -> None:
     """A sampled run's distribution test and, for a run of ours, the kind of fault it shows."""
     if trace.distribution:
         print(f"distribution: {_distribution(trace)}")
@@ -224,142 +224,10 @@ def cmd_verify(args) -> int:
                disable=not sys.stderr.isatty())
     done = report(plan, (_print_row(spec, trace) for spec, trace in zip(specs, bar)))
     if args.json:
-        _write_text(args.json, done.to_json())
+        write_text(args.json, done.to_json())
     sound = all(r.distribution.verdict == "consistent" if r.distribution else r.exact_pct == 100
                 for r in done.rows)
     return 0 if sound or args.allow_divergence else 1
-
-
-def cmd_check(args) -> int:
-    from specviz.run import check
-
-    # under `accelerate launch`, every process judges a share and the main one reports
-    reports = launch.is_main()
-    if sum(map(bool, (args.server, args.outputs, args.engine))) != 1:
-        raise SpecError("give the engine as one of --server URL, --outputs FILE or --engine "
-                        "module:function")
-    spec = spec_of(args, method=ENGINE, k=args.k)
-    pair = pair_for(spec, args.trust_remote_code, placement_of(args))
-    if args.determinism and not args.server:
-        raise SpecError("--determinism asks a server again: give the engine as --server URL")
-    if args.stop and (args.server or args.control_server):
-        raise SpecError("stop strings are not sent to servers (how each engine's token ids end at "
-                        "one is not checked yet): check a file of the server's outputs made with "
-                        "them, --outputs FILE --stop")
-    # the budget of an outputs file is its longest output
-    with _bars(lambda phase: None) as progress:
-        judging = check.Judging(args.decode_reference, progress, args.checkpoint, args.attribute)
-        if args.outputs:
-            control = (args.control.read_bytes(), args.control.name) if args.control else None
-            trace = check.from_files(spec, pair, (args.outputs.read_bytes(), args.outputs.name),
-                                     control, judging=judging, drafter=args.engine_drafter)
-        elif args.server:
-            control = (args.control_server,
-                    args.control_served_model or args.served_model) if args.control_server else None
-            trace = check.from_servers(spec, pair, (args.server, args.served_model), control,
-                                       args.concurrency, args.timeout, determinism=args.determinism,
-                                       judging=judging, drafter=args.engine_drafter)
-        else:
-            trace = check.from_callables(spec, pair, args.engine, args.control_engine, judging,
-                                         args.engine_drafter)
-    if not reports:
-        return 0
-    _print_check(trace)
-    if args.json:
-        _write_text(args.json,
-                    json.dumps({"engine": trace.manifest.engine.model_dump(),
-                                "summary": metrics.engine_summary(trace),
-                                      "sequences": [s.model_dump() for s in trace.sequences]},
-                               indent=1))
-    if args.trace:
-        _write_text(args.trace, trace.to_json(), "trace")
-    return 0
-
-
-def _print_check(trace) -> None:
-    print(f"{'engine':<44} {'n':>4} {'errors':>6} {'exact %':>8} {'prefix %':>9} {'tok/s':>7}  "
-          "verdicts")
-    for row in metrics.engine_summary(trace):
-        tps = "-" if row["tokens_per_second"] is None else f"{row['tokens_per_second']:.1f}"
-        shown = ", ".join(f"{v} {c}" for v, c in row["verdicts"].items()) or "-"
-        print(f"{row['engine'][:44]:<44} {row['n']:>4} {row['errors']:>6} "
-              f"{metrics.percent(row['exact_pct']):>8} {metrics.percent(row['prefix_pct']):>9} "
-              f"{tps:>7}  {shown}")
-    _print_yardsticks(trace)
-    if proofs := metrics.reference_proofs(trace):
-        print(f"reference: {proofs}")
-    _print_engine_facts(trace)
-    _print_distribution(trace)
-    for s in trace.sequences:
-        if s.forensics:
-            print(f"  [{s.seq}] {s.forensics.verdict}: {s.forensics.explanation}")
-            # a bug seen from outside: the smallest request that shows it
-            if verdict(s.forensics.verdict).bug:
-                print(f"    reproduce: {_reproducer(trace, s)}")
-            if s.attribution:
-                _print_attribution(s.attribution)
-        elif s.engine.error:
-            print(f"  [{s.seq}] no answer: {s.engine.error}")
-
-
-def _print_attribution(a) -> None:
-    """Which mechanism writes the fork's tokens: the finding, then the best hypotheses, one a
-    line."""
-    print(f"    attribution: {a.explanation}")
-    for h in a.hypotheses[:3]:
-        where = "alone" if not h.companions else f"beside {','.join(map(str, h.companions))}"
-        failed = "none" if h.failed_at is None else h.failed_at
-        print(f"      {'named ' if h.named else ''}{'+'.join(h.faults)} ({where}): {h.explained} "
-              f"of {a.tokens} tokens written, {h.beyond} of {len(a.departing)} departing, first "
-              f"failed {failed}")
-    for fact in a.facts:
-        print(f"      fact: {fact}")
-    print(f"      tried {len(a.hypotheses)} mechanisms in {a.replays} replays ({a.seconds:.1f} s); "
-          f"skipped {len(a.skipped)} that do not fit the engine")
-
-
-def _reproducer(trace, s) -> str:
-    """The smallest request that shows a bug's fork: the prompt's ids, greedy, up to the fork
-    token."""
-    e, f = trace.manifest.engine, s.forensics
-    budget = f.fork + 1
-    should = ("nothing (the reference has stopped)" if f.reference_token is None
-              else f.reference_token)
-    dialects = {d.name: d for d in (LlamaCpp, OpenAI)}
-    if e.source == "server" and e.settings.get("api") in dialects:
-        asked = dialects[e.settings["api"]](e.settings.get("served_model") or "", budget, 0.0, 1.0,
-                                            0, 0)
-        body = json.dumps(asked.request(trace.prompts[s.seq].ids, None), separators=(",", ":"))
-        return f"POST {asked.path} {body} (token {f.fork} should be {should}, is {f.output_token})"
-    return (f"prompt ids {trace.prompts[s.seq].ids}, greedy, {budget} tokens: token {f.fork} "
-            f"should be {should}, is {f.output_token}")
-
-
-def _print_engine_facts(trace) -> None:
-    """What the engine said besides its outputs: its drafts (judged, where it drafts with the
-    check's draft model), the fields of its file left unread, its determinism."""
-    engine = trace.manifest.engine
-    accepted, offered = metrics.engine_drafts(trace)
-    if offered:
-        print(f"engine drafts, per request: {accepted} of {offered} draft tokens accepted "
-              f"({accepted / offered:.0%})")
-    counters = engine.settings.get("spec_decode") or {}
-    if counters.get("draft_tokens"):
-        drafts = counters.get("drafts") or 0
-        positions = sorted((k for k in counters if k.startswith("accepted_tokens_per_pos_")),
-                           key=lambda k: int(k.rsplit("_", 1)[1]))
-        by_position = [counters[k] / drafts for k in positions]
-        print(f"engine drafts, its /metrics: {counters['accepted_tokens']:.0f} of "
-              f"{counters['draft_tokens']:.0f} draft tokens accepted in {drafts:.0f} drafts" + (
-                  "; accepted by position: " + " ".join(f"{a:.2f}" for a in by_position) if drafts
-                  and by_position
-                  else ""))
-    if trace.acceptance:  # declared to draft with the check's draft model: its counts judged
-        print(f"drafts: {trace.acceptance.verdict or OWN_DRAFTS}. {trace.acceptance.explanation}")
-    if engine.ignored:
-        print(f"ignored fields of the outputs file: {', '.join(engine.ignored)}")
-    if trace.manifest.determinism:
-        print(trace.manifest.determinism.describe())
 
 
 def cmd_shrink(args) -> int:
@@ -392,7 +260,7 @@ def cmd_shrink(args) -> int:
           f"{mark.describe()}: {verdict} ({found.trials} runs tried)")
     print(f"share link: {args.url.rstrip('/')}/{found.link()}")
     if args.out:
-        _write_text(args.out, found.trace.to_json(), "trace")
+        write_text(args.out, found.trace.to_json(), "trace")
     return 0
 
 
@@ -432,7 +300,7 @@ def cmd_train_head(args) -> int:
     units = {CONTINUING: len(builtin_set(recipe.prompts)) * recipe.new_tokens
              * (1 + recipe.sampled)}
     pair = load_pair(*PAIR_PRESETS["embedded"], dtype="float32", device=args.device)
-    with _bars(lambda phase: units.get(phase, recipe.steps)) as progress:
+    with progress_bars(lambda phase: units.get(phase, recipe.steps)) as progress:
         path, losses = train_head(pair, EMBEDDED_TARGET, progress)
     print(f"trained the embedded pair's EAGLE-style head in {recipe.steps} steps: loss per token "
           f"{losses[0]:.3f} at the first, {losses[-1]:.3f} at the last; cached at {path}")

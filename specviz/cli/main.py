@@ -7,14 +7,15 @@ import sys
 from pathlib import Path
 
 from specviz.cli.args import add_common, fault_set, float_list, int_list, methods
-from specviz.cli.commands import (cmd_bench, cmd_check, cmd_run, cmd_schema, cmd_shrink,
-                                  cmd_train_head, cmd_verify)
+from specviz.cli.commands import (cmd_bench, cmd_run, cmd_schema, cmd_shrink, cmd_train_head,
+                                  cmd_verify)
+from specviz.cli.enginecheck import cmd_check
 from specviz.decoding import determinism
 from specviz.forensics import yardstick_cache
 from specviz.spec.defaults import default_of
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.methods import METHODS
-from specviz.spec.run import SpecError
+from specviz.spec.strict import SpecError
 from specviz.trace.sweep import NO_FAULTS
 
 

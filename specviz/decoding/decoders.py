@@ -18,7 +18,8 @@ from specviz.decoding.sampling import sampling_of
 from specviz.models.architecture import is_recurrent
 from specviz.models.pairs import ModelPair
 from specviz.spec.faults import expand
-from specviz.spec.run import RunSpec, SpecError
+from specviz.spec.run import RunSpec
+from specviz.spec.strict import SpecError
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ import time
 import torch
 
 from specviz.decoding.batch import left_pad, right_pad
-from specviz.decoding.drafters import Drafter, ModelDrafter
+from specviz.decoding.drafters import ModelDrafter
 from specviz.decoding.faults import Policy
+from specviz.decoding.proposal import Drafter
 from specviz.decoding.recording import RoundData, record_round
 from specviz.decoding.result import DecodeResult, Progress, SequenceOutput, chunks
 from specviz.decoding.round import Clock, lay_out, speculate

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 import torch
 
 from specviz.decoding.batch import left_pad
-from specviz.decoding.drafters import Drafter, ModelDrafter
+from specviz.decoding.drafters import ModelDrafter
 from specviz.decoding.faults import Policy
 from specviz.decoding.modelstate import ModelState
+from specviz.decoding.proposal import Drafter
 from specviz.decoding.recording import RoundData, record_round
 from specviz.decoding.result import DecodeResult, Progress, SequenceOutput
 from specviz.decoding.round import Clock, prefill, speculate

@@ -25,10 +25,10 @@ from specviz.models.architecture import narrowest_window
 from specviz.models.pairs import ModelPair
 from specviz.spec.run import RunSpec
 from specviz.trace import text
-from specviz.trace.evidence import Yardsticks
 from specviz.trace.records import (PickFrom, PromptRecord, RoundRecord, RowRecord, SequenceRecord,
                                    TreeRecord, first_difference)
 from specviz.trace.schema import Manifest, Trace
+from specviz.trace.yardsticks import Yardsticks
 
 TOP = 8  # target logits kept per verified slot (for forensics, not saved in the trace)
 

@@ -29,11 +29,11 @@ import time
 import torch
 
 from specviz.decoding import kvcache, recording
-from specviz.decoding.drafters import Drafter
 from specviz.decoding.faults import Policy
 from specviz.decoding.modelstate import ModelState
 from specviz.decoding.passes import run_model
 from specviz.decoding.penalties import history, logprobs
+from specviz.decoding.proposal import Drafter
 from specviz.decoding.result import SequenceOutput
 from specviz.decoding.sampling import ACCEPT, RESIDUAL, TARGET, Samplers, Streams, inverse_cdf
 from specviz.decoding.stages import (

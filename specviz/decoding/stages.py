@@ -13,9 +13,9 @@ from functools import cached_property
 
 import torch
 
-from specviz.decoding.drafters import Drafter, Proposal
 from specviz.decoding.faults import Policy
 from specviz.decoding.modelstate import ModelState
+from specviz.decoding.proposal import Drafter, Proposal
 from specviz.decoding.sampling import GREEDY, Sampling, Streams
 from specviz.decoding.stops import Stops
 from specviz.decoding.trees import Tree

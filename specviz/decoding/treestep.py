@@ -18,7 +18,7 @@ import torch
 
 from specviz.decoding import kvcache, trees
 from specviz.decoding.batch import positions
-from specviz.decoding.drafters import Proposal
+from specviz.decoding.proposal import Proposal
 from specviz.decoding.stages import Accepted, Batch, Decoding, Drafted, Verified
 from specviz.decoding.trees import walk, walk_sampled
 

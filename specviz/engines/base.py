@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specviz.spec.drafters import DRAFTERS
-from specviz.spec.run import Many, SpecError
+from specviz.spec.strict import Many, SpecError
 from specviz.trace.records import EngineInfo, EngineOutput
 
 

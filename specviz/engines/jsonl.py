@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from specviz.engines.base import EngineRun, declare_drafter
 from specviz.engines.dialects import read_choice, read_llamacpp
-from specviz.spec.run import MAX_PROMPTS, SpecError, describe_validation_error
+from specviz.spec.run import MAX_PROMPTS
+from specviz.spec.strict import SpecError, describe_validation_error
 from specviz.trace.records import EngineOutput
 
 MAX_FILE_BYTES = 64 * 2**20

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from specviz.engines.process import free_port, serving
 from specviz.models.checkpoints import cache_dir, embedded_draft_gguf, embedded_gguf_path
-from specviz.spec.run import SpecError
+from specviz.spec.strict import SpecError
 
 MODES = ("none", "draft", "self", "ngram")
 SERVED_MODEL = "smollm2-q4_1"

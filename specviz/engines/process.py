@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from specviz.spec.run import SpecError
+from specviz.spec.strict import SpecError
 
 
 def free_port() -> int:

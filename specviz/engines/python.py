@@ -19,7 +19,7 @@ import time
 from pydantic import ValidationError
 
 from specviz.engines.base import EngineRun, declare_drafter
-from specviz.spec.run import SpecError, describe_validation_error
+from specviz.spec.strict import SpecError, describe_validation_error
 from specviz.trace.records import EngineOutput
 
 

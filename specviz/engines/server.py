@@ -22,7 +22,7 @@ import httpx
 
 from specviz.engines.base import EngineRun, declare_drafter
 from specviz.engines.dialects import LlamaCpp, OpenAI
-from specviz.spec.run import SpecError
+from specviz.spec.strict import SpecError
 from specviz.trace.records import EngineOutput
 
 # Speculative-decoding counters, e.g. `vllm:spec_decode_num_drafts_total{...} 12.0` (llama.cpp names

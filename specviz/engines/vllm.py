@@ -27,7 +27,7 @@ from pathlib import Path
 
 from specviz.engines.process import free_port, serving
 from specviz.models.checkpoints import embedded_draft_dir, embedded_target_dir
-from specviz.spec.run import SpecError
+from specviz.spec.strict import SpecError
 
 MODES = ("none", "ngram", "draft")
 SERVED_MODEL = "smollm2"

@@ -21,10 +21,11 @@ from collections.abc import Callable
 from specviz.decoding.result import Progress
 from specviz.decoding.stops import Stops
 from specviz.forensics import enginenoise
-from specviz.trace.evidence import EngineForensics, EngineNoise, Fidelity, Yardsticks
+from specviz.trace.evidence import EngineForensics, Fidelity
 from specviz.trace.findings import Findings
 from specviz.trace.records import SequenceRecord, first_difference
 from specviz.trace.schema import Trace
+from specviz.trace.yardsticks import EngineNoise, Yardsticks
 
 REPEAT_N = 4  # loops are measured on repeated n-grams of this length
 

@@ -18,9 +18,10 @@ from specviz.decoding.sampling import sampling_of
 from specviz.forensics.recompute import float64_target, fresh_logits
 from specviz.forensics.whitebox import emitter
 from specviz.models.pairs import ModelPair
-from specviz.trace.evidence import Rounding, RunForensics
+from specviz.trace.evidence import RunForensics
 from specviz.trace.findings import Findings
 from specviz.trace.schema import Trace
+from specviz.trace.yardsticks import Rounding
 
 
 def judge_logprobs(trace: Trace, pair: ModelPair, rounding: Rounding | None) -> Findings:

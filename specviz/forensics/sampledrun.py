@@ -5,20 +5,20 @@ trace (`sampled_verdict`): the views and the sweep only read it."""
 from __future__ import annotations
 
 from specviz.decoding.result import DecodeResult
-from specviz.forensics.whitebox import (
+from specviz.forensics.corruption import (
     EXPLAIN,
     corrupt,
     failed_check_sentence,
     failures,
     fill_state,
     first_invariant,
-    first_over,
-    rows_of,
 )
-from specviz.trace.evidence import Rounding, RunForensics, SampledJudgement
+from specviz.forensics.whitebox import first_over, rows_of
+from specviz.trace.evidence import RunForensics, SampledJudgement
 from specviz.trace.findings import Findings
 from specviz.trace.records import RowRecord, SequenceRecord
 from specviz.trace.schema import Trace
+from specviz.trace.yardsticks import Rounding
 
 # Audited rounds beyond the yardstick that name a sampled run's state corrupt. Every audited row is
 # a comparison at the yardstick's false-alarm rate (about 1 in 500 rows of the embedded pair went

@@ -10,7 +10,7 @@ Every piece of evidence is recomputed independently of the engine it judges:
   it, against a fresh batch-size-1 recomputation of its real tokens; beyond
   the tolerance its state or its computation was wrong, and the inputs it was
   fed (first token, positions, mask), the pass rebuilt from correct inputs,
-  and its cache entries say which;
+  and its cache entries say which (corruption.py);
 - float64 arbitration (recompute.py): the true gap between the reference's
   token and the speculative one at the fork.
 
@@ -45,31 +45,24 @@ import torch
 
 from specviz.decoding.result import DecodeResult
 from specviz.decoding.sampling import sampling_of
+from specviz.forensics.corruption import (
+    EXPLAIN,
+    corrupt,
+    failed_check_sentence,
+    failures,
+    fill_state,
+    first_invariant,
+    kernel_departs,
+    rebuilt_pass_shows,
+)
 from specviz.forensics.recompute import ARBITER_MAX_PARAMS, float64_logits
 from specviz.models.pairs import ModelPair
-from specviz.trace.evidence import Rounding, RunForensics
+from specviz.trace.evidence import RunForensics
 from specviz.trace.findings import Findings
 from specviz.trace.records import RowRecord, SequenceRecord, first_difference
 from specviz.trace.schema import Trace
-from specviz.trace.text import span
+from specviz.trace.yardsticks import Rounding
 
-# The engine's own checks whose failure puts the target's view out of step, by priority when several
-# fail in the same round (positions also spoil the cache's provenance).
-BREAKING = ("bonus", "positions", "mask", "kv", "recurrent")
-EXPLAIN = {
-    "bonus": ("a correction/bonus token was not the target's own (the argmax of the pass that "
-              "chose it, or its draw when sampling) (I4)"),
-    "accept": "the accept rule kept a draft the target did not choose (at temperature 0 a draft is "
-              "kept only where it is the verifying pass's argmax)",
-    "positions": "the position ids fed to the model did not count the row's real tokens (I2)",
-    "mask": "the attention mask did not show exactly the row's real tokens",
-    "kv": "the KV cache did not hold each real token's entry, computed at its own position (I3)",
-    "recurrent": ("a recurrent layer's state (a hybrid's scan or convolution) did not hold exactly "
-                  "the row's committed tokens: a rejected draft stayed in it, or accepted tokens "
-                  "never reached it (I5)"),
-    "state": "the row's state was corrupt, and no single input (first token, positions, mask, "
-             "cache) explains it",
-}
 NO_YARDSTICK = ("no float64 copy of the target could be made (it is spread over devices or has "
                 f"more than {ARBITER_MAX_PARAMS:,} parameters), so its rounding cannot be measured")
 
@@ -82,19 +75,6 @@ def emitter(rows: list[RowRecord], fork: int) -> tuple[RowRecord | None, int]:
             return r, fork - seen
         seen += len(r.emitted)
     return None, 0
-
-
-def failures(rows: list[RowRecord], until_round: int | None) -> dict[str, int]:
-    """The engine's own breaking checks that failed up to `until_round` (None: any), each at its
-    first round."""
-    failed: dict[str, int] = {}
-    for r in rows:
-        if until_round is not None and r.round > until_round:
-            break
-        for c in BREAKING:
-            if not r.checks.get(c, True):
-                failed.setdefault(c, r.round)
-    return failed
 
 
 def first_over(rows: list[RowRecord], field: str, tolerance: float | None) -> int | None:
@@ -189,51 +169,6 @@ def _penalty_bug(ev: RunForensics, rounding: Rounding | None, arbiter, history: 
     return True
 
 
-def corrupt(ev: RunForensics, rounding: Rounding, invariant: str | None, logits: str) -> None:
-    """A state beyond the yardstick, the `logits` of its pass named: `kernel-bug` where every input
-    was right and the pass rebuilt from them still departs, else `sync-bug:` the input that was
-    wrong."""
-    component = _component(ev, rounding)
-    beyond = (f"{logits} differ from a fresh batch-size-1 recomputation of the row by "
-              f"{ev.state_diff:.3g}, {ev.state_diff / rounding.tolerance:.3g} times what rounding "
-              f"in {rounding.dtype} allows ({rounding.tolerance:.3g}; two correct computations "
-              f"differ by more with probability {rounding.alpha:.2g})")
-    if component == "kernel":
-        ev.verdict = "kernel-bug"
-        ev.explanation = (f"{beyond}, though its first token, positions and mask were right. "
-                          f"{_rebuilt_pass_shows(ev, rounding)}")
-    else:
-        ev.verdict = f"sync-bug:{invariant if component == 'state' and invariant else component}"
-        ev.explanation = f"{beyond}: the row's state was corrupt. {_why(ev, component)}"
-
-
-def failed_check_sentence(ev: RunForensics, invariant: str | None) -> str:
-    """The engine's own failed check, in a sentence: it corroborates the independent evidence."""
-    return (f" The engine's own check found, in round {ev.failed_checks[invariant]}, that "
-            f"{EXPLAIN[invariant]}."
-            if invariant else "")
-
-
-def first_invariant(ev: RunForensics) -> str | None:
-    """The engine's own breaking check that failed first, at or before the fork (None: none
-    failed)."""
-    if not ev.failed_checks:
-        return None
-    first = min(ev.failed_checks.values())
-    return next(c for c in BREAKING if ev.failed_checks.get(c) == first)
-
-
-def fill_state(ev: RunForensics, fork) -> None:
-    """The watch's inspection of the emitting row (watch.ForkState), as evidence."""
-    ev.state_diff, ev.kv_diff, ev.tokens_fed_ok = fork.state_diff, fork.kv_diff, fork.tokens_ok
-    ev.recurrent_diff = fork.recurrent_diff
-    ev.kernel_diff, ev.kernel_diff_float64 = fork.kernel_diff, fork.kernel_diff_float64
-    ev.written_at = fork.written_at
-    ev.positions_fed, ev.positions_expected = fork.positions_fed, fork.positions_expected
-    ev.visible, ev.visible_expected = fork.visible, fork.visible_expected
-    ev.emitting_argmax, ev.margin_batched = fork.emitting_argmax, fork.emitting_margin
-
-
 def _forensics_of(s: SequenceRecord, rows: list[RowRecord], fork) -> RunForensics:
     f = s.first_divergence
     rec, slot = emitter(rows, f)
@@ -251,35 +186,6 @@ def _forensics_of(s: SequenceRecord, rows: list[RowRecord], fork) -> RunForensic
     if fork is not None:
         fill_state(ev, fork)
     return ev
-
-
-def _kernel_departs(ev: RunForensics, rounding: Rounding) -> bool:
-    """The pass rebuilt from correct inputs departs from a fresh one: in the run's dtype beyond its
-    rounding, or in float64 (where rounding is nil) beyond float64's."""
-    return (ev.kernel_diff is not None and ev.kernel_diff > rounding.tolerance
-            or ev.kernel_diff_float64 is not None
-            and rounding.float64_tolerance is not None
-            and ev.kernel_diff_float64 > rounding.float64_tolerance)
-
-
-def _component(ev: RunForensics, rounding: Rounding) -> str:
-    """Which input of the emitting pass was wrong, checked against the truth one at a time."""
-    if ev.tokens_fed_ok is False:
-        return "state"  # it was fed another token than its own last one: rows mixed up
-    if ev.positions_fed is not None and ev.positions_fed != ev.positions_expected:
-        return "positions"
-    if ev.visible is not None and ev.visible != ev.visible_expected:
-        return "mask"
-    if _kernel_departs(ev, rounding):
-        return "kernel"  # right inputs, wrong logits: the computation itself
-    if ev.kv_diff is not None and ev.kv_diff > rounding.tolerance:
-        # Most ill-fitting entries fit their own token at another position: the positions were wrong
-        # when they were computed. Entries of other tokens: the cache itself was laid out wrong.
-        at_other_positions = sum(at >= 0 for _, at in ev.written_at)
-        return "positions" if at_other_positions > len(ev.written_at) / 2 else "kv"
-    if ev.recurrent_diff is not None and ev.recurrent_diff > rounding.tolerance:
-        return "recurrent"
-    return "state"
 
 
 def _where(ev: RunForensics) -> str:
@@ -321,33 +227,15 @@ def _sync_bug(ev: RunForensics, rounding: Rounding | None) -> bool:
     elif invariant is not None:
         ev.verdict = f"sync-bug:{invariant}"
         ev.explanation = f"The output forked at {at}." + recorded
-    elif rounding is not None and _kernel_departs(ev, rounding):
+    elif rounding is not None and kernel_departs(ev, rounding):
         ev.verdict = "kernel-bug"
         ev.explanation = (f"At {at} the emitting pass's logits are within rounding of a fresh "
                           f"batch-size-1 recomputation ({ev.state_diff:.3g} against "
                           f"{tolerance:.3g} in {rounding.dtype}), so the fork alone could be "
-                          f"rounding. {_rebuilt_pass_shows(ev, rounding)}")
+                          f"rounding. {rebuilt_pass_shows(ev, rounding)}")
     else:
         return False
     return True
-
-
-def _rebuilt_pass_shows(ev: RunForensics, rounding: Rounding) -> str:
-    """What the pass rebuilt from correct inputs shows: a computation the model itself does not
-    make."""
-    where = []
-    if ev.kernel_diff_float64 is not None and rounding.float64_tolerance is not None \
-            and ev.kernel_diff_float64 > rounding.float64_tolerance:
-        where.append(f"in float64 by {ev.kernel_diff_float64:.3g}, where rounding explains "
-                     f"{rounding.float64_tolerance:.2g}")
-    if ev.kernel_diff is not None and ev.kernel_diff > rounding.tolerance:
-        where.append(f"in {rounding.dtype} by {ev.kernel_diff:.3g}")
-    return ("Rebuilt from correct inputs (each row's cache from a fresh prefill of its real "
-            "tokens, true positions, a "
-            f"plain mask), the same pass still departs from a fresh one, {' and '.join(where)}: "
-            "the batched verify "
-            "computes logits the model itself does not. A bug in the kernels of a pass of several "
-            "queries over a cache, not in the state.")
 
 
 def _near_tie(ev: RunForensics, rounding: Rounding | None) -> None:
@@ -395,34 +283,6 @@ def _near_tie(ev: RunForensics, rounding: Rounding | None) -> None:
                           "a corrupt state nor rounding explains it; the missing "
                           "evidence is a check of every round's state before the fork: run it "
                           "again with --audit.")
-
-
-def _why(ev: RunForensics, state: str) -> str:
-    if state == "positions" and ev.positions_fed == ev.positions_expected:
-        wrong = [(i, at) for i, at in ev.written_at if at >= 0]
-        return ("Its cache held entries computed at the wrong positions in earlier passes: "
-                + ", ".join(f"the token at position {i} was computed at {at}" for i, at in wrong)
-                + ".")
-    if state == "positions":
-        return (f"It was fed position ids {span(ev.positions_fed)} where its tokens sit at "
-                f"{span(ev.positions_expected)}.")
-    if state == "mask":
-        return (f"Its mask let its verified slots see {span(ev.visible)} key slots where it has "
-                f"{span(ev.visible_expected)} real tokens.")
-    if state == "kv":
-        return ("Replayed alone over only the cache entries its mask showed, with true positions, "
-                f"it still differs by {ev.kv_diff:.3g}: the cache held the wrong entries.")
-    if state == "recurrent":
-        return ("Replayed over fresh K/V of its tokens with its own recurrent states, it still "
-                f"differs by {ev.recurrent_diff:.3g}, where the same replay over its own visible "
-                "K/V and fresh states "
-                f"{'does not' if ev.kv_diff is None or ev.kv_diff <= ev.tolerance else f'differs by {ev.kv_diff:.3g}'}:"
-                f" {EXPLAIN['recurrent']}.")
-    if ev.tokens_fed_ok is False:
-        return ("The first token it was fed is not the sequence's last token: the row was given "
-                "another sequence's state.")
-    return ("Its first token, positions, mask and visible cache entries each check out alone: "
-            + EXPLAIN["state"] + ".")
 
 
 def flag_batching_noise(trace: Trace, batched: DecodeResult) -> Findings:

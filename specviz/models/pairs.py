@@ -25,17 +25,9 @@ from specviz.models.architecture import in_float64, unsupported
 from specviz.models.checkpoints import (GGUF_FILE, GGUF_PACKAGE, embedded_target_dir,
                                         embedded_tokenizer_dir)
 from specviz.models.draft import derive_draft, layer_subset
-from specviz.spec.run import (
-    BUILT_IN_PAIRS,
-    EMBEDDED_DRAFT,
-    EMBEDDED_TARGET,
-    TINY_HYBRID,
-    TINY_TARGET,
-    TINY_WINDOW,
-    TINY_WINDOW_SIZE,
-    RunSpec,
-    SpecError,
-)
+from specviz.spec.run import (BUILT_IN_PAIRS, EMBEDDED_DRAFT, EMBEDDED_TARGET, TINY_HYBRID,
+                              TINY_TARGET, TINY_WINDOW, TINY_WINDOW_SIZE, RunSpec)
+from specviz.spec.strict import SpecError
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
                 "float64": torch.float64}

@@ -24,7 +24,8 @@ from specviz.forensics.attribution import Replay, evidence, judge_replays
 from specviz.models.architecture import is_recurrent, sliding_windows
 from specviz.models.pairs import ModelPair
 from specviz.spec.faults import FAULTS, FAULT_PRESETS
-from specviz.spec.run import RunSpec, SpecError
+from specviz.spec.run import RunSpec
+from specviz.spec.strict import SpecError
 from specviz.trace.findings import Findings
 from specviz.trace.schema import Trace
 

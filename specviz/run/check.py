@@ -45,7 +45,8 @@ from specviz.run.launch import (gather_from_ranks, is_main, my_share, on_main, r
 from specviz.run.runner import Phases, calibrated_tolerance, checked, encode, phase, yardsticks_for
 from specviz.run.settings import Settings
 from specviz.spec.drafters import DRAFTERS
-from specviz.spec.run import RunSpec, SpecError, describe_validation_error
+from specviz.spec.run import RunSpec
+from specviz.spec.strict import SpecError, describe_validation_error
 from specviz.trace.findings import Findings
 from specviz.trace.records import EngineInfo, RoundRecord, RowRecord
 from specviz.trace.schema import Trace

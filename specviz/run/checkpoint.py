@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from specviz.decoding.result import SequenceOutput
 from specviz.forensics.enginenoise import Forced
-from specviz.spec.run import Many, Map, SpecError, Strict
+from specviz.spec.strict import Many, Map, SpecError, Strict
 from specviz.trace.records import ReferenceProof
 
 CHECKPOINT_VERSION = 2  # 2: each forced output keeps its tokens' ranks

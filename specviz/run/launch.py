@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import torch
 
-from specviz.spec.run import SpecError
+from specviz.spec.strict import SpecError
 
 Value = TypeVar("Value")
 

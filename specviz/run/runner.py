@@ -25,11 +25,13 @@ from specviz.models.pairs import ONE_DEVICE, ModelPair, Placement, pair_for
 from specviz.run.settings import Settings
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.prompts import builtin_set
-from specviz.spec.run import MAX_PROMPT_TOKENS, RunSpec, SpecError
+from specviz.spec.run import MAX_PROMPT_TOKENS, RunSpec
+from specviz.spec.strict import SpecError
 from specviz.spec.verdicts import state_bug
-from specviz.trace.evidence import Acceptance, Rounding, Yardsticks
+from specviz.trace.evidence import Acceptance
 from specviz.trace.findings import Findings
 from specviz.trace.schema import Trace
+from specviz.trace.yardsticks import Rounding, Yardsticks
 
 
 def encode(spec: RunSpec, pair: ModelPair, limits: Settings | None = None) -> list[list[int]]:

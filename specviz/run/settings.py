@@ -35,7 +35,8 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
 from specviz.spec import run as _spec
-from specviz.spec.run import BUILT_IN_PAIRS, DEVICES, PAIR_PRESETS, RunSpec, SpecError
+from specviz.spec.run import BUILT_IN_PAIRS, DEVICES, PAIR_PRESETS, RunSpec
+from specviz.spec.strict import SpecError
 
 ANY = "*"
 PRESET_IDS = frozenset(m for pair in PAIR_PRESETS.values() for m in pair)

@@ -28,7 +28,8 @@ from specviz.models.pairs import ONE_DEVICE, Placement, pair_for
 from specviz.run.launch import gather_from_ranks, is_main, my_share, rank, world_size
 from specviz.run.runner import decode, encode, explain, explain_sampled, run, sampled_yardsticks
 from specviz.spec.methods import METHODS
-from specviz.spec.run import RunSpec, SpecError
+from specviz.spec.run import RunSpec
+from specviz.spec.strict import SpecError
 from specviz.trace.schema import Trace
 
 

@@ -27,7 +27,8 @@ from specviz.models.pairs import ModelPair
 from specviz.run.runner import decode, encode, reference_for, run
 from specviz.run.settings import Settings
 from specviz.spec.methods import METHODS
-from specviz.spec.run import RunSpec, SpecError
+from specviz.spec.run import RunSpec
+from specviz.spec.strict import SpecError
 from specviz.trace import metrics, share
 from specviz.trace.records import SequenceRecord, first_difference
 from specviz.trace.schema import Trace

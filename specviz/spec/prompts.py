@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specviz.spec.run import SpecError
+from specviz.spec.strict import SpecError
 from specviz.spec.untrusted import parse_json
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"

@@ -6,15 +6,15 @@ hashed (cache key, trace fingerprint) and round-tripped through a share link.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
-from typing import Annotated, Literal, Self, TypeVar
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTER_OPTIONS, DRAFTERS, reading
 from specviz.spec.faults import expand, needing
 from specviz.spec.methods import METHODS
+from specviz.spec.strict import SpecError, Strict, _cut
 
 # the method of an engine check's trace: outputs from outside, judged against the reference
 ENGINE = "engine"
@@ -52,7 +52,6 @@ PAIR_PRESETS = {
 }
 BUILT_IN_PAIRS = {target: draft for target, draft in PAIR_PRESETS.values()
                   if target.startswith("specviz:")}
-MAX_PROBLEMS_LISTED = 3  # in one message about a stranger's input
 MAX_TEMPERATURE = 10.0
 SAMPLING_FIELDS = ("top_k", "top_p", "draft_temperature", "draft_top_k", "draft_top_p")
 MAX_NGRAM = 16
@@ -69,44 +68,6 @@ MAX_STOPS, MAX_STOP_CHARS = 4, 32  # stop strings a run may set, and the length 
 TARGET_FIELDS = ("temperature", "top_k", "top_p")
 # a request that sets no temperature samples at the serving engines' default (vLLM, OpenAI)
 UNSET_TEMPERATURE = 1.0
-
-
-class SpecError(ValueError):
-    """A run that cannot be done as asked; the message says what to change."""
-
-
-Item = TypeVar("Item")
-Key = TypeVar("Key")
-# Collections of a stranger's data stop validating at their first bad item: one in every item of a
-# huge list would cost pydantic an error object each (18 s for 10 million).
-Many = Annotated[list[Item], Field(fail_fast=True)]
-Map = Annotated[dict[Key, Item], Field(fail_fast=True)]
-
-
-class Strict(BaseModel):
-    """Unknown fields are refused. pydantic reports each one, so an object with more keys than a few
-    beyond the model's is refused in one error (a stranger's million keys would otherwise cost
-    seconds)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_fields(cls, data: object) -> object:
-        if isinstance(data, dict) and len(data) > len(cls.model_fields) + MAX_PROBLEMS_LISTED:
-            unknown = itertools.islice((k for k in data if k not in cls.model_fields),
-                                       MAX_PROBLEMS_LISTED)
-            raise ValueError(f"{len(data)} fields, of {len(cls.model_fields)} known; unknown: "
-                             + ", ".join(repr(k)[:40] for k in unknown) + ", …")
-        return data
-
-    @classmethod
-    def build(cls, **fields) -> Self:
-        """Validate `fields`, turning pydantic's report into one readable SpecError."""
-        try:
-            return cls(**fields)
-        except ValidationError as e:
-            raise SpecError(describe_validation_error(e)) from None
 
 
 class RowSampling(Strict):
@@ -412,27 +373,3 @@ class RunSpec(Strict):
 
     def key(self) -> str:
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
-
-
-MAX_PROBLEMS_READ = 10_000  # each problem pydantic reports becomes a Python dict when read: ~2.5 µs
-
-
-def describe_validation_error(e: ValidationError) -> str:
-    """pydantic's report in a few words: the first problems and where they are, stranger text cut
-    short."""
-    n = e.error_count()
-    if n > MAX_PROBLEMS_READ:
-        return f"{n} problems, too many to list"
-    parts = []
-    for err in e.errors(include_url=False, include_context=False,
-                        include_input=False)[:MAX_PROBLEMS_LISTED]:
-        where = ".".join(_cut(str(x), 40) for x in err["loc"])
-        msg = _cut(err["msg"].removeprefix("Value error, "), 200)
-        parts.append(f"{where}: {msg}" if where else msg)
-    if n > MAX_PROBLEMS_LISTED:
-        parts.append(f"and {n - MAX_PROBLEMS_LISTED} more")
-    return "; ".join(parts)
-
-
-def _cut(text: str, most: int) -> str:
-    return text if len(text) <= most else text[: most - 1] + "…"

@@ -11,7 +11,7 @@ import gc
 
 import orjson
 
-from specviz.spec.run import SpecError
+from specviz.spec.strict import SpecError
 
 
 def parse_json(data: bytes | str) -> object:

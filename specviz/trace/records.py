@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from specviz.spec.run import Many, Map, Strict
+from specviz.spec.strict import Many, Map, Strict
 from specviz.trace.evidence import Attribution, Forensics
 
 Source = Literal["draft", "correction", "bonus"]

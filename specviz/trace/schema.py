@@ -14,13 +14,15 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from specviz.spec.run import Many, Map, RunSpec, SpecError, Strict, describe_validation_error
+from specviz.spec.run import RunSpec
+from specviz.spec.strict import Many, Map, SpecError, Strict, describe_validation_error
 from specviz.spec.untrusted import parse_file, shown
 from specviz.trace.evidence import (Acceptance, Decisions, Determinism, Distribution, Fidelity,
-                                    SampledJudgement, Yardsticks)
+                                    SampledJudgement)
 from specviz.trace.migrations import MIGRATIONS, SCHEMA_VERSION
 from specviz.trace.records import (EngineInfo, PromptRecord, RoundRecord, RowRecord, SequenceRecord,
                                    check_sequence)
+from specviz.trace.yardsticks import Yardsticks
 
 MAX_TRACE_BYTES = 64 * 2**20
 FINGERPRINT = "[0-9a-f]{16}"  # also a file name (serving.save): nothing else may pass

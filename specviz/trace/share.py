@@ -16,7 +16,8 @@ import zlib
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, urlencode
 
-from specviz.spec.run import RunSpec, SpecError
+from specviz.spec.run import RunSpec
+from specviz.spec.strict import SpecError
 from specviz.spec.untrusted import parse_json
 from specviz.trace.schema import FINGERPRINT
 from specviz.trace.sweep import AXIS_FIELDS, Sweep

@@ -16,8 +16,8 @@ from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, model_vali
 
 from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTER_OPTIONS, DRAFTERS
 from specviz.spec.methods import METHODS, grid
-from specviz.spec.run import (SAMPLING_FIELDS, Many, Map, RunSpec, SpecError, Strict,
-                              describe_validation_error)
+from specviz.spec.run import SAMPLING_FIELDS, RunSpec
+from specviz.spec.strict import Many, Map, SpecError, Strict, describe_validation_error
 from specviz.spec.untrusted import parse_file, shown
 from specviz.trace import metrics
 from specviz.trace.evidence import Decisions, Distribution

@@ -61,8 +61,8 @@ def character_at(pieces: list[str | None], i: int) -> tuple[int, int]:
 
 
 def clip(text: str, most: int) -> str:
-    """`text` cut to at most `most` characters as a reader counts them (a flag or 👍🏽 is one), "…" if
-    cut."""
+    """`text` cut to at most `most` characters as a reader counts them (a flag or 👍🏽 is
+    one), "…" if cut."""
     head = regex.match(rf"\X{{0,{most}}}", text).group()
     return text if len(head) == len(text) else head + "…"
 
