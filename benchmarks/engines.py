@@ -26,7 +26,6 @@ from specviz.engines.server import from_server
 from specviz.models.pairs import load_pair
 from specviz.run import check
 from specviz.run.runner import decode
-from specviz.spec.prompts import builtin_set
 from specviz.spec.run import ENGINE, RunSpec
 from specviz.trace import metrics
 
@@ -38,8 +37,7 @@ def main() -> None:
                         dtype="float32", out=None)
     args = options.parse(ap)
     pair = load_pair(dtype=args.dtype, device="cpu")
-    prompts = builtin_set(args.prompt_set)
-    ids = pair.encode(prompts)
+    prompts, ids = options.prompt_set(pair, args)
     setup = (f"{len(ids)} prompts of the {args.prompt_set!r} set (chat template), "
              f"{args.max_new_tokens} new tokens, {args.dtype}, greedy, batch size "
              f"{args.batch_size}, k {args.k}, {args.threads} threads")

@@ -21,7 +21,6 @@ import torch
 from specviz.models import kernels
 from specviz.models.pairs import load_pair
 from specviz.run.runner import decode
-from specviz.spec.prompts import builtin_set
 from specviz.spec.run import RunSpec
 
 import options
@@ -63,8 +62,7 @@ def main() -> None:
                          "GEMM): nothing to "
                          "compare")
     names = (f"F.linear{' (MKL)' if args.dtype == 'float32' else ''}", f"oneDNN ({packed})")
-    prompts = builtin_set(args.prompt_set)
-    ids = pair.encode(prompts)
+    prompts, ids = options.prompt_set(pair, args)
     setup = (f"{len(ids)} prompts of the {args.prompt_set!r} set, {args.max_new_tokens} new "
              f"tokens, embedded pair in {args.dtype}, greedy, {args.threads} threads, torch "
              f"{torch.__version__}")

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from specviz.spec.prompts import builtin_set
+
 _SHARED = {
     "prompt_set": {"help": "a built-in prompt set"},
     "max_new_tokens": {"type": int},
@@ -32,3 +34,9 @@ def parse(ap: argparse.ArgumentParser) -> argparse.Namespace:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     return args
+
+
+def prompt_set(pair, args: argparse.Namespace) -> tuple[list[str], list[list[int]]]:
+    """The prompts of --prompt-set, and their token ids in `pair`'s chat template."""
+    prompts = builtin_set(args.prompt_set)
+    return prompts, pair.encode(prompts)

@@ -1,7 +1,7 @@
 """The faults are declared once: one record each (spec/faults.py), and one module that acts on them.
 
 Where a fault's name may appear in specviz/ as a string literal (presets' names alike):
-- in spec/faults.py, its declaration (the record, the presets);
+- in spec/faults.py, its declaration (the records, read from spec/faults.toml; the presets);
 - in decoding/faults.py, its behaviour (`Policy`, asked by what it decides, never by name);
 - as data, in the modules DATA lists: a value the way a user would give it (an example run's or a
   sweep's fault list), or the key a card or an independent model of the fault is filed under.

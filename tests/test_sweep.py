@@ -1,15 +1,13 @@
 """Sweeps: `verify --fault-sets ... --json` writes a SweepReport that loads, matches its runs and
 reruns; a stranger's report is refused with a message, or shown escaped."""
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-import specviz
+from fresh import run_fresh
+
 from specviz.app import sweepviews
 from specviz.cli.main import main
 from specviz.run.runner import run
@@ -97,12 +95,7 @@ def test_the_report_loads_without_torch_plotly_or_pandas(written):
             "== ('bsp-like',)\n"
             "bad = {'torch', 'transformers', 'plotly', 'pandas'} & set(sys.modules)\nassert not "
             "bad, bad\n")
-    # the checkout under test, not another installed copy
-    root = Path(specviz.__file__).resolve().parents[1]
-    env = {**os.environ,
-           "PYTHONPATH": os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))}
-    done = subprocess.run([sys.executable, "-c", code, str(written)], cwd=root, env=env,
-                          capture_output=True, text=True, check=False)
+    done = run_fresh(code, str(written))
     assert done.returncode == 0, done.stderr
 
 

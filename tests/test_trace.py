@@ -1,13 +1,11 @@
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-import specviz
+from fresh import run_fresh
+
 from specviz.app import views
 from specviz.app.panel import forensics_html
 from specviz.forensics.sampledrun import with_sampled_verdict
@@ -79,12 +77,7 @@ def test_a_trace_file_loads_without_torch(trace, tmp_path):
         "bad = {'torch', 'transformers', 'scipy', 'plotly', 'pandas'} & set(sys.modules)\n"
         "assert not bad, bad\n"
     )
-    # the checkout under test, not another installed copy
-    root = Path(specviz.__file__).resolve().parents[1]
-    env = {**os.environ,
-           "PYTHONPATH": os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))}
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=root, env=env,
-                          capture_output=True, text=True, check=False)
+    done = run_fresh(code, str(tmp_path))
     assert done.returncode == 0, done.stderr
     for name, t in (("greedy", trace), ("sampled", sampled)):
         assert Trace.from_json((tmp_path / f"{name}.again").read_bytes()) == t

@@ -13,15 +13,8 @@ from specviz.spec.faults import FAULTS
 from specviz.spec.faults import FAULT_PRESETS
 from specviz.spec.methods import METHODS
 from specviz.spec.prompts import builtin_sets
-from specviz.spec.run import (
-    DTYPES,
-    MAX_NGRAM,
-    MAX_PRESENCE_PENALTY,
-    MAX_REPETITION_PENALTY,
-    MAX_TEMPERATURE,
-    MAX_TREE_WIDTH,
-    PAIR_PRESETS,
-)
+from specviz.spec.run import (DTYPES, MAX_NGRAM, MAX_PRESENCE_PENALTY, MAX_REPETITION_PENALTY,
+                              MAX_TEMPERATURE, MAX_TREE_WIDTH, PAIR_PRESETS)
 
 # Pixels of a file box: Gradio's drop zone ("Drop File Here - or - Click to Upload") is cut below
 # about 120.

@@ -10,15 +10,8 @@ from pathlib import Path
 import gradio as gr
 
 from specviz.app import panel, plots, serving, summary, tokens, views
-from specviz.app.form import (
-    CUSTOM,
-    ENGINE_DEFAULTS,
-    INPUTS,
-    by_name,
-    controls_of,
-    filled,
-    spec_from_controls,
-)
+from specviz.app.form import (CUSTOM, ENGINE_DEFAULTS, INPUTS, by_name, controls_of, filled,
+                              spec_from_controls)
 from specviz.app.glossary import glossary as glossary_text
 from specviz.run.settings import Settings
 from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTER_OPTIONS, DRAFTERS

@@ -7,20 +7,8 @@ import html
 
 from specviz.app.summary import sampling_text
 from specviz.app.treeview import tree_words
-from specviz.app.views import (
-    PICK_TEXT,
-    SOURCE_TEXT,
-    Focus,
-    chip_text,
-    fork_round,
-    no_drafts,
-    no_rounds,
-    reads,
-    round_widths,
-    rows_by_seq,
-    says,
-    token_text,
-)
+from specviz.app.views import (PICK_TEXT, SOURCE_TEXT, Focus, chip_text, fork_round, no_drafts,
+                               no_rounds, reads, round_widths, rows_by_seq, says, token_text)
 from specviz.trace import metrics, text
 from specviz.trace.records import RowRecord, SequenceRecord
 from specviz.trace.schema import Trace

@@ -9,8 +9,7 @@ from pathlib import Path
 from specviz.models.pairs import Placement
 from specviz.spec.defaults import DEFAULT_PAIR, default_of
 from specviz.spec.drafters import DRAFTER_OPTIONS, DRAFTERS, reading
-from specviz.spec.faults import FAULTS
-from specviz.spec.faults import FAULT_PRESETS
+from specviz.spec.faults import FAULT_PRESETS, FAULTS
 from specviz.spec.methods import METHODS
 from specviz.spec.prompts import DEFAULT_SET, builtin_set, builtin_sets, read_prompts
 from specviz.spec.run import (DEVICES, DTYPES, MAX_BATCH_SIZE, PAIR_PRESETS, RowSampling, RunSpec,
@@ -32,6 +31,13 @@ def _list_of(kind: type, what: str):
 
 int_list = _list_of(int, "integers")
 float_list = _list_of(float, "numbers")
+
+
+def add_field(group, name: str, **kwargs) -> None:
+    """A flag that sets RunSpec's field `name`, typed and defaulted by that field."""
+    default = default_of(name)
+    group.add_argument("--" + name.replace("_", "-"), type=type(default), default=default,
+                       **kwargs)
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -62,22 +68,21 @@ def add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-chat-template", action="store_true",
                    help="feed prompts raw, without the chat template")
     g = p.add_argument_group("decoding")
-    g.add_argument("--max-new-tokens", type=int, default=default_of("max_new_tokens"))
+    add_field(g, "max_new_tokens")
     g.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="a stop string: an output ends at the token whose text completes it, that "
                         "token kept, as at an end-of-sequence token (repeat it for more; check: "
                         "the engine's own stop strings)")
-    g.add_argument("--dtype", choices=DTYPES, default=default_of("dtype"))
-    g.add_argument("--device", choices=DEVICES, default=default_of("device"))
-    g.add_argument("--seed", type=int, default=default_of("seed"),
-                   help="sampled runs: every sequence's random stream derives from it")
+    add_field(g, "dtype", choices=DTYPES)
+    add_field(g, "device", choices=DEVICES)
+    add_field(g, "seed",
+              help="sampled runs: every sequence's random stream derives from it")
     g.add_argument("--deterministic", action="store_true",
                    help="deterministic GPU kernels (fixed cuBLAS workspace, no TF32): reruns "
                         "repeat bit for bit; slower")
     g.add_argument("--window", type=int,
                    help="exspec: active sequences in the window (default 2 x batch size)")
-    g.add_argument("--max-wait", type=int, default=default_of("max_wait"),
-                   help="exspec: rounds a sequence may be passed over")
+    add_field(g, "max_wait", help="exspec: rounds a sequence may be passed over")
     g.add_argument("--drafter", type=drafters, default=[default_of("drafter")], metavar="DRAFTER",
                    help="what proposes the drafts: "
                    + "; ".join(f"{n}: {d.summary}" for n, d in DRAFTERS.items())
@@ -92,8 +97,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="candidates per position, verified as one token tree (eqspec and exspec; "
                         f"default {default_of('tree_width')}: a chain)")
     g.add_argument("--faults", default="",
-                   help=f"comma-separated faults or presets: {', '.join([*FAULTS, *FAULT_PRESETS])}"
-                                                 " (in the methods that take faults)")
+                   help="comma-separated faults or presets (in the methods that take faults): "
+                        + ", ".join([*FAULTS, *FAULT_PRESETS]))
     g.add_argument("--audit", type=int, nargs="?", const=MAX_BATCH_SIZE,
                    default=default_of("audit"), metavar="ROWS",
                    help="check every row's state against a fresh batch-size-1 recomputation every "
@@ -101,20 +106,18 @@ def add_common(p: argparse.ArgumentParser) -> None:
                         "a fork; about one extra batch-size-1 pass of the target and one of the "
                         "draft per audited row and round")
     g = p.add_argument_group("sampling (temperature 0: greedy)")
-    g.add_argument("--temperature", type=float, default=default_of("temperature"))
-    g.add_argument("--top-k", type=int, default=default_of("top_k"), help="0: off")
-    g.add_argument("--top-p", type=float, default=default_of("top_p"), help="1: off")
+    add_field(g, "temperature")
+    add_field(g, "top_k", help="0: off")
+    add_field(g, "top_p", help="1: off")
     g.add_argument("--draft-temperature", type=float,
                    help="the draft's own (default: the target's)")
     g.add_argument("--draft-top-k", type=int, help="the draft's own (default: the target's)")
     g.add_argument("--draft-top-p", type=float, help="the draft's own (default: the target's)")
-    g.add_argument("--repetition-penalty", type=float, default=default_of("repetition_penalty"),
-                   help="transformers' on the target's logits: a token of the prompt or output has "
-                        "its logit divided by it where positive, multiplied where negative (1: "
-                        "off)")
-    g.add_argument("--presence-penalty", type=float, default=default_of("presence_penalty"),
-                   help="OpenAI's: subtracted from the target's logit of every token the output "
-                        "holds (0: off)")
+    add_field(g, "repetition_penalty",
+              help="transformers' on the target's logits: a token of the prompt or output has its "
+                   "logit divided by it where positive, multiplied where negative (1: off)")
+    add_field(g, "presence_penalty", help="OpenAI's: subtracted from the target's logit of every "
+                                            "token the output holds (0: off)")
     g.add_argument("--logprobs", action="store_true",
                    help="record each token's log-probability under the target, and judge them "
                         "against a fresh float64 recomputation")
@@ -123,8 +126,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
                         "--top-p; repeat it for more requests, given to the prompts in turn "
                         "(prompt i gets the (i mod n)-th): keys "
                         f"{', '.join(RowSampling.model_fields)}; an unset temperature is 1, an "
-                        "unset seed the run's "
-                        "stream (e.g. --row temperature=0 --row top_k=20,seed=7)")
+                        "unset seed the run's stream (e.g. --row temperature=0 --row "
+                        "top_k=20,seed=7)")
 
 
 def row_sampling(text: str) -> dict:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specviz.cli.args import add_common, fault_set, float_list, int_list, methods
+from specviz.cli.args import add_common, add_field, fault_set, float_list, int_list, methods
 from specviz.cli.commands import (cmd_bench, cmd_run, cmd_schema, cmd_shrink, cmd_train_head,
                                   cmd_verify)
 from specviz.cli.enginecheck import cmd_check
@@ -32,9 +32,9 @@ def _add_run(sub) -> None:
     p = sub.add_parser("run",
                        help="decode prompts with one method; print outputs, write JSON or a trace")
     add_common(p)
-    p.add_argument("--method", choices=list(METHODS), default=default_of("method"))
-    p.add_argument("--batch-size", type=int, default=default_of("batch_size"))
-    p.add_argument("--k", type=int, default=default_of("k"))
+    add_field(p, "method", choices=list(METHODS))
+    add_field(p, "batch_size")
+    add_field(p, "k")
     p.add_argument("--json", type=Path, help="write outputs and token ids here")
     p.add_argument("--trace", type=Path, help="write the full trace (JSON) here")
     p.add_argument("--no-record", action="store_true", help="do not record the per-round trace")
@@ -99,9 +99,8 @@ def _add_check(sub) -> None:
                    help="ask every prompt twice more (the same requests again, then in reverse "
                         "order: other slots and batch company) and report every prompt answered "
                         "otherwise, with its fork")
-    p.add_argument("--k", type=int, default=default_of("k"),
-                   help="the engine's draft length, if it speculates (a verify pass's k + 1 "
-                        "positions size the tolerance)")
+    add_field(p, "k", help="the engine's draft length, if it speculates (a verify pass's k + 1 "
+                           "positions size the tolerance)")
     p.add_argument("--engine-drafter", choices=list(DRAFTERS),
                    help="what the engine drafts with: `model`, the check's --draft model, has its "
                         "acceptance judged from the engine's counters (per request, or a server's "
@@ -146,7 +145,7 @@ def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="throughput and phase shares, side by side in one run")
     add_common(p)
     p.add_argument("--batch-sizes", type=int_list, default=[1, 2, 4, 8])
-    p.add_argument("--k", type=int, default=default_of("k"))
+    add_field(p, "k")
     p.add_argument("--methods", type=methods, default=list(METHODS))
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--max-waits", type=int_list,
@@ -158,12 +157,10 @@ def _add_bench(sub) -> None:
 
 def _add_schema(sub) -> None:
     p = sub.add_parser("schema", help="print the trace's JSON Schema (docs/trace.schema.json)")
-    p.add_argument("--outputs", action="store_true",
-                   help="the JSON Schema of an engine outputs file instead "
-                        "(docs/engine-outputs.schema.json)")
-    p.add_argument("--report", action="store_true",
-                   help="the JSON Schema of a sweep report instead (verify --json; "
-                        "docs/sweep-report.schema.json)")
+    shapes = (("--outputs", "an engine outputs file (docs/engine-outputs.schema.json)"),
+              ("--report", "a sweep report (verify --json; docs/sweep-report.schema.json)"))
+    for flag, what in shapes:
+        p.add_argument(flag, action="store_true", help=f"the JSON Schema of {what} instead")
     p.set_defaults(func=cmd_schema)
 
 

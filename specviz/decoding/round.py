@@ -36,16 +36,8 @@ from specviz.decoding.penalties import history, logprobs
 from specviz.decoding.proposal import Drafter
 from specviz.decoding.result import SequenceOutput
 from specviz.decoding.sampling import ACCEPT, RESIDUAL, TARGET, Samplers, Streams, inverse_cdf
-from specviz.decoding.stages import (
-    Accepted,
-    Batch,
-    Committed,
-    Decoding,
-    Drafted,
-    RolledBack,
-    Step,
-    Verified,
-)
+from specviz.decoding.stages import (Accepted, Batch, Committed, Decoding, Drafted, RolledBack,
+                                     Step, Verified)
 from specviz.decoding.trees import Tree
 from specviz.decoding.treestep import accept_tree
 from specviz.models.pairs import ModelPair

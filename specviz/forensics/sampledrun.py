@@ -5,14 +5,8 @@ trace (`sampled_verdict`): the views and the sweep only read it."""
 from __future__ import annotations
 
 from specviz.decoding.result import DecodeResult
-from specviz.forensics.corruption import (
-    EXPLAIN,
-    corrupt,
-    failed_check_sentence,
-    failures,
-    fill_state,
-    first_invariant,
-)
+from specviz.forensics.corruption import (EXPLAIN, corrupt, failed_check_sentence, failures,
+                                          fill_state, first_invariant)
 from specviz.forensics.whitebox import first_over, rows_of
 from specviz.trace.evidence import RunForensics, SampledJudgement
 from specviz.trace.findings import Findings

@@ -45,16 +45,9 @@ import torch
 
 from specviz.decoding.result import DecodeResult
 from specviz.decoding.sampling import sampling_of
-from specviz.forensics.corruption import (
-    EXPLAIN,
-    corrupt,
-    failed_check_sentence,
-    failures,
-    fill_state,
-    first_invariant,
-    kernel_departs,
-    rebuilt_pass_shows,
-)
+from specviz.forensics.corruption import (EXPLAIN, corrupt, failed_check_sentence, failures,
+                                          fill_state, first_invariant, kernel_departs,
+                                          rebuilt_pass_shows)
 from specviz.forensics.recompute import ARBITER_MAX_PARAMS, float64_logits
 from specviz.models.pairs import ModelPair
 from specviz.trace.evidence import RunForensics

@@ -10,15 +10,8 @@ import os
 from dataclasses import dataclass, field
 
 import torch
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    LlamaConfig,
-    LlamaForCausalLM,
-    MistralConfig,
-    MistralForCausalLM,
-)
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig,
+                          LlamaForCausalLM, MistralConfig, MistralForCausalLM)
 
 from specviz.models import kernels
 from specviz.models.architecture import in_float64, unsupported

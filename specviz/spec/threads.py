@@ -3,6 +3,7 @@ named by its short name. Plain data: no torch.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 REPOS = {  # the short names threads are cited by -> GitHub repository
@@ -22,6 +23,14 @@ class Thread:
     repo: str  # a short name of REPOS
     number: int
     pr: bool = True  # a pull request, else an issue
+
+    @classmethod
+    def parse(cls, label: str) -> Thread:
+        """The thread a label names ("vLLM PR #10350", "mlx-lm #846"): the inverse of `label`."""
+        found = re.fullmatch(r"(\S+) (PR )?#(\d+)", label)
+        if not found or found[1] not in REPOS:
+            raise ValueError(f"not a thread of a known repository: {label!r}")
+        return cls(found[1], int(found[3]), pr=bool(found[2]))
 
     @property
     def label(self) -> str:
