@@ -13,7 +13,7 @@ from pathlib import Path
 
 # this checkout's engine, whichever one is installed
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from specviz.app.serving import ASSETS  # noqa: E402
+from specviz.app.serving import ASSETS, read_trace  # noqa: E402
 from specviz.spec.casebook import CASES  # noqa: E402
 from specviz.trace import metrics  # noqa: E402
 from specviz.trace.schema import Trace  # noqa: E402
@@ -47,7 +47,7 @@ def main() -> None:
     print("| field case (thread) | fault | mechanism | verdict | first fork, or drafts accepted "
           "|\n|---|---|---|---|---|")
     for case in CASES:
-        trace = Trace.from_json((ASSETS / "traces" / case.trace).read_text(encoding="utf-8"))
+        trace = read_trace((ASSETS / "traces" / case.trace).read_text(encoding="utf-8"))
         verdict, where = _shown(case, trace)
         threads = "; ".join(f"[{t.label}]({t.url})" for t in case.threads)
         print(f"| {threads} | `{case.fault}` | {case.mechanism.splitlines()[0]} | `{verdict}` | "

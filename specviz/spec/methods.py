@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTERS
-from specviz.spec.faults import of_kind
+from specviz.spec.faults import needing
 
 
 @dataclass(frozen=True)
@@ -85,14 +85,14 @@ def grid(methods: list[str], drafters: list[str], batch_sizes: list[int], ks: li
     """The runs a sweep (verify, bench) makes, as spec fields: every method with each of `drafters`
     it takes and each of `fault_sets` (a method that takes no faults once, with none), at the batch
     sizes it runs at (an unbatched method once), each k for a speculative method, and each of
-    `temperatures` it samples at (a method that runs greedy only at 0, a fault set with a sampling
+    `temperatures` it samples at (a method that runs greedy only at 0, a fault set needing a sampled
     fault above 0)."""
     out = []
     for name in methods:
         m = METHODS[name]
         for d in [d for d in drafters if d in m.drafters] if m.speculative else [DEFAULT_DRAFTER]:
             for faults in fault_sets if m.faults else [()]:
-                sampling = bool(set(of_kind("sampling")) & set(faults))
+                sampling = bool(needing("sampled", faults))
                 temps = [t for t in temperatures if (m.samples or t == 0)
                          and (t > 0 or not sampling)]
                 out += [{"method": name, "drafter": d, "faults": tuple(faults), "batch_size": bs,
