@@ -53,7 +53,7 @@ def round_fields(d: Decoding, b: Batch, drafted: Drafted, acc: Accepted, kept: C
                  gen: dict[int, SequenceOutput]) -> dict:
     """A recorded round's per-row tensors and checks, still on the device (record_round brings them
     over); each row's margins are appended to `gen`."""
-    before = _state_before(b, drafted.fresh)
+    before = drafted.before
     S, k, v, prop = b.tokens.shape[1], acc.k, acc.verified, acc.drafts
     top = v.logits.topk(TOP, dim=-1)
     margins = top.values[..., 0] - top.values[..., 1]
@@ -86,8 +86,10 @@ def round_fields(d: Decoding, b: Batch, drafted: Drafted, acc: Accepted, kept: C
     return fields
 
 
-def _state_before(b: Batch, draft_empty: bool) -> dict:
-    """What a recorded round keeps of the state it starts from, and the invariants it holds."""
+def state_before(b: Batch, draft_empty: bool) -> dict:
+    """What a recorded round keeps of the state its verify pass starts from, and the invariants it
+    holds (`draft_empty`: the drafter's cache was empty before it drafted, a fresh batch's first
+    round)."""
     S = b.tokens.shape[1]
     pad, content = (~b.valid & ~b.stale).sum(1), b.valid.sum(1)
     checks = {

@@ -99,11 +99,11 @@ def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clo
     drafted = draft(d, b, k, gen)
     t_draft = clock.lap()
     verified = verify(d, b, drafted.tokens, drafted.have, drafted.tree)
+    t_verify = clock.lap()  # from acceptance on, the round realigns (eqspec.py times it)
     if drafted.tree is None:
         acc = accept(d, b, drafted, verified)
     else:
         acc = accept_tree(d, b, drafted, verified, accept)
-    t_verify = clock.lap()
     d.drafter.observe(b, acc.verified, acc)
     states = roll_back_models(d, b, acc)
     kept = commit(d, b, drafted, acc, gen)
@@ -125,7 +125,7 @@ def draft(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput]) -> Draf
     asked = max(1, min(k, d.max_new_tokens - 1 - int(have.min())))
     skipped = [d.skipped.get(i, 0) for i in b.seqs]
     stream = d.policy.stream(d.sampling.streams(b.seqs, skipped, d.pair.device))
-    fresh = kvcache.length(b.draft.cache) == 0  # before the drafter fills it
+    draft_empty = kvcache.length(b.draft.cache) == 0  # before the drafter fills it
     prop = d.drafter.propose(d.policy, b, asked, d.sampling, stream, have).handed(
         d.policy.draft_rows(len(b.seqs), have.device))
     most = int(prop.counts.max())
@@ -139,7 +139,8 @@ def draft(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput]) -> Draf
         kvcache.read_stale(b.target.cache, zero)
         b.target.held = torch.where(zero, b.target.held_first, b.target.held)
     tree = None if prop.parents is None or not width else Tree.of(prop.parents[:, :width])
-    return Drafted(have, stream, prop, width, tree, fresh)
+    before = recording.state_before(b, draft_empty) if d.record else {}
+    return Drafted(have, stream, prop, width, tree, before)
 
 
 def verify(d: Decoding, b: Batch, drafts: torch.Tensor, have: torch.Tensor,

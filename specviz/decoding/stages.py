@@ -66,7 +66,8 @@ class Drafted:
     proposal: Proposal
     width: int  # drafts verified per row: the most any row was offered (a tree: its nodes)
     tree: Tree | None  # the drafts' tree (trees.py); None: a chain
-    fresh: bool  # the drafter's cache was empty before it drafted (a fresh batch's first round)
+    # a recorded round: the state the verify pass starts from, and its invariants (recording.py)
+    before: dict
 
     @property
     def tokens(self) -> torch.Tensor:

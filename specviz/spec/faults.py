@@ -1,8 +1,8 @@
 """The fault catalogue, declared once: one record per fault (spec/faults.toml, read here into
 `Fault`s), with its name, kind, description, the field threads it cites, the verdict its forks get,
 what the acceptance judge names its drafts, and what it needs of a run to act (its kind's needs and
-any of its own: spec/fits.py). The presets, and every group of faults a reader asks for, are
-computed from the records.
+any of its own: spec/fits.py). Every group of faults a reader asks for is computed from the
+records; the presets are named sets of records (FAULT_PRESETS).
 
 A fault's field case, where it has one, is spec/casebook.py's card for it (`BY_FAULT[name]`: what
 the users saw, the replica's run). Its behaviour is decoding/faults.py's `Policy`, the one module
@@ -53,11 +53,10 @@ CATALOGUE = Path(__file__).with_name("faults.toml")
 
 
 def _records(path: Path) -> dict[str, Fault]:
-    """The catalogue's records, by name, in the file's order."""
+    """The catalogue's records, by name, in the file's order (a key `Fault` lacks raises)."""
     tables = tomllib.loads(path.read_text(encoding="utf-8"))
-    return {name: Fault(name, t["kind"], t["description"], t.get("verdict"), t.get("acceptance"),
-                        tuple(t.get("also_needs", ())),
-                        tuple(map(Thread.parse, t.get("threads", ()))))
+    return {name: Fault(name, **{**t, "also_needs": tuple(t.get("also_needs", ())),
+                                 "threads": tuple(map(Thread.parse, t.get("threads", ())))})
             for name, t in tables.items()}
 
 
