@@ -5,8 +5,9 @@ reading it back milliseconds.
 Each entry is one call of yardstick.sample, as JSON under $SPECVIZ_CACHE/yardsticks (cache_dir),
 keyed by everything the samples depend on: the model's weights (a fingerprint of their bytes), class
 and config, its dtype and device, the sequences measured and those measured before (whose prefixes
-it skips), where it stops, the role, torch's and transformers' versions, torch's thread count (a
-CPU's reductions may split by it), and the yardstick's code (MEASUREMENT_VERSION and its constants).
+it skips), where it stops, the role, torch's and transformers' versions, torch's thread count on
+a CPU (its reductions may split by it), and the yardstick's code (MEASUREMENT_VERSION and its
+constants).
 An entry that does not read back whole, or whose key differs, is measured again and replaced, never
 trusted; entries are written to a temporary file and renamed over, so none is ever half read.
 """
@@ -32,6 +33,7 @@ from specviz.forensics import yardstick
 from specviz.forensics.recompute import copyable
 from specviz.forensics.yardstick import Samples
 from specviz.models.checkpoints import cache_dir
+from specviz.models.kernels import tensor_version
 
 MAX_ENTRIES = 512  # the least recently used beyond these go: a page meets new prompts forever
 # model -> (its tensors' identities and in-place versions, their fingerprint)
@@ -68,7 +70,7 @@ def weights_fingerprint(model) -> str:
     take a pair's weights as fixed anyway; a new process hashes the bytes afresh.
     """
     tensors = [*model.named_parameters(), *model.named_buffers()]
-    state = tuple((id(t), t.data_ptr(), t._version) for _, t in tensors)
+    state = tuple((id(t), t.data_ptr(), tensor_version(t)) for _, t in tensors)
     known = _FINGERPRINTS.get(model)
     if known is not None and known[0] == state:
         return known[1]
@@ -114,7 +116,9 @@ def _key(model, role: str, sequences, vocab: int, seen: tuple, enough: int | Non
             "constants": [yardstick.MAX_POSITIONS, yardstick.RECURRENT_POSITIONS],
             "role": role, "weights": weights_fingerprint(model), "dtype": str(model.dtype),
             "device": f"{device}{card}", "torch": torch.__version__,
-            "transformers": transformers.__version__, "threads": torch.get_num_threads(),
+            "transformers": transformers.__version__,
+            # a CPU's reductions may split by its threads; a GPU's do not
+            "threads": torch.get_num_threads() if device.type == "cpu" else None,
             "sequences": _digest(sequences), "seen": _digest(seen), "enough": enough,
             "vocab": vocab}
 

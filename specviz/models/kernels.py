@@ -28,6 +28,12 @@ import torch
 NAME = "onednn-packed"
 
 
+def tensor_version(t: torch.Tensor) -> int:
+    """How many in-place writes `t` has had (torch's counter; an inference tensor keeps none, and
+    none can be written outside inference mode)."""
+    return 0 if t.is_inference() else t._version
+
+
 def _widened() -> frozenset[torch.dtype]:
     """The half-precision dtypes this CPU has no oneDNN GEMM for."""
     native = {torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported(),
@@ -85,7 +91,7 @@ class PackedLinear(torch.nn.Linear):
     def _packed_weight(self) -> torch.Tensor:
         """The weight in float32, laid out for oneDNN: made once per weight tensor and version."""
         w = self.weight
-        key = (w.data_ptr(), w.dtype, 0 if w.is_inference() else w._version)
+        key = (w.data_ptr(), w.dtype, tensor_version(w))
         packed = self.__dict__.get("_packed")
         if packed is None or packed[0] != key:
             packed = self.__dict__["_packed"] = (key,
