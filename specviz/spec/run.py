@@ -14,7 +14,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTER_OPTIONS, DRAFTERS, reading
 from specviz.spec.faults import expand, needing
 from specviz.spec.methods import METHODS
-from specviz.spec.strict import SpecError, Strict, _cut
+from specviz.spec.strict import SpecError, Strict, cut
 
 # the method of an engine check's trace: outputs from outside, judged against the reference
 ENGINE = "engine"
@@ -107,7 +107,7 @@ def row_fields(text: str) -> dict[str, str]:
     bad = [k for k, eq, _ in pairs if not eq or k.strip() not in RowSampling.model_fields]
     if bad or not pairs:
         raise SpecError("a request's settings are key=value pairs of "
-                        f"{', '.join(RowSampling.model_fields)}; got {_cut(text, 80)!r}")
+                        f"{', '.join(RowSampling.model_fields)}; got {cut(text, 80)!r}")
     return {k.strip(): v.strip() for k, _, v in pairs}
 
 
@@ -226,11 +226,14 @@ class RunSpec(Strict):
                                            and x.speculative))
         return self
 
+    def changed(self, fields) -> list[str]:
+        """Those of `fields` set away from their defaults."""
+        return [f for f in fields if getattr(self, f) != type(self).model_fields[f].default]
+
     @model_validator(mode="after")
     def _drafter(self) -> RunSpec:
         kind = DRAFTERS[self.drafter]
-        stray = [f for f in DRAFTER_OPTIONS if f not in kind.options
-                 and getattr(self, f) != RunSpec.model_fields[f].default]
+        stray = [f for f in self.changed(DRAFTER_OPTIONS) if f not in kind.options]
         if stray:
             takes = reading(stray[0])
             raise ValueError(f"{', '.join(stray)} set the {' or '.join(takes)} drafter; choose "
@@ -279,7 +282,7 @@ class RunSpec(Strict):
         if self.method == ENGINE:
             raise ValueError("an engine check sends every request the run's settings: per-request "
                              "rows are for specviz's own methods")
-        if any(getattr(self, f) != RunSpec.model_fields[f].default for f in TARGET_FIELDS):
+        if self.changed(TARGET_FIELDS):
             raise ValueError("per-request settings (rows) replace the run's temperature, top-k and "
                              "top-p: leave those at their defaults")
         return self
@@ -292,7 +295,7 @@ class RunSpec(Strict):
                 raise ValueError(f"{', '.join(sorted(found))} breaks greedy acceptance: it needs "
                                  "temperature 0")
             return self
-        if any(getattr(self, f) != RunSpec.model_fields[f].default for f in SAMPLING_FIELDS):
+        if self.changed(SAMPLING_FIELDS):
             raise ValueError("top-k, top-p and the draft's sampling settings need a temperature "
                              "above 0")
         if needing("sampled", self.faults):
@@ -302,8 +305,7 @@ class RunSpec(Strict):
 
     @model_validator(mode="after")
     def _penalties(self) -> RunSpec:
-        penalised = [f.removesuffix("_penalty") for f in PENALTY_FIELDS
-                     if getattr(self, f) != RunSpec.model_fields[f].default]
+        penalised = [f.removesuffix("_penalty") for f in self.changed(PENALTY_FIELDS)]
         if self.method == ENGINE:
             if penalised or self.logprobs:
                 raise ValueError("an engine check sends no penalties and records the engine's own "
@@ -365,7 +367,7 @@ class RunSpec(Strict):
         """Stable text form: sorted keys, no whitespace; the basis of hashing and links."""
         fields = self.model_dump(mode="json")
         for f in OMITTED_AT_DEFAULT:
-            default = RunSpec.model_fields[f].default
+            default = type(self).model_fields[f].default
             # a tuple dumps as a list
             if fields[f] == (list(default) if isinstance(default, tuple) else default):
                 del fields[f]

@@ -61,13 +61,14 @@ def describe_validation_error(e: ValidationError) -> str:
     parts = []
     for err in e.errors(include_url=False, include_context=False,
                         include_input=False)[:MAX_PROBLEMS_LISTED]:
-        where = ".".join(_cut(str(x), 40) for x in err["loc"])
-        msg = _cut(err["msg"].removeprefix("Value error, "), 200)
+        where = ".".join(cut(str(x), 40) for x in err["loc"])
+        msg = cut(err["msg"].removeprefix("Value error, "), 200)
         parts.append(f"{where}: {msg}" if where else msg)
     if n > MAX_PROBLEMS_LISTED:
         parts.append(f"and {n - MAX_PROBLEMS_LISTED} more")
     return "; ".join(parts)
 
 
-def _cut(text: str, most: int) -> str:
+def cut(text: str, most: int) -> str:
+    """`text`, cut to at most `most` characters (an ellipsis marks a cut)."""
     return text if len(text) <= most else text[: most - 1] + "…"

@@ -155,8 +155,8 @@ OWN_DRAFTS = "the draft model's own"  # the acceptance judge's finding where the
 
 
 def verdict(name: str) -> Verdict:
-    """The declaration of `name`; a name no judge gives (a hand-edited trace) is unexplained, never
-    a bug."""
+    """The declaration of `name`; a name no judge gives (a sweep report written by another version:
+    a trace refuses one) is never a bug."""
     return VERDICTS.get(name) or Verdict(name, "not a verdict specviz gives", "", bug=False)
 
 

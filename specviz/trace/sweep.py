@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from specviz.spec.defaults import default_of
 from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTER_OPTIONS, DRAFTERS
 from specviz.spec.methods import METHODS, grid
 from specviz.spec.run import SAMPLING_FIELDS, RunSpec
@@ -129,11 +130,11 @@ class Sweep(Strict):
         fields = {**self.base.model_dump(), **config}
         # a drafter's options (the lookup's n-gram sizes) are its own: other drafters' runs leave
         # them out
-        fields.update({f: RunSpec.model_fields[f].default for f in DRAFTER_OPTIONS
+        fields.update({f: default_of(f) for f in DRAFTER_OPTIONS
                        if f not in DRAFTERS[config["drafter"]].options})
         # and sampling settings the sampled runs': the greedy ones leave them out
         if not config["temperature"]:
-            fields.update({f: RunSpec.model_fields[f].default for f in SAMPLING_FIELDS})
+            fields.update({f: default_of(f) for f in SAMPLING_FIELDS})
         try:
             return RunSpec.build(**fields)
         except SpecError as e:
