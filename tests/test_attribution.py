@@ -37,6 +37,16 @@ SETTINGS = {"draft-bonus": ("model", {}), "bonus-from-another-row": ("ngram", {}
             "rollback-by-draft-list": ("ngram", {})}
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """One torch thread while this file runs (as under `make test`): the independent decoder
+    and specviz's replays of it then split their reductions alike; restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def prompts(tiny):
     return tiny.encode(list(TEXTS), chat_template=False)
@@ -60,7 +70,6 @@ def eos_pair(tiny, tmp_path_factory):
 
 
 def _engine(tiny, prompts, bug, drafter, eos=(), dtype=torch.float64):
-    torch.set_num_threads(1)
     # another dtype on copies: the session's tiny pair must keep its float64 weights
     target, draft = (tiny.target, tiny.draft) if dtype == torch.float64 else \
         (copy.deepcopy(tiny.target).to(dtype), copy.deepcopy(tiny.draft).to(dtype))
@@ -270,7 +279,6 @@ def test_a_sampling_engine_s_acceptance_rule_is_named_by_the_likelihood_of_its_t
     is named by the likelihood ratio of its tokens; the correct sampler's tokens name none."""
     texts = builtin_set("all")[:16]
     prompts = tiny.encode(texts)
-    torch.set_num_threads(1)
     outputs = decode(tiny.target, tiny.draft, prompts, k=K, max_new_tokens=48, batch_size=BATCH,
                      temperature=0.5, seed=1, bug=bug)
     path = tmp_path / "sampled.jsonl"
