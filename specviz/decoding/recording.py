@@ -43,7 +43,7 @@ class RoundData:
     ints: dict[str, torch.Tensor]
     floats: dict[str, torch.Tensor]
     checks: dict[str, torch.Tensor]
-    timings: dict[str, float]  # seconds: draft, verify, realign, trace
+    timings: dict[str, float]  # seconds: draft, verify, realign, trace, watch
     realigned: bool  # whether the caches had to be gathered (else only cropped or stacked)
     group: bool | None = None  # exspec: a same-length group (no realignment at all)
     waits: list[int] | None = None  # exspec: rounds each row had been passed over

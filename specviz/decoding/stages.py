@@ -1,10 +1,11 @@
 """What one round reads, and what its stages hand each other (round.py runs them in order).
 
 A decode's settings stay the same over its rounds (`Decoding`). A round starts from a laid-out batch
-(`Batch`), and each stage hands the next one frozen value: the drafts (`Drafted`), the target's pass
-over them (`Verified`), what each row accepts of them (`Accepted`, always as a chain: a token tree's
-is its accepted path, treestep.py), the models' states rolled back (`RolledBack`), and the tokens
-each row keeps (`Committed`). The round hands its decoder (eqspec, exspec) a `Step`.
+(`Batch`), and each stage hands the next one a value (a frozen dataclass; the models' caches in it
+are written in place, as an engine's are): the drafts (`Drafted`), the target's pass over them
+(`Verified`), what each row accepts of them (`Accepted`, always as a chain: a token tree's is its
+accepted path, treestep.py), the models' states rolled back (`RolledBack`), and the tokens each row
+keeps (`Committed`). The round hands its decoder (eqspec, exspec) a `Step`.
 """
 from __future__ import annotations
 
