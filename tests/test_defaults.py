@@ -72,6 +72,15 @@ def test_the_page_starts_at_runspecs_defaults():
 
     assert spec_from_controls() == QUICK  # every control at its default: RunSpec's default run
     assert {**controls_of(QUICK), "target": "", "draft": ""} == DEFAULTS
+    # what the page offered before its defaults were read from RunSpec, unchanged
+    assert DEFAULTS == {
+        "pair": "embedded", "target": "", "draft": "", "prompt_set": "quick", "typed": "",
+        "method": "eqspec", "faults": [], "batch_size": 4, "k": 5, "max_new_tokens": 48,
+        "dtype": "float32", "seed": 0, "window": 0, "max_wait": 4, "audit": False,
+        "temperature": 0.0, "top_k": 0, "top_p": 1.0, "draft_temperature": None,
+        "draft_top_k": None, "draft_top_p": None, "drafter": "model", "ngram_min": 1,
+        "ngram_max": 3, "rows": "", "repetition_penalty": 1.0, "presence_penalty": 0.0,
+        "logprobs": False, "stop": "", "chat_template": True, "tree_width": 1}
     assert INPUTS["prompt_file"] is None
     assert (DEFAULTS["pair"], DEFAULTS["prompt_set"]) == (DEFAULT_PAIR, DEFAULT_SET)
     for field in ("dtype", "max_new_tokens", "temperature", "top_p", "seed"):
