@@ -36,6 +36,8 @@ float_list = _list_of(float, "numbers")
 def add_field(group, name: str, **kwargs) -> None:
     """A flag that sets RunSpec's field `name`, typed and defaulted by that field."""
     default = default_of(name)
+    # argparse's type=bool reads "False" as True; a None default has no type to parse with
+    assert default is not None and not isinstance(default, bool), name
     group.add_argument("--" + name.replace("_", "-"), type=type(default), default=default,
                        **kwargs)
 

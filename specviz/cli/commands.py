@@ -110,10 +110,15 @@ def _print_summary(trace) -> None:
     if eq:
         print(f"equivalence with reference: {eq['exact']:.0%} exact, {eq['prefix']:.1%} prefix "
               f"match (n={eq['n']})")
-    if trace.acceptance:
-        print(f"drafts: {trace.acceptance.verdict or OWN_DRAFTS}. {trace.acceptance.explanation}")
+    print_acceptance(trace)
     print_yardsticks(trace)
     print_distribution(trace)
+
+
+def print_acceptance(trace) -> None:
+    """The acceptance judge's finding on the drafts, where it judged them."""
+    if trace.acceptance:
+        print(f"drafts: {trace.acceptance.verdict or OWN_DRAFTS}. {trace.acceptance.explanation}")
 
 
 def print_yardsticks(trace) -> None:

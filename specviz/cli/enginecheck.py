@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 
 from specviz.cli.args import placement_of, spec_of
-from specviz.cli.commands import print_distribution, print_yardsticks, progress_bars, write_text
+from specviz.cli.commands import (print_acceptance, print_distribution, print_yardsticks,
+                                  progress_bars, write_text)
 from specviz.engines.dialects import LlamaCpp, OpenAI
 from specviz.models.pairs import pair_for
 from specviz.run import launch
 from specviz.spec.run import ENGINE
 from specviz.spec.strict import SpecError
-from specviz.spec.verdicts import OWN_DRAFTS, verdict
+from specviz.spec.verdicts import verdict
 from specviz.trace import metrics
 
 
@@ -139,8 +140,7 @@ def _print_engine_facts(trace) -> None:
                   "; accepted by position: " + " ".join(f"{a:.2f}" for a in by_position) if drafts
                   and by_position
                   else ""))
-    if trace.acceptance:  # declared to draft with the check's draft model: its counts judged
-        print(f"drafts: {trace.acceptance.verdict or OWN_DRAFTS}. {trace.acceptance.explanation}")
+    print_acceptance(trace)  # declared to draft with the check's draft model: its counts judged
     if engine.ignored:
         print(f"ignored fields of the outputs file: {', '.join(engine.ignored)}")
     if trace.manifest.determinism:
