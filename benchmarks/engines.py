@@ -63,8 +63,8 @@ def main() -> None:
 
     # warm-up
     decode(spec("eqspec", 2).model_copy(update={"max_new_tokens": 4}), pair, ids[:2], record=False)
-    # (engine, configuration, output ids, seconds, draft acceptance, verdicts); the first is the
-    # reference
+    # (engine, configuration, output ids, seconds, draft acceptance, verdicts); the first
+    # is the reference
     rows = []
     for method, bs in (("reference", 1), ("batched-reference", args.batch_size),
                        ("eqspec", args.batch_size), ("exspec", args.batch_size)):

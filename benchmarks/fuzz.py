@@ -3,11 +3,11 @@
 Runs the seeded generators of the fuzz test (tests/hostile.py) through the handlers the server
 calls: `ui.open_link` for links, `ui.open_trace` then `ui.render` for trace files. Prints, for links
 and for traces separately, how many got our message, how many opened, how many raised anything else,
-and the median and p90, p99, p99.9 and slowest CPU time of a rejection (the goal: every one under 50
-ms).
+and the median and p90, p99, p99.9 and slowest CPU time of a rejection (the goal: every one under
+50 ms).
 
-    python benchmarks/fuzz.py [--links 10000] [--traces 1000] [--seed 12] [--out
-    benchmarks/results/fuzz.md]
+    python benchmarks/fuzz.py [--links 10000] [--traces 1000] [--seed 12]
+    [--out benchmarks/results/fuzz.md]
 """
 import argparse
 import collections

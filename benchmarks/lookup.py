@@ -1,5 +1,5 @@
-"""Prompt lookup against plain decoding on the embedded pair, on this machine, side by side in one
-run.
+"""Prompt lookup against plain decoding on the embedded pair, on this machine, side by side
+in one run.
 
 For each subset of the built-in prompts (`summarize+code`: answers that draw on their own prompt;
 `all`; and, at batch size 1, each category alone):
@@ -109,8 +109,8 @@ def _line(name, method, fields, bs, runs) -> str:
 
 
 def _sum(parts: list[dict]) -> dict:
-    """Batch-size-1 runs of several categories as one: their ids, seconds and traces' rows
-    together."""
+    """Batch-size-1 runs of several categories as one: their ids, seconds and traces'
+    rows together."""
     return {"ids": [i for p in parts for i in p["ids"]],
             "seconds": sum(p["seconds"] for p in parts), "traces": [p["trace"] for p in parts]}
 

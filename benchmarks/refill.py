@@ -3,8 +3,8 @@ batches of --batch-size prompts, each shrinking as its rows finish) and vLLM wit
 one run: the 27 built-in prompts (chat template), 48 new tokens, embedded pair in float32, greedy,
 each specviz row its best of two.
 
-    python benchmarks/refill.py [--before 6c81cb4] [--batch-size 8] [--threads 2] [--out
-    benchmarks/results/refill.md]
+    python benchmarks/refill.py [--before 6c81cb4] [--batch-size 8] [--threads 2]
+    [--out benchmarks/results/refill.md]
 """
 import argparse
 import importlib.util

@@ -14,8 +14,8 @@ named, audited rounds beyond the yardstick, impossible tokens.
 
     python benchmarks/sampled_audit.py [--prompt-set quick] [--max-new-tokens 24] [--top-p 0.5]
     [--faults F …]
-                                       [--planted BUG …] [--seeds 20] [--out
-                                       benchmarks/results/sampled-audit.md]
+                                       [--planted BUG …] [--seeds 20]
+                                       [--out benchmarks/results/sampled-audit.md]
 """
 import argparse
 import sys
@@ -61,8 +61,8 @@ def main() -> None:
     prompts = tuple(builtin_set(args.prompt_set))
 
     def sampled(method: str, faults=(), seed: int = 0):
-        # Rows that share a stream show only on the same prompt, and only in numbers: 16 rows, as
-        # tests/test_sampling.py.
+        # Rows that share a stream show only on the same prompt, and only in numbers: 16 rows,
+        # as tests/test_sampling.py.
         shown_on = prompts[:1] * 16 if faults == ("shared-stream",) else prompts
         return run(RunSpec.build(prompts=shown_on, method=method, faults=faults,
                                  batch_size=args.batch_size, k=args.k,

@@ -1,8 +1,8 @@
 """Speculative sampling under the PIT verdict (distribution.py), on the embedded pair:
 
 - the correct eqspec and exspec samplers over many seeds: how often is a correct sampler rejected?
-- every sampling fault: rejected, and after how many tokens (the smallest budget of a doubling
-  series)?
+- every sampling fault: rejected, and after how many tokens (the smallest budget
+  of a doubling series)?
 
     python benchmarks/sampling.py --seeds 20 --out benchmarks/results/sampling.md
 

@@ -5,8 +5,8 @@ Traces come from the tiny pair (fast to decode; the views only see the trace's s
 timed for the default focus and for a focus on the last sequence, median of 5, including the plotly
 figures' JSON encoding that Gradio does before sending them.
 
-    python benchmarks/views.py [--prompts FILE]   (default: the carried Spec-Bench slice, 64
-    questions)
+    python benchmarks/views.py [--prompts FILE]   (default: the carried Spec-Bench slice,
+    64 questions)
 """
 import argparse
 import statistics

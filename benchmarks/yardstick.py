@@ -151,8 +151,8 @@ def scale_error(eps: float):
 
 @torch.inference_mode()
 def rebuilt_diff(model, ids: list[int], keep: int, vocab: int) -> float:
-    """A verify-shaped pass over a fresh prefill of ids[:-keep], against a fresh pass: the largest
-    |difference|."""
+    """A verify-shaped pass over a fresh prefill of ids[:-keep], against a fresh pass:
+    the largest |difference|."""
     cache = kvcache.new(model)
     model(input_ids=torch.tensor([ids[:-keep]]), cache=cache, logits_to_keep=1)
     n = len(ids) - keep

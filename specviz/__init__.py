@@ -1,7 +1,7 @@
 """specviz: batch speculative decoding under the microscope.
 
-The packages are layers, each importing only those below it (checked by import-linter,
-pyproject.toml):
+The packages are layers, each importing only those below it (checked
+by import-linter, pyproject.toml):
 
     cli | app        the command line; the page (only app imports gradio) run              a RunSpec
     to a Trace: decode, check an engine, shrink, shard, bench; operator settings forensics

@@ -164,8 +164,8 @@ def vllm_servers(tmp_path_factory):
 
 
 class Served:
-    """One mode's float32 server, (re)started whenever a test reaches for its url, model or
-    launch."""
+    """One mode's float32 server, (re)started whenever a test reaches for its url, model
+    or launch."""
 
     def __init__(self, servers: VllmServers, mode: str):
         self.servers, self.mode = servers, mode
@@ -184,8 +184,8 @@ def vllm(request, vllm_servers):
 
 def attribute_every_fork(trace, spec, pair, ids, settings: dict, batch: int, label: str):
     """A correct engine's forks, every one attributed on purpose (its rounding's too): none may be
-    named. Prints what was measured, the threshold's false-attribution count on this engine, for
-    docs/engines.md."""
+    named. Prints what was measured, the threshold's false-attribution count on this engine,
+    for docs/engines.md."""
     from specviz.run import attribution
 
     seqs = attribution.forks_to_attribute(trace, every_fork=True)

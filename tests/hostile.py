@@ -103,8 +103,8 @@ def hostile_trace(trace):
 
 
 # ---------------------------------------------------------------- malformed links and trace files
-# Input i of a seed comes from its own random generator, so a sample can be drawn without making the
-# rest.
+# Input i of a seed comes from its own random generator, so a sample can be drawn without making
+# the rest.
 
 NASTY = (  # values of a surprising type or size, made only when drawn
     lambda: None, lambda: True, lambda: -1, lambda: 2**70, lambda: 1e308, lambda: 0.5, lambda: "",
@@ -166,8 +166,8 @@ def _mutate_tree(rng: random.Random, tree) -> str:
 
 
 def _plausible(rng: random.Random, value):
-    """Another value of `value`'s type: what a careless edit makes, and only a cross-check can
-    catch."""
+    """Another value of `value`'s type: what a careless edit makes, and only a cross-check
+    can catch."""
     if isinstance(value, bool):
         return not value
     if isinstance(value, int):
@@ -401,6 +401,6 @@ def live_markdown(source: str) -> list[str]:
 
 
 def markdown_text(source: str) -> str:
-    """What a reader sees of Markdown `source`, whitespace collapsed (table cells one space
-    apart)."""
+    """What a reader sees of Markdown `source`, whitespace collapsed (table cells one
+    space apart)."""
     return " ".join("".join(parse_html(markdown_html(source)).text).split())

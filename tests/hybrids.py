@@ -144,8 +144,8 @@ def save(path, family: str, layers: int = 4, state: dict | None = None, loops: b
 
 
 def save_pair(root, family: str, loops: bool = False) -> tuple[str, str]:
-    """(target dir, draft dir) of one family under `root`: the draft is the target's first two
-    layers."""
+    """(target dir, draft dir) of one family under `root`: the draft is the target's first
+    two layers."""
     target = save(root / "target", family, loops=loops)
     state = AutoModelForCausalLM.from_pretrained(target).state_dict()
     return target, save(root / "draft", family, 2, state)

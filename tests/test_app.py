@@ -212,8 +212,8 @@ def test_the_shrink_button_gives_a_smaller_run_that_opens_on_the_fork(app_url):
 
 def _outputs_file(tmp_path, trace: Trace, tamper: int | None = None,
                   name: str = "outputs.jsonl") -> str:
-    """An engine's outputs file made from a run's outputs; `tamper`: that sequence's token 2
-    replaced."""
+    """An engine's outputs file made from a run's outputs; `tamper`: that sequence's token
+    2 replaced."""
     lines = [json.dumps({"engine": {"name": "my-engine", "version": "1.2", "settings": {"k": 3}}})]
     for p, s in zip(trace.prompts, trace.sequences):
         ids = list(s.output_ids)
@@ -423,8 +423,8 @@ def test_the_drafter_controls_make_the_spec_and_a_lookup_link_restores_them(clie
     assert "drafts by prompt lookup (n-grams 2–4, no draft model)" in shown
     assert f"Speed-up: {views.metrics.speedup(trace)['ratio']:.2f}×" in shown
     assert "both measured on this machine in this run" in shown  # its reference decoded in this run
-    # The same spec again: served from the process's cache, and said so; another k: the reference
-    # reused.
+    # The same spec again: served from the process's cache, and said so; another k:
+    # the reference reused.
     assert "when this process first ran this spec" in markdown_text(client.predict(**LOOKUP,
             api_name="/run")[0])
     other_k = {**LOOKUP, "k": 4}
@@ -439,8 +439,8 @@ def test_the_drafter_controls_make_the_spec_and_a_lookup_link_restores_them(clie
     assert "Replaying" in note and (values["drafter"], values["ngram_min"],
                                     values["ngram_max"]) == ("lookup", 2, 4)
     assert form.spec_from_controls(**values) == spec
-    # With the draft model the (hidden) n-gram sliders are not read, and its link restores the draft
-    # model.
+    # With the draft model the (hidden) n-gram sliders are not read, and its link restores
+    # the draft model.
     model = form.spec_from_controls(**{**LOOKUP, "drafter": "model", "ngram_min": 2,
                                        "ngram_max": 4})
     assert (model.drafter, model.ngram_min, model.ngram_max) == ("model", 1, 3)

@@ -68,8 +68,8 @@ def test_a_fresh_page_shows_a_real_fork_at_once_then_a_click_and_its_share_link(
     for name in ("rounding per position", "tolerance (α", "state check:"):
         expect(yardstick).to_contain_text(name)
     expect(page.locator("#sv-forensics")).to_contain_text("judged against")
-    # At 1280 px the sequence table's headers break between words, never inside one ("equi vale
-    # nt").
+    # At 1280 px the sequence table's headers break between words, never inside one ("equi
+    # vale nt").
     headers = _lines(page, "#sv-table th .header")
     assert headers and all(lines <= len(text.split()) for text, lines in headers), headers
     table, last = (page.locator("#sv-table").bounding_box(),
@@ -158,8 +158,8 @@ def test_at_phone_width_the_page_opens_on_the_case_and_never_scrolls_sideways(ne
 
 
 def _open_trace_file(page, app_url: str, path) -> None:
-    """Load the page and open a trace file through its "open a trace" control, as a visitor
-    would."""
+    """Load the page and open a trace file through its "open a trace" control,
+    as a visitor would."""
     page.goto(app_url)
     cells = page.locator("#sv-grid td.sv-cell")
     expect(cells.first).to_be_visible(timeout=60_000)  # the first page's bundled trace is in
@@ -348,8 +348,8 @@ def test_prompt_lookup_example_says_its_speed_up_and_shows_rows_offered_no_draft
     assert "no drafts were offered" in focused.locator(".sv-tok").get_attribute("title")
     page.screenshot(path=SHOTS / "example-prompt-lookup.png", full_page=True)
     page.locator("#sv-grid").screenshot(path=SHOTS / "example-prompt-lookup-grid.png")
-    # The link restores the drafter and its n-grams, and replays the run (from this process's
-    # cache).
+    # The link restores the drafter and its n-grams, and replays the run (from this
+    # process's cache).
     fresh = new_page(viewport={"width": 1400, "height": 1000})
     fresh.goto(page.url)
     expect(fresh.locator("#sv-status")).to_contain_text("matched the shared run exactly",
@@ -362,8 +362,8 @@ def test_prompt_lookup_example_says_its_speed_up_and_shows_rows_offered_no_draft
 
 
 def _heat_cell(page, metric: str, label: str, column: int):
-    """The heatmap cell of run `label` (method · faults) in its `column`-th (batch size, k)
-    column."""
+    """The heatmap cell of run `label` (method · faults) in its `column`-th (batch size,
+    k) column."""
     row = page.locator(f"#sv-sweep-{metric} tr").filter(has=page.locator("th.sv-hlabel",
                                                                          has_text=label))
     return row.locator("td").nth(column)
@@ -528,8 +528,8 @@ def test_a_field_case_opens_from_its_card_at_its_fork_and_its_share_link_replays
 
 
 def _replays_in(new_page, link: str, case, seq: str, round_: str) -> None:
-    """The case's share link, opened: its fork and verdict; then the Sweep tab runs the whole
-    casebook."""
+    """The case's share link, opened: its fork and verdict; then the Sweep tab runs
+    the whole casebook."""
     from specviz.spec.casebook import CASES
 
     fresh = new_page(viewport={"width": 1280, "height": 1000})
@@ -542,8 +542,8 @@ def _replays_in(new_page, link: str, case, seq: str, round_: str) -> None:
     assert cell.get_attribute("data-seq") == seq
     expect(fresh.locator("#sv-forensics")).to_contain_text(case.expected)
 
-    # The Sweep tab runs the whole casebook as one sweep: a cell for each case (each run from the
-    # bundle).
+    # The Sweep tab runs the whole casebook as one sweep: a cell for each case (each run
+    # from the bundle).
     fresh.get_by_role("tab", name="Sweep").click()
     fresh.locator("#sv-sweep-casebook").click()
     expect(fresh.locator("#sv-sweep-exact td.sv-hcell")).to_have_count(len(CASES),

@@ -1,5 +1,5 @@
-"""specviz check: an engine judged from outside, by its ids alone, against the batch-size-1
-reference.
+"""specviz check: an engine judged from outside, by its ids alone, against
+the batch-size-1 reference.
 
 The engines here are our own, wrapped as a researcher's callable that hands over ids only: the
 correct engine, and the bsp-like and dsd-like re-creations of published bugs. Black-box verdicts
@@ -53,8 +53,8 @@ def dsd_like(prompt_ids, settings):
 
 
 def sampled(prompt_ids, settings):
-    """A sampling engine: eqspec with the temperature, top-k, top-p and seed the check hands
-    over."""
+    """A sampling engine: eqspec with the temperature, top-k, top-p and seed the check
+    hands over."""
     sampler = Sampler(settings["temperature"], settings["top_k"], settings["top_p"])
     result = eqspec(_pair(settings), prompt_ids, 4, settings["k"], settings["max_new_tokens"],
                     sampling=Sampling(sampler, sampler, settings["seed"]))
@@ -92,8 +92,8 @@ def test_a_correct_engine_equals_the_reference_and_gets_no_verdicts(tmp_path, ti
 
 
 def test_in_bfloat16_a_correct_engine_is_numerics_never_an_engine_bug(tmp_path, tiny):
-    """And when its control run (here: itself) departs at the same token, never an engine bug
-    either."""
+    """And when its control run (here: itself) departs at the same token, never an engine
+    bug either."""
     for control in ((), ("--control-engine", "test_check:correct")):
         trace = _check(tmp_path, "--dtype", "bfloat16", "--prompt-set", "spec-bench",
                        "--max-new-tokens", "48", "--engine", "test_check:correct", *control)
@@ -118,8 +118,8 @@ def test_a_broken_engine_is_an_engine_bug_wherever_the_white_box_sees_a_sync_bug
 
 def test_the_fork_evidence_is_what_a_fresh_float64_pass_gives(tmp_path, tiny):
     """The engine's rank at the fork, its float64 margin and both texts' costs after it, read from
-    the outputs teacher-forced once, are those of a fresh batch-size-1 float64 pass over each whole
-    sequence."""
+    the outputs teacher-forced once, are those of a fresh batch-size-1 float64 pass over each
+    whole sequence."""
     trace = _check(tmp_path, "--engine", "test_check:dsd_like", "--control-engine",
                    "test_check:no_speculation")
     pair = _pair({"dtype": "float32"})

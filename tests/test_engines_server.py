@@ -239,8 +239,8 @@ def test_check_on_vllm_equals_the_reference_and_a_file_of_its_outputs_reports_th
     assert (row["exact_pct"] == 100 and row["n"] == len(spec.prompts)
             and row["tokens_per_second"] > 0)
     assert live.manifest.engine.name == "vllm"
-    # A correct engine's drafts: its acceptance over the run, and by position, is the draft model's
-    # own.
+    # A correct engine's drafts: its acceptance over the run, and by position, is the draft
+    # model's own.
     a = live.acceptance
     assert a.counters and a.verdict is None and len(a.per_position) == K, a.explanation
     filed = check.from_files(spec, embedded, (outputs_file(live), "vllm.jsonl"))
@@ -435,8 +435,8 @@ def test_a_sampled_request_sends_the_settings_every_other_knob_off_and_a_seed_pe
 @pytest.fixture(scope="module")
 def tiny_sampled(tiny):
     """A sampled check's spec on the tiny pair, its prompt ids, and a fake server's outputs: drawn
-    by specviz's reference sampler with the check's own settings, and with top-p ignored (a planted
-    bug)."""
+    by specviz's reference sampler with the check's own settings, and with top-p ignored
+    (a planted bug)."""
     from specviz.decoding.reference import reference
     from specviz.decoding.sampling import Sampler, Sampling
     from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
@@ -500,8 +500,8 @@ def test_a_sampled_check_judges_a_server_by_the_distribution_of_its_ids(tiny, ti
 
 @pytest.mark.parametrize("vllm", ["none", "ngram"], indirect=True)
 def test_a_sampled_check_of_vllm_and_the_same_ids_under_the_wrong_temperature(vllm, embedded):
-    """vLLM sampled at temperature 0.8, top-p 0.95, judged from its ids alone, the target scored by
-    us.
+    """vLLM sampled at temperature 0.8, top-p 0.95, judged from its ids alone, the target scored
+    by us.
 
     Without speculation it is consistent. With ngram speculation, vLLM 0.32's CPU build is not: its
     C++ stand-in for the rejection sampler's expand_kernel writes into an int64 copy of a float

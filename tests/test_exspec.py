@@ -24,8 +24,8 @@ def test_exspec_equals_reference_in_float64(tiny, mixed_prompts, batch_size, k):
 
 
 def test_equal_growth_runs_entirely_in_same_length_groups(tiny, mixed_prompts):
-    """draft = target and equal prompt lengths: every round is a same-length group, none
-    realigns."""
+    """draft = target and equal prompt lengths: every round is a same-length group,
+    none realigns."""
     same = dataclasses.replace(tiny, draft=layer_subset(tiny.target, [0, 1, 2]))
     prompts = [p[:10] for p in mixed_prompts if len(p) >= 10][:8]
     got = exspec(same, prompts, 4, 3, 16, window=8, max_wait=100)

@@ -31,8 +31,8 @@ class Click:
 
 
 def first_forked(trace):
-    """The sequence the Run view opens on (views.resolve): the first that parts from the
-    reference."""
+    """The sequence the Run view opens on (views.resolve): the first that parts
+    from the reference."""
     return next((s for s in trace.sequences if s.equivalent is False), None)
 
 
@@ -83,8 +83,8 @@ def test_a_card_opens_its_case_at_its_fork_and_its_share_link_replays_it_from_th
                          rf'{views["focus_round"]}"',
                          views["grid"])
         assert html.escape(case.expected) in views["forensics"]
-    # Its share link replays it in any process: from the bundle, not from this process's cache of
-    # runs.
+    # Its share link replays it in any process: from the bundle, not from this process's cache
+    # of runs.
     serving.TRACES.clear()
     pending, note = (ui.open_link(views["link_query"])[n] for n in ("pending", "status"))
     replayed, report, _, _ = ui.replay(Settings(), pending)

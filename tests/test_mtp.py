@@ -1,8 +1,8 @@
 """The target's own multi-token-prediction (MTP) layer as the drafter (models/heads.py `MtpHead`,
 loaded by transformers' `MtpModel`), on tiny checkpoints that ship one (mtp_checkpoints.py): every
 output is the batch-size-1 reference's, every draft is the one transformers' own MTP layer writes
-from a fresh pass, transformers' own MTP generation agrees, and a head's bug is named by its
-side."""
+from a fresh pass, transformers' own MTP generation agrees, and a head's bug is named
+by its side."""
 import pytest
 import torch
 from mtp_checkpoints import FAMILIES, save

@@ -16,8 +16,8 @@ from specviz.run.runner import run
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import RunSpec
 
-# name -> (module, function, snippet, its mutation, modules that imported the function by name,
-# method)
+# name -> (module, function, snippet, its mutation, modules that imported the function
+# by name, method)
 MUTANTS = {
     # cache-layout arithmetic: when rows move, each cache takes each slot from one slot too far left
     "layout-off-by-one": (modelstate.ModelState, "rearranged",
@@ -33,8 +33,8 @@ MUTANTS = {
         "gen[s.seq].finished_at = time.perf_counter() - start\n            continue",
                            "gen[s.seq].finished_at = time.perf_counter() - start\n            "
                            "break", (), "exspec"),
-    # wrong row order after a batch shrinks: the first rows' caches are kept instead of the
-    # survivors'
+    # wrong row order after a batch shrinks: the first rows' caches are kept instead
+    # of the survivors'
     "shrink-row-order": (modelstate.ModelState, "rearranged",
                          "kvcache.select_rows(self.cache, rows)",
                          "kvcache.select_rows(self.cache, torch.arange(len(rows), "
@@ -59,8 +59,8 @@ MUTANTS = {
                          "eqspec"),
 }
 # An off-by-one in the draft's catch-up: it re-feeds its last token twice instead of the last two.
-# Greedy output cannot fork on a draft bug (the target picks every token), but the draft's state is
-# corrupt.
+# Greedy output cannot fork on a draft bug (the target picks every token), but the draft's state
+# is corrupt.
 DRAFT_MUTANT = (drafters.ModelDrafter, "propose",
                 'run_model(self.pair, policy, "draft", tok, val, stl,',
                 'run_model(self.pair, policy, "draft", torch.cat([tok[:, :-2], tok[:, -1:], tok[:, '
@@ -69,8 +69,8 @@ DRAFT_MUTANT = (drafters.ModelDrafter, "propose",
 
 def plant(monkeypatch, holder, name, snippet, mutation, importers):
     """Replace `snippet` by `mutation` in the source of holder.name (a module's function or a
-    class's method), for the holder and the modules that imported it (under whatever name they gave
-    it)."""
+    class's method), for the holder and the modules that imported it (under whatever name they
+    gave it)."""
     original = getattr(holder, name)
     source = textwrap.dedent(inspect.getsource(original))
     assert (source.count(snippet)

@@ -31,8 +31,8 @@ def _ids(result):
 @pytest.mark.parametrize("dtype,penalties", [("float64", Penalties(repetition=1.5)),
                                              ("float32", Penalties(repetition=1.3, presence=1.0))])
 def test_speculation_equals_the_penalised_reference(dtype, penalties, mixed_prompts):
-    """Every verify slot is penalised by the row's prompt, its output and the drafts before that
-    slot."""
+    """Every verify slot is penalised by the row's prompt, its output and the drafts before
+    that slot."""
     pair = load_pair(TINY_TARGET, TINY_DRAFT, dtype=dtype, device="cpu")
     prompts, sampling = mixed_prompts[:3], Sampling(penalties=penalties)
     ref = _ids(reference(pair, prompts, NEW, sampling=sampling))

@@ -138,8 +138,8 @@ def test_a_stream_advanced_for_a_row_without_drafts_keeps_the_distribution_and_i
 
 
 def test_target_probabilities_zeroed_in_place_reject_every_draft_and_break_the_distribution():
-    """Every row audited: its states clean and its decisions following their record, the rule is to
-    blame."""
+    """Every row audited: its states clean and its decisions following their record, the rule
+    is to blame."""
     trace = run(_spec(faults=("target-probs-mutated",), prompts=PROMPTS, max_new_tokens=8, audit=3))
     assert trace.distribution.verdict == "not the target's distribution", trace.distribution
     assert all(r.accepted == 0 for r in trace.rows) and trace.decisions.mismatches == 0

@@ -120,8 +120,8 @@ def test_the_same_decoder_stopping_anywhere_in_the_block_gets_no_bug(written):
 
 
 def test_a_drafter_that_misses_the_last_token_is_caught_by_the_engines_own_counters(written):
-    """A lossless bug: the output is the reference's, and only the engine's counters show the drafts
-    wasted."""
+    """A lossless bug: the output is the reference's, and only the engine's counters show
+    the drafts wasted."""
     trace = written["drafts-without-last-token"].trace
     assert all(s.equivalent for s in trace.sequences)
     a = trace.acceptance
@@ -136,8 +136,8 @@ def test_a_servers_totals_over_the_run_judge_its_drafts_where_it_counts_none_per
                                                                                          name,
                                                                                          expected):
     """vLLM counts drafts only in /metrics, over the run: the same decoders' counts, summed as a
-    server would and per draft position, judged against the same replay as their counts per
-    request."""
+    server would and per draft position, judged against the same replay as their counts
+    per request."""
     trace, rounds = written[name]
     accepts = [n for per_prompt in rounds for n in per_prompt]
     served = trace.model_copy(deep=True)

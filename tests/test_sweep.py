@@ -24,8 +24,8 @@ VERIFY = ["verify", "--pair", "tiny", "--dtype", "float64", "--device", "cpu", "
           "lists", "--max-new-tokens", "12", "--k", "5"]
 SWEEP = [*VERIFY, "--methods", "batched-reference,eqspec", "--fault-sets", "none", "bsp-like",
          "--batch-sizes", "1,4"]
-# The runs, in methods.grid order: a method without faults (batched-reference) runs once per batch
-# size.
+# The runs, in methods.grid order: a method without faults (batched-reference) runs once per
+# batch size.
 RUNS = [("batched-reference", "", 1), ("batched-reference", "", 4), ("eqspec", "", 1),
         ("eqspec", "", 4), ("eqspec", "bsp-like", 1), ("eqspec", "bsp-like", 4)]
 

@@ -1,6 +1,6 @@
 """The page's Sweep and Compare tabs, through their handlers: a sweep run on the tiny pair, its
-share link, the server's limit on sweeps, a click into the run view, and two runs compared token by
-token."""
+share link, the server's limit on sweeps, a click into the run view, and two runs compared token
+by token."""
 import json
 
 import gradio as gr
@@ -13,8 +13,8 @@ from specviz.spec.run import RunSpec
 from specviz.trace import share
 from specviz.trace.sweep import Sweep
 
-# eqspec with no fault and with bsp-like, at batch sizes 1 and 4, k 5, on the tiny pair's quick
-# prompts.
+# eqspec with no fault and with bsp-like, at batch sizes 1 and 4, k 5, on the tiny pair's
+# quick prompts.
 CONTROLS = {"pair": "tiny", "prompt_set": "quick", "max_new_tokens": 16, "dtype": "float32",
             "methods": ["eqspec"], "drafters": ["model"], "fault_sets": ["none", "bsp-like"],
             "batch_sizes": [1, 4], "ks": [5], "temperatures": [0]}
@@ -70,8 +70,8 @@ def test_a_sweep_over_the_servers_limit_is_refused_and_its_report_offered_instea
     pending = {"sweep": found.sweep.model_dump_json(), "cell": None}
     with pytest.raises(gr.Error, match="report file"):
         sweeptab.replay_sweep(small, pending)
-    # A run the server refuses (a batch size over its limit) refuses the whole sweep before any
-    # work.
+    # A run the server refuses (a batch size over its limit) refuses the whole sweep before
+    # any work.
     with pytest.raises(gr.Error, match="batch size 4 is over this server's limit of 2"):
         sweeptab.run_sweep(Settings(max_batch_size=2), **CONTROLS)
 

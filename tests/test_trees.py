@@ -136,8 +136,8 @@ def test_a_tree_is_walked_along_the_targets_choices():
     tree = Tree.of(parents)
     assert tree.depth.tolist() == [[1, 2, 3, 1, 2, 2]]
     assert tree.ancestors[0, 5].nonzero().flatten().tolist() == [3, 5]
-    # the target chooses 5 at the root, then 9 (node 4, not node 1), then 1 (no child of node 4 is
-    # 1)
+    # the target chooses 5 at the root, then 9 (node 4, not node 1), then 1 (no child of node
+    # 4 is 1)
     argmax = torch.tensor([[5, 9, 0, 0, 0, 1, 0]])
     path, length, refused = walk(tokens, tree, torch.tensor([6]), argmax)
     # node 4 is a leaf
@@ -210,8 +210,8 @@ SAMPLED_PROMPTS = ("Write a short poem about the sea.", "Explain recursion.", "L
 @pytest.mark.parametrize("method", ["eqspec", "exspec"])
 def test_sampled_trees_are_the_targets_distribution(method):
     """SpecInfer's multi-candidate speculative sampling is lossless: every token's PIT under the
-    target is uniform, each recorded decision follows its draw, and rows accept candidates off the
-    chain."""
+    target is uniform, each recorded decision follows its draw, and rows accept candidates off
+    the chain."""
     trace = run(RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, prompts=SAMPLED_PROMPTS,
                               method=method, tree_width=4, batch_size=4, k=4, max_new_tokens=48,
                               seed=1, device="cpu", **SAMPLED))

@@ -142,8 +142,8 @@ def drawn(tiny) -> Trace:
 
 @pytest.fixture(scope="module")
 def outside(tiny) -> Trace:
-    """A sampled run whose target verifies at temperature 1: tokens outside the target's nucleus
-    (impossible)."""
+    """A sampled run whose target verifies at temperature 1: tokens outside the target's
+    nucleus (impossible)."""
     return run(_spec(temperature=0.8, top_p=0.95, faults=("temperature-draft-only",)))
 
 
@@ -195,8 +195,8 @@ def test_every_sampled_draft_chip_shows_q_p_the_accept_probability_its_draw_and_
                 if r.accepted < len(r.draft_tokens):  # and the rejected draft it replaces
                     assert "the draft proposed" in tip and "REJECTED" in tip
     assert non_draft > 0
-    # The chips flag exactly the decisions distribution.py's audit found, computed apart from the
-    # views.
+    # The chips flag exactly the decisions distribution.py's audit found, computed apart
+    # from the views.
     assert (sorted(flagged) == sorted(drawn.decisions.first)
             and len(flagged) == drawn.decisions.mismatches)
 
@@ -262,8 +262,8 @@ def test_the_pit_panel_shows_the_histograms_and_the_verdict(outside, drawn, clea
             in line)
     assert (f"{outside.decisions.checked} accept/reject decisions re-derived" in line
             and "all follow their draw" in line)
-    # Not audited, a wrong rule cannot be told from a corrupt state: said so, with the evidence to
-    # get.
+    # Not audited, a wrong rule cannot be told from a corrupt state: said so, with the evidence
+    # to get.
     assert line.startswith("unexplained — ") and "were not audited" in line and "--audit" in line
     audit = hostile_free_text(summary.distribution_md(drawn))
     first = ", ".join(f"[{r}, {w}, {j}]" for r, w, j in drawn.decisions.first[:5])

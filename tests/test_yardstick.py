@@ -134,8 +134,8 @@ GRID = [(method, dtype, bs, k) for method in ("eqspec", "exspec")
 
 @pytest.mark.parametrize("method, dtype, bs, k", GRID)
 def test_a_correct_run_gets_no_false_alarm(method, dtype, bs, k):
-    """Every fork of a correct engine is numerics, and no audited row leaves rounding, in either
-    dtype."""
+    """Every fork of a correct engine is numerics, and no audited row leaves rounding,
+    in either dtype."""
     trace = run(RunSpec.build(**TINY, method=method, dtype=dtype, device="cpu",
                               prompts=tuple(builtin_set("all")[:16]),
                               batch_size=bs, k=k, max_new_tokens=24, audit=min(bs, 2)))

@@ -85,8 +85,8 @@ def by_name(defaults: Mapping[str, object]) -> Callable[[Callable], Callable]:
 
 
 def filled(defaults: Mapping[str, object], controls: Mapping[str, object]) -> dict:
-    """`controls` over `defaults`; a name not among the defaults is refused (a misspelt one would be
-    lost)."""
+    """`controls` over `defaults`; a name not among the defaults is refused (a misspelt one would
+    be lost)."""
     if unknown := set(controls) - set(defaults):
         raise TypeError(f"no such control: {', '.join(sorted(unknown))}; "
                         f"the controls are {', '.join(defaults)}")

@@ -1,6 +1,6 @@
 """The forensic panel: the focused sequence's verdict with its evidence, in the order its judge
-weighed it (forensics/whitebox.py, forensics/blackbox.py), and the focused round's state and
-checks."""
+weighed it (forensics/whitebox.py, forensics/blackbox.py), and the focused round's state
+and checks."""
 from __future__ import annotations
 
 import html
@@ -20,8 +20,8 @@ from specviz.trace.text import span
 
 
 def forensics_html(trace: Trace, focus: Focus) -> str:
-    """The focused sequence's verdict with its evidence, and the focused round's state and
-    checks."""
+    """The focused sequence's verdict with its evidence, and the focused round's state
+    and checks."""
     s = trace.sequences[focus.seq]
     out = ['<div '
            f'class="sv-forensics" data-seq="{focus.seq}" data-round="'
@@ -94,8 +94,8 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
 
 
 def _sampled_verdict(trace: Trace, s: SequenceRecord) -> str:
-    """A sampled sequence has no reference to diverge from: how its tokens score under the target
-    instead."""
+    """A sampled sequence has no reference to diverge from: how its tokens score under
+    the target instead."""
     spec = trace.manifest.spec
     head = (f"Sequence {s.seq} was sampled at {html.escape(sampling_text(spec))}: no "
             "token-by-token reference")
@@ -121,8 +121,8 @@ def _sampled_verdict(trace: Trace, s: SequenceRecord) -> str:
 
 def _draws_table(trace: Trace, row: RowRecord) -> str:
     """A sampled round's draws for one row: each draft's q, p, min(1, p/q), u and decision, then the
-    non-draft token and where it was drawn from. A decision that does not follow its draw is
-    marked."""
+    non-draft token and where it was drawn from. A decision that does not follow its draw
+    is marked."""
     wrong = metrics.mismatched(row)
     out = [('<table class="sv-checks"><tr><th>slot</th><th>draft token</th><th>q (draft)</th><th>p '
             '(target)</th>'

@@ -1,5 +1,5 @@
-"""Plotly figures from a Trace: KV and padding lanes, phase timings, a sampled run's PIT
-histograms."""
+"""Plotly figures from a Trace: KV and padding lanes, phase timings, a sampled run's
+PIT histograms."""
 from __future__ import annotations
 
 import html
@@ -79,8 +79,8 @@ def kv_lanes(trace: Trace, focus: Focus) -> go.Figure:
     """Per row of the focused sequence's batch: padding, content, target and draft KV, delta, and
     the drafts each row was offered, over the rounds.
 
-    A static batch (eqspec) shows all its rows; exspec shows the sequences that shared the focused
-    round.
+    A static batch (eqspec) shows all its rows; exspec shows the sequences that shared
+    the focused round.
     """
     by_seq = rows_by_seq(trace)
     mine = by_seq.get(focus.seq, [])
@@ -166,8 +166,8 @@ def draft_slots(trace: Trace) -> go.Figure:
 
 
 def pit_histograms(trace: Trace | None) -> go.Figure:
-    """A sampled run's PIT histograms (pit_figure), one panel per split; an explanatory empty figure
-    otherwise.
+    """A sampled run's PIT histograms (pit_figure), one panel per split; an explanatory empty
+    figure otherwise.
 
     Split names come from the trace (a stranger's text): plotly reads tags such as <a href> in its
     texts, so they are escaped here (plotly turns the entities back into plain characters).
@@ -184,8 +184,8 @@ def pit_histograms(trace: Trace | None) -> go.Figure:
 
 def yardstick(trace: Trace | None, focus: Focus | None) -> go.Figure:
     """Where the focused fork falls on the yardstick that judged it: the target's rounding (a
-    white-box run) or the engine's own, from its control run (an engine check), on a log axis of
-    logits."""
+    white-box run) or the engine's own, from its control run (an engine check), on a log axis
+    of logits."""
     ys = trace.manifest.yardstick if trace else None
     if ys is None or (ys.target is None and ys.engine is None):
         return empty("No yardstick: no reference was decoded beside this run.")
@@ -262,8 +262,8 @@ def _engine_yardstick(noise, seq, f) -> go.Figure:
 
 def band(n: int, k: int, alpha: float) -> tuple[int, int]:
     """The counts one of k equal bins holds under uniformity with probability 1 - alpha / k at least
-    (Bonferroni over the panel's bins): a bar outside says, alone, that the panel is not uniform at
-    alpha."""
+    (Bonferroni over the panel's bins): a bar outside says, alone, that the panel is not uniform
+    at alpha."""
     q = alpha / k / 2
     return int(stats.binom.ppf(q, n, 1 / k)), int(stats.binom.ppf(1 - q, n, 1 / k))
 

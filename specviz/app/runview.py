@@ -1,7 +1,7 @@
 """The Run view's handlers: from the controls (or a share link, or an uploaded trace) to a trace,
 and from a trace and a focus (a sequence and one of its rounds) to every view. Decoding, shrinking
-and engine checks go through the serving layer (serving.py); the views are drawn from the trace
-alone.
+and engine checks go through the serving layer (serving.py); the views are drawn
+from the trace alone.
 """
 from __future__ import annotations
 
@@ -100,8 +100,8 @@ def shrink_focused(settings: Settings, trace: Trace | None, seq, progress=gr.Pro
 def run_controls(settings: Settings, progress=gr.Progress(), request: gr.Request = None,
                  **controls):
     """Run button and examples: decode what the controls say (spec_from_controls'; an API client may
-    leave any out: the draft's own sampling settings default to blank, the drafter to the draft
-    model)."""
+    leave any out: the draft's own sampling settings default to blank, the drafter
+    to the draft model)."""
     session = request.session_hash if request else ""
     with serving.as_page_errors():
         spec = spec_from_controls(**controls)
@@ -169,8 +169,8 @@ def open_trace(path: str | None):
 def open_link(query: str) -> dict:
     """Page load, by name (form.DEFAULTS' controls, "trace", "download", "pending" and "status"):
     the controls filled from a share link, to be replayed; without one (or with a bad one, which
-    gets a message), the first bundled trace at once: no decode, no queue. What it leaves out
-    stays."""
+    gets a message), the first bundled trace at once: no decode, no queue. What it leaves
+    out stays."""
     try:
         link = share.decode_link(query or "")
     except SpecError as e:
@@ -215,8 +215,8 @@ def replay(settings: Settings, pending: dict | None, progress=gr.Progress(),
 
 
 def _replay_report(trace: Trace, pending: dict) -> str:
-    """Markdown: whether the replay matched, and the two environments (the link's is a stranger's
-    text)."""
+    """Markdown: whether the replay matched, and the two environments (the link's
+    is a stranger's text)."""
     m = trace.manifest
     here = share.environment(m)
     if pending.get("fp") is None:
@@ -250,8 +250,8 @@ def _replay_report(trace: Trace, pending: dict) -> str:
 
 
 def render(trace: Trace | None, seq=None, round=None, note: str = "") -> dict:
-    """Every view for `trace` at the focus nearest (seq, round), and the share link for it, by name
-    (VIEW_NAMES)."""
+    """Every view for `trace` at the focus nearest (seq, round), and the share link for it,
+    by name (VIEW_NAMES)."""
     if trace is None:
         return dict.fromkeys(VIEW_NAMES, gr.skip())
     focus, moved = views.resolve(trace, None if seq is None else int(seq),
@@ -306,8 +306,8 @@ def pick_row(trace, table, evt: gr.SelectData):
 def method_allows(method: str, drafter: str):
     """What the method registry (methods.py) lets `method` take, as updates of its info and of the
     faults, drafter and k controls: faults only where it declares them, a drafter and k only where
-    it speculates. A value the method cannot take is reset, so that the page never holds a spec it
-    refuses."""
+    it speculates. A value the method cannot take is reset, so that the page never holds a spec
+    it refuses."""
     m = METHODS.get(method)
     if m is None:
         return gr.skip(), gr.skip(), gr.skip(), gr.skip()

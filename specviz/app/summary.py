@@ -54,8 +54,8 @@ def headline(trace: Trace, note: str = "", timing: str | None = None) -> str:
 
 
 def drafter_text(spec) -> str:
-    """What proposed a run's drafts, in words: the draft model, or prompt lookup with its n-gram
-    sizes."""
+    """What proposed a run's drafts, in words: the draft model, or prompt lookup
+    with its n-gram sizes."""
     return DRAFTERS[spec.drafter].words(spec)
 
 
@@ -136,8 +136,8 @@ def _places(first: list[list[int]]) -> str:
 
 
 def distribution_row(trace: Trace) -> str:
-    """A sampled run's summary row (markdown): in place of the exact and prefix match of a greedy
-    run."""
+    """A sampled run's summary row (markdown): in place of the exact and prefix match
+    of a greedy run."""
     d = metrics.distribution_summary(trace)
     head = ("| sampled run | verdict | p | failing split | tokens tested | impossible tokens | "
             "decision mismatches |\n"
@@ -154,8 +154,8 @@ def distribution_row(trace: Trace) -> str:
 
 
 def distribution_md(trace: Trace | None) -> str:
-    """The PIT panel's verdict: the test, its p, the failing split, and the decision audit, in a few
-    lines."""
+    """The PIT panel's verdict: the test, its p, the failing split, and the decision audit,
+    in a few lines."""
     if trace is None:
         return ("A sampled run (temperature above 0) is judged here: each token's randomized PIT "
                 "under the target, recomputed at batch size 1, must be uniform in every split; "

@@ -61,8 +61,8 @@ def _figure(data: list[dict], **layout) -> go.Figure:
 
 
 def _percent(value: float) -> str:
-    """A cell's text: rounded, but 100 and 0 only when exactly so (99.6% of sequences equal is not
-    100)."""
+    """A cell's text: rounded, but 100 and 0 only when exactly so (99.6% of sequences equal
+    is not 100)."""
     return f"{value:.0f}" if value in (0, 100) else str(min(99, max(1, round(value))))
 
 
@@ -212,8 +212,8 @@ def divergence_histogram(report: SweepReport) -> go.Figure:
 
 
 def accept_length_histogram(report: SweepReport) -> go.Figure:
-    """The share of (round, row) records that accepted 0, 1, 2, … drafts, per row label over its
-    columns."""
+    """The share of (round, row) records that accepted 0, 1, 2, … drafts, per row label over
+    its columns."""
     data = []
     for c, (label, runs) in enumerate(_by_label(report).items()):
         lengths = [report.rows[i].accept_lengths for i in runs if report.rows[i].accept_lengths]

@@ -1,6 +1,6 @@
 """The tokens of the focused sequence, as HTML: the timeline (chips grouped by round, coloured by
-origin), the acceptance grid (sequences by rounds), and the reference and speculative texts side by
-side."""
+origin), the acceptance grid (sequences by rounds), and the reference and speculative texts side
+by side."""
 from __future__ import annotations
 
 import html
@@ -78,8 +78,8 @@ def _round_html(trace: Trace, seq: SequenceRecord, r: RowRecord, i: int, widest:
 
 
 def _branch_tip(r: RowRecord, j: int) -> list[str]:
-    """Which branch of the row's token tree an accepted draft came from (nothing for a chain's
-    round)."""
+    """Which branch of the row's token tree an accepted draft came from (nothing
+    for a chain's round)."""
     if r.tree is None or j >= r.accepted:
         return []
     node = r.tree.path[j]
@@ -204,8 +204,8 @@ def _chip(s: SequenceRecord, i: int, cls: str, tip: str) -> str:
 
 def grid_html(trace: Trace, focus: Focus) -> str:
     """Sequences × their rounds; each cell the accepted count out of the drafts that row was offered
-    (its own k, which prompt lookup and the token budget make differ between rows), or a "no drafts"
-    cell."""
+    (its own k, which prompt lookup and the token budget make differ between rows), or
+    a "no drafts" cell."""
     by_seq = rows_by_seq(trace)
     if not by_seq:
         return f'<p class="sv-empty">{no_rounds(trace)}</p>'

@@ -1,6 +1,6 @@
 """A row's token tree in one round, as a picture (an inline SVG) and in words: each node a box at
-its depth, the accepted path green, the first child the target refused red, the pruned branches grey
-(trace/records.TreeRecord)."""
+its depth, the accepted path green, the first child the target refused red, the pruned branches
+grey (trace/records.TreeRecord)."""
 from __future__ import annotations
 
 import html

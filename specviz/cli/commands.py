@@ -28,8 +28,8 @@ from specviz.trace.text import clip
 
 @contextlib.contextmanager
 def progress_bars(total: Callable[[str], int | None]):
-    """A progress callback `(phase, n)` drawing one bar per phase, of `total(phase)` units (None: a
-    count)."""
+    """A progress callback `(phase, n)` drawing one bar per phase, of `total(phase)` units (None:
+    a count)."""
     bars: dict[str, tqdm] = {}
 
     def progress(phase: str, n: int) -> None:
@@ -117,8 +117,8 @@ def _print_summary(trace) -> None:
 
 
 def print_yardsticks(trace) -> None:
-    """What the verdicts were judged against, and how far an engine departs from the model at
-    all."""
+    """What the verdicts were judged against, and how far an engine departs from the model
+    at all."""
     ys = trace.manifest.yardstick
     if ys is None:
         return
@@ -172,8 +172,8 @@ def _sweep(args) -> Sweep:
     # The base carries a swept drafter's options (the lookup's n-gram sizes); every run sets its own
     # method and drafter.
     drafter = next((d for d in args.drafter if DRAFTERS[d].options), args.drafter[0])
-    # It samples at its highest temperature, so that the sampling settings hold; every run sets its
-    # own.
+    # It samples at its highest temperature, so that the sampling settings hold; every run sets
+    # its own.
     temperatures = args.temperatures or [args.temperature]
     hottest = max(temperatures, default=0)
     base = spec_of(args, drafter=drafter, faults=(), batch_size=min(args.batch_sizes, default=1),

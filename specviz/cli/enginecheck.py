@@ -88,8 +88,8 @@ def _print_check(trace) -> None:
 
 
 def _print_attribution(a) -> None:
-    """Which mechanism writes the fork's tokens: the finding, then the best hypotheses, one a
-    line."""
+    """Which mechanism writes the fork's tokens: the finding, then the best hypotheses, one
+    a line."""
     print(f"    attribution: {a.explanation}")
     for h in a.hypotheses[:3]:
         where = "alone" if not h.companions else f"beside {','.join(map(str, h.companions))}"
@@ -104,8 +104,8 @@ def _print_attribution(a) -> None:
 
 
 def _reproducer(trace, s) -> str:
-    """The smallest request that shows a bug's fork: the prompt's ids, greedy, up to the fork
-    token."""
+    """The smallest request that shows a bug's fork: the prompt's ids, greedy, up
+    to the fork token."""
     e, f = trace.manifest.engine, s.forensics
     budget = f.fork + 1
     should = ("nothing (the reference has stopped)" if f.reference_token is None

@@ -1,5 +1,5 @@
-"""specviz on the command line: run, verify, check, shrink, bench, schema and train-head, without a
-browser."""
+"""specviz on the command line: run, verify, check, shrink, bench, schema and train-head, without
+a browser."""
 from __future__ import annotations
 
 import argparse

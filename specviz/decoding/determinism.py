@@ -1,5 +1,5 @@
-"""Deterministic GPU kernels, where the operator asks for them (`--deterministic`,
-SPECVIZ_DETERMINISTIC).
+"""Deterministic GPU kernels, where the operator asks for them
+(`--deterministic`, SPECVIZ_DETERMINISTIC).
 
 With them a rerun of the same spec on the same machine repeats every decision
 bit for bit, so a divergence seen once can be studied again. They do not make

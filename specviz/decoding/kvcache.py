@@ -44,8 +44,8 @@ KINDS = ("conv", "recurrent")
 
 
 def new(model) -> DynamicCache:
-    """An empty cache for `model`; its recurrent layers, if any, are made ready to keep per-position
-    states."""
+    """An empty cache for `model`; its recurrent layers, if any, are made ready to keep
+    per-position states."""
     _run_stepwise(model)
     cache = DynamicCache(config=model.config)
     cache.layers = [DynamicLayer() if isinstance(lay, DynamicSlidingWindowLayer)
@@ -162,8 +162,8 @@ def layers_kv(cache: DynamicCache | None) -> list[tuple[torch.Tensor, torch.Tens
 
 
 def layers_states(cache: DynamicCache | None) -> list[State]:
-    """Every recurrent layer's states as they are now: copies, since a forward pass writes them in
-    place."""
+    """Every recurrent layer's states as they are now: copies, since a forward pass writes them
+    in place."""
     return [{key: t.clone() for key, t in states(lay).items()} for lay in _layers(cache)
             if _recurrent(lay)]
 
@@ -242,8 +242,8 @@ def assembled(model, kv: list[tuple[torch.Tensor, torch.Tensor]],
 class _Journal:
     """A cache's recurrent states kept during a round: per recurrent layer, the state after each
     position fed while `keeping` (in order, over every call of the round); and, after a roll back,
-    each row's state after the round's first position (what a faulty engine reads,
-    `state-after-zero-draft`)."""
+    each row's state after the round's first position (what a faulty engine
+    reads, `state-after-zero-draft`)."""
 
     keep: int = 0  # positions of the call under way whose states are kept (its last ones)
     kept: dict[int, list[State]] = field(default_factory=dict)

@@ -26,8 +26,8 @@ def run_model(pair: ModelPair, policy: Policy, role: str, tok, val, stl, q_start
               hidden: bool = False, tree: Tree | None = None, **kw) -> Pass:
     """The pair's `role` model over slots q_start.. Roles: "target", "draft" (a drafting pass),
     "draft prefill" (the draft cache's first fill). `hidden`: return its last hidden states too.
-    `tree`: the last slots are a tree's nodes (trees.py), placed and masked as the policy places
-    them."""
+    `tree`: the last slots are a tree's nodes (trees.py), placed and masked as the policy
+    places them."""
     pos = policy.positions(val, stl)
     among = None
     if tree is not None:

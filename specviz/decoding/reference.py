@@ -2,8 +2,8 @@
 size 1) is the ground truth every other method is compared with;
 `batched-reference` runs the same decoding on a left-padded batch kept full as
 rows finish, to separate batching noise from speculation bugs. Sampled, both
-draw each token with the stream every method uses for the target's own tokens
-(sampling.py)."""
+draw each token with the stream every method uses for the target's own
+tokens (sampling.py)."""
 from __future__ import annotations
 
 import time
@@ -40,8 +40,8 @@ def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int,
               known: list[SequenceOutput] | None = None) -> DecodeResult:
     """Plain argmax (or a draw, when sampling), one prompt at a time, through the model's own
     forward, positions and cache. `known`: each prompt's leading reference tokens, already
-    established (proof.py): the decode goes on after them, their prompt and tokens prefilled in one
-    pass.
+    established (proof.py): the decode goes on after them, their prompt and tokens prefilled
+    in one pass.
 
     Not `generate`: transformers 5 fills every field a GenerationConfig leaves unset from the
     checkpoint's own generation_config (repetition penalty, suppressed tokens, ...), and it takes
@@ -144,8 +144,8 @@ def batched_reference(pair: ModelPair, prompts: list[list[int]], batch_size: int
     waiting, batch = deque(range(len(prompts))), None
 
     def step(rows: _Rows) -> None:
-        """One token for every row, from the slots its cache does not hold yet; the finished rows
-        leave."""
+        """One token for every row, from the slots its cache does not hold yet; the finished
+        rows leave."""
         if watch:
             watch.start()
         fed = kvcache.length(rows.cache)

@@ -25,8 +25,8 @@ TOKEN_ID = re.compile(r"token_id:(\d+)")
 # The sampling knobs a sampled OpenAI-compatible request sets to "off".
 NEUTRAL = {"min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
            "frequency_penalty": 0.0}
-# The same for llama.cpp, whose sampler chain also holds typical-p, XTC, DRY, top-n-sigma and
-# mirostat.
+# The same for llama.cpp, whose sampler chain also holds typical-p, XTC, DRY, top-n-sigma
+# and mirostat.
 LLAMA_NEUTRAL = {"min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
                  "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0,
                  "top_n_sigma": -1.0, "mirostat": 0, "dynatemp_range": 0.0,

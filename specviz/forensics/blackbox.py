@@ -5,8 +5,8 @@ to its rounding. So its whole output is teacher-forced through the target in flo
 batch-size-1 pass): a token whose logit sits further below the target's choice than that engine's
 rounding reaches is one the target would not have written. The engine's rounding is measured on its
 control run (enginenoise.py); without one, or with one whose tokens bound none of it, only
-transformers' rounding is known, and a fork beyond it is left unexplained, saying what would decide
-it.
+transformers' rounding is known, and a fork beyond it is left unexplained, saying what would
+decide it.
 
 Verdicts: `numerics` (of that engine), `engine-bug`, `decision-bug:stop` (an output that runs on
 past an end-of-sequence token, from its tokens alone), `unexplained` with the evidence that is
@@ -278,8 +278,8 @@ def _engine_verdict(ev: EngineForensics, s: SequenceRecord, gaps: list[float],
 
 
 def _symptom(ev: EngineForensics) -> str:
-    """The paper's symptoms, measured: loops (repeated 4-grams) and gibberish (high NLL under the
-    reference)."""
+    """The paper's symptoms, measured: loops (repeated 4-grams) and gibberish (high NLL under
+    the reference)."""
     parts = []
     if ev.repeated is not None and ev.repeated >= 0.3:
         parts.append(f"{ev.repeated:.0%} of its 4-grams after the fork repeat (a loop)")

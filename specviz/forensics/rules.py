@@ -1,5 +1,5 @@
-"""Which acceptance rule wrote a sampling engine's tokens: the likelihood of its tokens under each
-rule.
+"""Which acceptance rule wrote a sampling engine's tokens: the likelihood of its tokens under
+each rule.
 
 A speculative sampler's round emits some accepted drafts, then one token the target chose: a draw
 from the residual after a rejection, or from p once all k drafts passed. Which tokens were drafts

@@ -35,8 +35,8 @@ class Call:
     logits: torch.Tensor | None = None  # (B, keep, V) as returned
 
     def visible(self, row: int, last: int) -> torch.Tensor | None:
-        """(last, kv) booleans: which key slots each of the row's `last` query slots could attend
-        to."""
+        """(last, kv) booleans: which key slots each of the row's `last` query slots could
+        attend to."""
         mask = self.mask
         # one mask per layer type: a full layer's shows the row's whole context
         if isinstance(mask, dict):

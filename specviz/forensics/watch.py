@@ -99,8 +99,8 @@ class Watch:
             yield self
 
     def start(self) -> None:
-        """A round begins: forget earlier calls (a prefill of newly admitted rows, the last
-        round)."""
+        """A round begins: forget earlier calls (a prefill of newly admitted rows,
+        the last round)."""
         self._target.clear()
         self._draft.clear()
 

@@ -123,8 +123,8 @@ def rows_of(trace: Trace) -> dict[int, list[RowRecord]]:
 def _arbiter(pair: ModelPair, penalties, prompt: list[int],
              before: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The target's float64 logits for the token after `prompt + before`, penalised as the run's
-    (its prompt and `before` the history), and as they are: (vocab,) each; None without a float64
-    target."""
+    (its prompt and `before` the history), and as they are: (vocab,) each; None without
+    a float64 target."""
     z = float64_logits(pair, prompt + before)
     return None if z is None else (penalties.along(z[None], prompt, before)[0], z)
 
@@ -132,8 +132,8 @@ def _arbiter(pair: ModelPair, penalties, prompt: list[int],
 def _penalty_bug(ev: RunForensics, rounding: Rounding | None, arbiter, history: list[int]) -> bool:
     """A clean state whose penalised float64 logits choose the reference's token beyond rounding,
     and the engine's once the penalty on the engine's token is lifted: the engine's penalty missed
-    tokens the row holds. Fills `ev` as decision-bug:penalty; False where the evidence does not show
-    it."""
+    tokens the row holds. Fills `ev` as decision-bug:penalty; False where the evidence does
+    not show it."""
     clean = (rounding is not None and ev.state_diff is not None
              and ev.state_diff <= rounding.tolerance
              and not ev.failed_checks)
@@ -187,8 +187,8 @@ def _where(ev: RunForensics) -> str:
 
 
 def _sync_bug(ev: RunForensics, rounding: Rounding | None) -> bool:
-    """Call the fork a sync bug (or a kernel bug) when the evidence shows one, and say which; False
-    otherwise."""
+    """Call the fork a sync bug (or a kernel bug) when the evidence shows one, and say which;
+    False otherwise."""
     at = _where(ev)
     tolerance = rounding.tolerance if rounding else None
     # The engine's own checks (its provenance of every cache slot) corroborate; they name the state

@@ -180,8 +180,8 @@ def threshold(errors: torch.Tensor, slots: int, alpha: float) -> tuple[float, fl
 
 def rounding(samples: Samples, dtype: torch.dtype, slots: int,
              alpha: float = ALPHA) -> Rounding | None:
-    """The yardstick from `samples` of a model running in `dtype`, for comparisons of `slots`
-    positions."""
+    """The yardstick from `samples` of a model running in `dtype`, for comparisons
+    of `slots` positions."""
     if samples is None or not len(samples.errors):
         return None
     name = NAMES.get(dtype, str(dtype))

@@ -77,8 +77,8 @@ def embedded_target_dir() -> Path:
         gguf = embedded_gguf_path()
         loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                       dtype=torch.float32)
-        # A GGUF-loaded model refuses save_pretrained; rebuild a plain one from its config and
-        # weights.
+        # A GGUF-loaded model refuses save_pretrained; rebuild a plain one from its config
+        # and weights.
         config = copy.deepcopy(loaded.config)
         del config.quantization_config
         plain = LlamaForCausalLM(config)

@@ -119,8 +119,8 @@ class EagleHead(Head):
         return cls.made[target]
 
     def load_trained(self, path: Path) -> None:
-        """Its trained weights (a SpecError naming the command that trains them, where none are
-        cached)."""
+        """Its trained weights (a SpecError naming the command that trains them, where none
+        are cached)."""
         if not path.exists():
             raise SpecError("this pair's EAGLE-style head is not trained on this machine yet: run "
                             "`specviz train-head` "
@@ -131,8 +131,8 @@ class EagleHead(Head):
                               for name, w in load_file(path).items()})
 
     def inputs(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """The layer's input at each slot: the token's embedding mixed with the hidden state it is
-        fed."""
+        """The layer's input at each slot: the token's embedding mixed with the hidden state
+        it is fed."""
         return self.fc(torch.cat([self._target[0].get_input_embeddings()(tokens), features], -1))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -141,8 +141,8 @@ class EagleHead(Head):
 
 
 class MtpInputs(torch.nn.Module):
-    """An MTP layer's input: the token's embedding and the hidden state, each normalised, projected
-    together."""
+    """An MTP layer's input: the token's embedding and the hidden state, each normalised,
+    projected together."""
 
     def __init__(self, layer):
         super().__init__()

@@ -111,8 +111,8 @@ class ModelPair:
 
     def encode(self, prompts: list[str] | tuple[str, ...],
                chat_template: bool = True) -> list[list[int]]:
-        """Token ids of each prompt; the chat template is applied when asked and the model has
-        one."""
+        """Token ids of each prompt; the chat template is applied when asked and the model
+        has one."""
         tok = self.tokenizer
         use_chat = chat_template and getattr(tok, "chat_template", None)
         ids = []
@@ -325,8 +325,8 @@ def _cached_pair(target: str, draft: str, target_revision: str | None, draft_rev
 
 
 def unload_pairs() -> None:
-    """Let go of every pair loaded so far (and so of all computed from them): a process short of
-    memory."""
+    """Let go of every pair loaded so far (and so of all computed from them): a process short
+    of memory."""
     _cached_pair.cache_clear()
 
 

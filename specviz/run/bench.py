@@ -34,8 +34,8 @@ def configs(args, faults: tuple[str, ...] = ()) -> list[dict]:
 
 
 def bench(args, specs: list[RunSpec], placement: Placement) -> list[dict]:
-    """Each of `specs` (the CLI builds them from configs(args)) on the same prompts and pair, in
-    turn."""
+    """Each of `specs` (the CLI builds them from configs(args)) on the same prompts and pair,
+    in turn."""
     base = specs[0]
     pair = pair_for(base, args.trust_remote_code, placement)
     prompt_ids = encode(base, pair)

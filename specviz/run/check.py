@@ -7,14 +7,14 @@ batch-size-1 reference of the same weights from them as far as their margins rea
 from there (forensics/proof.py), measures its own rounding (yardstick.py), and judges every
 difference from outside (forensics.judge_engine). A control run of the same engine without
 speculation, when given, measures that engine's own rounding (enginenoise.py): a fork within it is
-the engine's numerics, one beyond it a bug. The result is a trace like any other, of method
-`engine`.
+the engine's numerics, one beyond it a bug. The result is a trace like any other,
+of method `engine`.
 
 A sampled check (the spec's temperature above 0, with its top-k, top-p and seed) has no token
 reference: the engine samples (a server is asked with those settings, a callable is told them, a
 file is taken as it is), and its tokens, by their ids alone, are scored under the target recomputed
-at batch size 1 with the same temperature, top-k and top-p: their randomized PIT must be uniform
-(distribution.judge_distribution).
+at batch size 1 with the same temperature, top-k and top-p: their randomized PIT must
+be uniform (distribution.judge_distribution).
 """
 from __future__ import annotations
 
@@ -82,8 +82,8 @@ def from_files(spec: RunSpec, pair: ModelPair, outputs: tuple[bytes, str],
                drafter: str | None = None) -> Trace | None:
     """Check an engine from its outputs file ((content, name); docs/engines.md), and its control
     run's file. The prompts are the file's; the reference's budget is its longest output. `drafter`:
-    what the engine drafts with (spec/drafters.DRAFTERS), where its header does not say
-    otherwise."""
+    what the engine drafts with (spec/drafters.DRAFTERS), where its header does
+    not say otherwise."""
     header, lines, ignored = jsonl.parse(*outputs)
     texts, ids = prompts_of_outputs(lines, pair, spec.chat_template)
     if limits:
@@ -208,8 +208,8 @@ def _judge_rows(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]],
                 forcing: enginenoise.TeacherForcing, tolerance: float | None, judging: Judging):
     """Prompt by prompt (each kept in the checkpoint as it is done; under a launch, this process's
     share): the outputs teacher-forced, (role, seq) -> Forced, and the reference; then, on the main
-    process, the yardsticks, every proof checked against their final tolerance. None on the other
-    processes."""
+    process, the yardsticks, every proof checked against their final tolerance. None
+    on the other processes."""
     progress = judging.progress
     saved = judging.checkpoint and Checkpoint(judging.checkpoint, {
         "pair": pair.info, "dtype": spec.dtype, "device": str(pair.device),
@@ -245,8 +245,8 @@ def _judge_rows(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]],
     ref = DecodeResult(refs, time.perf_counter() - start)
     yardsticks = yardsticks_for(spec, pair, prompt_ids, ref)
     while tolerance is not None and yardsticks.target.tolerance > tolerance:
-        # The reference's continuations widened the yardstick: every proof must clear the wider
-        # tolerance.
+        # The reference's continuations widened the yardstick: every proof must clear
+        # the wider tolerance.
         tolerance = yardsticks.target.tolerance
         for seq, out in enumerate(refs):
             if not proof.holds(out, tolerance):
@@ -262,8 +262,8 @@ def _judge_rows(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]],
 def _prompt_reference(spec: RunSpec, pair: ModelPair, prompt: list[int],
                       outputs: dict[str, list[int]], forced: dict,
                tolerance: float | None, progress: Progress | None) -> SequenceOutput:
-    """One prompt's reference: proved from its outputs as far as `tolerance` allows, else (None)
-    decoded."""
+    """One prompt's reference: proved from its outputs as far as `tolerance` allows, else
+    (None) decoded."""
     budget, greedy = spec.max_new_tokens, greedy_of(spec)
     if tolerance is None:
         return reference(pair, [prompt], budget, progress, greedy).outputs[0]
@@ -325,8 +325,8 @@ def check_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], e
 
 
 def sampled_summary(trace: Trace) -> dict:
-    """A sampled check in one row: the engine, its answers and tokens, the verdict and its
-    evidence."""
+    """A sampled check in one row: the engine, its answers and tokens, the verdict
+    and its evidence."""
     d, info = trace.distribution, trace.manifest.engine
     answered = [s for s in trace.sequences if not s.engine.error]
     tokens = sum(len(s.output_ids) for s in answered)

@@ -50,8 +50,8 @@ class Checkpoint:
 
     def __init__(self, path: Path, check: dict, part: int | None = None):
         """`part`: the number of this process under `accelerate launch`, which writes `path`.part<N>
-        and reads every part, so that a check resumes whatever the number of processes it ran on
-        before."""
+        and reads every part, so that a check resumes whatever the number of processes it ran
+        on before."""
         self.path = path if part is None else path.with_name(f"{path.name}.part{part}")
         self.header = {"specviz_check": CHECKPOINT_VERSION,
                        "check": hashlib.sha256(json.dumps(check, sort_keys=True).encode())

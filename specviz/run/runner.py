@@ -35,8 +35,8 @@ from specviz.trace.yardsticks import Rounding, Yardsticks
 
 
 def encode(spec: RunSpec, pair: ModelPair, limits: Settings | None = None) -> list[list[int]]:
-    """The prompts' token ids, within specviz's bound and, on a served page, the operator's
-    `limits`."""
+    """The prompts' token ids, within specviz's bound and, on a served page,
+    the operator's `limits`."""
     ids = pair.encode(spec.prompts, spec.chat_template)
     total = sum(len(x) for x in ids)
     if total > MAX_PROMPT_TOKENS:
@@ -146,8 +146,8 @@ def run(spec: RunSpec, record: bool = True, with_reference: bool = True,
         progress: Phases | None = None, trust_remote_code: bool = False,
         placement: Placement = ONE_DEVICE, limits: Settings | None = None) -> Trace:
     """Decode, decode the reference beside it, record, and explain every divergence. A sampled run
-    has no token-by-token reference: its tokens are scored under the target instead
-    (distribution.py).
+    has no token-by-token reference: its tokens are scored under the target
+    instead (distribution.py).
 
     `progress(phase, n)` hears of every n new tokens: phase "reference" (skipped when cached), then
     the method, then, for a sampled run, "distribution" (its tokens scored). `limits`: a served
@@ -233,8 +233,8 @@ def calibrated_yardsticks(spec: RunSpec, pair: ModelPair) -> Yardsticks | None:
 
 def _judge_drafts(trace: Trace, spec: RunSpec, pair: ModelPair) -> Acceptance | None:
     """The acceptance judge for the run's drafter, where it can replay it: a draft model, or a head
-    over the target's hidden states (None: prompt lookup, whose drafts are its prompt's own
-    tokens)."""
+    over the target's hidden states (None: prompt lookup, whose drafts are its prompt's
+    own tokens)."""
     kind = DRAFTERS[spec.drafter]
 
     def tolerance() -> float | None:

@@ -60,8 +60,8 @@ class Settings:
     trust_remote_code: bool = False
     queue_size: int = 16
     deterministic: bool = False
-    # A run's work: its batch-size-1 reference alone is one target pass per new token of every
-    # prompt.
+    # A run's work: its batch-size-1 reference alone is one target pass per new token
+    # of every prompt.
     max_run_tokens: int = 4096
     # Each batch builds a (batch, longest, longest) attention mask: bound the longest prompt, and
     # the total.
@@ -100,8 +100,8 @@ class Settings:
             max_sweep_runs=_int(environ, "SPECVIZ_MAX_SWEEP_RUNS", d.max_sweep_runs, 4096),
             max_dtype=_choice(environ, "SPECVIZ_MAX_DTYPE", d.max_dtype, tuple(WIDTH)),
             devices=_choices(environ, "SPECVIZ_DEVICES", d.devices, DEVICES),
-            # Spaces do not say whether they are public, and their visibility can change while they
-            # run.
+            # Spaces do not say whether they are public, and their visibility can change while
+            # they run.
             public=_bool(environ, "SPECVIZ_PUBLIC", bool(environ.get("SPACE_ID"))),
             engine_servers=tuple(u.strip()
                 for u in environ.get("SPECVIZ_ENGINE_SERVERS", "").split(",") if u.strip()),

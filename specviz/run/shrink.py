@@ -1,5 +1,5 @@
-"""A minimal reproducer: the smallest run that still shows what a run showed at one of its
-sequences.
+"""A minimal reproducer: the smallest run that still shows what a run showed at one
+of its sequences.
 
 What it must still show is a `Mark` at token `fork` of sequence `seq`: greedy, that the sequence
 departs from the reference there with token `t`; sampled, that its state is named corrupt (the
@@ -99,8 +99,8 @@ class Shrunk:
         return self.mark.fork
 
     def link(self) -> str:
-        """The share link's query string: this run, focused on the fork (the round that emitted
-        it)."""
+        """The share link's query string: this run, focused on the fork (the round
+        that emitted it)."""
         f = self.trace.sequences[self.seq].forensics
         m = self.trace.manifest
         return share.encode_link(share.Link(m.spec, self.seq, f.round if f else None, m.fingerprint,
@@ -154,8 +154,8 @@ class _Search:
         return spec.model_copy(update={"max_new_tokens": hi})
 
     def ddmin(self, spec: RunSpec, others: list[str]) -> list[str]:
-        """The fewest of `others` (beside the divergent prompt, kept in their order) the fork still
-        needs."""
+        """The fewest of `others` (beside the divergent prompt, kept in their order) the fork
+        still needs."""
         def keep(subset):
             chosen = set(subset)
             return [p for p in spec.prompts if p == self.prompt or p in chosen]

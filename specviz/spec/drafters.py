@@ -45,8 +45,8 @@ class DrafterKind:
         return "tree_width" in self.options
 
     def words(self, spec) -> str:
-        """What drafted a run, in words: "the draft model", "prompt lookup (n-grams 1–3, no draft
-        model)"."""
+        """What drafted a run, in words: "the draft model", "prompt lookup (n-grams 1–3,
+        no draft model)"."""
         notes = [*([self.setting(spec)] if self.setting else []),
                  *([] if self.draft_model else ["no draft model"]),
                  *([f"trees {spec.tree_width} wide"] if getattr(spec, "tree_width", 1) > 1 else [])]

@@ -348,8 +348,8 @@ class RunSpec(Strict):
 
     @model_validator(mode="after")
     def _pair(self) -> RunSpec:
-        # A built-in target drafts with its own draft, or with itself (a self-test: every draft is
-        # accepted).
+        # A built-in target drafts with its own draft, or with itself (a self-test: every draft
+        # is accepted).
         for target, draft in BUILT_IN_PAIRS.items():
             if (self.target == target) != (self.draft in (draft, target)):
                 raise ValueError("the built-in drafts only pair with their own targets (or a "

@@ -99,8 +99,8 @@ VERDICTS = {v.name: v for v in (
             "every recorded draw of a sampled run, audited or with per-request settings, "
             "re-derived from the row's own stream (its seed, or the "
             "run's seed and its sequence) at its token"),
-    # The acceptance judge's (forensics/acceptance.py): lossless, the output right and the drafts
-    # wasted.
+    # The acceptance judge's (forensics/acceptance.py): lossless, the output right
+    # and the drafts wasted.
     Verdict("draft-bug:first-token",
             "the drafter drafted without the token the target wrote last round: its "
             "first draft repeats that token",

@@ -223,8 +223,8 @@ def engine_drafts(trace: Trace) -> tuple[int, int]:
 
 
 def reference_proofs(trace: Trace) -> str | None:
-    """How the references of a check were obtained, in a sentence (None: every one decoded from its
-    prompt)."""
+    """How the references of a check were obtained, in a sentence (None: every one decoded
+    from its prompt)."""
     proofs = [s.reference_proof for s in trace.sequences if s.reference_proof]
     if not proofs:
         return None
@@ -240,8 +240,8 @@ def reference_proofs(trace: Trace) -> str | None:
 
 
 def ratio_text(h) -> str:
-    """A rule's log-likelihood ratio over the correct rule (trace.evidence.RuleHypothesis), in
-    nats."""
+    """A rule's log-likelihood ratio over the correct rule (trace.evidence.RuleHypothesis),
+    in nats."""
     if h.log_ratio is not None:
         return f"{h.log_ratio:+.1f} nats"
     return ("+∞ (only the correct rule makes a token impossible)" if h.possible

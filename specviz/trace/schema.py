@@ -4,8 +4,8 @@ A manifest (the run and where it ran), the prompts with their ids, one record pe
 per round, one per sequence (records.py), and the evidence of their verdicts (evidence.py). Pydantic
 defines it, validates uploads and emits the JSON Schema (docs/trace.schema.json); older versions are
 lifted on load (migrations.py). Building one from a decode is decoding/recording.py's: this package
-needs neither torch nor the models, so a trace file loads and validates with pydantic and orjson
-alone.
+needs neither torch nor the models, so a trace file loads and validates with pydantic
+and orjson alone.
 """
 from __future__ import annotations
 
@@ -68,8 +68,8 @@ class Trace(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Trace:
-        """What the views rely on beyond types: records numbered in order, rows that match their
-        rounds."""
+        """What the views rely on beyond types: records numbered in order, rows that match
+        their rounds."""
         n = len(self.sequences)
         if [p.seq for p in self.prompts] != list(range(n)) or [s.seq
                 for s in self.sequences] != list(range(n)):

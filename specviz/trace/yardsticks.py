@@ -70,8 +70,8 @@ class EngineNoise(Strict):
     # the same noise read off the control's log-probabilities, where it gave them: reported, never
     # in the tolerance
     sigma_logprobs: float | None = None
-    # transformers' own tolerance in this dtype (Rounding.tolerance): the yardstick without a
-    # control
+    # transformers' own tolerance in this dtype (Rounding.tolerance): the yardstick without
+    # a control
     rounding: float
     # the largest float64 gap this engine's own rounding explains, at false-alarm rate alpha
     tolerance: float
