@@ -81,8 +81,8 @@ def _run_controls_column(settings: Settings) -> tuple[dict, dict, dict]:
         gr.Markdown(settings.describe())
     with gr.Accordion("Trace files", open=False):
         buttons["download"] = gr.DownloadButton("Download this trace (JSON)", value=None)
-        buttons["upload"] = gr.File(label=f"open a trace (JSON, up to {MAX_TRACE_BYTES // 2**20} "
-                                          "MiB; no model needed)",
+        buttons["upload"] = gr.File(label="open a trace (JSON, up to "
+                                          f"{MAX_TRACE_BYTES // 2**20} MiB; no model needed)",
                                     file_types=[".json"], type="filepath", elem_id="sv-upload")
     return c, e, buttons
 

@@ -69,15 +69,13 @@ WELCOME = ("**You are looking at a real case, bundled with specviz:** {what}, re
            "of methods, faults, batch sizes and k.")
 
 
-BUNDLED_WHAT = {"bsp-like "
-                "decay": "the bsp-like faults (position ids counted from cache slots, pads and "
-                         "rejected "
-                                  "drafts included) decaying batch speculative decoding on the "
-                                  "embedded pair",
-                "numerics "
-                "near-tie": "clean batch speculative decoding in bfloat16 on the tiny pair, where "
-                            "near-ties "
-                                     "tip under floating point (numerics, not a bug)"}
+BUNDLED_WHAT = {
+    "bsp-like decay": ("the bsp-like faults (position ids counted from cache slots, pads and "
+                       "rejected drafts included) decaying batch speculative decoding on the "
+                       "embedded pair"),
+    "numerics near-tie": ("clean batch speculative decoding in bfloat16 on the tiny pair, where "
+                          "near-ties tip under floating point (numerics, not a bug)"),
+}
 
 
 def shrink_focused(settings: Settings, trace: Trace | None, seq, progress=gr.Progress(),
@@ -156,7 +154,8 @@ def check_engine(settings: Settings, progress=gr.Progress(), **controls):
                                       (control_server, served) if control_server else None)
         drafter = next(n for n, d in DRAFTERS.items() if d.draft_model) if c["same_draft"] else None
         trace = serving.check_engine_trace(spec, settings, files, servers,
-                                     bool(c["determinism"]) and files is None, progress, drafter)
+                                           bool(c["determinism"]) and files is None,
+                                           progress, drafter)
     return trace, summary.headline(trace), serving.save(trace), None
 
 
@@ -210,8 +209,9 @@ def replay(settings: Settings, pending: dict | None, progress=gr.Progress(),
     with serving.as_page_errors("the shared run cannot be replayed here: "):
         trace, timing = serving.served_trace(RunSpec.model_validate_json(pending["spec"]), settings,
                                              progress, session)
-    return trace, serving.served_headline(trace, timing) + "\n\n" + _replay_report(trace,
-            pending), serving.save(trace), pending
+    return (trace,
+            serving.served_headline(trace, timing) + "\n\n" + _replay_report(trace, pending),
+            serving.save(trace), pending)
 
 
 def _replay_report(trace: Trace, pending: dict) -> str:
@@ -228,8 +228,8 @@ def _replay_report(trace: Trace, pending: dict) -> str:
                         "accept/reject decisions.")
     else:
         verdict = (f"**Replay drifted from the shared run:** fingerprint `{m.fingerprint}` here, "
-                   # both: 16 hex digits
-                   f"`{pending['fp']}` in the link: some token or acceptance decision differs. ")
+                   f"`{pending['fp']}` in the link: "  # both: 16 hex digits
+                   "some token or acceptance decision differs. ")
         if not m.spec.greedy:
             verdict += ("This run samples, but its random numbers are counter-based (the seed, the "
                         "sequence, the token's index), the same in every environment: a drift "
@@ -262,7 +262,7 @@ def render(trace: Trace | None, seq=None, round=None, note: str = "") -> dict:
             raise SpecError("an engine check cannot be replayed from a link (the engine is not "
                             "here): share its trace file")
         link = share.encode_link(share.Link(m.spec, focus.seq, focus.round, m.fingerprint,
-                                       share.environment(m)))
+                                            share.environment(m)))
     except SpecError as e:
         link, moved = "", moved + str(e)
     frame = summary.summary_frame(trace)
@@ -315,8 +315,7 @@ def method_allows(method: str, drafter: str):
     return (gr.update(info=m.summary),
             gr.update(interactive=m.faults) if m.faults else gr.update(interactive=False, value=[]),
             gr.update(interactive=m.speculative) if drafter in takes
-            else gr.update(interactive=m.speculative,
-                                                                                  value=takes[0]),
+            else gr.update(interactive=m.speculative, value=takes[0]),
             gr.update(interactive=m.speculative))
 
 

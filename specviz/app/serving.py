@@ -194,10 +194,9 @@ def shrink_fork(trace: Trace, seq: int, settings: Settings, progress: gr.Progres
     remember(small)
     f = small.sequences[found.seq].forensics
     return (f"**Smallest run found** ({found.trials} candidate runs): {size(spec)} → "
-            f"{size(small.manifest.spec)}; its "
-            f"sequence {found.seq} still {mark.describe()}" + (f" (`{f.verdict}`)" if f else "")
-            + ". "
-            f"[Open it]({found.link()}), or copy the link.")
+            f"{size(small.manifest.spec)}; its sequence {found.seq} still {mark.describe()}"
+            + (f" (`{f.verdict}`)" if f else "")
+            + f". [Open it]({found.link()}), or copy the link.")
 
 
 @gpu

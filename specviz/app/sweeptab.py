@@ -59,8 +59,8 @@ def casebook_sweep() -> Sweep:
     """The field casebook as one listed sweep: every case's replica, in the casebook's order (each
     run's fields those of its case beyond the casebook's common run)."""
     return Sweep.listed(RunSpec.build(**BASE_RUN), [
-        {name: value for name, value in case.spec_fields().items() if name not in BASE_RUN
-         or BASE_RUN[name] != value}
+        {name: value for name, value in case.spec_fields().items()
+         if name not in BASE_RUN or BASE_RUN[name] != value}
         for case in CASES])
 
 
@@ -218,9 +218,9 @@ def replay_sweep(settings: Settings, pending: dict | None, progress=gr.Progress(
         return gr.skip(), gr.skip(), gr.skip(), gr.skip()
     session = request.session_hash if request else ""
     with serving.as_page_errors("the shared sweep cannot be replayed here: ",
-                                then=". Ask whoever shared it for its "
-                                "report file (the Sweep tab's download, or specviz verify "
-                                "--json) and open that instead"):
+                                then=". Ask whoever shared it for its report file "
+                                     "(the Sweep tab's download, or specviz verify --json) "
+                                     "and open that instead"):
         sweep = Sweep.model_validate_json(pending["sweep"])
         found = report(sweep, _sweep_traces(sweep, settings, progress, session))
     return (found, _save_report(found), pending.get("cell"),
@@ -333,10 +333,10 @@ def sweep_tab(settings: Settings) -> dict:
             w["methods"] = gr.CheckboxGroup(list(METHODS), value=d["methods"], label="methods",
                                             elem_id="sv-sweep-methods")
             w["drafters"] = gr.CheckboxGroup(list(DRAFTERS), value=d["drafters"], label="drafters")
-            w["fault_sets"] = gr.CheckboxGroup([NO_FAULTS, *FAULTS, *FAULT_PRESETS],
-                                               value=d["fault_sets"],
-                    label="faults: one run for each (the methods that take faults)",
-                                               elem_id="sv-sweep-faults")
+            w["fault_sets"] = gr.CheckboxGroup(
+                [NO_FAULTS, *FAULTS, *FAULT_PRESETS], value=d["fault_sets"],
+                label="faults: one run for each (the methods that take faults)",
+                elem_id="sv-sweep-faults")
             w["batch_sizes"] = gr.CheckboxGroup([b for b in SWEEP_BATCH_SIZES
                                                  if b <= settings.max_batch_size],
                                                 value=d["batch_sizes"], label="batch sizes",
