@@ -49,8 +49,8 @@ def judge_distribution(trace: Trace, pair: ModelPair, prompt_ids: list[list[int]
     sampling = sampling_of(spec)
     # Per-request settings: every request's, and greedy (an unset temperature read as greedy), are
     # the others.
-    others = list(dict.fromkeys([*(r.target for r in sampling.rows),
-                                 Sampler()])) if spec.rows else []
+    others = (list(dict.fromkeys([*(r.target for r in sampling.rows), Sampler()]))
+              if spec.rows else [])
     # Markov: under its own settings, another's likelihood ratio exceeds 1/x with probability at
     # most x.
     threshold = math.log(max(1, len(trace.sequences) * len(others)) / FAMILY_ALPHA)
@@ -74,10 +74,9 @@ def judge_distribution(trace: Trace, pair: ModelPair, prompt_ids: list[list[int]
         if progress:
             progress(len(s.output_ids))
     found = Findings({seq: {"pit": values} for seq, values in pits.items()})
-    found.run["distribution"] = pit.pit_test(samples(trace, pits),
-                                          impossible=sum(x is None for values in pits.values()
-                                                         for x in values),
-                                          alpha=FAMILY_ALPHA)
+    found.run["distribution"] = pit.pit_test(
+        samples(trace, pits), impossible=sum(x is None for values in pits.values() for x in values),
+        alpha=FAMILY_ALPHA)
     found.run["distribution"].settings = fits
     if trace.rows:
         found.run["decisions"] = decisions(trace)

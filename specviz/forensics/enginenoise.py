@@ -210,8 +210,7 @@ def unbounded(gaps: list[float], margins: list[float],
         return "none of its tokens could be scored"
     if not kept:
         return (f"all {len(gaps)} of its tokens depart from the target's own choice, by up to "
-                f"{max(departures):.3g}, "
-                "so none shows where its rounding stops")
+                f"{max(departures):.3g}, so none shows where its rounding stops")
     if fit[1] >= max(kept):
         return (f"the 95% upper bound on its noise, {fit[1]:.3g}, is not below the largest margin "
                 f"it kept, {max(kept):.3g}: none of its {len(gaps)} tokens tests noise that large")

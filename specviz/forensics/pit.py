@@ -73,8 +73,7 @@ def uniformity(values: np.ndarray, name: str) -> Split:
     outside = np.count_nonzero(~((values >= 0) & (values <= 1)))
     if outside:
         raise ValueError(f"{name}: {outside} values outside [0, 1] (NaN: an impossible token, "
-                         "count it apart; "
-                         "above 1: F(x) in place of F(x-))")
+                         "count it apart; above 1: F(x) in place of F(x-))")
     k = bins(len(values))
     counts = np.bincount(np.minimum((values * k).astype(np.int64), k - 1), minlength=k)
     ks = float(stats.kstest(values, "uniform").pvalue)
@@ -92,8 +91,8 @@ def pit_test(samples: dict[str, np.ndarray], impossible: int = 0, alpha: float =
     few tokens"). An impossible token rejects on its own: no sampler from the target can emit it.
     """
     pooled = len(next(iter(samples.values()), []))
-    tested = {name: v for name, v in samples.items()
-              if len(v) >= min_count} if pooled >= min_count else {}
+    tested = ({name: v for name, v in samples.items() if len(v) >= min_count}
+              if pooled >= min_count else {})
     splits = [uniformity(v, name) for name, v in tested.items()]
     skipped = [name for name in samples if name not in tested]
     worst = min(splits, key=lambda s: s.p, default=None)

@@ -49,9 +49,8 @@ class Call:
             return bias > torch.finfo(bias.dtype).min / 2
         keys = mask[row].bool()  # 2D: padding mask over all slots; causal within the pass
         kv = keys.shape[0]
-        causal = torch.arange(kv,
-                              device=keys.device)[None] <= (kv - q
-                + torch.arange(q - last, q, device=keys.device))[:, None]
+        causal = (torch.arange(kv, device=keys.device)[None]
+                  <= (kv - q + torch.arange(q - last, q, device=keys.device))[:, None])
         return causal & keys[None]
 
 
