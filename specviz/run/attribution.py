@@ -204,7 +204,7 @@ class _Follow:
 
 
 def replay_batch(r: Replaying, spec: RunSpec, batch: list[int],
-           forks: dict[int, tuple[list[int], int]]) -> dict[int, Replay]:
+                 forks: dict[int, tuple[list[int], int]]) -> dict[int, Replay]:
     """Replay `batch` (sequence numbers) under `spec` and follow each forked row of it (seq -> (the
     engine's tokens, its fork)) on the engine's tokens; each gets its share of the seconds."""
     start = time.perf_counter()

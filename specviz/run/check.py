@@ -123,9 +123,9 @@ def from_servers(spec: RunSpec, pair: ModelPair, engine: tuple[str, str | None],
 
     def answers() -> tuple[EngineRun, dict[str, EngineRun], EngineRun | None]:
         first = ask(*engine, drafter=drafter)
-        again = {"again": ask(*engine),
-                 "reordered": ask(*engine,
-                                  order=list(reversed(range(len(ids)))))} if determinism else {}
+        again = ({"again": ask(*engine),
+                  "reordered": ask(*engine, order=list(reversed(range(len(ids)))))}
+                 if determinism else {})
         return first, again, ask(*control) if control else None
 
     first, again, control_run = on_main(answers)  # under a launch, the server is asked once
@@ -168,8 +168,8 @@ def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: E
             raise SpecError(f"the {role} answered {len(run.outputs)} prompts of {len(prompt_ids)}")
     # judged by the main process alone: one pass per token, no reference to decode
     if not spec.greedy:
-        return check_sampled(spec, pair, prompt_ids, engine, control,
-                             judging.attribute) if is_main() else None
+        return (check_sampled(spec, pair, prompt_ids, engine, control, judging.attribute)
+                if is_main() else None)
     model, truth = enginenoise.truth_model(pair)
     forcing = enginenoise.TeacherForcing(model, pair.vocab_size, functools.partial(checked, pair))
     tolerance = None if judging.decode_reference or truth != "float64" else on_main(
@@ -211,11 +211,12 @@ def _judge_rows(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]],
     process, the yardsticks, every proof checked against their final tolerance. None
     on the other processes."""
     progress = judging.progress
-    saved = judging.checkpoint and Checkpoint(judging.checkpoint, {
-        "pair": pair.info, "dtype": spec.dtype, "device": str(pair.device),
-        "budget": spec.max_new_tokens, "k": spec.k,
-        "prompts": prompt_ids, "reference": "proved" if tolerance is not None else "decoded",
-        **({"stop": list(spec.stop)} if spec.stop else {})},
+    saved = judging.checkpoint and Checkpoint(
+        judging.checkpoint,
+        {"pair": pair.info, "dtype": spec.dtype, "device": str(pair.device),
+         "budget": spec.max_new_tokens, "k": spec.k,
+         "prompts": prompt_ids, "reference": "proved" if tolerance is not None else "decoded",
+         **({"stop": list(spec.stop)} if spec.stop else {})},
         part=rank() if world_size() > 1 else None)
     # every process has read the checkpoint's files before any process writes its own
     wait_for_everyone()
@@ -228,11 +229,11 @@ def _judge_rows(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]],
         # kept under a narrower yardstick
         if done and tolerance is not None and not proof.holds(done[1], tolerance):
             done = done[0], _prompt_reference(spec, pair, prompt, outputs, done[0], tolerance,
-                                       phase(progress, "reference"))
+                                              phase(progress, "reference"))
         if not done:
             forced = force_outputs(forcing, prompt, outputs, phase(progress, "teacher forcing"))
             done = forced, _prompt_reference(spec, pair, prompt, outputs, forced, tolerance,
-                                      phase(progress, "reference"))
+                                             phase(progress, "reference"))
             if saved:
                 saved.put(seq, outputs, *done)
         mine[seq] = done
@@ -254,14 +255,14 @@ def _judge_rows(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]],
                            if (role, seq) in scored}
                 refs[seq] = _prompt_reference(spec, pair, prompt_ids[seq], outputs,
                                               {r: scored[r, seq] for r in outputs},
-                                       tolerance, phase(progress, "reference"))
+                                              tolerance, phase(progress, "reference"))
         yardsticks = yardsticks_for(spec, pair, prompt_ids, ref)
     return scored, ref, yardsticks
 
 
 def _prompt_reference(spec: RunSpec, pair: ModelPair, prompt: list[int],
                       outputs: dict[str, list[int]], forced: dict,
-               tolerance: float | None, progress: Progress | None) -> SequenceOutput:
+                      tolerance: float | None, progress: Progress | None) -> SequenceOutput:
     """One prompt's reference: proved from its outputs as far as `tolerance` allows, else
     (None) decoded."""
     budget, greedy = spec.max_new_tokens, greedy_of(spec)
@@ -269,7 +270,7 @@ def _prompt_reference(spec: RunSpec, pair: ModelPair, prompt: list[int],
         return reference(pair, [prompt], budget, progress, greedy).outputs[0]
     candidates = [{role: (ids, forced[role]) for role, ids in outputs.items()}]
     return proof.proved_reference(pair, [prompt], candidates, budget, tolerance, progress,
-                           functools.partial(checked, pair), greedy).outputs[0]
+                                  functools.partial(checked, pair), greedy).outputs[0]
 
 
 def sampling_settings(spec: RunSpec) -> dict:
@@ -302,13 +303,11 @@ def check_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], e
     text_only = sum(o.approximate for o in answered)
     if text_only:
         raise SpecError(f"{text_only} of the engine's {len(answered)} answers are text, "
-                        "re-tokenized here: a "
-                        "sampled check judges each token the engine drew, so it needs the engine's "
-                        "own token ids (an outputs file's output_ids; from a server, "
-                        "return_token_ids)")
+                        "re-tokenized here: a sampled check judges each token the engine drew, so "
+                        "it needs the engine's own token ids (an outputs file's output_ids; from a "
+                        "server, return_token_ids)")
     outside = next(((i, t) for i, o in enumerate(engine.outputs) for t in o.ids
-                    if not 0 <= t < pair.vocab_size),
-                   None)
+                    if not 0 <= t < pair.vocab_size), None)
     if outside:
         raise SpecError(f"output {outside[0]} holds token id {outside[1]}, outside the target's "
                         f"vocabulary (0-{pair.vocab_size - 1}): not this target's tokens")

@@ -77,8 +77,8 @@ class PerPair:
 
     def __init__(self, size: int):
         self.size = size
-        self._by_pair: weakref.WeakKeyDictionary[ModelPair,
-                                                 OrderedDict] = weakref.WeakKeyDictionary()
+        self._by_pair: weakref.WeakKeyDictionary[ModelPair, OrderedDict] = (
+            weakref.WeakKeyDictionary())
 
     def get(self, pair: ModelPair, key: Hashable, compute: Callable[[], object]):
         results = self._by_pair.setdefault(pair, OrderedDict())
@@ -162,8 +162,9 @@ def run(spec: RunSpec, record: bool = True, with_reference: bool = True,
         return explain_sampled(spec, pair, prompt_ids, result, yardsticks,
                                phase(progress, "distribution") if with_reference else None,
                                with_reference)
-    ref = reference_for(pair, prompt_ids, spec.max_new_tokens, phase(progress, "reference"),
-                        greedy_of(spec)) if with_reference else None
+    ref = (reference_for(pair, prompt_ids, spec.max_new_tokens, phase(progress, "reference"),
+                         greedy_of(spec))
+           if with_reference else None)
     if spec.method == "reference" and ref:
         result = ref
     else:
@@ -273,8 +274,8 @@ def explain(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result:
     distribution judged."""
     if not spec.greedy:
         return explain_sampled(spec, pair, prompt_ids, result, None)
-    yardsticks = yardsticks_for(spec, pair, prompt_ids,
-                                ref) if ref is not None and spec.method != "reference" else None
+    yardsticks = (yardsticks_for(spec, pair, prompt_ids, ref)
+                  if ref is not None and spec.method != "reference" else None)
     trace = build_trace(spec, pair, prompt_ids, result, ref, yardsticks)
     if ref is not None:
         analyse(trace, result, pair).record(trace)

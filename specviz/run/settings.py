@@ -104,7 +104,8 @@ class Settings:
             # they run.
             public=_bool(environ, "SPECVIZ_PUBLIC", bool(environ.get("SPACE_ID"))),
             engine_servers=tuple(u.strip()
-                for u in environ.get("SPECVIZ_ENGINE_SERVERS", "").split(",") if u.strip()),
+                                 for u in environ.get("SPECVIZ_ENGINE_SERVERS", "").split(",")
+                                 if u.strip()),
         )
 
     def check(self, spec: RunSpec) -> None:
@@ -115,8 +116,7 @@ class Settings:
         built_in = spec.target in BUILT_IN and spec.draft in BUILT_IN
         if not built_in and WIDTH[spec.dtype] > WIDTH[self.max_dtype]:
             raise SpecError(f"dtype {spec.dtype} is wider than this server's limit of "
-                            f"{self.max_dtype} for Hub "
-                            "and local models (SPECVIZ_MAX_DTYPE)")
+                            f"{self.max_dtype} for Hub and local models (SPECVIZ_MAX_DTYPE)")
         if spec.device not in self.devices:
             raise SpecError(f"device {spec.device!r} is not allowed on this server; allowed: "
                             f"{', '.join(sorted(self.devices))} (SPECVIZ_DEVICES)")
@@ -136,8 +136,7 @@ class Settings:
         (which, and why)."""
         if len(specs) > self.max_sweep_runs:
             raise SpecError(f"this sweep makes {len(specs)} runs, over this server's limit of "
-                            f"{self.max_sweep_runs} "
-                            "(SPECVIZ_MAX_SWEEP_RUNS)")
+                            f"{self.max_sweep_runs} (SPECVIZ_MAX_SWEEP_RUNS)")
         for i, spec in enumerate(specs):
             try:
                 self.check(spec)
@@ -148,8 +147,7 @@ class Settings:
     def _check_model(self, role: str, model: str, revision: str | None) -> None:
         if self.public and is_local_path(model):
             raise SpecError(f"{role} model {model!r} is a local path; this server is public and "
-                            "loads Hub ids "
-                            "only (SPECVIZ_PUBLIC)")
+                            "loads Hub ids only (SPECVIZ_PUBLIC)")
         if self.allowed_models is None or _entry(model, revision) in self.allowed_models:
             return
         listed = sorted(self.allowed_models)
@@ -169,8 +167,8 @@ class Settings:
         if _origin(url) not in {_origin(u) for u in self.engine_servers}:
             allowed = ", ".join(self.engine_servers) or "none"
             raise SpecError(f"engine server {url!r} is not allowed on this server; allowed: "
-                            f"{allowed} "
-                            "(SPECVIZ_ENGINE_SERVERS); upload the engine's outputs file instead")
+                            f"{allowed} (SPECVIZ_ENGINE_SERVERS); upload the engine's outputs "
+                            "file instead")
 
     def check_prompt_ids(self, prompt_ids: list[list[int]]) -> None:
         """Refuse prompts too long for this server once tokenized: a long prompt, not a long text,
@@ -206,8 +204,7 @@ class Settings:
             f"- deterministic GPU kernels: {'on' if self.deterministic else 'off'}",
             "- engine servers the check may ask: "
             + (", ".join(f"`{u}`" for u in self.engine_servers)
-                                                     if self.engine_servers and not self.public
-               else "none"),
+               if self.engine_servers and not self.public else "none"),
         ])
 
 

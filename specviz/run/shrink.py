@@ -51,10 +51,10 @@ class Mark:
     def shown_by(self, s: SequenceRecord) -> bool:
         """Whether sequence `s` of a smaller (sampled) run still shows this."""
         if self.kind == "state":
-            return s.forensics is not None and (s.forensics.verdict,
-                                                s.forensics.fork) == (self.verdict, self.fork)
-        return self.fork < len(s.pit
-                or ()) and s.pit[self.fork] is None and s.output_ids[self.fork] == self.token
+            return (s.forensics is not None
+                    and (s.forensics.verdict, s.forensics.fork) == (self.verdict, self.fork))
+        return (self.fork < len(s.pit or ()) and s.pit[self.fork] is None
+                and s.output_ids[self.fork] == self.token)
 
     def describe(self) -> str:
         if self.kind == "fork":
@@ -82,9 +82,9 @@ def mark_of(trace: Trace, seq: int) -> Mark:
     if bad is not None:
         return Mark("impossible", bad, s.output_ids[bad])
     raise SpecError(f"sequence {seq} of this sampled run shows neither a corrupt state nor a token "
-                    "the target could "
-                    "not draw: nothing to shrink" + ("" if trace.manifest.spec.audit else
-                                                     " (run it with --audit to check its states)"))
+                    "the target could not draw: nothing to shrink"
+                    + ("" if trace.manifest.spec.audit
+                       else " (run it with --audit to check its states)"))
 
 
 @dataclass
@@ -104,7 +104,7 @@ class Shrunk:
         f = self.trace.sequences[self.seq].forensics
         m = self.trace.manifest
         return share.encode_link(share.Link(m.spec, self.seq, f.round if f else None, m.fingerprint,
-                                       share.environment(m)))
+                                            share.environment(m)))
 
 
 def size(spec: RunSpec) -> str:
