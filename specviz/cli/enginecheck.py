@@ -39,8 +39,8 @@ def cmd_check(args) -> int:
             trace = check.from_files(spec, pair, (args.outputs.read_bytes(), args.outputs.name),
                                      control, judging=judging, drafter=args.engine_drafter)
         elif args.server:
-            control = (args.control_server,
-                    args.control_served_model or args.served_model) if args.control_server else None
+            control = ((args.control_server, args.control_served_model or args.served_model)
+                       if args.control_server else None)
             trace = check.from_servers(spec, pair, (args.server, args.served_model), control,
                                        args.concurrency, args.timeout, determinism=args.determinism,
                                        judging=judging, drafter=args.engine_drafter)
@@ -51,11 +51,10 @@ def cmd_check(args) -> int:
         return 0
     _print_check(trace)
     if args.json:
-        write_text(args.json,
-                    json.dumps({"engine": trace.manifest.engine.model_dump(),
-                                "summary": metrics.engine_summary(trace),
-                                      "sequences": [s.model_dump() for s in trace.sequences]},
-                               indent=1))
+        write_text(args.json, json.dumps({"engine": trace.manifest.engine.model_dump(),
+                                          "summary": metrics.engine_summary(trace),
+                                          "sequences": [s.model_dump() for s in trace.sequences]},
+                                         indent=1))
     if args.trace:
         write_text(args.trace, trace.to_json(), "trace")
     return 0
@@ -135,10 +134,9 @@ def _print_engine_facts(trace) -> None:
                            key=lambda k: int(k.rsplit("_", 1)[1]))
         by_position = [counters[k] / drafts for k in positions]
         print(f"engine drafts, its /metrics: {counters['accepted_tokens']:.0f} of "
-              f"{counters['draft_tokens']:.0f} draft tokens accepted in {drafts:.0f} drafts" + (
-                  "; accepted by position: " + " ".join(f"{a:.2f}" for a in by_position) if drafts
-                  and by_position
-                  else ""))
+              f"{counters['draft_tokens']:.0f} draft tokens accepted in {drafts:.0f} drafts"
+              + ("; accepted by position: " + " ".join(f"{a:.2f}" for a in by_position)
+                 if drafts and by_position else ""))
     if trace.acceptance:  # declared to draft with the check's draft model: its counts judged
         print(f"drafts: {trace.acceptance.verdict or OWN_DRAFTS}. {trace.acceptance.explanation}")
     if engine.ignored:

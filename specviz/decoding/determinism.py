@@ -19,7 +19,7 @@ CUBLAS_WORKSPACE = ":4096:8"  # cuBLAS reads it when it starts: before any CUDA 
 def enable() -> None:
     """Deterministic algorithms, a fixed cuBLAS workspace, TF32 off, deterministic cuDNN."""
     if (os.environ.get("CUBLAS_WORKSPACE_CONFIG") != CUBLAS_WORKSPACE
-        and torch.cuda.is_initialized()):
+            and torch.cuda.is_initialized()):
         raise RuntimeError("deterministic mode must be enabled before any CUDA work (cuBLAS has "
                            "already started)")
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE

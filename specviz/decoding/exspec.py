@@ -60,8 +60,8 @@ def _admit(pair: ModelPair, drafter: Drafter, seqs: list[int],
     starts = [min(S - len(prompts[i]), S - 3) for i in seqs]
     spans = [(lo, S) for lo in starts]
     return [SeqState(seq, b.tokens[r: r + 1, lo:], b.valid[r: r + 1, lo:], target, draft)
-            for r, (seq, lo, target,
-            draft) in enumerate(zip(seqs, starts, b.target.split(spans), b.draft.split(spans)))]
+            for r, (seq, lo, target, draft)
+            in enumerate(zip(seqs, starts, b.target.split(spans), b.draft.split(spans)))]
 
 
 def choose_batch(active: list[SeqState], batch_size: int,
@@ -151,8 +151,8 @@ def _split_back(rows: list[SeqState], b: Batch, step, active: list[SeqState], ge
     spans = [(min(int(first[r]), S + int(step.accepted[r]) - 2), S + int(step.accepted[r]) + 1)
              for r in range(len(rows))]
     done = step.finished.tolist()
-    for r, (s, target,
-            draft) in enumerate(zip(rows, step.target.split(spans), step.draft.split(spans))):
+    for r, (s, target, draft) in enumerate(zip(rows, step.target.split(spans),
+                                               step.draft.split(spans))):
         if done[r]:
             active.remove(s)
             gen[s.seq].finished_at = time.perf_counter() - start

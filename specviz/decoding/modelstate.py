@@ -84,8 +84,9 @@ class ModelState:
         written = torch.where(valid, valid.long().cumsum(1) - 1, -1)[:, :slots]
         hidden = None
         if states[0].hidden is not None:  # left-padded with zeros, as the cache is
-            hidden = torch.cat([torch.nn.functional.pad(s.hidden,
-                    (0, 0, slots - s.hidden.shape[1], 0)) for s in states])
+            hidden = torch.cat([
+                torch.nn.functional.pad(s.hidden, (0, 0, slots - s.hidden.shape[1], 0))
+                for s in states])
         return ModelState(kvcache.merge([s.cache for s in states]), written,
                           torch.cat([s.held for s in states]),
                           torch.cat([s.held_first for s in states]), states[0].behind, hidden)

@@ -58,7 +58,8 @@ def run_head(pair: ModelPair, head, policy: Policy, tok, val, stl, features: tor
     seen = policy.seen(val, stl, narrowest_window(head.body))
     out = head.body(inputs_embeds=head.inputs(tok[:, q_start:], features),
                     position_ids=pos[:, q_start:],
-            attention_mask=attention_masks(head.body, seen, q_start), cache=cache, use_cache=True)
+                    attention_mask=attention_masks(head.body, seen, q_start), cache=cache,
+                    use_cache=True)
     hidden = out.last_hidden_state
     logits = head.logits(hidden[:, -keep:])[..., :pair.vocab_size].to(tok.device)
     return Pass(logits if logits.dtype == torch.float64 else logits.float(), pos, hidden)

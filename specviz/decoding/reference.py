@@ -65,9 +65,9 @@ def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int,
             logits = logits[: pair.vocab_size]
             # penalised in the dtype the engine's logits come in (batch.forward's)
             if sampling.penalties:
-                logits = sampling.penalties.along(logits.to(torch.promote_types(logits.dtype,
-                        torch.float32))[None],
-                                                  ids, out.ids)[0]
+                logits = sampling.penalties.along(
+                    logits.to(torch.promote_types(logits.dtype, torch.float32))[None],
+                    ids, out.ids)[0]
             logits = logits.double()  # exact for every model dtype: the argmax is the model's
             at = torch.tensor([[seq, len(out.ids)]], device=pair.device)
             out.ids.append(int(choose_tokens(logits[None], sampling, at[:, 0], at[:, 1])))
@@ -153,13 +153,14 @@ def batched_reference(pair: ModelPair, prompts: list[list[int]], batch_size: int
                          keep=1)
         if sampling.penalties:
             said = torch.tensor([len(outputs[i].ids) for i in rows.seqs], device=pair.device)
-            logits = sampling.penalties.apply(logits,
-                    *history(rows.tokens, rows.valid, said, pair.vocab_size),
-                                              said.new_zeros(len(said), 0))
+            logits = sampling.penalties.apply(
+                logits, *history(rows.tokens, rows.valid, said, pair.vocab_size),
+                said.new_zeros(len(said), 0))
         logits = logits[:, -1]
         seqs = torch.tensor(rows.seqs, device=pair.device)
-        nxt = choose_tokens(logits, sampling, seqs,
-                torch.tensor([len(outputs[i].ids) for i in rows.seqs], device=pair.device))
+        nxt = choose_tokens(
+            logits, sampling, seqs,
+            torch.tensor([len(outputs[i].ids) for i in rows.seqs], device=pair.device))
         for i, t, m, lp in zip(rows.seqs, nxt.tolist(), top2_margin(logits).tolist(),
                                logprobs(logits, nxt, sampling.target.temperature).tolist()):
             outputs[i].ids.append(t)
@@ -172,8 +173,7 @@ def batched_reference(pair: ModelPair, prompts: list[list[int]], batch_size: int
         rows.tokens = torch.cat([rows.tokens, nxt[:, None]], dim=1)
         rows.valid = torch.cat([rows.valid, torch.ones_like(rows.valid[:, :1])], dim=1)
         done = torch.tensor([len(outputs[i].ids) >= max_new_tokens or stops.ended(outputs[i].ids)
-                             for i in rows.seqs],
-                            device=pair.device)
+                             for i in rows.seqs], device=pair.device)
         if done.any():
             rows.keep((~done).nonzero().flatten())
 

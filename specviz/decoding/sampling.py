@@ -188,8 +188,7 @@ class Sampling:
         seeds = [self.row(i).seed for i in seqs]
         return Streams(torch.tensor([self.seed if s is None else s for s in seeds], device=device),
                        torch.tensor([i + self.first_seq if s is None else SEEDED
-                                     for i, s in zip(seqs, seeds)],
-                                    device=device),
+                                     for i, s in zip(seqs, seeds)], device=device),
                        torch.tensor([s is not None for s in seeds], device=device),
                        torch.tensor(skipped or [0] * len(seqs), device=device))
 

@@ -65,8 +65,8 @@ def unsupported(model) -> str | None:
     if not set(types) & {*ATTENTION, *HYBRID}:
         return ("it has no attention layer: specviz lays a batch out in attention slots (padding, "
                 "positions, the KV cache), which a pure state-space model does not use")
-    if not {"cache", "position_ids",
-            "attention_mask"} <= set(inspect.signature(model.forward).parameters):
+    if not ({"cache", "position_ids", "attention_mask"}
+            <= set(inspect.signature(model.forward).parameters)):
         return ("its forward pass takes no cache, position ids or attention mask, through which "
                 "specviz lays a batch out (its state is its own)")
     recurrent = sum(t in (*RECURRENT, *HYBRID) for t in types)

@@ -94,8 +94,8 @@ class PackedLinear(torch.nn.Linear):
         key = (w.data_ptr(), w.dtype, tensor_version(w))
         packed = self.__dict__.get("_packed")
         if packed is None or packed[0] != key:
-            packed = self.__dict__["_packed"] = (key,
-                    torch.ops.mkldnn._reorder_linear_weight(w.detach().float(), None))
+            packed = self.__dict__["_packed"] = (
+                key, torch.ops.mkldnn._reorder_linear_weight(w.detach().float(), None))
         return packed[1]
 
     def __getstate__(self):

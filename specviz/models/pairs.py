@@ -68,8 +68,8 @@ def parse_max_memory(text: str) -> dict[int | str, str]:
         try:
             convert_file_size_to_int(size)
         except ValueError:
-            raise SpecError(f"max memory {part!r}: {size!r} is not a size like 20GiB or "
-                            "500MB") from None
+            raise SpecError(f"max memory {part!r}: {size!r} is not a size like 20GiB "
+                            "or 500MB") from None
         limits[int(where) if where.isdigit() else where] = size
     if not limits:
         raise SpecError("max memory is empty; expected e.g. 0=20GiB,1=20GiB")
@@ -140,8 +140,8 @@ def tiny_target(dtype: torch.dtype,
     its first two layers, agrees with it about half the time (measured: 0.53
     acceptance at k=5): ragged acceptance, which is what the tests need."""
     tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
-    config_class, model_class = (MistralConfig, MistralForCausalLM) if window else (LlamaConfig,
-            LlamaForCausalLM)
+    config_class, model_class = ((MistralConfig, MistralForCausalLM) if window
+                                 else (LlamaConfig, LlamaForCausalLM))
     config = config_class(
         vocab_size=len(tok),
         hidden_size=64,

@@ -10,19 +10,23 @@ and shows `describe()`.
 
     SPECVIZ_ALLOWED_MODELS     comma-separated ids, each `org/model` (its default revision only) or
                                `org/model@revision`; * for any  (default: the preset pairs' ids)
-    SPECVIZ_PUBLIC             default on where SPACE_ID is set (a Hugging Face Space): refuse local
-    paths SPECVIZ_MAX_BATCH_SIZE     default 16 SPECVIZ_MAX_K              default 8
-    SPECVIZ_MAX_NEW_TOKENS     default 256 SPECVIZ_MAX_PROMPTS        default 64
-    SPECVIZ_MAX_RUN_TOKENS     default 4096: prompts x max new tokens SPECVIZ_MAX_PROMPT_TOKENS
-    default 2048: the longest prompt, tokenized (chat template included)
-    SPECVIZ_MAX_TOTAL_PROMPT_TOKENS default 16384: all prompts together, tokenized SPECVIZ_MAX_DTYPE
-    default float32: the widest dtype for Hub and local models SPECVIZ_DEVICES            default
-    auto,cuda SPECVIZ_TRUST_REMOTE_CODE  default off: models that ship their own code are refused
-    SPECVIZ_QUEUE_SIZE         default 16 runs waiting; more are turned away SPECVIZ_DETERMINISTIC
-    default off: deterministic GPU kernels (determinism.py) SPECVIZ_ENGINE_SERVERS     default none:
-    comma-separated origins (http://host:port) of engine servers the
-                               "Check an engine" tab may send prompts to; none on a public server,
-                               whatever it says
+    SPECVIZ_PUBLIC             default on where SPACE_ID is set (a Hugging Face Space):
+                               refuse local paths
+    SPECVIZ_MAX_BATCH_SIZE     default 16
+    SPECVIZ_MAX_K              default 8
+    SPECVIZ_MAX_NEW_TOKENS     default 256
+    SPECVIZ_MAX_PROMPTS        default 64
+    SPECVIZ_MAX_RUN_TOKENS     default 4096: prompts x max new tokens
+    SPECVIZ_MAX_PROMPT_TOKENS  default 2048: the longest prompt, tokenized (chat template included)
+    SPECVIZ_MAX_TOTAL_PROMPT_TOKENS default 16384: all prompts together, tokenized
+    SPECVIZ_MAX_DTYPE          default float32: the widest dtype for Hub and local models
+    SPECVIZ_DEVICES            default auto,cuda
+    SPECVIZ_TRUST_REMOTE_CODE  default off: models that ship their own code are refused
+    SPECVIZ_QUEUE_SIZE         default 16 runs waiting; more are turned away
+    SPECVIZ_DETERMINISTIC      default off: deterministic GPU kernels (determinism.py)
+    SPECVIZ_ENGINE_SERVERS     default none: comma-separated origins (http://host:port) of engine
+                               servers the "Check an engine" tab may send prompts to; none on a
+                               public server, whatever it says
 """
 from __future__ import annotations
 

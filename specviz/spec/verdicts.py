@@ -132,8 +132,8 @@ VERDICTS = {v.name: v for v in (
             "its output teacher-forced through the target in float64, against its rounding "
             "measured on its control run (the same engine without speculation)"),
     Verdict("sampler-bug:decisions",
-            "accept/reject decisions do not follow the sampler's own recorded p, q "
-            "and draw", "every decision re-derived from its record"),
+            "accept/reject decisions do not follow the sampler's own recorded p, q and draw",
+            "every decision re-derived from its record"),
     Verdict("sampler-bug:rule",
             "every state and decision held, yet the tokens are not the target's "
             "distribution: the sampling rule itself",

@@ -290,9 +290,8 @@ class Determinism(Strict):
         per_run = ", ".join(f"{name} {sum(r.run == name for r in self.differing)}"
                             for name in self.runs)
         return (f"determinism: {len(seqs)} of {self.prompts} prompts got another answer when asked "
-                "again "
-                f"({per_run}); "
-                "first at " + ", ".join(f"[{r.seq}] token {r.index}" for r in self.differing[:5]))
+                f"again ({per_run}); first at "
+                + ", ".join(f"[{r.seq}] token {r.index}" for r in self.differing[:5]))
 
 
 class Hypothesis(Strict):

@@ -233,8 +233,7 @@ def reference_proofs(trace: Trace) -> str | None:
     margins = [p.smallest_margin for p in proofs if p.smallest_margin is not None]
     return (f"{whole} of {len(trace.sequences)} references proved whole by teacher forcing, no "
             f"decode; {proved} tokens proved (every one the float64 argmax by more than the "
-            "tolerance, "
-            f"{proofs[0].tolerance:.3g} logits"
+            f"tolerance, {proofs[0].tolerance:.3g} logits"
             + (f"; the smallest margin {min(margins):.3g}" if margins else "")
             + f"), {decoded} decoded one at a time from a fork, a near-tie or an output's end")
 

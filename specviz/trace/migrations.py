@@ -112,8 +112,10 @@ def _floor_as_rounding(floor: dict, factor: object, manifest: dict) -> dict:
             **{k: floor.get(k) for k in ("positions", "sequences", "resolution")},
             "slots": floor.get("chunk"), "levels": [0.5, 1.0],
             "quantiles": [floor.get("median"), floor.get("value")],
-            "tolerance": factor * floor["value"] if isinstance(factor, (int, float)) and
-            isinstance(floor.get("value"), (int, float)) else floor.get("value")}
+            "tolerance": (factor * floor["value"]
+                          if isinstance(factor, (int, float))
+                          and isinstance(floor.get("value"), (int, float))
+                          else floor.get("value"))}
 
 
 # version -> a function that lifts a raw trace one version up

@@ -209,7 +209,7 @@ def check_sequence(s: SequenceRecord) -> None:
     if s.logprobs is not None and len(s.logprobs) != len(s.output_ids):
         raise ValueError(f"sequence {s.seq}: one log-probability per token id is needed")
     if (len(s.output_pieces) != len(s.output_ids)
-        or (s.reference_pieces is None) != (s.reference_ids is None)
+            or (s.reference_pieces is None) != (s.reference_ids is None)
             or s.reference_ids is not None and len(s.reference_pieces) != len(s.reference_ids)):
         raise ValueError(f"sequence {s.seq}: one piece of text per token id is needed")
     fork = None if s.reference_ids is None else first_difference(s.output_ids, s.reference_ids)

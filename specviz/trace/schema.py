@@ -71,8 +71,8 @@ class Trace(Strict):
         """What the views rely on beyond types: records numbered in order, rows that match
         their rounds."""
         n = len(self.sequences)
-        if [p.seq for p in self.prompts] != list(range(n)) or [s.seq
-                for s in self.sequences] != list(range(n)):
+        if ([p.seq for p in self.prompts] != list(range(n))
+                or [s.seq for s in self.sequences] != list(range(n))):
             raise ValueError("prompts and sequences must be numbered 0, 1, 2, … in order, one of "
                              "each per prompt")
         for s in self.sequences:
@@ -95,8 +95,8 @@ class Trace(Strict):
                                  "drafts")
             by_round[r.round].append((r.row, r.seq))
         for rd in self.rounds:
-            if by_round.pop(rd.round,
-                            []) != list(enumerate(rd.seqs)) or not all(0 <= q < n for q in rd.seqs):
+            if (by_round.pop(rd.round, []) != list(enumerate(rd.seqs))
+                    or not all(0 <= q < n for q in rd.seqs)):
                 raise ValueError(f"round {rd.round}: its rows are not one per sequence it lists")
         if by_round:
             raise ValueError(f"rows of rounds that are not recorded: {sorted(by_round)[:5]}")

@@ -96,7 +96,8 @@ class Sweep(Strict):
                 for name, a in zip(AXIS_FIELDS, AXES)}
         return cls.build(base=base,
                          runs=tuple({f: s.model_dump(mode="json", include={f})[f] for f in fields}
-                                    for s, fields in specs), **axes)
+                                    for s, fields in specs),
+                         **axes)
 
     @model_validator(mode="after")
     def _runs(self) -> Sweep:
@@ -150,8 +151,7 @@ class Sweep(Strict):
             raise ValueError(f"run {run}: {e}") from None
         if len(spec.prompts) != len(self.base.prompts):
             raise ValueError(f"run {run} asks {len(spec.prompts)} prompts and its base "
-                             f"{len(self.base.prompts)}: a "
-                             "sweep's runs ask as many each")
+                             f"{len(self.base.prompts)}: a sweep's runs ask as many each")
         for name, a in zip(AXIS_FIELDS, AXES):
             if getattr(spec, a) not in axes[name]:
                 raise ValueError(f"run {run}'s {a} {getattr(spec, a)!r} is not on the sweep's "
@@ -301,8 +301,7 @@ class SweepReport(Strict):
             found = raw["version"]
         if type(found) is not int or found != REPORT_VERSION:
             raise SpecError(f"not a specviz sweep report of version {REPORT_VERSION} (found "
-                            f"{shown(found)}); "
-                            "write one with specviz verify --json")
+                            f"{shown(found)}); write one with specviz verify --json")
         try:
             return cls.model_validate(raw)
         except ValidationError as e:
