@@ -69,13 +69,12 @@ def main() -> None:
                      f"{statistics.fmean(a.replays for a in found) if found else 0:.1f} | "
                      f"{mean:.1f} | {max(seconds, default=0.0):.1f} |")
         print(lines[-1], f"(check {judged:.0f} s)", flush=True)
-    tried = len(attribution.candidates(attribution.Replaying(spec, pair, ids, {},
-                                                             args.batch_size))[0])
+    tried = len(attribution.candidates(
+        attribution.Replaying(spec, pair, ids, {}, args.batch_size))[0])
     lines += ["",
               f"All faults: {len(costs)} forked rows, mean {statistics.fmean(costs):.1f} s, worst "
               f"{max(costs):.1f} s per row ({tried} mechanisms tried, each in the engine's batch, "
-              "beside the "
-              "correct engine)."]
+              "beside the correct engine)."]
     print(lines[-1])
     args.out.write_text("\n".join(lines) + "\n")
 

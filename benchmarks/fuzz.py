@@ -63,10 +63,9 @@ def measure(label: str, cases, handle) -> list[str]:
     if rejected:
         cuts = statistics.quantiles(rejected, n=1000, method="inclusive")
         lines.append(f"  rejection CPU time: median {1000 * statistics.median(rejected):.2f} ms, "
-                     f"p90 {1000 * cuts[899]:.2f} ms, "
-              f"p99 {1000 * cuts[989]:.2f} ms, p99.9 {1000 * cuts[998]:.2f} ms, slowest "
-              f"{1000 * slowest[0]:.1f} ms ({slowest[1]}…); over 50 ms: "
-              f"{sum(dt > 0.05 for dt in rejected)}")
+                     f"p90 {1000 * cuts[899]:.2f} ms, p99 {1000 * cuts[989]:.2f} ms, p99.9 "
+                     f"{1000 * cuts[998]:.2f} ms, slowest {1000 * slowest[0]:.1f} ms "
+                     f"({slowest[1]}…); over 50 ms: {sum(dt > 0.05 for dt in rejected)}")
     print("\n".join(lines), flush=True)
     return lines
 
@@ -92,8 +91,8 @@ def main() -> None:
                 f"{args.seed}")
         args.out.write_text("# Malformed links and trace files turned away\n\n```\n"
                             + "\n".join(lines)
-                            + f"\n```\n\nMade by `{made}` (CPU time per input, one run, 2 "
-                              "cores).\n")
+                            + f"\n```\n\nMade by `{made}` (CPU time per input, one run, "
+                              "2 cores).\n")
 
 
 if __name__ == "__main__":

@@ -73,9 +73,8 @@ def main() -> None:
             print(_line(c, method, fields, 1, runs))
     for name in SUBSETS:
         for method, fields in batched:
-            runs[(name, method, fields.get("drafter", "model"), args.batch_size)] = measure(name,
-                    method, args.batch_size,
-                                                                                           **fields)
+            runs[(name, method, fields.get("drafter", "model"), args.batch_size)] = measure(
+                name, method, args.batch_size, **fields)
             print(_line(name, method, fields, args.batch_size, runs))
     vllm = {} if args.no_vllm else _vllm(args, pair, ids)
 

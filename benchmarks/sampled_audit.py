@@ -73,11 +73,10 @@ def main() -> None:
     lines = ["# The state audit at temperature > 0\n",
              (f"Embedded pair, float32, {len(prompts)} prompts of {args.prompt_set!r}, "
               f"{args.max_new_tokens} new tokens, temperature {args.temperature}, top-p "
-              f"{args.top_p}, batch size {args.batch_size}, k {args.k}, "
-              "every row audited.\n"),
-             ("| fault | named | verdicts | sequences with an impossible token | named at or "
-              "before it | distribution | run verdict | "
-              "seconds |"), "|---|---:|---|---:|---:|---|---|---:|"]
+              f"{args.top_p}, batch size {args.batch_size}, k {args.k}, every row audited.\n"),
+             ("| fault | named | verdicts | sequences with an impossible token "
+              "| named at or before it | distribution | run verdict | seconds |"),
+             "|---|---:|---|---:|---:|---|---|---:|"]
 
     def row(name: str, trace, start: float) -> None:
         named = [s for s in trace.sequences if s.forensics]
@@ -108,8 +107,7 @@ def main() -> None:
         traces = [sampled(method, seed=seed) for seed in range(args.seeds)]
         sequences = [s for t in traces for s in t.sequences]
         beyond = sum(r.audit is not None and r.audit > t.manifest.yardstick.target.tolerance
-                     for t in traces
-                     for r in t.rows)
+                     for t in traces for r in t.rows)
         lines.append(f"| {method} | {args.seeds} | {len(sequences)} | "
                      f"{sum(s.forensics is not None for s in sequences)} | {beyond} of "
                      f"{sum(len(t.rows) for t in traces)} | "

@@ -59,8 +59,8 @@ def _logits(model, rows: list[list[int]], positions: list[list[int]], vocab: int
     slot = torch.arange(width)
     sees = ((real[:, None, :] & (slot[None, :] <= slot[:, None]))
             | torch.eye(width, dtype=torch.bool))
-    bias = torch.zeros(B, 1, width, width, dtype=model.dtype).masked_fill(~sees[:, None],
-            torch.finfo(model.dtype).min)
+    bias = torch.zeros(B, 1, width, width, dtype=model.dtype).masked_fill(
+        ~sees[:, None], torch.finfo(model.dtype).min)
     hooks = []
     # zero K and V as they leave their projections (RoPE and norms keep a zero vector zero)
     if lost.any():
@@ -165,7 +165,7 @@ def _round(target, draft, live: list[_Seq], first: bool, k: int, budget: int, dr
             while a < room[r]:  # accept a draft d with probability min(1, p(d) / q(d))
                 d = drafts[r][a]
                 if (not float(torch.rand((), generator=gen, dtype=torch.float64)) * qr[a, d]
-                    < p[a, d]):
+                        < p[a, d]):
                     break
                 a += 1
             if a == room[r]:  # the bonus

@@ -141,7 +141,7 @@ def _assert_lanes_stack(page) -> None:
 def test_at_phone_width_the_page_opens_on_the_case_and_never_scrolls_sideways(new_page, app_url):
     SHOTS.mkdir(parents=True, exist_ok=True)
     page = new_page(viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True,
-                            has_touch=True)
+                    has_touch=True)
     page.goto(app_url)
     expect(page.locator("#sv-grid td.sv-cell.sv-fork.sv-sel")).to_be_visible(timeout=60_000)
     expect(page.locator("#sv-forensics")).to_contain_text("sync-bug")
@@ -267,9 +267,8 @@ def test_an_audited_sampled_fault_opens_on_its_corrupt_round_with_its_verdict(ne
     # the corrupt round, outlined and focused
     cell = page.locator("#sv-grid td.sv-cell.sv-fork.sv-sel")
     expect(cell).to_be_visible(timeout=60_000)
-    assert (cell.get_attribute("data-seq"), cell.get_attribute("data-round")) == (str(first.seq),
-                                                                                 str(
-            first.forensics.round))
+    assert ((cell.get_attribute("data-seq"), cell.get_attribute("data-round"))
+            == (str(first.seq), str(first.forensics.round)))
     expect(page.locator("#sv-forensics")).to_contain_text(first.forensics.verdict)
     expect(page.locator("#sv-pit-verdict")).to_contain_text(f"{first.forensics.verdict} — The "
                                                             "target state of")
@@ -449,9 +448,8 @@ def test_a_sweep_shows_where_equivalence_breaks_a_cell_opens_its_run_and_compare
     expect(fresh.locator("#sv-sweep-exact td.sv-hcell")).to_have_count(9, timeout=DECODE_MS)
     expect(fresh.locator("#sv-sweep-status")).to_contain_text("replayed on this server")
     cells = "els => els.map(e => e.dataset.run + ':' + e.textContent)"
-    assert fresh.eval_on_selector_all("#sv-sweep-exact td.sv-hcell",
-                                      cells) == page.eval_on_selector_all(
-        "#sv-sweep-exact td.sv-hcell", cells)
+    assert (fresh.eval_on_selector_all("#sv-sweep-exact td.sv-hcell", cells)
+            == page.eval_on_selector_all("#sv-sweep-exact td.sv-hcell", cells))
 
 
 def _pick(page, dropdown: str, label: str) -> None:
@@ -486,8 +484,8 @@ def test_a_verify_json_report_written_by_the_cli_opens_in_the_sweep_view(new_pag
     page.screenshot(path=SHOTS / "sweep-from-verify-json.png", full_page=True)
 
 
-def test_a_field_case_opens_from_its_card_at_its_fork_and_its_share_link_replays_it(new_page,
-        app_url, tmp_path):
+def test_a_field_case_opens_from_its_card_at_its_fork_and_its_share_link_replays_it(
+        new_page, app_url, tmp_path):
     from specviz.engines.process import free_port, serving
     from specviz.spec.casebook import CASES
 

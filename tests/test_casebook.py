@@ -69,7 +69,7 @@ def test_every_case_shows_and_is_named_by_its_mechanism(case):
         assert (metrics.equivalence(trace)["exact"] == 1) == tokens_kept, "the replica must fork"
         assert verdicts and set(verdicts) == {case.expected}, [s.forensics.explanation
                                                                for s in trace.sequences
-                                                                 if s.forensics]
+                                                               if s.forensics]
         assert FAULTS[case.fault].verdict == case.expected
 
 

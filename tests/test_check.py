@@ -260,8 +260,8 @@ def test_a_sampled_check_tells_a_callable_its_settings_and_judges_its_ids_by_the
     told = live.manifest.engine.settings
     assert (told["temperature"], told["top_k"], told["top_p"], told["seed"]) == (0.8, 50, 0.95, 2)
     d = live.distribution
-    assert (d.verdict, d.impossible) == ("consistent",
-            0) and d.tokens == sum(len(s.output_ids) for s in live.sequences)
+    assert ((d.verdict, d.impossible) == ("consistent", 0)
+            and d.tokens == sum(len(s.output_ids) for s in live.sequences))
     assert all(s.reference_ids is None and s.forensics is None for s in live.sequences)
     assert Trace.from_json(live.to_json()) == live
     lines = [json.dumps({"prompt_ids": p.ids, "output_ids": s.output_ids})
@@ -416,8 +416,8 @@ def _dsd_like_and_control(prompts: list[str]) -> tuple[list[list[int]], list[lis
     pair = load_pair(TINY_TARGET, TINY_DRAFT, dtype="float32", device="cpu")
     ids = pair.encode(prompts)
     engine = eqspec(pair, ids, 4, 4, BUDGET, faults=("no-mask", "growing-padding", "draft-bonus"))
-    return [o.ids for o in engine.outputs], [o.ids
-            for o in batched_reference(pair, ids, 4, BUDGET).outputs]
+    return ([o.ids for o in engine.outputs],
+            [o.ids for o in batched_reference(pair, ids, 4, BUDGET).outputs])
 
 
 def _junk(prompts: list[str]) -> list[list[int]]:
@@ -565,8 +565,7 @@ def test_the_engine_tolerance_holds_its_false_alarm_rate_per_output_not_per_toke
     tol = enginenoise.tolerance(sigma, tokens)
     noise = torch.randn(20_000, tokens, generator=torch.Generator().manual_seed(0)).double() * sigma
     flagged = float((noise > tol).any(-1).double().mean())
-    # 3 sd
-    assert 0.005 < flagged <= enginenoise.ALPHA + 3 * (enginenoise.ALPHA
-                                                       / len(noise)) ** 0.5, flagged
+    assert 0.005 < flagged <= (enginenoise.ALPHA
+                               + 3 * (enginenoise.ALPHA / len(noise)) ** 0.5), flagged  # 3 sd
     per_token = float((noise > stats.norm.isf(enginenoise.ALPHA) * sigma).any(-1).double().mean())
     assert per_token > 0.3, per_token

@@ -70,8 +70,8 @@ def test_eight_simultaneous_sessions_each_get_their_own_run_and_files(app_url, t
     for i in range(n):
         assert decisions(ran[i]) == decisions(alone[i]), f"session {i}"
         assert Trace.from_json(Path(downloads[i]).read_text()) == forged[i], f"session {i}'s upload"
-        assert decisions(swapped[i]) == decisions(alone[(i + 1)
-                                                        % n]), f"session {i}, next session's spec"
+        assert decisions(swapped[i]) == decisions(alone[(i + 1) % n]), (
+            f"session {i}, next session's spec")
     assert len(set(downloads)) == n
 
 

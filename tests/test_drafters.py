@@ -177,10 +177,10 @@ def test_presets_break_with_lookup_drafts(preset):
 
 
 def test_a_row_that_drafted_nothing_is_in_the_trace():
-    trace = run(RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64", device="cpu",
-                              drafter="lookup",
-            prompts=("Hi", "Name three rivers. Name three rivers. Name three rivers."),
-                              chat_template=False, batch_size=2, k=5, max_new_tokens=4))
+    trace = run(RunSpec.build(
+        target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64", device="cpu", drafter="lookup",
+        prompts=("Hi", "Name three rivers. Name three rivers. Name three rivers."),
+        chat_template=False, batch_size=2, k=5, max_new_tokens=4))
     assert metrics.equivalence(trace)["exact"] == 1
     by_round: dict[int, list] = {}
     for r in trace.rows:

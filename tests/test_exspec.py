@@ -53,10 +53,10 @@ def test_choose_prefers_groups_and_bounds_waiting():
 
 def test_trace_records_groups_waits_and_latency(tiny):
     spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64",
-                         device="cpu",
-                         method="exspec",
+                         device="cpu", method="exspec",
                          prompts=("Hi", "Name three rivers.", "Tell me a joke.", "Count to five.",
-                                  "What is 2+2?"), batch_size=2, k=3, max_new_tokens=12, window=4)
+                                  "What is 2+2?"),
+                         batch_size=2, k=3, max_new_tokens=12, window=4)
     trace = run(spec)
     assert metrics.equivalence(trace)["exact"] == 1
     assert all(r.waits is not None and len(r.waits) == len(r.seqs) for r in trace.rounds)

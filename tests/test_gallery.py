@@ -78,9 +78,8 @@ def test_a_card_opens_its_case_at_its_fork_and_its_share_link_replays_it_from_th
     forked = first_forked(trace)
     if forked is not None:  # focused on its first fork, with its verdict
         assert views["focus_seq"] == forked.seq and views["focus_round"] == forked.forensics.round
-        assert re.search(r'class="sv-cell sv-fork '
-                         rf'sv-sel[^"]*" data-seq="{forked.seq}" data-round="'
-                         rf'{views["focus_round"]}"',
+        assert re.search(r'class="sv-cell sv-fork sv-sel[^"]*" '
+                         rf'data-seq="{forked.seq}" data-round="{views["focus_round"]}"',
                          views["grid"])
         assert html.escape(case.expected) in views["forensics"]
     # Its share link replays it in any process: from the bundle, not from this process's cache

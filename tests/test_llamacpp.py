@@ -71,8 +71,8 @@ def test_llama_cpp_is_asked_in_its_own_dialect_and_answers_with_ids(llama, embed
         # speculation ran: drafts offered, some accepted, counted per request and in total
         if name in SPECULATIVE:
             assert drafts > 0 and counters["draft_tokens"] == drafts
-            assert 0 < counters["accepted_tokens"] == sum(o.accepted or 0
-                                                          for o in run.outputs) <= drafts
+            assert (0 < counters["accepted_tokens"]
+                    == sum(o.accepted or 0 for o in run.outputs) <= drafts)
         else:
             assert drafts == 0 and counters.get("draft_tokens", 0) == 0
 
@@ -136,8 +136,7 @@ def test_no_fork_of_a_correct_configuration_is_attributed(llama, embedded, capsy
     is named."""
     spec, ids, runs = llama
     declared = {"draft": {"drafter": "model", "k": K},
-                "ngram-simple": {"drafter": "lookup", "k": K, "ngram_min": 3,
-                                                                       "ngram_max": 3}}
+                "ngram-simple": {"drafter": "lookup", "k": K, "ngram_min": 3, "ngram_max": 3}}
     for name, settings in declared.items():
         trace = check.check(spec, embedded, ids, runs[name], runs["plain, 4 slots"],
                             check.Judging(attribute=False))
@@ -164,7 +163,8 @@ def test_a_file_of_raw_llama_cpp_answers_is_read_and_judged(llama, embedded, tmp
                       threads=ENGINE_THREADS) as server:
         dumps = [{"request": ask.request(p, None),
                   "response": httpx.post(f"{server.url}/completion", json=ask.request(p, None),
-                                          timeout=300).json(), "seq": i}
+                                         timeout=300).json(),
+                  "seq": i}
                  for i, p in enumerate(ids)]
     path = tmp_path / "dump.jsonl"
     path.write_text("\n".join(json.dumps(d) for d in dumps))
@@ -206,8 +206,8 @@ def test_a_sampled_check_of_llama_cpp_speculating_with_the_draft_is_consistent(e
         trace = check.from_servers(spec, embedded, (server.url, None), None, concurrency=4,
                                    timeout=300, drafter="model")
     sent = trace.manifest.engine.settings["sampling"]
-    assert (sent["temperature"], sent["top_p"], sent["samplers"]) == (0.8, 1.0,
-            ["temperature", "top_k", "top_p"])
+    assert ((sent["temperature"], sent["top_p"], sent["samplers"])
+            == (0.8, 1.0, ["temperature", "top_k", "top_p"]))
     assert (sent["min_p"] == 0 and sent["top_k"] == 0
             and sum(s.engine.drafts or 0 for s in trace.sequences) > 0)
     d = trace.distribution

@@ -90,8 +90,8 @@ def test_every_rounds_drafts_are_transformers_own_mtp_layers(checkpoints, family
         for r in sorted((r for r in trace.rows if r.seq == seq.seq), key=lambda r: r.round):
             if r.draft_tokens:
                 ids = prompt_ids[seq.seq] + seq.output_ids[:have]
-                assert r.draft_tokens == _transformers_drafts(pair, mtp, ids,
-                        len(r.draft_tokens)), (seq.seq, r.round)
+                assert r.draft_tokens == _transformers_drafts(
+                    pair, mtp, ids, len(r.draft_tokens)), (seq.seq, r.round)
                 checked += 1
             have += len(r.emitted)
     assert checked >= 8

@@ -30,9 +30,10 @@ MUTANTS = {
                        "kvcache.gather(self.cache, rows.flip(0), src[:, :slots])", (), "eqspec"),
     # stale state after a row finishes: the rows after it keep last round's tokens and caches
     "stale-after-finish": (exspec, "_split_back",
-        "gen[s.seq].finished_at = time.perf_counter() - start\n            continue",
-                           "gen[s.seq].finished_at = time.perf_counter() - start\n            "
-                           "break", (), "exspec"),
+                           "gen[s.seq].finished_at = time.perf_counter() - start\n"
+                           "            continue",
+                           "gen[s.seq].finished_at = time.perf_counter() - start\n"
+                           "            break", (), "exspec"),
     # wrong row order after a batch shrinks: the first rows' caches are kept instead
     # of the survivors'
     "shrink-row-order": (modelstate.ModelState, "rearranged",
@@ -43,9 +44,8 @@ MUTANTS = {
     # draft in place
     "bonus-index": (round, "commit",
                     "emitted = torch.cat([D[:, :k], g[:, k:]], 1).scatter(1, a[:, None], pick)",
-                    "emitted = torch.cat([D[:, :k], g[:, k:]], 1).scatter(1, (a[:, None] + "
-                    "1).clamp(max=k), pick)",
-                    (), "eqspec"),
+                    "emitted = torch.cat([D[:, :k], g[:, k:]], 1)"
+                    ".scatter(1, (a[:, None] + 1).clamp(max=k), pick)", (), "eqspec"),
     # positions counted from the first slot on padded rows: shared by the engine's own checks, so
     # they agree
     "positions-off-by-one": (batch, "positions", "(valid.long().cumsum(dim=1) - 1).clamp(min=0)",
@@ -63,8 +63,8 @@ MUTANTS = {
 # is corrupt.
 DRAFT_MUTANT = (drafters.ModelDrafter, "propose",
                 'run_model(self.pair, policy, "draft", tok, val, stl,',
-                'run_model(self.pair, policy, "draft", torch.cat([tok[:, :-2], tok[:, -1:], tok[:, '
-                '-1:]], 1) if j == 0 else tok, val, stl,', (), "eqspec")
+                'run_model(self.pair, policy, "draft", torch.cat([tok[:, :-2], tok[:, -1:], '
+                'tok[:, -1:]], 1) if j == 0 else tok, val, stl,', (), "eqspec")
 
 
 def plant(monkeypatch, holder, name, snippet, mutation, importers):

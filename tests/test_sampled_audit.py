@@ -80,8 +80,8 @@ def test_a_fault_that_wastes_but_corrupts_nothing_is_not_named(fault, tiny):
     assert all(s.forensics is None and s.audit_round is None for s in trace.sequences)
 
 
-@pytest.mark.parametrize("name",
-        ["layout-off-by-one", "rows-interfere", "positions-off-by-one", "mask-leaks-a-pad"])
+@pytest.mark.parametrize("name", ["layout-off-by-one", "rows-interfere", "positions-off-by-one",
+                                  "mask-leaks-a-pad"])
 def test_a_planted_state_bug_is_named_when_sampling(name, monkeypatch, tiny):
     *where, method = MUTANTS[name]
     plant(monkeypatch, *where)

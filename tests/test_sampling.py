@@ -117,8 +117,8 @@ def test_a_sequence_draws_the_same_tokens_whatever_its_batch():
 def test_the_correct_samplers_are_consistent_on_the_tiny_pair(method):
     trace = _tiny(method=method, batch_size=1 if method == "reference" else 4)
     d = trace.distribution
-    assert d.verdict == "consistent" and d.impossible == 0 and d.tokens == sum(len(s.output_ids)
-            for s in trace.sequences)
+    assert (d.verdict == "consistent" and d.impossible == 0
+            and d.tokens == sum(len(s.output_ids) for s in trace.sequences))
     assert all(s.pit is not None and len(s.pit) == len(s.output_ids) for s in trace.sequences)
     if method in ("eqspec", "exspec"):
         assert trace.decisions.checked > 0 and trace.decisions.mismatches == 0

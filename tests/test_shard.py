@@ -89,8 +89,8 @@ def test_accelerate_launch_on_two_processes_reports_as_one_process(sampling, tin
     assert any(r["verdicts"] for r in report["rows"])
     # judged by their distribution and audited: bsp-like's corrupt positions named by the audit
     if sampling:
-        assert all(r["distribution"]
-                   for r in report["rows"]) and "sync-bug:positions" in str(report["rows"])
+        assert (all(r["distribution"] for r in report["rows"])
+                and "sync-bug:positions" in str(report["rows"]))
     _same(report, sharded)
 
 

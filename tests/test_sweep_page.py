@@ -103,12 +103,12 @@ def test_a_temperature_axis_runs_sampled_cells_beside_greedy_ones_and_its_link_k
     assert "temperatures 0, 0.8" in views["summary"]
     opened = sweeptab.open_sweep_link(views["link_query"])
     pending = opened["pending"]
-    assert opened["temperatures"] == [0,
-            0.8] and Sweep.model_validate_json(pending["sweep"]) == found.sweep
+    assert (opened["temperatures"] == [0, 0.8]
+            and Sweep.model_validate_json(pending["sweep"]) == found.sweep)
     # A link made before the axis carries none: every run samples at its base's temperature, as it
     # did then.
-    fields = found.sweep.model_dump(mode="json",
-            include={"methods", "drafters", "fault_sets", "batch_sizes", "ks"})
+    fields = found.sweep.model_dump(mode="json", include={"methods", "drafters", "fault_sets",
+                                                          "batch_sizes", "ks"})
     old = share._query("sweep", {"base": json.loads(found.sweep.base.canonical_json()), **fields},
                        (), "", "")
     assert share.decode_sweep(old)[0].temperatures == (0.8,)
@@ -168,8 +168,8 @@ def test_compare_links_round_trip_and_bad_ones_get_a_message():
     a, b = (RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", prompts=("one", "two"),
                           method="eqspec", faults=faults) for faults in ((), ("bsp-like",)))
     assert share.decode_compare(share.encode_compare(a, b, 1)) == (a, b, 1)
-    assert share.other_tab(share.encode_compare(a,
-            b)) == "compare" and share.decode_link(share.encode_compare(a, b)) is None
+    assert (share.other_tab(share.encode_compare(a, b)) == "compare"
+            and share.decode_link(share.encode_compare(a, b)) is None)
     for bad, said in (("?compare=%%%", "damaged"),
                       ("?compare=" + share.encode_compare(a, b)[9:40], "damaged")):
         pending, status, _ = sweeptab.open_compare_link(bad)
