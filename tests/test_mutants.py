@@ -50,8 +50,7 @@ MUTANTS = {
     # they agree
     "positions-off-by-one": (batch, "positions", "(valid.long().cumsum(dim=1) - 1).clamp(min=0)",
                              "(valid.long().cumsum(dim=1) - valid[:, :1].long()).clamp(min=0)",
-                             (faults, recording, treestep),
-                             "eqspec"),
+                             (faults, recording, treestep), "eqspec"),
     # the mask lets the pad slot just before a row's tokens through; the engine's mask check never
     # sees it
     "mask-leaks-a-pad": (batch, "attention_bias", "shown = valid[:, None, :] if among is None",
