@@ -1,5 +1,5 @@
-"""The cost of attribution per forked row (run/attribution.py), and whether it names the planted
-mechanism.
+"""The cost of attribution per forked row (run/attribution.py), and whether it names
+the planted mechanism.
 
 An "engine" here is specviz's eqspec with one fault planted (each fault of the catalogue that
 changes greedy tokens on this pair), handed to `specviz check` as an engine's ids only, with its
@@ -8,8 +8,8 @@ seconds they took, and the mechanism named; then the mean and the worst per fork
 faults, all tried. The correct engine is checked too: its rows must not fork, and nothing is named.
 
     python benchmarks/attribution.py [--pair embedded] [--prompt-set quick] [--k 4] [--batch-size 4]
-                                     [--max-new-tokens 32] [--threads 2] [--out
-                                     benchmarks/results/attribution.md]
+                                     [--max-new-tokens 32] [--threads 2]
+                                     [--out benchmarks/results/attribution.md]
 """
 import statistics
 import time
@@ -69,13 +69,12 @@ def main() -> None:
                      f"{statistics.fmean(a.replays for a in found) if found else 0:.1f} | "
                      f"{mean:.1f} | {max(seconds, default=0.0):.1f} |")
         print(lines[-1], f"(check {judged:.0f} s)", flush=True)
-    tried = len(attribution.candidates(attribution.Replaying(spec, pair, ids, {},
-                                                             args.batch_size))[0])
+    tried = len(attribution.candidates(
+        attribution.Replaying(spec, pair, ids, {}, args.batch_size))[0])
     lines += ["",
               f"All faults: {len(costs)} forked rows, mean {statistics.fmean(costs):.1f} s, worst "
               f"{max(costs):.1f} s per row ({tried} mechanisms tried, each in the engine's batch, "
-              "beside the "
-              "correct engine)."]
+              "beside the correct engine)."]
     print(lines[-1])
     args.out.write_text("\n".join(lines) + "\n")
 

@@ -29,10 +29,8 @@ def _shown(case, trace: Trace) -> tuple[str, str]:
     if sampled:
         d, decided = trace.distribution, trace.decisions
         first = (f"sequence {d.settings[0].seq} fits another request's settings; " if d.settings
-                 else
-                 f"round {decided.stream_first[0][0]}: a draw not its row's stream's; " if decided
-                 and
-                 decided.stream_first else "")
+                 else f"round {decided.stream_first[0][0]}: a draw not its row's stream's; "
+                 if decided and decided.stream_first else "")
         return sampled[0], f"{first}distribution {d.verdict} (p = {d.p:.2g})"
     forked = sorted((s for s in trace.sequences if s.forensics),
                     key=lambda s: (s.forensics.round or 0, s.seq))

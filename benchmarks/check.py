@@ -126,8 +126,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--faults", default="",
-                    help="the engine's faults, comma-separated (e.g. dsd-like: most rows "
-                    "fork, and each fork is judged)")
+                    help="the engine's faults, comma-separated (e.g. dsd-like: most rows fork, and "
+                         "each fork is judged)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -137,8 +137,8 @@ def main() -> None:
     spec = RunSpec.build(prompts=tuple(prompts), method=ENGINE, k=args.k,
                          max_new_tokens=args.max_new_tokens, device=args.device)
     faults = tuple(f for f in args.faults.split(",") if f)
-    engine = as_engine("eqspec",
-            eqspec(pair, ids, args.batch_size, args.k, args.max_new_tokens, faults=faults))
+    engine = as_engine("eqspec", eqspec(pair, ids, args.batch_size, args.k, args.max_new_tokens,
+                                        faults=faults))
     control = as_engine("batched-reference",
                         batched_reference(pair, ids, args.batch_size, args.max_new_tokens))
     device = torch.cuda.get_device_name() if args.device == "cuda" else "this CPU"
@@ -146,9 +146,8 @@ def main() -> None:
              (f"{len(ids)} prompts, {args.max_new_tokens} new tokens, embedded pair in float32 on "
               f"{device}, greedy; engine: eqspec (batch {args.batch_size}, k "
               f"{args.k}{', faults ' + ', '.join(faults) if faults else ''}), control: "
-              f"batched-reference; {args.threads} threads; "
-              "each way from cold caches (reference, yardstick calibration), then with the "
-              "calibration kept.\n"),
+              f"batched-reference; {args.threads} threads; each way from cold caches (reference, "
+              "yardstick calibration), then with the calibration kept.\n"),
              "| reference | seconds | proved tokens | decoded tokens | verdicts |",
              "|---|---:|---:|---:|---|"]
     traces, seconds_of = {}, {}
@@ -176,8 +175,8 @@ def main() -> None:
             seconds_of[calibrated, way] = seconds = time.perf_counter() - start
             proofs = [s.reference_proof for s in traces[way].sequences if s.reference_proof]
             proved = sum(p.proved for p in proofs)
-            decoded = sum(p.decoded for p in proofs) if proofs else sum(len(s.reference_ids)
-                    for s in traces[way].sequences)
+            decoded = (sum(p.decoded for p in proofs) if proofs
+                       else sum(len(s.reference_ids) for s in traces[way].sequences))
             verdicts = ", ".join(f"{v} {c}"
                                  for v, c in metrics.verdict_counts(traces[way]).items()) or "-"
             lines.append(f"| {way}{', calibration measured before' if calibrated else ''} | "

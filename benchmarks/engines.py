@@ -58,31 +58,31 @@ def main() -> None:
         counters = run.settings.get("spec_decode") or {}
         acceptance = (counters["accepted_tokens"] / counters["draft_tokens"]
                       if counters.get("draft_tokens") else None)
-        return f"{engine} {run.version} {mode}", config, [o.ids
-                for o in run.outputs], run.seconds, acceptance, verdicts
+        return (f"{engine} {run.version} {mode}", config, [o.ids for o in run.outputs],
+                run.seconds, acceptance, verdicts)
 
     # warm-up
     decode(spec("eqspec", 2).model_copy(update={"max_new_tokens": 4}), pair, ids[:2], record=False)
-    # (engine, configuration, output ids, seconds, draft acceptance, verdicts); the first is the
-    # reference
+    # (engine, configuration, output ids, seconds, draft acceptance, verdicts); the first
+    # is the reference
     rows = []
     for method, bs in (("reference", 1), ("batched-reference", args.batch_size),
                        ("eqspec", args.batch_size), ("exspec", args.batch_size)):
         speculative = method in ("eqspec", "exspec")
         # the records: its acceptance
         result = decode(spec(method, bs), pair, ids, record=speculative)
-        accepted = sum(int(r.ints["accepted"].sum())
-                       for r in result.rounds) if result.rounds else None
+        accepted = (sum(int(r.ints["accepted"].sum()) for r in result.rounds) if result.rounds
+                    else None)
         offered = sum(int(r.ints["drafts"].sum()) for r in result.rounds) if result.rounds else None
         rows.append((f"specviz {method}", f"bs {bs}" + (f", k {args.k}" if speculative else ""),
                      [o.ids for o in result.outputs], result.seconds,
                      accepted / offered if offered else None, "-"))
     servers = {"vLLM": [(mode, lambda log, mode=mode: vllm.vllm_server(
-                   mode, log, k=args.k, max_num_seqs=args.batch_size, threads=args.threads,
-                   dtype=args.dtype))
+                            mode, log, k=args.k, max_num_seqs=args.batch_size,
+                            threads=args.threads, dtype=args.dtype))
                         for mode in vllm.MODES],
                "llama.cpp": [(mode, lambda log, mode=mode: llamacpp.llama_server(
-                   mode, log, slots=args.batch_size, k=args.k, threads=args.threads))
+                                 mode, log, slots=args.batch_size, k=args.k, threads=args.threads))
                              for mode in llamacpp.MODES]}
     if args.dtype != "float32":  # llama.cpp serves the Q4_1 file whatever the reference's dtype
         del servers["llama.cpp"]

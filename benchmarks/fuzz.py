@@ -3,11 +3,11 @@
 Runs the seeded generators of the fuzz test (tests/hostile.py) through the handlers the server
 calls: `ui.open_link` for links, `ui.open_trace` then `ui.render` for trace files. Prints, for links
 and for traces separately, how many got our message, how many opened, how many raised anything else,
-and the median and p90, p99, p99.9 and slowest CPU time of a rejection (the goal: every one under 50
-ms).
+and the median and p90, p99, p99.9 and slowest CPU time of a rejection (the goal: every one under
+50 ms).
 
-    python benchmarks/fuzz.py [--links 10000] [--traces 1000] [--seed 12] [--out
-    benchmarks/results/fuzz.md]
+    python benchmarks/fuzz.py [--links 10000] [--traces 1000] [--seed 12]
+    [--out benchmarks/results/fuzz.md]
 """
 import argparse
 import collections
@@ -63,10 +63,9 @@ def measure(label: str, cases, handle) -> list[str]:
     if rejected:
         cuts = statistics.quantiles(rejected, n=1000, method="inclusive")
         lines.append(f"  rejection CPU time: median {1000 * statistics.median(rejected):.2f} ms, "
-                     f"p90 {1000 * cuts[899]:.2f} ms, "
-              f"p99 {1000 * cuts[989]:.2f} ms, p99.9 {1000 * cuts[998]:.2f} ms, slowest "
-              f"{1000 * slowest[0]:.1f} ms ({slowest[1]}…); over 50 ms: "
-              f"{sum(dt > 0.05 for dt in rejected)}")
+                     f"p90 {1000 * cuts[899]:.2f} ms, p99 {1000 * cuts[989]:.2f} ms, p99.9 "
+                     f"{1000 * cuts[998]:.2f} ms, slowest {1000 * slowest[0]:.1f} ms "
+                     f"({slowest[1]}…); over 50 ms: {sum(dt > 0.05 for dt in rejected)}")
     print("\n".join(lines), flush=True)
     return lines
 
@@ -92,8 +91,8 @@ def main() -> None:
                 f"{args.seed}")
         args.out.write_text("# Malformed links and trace files turned away\n\n```\n"
                             + "\n".join(lines)
-                            + f"\n```\n\nMade by `{made}` (CPU time per input, one run, 2 "
-                              "cores).\n")
+                            + f"\n```\n\nMade by `{made}` (CPU time per input, one run, "
+                              "2 cores).\n")
 
 
 if __name__ == "__main__":

@@ -66,8 +66,8 @@ def _verify_seconds(pair, ids: list[list[int]], k: int, keep: bool) -> float:
 
 
 def _state_bytes(pair, k: int, rows: int) -> int:
-    """Bytes of recurrent state kept for one round: every recurrent layer's states, per row and kept
-    position."""
+    """Bytes of recurrent state kept for one round: every recurrent layer's states, per row
+    and kept position."""
     cache = kvcache.new(pair.target)
     with torch.inference_mode():
         pair.target(input_ids=torch.ones(1, 4, dtype=torch.long), cache=cache)

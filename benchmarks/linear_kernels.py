@@ -59,8 +59,7 @@ def main() -> None:
     packed = pair.info.get("linear_kernels")
     if packed is None:
         raise SystemExit(f"here {args.dtype} runs on F.linear (no oneDNN, or its own {args.dtype} "
-                         "GEMM): nothing to "
-                         "compare")
+                         "GEMM): nothing to compare")
     names = (f"F.linear{' (MKL)' if args.dtype == 'float32' else ''}", f"oneDNN ({packed})")
     prompts, ids = options.prompt_set(pair, args)
     setup = (f"{len(ids)} prompts of the {args.prompt_set!r} set, {args.max_new_tokens} new "

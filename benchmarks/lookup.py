@@ -1,5 +1,5 @@
-"""Prompt lookup against plain decoding on the embedded pair, on this machine, side by side in one
-run.
+"""Prompt lookup against plain decoding on the embedded pair, on this machine, side by side
+in one run.
 
 For each subset of the built-in prompts (`summarize+code`: answers that draw on their own prompt;
 `all`; and, at batch size 1, each category alone):
@@ -73,9 +73,8 @@ def main() -> None:
             print(_line(c, method, fields, 1, runs))
     for name in SUBSETS:
         for method, fields in batched:
-            runs[(name, method, fields.get("drafter", "model"), args.batch_size)] = measure(name,
-                    method, args.batch_size,
-                                                                                           **fields)
+            runs[(name, method, fields.get("drafter", "model"), args.batch_size)] = measure(
+                name, method, args.batch_size, **fields)
             print(_line(name, method, fields, args.batch_size, runs))
     vllm = {} if args.no_vllm else _vllm(args, pair, ids)
 
@@ -109,8 +108,8 @@ def _line(name, method, fields, bs, runs) -> str:
 
 
 def _sum(parts: list[dict]) -> dict:
-    """Batch-size-1 runs of several categories as one: their ids, seconds and traces' rows
-    together."""
+    """Batch-size-1 runs of several categories as one: their ids, seconds and traces'
+    rows together."""
     return {"ids": [i for p in parts for i in p["ids"]],
             "seconds": sum(p["seconds"] for p in parts), "traces": [p["trace"] for p in parts]}
 

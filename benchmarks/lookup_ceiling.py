@@ -81,8 +81,7 @@ def tokens_per_round(lookups: dict[int, PromptLookup], prompts: list[list[int]],
             offered = (proposal(lookups, history, min_n, max_n, k, cap) if outputs is None
                        else with_outputs(lookups, history, seen, min_n, max_n, k))
             accepted = next((i for i, t in enumerate(offered) if done + i >= len(ref)
-                             or t != ref[done + i]),
-                            len(offered))
+                             or t != ref[done + i]), len(offered))
             done += min(accepted + 1, len(ref) - done)
             rounds += 1
         tokens += len(ref)
@@ -98,8 +97,7 @@ def main() -> None:
     prompts = pair.encode(builtin_set(args.prompt_set))
     refs = [o.ids for o in reference(pair, prompts, args.max_new_tokens).outputs]
     lines = [f"# Prompt lookup's ceiling: {args.prompt_set}, {len(prompts)} prompts, "
-             f"{args.max_new_tokens} tokens, "
-             f"k {args.k}, batch size 1\n",
+             f"{args.max_new_tokens} tokens, k {args.k}, batch size 1\n",
              "| n-grams | " + " | ".join(f"cap {c}" for c in CAPS) + " |",
              "|---|" + "---:|" * len(CAPS)]
     for min_n, max_n in RANGES:

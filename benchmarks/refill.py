@@ -3,8 +3,8 @@ batches of --batch-size prompts, each shrinking as its rows finish) and vLLM wit
 one run: the 27 built-in prompts (chat template), 48 new tokens, embedded pair in float32, greedy,
 each specviz row its best of two.
 
-    python benchmarks/refill.py [--before 6c81cb4] [--batch-size 8] [--threads 2] [--out
-    benchmarks/results/refill.md]
+    python benchmarks/refill.py [--before 6c81cb4] [--batch-size 8] [--threads 2]
+    [--out benchmarks/results/refill.md]
 """
 import argparse
 import importlib.util
@@ -50,8 +50,8 @@ def main() -> None:
     rows = {}  # name -> [(seconds, output ids)]
     with tempfile.TemporaryDirectory() as folder:
         decoders = {
-            f"specviz batched-reference at {args.before} (static batches)": decoder_at(args.before,
-                Path(folder)),
+            f"specviz batched-reference at {args.before} (static batches)":
+                decoder_at(args.before, Path(folder)),
             "specviz batched-reference (kept full)": batched_reference}
         batched_reference(pair, ids[:2], 2, 4)  # warm-up
         for _ in range(2):
@@ -66,8 +66,8 @@ def main() -> None:
             from_server(server.url, None, ids[:2], 4)  # warm-up
             run = from_server(server.url, None, ids, 48, concurrency=args.batch_size,
                               tokenizer=pair.tokenizer, launch=server.launch)
-            rows[f"vLLM {run.version} none, {args.batch_size} in flight"] = [(run.seconds,
-                    [o.ids for o in run.outputs])]
+            rows[f"vLLM {run.version} none, {args.batch_size} in flight"] = [
+                (run.seconds, [o.ids for o in run.outputs])]
     lines = ["# batched-reference kept full\n",
              (f"{len(ids)} built-in prompts (chat template), 48 new tokens, embedded pair in "
               f"float32, greedy, batch size {args.batch_size}, {args.threads} threads; specviz "

@@ -14,8 +14,8 @@ named, audited rounds beyond the yardstick, impossible tokens.
 
     python benchmarks/sampled_audit.py [--prompt-set quick] [--max-new-tokens 24] [--top-p 0.5]
     [--faults F …]
-                                       [--planted BUG …] [--seeds 20] [--out
-                                       benchmarks/results/sampled-audit.md]
+                                       [--planted BUG …] [--seeds 20]
+                                       [--out benchmarks/results/sampled-audit.md]
 """
 import argparse
 import sys
@@ -61,8 +61,8 @@ def main() -> None:
     prompts = tuple(builtin_set(args.prompt_set))
 
     def sampled(method: str, faults=(), seed: int = 0):
-        # Rows that share a stream show only on the same prompt, and only in numbers: 16 rows, as
-        # tests/test_sampling.py.
+        # Rows that share a stream show only on the same prompt, and only in numbers: 16 rows,
+        # as tests/test_sampling.py.
         shown_on = prompts[:1] * 16 if faults == ("shared-stream",) else prompts
         return run(RunSpec.build(prompts=shown_on, method=method, faults=faults,
                                  batch_size=args.batch_size, k=args.k,
@@ -73,11 +73,10 @@ def main() -> None:
     lines = ["# The state audit at temperature > 0\n",
              (f"Embedded pair, float32, {len(prompts)} prompts of {args.prompt_set!r}, "
               f"{args.max_new_tokens} new tokens, temperature {args.temperature}, top-p "
-              f"{args.top_p}, batch size {args.batch_size}, k {args.k}, "
-              "every row audited.\n"),
-             ("| fault | named | verdicts | sequences with an impossible token | named at or "
-              "before it | distribution | run verdict | "
-              "seconds |"), "|---|---:|---|---:|---:|---|---|---:|"]
+              f"{args.top_p}, batch size {args.batch_size}, k {args.k}, every row audited.\n"),
+             ("| fault | named | verdicts | sequences with an impossible token "
+              "| named at or before it | distribution | run verdict | seconds |"),
+             "|---|---:|---|---:|---:|---|---|---:|"]
 
     def row(name: str, trace, start: float) -> None:
         named = [s for s in trace.sequences if s.forensics]
@@ -108,8 +107,7 @@ def main() -> None:
         traces = [sampled(method, seed=seed) for seed in range(args.seeds)]
         sequences = [s for t in traces for s in t.sequences]
         beyond = sum(r.audit is not None and r.audit > t.manifest.yardstick.target.tolerance
-                     for t in traces
-                     for r in t.rows)
+                     for t in traces for r in t.rows)
         lines.append(f"| {method} | {args.seeds} | {len(sequences)} | "
                      f"{sum(s.forensics is not None for s in sequences)} | {beyond} of "
                      f"{sum(len(t.rows) for t in traces)} | "

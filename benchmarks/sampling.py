@@ -1,8 +1,8 @@
 """Speculative sampling under the PIT verdict (distribution.py), on the embedded pair:
 
 - the correct eqspec and exspec samplers over many seeds: how often is a correct sampler rejected?
-- every sampling fault: rejected, and after how many tokens (the smallest budget of a doubling
-  series)?
+- every sampling fault: rejected, and after how many tokens (the smallest budget
+  of a doubling series)?
 
     python benchmarks/sampling.py --seeds 20 --out benchmarks/results/sampling.md
 
@@ -60,8 +60,7 @@ def main() -> None:
     prompts = builtin_set(args.prompt_set)[: args.prompts]
     lines = [(f"Embedded pair, float32, this CPU; the first {len(prompts)} prompts of "
               f"`{args.prompt_set}`; temperature 0.8, top-p {args.top_p}, batch size 4, k 5, "
-              f"{args.max_new_tokens} new tokens a prompt. "
-              "Verdicts at alpha 0.001."), ""]
+              f"{args.max_new_tokens} new tokens a prompt. Verdicts at alpha 0.001."), ""]
 
     if not args.skip_correct:
         lines += ["## The correct samplers over seeds", "", HEADER]
@@ -74,8 +73,7 @@ def main() -> None:
                 rejected[method] += trace.distribution.verdict != "consistent"
                 lines.append(_row(f"{method}, seed {seed}", trace, seconds))
                 print(lines[-1], flush=True)
-        lines += ["",
-                  "False positives: "
+        lines += ["", "False positives: "
                   + ", ".join(f"{m} {r} of {args.seeds} seeds" for m, r in rejected.items()), ""]
 
     lines += ["## Each sampling fault: the smallest prompt count (doubling) that rejects it", "",
@@ -88,7 +86,7 @@ def main() -> None:
             trace, seconds = _run(chosen, args.top_p, faults=(fault,),
                                   max_new_tokens=args.max_new_tokens)
             if (trace.distribution.verdict == "not the target's distribution"
-                or n >= 4 * len(prompts)):
+                    or n >= 4 * len(prompts)):
                 lines.append(_row(f"{fault}, {n} prompts"
                                   + (" (one prompt, repeated)" if same else ""), trace, seconds))
                 print(lines[-1], flush=True)

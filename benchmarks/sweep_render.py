@@ -1,5 +1,5 @@
-"""Server-side time to show a 64-run sweep report in the Sweep tab (budget: under 1 s, figures
-included).
+"""Server-side time to show a 64-run sweep report in the Sweep tab (budget: under 1 s,
+figures included).
 
 The report is a real one: eqspec on the tiny pair, float32, the quick prompts, 4 fault sets × batch
 sizes 1, 2, 4, 8 × k 1, 2, 4, 5 = 64 runs, made by `specviz verify --json` and saved before anything

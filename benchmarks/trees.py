@@ -55,9 +55,8 @@ def main() -> None:
         return {"ids": [o.ids for o in result.outputs], "seconds": result.seconds,
                 "tokens": sum(len(o.ids) for o in result.outputs), "rows": len(rows),
                 "per_round": sum(len(r.emitted) for r in rows) / len(rows) if rows else 1.0,
-                "verified": sum(len(r.tree.tokens) if r.tree else len(r.draft_tokens) for r in rows)
-                / len(rows)
-                if rows else 0.0,
+                "verified": sum(len(r.tree.tokens) if r.tree else len(r.draft_tokens)
+                                for r in rows) / len(rows) if rows else 0.0,
                 "accepted": sum(r.accepted for r in rows) / len(rows) if rows else 0.0}
 
     decode(RunSpec.build(target=target, draft=draft, prompts=tuple(prompts[:2]), max_new_tokens=4,
@@ -83,17 +82,16 @@ def main() -> None:
                 print(lines[-1], flush=True)
     setup = (f"{args.pair} pair, float32, this CPU ({args.threads} threads), greedy, "
              f"{args.prompt_set} prompts ({len(prompts)}), {args.max_new_tokens} new tokens, "
-             f"eqspec, k {args.k} (a tree's depth), tree width 1 "
-             "is a chain. Speed-up: against the reference at batch size 1, batched-reference at "
-             "the wider batch, both in this run.")
+             f"eqspec, k {args.k} (a tree's depth), tree width 1 is a chain. Speed-up: against the "
+             "reference at batch size 1, batched-reference at the wider batch, both in this run.")
     text = setup + "\n\n" + "\n".join(lines) + "\n"
     print("\n" + text)
     if args.out:
-        args.out.write_text(text
-                + f"\nMade by `python benchmarks/trees.py --pair {args.pair} --prompt-set "
-                            f"{args.prompt_set} --k {args.k} --widths {args.widths} --batch-size "
-                            f"{args.batch_size} --max-new-tokens {args.max_new_tokens} --threads "
-                            f"{args.threads}`.\n")
+        args.out.write_text(
+            text + f"\nMade by `python benchmarks/trees.py --pair {args.pair} --prompt-set "
+                   f"{args.prompt_set} --k {args.k} --widths {args.widths} --batch-size "
+                   f"{args.batch_size} --max-new-tokens {args.max_new_tokens} "
+                   f"--threads {args.threads}`.\n")
         print(f"wrote {args.out}")
 
 

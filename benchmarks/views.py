@@ -1,12 +1,12 @@
-"""Server-side time to build every view of the page for a trace (issue: 8 × 128 under 0.5 s, 64 ×
-256 under 2 s), and to show the first page (the bundled trace: under 1 s).
+"""Server-side time to build every view of the page for a trace (issue: 8 × 128 under 0.5 s,
+64 × 256 under 2 s), and to show the first page (the bundled trace: under 1 s).
 
 Traces come from the tiny pair (fast to decode; the views only see the trace's shape). Each size is
 timed for the default focus and for a focus on the last sequence, median of 5, including the plotly
 figures' JSON encoding that Gradio does before sending them.
 
-    python benchmarks/views.py [--prompts FILE]   (default: the carried Spec-Bench slice, 64
-    questions)
+    python benchmarks/views.py [--prompts FILE]
+        (default: the carried Spec-Bench slice, 64 questions)
 """
 import argparse
 import statistics

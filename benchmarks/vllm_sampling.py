@@ -152,9 +152,9 @@ def main() -> None:
         decode(eqspec.model_copy(update={"max_new_tokens": 4}), pair, ids[:2], record=False)
         result = decode(eqspec, pair, ids, record=True)
         white = explain(eqspec, pair, ids, result, None)
-        black = check.check(spec, pair, ids,
-                EngineRun(name="specviz eqspec", source="callable", seconds=result.seconds,
-                          outputs=[EngineOutput(ids=o.ids) for o in result.outputs]))
+        black = check.check(spec, pair, ids, EngineRun(
+            name="specviz eqspec", source="callable", seconds=result.seconds,
+            outputs=[EngineOutput(ids=o.ids) for o in result.outputs]))
         drafted = sum(len(r.draft_tokens) for r in white.rows)
         accepted = {"draft_tokens": drafted, "accepted_tokens": sum(r.accepted for r in white.rows)}
         rows.append(_row(f"specviz eqspec (bs {args.batch_size}, k {args.k}), its ids alone",

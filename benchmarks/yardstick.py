@@ -53,7 +53,7 @@ def logit_error(model, x: float):
                                   generator=torch.Generator().manual_seed(z.shape[1]))
             output.logits = z.scatter_add(-1, where[..., None].to(z.device),
                                           torch.full((*z.shape[:-1], 1), x,
-                                                       dtype=z.dtype, device=z.device))
+                                                     dtype=z.dtype, device=z.device))
         return output
 
     handle = model.register_forward_hook(hook, with_kwargs=True)
@@ -123,13 +123,13 @@ def state_check_power(name: str, dtype: str) -> dict:
         rate = {"new": rounding.tolerance, "old_clean": FACTOR * old_clean,
                 "old_moved": FACTOR * moved}
         for key, threshold in rate.items():
-            if result[f"caught_{key}"] is None and sum(a > threshold
-                                                       for a in audits) >= 0.99 * len(audits):
+            if (result[f"caught_{key}"] is None
+                    and sum(a > threshold for a in audits) >= 0.99 * len(audits)):
                 result[f"caught_{key}"] = x
         result["moved_floor"] = moved
         print(f"  {name} {dtype}: error {x:.3g}: caught new "
-              f"{sum(a > rounding.tolerance for a in audits)}/{len(audits)}, v4 "
-              f"floor moved to {moved:.3g}", file=sys.stderr)
+              f"{sum(a > rounding.tolerance for a in audits)}/{len(audits)}, v4 floor moved "
+              f"to {moved:.3g}", file=sys.stderr)
     return result
 
 
@@ -151,8 +151,8 @@ def scale_error(eps: float):
 
 @torch.inference_mode()
 def rebuilt_diff(model, ids: list[int], keep: int, vocab: int) -> float:
-    """A verify-shaped pass over a fresh prefill of ids[:-keep], against a fresh pass: the largest
-    |difference|."""
+    """A verify-shaped pass over a fresh prefill of ids[:-keep], against a fresh pass:
+    the largest |difference|."""
     cache = kvcache.new(model)
     model(input_ids=torch.tensor([ids[:-keep]]), cache=cache, logits_to_keep=1)
     n = len(ids) - keep
@@ -211,8 +211,8 @@ def main() -> None:
                      f"{_x(c['caught_old_moved'])} | {c['moved_floor']:.3g} | "
                      f"{c['false_old']:.1%} |")
     lines += ["", "## A kernel error (softmax scale × (1 + ε) in verify-shaped passes): the "
-                  "smallest ε the rebuild "
-              "catches", "", "| pair | dtype | rebuilt in the run's dtype | rebuilt in float64 |",
+                  "smallest ε the rebuild catches", "",
+              "| pair | dtype | rebuilt in the run's dtype | rebuilt in float64 |",
               "|---|---|---:|---:|"]
     lines += [f"| {r['pair']} | {r['dtype']} | {_x(r['in_dtype'])} | {_x(r['in_float64'])} |"
               for r in rebuilds]

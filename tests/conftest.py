@@ -108,8 +108,8 @@ def hostile(tiny):
     spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64", device="cpu",
                          faults=("bsp-like",),
                          prompts=("Hi!", "Name three rivers.",
-                                  "Write a long story about a dragon."), batch_size=3,
-                         k=3, max_new_tokens=12)
+                                  "Write a long story about a dragon."),
+                         batch_size=3, k=3, max_new_tokens=12)
     return hostile_trace(run(spec))
 
 
@@ -141,9 +141,9 @@ class VllmServers:
         if self.up != (mode, dtype):
             self.close()
             self.stack = contextlib.ExitStack()
-            self.server = self.stack.enter_context(vllm_server(mode,
-                    self.logs / f"{mode}-{dtype}.log", dtype=dtype,
-                                                               eager=True, threads=ENGINE_THREADS))
+            self.server = self.stack.enter_context(vllm_server(
+                mode, self.logs / f"{mode}-{dtype}.log", dtype=dtype, eager=True,
+                threads=ENGINE_THREADS))
             self.up = (mode, dtype)
         return self.server
 
@@ -164,8 +164,8 @@ def vllm_servers(tmp_path_factory):
 
 
 class Served:
-    """One mode's float32 server, (re)started whenever a test reaches for its url, model or
-    launch."""
+    """One mode's float32 server, (re)started whenever a test reaches for its url, model
+    or launch."""
 
     def __init__(self, servers: VllmServers, mode: str):
         self.servers, self.mode = servers, mode
@@ -184,8 +184,8 @@ def vllm(request, vllm_servers):
 
 def attribute_every_fork(trace, spec, pair, ids, settings: dict, batch: int, label: str):
     """A correct engine's forks, every one attributed on purpose (its rounding's too): none may be
-    named. Prints what was measured, the threshold's false-attribution count on this engine, for
-    docs/engines.md."""
+    named. Prints what was measured, the threshold's false-attribution count on this engine,
+    for docs/engines.md."""
     from specviz.run import attribution
 
     seqs = attribution.forks_to_attribute(trace, every_fork=True)
@@ -198,8 +198,7 @@ def attribute_every_fork(trace, spec, pair, ids, settings: dict, batch: int, lab
     print(f"\n{label}: {len(found)} forks attributed, {len(named)} named; the closest hypothesis "
           f"wrote {closest} departing token(s) (the longest replay {longest} tokens after a fork); "
           f"{sum(a.replays for a in found)} replays, {sum(a.seconds for a in found):.0f} s; per "
-          "fork (departing, "
-          "the correct replay's, the best hypothesis's): " + ", ".join(
+          "fork (departing, the correct replay's, the best hypothesis's): " + ", ".join(
               f"({len(a.departing)}, {a.correct.beyond}, "
               f"{a.hypotheses[0].beyond if a.hypotheses else 0})"
               for a in found))

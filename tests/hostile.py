@@ -103,8 +103,8 @@ def hostile_trace(trace):
 
 
 # ---------------------------------------------------------------- malformed links and trace files
-# Input i of a seed comes from its own random generator, so a sample can be drawn without making the
-# rest.
+# Input i of a seed comes from its own random generator, so a sample can be drawn without making
+# the rest.
 
 NASTY = (  # values of a surprising type or size, made only when drawn
     lambda: None, lambda: True, lambda: -1, lambda: 2**70, lambda: 1e308, lambda: 0.5, lambda: "",
@@ -156,8 +156,8 @@ def _mutate_tree(rng: random.Random, tree) -> str:
     elif op == 3:
         parent[last] = "\x00DEEP\x00"  # spliced in below, past json.dumps' own recursion limit
     else:
-        (parent if isinstance(parent, dict)
-         else tree)[rng.choice(["extra", HOSTILE, "__proto__"])] = _nasty(rng)
+        (parent if isinstance(parent, dict) else tree)[
+            rng.choice(["extra", HOSTILE, "__proto__"])] = _nasty(rng)
     text = json.dumps(tree, allow_nan=True)
     depth = rng.choice([100, 2000, 100_000])
     opener, closer = rng.choice([("[", "]"), ('{"a":', "}")])
@@ -166,8 +166,8 @@ def _mutate_tree(rng: random.Random, tree) -> str:
 
 
 def _plausible(rng: random.Random, value):
-    """Another value of `value`'s type: what a careless edit makes, and only a cross-check can
-    catch."""
+    """Another value of `value`'s type: what a careless edit makes, and only a cross-check
+    can catch."""
     if isinstance(value, bool):
         return not value
     if isinstance(value, int):
@@ -206,14 +206,13 @@ def _mutate_bytes(rng: random.Random, data: bytes) -> bytes:
 def _bad_encoding(rng: random.Random, text: str) -> bytes:
     codec = rng.choice(["utf-16", "utf-32", "latin-1", "cp1252", "utf-8-sig", "utf-7"])
     data = (text.replace("Hi", "Hé 東京 🙂") if codec in ("utf-16", "utf-32", "utf-8-sig", "utf-7")
-            else
-            text.replace("Hi", "Hé")).encode(codec, errors="replace")
+            else text.replace("Hi", "Hé")).encode(codec, errors="replace")
     if rng.random() < 0.3:
         data = codecs.BOM_UTF8 + data
     if rng.random() < 0.3:  # a lone surrogate, an overlong form, a stray continuation byte
         i = rng.randrange(len(data))
-        data = data[:i] + rng.choice([b"\xed\xa0\x80", b"\xc0\xaf", b"\x80",
-                                      b"\xff\xfe"]) + data[i:]
+        data = (data[:i] + rng.choice([b"\xed\xa0\x80", b"\xc0\xaf", b"\x80", b"\xff\xfe"])
+                + data[i:])
     return data
 
 
@@ -230,8 +229,8 @@ def _crafted_payload(rng: random.Random, payload: dict) -> bytes:
     if kind == 0:
         return (rng.choice(["[", '{"a":', '[{"a":']) * depth).encode()
     if kind in (1, 2):  # deep where a list or a flat dict belongs
-        where = {**payload, "spec": {**spec, "prompts": "\x00"}} if kind == 1 else {**payload,
-                "env": {"a": "\x00"}}
+        where = ({**payload, "spec": {**spec, "prompts": "\x00"}} if kind == 1
+                 else {**payload, "env": {"a": "\x00"}})
         return json.dumps(where).replace('"\\u0000"', "[" * depth + "]" * depth).encode()
     if kind == 3:
         return json.dumps({**payload, "spec": {**spec, "prompts": [0] * n}}).encode()
@@ -279,8 +278,8 @@ def malformed_link(seed: int, i: int, real: str) -> str:
     if op == 4:  # the focus
         value = rng.choice(["-1", "1e3", "٣", "²", "9" * 30, "", "0x10", quote(HOSTILE), "1&seq=2",
                             "%ff", "\x00"])
-        return real.replace("seq=0",
-                f"seq={value}") + rng.choice(["", f"&round={value}", "&run=", f"&run={run}"])
+        return (real.replace("seq=0", f"seq={value}")
+                + rng.choice(["", f"&round={value}", "&run=", f"&run={run}"]))
     if op == 5:  # junk where the run goes
         junk = rng.choice(["", "=", "%%", "A", "AAAA" * 3000, quote(HOSTILE), "é東🙂", "\x00" * 10,
                            run[::-1]])
@@ -396,11 +395,11 @@ def live_markdown(source: str) -> list[str]:
     formatting, and a bare URL (Gradio's renderer links those, GFM-style)."""
     found = live_markup(markdown_html(source),
                         {"p", "strong", "em", "code", "ul", "li", "table", "thead", "tbody",
-                          "tr", "th", "td", "h1", "h3"}, {"style"})
+                         "tr", "th", "td", "h1", "h3"}, {"style"})
     return found + [url for url in ("://", "www.") if url in source]
 
 
 def markdown_text(source: str) -> str:
-    """What a reader sees of Markdown `source`, whitespace collapsed (table cells one space
-    apart)."""
+    """What a reader sees of Markdown `source`, whitespace collapsed (table cells one
+    space apart)."""
     return " ".join("".join(parse_html(markdown_html(source)).text).split())

@@ -71,8 +71,8 @@ FAMILIES = {
                             num_experts_per_tok=1, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
                             mamba_dt_rank=8),
               "Mamba-1, mixture of experts"),
-    "lfm2": ("lfm2",
-        dict(**ATTN, num_hidden_layers=4, full_attn_idxs=[1, 3], block_auto_adjust_ff_dim=False),
+    "lfm2": ("lfm2", dict(**ATTN, num_hidden_layers=4, full_attn_idxs=[1, 3],
+                          block_auto_adjust_ff_dim=False),
              "short convolutions"),
     "lfm2-moe": ("lfm2_moe",
                  dict(**ATTN, moe_intermediate_size=32, layer_types=["conv", FA, "conv", FA],
@@ -85,16 +85,18 @@ FAMILIES = {
 # stated reason
 REFUSED = {
     "minimax": ("minimax",
-        dict(**ATTN, layer_types=[FA, LA, FA, LA], num_local_experts=2, num_experts_per_tok=1,
-             block_size=4), "lightning attention, its state in a cache class of its own"),
+                dict(**ATTN, layer_types=[FA, LA, FA, LA], num_local_experts=2,
+                     num_experts_per_tok=1, block_size=4),
+                "lightning attention, its state in a cache class of its own"),
     "recurrent-gemma": ("recurrent_gemma",
                         dict(num_attention_heads=4, num_key_value_heads=1, head_dim=16,
                              intermediate_size=128, num_hidden_layers=4, lru_width=64,
                              attention_window_size=16, conv1d_width=4),
                         "RG-LRU, its state on its modules"),
     "mamba2": ("mamba2",
-        dict(num_heads=8, head_dim=16, state_size=16, num_hidden_layers=4, n_groups=2, chunk_size=4,
-             conv_kernel=4), "Mamba-2 alone, no attention"),
+               dict(num_heads=8, head_dim=16, state_size=16, num_hidden_layers=4, n_groups=2,
+                    chunk_size=4, conv_kernel=4),
+               "Mamba-2 alone, no attention"),
     "qwen4-exp": ("qwen4_exp_text",
                   dict(**ATTN, **GDN, **MOE, indexer_n_heads=2, indexer_kv_heads=1,
                        indexer_head_dim=16, indexer_budget=8, indexer_compress_ratio=1,
@@ -144,8 +146,8 @@ def save(path, family: str, layers: int = 4, state: dict | None = None, loops: b
 
 
 def save_pair(root, family: str, loops: bool = False) -> tuple[str, str]:
-    """(target dir, draft dir) of one family under `root`: the draft is the target's first two
-    layers."""
+    """(target dir, draft dir) of one family under `root`: the draft is the target's first
+    two layers."""
     target = save(root / "target", family, loops=loops)
     state = AutoModelForCausalLM.from_pretrained(target).state_dict()
     return target, save(root / "draft", family, 2, state)

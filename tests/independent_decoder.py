@@ -59,8 +59,8 @@ def _logits(model, rows: list[list[int]], positions: list[list[int]], vocab: int
     slot = torch.arange(width)
     sees = ((real[:, None, :] & (slot[None, :] <= slot[:, None]))
             | torch.eye(width, dtype=torch.bool))
-    bias = torch.zeros(B, 1, width, width, dtype=model.dtype).masked_fill(~sees[:, None],
-            torch.finfo(model.dtype).min)
+    bias = torch.zeros(B, 1, width, width, dtype=model.dtype).masked_fill(
+        ~sees[:, None], torch.finfo(model.dtype).min)
     hooks = []
     # zero K and V as they leave their projections (RoPE and norms keep a zero vector zero)
     if lost.any():
@@ -121,8 +121,8 @@ def decode(target, draft, prompts: list[list[int]], *, k: int, max_new_tokens: i
 def _round(target, draft, live: list[_Seq], first: bool, k: int, budget: int, drafter: str, lo: int,
            hi: int, temperature: float, gen: torch.Generator, eos: set[int], bugs: frozenset[str],
            vocab: int) -> list[_Seq]:
-    """One round of drafting, verifying and accepting for every live row; returns the rows that go
-    on."""
+    """One round of drafting, verifying and accepting for every live row; returns the rows
+    that go on."""
     have = [len(s.out) for s in live]
     # near the budget, no more drafts than the shortest row can emit
     kr = max(1, min(k, budget - 1 - min(have)))
@@ -165,7 +165,7 @@ def _round(target, draft, live: list[_Seq], first: bool, k: int, budget: int, dr
             while a < room[r]:  # accept a draft d with probability min(1, p(d) / q(d))
                 d = drafts[r][a]
                 if (not float(torch.rand((), generator=gen, dtype=torch.float64)) * qr[a, d]
-                    < p[a, d]):
+                        < p[a, d]):
                     break
                 a += 1
             if a == room[r]:  # the bonus
@@ -236,8 +236,8 @@ def _draft_chain(draft, live: list[_Seq], n: int, vocab: int, temperature: float
 
 
 def write_outputs(path, prompts: list[list[int]], outputs: list[list[int]], settings: dict) -> None:
-    """The outputs as specviz reads an engine's (engines/jsonl.py): a header, then one line a
-    prompt."""
+    """The outputs as specviz reads an engine's (engines/jsonl.py): a header, then one line
+    a prompt."""
     with open(path, "w") as f:
         f.write(json.dumps({"engine": {"name": "independent-decoder", "settings": settings}})
                 + "\n")

@@ -42,8 +42,8 @@ def test_a_lossless_draft_bug_keeps_the_output_and_is_named_by_its_side(fault, t
     assert metrics.equivalence(trace)["exact"] == 1  # lossless: every output is the reference
     a = trace.acceptance
     assert a.verdict == FAULTS[fault].acceptance, a.explanation
-    # With the target as its own draft every correct draft is accepted: the bug's cost is the whole
-    # shortfall.
+    # With the target as its own draft every correct draft is accepted: the bug's cost
+    # is the whole shortfall.
     assert a.accepted < 0.8 * a.accepted_fresh and a.beyond > 0 and a.first is not None
     assert "the drafts are wasted" in a.explanation
 

@@ -121,8 +121,8 @@ def test_operator_limits_are_enforced_with_clear_messages(client):
     with pytest.raises(Exception, match="greater than maximum value 16"):
         client.predict(**over, api_name="/run")
     many = {**TINY_RUN, "typed": "\n".join(f"prompt {i}" for i in range(65))}
-    with pytest.raises(Exception, match=r"the number of prompts 65 is over this server's limit "
-                                        r"of 64 \(SPECVIZ_MAX_PROMPTS\)"):
+    with pytest.raises(Exception, match=r"the number of prompts 65 is over this server's limit of "
+                                        r"64 \(SPECVIZ_MAX_PROMPTS\)"):
         client.predict(**many, api_name="/run")
     custom = {**TINY_RUN, "pair": "custom (type ids below)", "target": "gpt2",
               "draft": "distilgpt2"}
@@ -130,18 +130,18 @@ def test_operator_limits_are_enforced_with_clear_messages(client):
         client.predict(**custom, api_name="/run")
     wide = {**TINY_RUN, "pair": "smollm2"}  # Hub ids: refused before anything is downloaded
     with pytest.raises(Exception,
-            match=r"dtype float64 is wider than this server's limit of float32 for Hub and "
-                  r"local models \(SPECVIZ_MAX_DTYPE\)"):
+                       match=r"dtype float64 is wider than this server's limit of float32 for Hub "
+                             r"and local models \(SPECVIZ_MAX_DTYPE\)"):
         client.predict(**wide, api_name="/run")
     work = {**TINY_RUN, "typed": "\n".join(f"prompt {i}" for i in range(40)), "max_new_tokens": 110}
     with pytest.raises(Exception,
-                       match=r"prompts × max new tokens 4400 is over this server's limit of 4096 "
-                             r"\(SPECVIZ_MAX_RUN_TOKENS\)"):
+                       match=r"prompts × max new tokens 4400 is over this server's limit of "
+                             r"4096 \(SPECVIZ_MAX_RUN_TOKENS\)"):
         client.predict(**work, api_name="/run")
     long = {**TINY_RUN, "typed": " ".join(["word"] * 2100)}  # about 2,100 tokens, 10,500 characters
     with pytest.raises(Exception,
-                       match=r"prompt 0 is \d+ tokens long, over this server's limit of 2048 "
-                             r"\(SPECVIZ_MAX_PROMPT_TOKENS\)"):
+                       match=r"prompt 0 is \d+ tokens long, over this server's limit of "
+                             r"2048 \(SPECVIZ_MAX_PROMPT_TOKENS\)"):
         client.predict(**long, api_name="/run")
     status, _ = client.predict(**TINY_RUN, api_name="/run")  # and the next run goes through
     assert "100% of sequences equal the batch-size-1 reference" in status
@@ -156,8 +156,9 @@ def test_a_shared_link_to_another_revision_is_not_replayed():
     spec = RunSpec.build(target="Qwen/Qwen3-8B", draft="Qwen/Qwen3-0.6B",
                          target_revision="refs/pr/7", prompts=("Hi",))
     with pytest.raises(Error,
-            match=r"cannot be replayed here: revision 'refs/pr/7' of target model 'Qwen/Qwen3-8B' "
-                  r"is not allowed on this server; .*\(SPECVIZ_ALLOWED_MODELS\)"):
+                       match=r"cannot be replayed here: revision 'refs/pr/7' of target model "
+                             r"'Qwen/Qwen3-8B' is not allowed on this server; "
+                             r".*\(SPECVIZ_ALLOWED_MODELS\)"):
         replay(Settings(), {"spec": spec.canonical_json()})
 
 
@@ -165,8 +166,8 @@ def test_a_replay_that_drifted_says_so_and_shows_what_differs(good_trace):
     from specviz.app.runview import _replay_report
 
     trace = Trace.from_json(good_trace)
-    same = _replay_report(trace,
-            {"fp": trace.manifest.fingerprint, "env": share.environment(trace.manifest)})
+    same = _replay_report(trace, {"fp": trace.manifest.fingerprint,
+                                  "env": share.environment(trace.manifest)})
     assert "matched the shared run exactly" in same and "| differs |" not in same
     elsewhere = {**share.environment(trace.manifest), "device": "cuda:0", "torch": "2.12.0"}
     drifted = _replay_report(trace, {"fp": "0" * 16, "env": elsewhere})
@@ -212,8 +213,8 @@ def test_the_shrink_button_gives_a_smaller_run_that_opens_on_the_fork(app_url):
 
 def _outputs_file(tmp_path, trace: Trace, tamper: int | None = None,
                   name: str = "outputs.jsonl") -> str:
-    """An engine's outputs file made from a run's outputs; `tamper`: that sequence's token 2
-    replaced."""
+    """An engine's outputs file made from a run's outputs; `tamper`: that sequence's token
+    2 replaced."""
     lines = [json.dumps({"engine": {"name": "my-engine", "version": "1.2", "settings": {"k": 3}}})]
     for p, s in zip(trace.prompts, trace.sequences):
         ids = list(s.output_ids)
@@ -234,8 +235,8 @@ def test_the_check_tab_judges_an_uploaded_outputs_file(tmp_path, good_trace, app
     from gradio_client import handle_file
 
     client = Client(app_url, verbose=False)
-    checked = {**CHECKED,
-            "outputs": handle_file(_outputs_file(tmp_path, Trace.from_json(good_trace), tamper=0))}
+    checked = {**CHECKED, "outputs": handle_file(
+        _outputs_file(tmp_path, Trace.from_json(good_trace), tamper=0))}
     status, _ = client.predict(**checked, api_name="/check_engine")
     # without its control run, this engine's rounding is not known
     assert "unexplained × 1" in status
@@ -251,8 +252,7 @@ def test_the_check_tab_judges_an_uploaded_outputs_file(tmp_path, good_trace, app
 
 
 def test_the_check_tab_judges_the_acceptance_of_an_engine_said_to_draft_with_the_pairs_draft(
-        tmp_path, good_trace,
-                                                                                            app_url):
+        tmp_path, good_trace, app_url):
     """Right outputs whose counters accept no draft: a lossless draft bug, caught once the user says
     the engine drafts with the pair's draft model (its counters are judged against that draft's
     replay); not judged unsaid."""
@@ -298,8 +298,8 @@ def test_the_check_tab_judges_a_sampled_engine_at_its_settings(tmp_path, good_tr
 def test_the_check_tab_asks_no_server_unless_the_operator_allows_it(app_url):
     client = Client(app_url, verbose=False)
     with pytest.raises(Exception,
-            match=r"engine server 'http://example\.org:8000' is not allowed on this server; "
-                  r"allowed: none \(SPECVIZ_ENGINE_SERVERS\)"):
+                       match=r"engine server 'http://example\.org:8000' is not allowed on this "
+                             r"server; allowed: none \(SPECVIZ_ENGINE_SERVERS\)"):
         client.predict(**{**CHECKED, "server": "http://example.org:8000"}, api_name="/check_engine")
 
 
@@ -351,9 +351,9 @@ def test_the_sampling_controls_make_the_spec_and_a_sampled_link_replays_exactly(
     assert form.spec_from_controls(**{n: opened[n] for n in form.DEFAULTS}) == own
     # Replayed afresh (not from this process's cache): the same fingerprint, and the report says so.
     serving.TRACES.pop(spec.key(), None)
-    replayed, report, _, _ = ui.replay(Settings(),
-            {"spec": spec.canonical_json(), "fp": trace.manifest.fingerprint,
-                                                   "env": share.environment(trace.manifest)})
+    replayed, report, _, _ = ui.replay(Settings(), {"spec": spec.canonical_json(),
+                                                    "fp": trace.manifest.fingerprint,
+                                                    "env": share.environment(trace.manifest)})
     assert replayed is not trace and replayed.manifest.fingerprint == trace.manifest.fingerprint
     assert ("Replay matched the shared run exactly" in report
             and "Every draw fell the same way" in report)
@@ -423,10 +423,10 @@ def test_the_drafter_controls_make_the_spec_and_a_lookup_link_restores_them(clie
     assert "drafts by prompt lookup (n-grams 2–4, no draft model)" in shown
     assert f"Speed-up: {views.metrics.speedup(trace)['ratio']:.2f}×" in shown
     assert "both measured on this machine in this run" in shown  # its reference decoded in this run
-    # The same spec again: served from the process's cache, and said so; another k: the reference
-    # reused.
-    assert "when this process first ran this spec" in markdown_text(client.predict(**LOOKUP,
-            api_name="/run")[0])
+    # The same spec again: served from the process's cache, and said so; another k:
+    # the reference reused.
+    assert "when this process first ran this spec" in markdown_text(
+        client.predict(**LOOKUP, api_name="/run")[0])
     other_k = {**LOOKUP, "k": 4}
     assert ("reused here, not timed again"
             in markdown_text(client.predict(**other_k, api_name="/run")[0]))
@@ -436,11 +436,11 @@ def test_the_drafter_controls_make_the_spec_and_a_lookup_link_restores_them(clie
     # States are not API outputs
     *controls, _download, note = client.predict(link, api_name="/open_link")
     values = dict(zip(form.DEFAULTS, controls))
-    assert "Replaying" in note and (values["drafter"], values["ngram_min"],
-                                    values["ngram_max"]) == ("lookup", 2, 4)
+    assert ("Replaying" in note
+            and (values["drafter"], values["ngram_min"], values["ngram_max"]) == ("lookup", 2, 4))
     assert form.spec_from_controls(**values) == spec
-    # With the draft model the (hidden) n-gram sliders are not read, and its link restores the draft
-    # model.
+    # With the draft model the (hidden) n-gram sliders are not read, and its link restores
+    # the draft model.
     model = form.spec_from_controls(**{**LOOKUP, "drafter": "model", "ngram_min": 2,
                                        "ngram_max": 4})
     assert (model.drafter, model.ngram_min, model.ngram_max) == ("model", 1, 3)
@@ -468,8 +468,8 @@ def test_the_method_registry_drives_the_method_drafter_and_fault_controls():
     for name, m in METHODS.items():
         info, faults, drafter, k = ui.method_allows(name, "lookup")
         assert info["info"] == m.summary
-        assert faults["interactive"] == m.faults and faults.get("value",
-                "kept") == ("kept" if m.faults else [])
+        assert (faults["interactive"] == m.faults
+                and faults.get("value", "kept") == ("kept" if m.faults else []))
         assert drafter["interactive"] == k["interactive"] == m.speculative
         assert drafter.get("value", "kept") == ("kept" if "lookup" in m.drafters else "model")
     info, low, high, width = ui.drafter_shows("lookup")

@@ -161,8 +161,8 @@ def test_every_method_writes_the_reference_past_the_window(sliding, method, draf
         assert 0 < sum(accepted) < 4 * len(accepted)
 
 
-@pytest.mark.parametrize("fault,state",
-        [("positions-from-slots", "positions"), ("no-kv-shift", "kv"), ("draft-bonus", "bonus")])
+@pytest.mark.parametrize("fault,state", [("positions-from-slots", "positions"),
+                                         ("no-kv-shift", "kv"), ("draft-bonus", "bonus")])
 def test_a_planted_fault_is_named_on_a_sliding_window_pair(sliding, fault, state):
     target, draft, pair = sliding
     spec = RunSpec.build(target=target, draft=draft, dtype="float64", device="cpu",

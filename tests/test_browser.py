@@ -68,8 +68,8 @@ def test_a_fresh_page_shows_a_real_fork_at_once_then_a_click_and_its_share_link(
     for name in ("rounding per position", "tolerance (α", "state check:"):
         expect(yardstick).to_contain_text(name)
     expect(page.locator("#sv-forensics")).to_contain_text("judged against")
-    # At 1280 px the sequence table's headers break between words, never inside one ("equi vale
-    # nt").
+    # At 1280 px the sequence table's headers break between words, never inside one ("equi
+    # vale nt").
     headers = _lines(page, "#sv-table th .header")
     assert headers and all(lines <= len(text.split()) for text, lines in headers), headers
     table, last = (page.locator("#sv-table").bounding_box(),
@@ -141,7 +141,7 @@ def _assert_lanes_stack(page) -> None:
 def test_at_phone_width_the_page_opens_on_the_case_and_never_scrolls_sideways(new_page, app_url):
     SHOTS.mkdir(parents=True, exist_ok=True)
     page = new_page(viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True,
-                            has_touch=True)
+                    has_touch=True)
     page.goto(app_url)
     expect(page.locator("#sv-grid td.sv-cell.sv-fork.sv-sel")).to_be_visible(timeout=60_000)
     expect(page.locator("#sv-forensics")).to_contain_text("sync-bug")
@@ -158,8 +158,8 @@ def test_at_phone_width_the_page_opens_on_the_case_and_never_scrolls_sideways(ne
 
 
 def _open_trace_file(page, app_url: str, path) -> None:
-    """Load the page and open a trace file through its "open a trace" control, as a visitor
-    would."""
+    """Load the page and open a trace file through its "open a trace" control,
+    as a visitor would."""
     page.goto(app_url)
     cells = page.locator("#sv-grid td.sv-cell")
     expect(cells.first).to_be_visible(timeout=60_000)  # the first page's bundled trace is in
@@ -267,9 +267,8 @@ def test_an_audited_sampled_fault_opens_on_its_corrupt_round_with_its_verdict(ne
     # the corrupt round, outlined and focused
     cell = page.locator("#sv-grid td.sv-cell.sv-fork.sv-sel")
     expect(cell).to_be_visible(timeout=60_000)
-    assert (cell.get_attribute("data-seq"), cell.get_attribute("data-round")) == (str(first.seq),
-                                                                                 str(
-            first.forensics.round))
+    assert ((cell.get_attribute("data-seq"), cell.get_attribute("data-round"))
+            == (str(first.seq), str(first.forensics.round)))
     expect(page.locator("#sv-forensics")).to_contain_text(first.forensics.verdict)
     expect(page.locator("#sv-pit-verdict")).to_contain_text(f"{first.forensics.verdict} — The "
                                                             "target state of")
@@ -348,8 +347,8 @@ def test_prompt_lookup_example_says_its_speed_up_and_shows_rows_offered_no_draft
     assert "no drafts were offered" in focused.locator(".sv-tok").get_attribute("title")
     page.screenshot(path=SHOTS / "example-prompt-lookup.png", full_page=True)
     page.locator("#sv-grid").screenshot(path=SHOTS / "example-prompt-lookup-grid.png")
-    # The link restores the drafter and its n-grams, and replays the run (from this process's
-    # cache).
+    # The link restores the drafter and its n-grams, and replays the run (from this
+    # process's cache).
     fresh = new_page(viewport={"width": 1400, "height": 1000})
     fresh.goto(page.url)
     expect(fresh.locator("#sv-status")).to_contain_text("matched the shared run exactly",
@@ -362,8 +361,8 @@ def test_prompt_lookup_example_says_its_speed_up_and_shows_rows_offered_no_draft
 
 
 def _heat_cell(page, metric: str, label: str, column: int):
-    """The heatmap cell of run `label` (method · faults) in its `column`-th (batch size, k)
-    column."""
+    """The heatmap cell of run `label` (method · faults) in its `column`-th (batch size,
+    k) column."""
     row = page.locator(f"#sv-sweep-{metric} tr").filter(has=page.locator("th.sv-hlabel",
                                                                          has_text=label))
     return row.locator("td").nth(column)
@@ -449,9 +448,8 @@ def test_a_sweep_shows_where_equivalence_breaks_a_cell_opens_its_run_and_compare
     expect(fresh.locator("#sv-sweep-exact td.sv-hcell")).to_have_count(9, timeout=DECODE_MS)
     expect(fresh.locator("#sv-sweep-status")).to_contain_text("replayed on this server")
     cells = "els => els.map(e => e.dataset.run + ':' + e.textContent)"
-    assert fresh.eval_on_selector_all("#sv-sweep-exact td.sv-hcell",
-                                      cells) == page.eval_on_selector_all(
-        "#sv-sweep-exact td.sv-hcell", cells)
+    assert (fresh.eval_on_selector_all("#sv-sweep-exact td.sv-hcell", cells)
+            == page.eval_on_selector_all("#sv-sweep-exact td.sv-hcell", cells))
 
 
 def _pick(page, dropdown: str, label: str) -> None:
@@ -486,8 +484,8 @@ def test_a_verify_json_report_written_by_the_cli_opens_in_the_sweep_view(new_pag
     page.screenshot(path=SHOTS / "sweep-from-verify-json.png", full_page=True)
 
 
-def test_a_field_case_opens_from_its_card_at_its_fork_and_its_share_link_replays_it(new_page,
-        app_url, tmp_path):
+def test_a_field_case_opens_from_its_card_at_its_fork_and_its_share_link_replays_it(
+        new_page, app_url, tmp_path):
     from specviz.engines.process import free_port, serving
     from specviz.spec.casebook import CASES
 
@@ -528,8 +526,8 @@ def test_a_field_case_opens_from_its_card_at_its_fork_and_its_share_link_replays
 
 
 def _replays_in(new_page, link: str, case, seq: str, round_: str) -> None:
-    """The case's share link, opened: its fork and verdict; then the Sweep tab runs the whole
-    casebook."""
+    """The case's share link, opened: its fork and verdict; then the Sweep tab runs
+    the whole casebook."""
     from specviz.spec.casebook import CASES
 
     fresh = new_page(viewport={"width": 1280, "height": 1000})
@@ -542,8 +540,8 @@ def _replays_in(new_page, link: str, case, seq: str, round_: str) -> None:
     assert cell.get_attribute("data-seq") == seq
     expect(fresh.locator("#sv-forensics")).to_contain_text(case.expected)
 
-    # The Sweep tab runs the whole casebook as one sweep: a cell for each case (each run from the
-    # bundle).
+    # The Sweep tab runs the whole casebook as one sweep: a cell for each case (each run
+    # from the bundle).
     fresh.get_by_role("tab", name="Sweep").click()
     fresh.locator("#sv-sweep-casebook").click()
     expect(fresh.locator("#sv-sweep-exact td.sv-hcell")).to_have_count(len(CASES),

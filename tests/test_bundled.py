@@ -31,7 +31,7 @@ def test_a_bundled_trace_is_current_and_is_what_the_engine_writes_today(name):
     # and bfloat16 logits otherwise, and a near-tie may fall the other way: token for token only on
     # the kernels that wrote it.
     if (bundled.manifest.spec.dtype == "float64"
-        or today.manifest.device_name == bundled.manifest.device_name):
+            or today.manifest.device_name == bundled.manifest.device_name):
         assert (today.manifest.fingerprint
                 == bundled.manifest.fingerprint), "the engine moved on: run `make traces`"
         for b, t in zip(bundled.sequences, today.sequences, strict=True):

@@ -1,6 +1,6 @@
 """A served page that decodes with several pairs in turn must not keep them all: once a pair leaves
-the loader's cache, nothing computed from it (references, batched references, traces) keeps it
-alive."""
+the loader's cache, nothing computed from it (references, batched references, traces) keeps
+it alive."""
 import functools
 import gc
 import weakref

@@ -54,8 +54,8 @@ def test_every_case_shows_and_is_named_by_its_mechanism(case):
         assert metrics.equivalence(trace)["exact"] == 1
         a = trace.acceptance
         assert a.verdict == case.expected and a.accepted < a.accepted_fresh, a.explanation
-        # In a sweep its run is no plain "equivalent": its cell and its bar say the drafts were
-        # wasted.
+        # In a sweep its run is no plain "equivalent": its cell and its bar say the drafts
+        # were wasted.
         sweep = Sweep(base=spec, methods=(spec.method,), fault_sets=(spec.faults,),
                       batch_sizes=(spec.batch_size,), ks=(spec.k,))
         report = sweep_report(sweep, [trace])
@@ -69,7 +69,7 @@ def test_every_case_shows_and_is_named_by_its_mechanism(case):
         assert (metrics.equivalence(trace)["exact"] == 1) == tokens_kept, "the replica must fork"
         assert verdicts and set(verdicts) == {case.expected}, [s.forensics.explanation
                                                                for s in trace.sequences
-                                                                 if s.forensics]
+                                                               if s.forensics]
         assert FAULTS[case.fault].verdict == case.expected
 
 

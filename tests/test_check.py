@@ -1,5 +1,5 @@
-"""specviz check: an engine judged from outside, by its ids alone, against the batch-size-1
-reference.
+"""specviz check: an engine judged from outside, by its ids alone, against
+the batch-size-1 reference.
 
 The engines here are our own, wrapped as a researcher's callable that hands over ids only: the
 correct engine, and the bsp-like and dsd-like re-creations of published bugs. Black-box verdicts
@@ -53,8 +53,8 @@ def dsd_like(prompt_ids, settings):
 
 
 def sampled(prompt_ids, settings):
-    """A sampling engine: eqspec with the temperature, top-k, top-p and seed the check hands
-    over."""
+    """A sampling engine: eqspec with the temperature, top-k, top-p and seed the check
+    hands over."""
     sampler = Sampler(settings["temperature"], settings["top_k"], settings["top_p"])
     result = eqspec(_pair(settings), prompt_ids, 4, settings["k"], settings["max_new_tokens"],
                     sampling=Sampling(sampler, sampler, settings["seed"]))
@@ -92,8 +92,8 @@ def test_a_correct_engine_equals_the_reference_and_gets_no_verdicts(tmp_path, ti
 
 
 def test_in_bfloat16_a_correct_engine_is_numerics_never_an_engine_bug(tmp_path, tiny):
-    """And when its control run (here: itself) departs at the same token, never an engine bug
-    either."""
+    """And when its control run (here: itself) departs at the same token, never an engine
+    bug either."""
     for control in ((), ("--control-engine", "test_check:correct")):
         trace = _check(tmp_path, "--dtype", "bfloat16", "--prompt-set", "spec-bench",
                        "--max-new-tokens", "48", "--engine", "test_check:correct", *control)
@@ -118,8 +118,8 @@ def test_a_broken_engine_is_an_engine_bug_wherever_the_white_box_sees_a_sync_bug
 
 def test_the_fork_evidence_is_what_a_fresh_float64_pass_gives(tmp_path, tiny):
     """The engine's rank at the fork, its float64 margin and both texts' costs after it, read from
-    the outputs teacher-forced once, are those of a fresh batch-size-1 float64 pass over each whole
-    sequence."""
+    the outputs teacher-forced once, are those of a fresh batch-size-1 float64 pass over each
+    whole sequence."""
     trace = _check(tmp_path, "--engine", "test_check:dsd_like", "--control-engine",
                    "test_check:no_speculation")
     pair = _pair({"dtype": "float32"})
@@ -260,8 +260,8 @@ def test_a_sampled_check_tells_a_callable_its_settings_and_judges_its_ids_by_the
     told = live.manifest.engine.settings
     assert (told["temperature"], told["top_k"], told["top_p"], told["seed"]) == (0.8, 50, 0.95, 2)
     d = live.distribution
-    assert (d.verdict, d.impossible) == ("consistent",
-            0) and d.tokens == sum(len(s.output_ids) for s in live.sequences)
+    assert ((d.verdict, d.impossible) == ("consistent", 0)
+            and d.tokens == sum(len(s.output_ids) for s in live.sequences))
     assert all(s.reference_ids is None and s.forensics is None for s in live.sequences)
     assert Trace.from_json(live.to_json()) == live
     lines = [json.dumps({"prompt_ids": p.ids, "output_ids": s.output_ids})
@@ -416,8 +416,8 @@ def _dsd_like_and_control(prompts: list[str]) -> tuple[list[list[int]], list[lis
     pair = load_pair(TINY_TARGET, TINY_DRAFT, dtype="float32", device="cpu")
     ids = pair.encode(prompts)
     engine = eqspec(pair, ids, 4, 4, BUDGET, faults=("no-mask", "growing-padding", "draft-bonus"))
-    return [o.ids for o in engine.outputs], [o.ids
-            for o in batched_reference(pair, ids, 4, BUDGET).outputs]
+    return ([o.ids for o in engine.outputs],
+            [o.ids for o in batched_reference(pair, ids, 4, BUDGET).outputs])
 
 
 def _junk(prompts: list[str]) -> list[list[int]]:
@@ -565,8 +565,7 @@ def test_the_engine_tolerance_holds_its_false_alarm_rate_per_output_not_per_toke
     tol = enginenoise.tolerance(sigma, tokens)
     noise = torch.randn(20_000, tokens, generator=torch.Generator().manual_seed(0)).double() * sigma
     flagged = float((noise > tol).any(-1).double().mean())
-    # 3 sd
-    assert 0.005 < flagged <= enginenoise.ALPHA + 3 * (enginenoise.ALPHA
-                                                       / len(noise)) ** 0.5, flagged
+    assert 0.005 < flagged <= (enginenoise.ALPHA
+                               + 3 * (enginenoise.ALPHA / len(noise)) ** 0.5), flagged  # 3 sd
     per_token = float((noise > stats.norm.isf(enginenoise.ALPHA) * sigma).any(-1).double().mean())
     assert per_token > 0.3, per_token

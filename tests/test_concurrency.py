@@ -1,6 +1,6 @@
 """Eight visitors at once: each gets the run it asked for, exactly as if alone, and nothing one of
-them runs or uploads reaches another, not even an upload that claims another visitor's
-fingerprint."""
+them runs or uploads reaches another, not even an upload that claims another
+visitor's fingerprint."""
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -49,8 +49,8 @@ def test_eight_simultaneous_sessions_each_get_their_own_run_and_files(app_url, t
         ran[i] = Trace.from_json(Path(client.predict(**controls(i),
                                                      api_name="/run")[1]).read_text())
         together.wait()
-        # Upload this run's trace under the next session's fingerprint, while the others do the
-        # same.
+        # Upload this run's trace under the next session's fingerprint, while the others do
+        # the same.
         forged[i] = ran[i].model_copy(deep=True)
         forged[i].manifest.fingerprint = ran[(i + 1) % n].manifest.fingerprint
         upload = tmp_path / f"forged-{i}.json"
@@ -70,8 +70,8 @@ def test_eight_simultaneous_sessions_each_get_their_own_run_and_files(app_url, t
     for i in range(n):
         assert decisions(ran[i]) == decisions(alone[i]), f"session {i}"
         assert Trace.from_json(Path(downloads[i]).read_text()) == forged[i], f"session {i}'s upload"
-        assert decisions(swapped[i]) == decisions(alone[(i + 1)
-                                                        % n]), f"session {i}, next session's spec"
+        assert decisions(swapped[i]) == decisions(alone[(i + 1) % n]), (
+            f"session {i}, next session's spec")
     assert len(set(downloads)) == n
 
 

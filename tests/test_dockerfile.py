@@ -72,8 +72,8 @@ def test_it_runs_as_a_non_root_user_with_uid_1000(docker):
     user = args_of(docker, "USER")[-1]
     assert user not in ("root", "0")
     assert re.search(rf"useradd [^&]*-u 1000 [^&]*{user}\b", run_text(docker))
-    assert args_of(docker,
-            "CMD") and [k for k, _ in docker].index("USER") < [k for k, _ in docker].index("CMD")
+    assert (args_of(docker, "CMD")
+            and [k for k, _ in docker].index("USER") < [k for k, _ in docker].index("CMD"))
 
 
 def test_it_serves_the_app_on_all_interfaces_port_7860(docker):

@@ -30,8 +30,8 @@ CORRECT = Policy(())
 
 
 def _propose(pair, histories: list[list[int]], k: int, min_n: int, max_n: int):
-    """PromptLookup's proposals for these rows, laid out as a padded batch: (tokens, counts) per
-    row."""
+    """PromptLookup's proposals for these rows, laid out as a padded batch: (tokens, counts)
+    per row."""
     b = lay_out(pair, CORRECT, PromptLookup(pair, min_n, max_n), list(range(len(histories))),
                 *left_pad(histories, torch.device("cpu")))
     have = torch.zeros(len(histories), dtype=torch.long)
@@ -76,8 +76,8 @@ def test_lookup_min_n_and_the_earliest_of_the_longest_match(tiny):
 
 @pytest.fixture(scope="module")
 def repeating(tiny, mixed_prompts):
-    """Prompts that repeat a stretch of themselves, so that lookup proposes often, beside the usual
-    mix."""
+    """Prompts that repeat a stretch of themselves, so that lookup proposes often, beside
+    the usual mix."""
     prompts = [p + p[len(p) // 3: len(p) // 2] for p in mixed_prompts[:10]]
     return prompts, reference(tiny, prompts, 20)
 
@@ -107,8 +107,8 @@ def test_lookup_eqspec_and_exspec_equal_the_reference_in_float64(tiny, repeating
 
 @pytest.fixture(scope="module")
 def embedded64():
-    """The embedded pair in float64: a real model, which copies from its prompt, and exact
-    equality."""
+    """The embedded pair in float64: a real model, which copies from its prompt,
+    and exact equality."""
     return load_pair(dtype="float64", device="cpu")
 
 
@@ -138,8 +138,8 @@ def test_transformers_prompt_lookup_is_the_anchor_at_batch_size_1(embedded64, co
     texts, _, ref = copying
     common = dict(dtype="float64", device="cpu", prompts=tuple(texts), batch_size=1, k=4,
                   max_new_tokens=24, drafter="lookup", ngram_min=1, ngram_max=2)
-    # Their ids against the fixture's reference: the runs need no reference or yardstick of their
-    # own.
+    # Their ids against the fixture's reference: the runs need no reference or yardstick
+    # of their own.
     ours = run(RunSpec.build(method="eqspec", **common), with_reference=False)
     theirs = run(RunSpec.build(method="hf-assisted", **common), with_reference=False)
     want = [o.ids for o in ref.outputs]
@@ -177,10 +177,10 @@ def test_presets_break_with_lookup_drafts(preset):
 
 
 def test_a_row_that_drafted_nothing_is_in_the_trace():
-    trace = run(RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64", device="cpu",
-                              drafter="lookup",
-            prompts=("Hi", "Name three rivers. Name three rivers. Name three rivers."),
-                              chat_template=False, batch_size=2, k=5, max_new_tokens=4))
+    trace = run(RunSpec.build(
+        target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64", device="cpu", drafter="lookup",
+        prompts=("Hi", "Name three rivers. Name three rivers. Name three rivers."),
+        chat_template=False, batch_size=2, k=5, max_new_tokens=4))
     assert metrics.equivalence(trace)["exact"] == 1
     by_round: dict[int, list] = {}
     for r in trace.rows:

@@ -36,8 +36,8 @@ def test_vllm_gives_the_reference_ids_in_every_mode(vllm, embedded, chat):
     assert (run.name, run.version, run.source) == ("vllm", "0.32.0", "server")
     for i, (out, want) in enumerate(zip(run.outputs, ref.outputs)):
         assert (out.error, out.warning, out.approximate) == (None, None, False), i
-        assert (out.ids
-                == want.ids), f"prompt {i}: vLLM ({vllm.launch['mode']}) departs from the reference"
+        assert out.ids == want.ids, (
+            f"prompt {i}: vLLM ({vllm.launch['mode']}) departs from the reference")
         assert out.finish_reason == ("stop" if want.ids[-1] in embedded.eos_ids else "length")
         # Greedy: each chosen token is the most likely of the alternatives vLLM reports, by id.
         assert len(out.logprobs) == len(out.top_logprobs) == len(out.ids)
@@ -138,8 +138,8 @@ def test_the_request_asks_for_ids_greedy_and_the_budget_and_the_answer_is_read_b
     assert sorted(b["prompt"] for b in seen) == PROMPTS
     assert {(b["model"], b["temperature"], b["max_tokens"], b["logprobs"], b["return_token_ids"],
              b["return_tokens_as_token_ids"]) for b in seen} == {("fake", 0, 4, 3, True, True)}
-    assert not any({"seed", "top_p", "top_k", "min_p"} & set(b)
-                   for b in seen) and "sampling" not in run.settings
+    assert (not any({"seed", "top_p", "top_k", "min_p"} & set(b) for b in seen)
+            and "sampling" not in run.settings)
     assert (run.name, run.version, run.settings["launch"], run.settings["system_fingerprint"]) == (
         "fakery", None, {"mode": "test"}, "fake-1")
     out = run.outputs[0]
@@ -149,8 +149,8 @@ def test_the_request_asks_for_ids_greedy_and_the_budget_and_the_answer_is_read_b
 
 
 def test_an_unknown_served_model_lists_the_served_ones():
-    with fake_server(lambda body: completion([5])) as url, pytest.raises(SpecError,
-            match="serves fake;.*not 'llama'"):
+    with (fake_server(lambda body: completion([5])) as url,
+          pytest.raises(SpecError, match="serves fake;.*not 'llama'")):
         from_server(url, "llama", PROMPTS, 4)
 
 
@@ -160,8 +160,8 @@ def test_a_server_that_stalls_or_drops_mid_run_costs_only_those_prompts():
 
     with fake_server(answer) as url:
         run = from_server(url, "fake", PROMPTS, 4, concurrency=4, timeout=1.0)
-    assert [o.ids for o in run.outputs[:2]] == [[5, 6, 7, 8]] * 2 and not any(o.error
-            for o in run.outputs[:2])
+    assert ([o.ids for o in run.outputs[:2]] == [[5, 6, 7, 8]] * 2
+            and not any(o.error for o in run.outputs[:2]))
     assert run.outputs[2].error.startswith(f"no answer from {url.removesuffix('/v1')} within 1 s")
     assert "stopped answering" in run.outputs[3].error
     assert run.outputs[2].ids == run.outputs[3].ids == []
@@ -198,8 +198,8 @@ def test_text_only_is_re_tokenized_and_marked_approximate(tiny):
     with fake_server(lambda _: body) as url:
         run = from_server(url, None, PROMPTS[:2], 16, tokenizer=tiny.tokenizer)
         blind = from_server(url, None, PROMPTS[:1], 16)
-    want = tiny.tokenizer(text,
-                          add_special_tokens=False)["input_ids"] + [tiny.tokenizer.eos_token_id]
+    want = (tiny.tokenizer(text, add_special_tokens=False)["input_ids"]
+            + [tiny.tokenizer.eos_token_id])
     assert all(o.approximate and o.ids == want and o.logprobs is None and o.error is None
                for o in run.outputs)
     assert "text only" in blind.outputs[0].error
@@ -239,8 +239,8 @@ def test_check_on_vllm_equals_the_reference_and_a_file_of_its_outputs_reports_th
     assert (row["exact_pct"] == 100 and row["n"] == len(spec.prompts)
             and row["tokens_per_second"] > 0)
     assert live.manifest.engine.name == "vllm"
-    # A correct engine's drafts: its acceptance over the run, and by position, is the draft model's
-    # own.
+    # A correct engine's drafts: its acceptance over the run, and by position, is the draft
+    # model's own.
     a = live.acceptance
     assert a.counters and a.verdict is None and len(a.per_position) == K, a.explanation
     filed = check.from_files(spec, embedded, (outputs_file(live), "vllm.jsonl"))
@@ -358,8 +358,8 @@ def test_the_determinism_check_reports_a_prompt_answered_otherwise_with_its_fork
         plain = check.from_servers(spec, tiny, (url, "fake"), None, concurrency=2, timeout=60)
     d = trace.manifest.determinism
     assert set(asked.values()) == {4}  # three asks of the determinism check, one of the plain one
-    assert d.prompts == len(ids) and [(r.seq, r.run, r.index)
-                                      for r in d.differing] == [(1, "again", 3)]
+    assert (d.prompts == len(ids)
+            and [(r.seq, r.run, r.index) for r in d.differing] == [(1, "again", 3)])
     assert (d.differing[0].first, d.differing[0].then) == (ref[tuple(ids[1])][3],
                                                            ref[tuple(ids[1])][3] + 1)
     assert "1 of 4 prompts got another answer when asked again" in d.describe()
@@ -421,9 +421,8 @@ def test_a_sampled_request_sends_the_settings_every_other_knob_off_and_a_seed_pe
     sent = {tuple(b["prompt"]): b for b in seen[:len(PROMPTS)]}
     for i, prompt in enumerate(PROMPTS):
         b = sent[tuple(prompt)]
-        # -1: off
         assert ((b["temperature"], b["top_p"], b["top_k"], b["seed"])
-                == (0.8, 0.95, -1, 3 * 4096 + i))
+                == (0.8, 0.95, -1, 3 * 4096 + i))  # -1: off
         assert (b["min_p"], b["repetition_penalty"], b["presence_penalty"],
                 b["frequency_penalty"]) == (0, 1, 0, 0)
     assert (seen[-1]["temperature"], seen[-1]["top_p"], seen[-1]["top_k"],
@@ -435,8 +434,8 @@ def test_a_sampled_request_sends_the_settings_every_other_knob_off_and_a_seed_pe
 @pytest.fixture(scope="module")
 def tiny_sampled(tiny):
     """A sampled check's spec on the tiny pair, its prompt ids, and a fake server's outputs: drawn
-    by specviz's reference sampler with the check's own settings, and with top-p ignored (a planted
-    bug)."""
+    by specviz's reference sampler with the check's own settings, and with top-p ignored
+    (a planted bug)."""
     from specviz.decoding.reference import reference
     from specviz.decoding.sampling import Sampler, Sampling
     from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
@@ -445,8 +444,8 @@ def tiny_sampled(tiny):
                          method="engine", prompts=tuple(builtin_set("quick")), max_new_tokens=48,
                          seed=5, **SAMPLED)
     ids = tiny.encode(spec.prompts)
-    outputs = {name: [o.ids
-            for o in reference(tiny, ids, 48, sampling=Sampling(sampler, seed=11)).outputs]
+    outputs = {name: [o.ids for o in reference(tiny, ids, 48,
+                                               sampling=Sampling(sampler, seed=11)).outputs]
                for name, sampler in (("right", Sampler(0.8, 0, 0.95)),
                                      ("no top-p", Sampler(0.8, 0, 1.0)))}
     return spec, ids, outputs
@@ -459,9 +458,8 @@ def serving(ids: list[list[int]], outputs: list[list[int]], eos: int, text: bool
     def answer(body):
         out = by_prompt[tuple(body["prompt"])]
         finish = "stop" if out[-1] == eos else "length"
-        return completion(None, text="some text", finish=finish) if text else completion(out,
-                finish=finish,
-                                                                                            prompt=body["prompt"])
+        return (completion(None, text="some text", finish=finish) if text
+                else completion(out, finish=finish, prompt=body["prompt"]))
     return answer
 
 
@@ -493,15 +491,15 @@ def test_a_sampled_check_judges_a_server_by_the_distribution_of_its_ids(tiny, ti
             pytest.raises(SpecError, match="answers are text, re-tokenized here"):
         check.from_servers(spec, tiny, (url, "fake"), None, concurrency=4, timeout=60)
     # No reference, so no control run.
-    with fake_server(serving(ids, outputs["right"], eos)) as url, pytest.raises(SpecError,
-            match="no control run"):
+    with (fake_server(serving(ids, outputs["right"], eos)) as url,
+          pytest.raises(SpecError, match="no control run")):
         check.from_servers(spec, tiny, (url, "fake"), (url, "fake"), concurrency=4, timeout=60)
 
 
 @pytest.mark.parametrize("vllm", ["none", "ngram"], indirect=True)
 def test_a_sampled_check_of_vllm_and_the_same_ids_under_the_wrong_temperature(vllm, embedded):
-    """vLLM sampled at temperature 0.8, top-p 0.95, judged from its ids alone, the target scored by
-    us.
+    """vLLM sampled at temperature 0.8, top-p 0.95, judged from its ids alone, the target scored
+    by us.
 
     Without speculation it is consistent. With ngram speculation, vLLM 0.32's CPU build is not: its
     C++ stand-in for the rejection sampler's expand_kernel writes into an int64 copy of a float

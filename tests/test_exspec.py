@@ -24,8 +24,8 @@ def test_exspec_equals_reference_in_float64(tiny, mixed_prompts, batch_size, k):
 
 
 def test_equal_growth_runs_entirely_in_same_length_groups(tiny, mixed_prompts):
-    """draft = target and equal prompt lengths: every round is a same-length group, none
-    realigns."""
+    """draft = target and equal prompt lengths: every round is a same-length group,
+    none realigns."""
     same = dataclasses.replace(tiny, draft=layer_subset(tiny.target, [0, 1, 2]))
     prompts = [p[:10] for p in mixed_prompts if len(p) >= 10][:8]
     got = exspec(same, prompts, 4, 3, 16, window=8, max_wait=100)
@@ -53,10 +53,10 @@ def test_choose_prefers_groups_and_bounds_waiting():
 
 def test_trace_records_groups_waits_and_latency(tiny):
     spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64",
-                         device="cpu",
-                         method="exspec",
+                         device="cpu", method="exspec",
                          prompts=("Hi", "Name three rivers.", "Tell me a joke.", "Count to five.",
-                                  "What is 2+2?"), batch_size=2, k=3, max_new_tokens=12, window=4)
+                                  "What is 2+2?"),
+                         batch_size=2, k=3, max_new_tokens=12, window=4)
     trace = run(spec)
     assert metrics.equivalence(trace)["exact"] == 1
     assert all(r.waits is not None and len(r.waits) == len(r.seqs) for r in trace.rounds)

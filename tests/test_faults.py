@@ -125,8 +125,8 @@ def test_numerics_case_in_bfloat16_is_called_numerics(tiny):
 
 
 def test_embedded_pair_in_bfloat16_stays_numerics():
-    """Real weights, real near-ties: the correct engine on SmolLM2 in bfloat16 (about 3 minutes
-    here)."""
+    """Real weights, real near-ties: the correct engine on SmolLM2 in bfloat16 (about
+    3 minutes here)."""
     from specviz.spec.prompts import builtin_set
 
     spec = RunSpec.build(dtype="bfloat16", device="cpu", prompts=tuple(builtin_set("all")[:8]),

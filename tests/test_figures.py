@@ -27,8 +27,7 @@ def validating(monkeypatch):
 def _tiny(**kw) -> Trace:
     return run(RunSpec.build(**{**dict(target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64",
                                        device="cpu", prompts=tuple(builtin_set("quick")),
-                                       batch_size=3, k=3, max_new_tokens=12),
-                                **kw}))
+                                       batch_size=3, k=3, max_new_tokens=12), **kw}))
 
 
 @pytest.fixture(scope="module")

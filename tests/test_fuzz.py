@@ -60,8 +60,8 @@ def test_the_server_turns_a_sample_away_and_keeps_serving(real, app_url, tmp_pat
                 for i in sample[start: start + 8]]
         for job in jobs:
             status = job.result()[-1]
-            assert status.startswith(("Replaying the shared run…",
-                                      "**You are looking at")) or "could not be used" in status
+            assert (status.startswith(("Replaying the shared run…", "**You are looking at"))
+                    or "could not be used" in status)
     path = tmp_path / "upload.json"
     for i in rng.sample(range(TRACES), SERVED_TRACES):
         path.write_bytes(malformed_trace(SEED, i, real[1]))

@@ -31,8 +31,8 @@ class Click:
 
 
 def first_forked(trace):
-    """The sequence the Run view opens on (views.resolve): the first that parts from the
-    reference."""
+    """The sequence the Run view opens on (views.resolve): the first that parts
+    from the reference."""
     return next((s for s in trace.sequences if s.equivalent is False), None)
 
 
@@ -78,13 +78,12 @@ def test_a_card_opens_its_case_at_its_fork_and_its_share_link_replays_it_from_th
     forked = first_forked(trace)
     if forked is not None:  # focused on its first fork, with its verdict
         assert views["focus_seq"] == forked.seq and views["focus_round"] == forked.forensics.round
-        assert re.search(r'class="sv-cell sv-fork '
-                         rf'sv-sel[^"]*" data-seq="{forked.seq}" data-round="'
-                         rf'{views["focus_round"]}"',
+        assert re.search(r'class="sv-cell sv-fork sv-sel[^"]*" '
+                         rf'data-seq="{forked.seq}" data-round="{views["focus_round"]}"',
                          views["grid"])
         assert html.escape(case.expected) in views["forensics"]
-    # Its share link replays it in any process: from the bundle, not from this process's cache of
-    # runs.
+    # Its share link replays it in any process: from the bundle, not from this process's cache
+    # of runs.
     serving.TRACES.clear()
     pending, note = (ui.open_link(views["link_query"])[n] for n in ("pending", "status"))
     replayed, report, _, _ = ui.replay(Settings(), pending)

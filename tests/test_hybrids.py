@@ -219,8 +219,8 @@ def test_the_cache_moves_recurrent_states_with_their_rows(references):
         pair.target(input_ids=torch.tensor([ids[1][:5], ids[2][:5], ids[3][:5]]), cache=cache)
     before = [s[("recurrent", 0)] for s in kvcache.layers_states(cache)]
     merged = kvcache.merge(kvcache.split(cache, [(0, 5)] * 3)[::-1])
-    assert all(torch.equal(m[("recurrent", 0)], b.flip(0)) for m, b in
-               zip(kvcache.layers_states(merged), before))
+    assert all(torch.equal(m[("recurrent", 0)], b.flip(0))
+               for m, b in zip(kvcache.layers_states(merged), before))
     kvcache.gather(cache, torch.tensor([2, 0]), torch.arange(5).expand(2, 5))
     assert all(torch.equal(s[("recurrent", 0)], b[[2, 0]])
                for s, b in zip(kvcache.layers_states(cache), before))
@@ -232,8 +232,8 @@ def test_the_page_shows_each_rows_recurrent_state(saved, correct):
     glossary; and a fault's row shows the state that holds a rejected draft."""
     focus, _ = views.resolve(correct)
     titles = [a.text for a in plots.kv_lanes(correct, focus).layout.annotations]
-    assert any(t.startswith("target recurrent state")
-               for t in titles) and any(t.startswith("draft recurrent") for t in titles)
+    assert (any(t.startswith("target recurrent state") for t in titles)
+            and any(t.startswith("draft recurrent") for t in titles))
     assert "target recurrent state before → after" in forensics_html(correct, focus)
     assert "I5" in glossary.glossary(correct) and "held I5" in glossary.glossary(correct)
     broken = _run(saved, "qwen3.5", faults=("state-not-rolled-back",))

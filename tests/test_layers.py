@@ -20,8 +20,8 @@ LINT = ("import sys\nfrom importlinter.cli import "
 
 
 def _lint(where: Path) -> subprocess.CompletedProcess:
-    """import-linter on the tree at `where` (its pyproject.toml, its specviz), in a fresh
-    process."""
+    """import-linter on the tree at `where` (its pyproject.toml, its specviz),
+    in a fresh process."""
     env = {**os.environ, "PYTHONPATH": str(where), "NO_COLOR": "1", "COLUMNS": "200"}
     return subprocess.run([sys.executable, "-c", LINT, "--no-cache"], cwd=where, env=env,
                           capture_output=True, text=True, check=False)

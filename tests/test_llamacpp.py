@@ -2,8 +2,8 @@
 without speculation in 1 and 4 slots, with the embedded draft converted to GGUF, with the target as
 its own draft, and with ngram-simple prompt lookup. Each is asked in llama.cpp's own dialect,
 compared with its own plain run and with the float32 reference, and judged against its own rounding
-(its plain run is the control): a correct engine gets no engine-bug, and every verdict carries its
-numbers."""
+(its plain run is the control): a correct engine gets no engine-bug, and every verdict carries
+its numbers."""
 import json
 
 import httpx
@@ -20,8 +20,8 @@ from specviz.trace import metrics
 
 NEW_TOKENS = 48
 K = 5
-# Spec-Bench questions where llama.cpp's outputs with and without speculation part (batch-shape
-# rounding).
+# Spec-Bench questions where llama.cpp's outputs with and without speculation part
+# (batch-shape rounding).
 PROMPTS = tuple(builtin_set("spec-bench")[8:16])
 # name -> (mode, slots): the control of every 4-slot configuration is "plain, 4 slots".
 CONFIGS = {"plain, 1 slot": ("none", 1), "plain, 4 slots": ("none", 4), "draft": ("draft", 4),
@@ -71,8 +71,8 @@ def test_llama_cpp_is_asked_in_its_own_dialect_and_answers_with_ids(llama, embed
         # speculation ran: drafts offered, some accepted, counted per request and in total
         if name in SPECULATIVE:
             assert drafts > 0 and counters["draft_tokens"] == drafts
-            assert 0 < counters["accepted_tokens"] == sum(o.accepted or 0
-                                                          for o in run.outputs) <= drafts
+            assert (0 < counters["accepted_tokens"]
+                    == sum(o.accepted or 0 for o in run.outputs) <= drafts)
         else:
             assert drafts == 0 and counters.get("draft_tokens", 0) == 0
 
@@ -119,8 +119,8 @@ def test_every_configuration_against_its_plain_run_and_the_reference(llama, embe
         assert (noise.source == "control" and noise.truth == "float64" and noise.tolerance > 0
                 and not noise.outliers)
         engine, control_fidelity = trace.manifest.fidelity
-        # A quantized engine departs from the model with and without speculation: reported, not a
-        # verdict.
+        # A quantized engine departs from the model with and without speculation: reported,
+        # not a verdict.
         assert engine.departures > 0 and control_fidelity.departures > 0
         for s in trace.sequences:
             f = s.forensics
@@ -132,12 +132,11 @@ def test_every_configuration_against_its_plain_run_and_the_reference(llama, embe
 
 def test_no_fork_of_a_correct_configuration_is_attributed(llama, embedded, capsys):
     """Every fork of llama.cpp with the draft model and with ngram-simple (its quantized kernels'
-    rounding), attributed on purpose, in batches of its 4 slots: no mechanism of the catalogue is
-    named."""
+    rounding), attributed on purpose, in batches of its 4 slots: no mechanism of the catalogue
+    is named."""
     spec, ids, runs = llama
     declared = {"draft": {"drafter": "model", "k": K},
-                "ngram-simple": {"drafter": "lookup", "k": K, "ngram_min": 3,
-                                                                       "ngram_max": 3}}
+                "ngram-simple": {"drafter": "lookup", "k": K, "ngram_min": 3, "ngram_max": 3}}
     for name, settings in declared.items():
         trace = check.check(spec, embedded, ids, runs[name], runs["plain, 4 slots"],
                             check.Judging(attribute=False))
@@ -164,7 +163,8 @@ def test_a_file_of_raw_llama_cpp_answers_is_read_and_judged(llama, embedded, tmp
                       threads=ENGINE_THREADS) as server:
         dumps = [{"request": ask.request(p, None),
                   "response": httpx.post(f"{server.url}/completion", json=ask.request(p, None),
-                                          timeout=300).json(), "seq": i}
+                                         timeout=300).json(),
+                  "seq": i}
                  for i, p in enumerate(ids)]
     path = tmp_path / "dump.jsonl"
     path.write_text("\n".join(json.dumps(d) for d in dumps))
@@ -197,8 +197,8 @@ def test_a_sampled_check_of_llama_cpp_speculating_with_the_draft_is_consistent(e
     """At temperature 0.8, each request seeded, every other sampler off: llama.cpp's tokens, drafted
     by the embedded draft, judged by their distribution under the target. Top-p stays 1: the Q4_1
     engine's nucleus boundary is not the float32 target's, and at top-p 0.95 it emits, with or
-    without speculation, about one token in 570 that the target's nucleus leaves out
-    (docs/engines.md)."""
+    without speculation, about one token in 570 that the target's nucleus leaves
+    out (docs/engines.md)."""
     spec = RunSpec.build(prompts=PROMPTS, method="engine", max_new_tokens=NEW_TOKENS, device="cpu",
                          k=K, temperature=0.8)
     with llama_server("draft", tmp_path / "draft.log", slots=4, k=K,
@@ -206,8 +206,8 @@ def test_a_sampled_check_of_llama_cpp_speculating_with_the_draft_is_consistent(e
         trace = check.from_servers(spec, embedded, (server.url, None), None, concurrency=4,
                                    timeout=300, drafter="model")
     sent = trace.manifest.engine.settings["sampling"]
-    assert (sent["temperature"], sent["top_p"], sent["samplers"]) == (0.8, 1.0,
-            ["temperature", "top_k", "top_p"])
+    assert ((sent["temperature"], sent["top_p"], sent["samplers"])
+            == (0.8, 1.0, ["temperature", "top_k", "top_p"]))
     assert (sent["min_p"] == 0 and sent["top_k"] == 0
             and sum(s.engine.drafts or 0 for s in trace.sequences) > 0)
     d = trace.distribution

@@ -65,9 +65,9 @@ def test_a_hybrid_on_llama_cpp_is_judged_against_its_own_plain_run_and_never_an_
                   f"equal the reference; verdicts {verdicts}")
     for mode, trace in traces.items():
         for s in trace.sequences:
-            assert s.forensics is None or s.forensics.verdict != "engine-bug", (mode,
-                    s.forensics.explanation)
+            assert s.forensics is None or s.forensics.verdict != "engine-bug", (
+                mode, s.forensics.explanation)
             # a fork it could not decide was attributed, the hybrid's recurrent-state faults among
             # the hypotheses: none is named on a correct engine
-            assert s.attribution is None or not any(h.named
-                    for h in s.attribution.hypotheses), s.attribution
+            assert s.attribution is None or not any(h.named for h in s.attribution.hypotheses), (
+                s.attribution)

@@ -1,8 +1,8 @@
 """The target's own multi-token-prediction (MTP) layer as the drafter (models/heads.py `MtpHead`,
 loaded by transformers' `MtpModel`), on tiny checkpoints that ship one (mtp_checkpoints.py): every
 output is the batch-size-1 reference's, every draft is the one transformers' own MTP layer writes
-from a fresh pass, transformers' own MTP generation agrees, and a head's bug is named by its
-side."""
+from a fresh pass, transformers' own MTP generation agrees, and a head's bug is named
+by its side."""
 import pytest
 import torch
 from mtp_checkpoints import FAMILIES, save
@@ -90,8 +90,8 @@ def test_every_rounds_drafts_are_transformers_own_mtp_layers(checkpoints, family
         for r in sorted((r for r in trace.rows if r.seq == seq.seq), key=lambda r: r.round):
             if r.draft_tokens:
                 ids = prompt_ids[seq.seq] + seq.output_ids[:have]
-                assert r.draft_tokens == _transformers_drafts(pair, mtp, ids,
-                        len(r.draft_tokens)), (seq.seq, r.round)
+                assert r.draft_tokens == _transformers_drafts(
+                    pair, mtp, ids, len(r.draft_tokens)), (seq.seq, r.round)
                 checked += 1
             have += len(r.emitted)
     assert checked >= 8

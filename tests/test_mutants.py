@@ -16,8 +16,8 @@ from specviz.run.runner import run
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import RunSpec
 
-# name -> (module, function, snippet, its mutation, modules that imported the function by name,
-# method)
+# name -> (module, function, snippet, its mutation, modules that imported the function
+# by name, method)
 MUTANTS = {
     # cache-layout arithmetic: when rows move, each cache takes each slot from one slot too far left
     "layout-off-by-one": (modelstate.ModelState, "rearranged",
@@ -30,11 +30,12 @@ MUTANTS = {
                        "kvcache.gather(self.cache, rows.flip(0), src[:, :slots])", (), "eqspec"),
     # stale state after a row finishes: the rows after it keep last round's tokens and caches
     "stale-after-finish": (exspec, "_split_back",
-        "gen[s.seq].finished_at = time.perf_counter() - start\n            continue",
-                           "gen[s.seq].finished_at = time.perf_counter() - start\n            "
-                           "break", (), "exspec"),
-    # wrong row order after a batch shrinks: the first rows' caches are kept instead of the
-    # survivors'
+                           "gen[s.seq].finished_at = time.perf_counter() - start\n"
+                           "            continue",
+                           "gen[s.seq].finished_at = time.perf_counter() - start\n"
+                           "            break", (), "exspec"),
+    # wrong row order after a batch shrinks: the first rows' caches are kept instead
+    # of the survivors'
     "shrink-row-order": (modelstate.ModelState, "rearranged",
                          "kvcache.select_rows(self.cache, rows)",
                          "kvcache.select_rows(self.cache, torch.arange(len(rows), "
@@ -43,15 +44,13 @@ MUTANTS = {
     # draft in place
     "bonus-index": (round, "commit",
                     "emitted = torch.cat([D[:, :k], g[:, k:]], 1).scatter(1, a[:, None], pick)",
-                    "emitted = torch.cat([D[:, :k], g[:, k:]], 1).scatter(1, (a[:, None] + "
-                    "1).clamp(max=k), pick)",
-                    (), "eqspec"),
+                    "emitted = torch.cat([D[:, :k], g[:, k:]], 1)"
+                    ".scatter(1, (a[:, None] + 1).clamp(max=k), pick)", (), "eqspec"),
     # positions counted from the first slot on padded rows: shared by the engine's own checks, so
     # they agree
     "positions-off-by-one": (batch, "positions", "(valid.long().cumsum(dim=1) - 1).clamp(min=0)",
                              "(valid.long().cumsum(dim=1) - valid[:, :1].long()).clamp(min=0)",
-                             (faults, recording, treestep),
-                             "eqspec"),
+                             (faults, recording, treestep), "eqspec"),
     # the mask lets the pad slot just before a row's tokens through; the engine's mask check never
     # sees it
     "mask-leaks-a-pad": (batch, "attention_bias", "shown = valid[:, None, :] if among is None",
@@ -59,18 +58,18 @@ MUTANTS = {
                          "eqspec"),
 }
 # An off-by-one in the draft's catch-up: it re-feeds its last token twice instead of the last two.
-# Greedy output cannot fork on a draft bug (the target picks every token), but the draft's state is
-# corrupt.
+# Greedy output cannot fork on a draft bug (the target picks every token), but the draft's state
+# is corrupt.
 DRAFT_MUTANT = (drafters.ModelDrafter, "propose",
                 'run_model(self.pair, policy, "draft", tok, val, stl,',
-                'run_model(self.pair, policy, "draft", torch.cat([tok[:, :-2], tok[:, -1:], tok[:, '
-                '-1:]], 1) if j == 0 else tok, val, stl,', (), "eqspec")
+                'run_model(self.pair, policy, "draft", torch.cat([tok[:, :-2], tok[:, -1:], '
+                'tok[:, -1:]], 1) if j == 0 else tok, val, stl,', (), "eqspec")
 
 
 def plant(monkeypatch, holder, name, snippet, mutation, importers):
     """Replace `snippet` by `mutation` in the source of holder.name (a module's function or a
-    class's method), for the holder and the modules that imported it (under whatever name they gave
-    it)."""
+    class's method), for the holder and the modules that imported it (under whatever name they
+    gave it)."""
     original = getattr(holder, name)
     source = textwrap.dedent(inspect.getsource(original))
     assert (source.count(snippet)

@@ -31,8 +31,8 @@ def _ids(result):
 @pytest.mark.parametrize("dtype,penalties", [("float64", Penalties(repetition=1.5)),
                                              ("float32", Penalties(repetition=1.3, presence=1.0))])
 def test_speculation_equals_the_penalised_reference(dtype, penalties, mixed_prompts):
-    """Every verify slot is penalised by the row's prompt, its output and the drafts before that
-    slot."""
+    """Every verify slot is penalised by the row's prompt, its output and the drafts before
+    that slot."""
     pair = load_pair(TINY_TARGET, TINY_DRAFT, dtype=dtype, device="cpu")
     prompts, sampling = mixed_prompts[:3], Sampling(penalties=penalties)
     ref = _ids(reference(pair, prompts, NEW, sampling=sampling))
@@ -70,8 +70,8 @@ def test_the_reference_penalises_as_transformers_does(mixed_prompts):
     config = GenerationConfig(max_new_tokens=NEW, do_sample=False, repetition_penalty=1.5,
                               eos_token_id=list(pair.eos_ids), pad_token_id=pair.eos_ids[0])
     with torch.inference_mode(), bare_generation_configs(pair, 4):
-        expected = [pair.target.generate(torch.tensor([ids]), generation_config=config)[0,
-                len(ids):].tolist()
+        expected = [pair.target.generate(torch.tensor([ids]),
+                                         generation_config=config)[0, len(ids):].tolist()
                     for ids in prompts]
     assert _ids(reference(pair, prompts, NEW,
                           sampling=Sampling(penalties=Penalties(repetition=1.5)))) == expected
@@ -119,10 +119,10 @@ def test_logprobs_are_the_targets_and_a_drafts_are_named(mixed_prompts, tiny):
     assert all(s.equivalent for s in trace.sequences)  # the tokens stay right
     named = [s.forensics for s in trace.sequences if s.forensics]
     assert named and all(f.verdict == "decision-bug:logprobs" for f in named)
-    assert abs(named[0].logprob
-               - named[0].logprob_float64) > named[0].tolerance and named[0].round is not None
+    assert (abs(named[0].logprob - named[0].logprob_float64) > named[0].tolerance
+            and named[0].round is not None)
+    # the page shows it, tokens equal or not
     assert "decision-bug:logprobs" in forensics_html(trace, Focus(seq=trace.sequences.index(
-        # the page shows it, tokens equal or not
         next(s for s in trace.sequences if s.forensics)), round=None))
 
 
@@ -142,8 +142,7 @@ def test_bad_penalties_are_refused(fields, message):
 
 
 def test_penalties_at_their_defaults_keep_the_run_key():
-    assert RunSpec.build(prompts=("Hi",)).key() == RunSpec.build(prompts=("Hi",),
-                                                                 repetition_penalty=1.0,
-            presence_penalty=0.0, logprobs=False).key()
+    assert RunSpec.build(prompts=("Hi",)).key() == RunSpec.build(
+        prompts=("Hi",), repetition_penalty=1.0, presence_penalty=0.0, logprobs=False).key()
     assert (RunSpec.build(prompts=("Hi",)).key()
             != RunSpec.build(prompts=("Hi",), repetition_penalty=1.1).key())

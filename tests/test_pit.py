@@ -19,15 +19,15 @@ N = 30_000
 
 
 def ranked_below(p: np.ndarray, t: int) -> float:
-    """F(x-) by hand: the mass of the tokens more probable than t, or as probable with a smaller
-    id."""
+    """F(x-) by hand: the mass of the tokens more probable than t, or as probable
+    with a smaller id."""
     ids = np.arange(len(p))
     return p[(p > p[t]) | ((p == p[t]) & (ids < t))].sum()
 
 
 def sample(q, n, seed):
-    """n tokens drawn from q, their PIT against P, and the draws: what a checker does for a
-    sampler."""
+    """n tokens drawn from q, their PIT against P, and the draws: what a checker does
+    for a sampler."""
     rng = np.random.default_rng(seed)
     tokens = rng.choice(len(q), size=n, p=q)
     draws = rng.random(n)
@@ -149,8 +149,8 @@ def test_row_pairs_see_rows_that_share_one_stream():
     rng = np.random.default_rng(5)
     independent = [sample(P, 400, seed)[2] for seed in range(6)]
     assert pit_test({"row pairs": row_pairs(independent)}).verdict == "consistent"
-    # Every row draws the same tokens (one stream, one prompt); the checker's draws are still
-    # independent.
+    # Every row draws the same tokens (one stream, one prompt); the checker's draws are
+    # still independent.
     tokens = torch.tensor(rng.choice(len(P), size=400, p=P))
     same = [pit(torch.tensor(P).expand(400, len(P)), tokens, torch.tensor(rng.random(400)))[0]
             for _ in range(6)]

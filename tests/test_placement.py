@@ -65,6 +65,6 @@ def test_a_target_spread_by_accelerate_decodes_exactly_as_on_one_device(tiny, ti
     ref = reference(tiny, prompts, 12)
     assert [o.ids for o in reference(spread, prompts, 12).outputs] == [o.ids for o in ref.outputs]
     plain, hooked = (eqspec(p, prompts, 3, 3, 12) for p in (tiny, spread))
-    assert [o.ids for o in hooked.outputs] == [o.ids for o in plain.outputs] == [o.ids
-            for o in ref.outputs]
+    assert ([o.ids for o in hooked.outputs] == [o.ids for o in plain.outputs]
+            == [o.ids for o in ref.outputs])
     assert any(r.realigned for r in hooked.rounds)  # the caches were gathered, layer by layer

@@ -30,15 +30,15 @@ def test_reference_is_plain_argmax(tiny, mixed_prompts):
     assert len(out.margins) == len(out.ids) and all(m >= 0 for m in out.margins)
 
 
-def test_reference_equals_transformers_generate_for_a_model_without_generation_defaults(tiny,
-        mixed_prompts):
+def test_reference_equals_transformers_generate_for_a_model_without_generation_defaults(
+        tiny, mixed_prompts):
     """transformers' own greedy `generate` stays the oracle of the reference loop."""
     prompts = mixed_prompts[:6]
     config = GenerationConfig(max_new_tokens=NEW, do_sample=False, eos_token_id=list(tiny.eos_ids),
                               pad_token_id=tiny.eos_ids[0])
     with torch.inference_mode():
-        expected = [tiny.target.generate(torch.tensor([ids]), generation_config=config)[0,
-                len(ids):].tolist()
+        expected = [tiny.target.generate(torch.tensor([ids]),
+                                         generation_config=config)[0, len(ids):].tolist()
                     for ids in prompts]
     assert [o.ids for o in reference(tiny, prompts, NEW).outputs] == expected
 
@@ -51,8 +51,8 @@ def test_batched_reference_equals_reference_in_float64(tiny, mixed_prompts):
         assert [o.ids for o in got.outputs] == [o.ids for o in ref.outputs], f"batch size {bs}"
 
 
-def test_batched_reference_keeps_its_batch_full_as_rows_finish_and_stays_the_reference(tiny,
-        mixed_prompts):
+def test_batched_reference_keeps_its_batch_full_as_rows_finish_and_stays_the_reference(
+        tiny, mixed_prompts):
     """Rows that end at different tokens (EOS set to tokens the reference writes early) leave the
     batch at once, and the next prompts take their places: every decoding pass runs a full batch
     while prompts wait, and every row is still the batch-size-1 reference, the ~330-token passage

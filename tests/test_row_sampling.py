@@ -113,8 +113,8 @@ def test_unseeded_noise_never_written_breaks_only_the_unseeded_rows_of_a_mixed_b
             == "decision-bug:stream"), metrics.sampled_verdict(trace)
     right, ids = _ids(_spec()), [s.output_ids for s in trace.sequences]
     seeded = {i for i in range(len(ids)) if i % 3 == 2}
-    assert all(ids[i] == right[i] for i in seeded) and not seeded & {s
-            for _, s, _ in trace.decisions.stream_first}
+    assert (all(ids[i] == right[i] for i in seeded)
+            and not seeded & {s for _, s, _ in trace.decisions.stream_first})
     assert any(ids[i] != right[i] for i in set(range(len(ids))) - seeded)
     # no seeded request: nothing breaks
     unmixed = {"rows": ROWS[1:2], "prompts": PROMPTS, "max_new_tokens": 8}
@@ -138,8 +138,8 @@ def test_a_stream_advanced_for_a_row_without_drafts_keeps_the_distribution_and_i
 
 
 def test_target_probabilities_zeroed_in_place_reject_every_draft_and_break_the_distribution():
-    """Every row audited: its states clean and its decisions following their record, the rule is to
-    blame."""
+    """Every row audited: its states clean and its decisions following their record, the rule
+    is to blame."""
     trace = run(_spec(faults=("target-probs-mutated",), prompts=PROMPTS, max_new_tokens=8, audit=3))
     assert trace.distribution.verdict == "not the target's distribution", trace.distribution
     assert all(r.accepted == 0 for r in trace.rows) and trace.decisions.mismatches == 0
@@ -162,7 +162,7 @@ def test_the_command_line_and_the_page_take_per_request_settings():
 
 
 def test_runs_without_per_request_settings_keep_their_keys_and_a_subset_keeps_each_request():
-    assert "rows" not in _spec(rows=(),
-            temperature=0.8).canonical_json() and "rows" in _spec().canonical_json()
+    assert ("rows" not in _spec(rows=(), temperature=0.8).canonical_json()
+            and "rows" in _spec().canonical_json())
     spec = _spec(prompts=("a", "b", "c", "d"))
     assert spec.on_prompts(["b", "d"]).rows == (spec.rows[1], spec.rows[0])

@@ -48,8 +48,8 @@ def _assert_named_at_or_before_its_first_impossible_token(trace):
 
 @pytest.mark.parametrize("fault", NAMED)
 def test_every_synchronization_fault_is_named_by_its_state_when_sampling(fault, tiny):
-    """Top-p 0.5 makes tokens outside the target's nucleus impossible: a corrupt state soon draws
-    one."""
+    """Top-p 0.5 makes tokens outside the target's nucleus impossible: a corrupt state soon
+    draws one."""
     trace = _sampled(faults=(fault,))
     _assert_named_at_or_before_its_first_impossible_token(trace)
     assert {s.forensics.verdict for s in trace.sequences if s.forensics} <= NAMED[fault]
@@ -80,8 +80,8 @@ def test_a_fault_that_wastes_but_corrupts_nothing_is_not_named(fault, tiny):
     assert all(s.forensics is None and s.audit_round is None for s in trace.sequences)
 
 
-@pytest.mark.parametrize("name",
-        ["layout-off-by-one", "rows-interfere", "positions-off-by-one", "mask-leaks-a-pad"])
+@pytest.mark.parametrize("name", ["layout-off-by-one", "rows-interfere", "positions-off-by-one",
+                                  "mask-leaks-a-pad"])
 def test_a_planted_state_bug_is_named_when_sampling(name, monkeypatch, tiny):
     *where, method = MUTANTS[name]
     plant(monkeypatch, *where)

@@ -61,8 +61,8 @@ def test_draws_are_uniform_and_each_stream_is_its_own():
     u = uniform(7, seqs, index, DRAFT)
     assert stats.kstest(u.flatten().numpy(), "uniform").pvalue > 1e-3
     assert ((u > 0) & (u < 1)).all()
-    # One sequence's draws are the same alone or in any batch, and differ by seed, sequence and
-    # purpose.
+    # One sequence's draws are the same alone or in any batch, and differ by seed, sequence
+    # and purpose.
     assert torch.equal(uniform(7, seqs[5:6], index[:1], DRAFT)[0], u[5])
     for other in (uniform(8, seqs, index, DRAFT), uniform(7, seqs + 1, index, DRAFT),
                   uniform(7, seqs, index, ACCEPT)):
@@ -117,8 +117,8 @@ def test_a_sequence_draws_the_same_tokens_whatever_its_batch():
 def test_the_correct_samplers_are_consistent_on_the_tiny_pair(method):
     trace = _tiny(method=method, batch_size=1 if method == "reference" else 4)
     d = trace.distribution
-    assert d.verdict == "consistent" and d.impossible == 0 and d.tokens == sum(len(s.output_ids)
-            for s in trace.sequences)
+    assert (d.verdict == "consistent" and d.impossible == 0
+            and d.tokens == sum(len(s.output_ids) for s in trace.sequences))
     assert all(s.pit is not None and len(s.pit) == len(s.output_ids) for s in trace.sequences)
     if method in ("eqspec", "exspec"):
         assert trace.decisions.checked > 0 and trace.decisions.mismatches == 0
@@ -167,8 +167,8 @@ def test_every_sampling_fault_is_rejected(fault):
                          ["residual-unclamped", "residual-unnormalised", "temperature-draft-only",
                           "shared-stream"])
 def test_without_top_p_the_pit_splits_alone_reject(fault):
-    """No token is impossible without top-k or top-p: these faults are rejected by the uniformity
-    tests."""
+    """No token is impossible without top-k or top-p: these faults are rejected
+    by the uniformity tests."""
     d = _fault_run(fault, temperature=0.3, top_p=1.0).distribution
     assert d.verdict == "not the target's distribution" and d.impossible == 0 and d.p < 1e-3, d
 

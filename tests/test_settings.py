@@ -51,8 +51,8 @@ def test_environment_overrides_every_limit():
 
 def test_a_disallowed_model_is_refused_by_name():
     with pytest.raises(SpecError,
-                       match=r"target model 'evil/model' is not allowed on this server; allowed: .*"
-                             r"specviz:smollm2-135m.*\(SPECVIZ_ALLOWED_MODELS\)"):
+                       match=r"target model 'evil/model' is not allowed on this server; "
+                             r"allowed: .*specviz:smollm2-135m.*\(SPECVIZ_ALLOWED_MODELS\)"):
         Settings().check(spec(target="evil/model", draft="HuggingFaceTB/SmolLM2-135M-Instruct"))
     only = Settings.from_env({"SPECVIZ_ALLOWED_MODELS": "org/big"})
     with pytest.raises(SpecError, match="draft model 'org/small' is not allowed"):
@@ -111,8 +111,8 @@ def test_describe_shows_the_limits_in_force():
 
 def test_a_link_cannot_name_another_revision_of_an_allowed_model():
     with pytest.raises(SpecError,
-            match=r"revision 'refs/pr/1' of target model 'Qwen/Qwen3-8B' is not allowed on "
-                  r"this server; allowed: .* \(SPECVIZ_ALLOWED_MODELS\)"):
+                       match=r"revision 'refs/pr/1' of target model 'Qwen/Qwen3-8B' is not allowed "
+                             r"on this server; allowed: .* \(SPECVIZ_ALLOWED_MODELS\)"):
         Settings().check(spec(target="Qwen/Qwen3-8B", draft="Qwen/Qwen3-0.6B",
                               target_revision="refs/pr/1"))
     pinned = Settings.from_env({"SPECVIZ_ALLOWED_MODELS": "org/big@0123abc,org/small"})
@@ -140,8 +140,8 @@ def test_a_public_server_refuses_local_paths_whatever_the_allowlist(tmp_path, mo
     for path in (str(tmp_path), "org/model", "./weights", "~/weights", "../weights", "C:\\weights"):
         assert is_local_path(path)
         with pytest.raises(SpecError,
-                match=re.escape(f"target model {path!r} is a local path; this server is public "
-                                "and loads Hub ids only (SPECVIZ_PUBLIC)")):
+                           match=re.escape(f"target model {path!r} is a local path; this server is "
+                                           "public and loads Hub ids only (SPECVIZ_PUBLIC)")):
             public.check(spec(target=path, draft="org/draft"))
     public.check(spec(target="org/other", draft="org/draft"))  # Hub ids are still welcome
     public.check(spec())  # and so are the built-in pairs
@@ -153,8 +153,8 @@ def test_float64_is_capped_for_hub_models_and_free_for_the_built_in_pairs():
     hub = {"target": "HuggingFaceTB/SmolLM2-1.7B-Instruct",
            "draft": "HuggingFaceTB/SmolLM2-135M-Instruct"}
     with pytest.raises(SpecError,
-            match=r"dtype float64 is wider than this server's limit of float32 for Hub and "
-                  r"local models \(SPECVIZ_MAX_DTYPE\)"):
+                       match=r"dtype float64 is wider than this server's limit of float32 for Hub "
+                             r"and local models \(SPECVIZ_MAX_DTYPE\)"):
         Settings().check(spec(dtype="float64", **hub))
     Settings().check(spec(dtype="float32", **hub))
     Settings().check(spec(dtype="float64", target="specviz:tiny", draft="specviz:tiny-draft"))
@@ -168,8 +168,8 @@ def test_float64_is_capped_for_hub_models_and_free_for_the_built_in_pairs():
 
 def test_devices_and_work_per_run_are_capped():
     with pytest.raises(SpecError,
-                       match=r"device 'cpu' is not allowed on this server; allowed: auto, cuda "
-                             r"\(SPECVIZ_DEVICES\)"):
+                       match=r"device 'cpu' is not allowed on this server; allowed: auto, "
+                             r"cuda \(SPECVIZ_DEVICES\)"):
         Settings().check(spec(device="cpu"))
     Settings().check(spec(device="cuda"))
     # 4096 tokens: at the limit

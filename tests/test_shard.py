@@ -40,8 +40,8 @@ def _launch(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     path = [str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "CUDA_VISIBLE_DEVICES": "",
            "OMP_NUM_THREADS": "1"}
-    # On CPUs, --multi_gpu is what makes accelerate start N processes (--cpu starts one without
-    # MPI).
+    # On CPUs, --multi_gpu is what makes accelerate start N processes (--cpu starts one
+    # without MPI).
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
               "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
               "--main_process_port", str(port), "-m", "specviz.cli"]
@@ -67,8 +67,8 @@ def _same(a, b, where="report"):
         assert a == b, where
 
 
-# Sampled: every sequence draws from its own stream, numbered as in the whole list; every row
-# audited.
+# Sampled: every sequence draws from its own stream, numbered as in the whole list; every
+# row audited.
 SAMPLED = ["--temperature", "0.8", "--top-p", "0.9", "--seed", "5", "--audit", "3"]
 
 
@@ -89,16 +89,16 @@ def test_accelerate_launch_on_two_processes_reports_as_one_process(sampling, tin
     assert any(r["verdicts"] for r in report["rows"])
     # judged by their distribution and audited: bsp-like's corrupt positions named by the audit
     if sampling:
-        assert all(r["distribution"]
-                   for r in report["rows"]) and "sync-bug:positions" in str(report["rows"])
+        assert (all(r["distribution"] for r in report["rows"])
+                and "sync-bug:positions" in str(report["rows"]))
     _same(report, sharded)
 
 
 @pytest.mark.parametrize("method", ["reference", "eqspec"])
 def test_a_shard_of_a_sampled_run_draws_what_one_process_draws(method, tiny):
     """Each sequence's stream is its number in the whole list: a share decoded alone, told where it
-    starts, emits the whole run's tokens for its sequences (told nothing, it would draw another
-    sequence's)."""
+    starts, emits the whole run's tokens for its sequences (told nothing, it would draw
+    another sequence's)."""
     from specviz.models.pairs import pair_for
     from specviz.run.runner import decode, encode
     from specviz.spec.prompts import builtin_set

@@ -1,5 +1,5 @@
-"""specviz shrink: a divergent run reduced to a smaller one that forks at the same token, as a share
-link."""
+"""specviz shrink: a divergent run reduced to a smaller one that forks at the same token,
+as a share link."""
 import pytest
 
 from specviz.app import views
@@ -37,8 +37,8 @@ def test_shrink_keeps_the_fork_in_a_smaller_run_and_links_to_it(faults, tmp_path
     assert kept.first_divergence == seq.first_divergence
     assert kept.output_ids[kept.first_divergence] == seq.output_ids[seq.first_divergence]
     assert kept.forensics.verdict.startswith("sync-bug:")
-    # The printed link replays that run and opens on the fork: that sequence, the round that emitted
-    # it.
+    # The printed link replays that run and opens on the fork: that sequence, the round
+    # that emitted it.
     out = capsys.readouterr().out
     link = share.decode_link(out.split("share link: ")[1].splitlines()[0].split("?", 1)[1])
     assert link.spec == spec and link.seq == here and link.fingerprint == small.manifest.fingerprint

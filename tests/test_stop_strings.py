@@ -1,5 +1,5 @@
-"""Stop strings: an output ends at the token whose text completes one, that token kept
-(decoding/stops.py).
+"""Stop strings: an output ends at the token whose text completes one, that token
+kept (decoding/stops.py).
 
 The rule is checked against transformers' own (`generate` with `stop_strings`); the speculative
 engines end where the reference ends, inside an accepted block too; the stop fault, which sees a
@@ -78,8 +78,8 @@ def test_the_stop_fault_runs_past_a_stop_string_and_is_named(stops):
 
 
 def test_check_names_an_engine_that_ignored_a_stop_string_a_stop_bug(tiny, stops, tmp_path):
-    """The engine: transformers' `generate` (not specviz's decoding), with and without the stop
-    strings."""
+    """The engine: transformers' `generate` (not specviz's decoding), with and without
+    the stop strings."""
     ids = tiny.encode(list(PROMPTS))
     checked = {}
     for name, strings in (("stops", list(stops)), ("ignores", None)):

@@ -93,8 +93,8 @@ def written(model, embedded, tmp_path_factory) -> dict[str, Written]:
     return checked
 
 
-def test_an_engine_that_runs_past_a_stop_accepted_mid_block_is_a_stop_bug_never_numerics(written,
-        embedded, capsys):
+def test_an_engine_that_runs_past_a_stop_accepted_mid_block_is_a_stop_bug_never_numerics(
+        written, embedded, capsys):
     trace = written["last-token-only"].trace
     eos = set(embedded.eos_ids)
     ran_on = [s for s in trace.sequences if any(t in eos for t in s.output_ids[:-1])]
@@ -120,8 +120,8 @@ def test_the_same_decoder_stopping_anywhere_in_the_block_gets_no_bug(written):
 
 
 def test_a_drafter_that_misses_the_last_token_is_caught_by_the_engines_own_counters(written):
-    """A lossless bug: the output is the reference's, and only the engine's counters show the drafts
-    wasted."""
+    """A lossless bug: the output is the reference's, and only the engine's counters show
+    the drafts wasted."""
     trace = written["drafts-without-last-token"].trace
     assert all(s.equivalent for s in trace.sequences)
     a = trace.acceptance
@@ -131,13 +131,11 @@ def test_a_drafter_that_misses_the_last_token_is_caught_by_the_engines_own_count
 
 @pytest.mark.parametrize("name, expected", [("whole-block", None),
                                             ("drafts-without-last-token", "draft-bug:acceptance")])
-def test_a_servers_totals_over_the_run_judge_its_drafts_where_it_counts_none_per_request(written,
-        model, embedded,
-                                                                                         name,
-                                                                                         expected):
+def test_a_servers_totals_over_the_run_judge_its_drafts_where_it_counts_none_per_request(
+        written, model, embedded, name, expected):
     """vLLM counts drafts only in /metrics, over the run: the same decoders' counts, summed as a
-    server would and per draft position, judged against the same replay as their counts per
-    request."""
+    server would and per draft position, judged against the same replay as their counts
+    per request."""
     trace, rounds = written[name]
     accepts = [n for per_prompt in rounds for n in per_prompt]
     served = trace.model_copy(deep=True)

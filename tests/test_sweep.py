@@ -24,8 +24,8 @@ VERIFY = ["verify", "--pair", "tiny", "--dtype", "float64", "--device", "cpu", "
           "lists", "--max-new-tokens", "12", "--k", "5"]
 SWEEP = [*VERIFY, "--methods", "batched-reference,eqspec", "--fault-sets", "none", "bsp-like",
          "--batch-sizes", "1,4"]
-# The runs, in methods.grid order: a method without faults (batched-reference) runs once per batch
-# size.
+# The runs, in methods.grid order: a method without faults (batched-reference) runs once per
+# batch size.
 RUNS = [("batched-reference", "", 1), ("batched-reference", "", 4), ("eqspec", "", 1),
         ("eqspec", "", 4), ("eqspec", "bsp-like", 1), ("eqspec", "bsp-like", 4)]
 
@@ -50,9 +50,8 @@ def test_the_report_holds_one_row_per_run_in_the_sweeps_order(report):
     assert all(r.exact_pct == 100 for r in report.rows[:4])
     # bsp-like at batch size 4, explained
     assert report.rows[5].exact_pct < 100 and report.rows[5].verdicts
-    assert [r.label()
-            for r in report.rows] == ["batched-reference"] * 2 + ["eqspec"] * 2 + [
-                "eqspec · bsp-like"] * 2
+    assert [r.label() for r in report.rows] == (["batched-reference"] * 2 + ["eqspec"] * 2
+                                                + ["eqspec · bsp-like"] * 2)
     assert report.rows[3].column() == "bs 4 · k 5" and report.rows[0].drafter == "-"
     assert [(s.run, s.seq) for s in report.sequences] == [(r, q) for r in range(6)
                                                           for q in range(4)]
@@ -288,8 +287,8 @@ def test_figures_count_every_sequence(report):
     assert [sum(t.x[i] for t in bars.data) for i in range(6)] == [r.n for r in report.rows]
     forks = sweepviews.divergence_histogram(report)
     divergent = [s for s in report.sequences if s.equivalent is False]
-    assert [t.name
-            for t in forks.data] == ["eqspec · bsp-like"] and sum(forks.data[0].y) == len(divergent)
+    assert ([t.name for t in forks.data] == ["eqspec · bsp-like"]
+            and sum(forks.data[0].y) == len(divergent))
     assert forks.layout.xaxis.title.text == "first divergent token index"
     lengths = sweepviews.accept_length_histogram(report)
     assert [t.name for t in lengths.data] == ["eqspec", "eqspec · bsp-like"]

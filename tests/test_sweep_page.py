@@ -1,6 +1,6 @@
 """The page's Sweep and Compare tabs, through their handlers: a sweep run on the tiny pair, its
-share link, the server's limit on sweeps, a click into the run view, and two runs compared token by
-token."""
+share link, the server's limit on sweeps, a click into the run view, and two runs compared token
+by token."""
 import json
 
 import gradio as gr
@@ -13,8 +13,8 @@ from specviz.spec.run import RunSpec
 from specviz.trace import share
 from specviz.trace.sweep import Sweep
 
-# eqspec with no fault and with bsp-like, at batch sizes 1 and 4, k 5, on the tiny pair's quick
-# prompts.
+# eqspec with no fault and with bsp-like, at batch sizes 1 and 4, k 5, on the tiny pair's
+# quick prompts.
 CONTROLS = {"pair": "tiny", "prompt_set": "quick", "max_new_tokens": 16, "dtype": "float32",
             "methods": ["eqspec"], "drafters": ["model"], "fault_sets": ["none", "bsp-like"],
             "batch_sizes": [1, 4], "ks": [5], "temperatures": [0]}
@@ -70,8 +70,8 @@ def test_a_sweep_over_the_servers_limit_is_refused_and_its_report_offered_instea
     pending = {"sweep": found.sweep.model_dump_json(), "cell": None}
     with pytest.raises(gr.Error, match="report file"):
         sweeptab.replay_sweep(small, pending)
-    # A run the server refuses (a batch size over its limit) refuses the whole sweep before any
-    # work.
+    # A run the server refuses (a batch size over its limit) refuses the whole sweep before
+    # any work.
     with pytest.raises(gr.Error, match="batch size 4 is over this server's limit of 2"):
         sweeptab.run_sweep(Settings(max_batch_size=2), **CONTROLS)
 
@@ -103,12 +103,12 @@ def test_a_temperature_axis_runs_sampled_cells_beside_greedy_ones_and_its_link_k
     assert "temperatures 0, 0.8" in views["summary"]
     opened = sweeptab.open_sweep_link(views["link_query"])
     pending = opened["pending"]
-    assert opened["temperatures"] == [0,
-            0.8] and Sweep.model_validate_json(pending["sweep"]) == found.sweep
+    assert (opened["temperatures"] == [0, 0.8]
+            and Sweep.model_validate_json(pending["sweep"]) == found.sweep)
     # A link made before the axis carries none: every run samples at its base's temperature, as it
     # did then.
-    fields = found.sweep.model_dump(mode="json",
-            include={"methods", "drafters", "fault_sets", "batch_sizes", "ks"})
+    fields = found.sweep.model_dump(mode="json", include={"methods", "drafters", "fault_sets",
+                                                          "batch_sizes", "ks"})
     old = share._query("sweep", {"base": json.loads(found.sweep.base.canonical_json()), **fields},
                        (), "", "")
     assert share.decode_sweep(old)[0].temperatures == (0.8,)
@@ -168,8 +168,8 @@ def test_compare_links_round_trip_and_bad_ones_get_a_message():
     a, b = (RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", prompts=("one", "two"),
                           method="eqspec", faults=faults) for faults in ((), ("bsp-like",)))
     assert share.decode_compare(share.encode_compare(a, b, 1)) == (a, b, 1)
-    assert share.other_tab(share.encode_compare(a,
-            b)) == "compare" and share.decode_link(share.encode_compare(a, b)) is None
+    assert (share.other_tab(share.encode_compare(a, b)) == "compare"
+            and share.decode_link(share.encode_compare(a, b)) is None)
     for bad, said in (("?compare=%%%", "damaged"),
                       ("?compare=" + share.encode_compare(a, b)[9:40], "damaged")):
         pending, status, _ = sweeptab.open_compare_link(bad)

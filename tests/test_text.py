@@ -80,8 +80,8 @@ def test_a_version_2_trace_still_opens(cjk_emoji):
     for s in old["sequences"]:
         del s["output_pieces"], s["reference_pieces"]
     back = Trace.from_json(json.dumps(old))
+    # what version 2 showed: each token alone
     assert back.schema_version == SCHEMA_VERSION and back.sequences[0].output_pieces == [
-        # what version 2 showed: each token alone
         cjk_emoji.vocab[i] for i in cjk_emoji.sequences[0].output_ids]
 
 

@@ -33,8 +33,8 @@ def trace(tiny):
 
 
 def test_a_source_checkout_that_was_never_installed_still_traces(tiny, monkeypatch):
-    """On a GPU box one may put the checkout on PYTHONPATH without `pip install`: no package
-    metadata."""
+    """On a GPU box one may put the checkout on PYTHONPATH without `pip install`:
+    no package metadata."""
     from importlib.metadata import PackageNotFoundError
 
     import specviz.decoding.recording
@@ -128,8 +128,8 @@ def test_malformed_traces_are_refused_clearly(trace, mutate, message):
 
 
 def test_a_version_1_trace_still_opens_with_its_verdicts(tiny):
-    """Version 1 judged forks by noise measured on the run itself; its files open, verdicts as
-    recorded."""
+    """Version 1 judged forks by noise measured on the run itself; its files open, verdicts
+    as recorded."""
     spec = RunSpec.build(target="specviz:tiny", draft="specviz:tiny-draft", dtype="float64",
                          device="cpu", prompts=("Hi", "Name three rivers."), batch_size=2, k=3,
                          max_new_tokens=12, faults=("dsd-like",))

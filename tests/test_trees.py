@@ -64,8 +64,8 @@ def test_trees_of_every_width_decode_to_the_reference_exactly_in_float64(tiny, p
         out = _decode(decoder, tiny, ids, batch_size, DRAFTERS[drafter](tiny, width))
         assert [o.ids for o in out.outputs] == ref, width
         for rd in out.rounds:
-            assert all(bool(ok.all()) for ok in rd.checks.values()), {n
-                    for n, ok in rd.checks.items() if not ok.all()}
+            assert all(bool(ok.all()) for ok in rd.checks.values()), {
+                n for n, ok in rd.checks.items() if not ok.all()}
         accepted[width] = sum(int(rd.ints["accepted"].sum()) for rd in out.rounds)
         if width > 1:  # some row accepted a node off its chain: the tree, not a chain, was walked
             assert any(bool((rd.ints["tree_path"] >= DEPTH).any()) for rd in out.rounds
@@ -136,8 +136,8 @@ def test_a_tree_is_walked_along_the_targets_choices():
     tree = Tree.of(parents)
     assert tree.depth.tolist() == [[1, 2, 3, 1, 2, 2]]
     assert tree.ancestors[0, 5].nonzero().flatten().tolist() == [3, 5]
-    # the target chooses 5 at the root, then 9 (node 4, not node 1), then 1 (no child of node 4 is
-    # 1)
+    # the target chooses 5 at the root, then 9 (node 4, not node 1), then 1 (no child of node
+    # 4 is 1)
     argmax = torch.tensor([[5, 9, 0, 0, 0, 1, 0]])
     path, length, refused = walk(tokens, tree, torch.tensor([6]), argmax)
     # node 4 is a leaf
@@ -170,8 +170,8 @@ def test_a_tree_runs_trace_records_every_rows_tree_and_path(tree_trace, tmp_path
     assert a.verdict is None and a.beyond == 0 and a.compared > 0, a.explanation
     for r in trace.rows:
         assert r.tree is not None and len(r.tree.path) == r.accepted
-        assert [r.tree.tokens[n]
-                for n in r.tree.path] == r.draft_tokens[:r.accepted] == r.emitted[:r.accepted]
+        assert ([r.tree.tokens[n] for n in r.tree.path]
+                == r.draft_tokens[:r.accepted] == r.emitted[:r.accepted])
     path = tmp_path / "tree.json"
     path.write_text(trace.model_dump_json())
     assert Trace.from_json(path.read_bytes()).rows == trace.rows
@@ -210,8 +210,8 @@ SAMPLED_PROMPTS = ("Write a short poem about the sea.", "Explain recursion.", "L
 @pytest.mark.parametrize("method", ["eqspec", "exspec"])
 def test_sampled_trees_are_the_targets_distribution(method):
     """SpecInfer's multi-candidate speculative sampling is lossless: every token's PIT under the
-    target is uniform, each recorded decision follows its draw, and rows accept candidates off the
-    chain."""
+    target is uniform, each recorded decision follows its draw, and rows accept candidates off
+    the chain."""
     trace = run(RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, prompts=SAMPLED_PROMPTS,
                               method=method, tree_width=4, batch_size=4, k=4, max_new_tokens=48,
                               seed=1, device="cpu", **SAMPLED))
@@ -227,10 +227,10 @@ def test_a_sampled_tree_draws_the_same_tokens_whatever_its_batch(tiny):
     ids = _ids(tiny, 9)
     sampling = Sampling(target=Sampler(temperature=0.8, top_p=0.95), draft=Sampler(temperature=2.0),
                         seed=3)
-    outs = [[o.ids
-             for o in decoder(tiny, ids, bs, 4, NEW, sampling=sampling,
-                              drafter=ModelDrafter(tiny, 4),
-            **(dict(window=2 * bs, max_wait=4) if decoder is exspec else {})).outputs]
+    outs = [[o.ids for o in decoder(tiny, ids, bs, 4, NEW, sampling=sampling,
+                                    drafter=ModelDrafter(tiny, 4),
+                                    **(dict(window=2 * bs, max_wait=4) if decoder is exspec
+                                       else {})).outputs]
             for decoder in (eqspec, exspec) for bs in (1, 3, 8)]
     assert all(o == outs[0] for o in outs)
 
@@ -274,9 +274,10 @@ def test_the_page_draws_each_rows_tree_and_marks_tokens_off_the_first_branch(tre
     for seq in range(len(hostile.sequences)):
         for name, page in runview.render(hostile, seq, off.round).items():
             if name in ("timeline", "grid", "forensics"):
-                assert live_markup(page,
-                        {"div", "span", "p", "b", "h4", "table", "thead", "tbody", "tr", "th", "td",
-                         "svg", "g", "rect", "line", "text", "title"},
-                                   {"class", "title", "style", "data-seq", "data-round",
-                                    "data-index", "role", "width", "height", "viewbox",
-                        "aria-label", "x", "y", "x1", "y1", "x2", "y2", "rx"}) == [], name
+                assert live_markup(
+                    page,
+                    {"div", "span", "p", "b", "h4", "table", "thead", "tbody", "tr", "th", "td",
+                     "svg", "g", "rect", "line", "text", "title"},
+                    {"class", "title", "style", "data-seq", "data-round", "data-index", "role",
+                     "width", "height", "viewbox", "aria-label", "x", "y", "x1", "y1", "x2",
+                     "y2", "rx"}) == [], name

@@ -19,8 +19,8 @@ def test_every_name_a_judge_writes_is_declared():
     assert {"numerics", "unexplained", "kernel-bug", "engine-bug", "decision-bug:stop",
             "draft-bug:cache"} <= written
     assert written <= set(VERDICTS), written - set(VERDICTS)
-    # The white-box judge composes `sync-bug:` with the engine's breaking checks and the inputs it
-    # tests.
+    # The white-box judge composes `sync-bug:` with the engine's breaking checks and the inputs
+    # it tests.
     assert {f"sync-bug:{c}" for c in (*corruption.BREAKING, "state")} <= set(VERDICTS)
 
 

@@ -46,8 +46,8 @@ def test_a_focus_outside_the_run_moves_with_a_note(broken):
     focus, note = views.resolve(broken, seq=99)
     assert 0 <= focus.seq < len(broken.sequences) and "not in this run" in note
     other = views.rows_by_seq(broken)[0][0].round
-    stranger = next(r.round for r in broken.rows if r.seq != 0 and r.round not in
-                    {x.round for x in views.rows_by_seq(broken)[0]})
+    stranger = next(r.round for r in broken.rows if r.seq != 0
+                    and r.round not in {x.round for x in views.rows_by_seq(broken)[0]})
     focus, note = views.resolve(broken, seq=0, round=stranger)
     assert focus.seq == 0 and focus.round != stranger and "took no part" in note
     assert views.resolve(broken, seq=0, round=other) == (views.Focus(0, other), "")
@@ -108,8 +108,8 @@ def test_non_speculative_traces_show_tokens_without_rounds(tiny):
     trace = run(_spec(method="batched-reference"))
     focus, _ = views.resolve(trace)
     assert focus.round is None
-    assert tokens.timeline_html(trace,
-            focus).count("data-index") == len(trace.sequences[focus.seq].output_ids)
+    assert (tokens.timeline_html(trace, focus).count("data-index")
+            == len(trace.sequences[focus.seq].output_ids))
     assert "does not speculate" in tokens.grid_html(trace, focus)
 
 
@@ -142,8 +142,8 @@ def drawn(tiny) -> Trace:
 
 @pytest.fixture(scope="module")
 def outside(tiny) -> Trace:
-    """A sampled run whose target verifies at temperature 1: tokens outside the target's nucleus
-    (impossible)."""
+    """A sampled run whose target verifies at temperature 1: tokens outside the target's
+    nucleus (impossible)."""
     return run(_spec(temperature=0.8, top_p=0.95, faults=("temperature-draft-only",)))
 
 
@@ -195,8 +195,8 @@ def test_every_sampled_draft_chip_shows_q_p_the_accept_probability_its_draw_and_
                 if r.accepted < len(r.draft_tokens):  # and the rejected draft it replaces
                     assert "the draft proposed" in tip and "REJECTED" in tip
     assert non_draft > 0
-    # The chips flag exactly the decisions distribution.py's audit found, computed apart from the
-    # views.
+    # The chips flag exactly the decisions distribution.py's audit found, computed apart
+    # from the views.
     assert (sorted(flagged) == sorted(drawn.decisions.first)
             and len(flagged) == drawn.decisions.mismatches)
 
@@ -215,8 +215,8 @@ def test_a_sampled_run_opens_on_its_evidence_and_its_chips_carry_their_pit(outsi
     assert "IMPOSSIBLE under the target" in chips[first][2]
     assert all(f"PIT {u:.3f}" in t for (_, _, t), u in zip(chips, s.pit) if u is not None)
     grid = tokens.grid_html(outside, focus)
-    assert re.search(rf'class="sv-cell[^"]*sv-impossible[^"]*" data-seq="{s.seq}" data-round="'
-                     rf'{focus.round}"', grid)
+    assert re.search(rf'class="sv-cell[^"]*sv-impossible[^"]*" data-seq="{s.seq}" '
+                     rf'data-round="{focus.round}"', grid)
 
 
 def test_a_sampled_run_claims_no_divergence_and_summarises_its_distribution(outside, clean):
@@ -262,8 +262,8 @@ def test_the_pit_panel_shows_the_histograms_and_the_verdict(outside, drawn, clea
             in line)
     assert (f"{outside.decisions.checked} accept/reject decisions re-derived" in line
             and "all follow their draw" in line)
-    # Not audited, a wrong rule cannot be told from a corrupt state: said so, with the evidence to
-    # get.
+    # Not audited, a wrong rule cannot be told from a corrupt state: said so, with the evidence
+    # to get.
     assert line.startswith("unexplained — ") and "were not audited" in line and "--audit" in line
     audit = hostile_free_text(summary.distribution_md(drawn))
     first = ", ".join(f"[{r}, {w}, {j}]" for r, w, j in drawn.decisions.first[:5])
@@ -280,16 +280,16 @@ def test_the_forensic_panel_shows_a_sampled_rounds_draws(drawn):
     s, r = next((drawn.sequences[r.seq], r) for r in drawn.rows if r.accepted < len(r.draft_tokens))
     panel = forensics_html(drawn, views.Focus(s.seq, r.round))
     assert "no token-by-token reference" in panel and "mean PIT" in panel
-    rows = re.findall(r'<tr '
-                      r'class="sv-(held|broken)"><td>(\d+)</td><td>[^<]*</td>((?:<td>[^<]*</td>'
-                      r'){5})</tr>', panel)
+    rows = re.findall(r'<tr class="sv-(held|broken)"><td>(\d+)</td><td>[^<]*</td>'
+                      r'((?:<td>[^<]*</td>){5})</tr>', panel)
     assert [int(j) for _, j, _ in rows] == list(range(len(r.draft_tokens)))
     j = r.accepted
     cells = re.findall(r"<td>([^<]*)</td>", rows[j][2])
     assert cells == [f"{r.draft_probs[j]:.4g}", f"{r.target_draft_probs[j]:.4g}",
                      f"{min(1, r.target_draft_probs[j] / r.draft_probs[j]):.4g}",
                      f"{r.accept_draws[j]:.4g}",
-            "rejected" + (" — does not follow u &lt; p/q" if rows[j][0] == "broken" else "")]
+                     "rejected"
+                     + (" — does not follow u &lt; p/q" if rows[j][0] == "broken" else "")]
     assert "residual" in panel and f"draw v {r.pick_draw:.4g}" in panel
     assert "one draw" in tokens.compare_html(drawn, views.Focus(s.seq, r.round))
 
@@ -320,8 +320,8 @@ def test_a_hostile_sampled_trace_shows_stranger_text_as_text(outside):
 
     trace = hostile_trace(outside)
     d = trace.distribution
-    assert HOSTILE in d.failing and all(HOSTILE in s.name for s in d.splits) and all(HOSTILE in n
-            for n in d.skipped)
+    assert (HOSTILE in d.failing and all(HOSTILE in s.name for s in d.splits)
+            and all(HOSTILE in n for n in d.skipped))
     for seq in range(len(trace.sequences)):
         out = ui.render(trace, seq)
         for name in ("timeline", "grid", "compare", "forensics"):
@@ -360,10 +360,8 @@ def _cells(page: str) -> dict[tuple[int, int], tuple[str, str, str]]:
 
     return {(int(s), int(r)): (c, html.unescape(t), html.unescape(x))
             for c, s, r, t, x in re.findall(
-        r'<td '
-        r'class="(sv-cell[^"]*)" data-seq="(\d+)" data-round="(\d+)" style="[^"]*" title='
-        r'"([^"]*)">([^<]*)</td>',
-        page)}
+                r'<td class="(sv-cell[^"]*)" data-seq="(\d+)" data-round="(\d+)" style="[^"]*" '
+                r'title="([^"]*)">([^<]*)</td>', page)}
 
 
 def _had(trace: Trace, row) -> int:
@@ -392,9 +390,8 @@ def test_the_grid_counts_each_row_against_its_own_drafts_and_marks_rows_offered_
             assert "sv-nodraft" in cls and text == "—"
             assert "no drafts offered" in tip and "the target's own token alone" in tip
             budget = _had(lookup, r) >= lookup.manifest.spec.max_new_tokens - 1
-            assert ("token budget"
-                    in tip) == budget and ("no earlier occurrence of its last n-gram, n 1–3"
-                                           in tip) != budget
+            assert (("token budget" in tip) == budget
+                    and ("no earlier occurrence of its last n-gram, n 1–3" in tip) != budget)
     assert any("prompt lookup found no earlier occurrence" in cells[r.seq, r.round][1]
                for r in none)
 
@@ -472,8 +469,8 @@ def test_per_position_acceptance_counts_only_rows_offered_that_draft(lookup):
 def test_a_lookup_run_that_found_nothing_to_draft_says_so(tiny):
     trace = run(_spec(drafter="lookup", ngram_min=3, chat_template=False,
                       prompts=("Hi", "Name three rivers."), batch_size=2, max_new_tokens=4))
-    assert trace.rows and not any(r.draft_tokens
-                                  for r in trace.rows) and metrics.acceptance_rate(trace) is None
+    assert (trace.rows and not any(r.draft_tokens for r in trace.rows)
+            and metrics.acceptance_rate(trace) is None)
     assert "no drafts offered, 1.00 tokens/round" in summary.headline(trace)
     page = tokens.grid_html(trace, views.resolve(trace)[0])
     assert (page.count("sv-nodraft") == len(trace.rows)
@@ -490,7 +487,8 @@ def test_a_hostile_lookup_trace_shows_stranger_text_as_text(lookup):
         out = ui.render(trace, seq)
         for name in ("timeline", "grid", "forensics"):
             assert live_markup(out[name],
-                    {"div", "span", "p", "b", "h4", "table", "thead", "tbody", "tr", "th", "td"},
+                               {"div", "span", "p", "b", "h4", "table", "thead", "tbody", "tr",
+                                "th", "td"},
                                {"class", "title", "style", "data-seq", "data-round",
                                 "data-index"}) == [], name
     assert live_markdown(summary.headline(trace)) == [] and "Speed-up" in summary.headline(trace)
@@ -512,12 +510,11 @@ def test_the_summary_says_the_speed_up_over_the_reference_and_where_it_was_timed
         assert ("both measured on this machine in this run" in shown
                 and f"Device: {m.device}" in shown)
         assert "batching is part of this ratio" in shown  # batch size 3 against the reference's 1
-        assert "when this process first decoded it" in hostile_free_text(summary.headline(trace,
-                timing="reused"))
+        assert "when this process first decoded it" in hostile_free_text(
+            summary.headline(trace, timing="reused"))
         assert f"when this process first ran this spec, at {m.created}" in hostile_free_text(
             summary.headline(trace, timing="cached"))
-        # a file
-        assert (f"when this trace was made, at {m.created}"
+        assert (f"when this trace was made, at {m.created}"  # a file
                 in hostile_free_text(summary.headline(trace)))
     # No reference time, no claim: a sampled run, the reference itself.
     assert metrics.speedup(outside) is None and "Speed-up" not in summary.headline(outside)

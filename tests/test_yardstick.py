@@ -57,8 +57,8 @@ def test_the_calibration_chains_the_built_in_prompts_so_each_template_prefix_is_
     prompts = pair.encode(builtin_set("all") + builtin_set("spec-bench"))
     passes = yardstick.chained(prompts)
     assert sum(passes, []) == sum(prompts, [])  # every prompt whole, in order
-    assert all(len(p) <= yardstick.CHAIN or p in prompts
-               for p in passes) and len(passes) < len(prompts) / 2
+    assert (all(len(p) <= yardstick.CHAIN or p in prompts for p in passes)
+            and len(passes) < len(prompts) / 2)
     fed = []
     handle = pair.target.register_forward_pre_hook(
         lambda m, args, kwargs: fed.append(kwargs["input_ids"].shape), with_kwargs=True)
@@ -68,8 +68,8 @@ def test_the_calibration_chains_the_built_in_prompts_so_each_template_prefix_is_
     finally:
         handle.remove()
     computed = sum(shape[1] for shape in fed)
-    assert all(shape[0] == 1
-               for shape in fed) and len(samples.errors) >= yardstick.CALIBRATION_POSITIONS
+    assert (all(shape[0] == 1 for shape in fed)
+            and len(samples.errors) >= yardstick.CALIBRATION_POSITIONS)
     # one pass per prompt computed 2,150 positions for 1,330 samples
     assert computed < 1.15 * len(samples.errors)
 
@@ -82,8 +82,8 @@ def test_a_run_states_its_yardstick_and_a_float64_run_scales_float32_rounding():
     # calibration and continuations
     assert r32.positions >= 1200 and r32.alpha <= 0.01 and r32.slots == 6
     ratio = torch.finfo(torch.float64).eps / torch.finfo(torch.float32).eps
-    assert r64.tolerance == pytest.approx(r32.tolerance * ratio,
-                                          rel=0.05) and "float32 copy" in r64.method
+    assert (r64.tolerance == pytest.approx(r32.tolerance * ratio, rel=0.05)
+            and "float32 copy" in r64.method)
     # A rebuilt float64 pass is granted at least the units float32 is known to round by, in
     # float64's unit.
     known = yardstick.KNOWN_RELATIVE["float32"]
@@ -99,9 +99,9 @@ def lossy_float32_attention(monkeypatch):
     def attention(module, query, key, value, attention_mask, **kwargs):
         if query.dtype != torch.float32 or query.shape[2] == 1:
             return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-        out, weights = sdpa_attention_forward(module, query.bfloat16(), key.bfloat16(),
-                                              value.bfloat16(),
-                None if attention_mask is None else attention_mask.bfloat16(), **kwargs)
+        out, weights = sdpa_attention_forward(
+            module, query.bfloat16(), key.bfloat16(), value.bfloat16(),
+            None if attention_mask is None else attention_mask.bfloat16(), **kwargs)
         return out.float(), weights
 
     monkeypatch.setitem(AttentionInterface._global_mapping, "sdpa", attention)
@@ -111,8 +111,7 @@ def lossy_float32_attention(monkeypatch):
 
 
 def test_a_yardstick_far_above_its_dtype_is_reported_and_no_fork_is_put_down_to_it(
-        lossy_float32_attention, tmp_path,
-                                                                                  capsys):
+        lossy_float32_attention, tmp_path, capsys):
     out = tmp_path / "t.json"
     assert cli.main(["run", "--pair", "tiny", "--dtype", "float32", "--device", "cpu",
                      "--prompt-set", "all", "--batch-size", "4", "--max-new-tokens", "24",
@@ -134,8 +133,8 @@ GRID = [(method, dtype, bs, k) for method in ("eqspec", "exspec")
 
 @pytest.mark.parametrize("method, dtype, bs, k", GRID)
 def test_a_correct_run_gets_no_false_alarm(method, dtype, bs, k):
-    """Every fork of a correct engine is numerics, and no audited row leaves rounding, in either
-    dtype."""
+    """Every fork of a correct engine is numerics, and no audited row leaves rounding,
+    in either dtype."""
     trace = run(RunSpec.build(**TINY, method=method, dtype=dtype, device="cpu",
                               prompts=tuple(builtin_set("all")[:16]),
                               batch_size=bs, k=k, max_new_tokens=24, audit=min(bs, 2)))

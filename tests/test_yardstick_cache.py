@@ -127,7 +127,7 @@ def test_changed_weights_change_the_key(cache, pair):
 
 
 def test_a_later_cli_run_says_its_yardstick_came_from_the_cache(cache, tmp_path, capsys,
-                                                                 monkeypatch):
+                                                                monkeypatch):
     argv = ["run", *TINY, "--prompt", "Hi", "--max-new-tokens", "8", "--trace"]
     traces = []
     for i in range(2):

@@ -22,8 +22,8 @@ def attribution_html(trace: Trace, s: SequenceRecord) -> str:
     named = any(h.named for h in a.hypotheses)
     best = a.hypotheses[0] if a.hypotheses else None
     out = [f'<div class="sv-attribution" data-named="{str(named).lower()}">',
-           '<h4>Which bug is this?</h4><p class="sv-verdict '
-           f'sv-{"bug" if named else "unexplained"}">'
+           '<h4>Which bug is this?</h4>'
+           f'<p class="sv-verdict sv-{"bug" if named else "unexplained"}">'
            f"{html.escape(a.explanation)}</p>"]
     lines = [("engine", s.engine.ids), ("reference", s.reference_ids or [])]
     if best is not None:
@@ -36,10 +36,10 @@ def attribution_html(trace: Trace, s: SequenceRecord) -> str:
         out.append("<ul>" + "".join(f"<li>{html.escape(f)}</li>" for f in a.facts) + "</ul>")
     out.append(_ranked(a))
     if a.skipped:
-        out.append(f"<details><summary>{len(a.skipped)} not tried: they do not fit the "
-                   "engine</summary><ul>" +
-                   "".join(f"<li><b>{html.escape(f)}</b>: {html.escape(why)}</li>"
-                           for f, why in a.skipped.items())
+        out.append(f"<details><summary>{len(a.skipped)} not tried: they do not fit the engine"
+                   "</summary><ul>"
+                   + "".join(f"<li><b>{html.escape(f)}</b>: {html.escape(why)}</li>"
+                             for f, why in a.skipped.items())
                    + "</ul></details>")
     out.append("</div>")
     return "".join(out)
@@ -73,15 +73,14 @@ def _ranked(a: Attribution) -> str:
     """Every hypothesis tried, best first, the correct engine last: each named by its fault, its
     description on hover."""
     rows = [_row(h) for h in a.hypotheses] + [_row(a.correct)]
-    return ('<div style="overflow-x:auto"><table '
-            'class="sv-hypotheses"><tr><th>mechanism</th><th>threads</th>'
-            f"<th>replayed</th><th>tokens written of {a.tokens}</th><th>departing written of "
-            f"{len(a.departing)}</th>"
+    return ('<div style="overflow-x:auto"><table class="sv-hypotheses">'
+            "<tr><th>mechanism</th><th>threads</th><th>replayed</th>"
+            f"<th>tokens written of {a.tokens}</th><th>departing written of {len(a.departing)}</th>"
             f'<th>first failed</th><th>named</th></tr>{"".join(rows)}</table></div>'
             f"<p>{a.replays} replays in {a.seconds:.1f} s. Departing: the engine's tokens the "
             "target itself would not write on the engine's prefix (underlined above); a mechanism "
-            f"is named when it writes {a.threshold} "
-            "of them more than the correct engine's replay does, and no other writes more.</p>")
+            f"is named when it writes {a.threshold} of them more than the correct engine's replay "
+            "does, and no other writes more.</p>")
 
 
 def _row(h: Hypothesis) -> str:
@@ -90,8 +89,7 @@ def _row(h: Hypothesis) -> str:
     where = "alone" if not h.companions else f"beside {', '.join(map(str, h.companions))}"
     failed = "—" if h.failed_at is None else str(h.failed_at)
     name = "+".join(h.faults) or "the correct engine"
-    return (f'<tr class="{"sv-held" if h.named else ""}"><td '
-            f'title="{html.escape(mechanism(h.faults))}">'
-            f"{html.escape(name)}</td><td>{links}</td>"
-            f"<td>{where}</td><td>{h.explained}</td><td>{h.beyond}</td><td>{failed}</td>"
-            f"<td>{'✓' if h.named else ''}</td></tr>")
+    return (f'<tr class="{"sv-held" if h.named else ""}">'
+            f'<td title="{html.escape(mechanism(h.faults))}">{html.escape(name)}</td>'
+            f"<td>{links}</td><td>{where}</td><td>{h.explained}</td><td>{h.beyond}</td>"
+            f"<td>{failed}</td><td>{'✓' if h.named else ''}</td></tr>")

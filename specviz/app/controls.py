@@ -53,7 +53,8 @@ def run_controls_of(settings: Settings) -> dict:
                                    visible="ngram_max" in options, elem_id="sv-ngram-max")
         c["tree_width"] = gr.Slider(1, MAX_TREE_WIDTH, value=DEFAULTS["tree_width"], step=1,
                                     label="tree width",
-                info="candidates per position, verified as one token tree (1: a chain)",
+                                    info="candidates per position, verified as one token tree "
+                                         "(1: a chain)",
                                     visible="tree_width" in options, elem_id="sv-tree-width")
     with_faults = " and ".join(n for n, m in METHODS.items() if m.faults)
     c["faults"] = gr.Dropdown([*FAULTS, *FAULT_PRESETS], value=DEFAULTS["faults"], multiselect=True,
@@ -73,8 +74,9 @@ def run_controls_of(settings: Settings) -> dict:
         c["dtype"] = gr.Dropdown(list(DTYPES), value=DEFAULTS["dtype"], label="dtype")
     c["temperature"] = gr.Slider(0, TEMPERATURE_MAX, value=DEFAULTS["temperature"], step=0.05,
                                  label="temperature",
-            info="0: greedy, checked token by token against the reference; above 0: speculative "
-                                      "sampling, judged by the distribution of its tokens",
+                                 info="0: greedy, checked token by token against the reference; "
+                                      "above 0: speculative sampling, judged by the distribution "
+                                      "of its tokens",
                                  elem_id="sv-temperature")
     with gr.Row():
         c["top_k"] = gr.Number(value=DEFAULTS["top_k"], precision=0, minimum=0,
@@ -91,11 +93,11 @@ def run_controls_of(settings: Settings) -> dict:
     with gr.Accordion("each request's own sampling (blank: the settings above for all)",
                       open=False):
         c["rows"] = gr.Textbox(value=DEFAULTS["rows"], lines=3, label="per-request settings",
-                               elem_id="sv-rows", info="one request a line, given to the prompts "
-                                                       "in turn: key=value pairs of temperature "
-                                    "(unset: 1), top_k, top_p, seed (unset: the run's stream), "
-                                    "e.g. temperature=0.8,top_p=0.95,seed=7; they replace "
-                                    "temperature, top-k and top-p")
+                               elem_id="sv-rows",
+                               info="one request a line, given to the prompts in turn: key=value "
+                                    "pairs of temperature (unset: 1), top_k, top_p, seed (unset: "
+                                    "the run's stream), e.g. temperature=0.8,top_p=0.95,seed=7; "
+                                    "they replace temperature, top-k and top-p")
     with gr.Accordion("penalties, log-probabilities and stop strings", open=False):
         with gr.Row():
             c["repetition_penalty"] = gr.Number(value=DEFAULTS["repetition_penalty"], minimum=1,
@@ -109,7 +111,8 @@ def run_controls_of(settings: Settings) -> dict:
                                          "float64 recomputation")
         c["stop"] = gr.Textbox(value=DEFAULTS["stop"], lines=2, label="stop strings",
                                elem_id="sv-stop",
-                info="one a line: an output ends at the token that completes one, that token kept")
+                               info="one a line: an output ends at the token that completes one, "
+                                    "that token kept")
     with gr.Accordion("seed and exspec", open=False):
         c["seed"] = gr.Number(value=DEFAULTS["seed"], precision=0, label="seed")
         c["window"] = gr.Number(value=DEFAULTS["window"], precision=0,
@@ -138,17 +141,17 @@ def engine_controls(settings: Settings) -> dict:
     e["outputs"] = gr.File(label="the engine's outputs (JSONL)",
                            file_types=[".jsonl", ".json", ".txt"],
                            type="filepath", height=UPLOAD_HEIGHT)
-    e["control"] = gr.File(label="optional: the same engine without speculation (JSONL, the same "
-                                 "prompts)",
+    e["control"] = gr.File(label="optional: the same engine without speculation "
+                                 "(JSONL, the same prompts)",
                            file_types=[".jsonl", ".json", ".txt"], type="filepath",
                            height=UPLOAD_HEIGHT)
     servers = bool(settings.engine_servers) and not settings.public
     with gr.Accordion("or ask a server (llama.cpp, vLLM or any OpenAI-compatible)", open=False,
                       visible=servers):
         e["server"] = gr.Textbox(d["server"], label="server URL",
-                                 info="allowed: " + (", ".join(settings.engine_servers) or "none")
-                                 + "; llama.cpp's llama-server is asked in its own API, any other "
-                                   "as OpenAI's")
+                                 info=("allowed: " + (", ".join(settings.engine_servers) or "none")
+                                       + "; llama.cpp's llama-server is asked in its own API, any "
+                                         "other as OpenAI's"))
         e["served_model"] = gr.Textbox(d["served_model"],
                                        label="served model (blank: the server's only model)")
         e["control_server"] = gr.Textbox(
@@ -156,8 +159,7 @@ def engine_controls(settings: Settings) -> dict:
         e["prompt_set"] = gr.Dropdown(list(builtin_sets()), value=d["prompt_set"],
                                       label="prompts to send")
         e["max_new_tokens"] = gr.Slider(1, settings.max_new_tokens, value=d["max_new_tokens"],
-                                        step=1,
-                                        label="max new tokens")
+                                        step=1, label="max new tokens")
         e["determinism"] = gr.Checkbox(d["determinism"], label="ask every prompt twice more",
                                        info="the same requests again, then in reverse order (other "
                                             "slots, other batch company): every prompt answered "

@@ -37,14 +37,12 @@ def controls_of(s: RunSpec) -> dict:
             "typed": "" if named else _prompts_as_text(s.prompts), "method": s.method,
             "faults": list(s.faults), "batch_size": s.batch_size, "k": s.k,
             "max_new_tokens": s.max_new_tokens, "dtype": s.dtype, "seed": s.seed,
-            "window": s.window or 0,
-            "max_wait": s.max_wait, "audit": s.audit > 0,
+            "window": s.window or 0, "max_wait": s.max_wait, "audit": s.audit > 0,
             # A link may carry what the sliders do not reach (the CLI's temperature 5): they widen.
-            "temperature": s.temperature if s.temperature <= TEMPERATURE_MAX else gr.update(
-                value=s.temperature, maximum=s.temperature),
+            "temperature": (s.temperature if s.temperature <= TEMPERATURE_MAX
+                            else gr.update(value=s.temperature, maximum=s.temperature)),
             "top_k": s.top_k,
-            "top_p": s.top_p if s.top_p >= TOP_P_MIN else gr.update(value=s.top_p,
-                                                                    minimum=s.top_p),
+            "top_p": s.top_p if s.top_p >= TOP_P_MIN else gr.update(value=s.top_p, minimum=s.top_p),
             "draft_temperature": s.draft_temperature, "draft_top_k": s.draft_top_k,
             "draft_top_p": s.draft_top_p, "drafter": s.drafter, "ngram_min": s.ngram_min,
             "ngram_max": s.ngram_max, "rows": rows_as_text(s.rows),
@@ -85,8 +83,8 @@ def by_name(defaults: Mapping[str, object]) -> Callable[[Callable], Callable]:
 
 
 def filled(defaults: Mapping[str, object], controls: Mapping[str, object]) -> dict:
-    """`controls` over `defaults`; a name not among the defaults is refused (a misspelt one would be
-    lost)."""
+    """`controls` over `defaults`; a name not among the defaults is refused (a misspelt one would
+    be lost)."""
     if unknown := set(controls) - set(defaults):
         raise TypeError(f"no such control: {', '.join(sorted(unknown))}; "
                         f"the controls are {', '.join(defaults)}")

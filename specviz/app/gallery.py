@@ -25,10 +25,9 @@ element.addEventListener('click', (e) => {
 });
 """
 CASEBOOK_INTRO = ("Speculative-decoding bugs that hit real engines, each replayed by one fault of "
-                  "specviz's engine: open a "
-         "case to see its recorded run in the Run view, at the round where it first parts from the "
-         "reference (a lossless case has no fork: its drafts show the shortfall). The Sweep tab "
-         "runs them all as one sweep.")
+                  "specviz's engine: open a case to see its recorded run in the Run view, at the "
+                  "round where it first parts from the reference (a lossless case has no fork: its "
+                  "drafts show the shortfall). The Sweep tab runs them all as one sweep.")
 
 
 def replica(case: Case) -> str:
@@ -36,14 +35,14 @@ def replica(case: Case) -> str:
     greedy or sampled."""
     s = RunSpec.build(**case.spec_fields())
     preset = next((name for name, ids in PAIR_PRESETS.items() if ids == (s.target, s.draft)), None)
-    pair = (f"the {preset} pair" if preset else f"{s.target} as its own draft"
-            if s.target == s.draft
+    pair = (f"the {preset} pair" if preset
+            else f"{s.target} as its own draft" if s.target == s.draft
             else f"{s.target} / {s.draft}")
-    return ", ".join([pair,
-            *([] if (kind := DRAFTERS[s.drafter]).draft_model else [f"drafts by {kind.noun}"]),
-                      "greedy" if s.greedy else f"temperature {s.temperature:g}" if s.temperature
-                      else
-                      "each request its own sampling settings"])
+    return ", ".join([
+        pair,
+        *([] if (kind := DRAFTERS[s.drafter]).draft_model else [f"drafts by {kind.noun}"]),
+        "greedy" if s.greedy else f"temperature {s.temperature:g}" if s.temperature
+        else "each request its own sampling settings"])
 
 
 def expected(case: Case) -> tuple[str, str]:
@@ -56,19 +55,17 @@ def expected(case: Case) -> tuple[str, str]:
 
 def _card(case: Case) -> str:
     e = html.escape
-    threads = " · ".join(f'<a href="{e(t.url)}" target="_blank" rel="noopener '
-                         f'noreferrer">{e(t.label)}</a>'
-                         for t in case.threads)
+    threads = " · ".join(f'<a href="{e(t.url)}" target="_blank" rel="noopener noreferrer">'
+                         f'{e(t.label)}</a>' for t in case.threads)
     said, family = expected(case)
     return (f'<article class="sv-case sv-case-{e(family)}" id="sv-case-{e(case.fault)}">'
             f'<h3>{e(case.title)}</h3><p class="sv-case-threads">{threads}</p>'
             f'<p class="sv-case-mechanism">{"<br>".join(map(e, case.mechanism.splitlines()))}</p>'
             f'<p class="sv-case-replica"><code>{e(case.fault)}</code> '
-            f'({e(FAULTS[case.fault].kind)}) on '
-            f'{e(replica(case))}</p>'
+            f'({e(FAULTS[case.fault].kind)}) on {e(replica(case))}</p>'
             f'<p><span class="sv-verdict sv-{e(family)}">{e(said)}</span></p>'
-            f'<button class="sv-case-open" data-case="{e(case.fault)}">Open this '
-            'case</button></article>')
+            f'<button class="sv-case-open" data-case="{e(case.fault)}">Open this case</button>'
+            '</article>')
 
 
 def cards_html() -> str:
@@ -89,8 +86,8 @@ def open_case(evt: gr.EventData) -> dict:
     said, _ = expected(case)
     status = (f"**Field case: {case.title}** ({threads}). {case.mechanism.replace(chr(10), ' ')} "
               f"Replayed by the fault `{case.fault}` on {replica(case)}; specviz judges it "
-              f"`{said}`. The replica leaves out "
-              f"{case.leaves_out}\n\n" + serving.served_headline(trace, "bundled"))
+              f"`{said}`. The replica leaves out {case.leaves_out}\n\n"
+              + serving.served_headline(trace, "bundled"))
     return {**controls_of(trace.manifest.spec), "trace": trace, "status": status,
             "download": serving.save(trace), "pending": None, "tabs": gr.Tabs(selected="run"),
             "view_tabs": gr.Tabs(selected="drafts") if case.lossless else gr.skip()}

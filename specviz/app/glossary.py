@@ -15,12 +15,12 @@ def glossary(trace: Trace | None) -> str:
         if trace is None:
             return ""
         v = fn(trace)
-        return "" if v is None else f" — here **{v:.3g}**" if isinstance(v,
-                float) else f" — here **{v}**"
+        return ("" if v is None else f" — here **{v:.3g}**" if isinstance(v, float)
+                else f" — here **{v}**")
 
     def realign_share(t: Trace) -> float | None:
-        return (metrics.phase_seconds(t)["realign"] / t.manifest.decode_seconds if t.rows
-                and t.manifest.decode_seconds else None)
+        return (metrics.phase_seconds(t)["realign"] / t.manifest.decode_seconds
+                if t.rows and t.manifest.decode_seconds else None)
 
     def _tolerance(t: Trace) -> float | None:
         ys = t.manifest.yardstick
@@ -70,37 +70,37 @@ def glossary(trace: Trace | None) -> str:
         + value(metrics.acceptance_rate),
         "**tokens per round** = emitted tokens / (round, row) records, bonus included"
         + value(metrics.tokens_per_round),
-        "**per-position acceptance** = P(draft j accepted | drafts before j accepted and a draft j "
-        "offered)"
+        "**per-position acceptance** = "
+        "P(draft j accepted | drafts before j accepted and a draft j offered)"
         + (" — here " + ", ".join(f"{p:.2f}" for p in positions) if positions else ""),
         "**realignment overhead** = realign time / decode time" + value(realign_share),
         "**group rate** (exspec) = same-length rounds / all rounds" + value(metrics.group_rate),
         "**throughput** = generated tokens (through EOS) / decode seconds" + value(throughput),
         ("**speed-up** = the run's throughput / the batch-size-1 reference's (its tokens / its "
-         "decode seconds), both from the trace; the run's time includes "
-         "recording its trace" + value(_speedup)),
+         "decode seconds), both from the trace; the run's time includes recording its trace"
+         + value(_speedup)),
         ("**drafter** = what proposes a round's drafts: the draft model (one forward pass a "
          "draft), or prompt lookup (the tokens that followed the row's last n-gram where it first "
-         "occurred earlier in its prompt and output; no model, the longest n "
-         "first)" + value(_drafter)),
+         "occurred earlier in its prompt and output; no model, the longest n first)"
+         + value(_drafter)),
         ("**drafts offered** (a row's own k) = the drafts its round proposed for that row: k, "
          "fewer near its token budget or where prompt lookup's match runs short, none where no "
          "n-gram matches — the row then takes the target's own token alone (a — cell in the grid, "
          "\"no drafts\" in the timeline). Rows offered none"
          + value(_no_drafts)),
         "**exact match** = sequences whose token ids equal the batch-size-1 reference / sequences",
-        "**prefix match** = reference tokens before the first difference / reference tokens, "
-        "averaged",
-        "**top-2 margin** = the target's top-1 minus top-2 logit at a position: how close its "
-        "choice was to flipping",
+        "**prefix match** = reference tokens before the first difference / "
+        "reference tokens, averaged",
+        "**top-2 margin** = the target's top-1 minus top-2 logit at a position: "
+        "how close its choice was to flipping",
         ("**rounding** (the yardstick) = per position, the largest |logit difference| between the "
          "target in the run's dtype and a float64 copy, both fresh (batch size 1, no cache: a path "
          "no verify-kernel bug reaches), over the built-in prompts and the reference's "
          "continuations on this pair and device"),
         ("**rounding tolerance** = twice the order statistic of those positions that a correct "
          "computation of a verify pass's k + 1 positions, or the one it is compared with, exceeds "
-         "with probability at most α: two correct computations differ by "
-         "more with probability α (the stated false-alarm rate)" + value(_tolerance)),
+         "with probability at most α: two correct computations differ by more with probability α "
+         "(the stated false-alarm rate)" + value(_tolerance)),
         ("**state check** = the largest |logit difference| between the pass that emitted a token "
          "and a fresh batch-size-1 recomputation of that row's real tokens (no cache); beyond the "
          "rounding tolerance its first token, positions and mask are checked, the pass is rebuilt "
@@ -112,16 +112,15 @@ def glossary(trace: Trace | None) -> str:
         ("**drafts** (greedy runs with a draft model) = each round's drafts against a fresh "
          "batch-size-1 pass of the draft model on the row's committed tokens: beyond the draft's "
          "rounding a draft is not the draft model's own, a bug that keeps the output right and "
-         "wastes the drafts (`draft-bug:<side>`)"
-         + value(_drafts)),
+         "wastes the drafts (`draft-bug:<side>`)" + value(_drafts)),
         ("**audit** (run with audit) = the state check on every row of every round, for the target "
          "and the draft: the first round a row's state left rounding, fork or not"),
         ("**sampled verdict** = a sampled run's kind of fault: `sync-bug:<state>` when a row's "
          "state went wrong, `sampler-bug:decisions` when decisions do not follow their recorded p, "
          "q and draw, `sampler-bug:rule` when every audited state and decision held yet the tokens "
          "are not the target's distribution, `unexplained` when rows went unaudited"),
-        "**delta** = how many slots a row's KV moved in a realignment (0 when every row gained "
-        "the same)",
+        "**delta** = how many slots a row's KV moved in a realignment "
+        "(0 when every row gained the same)",
         ("**recurrent state** (hybrid models: Gated DeltaNet, Mamba, short convolutions) = a "
          "layer's per-row state instead of a slot per token, which cannot be cropped: the engine "
          "keeps it after every drafted position and each row continues from the one at its own "
@@ -139,9 +138,9 @@ def glossary(trace: Trace | None) -> str:
          "gaps where the control departs from the target's float64 argmax and the margins where it "
          "does not (its log-probabilities, where given, are reported, not granted; an output of it "
          "whose departures need far more noise than the rest's is set apart); its tolerance is the "
-         "gap that every token of a correct output stays within with probability 99% (its 1 - 0.01 "
-         "/ n quantile, n the output's budget of tokens) at the 95% upper bound (without a "
-         "control, or with one that bounds nothing below the largest margin it kept, "
+         "gap that every token of a correct output stays within with probability 99% "
+         "(its 1 - 0.01 / n quantile, n the output's budget of tokens) at the 95% upper bound "
+         "(without a control, or with one that bounds nothing below the largest margin it kept, "
          "transformers' own rounding)"),
         ("**engine-bug** = a token at or after the fork has a gap beyond the engine's own "
          "rounding; `numerics` = every gap from the fork on within it; without a control run, or "
@@ -162,8 +161,8 @@ def glossary(trace: Trace | None) -> str:
          + value(_mean_pit)),
         ("**distribution verdict** = every split of the PIT values (pooled, by slot, by batch row, "
          "by rounds, row pairs) tested against uniform (Kolmogorov–Smirnov and chi-square), "
-         "Bonferroni across splits: rejected when p < α, or at once by one "
-         "**impossible token** (probability 0 under the target)" + value(_verdict)),
+         "Bonferroni across splits: rejected when p < α, or at once by one **impossible token** "
+         "(probability 0 under the target)" + value(_verdict)),
         ("**decision audit** = every recorded accept/reject decision re-derived from its recorded "
          "p, q and u: a correct engine has no mismatch" + value(_mismatches)),
     ]

@@ -81,8 +81,8 @@ def _run_controls_column(settings: Settings) -> tuple[dict, dict, dict]:
         gr.Markdown(settings.describe())
     with gr.Accordion("Trace files", open=False):
         buttons["download"] = gr.DownloadButton("Download this trace (JSON)", value=None)
-        buttons["upload"] = gr.File(label=f"open a trace (JSON, up to {MAX_TRACE_BYTES // 2**20} "
-                                          "MiB; no model needed)",
+        buttons["upload"] = gr.File(label="open a trace (JSON, up to "
+                                          f"{MAX_TRACE_BYTES // 2**20} MiB; no model needed)",
                                     file_types=[".json"], type="filepath", elem_id="sv-upload")
     return c, e, buttons
 
@@ -162,8 +162,8 @@ class Page:
     @property
     def named(self) -> dict:
         """The components a handler's result may name: the run's controls, the Run view's views
-        (and its status and tabs), the trace, its download, a link's pending replay and the page's
-        tabs."""
+        (and its status and tabs), the trace, its download, a link's pending replay
+        and the page's tabs."""
         return {**self.c, **self.v, "trace": self.trace, "download": self.buttons["download"],
                 "pending": self.pending, "tabs": self.tabs}
 
@@ -173,8 +173,8 @@ class Page:
 
     def keyed(self, fn, named: dict | None = None):
         """`fn`, whose result is keyed by name (`named`'s, else self.named's), as Gradio's handler:
-        keyed by component. Gradio reads the handler's parameters (an EventData among them) through
-        functools.wraps."""
+        keyed by component. Gradio reads the handler's parameters (an EventData among them)
+        through functools.wraps."""
         named = named or self.named
 
         @functools.wraps(fn)
@@ -193,8 +193,8 @@ class Page:
                           api_visibility="private")
 
     def then_show(self, event, fn=render, inputs=None):
-        """After `event` opens a trace: every view, the link, and the trace offered to the compare
-        tab."""
+        """After `event` opens a trace: every view, the link, and the trace offered
+        to the compare tab."""
         shown_run = event.success(self.keyed(fn), inputs or [self.trace], self.shown,
                                   api_visibility="private")
         self.show_link(shown_run)

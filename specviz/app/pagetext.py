@@ -27,21 +27,22 @@ Pick an example or set up a run; every view below follows one focused sequence a
 grid cell, a round in the timeline or a table row to move it. The address bar is always a share
 link."""
 LEGEND = ('<div class="sv-legend"><span class="sv-tok sv-draft">accepted draft</span>'
-          '<span class="sv-tok sv-correction">target correction</span><span class="sv-tok '
-          'sv-bonus">bonus</span><span class="sv-tok sv-rejected">rejected draft</span><span '
-          'class="sv-tok sv-fork">first divergence</span><span class="sv-tok sv-draft '
-          'sv-branch">accepted off a token tree\'s first branch</span><span class="sv-tok '
-          'sv-impossible">impossible under the target</span><span class="sv-tok '
-          'sv-mismatch">decision against its draw</span><span class="sv-nodraft">no drafts '
-          'offered: the target\'s own token follows</span>'
+          '<span class="sv-tok sv-correction">target correction</span>'
+          '<span class="sv-tok sv-bonus">bonus</span>'
+          '<span class="sv-tok sv-rejected">rejected draft</span>'
+          '<span class="sv-tok sv-fork">first divergence</span>'
+          '<span class="sv-tok sv-draft sv-branch">accepted off a token tree\'s first branch</span>'
+          '<span class="sv-tok sv-impossible">impossible under the target</span>'
+          '<span class="sv-tok sv-mismatch">decision against its draw</span>'
+          '<span class="sv-nodraft">no drafts offered: the target\'s own token follows</span>'
           "</div>")
-GRID_HELP = ("### Acceptance grid — sequences × their rounds, accepted / drafts offered (click a "
-             "cell)\n"
+GRID_HELP = ("### Acceptance grid — sequences × their rounds, accepted / drafts offered "
+             "(click a cell)\n"
              "Each cell counts against the drafts its own row was offered, which prompt lookup and "
              "the token budget make differ between rows; a hatched — cell: no drafts offered, the "
              "target's own token alone; an underlined cell: a token tree, counted along the path "
-             "it accepted (its accepted nodes, and the first child refused). Red "
-             "outline: the round that emitted a sequence's first divergence. Violet corner "
-             "(audited runs): the round a row's state first left rounding. Sampled runs: a red "
-             "corner marks a round that emitted a token impossible under the target, a dotted "
-             "violet outline a decision that does not follow its draw.")
+             "it accepted (its accepted nodes, and the first child refused). Red outline: the "
+             "round that emitted a sequence's first divergence. Violet corner (audited runs): the "
+             "round a row's state first left rounding. Sampled runs: a red corner marks a round "
+             "that emitted a token impossible under the target, a dotted violet outline a decision "
+             "that does not follow its draw.")

@@ -1,6 +1,6 @@
 """The forensic panel: the focused sequence's verdict with its evidence, in the order its judge
-weighed it (forensics/whitebox.py, forensics/blackbox.py), and the focused round's state and
-checks."""
+weighed it (forensics/whitebox.py, forensics/blackbox.py), and the focused round's state
+and checks."""
 from __future__ import annotations
 
 import html
@@ -20,17 +20,16 @@ from specviz.trace.text import span
 
 
 def forensics_html(trace: Trace, focus: Focus) -> str:
-    """The focused sequence's verdict with its evidence, and the focused round's state and
-    checks."""
+    """The focused sequence's verdict with its evidence, and the focused round's state
+    and checks."""
     s = trace.sequences[focus.seq]
-    out = ['<div '
-           f'class="sv-forensics" data-seq="{focus.seq}" data-round="'
-           f'{"" if focus.round is None else focus.round}">']
+    out = [f'<div class="sv-forensics" data-seq="{focus.seq}" '
+           f'data-round="{"" if focus.round is None else focus.round}">']
     f = s.forensics
     # (an equivalent sequence's log-probabilities may still be named)
     if s.equivalent and f is None:
-        out.append(f'<p class="sv-verdict sv-ok">Sequence {s.seq} equals the reference, token for '
-                   'token.</p>')
+        out.append(f'<p class="sv-verdict sv-ok">Sequence {s.seq} equals the reference, '
+                   'token for token.</p>')
     elif f is None and metrics.sampled(trace):
         out.append(_sampled_verdict(trace, s))
     elif f is None:
@@ -38,8 +37,7 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
     else:
         kind = html.escape(verdict(f.verdict).family)
         out.append(f'<p class="sv-verdict sv-{kind}">Sequence {s.seq}: '
-                   f'<b>{html.escape(f.verdict)}</b> — '
-                   f"{html.escape(f.explanation)}</p>")
+                   f'<b>{html.escape(f.verdict)}</b> — {html.escape(f.explanation)}</p>')
         out.append(_table(_evidence_rows(trace, f)))
         out.append(attribution_html(trace, s))
         if metrics.sampled(trace):  # its state named; its tokens still judged by their distribution
@@ -55,17 +53,15 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
         kind = DRAFTERS[trace.manifest.spec.drafter]
         out.append(f"<h4>Round {row.round}, batch row {row.row}</h4>")
         if row.tree is not None:
-            out.append('<p '
-                       f'class="sv-tree-words">{html.escape(tree_words(row))}:</p>'
+            out.append(f'<p class="sv-tree-words">{html.escape(tree_words(row))}:</p>'
                        f'{tree_svg(trace, row)}')
         out.append(_table([
             ("drafts offered to this row",
              f"{k}" + (f" (the round's widest row: {widest})" if k < widest else "")
              + (f" — {no_drafts(trace, have)}" if not k else "")),
             ("accepted", f"{row.accepted} of {k}" if k else "—"),
-            ("emitted",
-             " ".join(f"{visible_text(token_text(trace, t))} ({src})"
-                      for t, src in zip(row.emitted, row.sources))),
+            ("emitted", " ".join(f"{visible_text(token_text(trace, t))} ({src})"
+                                 for t, src in zip(row.emitted, row.sources))),
             ("padding before → after", f"{row.pad_before} → {_opt(row.pad_after)}"),
             ("content before → after", f"{row.content_before} → {_opt(row.content_after)}"),
             ("positions fed to verify", f"{row.pos_first} … {row.pos_last}"),
@@ -94,11 +90,11 @@ def forensics_html(trace: Trace, focus: Focus) -> str:
 
 
 def _sampled_verdict(trace: Trace, s: SequenceRecord) -> str:
-    """A sampled sequence has no reference to diverge from: how its tokens score under the target
-    instead."""
+    """A sampled sequence has no reference to diverge from: how its tokens score under
+    the target instead."""
     spec = trace.manifest.spec
-    head = (f"Sequence {s.seq} was sampled at {html.escape(sampling_text(spec))}: no "
-            "token-by-token reference")
+    head = (f"Sequence {s.seq} was sampled at {html.escape(sampling_text(spec))}: "
+            "no token-by-token reference")
     if s.pit is None:
         return f'<p class="sv-verdict">{head}; its tokens were not scored under the target.</p>'
     bad = metrics.impossible(s)
@@ -108,25 +104,23 @@ def _sampled_verdict(trace: Trace, s: SequenceRecord) -> str:
              f"mean PIT {'—' if mean is None else f'{mean:.3f}'} (0.5 expected)"]
     if bad:
         first = next(i for i, u in enumerate(s.pit) if u is None)
-        facts.append(f"<b>{bad} impossible under the target</b> (probability 0; the first is "
-                     f"token #{first})")
+        facts.append(f"<b>{bad} impossible under the target</b> "
+                     f"(probability 0; the first is token #{first})")
     if wrong:
         facts.append(f"<b>{wrong} decision(s) that do not follow their draw</b>")
     cls = " sv-sync-bug" if bad or wrong else ""
     return (f'<p class="sv-verdict{cls}">{head}; its tokens are judged with the whole run\'s, by '
-            'their randomized '
-            "PIT under the target recomputed at batch size 1 (the distribution panel): "
-            f"{'; '.join(facts)}.</p>")
+            "their randomized PIT under the target recomputed at batch size 1 (the distribution "
+            f"panel): {'; '.join(facts)}.</p>")
 
 
 def _draws_table(trace: Trace, row: RowRecord) -> str:
     """A sampled round's draws for one row: each draft's q, p, min(1, p/q), u and decision, then the
-    non-draft token and where it was drawn from. A decision that does not follow its draw is
-    marked."""
+    non-draft token and where it was drawn from. A decision that does not follow its draw
+    is marked."""
     wrong = metrics.mismatched(row)
-    out = [('<table class="sv-checks"><tr><th>slot</th><th>draft token</th><th>q (draft)</th><th>p '
-            '(target)</th>'
-            "<th>min(1, p/q)</th><th>draw u</th><th>decision</th></tr>")]
+    out = [('<table class="sv-checks"><tr><th>slot</th><th>draft token</th><th>q (draft)</th>'
+            "<th>p (target)</th><th>min(1, p/q)</th><th>draw u</th><th>decision</th></tr>")]
     for j, tok in enumerate(row.draft_tokens):
         q, p, u = row.draft_probs[j], row.target_draft_probs[j], row.accept_draws[j]
         decision = ("accepted" if j < row.accepted else "rejected" if j == row.accepted

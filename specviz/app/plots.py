@@ -1,5 +1,5 @@
-"""Plotly figures from a Trace: KV and padding lanes, phase timings, a sampled run's PIT
-histograms."""
+"""Plotly figures from a Trace: KV and padding lanes, phase timings, a sampled run's
+PIT histograms."""
 from __future__ import annotations
 
 import html
@@ -79,8 +79,8 @@ def kv_lanes(trace: Trace, focus: Focus) -> go.Figure:
     """Per row of the focused sequence's batch: padding, content, target and draft KV, delta, and
     the drafts each row was offered, over the rounds.
 
-    A static batch (eqspec) shows all its rows; exspec shows the sequences that shared the focused
-    round.
+    A static batch (eqspec) shows all its rows; exspec shows the sequences that shared
+    the focused round.
     """
     by_seq = rows_by_seq(trace)
     mine = by_seq.get(focus.seq, [])
@@ -156,25 +156,24 @@ def draft_slots(trace: Trace) -> go.Figure:
             for ys, name, colour in ((a.per_position, "the run's drafts", COLOURS[0]),
                                      (a.per_position_fresh, "the draft model's own", COLOURS[2]))]
     verdict = html.escape(a.verdict or OWN_DRAFTS)
-    return figure(data,
-            {"barmode": "group", "height": 300, "margin": {"t": 40, "b": 30, "l": 50, "r": 10},
-             "title": {"text": "acceptance per draft slot, of the rounds that reached it: "
-                               f"{verdict}"},
-             "yaxis": {"title": {"text": "accepted"}, "tickformat": ".0%", "range": [0, 1.05]},
-             "xaxis": {"title": {"text": "draft slot"}, "dtick": 1},
-             "legend": {"orientation": "h", "y": -0.25}})
+    return figure(data, {
+        "barmode": "group", "height": 300, "margin": {"t": 40, "b": 30, "l": 50, "r": 10},
+        "title": {"text": f"acceptance per draft slot, of the rounds that reached it: {verdict}"},
+        "yaxis": {"title": {"text": "accepted"}, "tickformat": ".0%", "range": [0, 1.05]},
+        "xaxis": {"title": {"text": "draft slot"}, "dtick": 1},
+        "legend": {"orientation": "h", "y": -0.25}})
 
 
 def pit_histograms(trace: Trace | None) -> go.Figure:
-    """A sampled run's PIT histograms (pit_figure), one panel per split; an explanatory empty figure
-    otherwise.
+    """A sampled run's PIT histograms (pit_figure), one panel per split; an explanatory empty
+    figure otherwise.
 
     Split names come from the trace (a stranger's text): plotly reads tags such as <a href> in its
     texts, so they are escaped here (plotly turns the entities back into plain characters).
     """
     if trace is None or not sampled(trace):
         return empty("Greedy run: checked token by token against the reference.<br>"
-                      "PIT histograms are drawn for sampled runs (temperature above 0).")
+                     "PIT histograms are drawn for sampled runs (temperature above 0).")
     dist = trace.distribution
     if dist is None:
         return empty("This sampled run was not judged: its trace holds no distribution test.")
@@ -184,15 +183,15 @@ def pit_histograms(trace: Trace | None) -> go.Figure:
 
 def yardstick(trace: Trace | None, focus: Focus | None) -> go.Figure:
     """Where the focused fork falls on the yardstick that judged it: the target's rounding (a
-    white-box run) or the engine's own, from its control run (an engine check), on a log axis of
-    logits."""
+    white-box run) or the engine's own, from its control run (an engine check), on a log axis
+    of logits."""
     ys = trace.manifest.yardstick if trace else None
     if ys is None or (ys.target is None and ys.engine is None):
         return empty("No yardstick: no reference was decoded beside this run.")
     seq = trace.sequences[focus.seq] if focus is not None else None
     f = seq.forensics if seq is not None else None
-    return _engine_yardstick(ys.engine, seq,
-                             f) if ys.engine is not None else _rounding_yardstick(ys.target, f)
+    return (_engine_yardstick(ys.engine, seq, f) if ys.engine is not None
+            else _rounding_yardstick(ys.target, f))
 
 
 def _marks(fig: go.Figure, marks: list[tuple[str, float | None, str]]) -> None:
@@ -204,8 +203,8 @@ def _marks(fig: go.Figure, marks: list[tuple[str, float | None, str]]) -> None:
                           line={"color": colour, "dash": "dot" if colour == "#c00" else "solid",
                                 "width": 2})
             fig.add_trace(go.Scatter(x=[x], y=[1.02], mode="markers",
-                                     marker={"color": colour, "size": 9,
-                          "symbol": "triangle-down"}, name=f"{name}: {x:.3g}",
+                                     marker={"color": colour, "size": 9, "symbol": "triangle-down"},
+                                     name=f"{name}: {x:.3g}",
                                      hovertemplate=f"{name}: {x:.3g}<extra></extra>"))
 
 
@@ -227,11 +226,10 @@ def _rounding_yardstick(r, f) -> go.Figure:
     _marks(fig, marks)
     fig.update_layout(height=300, margin={"t": 40, "b": 40, "l": 50, "r": 10},
                       legend={"orientation": "h", "y": -0.35},
-                      title=f"the target's rounding in {html.escape(r.dtype)} ({r.positions} "
-                            "positions)",
+                      title=f"the target's rounding in {html.escape(r.dtype)} "
+                            f"({r.positions} positions)",
                       xaxis={"type": "log", "title": {"text": "logits"}},
-                      yaxis={"title": {"text": "share of positions"},
-                                                                              "range": [0, 1.08]})
+                      yaxis={"title": {"text": "share of positions"}, "range": [0, 1.08]})
     return fig
 
 
@@ -240,7 +238,8 @@ def _engine_yardstick(noise, seq, f) -> go.Figure:
     if noise.departures:
         fig.add_trace(go.Histogram(x=noise.departures, name="control's departures (float64 gaps)",
                                    marker_color="#4c78a8", histnorm="probability",
-                hovertemplate="%{y:.0%} of departures near %{x:.3g}<extra></extra>"))
+                                   hovertemplate="%{y:.0%} of departures near %{x:.3g}"
+                                                 "<extra></extra>"))
     marks = [("engine tolerance" + f" (α {noise.alpha:g})", noise.tolerance, "#c00"),
              ("transformers' rounding", noise.rounding, "#9d9d9d")]
     if f is not None:
@@ -249,9 +248,9 @@ def _engine_yardstick(noise, seq, f) -> go.Figure:
                   ("first gap beyond", seq.gaps[f.first_bad] if f.first_bad is not None else None,
                    "#e45756")]
     _marks(fig, marks)
-    where = {"none": "no control run",
-             "unbounded": f"its control's {noise.tokens} tokens bound none of it"}.get(
-        noise.source, f"its control's {noise.tokens} tokens")
+    where = ({"none": "no control run",
+              "unbounded": f"its control's {noise.tokens} tokens bound none of it"}
+             .get(noise.source, f"its control's {noise.tokens} tokens"))
     fig.update_layout(height=300, margin={"t": 40, "b": 40, "l": 50, "r": 10},
                       legend={"orientation": "h", "y": -0.35},
                       title=f"the engine's rounding ({where})",
@@ -262,8 +261,8 @@ def _engine_yardstick(noise, seq, f) -> go.Figure:
 
 def band(n: int, k: int, alpha: float) -> tuple[int, int]:
     """The counts one of k equal bins holds under uniformity with probability 1 - alpha / k at least
-    (Bonferroni over the panel's bins): a bar outside says, alone, that the panel is not uniform at
-    alpha."""
+    (Bonferroni over the panel's bins): a bar outside says, alone, that the panel is not uniform
+    at alpha."""
     q = alpha / k / 2
     return int(stats.binom.ppf(q, n, 1 / k)), int(stats.binom.ppf(1 - q, n, 1 / k))
 
@@ -301,8 +300,7 @@ def pit_figure(dist: Distribution) -> go.Figure:
         fails = s.p * len(dist.splits) < dist.alpha
         layout["annotations"].append({"text": f"{s.name} · n={s.n} · p={s.p:.2g}",
                                       "x": (x0 + x1) / 2, "y": y1, "xref": "paper", "yref": "paper",
-                                      "xanchor": "center", "yanchor": "bottom",
-                                      "showarrow": False,
+                                      "xanchor": "center", "yanchor": "bottom", "showarrow": False,
                                       "font": {"size": 11, "color": WARN if fails else "#333"}})
         k = len(s.counts)
         expected = s.n / k
@@ -314,7 +312,7 @@ def pit_figure(dist: Distribution) -> go.Figure:
                      "fill": "toself", "fillcolor": "rgba(0,0,0,0.1)", "line": {"width": 0},
                      "mode": "lines", "hoverinfo": "text",
                      "text": f"{1 - dist.alpha:.3g} band per bin (Bonferroni over {k} bins): "
-                                                  f"{lo}-{hi} values"})
+                             f"{lo}-{hi} values"})
         data.append({"type": "bar", **axes, "name": s.name, "x": [(j + 0.5) / k for j in range(k)],
                      "y": [v / expected for v in s.counts], "width": 1 / k, "customdata": s.counts,
                      "marker": {"color": WARN if fails else OK},

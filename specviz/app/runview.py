@@ -1,7 +1,7 @@
 """The Run view's handlers: from the controls (or a share link, or an uploaded trace) to a trace,
 and from a trace and a focus (a sequence and one of its rounds) to every view. Decoding, shrinking
-and engine checks go through the serving layer (serving.py); the views are drawn from the trace
-alone.
+and engine checks go through the serving layer (serving.py); the views are drawn
+from the trace alone.
 """
 from __future__ import annotations
 
@@ -69,15 +69,13 @@ WELCOME = ("**You are looking at a real case, bundled with specviz:** {what}, re
            "of methods, faults, batch sizes and k.")
 
 
-BUNDLED_WHAT = {"bsp-like "
-                "decay": "the bsp-like faults (position ids counted from cache slots, pads and "
-                         "rejected "
-                                  "drafts included) decaying batch speculative decoding on the "
-                                  "embedded pair",
-                "numerics "
-                "near-tie": "clean batch speculative decoding in bfloat16 on the tiny pair, where "
-                            "near-ties "
-                                     "tip under floating point (numerics, not a bug)"}
+BUNDLED_WHAT = {
+    "bsp-like decay": ("the bsp-like faults (position ids counted from cache slots, pads and "
+                       "rejected drafts included) decaying batch speculative decoding on the "
+                       "embedded pair"),
+    "numerics near-tie": ("clean batch speculative decoding in bfloat16 on the tiny pair, where "
+                          "near-ties tip under floating point (numerics, not a bug)"),
+}
 
 
 def shrink_focused(settings: Settings, trace: Trace | None, seq, progress=gr.Progress(),
@@ -100,8 +98,8 @@ def shrink_focused(settings: Settings, trace: Trace | None, seq, progress=gr.Pro
 def run_controls(settings: Settings, progress=gr.Progress(), request: gr.Request = None,
                  **controls):
     """Run button and examples: decode what the controls say (spec_from_controls'; an API client may
-    leave any out: the draft's own sampling settings default to blank, the drafter to the draft
-    model)."""
+    leave any out: the draft's own sampling settings default to blank, the drafter
+    to the draft model)."""
     session = request.session_hash if request else ""
     with serving.as_page_errors():
         spec = spec_from_controls(**controls)
@@ -156,7 +154,8 @@ def check_engine(settings: Settings, progress=gr.Progress(), **controls):
                                       (control_server, served) if control_server else None)
         drafter = next(n for n, d in DRAFTERS.items() if d.draft_model) if c["same_draft"] else None
         trace = serving.check_engine_trace(spec, settings, files, servers,
-                                     bool(c["determinism"]) and files is None, progress, drafter)
+                                           bool(c["determinism"]) and files is None,
+                                           progress, drafter)
     return trace, summary.headline(trace), serving.save(trace), None
 
 
@@ -169,8 +168,8 @@ def open_trace(path: str | None):
 def open_link(query: str) -> dict:
     """Page load, by name (form.DEFAULTS' controls, "trace", "download", "pending" and "status"):
     the controls filled from a share link, to be replayed; without one (or with a bad one, which
-    gets a message), the first bundled trace at once: no decode, no queue. What it leaves out
-    stays."""
+    gets a message), the first bundled trace at once: no decode, no queue. What it leaves
+    out stays."""
     try:
         link = share.decode_link(query or "")
     except SpecError as e:
@@ -210,13 +209,14 @@ def replay(settings: Settings, pending: dict | None, progress=gr.Progress(),
     with serving.as_page_errors("the shared run cannot be replayed here: "):
         trace, timing = serving.served_trace(RunSpec.model_validate_json(pending["spec"]), settings,
                                              progress, session)
-    return trace, serving.served_headline(trace, timing) + "\n\n" + _replay_report(trace,
-            pending), serving.save(trace), pending
+    return (trace,
+            serving.served_headline(trace, timing) + "\n\n" + _replay_report(trace, pending),
+            serving.save(trace), pending)
 
 
 def _replay_report(trace: Trace, pending: dict) -> str:
-    """Markdown: whether the replay matched, and the two environments (the link's is a stranger's
-    text)."""
+    """Markdown: whether the replay matched, and the two environments (the link's
+    is a stranger's text)."""
     m = trace.manifest
     here = share.environment(m)
     if pending.get("fp") is None:
@@ -228,8 +228,8 @@ def _replay_report(trace: Trace, pending: dict) -> str:
                         "accept/reject decisions.")
     else:
         verdict = (f"**Replay drifted from the shared run:** fingerprint `{m.fingerprint}` here, "
-                   # both: 16 hex digits
-                   f"`{pending['fp']}` in the link: some token or acceptance decision differs. ")
+                   f"`{pending['fp']}` in the link: "  # both: 16 hex digits
+                   "some token or acceptance decision differs. ")
         if not m.spec.greedy:
             verdict += ("This run samples, but its random numbers are counter-based (the seed, the "
                         "sequence, the token's index), the same in every environment: a drift "
@@ -250,8 +250,8 @@ def _replay_report(trace: Trace, pending: dict) -> str:
 
 
 def render(trace: Trace | None, seq=None, round=None, note: str = "") -> dict:
-    """Every view for `trace` at the focus nearest (seq, round), and the share link for it, by name
-    (VIEW_NAMES)."""
+    """Every view for `trace` at the focus nearest (seq, round), and the share link for it,
+    by name (VIEW_NAMES)."""
     if trace is None:
         return dict.fromkeys(VIEW_NAMES, gr.skip())
     focus, moved = views.resolve(trace, None if seq is None else int(seq),
@@ -262,7 +262,7 @@ def render(trace: Trace | None, seq=None, round=None, note: str = "") -> dict:
             raise SpecError("an engine check cannot be replayed from a link (the engine is not "
                             "here): share its trace file")
         link = share.encode_link(share.Link(m.spec, focus.seq, focus.round, m.fingerprint,
-                                       share.environment(m)))
+                                            share.environment(m)))
     except SpecError as e:
         link, moved = "", moved + str(e)
     frame = summary.summary_frame(trace)
@@ -306,8 +306,8 @@ def pick_row(trace, table, evt: gr.SelectData):
 def method_allows(method: str, drafter: str):
     """What the method registry (methods.py) lets `method` take, as updates of its info and of the
     faults, drafter and k controls: faults only where it declares them, a drafter and k only where
-    it speculates. A value the method cannot take is reset, so that the page never holds a spec it
-    refuses."""
+    it speculates. A value the method cannot take is reset, so that the page never holds a spec
+    it refuses."""
     m = METHODS.get(method)
     if m is None:
         return gr.skip(), gr.skip(), gr.skip(), gr.skip()
@@ -315,8 +315,7 @@ def method_allows(method: str, drafter: str):
     return (gr.update(info=m.summary),
             gr.update(interactive=m.faults) if m.faults else gr.update(interactive=False, value=[]),
             gr.update(interactive=m.speculative) if drafter in takes
-            else gr.update(interactive=m.speculative,
-                                                                                  value=takes[0]),
+            else gr.update(interactive=m.speculative, value=takes[0]),
             gr.update(interactive=m.speculative))
 
 

@@ -38,8 +38,8 @@ CANCELLED: set[str] = set()  # sessions whose running decode should stop
 LOCK = threading.Lock()  # every decode, shrink and check holds it: one at a time in this process
 # Finished traces our own engine made (`make traces`), served without decoding: the first page opens
 # on one, and the examples of the same spec open at once. tests/test_bundled.py keeps them equal to
-# today's engine. The field cases' runs are bundled too (Case.trace), each parsed when first asked
-# for.
+# today's engine. The field cases' runs are bundled too (Case.trace), each parsed when first
+# asked for.
 BUNDLED = {"bsp-like decay": "bsp-like-decay.json", "numerics near-tie": "numerics-near-tie.json"}
 PHASE_TEXT = {"reference": "reference (target alone, batch size 1)",
               "distribution": "distribution (each token scored under the target, batch size 1)"}
@@ -97,8 +97,8 @@ def served_headline(trace: Trace, timing: str | None, note: str = "") -> str:
 
 
 def error(message: str, **kwargs) -> gr.Error:
-    """gr.Error shows its message as HTML (sanitized, yet an <img> still loads): it may quote a
-    stranger."""
+    """gr.Error shows its message as HTML (sanitized, yet an <img> still loads): it may quote
+    a stranger."""
     return gr.Error(html.escape(message, quote=False), **kwargs)
 
 
@@ -194,10 +194,9 @@ def shrink_fork(trace: Trace, seq: int, settings: Settings, progress: gr.Progres
     remember(small)
     f = small.sequences[found.seq].forensics
     return (f"**Smallest run found** ({found.trials} candidate runs): {size(spec)} → "
-            f"{size(small.manifest.spec)}; its "
-            f"sequence {found.seq} still {mark.describe()}" + (f" (`{f.verdict}`)" if f else "")
-            + ". "
-            f"[Open it]({found.link()}), or copy the link.")
+            f"{size(small.manifest.spec)}; its sequence {found.seq} still {mark.describe()}"
+            + (f" (`{f.verdict}`)" if f else "")
+            + f". [Open it]({found.link()}), or copy the link.")
 
 
 @gpu
@@ -236,8 +235,8 @@ def check_engine_trace(spec: RunSpec, settings: Settings, files: tuple | None,
 
 
 def remember(trace: Trace) -> None:
-    """Keep a decoded trace for replays of its spec (a link this process has already run opens at
-    once)."""
+    """Keep a decoded trace for replays of its spec (a link this process has already run opens
+    at once)."""
     TRACES[trace.manifest.spec.key()] = trace
     if len(TRACES) > MAX_TRACES:
         TRACES.popitem(last=False)
@@ -245,8 +244,8 @@ def remember(trace: Trace) -> None:
 
 @functools.cache
 def _trace_dir() -> Path:
-    """This process's own folder for downloads: private, not a fixed name in the shared temp
-    folder."""
+    """This process's own folder for downloads: private, not a fixed name in the shared
+    temp folder."""
     return Path(tempfile.mkdtemp(prefix="specviz-traces-"))
 
 
@@ -260,8 +259,8 @@ def save(trace: Trace) -> str:
 
 
 def write_once(name: str, text: str) -> str:
-    """`text` in this process's download folder under `name` (unless already there), and its
-    path."""
+    """`text` in this process's download folder under `name` (unless already there),
+    and its path."""
     path = _trace_dir() / name
     if not path.exists():
         with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, suffix=".tmp",

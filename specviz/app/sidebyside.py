@@ -53,15 +53,13 @@ def side_of_trace(trace: Trace) -> Side:
     by_seq = views.rows_by_seq(trace)
     rounds = [[len(r.emitted) for r in by_seq.get(q.seq, [])] for q in trace.sequences]
     return _side_of(f"{name} · {m.fingerprint[:8]}", [p.text for p in trace.prompts],
-                    trace.sequences, rounds,
-                 None if m.engine is not None else m.spec)
+                    trace.sequences, rounds, None if m.engine is not None else m.spec)
 
 
 def side_of_report(report: SweepReport, run: int) -> Side:
     seqs = report.sequences_of(run)
     return _side_of(report.rows[run].name() + " · sweep", report.spec_of(run).prompts, seqs,
-                    [q.rounds for q in seqs],
-                 report.sweep.specs()[run])
+                    [q.rounds for q in seqs], report.sweep.specs()[run])
 
 
 def _side_of(label: str, prompts, seqs: list[SequenceRecord], rounds: list[list[int]],
@@ -79,8 +77,7 @@ def problem(a: Side, b: Side, seq: int) -> str | None:
     """Why `a` and `b` cannot be compared at sequence `seq`, in words; None when they can."""
     if a.prompts != b.prompts:
         return (f"the two runs decode different prompts ({len(a.prompts)} and {len(b.prompts)}, "
-                "not the same "
-                "texts): compare runs of the same prompts")
+                "not the same texts): compare runs of the same prompts")
     if not 0 <= seq < len(a.ids):
         return f"there is no sequence {seq}: these runs have {len(a.ids)}"
     return None
@@ -141,14 +138,13 @@ def aligned_html(a: Side, b: Side, seq: int) -> str:
         cols = range(start, min(start + TOKENS_PER_LINE, width))
         # a short last line keeps the others' column widths
         pad = "<td></td>" * (TOKENS_PER_LINE - len(cols))
-        out.append('<table class="sv-sbs-line"><thead><tr><th></th>' + "".join(
-            f'<th class="{"sv-first" if i == first else ""}">{i}</th>' for i in cols)
-            + "<th></th>" * (TOKENS_PER_LINE - len(cols)) + "</tr></thead><tbody>")
+        out.append('<table class="sv-sbs-line"><thead><tr><th></th>'
+                   + "".join(f'<th class="{"sv-first" if i == first else ""}">{i}</th>'
+                             for i in cols)
+                   + "<th></th>" * (TOKENS_PER_LINE - len(cols)) + "</tr></thead><tbody>")
         for (name, ids, pieces, _), round_starts in zip(rows, starts):
-            out.append('<tr><th '
-                       f'class="sv-sbs-name" title="{html.escape(name)}">'
-                       f'{html.escape(name.split(":")[0])}'
-                       "</th>")
+            out.append(f'<tr><th class="sv-sbs-name" title="{html.escape(name)}">'
+                       f'{html.escape(name.split(":")[0])}</th>')
             for i in cols:
                 out.append(_token_cell(ids, pieces, ref, i, first, round_starts))
             out.append(pad + "</tr>")

@@ -54,8 +54,8 @@ def headline(trace: Trace, note: str = "", timing: str | None = None) -> str:
 
 
 def drafter_text(spec) -> str:
-    """What proposed a run's drafts, in words: the draft model, or prompt lookup with its n-gram
-    sizes."""
+    """What proposed a run's drafts, in words: the draft model, or prompt lookup
+    with its n-gram sizes."""
     return DRAFTERS[spec.drafter].words(spec)
 
 
@@ -86,9 +86,9 @@ def speed_md(trace: Trace, timing: str | None = None) -> str:
     m, s = trace.manifest, trace.manifest.spec
     r = sp["ratio"]
     head = f"**Speed-up: {r:.2f}×** " + ("the batch-size-1 reference's tokens/s"
-                                         if f"{r:.2f}" == "1.00" else
-                                          "— faster than the batch-size-1 reference" if r > 1 else
-                                          "— slower than the batch-size-1 reference")
+                                         if f"{r:.2f}" == "1.00"
+                                         else "— faster than the batch-size-1 reference" if r > 1
+                                         else "— slower than the batch-size-1 reference")
     device = m.device if m.device_name in ("", m.device) else f"{m.device} ({m.device_name})"
     where = TIMING_TEXT.get(timing, FILE_TIMING).format(created=m.created, device=device)
     out = (f"{head}: {sp['tokens_per_second']:.1f} tokens/s ({sp['tokens']} tokens in "
@@ -98,12 +98,11 @@ def speed_md(trace: Trace, timing: str | None = None) -> str:
         out += f" Device: {md(device)}."
     if s.batch_size > 1:
         out += (f" The run decodes up to {s.batch_size} prompts at once, the reference one at a "
-                "time: batching is "
-                "part of this ratio.")
+                "time: batching is part of this ratio.")
     traced = sum(metrics.phase_seconds(trace)[p] for p in ("trace", "watch"))
     if traced >= 0.005:
-        out += (f" The run's time includes {traced:.2f} s of recording its trace and watching for "
-                "forks.")
+        out += (f" The run's time includes {traced:.2f} s of recording its trace and "
+                "watching for forks.")
     return out
 
 
@@ -136,26 +135,26 @@ def _places(first: list[list[int]]) -> str:
 
 
 def distribution_row(trace: Trace) -> str:
-    """A sampled run's summary row (markdown): in place of the exact and prefix match of a greedy
-    run."""
+    """A sampled run's summary row (markdown): in place of the exact and prefix match
+    of a greedy run."""
     d = metrics.distribution_summary(trace)
     head = ("| sampled run | verdict | p | failing split | tokens tested | impossible tokens | "
             "decision mismatches |\n"
             "|---|---|---:|---|---:|---:|---:|\n")
     if d is None:
-        return (head + "| distribution | not judged (no distribution in this trace) | — | — | — | "
-                       "— | — |")
+        return (head + "| distribution | not judged (no distribution in this trace) "
+                       "| — | — | — | — | — |")
     mismatches = "—" if d["checked"] is None else f"{d['mismatches']} of {d['checked']}"
     if d["mismatches"]:
         mismatches = f"**{mismatches}**"
     return head + (f"| distribution | **{md(d['verdict'])}** | {p_value(d['p'])} | "
-                   f"{md(d['failing'] or '—')} | {d['tokens']} | {d['impossible']} | {mismatches} "
-                   "|")
+                   f"{md(d['failing'] or '—')} | {d['tokens']} | {d['impossible']} | "
+                   f"{mismatches} |")
 
 
 def distribution_md(trace: Trace | None) -> str:
-    """The PIT panel's verdict: the test, its p, the failing split, and the decision audit, in a few
-    lines."""
+    """The PIT panel's verdict: the test, its p, the failing split, and the decision audit,
+    in a few lines."""
     if trace is None:
         return ("A sampled run (temperature above 0) is judged here: each token's randomized PIT "
                 "under the target, recomputed at batch size 1, must be uniform in every split; "
@@ -186,8 +185,7 @@ def distribution_md(trace: Trace | None) -> str:
                  + ("" if ok or d["failing"] is None else f"; failing: **{md(d['failing'])}**")
                  + ".")
     lines.append(f"{d['tokens']} tokens tested; **{d['impossible']} impossible** (probability 0 "
-                 "under the target: "
-                 "no correct sampler emits one)" if d["impossible"] else
+                 "under the target: no correct sampler emits one)" if d["impossible"] else
                  f"{d['tokens']} tokens tested; no impossible token")
     if d["skipped"]:
         lines[-1] += f"; {d['skipped']} splits too small to test"
@@ -197,22 +195,20 @@ def distribution_md(trace: Trace | None) -> str:
                  "recorded p, q and draw u (accepted iff u < p/q): ")
         if d["mismatches"]:
             shown = d["first"][:5]
-            audit += (f"**{d['mismatches']} do not follow their draw**; the first at (round, row, "
-                      "slot) "
-                      f"{md(_places(shown))}" + (", …" if d["mismatches"] > len(shown) else "")
-                      + ". "
+            audit += (f"**{d['mismatches']} do not follow their draw**; the first at "
+                      f"(round, row, slot) {md(_places(shown))}"
+                      + (", …" if d["mismatches"] > len(shown) else "") + ". "
                       + ("The engine does not sample as it records, whatever the PIT test can see "
-                         "yet."
-                         if ok else ""))
+                         "yet." if ok else ""))
         else:
             audit += "all follow their draw."
         lines.append(audit)
     if (a := trace.distribution.attribution) is not None:
         lines.append(f"**Which rule wrote these tokens?** {md(a.explanation)}")
-        lines.append("| acceptance rule | log-likelihood ratio over the correct rule | named "
-                     "|\n|---|---:|---|\n" + "".join(
-            f"| {md(h.fault)} | {metrics.ratio_text(h)} | {'✓' if h.named else ''} |\n"
-            for h in a.hypotheses))
+        lines.append("| acceptance rule | log-likelihood ratio over the correct rule | named |\n"
+                     "|---|---:|---|\n"
+                     + "".join(f"| {md(h.fault)} | {metrics.ratio_text(h)} | "
+                               f"{'✓' if h.named else ''} |\n" for h in a.hypotheses))
     return "\n\n".join(lines)
 
 

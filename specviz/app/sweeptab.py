@@ -59,8 +59,8 @@ def casebook_sweep() -> Sweep:
     """The field casebook as one listed sweep: every case's replica, in the casebook's order (each
     run's fields those of its case beyond the casebook's common run)."""
     return Sweep.listed(RunSpec.build(**BASE_RUN), [
-        {name: value for name, value in case.spec_fields().items() if name not in BASE_RUN
-         or BASE_RUN[name] != value}
+        {name: value for name, value in case.spec_fields().items()
+         if name not in BASE_RUN or BASE_RUN[name] != value}
         for case in CASES])
 
 
@@ -84,8 +84,8 @@ def _sweep_controls_of(sweep: Sweep) -> dict:
 
 
 class _RunOf:
-    """_decode's progress for run i of n in a sweep: the whole sweep's fraction, and which run it is
-    on."""
+    """_decode's progress for run i of n in a sweep: the whole sweep's fraction, and which run
+    it is on."""
 
     def __init__(self, progress, i: int, n: int, label: str):
         self.progress, self.i, self.n, self.label = progress, i, n, label
@@ -107,16 +107,16 @@ def _sweep_traces(sweep: Sweep, settings: Settings, progress, session: str) -> l
 
 @by_name(SWEEP_DEFAULTS)
 def run_sweep(settings: Settings, progress=gr.Progress(), request: gr.Request = None, **controls):
-    """The Sweep tab's Run button (sweep_from_controls' controls): every run of the sweep, then its
-    report."""
+    """The Sweep tab's Run button (sweep_from_controls' controls): every run of the sweep, then
+    its report."""
     with serving.as_page_errors():
         sweep = sweep_from_controls(**controls)
     return _run(settings, sweep, progress, request)
 
 
 def run_casebook(settings: Settings, progress=gr.Progress(), request: gr.Request = None):
-    """The Sweep tab's "Run the field casebook": every case's replica as one sweep (served from the
-    bundle)."""
+    """The Sweep tab's "Run the field casebook": every case's replica as one sweep (served
+    from the bundle)."""
     return _run(settings, casebook_sweep(), progress, request)
 
 
@@ -136,8 +136,8 @@ def open_report(path: str | None):
 
 
 def _save_report(found: SweepReport) -> str:
-    """The report as a file to download, named after its content's hash (as serving.save names
-    traces)."""
+    """The report as a file to download, named after its content's hash (as serving.save
+    names traces)."""
     text = found.to_json()
     return serving.write_once(f"sweep-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json", text)
 
@@ -212,15 +212,15 @@ def open_sweep_link(query: str) -> dict:
 
 def replay_sweep(settings: Settings, pending: dict | None, progress=gr.Progress(),
                  request: gr.Request = None):
-    """Run a linked sweep, when this server allows it; otherwise say why and what to ask for
-    instead."""
+    """Run a linked sweep, when this server allows it; otherwise say why and what to ask
+    for instead."""
     if not pending:
         return gr.skip(), gr.skip(), gr.skip(), gr.skip()
     session = request.session_hash if request else ""
     with serving.as_page_errors("the shared sweep cannot be replayed here: ",
-                                then=". Ask whoever shared it for its "
-                                "report file (the Sweep tab's download, or specviz verify "
-                                "--json) and open that instead"):
+                                then=". Ask whoever shared it for its report file "
+                                     "(the Sweep tab's download, or specviz verify --json) "
+                                     "and open that instead"):
         sweep = Sweep.model_validate_json(pending["sweep"])
         found = report(sweep, _sweep_traces(sweep, settings, progress, session))
     return (found, _save_report(found), pending.get("cell"),
@@ -284,8 +284,8 @@ def open_compare_link(query: str):
 
 def replay_compare(settings: Settings, pending: dict | None, sides: dict | None,
                    progress=gr.Progress(), request: gr.Request = None):
-    """Decode a compare link's two runs (each from the cache, the bundle, else decoded) and pick
-    them."""
+    """Decode a compare link's two runs (each from the cache, the bundle, else decoded)
+    and pick them."""
     if not pending:
         return gr.skip(), gr.skip(), gr.skip(), gr.skip()
     session = request.session_hash if request else ""
@@ -309,8 +309,8 @@ element.addEventListener('click', (e) => {
 
 
 def sweep_tab(settings: Settings) -> dict:
-    """The Sweep tab's controls and views, by name (SWEEP_DEFAULTS, SWEEP_VIEW_NAMES and the
-    rest)."""
+    """The Sweep tab's controls and views, by name (SWEEP_DEFAULTS, SWEEP_VIEW_NAMES
+    and the rest)."""
     w = {"report": gr.State(None), "cell": gr.State(None), "pending": gr.State(None),
          "link_query": gr.Textbox(visible=False)}
     d = SWEEP_DEFAULTS
@@ -333,10 +333,10 @@ def sweep_tab(settings: Settings) -> dict:
             w["methods"] = gr.CheckboxGroup(list(METHODS), value=d["methods"], label="methods",
                                             elem_id="sv-sweep-methods")
             w["drafters"] = gr.CheckboxGroup(list(DRAFTERS), value=d["drafters"], label="drafters")
-            w["fault_sets"] = gr.CheckboxGroup([NO_FAULTS, *FAULTS, *FAULT_PRESETS],
-                                               value=d["fault_sets"],
-                    label="faults: one run for each (the methods that take faults)",
-                                               elem_id="sv-sweep-faults")
+            w["fault_sets"] = gr.CheckboxGroup(
+                [NO_FAULTS, *FAULTS, *FAULT_PRESETS], value=d["fault_sets"],
+                label="faults: one run for each (the methods that take faults)",
+                elem_id="sv-sweep-faults")
             w["batch_sizes"] = gr.CheckboxGroup([b for b in SWEEP_BATCH_SIZES
                                                  if b <= settings.max_batch_size],
                                                 value=d["batch_sizes"], label="batch sizes",

@@ -50,8 +50,8 @@ def _figure(data: list[dict], **layout) -> go.Figure:
     if len(shown) > LEGEND_BELOW:
         legend = sum(LEGEND_LINE[d["type"]] for d in shown)
         layout = {"legend": {"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom",
-                             # (plotly's default: half the figure)
-                             "maxheight": legend + 20}, **layout,
+                             "maxheight": legend + 20},  # (plotly's default: half the figure)
+                  **layout,
                   "height": layout.get("height", LAYOUT["height"]) + legend,
                   "margin": {**LAYOUT["margin"], "b": LAYOUT["margin"]["b"] + 20 + legend}}
     return plots.figure(data, {**LAYOUT, **layout})
@@ -61,8 +61,8 @@ def _figure(data: list[dict], **layout) -> go.Figure:
 
 
 def _percent(value: float) -> str:
-    """A cell's text: rounded, but 100 and 0 only when exactly so (99.6% of sequences equal is not
-    100)."""
+    """A cell's text: rounded, but 100 and 0 only when exactly so (99.6% of sequences equal
+    is not 100)."""
     return f"{value:.0f}" if value in (0, 100) else str(min(99, max(1, round(value))))
 
 
@@ -107,9 +107,9 @@ def _grid(report: SweepReport) -> tuple[list[str], list[tuple[str, list[int | No
     labels = list(dict.fromkeys(r.label() for r in report.rows))
     if len(labels) == len(report.rows) and len({place(r) for r in report.rows}) > 1:
         most = Counter(r.column() for r in report.rows).most_common(1)[0][0]
-        return [most], [(" · ".join([r.label(),
-                *(p for p in r.column().split(" · ") if p not in most.split(" · "))]),
-                         [i]) for i, r in enumerate(report.rows)]
+        return [most], [(" · ".join([r.label(), *(p for p in r.column().split(" · ")
+                                                  if p not in most.split(" · "))]), [i])
+                        for i, r in enumerate(report.rows)]
     columns = {place(r): r.column() for r in sorted(report.rows, key=place)}
     runs = {(r.label(), *place(r)): i for i, r in enumerate(report.rows)}
     return list(columns.values()), [(label, [runs.get((label, *c)) for c in columns])
@@ -172,10 +172,11 @@ def verdict_bars(report: SweepReport) -> go.Figure:
     runs = [html.escape(r.name()) for r in report.rows]
     data = [{"type": "bar", "orientation": "h", "name": html.escape(n), "y": runs,
              "x": [c[n] for c in counts], "marker": {"color": _outcome_colour(n, sync_bugs)},
-             "hovertemplate": f"%{{y}}<br>{html.escape(n)}: %{{x}}<extra></extra>"} for n in names]
+             "hovertemplate": f"%{{y}}<br>{html.escape(n)}: %{{x}}<extra></extra>"}
+            for n in names]
     return _figure(data, barmode="stack", title="outcome of every sequence, per run",
-                   # every run named: plotly would skip some when dense
                    xaxis={"title": {"text": "sequences"}},
+                   # every run named: plotly would skip some when dense
                    yaxis={"autorange": "reversed", "automargin": True, "tickmode": "array",
                           "tickvals": runs, "ticktext": runs},
                    height=160 + 22 * len(runs))
@@ -212,8 +213,8 @@ def divergence_histogram(report: SweepReport) -> go.Figure:
 
 
 def accept_length_histogram(report: SweepReport) -> go.Figure:
-    """The share of (round, row) records that accepted 0, 1, 2, … drafts, per row label over its
-    columns."""
+    """The share of (round, row) records that accepted 0, 1, 2, … drafts, per row label over
+    its columns."""
     data = []
     for c, (label, runs) in enumerate(_by_label(report).items()):
         lengths = [report.rows[i].accept_lengths for i in runs if report.rows[i].accept_lengths]
@@ -272,15 +273,15 @@ def sweep_summary_md(report: SweepReport) -> str:
     sampled = (f", sampled at temperature {', '.join(f'{t:g}' for t in temperatures)}"
                if temperatures else "")
     equal = (f"; {sum(r.exact_pct == 100 for r in greedy)} of {len(greedy)} greedy runs equal the "
-             "reference"
-        if greedy else "")
+             "reference" if greedy else "")
     faults = ", ".join(md(",".join(f) or NO_FAULTS) for f in sweep.fault_sets)
     pairs = ", ".join(dict.fromkeys(f"{md(s.target)} / {md(s.draft)}" for s in sweep.specs()))
     return (f"**{sweep.size()} runs** of {pairs} on {len(base.prompts)} prompts, up to "
             f"{base.max_new_tokens} new tokens each, {base.dtype}{sampled}: {tokens} tokens "
             f"decoded{equal}.  \n"
-            + ("the runs listed, not every combination of: " if sweep.runs else "") +
-            f"methods {md(', '.join(sweep.methods))} · drafters {md(', '.join(sweep.drafters))} · "
-            f"fault sets {faults} · batch sizes {', '.join(map(str, sweep.batch_sizes))} · k "
-            f"{', '.join(map(str, sweep.ks))} · temperatures "
-            f"{', '.join(f'{t:g}' for t in sweep.temperatures)}")
+            + ("the runs listed, not every combination of: " if sweep.runs else "")
+            + f"methods {md(', '.join(sweep.methods))} · "
+              f"drafters {md(', '.join(sweep.drafters))} · fault sets {faults} · "
+              f"batch sizes {', '.join(map(str, sweep.batch_sizes))} · "
+              f"k {', '.join(map(str, sweep.ks))} · "
+              f"temperatures {', '.join(f'{t:g}' for t in sweep.temperatures)}")

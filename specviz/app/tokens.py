@@ -1,6 +1,6 @@
 """The tokens of the focused sequence, as HTML: the timeline (chips grouped by round, coloured by
-origin), the acceptance grid (sequences by rounds), and the reference and speculative texts side by
-side."""
+origin), the acceptance grid (sequences by rounds), and the reference and speculative texts side
+by side."""
 from __future__ import annotations
 
 import html
@@ -52,12 +52,11 @@ def _round_html(trace: Trace, seq: SequenceRecord, r: RowRecord, i: int, widest:
             f" (others in this round were offered up to {widest})" if k < widest else "")
     else:
         offered = no_drafts(trace, i)
-    out = ['<div '
-           f'class="sv-round{" sv-sel" if selected else ""}{"" if k else " sv-nodrafts"}" data-seq='
-           f'"{seq.seq}" data-round="{r.round}" title="round {r.round} · batch row {r.row} · '
-           f'{html.escape(offered)}'
-           + (f" · {len(wrong)} decision(s) do not follow their draw" if wrong else "") + '">'
-           f'<span class="sv-rn">{r.round}</span>']
+    out = [f'<div class="sv-round{" sv-sel" if selected else ""}{"" if k else " sv-nodrafts"}" '
+           f'data-seq="{seq.seq}" data-round="{r.round}" '
+           f'title="round {r.round} · batch row {r.row} · {html.escape(offered)}'
+           + (f" · {len(wrong)} decision(s) do not follow their draw" if wrong else "")
+           + f'"><span class="sv-rn">{r.round}</span>']
     if not k:
         out.append(f'<span class="sv-nodraft" title="{html.escape(offered)}">no drafts</span>')
     for j, (tok, src) in enumerate(zip(r.emitted, r.sources)):
@@ -78,8 +77,8 @@ def _round_html(trace: Trace, seq: SequenceRecord, r: RowRecord, i: int, widest:
 
 
 def _branch_tip(r: RowRecord, j: int) -> list[str]:
-    """Which branch of the row's token tree an accepted draft came from (nothing for a chain's
-    round)."""
+    """Which branch of the row's token tree an accepted draft came from (nothing
+    for a chain's round)."""
     if r.tree is None or j >= r.accepted:
         return []
     node = r.tree.path[j]
@@ -204,8 +203,8 @@ def _chip(s: SequenceRecord, i: int, cls: str, tip: str) -> str:
 
 def grid_html(trace: Trace, focus: Focus) -> str:
     """Sequences × their rounds; each cell the accepted count out of the drafts that row was offered
-    (its own k, which prompt lookup and the token budget make differ between rows), or a "no drafts"
-    cell."""
+    (its own k, which prompt lookup and the token budget make differ between rows), or
+    a "no drafts" cell."""
     by_seq = rows_by_seq(trace)
     if not by_seq:
         return f'<p class="sv-empty">{no_rounds(trace)}</p>'
@@ -219,10 +218,8 @@ def grid_html(trace: Trace, focus: Focus) -> str:
         fr = fork_round(trace, s.seq, rows)
         mark = {True: "✓", False: "✗",
                 None: "⚠" if metrics.impossible(s) or s.forensics else ""}[s.equivalent]
-        out.append('<tr><th '
-                   f'class="sv-seq" data-seq="{s.seq}" data-round="{rows[0].round if rows else ""}'
-                   '">'
-                   f"{s.seq} {mark}</th>")
+        out.append(f'<tr><th class="sv-seq" data-seq="{s.seq}" '
+                   f'data-round="{rows[0].round if rows else ""}">{s.seq} {mark}</th>')
         start = 0
         for n, r in enumerate(rows):
             k = len(r.draft_tokens)
@@ -230,11 +227,11 @@ def grid_html(trace: Trace, focus: Focus) -> str:
             bad = sum(u is None for u in (s.pit or [])[start:start + len(r.emitted)])
             start += len(r.emitted)
             wrong = metrics.mismatched(r)
-            cls = "sv-cell" + (" sv-fork" if r.round == fr else "") + (
-                " sv-sel" if (s.seq, r.round) == (focus.seq, focus.round) else "") + (
-                " sv-audit" if r.round in (s.audit_round, s.audit_draft_round) else "") + (
-                " sv-impossible" if bad else "") + (" sv-mismatch" if wrong else "") + ("" if k
-                    else " sv-nodraft")
+            cls = ("sv-cell" + (" sv-fork" if r.round == fr else "")
+                   + (" sv-sel" if (s.seq, r.round) == (focus.seq, focus.round) else "")
+                   + (" sv-audit" if r.round in (s.audit_round, s.audit_draft_round) else "")
+                   + (" sv-impossible" if bad else "") + (" sv-mismatch" if wrong else "")
+                   + ("" if k else " sv-nodraft"))
             if k:
                 offered = f"accepted {r.accepted} of its {k} drafts" + (
                     f" (the round's widest row was offered {widths[r.round]})"
@@ -247,8 +244,8 @@ def grid_html(trace: Trace, focus: Focus) -> str:
                 cls += " sv-tree-cell"
             tip = (f"seq {s.seq} · round {r.round} (its {n + 1}.) · {offered} · "
                    f"emitted {len(r.emitted)}" + (f" · {fork}" if r.round == fr else "")
-                   + (" · audit: the target's state left rounding here" if r.round == s.audit_round
-                      else "")
+                   + (" · audit: the target's state left rounding here"
+                      if r.round == s.audit_round else "")
                    + (" · audit: the draft's state left rounding here"
                       if r.round == s.audit_draft_round else "")
                    + (f" · {bad} token(s) impossible under the target" if bad else "")
@@ -278,8 +275,8 @@ def compare_html(trace: Trace, focus: Focus) -> str:
                     + html.escape(text.joined(pieces[a:b]))
                     + "</mark>" + '<span class="sv-after">' + html.escape(text.joined(pieces[b:]))
                     + "</span>")
-        return (f'<div class="sv-col"><h4>{html.escape(title)}</h4><div '
-                f'class="sv-text">{body}</div></div>')
+        return (f'<div class="sv-col"><h4>{html.escape(title)}</h4>'
+                f'<div class="sv-text">{body}</div></div>')
 
     if s.reference_ids is None and metrics.sampled(trace):
         note = ("a sampled run has no token-by-token reference: this text is one draw, and the "
@@ -288,8 +285,8 @@ def compare_html(trace: Trace, focus: Focus) -> str:
         return (f'<div class="sv-compare" data-seq="{focus.seq}"><p class="sv-note">sequence '
                 f'{focus.seq}: {note}</p>'
                 + column(f"{trace.manifest.spec.method}, sampled at "
-                         f"{sampling_text(trace.manifest.spec)}",
-                         s.output_pieces) + "</div>")
+                         f"{sampling_text(trace.manifest.spec)}", s.output_pieces)
+                + "</div>")
     if s.reference_ids is None:
         return '<p class="sv-empty">No reference was decoded for this trace.</p>'
     note = ("identical token ids" if fork is None else f"first divergence at token {fork}")

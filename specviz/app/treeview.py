@@ -1,6 +1,6 @@
 """A row's token tree in one round, as a picture (an inline SVG) and in words: each node a box at
-its depth, the accepted path green, the first child the target refused red, the pruned branches grey
-(trace/records.TreeRecord)."""
+its depth, the accepted path green, the first child the target refused red, the pruned branches
+grey (trace/records.TreeRecord)."""
 from __future__ import annotations
 
 import html
@@ -69,8 +69,8 @@ def tree_svg(trace: Trace, row: RowRecord) -> str:
                + {"path": "accepted", "refused": "refused by the target",
                   "pruned": "pruned: off the accepted path"}[kind])
         parts.append(f'<g class="sv-node-{kind}"><title>{html.escape(tip)}</title>'
-                     '<rect '
-                     f'x="{left(x)}" y="{2 + y * LINE}" width="{BOX_W}" height="{BOX_H}" rx="4"/>'
+                     f'<rect x="{left(x)}" y="{2 + y * LINE}" '
+                     f'width="{BOX_W}" height="{BOX_H}" rx="4"/>'
                      f'<text x="{left(x) + 4}" y="{16 + y * LINE}">{html.escape(label)}</text></g>')
     parts.append("</svg>")
     return "".join(parts)

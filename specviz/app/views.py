@@ -180,8 +180,8 @@ def chip_text(piece: str | None) -> str:
 
 
 def token_text(trace: Trace, tok: int) -> str | None:
-    """A token's own text; None when it holds only part of a character (alone, it decodes to
-    U+FFFD)."""
+    """A token's own text; None when it holds only part of a character (alone, it decodes
+    to U+FFFD)."""
     piece = trace.vocab.get(tok, f"<{tok}>")
     return None if text.REPLACEMENT in piece else piece
 
@@ -192,8 +192,8 @@ def says(piece: str | None) -> str:
 
 
 def reads(pieces: list[str | None], i: int) -> str:
-    """What token i of a sequence reads as, for a tooltip: a partial token names the character it
-    starts."""
+    """What token i of a sequence reads as, for a tooltip: a partial token names the character
+    it starts."""
     if pieces[i] is not None:
         return repr(pieces[i])
     end = text.character_at(pieces, i)[1]

@@ -24,8 +24,8 @@ def _list_of(kind: type, what: str):
         try:
             return [kind(x) for x in text.split(",") if x.strip()]
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got "
-                                             f"{text!r}") from None
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, "
+                                             f"got {text!r}") from None
     return parse
 
 
@@ -86,9 +86,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="exspec: active sequences in the window (default 2 x batch size)")
     add_field(g, "max_wait", help="exspec: rounds a sequence may be passed over")
     g.add_argument("--drafter", type=drafters, default=[default_of("drafter")], metavar="DRAFTER",
-                   help="what proposes the drafts: "
-                   + "; ".join(f"{n}: {d.summary}" for n, d in DRAFTERS.items())
-                        + " (verify and bench: several, comma-separated)")
+                   help=("what proposes the drafts: "
+                         + "; ".join(f"{n}: {d.summary}" for n, d in DRAFTERS.items())
+                         + " (verify and bench: several, comma-separated)"))
     # Unset, a drafter's options stay out of the spec (spec_of): RunSpec's defaults, in the help.
     g.add_argument("--ngram-min", type=int,
                    help=f"lookup: the shortest n-gram matched (default {default_of('ngram_min')})")
@@ -99,8 +99,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="candidates per position, verified as one token tree (eqspec and exspec; "
                         f"default {default_of('tree_width')}: a chain)")
     g.add_argument("--faults", default="",
-                   help="comma-separated faults or presets (in the methods that take faults): "
-                        + ", ".join([*FAULTS, *FAULT_PRESETS]))
+                   help=("comma-separated faults or presets (in the methods that take faults): "
+                         + ", ".join([*FAULTS, *FAULT_PRESETS])))
     g.add_argument("--audit", type=int, nargs="?", const=MAX_BATCH_SIZE,
                    default=default_of("audit"), metavar="ROWS",
                    help="check every row's state against a fresh batch-size-1 recomputation every "
@@ -119,7 +119,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
               help="transformers' on the target's logits: a token of the prompt or output has its "
                    "logit divided by it where positive, multiplied where negative (1: off)")
     add_field(g, "presence_penalty", help="OpenAI's: subtracted from the target's logit of every "
-                                            "token the output holds (0: off)")
+                                          "token the output holds (0: off)")
     g.add_argument("--logprobs", action="store_true",
                    help="record each token's log-probability under the target, and judge them "
                         "against a fresh float64 recomputation")
@@ -128,8 +128,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
                         "--top-p; repeat it for more requests, given to the prompts in turn "
                         "(prompt i gets the (i mod n)-th): keys "
                         f"{', '.join(RowSampling.model_fields)}; an unset temperature is 1, an "
-                        "unset seed the run's stream (e.g. --row temperature=0 --row "
-                        "top_k=20,seed=7)")
+                        "unset seed the run's stream (e.g. --row temperature=0 "
+                        "--row top_k=20,seed=7)")
 
 
 def row_sampling(text: str) -> dict:

@@ -28,8 +28,8 @@ from specviz.trace.text import clip
 
 @contextlib.contextmanager
 def progress_bars(total: Callable[[str], int | None]):
-    """A progress callback `(phase, n)` drawing one bar per phase, of `total(phase)` units (None: a
-    count)."""
+    """A progress callback `(phase, n)` drawing one bar per phase, of `total(phase)` units (None:
+    a count)."""
     bars: dict[str, tqdm] = {}
 
     def progress(phase: str, n: int) -> None:
@@ -69,8 +69,8 @@ def cmd_run(args) -> int:
         print("   " + tok.decode(s.output_ids).replace("\n", "\n   "))
         if s.logprobs:
             print(f"   log-probability {sum(s.logprobs):.4g} (mean "
-                  f"{sum(s.logprobs) / len(s.logprobs):.4g} a token); "
-                  "per token: " + " ".join(f"{x:.3g}" for x in s.logprobs[:12])
+                  f"{sum(s.logprobs) / len(s.logprobs):.4g} a token); per token: "
+                  + " ".join(f"{x:.3g}" for x in s.logprobs[:12])
                   + (" …" if len(s.logprobs) > 12 else ""))
         if s.forensics:
             print(f"   -> {s.forensics.verdict}: {s.forensics.explanation}")
@@ -122,8 +122,8 @@ def print_acceptance(trace) -> None:
 
 
 def print_yardsticks(trace) -> None:
-    """What the verdicts were judged against, and how far an engine departs from the model at
-    all."""
+    """What the verdicts were judged against, and how far an engine departs from the model
+    at all."""
     ys = trace.manifest.yardstick
     if ys is None:
         return
@@ -159,8 +159,8 @@ def _distribution(trace) -> str:
     if kind and kind[0] != d.verdict:
         line = f"{kind[0]}; {line}"
     if d.p is not None:
-        line += f" (p = {d.p:.2g}, {d.tokens} tokens" + (f"; fails: {d.failing}" if d.failing
-                                                         else "") + ")"
+        line += (f" (p = {d.p:.2g}, {d.tokens} tokens"
+                 + (f"; fails: {d.failing}" if d.failing else "") + ")")
     if d.impossible:
         line += f"; {d.impossible} tokens the target gives probability 0"
     if trace.decisions:
@@ -177,8 +177,8 @@ def _sweep(args) -> Sweep:
     # The base carries a swept drafter's options (the lookup's n-gram sizes); every run sets its own
     # method and drafter.
     drafter = next((d for d in args.drafter if DRAFTERS[d].options), args.drafter[0])
-    # It samples at its highest temperature, so that the sampling settings hold; every run sets its
-    # own.
+    # It samples at its highest temperature, so that the sampling settings hold; every run sets
+    # its own.
     temperatures = args.temperatures or [args.temperature]
     hottest = max(temperatures, default=0)
     base = spec_of(args, drafter=drafter, faults=(), batch_size=min(args.batch_sizes, default=1),
@@ -197,8 +197,8 @@ def _print_row(spec: RunSpec, trace: Trace) -> Trace:
     if trace.acceptance and trace.acceptance.verdict:
         shown += f"; drafts: {trace.acceptance.verdict}"
     if row.audit:
-        shown += ("; audit: state departed in {target} (target) and {draft} (draft) "
-                  "sequences").format(**row.audit)
+        shown += ("; audit: state departed in {target} (target) and {draft} "
+                  "(draft) sequences").format(**row.audit)
     tqdm.write(f"{row.method:<18} {row.drafter:<8} {row.faults or '-':<14} {row.batch_size:>3} "
                f"{row.k:>3} {row.temperature:>4g} {row.n:>5} "
                f"{metrics.percent(row.exact_pct):>8} {metrics.percent(row.prefix_pct):>9}  {shown}")
@@ -213,8 +213,7 @@ def cmd_verify(args) -> int:
     reports = launch.is_main()  # under `accelerate launch`, the main process reports for all
     if reports:
         print(f"{'method':<18} {'drafter':<8} {'faults':<14} {'bs':>3} {'k':>3} {'T':>4} {'n':>5} "
-              f"{'exact %':>8} {'prefix %':>9}"
-              "  verdicts")
+              f"{'exact %':>8} {'prefix %':>9}  verdicts")
     # Recorded runs: every one for a report (its accept lengths and rounds come from the records),
     # else those with something to explain, and sampled ones (their decisions are audited, their PIT
     # split by slot).

@@ -40,8 +40,8 @@ def cmd_check(args) -> int:
             trace = check.from_files(spec, pair, (args.outputs.read_bytes(), args.outputs.name),
                                      control, judging=judging, drafter=args.engine_drafter)
         elif args.server:
-            control = (args.control_server,
-                    args.control_served_model or args.served_model) if args.control_server else None
+            control = ((args.control_server, args.control_served_model or args.served_model)
+                       if args.control_server else None)
             trace = check.from_servers(spec, pair, (args.server, args.served_model), control,
                                        args.concurrency, args.timeout, determinism=args.determinism,
                                        judging=judging, drafter=args.engine_drafter)
@@ -52,11 +52,10 @@ def cmd_check(args) -> int:
         return 0
     _print_check(trace)
     if args.json:
-        write_text(args.json,
-                    json.dumps({"engine": trace.manifest.engine.model_dump(),
-                                "summary": metrics.engine_summary(trace),
-                                      "sequences": [s.model_dump() for s in trace.sequences]},
-                               indent=1))
+        write_text(args.json, json.dumps({"engine": trace.manifest.engine.model_dump(),
+                                          "summary": metrics.engine_summary(trace),
+                                          "sequences": [s.model_dump() for s in trace.sequences]},
+                                         indent=1))
     if args.trace:
         write_text(args.trace, trace.to_json(), "trace")
     return 0
@@ -89,8 +88,8 @@ def _print_check(trace) -> None:
 
 
 def _print_attribution(a) -> None:
-    """Which mechanism writes the fork's tokens: the finding, then the best hypotheses, one a
-    line."""
+    """Which mechanism writes the fork's tokens: the finding, then the best hypotheses, one
+    a line."""
     print(f"    attribution: {a.explanation}")
     for h in a.hypotheses[:3]:
         where = "alone" if not h.companions else f"beside {','.join(map(str, h.companions))}"
@@ -105,8 +104,8 @@ def _print_attribution(a) -> None:
 
 
 def _reproducer(trace, s) -> str:
-    """The smallest request that shows a bug's fork: the prompt's ids, greedy, up to the fork
-    token."""
+    """The smallest request that shows a bug's fork: the prompt's ids, greedy, up
+    to the fork token."""
     e, f = trace.manifest.engine, s.forensics
     budget = f.fork + 1
     should = ("nothing (the reference has stopped)" if f.reference_token is None
@@ -136,10 +135,9 @@ def _print_engine_facts(trace) -> None:
                            key=lambda k: int(k.rsplit("_", 1)[1]))
         by_position = [counters[k] / drafts for k in positions]
         print(f"engine drafts, its /metrics: {counters['accepted_tokens']:.0f} of "
-              f"{counters['draft_tokens']:.0f} draft tokens accepted in {drafts:.0f} drafts" + (
-                  "; accepted by position: " + " ".join(f"{a:.2f}" for a in by_position) if drafts
-                  and by_position
-                  else ""))
+              f"{counters['draft_tokens']:.0f} draft tokens accepted in {drafts:.0f} drafts"
+              + ("; accepted by position: " + " ".join(f"{a:.2f}" for a in by_position)
+                 if drafts and by_position else ""))
     print_acceptance(trace)  # declared to draft with the check's draft model: its counts judged
     if engine.ignored:
         print(f"ignored fields of the outputs file: {', '.join(engine.ignored)}")

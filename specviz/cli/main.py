@@ -1,5 +1,5 @@
-"""specviz on the command line: run, verify, check, shrink, bench, schema and train-head, without a
-browser."""
+"""specviz on the command line: run, verify, check, shrink, bench, schema and train-head, without
+a browser."""
 from __future__ import annotations
 
 import argparse
@@ -70,14 +70,15 @@ def _add_verify(sub) -> None:
 
 
 def _add_check(sub) -> None:
-    p = sub.add_parser("check",
-            help="an engine's outputs (a server, a file, a callable) against the batch-size-1 "
-                 "reference of the same weights; every difference judged")
+    p = sub.add_parser(
+        "check", help="an engine's outputs (a server, a file, a callable) against the batch-size-1 "
+                      "reference of the same weights; every difference judged")
     add_common(p)
     g = p.add_argument_group("the engine under test (one of)")
     g.add_argument("--server",
-            help="a server's base URL, e.g. http://localhost:8000: llama.cpp's llama-server, or "
-                 "OpenAI-compatible (vLLM, SGLang, ...); which one is asked of the server")
+                   help="a server's base URL, e.g. http://localhost:8000: llama.cpp's "
+                        "llama-server, or OpenAI-compatible (vLLM, SGLang, ...); which one is "
+                        "asked of the server")
     g.add_argument("--outputs", type=Path,
                    help="a JSONL file of its outputs (docs/engines.md; `specviz schema --outputs`)")
     g.add_argument("--engine",
@@ -124,10 +125,11 @@ def _add_check(sub) -> None:
 
 
 def _add_shrink(sub) -> None:
-    p = sub.add_parser("shrink",
-            help="the smallest run that still forks where a divergent run forked, as a share link")
+    p = sub.add_parser("shrink", help="the smallest run that still forks where a divergent run "
+                                      "forked, as a share link")
     p.add_argument("--trace", type=Path,
-            help="the divergent run: a trace file (specviz run --trace, or the page's download)")
+                   help="the divergent run: a trace file "
+                        "(specviz run --trace, or the page's download)")
     p.add_argument("--link", help="the divergent run: a share link (it is decoded once first)")
     p.add_argument("--seq", type=int,
                    help="the divergent sequence to keep (default: the first that diverges)")

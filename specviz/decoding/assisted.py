@@ -63,7 +63,8 @@ def hf_assisted(pair: ModelPair, prompts: list[list[int]], k: int, max_new_token
             x = torch.tensor([ids], device=pair.device)
             out = pair.target.generate(x, attention_mask=torch.ones_like(x),
                                        generation_config=config,
-                    assistant_model=assistance.get("assistant_model"), logits_processor=vocabulary)
+                                       assistant_model=assistance.get("assistant_model"),
+                                       logits_processor=vocabulary)
             outputs.append(SequenceOutput(out[0, len(ids):].tolist()))
             if progress:
                 progress(len(outputs[-1].ids))

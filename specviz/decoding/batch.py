@@ -112,8 +112,8 @@ def forward(model, tokens: torch.Tensor, valid: torch.Tensor, q_start: int, cach
         logits_to_keep=keep,
         **({"output_hidden_states": True} if hidden else {}),
     )
-    # A target spread over GPUs returns logits from its last GPU: bring them back to the engine's
-    # device.
+    # A target spread over GPUs returns logits from its last GPU: bring them back
+    # to the engine's device.
     logits = out.logits[..., :vocab].to(tokens.device)
     logits = logits if logits.dtype == torch.float64 else logits.float()
     if not hidden:

@@ -1,5 +1,5 @@
-"""Deterministic GPU kernels, where the operator asks for them (`--deterministic`,
-SPECVIZ_DETERMINISTIC).
+"""Deterministic GPU kernels, where the operator asks for them
+(`--deterministic`, SPECVIZ_DETERMINISTIC).
 
 With them a rerun of the same spec on the same machine repeats every decision
 bit for bit, so a divergence seen once can be studied again. They do not make
@@ -19,7 +19,7 @@ CUBLAS_WORKSPACE = ":4096:8"  # cuBLAS reads it when it starts: before any CUDA 
 def enable() -> None:
     """Deterministic algorithms, a fixed cuBLAS workspace, TF32 off, deterministic cuDNN."""
     if (os.environ.get("CUBLAS_WORKSPACE_CONFIG") != CUBLAS_WORKSPACE
-        and torch.cuda.is_initialized()):
+            and torch.cuda.is_initialized()):
         raise RuntimeError("deterministic mode must be enabled before any CUDA work (cuBLAS has "
                            "already started)")
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE

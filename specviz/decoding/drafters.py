@@ -159,8 +159,8 @@ class HeadDrafter:
     behind = 2
 
     def __init__(self, pair: ModelPair, k: int, width: int = 1):
-        self.pair, self.head, self.k = pair, head_for(self.kind.name, pair.target,
-                                                      pair.info["target"]), k
+        self.pair, self.head, self.k = (
+            pair, head_for(self.kind.name, pair.target, pair.info["target"]), k)
         self.width = _tree_width(pair, width)
 
     @classmethod

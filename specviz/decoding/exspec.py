@@ -52,16 +52,16 @@ class SeqState:
 def _admit(pair: ModelPair, drafter: Drafter, seqs: list[int],
            prompts: list[list[int]]) -> list[SeqState]:
     """Prefill the newly admitted sequences in one batch, then give each its own slots: its real
-    tokens, and at least 3 slots in all, so that its draft cache is never empty (pads are
-    masked)."""
+    tokens, and at least 3 slots in all, so that its draft cache is never empty (pads
+    are masked)."""
     b = prefill(pair, CORRECT, drafter, seqs,
                 *left_pad([prompts[i] for i in seqs], pair.device, min_width=3))
     S = b.tokens.shape[1]
     starts = [min(S - len(prompts[i]), S - 3) for i in seqs]
     spans = [(lo, S) for lo in starts]
     return [SeqState(seq, b.tokens[r: r + 1, lo:], b.valid[r: r + 1, lo:], target, draft)
-            for r, (seq, lo, target,
-            draft) in enumerate(zip(seqs, starts, b.target.split(spans), b.draft.split(spans)))]
+            for r, (seq, lo, target, draft)
+            in enumerate(zip(seqs, starts, b.target.split(spans), b.draft.split(spans)))]
 
 
 def choose_batch(active: list[SeqState], batch_size: int,
@@ -151,8 +151,8 @@ def _split_back(rows: list[SeqState], b: Batch, step, active: list[SeqState], ge
     spans = [(min(int(first[r]), S + int(step.accepted[r]) - 2), S + int(step.accepted[r]) + 1)
              for r in range(len(rows))]
     done = step.finished.tolist()
-    for r, (s, target,
-            draft) in enumerate(zip(rows, step.target.split(spans), step.draft.split(spans))):
+    for r, (s, target, draft) in enumerate(zip(rows, step.target.split(spans),
+                                               step.draft.split(spans))):
         if done[r]:
             active.remove(s)
             gen[s.seq].finished_at = time.perf_counter() - start
@@ -164,8 +164,8 @@ def _split_back(rows: list[SeqState], b: Batch, step, active: list[SeqState], ge
 
 
 def _after(step, first: torch.Tensor, spans: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
-    """Each row's pad, content, target and draft KV lengths after the round (-1 for rows that
-    left)."""
+    """Each row's pad, content, target and draft KV lengths after the round (-1 for rows
+    that left)."""
     gone = step.finished
     width = torch.tensor([hi - lo for lo, hi in spans], device=gone.device)
     pads = first - torch.tensor([lo for lo, _ in spans], device=gone.device)

@@ -128,8 +128,8 @@ class Policy:
     def greedy_accept(self, drafts: torch.Tensor, target: torch.Tensor, raw) -> torch.Tensor:
         """(B, k) which greedy drafts pass: those the target's pass chose too. The fault accepts
         each with probability min(1, p/q) of the untempered softmaxes: `raw()` gives p and q at each
-        draft and a draw per slot (computed only for it: a softmax over the vocabulary every
-        round)."""
+        draft and a draw per slot (computed only for it: a softmax over the vocabulary
+        every round)."""
         if self.has("accept-on-raw-softmax"):
             return self.accept(*raw())
         return drafts == target
@@ -167,8 +167,8 @@ class Policy:
         return k + 1 if self.bonus_from_draft else k
 
     def stops(self, idx: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
-        """(B, k+1): the slots of a round whose end-of-sequence token ends the row: every slot it
-        keeps."""
+        """(B, k+1): the slots of a round whose end-of-sequence token ends the row: every slot
+        it keeps."""
         if self.has("stop-at-last-token"):
             return idx[None] == accepted[:, None]
         return idx[None] <= accepted[:, None]
@@ -252,8 +252,8 @@ class Policy:
         return Samplers([self.target_sampler(s) for s in own])
 
     def stream(self, streams: Streams) -> Streams:
-        """The random stream each row draws from: its own (its request's seed, or its
-        sequence's)."""
+        """The random stream each row draws from: its own (its request's seed,
+        or its sequence's)."""
         if not self.has("shared-stream"):
             return streams
         return replace(streams, seeds=streams.seeds[:1].expand_as(streams.seeds),
@@ -270,8 +270,8 @@ class Policy:
 
     def skips(self, counts: torch.Tensor, k: int) -> torch.Tensor:
         """(B,) draws each row's stream skips this round beyond those it uses: none. The fault: a
-        row offered no drafts, in a round that verifies drafts, still advances its generator by
-        one."""
+        row offered no drafts, in a round that verifies drafts, still advances its generator
+        by one."""
         if not self.has("stream-advanced-for-zero-draft") or k == 0:
             return torch.zeros_like(counts)
         return (counts == 0).long()
@@ -291,8 +291,8 @@ class Policy:
 
     def residual(self, sampler: Sampler, logits: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
                  u: torch.Tensor) -> torch.Tensor:
-        """The token after a rejection: a draw from max(0, p - q), normalised (p =
-        sampler.probs(logits))."""
+        """The token after a rejection: a draw from max(0, p - q), normalised
+        (p = sampler.probs(logits))."""
         if self.has("residual-from-draft"):
             return inverse_cdf(q, u)
         if self.has("top-p-not-in-residual"):

@@ -44,12 +44,12 @@ KINDS = ("conv", "recurrent")
 
 
 def new(model) -> DynamicCache:
-    """An empty cache for `model`; its recurrent layers, if any, are made ready to keep per-position
-    states."""
+    """An empty cache for `model`; its recurrent layers, if any, are made ready to keep
+    per-position states."""
     _run_stepwise(model)
     cache = DynamicCache(config=model.config)
-    cache.layers = [DynamicLayer() if isinstance(lay, DynamicSlidingWindowLayer)
-                    and not _recurrent(lay) else lay
+    cache.layers = [DynamicLayer()
+                    if isinstance(lay, DynamicSlidingWindowLayer) and not _recurrent(lay) else lay
                     for lay in cache.layers]
     return cache
 
@@ -162,8 +162,8 @@ def layers_kv(cache: DynamicCache | None) -> list[tuple[torch.Tensor, torch.Tens
 
 
 def layers_states(cache: DynamicCache | None) -> list[State]:
-    """Every recurrent layer's states as they are now: copies, since a forward pass writes them in
-    place."""
+    """Every recurrent layer's states as they are now: copies, since a forward pass writes them
+    in place."""
     return [{key: t.clone() for key, t in states(lay).items()} for lay in _layers(cache)
             if _recurrent(lay)]
 
@@ -200,7 +200,7 @@ def split(cache: DynamicCache | None, spans: list[tuple[int, int]]) -> list[Dyna
     return [_rebuilt_cache(cache, lambda _, lay, i=i, lo=lo, hi=hi: (
         (lay.keys[i: i + 1, :, lo:hi], lay.values[i: i + 1, :, lo:hi]) if _kv(lay) else None,
         {key: t[i: i + 1] for key, t in states(lay).items()}))
-        for i, (lo, hi) in enumerate(spans)]
+            for i, (lo, hi) in enumerate(spans)]
 
 
 def merge(caches: list[DynamicCache | None]) -> DynamicCache | None:
@@ -242,8 +242,8 @@ def assembled(model, kv: list[tuple[torch.Tensor, torch.Tensor]],
 class _Journal:
     """A cache's recurrent states kept during a round: per recurrent layer, the state after each
     position fed while `keeping` (in order, over every call of the round); and, after a roll back,
-    each row's state after the round's first position (what a faulty engine reads,
-    `state-after-zero-draft`)."""
+    each row's state after the round's first position (what a faulty engine
+    reads, `state-after-zero-draft`)."""
 
     keep: int = 0  # positions of the call under way whose states are kept (its last ones)
     kept: dict[int, list[State]] = field(default_factory=dict)
@@ -346,7 +346,7 @@ def _unpadded(cls: type, mixer, hidden_states, cache, mask, kwargs):
     """The mixer's own forward; a batch of one row leaves its leading pads out (transformers masks
     pads only in batches of two or more)."""
     if (hidden_states.shape[0] == 1 and mask is not None and mask.dim() == 2
-        and not bool(mask.all())):
+            and not bool(mask.all())):
         lead = int((mask[0] == 0).long().cumprod(0).sum())
         if lead == hidden_states.shape[1]:  # nothing but pads: the state stays as it was (none yet)
             return hidden_states.new_zeros(hidden_states.shape)

@@ -67,8 +67,8 @@ class ModelState:
                           self.held_first[rows], self.behind, hidden)
 
     def split(self, spans: list[tuple[int, int]]) -> list[ModelState]:
-        """One single-row state per batch row, row i keeping the layout's slots spans[i] = (start,
-        end)."""
+        """One single-row state per batch row, row i keeping the layout's slots
+        spans[i] = (start, end)."""
         slots = [(lo, hi - self.behind) for lo, hi in spans]
         caches = kvcache.split(self.cache, slots)
         return [ModelState(cache, self.written[i: i + 1, lo:hi], self.held[i: i + 1],
@@ -78,14 +78,15 @@ class ModelState:
 
     @staticmethod
     def merge(states: list[ModelState], valid: torch.Tensor) -> ModelState:
-        """Single-row states stacked into one batch laid out as `valid` (left-padded to its
-        width)."""
+        """Single-row states stacked into one batch laid out as `valid` (left-padded
+        to its width)."""
         slots = valid.shape[1] - states[0].behind
         written = torch.where(valid, valid.long().cumsum(1) - 1, -1)[:, :slots]
         hidden = None
         if states[0].hidden is not None:  # left-padded with zeros, as the cache is
-            hidden = torch.cat([torch.nn.functional.pad(s.hidden,
-                    (0, 0, slots - s.hidden.shape[1], 0)) for s in states])
+            hidden = torch.cat([
+                torch.nn.functional.pad(s.hidden, (0, 0, slots - s.hidden.shape[1], 0))
+                for s in states])
         return ModelState(kvcache.merge([s.cache for s in states]), written,
                           torch.cat([s.held for s in states]),
                           torch.cat([s.held_first for s in states]), states[0].behind, hidden)

@@ -26,8 +26,8 @@ def run_model(pair: ModelPair, policy: Policy, role: str, tok, val, stl, q_start
               hidden: bool = False, tree: Tree | None = None, **kw) -> Pass:
     """The pair's `role` model over slots q_start.. Roles: "target", "draft" (a drafting pass),
     "draft prefill" (the draft cache's first fill). `hidden`: return its last hidden states too.
-    `tree`: the last slots are a tree's nodes (trees.py), placed and masked as the policy places
-    them."""
+    `tree`: the last slots are a tree's nodes (trees.py), placed and masked as the policy
+    places them."""
     pos = policy.positions(val, stl)
     among = None
     if tree is not None:
@@ -58,7 +58,8 @@ def run_head(pair: ModelPair, head, policy: Policy, tok, val, stl, features: tor
     seen = policy.seen(val, stl, narrowest_window(head.body))
     out = head.body(inputs_embeds=head.inputs(tok[:, q_start:], features),
                     position_ids=pos[:, q_start:],
-            attention_mask=attention_masks(head.body, seen, q_start), cache=cache, use_cache=True)
+                    attention_mask=attention_masks(head.body, seen, q_start), cache=cache,
+                    use_cache=True)
     hidden = out.last_hidden_state
     logits = head.logits(hidden[:, -keep:])[..., :pair.vocab_size].to(tok.device)
     return Pass(logits if logits.dtype == torch.float64 else logits.float(), pos, hidden)

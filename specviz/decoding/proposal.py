@@ -7,8 +7,8 @@ whatever it proposes; a row never accepts more drafts than it was offered. What 
 a drafter through the batch it is given next round (the committed tokens and its own state, which
 every rearrangement of the batch moves with the target's: modelstate.py), as transformers'
 `CandidateGenerator` learns it from `input_ids`; and through `observe`, which hears each verify pass
-(with the target's hidden states, where its declaration asks for them). The drafters themselves:
-drafters.py.
+(with the target's hidden states, where its declaration asks for them). The drafters
+themselves: drafters.py.
 """
 from __future__ import annotations
 
@@ -57,8 +57,8 @@ class Drafter(Protocol):
         keeps none)."""
 
     def prefill(self, policy: Policy, b) -> None:
-        """Fill its state (b.draft) with a laid-out batch's slots, once the target has filled its
-        own."""
+        """Fill its state (b.draft) with a laid-out batch's slots, once the target has filled
+        its own."""
 
     def propose(self, policy: Policy, b, k: int, sampling: Sampling, stream: Streams,
                 have: torch.Tensor) -> Proposal:
@@ -70,5 +70,5 @@ class Drafter(Protocol):
         is laid out again."""
 
     def assisted(self, k: int) -> dict:
-        """transformers' `generate` arguments that draft as it does (the hf-assisted
-        cross-check)."""
+        """transformers' `generate` arguments that draft as it does
+        (the hf-assisted cross-check)."""

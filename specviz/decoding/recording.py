@@ -88,8 +88,8 @@ def round_fields(d: Decoding, b: Batch, drafted: Drafted, acc: Accepted, kept: C
 
 def state_before(b: Batch, draft_empty: bool) -> dict:
     """What a recorded round keeps of the state its verify pass starts from, and the invariants it
-    holds (`draft_empty`: the drafter's cache was empty before it drafted, a fresh batch's first
-    round)."""
+    holds (`draft_empty`: the drafter's cache was empty before it drafted, a fresh batch's
+    first round)."""
     S = b.tokens.shape[1]
     pad, content = (~b.valid & ~b.stale).sum(1), b.valid.sum(1)
     checks = {
@@ -232,8 +232,8 @@ def _row_records(rounds: list[RoundData], audit: dict) -> tuple[list[RoundRecord
 
 
 def _tree(ints: dict, row: int, accepted: int) -> dict:
-    """A tree round's tree for one row, and the `accepted` nodes of its path (nothing for a chain's
-    round)."""
+    """A tree round's tree for one row, and the `accepted` nodes of its path (nothing
+    for a chain's round)."""
     if "tree_tokens" not in ints:
         return {}
     offered = ints["tree_offered"][row]
@@ -243,8 +243,8 @@ def _tree(ints: dict, row: int, accepted: int) -> dict:
 
 
 def _drawn(ints: dict, floats: dict, row: int, k: int) -> dict:
-    """A sampled round's draws and probabilities for one row and its k drafts (nothing for a greedy
-    round)."""
+    """A sampled round's draws and probabilities for one row and its k drafts (nothing
+    for a greedy round)."""
     if "accept_draws" not in floats:
         return {}
     return {"target_draft_probs": floats["target_draft_probs"][row][:k],

@@ -2,8 +2,8 @@
 size 1) is the ground truth every other method is compared with;
 `batched-reference` runs the same decoding on a left-padded batch kept full as
 rows finish, to separate batching noise from speculation bugs. Sampled, both
-draw each token with the stream every method uses for the target's own tokens
-(sampling.py)."""
+draw each token with the stream every method uses for the target's own
+tokens (sampling.py)."""
 from __future__ import annotations
 
 import time
@@ -40,8 +40,8 @@ def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int,
               known: list[SequenceOutput] | None = None) -> DecodeResult:
     """Plain argmax (or a draw, when sampling), one prompt at a time, through the model's own
     forward, positions and cache. `known`: each prompt's leading reference tokens, already
-    established (proof.py): the decode goes on after them, their prompt and tokens prefilled in one
-    pass.
+    established (proof.py): the decode goes on after them, their prompt and tokens prefilled
+    in one pass.
 
     Not `generate`: transformers 5 fills every field a GenerationConfig leaves unset from the
     checkpoint's own generation_config (repetition penalty, suppressed tokens, ...), and it takes
@@ -65,9 +65,9 @@ def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int,
             logits = logits[: pair.vocab_size]
             # penalised in the dtype the engine's logits come in (batch.forward's)
             if sampling.penalties:
-                logits = sampling.penalties.along(logits.to(torch.promote_types(logits.dtype,
-                        torch.float32))[None],
-                                                  ids, out.ids)[0]
+                logits = sampling.penalties.along(
+                    logits.to(torch.promote_types(logits.dtype, torch.float32))[None],
+                    ids, out.ids)[0]
             logits = logits.double()  # exact for every model dtype: the argmax is the model's
             at = torch.tensor([[seq, len(out.ids)]], device=pair.device)
             out.ids.append(int(choose_tokens(logits[None], sampling, at[:, 0], at[:, 1])))
@@ -144,8 +144,8 @@ def batched_reference(pair: ModelPair, prompts: list[list[int]], batch_size: int
     waiting, batch = deque(range(len(prompts))), None
 
     def step(rows: _Rows) -> None:
-        """One token for every row, from the slots its cache does not hold yet; the finished rows
-        leave."""
+        """One token for every row, from the slots its cache does not hold yet; the finished
+        rows leave."""
         if watch:
             watch.start()
         fed = kvcache.length(rows.cache)
@@ -153,13 +153,14 @@ def batched_reference(pair: ModelPair, prompts: list[list[int]], batch_size: int
                          keep=1)
         if sampling.penalties:
             said = torch.tensor([len(outputs[i].ids) for i in rows.seqs], device=pair.device)
-            logits = sampling.penalties.apply(logits,
-                    *history(rows.tokens, rows.valid, said, pair.vocab_size),
-                                              said.new_zeros(len(said), 0))
+            logits = sampling.penalties.apply(
+                logits, *history(rows.tokens, rows.valid, said, pair.vocab_size),
+                said.new_zeros(len(said), 0))
         logits = logits[:, -1]
         seqs = torch.tensor(rows.seqs, device=pair.device)
-        nxt = choose_tokens(logits, sampling, seqs,
-                torch.tensor([len(outputs[i].ids) for i in rows.seqs], device=pair.device))
+        nxt = choose_tokens(
+            logits, sampling, seqs,
+            torch.tensor([len(outputs[i].ids) for i in rows.seqs], device=pair.device))
         for i, t, m, lp in zip(rows.seqs, nxt.tolist(), top2_margin(logits).tolist(),
                                logprobs(logits, nxt, sampling.target.temperature).tolist()):
             outputs[i].ids.append(t)
@@ -172,8 +173,7 @@ def batched_reference(pair: ModelPair, prompts: list[list[int]], batch_size: int
         rows.tokens = torch.cat([rows.tokens, nxt[:, None]], dim=1)
         rows.valid = torch.cat([rows.valid, torch.ones_like(rows.valid[:, :1])], dim=1)
         done = torch.tensor([len(outputs[i].ids) >= max_new_tokens or stops.ended(outputs[i].ids)
-                             for i in rows.seqs],
-                            device=pair.device)
+                             for i in rows.seqs], device=pair.device)
         if done.any():
             rows.keep((~done).nonzero().flatten())
 

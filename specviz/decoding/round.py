@@ -1,7 +1,7 @@
 """One round of batch speculation on a padded batch, shared by eqspec and exspec (they differ only
 in how a batch is formed and laid out again), in stages that each hand the next a typed value
-(stages.py): lay out, draft, verify, accept, roll back, commit. What a round did is recorded apart
-(recording.py).
+(stages.py): lay out, draft, verify, accept, roll back, commit. What a round did is recorded
+apart (recording.py).
 
 For every row: the drafter (drafters.py) proposes up to k tokens; the target scores the last
 committed token and the drafts in one pass; the row keeps its drafts up to the first disagreement
@@ -278,8 +278,8 @@ def commit(d: Decoding, b: Batch, drafted: Drafted, acc: Accepted,
 
 def _stop_strings(d: Decoding, emitted: torch.Tensor, n_keep: torch.Tensor, finished: torch.Tensor,
                   said: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """A row whose kept tokens complete a stop string ends, keeping what the policy keeps
-    (Policy.string_stop)."""
+    """A row whose kept tokens complete a stop string ends, keeping what the policy
+    keeps (Policy.string_stop)."""
     keep, done = n_keep.tolist(), finished.tolist()
     for r, (old, row) in enumerate(zip(said, emitted.tolist())):
         end = d.stops.text_end(old + row[: keep[r]], len(old))

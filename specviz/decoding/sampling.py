@@ -108,8 +108,8 @@ def _outside_nucleus(z: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def _dropped(ascending: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Which of the sorted logits leave the nucleus (a prefix: on a CPU the cumulative sum never
-    decreases)."""
+    """Which of the sorted logits leave the nucleus (a prefix: on a CPU the cumulative sum
+    never decreases)."""
     drop = ascending.softmax(-1).cumsum(-1) <= 1 - top_p
     drop[..., -1] = False
     return drop
@@ -151,8 +151,8 @@ class Streams:
 class Sampling:
     """How a run samples: the target's settings, the draft's, and the seed of every row's stream; or
     each request's own settings, `rows`, given to the prompt list cyclically (sequence i gets rows[i
-    % len(rows)]); and the penalties on the target's logits; and the run's stop strings
-    (stops.py)."""
+    % len(rows)]); and the penalties on the target's logits; and the run's stop
+    strings (stops.py)."""
 
     target: Sampler = Sampler()
     draft: Sampler = Sampler()
@@ -188,8 +188,7 @@ class Sampling:
         seeds = [self.row(i).seed for i in seqs]
         return Streams(torch.tensor([self.seed if s is None else s for s in seeds], device=device),
                        torch.tensor([i + self.first_seq if s is None else SEEDED
-                                     for i, s in zip(seqs, seeds)],
-                                    device=device),
+                                     for i, s in zip(seqs, seeds)], device=device),
                        torch.tensor([s is not None for s in seeds], device=device),
                        torch.tensor(skipped or [0] * len(seqs), device=device))
 
@@ -210,8 +209,8 @@ def sampling_of(spec, first_seq: int = 0) -> Sampling:
 
 
 def greedy_of(spec) -> Sampling:
-    """The greedy reference's settings for the run `spec`: the argmax, under its penalties, to its
-    stops."""
+    """The greedy reference's settings for the run `spec`: the argmax, under its penalties,
+    to its stops."""
     return Sampling(penalties=penalties_of(spec), stop=tuple(spec.stop))
 
 
@@ -224,8 +223,8 @@ GOLDEN, MUL1, MUL2 = (_signed(c)
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:
-    """splitmix64's finalizer on int64 tensors: multiplication wraps; `>>` is arithmetic, hence the
-    masks."""
+    """splitmix64's finalizer on int64 tensors: multiplication wraps; `>>` is arithmetic, hence
+    the masks."""
     x = x ^ ((x >> 30) & ((1 << 34) - 1))
     x = x * MUL1
     x = x ^ ((x >> 27) & ((1 << 37) - 1))

@@ -1,5 +1,5 @@
-"""Token trees: several candidates per position, verified in one target pass (SpecInfer, EAGLE,
-SGLang).
+"""Token trees: several candidates per position, verified in one target pass (SpecInfer,
+EAGLE, SGLang).
 
 A tree proposal lists each row's nodes with their parents (-1: the row's last committed token, the
 root). The verify pass feeds every node after the row's slots, at the position of its depth (not its

@@ -1,5 +1,5 @@
-"""A token tree's walk: the one stage of a round (round.py) that knows a tree, in the place of
-acceptance.
+"""A token tree's walk: the one stage of a round (round.py) that knows a tree, in the place
+of acceptance.
 
 The verify pass scored every node of each row's tree (trees.py). The walk follows the path each row
 accepts (trees.walk: the target's choices; trees.walk_sampled: SpecInfer's multi-candidate

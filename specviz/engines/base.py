@@ -29,6 +29,5 @@ def declare_drafter(settings: dict, drafter: str | None, said_by: str) -> dict:
     own = settings.get("drafter")
     if own is not None and own != drafter:
         raise SpecError(f"{said_by} says the engine drafts with {own!r}, but it is declared to "
-                        f"draft with {drafter!r}: "
-                        "drop one of the two or make them agree")
+                        f"draft with {drafter!r}: drop one of the two or make them agree")
     return {**settings, "drafter": drafter}

@@ -25,8 +25,8 @@ TOKEN_ID = re.compile(r"token_id:(\d+)")
 # The sampling knobs a sampled OpenAI-compatible request sets to "off".
 NEUTRAL = {"min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
            "frequency_penalty": 0.0}
-# The same for llama.cpp, whose sampler chain also holds typical-p, XTC, DRY, top-n-sigma and
-# mirostat.
+# The same for llama.cpp, whose sampler chain also holds typical-p, XTC, DRY, top-n-sigma
+# and mirostat.
 LLAMA_NEUTRAL = {"min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
                  "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0,
                  "top_n_sigma": -1.0, "mirostat": 0, "dynatemp_range": 0.0,
@@ -100,8 +100,8 @@ def read_choice(choice: dict, prompt: list[int] | None, max_new_tokens: int,
     if ids is None:
         if tokenizer is None:
             return EngineOutput(finish_reason=finish,
-                                error="the server returned text only, and no tokenizer "
-                                "was given to re-tokenize it")
+                                error="the server returned text only, and no tokenizer was given "
+                                      "to re-tokenize it")
         ids, approximate = tokenizer(choice.get("text") or "",
                                      add_special_tokens=False)["input_ids"], True
         if finish == "stop" and tokenizer.eos_token_id is not None:
@@ -124,8 +124,8 @@ def read_llamacpp(body: dict, prompt: list[int] | None, max_new_tokens: int) -> 
     finish = LLAMA_FINISH.get(body.get("stop_type"), body.get("stop_type"))
     if not isinstance(ids, list):
         return EngineOutput(finish_reason=finish,
-                            error="llama.cpp answered without token ids (`tokens`): was "
-                            "the request sent with return_tokens?")
+                            error="llama.cpp answered without token ids (`tokens`): was the "
+                                  "request sent with return_tokens?")
     timings = body.get("timings") if isinstance(body.get("timings"), dict) else {}
     out = EngineOutput(ids=ids, finish_reason=finish, drafts=timings.get("draft_n"),
                        accepted=timings.get("draft_n_accepted"))
@@ -145,8 +145,7 @@ def _checked(out: EngineOutput, prompt: list[int] | None, differs: int | None, m
                      f"({len(prompt)})")
     elif len(out.ids) < max_new_tokens and cut:
         out.warning = (f"{len(out.ids)} of {max_new_tokens} tokens with finish reason "
-                       f"{out.finish_reason!r}: "
-                       "the server cut this output short")
+                       f"{out.finish_reason!r}: the server cut this output short")
     return out
 
 
@@ -160,8 +159,8 @@ def _openai_logprobs(logprobs: dict | None,
     chosen = chosen if len(chosen) == n and None not in chosen else None
     top = logprobs.get("top_logprobs") or []
     try:
-        top = [{int(TOKEN_ID.fullmatch(k)[1]): v for k, v in alts.items()}
-               for alts in top] if len(top) == n else None
+        top = ([{int(TOKEN_ID.fullmatch(k)[1]): v for k, v in alts.items()} for alts in top]
+               if len(top) == n else None)
     except (TypeError, AttributeError):  # a missing step, or alternatives keyed by text
         top = None
     return chosen, top

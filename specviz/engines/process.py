@@ -63,8 +63,8 @@ def tail(log: Path, lines: int = 40) -> str:
 
 
 def _stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
-    """SIGTERM to the server's process group; SIGKILL, after `grace` seconds, to whatever of it is
-    left."""
+    """SIGTERM to the server's process group; SIGKILL, after `grace` seconds, to whatever
+    of it is left."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     with contextlib.suppress(subprocess.TimeoutExpired):

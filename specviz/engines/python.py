@@ -1,15 +1,15 @@
-"""A Python callable as the engine: `--engine module:function`, for a researcher's own
-implementation.
+"""A Python callable as the engine: `--engine module:function`, for a researcher's
+own implementation.
 
 The function is called once with every prompt's token ids (chat template applied) and the settings
 of the check (max_new_tokens, k, dtype, device, eos_ids: the reference's; stop, where the check sets
 stop strings), and returns either the output ids, one list per prompt, or a dict:
 
-    {"outputs": [[ids], ...],               # required
-     "name": "...", "version": "...", "settings": {...},   # optional: what the engine says about
-     itself "rows": [...], "rounds": [...]}        # optional: its rounds in specviz's trace schema
-     (RowRecord,
-                                            # RoundRecord): every white-box view then applies
+    {"outputs": [[ids], ...],         # required
+     "name": "...", "version": "...", "settings": {...},
+                                      # optional: what the engine says about itself
+     "rows": [...], "rounds": [...]}  # optional: its rounds in specviz's trace schema (RowRecord,
+                                      # RoundRecord): every white-box view then applies
 """
 from __future__ import annotations
 

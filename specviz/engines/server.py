@@ -9,8 +9,8 @@ the check's seed and the prompt's index, so a run repeats), with the check's tok
 counters (/metrics, where it has them) are read before and after.
 
 A prompt that fails (timeout, dropped connection, HTTP error) gets `error` and the others keep their
-outputs; only a server that does not answer at all, or does not serve the asked model, stops the
-run.
+outputs; only a server that does not answer at all, or does not serve the asked model, stops
+the run.
 """
 from __future__ import annotations
 
@@ -68,8 +68,8 @@ def from_server(url: str, served_model: str | None, prompt_ids: list[list[int]],
         def complete(i: int) -> tuple[EngineOutput, str | None]:
             ids = prompt_ids[i]
             try:
-                r = client.post(dialect.path,
-                        json=dialect.request(ids, request_seed(seed, i) if temperature else None))
+                r = client.post(dialect.path, json=dialect.request(
+                    ids, request_seed(seed, i) if temperature else None))
             except httpx.TimeoutException:
                 return EngineOutput(error=f"no answer from {base} within {timeout:g} s"), None
             except httpx.TransportError as e:
@@ -79,8 +79,8 @@ def from_server(url: str, served_model: str | None, prompt_ids: list[list[int]],
                         None)
             try:
                 body = r.json()
-                return dialect.read(body, ids, max_new_tokens,
-                                    tokenizer), body.get("system_fingerprint")
+                return (dialect.read(body, ids, max_new_tokens, tokenizer),
+                        body.get("system_fingerprint"))
             except (ValueError, KeyError, IndexError, TypeError, AttributeError):
                 return (EngineOutput(error=f"{base} answered without a completion: {r.text[:300]}"),
                         None)
@@ -139,8 +139,7 @@ def _model_card(client: httpx.Client, base: str, served_model: str | None) -> di
         cards = None
     if not cards:
         raise SpecError(f"{base}/v1/models answered HTTP {r.status_code} without a model list: "
-                        f"{r.text[:200]}; "
-                        "is this an OpenAI-compatible server?")
+                        f"{r.text[:200]}; is this an OpenAI-compatible server?")
     names = [c.get("id") for c in cards]
     if served_model is None and len(cards) == 1:
         return cards[0]

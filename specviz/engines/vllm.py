@@ -43,8 +43,8 @@ class VllmServer:
 
 
 def vllm_python() -> Path:
-    """The Python of vLLM's own environment: $SPECVIZ_VLLM_PYTHON, else .venv-vllm beside this
-    checkout."""
+    """The Python of vLLM's own environment: $SPECVIZ_VLLM_PYTHON, else .venv-vllm beside
+    this checkout."""
     path = Path(os.environ.get("SPECVIZ_VLLM_PYTHON", DEFAULT_PYTHON))
     if not path.exists():
         raise SpecError(f"vLLM's Python is not at {path}: run `make vllm` to install it there, "

@@ -65,8 +65,9 @@ def judge_acceptance(trace: Trace, draft, vocab: int,
             own[seq] = logits[seq].argmax(-1).tolist()
         return own[seq][t0: t0 + m], logits[seq][t0: t0 + m]
 
-    return _judge_rounds(trace, proposals, "the draft model", tolerance,
-                  lambda beyond, starts: _wrong_side(trace, draft, vocab, beyond, own, starts))
+    return _judge_rounds(
+        trace, proposals, "the draft model", tolerance,
+        lambda beyond, starts: _wrong_side(trace, draft, vocab, beyond, own, starts))
 
 
 @torch.inference_mode()
@@ -125,12 +126,12 @@ def _judge_rounds(trace: Trace, proposals: Proposals, whose: str,
             starts[r.round, s.seq] = t0
             m = min(len(r.draft_tokens), len(out) - t0)
             choice, z = proposals(s.seq, t0, m) if m else ([], None)
-            # a token tree's drafts (decoding/trees.py): the drafter's own candidate of each draft's
-            # rank
-            a, a_fresh = min(r.accepted, m), next((j for j in range(m) if choice[j] != out[t0 + j]),
-                                                  m)
-            if r.tree and a_fresh < m and out[t0
-                    + a_fresh] in z[a_fresh].topk(trace.manifest.spec.tree_width).indices:
+            # a token tree's drafts (decoding/trees.py): the drafter's own candidate of each
+            # draft's rank
+            a, a_fresh = (min(r.accepted, m),
+                          next((j for j in range(m) if choice[j] != out[t0 + j]), m))
+            if r.tree and a_fresh < m and out[t0 + a_fresh] in z[a_fresh].topk(
+                    trace.manifest.spec.tree_width).indices:
                 a_fresh += 1  # a fresh tree's other candidate beside its chain's draft there
             rank = r.tree.ranks(m) if r.tree else [1] * m
             choice = [c if n == 1 else int(z[j].topk(n).indices[-1])
@@ -162,16 +163,14 @@ def _judge_rounds(trace: Trace, proposals: Proposals, whose: str,
     ev.beyond = len(beyond)
     if differing and ev.tolerance is None:
         ev.verdict = "unexplained"
-        ev.explanation = (f"{len(differing)} of {compared} drafts are not {whose}'s own choice on "
-                          "their "
-                          "prefix, but its rounding is not measured (no float64 copy), so a "
-                          "near-tie cannot be told "
-                          f"from a bug. {cost}")
+        ev.explanation = (f"{len(differing)} of {compared} drafts are not {whose}'s own choice "
+                          "on their prefix, but its rounding is not measured (no float64 copy), so "
+                          f"a near-tie cannot be told from a bug. {cost}")
     elif not beyond:
         ev.explanation = (f"Every one of the {compared} drafts compared is {whose}'s own choice on "
-                          "its "
-                          f"prefix"
-                + (f", {len(differing)} within its rounding" if differing else "") + f". {cost}")
+                          "its prefix"
+                          + (f", {len(differing)} within its rounding" if differing else "")
+                          + f". {cost}")
     else:
         first = beyond[0]
         ev.first = [first.round, first.seq, first.slot]
@@ -199,8 +198,7 @@ def _head_side(beyond: list[_Slot], starts: dict[tuple[int, int], int],
     if explained >= EXPLAINED * len(beyond):
         return "draft-bug:hidden", (
             "The head replayed from the target's hidden states one slot earlier proposes "
-            f"{explained} of them: it "
-            "was fed each slot's hidden state off by one.")
+            f"{explained} of them: it was fed each slot's hidden state off by one.")
     return "draft-bug:cache", ("The target's hidden states one slot off do not give them: the "
                                "head's own state (its cache, or what it was fed) was wrong.")
 
@@ -224,8 +222,7 @@ def judge_engine_acceptance(trace: Trace, draft, vocab: int, k: int) -> Acceptan
     /metrics also count the drafts accepted at each draft position: each position's acceptance, of
     the drafts that reached it, is set beside the replay's (per request there are none)."""
     per_request = [s for s in trace.sequences if s.engine and s.engine.drafts
-                   and s.engine.accepted is not None
-                   and s.output_ids]
+                   and s.engine.accepted is not None and s.output_ids]
     totals = trace.manifest.engine.settings.get("spec_decode") or {}
     if per_request:
         # which hold no positions
@@ -233,9 +230,10 @@ def judge_engine_acceptance(trace: Trace, draft, vocab: int, k: int) -> Acceptan
         offered, accepted = (sum(s.engine.drafts for s in counted),
                              sum(s.engine.accepted for s in counted))
     elif totals.get("draft_tokens"):
-        counted, source, positions = [s for s in trace.sequences if s.output_ids], (
-            "its /metrics over the run (any other requests it served meanwhile count "
-            "too)"), _positions(totals)
+        counted, source, positions = (
+            [s for s in trace.sequences if s.output_ids],
+            "its /metrics over the run (any other requests it served meanwhile count too)",
+            _positions(totals))
         offered, accepted = round(totals["draft_tokens"]), round(totals.get("accepted_tokens", 0))
     else:
         return None
@@ -271,20 +269,20 @@ def judge_engine_acceptance(trace: Trace, draft, vocab: int, k: int) -> Acceptan
         accepted_fresh=accepted_fresh, per_position=positions, per_position_fresh=positions_fresh,
         counters=True, offered_fresh=offered_fresh,
         verdict="draft-bug:acceptance" if short else None,
-        explanation=says
-        + (" That is short beyond chance: the engine's drafts were not its draft model's own. "
-           "Which side of its drafter went wrong (positions, cache, the first token) is not seen "
-           "from outside; the output is judged apart." if short else
-           " Nothing short beyond chance."))
+        explanation=says + (
+            " That is short beyond chance: the engine's drafts were not its draft model's own. "
+            "Which side of its drafter went wrong (positions, cache, the first token) is not seen "
+            "from outside; the output is judged apart." if short
+            else " Nothing short beyond chance."))
 
 
 def _positions(totals: dict[str, float]) -> list[float | None]:
     """The engine's acceptance at each draft position from its /metrics, of the drafts that reached
     it: every draft reaches position 0, and position i those that accepted position i - 1 (accepted
     drafts are a prefix)."""
-    taken = [n
-            for _, n in sorted((int(key.removeprefix(PER_POSITION)), n) for key, n in totals.items()
-                               if key.startswith(PER_POSITION))]
+    taken = [n for _, n in sorted((int(key.removeprefix(PER_POSITION)), n)
+                                  for key, n in totals.items()
+                                  if key.startswith(PER_POSITION))]
     if not taken or not totals.get("drafts"):
         return []
     return _rates(taken, [totals["drafts"], *taken[:-1]])
@@ -300,7 +298,7 @@ def _rates(taken: list[int], reached: list[int]) -> list[float | None]:
 
 
 def _wrong_side(trace: Trace, draft, vocab: int, beyond: list[_Slot], own: dict[int, list[int]],
-          starts: dict[tuple[int, int], int]) -> tuple[str, str]:
+                starts: dict[tuple[int, int], int]) -> tuple[str, str]:
     """The side of the drafter that went wrong, from the hypothesis that gives its drafts."""
     out = {s.seq: s.output_ids for s in trace.sequences}
     enough = EXPLAINED * len(beyond)
@@ -308,16 +306,15 @@ def _wrong_side(trace: Trace, draft, vocab: int, beyond: list[_Slot], own: dict[
     if repeated >= enough:
         return "draft-bug:first-token", (
             f"{repeated} of them are the first draft of a round and equal the draft model's own "
-            "choice one token "
-            "earlier: the drafter drafted without the token the target wrote last round, and "
-            "proposed it again.")
+            "choice one token earlier: the drafter drafted without the token the target wrote last "
+            "round, and proposed it again.")
     others = sum(any(d.draft == own[seq][t + d.slot] for (r, seq), t in starts.items()
                      if r == d.round and seq != d.seq and seq in own and t + d.slot < len(own[seq]))
                  for d in beyond)
     if others >= enough:
         return "draft-bug:rows", (f"{others} of them are what the draft model proposes for another "
-                                  "row of the same "
-                                  "round: the rows were handed each other's drafts.")
+                                  "row of the same round: "
+                                  "the rows were handed each other's drafts.")
     # Positions one off from the prompt's end on, where drafting began (rotary positions are
     # relative: only a shift against the prefilled prompt shows).
     for shift in (1, -1):
@@ -330,8 +327,8 @@ def _wrong_side(trace: Trace, draft, vocab: int, beyond: list[_Slot], own: dict[
         if explained >= enough:
             return "draft-bug:positions", (
                 f"The draft model fed positions {shift:+d} from where drafting began proposes "
-                f"{explained} of them: "
-                "the drafter's position ids were off by one against its prefill's.")
+                f"{explained} of them: the drafter's position ids were off by one against "
+                "its prefill's.")
     return "draft-bug:cache", ("Neither the target's last token missing, another row's drafts, nor "
                                "positions one off gives them: the drafter's own state (its cache, "
                                "or what it was fed) was wrong.")

@@ -102,8 +102,8 @@ def _hypothesis(s: SequenceRecord, r: Replay) -> Hypothesis:
 def _judged(trace: Trace, seq: int, best: dict[tuple[str, ...], Hypothesis],
             skipped: dict[str, str], replays: int, seconds: float, pair: ModelPair,
             prompt_ids: list[list[int]]) -> Attribution:
-    """One forked row's attribution from each hypothesis's best replay: ranked, and named beyond the
-    threshold."""
+    """One forked row's attribution from each hypothesis's best replay: ranked, and named beyond
+    the threshold."""
     s = trace.sequences[seq]
     best = dict(best)
     correct = best.pop(())
@@ -169,9 +169,9 @@ def _explanation(a: Attribution, named: list[Hypothesis], judged_bug: bool) -> s
         rest = "all of them" if h.failed_at is None else f"first failing token {h.failed_at}"
         alike = ", ".join("+".join(x.faults) for x in named[1:])
         also = f" Indistinguishable by these tokens: {alike}." if len(named) > 1 else ""
-        return (f"{mechanism(h.faults)}. Replayed {where}, it writes the engine's tokens {a.fork}-"
-                f"{a.fork + h.explained - 1} ({h.explained} of the {a.tokens} after the fork, "
-                f"{rest}), {h.beyond} of {departing}; {correct}.{also}")
+        return (f"{mechanism(h.faults)}. Replayed {where}, it writes the engine's tokens "
+                f"{a.fork}-{a.fork + h.explained - 1} ({h.explained} of the {a.tokens} after the "
+                f"fork, {rest}), {h.beyond} of {departing}; {correct}.{also}")
     tried = f"{len(a.hypotheses)} mechanisms of the catalogue tried in {a.replays} replays"
     best = a.hypotheses[0] if a.hypotheses else None
     if best and best.beyond > a.correct.beyond:

@@ -5,8 +5,8 @@ to its rounding. So its whole output is teacher-forced through the target in flo
 batch-size-1 pass): a token whose logit sits further below the target's choice than that engine's
 rounding reaches is one the target would not have written. The engine's rounding is measured on its
 control run (enginenoise.py); without one, or with one whose tokens bound none of it, only
-transformers' rounding is known, and a fork beyond it is left unexplained, saying what would decide
-it.
+transformers' rounding is known, and a fork beyond it is left unexplained, saying what would
+decide it.
 
 Verdicts: `numerics` (of that engine), `engine-bug`, `decision-bug:stop` (an output that runs on
 past an end-of-sequence token, from its tokens alone), `unexplained` with the evidence that is
@@ -80,7 +80,7 @@ def _engine_noise(trace: Trace, scored: dict, truth: str, rounding: float) -> En
         return EngineNoise(source="none", truth=truth, tokens=0, departures=[], rounding=rounding,
                            tolerance=rounding, alpha=enginenoise.ALPHA,
                            method="no control run: only transformers' own rounding in this "
-                           "dtype is known, and every engine is granted it")
+                                  "dtype is known, and every engine is granted it")
     apart = enginenoise.outliers([(forced.gaps, forced.margins) for _, forced in controls])
     outliers = [s.seq for i, (s, _) in enumerate(controls) if i in apart]
     controls = [c for i, c in enumerate(controls) if i not in apart]
@@ -102,18 +102,16 @@ def _engine_noise(trace: Trace, scored: dict, truth: str, rounding: float) -> En
     return EngineNoise(
         source="control", tolerance=enginenoise.tolerance(fit[1], budget), **measured,
         method=(f"the control's {len(gaps)} tokens teacher-forced through the target in {truth}: "
-                f"{len(departures)} "
-                "depart from its argmax; a Gaussian noise on logit differences fitted to those "
-                "gaps and to the "
-                "margins of the tokens it kept"
-                + (f" (its {len(squares)} log-probabilities read it too, and are "
-                    "reported, not granted)" if squares else "")
+                f"{len(departures)} depart from its argmax; a Gaussian noise on logit differences "
+                "fitted to those gaps and to the margins of the tokens it kept"
+                + (f" (its {len(squares)} log-probabilities read it too, and are reported, not "
+                   "granted)" if squares else "")
                 + f"; tolerance: at the 95% upper bound, the gap all {budget} tokens of a correct "
-                  "output stay "
-                f"within with probability 1 - alpha (its 1 - alpha / {budget} quantile)"
+                  "output stay within with probability 1 - alpha "
+                  f"(its 1 - alpha / {budget} quantile)"
                 + (f"; {len(outliers)} control outputs set apart, their departures needing far "
-                   "more noise than the "
-                   "rest's (a likelihood-ratio test at alpha / outputs each)" if outliers else "")))
+                   "more noise than the rest's (a likelihood-ratio test at alpha / outputs each)"
+                   if outliers else "")))
 
 
 def _fidelity(trace: Trace, scored: dict, role: str, noise: EngineNoise) -> Fidelity | None:
@@ -150,7 +148,7 @@ def _forced_reference(s: SequenceRecord, forcing: enginenoise.TeacherForcing, pr
 
 def _judge_sequence(s: SequenceRecord, forced: enginenoise.Forced,
                     reference: Callable[[], enginenoise.Forced],
-           ys: Yardsticks, stops: Stops) -> EngineForensics:
+                    ys: Yardsticks, stops: Stops) -> EngineForensics:
     """A divergent sequence's verdict, from its output teacher-forced and its reference's
     (`reference()`, forced only where the reference goes past the fork). Up to the fork the two
     share a prefix, so at the fork both were read off the same logits."""
@@ -158,11 +156,12 @@ def _judge_sequence(s: SequenceRecord, forced: enginenoise.Forced,
     out, ref = s.output_ids, s.reference_ids
     noise = ys.engine
     ev = EngineForensics(verdict="unexplained", explanation="", fork=f, tolerance=noise.tolerance,
-                         alpha=noise.alpha,
-                   yardstick=noise.describe(), output_token=out[f] if f < len(out) else None,
-                   reference_token=ref[f] if f < len(ref) else None,
-                   margin_reference=s.reference_margins[f] if s.reference_margins
-                         and f < len(s.reference_margins) else None)
+                         alpha=noise.alpha, yardstick=noise.describe(),
+                         output_token=out[f] if f < len(out) else None,
+                         reference_token=ref[f] if f < len(ref) else None,
+                         margin_reference=(s.reference_margins[f]
+                                           if s.reference_margins and f < len(s.reference_margins)
+                                           else None))
     if s.control is not None and not s.control.error:
         ev.control_fork = first_difference(s.control.ids, ref)
     if ev.output_token is not None:
@@ -182,19 +181,17 @@ def _judge_sequence(s: SequenceRecord, forced: enginenoise.Forced,
     stop = None if end is None else end - 1  # the token the output should have ended at
     # agreed up to a stop the output went past
     if stop is not None and stop < f and not s.engine.approximate:
-        control = s.control is not None and not s.control.error and s.control.ids[: stop
-                + 2] == out[: stop + 2]
+        control = (s.control is not None and not s.control.error
+                   and s.control.ids[: stop + 2] == out[: stop + 2])
         ev.verdict = "decision-bug:stop"
         ev.explanation = (f"The output ends at token {stop} with {stops.what(out, end)}, where the "
                           f"reference stops, and goes on for {len(out) - stop - 1} more tokens: "
-                          "the engine missed a "
-                          "stop. Never rounding: whatever the target writes after a stop, a "
-                          "correct engine writes "
-                          "nothing. "
-                + ("The same engine without speculation runs past it too: its stop check, not "
-                   "speculation." if control else
-                   "A stop check that looks only at the last token of each accepted block "
-                   "does this."))
+                          "the engine missed a stop. Never rounding: whatever the target writes "
+                          "after a stop, a correct engine writes nothing. "
+                          + ("The same engine without speculation runs past it too: its stop "
+                             "check, not speculation." if control else
+                             "A stop check that looks only at the last token of each accepted "
+                             "block does this."))
     else:
         _engine_verdict(ev, s, forced.gaps, noise)
     return ev
@@ -208,18 +205,18 @@ def _engine_verdict(ev: EngineForensics, s: SequenceRecord, gaps: list[float],
                     and s.control.ids[f] == ev.output_token)
     # The first token beyond rounding was the control's too, on the same prefix: speculation did not
     # write it.
-    own = control and ev.first_bad is not None and s.control.ids[: ev.first_bad
-            + 1] == s.output_ids[: ev.first_bad + 1]
-    changed = (" The same engine without speculation follows the reference there" +
-               ("" if ev.control_fork is None else f" (it departs only at token {ev.control_fork})")
-               +
-               ": speculation changed the output." if control
-               and (ev.control_fork is None or ev.control_fork > f) else "")
+    own = (control and ev.first_bad is not None
+           and s.control.ids[: ev.first_bad + 1] == s.output_ids[: ev.first_bad + 1])
+    changed = (" The same engine without speculation follows the reference there"
+               + ("" if ev.control_fork is None
+                  else f" (it departs only at token {ev.control_fork})")
+               + ": speculation changed the output."
+               if control and (ev.control_fork is None or ev.control_fork > f) else "")
     if s.engine.approximate:
         ev.explanation = (f"The output departs from the reference at token {f}, but the engine "
-                          "gave text only: its "
-                          "ids were re-tokenized by specviz and may not be the ones it chose, so "
-                          "no verdict is given. Ask the server for token ids.")
+                          "gave text only: its ids were re-tokenized by specviz and may not be "
+                          "the ones it chose, so no verdict is given. Ask the server for "
+                          "token ids.")
     elif ev.output_token is None:
         ev.explanation = (f"The engine stopped after {f} tokens without an end-of-sequence token "
                           f"(finish reason {s.engine.finish_reason!r}) where the reference goes "
@@ -227,10 +224,10 @@ def _engine_verdict(ev: EngineForensics, s: SequenceRecord, gaps: list[float],
     elif ev.first_bad is None:
         ev.verdict = "numerics"
         here = (f"the engine wrote the target's own choice in {noise.truth}: the batch-size-1 "
-                "reference took another "
-                "there, a near-tie its own rounding tipped" if gaps[f] == 0 else
-                f"the engine's token is {gaps[f]:.3g} logits below the target's own choice in "
-                f"{noise.truth}")
+                "reference took another there, a near-tie its own rounding tipped"
+                if gaps[f] == 0
+                else f"the engine's token is {gaps[f]:.3g} logits below the target's own choice "
+                     f"in {noise.truth}")
         ev.explanation = (f"At token {f} {here}, and every later token is within "
                           f"{noise.tolerance:.3g} of the target's choice: "
                           f"{noise.describe()}. A near-tie that rounding tipped." + changed
@@ -240,46 +237,44 @@ def _engine_verdict(ev: EngineForensics, s: SequenceRecord, gaps: list[float],
         where = "the fork" if ev.first_bad == f else f"token {ev.first_bad}, after the fork,"
         ev.explanation = (f"At {where} the engine's token is {gaps[ev.first_bad]:.3g} logits below "
                           f"the target's choice in {noise.truth}, beyond the tolerance "
-                          f"({noise.describe()}), but the same engine "
-                          "without speculation writes the same tokens up to there: speculation did "
-                          "not change them. The engine departs from the model with or without "
-                          "speculation: compare its weights and kernels with the target's.")
+                          f"({noise.describe()}), but the same engine without speculation writes "
+                          "the same tokens up to there: speculation did not change them. The "
+                          "engine departs from the model with or without speculation: compare its "
+                          "weights and kernels with the target's.")
     else:
         where = "The fork token" if ev.first_bad == f else f"Token {ev.first_bad}, after the fork,"
         beyond = (f"{where} sits {gaps[ev.first_bad]:.3g} logits below what the target itself "
                   f"would write on that prefix (in {noise.truth}); {noise.describe()}")
         if s.seq in noise.outliers:
             ev.explanation = (f"{beyond}{_symptom(ev)}. The same engine without speculation "
-                              "departs from the model on "
-                              "this prompt too, by far more than the rounding its other outputs "
-                              "show (its output here was set apart from the fit): something "
-                              "besides rounding and speculation is wrong on this prompt. Missing "
-                              "evidence: the request the engine received (its chat template, a "
-                              "truncation) and its weights, compared with the target's.")
+                              "departs from the model on this prompt too, by far more than the "
+                              "rounding its other outputs show (its output here was set apart from "
+                              "the fit): something besides rounding and speculation is wrong on "
+                              "this prompt. Missing evidence: the request the engine received "
+                              "(its chat template, a truncation) and its weights, compared with "
+                              "the target's.")
         elif noise.source == "control":
             ev.verdict = "engine-bug"
             ev.explanation = (f"{beyond}. The engine wrote text the target would not{_symptom(ev)}."
                               + changed)
         elif noise.source == "unbounded":
             ev.explanation = (f"{beyond}{_symptom(ev)}. Whether this engine's kernels round that "
-                              "coarsely is not "
-                              "measured: its control run bounds none of its rounding. Missing "
-                              "evidence: a control that does (the same engine without speculation "
-                              "on more prompts or more tokens); where every control token departs "
-                              "from the model, first compare the engine's weights, tokenizer and "
-                              "chat template with the target's.")
+                              "coarsely is not measured: its control run bounds none of its "
+                              "rounding. Missing evidence: a control that does (the same engine "
+                              "without speculation on more prompts or more tokens); where every "
+                              "control token departs from the model, first compare the engine's "
+                              "weights, tokenizer and chat template with the target's.")
         else:
             ev.explanation = (f"{beyond}{_symptom(ev)}. Whether this engine's kernels round that "
-                              "coarsely is not "
-                              "measured. Missing evidence: its run without speculation (the same "
-                              "server and settings, speculation off: --control FILE, "
-                              "--control-server URL or --control-engine), which measures its "
-                              "rounding and decides this fork.")
+                              "coarsely is not measured. Missing evidence: its run without "
+                              "speculation (the same server and settings, speculation off: "
+                              "--control FILE, --control-server URL or --control-engine), which "
+                              "measures its rounding and decides this fork.")
 
 
 def _symptom(ev: EngineForensics) -> str:
-    """The paper's symptoms, measured: loops (repeated 4-grams) and gibberish (high NLL under the
-    reference)."""
+    """The paper's symptoms, measured: loops (repeated 4-grams) and gibberish (high NLL under
+    the reference)."""
     parts = []
     if ev.repeated is not None and ev.repeated >= 0.3:
         parts.append(f"{ev.repeated:.0%} of its 4-grams after the fork repeat (a loop)")

@@ -43,8 +43,8 @@ def failures(rows: list[RowRecord], until_round: int | None) -> dict[str, int]:
 
 def corrupt(ev: RunForensics, rounding: Rounding, invariant: str | None, logits: str) -> None:
     """A state beyond the yardstick, the `logits` of its pass named: `kernel-bug` where every input
-    was right and the pass rebuilt from them still departs, else `sync-bug:` the input that was
-    wrong."""
+    was right and the pass rebuilt from them still departs, else `sync-bug:` the input
+    that was wrong."""
     component = _component(ev, rounding)
     beyond = (f"{logits} differ from a fresh batch-size-1 recomputation of the row by "
               f"{ev.state_diff:.3g}, {ev.state_diff / rounding.tolerance:.3g} times what rounding "
@@ -67,8 +67,8 @@ def failed_check_sentence(ev: RunForensics, invariant: str | None) -> str:
 
 
 def first_invariant(ev: RunForensics) -> str | None:
-    """The engine's own breaking check that failed first, at or before the fork (None: none
-    failed)."""
+    """The engine's own breaking check that failed first, at or before the fork (None:
+    none failed)."""
     if not ev.failed_checks:
         return None
     first = min(ev.failed_checks.values())
@@ -116,8 +116,8 @@ def _component(ev: RunForensics, rounding: Rounding) -> str:
 
 
 def rebuilt_pass_shows(ev: RunForensics, rounding: Rounding) -> str:
-    """What the pass rebuilt from correct inputs shows: a computation the model itself does not
-    make."""
+    """What the pass rebuilt from correct inputs shows: a computation the model itself does
+    not make."""
     where = []
     if ev.kernel_diff_float64 is not None and rounding.float64_tolerance is not None \
             and ev.kernel_diff_float64 > rounding.float64_tolerance:
@@ -126,11 +126,9 @@ def rebuilt_pass_shows(ev: RunForensics, rounding: Rounding) -> str:
     if ev.kernel_diff is not None and ev.kernel_diff > rounding.tolerance:
         where.append(f"in {rounding.dtype} by {ev.kernel_diff:.3g}")
     return ("Rebuilt from correct inputs (each row's cache from a fresh prefill of its real "
-            "tokens, true positions, a "
-            f"plain mask), the same pass still departs from a fresh one, {' and '.join(where)}: "
-            "the batched verify "
-            "computes logits the model itself does not. A bug in the kernels of a pass of several "
-            "queries over a cache, not in the state.")
+            "tokens, true positions, a plain mask), the same pass still departs from a fresh one, "
+            f"{' and '.join(where)}: the batched verify computes logits the model itself does not. "
+            "A bug in the kernels of a pass of several queries over a cache, not in the state.")
 
 
 def _why(ev: RunForensics, state: str) -> str:
@@ -152,8 +150,7 @@ def _why(ev: RunForensics, state: str) -> str:
         kv_fits = ev.kv_diff is None or ev.kv_diff <= ev.tolerance
         return ("Replayed over fresh K/V of its tokens with its own recurrent states, it still "
                 f"differs by {ev.recurrent_diff:.3g}, where the same replay over its own visible "
-                "K/V and fresh states "
-                f"{'does not' if kv_fits else f'differs by {ev.kv_diff:.3g}'}:"
+                f"K/V and fresh states {'does not' if kv_fits else f'differs by {ev.kv_diff:.3g}'}:"
                 f" {EXPLAIN['recurrent']}.")
     if ev.tokens_fed_ok is False:
         return ("The first token it was fed is not the sequence's last token: the row was given "

@@ -43,14 +43,14 @@ MAX_LISTED = 20
 def judge_distribution(trace: Trace, pair: ModelPair, prompt_ids: list[list[int]],
                        progress=None) -> Findings:
     """Score every sequence under the target: each sequence's `pit`, the run's `distribution` (with
-    the requests' settings that fit a sequence better than its own) and, for speculative runs, its
-    `decisions`."""
+    the requests' settings that fit a sequence better than its own) and, for speculative runs,
+    its `decisions`."""
     spec = trace.manifest.spec
     sampling = sampling_of(spec)
     # Per-request settings: every request's, and greedy (an unset temperature read as greedy), are
     # the others.
-    others = list(dict.fromkeys([*(r.target for r in sampling.rows),
-                                 Sampler()])) if spec.rows else []
+    others = (list(dict.fromkeys([*(r.target for r in sampling.rows), Sampler()]))
+              if spec.rows else [])
     # Markov: under its own settings, another's likelihood ratio exceeds 1/x with probability at
     # most x.
     threshold = math.log(max(1, len(trace.sequences) * len(others)) / FAMILY_ALPHA)
@@ -74,10 +74,9 @@ def judge_distribution(trace: Trace, pair: ModelPair, prompt_ids: list[list[int]
         if progress:
             progress(len(s.output_ids))
     found = Findings({seq: {"pit": values} for seq, values in pits.items()})
-    found.run["distribution"] = pit.pit_test(samples(trace, pits),
-                                          impossible=sum(x is None for values in pits.values()
-                                                         for x in values),
-                                          alpha=FAMILY_ALPHA)
+    found.run["distribution"] = pit.pit_test(
+        samples(trace, pits), impossible=sum(x is None for values in pits.values() for x in values),
+        alpha=FAMILY_ALPHA)
     found.run["distribution"].settings = fits
     if trace.rows:
         found.run["decisions"] = decisions(trace)
@@ -105,8 +104,8 @@ def _better_settings(seq: int, logits: torch.Tensor, tokens: torch.Tensor, own: 
 
 def samples(trace: Trace, pits: dict[int, list[float | None]]) -> dict[str, np.ndarray]:
     """The PIT values (`pits`: each sequence's) pooled, then split by slot in the round (speculative
-    runs), batch row, round range and row pairs; impossible tokens (None) are counted apart, not
-    tested."""
+    runs), batch row, round range and row pairs; impossible tokens (None) are counted apart,
+    not tested."""
     where = _token_places(trace)
     k = trace.manifest.spec.k
     last = max((r for places in where.values() for _, _, r in places), default=0)
@@ -167,8 +166,8 @@ def streams(trace: Trace) -> tuple[int, list[list[int]]]:
     """Every recorded draw against the one its row's own stream gives at its token (a seeded
     request's seed, else the run's seed and the sequence): each decided draft's at the row's token
     index plus its slot, the non-draft token's at the index it lands on, for a bonus (every draft
-    accepted) or a residual. Returns the draws checked and [round, seq, token index] of those that
-    differ."""
+    accepted) or a residual. Returns the draws checked and [round, seq, token index] of those
+    that differ."""
     sampling, have = sampling_of(trace.manifest.spec), defaultdict(int)
     checked, off = 0, []
     for r in sorted((r for r in trace.rows if r.accept_draws is not None), key=lambda r: r.round):

@@ -54,8 +54,8 @@ def computed(key: Hashable, compute: Callable[[], Computed]) -> Computed:
 
 
 def truth_model(pair):
-    """The target the truth is computed with: its float64 copy, else itself (and the trace says
-    so)."""
+    """The target the truth is computed with: its float64 copy, else itself (and the trace
+    says so)."""
     model = float64_target(pair)
     return (model, "float64") if model is not None else (pair.target,
                                                          str(pair.dtype).removeprefix("torch."))
@@ -180,8 +180,8 @@ def outliers(outputs: list[tuple[list[float], list[float]]], alpha: float = ALPH
     tolerance for every output. Tested worst first, one output set apart at a time, among those not
     yet set apart: the likelihood ratio of a sigma for the output and one for the others against one
     for all (chi-square with one degree of freedom, at alpha / outputs each), each likelihood
-    maximized over SIGMA_GRID. Outputs without departures never need more noise and are never set
-    apart."""
+    maximized over SIGMA_GRID. Outputs without departures never need more noise and are never
+    set apart."""
     each = np.array([_log_likelihoods(*_split(gaps, margins))
                      for gaps, margins in outputs]).reshape(-1, len(SIGMA_GRID))
     candidates = [i for i, (gaps, _) in enumerate(outputs) if any(g > 0 for g in gaps)]
@@ -210,8 +210,7 @@ def unbounded(gaps: list[float], margins: list[float],
         return "none of its tokens could be scored"
     if not kept:
         return (f"all {len(gaps)} of its tokens depart from the target's own choice, by up to "
-                f"{max(departures):.3g}, "
-                "so none shows where its rounding stops")
+                f"{max(departures):.3g}, so none shows where its rounding stops")
     if fit[1] >= max(kept):
         return (f"the 95% upper bound on its noise, {fit[1]:.3g}, is not below the largest margin "
                 f"it kept, {max(kept):.3g}: none of its {len(gaps)} tokens tests noise that large")

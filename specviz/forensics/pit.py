@@ -1,5 +1,5 @@
-"""Is a sampler drawing from the target's distribution? The randomized probability integral
-transform.
+"""Is a sampler drawing from the target's distribution? The randomized probability
+integral transform.
 
 For an emitted token x with target probabilities p at its prefix, U = F(x-) + V * p(x), where F(x-)
 is the mass of the tokens ranked before x and V an independent uniform draw. Under a correct sampler
@@ -35,8 +35,8 @@ def pit(probs: torch.Tensor, tokens: torch.Tensor,
     of everything else. Each row is renormalised in float64, so u stays in [0, 1] where a float32
     row sums to 1 + 1e-7 (an unlikely token drawn near the top of its interval went over 1 so).
     F(x-) is summed a chunk of rows at a time, so no (n, V) float64 temporary exists. A token the
-    target gives probability 0 gets u = NaN: it is impossible under the target, and callers count it
-    apart.
+    target gives probability 0 gets u = NaN: it is impossible under the target, and callers count
+    it apart.
     """
     n, vocab = probs.shape
     ids = torch.arange(vocab, device=probs.device)
@@ -57,8 +57,8 @@ def pit(probs: torch.Tensor, tokens: torch.Tensor,
 
 
 def bins(n: int) -> int:
-    """BINS, or fewer for small n so that each bin expects at least 5 values (the chi-square rule of
-    thumb)."""
+    """BINS, or fewer for small n so that each bin expects at least 5 values (the chi-square rule
+    of thumb)."""
     return max(2, min(BINS, n // 5))
 
 
@@ -73,8 +73,7 @@ def uniformity(values: np.ndarray, name: str) -> Split:
     outside = np.count_nonzero(~((values >= 0) & (values <= 1)))
     if outside:
         raise ValueError(f"{name}: {outside} values outside [0, 1] (NaN: an impossible token, "
-                         "count it apart; "
-                         "above 1: F(x) in place of F(x-))")
+                         "count it apart; above 1: F(x) in place of F(x-))")
     k = bins(len(values))
     counts = np.bincount(np.minimum((values * k).astype(np.int64), k - 1), minlength=k)
     ks = float(stats.kstest(values, "uniform").pvalue)
@@ -92,8 +91,8 @@ def pit_test(samples: dict[str, np.ndarray], impossible: int = 0, alpha: float =
     few tokens"). An impossible token rejects on its own: no sampler from the target can emit it.
     """
     pooled = len(next(iter(samples.values()), []))
-    tested = {name: v for name, v in samples.items()
-              if len(v) >= min_count} if pooled >= min_count else {}
+    tested = ({name: v for name, v in samples.items() if len(v) >= min_count}
+              if pooled >= min_count else {})
     splits = [uniformity(v, name) for name, v in tested.items()]
     skipped = [name for name in samples if name not in tested]
     worst = min(splits, key=lambda s: s.p, default=None)

@@ -39,8 +39,7 @@ def proved(output: list[int], forced: Forced, tolerance: float, stops: Stops,
     for i in range(min(len(output), budget)):
         if forced.gaps[i] > 0:
             return i, (f"a fork at token {i}: the output's token is {forced.gaps[i]:.3g} logits "
-                       "below the target's "
-                       "float64 argmax")
+                       "below the target's float64 argmax")
         if forced.margins[i] <= tolerance:
             return i, (f"{NEAR_TIE} at token {i}: the target's float64 top-2 margin, "
                        f"{forced.margins[i]:.3g} logits, is within the tolerance "
@@ -55,9 +54,8 @@ def proved(output: list[int], forced: Forced, tolerance: float, stops: Stops,
 
 def proved_reference(pair: ModelPair, prompt_ids: list[list[int]],
                      candidates: list[dict[str, tuple[list[int], Forced]]],
-              budget: int, tolerance: float, progress: Progress | None = None,
-                     memo: Memo = computed,
-              greedy: Sampling = GREEDY) -> DecodeResult:
+                     budget: int, tolerance: float, progress: Progress | None = None,
+                     memo: Memo = computed, greedy: Sampling = GREEDY) -> DecodeResult:
     """The reference of every prompt, proved from the longest-proved of its candidate outputs
     ({role: (ids, forced)}, e.g. an engine's and its control's), and decoded where the proof stops
     (`greedy`: the run's stop strings). `memo(key, compute)`: where each decode's tail is kept, so
@@ -84,17 +82,16 @@ def proved_reference(pair: ModelPair, prompt_ids: list[list[int]],
              and not refs[i].proof.stop.startswith(NEAR_TIE)]
     _decode(pair, prompt_ids, tails, refs, budget, progress, memo, greedy)
     again = [i for i in stopped if i not in tails
-             or min(refs[i].margins[refs[i].proof.proved:], default=math.inf)
-             <= 2 * tolerance]
+             or min(refs[i].margins[refs[i].proof.proved:], default=math.inf) <= 2 * tolerance]
     for i in set(again) & set(tails):
         tail = refs[i].margins[refs[i].proof.proved:]
         j = refs[i].proof.proved + next(k for k, m in enumerate(tail) if m <= 2 * tolerance)
         refs[i].proof.stop += (f"; decoded after it, token {j}'s margin ({refs[i].margins[j]:.3g}) "
-                               "was within twice "
-                                "the tolerance, so the reference was decoded again from its prompt")
+                               "was within twice the tolerance, so the reference was decoded again "
+                               "from its prompt")
     for i in again:
-        refs[i] = SequenceOutput([],
-                proof=refs[i].proof.model_copy(update={"proved": 0, "smallest_margin": None}))
+        refs[i] = SequenceOutput(
+            [], proof=refs[i].proof.model_copy(update={"proved": 0, "smallest_margin": None}))
     _decode(pair, prompt_ids, again, refs, budget, progress, memo, greedy)
     return DecodeResult(refs, time.perf_counter() - start)
 

@@ -66,13 +66,13 @@ def copyable(model) -> bool:
 
 
 def float64_target(pair):
-    """The pair's target in float64 on the CPU: the truth its rounding is measured from (None: too
-    large)."""
+    """The pair's target in float64 on the CPU: the truth its rounding is measured from (None:
+    too large)."""
     return copy_in(pair.target, torch.float64)
 
 
 def float64_logits(pair, ids: list[int]) -> torch.Tensor | None:
-    """The target's float64 logits for the token after `ids` (vocab,), or None without a float64
-    target."""
+    """The target's float64 logits for the token after `ids` (vocab,), or None without
+    a float64 target."""
     model = float64_target(pair)
     return None if model is None else fresh_logits(model, ids, 1, pair.vocab_size)[0]

@@ -13,8 +13,8 @@ REPEATS = {"again": "the same requests, in the same order, with the same concurr
 
 
 def compare(first: list[EngineOutput], repeats: dict[str, list[EngineOutput]]) -> Determinism:
-    """Each prompt's first answer against its answer in every repeat (prompts that failed in any are
-    skipped)."""
+    """Each prompt's first answer against its answer in every repeat (prompts that failed in any
+    are skipped)."""
     differing, compared = [], 0
     for seq, out in enumerate(first):
         again = {name: outs[seq] for name, outs in repeats.items()}

@@ -1,5 +1,5 @@
-"""Which acceptance rule wrote a sampling engine's tokens: the likelihood of its tokens under each
-rule.
+"""Which acceptance rule wrote a sampling engine's tokens: the likelihood of its tokens under
+each rule.
 
 A speculative sampler's round emits some accepted drafts, then one token the target chose: a draw
 from the residual after a rejection, or from p once all k drafts passed. Which tokens were drafts
@@ -54,9 +54,9 @@ def _leftover_last(w: torch.Tensor) -> torch.Tensor:
 Rule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
 RULES: dict[str, Rule] = {
     "correct": lambda p, q, full, one: (torch.minimum(p, q), _norm((p - q).clamp(min=0)), p),
-    "accept-q-over-p": lambda p, q, full, one: (torch.where(p > 0,
-        q * (q / p.clamp(min=1e-300)).clamp(max=1), q),
-                                                _norm((p - q).clamp(min=0)), p),
+    "accept-q-over-p": lambda p, q, full, one: (
+        torch.where(p > 0, q * (q / p.clamp(min=1e-300)).clamp(max=1), q),
+        _norm((p - q).clamp(min=0)), p),
     "residual-from-draft": lambda p, q, full, one: (torch.minimum(p, q), q, p),
     "residual-unnormalised": lambda p, q, full, one: (torch.minimum(p, q),
                                                       _leftover_last((p - q).clamp(min=0)), p),
@@ -155,7 +155,8 @@ def judge_rules(trace: Trace, pair: ModelPair, prompt_ids: list[list[int]],
     ratios = {name: ll - correct if ll > -math.inf else -math.inf for name, ll in totals.items()}
     ranked = sorted(ratios.items(), key=lambda x: -x[1])
     hypotheses = [RuleHypothesis(fault=name, log_ratio=ratio if math.isfinite(ratio) else None,
-                                 possible=ratio > -math.inf) for name, ratio in ranked]
+                                 possible=ratio > -math.inf)
+                  for name, ratio in ranked]
     best, runner_up = ranked[0][1], ranked[1][1] if len(ranked) > 1 else -math.inf
     hypotheses[0].named = best >= LOG_RATIO and (runner_up == -math.inf
                                                  or best - runner_up >= APART)
@@ -177,8 +178,7 @@ def _explain(hypotheses: list[RuleHypothesis], tokens: int) -> str:
         return (f"No rule is named: {best.fault} and {hypotheses[1].fault} both make the engine's "
                 f"tokens far likelier than the correct rule does ({_times(best)} and "
                 f"{_times(hypotheses[1])}), and these tokens cannot tell them apart (naming one "
-                f"needs e^{APART:.1f} between them; {tried}). Missing evidence: more "
-                "tokens.")
+                f"needs e^{APART:.1f} between them; {tried}). Missing evidence: more tokens.")
     return (f"No rule of the catalogue is named: the likeliest, {best.fault}, makes the engine's "
             f"tokens e^{best.log_ratio:.1f} times as likely as the correct rule does, and naming "
             f"one needs e^{LOG_RATIO:.1f} ({tried}).")
@@ -187,5 +187,4 @@ def _explain(hypotheses: list[RuleHypothesis], tokens: int) -> str:
 def _times(h: RuleHypothesis) -> str:
     """How many times likelier a rule makes the engine's tokens, in words."""
     return ("infinitely (some are impossible under the correct rule alone)" if h.log_ratio is None
-            else
-        f"e^{h.log_ratio:.1f} times")
+            else f"e^{h.log_ratio:.1f} times")

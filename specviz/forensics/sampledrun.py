@@ -46,8 +46,8 @@ def analyse_sampled(trace: Trace, result: DecodeResult) -> Findings:
 def _state_verdict(s: SequenceRecord, rows: list[RowRecord], state, failed: dict[str, int],
                    rounding: Rounding) -> RunForensics:
     """The earliest evidence names it: the watched state's departure, or the engine's own check
-    where that failed in an earlier round (a bonus token drawn from the draft leaves the state
-    clean)."""
+    where that failed in an earlier round (a bonus token drawn from the draft leaves
+    the state clean)."""
     checked = min(failed.values(), default=None)
     by_check = state is None or (checked is not None and checked < state.round)
     first_round = checked if by_check else state.round

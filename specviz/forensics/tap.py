@@ -35,8 +35,8 @@ class Call:
     logits: torch.Tensor | None = None  # (B, keep, V) as returned
 
     def visible(self, row: int, last: int) -> torch.Tensor | None:
-        """(last, kv) booleans: which key slots each of the row's `last` query slots could attend
-        to."""
+        """(last, kv) booleans: which key slots each of the row's `last` query slots could
+        attend to."""
         mask = self.mask
         # one mask per layer type: a full layer's shows the row's whole context
         if isinstance(mask, dict):
@@ -49,9 +49,8 @@ class Call:
             return bias > torch.finfo(bias.dtype).min / 2
         keys = mask[row].bool()  # 2D: padding mask over all slots; causal within the pass
         kv = keys.shape[0]
-        causal = torch.arange(kv,
-                              device=keys.device)[None] <= (kv - q
-                + torch.arange(q - last, q, device=keys.device))[:, None]
+        causal = (torch.arange(kv, device=keys.device)[None]
+                  <= (kv - q + torch.arange(q - last, q, device=keys.device))[:, None])
         return causal & keys[None]
 
 

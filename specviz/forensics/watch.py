@@ -99,8 +99,8 @@ class Watch:
             yield self
 
     def start(self) -> None:
-        """A round begins: forget earlier calls (a prefill of newly admitted rows, the last
-        round)."""
+        """A round begins: forget earlier calls (a prefill of newly admitted rows,
+        the last round)."""
         self._target.clear()
         self._draft.clear()
 
@@ -131,7 +131,7 @@ class Watch:
                     self.audit[(r, s)] = (self._state_diff(verify, row, truth, at)[0],
                                           self._draft_diff(drafted, row, truth))
                     if (self.references is None and s not in self.forks
-                        and self.tolerance is not None
+                            and self.tolerance is not None
                             and self.audit[(r, s)][0] > self.tolerance):
                         self.forks[s] = self._inspect(verify, r, row, truths, 0, s, at)
 
@@ -175,8 +175,8 @@ class Watch:
         keep, verified = len(fed), call.logits.shape[1]
         along = list(range(verified)) if at is None else at
         expected = list(range(len(truth) - 1, len(truth) - 1 + keep))
-        fed_pos = None if call.position_ids is None else [call.position_ids[row,
-                -verified:].tolist()[i] for i in along]
+        fed_pos = (None if call.position_ids is None
+                   else [call.position_ids[row, -verified:].tolist()[i] for i in along])
         window = self._window(call)
         # what each slot should see
         seen = [p + 1 if window is None else min(p + 1, window) for p in expected]
@@ -197,15 +197,16 @@ class Watch:
                         and visible in (None, seen) and at is None)
         return ForkState(
             round=r, row=row, slot=slot, state_diff=diff, tokens_ok=fed[0] == truth[-1],
-            kernel_diff=None if clean or not inputs_right else
-            self._rebuilt_diff(r, call, row, truths, self.pair.target, fresh),
-            kernel_diff_float64=self._kernel_float64(r, call, row, truths, fed) if inputs_right
-            else None, positions_fed=fed_pos, positions_expected=expected,
+            kernel_diff=(None if clean or not inputs_right else
+                         self._rebuilt_diff(r, call, row, truths, self.pair.target, fresh)),
+            kernel_diff_float64=(self._kernel_float64(r, call, row, truths, fed)
+                                 if inputs_right else None),
+            positions_fed=fed_pos, positions_expected=expected,
             visible=visible, visible_expected=seen,
-            kv_diff=None if clean
-            else self._kv_alone(call, row, truth, fed, expected, vis, fresh, seen[0] - 1),
-            recurrent_diff=None if clean
-            else self._recurrent_alone(call, row, truth, fed, expected, fresh),
+            kv_diff=(None if clean else
+                     self._kv_alone(call, row, truth, fed, expected, vis, fresh, seen[0] - 1)),
+            recurrent_diff=(None if clean else
+                            self._recurrent_alone(call, row, truth, fed, expected, fresh)),
             written_at=[] if clean else self._written_at(call, row, truth, vis, seen[0] - 1),
             emitting_argmax=int(emitting.argmax()), emitting_margin=float(top[0] - top[1]),
         )
@@ -293,8 +294,8 @@ class Watch:
         first = len(truth) - 1 - before
         # (heads, slots, dim)
         cached = call.past[0][0][row][:, shown.to(call.past[0][0].device)].double().cpu()
-        fresh = _first_layer_keys(self.pair.target, truth[:-1], list(range(len(truth) - 1)))[:,
-                                                                                             first:]
+        fresh = _first_layer_keys(self.pair.target, truth[:-1],
+                                  list(range(len(truth) - 1)))[:, first:]
         err = _key_error(cached, fresh)  # (slots,)
         found = []
         span = int(call.position_ids.max()) + 1 if call.position_ids is not None else len(truth)

@@ -18,23 +18,23 @@ Under a repetition or presence penalty every argmax and gap above is taken over 
 penalised by the row's whole history (decoding/penalties.py), as the reference chose.
 
 Verdicts:
-  decision-bug:accept an accepted draft is not the argmax of the pass that verified it (the accept
-  rule); decision-bug:penalty the state was clean, the penalised float64 logits choose the
-  reference's token beyond
-                      rounding, and with the penalty on the engine's token lifted they choose the
-                      engine's: its penalty history lacked tokens the row holds;
+  decision-bug:accept an accepted draft is not the argmax of the pass that verified it (the
+                      accept rule);
+  decision-bug:penalty the state was clean, the penalised float64 logits choose the reference's
+                      token beyond rounding, and with the penalty on the engine's token lifted
+                      they choose the engine's: its penalty history lacked tokens the row holds;
   sync-bug:bonus      a correction or bonus token is not the argmax of the logits that chose it
-  (I4); sync-bug:<state>    the row's state was corrupt: positions, mask, kv, a hybrid's recurrent
-  state
+                      (I4);
+  sync-bug:<state>    the row's state was corrupt: positions, mask, kv, a hybrid's recurrent state
                       (`recurrent`), or `state` when no single input explains it;
                       also when the engine's own invariant checks failed at or before the fork;
   decision-bug:stop   a sequence ran past its end (an end-of-sequence token, a stop string) or
-  stopped short, and no engine
-                      check failed before it;
+                      stopped short, and no engine check failed before it;
   kernel-bug          every input was right, and the same pass rebuilt from correct inputs still
                       computes logits a fresh batch-size-1 pass does not: the verify computation;
   numerics            the state was clean and the float64 gap at the fork is within what rounding
-  flips; unexplained         anything else, with the evidence that is missing.
+                      flips;
+  unexplained         anything else, with the evidence that is missing.
 Every name is declared in spec/verdicts.py.
 """
 from __future__ import annotations
@@ -123,8 +123,8 @@ def rows_of(trace: Trace) -> dict[int, list[RowRecord]]:
 def _arbiter(pair: ModelPair, penalties, prompt: list[int],
              before: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The target's float64 logits for the token after `prompt + before`, penalised as the run's
-    (its prompt and `before` the history), and as they are: (vocab,) each; None without a float64
-    target."""
+    (its prompt and `before` the history), and as they are: (vocab,) each; None without
+    a float64 target."""
     z = float64_logits(pair, prompt + before)
     return None if z is None else (penalties.along(z[None], prompt, before)[0], z)
 
@@ -132,13 +132,12 @@ def _arbiter(pair: ModelPair, penalties, prompt: list[int],
 def _penalty_bug(ev: RunForensics, rounding: Rounding | None, arbiter, history: list[int]) -> bool:
     """A clean state whose penalised float64 logits choose the reference's token beyond rounding,
     and the engine's once the penalty on the engine's token is lifted: the engine's penalty missed
-    tokens the row holds. Fills `ev` as decision-bug:penalty; False where the evidence does not show
-    it."""
+    tokens the row holds. Fills `ev` as decision-bug:penalty; False where the evidence does
+    not show it."""
     clean = (rounding is not None and ev.state_diff is not None
-             and ev.state_diff <= rounding.tolerance
-             and not ev.failed_checks)
+             and ev.state_diff <= rounding.tolerance and not ev.failed_checks)
     if (not clean or ev.output_token is None or ev.reference_token is None
-        or (z := arbiter()) is None):
+            or (z := arbiter()) is None):
         return False
     penalised, raw = z
     t, ref = ev.output_token, ev.reference_token
@@ -187,8 +186,8 @@ def _where(ev: RunForensics) -> str:
 
 
 def _sync_bug(ev: RunForensics, rounding: Rounding | None) -> bool:
-    """Call the fork a sync bug (or a kernel bug) when the evidence shows one, and say which; False
-    otherwise."""
+    """Call the fork a sync bug (or a kernel bug) when the evidence shows one, and say which;
+    False otherwise."""
     at = _where(ev)
     tolerance = rounding.tolerance if rounding else None
     # The engine's own checks (its provenance of every cache slot) corroborate; they name the state
@@ -236,22 +235,20 @@ def _near_tie(ev: RunForensics, rounding: Rounding | None) -> None:
     at = _where(ev)
     if ev.state_diff is None:
         ev.explanation = (f"The output forked at {at}, but the pass that emitted it could not be "
-                          "checked (hf-assisted "
-                          "decodes inside transformers' generate, where specviz does not watch "
-                          "rounds), so numerics cannot be told from a bug here.")
+                          "checked (hf-assisted decodes inside transformers' generate, where "
+                          "specviz does not watch rounds), so numerics cannot be told from a "
+                          "bug here.")
     elif rounding is None:
         ev.explanation = (f"The output forked at {at}, but {NO_YARDSTICK}: neither the row's state "
-                          "nor the fork can "
-                          "be judged against it. Run a target small enough to copy to float64 to "
-                          "judge this fork.")
+                          "nor the fork can be judged against it. Run a target small enough to "
+                          "copy to float64 to judge this fork.")
     elif rounding.anomaly:
         ev.explanation = (f"The output forked at {at}, but the yardstick itself is suspect: "
                           f"{rounding.anomaly}.")
     elif ev.margin_float64 is None:
         ev.explanation = (f"The row's state was clean at {at}, but the fork could not be "
-                          "arbitrated in float64 (the "
-                          "target is too large to copy to float64), so a near-tie cannot be "
-                          "confirmed.")
+                          "arbitrated in float64 (the target is too large to copy to float64), so "
+                          "a near-tie cannot be confirmed.")
     elif abs(ev.margin_float64) <= rounding.tolerance:
         ev.verdict = "numerics"
         ev.explanation = (f"At {at} the row's state was clean (its logits within "

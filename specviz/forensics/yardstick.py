@@ -154,8 +154,8 @@ def sample(model, sequences: list[list[int]], vocab: int, seen: tuple = (),
             # a float64 run decodes so itself: its gap, as it is, is a sample
             if model.dtype == torch.float64:
                 errors.append(gap)
-                relative.append(gap
-                        / (torch.finfo(torch.float64).eps / 2 * top[new - steps:].clamp(min=1e-30)))
+                relative.append(gap / (torch.finfo(torch.float64).eps / 2
+                                       * top[new - steps:].clamp(min=1e-30)))
         for z in ways:
             err = (z - z64[len(z64) - len(z):]).abs().amax(-1)
             errors.append(err * scale)
@@ -180,8 +180,8 @@ def threshold(errors: torch.Tensor, slots: int, alpha: float) -> tuple[float, fl
 
 def rounding(samples: Samples, dtype: torch.dtype, slots: int,
              alpha: float = ALPHA) -> Rounding | None:
-    """The yardstick from `samples` of a model running in `dtype`, for comparisons of `slots`
-    positions."""
+    """The yardstick from `samples` of a model running in `dtype`, for comparisons
+    of `slots` positions."""
     if samples is None or not len(samples.errors):
         return None
     name = NAMES.get(dtype, str(dtype))
@@ -206,18 +206,16 @@ def rounding(samples: Samples, dtype: torch.dtype, slots: int,
                    f"most {expected:g} on the pairs specviz measured: the model's kernels are "
                    "suspect even without a cache, so no fork is put down to rounding against it")
     method = (f"each of {samples.sequences} sequences (the reference's continuations, then the "
-              f"built-in prompts chained into passes of up to {CHAIN} tokens) "
-              f"through the target twice, fresh (batch size 1, no cache): in {name} and in "
-              "float64; per position "
-              "the largest |logit difference| over the vocabulary"
+              f"built-in prompts chained into passes of up to {CHAIN} tokens) through the target "
+              f"twice, fresh (batch size 1, no cache): in {name} and in float64; per position the "
+              "largest |logit difference| over the vocabulary"
               + (f"; {samples.decoded} of its positions also decoded a token a pass, fresh, as a "
-                 "hybrid's recurrent "
-                 "layers decode (their other algorithm)" if samples.decoded else "")
+                 "hybrid's recurrent layers decode (their other algorithm)"
+                 if samples.decoded else "")
               + ("; measured on a float32 copy and scaled by float64's unit roundoff over float32's"
                  if dtype == torch.float64 else "")
               + f". Tolerance: twice the order statistic that a correct pass of {slots} positions, "
-                "or the one it "
-              "is compared with, exceeds with at most the stated probability")
+                "or the one it is compared with, exceeds with at most the stated probability")
     levels = torch.tensor(LEVELS, dtype=torch.float64)
     tolerance = max(2 * q, 2 * resolution)
     # float64 rounds as many of its own units as float32 does (bfloat16 stores in 8 bits but sums in

@@ -65,8 +65,8 @@ def unsupported(model) -> str | None:
     if not set(types) & {*ATTENTION, *HYBRID}:
         return ("it has no attention layer: specviz lays a batch out in attention slots (padding, "
                 "positions, the KV cache), which a pure state-space model does not use")
-    if not {"cache", "position_ids",
-            "attention_mask"} <= set(inspect.signature(model.forward).parameters):
+    if not ({"cache", "position_ids", "attention_mask"}
+            <= set(inspect.signature(model.forward).parameters)):
         return ("its forward pass takes no cache, position ids or attention mask, through which "
                 "specviz lays a batch out (its state is its own)")
     recurrent = sum(t in (*RECURRENT, *HYBRID) for t in types)
@@ -93,8 +93,8 @@ def attention_layers(model) -> list[int]:
 
 @functools.cache
 def _writes_state(cls: type) -> bool:
-    """Whether `cls` (or a class it derives from) writes transformers' conv or recurrent cache
-    state."""
+    """Whether `cls` (or a class it derives from) writes transformers' conv or recurrent
+    cache state."""
     for c in cls.__mro__:
         try:
             source = inspect.getsource(c)
@@ -112,8 +112,8 @@ def recurrent_mixers(model) -> list[torch.nn.Module]:
 
 
 def attention_layers_only(model) -> list[int]:
-    """The layers that only attend (no recurrent state): those an EAGLE-style head copies
-    (heads.py)."""
+    """The layers that only attend (no recurrent state): those an EAGLE-style head
+    copies (heads.py)."""
     return [i for i, t in enumerate(_layer_types(model)[0]) if t in ATTENTION]
 
 
@@ -125,8 +125,8 @@ def sliding_windows(model) -> dict[str, int]:
 
 
 def narrowest_window(model) -> int | None:
-    """The narrowest sliding window of `model`'s layers (None: every layer sees its whole
-    context)."""
+    """The narrowest sliding window of `model`'s layers (None: every layer sees
+    its whole context)."""
     return min(sliding_windows(model).values(), default=None)
 
 
@@ -160,8 +160,8 @@ class Float64Throughout(TorchFunctionMode):
     of a float64 model in float32 on purpose (RMS norms; Gated DeltaNet's and Mamba's scans; Gemma
     2's softmax): there its chunked (prefill) and recurrent (decode) algorithms, two correct
     computations, part by 3e-8 to 5e-8 in a float64 Qwen 3.5 and by 1e-16 throughout float64. A
-    truth is float64 only so. Tensors made without a dtype are float64 too (the default dtype, while
-    inside)."""
+    truth is float64 only so. Tensors made without a dtype are float64 too (the default dtype,
+    while inside)."""
 
     def __enter__(self):
         self._default = torch.get_default_dtype()

@@ -77,8 +77,8 @@ def embedded_target_dir() -> Path:
         gguf = embedded_gguf_path()
         loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                       dtype=torch.float32)
-        # A GGUF-loaded model refuses save_pretrained; rebuild a plain one from its config and
-        # weights.
+        # A GGUF-loaded model refuses save_pretrained; rebuild a plain one from its config
+        # and weights.
         config = copy.deepcopy(loaded.config)
         del config.quantization_config
         plain = LlamaForCausalLM(config)
@@ -160,5 +160,5 @@ def _rope_permuted(weight: torch.Tensor, heads: int) -> torch.Tensor:
     """A query or key projection in GGUF's row order: llama.cpp's rotary pairs each dimension with
     its neighbour, transformers' with the one half a head away (the permutation llama.cpp's
     converter applies)."""
-    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1,
-            2).reshape(weight.shape)
+    return weight.reshape(heads, 2, weight.shape[0] // heads // 2,
+                          *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)

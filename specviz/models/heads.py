@@ -60,8 +60,8 @@ class Recipe:
         """Where the head of target `name` trained so is cached, beside the embedded pair's
         converted weights."""
         slug = name.split(":")[-1]
-        return cache_dir() / (f"{slug}-eagle-head-{self.prompts}-{self.new_tokens}x"
-                              f"{1 + self.sampled}-"
+        return cache_dir() / (f"{slug}-eagle-head-{self.prompts}-"
+                              f"{self.new_tokens}x{1 + self.sampled}-"
                               f"steps{self.steps}-seed{self.seed}") / "head.safetensors"
 
 
@@ -119,20 +119,19 @@ class EagleHead(Head):
         return cls.made[target]
 
     def load_trained(self, path: Path) -> None:
-        """Its trained weights (a SpecError naming the command that trains them, where none are
-        cached)."""
+        """Its trained weights (a SpecError naming the command that trains them, where none
+        are cached)."""
         if not path.exists():
             raise SpecError("this pair's EAGLE-style head is not trained on this machine yet: run "
-                            "`specviz train-head` "
-                            "once (about 15 minutes on 2 CPU cores; it caches the head at "
-                            f"{path.parent})")
+                            "`specviz train-head` once (about 15 minutes on 2 CPU cores; it caches "
+                            f"the head at {path.parent})")
         mine = self.state_dict()
         self.load_state_dict({name: w.to(dtype=mine[name].dtype, device=mine[name].device)
                               for name, w in load_file(path).items()})
 
     def inputs(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """The layer's input at each slot: the token's embedding mixed with the hidden state it is
-        fed."""
+        """The layer's input at each slot: the token's embedding mixed with the hidden state
+        it is fed."""
         return self.fc(torch.cat([self._target[0].get_input_embeddings()(tokens), features], -1))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -141,8 +140,8 @@ class EagleHead(Head):
 
 
 class MtpInputs(torch.nn.Module):
-    """An MTP layer's input: the token's embedding and the hidden state, each normalised, projected
-    together."""
+    """An MTP layer's input: the token's embedding and the hidden state, each normalised,
+    projected together."""
 
     def __init__(self, layer):
         super().__init__()
@@ -180,9 +179,8 @@ class MtpHead(Head):
         """The first MTP layer `target`'s checkpoint `name` ships, loaded once."""
         if not getattr(target.config.get_text_config(), "num_mtp_layers", None):
             raise SpecError(f"{name} ships no multi-token-prediction (MTP) layer that transformers "
-                            "can load (its "
-                            "config has no num_mtp_layers): draft with the draft model, prompt "
-                            "lookup or an EAGLE-style head")
+                            "can load (its config has no num_mtp_layers): draft with the draft "
+                            "model, prompt lookup or an EAGLE-style head")
         if target not in cls.made:
             try:
                 mtp = MtpModel.from_pretrained(target, device_map={"": target.device})
@@ -191,8 +189,8 @@ class MtpHead(Head):
             head = cls(target, mtp)
             if is_recurrent(head.body):
                 raise SpecError(f"{name}'s MTP layer carries a recurrent state, which a head's "
-                                "cache (cut back each "
-                                "round) cannot hold: draft with the draft model or prompt lookup")
+                                "cache (cut back each round) cannot hold: draft with the draft "
+                                "model or prompt lookup")
             cls.made[target] = head
         return cls.made[target]
 

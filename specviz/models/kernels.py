@@ -1,5 +1,5 @@
-"""Linear layers on CPU through oneDNN with each weight packed once, as vLLM's CPU backend runs
-them.
+"""Linear layers on CPU through oneDNN with each weight packed once, as vLLM's CPU backend
+runs them.
 
 At a batch-8 decoding step, GEMMs were 73% of the time. There `F.linear` (MKL's sgemm) takes about
 twice as long as oneDNN's GEMM on a weight laid out for it in advance on the MLP's weights, and four
@@ -14,8 +14,8 @@ half-precision linear of more than one row widens to float32 and runs packed: ea
 half-precision numbers is exact in float32, the sum accumulates in float32 as every half-precision
 GEMM's does, and the result rounds once to the dtype. It is another correct GEMM in that dtype,
 summing in another order (about one output in 10,000 lands one unit in the last place apart). At one
-row the GEMMs are bound by reading the weights, and the half-precision ones, half the bytes, stay on
-`F.linear`.
+row the GEMMs are bound by reading the weights, and the half-precision ones, half the bytes, stay
+on `F.linear`.
 
 A packed weight is a copy, rebuilt whenever the weight tensor is replaced or written in place; any
 other input (another dtype or device, autograd through the weight or the input) takes `F.linear`:
@@ -57,8 +57,8 @@ def name_for(dtype: torch.dtype) -> str | None:
 
 
 def pack_linears(model: torch.nn.Module) -> bool:
-    """Send `model`'s plain linear layers through PackedLinear; False where oneDNN is not built
-    in."""
+    """Send `model`'s plain linear layers through PackedLinear; False where oneDNN
+    is not built in."""
     if not torch.backends.mkldnn.is_available():
         return False
     for module in model.modules():
@@ -94,8 +94,8 @@ class PackedLinear(torch.nn.Linear):
         key = (w.data_ptr(), w.dtype, tensor_version(w))
         packed = self.__dict__.get("_packed")
         if packed is None or packed[0] != key:
-            packed = self.__dict__["_packed"] = (key,
-                    torch.ops.mkldnn._reorder_linear_weight(w.detach().float(), None))
+            packed = self.__dict__["_packed"] = (
+                key, torch.ops.mkldnn._reorder_linear_weight(w.detach().float(), None))
         return packed[1]
 
     def __getstate__(self):

@@ -68,8 +68,8 @@ def parse_max_memory(text: str) -> dict[int | str, str]:
         try:
             convert_file_size_to_int(size)
         except ValueError:
-            raise SpecError(f"max memory {part!r}: {size!r} is not a size like 20GiB or "
-                            "500MB") from None
+            raise SpecError(f"max memory {part!r}: {size!r} is not a size like 20GiB "
+                            "or 500MB") from None
         limits[int(where) if where.isdigit() else where] = size
     if not limits:
         raise SpecError("max memory is empty; expected e.g. 0=20GiB,1=20GiB")
@@ -111,8 +111,8 @@ class ModelPair:
 
     def encode(self, prompts: list[str] | tuple[str, ...],
                chat_template: bool = True) -> list[list[int]]:
-        """Token ids of each prompt; the chat template is applied when asked and the model has
-        one."""
+        """Token ids of each prompt; the chat template is applied when asked and the model
+        has one."""
         tok = self.tokenizer
         use_chat = chat_template and getattr(tok, "chat_template", None)
         ids = []
@@ -140,8 +140,8 @@ def tiny_target(dtype: torch.dtype,
     its first two layers, agrees with it about half the time (measured: 0.53
     acceptance at k=5): ragged acceptance, which is what the tests need."""
     tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
-    config_class, model_class = (MistralConfig, MistralForCausalLM) if window else (LlamaConfig,
-            LlamaForCausalLM)
+    config_class, model_class = ((MistralConfig, MistralForCausalLM) if window
+                                 else (LlamaConfig, LlamaForCausalLM))
     config = config_class(
         vocab_size=len(tok),
         hidden_size=64,
@@ -325,8 +325,8 @@ def _cached_pair(target: str, draft: str, target_revision: str | None, draft_rev
 
 
 def unload_pairs() -> None:
-    """Let go of every pair loaded so far (and so of all computed from them): a process short of
-    memory."""
+    """Let go of every pair loaded so far (and so of all computed from them): a process short
+    of memory."""
     _cached_pair.cache_clear()
 
 

@@ -38,8 +38,8 @@ DECLARED = ("k", "drafter", "ngram_min", "ngram_max", "tree_width")
 @dataclass(frozen=True)
 class Replaying:
     """What a check knows of how the engine ran: the spec it was checked under, its prompts and
-    declared settings, and its batch (the prompts it ran beside each other; 1: unknown or one at a
-    time)."""
+    declared settings, and its batch (the prompts it ran beside each other; 1: unknown or one
+    at a time)."""
 
     spec: RunSpec
     pair: ModelPair
@@ -124,8 +124,8 @@ class _Tally:
 
 def candidates(r: Replaying) -> tuple[dict[tuple[str, ...], RunSpec], dict[str, str]]:
     """Every hypothesis that fits the engine's method, as the spec of its replay, and why each other
-    was not tried. Single faults first, then the presets: the paper's re-creations of published
-    implementations."""
+    was not tried. Single faults first, then the presets: the paper's re-creations
+    of published implementations."""
     fits, skipped = {}, {}
     # what the engine's target and the check settle; the replay's spec validates the rest
     has = {"recurrent": is_recurrent(r.pair.target), "window": bool(sliding_windows(r.pair.target)),
@@ -143,8 +143,8 @@ def candidates(r: Replaying) -> tuple[dict[tuple[str, ...], RunSpec], dict[str, 
 
 
 def replay_spec(r: Replaying, faults: tuple[str, ...]) -> RunSpec:
-    """The spec of a replay under `faults`: the check's, run by eqspec with the engine's declared
-    settings."""
+    """The spec of a replay under `faults`: the check's, run by eqspec with the engine's
+    declared settings."""
     declared = {f: r.settings[f] for f in DECLARED if r.settings.get(f) is not None}
     return RunSpec.build(**{**r.spec.model_dump(), **declared, "method": "eqspec", "faults": faults,
                             "batch_size": max(1, r.batch)})
@@ -153,8 +153,8 @@ def replay_spec(r: Replaying, faults: tuple[str, ...]) -> RunSpec:
 def layouts(seqs: list[int], prompts: int, batch: int) -> list[list[int]]:
     """The batches the forked rows `seqs` are replayed in: where the engine ran prompts beside each
     other, each chunk of `batch` prompts in their order that holds some, as an engine that takes
-    them in turn lays them out (a fault that acts on a row alone acts there too); else each row
-    alone."""
+    them in turn lays them out (a fault that acts on a row alone acts there too); else each
+    row alone."""
     if batch <= 1 or prompts == 1:
         return [[seq] for seq in seqs]
     chunks = sorted({seq // batch for seq in seqs})
@@ -204,7 +204,7 @@ class _Follow:
 
 
 def replay_batch(r: Replaying, spec: RunSpec, batch: list[int],
-           forks: dict[int, tuple[list[int], int]]) -> dict[int, Replay]:
+                 forks: dict[int, tuple[list[int], int]]) -> dict[int, Replay]:
     """Replay `batch` (sequence numbers) under `spec` and follow each forked row of it (seq -> (the
     engine's tokens, its fork)) on the engine's tokens; each gets its share of the seconds."""
     start = time.perf_counter()

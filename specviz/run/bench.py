@@ -34,8 +34,8 @@ def configs(args, faults: tuple[str, ...] = ()) -> list[dict]:
 
 
 def bench(args, specs: list[RunSpec], placement: Placement) -> list[dict]:
-    """Each of `specs` (the CLI builds them from configs(args)) on the same prompts and pair, in
-    turn."""
+    """Each of `specs` (the CLI builds them from configs(args)) on the same prompts and pair,
+    in turn."""
     base = specs[0]
     pair = pair_for(base, args.trust_remote_code, placement)
     prompt_ids = encode(base, pair)
@@ -58,8 +58,7 @@ def bench(args, specs: list[RunSpec], placement: Placement) -> list[dict]:
         if trace.rows:
             phases = metrics.phase_seconds(trace)
             row.update(acceptance=metrics.acceptance_rate(trace),
-                       tokens_per_round=metrics.tokens_per_round(trace),
-                       build_seconds=build,
+                       tokens_per_round=metrics.tokens_per_round(trace), build_seconds=build,
                        **{f"{p}_share": s / result.seconds for p, s in phases.items()})
         row.update(group_rate=metrics.group_rate(trace), **metrics.completion_percentiles(trace))
         rows.append(row)
@@ -94,8 +93,8 @@ def _write_rows(args, spec: RunSpec, rows: list[dict]) -> None:
     base = (rows[0]["method"] if rows[0]["method"] == "reference"
             else f"{rows[0]['method']} bs {rows[0]['batch_size']}")
     head = (f"| method | drafter | bs | tok/s | vs {base} | acceptance | tokens/round | draft | "
-            "verify | realign | trace "
-            "| group rate | P50 s | P90 s | P99 s |\n|---|---|" + "---:|" * 13 + "\n")
+            "verify | realign | trace | group rate | P50 s | P90 s | P99 s |\n"
+            "|---|---|" + "---:|" * 13 + "\n")
     body = "".join(
         f"| {r['method']} | {r['drafter']} | {r['batch_size']} | {r['tokens_per_s']:.1f} | "
         f"{r['vs_base']:.2f}x | {_fmt(r.get('acceptance'))} | {_fmt(r.get('tokens_per_round'))} | "
@@ -114,8 +113,8 @@ def _write_rows(args, spec: RunSpec, rows: list[dict]) -> None:
     (out / f"{args.name}.md").write_text(head + body + note)
     fig = go.Figure(go.Bar(
         x=[f"{r['method']}{'' if r['drafter'] in ('-', DEFAULT_DRAFTER) else ' ' + r['drafter']} "
-           f"bs{r['batch_size']}"
-           for r in rows], y=[r["tokens_per_s"] for r in rows],
+           f"bs{r['batch_size']}" for r in rows],
+        y=[r["tokens_per_s"] for r in rows],
         text=[f"{r['tokens_per_s']:.0f}" for r in rows], marker_color=[
             "#888" if "reference" in r["method"] else "#c66" if r["method"] == "hf-assisted"
             else "#36c" for r in rows],

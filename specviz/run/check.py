@@ -7,14 +7,14 @@ batch-size-1 reference of the same weights from them as far as their margins rea
 from there (forensics/proof.py), measures its own rounding (yardstick.py), and judges every
 difference from outside (forensics.judge_engine). A control run of the same engine without
 speculation, when given, measures that engine's own rounding (enginenoise.py): a fork within it is
-the engine's numerics, one beyond it a bug. The result is a trace like any other, of method
-`engine`.
+the engine's numerics, one beyond it a bug. The result is a trace like any other,
+of method `engine`.
 
 A sampled check (the spec's temperature above 0, with its top-k, top-p and seed) has no token
 reference: the engine samples (a server is asked with those settings, a callable is told them, a
 file is taken as it is), and its tokens, by their ids alone, are scored under the target recomputed
-at batch size 1 with the same temperature, top-k and top-p: their randomized PIT must be uniform
-(distribution.judge_distribution).
+at batch size 1 with the same temperature, top-k and top-p: their randomized PIT must
+be uniform (distribution.judge_distribution).
 """
 from __future__ import annotations
 
@@ -82,8 +82,8 @@ def from_files(spec: RunSpec, pair: ModelPair, outputs: tuple[bytes, str],
                drafter: str | None = None) -> Trace | None:
     """Check an engine from its outputs file ((content, name); docs/engines.md), and its control
     run's file. The prompts are the file's; the reference's budget is its longest output. `drafter`:
-    what the engine drafts with (spec/drafters.DRAFTERS), where its header does not say
-    otherwise."""
+    what the engine drafts with (spec/drafters.DRAFTERS), where its header does
+    not say otherwise."""
     header, lines, ignored = jsonl.parse(*outputs)
     texts, ids = prompts_of_outputs(lines, pair, spec.chat_template)
     if limits:
@@ -123,9 +123,9 @@ def from_servers(spec: RunSpec, pair: ModelPair, engine: tuple[str, str | None],
 
     def answers() -> tuple[EngineRun, dict[str, EngineRun], EngineRun | None]:
         first = ask(*engine, drafter=drafter)
-        again = {"again": ask(*engine),
-                 "reordered": ask(*engine,
-                                  order=list(reversed(range(len(ids)))))} if determinism else {}
+        again = ({"again": ask(*engine),
+                  "reordered": ask(*engine, order=list(reversed(range(len(ids)))))}
+                 if determinism else {})
         return first, again, ask(*control) if control else None
 
     first, again, control_run = on_main(answers)  # under a launch, the server is asked once
@@ -168,8 +168,8 @@ def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: E
             raise SpecError(f"the {role} answered {len(run.outputs)} prompts of {len(prompt_ids)}")
     # judged by the main process alone: one pass per token, no reference to decode
     if not spec.greedy:
-        return check_sampled(spec, pair, prompt_ids, engine, control,
-                             judging.attribute) if is_main() else None
+        return (check_sampled(spec, pair, prompt_ids, engine, control, judging.attribute)
+                if is_main() else None)
     model, truth = enginenoise.truth_model(pair)
     forcing = enginenoise.TeacherForcing(model, pair.vocab_size, functools.partial(checked, pair))
     tolerance = None if judging.decode_reference or truth != "float64" else on_main(
@@ -208,14 +208,15 @@ def _judge_rows(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]],
                 forcing: enginenoise.TeacherForcing, tolerance: float | None, judging: Judging):
     """Prompt by prompt (each kept in the checkpoint as it is done; under a launch, this process's
     share): the outputs teacher-forced, (role, seq) -> Forced, and the reference; then, on the main
-    process, the yardsticks, every proof checked against their final tolerance. None on the other
-    processes."""
+    process, the yardsticks, every proof checked against their final tolerance. None
+    on the other processes."""
     progress = judging.progress
-    saved = judging.checkpoint and Checkpoint(judging.checkpoint, {
-        "pair": pair.info, "dtype": spec.dtype, "device": str(pair.device),
-        "budget": spec.max_new_tokens, "k": spec.k,
-        "prompts": prompt_ids, "reference": "proved" if tolerance is not None else "decoded",
-        **({"stop": list(spec.stop)} if spec.stop else {})},
+    saved = judging.checkpoint and Checkpoint(
+        judging.checkpoint,
+        {"pair": pair.info, "dtype": spec.dtype, "device": str(pair.device),
+         "budget": spec.max_new_tokens, "k": spec.k,
+         "prompts": prompt_ids, "reference": "proved" if tolerance is not None else "decoded",
+         **({"stop": list(spec.stop)} if spec.stop else {})},
         part=rank() if world_size() > 1 else None)
     # every process has read the checkpoint's files before any process writes its own
     wait_for_everyone()
@@ -228,11 +229,11 @@ def _judge_rows(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]],
         # kept under a narrower yardstick
         if done and tolerance is not None and not proof.holds(done[1], tolerance):
             done = done[0], _prompt_reference(spec, pair, prompt, outputs, done[0], tolerance,
-                                       phase(progress, "reference"))
+                                              phase(progress, "reference"))
         if not done:
             forced = force_outputs(forcing, prompt, outputs, phase(progress, "teacher forcing"))
             done = forced, _prompt_reference(spec, pair, prompt, outputs, forced, tolerance,
-                                      phase(progress, "reference"))
+                                             phase(progress, "reference"))
             if saved:
                 saved.put(seq, outputs, *done)
         mine[seq] = done
@@ -245,8 +246,8 @@ def _judge_rows(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]],
     ref = DecodeResult(refs, time.perf_counter() - start)
     yardsticks = yardsticks_for(spec, pair, prompt_ids, ref)
     while tolerance is not None and yardsticks.target.tolerance > tolerance:
-        # The reference's continuations widened the yardstick: every proof must clear the wider
-        # tolerance.
+        # The reference's continuations widened the yardstick: every proof must clear
+        # the wider tolerance.
         tolerance = yardsticks.target.tolerance
         for seq, out in enumerate(refs):
             if not proof.holds(out, tolerance):
@@ -254,22 +255,22 @@ def _judge_rows(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]],
                            if (role, seq) in scored}
                 refs[seq] = _prompt_reference(spec, pair, prompt_ids[seq], outputs,
                                               {r: scored[r, seq] for r in outputs},
-                                       tolerance, phase(progress, "reference"))
+                                              tolerance, phase(progress, "reference"))
         yardsticks = yardsticks_for(spec, pair, prompt_ids, ref)
     return scored, ref, yardsticks
 
 
 def _prompt_reference(spec: RunSpec, pair: ModelPair, prompt: list[int],
                       outputs: dict[str, list[int]], forced: dict,
-               tolerance: float | None, progress: Progress | None) -> SequenceOutput:
-    """One prompt's reference: proved from its outputs as far as `tolerance` allows, else (None)
-    decoded."""
+                      tolerance: float | None, progress: Progress | None) -> SequenceOutput:
+    """One prompt's reference: proved from its outputs as far as `tolerance` allows, else
+    (None) decoded."""
     budget, greedy = spec.max_new_tokens, greedy_of(spec)
     if tolerance is None:
         return reference(pair, [prompt], budget, progress, greedy).outputs[0]
     candidates = [{role: (ids, forced[role]) for role, ids in outputs.items()}]
     return proof.proved_reference(pair, [prompt], candidates, budget, tolerance, progress,
-                           functools.partial(checked, pair), greedy).outputs[0]
+                                  functools.partial(checked, pair), greedy).outputs[0]
 
 
 def sampling_settings(spec: RunSpec) -> dict:
@@ -302,13 +303,11 @@ def check_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], e
     text_only = sum(o.approximate for o in answered)
     if text_only:
         raise SpecError(f"{text_only} of the engine's {len(answered)} answers are text, "
-                        "re-tokenized here: a "
-                        "sampled check judges each token the engine drew, so it needs the engine's "
-                        "own token ids (an outputs file's output_ids; from a server, "
-                        "return_token_ids)")
+                        "re-tokenized here: a sampled check judges each token the engine drew, so "
+                        "it needs the engine's own token ids (an outputs file's output_ids; from a "
+                        "server, return_token_ids)")
     outside = next(((i, t) for i, o in enumerate(engine.outputs) for t in o.ids
-                    if not 0 <= t < pair.vocab_size),
-                   None)
+                    if not 0 <= t < pair.vocab_size), None)
     if outside:
         raise SpecError(f"output {outside[0]} holds token id {outside[1]}, outside the target's "
                         f"vocabulary (0-{pair.vocab_size - 1}): not this target's tokens")
@@ -325,8 +324,8 @@ def check_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], e
 
 
 def sampled_summary(trace: Trace) -> dict:
-    """A sampled check in one row: the engine, its answers and tokens, the verdict and its
-    evidence."""
+    """A sampled check in one row: the engine, its answers and tokens, the verdict
+    and its evidence."""
     d, info = trace.distribution, trace.manifest.engine
     answered = [s for s in trace.sequences if not s.engine.error]
     tokens = sum(len(s.output_ids) for s in answered)

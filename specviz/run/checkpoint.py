@@ -50,8 +50,8 @@ class Checkpoint:
 
     def __init__(self, path: Path, check: dict, part: int | None = None):
         """`part`: the number of this process under `accelerate launch`, which writes `path`.part<N>
-        and reads every part, so that a check resumes whatever the number of processes it ran on
-        before."""
+        and reads every part, so that a check resumes whatever the number of processes it ran
+        on before."""
         self.path = path if part is None else path.with_name(f"{path.name}.part{part}")
         self.header = {"specviz_check": CHECKPOINT_VERSION,
                        "check": hashlib.sha256(json.dumps(check, sort_keys=True).encode())
@@ -70,8 +70,8 @@ class Checkpoint:
                 header = None
             if header != self.header:
                 raise SpecError(f"{path} is not this check's checkpoint (another engine, pair, "
-                                "prompt list or "
-                                "budget, or an earlier specviz's): remove it, or name another file")
+                                "prompt list or budget, or an earlier specviz's): remove it, or "
+                                "name another file")
             for line in f:
                 try:
                     row = CheckpointRow.model_validate_json(line)
@@ -90,9 +90,10 @@ class Checkpoint:
 
     def put(self, seq: int, outputs: dict[str, list[int]], forced: dict[str, Forced],
             ref: SequenceOutput) -> None:
-        row = CheckpointRow(seq=seq, outputs=outputs,
-                forced={r: ForcedRecord(**dataclasses.asdict(f)) for r, f in forced.items()},
-                  reference=ref.ids, margins=ref.margins, proof=ref.proof)
+        row = CheckpointRow(
+            seq=seq, outputs=outputs,
+            forced={r: ForcedRecord(**dataclasses.asdict(f)) for r, f in forced.items()},
+            reference=ref.ids, margins=ref.margins, proof=ref.proof)
         self.rows[seq] = row
         new = not self.path.exists() or not self.path.stat().st_size
         with self.path.open("a", encoding="utf-8") as f:

@@ -66,5 +66,5 @@ def gpu(fn=None, *, runs: int = 1):
     if spaces is None:
         return fn
     # ZeroGPU calls a callable duration with the function's own arguments, at each call.
-    return spaces.GPU(duration=lambda spec, *args, **kwargs: min(MAX_SECONDS,
-                                                                 runs * seconds(spec)))(fn)
+    return spaces.GPU(
+        duration=lambda spec, *args, **kwargs: min(MAX_SECONDS, runs * seconds(spec)))(fn)

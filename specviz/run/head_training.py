@@ -1,5 +1,5 @@
-"""Training an EAGLE-style head (models/heads.py) on this machine's CPU, by the recipe heads.py
-declares.
+"""Training an EAGLE-style head (models/heads.py) on this machine's CPU, by the recipe
+heads.py declares.
 
 EAGLE's recipe, small: the head is one decoder layer (started as a copy of the target's first) and
 the map that mixes each slot's token embedding with the target's last hidden state at the slot

@@ -46,8 +46,8 @@ def is_main() -> bool:
 
 
 def share(n: int, batch_size: int, rank: int, world: int) -> range:
-    """The items of process `rank`: a run of whole static batches of `batch_size` (the last may be
-    short)."""
+    """The items of process `rank`: a run of whole static batches of `batch_size` (the last may
+    be short)."""
     batches = math.ceil(n / batch_size)
     lo, hi = rank * batches // world, (rank + 1) * batches // world
     return range(min(lo * batch_size, n), min(hi * batch_size, n))
@@ -60,8 +60,8 @@ def my_share(n: int, batch_size: int = 1) -> range:
 
 def on_main(work: Callable[[], Value]) -> Value:
     """`work()`, done by the main process alone and handed to every process: what must be the same
-    everywhere (a server's answers, asked once) or costs more than it is worth to repeat (a
-    calibration)."""
+    everywhere (a server's answers, asked once) or costs more than it is worth to repeat
+    (a calibration)."""
     if world_size() == 1:
         return work()
     from accelerate.utils import broadcast_object_list

@@ -35,8 +35,8 @@ from specviz.trace.yardsticks import Rounding, Yardsticks
 
 
 def encode(spec: RunSpec, pair: ModelPair, limits: Settings | None = None) -> list[list[int]]:
-    """The prompts' token ids, within specviz's bound and, on a served page, the operator's
-    `limits`."""
+    """The prompts' token ids, within specviz's bound and, on a served page,
+    the operator's `limits`."""
     ids = pair.encode(spec.prompts, spec.chat_template)
     total = sum(len(x) for x in ids)
     if total > MAX_PROMPT_TOKENS:
@@ -77,8 +77,8 @@ class PerPair:
 
     def __init__(self, size: int):
         self.size = size
-        self._by_pair: weakref.WeakKeyDictionary[ModelPair,
-                                                 OrderedDict] = weakref.WeakKeyDictionary()
+        self._by_pair: weakref.WeakKeyDictionary[ModelPair, OrderedDict] = (
+            weakref.WeakKeyDictionary())
 
     def get(self, pair: ModelPair, key: Hashable, compute: Callable[[], object]):
         results = self._by_pair.setdefault(pair, OrderedDict())
@@ -146,8 +146,8 @@ def run(spec: RunSpec, record: bool = True, with_reference: bool = True,
         progress: Phases | None = None, trust_remote_code: bool = False,
         placement: Placement = ONE_DEVICE, limits: Settings | None = None) -> Trace:
     """Decode, decode the reference beside it, record, and explain every divergence. A sampled run
-    has no token-by-token reference: its tokens are scored under the target instead
-    (distribution.py).
+    has no token-by-token reference: its tokens are scored under the target
+    instead (distribution.py).
 
     `progress(phase, n)` hears of every n new tokens: phase "reference" (skipped when cached), then
     the method, then, for a sampled run, "distribution" (its tokens scored). `limits`: a served
@@ -162,8 +162,9 @@ def run(spec: RunSpec, record: bool = True, with_reference: bool = True,
         return explain_sampled(spec, pair, prompt_ids, result, yardsticks,
                                phase(progress, "distribution") if with_reference else None,
                                with_reference)
-    ref = reference_for(pair, prompt_ids, spec.max_new_tokens, phase(progress, "reference"),
-                        greedy_of(spec)) if with_reference else None
+    ref = (reference_for(pair, prompt_ids, spec.max_new_tokens, phase(progress, "reference"),
+                         greedy_of(spec))
+           if with_reference else None)
     if spec.method == "reference" and ref:
         result = ref
     else:
@@ -233,8 +234,8 @@ def calibrated_yardsticks(spec: RunSpec, pair: ModelPair) -> Yardsticks | None:
 
 def _judge_drafts(trace: Trace, spec: RunSpec, pair: ModelPair) -> Acceptance | None:
     """The acceptance judge for the run's drafter, where it can replay it: a draft model, or a head
-    over the target's hidden states (None: prompt lookup, whose drafts are its prompt's own
-    tokens)."""
+    over the target's hidden states (None: prompt lookup, whose drafts are its prompt's
+    own tokens)."""
     kind = DRAFTERS[spec.drafter]
 
     def tolerance() -> float | None:
@@ -273,8 +274,8 @@ def explain(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result:
     distribution judged."""
     if not spec.greedy:
         return explain_sampled(spec, pair, prompt_ids, result, None)
-    yardsticks = yardsticks_for(spec, pair, prompt_ids,
-                                ref) if ref is not None and spec.method != "reference" else None
+    yardsticks = (yardsticks_for(spec, pair, prompt_ids, ref)
+                  if ref is not None and spec.method != "reference" else None)
     trace = build_trace(spec, pair, prompt_ids, result, ref, yardsticks)
     if ref is not None:
         analyse(trace, result, pair).record(trace)

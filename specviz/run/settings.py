@@ -10,19 +10,23 @@ and shows `describe()`.
 
     SPECVIZ_ALLOWED_MODELS     comma-separated ids, each `org/model` (its default revision only) or
                                `org/model@revision`; * for any  (default: the preset pairs' ids)
-    SPECVIZ_PUBLIC             default on where SPACE_ID is set (a Hugging Face Space): refuse local
-    paths SPECVIZ_MAX_BATCH_SIZE     default 16 SPECVIZ_MAX_K              default 8
-    SPECVIZ_MAX_NEW_TOKENS     default 256 SPECVIZ_MAX_PROMPTS        default 64
-    SPECVIZ_MAX_RUN_TOKENS     default 4096: prompts x max new tokens SPECVIZ_MAX_PROMPT_TOKENS
-    default 2048: the longest prompt, tokenized (chat template included)
-    SPECVIZ_MAX_TOTAL_PROMPT_TOKENS default 16384: all prompts together, tokenized SPECVIZ_MAX_DTYPE
-    default float32: the widest dtype for Hub and local models SPECVIZ_DEVICES            default
-    auto,cuda SPECVIZ_TRUST_REMOTE_CODE  default off: models that ship their own code are refused
-    SPECVIZ_QUEUE_SIZE         default 16 runs waiting; more are turned away SPECVIZ_DETERMINISTIC
-    default off: deterministic GPU kernels (determinism.py) SPECVIZ_ENGINE_SERVERS     default none:
-    comma-separated origins (http://host:port) of engine servers the
-                               "Check an engine" tab may send prompts to; none on a public server,
-                               whatever it says
+    SPECVIZ_PUBLIC             default on where SPACE_ID is set (a Hugging Face Space):
+                               refuse local paths
+    SPECVIZ_MAX_BATCH_SIZE     default 16
+    SPECVIZ_MAX_K              default 8
+    SPECVIZ_MAX_NEW_TOKENS     default 256
+    SPECVIZ_MAX_PROMPTS        default 64
+    SPECVIZ_MAX_RUN_TOKENS     default 4096: prompts x max new tokens
+    SPECVIZ_MAX_PROMPT_TOKENS  default 2048: the longest prompt, tokenized (chat template included)
+    SPECVIZ_MAX_TOTAL_PROMPT_TOKENS default 16384: all prompts together, tokenized
+    SPECVIZ_MAX_DTYPE          default float32: the widest dtype for Hub and local models
+    SPECVIZ_DEVICES            default auto,cuda
+    SPECVIZ_TRUST_REMOTE_CODE  default off: models that ship their own code are refused
+    SPECVIZ_QUEUE_SIZE         default 16 runs waiting; more are turned away
+    SPECVIZ_DETERMINISTIC      default off: deterministic GPU kernels (determinism.py)
+    SPECVIZ_ENGINE_SERVERS     default none: comma-separated origins (http://host:port) of engine
+                               servers the "Check an engine" tab may send prompts to; none on a
+                               public server, whatever it says
 """
 from __future__ import annotations
 
@@ -60,8 +64,8 @@ class Settings:
     trust_remote_code: bool = False
     queue_size: int = 16
     deterministic: bool = False
-    # A run's work: its batch-size-1 reference alone is one target pass per new token of every
-    # prompt.
+    # A run's work: its batch-size-1 reference alone is one target pass per new token
+    # of every prompt.
     max_run_tokens: int = 4096
     # Each batch builds a (batch, longest, longest) attention mask: bound the longest prompt, and
     # the total.
@@ -100,11 +104,12 @@ class Settings:
             max_sweep_runs=_int(environ, "SPECVIZ_MAX_SWEEP_RUNS", d.max_sweep_runs, 4096),
             max_dtype=_choice(environ, "SPECVIZ_MAX_DTYPE", d.max_dtype, tuple(WIDTH)),
             devices=_choices(environ, "SPECVIZ_DEVICES", d.devices, DEVICES),
-            # Spaces do not say whether they are public, and their visibility can change while they
-            # run.
+            # Spaces do not say whether they are public, and their visibility can change while
+            # they run.
             public=_bool(environ, "SPECVIZ_PUBLIC", bool(environ.get("SPACE_ID"))),
             engine_servers=tuple(u.strip()
-                for u in environ.get("SPECVIZ_ENGINE_SERVERS", "").split(",") if u.strip()),
+                                 for u in environ.get("SPECVIZ_ENGINE_SERVERS", "").split(",")
+                                 if u.strip()),
         )
 
     def check(self, spec: RunSpec) -> None:
@@ -115,8 +120,7 @@ class Settings:
         built_in = spec.target in BUILT_IN and spec.draft in BUILT_IN
         if not built_in and WIDTH[spec.dtype] > WIDTH[self.max_dtype]:
             raise SpecError(f"dtype {spec.dtype} is wider than this server's limit of "
-                            f"{self.max_dtype} for Hub "
-                            "and local models (SPECVIZ_MAX_DTYPE)")
+                            f"{self.max_dtype} for Hub and local models (SPECVIZ_MAX_DTYPE)")
         if spec.device not in self.devices:
             raise SpecError(f"device {spec.device!r} is not allowed on this server; allowed: "
                             f"{', '.join(sorted(self.devices))} (SPECVIZ_DEVICES)")
@@ -136,8 +140,7 @@ class Settings:
         (which, and why)."""
         if len(specs) > self.max_sweep_runs:
             raise SpecError(f"this sweep makes {len(specs)} runs, over this server's limit of "
-                            f"{self.max_sweep_runs} "
-                            "(SPECVIZ_MAX_SWEEP_RUNS)")
+                            f"{self.max_sweep_runs} (SPECVIZ_MAX_SWEEP_RUNS)")
         for i, spec in enumerate(specs):
             try:
                 self.check(spec)
@@ -148,8 +151,7 @@ class Settings:
     def _check_model(self, role: str, model: str, revision: str | None) -> None:
         if self.public and is_local_path(model):
             raise SpecError(f"{role} model {model!r} is a local path; this server is public and "
-                            "loads Hub ids "
-                            "only (SPECVIZ_PUBLIC)")
+                            "loads Hub ids only (SPECVIZ_PUBLIC)")
         if self.allowed_models is None or _entry(model, revision) in self.allowed_models:
             return
         listed = sorted(self.allowed_models)
@@ -169,8 +171,8 @@ class Settings:
         if _origin(url) not in {_origin(u) for u in self.engine_servers}:
             allowed = ", ".join(self.engine_servers) or "none"
             raise SpecError(f"engine server {url!r} is not allowed on this server; allowed: "
-                            f"{allowed} "
-                            "(SPECVIZ_ENGINE_SERVERS); upload the engine's outputs file instead")
+                            f"{allowed} (SPECVIZ_ENGINE_SERVERS); upload the engine's outputs "
+                            "file instead")
 
     def check_prompt_ids(self, prompt_ids: list[list[int]]) -> None:
         """Refuse prompts too long for this server once tokenized: a long prompt, not a long text,
@@ -206,8 +208,7 @@ class Settings:
             f"- deterministic GPU kernels: {'on' if self.deterministic else 'off'}",
             "- engine servers the check may ask: "
             + (", ".join(f"`{u}`" for u in self.engine_servers)
-                                                     if self.engine_servers and not self.public
-               else "none"),
+               if self.engine_servers and not self.public else "none"),
         ])
 
 

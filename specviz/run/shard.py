@@ -59,9 +59,9 @@ def sweep(runs: list[tuple[RunSpec, bool]], trust_remote_code: bool = False,
     ref = None
     if any(spec.greedy for spec, _ in runs):
         rows = my_share(n)
-        ref = _merged_shares(gather_from_ranks((rows, 1,
-                reference(pair, [prompt_ids[j] for j in rows], first.max_new_tokens,
-                                                    sampling=greedy_of(first)))))
+        ref = _merged_shares(gather_from_ranks(
+            (rows, 1, reference(pair, [prompt_ids[j] for j in rows], first.max_new_tokens,
+                                sampling=greedy_of(first)))))
     mine = []  # (rows, batch size, result) of every other run
     for i, (spec, record) in enumerate(runs):
         if spec.method == "reference" and spec.greedy:

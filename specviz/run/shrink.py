@@ -1,5 +1,5 @@
-"""A minimal reproducer: the smallest run that still shows what a run showed at one of its
-sequences.
+"""A minimal reproducer: the smallest run that still shows what a run showed at one
+of its sequences.
 
 What it must still show is a `Mark` at token `fork` of sequence `seq`: greedy, that the sequence
 departs from the reference there with token `t`; sampled, that its state is named corrupt (the
@@ -51,10 +51,10 @@ class Mark:
     def shown_by(self, s: SequenceRecord) -> bool:
         """Whether sequence `s` of a smaller (sampled) run still shows this."""
         if self.kind == "state":
-            return s.forensics is not None and (s.forensics.verdict,
-                                                s.forensics.fork) == (self.verdict, self.fork)
-        return self.fork < len(s.pit
-                or ()) and s.pit[self.fork] is None and s.output_ids[self.fork] == self.token
+            return (s.forensics is not None
+                    and (s.forensics.verdict, s.forensics.fork) == (self.verdict, self.fork))
+        return (self.fork < len(s.pit or ()) and s.pit[self.fork] is None
+                and s.output_ids[self.fork] == self.token)
 
     def describe(self) -> str:
         if self.kind == "fork":
@@ -82,9 +82,9 @@ def mark_of(trace: Trace, seq: int) -> Mark:
     if bad is not None:
         return Mark("impossible", bad, s.output_ids[bad])
     raise SpecError(f"sequence {seq} of this sampled run shows neither a corrupt state nor a token "
-                    "the target could "
-                    "not draw: nothing to shrink" + ("" if trace.manifest.spec.audit else
-                                                     " (run it with --audit to check its states)"))
+                    "the target could not draw: nothing to shrink"
+                    + ("" if trace.manifest.spec.audit
+                       else " (run it with --audit to check its states)"))
 
 
 @dataclass
@@ -99,12 +99,12 @@ class Shrunk:
         return self.mark.fork
 
     def link(self) -> str:
-        """The share link's query string: this run, focused on the fork (the round that emitted
-        it)."""
+        """The share link's query string: this run, focused on the fork (the round
+        that emitted it)."""
         f = self.trace.sequences[self.seq].forensics
         m = self.trace.manifest
         return share.encode_link(share.Link(m.spec, self.seq, f.round if f else None, m.fingerprint,
-                                       share.environment(m)))
+                                            share.environment(m)))
 
 
 def size(spec: RunSpec) -> str:
@@ -154,8 +154,8 @@ class _Search:
         return spec.model_copy(update={"max_new_tokens": hi})
 
     def ddmin(self, spec: RunSpec, others: list[str]) -> list[str]:
-        """The fewest of `others` (beside the divergent prompt, kept in their order) the fork still
-        needs."""
+        """The fewest of `others` (beside the divergent prompt, kept in their order) the fork
+        still needs."""
         def keep(subset):
             chosen = set(subset)
             return [p for p in spec.prompts if p == self.prompt or p in chosen]

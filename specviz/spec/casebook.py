@@ -90,20 +90,20 @@ CASES = (
     Case("bonus-from-another-row", "a word dropped and its continuation kept, at temperature > 0",
          "The token after a row's accepted drafts was another row's target choice.\n"
          "The recovered token was read from the wrong row, one iteration late.",
-         "the one-iteration lateness and the prefix-cache assertion: the row mix-up alone, at "
-         "greedy."),
+         "the one-iteration lateness and the prefix-cache assertion: the row mix-up alone, "
+         "at greedy."),
     Case("rollback-by-draft-list",
          "temperature-0 degeneration: the model's history lost its own output",
-         "A row's rollback was sized by the batch's draft list, not by the drafts the row was "
-         "offered.\n"
-         "It erased committed tokens the verify pass never added: the cache fell behind the "
-         "output.",
-         "Atlas's depth cap on the verified drafts: here a row is offered fewer drafts by prompt "
-         "lookup.",
+         "A row's rollback was sized by the batch's draft list, not by the drafts the row "
+         "was offered.\n"
+         "It erased committed tokens the verify pass never added: the cache fell behind "
+         "the output.",
+         "Atlas's depth cap on the verified drafts: here a row is offered fewer drafts by "
+         "prompt lookup.",
          dict(drafter="lookup")),
     Case("accept-on-raw-softmax", "greedy speculative output differed from greedy decoding",
-         "At temperature 0 an argmax draft was accepted with probability min(1, p/q) of the "
-         "untempered softmaxes.\n"
+         "At temperature 0 an argmax draft was accepted with probability min(1, p/q) "
+         "of the untempered softmaxes.\n"
          "Drafts the target would not choose were kept; tempering first makes p and q one-hot.",
          "the residual drawn after a rejection: the replica takes the target's argmax there."),
     Case("stop-at-last-token", "generated past an end-of-sequence token accepted mid-block",
@@ -116,34 +116,34 @@ CASES = (
          "The penalty history gained only the last token of each round, and each verify slot used "
          "the round's start.\n"
          "Accepted drafts went unpenalised: the target chose tokens the row already held.",
-         "min_new_tokens and the frequency penalty: the replica applies a repetition penalty of "
-         "1.3.",
+         "min_new_tokens and the frequency penalty: the replica applies a repetition penalty "
+         "of 1.3.",
          dict(repetition_penalty=1.3)),
     Case("logprobs-from-draft",
          "log-probability 0.0 for every accepted token while the text was right",
          "An accepted draft's log-probability was the drafter's own, not the target's.\n"
          "The tokens stay right; only the reported numbers are wrong (0.0 under prompt lookup).",
-         "prompt_logprobs and chunked prefill (vLLM #53488): the replica reports the output's "
-         "log-probabilities.",
+         "prompt_logprobs and chunked prefill (vLLM #53488): the replica reports the "
+         "output's log-probabilities.",
          dict(logprobs=True)),
     Case("state-not-rolled-back", "a hybrid model's output corrupted after rejected drafts",
          "A recurrent state's rollback after rejected drafts was a silent no-op.\n"
          "Every drafted token stayed in the state the next round read.",
-         "mlx-lm's cache classes: any hybrid layer's state shows it (a random Qwen 3.5-style pair "
-         "here).",
+         "mlx-lm's cache classes: any hybrid layer's state shows it (a random Qwen 3.5-style "
+         "pair here).",
          _HYBRID),
     Case("state-after-zero-draft",
          "loops and drift on a hybrid with n-gram drafts; acceptance looked healthy",
-         "A row offered no drafts read its recurrent state from before the last round's accepted "
-         "drafts.\n"
+         "A row offered no drafts read its recurrent state from before the last round's "
+         "accepted drafts.\n"
          "The decode path's state column was committed only on the speculative path.",
          "vLLM's slot arithmetic and CUDA graphs: the stale column is read directly.",
          {**_HYBRID, "drafter": "lookup", "ngram_min": 1, "draft": "specviz:tiny-hybrid"}),
     Case("window-full-keeps-rejected", "a late greedy fork, reported as \"should be identical\"",
          "Once a sliding-window (rotating) cache was full, it could no longer be trimmed.\n"
          "Drafts rejected after that stayed in the window, seen by every later token.",
-         "the rotating cache's offset, not rewound either: the replica keeps positions right (a "
-         "random Mistral-style pair with a 48-token window here).", _WINDOW),
+         "the rotating cache's offset, not rewound either: the replica keeps positions right "
+         "(a random Mistral-style pair with a 48-token window here).", _WINDOW),
     Case("draft-positions-off-by-one", "acceptance dropped while the output stayed right",
          "The draft model's passes were fed position ids one ahead of its prefill's.\n"
          "Drafts came from a shifted context: fewer were accepted, none was wrong.",
@@ -160,29 +160,29 @@ CASES = (
          _SELF_DRAFT),
     Case("settings-from-first-row",
          "rows sampled with another request's temperature, top-k and top-p",
-         "The fused verify read the first row's temperature, top-k and top-p and gave them to "
-         "every row.\n"
+         "The fused verify read the first row's temperature, top-k and top-p and gave them "
+         "to every row.\n"
          "A greedy first request made every sampled request greedy.",
          "the overlap scheduler that made the path reachable: every verify here reads the first "
          "row's settings.",
          _REQUESTS),
     Case("unset-temperature-greedy", "top-k-only requests silently became greedy",
-         "A request that left its temperature unset got the greedy sentinel, whatever else it "
-         "asked.\n"
+         "A request that left its temperature unset got the greedy sentinel, whatever else "
+         "it asked.\n"
          "Its top-k (and seed) then changed nothing: it wrote the argmax.",
          "the one-model path's 1e-5 sentinel: here the verify reads an unset temperature as 0.",
          _REQUESTS),
     Case("unseeded-noise-to-copy",
          "gibberish (\"I!!!!!!!! will\") in some requests of a mixed batch",
-         "With seeded and unseeded requests in one batch, the unseeded rows' noise went to a "
-         "copy.\n"
-         "Their rows kept a buffer never written: only they broke, and only when the batch was "
-         "mixed.",
-         "the buffer's garbage: the replica reads it as zeros, so those rows draw the lowest "
-         "tokens.", _REQUESTS),
+         "With seeded and unseeded requests in one batch, the unseeded rows' noise went "
+         "to a copy.\n"
+         "Their rows kept a buffer never written: only they broke, and only when the batch "
+         "was mixed.",
+         "the buffer's garbage: the replica reads it as zeros, so those rows draw the "
+         "lowest tokens.", _REQUESTS),
     Case("stream-advanced-for-zero-draft", "seeded output not reproducible, dependent on the batch",
-         "A row offered no drafts still advanced its random generator in a round that verified "
-         "others'.\n"
+         "A row offered no drafts still advanced its random generator in a round that "
+         "verified others'.\n"
          "Its later draws shifted with the schedule; its distribution stayed right.",
          "the vocabulary's worth of draws vllm-ascend consumed: the replica skips one.",
          dict(drafter="lookup", chat_template=False, rows=_REQUESTS["rows"][1:],
@@ -213,8 +213,9 @@ def mechanism(faults: tuple[str, ...] | list[str]) -> str:
     if not faults:
         return "the correct engine"
     unknown = "not in this version of the catalogue"
-    return "; ".join(f"{f}: the preset {' + '.join(FAULT_PRESETS[f])}" if f in FAULT_PRESETS else
-                     f"{f}: {FAULTS[f].description if f in FAULTS else unknown}" for f in faults)
+    return "; ".join(f"{f}: the preset {' + '.join(FAULT_PRESETS[f])}" if f in FAULT_PRESETS
+                     else f"{f}: {FAULTS[f].description if f in FAULTS else unknown}"
+                     for f in faults)
 
 
 def threads(faults: tuple[str, ...] | list[str]) -> list[Thread]:

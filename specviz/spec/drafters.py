@@ -45,8 +45,8 @@ class DrafterKind:
         return "tree_width" in self.options
 
     def words(self, spec) -> str:
-        """What drafted a run, in words: "the draft model", "prompt lookup (n-grams 1–3, no draft
-        model)"."""
+        """What drafted a run, in words: "the draft model", "prompt lookup (n-grams 1–3,
+        no draft model)"."""
         notes = [*([self.setting(spec)] if self.setting else []),
                  *([] if self.draft_model else ["no draft model"]),
                  *([f"trees {spec.tree_width} wide"] if getattr(spec, "tree_width", 1) > 1 else [])]
@@ -63,35 +63,37 @@ def _no_hidden_state_yet(spec) -> str:
 
 
 DRAFTERS: dict[str, DrafterKind] = {d.name: d for d in (
-    DrafterKind("model", "the draft model, one forward pass per draft; in a tree, the likeliest "
-                         "other tokens of each "
-                "draft's distribution beside it", "the draft model", draft_model=True, cache=True,
-                passes_per_draft=1, options=("tree_width",)),
-    DrafterKind("lookup",
+    DrafterKind(
+        "model",
+        "the draft model, one forward pass per draft; in a tree, the likeliest other tokens of "
+        "each draft's distribution beside it",
+        "the draft model", draft_model=True, cache=True, passes_per_draft=1,
+        options=("tree_width",)),
+    DrafterKind(
+        "lookup",
         "prompt lookup: the tokens that followed the last n-gram's earliest earlier occurrence; "
-                "no model; in a tree, the tokens after its next earliest occurrences too",
-                "prompt lookup", draft_model=False, cache=False, passes_per_draft=0,
-                options=("ngram_min", "ngram_max", "tree_width"),
-                setting=lambda spec: f"n-grams {ngrams(spec)}",
-                empty=lambda spec: "found no earlier occurrence of its last n-gram, n "
-                                   f"{ngrams(spec)}"),
-    DrafterKind("eagle",
+        "no model; in a tree, the tokens after its next earliest occurrences too",
+        "prompt lookup", draft_model=False, cache=False, passes_per_draft=0,
+        options=("ngram_min", "ngram_max", "tree_width"),
+        setting=lambda spec: f"n-grams {ngrams(spec)}",
+        empty=lambda spec: f"found no earlier occurrence of its last n-gram, n {ngrams(spec)}"),
+    DrafterKind(
+        "eagle",
         "an EAGLE-style head: a small decoder over the target's own last hidden state and the next "
-                "token's embedding, one pass per draft; for the embedded pair, one layer trained "
-                "on this machine (specviz train-head, once); for the tiny pair, untrained copies "
-                "of its first layers, which show how a head's state is kept, not a trained head's "
-                "speed-up",
-                "an EAGLE-style head",
-                draft_model=False, cache=True, passes_per_draft=1, options=("tree_width",),
-                hears=("hidden",), in_transformers=False, empty=_no_hidden_state_yet),
-    DrafterKind("mtp", "the target's own multi-token-prediction (MTP) layer, which its checkpoint "
-                       "ships (DeepSeek-V3, "
-                "GLM-4.5, Mellum, Ling's hybrids), loaded by transformers' MtpModel: fed the "
-                "target's last hidden state and the next token, one pass per draft, then its own "
-                "output",
-                "the model's MTP layer",
-                draft_model=False, cache=True, passes_per_draft=1, options=("tree_width",),
-                hears=("hidden",), empty=_no_hidden_state_yet),
+        "token's embedding, one pass per draft; for the embedded pair, one layer trained on this "
+        "machine (specviz train-head, once); for the tiny pair, untrained copies of its first "
+        "layers, which show how a head's state is kept, not a trained head's speed-up",
+        "an EAGLE-style head",
+        draft_model=False, cache=True, passes_per_draft=1, options=("tree_width",),
+        hears=("hidden",), in_transformers=False, empty=_no_hidden_state_yet),
+    DrafterKind(
+        "mtp",
+        "the target's own multi-token-prediction (MTP) layer, which its checkpoint ships "
+        "(DeepSeek-V3, GLM-4.5, Mellum, Ling's hybrids), loaded by transformers' MtpModel: fed the "
+        "target's last hidden state and the next token, one pass per draft, then its own output",
+        "the model's MTP layer",
+        draft_model=False, cache=True, passes_per_draft=1, options=("tree_width",),
+        hears=("hidden",), empty=_no_hidden_state_yet),
 )}
 DEFAULT_DRAFTER = "model"
 DRAFTER_OPTIONS = tuple(dict.fromkeys(f for d in DRAFTERS.values() for f in d.options))

@@ -1,5 +1,5 @@
-"""The decoding methods, declared once: what each needs and what it costs (the drafters:
-spec/drafters.py).
+"""The decoding methods, declared once: what each needs and what it costs
+(the drafters: spec/drafters.py).
 
 The spec validates against these declarations, the CLI, the app and the bench list and combine them
 from here, and the GPU estimate counts their passes. How each one runs is decoding/decoders.py's.
@@ -38,8 +38,8 @@ class Method:
         return bool(self.drafters)
 
     def batch_sizes(self, asked: list[int]) -> list[int]:
-        """The batch sizes worth running of those `asked` (a sweep runs an unbatched method
-        once)."""
+        """The batch sizes worth running of those `asked` (a sweep runs an unbatched
+        method once)."""
         if not self.batched:
             return [1]
         return [bs for bs in asked if self.max_batch_size is None or bs <= self.max_batch_size]

@@ -56,8 +56,8 @@ def builtin_records() -> list[dict]:
 
 
 def builtin_sets() -> dict[str, list[str]]:
-    """Named built-in sets: `quick`, `all`, `spec-bench`, one per category of our own prompts, and
-    `summarize+code`."""
+    """Named built-in sets: `quick`, `all`, `spec-bench`, one per category of our own prompts,
+    and `summarize+code`."""
     records = builtin_records()
     sets = {
         "quick": [r["turns"][0] for r in records if r["question_id"] in QUICK_IDS],

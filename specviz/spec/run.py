@@ -236,21 +236,20 @@ class RunSpec(Strict):
         stray = [f for f in self.changed(DRAFTER_OPTIONS) if f not in kind.options]
         if stray:
             takes = reading(stray[0])
-            raise ValueError(f"{', '.join(stray)} set the {' or '.join(takes)} drafter; choose "
-                             f"drafter {takes[0]}")
+            raise ValueError(f"{', '.join(stray)} set the {' or '.join(takes)} drafter; "
+                             f"choose drafter {takes[0]}")
         if not kind.draft_model and (found := needing("draft-model", self.faults)):
-            raise ValueError(f"{', '.join(found)} break a draft model's passes: {kind.noun} runs "
-                             "none")
+            raise ValueError(f"{', '.join(found)} break a draft model's passes: "
+                             f"{kind.noun} runs none")
         if "hidden" not in kind.hears and (found := needing("hidden", self.faults)):
             raise ValueError(f"{', '.join(found)} break a draft head's inputs: {kind.noun} hears "
-                             "no hidden state; "
-                             "choose drafter "
+                             "no hidden state; choose drafter "
                              + " or ".join(n for n, d in DRAFTERS.items() if "hidden" in d.hears))
         if self.tree_width > 1:
             self._trees()
         elif found := needing("tree", self.faults):
-            raise ValueError(f"{', '.join(found)} break a token tree's verify: set tree_width "
-                             "above 1")
+            raise ValueError(f"{', '.join(found)} break a token tree's verify: "
+                             "set tree_width above 1")
         if "ngram_min" not in kind.options:
             return self
         if self.ngram_min > self.ngram_max:
@@ -267,8 +266,7 @@ class RunSpec(Strict):
                              + " or ".join(n for n, m in METHODS.items() if m.trees))
         if found := needing("sampled", self.faults):
             raise ValueError(f"{', '.join(found)} break a chain's sampled decisions; a token "
-                             "tree's are SpecInfer's: "
-                             "set tree_width 1")
+                             "tree's are SpecInfer's: set tree_width 1")
         if self.repetition_penalty != 1 or self.presence_penalty != 0:
             raise ValueError("a penalty's history along a token tree's branches is not built: "
                              "penalise with tree_width 1")
@@ -348,8 +346,8 @@ class RunSpec(Strict):
 
     @model_validator(mode="after")
     def _pair(self) -> RunSpec:
-        # A built-in target drafts with its own draft, or with itself (a self-test: every draft is
-        # accepted).
+        # A built-in target drafts with its own draft, or with itself (a self-test: every draft
+        # is accepted).
         for target, draft in BUILT_IN_PAIRS.items():
             if (self.target == target) != (self.draft in (draft, target)):
                 raise ValueError("the built-in drafts only pair with their own targets (or a "
@@ -359,8 +357,8 @@ class RunSpec(Strict):
     def on_prompts(self, prompts, **update) -> RunSpec:
         """This run (unvalidated, with `update`) on some of its own prompts, in their order: each
         keeps its own request's settings."""
-        rows = tuple(self.rows[self.prompts.index(p) % len(self.rows)]
-                     for p in prompts) if self.rows else ()
+        rows = (tuple(self.rows[self.prompts.index(p) % len(self.rows)] for p in prompts)
+                if self.rows else ())
         return self.model_copy(update={"prompts": tuple(prompts), "rows": rows, **update})
 
     def canonical_json(self) -> str:

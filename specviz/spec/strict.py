@@ -25,8 +25,8 @@ Map = Annotated[dict[Key, Item], Field(fail_fast=True)]
 
 class Strict(BaseModel):
     """Unknown fields are refused. pydantic reports each one, so an object with more keys than a few
-    beyond the model's is refused in one error (a stranger's million keys would otherwise cost
-    seconds)."""
+    beyond the model's is refused in one error (a stranger's million keys would otherwise
+    cost seconds)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -53,8 +53,8 @@ MAX_PROBLEMS_READ = 10_000  # each problem pydantic reports becomes a Python dic
 
 
 def describe_validation_error(e: ValidationError) -> str:
-    """pydantic's report in a few words: the first problems and where they are, stranger text cut
-    short."""
+    """pydantic's report in a few words: the first problems and where they are, stranger text
+    cut short."""
     n = e.error_count()
     if n > MAX_PROBLEMS_READ:
         return f"{n} problems, too many to list"

@@ -2,8 +2,8 @@
 
 Callers cap the size first. orjson then parses strict JSON (UTF-8, no NaN) and stops at 1024 levels
 of nesting inside its own parser, so a page of `[` is refused in microseconds where Python's json
-raised RecursionError. Parsing costs at most ~25 ms per MiB, measured on the worst shapes
-(benchmarks/fuzz.py).
+raised RecursionError. Parsing costs at most ~25 ms per MiB, measured on the worst
+shapes (benchmarks/fuzz.py).
 """
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ def parse_json(data: bytes | str) -> object:
 
 
 def parse_file(data: bytes | str, what: str, limit: int) -> object:
-    """A stranger's file of JSON (`what`: "trace file", "sweep report"), refused over `limit`
-    bytes."""
+    """A stranger's file of JSON (`what`: "trace file", "sweep report"), refused over
+    `limit` bytes."""
     if len(data) > limit:
         raise SpecError(f"{what} is {len(data) / 2**20:.1f} MiB; the limit is {limit // 2**20} MiB")
     try:
@@ -41,8 +41,8 @@ def parse_file(data: bytes | str, what: str, limit: int) -> object:
 
 
 def shown(value: object) -> str:
-    """A stranger's JSON value in a message: short, and never repr'd when nested (1000 levels break
-    repr)."""
+    """A stranger's JSON value in a message: short, and never repr'd when nested (1000 levels
+    break repr)."""
     if value is None or isinstance(value, (int, float, str)):
         return repr(value)[:40]
     return f"a JSON {'array' if isinstance(value, list) else 'object'}"

@@ -37,8 +37,7 @@ VERDICTS = {v.name: v for v in (
     Verdict("sync-bug:positions",
             "the row's position ids were wrong: its tokens were computed at other positions",
             f"{_WATCHED}, beyond the rounding yardstick; the positions it was fed, or its cache "
-            "entries fitting "
-            "their own tokens at other positions"),
+            "entries fitting their own tokens at other positions"),
     Verdict("sync-bug:mask",
             "the row's attention mask let through slots that are not its tokens, or hid some",
             f"{_WATCHED}, beyond the yardstick; the slots each verified token could see"),
@@ -50,8 +49,7 @@ VERDICTS = {v.name: v for v in (
             "a hybrid's recurrent or convolution state held tokens that are not the row's "
             "(a rejected draft, a stale state)",
             f"{_WATCHED}, beyond the yardstick; the row's own states replayed over fresh K/V, and "
-            "its own K/V over "
-            "fresh states"),
+            "its own K/V over fresh states"),
     Verdict("sync-bug:state",
             "the row's state was corrupt and no single input explains it: rows mixed up, or "
             "the pass fed another token than the row's own",
@@ -74,17 +72,16 @@ VERDICTS = {v.name: v for v in (
     Verdict("decision-bug:penalty",
             "the token was chosen under a repetition or presence penalty that missed tokens "
             "the sequence already holds (its history lost accepted tokens, or a verify slot did "
-            "not count the "
-            "drafts before it)",
+            "not count the drafts before it)",
             "the target's float64 logits at the fork, penalised by the row's whole history, "
             "choose the reference's token; with the penalty on the engine's token lifted they "
             "choose the engine's"),
     Verdict("decision-bug:logprobs",
             "the tokens are right but their reported log-probabilities are not the "
             "target's (an accepted draft's taken from the drafter)",
-            "each recorded log-probability against a fresh "
-            "float64 recomputation of the target at batch size 1, penalised and tempered as the "
-            "run was, beyond what rounding moves it"),
+            "each recorded log-probability against a fresh float64 recomputation of the target "
+            "at batch size 1, penalised and tempered as the run was, beyond what rounding "
+            "moves it"),
     # A sampled run's, with per-request settings or audited (forensics/distribution.py).
     Verdict("decision-bug:settings",
             "a row was sampled with settings not its own: another request's temperature, "
@@ -97,31 +94,28 @@ VERDICTS = {v.name: v for v in (
             "shared with other rows, or shifted by draws the schedule consumed; its tokens then "
             "depend on its batch",
             "every recorded draw of a sampled run, audited or with per-request settings, "
-            "re-derived from the row's own stream (its seed, or the "
-            "run's seed and its sequence) at its token"),
-    # The acceptance judge's (forensics/acceptance.py): lossless, the output right and the drafts
-    # wasted.
+            "re-derived from the row's own stream (its seed, or the run's seed and its sequence) "
+            "at its token"),
+    # The acceptance judge's (forensics/acceptance.py): lossless, the output right
+    # and the drafts wasted.
     Verdict("draft-bug:first-token",
             "the drafter drafted without the token the target wrote last round: its "
             "first draft repeats that token",
             "each round's drafts against a fresh pass of the draft model on the "
             "committed tokens, beyond its rounding; they match its choice one token earlier"),
     Verdict("draft-bug:rows", "each row was handed another row's drafts",
-            "each round's drafts against a fresh "
-            "pass of the draft model, beyond its rounding; they are its proposals for another "
-            "row of the round"),
+            "each round's drafts against a fresh pass of the draft model, beyond its rounding; "
+            "they are its proposals for another row of the round"),
     Verdict("draft-bug:positions", "the draft model was fed position ids one off",
-            "each round's drafts against a "
-            "fresh pass of the draft model, beyond its rounding; a fresh pass at positions one "
-            "off gives them"),
+            "each round's drafts against a fresh pass of the draft model, beyond its rounding; "
+            "a fresh pass at positions one off gives them"),
     Verdict("draft-bug:hidden",
             "a draft head was fed the target's hidden states of other slots (one off)",
             "each round's drafts against the head replayed from a fresh pass of the target, beyond "
             "rounding; replayed from the hidden states one slot earlier, it gives them"),
     Verdict("draft-bug:cache", "the drafter's own state (its cache, or what it was fed) was wrong",
-            "each round's "
-            "drafts against a fresh pass of the draft model, beyond its rounding, and no simpler "
-            "hypothesis gives them"),
+            "each round's drafts against a fresh pass of the draft model, beyond its rounding, and "
+            "no simpler hypothesis gives them"),
     Verdict("draft-bug:acceptance",
             "an engine accepted fewer of its drafts than its draft model's own proposals "
             "would have had: its drafter went wrong on a side not seen from outside",
@@ -138,13 +132,12 @@ VERDICTS = {v.name: v for v in (
             "its output teacher-forced through the target in float64, against its rounding "
             "measured on its control run (the same engine without speculation)"),
     Verdict("sampler-bug:decisions",
-            "accept/reject decisions do not follow the sampler's own recorded p, q and "
-            "draw", "every decision re-derived from its record"),
+            "accept/reject decisions do not follow the sampler's own recorded p, q and draw",
+            "every decision re-derived from its record"),
     Verdict("sampler-bug:rule",
             "every state and decision held, yet the tokens are not the target's "
             "distribution: the sampling rule itself",
-            "the state audit of every row, the decision audit and the "
-            "distribution test"),
+            "the state audit of every row, the decision audit and the distribution test"),
     Verdict("numerics",
             "a near-tie that floating point tipped: both tokens are right within rounding",
             "a clean state, and the float64 gap at the fork within what rounding flips", bug=False),

@@ -38,8 +38,8 @@ class Fidelity(Strict):
 
 
 def _declared(name: str) -> str:
-    """A name spec/verdicts.py declares: no judge gives another, and a record or file holding one is
-    refused."""
+    """A name spec/verdicts.py declares: no judge gives another, and a record or file holding one
+    is refused."""
     if name not in VERDICTS:
         raise ValueError(f"{shown(name)} is not a verdict specviz gives (spec/verdicts.py)")
     return name
@@ -112,8 +112,8 @@ class RunForensics(Judgement):
 
 class EngineForensics(Judgement):
     """The black-box judge's verdict on an engine from outside, by its token ids alone
-    (forensics/blackbox.py): its tokens teacher-forced through the target, against the engine's own
-    rounding."""
+    (forensics/blackbox.py): its tokens teacher-forced through the target, against the engine's
+    own rounding."""
 
     judge: Literal["engine"] = "engine"
     # rank of the engine's fork token under the reference (1: its own choice)
@@ -221,8 +221,8 @@ class SampledJudgement(Strict):
 
 
 class Decisions(Strict):
-    """Sampled runs: every recorded accept/reject decision re-derived from its recorded p, q and
-    draw."""
+    """Sampled runs: every recorded accept/reject decision re-derived from its recorded p, q
+    and draw."""
 
     checked: int
     mismatches: int
@@ -267,8 +267,8 @@ class Repeat(Strict):
     """A prompt the engine answered otherwise when asked again."""
 
     seq: int
-    # which repeat: "again" (the same requests, in the same order) or "reordered" (other slots and
-    # company)
+    # which repeat: "again" (the same requests, in the same order) or "reordered" (other slots
+    # and company)
     run: str
     index: int  # the first token where the two answers part
     first: int | None  # the first answer's token there (None: it had ended)
@@ -290,9 +290,8 @@ class Determinism(Strict):
         per_run = ", ".join(f"{name} {sum(r.run == name for r in self.differing)}"
                             for name in self.runs)
         return (f"determinism: {len(seqs)} of {self.prompts} prompts got another answer when asked "
-                "again "
-                f"({per_run}); "
-                "first at " + ", ".join(f"[{r.seq}] token {r.index}" for r in self.differing[:5]))
+                f"again ({per_run}); first at "
+                + ", ".join(f"[{r.seq}] token {r.index}" for r in self.differing[:5]))
 
 
 class Hypothesis(Strict):

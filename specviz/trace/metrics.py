@@ -223,8 +223,8 @@ def engine_drafts(trace: Trace) -> tuple[int, int]:
 
 
 def reference_proofs(trace: Trace) -> str | None:
-    """How the references of a check were obtained, in a sentence (None: every one decoded from its
-    prompt)."""
+    """How the references of a check were obtained, in a sentence (None: every one decoded
+    from its prompt)."""
     proofs = [s.reference_proof for s in trace.sequences if s.reference_proof]
     if not proofs:
         return None
@@ -233,15 +233,14 @@ def reference_proofs(trace: Trace) -> str | None:
     margins = [p.smallest_margin for p in proofs if p.smallest_margin is not None]
     return (f"{whole} of {len(trace.sequences)} references proved whole by teacher forcing, no "
             f"decode; {proved} tokens proved (every one the float64 argmax by more than the "
-            "tolerance, "
-            f"{proofs[0].tolerance:.3g} logits"
+            f"tolerance, {proofs[0].tolerance:.3g} logits"
             + (f"; the smallest margin {min(margins):.3g}" if margins else "")
             + f"), {decoded} decoded one at a time from a fork, a near-tie or an output's end")
 
 
 def ratio_text(h) -> str:
-    """A rule's log-likelihood ratio over the correct rule (trace.evidence.RuleHypothesis), in
-    nats."""
+    """A rule's log-likelihood ratio over the correct rule (trace.evidence.RuleHypothesis),
+    in nats."""
     if h.log_ratio is not None:
         return f"{h.log_ratio:+.1f} nats"
     return ("+∞ (only the correct rule makes a token impossible)" if h.possible

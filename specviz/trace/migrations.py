@@ -42,8 +42,8 @@ def _from_version_2(raw: dict) -> dict:
 
 
 def _from_version_3(raw: dict) -> dict:
-    """Version 4 added sampled runs' fields, all optional: a version-3 trace is a version-4 greedy
-    one."""
+    """Version 4 added sampled runs' fields, all optional: a version-3 trace is a version-4
+    greedy one."""
     return {**raw, "schema_version": 4}
 
 
@@ -86,16 +86,16 @@ def _from_version_6(raw: dict) -> dict:
 def _from_version_7(raw: dict) -> dict:
     """Version 8 no longer grants an engine the fit of a control whose tokens bound none of its
     rounding (an engine yardstick's source `unbounded`), nor a tolerance widened by the control's
-    log-probabilities beyond what its tokens allow; version 7 granted both. Its verdicts are kept as
-    recorded."""
+    log-probabilities beyond what its tokens allow; version 7 granted both. Its verdicts are kept
+    as recorded."""
     return {**raw, "schema_version": 8}
 
 
 def _from_version_8(raw: dict) -> dict:
     """Version 9 records a hybrid model's recurrent states per row and round (how many of the row's
     tokens each holds) and checks them (I5), all optional: version 8 decoded no model that has them.
-    It also judges the drafts of a greedy run with a draft model (`acceptance`), absent from earlier
-    traces."""
+    It also judges the drafts of a greedy run with a draft model (`acceptance`), absent
+    from earlier traces."""
     return {**raw, "schema_version": 9}
 
 
@@ -112,8 +112,10 @@ def _floor_as_rounding(floor: dict, factor: object, manifest: dict) -> dict:
             **{k: floor.get(k) for k in ("positions", "sequences", "resolution")},
             "slots": floor.get("chunk"), "levels": [0.5, 1.0],
             "quantiles": [floor.get("median"), floor.get("value")],
-            "tolerance": factor * floor["value"] if isinstance(factor, (int, float)) and
-            isinstance(floor.get("value"), (int, float)) else floor.get("value")}
+            "tolerance": (factor * floor["value"]
+                          if isinstance(factor, (int, float))
+                          and isinstance(floor.get("value"), (int, float))
+                          else floor.get("value"))}
 
 
 # version -> a function that lifts a raw trace one version up

@@ -17,8 +17,8 @@ CHECKS = ("rectangular", "positions", "mask", "kv", "draft_kv", "bonus", "recurr
 class TreeRecord(Strict):
     """A row's token tree in one round (decoding/trees.py): its nodes, each one's parent (-1: the
     row's last committed token), and the nodes it accepted, root to leaf. The row's draft_tokens are
-    then the accepted path's tokens, followed by the first child the target refused, where there was
-    one."""
+    then the accepted path's tokens, followed by the first child the target refused, where there
+    was one."""
 
     tokens: Many[int]
     parents: Many[int]
@@ -40,8 +40,8 @@ class TreeRecord(Strict):
         return [i for i, p in enumerate(self.parents) if p == node]
 
     def candidate(self, node: int) -> tuple[int, int]:
-        """Which candidate `node` is among its parent's children (1: the first), and how many there
-        are."""
+        """Which candidate `node` is among its parent's children (1: the first), and how many
+        there are."""
         siblings = self.children(self.parents[node])
         return siblings.index(node) + 1, len(siblings)
 
@@ -155,8 +155,8 @@ class ReferenceProof(Strict):
     (forensics/proof.py): its leading tokens proved by teacher forcing an output through the target
     in float64, the rest decoded."""
 
-    # leading reference tokens proved: each the float64 argmax on its own prefix, beyond the
-    # tolerance
+    # leading reference tokens proved: each the float64 argmax on its own prefix, beyond
+    # the tolerance
     proved: int
     decoded: int  # tokens after them, decoded one at a time at batch size 1 on the proved prefix
     source: str  # the output the proof was read from: "engine" or "control"
@@ -202,14 +202,14 @@ class SequenceRecord(Strict):
 
 def check_sequence(s: SequenceRecord) -> None:
     """What the views rely on in one sequence beyond types: a piece (and PIT value, log-probability)
-    per token id, and a first_divergence and equivalent that follow from its ids. Raises
-    ValueError."""
+    per token id, and a first_divergence and equivalent that follow from its ids.
+    Raises ValueError."""
     if s.pit is not None and len(s.pit) != len(s.output_ids):
         raise ValueError(f"sequence {s.seq}: one PIT value per token id is needed")
     if s.logprobs is not None and len(s.logprobs) != len(s.output_ids):
         raise ValueError(f"sequence {s.seq}: one log-probability per token id is needed")
     if (len(s.output_pieces) != len(s.output_ids)
-        or (s.reference_pieces is None) != (s.reference_ids is None)
+            or (s.reference_pieces is None) != (s.reference_ids is None)
             or s.reference_ids is not None and len(s.reference_pieces) != len(s.reference_ids)):
         raise ValueError(f"sequence {s.seq}: one piece of text per token id is needed")
     fork = None if s.reference_ids is None else first_difference(s.output_ids, s.reference_ids)

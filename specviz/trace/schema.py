@@ -4,8 +4,8 @@ A manifest (the run and where it ran), the prompts with their ids, one record pe
 per round, one per sequence (records.py), and the evidence of their verdicts (evidence.py). Pydantic
 defines it, validates uploads and emits the JSON Schema (docs/trace.schema.json); older versions are
 lifted on load (migrations.py). Building one from a decode is decoding/recording.py's: this package
-needs neither torch nor the models, so a trace file loads and validates with pydantic and orjson
-alone.
+needs neither torch nor the models, so a trace file loads and validates with pydantic
+and orjson alone.
 """
 from __future__ import annotations
 
@@ -68,11 +68,11 @@ class Trace(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Trace:
-        """What the views rely on beyond types: records numbered in order, rows that match their
-        rounds."""
+        """What the views rely on beyond types: records numbered in order, rows that match
+        their rounds."""
         n = len(self.sequences)
-        if [p.seq for p in self.prompts] != list(range(n)) or [s.seq
-                for s in self.sequences] != list(range(n)):
+        if ([p.seq for p in self.prompts] != list(range(n))
+                or [s.seq for s in self.sequences] != list(range(n))):
             raise ValueError("prompts and sequences must be numbered 0, 1, 2, … in order, one of "
                              "each per prompt")
         for s in self.sequences:
@@ -95,8 +95,8 @@ class Trace(Strict):
                                  "drafts")
             by_round[r.round].append((r.row, r.seq))
         for rd in self.rounds:
-            if by_round.pop(rd.round,
-                            []) != list(enumerate(rd.seqs)) or not all(0 <= q < n for q in rd.seqs):
+            if (by_round.pop(rd.round, []) != list(enumerate(rd.seqs))
+                    or not all(0 <= q < n for q in rd.seqs)):
                 raise ValueError(f"round {rd.round}: its rows are not one per sequence it lists")
         if by_round:
             raise ValueError(f"rows of rounds that are not recorded: {sorted(by_round)[:5]}")

@@ -84,8 +84,8 @@ def _query(name: str, payload: dict, readable: tuple, what: str, instead: str) -
 
 
 def decode_link(query: str) -> Link | None:
-    """The link in a query string; None when it carries no run (a plain visit, or a sweep's
-    link)."""
+    """The link in a query string; None when it carries no run (a plain visit,
+    or a sweep's link)."""
     params = _params(query)
     if "run" not in params:
         return None
@@ -135,8 +135,8 @@ def _params(query: str) -> dict:
 
 
 def _payload(params: dict, name: str, key: str, what: str) -> dict:
-    """The JSON object packed in the link's `name` parameter, which must hold `key` (`what`) as an
-    object."""
+    """The JSON object packed in the link's `name` parameter, which must hold `key` (`what`)
+    as an object."""
     damaged = SpecError(f"the link's {name} is damaged (was it cut off when copied?)")
     try:
         packed = base64.urlsafe_b64decode(params[name][0] + "=" * (-len(params[name][0]) % 4))

@@ -45,8 +45,8 @@ def _placed(method: str, drafter: str, faults: tuple[str, ...], batch_size: int,
 
 
 def _label(method: str, drafter: str, faults: str) -> str:
-    """A run's row in a sweep (placed): the method, the drafter where it is not the draft model, the
-    faults."""
+    """A run's row in a sweep (placed): the method, the drafter where it is not the draft model,
+    the faults."""
     return " · ".join(x for x in (method, drafter not in (DEFAULT_DRAFTER, "-") and drafter, faults)
                       if x)
 
@@ -96,12 +96,13 @@ class Sweep(Strict):
                 for name, a in zip(AXIS_FIELDS, AXES)}
         return cls.build(base=base,
                          runs=tuple({f: s.model_dump(mode="json", include={f})[f] for f in fields}
-                                    for s, fields in specs), **axes)
+                                    for s, fields in specs),
+                         **axes)
 
     @model_validator(mode="after")
     def _runs(self) -> Sweep:
-        """Every run validates as a spec; the specs are kept, as every view of the report asks for
-        them."""
+        """Every run validates as a spec; the specs are kept, as every view of the report asks
+        for them."""
         axes = {name: getattr(self, name) for name in AXIS_FIELDS}
         for name, values in axes.items():
             twice = next((v for v, n in Counter(values).items() if n > 1), None)
@@ -150,8 +151,7 @@ class Sweep(Strict):
             raise ValueError(f"run {run}: {e}") from None
         if len(spec.prompts) != len(self.base.prompts):
             raise ValueError(f"run {run} asks {len(spec.prompts)} prompts and its base "
-                             f"{len(self.base.prompts)}: a "
-                             "sweep's runs ask as many each")
+                             f"{len(self.base.prompts)}: a sweep's runs ask as many each")
         for name, a in zip(AXIS_FIELDS, AXES):
             if getattr(spec, a) not in axes[name]:
                 raise ValueError(f"run {run}'s {a} {getattr(spec, a)!r} is not on the sweep's "
@@ -222,8 +222,8 @@ class RunRow(Strict):
 
 class SweepSequence(SequenceRecord):
     """One sequence of one run: its run (index into the report's rows) and that run's place, and the
-    tokens it received in each of its rounds ([]: not recorded). Its margins stay in the run's
-    trace."""
+    tokens it received in each of its rounds ([]: not recorded). Its margins stay
+    in the run's trace."""
 
     run: int = Field(ge=0)
     method: str
@@ -285,8 +285,8 @@ class SweepReport(Strict):
 
     @classmethod
     def from_json(cls, data: str | bytes) -> SweepReport:
-        """Parse and validate a stranger's report file; every problem becomes one readable
-        SpecError."""
+        """Parse and validate a stranger's report file; every problem becomes one
+        readable SpecError."""
         raw = parse_file(data, "sweep report", MAX_TRACE_BYTES)
         if not isinstance(raw, dict):
             raise SpecError(f"not a sweep report: {shown(raw)} where an object was expected")
@@ -301,8 +301,7 @@ class SweepReport(Strict):
             found = raw["version"]
         if type(found) is not int or found != REPORT_VERSION:
             raise SpecError(f"not a specviz sweep report of version {REPORT_VERSION} (found "
-                            f"{shown(found)}); "
-                            "write one with specviz verify --json")
+                            f"{shown(found)}); write one with specviz verify --json")
         try:
             return cls.model_validate(raw)
         except ValidationError as e:
@@ -325,8 +324,8 @@ def _lift_v1(raw: dict) -> None:
 
 
 def acceptance(trace: Trace, k: int) -> dict[str, list[int]]:
-    """How a run's drafts fared, counted over its (round, row) records; nothing where no rounds were
-    recorded."""
+    """How a run's drafts fared, counted over its (round, row) records; nothing where no rounds
+    were recorded."""
     if not trace.rows:
         return {}
     lengths, offered, accepted = [0] * (k + 1), [0] * k, [0] * k

@@ -70,8 +70,8 @@ class EngineNoise(Strict):
     # the same noise read off the control's log-probabilities, where it gave them: reported, never
     # in the tolerance
     sigma_logprobs: float | None = None
-    # transformers' own tolerance in this dtype (Rounding.tolerance): the yardstick without a
-    # control
+    # transformers' own tolerance in this dtype (Rounding.tolerance): the yardstick without
+    # a control
     rounding: float
     # the largest float64 gap this engine's own rounding explains, at false-alarm rate alpha
     tolerance: float
@@ -85,8 +85,7 @@ class EngineNoise(Strict):
         """What the yardstick explains, and from what."""
         if self.source == "none":
             return ("transformers' own rounding in this dtype explains gaps up to "
-                    f"{self.rounding:.3g} (no control run "
-                    "measured this engine's)")
+                    f"{self.rounding:.3g} (no control run measured this engine's)")
         if self.source == "unbounded":
             return ("transformers' own rounding in this dtype explains gaps up to "
                     f"{self.rounding:.3g}; the control run bounds none of this engine's: "
@@ -95,10 +94,10 @@ class EngineNoise(Strict):
             f"{len(self.departures)} departing, by up to {self.departures[0]:.3g}"
         # a version-7 control: no token
         upper = "unknown" if self.sigma_upper is None else f"{self.sigma_upper:.3g}"
-        lp = "" if self.sigma_logprobs is None else (f", {self.sigma_logprobs:.3g} from its "
-                                                     "log-probabilities") + (
-            " (more than its tokens allow: not granted)"
-            if self.sigma_logprobs > (self.sigma_upper or 0) else "")
+        lp = ("" if self.sigma_logprobs is None
+              else f", {self.sigma_logprobs:.3g} from its log-probabilities"
+              + (" (more than its tokens allow: not granted)"
+                 if self.sigma_logprobs > (self.sigma_upper or 0) else ""))
         apart = (f"; {len(self.outliers)} of its outputs set apart, departing by far more than the "
                  "rest's rounding"
                  if self.outliers else "")
