@@ -77,19 +77,25 @@ def test_llama_cpp_is_asked_in_its_own_dialect_and_answers_with_ids(llama, embed
             assert drafts == 0 and counters.get("draft_tokens", 0) == 0
 
 
-def test_every_configuration_against_its_plain_run_and_the_reference(llama, embedded, capsys):
+@pytest.fixture(scope="module")
+def judged(llama, embedded):
+    """Each 4-slot configuration checked with its plain run as the control (plain, 4 slots: the
+    1-slot run), its forks not attributed: name -> trace."""
+    spec, ids, runs = llama
+    # the forks are attributed on purpose in test_no_fork_of_a_correct_configuration_is_attributed
+    no_replays = check.Judging(attribute=False)
+    control = {"plain, 4 slots": "plain, 1 slot"} | {name: "plain, 4 slots" for name in SPECULATIVE}
+    return {name: check.check(spec, embedded, ids, runs[name], runs[of], no_replays)
+            for name, of in control.items()}
+
+
+def test_every_configuration_against_its_plain_run_and_the_reference(llama, judged, capsys):
     """Equal counts and acceptance for the record; then each judged with its plain run as the
     control: a correct engine's forks are its own numerics (or unexplained, saying why), never an
     engine-bug; and the one declared to draft with the check's draft model drafts its own proposals
     by its counters."""
-    spec, ids, runs = llama
-    plain = runs["plain, 4 slots"]
-    # the forks are attributed on purpose in the test below
-    no_replays = check.Judging(attribute=False)
-    traces = {name: check.check(spec, embedded, ids, runs[name],
-                                runs["plain, 1 slot"] if name == "plain, 4 slots"
-                                else plain, no_replays)
-              for name in ("plain, 4 slots", *SPECULATIVE)}
+    _, ids, runs = llama
+    plain, traces = runs["plain, 4 slots"], judged
     # proved or decoded: the bs-1 reference
     ref = [s.reference_ids for s in traces["plain, 4 slots"].sequences]
     with capsys.disabled():
@@ -130,16 +136,15 @@ def test_every_configuration_against_its_plain_run_and_the_reference(llama, embe
             assert f.tolerance == noise.tolerance and f"{f.tolerance:.3g}" in f.explanation
 
 
-def test_no_fork_of_a_correct_configuration_is_attributed(llama, embedded, capsys):
+def test_no_fork_of_a_correct_configuration_is_attributed(llama, judged, embedded, capsys):
     """Every fork of llama.cpp with the draft model and with ngram-simple (its quantized kernels'
     rounding), attributed on purpose, in batches of its 4 slots: no mechanism of the catalogue
     is named."""
-    spec, ids, runs = llama
+    spec, ids, _ = llama
     declared = {"draft": {"drafter": "model", "k": K},
                 "ngram-simple": {"drafter": "lookup", "k": K, "ngram_min": 3, "ngram_max": 3}}
     for name, settings in declared.items():
-        trace = check.check(spec, embedded, ids, runs[name], runs["plain, 4 slots"],
-                            check.Judging(attribute=False))
+        trace = judged[name].model_copy(deep=True)  # attribution is recorded into it
         with capsys.disabled():
             _, named = attribute_every_fork(trace, spec, embedded, ids, settings, 4,
                                             f"llama.cpp {name}")
@@ -182,8 +187,10 @@ def test_the_determinism_check_asks_again_and_reports_what_differs(llama, embedd
     spec = llama[0]
     with llama_server("ngram", tmp_path / "ngram.log", slots=4, k=K,
                       threads=ENGINE_THREADS) as server:
+        # its forks are attributed in test_no_fork_of_a_correct_configuration_is_attributed
         trace = check.from_servers(spec, embedded, (server.url, None), None, concurrency=4,
-                                   timeout=300, determinism=True)
+                                   timeout=300, determinism=True,
+                                   judging=check.Judging(attribute=False))
     d = trace.manifest.determinism
     assert set(d.runs) == {"again", "reordered"} and d.prompts == len(PROMPTS)
     for r in d.differing:  # any difference is reported with its fork and both tokens
