@@ -85,8 +85,8 @@ def grid(methods: list[str], drafters: list[str], batch_sizes: list[int], ks: li
     """The runs a sweep (verify, bench) makes, as spec fields: every method with each of `drafters`
     it takes and each of `fault_sets` (a method that takes no faults once, with none), at the batch
     sizes it runs at (an unbatched method once), each k for a speculative method, and each of
-    `temperatures` it samples at (a method that runs greedy only at 0, a fault set needing a sampled
-    fault above 0)."""
+    `temperatures` it samples at (a method that runs greedy only at 0, a fault set holding a fault
+    that needs a sampled run only above 0)."""
     out = []
     for name in methods:
         m = METHODS[name]
