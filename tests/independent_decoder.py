@@ -8,8 +8,9 @@ was fed at, K/V a rollback threw away) is kept per sequence and replayed on ever
 bug lasts as it does in a cached engine.
 
 `bug` plants a bug from the field by hand (or several at once: a tuple), named after specviz's fault
-of the same mechanism (BUGS; SAMPLING_BUGS, of its sampler); None is the correct engine, whose
-greedy outputs are those of the target decoding alone.
+of the same mechanism (BUGS; SAMPLING_BUGS, of its sampler; LOSSLESS_BUGS, which keep the output);
+None is the correct engine, whose greedy outputs are those of the target decoding alone. It can
+report its rounds as an engine would (each round's drafts and how many it accepted).
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ BUGS = ("draft-bonus", "bonus-from-another-row", "verify-positions-not-advanced"
         "stop-at-last-token", "min-crop", "rollback-by-draft-list")
 # bugs of its sampler (temperature > 0)
 SAMPLING_BUGS = ("residual-from-draft", "temperature-draft-only")
+# bugs that keep every greedy output right: a round keeps one draft fewer than the target chose
+LOSSLESS_BUGS = ("accept-count-one-short",)
 # the bugs that erase committed K/V (the tokens are kept)
 ERASING = ("min-crop", "rollback-by-draft-list")
 
@@ -34,6 +37,8 @@ class _Seq:
     # tokens whose K/V the target no longer holds (zeroed)
     lost: set[int] = field(default_factory=set)
     draft_lost: set[int] = field(default_factory=set)  # the same in the draft model's cache
+    # per round: the drafts offered to it and how many it accepted
+    rounds: list[dict] = field(default_factory=list)
 
     @property
     def ids(self) -> list[int]:
@@ -96,12 +101,14 @@ def _lookup(hist: list[int], lo: int, hi: int, width: int) -> tuple[list[int], i
 @torch.inference_mode()
 def decode(target, draft, prompts: list[list[int]], *, k: int, max_new_tokens: int, batch_size: int,
            drafter: str = "model", ngram: tuple[int, int] | int = (1, 3), temperature: float = 0.0,
-           seed: int = 0, eos_ids=(), bug: str | tuple[str, ...] | None = None) -> list[list[int]]:
+           seed: int = 0, eos_ids=(), bug: str | tuple[str, ...] | None = None,
+           rounds: list | None = None) -> list[list[int]]:
     """Each prompt's output ids. Prompts run in consecutive static batches of `batch_size`; a
     finished row leaves its batch at once. `drafter`: "model" (the draft model) or "ngram" (prompt
-    lookup over n in `ngram`, (min, max))."""
+    lookup over n in `ngram`, (min, max)). `rounds`, a list: each prompt's rounds are appended to
+    it, as {"drafts": [...], "accepted": n}."""
     bugs = frozenset((bug,) if isinstance(bug, str) else bug or ())
-    if bugs - set(BUGS + SAMPLING_BUGS) or len(bugs & set(ERASING)) > 1:
+    if bugs - set(BUGS + SAMPLING_BUGS + LOSSLESS_BUGS) or len(bugs & set(ERASING)) > 1:
         raise ValueError(f"unknown bugs, or two that erase the cache: {sorted(bugs)}")
     lo, hi = (ngram, ngram) if isinstance(ngram, int) else ngram
     vocab = min(m.get_output_embeddings().weight.shape[0] for m in (target, draft) if m is not None)
@@ -115,6 +122,8 @@ def decode(target, draft, prompts: list[list[int]], *, k: int, max_new_tokens: i
                           temperature, gen, eos, bugs, vocab)
             first = False  # the first round is the batch's prefill: nothing is cached before it
         outputs += [s.out for s in seqs]
+        if rounds is not None:
+            rounds += [s.rounds for s in seqs]
     return outputs
 
 
@@ -155,6 +164,8 @@ def _round(target, draft, live: list[_Seq], first: bool, k: int, budget: int, dr
         if temperature == 0:
             while a < room[r] and drafts[r][a] == int(z[r, a].argmax()):
                 a += 1
+            if "accept-count-one-short" in bugs:
+                a = max(a - 1, 0)  # the bug: the last draft the target chose is refused
             own.append(int(z[r, a].argmax()))
         else:
             # the bug: the draft's alone
@@ -185,6 +196,7 @@ def _round(target, draft, live: list[_Seq], first: bool, k: int, budget: int, dr
         else:
             pick = own[r]
         new = drafts[r][:a] + [pick]
+        s.rounds.append({"drafts": drafts[r][:room[r]], "accepted": a})
         # only the block's last token ends the row
         stops = [a] if "stop-at-last-token" in bugs else range(a + 1)
         stop = next((i for i in stops if new[i] in eos), None)
@@ -235,11 +247,15 @@ def _draft_chain(draft, live: list[_Seq], n: int, vocab: int, temperature: float
     return chains, torch.stack(dists, 1) if dists else None
 
 
-def write_outputs(path, prompts: list[list[int]], outputs: list[list[int]], settings: dict) -> None:
+def write_outputs(path, prompts: list[list[int]], outputs: list[list[int]], settings: dict,
+                  rounds: list[list[dict]] | None = None) -> None:
     """The outputs as specviz reads an engine's (engines/jsonl.py): a header, then one line
-    a prompt."""
+    a prompt (with its rounds, where given)."""
     with open(path, "w") as f:
         f.write(json.dumps({"engine": {"name": "independent-decoder", "settings": settings}})
                 + "\n")
-        for p, o in zip(prompts, outputs):
-            f.write(json.dumps({"prompt_ids": list(p), "output_ids": list(o)}) + "\n")
+        for n, (p, o) in enumerate(zip(prompts, outputs)):
+            line = {"prompt_ids": list(p), "output_ids": list(o)}
+            if rounds is not None:
+                line["rounds"] = rounds[n]
+            f.write(json.dumps(line) + "\n")

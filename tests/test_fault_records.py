@@ -129,6 +129,7 @@ KINDS_BEFORE = {  # kind -> its faults, as the old table FAULTS said
                  "shared-stream", "target-probs-mutated"],
     "requests": ["settings-from-first-row", "unset-temperature-greedy", "unseeded-noise-to-copy"],
     "streams": ["stream-advanced-for-zero-draft"],
+    "rejecting": ["accept-count-one-short"],  # (since: forensics/rejections.py names it)
 }
 VERDICTS_BEFORE = {  # the old VERDICT_OF, and the two cases' own verdicts (spec/casebook.py)
     "sync-bug:positions": ["positions-from-slots", "verify-positions-not-advanced",
@@ -147,6 +148,7 @@ VERDICTS_BEFORE = {  # the old VERDICT_OF, and the two cases' own verdicts (spec
     "decision-bug:stream": ["unseeded-noise-to-copy", "stream-advanced-for-zero-draft",
                             "shared-stream"],
     "sampler-bug:rule": ["target-probs-mutated"],
+    "decision-bug:reject": ["accept-count-one-short"],  # (since)
 }
 ACCEPTANCE_BEFORE = {  # the old ACCEPTANCE_OF
     "draft-positions-off-by-one": "draft-bug:positions",
@@ -165,7 +167,7 @@ def test_the_derived_groups_are_what_the_old_tables_said():
         f: v for v, faults in VERDICTS_BEFORE.items() for f in faults}
     assert {f.name: f.acceptance for f in FAULTS.values() if f.acceptance} == ACCEPTANCE_BEFORE
     assert needing("sampled") == (*of_kind("sampling"), *of_kind("requests"), *of_kind("streams"))
-    assert needing("greedy") == ("accept-on-raw-softmax",)
+    assert needing("greedy") == ("accept-on-raw-softmax", "accept-count-one-short")
     assert needing("rows") == ("settings-from-first-row", "unset-temperature-greedy",
                                "unseeded-noise-to-copy")
     assert needing("tree") == tuple(KINDS_BEFORE["tree"])

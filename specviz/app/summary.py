@@ -46,11 +46,15 @@ def headline(trace: Trace, note: str = "", timing: str | None = None) -> str:
         text += "\n\n" + speed
     if metrics.sampled(trace):
         text += "\n\n" + distribution_row(trace)
-    # a lossless bug: nothing else on the page shows it
-    if trace.acceptance and trace.acceptance.verdict:
-        text += (f"\n\n**Drafts: {md(trace.acceptance.verdict)}.** "
-                 f"{md(trace.acceptance.explanation)}")
-    return text
+    return text + "".join(f"\n\n{line}" for line in lossless_md(trace))
+
+
+def lossless_md(trace: Trace) -> list[str]:
+    """The bugs that keep every token right (Markdown): drafts that were not the drafter's own, and
+    drafts refused that the target chose. Nothing else on the page shows them."""
+    return [f"**{what}: {md(found.verdict)}.** {md(found.explanation)}"
+            for what, found in (("Drafts", trace.acceptance), ("Decisions", trace.rejections))
+            if found and found.verdict]
 
 
 def drafter_text(spec) -> str:
@@ -231,7 +235,8 @@ def engine_headline(trace: Trace, note: str = "") -> str:
         rows.append(f"| {md(r['engine'])} | {r['n']} | {r['errors']} | "
                     f"{metrics.percent(r['exact_pct'])} | {metrics.percent(r['prefix_pct'])} | "
                     f"{tps} | {verdicts} |")
-    return head + "\n\n" + "\n".join(rows) + "".join(f"\n\n{line}" for line in engine_facts(trace))
+    return head + "\n\n" + "\n".join(rows) + "".join(
+        f"\n\n{line}" for line in [*lossless_md(trace), *engine_facts(trace)])
 
 
 def engine_facts(trace: Trace) -> list[str]:

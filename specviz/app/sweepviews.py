@@ -90,7 +90,11 @@ def _metric_cell(run: int, row: RunRow, metric: str, selected: int | None) -> st
             accepted, fresh = row.drafts_accepted
             tip += (f" · drafts: {row.drafts_verdict}, {accepted} accepted; the drafter's own "
                     f"would have had {fresh}")
-        if row.exact_pct == 100 and (row.drafts_verdict
+        if row.rejections_verdict:  # it refused drafts the target chose
+            accepted, kept = row.rejections_kept
+            tip += (f" · decisions: {row.rejections_verdict}, {accepted} accepted; the target's "
+                    f"own choices keep {kept}")
+        if row.exact_pct == 100 and (row.drafts_verdict or row.rejections_verdict
                                      or any(verdict(v).bug for v in row.verdicts)):
             # every token right, and a bug beside them (drafts, log-probabilities): ⚠, by the CSS
             cls += " sv-flag"
@@ -148,7 +152,8 @@ def _outcome(s, row: RunRow) -> str:
     # right tokens; a bug beside them is named: its log-probabilities', or its run's drafts'
     if s.equivalent:
         beside = (s.forensics.verdict if s.forensics and verdict(s.forensics.verdict).bug else
-                  row.drafts_verdict and f"drafts {row.drafts_verdict}")
+                  row.drafts_verdict and f"drafts {row.drafts_verdict}"
+                  or row.rejections_verdict and f"decisions {row.rejections_verdict}")
         return f"{EQUIVALENT}, {beside}" if beside else EQUIVALENT
     return s.forensics.verdict if s.forensics else "divergent, no verdict"
 

@@ -116,9 +116,13 @@ def _print_summary(trace) -> None:
 
 
 def print_acceptance(trace) -> None:
-    """The acceptance judge's finding on the drafts, where it judged them."""
+    """The acceptance judge's finding on the drafts, and the rejections judge's on the decisions,
+    where they judged them."""
     if trace.acceptance:
         print(f"drafts: {trace.acceptance.verdict or OWN_DRAFTS}. {trace.acceptance.explanation}")
+    if trace.rejections:
+        print(f"decisions: {trace.rejections.verdict or 'the target refused every draft refused'}"
+              f". {trace.rejections.explanation}")
 
 
 def print_yardsticks(trace) -> None:
@@ -196,6 +200,8 @@ def _print_row(spec: RunSpec, trace: Trace) -> Trace:
         shown = _distribution(trace)
     if trace.acceptance and trace.acceptance.verdict:
         shown += f"; drafts: {trace.acceptance.verdict}"
+    if trace.rejections and trace.rejections.verdict:
+        shown += f"; decisions: {trace.rejections.verdict}"
     if row.audit:
         shown += ("; audit: state departed in {target} (target) and {draft} "
                   "(draft) sequences").format(**row.audit)

@@ -134,6 +134,14 @@ class Policy:
             return self.accept(*raw())
         return drafts == target
 
+    def accepted_count(self, agreed: torch.Tensor) -> torch.Tensor:
+        """(B,) how many drafts each greedy row keeps, of the `agreed` leading ones that passed:
+        all; the fault keeps one fewer, so that the last draft the target chose is written again as
+        the target's own token (the output unchanged, a draft a round lost)."""
+        if not self.has("accept-count-one-short"):
+            return agreed
+        return (agreed - 1).clamp(min=0)
+
     def committed_lost(self, accepted: torch.Tensor, offered: torch.Tensor,
                        k: int) -> torch.Tensor | None:
         """(B,) the last committed cache entries each row loses this round (its accepted drafts'

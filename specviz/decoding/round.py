@@ -192,7 +192,7 @@ def accept(d: Decoding, b: Batch, drafted: Drafted, v: Verified) -> Accepted:
                 stream.draw(have[:, None] + torch.arange(k, device=D.device), ACCEPT))
 
     passed = d.policy.greedy_accept(D[:, :k], g[:, :k], raw)
-    a = torch.minimum(passed.long().cumprod(1).sum(1), room)
+    a = d.policy.accepted_count(torch.minimum(passed.long().cumprod(1).sum(1), room))
     return Accepted(v, prop, room, a, g.gather(1, a[:, None])[:, 0], {})
 
 

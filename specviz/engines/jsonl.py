@@ -13,7 +13,10 @@ approximate). Optional: `logprobs` (the engine's log-probability of each output 
 `top_logprobs` (per token, its top alternatives as {"id": logprob}), `finish_reason`, and `error`
 (this prompt failed). The JSON Schema is docs/engine-outputs.schema.json (`specviz schema
 --outputs`). Optional too: `drafts` and `accepted` (the draft tokens the engine offered for this
-prompt and accepted, where it counts them).
+prompt and accepted, where it counts them), and `rounds`: the output cut into the engine's rounds,
+each as {"drafts": [ids offered], "accepted": n} (a round emits its accepted drafts and one token of
+the target's; the counters follow from them where absent). An engine's rounds let specviz judge its
+decisions (forensics/rejections.py).
 
 Files as users have them: fields this format does not name are ignored and listed
 (`EngineInfo.ignored`), not refused. A line may also be a server's raw answer: `{"request": {...},
@@ -31,7 +34,7 @@ from specviz.engines.base import EngineRun, declare_drafter
 from specviz.engines.dialects import read_choice, read_llamacpp
 from specviz.spec.run import MAX_PROMPTS
 from specviz.spec.strict import SpecError, describe_validation_error
-from specviz.trace.records import EngineOutput
+from specviz.trace.records import EngineOutput, EngineRound
 
 MAX_FILE_BYTES = 64 * 2**20
 MAX_IGNORED = 32  # ignored field names listed, at most
@@ -61,6 +64,7 @@ class OutputLine(BaseModel):
     finish_reason: str | None = None
     drafts: int | None = None
     accepted: int | None = None
+    rounds: list[EngineRound] | None = None
     error: str | None = None
 
     @model_validator(mode="after")
@@ -170,16 +174,24 @@ def from_lines(header: Header | None, lines: list[OutputLine], tokenizer, name: 
     marked approximate. `ignored`: the file's fields this format does not name, recorded. `drafter`:
     what the caller declares the engine drafts with, where the header does not say otherwise."""
     outputs = []
-    for line in lines:
+    for n, line in enumerate(lines):
         if line.error is not None:
             outputs.append(EngineOutput(error=line.error))
             continue
         approximate = line.output_ids is None
         ids = (tokenizer(line.output_text, add_special_tokens=False)["input_ids"] if approximate
                else line.output_ids)
-        outputs.append(EngineOutput(ids=ids, logprobs=line.logprobs, top_logprobs=line.top_logprobs,
-                                    approximate=approximate, finish_reason=line.finish_reason,
-                                    drafts=line.drafts, accepted=line.accepted))
+        drafts, accepted = line.drafts, line.accepted
+        if line.rounds and drafts is None and accepted is None:  # its counters, from its rounds
+            drafts = sum(len(r.drafts) for r in line.rounds)
+            accepted = sum(r.accepted for r in line.rounds)
+        try:
+            outputs.append(EngineOutput(
+                ids=ids, logprobs=line.logprobs, top_logprobs=line.top_logprobs,
+                approximate=approximate, finish_reason=line.finish_reason, drafts=drafts,
+                accepted=accepted, rounds=line.rounds))
+        except ValidationError as e:
+            raise SpecError(f"{name}, prompt {n}: {describe_validation_error(e)}") from None
     info = header or Header(name=name)
     return EngineRun(name=info.name, version=info.version, source="file", outputs=outputs,
                      ignored=list(ignored),

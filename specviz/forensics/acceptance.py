@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from specviz.forensics.recompute import fresh_logits
-from specviz.trace.evidence import Acceptance
+from specviz.trace.evidence import Acceptance, Rejections
 from specviz.trace.schema import Trace
 
 # a hypothesis names the side when it gives the run's own drafts at this share of the slots
@@ -204,7 +204,8 @@ def _head_side(beyond: list[_Slot], starts: dict[tuple[int, int], int],
 
 
 @torch.inference_mode()
-def judge_engine_acceptance(trace: Trace, draft, vocab: int, k: int) -> Acceptance | None:
+def judge_engine_acceptance(trace: Trace, draft, vocab: int, k: int,
+                            decided: Rejections | None = None) -> Acceptance | None:
     """An engine's drafts by its own counters, against the draft model's own proposals on the
     engine's output: one fresh pass per output, its rounds replayed at k (each accepts the leading
     drafts equal to the output, then the target's token). The counters are the outputs' own where
@@ -220,7 +221,11 @@ def judge_engine_acceptance(trace: Trace, draft, vocab: int, k: int) -> Acceptan
     fewer and loses no share; a wider k than declared offers more and accepts a smaller share of
     them, but more in all. Which side of its drafter went wrong cannot be seen from outside.
     /metrics also count the drafts accepted at each draft position: each position's acceptance, of
-    the drafts that reached it, is set beside the replay's (per request there are none)."""
+    the drafts that reached it, is set beside the replay's (per request there are none).
+
+    `decided`: the rejections judge's finding on the engine's rounds, where it reports them. Drafts
+    it refused that the target chose are its decisions' shortfall, not its drafter's: the drafter is
+    judged on what right decisions would have accepted of its drafts."""
     per_request = [s for s in trace.sequences if s.engine and s.engine.drafts
                    and s.engine.accepted is not None and s.output_ids]
     totals = trace.manifest.engine.settings.get("spec_decode") or {}
@@ -255,24 +260,32 @@ def judge_engine_acceptance(trace: Trace, draft, vocab: int, k: int) -> Acceptan
             offered_fresh, accepted_fresh, i = offered_fresh + m, accepted_fresh + a, i + a + 1
     positions_fresh = _rates(taken, reached) if positions else []
     rate, fresh = accepted / offered, accepted_fresh / max(offered_fresh, 1)
+    # what its drafts were worth: the drafts right decisions would have accepted
+    worth = accepted + (decided.kept - decided.accepted if decided and decided.verdict else 0)
     # (+1: a draft model that agrees every time has none)
     spread = (offered * fresh * (1 - fresh) + 1) ** 0.5
-    short = accepted < fresh * offered - SIGMAS * spread and accepted < accepted_fresh
+    short = worth < fresh * offered - SIGMAS * spread and worth < accepted_fresh
     says = (f"By {source} the engine accepted {accepted} of the {offered} drafts it offered "
             f"({rate:.0%}); the draft model's own proposals on the same outputs, in rounds of k = "
             f"{k}, would have had {accepted_fresh} of {offered_fresh} accepted ({fresh:.0%}).")
     if positions:
         says += (" By draft position, of the drafts that reached it: the engine's "
                  f"{_shown(positions)}, the replay's {_shown(positions_fresh)}.")
+    if worth > accepted:
+        says += (f" Its rounds show decisions that refused drafts the target chose "
+                 f"({decided.verdict}): right decisions would have accepted {worth} of its "
+                 "drafts, and its drafter is judged on those.")
     return Acceptance(
         compared=offered, differ=0, beyond=0, tolerance=None, accepted=accepted,
         accepted_fresh=accepted_fresh, per_position=positions, per_position_fresh=positions_fresh,
         counters=True, offered_fresh=offered_fresh,
         verdict="draft-bug:acceptance" if short else None,
         explanation=says + (
-            " That is short beyond chance: the engine's drafts were not its draft model's own. "
-            "Which side of its drafter went wrong (positions, cache, the first token) is not seen "
-            "from outside; the output is judged apart." if short
+            " That is short beyond chance: the engine's drafts were not its draft model's own"
+            + (", or its decisions refused drafts the target chose: counters cannot tell which "
+               "(its rounds can, where it reports them)" if not decided else "")
+            + ". Which side of its drafter went wrong (positions, cache, the first token) is not "
+            "seen from outside; the output is judged apart." if short
             else " Nothing short beyond chance."))
 
 

@@ -35,6 +35,7 @@ from specviz.engines.base import EngineRun
 from specviz.engines.jsonl import OutputLine
 from specviz.forensics import distribution, enginenoise, proof, repeats, rules
 from specviz.forensics.acceptance import judge_engine_acceptance
+from specviz.forensics.rejections import engine_rounds, judge_rejections, run_rounds
 from specviz.forensics.blackbox import force_outputs, judge_engine
 from specviz.forensics.sampledrun import judge_sampled_run
 from specviz.models.pairs import ModelPair
@@ -190,11 +191,14 @@ def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: E
             # re-tokenized text: the same text is the same answer
             Findings({s.seq: {"equivalent": True, "first_divergence": None}}).record(trace)
     judge_engine(trace, forcing, truth, scored, Stops.of(pair, spec.stop)).record(trace)
+    # its rounds, where it reports them: its decisions
+    rounds = run_rounds(trace) if trace.rows else engine_rounds(trace)
+    decided = judge_rejections(trace, rounds, model, pair.vocab_size, "the engine's")
     drafter = DRAFTERS.get(engine.settings.get("drafter"))
     # it says it drafts with the check's draft model: its counters
-    if drafter and drafter.draft_model:
-        drafts = judge_engine_acceptance(trace, pair.draft, pair.vocab_size, spec.k)
-        Findings(run={"acceptance": drafts}).record(trace)
+    drafts = (judge_engine_acceptance(trace, pair.draft, pair.vocab_size, spec.k, decided)
+              if drafter and drafter.draft_model else None)
+    Findings(run={"acceptance": drafts, "rejections": decided}).record(trace)
     if judging.attribute:
         replaying = attribution.Replaying(spec, pair, prompt_ids, engine.settings,
                                           int(engine.settings.get("batch_size") or batch or 1))

@@ -16,6 +16,7 @@ from specviz.decoding.result import DecodeResult, Progress
 from specviz.decoding.sampling import GREEDY, Sampling, greedy_of
 from specviz.forensics import distribution, yardstick, yardstick_cache
 from specviz.forensics.acceptance import judge_acceptance, judge_head_acceptance
+from specviz.forensics.rejections import judge_rejections, run_rounds
 from specviz.forensics.logprobs import judge_logprobs
 from specviz.forensics.sampledrun import analyse_sampled, judge_sampled_run
 from specviz.forensics.watch import Watch
@@ -25,7 +26,7 @@ from specviz.models.pairs import ONE_DEVICE, ModelPair, Placement, pair_for
 from specviz.run.settings import Settings
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.prompts import builtin_set
-from specviz.spec.run import MAX_PROMPT_TOKENS, RunSpec
+from specviz.spec.run import MAX_PROMPT_TOKENS, PENALTY_FIELDS, RunSpec
 from specviz.spec.strict import SpecError
 from specviz.spec.verdicts import state_bug
 from specviz.trace.evidence import Acceptance
@@ -286,6 +287,10 @@ def explain(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result:
             flag_batching_noise(trace, batched).record(trace)
     if spec.logprobs and ref is not None:
         judge_logprobs(trace, pair, yardsticks and yardsticks.target).record(trace)
-    if trace.rows:  # the drafts: lossless bugs show only there
-        Findings(run={"acceptance": _judge_drafts(trace, spec, pair)}).record(trace)
+    if trace.rows:  # the drafts and the decisions: lossless bugs show only there
+        # (a penalised choice is not the fresh pass's argmax: the verify pass's own is asked alone)
+        fresh = None if spec.changed(PENALTY_FIELDS) else pair.target
+        Findings(run={"acceptance": _judge_drafts(trace, spec, pair),
+                      "rejections": judge_rejections(trace, run_rounds(trace), fresh,
+                                                     pair.vocab_size, "the run's")}).record(trace)
     return trace

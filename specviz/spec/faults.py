@@ -26,7 +26,8 @@ class Fault:
     kind: str  # a name of spec/fits.py's FAULT_KINDS
     description: str  # what it does, and where the field met it
     # The verdict (spec/verdicts.py) its forks get: the state it puts out of step, or the decision
-    # it gets wrong (a sampled run's faults: where the sampled-run judges can name it).
+    # it gets wrong (a sampled run's faults: where the sampled-run judges can name it; a rejecting
+    # fault's: what the rejections judge names its rounds).
     verdict: str | None = None
     acceptance: str | None = None  # what the acceptance judge names its drafts (a lossless fault)
     also_needs: tuple[str, ...] = ()  # needs beyond its kind's: the drafter whose passes it breaks

@@ -50,6 +50,9 @@ FAULT_KINDS = {k.name: k for k in (
     # Breaking where a row accepts a token tree's branch other than its first (decoding/trees.py).
     FaultKind("tree", True, ("tree",)),
     FaultKind("wasteful", False),
+    # Greedy runs only: the output stays right and drafts the target chose are refused (the
+    # rejections judge, forensics/rejections.py, names the decisions).
+    FaultKind("rejecting", False, ("greedy",)),
     # The target verifies every draft, so the output stays right and only the drafts are wasted (the
     # acceptance judge, forensics/acceptance.py, names them).
     FaultKind("lossless", False),

@@ -63,6 +63,13 @@ VERDICTS = {v.name: v for v in (
             "(at temperature 0 a draft is kept only where it is the verifying pass's argmax)",
             "the verifying pass's own argmax at the fork, where the fork token is an accepted "
             "draft"),
+    Verdict("decision-bug:reject",
+            "a round refused a draft that the target chose, and wrote that same token in its "
+            "place: the output is right and the drafts from there on are lost (the accept rule, "
+            "or the count it returned)",
+            "each greedy round's first refused draft against the token the round wrote there, the "
+            "verify pass's own argmax and a fresh batch-size-1 pass of the target; the rounds "
+            "specviz ran, or an engine's as it reported them"),
     Verdict("decision-bug:stop",
             "the output ran on past a stop (an end-of-sequence token, or the token completing "
             "a stop string, accepted inside a block of drafts), or stopped where the model does "
@@ -118,7 +125,8 @@ VERDICTS = {v.name: v for v in (
             "no simpler hypothesis gives them"),
     Verdict("draft-bug:acceptance",
             "an engine accepted fewer of its drafts than its draft model's own proposals "
-            "would have had: its drafter went wrong on a side not seen from outside",
+            "would have had: its drafter went wrong on a side not seen from outside (or, where "
+            "it reports no rounds, its decisions refused drafts the target chose)",
             "the engine's own counters (drafts offered and accepted) against the draft model's "
             "fresh proposals on the engine's output, its rounds replayed at k, short beyond "
             "chance"),

@@ -263,6 +263,22 @@ class Acceptance(Strict):
     offered_fresh: int | None = None  # counters: the drafts those replayed rounds offer
 
 
+class Rejections(Strict):
+    """Greedy rounds' decisions (forensics/rejections.py): did a round refuse a draft that the
+    target chose? Such a round writes, at the slot it refused, the very token it refused: the
+    output stays right and the drafts are lost."""
+
+    judged: int  # rounds judged: every round but a sequence's last (a stop or the cap trims it)
+    wrong: int  # of them, rounds that refused a draft the target chose
+    first: Many[int] | None = None  # [round, seq, slot] of the first wrong rejection
+    accepted: int  # drafts the judged rounds accepted
+    kept: int  # drafts the target's own choices keep in the same rounds
+    verdict: VerdictName | None  # None: every refused draft was refused by the target
+    explanation: str
+    # whose rounds: "the run's" (specviz's own), or "the engine's" (as it reported them)
+    source: str
+
+
 class Repeat(Strict):
     """A prompt the engine answered otherwise when asked again."""
 

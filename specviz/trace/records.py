@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from specviz.spec.strict import Many, Map, Strict
 from specviz.trace.evidence import Attribution, Forensics
@@ -118,6 +118,22 @@ class PromptRecord(Strict):
     text: str
     ids: Many[int]
 
+class EngineRound(Strict):
+    """One round of an engine's speculation, as it reports it: the drafts it offered, and how many
+    of them it accepted. It then wrote one token of its own (the correction, or the bonus): a round
+    emits accepted + 1 tokens, the last round as many as the output has left (a stop or the length
+    cap trims it)."""
+
+    drafts: Many[int]
+    accepted: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _within(self) -> EngineRound:
+        if self.accepted > len(self.drafts):
+            raise ValueError(f"a round accepted {self.accepted} of {len(self.drafts)} drafts")
+        return self
+
+
 class EngineOutput(Strict):
     """One prompt's answer from the engine."""
 
@@ -132,10 +148,30 @@ class EngineOutput(Strict):
     # draft tokens the engine offered for this prompt, where it counts them (llama.cpp)
     drafts: int | None = None
     accepted: int | None = None  # of those, the ones it accepted
+    # its rounds, where it reports them (an outputs file's `rounds`): the output, cut into rounds
+    rounds: Many[EngineRound] | None = None
     # the output is kept but suspect (e.g. fewer tokens than asked, no stop reason)
     warning: str | None = None
     # this prompt failed (the server stopped answering, timed out, ...): the rest is kept
     error: str | None = None
+
+    @model_validator(mode="after")
+    def _rounds_cut_the_output(self) -> EngineOutput:
+        if self.rounds:
+            before = sum(r.accepted + 1 for r in self.rounds[:-1])
+            if not before < len(self.ids) <= before + self.rounds[-1].accepted + 1:
+                raise ValueError(
+                    f"its {len(self.rounds)} rounds emit {before} tokens before the last, which "
+                    f"emits up to {self.rounds[-1].accepted + 1}: they do not cut an output of "
+                    f"{len(self.ids)} tokens (each round emits its accepted drafts and one token)")
+            t0 = 0
+            for n, r in enumerate(self.rounds):
+                kept = self.ids[t0: t0 + r.accepted]  # (the last round's, trimmed)
+                if r.drafts[: len(kept)] != kept:
+                    raise ValueError(f"round {n}'s accepted drafts are not the output's tokens "
+                                     "there")
+                t0 += r.accepted + 1
+        return self
 
 
 class EngineInfo(Strict):

@@ -18,7 +18,7 @@ from specviz.spec.run import RunSpec
 from specviz.spec.strict import Many, Map, SpecError, Strict, describe_validation_error
 from specviz.spec.untrusted import parse_file, shown
 from specviz.trace.evidence import (Acceptance, Decisions, Determinism, Distribution, Fidelity,
-                                    SampledJudgement)
+                                    Rejections, SampledJudgement)
 from specviz.trace.migrations import MIGRATIONS, SCHEMA_VERSION
 from specviz.trace.records import (EngineInfo, PromptRecord, RoundRecord, RowRecord, SequenceRecord,
                                    check_sequence)
@@ -65,6 +65,9 @@ class Trace(Strict):
     sampled_verdict: SampledJudgement | None = None
     # greedy runs with a draft model: were the drafts the drafter's own?
     acceptance: Acceptance | None = None
+    # greedy runs with rounds (ours, or an engine's as it reported them): did a round refuse a
+    # draft the target chose?
+    rejections: Rejections | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Trace:

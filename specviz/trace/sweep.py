@@ -201,6 +201,11 @@ class RunRow(Strict):
     # had accepted]. A lossless bug's output equals the reference: only these show it.
     drafts_verdict: str | None = None
     drafts_accepted: Many[int] | None = None
+    # Greedy runs with rounds: the rejections judge's verdict on the decisions (None: each refused
+    # draft was the target's refusal), and [drafts the run accepted, drafts the target's own
+    # choices keep], over the rounds it judged.
+    rejections_verdict: str | None = None
+    rejections_kept: Many[int] | None = None
     # Counted over (round, row) records; [] where no rounds were recorded.
     # [j]: records that accepted exactly j drafts
     accept_lengths: Many[int] = Field(default_factory=list)
@@ -342,7 +347,7 @@ def row_of(spec: RunSpec, trace: Trace) -> RunRow:
     eq = metrics.equivalence(trace)
     d = trace.distribution
     sampled = metrics.sampled_verdict(trace)
-    a = trace.acceptance
+    a, rejected = trace.acceptance, trace.rejections
     return RunRow(
         **_placed(**{a: getattr(spec, a) for a in AXES}), n=eq.get("n", len(trace.sequences)),
         exact_pct=100 * eq["exact"] if eq else None, prefix_pct=100 * eq["prefix"] if eq else None,
@@ -352,6 +357,8 @@ def row_of(spec: RunSpec, trace: Trace) -> RunRow:
         audit=metrics.audit_counts(trace) if spec.audit else None,
         sampled_verdict=sampled and sampled[0],
         drafts_verdict=a and a.verdict, drafts_accepted=a and [a.accepted, a.accepted_fresh],
+        rejections_verdict=rejected and rejected.verdict,
+        rejections_kept=rejected and [rejected.accepted, rejected.kept],
         **acceptance(trace, spec.k))
 
 
