@@ -25,6 +25,7 @@ TINY = {EMBEDDED_TARGET: TINY_TARGET, EMBEDDED_DRAFT: TINY_DRAFT}
 # the capital of France?"; penalty: token 14 of the prime number's sentence), within a shorter
 # budget: a minute less of the suite.
 ON_THE_EMBEDDED_PAIR = {"stop-at-last-token": dict(prompts=PROMPTS[:1], max_new_tokens=16),
+                        "cap-before-stop": dict(prompts=PROMPTS[:1]),
                         "penalty-history-last-token": dict(prompts=PROMPTS[3:], max_new_tokens=20)}
 
 

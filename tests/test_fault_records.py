@@ -117,7 +117,7 @@ KINDS_BEFORE = {  # kind -> its faults, as the old table FAULTS said
     "greedy": ["accept-on-raw-softmax"],
     "recurrent": ["state-not-rolled-back", "state-after-zero-draft", "conv-state-off-by-one"],
     "window": ["window-full-keeps-rejected"],
-    "stop": ["stop-at-last-token"],
+    "stop": ["stop-at-last-token", "cap-before-stop"],  # (the latter since)
     "penalty": ["penalty-history-last-token"],
     "logprobs": ["logprobs-from-draft"],
     "lossless": ["draft-positions-off-by-one", "drafts-to-another-row", "draft-misses-target-token",
@@ -141,7 +141,7 @@ VERDICTS_BEFORE = {  # the old VERDICT_OF, and the two cases' own verdicts (spec
     "sync-bug:recurrent": ["state-not-rolled-back", "state-after-zero-draft",
                            "conv-state-off-by-one"],
     "decision-bug:accept": ["accept-on-raw-softmax"],
-    "decision-bug:stop": ["stop-at-last-token"],
+    "decision-bug:stop": ["stop-at-last-token", "cap-before-stop"],
     "decision-bug:penalty": ["penalty-history-last-token"],
     "decision-bug:logprobs": ["logprobs-from-draft"],
     "decision-bug:settings": ["settings-from-first-row", "unset-temperature-greedy"],

@@ -181,6 +181,17 @@ class Policy:
             return idx[None] == accepted[:, None]
         return idx[None] <= accepted[:, None]
 
+    def kept(self, accepted: torch.Tensor, first_eos: torch.Tensor,
+             room: torch.Tensor) -> torch.Tensor:
+        """(B,) how many tokens a row keeps of its round's block (its accepted drafts and the
+        token after them): up to its first end-of-sequence token, within its `room` (the budget
+        left). The fault checks the budget first: a block that reaches it is kept to the budget,
+        past any stop inside it (SGLang #31599)."""
+        kept = torch.minimum(torch.minimum(accepted + 1, first_eos + 1), room)
+        if not self.has("cap-before-stop"):
+            return kept
+        return torch.where(accepted + 1 >= room, room, kept)
+
     def string_stop(self, completed: int, kept: int) -> int:
         """The tokens a row keeps of the `kept` of its round when the `completed`-th completes a
         stop string: up to that one; the fault, which looks for stops at a block's end only, keeps

@@ -261,7 +261,7 @@ def commit(d: Decoding, b: Batch, drafted: Drafted, acc: Accepted,
     eos = torch.tensor(d.pair.eos_ids, device=D.device)
     is_eos = torch.isin(emitted, eos) & d.policy.stops(idx, a)
     first_eos = torch.where(is_eos.any(1), is_eos.long().argmax(1), k + 1)
-    n_keep = torch.minimum(torch.minimum(a + 1, first_eos + 1), d.max_new_tokens - have)
+    n_keep = d.policy.kept(a, first_eos, d.max_new_tokens - have)
     finished = (first_eos < n_keep) | (have + n_keep >= d.max_new_tokens)
     if d.stops.strings:
         said = [gen[i].ids for i in b.seqs]

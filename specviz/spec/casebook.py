@@ -73,6 +73,9 @@ _REQUESTS = dict(rows=({"temperature": 0}, {"temperature": 0.8, "top_p": 0.95},
                           "Explain how a bicycle works.", "Tell me about the history of tea."),
                  max_new_tokens=48)
 _HYBRID = dict(target="specviz:tiny-hybrid", draft="specviz:tiny-hybrid-draft")
+# The first prompt's answer ends with its end-of-sequence token (token 7) inside the block that
+# reaches a cap of 9 tokens: the stop and the cap fall in one accepted block.
+CAP_RUN = dict(max_new_tokens=9)
 # PROMPTS reach its window inside the run
 _WINDOW = dict(target=TINY_WINDOW, draft=TINY_WINDOW_DRAFT)
 
@@ -111,6 +114,13 @@ CASES = (
          "An end-of-sequence token accepted inside the block was written, and decoding went on.",
          "the stop strings of the threads: the replica stops on the model's end-of-sequence tokens "
          "(the fault misses stop strings alike: tests/test_stop_strings.py)."),
+    Case("cap-before-stop",
+         "tokens after an end-of-sequence token, reported as finished by length",
+         "The finish check tested the length cap before the stop.\n"
+         "A block reaching the cap was kept whole, past the end-of-sequence token inside it.",
+         "stop strings and the finish reason: the replica stops on the model's end-of-sequence "
+         "tokens, and its trace records no finish reason.",
+         CAP_RUN),
     Case("penalty-history-last-token",
          "penalties weaker the better the draft; loops under a repetition penalty",
          "The penalty history gained only the last token of each round, and each verify slot used "
