@@ -9,7 +9,7 @@ from specviz.decoding import drafters
 from specviz.run.runner import run
 from specviz.spec.faults import FAULTS, needing
 from specviz.spec.prompts import builtin_set
-from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
+from specviz.spec.run import TINY_DRAFT, TINY_TARGET, TINY_WINDOW, TINY_WINDOW_SIZE, RunSpec
 from specviz.trace import metrics
 
 
@@ -32,8 +32,9 @@ def test_a_correct_runs_drafts_are_the_draft_models_own(draft, method, tiny):
         assert min(p for p in a.per_position_fresh if p is not None) >= 0.95
 
 
-# (a head's: tests/test_heads.py)
-LOSSLESS = [f for f, r in FAULTS.items() if r.acceptance and f not in needing("hidden")]
+# (a head's: tests/test_heads.py; a windowed drafter's below)
+LOSSLESS = [f for f, r in FAULTS.items()
+            if r.acceptance and f not in needing("hidden") + needing("draft-window")]
 
 
 @pytest.mark.parametrize("fault", LOSSLESS)
@@ -63,3 +64,25 @@ def test_a_draft_bug_outside_the_catalogue_is_the_drafters_state(monkeypatch, ti
     trace = _run(TINY_TARGET)
     assert metrics.equivalence(trace)["exact"] == 1
     assert trace.acceptance.verdict == "draft-bug:cache", trace.acceptance.explanation
+
+
+@pytest.mark.parametrize("fault", [(), ("draft-window-as-full",)], ids=["correct", "full"])
+def test_a_windowed_drafter_run_as_full_attention_shows_by_context_length(fault):
+    """The built-in windowed pair (a 48-token window) drafting for itself: correct, every band of
+    context length accepts what the fresh proposals do; with its window dropped the drafts part
+    from its own past the window, and the later band falls further than the first."""
+    trace = run(RunSpec.build(target=TINY_WINDOW, draft=TINY_WINDOW, dtype="float32",
+                              device="cpu", method="eqspec", prompts=tuple(builtin_set("all")[:8]),
+                              batch_size=4, k=4, max_new_tokens=32, faults=fault))
+    assert metrics.equivalence(trace)["exact"] == 1
+    a = trace.acceptance
+    bands = a.by_context
+    assert len(bands) >= 2 and bands[0].start < TINY_WINDOW_SIZE < bands[-1].end
+    assert sum(b.accepted for b in bands) == a.accepted
+    assert sum(b.accepted_fresh for b in bands) == a.accepted_fresh
+    if not fault:
+        assert a.verdict is None and all(b.accepted == b.accepted_fresh for b in bands)
+        return
+    assert a.verdict == "draft-bug:window", a.explanation
+    rate = [b.accepted / b.offered for b in bands]
+    assert rate[-1] < rate[0] and "By context length" in a.explanation

@@ -121,7 +121,8 @@ KINDS_BEFORE = {  # kind -> its faults, as the old table FAULTS said
     "penalty": ["penalty-history-last-token"],
     "logprobs": ["logprobs-from-draft"],
     "lossless": ["draft-positions-off-by-one", "drafts-to-another-row", "draft-misses-target-token",
-                 "head-hidden-off-by-one", "head-keeps-own-guesses"],
+                 "head-hidden-off-by-one", "head-keeps-own-guesses",
+                 "draft-window-as-full"],  # (the last since)
     "tree": ["tree-siblings-visible", "tree-positions-by-index", "tree-rejected-branch-kept",
              "tree-bonus-by-index"],
     "sampling": ["residual-from-draft", "residual-unclamped", "residual-unnormalised",
@@ -156,6 +157,7 @@ ACCEPTANCE_BEFORE = {  # the old ACCEPTANCE_OF
     "drafts-to-another-row": "draft-bug:rows",
     "head-hidden-off-by-one": "draft-bug:hidden",
     "head-keeps-own-guesses": "draft-bug:cache",
+    "draft-window-as-full": "draft-bug:window",  # (since)
 }
 
 
@@ -171,7 +173,8 @@ def test_the_derived_groups_are_what_the_old_tables_said():
     assert needing("rows") == ("settings-from-first-row", "unset-temperature-greedy",
                                "unseeded-noise-to-copy")
     assert needing("tree") == tuple(KINDS_BEFORE["tree"])
-    assert needing("draft-model") == ("draft-positions-off-by-one", "draft-misses-target-token")
+    assert needing("draft-model") == ("draft-positions-off-by-one", "draft-misses-target-token",
+                                      "draft-window-as-full")
     assert needing("hidden") == ("head-hidden-off-by-one", "head-keeps-own-guesses")
     assert needing("recurrent") == tuple(KINDS_BEFORE["recurrent"])
     changes = ("breaking", "ragged", "greedy", "recurrent", "window", "stop", "penalty", "tree")

@@ -70,13 +70,15 @@ def attention_bias(valid: torch.Tensor, q_start: int, dtype: torch.dtype, window
 
 
 def attention_masks(model, valid: torch.Tensor, q_start: int,
-                    among: tuple[torch.Tensor, torch.Tensor] | None = None):
+                    among: tuple[torch.Tensor, torch.Tensor] | None = None, windowed: bool = True):
     """The mask `model` takes for this layout: one bias, or where some layers see a sliding window
     or carry a recurrent state, a mask per layer type (a model that declares `layer_types` reads
     them by type; one that does not has a single window on every layer). A recurrent layer takes the
     plain padding mask of the slots fed, as transformers gives it, and zeroes its pads before they
-    reach its state. `among`: a token tree's (attention_bias)."""
-    windows, recurrent = sliding_windows(model), is_recurrent(model)
+    reach its state. `among`: a token tree's (attention_bias). `windowed`: False runs a
+    sliding-window layer as full attention (a fault's)."""
+    windows = {t: w if windowed else None for t, w in sliding_windows(model).items()}
+    recurrent = is_recurrent(model)
     if not windows and not recurrent:
         return attention_bias(valid, q_start, model.dtype, among=among)
     if not declares_layer_types(model) and not recurrent:
@@ -92,7 +94,8 @@ def attention_masks(model, valid: torch.Tensor, q_start: int,
 
 def forward(model, tokens: torch.Tensor, valid: torch.Tensor, q_start: int, cache, vocab: int,
             pos: torch.Tensor | None = None, seen: torch.Tensor | None = None, keep: int = 0,
-            hidden: bool = False, among: tuple[torch.Tensor, torch.Tensor] | None = None):
+            hidden: bool = False, among: tuple[torch.Tensor, torch.Tensor] | None = None,
+            windowed: bool = True):
     """Run `model` on slots q_start.. of the layout (earlier slots are in `cache`).
 
     Returns logits (float32, or float64 for a float64 model) sliced to the shared vocabulary: (B, q,
@@ -100,12 +103,14 @@ def forward(model, tokens: torch.Tensor, valid: torch.Tensor, q_start: int, cach
     layer's hidden states at every slot fed, (B, q, H)). `pos` and `seen` override the positions and
     the slots the mask lets through, both derived from `valid` by default (a fault policy may swap
     them; a correct engine never does). `among`: a token tree's mask (attention_bias).
+    `windowed`: attention_masks'.
     """
     if pos is None:
         pos = positions(valid)[:, q_start:]
     out = model(
         input_ids=tokens[:, q_start:],
-        attention_mask=attention_masks(model, valid if seen is None else seen, q_start, among),
+        attention_mask=attention_masks(model, valid if seen is None else seen, q_start, among,
+                                       windowed),
         position_ids=pos,
         cache=cache,
         use_cache=True,

@@ -112,6 +112,12 @@ class Policy:
         return last if self.has("tree-bonus-by-index") else path.gather(1, last[:, None])[:, 0]
 
     @property
+    def draft_windowed(self) -> bool:
+        """Whether the draft model's sliding-window layers keep their window: they do; the fault
+        runs them as full attention (vLLM PR #40898: DFlash's windowed drafter layers)."""
+        return not self.has("draft-window-as-full")
+
+    @property
     def first_draft_slots(self) -> int:
         """The slots whose logits a round's first draft pass keeps."""
         return 2 if self.has("draft-misses-target-token") else 1

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from specviz.forensics.recompute import fresh_logits
-from specviz.trace.evidence import Acceptance, Rejections
+from specviz.models.architecture import narrowest_window
+from specviz.trace.evidence import Acceptance, ContextBand, Rejections
 from specviz.trace.schema import Trace
 
 # a hypothesis names the side when it gives the run's own drafts at this share of the slots
@@ -33,6 +34,7 @@ EXPLAINED = 0.9
 SIGMAS = 4
 # /metrics: the drafts that accepted draft position <i> (server.py)
 PER_POSITION = "accepted_tokens_per_pos_"
+FIRST_BAND = 32  # tokens of context: the first band of acceptance by context length, then doubling
 
 
 @dataclass
@@ -117,6 +119,7 @@ def _judge_rounds(trace: Trace, proposals: Proposals, whose: str,
     reached, taken, reached_fresh, taken_fresh = ([0] * width for _ in range(4))
     # (round, seq) -> the output token its round's first draft proposes
     starts: dict[tuple[int, int], int] = {}
+    bands: dict[int, list[int]] = {}  # band -> [offered, accepted, accepted fresh]
     for s in trace.sequences:
         out = s.output_ids
         if not out or s.seq not in rows_of:
@@ -137,6 +140,8 @@ def _judge_rounds(trace: Trace, proposals: Proposals, whose: str,
             choice = [c if n == 1 else int(z[j].topk(n).indices[-1])
                       for j, (c, n) in enumerate(zip(choice, rank))]
             accepted, accepted_fresh = accepted + a, accepted_fresh + a_fresh
+            band = bands.setdefault(_band(len(trace.prompts[s.seq].ids) + t0), [0, 0, 0])
+            band[:] = band[0] + m, band[1] + a, band[2] + a_fresh
             for j in range(m):
                 reached[j] += j <= a
                 taken[j] += j < a
@@ -153,9 +158,13 @@ def _judge_rounds(trace: Trace, proposals: Proposals, whose: str,
                     accepted=accepted, accepted_fresh=accepted_fresh,
                     per_position=_rates(taken, reached),
                     per_position_fresh=_rates(taken_fresh, reached_fresh),
+                    by_context=[ContextBand(start=_edge(b), end=_edge(b + 1), offered=n,
+                                            accepted=a, accepted_fresh=f)
+                                for b, (n, a, f) in sorted(bands.items())],
                     verdict=None, explanation="")
     cost = (f"The run accepted {accepted} drafts; {whose}'s own proposals, computed fresh on the "
-            f"same committed tokens, would have had {accepted_fresh} accepted in the same rounds.")
+            f"same committed tokens, would have had {accepted_fresh} accepted in the same rounds."
+            + _by_context(ev.by_context))
     if differing:
         ev.tolerance = tolerance()
     beyond = sorted((d for d in differing if ev.tolerance is not None and d.gap > ev.tolerance),
@@ -301,6 +310,23 @@ def _positions(totals: dict[str, float]) -> list[float | None]:
     return _rates(taken, [totals["drafts"], *taken[:-1]])
 
 
+def _band(context: int) -> int:
+    """The band of a context length: [0, 32), [32, 64), [64, 128), ..."""
+    return 0 if context < FIRST_BAND else (context // FIRST_BAND).bit_length()
+
+
+def _edge(band: int) -> int:
+    return 0 if band == 0 else FIRST_BAND << (band - 1)
+
+
+def _by_context(bands: list[ContextBand]) -> str:
+    if len(bands) < 2:
+        return ""
+    return " By context length at the round's start: " + "; ".join(
+        f"{b.start}–{b.end - 1} tokens, {b.accepted} of {b.offered} accepted "
+        f"({b.accepted_fresh} fresh)" for b in bands) + "."
+
+
 def _shown(rates: list[float | None]) -> str:
     return " ".join("-" if r is None else f"{r:.2f}" for r in rates)
 
@@ -328,20 +354,30 @@ def _wrong_side(trace: Trace, draft, vocab: int, beyond: list[_Slot], own: dict[
         return "draft-bug:rows", (f"{others} of them are what the draft model proposes for another "
                                   "row of the same round: "
                                   "the rows were handed each other's drafts.")
-    # Positions one off from the prompt's end on, where drafting began (rotary positions are
-    # relative: only a shift against the prefilled prompt shows).
-    for shift in (1, -1):
+    def proposed(**hypothesis) -> int:
+        """How many of the drafts a fresh pass of the draft model under `hypothesis` (fresh_logits'
+        arguments) proposes."""
         explained = 0
         for seq in {d.seq for d in beyond}:
             prompt = trace.prompts[seq].ids
-            z = fresh_logits(draft, prompt + out[seq][:-1], len(out[seq]), vocab, shift=shift,
-                             shift_from=len(prompt))
+            z = fresh_logits(draft, prompt + out[seq][:-1], len(out[seq]), vocab,
+                             **{"shift_from": len(prompt), **hypothesis})
             explained += sum(d.draft == int(z[d.at].argmax()) for d in beyond if d.seq == seq)
-        if explained >= enough:
+        return explained
+
+    # Positions one off from the prompt's end on, where drafting began (rotary positions are
+    # relative: only a shift against the prefilled prompt shows).
+    for shift in (1, -1):
+        if (explained := proposed(shift=shift)) >= enough:
             return "draft-bug:positions", (
                 f"The draft model fed positions {shift:+d} from where drafting began proposes "
                 f"{explained} of them: the drafter's position ids were off by one against "
                 "its prefill's.")
-    return "draft-bug:cache", ("Neither the target's last token missing, another row's drafts, nor "
-                               "positions one off gives them: the drafter's own state (its cache, "
-                               "or what it was fed) was wrong.")
+    if narrowest_window(draft) is not None and (explained := proposed(windowed=False)) >= enough:
+        return "draft-bug:window", (
+            f"The draft model run with its sliding window removed proposes {explained} of them: "
+            "its sliding-window layers attended to the whole context (see the acceptance by "
+            "context length).")
+    return "draft-bug:cache", ("Neither the target's last token missing, another row's drafts, "
+                               "positions one off, nor a window removed gives them: the drafter's "
+                               "own state (its cache, or what it was fed) was wrong.")

@@ -8,7 +8,7 @@ import weakref
 import torch
 
 from specviz.decoding import kvcache
-from specviz.models.architecture import in_float64
+from specviz.models.architecture import ATTENTION, declares_layer_types, in_float64
 
 # A float64 copy of a model lives in CPU memory; past this size forensics do without it
 # (and then have no yardstick for rounding, so never call a fork numerics).
@@ -19,15 +19,25 @@ _COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 @torch.inference_mode()
 def fresh_logits(model, ids: list[int], last: int, vocab: int, shift: int = 0,
-                 shift_from: int = 0) -> torch.Tensor:
+                 shift_from: int = 0, windowed: bool = True) -> torch.Tensor:
     """Logits of the last `last` positions of `ids`: one sequence, no cache, the model's own dtype;
     (last, vocab) float64. `shift`: the position ids of the tokens from index `shift_from` on moved
-    by it (a hypothesis about an engine's positions)."""
+    by it (a hypothesis about an engine's positions). `windowed`: False runs the model's
+    sliding-window layers as full attention (a hypothesis about an engine's drafter)."""
     device = model.get_input_embeddings().weight.device
     index = torch.arange(len(ids), device=device)
-    positions = {"position_ids": (index + shift * (index >= shift_from))[None]} if shift else {}
-    out = model(input_ids=torch.tensor([ids], device=device), logits_to_keep=last, **positions)
+    given = {"position_ids": (index + shift * (index >= shift_from))[None]} if shift else {}
+    if not windowed:
+        given["attention_mask"] = _unwindowed(model, len(ids), device)
+    out = model(input_ids=torch.tensor([ids], device=device), logits_to_keep=last, **given)
     return out.logits[0, :, :vocab].double().cpu()
+
+
+def _unwindowed(model, n: int, device):
+    """A causal mask over n tokens that no window narrows, as the model takes its masks."""
+    bias = torch.full((n, n), torch.finfo(model.dtype).min, dtype=model.dtype,
+                      device=device).triu(1)[None, None]
+    return dict.fromkeys(ATTENTION, bias) if declares_layer_types(model) else bias
 
 
 @torch.inference_mode()

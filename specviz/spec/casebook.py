@@ -163,6 +163,14 @@ CASES = (
          "Its first draft repeated that token, and was rejected.",
          "vllm-metal's case was after prefill only: the replica misses the token every round.",
          _SELF_DRAFT),
+    Case("draft-window-as-full",
+         "acceptance fell off a cliff past a context length while the output stayed right",
+         "The draft model's sliding-window layers ran as full attention.\n"
+         "Past its window it drafted from a context it was not made for: fewer drafts were "
+         "accepted, none was wrong.",
+         "DFlash's block drafter and the 2k-token context: a random Mistral-style pair with a "
+         "48-token window drafts for itself here.",
+         {**_WINDOW, "draft": TINY_WINDOW}),
     Case("drafts-to-another-row", "acceptance dropped after the batch was reordered",
          "Each row verified the drafts proposed for another row.\n"
          "The row-to-draft mapping went stale when the batch was reordered.",

@@ -18,6 +18,7 @@ NEEDS = {
     "hidden": "the drafter hears no hidden state",  # "hidden" in a drafter's `hears`
     "recurrent": "the target keeps no recurrent state",
     "window": "the target has no sliding window",
+    "draft-window": "the draft model has no sliding window",
     "penalty": "the check sets no repetition or presence penalty",
     "logprobs": "the run records no log-probabilities",
     "stop": "the model never stops",  # an end-of-sequence token, or a stop string

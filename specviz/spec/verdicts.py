@@ -116,6 +116,12 @@ VERDICTS = {v.name: v for v in (
     Verdict("draft-bug:positions", "the draft model was fed position ids one off",
             "each round's drafts against a fresh pass of the draft model, beyond its rounding; "
             "a fresh pass at positions one off gives them"),
+    Verdict("draft-bug:window",
+            "the draft model's sliding-window layers attended past their window (run as full "
+            "attention): its drafts part from its own past the window",
+            "each round's drafts against a fresh pass of the draft model, beyond its rounding; the "
+            "same pass with its window removed gives them, and the acceptance by context length "
+            "falls past the window"),
     Verdict("draft-bug:hidden",
             "a draft head was fed the target's hidden states of other slots (one off)",
             "each round's drafts against the head replayed from a fresh pass of the target, beyond "

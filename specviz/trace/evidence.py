@@ -235,6 +235,18 @@ class Decisions(Strict):
     stream_first: Many[Many[int]] = []
 
 
+class ContextBand(Strict):
+    """A run's drafts in the rounds that began with a context length in [start, end) tokens (the
+    prompt and the output before the round): a drafter that loses its way past a context length (a
+    sliding window run as full attention) shows as a cliff between bands."""
+
+    start: int
+    end: int
+    offered: int  # drafts offered in those rounds, as far as the output reaches
+    accepted: int
+    accepted_fresh: int  # the draft model's own proposals', in the same rounds
+
+
 class Acceptance(Strict):
     """Greedy runs with a draft model: each round's drafts against what a fresh batch-size-1 pass of
     the draft model proposes on the row's committed tokens (forensics/acceptance.py). A draft bug
@@ -253,6 +265,8 @@ class Acceptance(Strict):
     # the run's acceptance at each draft slot, of the rounds that reached it
     per_position: Many[float | None]
     per_position_fresh: Many[float | None]  # (None: no round reached the slot)
+    # the same drafts by the context length each round began with (bands doubling from 32 tokens)
+    by_context: Many[ContextBand] = []
     verdict: VerdictName | None  # None: the drafter's own drafts; else a draft-bug, or unexplained
     explanation: str
     # An engine seen from outside has no rounds, only its own counters (drafts offered and accepted
