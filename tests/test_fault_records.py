@@ -115,7 +115,8 @@ KINDS_BEFORE = {  # kind -> its faults, as the old table FAULTS said
     "wasteful": ["keep-rejected-kv", "growing-padding", "right-padding"],
     "ragged": ["rollback-by-draft-list"],
     "greedy": ["accept-on-raw-softmax"],
-    "recurrent": ["state-not-rolled-back", "state-after-zero-draft", "conv-state-off-by-one"],
+    "recurrent": ["state-not-rolled-back", "state-after-zero-draft",
+                  "state-kept-when-all-rejected", "conv-state-off-by-one"],  # (the third since)
     "window": ["window-full-keeps-rejected"],
     "stop": ["stop-at-last-token", "cap-before-stop"],  # (the latter since)
     "penalty": ["penalty-history-last-token"],
@@ -140,7 +141,7 @@ VERDICTS_BEFORE = {  # the old VERDICT_OF, and the two cases' own verdicts (spec
     "sync-bug:kv": ["no-kv-shift", "min-crop", "rollback-by-draft-list",
                     "window-full-keeps-rejected", "tree-rejected-branch-kept"],
     "sync-bug:recurrent": ["state-not-rolled-back", "state-after-zero-draft",
-                           "conv-state-off-by-one"],
+                           "conv-state-off-by-one", "state-kept-when-all-rejected"],
     "decision-bug:accept": ["accept-on-raw-softmax"],
     "decision-bug:stop": ["stop-at-last-token", "cap-before-stop"],
     "decision-bug:penalty": ["penalty-history-last-token"],

@@ -209,9 +209,12 @@ class Policy:
         """Which of the `kept` positions fed this round each row's recurrent states continue from:
         its accepted count (the state after its last committed token and its accepted drafts); and
         its convolution state's, where that differs (None: the same)."""
-        # the roll back did nothing: every drafted token stays in the state
+        # the roll back did nothing: every drafted token stays in the state (the second fault: only
+        # where it rolled back the whole decode, every draft rejected)
         if self.has("state-not-rolled-back"):
             return torch.full_like(accepted, kept - 1), None
+        if self.has("state-kept-when-all-rejected"):
+            return torch.where(accepted == 0, kept - 1, accepted), None
         if self.has("conv-state-off-by-one"):
             return accepted, (accepted + 1).clamp(max=kept - 1)
         return accepted, None

@@ -136,6 +136,13 @@ CASES = (
          "prompt_logprobs and chunked prefill (vLLM #53488): the replica reports the "
          "output's log-probabilities.",
          dict(logprobs=True)),
+    Case("tree-positions-by-index", "a tree verify right only while the tree was a chain",
+         "A flattened token tree's nodes got their index in the span as their position, not "
+         "their depth.\n"
+         "Any node beside another one was rotated to a position it does not hold.",
+         "mlxcel's flattened span and its own tree shapes: the replica verifies trees of width "
+         "2.",
+         dict(tree_width=2)),
     Case("state-not-rolled-back", "a hybrid model's output corrupted after rejected drafts",
          "A recurrent state's rollback after rejected drafts was a silent no-op.\n"
          "Every drafted token stayed in the state the next round read.",
@@ -149,6 +156,13 @@ CASES = (
          "The decode path's state column was committed only on the speculative path.",
          "vLLM's slot arithmetic and CUDA graphs: the stale column is read directly.",
          {**_HYBRID, "drafter": "lookup", "ngram_min": 1, "draft": "specviz:tiny-hybrid"}),
+    Case("state-kept-when-all-rejected",
+         "a hybrid's MTP output went wrong after rounds that rejected every draft",
+         "Rolling back a whole decode reported success and left the recurrent state as it was.\n"
+         "A round that accepted no draft kept every drafted token in its state.",
+         "llama.cpp's sequence bookkeeping (n_rs_seq) and MTP heads: a draft model drafts for "
+         "the random Qwen 3.5-style pair here.",
+         _HYBRID),
     Case("window-full-keeps-rejected", "a late greedy fork, reported as \"should be identical\"",
          "Once a sliding-window (rotating) cache was full, it could no longer be trimmed.\n"
          "Drafts rejected after that stayed in the window, seen by every later token.",

@@ -12,7 +12,7 @@ REPOS = {  # the short names threads are cited by -> GitHub repository
     "sglang-jax": "sgl-project/sglang-jax", "llama.cpp": "ggml-org/llama.cpp",
     "TensorRT-LLM": "NVIDIA/TensorRT-LLM", "transformers": "huggingface/transformers",
     "mlx-lm": "ml-explore/mlx-lm", "openvino.genai": "openvinotoolkit/openvino.genai",
-    "oMLX": "jundot/omlx", "koboldcpp": "LostRuins/koboldcpp",
+    "oMLX": "jundot/omlx", "mlxcel": "lablup/mlxcel", "koboldcpp": "LostRuins/koboldcpp",
     "Atlas": "Avarok-Cybersecurity/atlas", "mistral.rs": "EricLBuehler/mistral.rs",
     "speculative-sampling": "jaymody/speculative-sampling",
 }
