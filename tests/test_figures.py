@@ -35,6 +35,7 @@ def traces(tiny, tmp_path_factory) -> dict[str, Trace]:
     out = {p.stem: Trace.from_json(p.read_text()) for p in BUNDLED}
     out["lookup"] = _tiny(drafter="lookup", ngram_min=1)
     out["sampled"] = _tiny(temperature=0.8, seed=3)
+    out["one short"] = _tiny(faults=("accept-count-one-short",))
     check = tmp_path_factory.mktemp("check") / "check.json"
     assert cli.main(["check", "--pair", "tiny", "--dtype", "float32", "--device", "cpu",
                      "--prompt-set", "quick", "--max-new-tokens", "12", "--trace", str(check),
@@ -102,3 +103,17 @@ def test_the_lanes_stack_without_overlapping_whatever_their_number(traces):
         assert all(0 <= lo < hi <= 1 for lo, hi in domains), domains
         assert all(below[1] < above[0] for above, below in zip(domains, domains[1:])), domains
         assert [a.y for a in fig.layout.annotations] == [hi for _, hi in domains]
+
+
+def test_the_drafts_figure_shows_acceptance_by_context_length_and_the_decisions(traces):
+    """A windowed drafter run as full attention (its bundled case): the drafts per slot, and beside
+    them per band of context length, the run's beside the draft model's own; a run that refused
+    drafts the target chose names its decisions in the title."""
+    window = plots.draft_slots(traces["case-draft-window-as-full"])
+    beside = [t for t in window.data if t.xaxis == "x2"]
+    bands = traces["case-draft-window-as-full"].acceptance.by_context
+    assert len(beside) == 2 and list(beside[0].x) == [f"{b.start}–{b.end - 1}" for b in bands]
+    assert list(beside[0].y) == [b.accepted / b.offered for b in bands]
+    assert "draft-bug:window" in window.layout.title.text
+    short = plots.draft_slots(traces["one short"])
+    assert "decisions decision-bug:reject" in short.layout.title.text

@@ -144,23 +144,42 @@ def phase_timings(trace: Trace) -> go.Figure:
 
 def draft_slots(trace: Trace) -> go.Figure:
     """Per draft slot, the run's acceptance beside what the draft model's own proposals would have
-    had (the acceptance judge's): a lossless draft bug shows as the gap between them."""
+    had (the acceptance judge's): a lossless draft bug shows as the gap between them. Beside it,
+    where the rounds began at more than one band of context length, the same by context length: a
+    drafter that loses its way past a length shows as a cliff there."""
     a = trace.acceptance
     if a is None:
         return empty("The drafts are judged on greedy runs with a draft model: each round's drafts "
                      "against a fresh pass<br>of the draft model on the committed tokens. This "
                      "run has no such judgement.")
     x = list(range(len(a.per_position)))
+    series = (("the run's drafts", COLOURS[0]), ("the draft model's own", COLOURS[2]))
     data = [{"type": "bar", "x": x, "y": ys, "name": name, "marker": {"color": colour},
              "hovertemplate": f"draft slot %{{x}}<br>{name}: %{{y:.0%}}<extra></extra>"}
-            for ys, name, colour in ((a.per_position, "the run's drafts", COLOURS[0]),
-                                     (a.per_position_fresh, "the draft model's own", COLOURS[2]))]
-    verdict = html.escape(a.verdict or OWN_DRAFTS)
+            for ys, (name, colour) in zip((a.per_position, a.per_position_fresh), series)]
+    layout = {"yaxis": {"title": {"text": "accepted"}, "tickformat": ".0%", "range": [0, 1.05]},
+              "xaxis": {"title": {"text": "draft slot"}, "dtick": 1}}
+    if len(a.by_context) > 1:
+        bands = [f"{b.start}–{b.end - 1}" for b in a.by_context]
+        data += [{"type": "bar", "x": bands, "y": [n(b) / max(b.offered, 1) for b in a.by_context],
+                  "name": name, "marker": {"color": colour}, "showlegend": False,
+                  "xaxis": "x2", "yaxis": "y2",
+                  "hovertemplate": f"context %{{x}} tokens<br>{name}: %{{y:.0%}}<extra></extra>"}
+                 for n, (name, colour) in zip((lambda b: b.accepted, lambda b: b.accepted_fresh),
+                                              series)]
+        layout = {"xaxis": {**layout["xaxis"], "domain": [0, 0.55]}, "yaxis": layout["yaxis"],
+                  "xaxis2": {"domain": [0.65, 1], "anchor": "y2",
+                             "title": {"text": "context length at the round's start"}},
+                  "yaxis2": {"anchor": "x2", "tickformat": ".0%", "range": [0, 1.05],
+                             "title": {"text": "of the drafts offered"}}}
+    verdicts = [html.escape(a.verdict or OWN_DRAFTS)]
+    if trace.rejections and trace.rejections.verdict:
+        verdicts.append(f"decisions {html.escape(trace.rejections.verdict)}")
     return figure(data, {
-        "barmode": "group", "height": 300, "margin": {"t": 40, "b": 30, "l": 50, "r": 10},
-        "title": {"text": f"acceptance per draft slot, of the rounds that reached it: {verdict}"},
-        "yaxis": {"title": {"text": "accepted"}, "tickformat": ".0%", "range": [0, 1.05]},
-        "xaxis": {"title": {"text": "draft slot"}, "dtick": 1},
+        **layout, "barmode": "group", "height": 300,
+        "margin": {"t": 40, "b": 30, "l": 50, "r": 10},
+        "title": {"text": "acceptance per draft slot, of the rounds that reached it: "
+                          + "; ".join(verdicts)},
         "legend": {"orientation": "h", "y": -0.25}})
 
 
