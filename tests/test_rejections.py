@@ -9,6 +9,7 @@ import json
 import pytest
 
 from independent_decoder import decode, write_outputs
+from specviz.app.glossary import glossary
 from specviz.app.summary import headline
 from specviz.app.views import md
 from specviz.cli.main import main as cli
@@ -73,6 +74,7 @@ def test_a_wrong_accept_count_keeps_the_output_and_is_named_with_its_cost(pair, 
     assert row.exact_pct == 100 and row.rejections_verdict == "decision-bug:reject"
     assert row.rejections_kept == [r.accepted, r.kept]
     assert NAMED in headline(trace)
+    assert f"here **{r.wrong} of {r.judged} rounds" in glossary(trace)
 
 
 @pytest.fixture(scope="module")

@@ -64,6 +64,11 @@ def glossary(trace: Trace | None) -> str:
         return None if a is None else (f"{md(a.verdict or OWN_DRAFTS)}: {a.accepted} drafts "
                                        f"accepted, {a.accepted_fresh} by the fresh pass's")
 
+    def _refused(t: Trace) -> str | None:
+        r = t.rejections
+        return None if r is None else (f"{r.wrong} of {r.judged} rounds; {r.accepted} drafts "
+                                       f"accepted, {r.kept} by the target's own choices")
+
     positions = metrics.per_position_acceptance(trace) if trace and trace.rows else []
     lines = [
         "**acceptance rate** = accepted draft tokens / proposed draft tokens, over active rows"
@@ -113,6 +118,10 @@ def glossary(trace: Trace | None) -> str:
          "batch-size-1 pass of the draft model on the row's committed tokens: beyond the draft's "
          "rounding a draft is not the draft model's own, a bug that keeps the output right and "
          "wastes the drafts (`draft-bug:<side>`)" + value(_drafts)),
+        ("**refused drafts the target chose** (greedy runs with rounds) = rounds whose first "
+         "refused draft is the very token they wrote in its place, the verify pass's argmax and a "
+         "fresh pass's: a wrong decision that keeps the output right and loses the drafts "
+         "(`decision-bug:reject`)" + value(_refused)),
         ("**audit** (run with audit) = the state check on every row of every round, for the target "
          "and the draft: the first round a row's state left rounding, fork or not"),
         ("**sampled verdict** = a sampled run's kind of fault: `sync-bug:<state>` when a row's "
