@@ -18,6 +18,7 @@ from specviz.models.architecture import in_float64, unsupported
 from specviz.models.checkpoints import (GGUF_FILE, GGUF_PACKAGE, embedded_target_dir,
                                         embedded_tokenizer_dir)
 from specviz.models.draft import derive_draft, layer_subset
+from specviz.models.selftest import check_verify_path
 from specviz.spec.run import (BUILT_IN_PAIRS, EMBEDDED_DRAFT, EMBEDDED_TARGET, TINY_HYBRID,
                               TINY_TARGET, TINY_WINDOW, TINY_WINDOW_SIZE, RunSpec)
 from specviz.spec.strict import SpecError
@@ -321,6 +322,9 @@ def _cached_pair(target: str, draft: str, target_revision: str | None, draft_rev
         info["linear_kernels"] = linear_kernels
     vocab = min(tgt.get_output_embeddings().weight.shape[0],
                 drf.get_output_embeddings().weight.shape[0], len(tokenizer))
+    for role, model in (("target", tgt), ("draft", drf)):
+        if found := check_verify_path(model, vocab, role):
+            info[f"{role}_verify_path"] = found
     return ModelPair(tgt, drf, tokenizer, eos_ids_of(tgt, tokenizer), vocab, dev, torch_dtype, info)
 
 
