@@ -84,5 +84,5 @@ def test_a_windowed_drafter_run_as_full_attention_shows_by_context_length(fault)
         assert a.verdict is None and all(b.accepted == b.accepted_fresh for b in bands)
         return
     assert a.verdict == "draft-bug:window", a.explanation
-    rate = [b.accepted / b.offered for b in bands]
+    rate = [b.accepted / max(b.offered, 1) for b in bands]
     assert rate[-1] < rate[0] and "By context length" in a.explanation

@@ -15,7 +15,7 @@ from test_reference import plain_argmax
 from specviz.decoding.drafters import PromptLookup
 from specviz.decoding.eqspec import eqspec
 from specviz.decoding.reference import reference
-from specviz.models.architecture import recurrent_mixers
+from specviz.models.architecture import in_float64, recurrent_mixers
 from specviz.models.pairs import load_pair
 from specviz.models.selftest import SHARE, check_verify_path, verify_path_gap
 from specviz.spec.prompts import builtin_set
@@ -59,15 +59,29 @@ BROKEN_PATH = ("jamba",)
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_hybrid_familys_verify_over_a_cache_is_its_single_steps(family, tmp_path):
-    """The load-time self-test (models/selftest.py) in float32: one pass over a few tokens with a
-    cached prefix computes what as many single steps do, within rounding, or the finding says
-    what departs."""
-    model = AutoModelForCausalLM.from_pretrained(save(tmp_path, family), dtype=torch.float32,
-                                                 experts_implementation="eager")
-    gap, spread = verify_path_gap(model, model.config.get_text_config().vocab_size)
-    assert (gap <= SHARE[torch.float32] * spread) == (family not in BROKEN_PATH), (gap, spread)
-    found = check_verify_path(model, model.config.get_text_config().vocab_size, "target")
-    assert (found is None) == (family not in BROKEN_PATH)
+    """The load-time self-test (models/selftest.py) in float32 and float64: one pass over a few
+    tokens with a cached prefix computes what as many single steps do, or the finding says what
+    departs."""
+    path = save(tmp_path, family)
+    for dtype in (torch.float32, torch.float64):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
+                                                     experts_implementation="eager")
+        model = in_float64(model) if dtype == torch.float64 else model
+        vocab = model.config.get_text_config().vocab_size
+        gap, spread = verify_path_gap(model, vocab)
+        assert (gap <= SHARE[dtype] * spread) == (family not in BROKEN_PATH), (dtype, gap, spread)
+        assert (check_verify_path(model, vocab, "target") is None) == (family not in BROKEN_PATH)
+
+
+def _holds_prefix(module, given: dict) -> bool:
+    """Whether the cache a call was given held a prefix before it: the module's own layer's
+    recurrent state (a mixer), else its K/V (a model)."""
+    cache = given.get("cache")
+    if cache is None:
+        return False
+    if hasattr(module, "layer_idx"):
+        return any(cache.layers[module.layer_idx].has_previous_state.values())
+    return cache.get_seq_length() > 0
 
 
 def _single_token_path(cls, monkeypatch, holds_prefix) -> None:
@@ -105,13 +119,7 @@ def test_a_hybrids_single_token_path_is_found_at_load_and_recorded(family, tmp_p
     path = save(tmp_path, family)
     probe = AutoModelForCausalLM.from_pretrained(path, experts_implementation="eager")
     (cls,) = {type(m) for m in recurrent_mixers(probe)}
-    held = set()
-
-    def holds_state(mixer, given) -> bool:  # its first call fills the state
-        first = id(mixer) not in held
-        held.add(id(mixer))
-        return not first
-    _single_token_path(cls, monkeypatch, holds_state)
+    _single_token_path(cls, monkeypatch, _holds_prefix)
     pair = load_pair(path, path, dtype="float32", device="cpu")
     assert "multi-token path over a cache is broken" in pair.info["target_verify_path"]
 
@@ -124,9 +132,7 @@ def test_an_attention_models_single_token_path_is_refused_at_load(tmp_path, monk
     tiny = load_pair("specviz:tiny", "specviz:tiny-draft", dtype="float32", device="cpu")
     tiny.target.save_pretrained(tmp_path / "llama")
     tiny.tokenizer.save_pretrained(tmp_path / "llama")
-    _single_token_path(LlamaForCausalLM, monkeypatch,
-                       lambda model, given: given.get("cache") is not None
-                       and given["cache"].get_seq_length() > 0)
+    _single_token_path(LlamaForCausalLM, monkeypatch, _holds_prefix)
     with pytest.raises(SpecError, match="multi-token path over a cache is broken"):
         load_pair(str(tmp_path / "llama"), str(tmp_path / "llama"), dtype="float32",
                   device="cpu")

@@ -119,8 +119,9 @@ def glossary(trace: Trace | None) -> str:
          "rounding a draft is not the draft model's own, a bug that keeps the output right and "
          "wastes the drafts (`draft-bug:<side>`)" + value(_drafts)),
         ("**refused drafts the target chose** (greedy runs with rounds) = rounds whose first "
-         "refused draft is the very token they wrote in its place, the verify pass's argmax and a "
-         "fresh pass's: a wrong decision that keeps the output right and loses the drafts "
+         "refused draft is the very token they wrote in its place, the verify pass's argmax (where "
+         "recorded) and a fresh pass's: a wrong decision that keeps the output right and loses "
+         "the drafts "
          "(`decision-bug:reject`)" + value(_refused)),
         ("**audit** (run with audit) = the state check on every row of every round, for the target "
          "and the draft: the first round a row's state left rounding, fork or not"),

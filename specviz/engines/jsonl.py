@@ -13,10 +13,11 @@ approximate). Optional: `logprobs` (the engine's log-probability of each output 
 `top_logprobs` (per token, its top alternatives as {"id": logprob}), `finish_reason`, and `error`
 (this prompt failed). The JSON Schema is docs/engine-outputs.schema.json (`specviz schema
 --outputs`). Optional too: `drafts` and `accepted` (the draft tokens the engine offered for this
-prompt and accepted, where it counts them), and `rounds`: the output cut into the engine's rounds,
-each as {"drafts": [ids offered], "accepted": n} (a round emits its accepted drafts and one token of
-the target's; the counters follow from them where absent). An engine's rounds let specviz judge its
-decisions (forensics/rejections.py).
+prompt and accepted, where it counts them), and `rounds`: the output ids cut into the engine's
+rounds, each as {"drafts": [ids offered], "accepted": n} (a round emits its accepted drafts and one
+token of the target's; the first token, written by the prefill, is a round with no drafts; the
+counters follow from them where absent). An engine's rounds let specviz judge its decisions
+(forensics/rejections.py).
 
 Files as users have them: fields this format does not name are ignored and listed
 (`EngineInfo.ignored`), not refused. A line may also be a server's raw answer: `{"request": {...},
@@ -75,6 +76,8 @@ class OutputLine(BaseModel):
             raise ValueError("give the output as `output_ids` or `output_text`, exactly one")
         if self.prompt_ids == []:
             raise ValueError("prompt_ids is empty")
+        if self.rounds is not None and self.output_ids is None:
+            raise ValueError("`rounds` cut the output's token ids: give `output_ids` with them")
         return self
 
 

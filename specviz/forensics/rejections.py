@@ -42,7 +42,8 @@ class Round:
 
     def reach(self, out: list[int], t0: int) -> int:
         """How deep the drafts follow `out` from its token t0: the drafts the target's choices
-        keep, where `out` is the target's."""
+        keep, where `out` is the target's. (A tree's siblings are distinct tokens: the first child
+        that matches is the only one.)"""
         node, depth = -1, 0
         while t0 + depth < len(out):
             node = next((i for i, (t, p) in enumerate(zip(self.tokens, self.parents))
@@ -70,10 +71,11 @@ def run_rounds(trace: Trace) -> dict[int, list[Round]]:
 
 
 def engine_rounds(trace: Trace) -> dict[int, list[Round]]:
-    """An engine's rounds per sequence, as its outputs reported them (chains)."""
+    """An engine's rounds per sequence, as its outputs reported them (chains; an output given as
+    text, re-tokenized, has no rounds to judge)."""
     rounds: dict[int, list[Round]] = {}
     for s in trace.sequences:
-        if s.engine and s.engine.rounds:
+        if s.engine and s.engine.rounds and not s.engine.approximate:
             rounds[s.seq] = [Round(n, s.seq, r.drafts, _chain(len(r.drafts)), r.accepted,
                                    r.accepted + 1) for n, r in enumerate(s.engine.rounds)]
     return rounds
@@ -85,34 +87,36 @@ def judge_rejections(trace: Trace, rounds: dict[int, list[Round]], target, vocab
     """`rounds`: per sequence, in order (run_rounds, engine_rounds); `target`: the model whose fresh
     pass must choose a refused draft too (None: not asked, the run's choices were penalised);
     `whose`: "the run's" or "the engine's". None where no round can be judged."""
-    judged = accepted = kept = 0
-    refused: list[tuple[Round, int]] = []  # and the output token it refused
+    judged = accepted = 0
+    refused: list[tuple[Round, int, int]] = []  # and the output token it refused, and its reach
     for s in trace.sequences:
         out, t0 = s.output_ids, 0
         for r in rounds.get(s.seq, [])[:-1]:
             reach = r.reach(out, t0)
             judged, accepted = judged + 1, accepted + r.accepted
-            kept += max(reach, r.accepted)
             at = t0 + r.accepted
-            if reach > r.accepted and (r.verified is None or r.verified[r.accepted] == out[at]):
-                refused.append((r, at))
+            pass_chose = (r.verified is None
+                          or len(r.verified) > r.accepted and r.verified[r.accepted] == out[at])
+            if reach > r.accepted and pass_chose:
+                refused.append((r, at, reach))
             t0 += r.emitted
     if not judged:
         return None
     if target is not None:
-        choice = _fresh_choices(trace, {r.seq for r, _ in refused}, target, vocab)
-        refused = [(r, at) for r, at in refused
+        choice = _fresh_choices(trace, {r.seq for r, _, _ in refused}, target, vocab)
+        refused = [(r, at, reach) for r, at, reach in refused
                    if choice[r.seq][at] == trace.sequences[r.seq].output_ids[at]]
+    # the drafts the target's own choices keep: a wrongly refused round's reach, else its own
+    kept = accepted + sum(reach - r.accepted for r, _, reach in refused)
     cost = (f"The {judged} rounds judged accepted {accepted} drafts; the target's own choices "
             f"keep {kept} of the same drafts.")
     ev = Rejections(judged=judged, wrong=len(refused), accepted=accepted, kept=kept, verdict=None,
                     source=whose, explanation="")
     if not refused:
-        ev.explanation = (f"No round refused a draft the target chose: in each of {whose} "
-                          f"{judged} rounds judged, the token written where a draft was refused "
-                          f"is another. {cost}")
+        ev.explanation = (f"No round refused a draft the target chose, of {whose} {judged} "
+                          f"rounds judged. {cost}")
         return ev
-    first, _ = min(refused, key=lambda f: (f[0].round, f[0].seq))
+    first = min((r for r, _, _ in refused), key=lambda r: (r.round, r.seq))
     ev.first = [first.round, first.seq, first.accepted]
     ev.verdict = "decision-bug:reject"
     ev.explanation = (

@@ -35,8 +35,8 @@ from specviz.engines.base import EngineRun
 from specviz.engines.jsonl import OutputLine
 from specviz.forensics import distribution, enginenoise, proof, repeats, rules
 from specviz.forensics.acceptance import judge_engine_acceptance
-from specviz.forensics.rejections import engine_rounds, judge_rejections, run_rounds
 from specviz.forensics.blackbox import force_outputs, judge_engine
+from specviz.forensics.rejections import engine_rounds, judge_rejections, run_rounds
 from specviz.forensics.sampledrun import judge_sampled_run
 from specviz.models.pairs import ModelPair
 from specviz.run import attribution

@@ -16,8 +16,8 @@ from specviz.decoding.result import DecodeResult, Progress
 from specviz.decoding.sampling import GREEDY, Sampling, greedy_of
 from specviz.forensics import distribution, yardstick, yardstick_cache
 from specviz.forensics.acceptance import judge_acceptance, judge_head_acceptance
-from specviz.forensics.rejections import judge_rejections, run_rounds
 from specviz.forensics.logprobs import judge_logprobs
+from specviz.forensics.rejections import judge_rejections, run_rounds
 from specviz.forensics.sampledrun import analyse_sampled, judge_sampled_run
 from specviz.forensics.watch import Watch
 from specviz.forensics.whitebox import analyse, flag_batching_noise

@@ -68,8 +68,9 @@ VERDICTS = {v.name: v for v in (
             "place: the output is right and the drafts from there on are lost (the accept rule, "
             "or the count it returned)",
             "each greedy round's first refused draft against the token the round wrote there, the "
-            "verify pass's own argmax and a fresh batch-size-1 pass of the target; the rounds "
-            "specviz ran, or an engine's as it reported them"),
+            "verify pass's own argmax where recorded, and a fresh batch-size-1 pass of the target "
+            "where the run is unpenalised; the rounds specviz ran, or an engine's as it reported "
+            "them"),
     Verdict("decision-bug:stop",
             "the output ran on past a stop (an end-of-sequence token, or the token completing "
             "a stop string, accepted inside a block of drafts), or stopped where the model does "

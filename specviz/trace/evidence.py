@@ -284,7 +284,9 @@ class Rejections(Strict):
 
     judged: int  # rounds judged: every round but a sequence's last (a stop or the cap trims it)
     wrong: int  # of them, rounds that refused a draft the target chose
-    first: Many[int] | None = None  # [round, seq, slot] of the first wrong rejection
+    # [round, seq, slot] of the first wrong rejection: the run's round number, or the index of the
+    # round among the sequence's own (an engine's rounds)
+    first: Many[int] | None = None
     accepted: int  # drafts the judged rounds accepted
     kept: int  # drafts the target's own choices keep in the same rounds
     verdict: VerdictName | None  # None: every refused draft was refused by the target

@@ -118,11 +118,13 @@ class PromptRecord(Strict):
     text: str
     ids: Many[int]
 
+
 class EngineRound(Strict):
     """One round of an engine's speculation, as it reports it: the drafts it offered, and how many
     of them it accepted. It then wrote one token of its own (the correction, or the bonus): a round
     emits accepted + 1 tokens, the last round as many as the output has left (a stop or the length
-    cap trims it)."""
+    cap trims it; an engine that leaves its stop out of the ids, none). The first token, written by
+    the prefill with no drafts, is a round of its own: {"drafts": [], "accepted": 0}."""
 
     drafts: Many[int]
     accepted: int = Field(ge=0)
@@ -159,7 +161,7 @@ class EngineOutput(Strict):
     def _rounds_cut_the_output(self) -> EngineOutput:
         if self.rounds:
             before = sum(r.accepted + 1 for r in self.rounds[:-1])
-            if not before < len(self.ids) <= before + self.rounds[-1].accepted + 1:
+            if not before <= len(self.ids) <= before + self.rounds[-1].accepted + 1:
                 raise ValueError(
                     f"its {len(self.rounds)} rounds emit {before} tokens before the last, which "
                     f"emits up to {self.rounds[-1].accepted + 1}: they do not cut an output of "
