@@ -94,10 +94,9 @@ def judge_rejections(trace: Trace, rounds: dict[int, list[Round]], target, vocab
         for r in rounds.get(s.seq, [])[:-1]:
             reach = r.reach(out, t0)
             judged, accepted = judged + 1, accepted + r.accepted
-            at = t0 + r.accepted
-            pass_chose = (r.verified is None
-                          or len(r.verified) > r.accepted and r.verified[r.accepted] == out[at])
-            if reach > r.accepted and pass_chose:
+            at = t0 + r.accepted  # (within the output where the drafts reach past it)
+            if reach > r.accepted and (r.verified is None or len(r.verified) > r.accepted
+                                       and r.verified[r.accepted] == out[at]):
                 refused.append((r, at, reach))
             t0 += r.emitted
     if not judged:
