@@ -27,10 +27,13 @@ def _shown(case, trace: Trace) -> tuple[str, str]:
     sampled = metrics.sampled_verdict(trace)
     # no token reference: the first evidence of the decision, beside the distribution test
     if sampled:
-        d, decided = trace.distribution, trace.decisions
+        d, decided, drafts = trace.distribution, trace.decisions, trace.proposals
         first = (f"sequence {d.settings[0].seq} fits another request's settings; " if d.settings
                  else f"round {decided.stream_first[0][0]}: a draw not its row's stream's; "
-                 if decided and decided.stream_first else "")
+                 if decided and decided.stream_first
+                 else f"round {drafts.first[0][0]}: {drafts.q_off + drafts.draw_off} drafts off "
+                 f"their q or their draw, of {drafts.checked}; "
+                 if drafts and drafts.first else "")
         return sampled[0], f"{first}distribution {d.verdict} (p = {d.p:.2g})"
     forked = sorted((s for s in trace.sequences if s.forensics),
                     key=lambda s: (s.forensics.round or 0, s.seq))

@@ -19,14 +19,17 @@ from specviz.trace.sweep import Sweep
 from specviz.trace.sweep import report as sweep_report
 
 TINY = {EMBEDDED_TARGET: TINY_TARGET, EMBEDDED_DRAFT: TINY_DRAFT}
-# A random model never writes its end-of-sequence token, and its sharp logits keep their argmax
-# under a repetition penalty of 1.3: the embedded pair repeats itself where a lost penalty shows. On
-# it, each case runs on one of its prompts, whose bundled run forks early (stop: token 8 of "What is
-# the capital of France?"; penalty: token 14 of the prime number's sentence), within a shorter
-# budget: a minute less of the suite.
+# A random model never writes its end-of-sequence token, its sharp logits keep their argmax under a
+# repetition penalty of 1.3, and its logits are too small for bfloat16 to move a draw: the embedded
+# pair repeats itself where a lost penalty shows. On it, the stop and penalty cases run on one of
+# its prompts, whose bundled run forks early (stop: token 8 of "What is the capital of France?";
+# penalty: token 14 of the prime number's sentence), within a shorter budget: a minute less of the
+# suite.
 ON_THE_EMBEDDED_PAIR = {"stop-at-last-token": dict(prompts=PROMPTS[:1], max_new_tokens=16),
                         "cap-before-stop": dict(prompts=PROMPTS[:1]),
-                        "penalty-history-last-token": dict(prompts=PROMPTS[3:], max_new_tokens=20)}
+                        "counted-before-stop-trim": dict(prompts=PROMPTS[:1], max_new_tokens=16),
+                        "penalty-history-last-token": dict(prompts=PROMPTS[3:], max_new_tokens=20),
+                        "draft-drawn-in-bfloat16": {}}
 
 
 def _replica(case) -> RunSpec:
@@ -66,7 +69,7 @@ def test_every_case_shows_and_is_named_by_its_mechanism(case):
     elif not spec.greedy:
         assert metrics.sampled_verdict(trace)[0] == case.expected, metrics.sampled_verdict(trace)
     else:  # it forks; a wrong log-probability keeps the tokens and is named on them
-        tokens_kept = FAULTS[case.fault].kind == "logprobs"
+        tokens_kept = FAULTS[case.fault].kind in ("logprobs", "counters")
         assert (metrics.equivalence(trace)["exact"] == 1) == tokens_kept, "the replica must fork"
         assert verdicts and set(verdicts) == {case.expected}, [s.forensics.explanation
                                                                for s in trace.sequences
@@ -96,6 +99,17 @@ def test_a_case_that_needs_ragged_drafts_stays_correct_where_every_row_is_offere
               "ngram_min": 1, "ngram_max": 3}
     trace = run(RunSpec.build(**fields))
     assert metrics.equivalence(trace)["exact"] == 1
+
+
+def test_a_correct_run_counts_only_the_tokens_its_output_holds():
+    """The counters case without its fault: a stop still lands inside an accepted block, and each
+    sequence's rounds count what its output holds, none named."""
+    fields = {**_replica(BY_FAULT["counted-before-stop-trim"]).model_dump(), "faults": ()}
+    trace = run(RunSpec.build(**fields))
+    assert any(len(r.emitted) < r.accepted + 1 for r in trace.rows), "no stop inside a block"
+    for s in trace.sequences:
+        assert s.forensics is None
+        assert sum(r.counted for r in trace.rows if r.seq == s.seq) == len(s.output_ids)
 
 
 def test_a_greedy_rule_is_refused_when_sampling():

@@ -116,11 +116,13 @@ KINDS_BEFORE = {  # kind -> its faults, as the old table FAULTS said
     "ragged": ["rollback-by-draft-list"],
     "greedy": ["accept-on-raw-softmax"],
     "recurrent": ["state-not-rolled-back", "state-after-zero-draft",
-                  "state-kept-when-all-rejected", "conv-state-off-by-one"],  # (the third since)
-    "window": ["window-full-keeps-rejected"],
+                  "state-kept-when-all-rejected", "state-from-another-rows-count",
+                  "conv-state-off-by-one"],  # (the third and fourth since)
+    "window": ["window-full-keeps-rejected", "window-kept-on-verify"],  # (the latter since)
     "stop": ["stop-at-last-token", "cap-before-stop"],  # (the latter since)
     "penalty": ["penalty-history-last-token"],
     "logprobs": ["logprobs-from-draft"],
+    "counters": ["counted-before-stop-trim"],  # (since)
     "lossless": ["draft-positions-off-by-one", "drafts-to-another-row", "draft-misses-target-token",
                  "head-hidden-off-by-one", "head-keeps-own-guesses",
                  "draft-window-as-full"],  # (the last since)
@@ -128,28 +130,36 @@ KINDS_BEFORE = {  # kind -> its faults, as the old table FAULTS said
              "tree-bonus-by-index"],
     "sampling": ["residual-from-draft", "residual-unclamped", "residual-unnormalised",
                  "accept-q-over-p", "temperature-draft-only", "top-p-not-in-residual",
-                 "shared-stream", "target-probs-mutated"],
-    "requests": ["settings-from-first-row", "unset-temperature-greedy", "unseeded-noise-to-copy"],
-    "streams": ["stream-advanced-for-zero-draft"],
+                 "shared-stream", "target-probs-mutated",
+                 # (since: the field's newer threads)
+                 "processors-on-bonus-only", "draft-probs-unprocessed", "draft-drawn-in-bfloat16"],
+    "requests": ["settings-from-first-row", "settings-never-written", "unset-temperature-greedy",
+                 "unseeded-noise-to-copy"],  # (the second since)
+    # (the first since)
+    "streams": ["draft-draw-shared-with-verify", "stream-advanced-for-zero-draft"],
     "rejecting": ["accept-count-one-short"],  # (since: forensics/rejections.py names it)
 }
 VERDICTS_BEFORE = {  # the old VERDICT_OF, and the two cases' own verdicts (spec/casebook.py)
     "sync-bug:positions": ["positions-from-slots", "verify-positions-not-advanced",
                            "tree-positions-by-index"],
-    "sync-bug:mask": ["no-mask", "tree-siblings-visible"],
+    "sync-bug:mask": ["no-mask", "tree-siblings-visible", "window-kept-on-verify"],
     "sync-bug:bonus": ["draft-bonus", "bonus-from-another-row", "tree-bonus-by-index"],
     "sync-bug:kv": ["no-kv-shift", "min-crop", "rollback-by-draft-list",
                     "window-full-keeps-rejected", "tree-rejected-branch-kept"],
     "sync-bug:recurrent": ["state-not-rolled-back", "state-after-zero-draft",
-                           "conv-state-off-by-one", "state-kept-when-all-rejected"],
+                           "conv-state-off-by-one", "state-kept-when-all-rejected",
+                           "state-from-another-rows-count"],
     "decision-bug:accept": ["accept-on-raw-softmax"],
     "decision-bug:stop": ["stop-at-last-token", "cap-before-stop"],
     "decision-bug:penalty": ["penalty-history-last-token"],
     "decision-bug:logprobs": ["logprobs-from-draft"],
-    "decision-bug:settings": ["settings-from-first-row", "unset-temperature-greedy"],
+    "decision-bug:counters": ["counted-before-stop-trim"],  # (since)
+    "decision-bug:settings": ["settings-from-first-row", "unset-temperature-greedy",
+                              "settings-never-written"],
     "decision-bug:stream": ["unseeded-noise-to-copy", "stream-advanced-for-zero-draft",
-                            "shared-stream"],
-    "sampler-bug:rule": ["target-probs-mutated"],
+                            "shared-stream", "draft-draw-shared-with-verify"],
+    "sampler-bug:rule": ["target-probs-mutated", "processors-on-bonus-only"],
+    "sampler-bug:proposal": ["draft-probs-unprocessed", "draft-drawn-in-bfloat16"],  # (since)
     "decision-bug:reject": ["accept-count-one-short"],  # (since)
 }
 ACCEPTANCE_BEFORE = {  # the old ACCEPTANCE_OF
@@ -171,8 +181,8 @@ def test_the_derived_groups_are_what_the_old_tables_said():
     assert {f.name: f.acceptance for f in FAULTS.values() if f.acceptance} == ACCEPTANCE_BEFORE
     assert needing("sampled") == (*of_kind("sampling"), *of_kind("requests"), *of_kind("streams"))
     assert needing("greedy") == ("accept-on-raw-softmax", "accept-count-one-short")
-    assert needing("rows") == ("settings-from-first-row", "unset-temperature-greedy",
-                               "unseeded-noise-to-copy")
+    assert needing("rows") == ("settings-from-first-row", "settings-never-written",
+                               "unset-temperature-greedy", "unseeded-noise-to-copy")
     assert needing("tree") == tuple(KINDS_BEFORE["tree"])
     assert needing("draft-model") == ("draft-positions-off-by-one", "draft-misses-target-token",
                                       "draft-window-as-full")

@@ -132,7 +132,7 @@ def test_the_sweep_tab_runs_the_whole_casebook_as_one_sweep_and_its_link_replays
                for i in re.findall(r'class="sv-hcell[^"]*sv-flag[^"]*" data-run="(\d+)"',
                                    views["exact"])}
     assert flagged == {i for i, c in enumerate(CASES)
-                       if c.lossless or FAULTS[c.fault].kind == "logprobs"}
+                       if c.lossless or FAULTS[c.fault].kind in ("logprobs", "counters")}
     bars = {d.name: list(d.x) for d in sweepviews.verdict_bars(found).data}
     assert (bars["equivalent, decision-bug:logprobs"][CASES.index(BY_FAULT["logprobs-from-draft"])]
             == len(PROMPTS))

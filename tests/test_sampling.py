@@ -12,7 +12,7 @@ from specviz.decoding import faults as faults_module
 from specviz.decoding.faults import Policy
 from specviz.decoding.sampling import ACCEPT, DRAFT, TARGET, Sampler, inverse_cdf, uniform
 from specviz.run.runner import run
-from specviz.spec.faults import of_kind
+from specviz.spec.faults import FAULTS, of_kind
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
 from specviz.trace import metrics, share
@@ -141,8 +141,10 @@ def test_the_correct_samplers_are_consistent_on_the_embedded_pair(embedded, meth
 # tokens; a draft that comes from the draft's q shows when q is flatter than p (the draft at 0.6,
 # the target at 0.3). (target-probs-mutated rejects every draft: a round a token, minutes here;
 # tests/test_row_sampling.py and tests/test_casebook.py run it small.)
+# (A draft drawn from another q than its decision reads biases the output too little for this size:
+# the proposal audit names it, tests/test_sampled_audit.py.)
 SHOWS = {fault: {} for fault in [*of_kind("sampling"), "draft-bonus"]
-         if fault != "target-probs-mutated"}
+         if fault != "target-probs-mutated" and FAULTS[fault].verdict != "sampler-bug:proposal"}
 SHOWS["residual-from-draft"] = {"temperature": 0.3, "draft_temperature": 0.6}
 
 

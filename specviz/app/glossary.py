@@ -127,7 +127,8 @@ def glossary(trace: Trace | None) -> str:
          "and the draft: the first round a row's state left rounding, fork or not"),
         ("**sampled verdict** = a sampled run's kind of fault: `sync-bug:<state>` when a row's "
          "state went wrong, `sampler-bug:decisions` when decisions do not follow their recorded p, "
-         "q and draw, `sampler-bug:rule` when every audited state and decision held yet the tokens "
+         "q and draw, `sampler-bug:proposal` when a draft is not a draw from the q its decision "
+         "read, `sampler-bug:rule` when every audited state and decision held yet the tokens "
          "are not the target's distribution, `unexplained` when rows went unaudited"),
         "**delta** = how many slots a row's KV moved in a realignment "
         "(0 when every row gained the same)",

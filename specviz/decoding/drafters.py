@@ -97,8 +97,10 @@ def _chain(policy: Policy, b, k: int, sampling: Sampling, stream: Streams, have:
             probs.append(logits.softmax(-1))
             nxt = logits.argmax(-1)
         else:
-            probs.append(sampler.probs(logits))
-            nxt = inverse_cdf(probs[-1], stream.draw(have + j, DRAFT))
+            q = sampler.probs(logits)
+            nxt = inverse_cdf(policy.draft_drawn_from(sampler, logits, q),
+                              stream.draw(have + j, policy.draft_purpose))
+            probs.append(policy.draft_probs(sampler, logits, q))
         drafts.append(nxt)
         drafted_eos |= torch.isin(nxt, eos)
         if j < steps - 1 and not policy.bonus_from_draft and bool(drafted_eos.all()):

@@ -12,7 +12,8 @@ import torch
 
 from specviz.decoding import trees
 from specviz.decoding.batch import positions as mask_positions
-from specviz.decoding.sampling import Row, Sampler, Samplers, Streams, inverse_cdf
+from specviz.decoding.sampling import (ACCEPT, DRAFT, Row, Sampler, Samplers, Streams,
+                                       inverse_cdf)
 from specviz.decoding.trees import Tree
 from specviz.spec.faults import expand
 
@@ -111,6 +112,13 @@ class Policy:
         last = (length - 1).clamp(min=0)
         return last if self.has("tree-bonus-by-index") else path.gather(1, last[:, None])[:, 0]
 
+    def target_windowed(self, q_start: int) -> bool:
+        """Whether the target's sliding-window layers keep their window over a pass from slot
+        q_start: they do; the fault keeps every key of a verify over a cache (q_start > 0), as a
+        rotating cache that evicts one key per update does under a multi-token verify (mlx-lm
+        #1914)."""
+        return q_start == 0 or not self.has("window-kept-on-verify")
+
     @property
     def draft_windowed(self) -> bool:
         """Whether the draft model's sliding-window layers keep their window: they do; the fault
@@ -198,6 +206,11 @@ class Policy:
             return kept
         return torch.where(accepted + 1 >= room, room, kept)
 
+    def counted(self, n_keep: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
+        """(B,) the tokens a round's counters take as emitted: those it kept. The fault counts the
+        whole accepted block and the token after it, before the stop trims them (vLLM #56101)."""
+        return accepted + 1 if self.has("counted-before-stop-trim") else n_keep
+
     def string_stop(self, completed: int, kept: int) -> int:
         """The tokens a row keeps of the `kept` of its round when the `completed`-th completes a
         stop string: up to that one; the fault, which looks for stops at a block's end only, keeps
@@ -215,6 +228,10 @@ class Policy:
             return torch.full_like(accepted, kept - 1), None
         if self.has("state-kept-when-all-rejected"):
             return torch.where(accepted == 0, kept - 1, accepted), None
+        if self.has("state-from-another-rows-count"):  # a stale count, read by the old row order
+            other = accepted[self._rows("state-from-another-rows-count", len(accepted),
+                                        accepted.device)]
+            return other.clamp(max=kept - 1), None
         if self.has("conv-state-off-by-one"):
             return accepted, (accepted + 1).clamp(max=kept - 1)
         return accepted, None
@@ -277,6 +294,8 @@ class Policy:
                else r.target for r in rows]
         if self.has("settings-from-first-row"):
             own = own[:1] * len(own)
+        if self.has("settings-never-written"):  # a buffer of zeros: temperature 0, greedy
+            own = [Sampler()] * len(own)
         return Samplers([self.target_sampler(s) for s in own])
 
     def stream(self, streams: Streams) -> Streams:
@@ -312,6 +331,37 @@ class Policy:
             return P
         P[:, : drafts.shape[1]].scatter_(2, drafts[..., None], 0)  # a view: P itself changes
         return P
+
+    def decided_probs(self, target: Samplers, logits: torch.Tensor,
+                      P: torch.Tensor) -> torch.Tensor:
+        """The target's distributions (B, k+1, V) the drafts are decided against and a rejection's
+        residual is built from: `P`, each row's own, truncated by its top-k and top-p. The fault
+        leaves the truncation to the bonus token alone (vLLM #42744: `min_p` and `logit_bias`
+        never reach the verified positions)."""
+        return target.probs(logits, truncate=False) if self.has("processors-on-bonus-only") else P
+
+    @property
+    def draft_purpose(self) -> int:
+        """Whose draws a sampled draft takes: its own stream's. The fault takes the acceptance's at
+        the same token, the uniform that then decides it (vLLM PRs #47386 and #54282: the draft's
+        Gumbel noise keyed by the very Philox offset of the acceptance and recovery draws)."""
+        return ACCEPT if self.has("draft-draw-shared-with-verify") else DRAFT
+
+    def draft_drawn_from(self, sampler: Sampler, logits: torch.Tensor,
+                         q: torch.Tensor) -> torch.Tensor:
+        """The distribution a sampled draft is drawn from: `q`, the draft model's under the run's
+        draft settings. The fault draws it from the same logits rounded to bfloat16 (DeepSpec #31:
+        drafts sampled from bfloat16 logits, decided on the float32 softmax)."""
+        if not self.has("draft-drawn-in-bfloat16"):
+            return q
+        return sampler.probs(logits.to(torch.bfloat16).to(logits.dtype))
+
+    def draft_probs(self, sampler: Sampler, logits: torch.Tensor,
+                    q: torch.Tensor) -> torch.Tensor:
+        """The distribution a sampled draft's decision reads as its q: `q`, the one it was drawn
+        from. The fault hands over the draft model's raw softmax, before its temperature, top-k and
+        top-p (transformers #47932: a candidate generator's unprocessed logits)."""
+        return logits.softmax(-1) if self.has("draft-probs-unprocessed") else q
 
     def accept(self, p: torch.Tensor, q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """Accept a draft with probability min(1, p/q): u < p/q, written without dividing."""

@@ -44,7 +44,8 @@ def run_model(pair: ModelPair, policy: Policy, role: str, tok, val, stl, q_start
     out = forward(model, tok, val, q_start, cache, pair.vocab_size, pos=pos[:, q_start:],
                   seen=seen,
                   among=None if among is None else (trees.visible_slots(seen, among), pos),
-                  hidden=hidden, windowed=role == "target" or policy.draft_windowed, **kw)
+                  hidden=hidden, windowed=(policy.target_windowed(q_start) if role == "target"
+                                           else policy.draft_windowed), **kw)
     logits, last = out if hidden else (out, None)
     return Pass(logits, pos, last)
 

@@ -69,6 +69,7 @@ def round_fields(d: Decoding, b: Batch, drafted: Drafted, acc: Accepted, kept: C
     fields["ints"] = {
         "draft_tokens": prop.tokens[:, :k], "target_tokens": v.argmax, "emitted": kept.emitted,
         "accepted": acc.accepted, "n_emitted": kept.n_keep, "finished": kept.finished.long(),
+        "counted": d.policy.counted(kept.n_keep, acc.accepted),
         "drafts": acc.room, "pos_first": v.positions[:, S - 1], "pos_last": v.positions[:, -1],
         "mask_sum": seen[:, :S].sum(1), "target_top_ids": top.indices, **acc.record,
     }
@@ -215,7 +216,7 @@ def _row_records(rounds: list[RoundData], audit: dict) -> tuple[list[RoundRecord
                 target_probs=floats["target_probs"][row][:k + 1],
                 target_margins=floats["target_margins"][row][:k + 1],
                 accepted=a, emitted=ints["emitted"][row][:m], sources=sources[:m],
-                finished=bool(ints["finished"][row]),
+                finished=bool(ints["finished"][row]), counted=ints["counted"][row],
                 **{f: (None if ints[f][row] < 0 else ints[f][row])
                    for f in ("pad_after", "content_after", "target_kv_after", "draft_kv_after")},
                 **{f: ints[f][row]

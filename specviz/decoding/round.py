@@ -204,7 +204,8 @@ def _accept_sampled(policy: Policy, target: Samplers, logits: torch.Tensor, Q: t
     k = logits.shape[1] - 1
     B, idx = D.shape[0], torch.arange(k, device=D.device)
     P = policy.target_probs(target.probs(logits), D[:, :k])  # (B, k+1, V)
-    p = P[:, :k].gather(2, D[:, :k, None])[..., 0].double()
+    decided = policy.decided_probs(target, logits, P)
+    p = decided[:, :k].gather(2, D[:, :k, None])[..., 0].double()
     q = Q[:, :k].gather(2, D[:, :k, None])[..., 0].double()
     u = policy.noise(stream, stream.draw(have[:, None] + idx, ACCEPT))
     a = torch.minimum(policy.accept(p, q, u).long().cumprod(1).sum(1), room)
@@ -212,7 +213,7 @@ def _accept_sampled(policy: Policy, target: Samplers, logits: torch.Tensor, Q: t
     v = policy.noise(stream, stream.draw(have + a, torch.where(bonus, TARGET, RESIDUAL)))
     P_a = P[rows, a]
     Q_a = Q[rows, a.clamp(max=k - 1)] if k else P_a  # no drafts: every row takes its bonus
-    residual = policy.residual(target, logits[rows, a], P_a, Q_a, v)
+    residual = policy.residual(target, logits[rows, a], decided[rows, a], Q_a, v)
     own = torch.where(bonus, inverse_cdf(P_a, v), residual)
     drawn = {"target_draft_probs": p, "accept_draws": u, "pick_draws": v[:, None]}
     return a, own, drawn

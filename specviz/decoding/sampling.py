@@ -28,6 +28,8 @@ from specviz.decoding.penalties import Penalties, penalties_of
 
 # What a draw is for: its own stream, so that no two decisions ever share a number.
 DRAFT, ACCEPT, RESIDUAL, TARGET, PIT = range(5)
+PURPOSES = {DRAFT: "the draft's", ACCEPT: "the acceptance's", RESIDUAL: "the residual's",
+            TARGET: "the bonus token's"}  # the draws of a round, in words
 
 
 def sibling(purpose: int, rank: int) -> int:

@@ -106,6 +106,8 @@ def _component(ev: RunForensics, rounding: Rounding) -> str:
     if kernel_departs(ev, rounding):
         return "kernel"  # right inputs, wrong logits: the computation itself
     if ev.kv_diff is not None and ev.kv_diff > rounding.tolerance:
+        if _downstream_of_recurrent(ev):
+            return "recurrent"
         # Most ill-fitting entries fit their own token at another position: the positions were wrong
         # when they were computed. Entries of other tokens: the cache itself was laid out wrong.
         at_other_positions = sum(at >= 0 for _, at in ev.written_at)
@@ -113,6 +115,17 @@ def _component(ev: RunForensics, rounding: Rounding) -> str:
     if ev.recurrent_diff is not None and ev.recurrent_diff > rounding.tolerance:
         return "recurrent"
     return "state"
+
+
+def _downstream_of_recurrent(ev: RunForensics) -> bool:
+    """Whether a hybrid's ill-fitting cache entries were written after its recurrent state went out
+    of step while its cache held its own tokens: the engine's checks found a recurrent state wrong
+    in an earlier round than the fork's, and no cache entry out of place. An attention layer's K/V
+    is computed from the layers below it, so entries written over a wrong state fit no fresh
+    prefill, though the cache itself was kept right."""
+    checks = ev.failed_checks or {}
+    went = checks.get("recurrent")
+    return went is not None and "kv" not in checks and ev.round is not None and went < ev.round
 
 
 def rebuilt_pass_shows(ev: RunForensics, rounding: Rounding) -> str:
@@ -146,6 +159,13 @@ def _why(ev: RunForensics, state: str) -> str:
     if state == "kv":
         return ("Replayed alone over only the cache entries its mask showed, with true positions, "
                 f"it still differs by {ev.kv_diff:.3g}: the cache held the wrong entries.")
+    if state == "recurrent" and _downstream_of_recurrent(ev) \
+            and not (ev.recurrent_diff is not None and ev.recurrent_diff > ev.tolerance):
+        return ("Replayed alone over only the cache entries its mask showed, with true positions, "
+                f"it still differs by {ev.kv_diff:.3g}: its cache entries fit no fresh prefill of "
+                f"its tokens. They were written after round {ev.failed_checks['recurrent']}, where "
+                f"{EXPLAIN['recurrent']}, and every cache slot held its own token: a hybrid's "
+                "attention entries computed over a wrong recurrent state are wrong too.")
     if state == "recurrent":
         kv_fits = ev.kv_diff is None or ev.kv_diff <= ev.tolerance
         return ("Replayed over fresh K/V of its tokens with its own recurrent states, it still "

@@ -64,19 +64,28 @@ RULES: dict[str, Rule] = {
                                                        _norm((one - q).clamp(min=0)), one),
     "top-p-not-in-residual": lambda p, q, full, one: (torch.minimum(p, q),
                                                       _norm((full - q).clamp(min=0)), p),
+    "processors-on-bonus-only": lambda p, q, full, one: (torch.minimum(full, q),
+                                                         _norm((full - q).clamp(min=0)), p),
 }
 _CORRECT_HERE = "the rule is the correct one here"
+# a rule that differs from the correct one only where top-k or top-p truncates p
+_UNTRUNCATED = (lambda spec: spec.top_p == 1 and not spec.top_k,
+                f"no top-k or top-p truncates p: {_CORRECT_HERE}")
 MOOT = {  # rule -> (whether a run's settings make it the correct rule, why)
     "temperature-draft-only": (lambda spec: spec.temperature == 1,
                                f"the target samples at temperature 1: {_CORRECT_HERE}"),
-    "top-p-not-in-residual": (lambda spec: spec.top_p == 1 and not spec.top_k,
-                              f"no top-k or top-p truncates p: {_CORRECT_HERE}"),
+    "top-p-not-in-residual": _UNTRUNCATED,
+    "processors-on-bonus-only": _UNTRUNCATED,
 }
 SKIPPED = {  # the catalogue's other sampling faults, and why no likelihood is computed for them
     "residual-unclamped": "its residual p - q is no distribution: what it draws depends on the "
                           "sampler's arithmetic",
     "target-probs-mutated": "its residual depends on which draft was refused: a sum over the "
                             "vocabulary per token",
+    "draft-probs-unprocessed": "it decides by the draft model's raw softmax, which the rules are "
+                               "not given (they hold the draft's q as it was drawn from)",
+    "draft-drawn-in-bfloat16": "its drafts follow the draft model's logits rounded as the "
+                               "engine rounded them, which the rules are not given",
     "shared-stream": "it acts on the random streams of the batch, not on one row's distribution",
 }
 

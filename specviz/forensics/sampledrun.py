@@ -144,6 +144,24 @@ def _run_verdict(trace: Trace) -> tuple[str, str] | None:
             "stream's (its request's seed, or the run's seed and its sequence, at its token); the "
             f"first at (round, seq, token) {audit.stream_first[0]}. Such a row's tokens depend on "
             f"its batch and schedule, whatever its distribution. Besides, {tokens}; {decided}.")
+    drafts = trace.proposals
+    if drafts and drafts.drawn_with:
+        return "decision-bug:stream", (
+            f"{drafts.draw_off} of {drafts.checked} decided drafts are not the draw their q gives "
+            f"at their row's own draft draw, and every one is {drafts.drawn_with} draw at the "
+            "same token (a fresh batch-size-1 pass of the draft model, beyond its "
+            f"rounding); the first at (round, seq, slot) {drafts.first[0]}. One random number "
+            "decided two things, which couples the draft with its own acceptance and biases the "
+            f"output, though the decisions follow their record ({decided}). Besides, {tokens}.")
+    if drafts and (drafts.q_off or drafts.draw_off):
+        return "sampler-bug:proposal", (
+            f"Of {drafts.checked} decided drafts, {drafts.q_off} carry a recorded q that is not "
+            f"the draft model's own under the run's draft settings, and {drafts.draw_off} are not "
+            "the draw that q gives at their row's own draft draw (a fresh batch-size-1 pass of "
+            "the draft model, beyond its rounding); the first at (round, seq, slot) "
+            f"{drafts.first[0]}. A draft decided by another q than the one it was drawn from "
+            f"biases the output, though the decisions follow their record ({decided}). Besides, "
+            f"{tokens}.")
     if not rejected:
         return d.verdict, (f"No fault found: {tokens}; {decided}" + (
             f"; all {audited} audited row states held." if audited else

@@ -17,6 +17,8 @@ from specviz.decoding.sampling import GREEDY, Sampling, greedy_of
 from specviz.forensics import distribution, yardstick, yardstick_cache
 from specviz.forensics.acceptance import judge_acceptance, judge_head_acceptance
 from specviz.forensics.logprobs import judge_logprobs
+from specviz.forensics.counters import judge_counters
+from specviz.forensics.proposals import judge_proposals
 from specviz.forensics.rejections import judge_rejections, run_rounds
 from specviz.forensics.sampledrun import analyse_sampled, judge_sampled_run
 from specviz.forensics.watch import Watch
@@ -185,6 +187,9 @@ def explain_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]],
         distribution.judge_distribution(trace, pair, prompt_ids, progress).record(trace)
     if yardsticks is not None:
         analyse_sampled(trace, result).record(trace)
+        if yardsticks.draft is not None and DRAFTERS[spec.drafter].draft_model:
+            Findings(run={"proposals": judge_proposals(trace, pair.draft, pair.vocab_size,
+                                                       yardsticks.draft.tolerance)}).record(trace)
     if spec.logprobs and judge:
         yardsticks = yardsticks or calibrated_yardsticks(spec, pair)
         judge_logprobs(trace, pair, yardsticks and yardsticks.target).record(trace)
@@ -287,7 +292,8 @@ def explain(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result:
             flag_batching_noise(trace, batched).record(trace)
     if spec.logprobs and ref is not None:
         judge_logprobs(trace, pair, yardsticks and yardsticks.target).record(trace)
-    if trace.rows:  # the drafts and the decisions: lossless bugs show only there
+    if trace.rows:  # the drafts, the decisions and the counters: lossless bugs show only there
+        judge_counters(trace).record(trace)
         # (a penalised choice is not the fresh pass's argmax: the verify pass's own is asked alone)
         fresh = None if spec.changed(PENALTY_FIELDS) else pair.target
         Findings(run={"acceptance": _judge_drafts(trace, spec, pair),

@@ -121,6 +121,12 @@ CASES = (
          "stop strings and the finish reason: the replica stops on the model's end-of-sequence "
          "tokens, and its trace records no finish reason.",
          CAP_RUN),
+    Case("counted-before-stop-trim",
+         "mean acceptance length (and usage) overcounted when a stop lands in a block",
+         "A round's counters took its whole accepted block before the stop trimmed it.\n"
+         "Tokens past an end-of-sequence token were counted as emitted; the output is right.",
+         "vLLM's Prometheus metrics and SGLang's reasoning-token usage: the replica's own counter "
+         "of each round's tokens (its rows' `counted`) takes the untrimmed block."),
     Case("penalty-history-last-token",
          "penalties weaker the better the draft; loops under a repetition penalty",
          "The penalty history gained only the last token of each round, and each verify slot used "
@@ -163,6 +169,20 @@ CASES = (
          "llama.cpp's sequence bookkeeping (n_rs_seq) and MTP heads: a draft model drafts for "
          "the random Qwen 3.5-style pair here.",
          _HYBRID),
+    Case("state-from-another-rows-count",
+         "garbled text and early end-of-sequence on a hybrid under async speculation",
+         "A stale copy of the accepted counts, read in the batch's old row order, picked each "
+         "row's recurrent state.\n"
+         "A row's state continued from another row's number of this round's tokens.",
+         "the async scheduler's reorder and its CPU copy: the replica reads the row before's "
+         "count every round (a random Qwen 3.5-style pair here).",
+         _HYBRID),
+    Case("window-kept-on-verify", "a sliding-window model drifted only under speculation",
+         "A rotating cache evicted one key per update, whatever the update's length.\n"
+         "A verify of several tokens never evicted: the cache grew past its window, and every "
+         "verify saw it.",
+         "the cache's rotation: the replica keeps every key and lifts the window in verify "
+         "passes (a random Mistral-style pair with a 48-token window here).", _WINDOW),
     Case("window-full-keeps-rejected", "a late greedy fork, reported as \"should be identical\"",
          "Once a sliding-window (rotating) cache was full, it could no longer be trimmed.\n"
          "Drafts rejected after that stayed in the window, seen by every later token.",
@@ -198,6 +218,12 @@ CASES = (
          "the overlap scheduler that made the path reachable: every verify here reads the first "
          "row's settings.",
          _REQUESTS),
+    Case("settings-never-written", "garbage temperatures and top-k on a CPU build",
+         "The kernel that expands each request's sampling settings to its tokens never ran.\n"
+         "Every row was verified with what the buffer held, whatever it asked.",
+         "the buffer's garbage and the out-of-bounds crash: the replica reads zeros, so every "
+         "row is verified greedily.",
+         _REQUESTS),
     Case("unset-temperature-greedy", "top-k-only requests silently became greedy",
          "A request that left its temperature unset got the greedy sentinel, whatever else "
          "it asked.\n"
@@ -212,6 +238,13 @@ CASES = (
          "was mixed.",
          "the buffer's garbage: the replica reads it as zeros, so those rows draw the "
          "lowest tokens.", _REQUESTS),
+    Case("draft-draw-shared-with-verify",
+         "output leaned toward the drafter with probabilistic drafting",
+         "The draft's noise was keyed by the offset of the acceptance's uniform at its position.\n"
+         "One random number proposed the draft and decided it: the two were coupled.",
+         "Gumbel sampling and the recovery noise, which shared the offset too: the replica draws "
+         "each draft by inverse CDF with the acceptance's uniform, at temperature 1.",
+         dict(temperature=1.0, audit=4)),
     Case("stream-advanced-for-zero-draft", "seeded output not reproducible, dependent on the batch",
          "A row offered no drafts still advanced its random generator in a round that "
          "verified others'.\n"
@@ -227,6 +260,27 @@ CASES = (
          # At 0.3 the draft token holds much of p, and zeroing it shows in 32 tokens of the tiny
          # pair as well.
          dict(temperature=0.3, audit=4)),
+    Case("processors-on-bonus-only", "top-k and top-p ignored under speculation",
+         "The rejection sampler applied the row's truncating processors to the bonus token only.\n"
+         "Drafts were decided, and refused ones redrawn, against p untruncated: tokens the row "
+         "excluded came through.",
+         "min_p and logit_bias, which specviz does not offer: top-k and top-p are the same kind "
+         "of processor (the replica truncates with top-k 5).",
+         dict(temperature=0.8, top_k=5, audit=4)),
+    Case("draft-probs-unprocessed", "biased samples with a block drafter at temperature < 1",
+         "Drafts were drawn from the draft model's processed distribution.\n"
+         "Their decisions read its raw softmax as q: an unlikely-looking draft was accepted "
+         "too often.",
+         "DFlash's block drafter: the replica's draft model hands over its raw softmax alike, "
+         "at temperature 0.3.",
+         dict(temperature=0.3, audit=4)),
+    Case("draft-drawn-in-bfloat16", "a small bias at temperature > 0 that no test caught",
+         "Drafts were sampled from the draft model's logits in bfloat16.\n"
+         "Their decisions read the float32 softmax: where the two part, a draft is not a draw from "
+         "its q.",
+         "DeepSpec's own sampler: the replica rounds the draft model's logits to bfloat16 before "
+         "it draws, at temperature 1 (where rounding moves the most draws).",
+         dict(temperature=1.0, audit=4)),
     Case("shared-stream", "identical or degenerate samples across requests",
          "Every row drew the same random numbers: one stream for the whole batch.\n"
          "Identical prompts gave identical samples; rows' draws were not independent.",

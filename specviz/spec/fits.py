@@ -59,6 +59,9 @@ FAULT_KINDS = {k.name: k for k in (
     FaultKind("lossless", False),
     # Breaking only the recorded log-probabilities: the tokens stay right.
     FaultKind("logprobs", False, ("logprobs",)),
+    # Breaking only the run's counters of the tokens a round kept, where a stop trims a round's
+    # block: the tokens stay right.
+    FaultKind("counters", False, ("stop",)),
     # The text stays fluent, only the distribution is wrong.
     FaultKind("sampling", False, ("sampled",)),
     # A row sampled with settings or noise that are not its own (a run with per-request settings).

@@ -11,9 +11,11 @@ REPOS = {  # the short names threads are cited by -> GitHub repository
     "vllm-ascend": "vllm-project/vllm-ascend", "SGLang": "sgl-project/sglang",
     "sglang-jax": "sgl-project/sglang-jax", "llama.cpp": "ggml-org/llama.cpp",
     "TensorRT-LLM": "NVIDIA/TensorRT-LLM", "transformers": "huggingface/transformers",
-    "mlx-lm": "ml-explore/mlx-lm", "openvino.genai": "openvinotoolkit/openvino.genai",
-    "oMLX": "jundot/omlx", "mlxcel": "lablup/mlxcel", "koboldcpp": "LostRuins/koboldcpp",
-    "Atlas": "Avarok-Cybersecurity/atlas", "mistral.rs": "EricLBuehler/mistral.rs",
+    "mlx-lm": "ml-explore/mlx-lm", "mlx-swift-lm": "ml-explore/mlx-swift-lm",
+    "openvino.genai": "openvinotoolkit/openvino.genai", "oMLX": "jundot/omlx",
+    "mlxcel": "lablup/mlxcel", "DeepSpec": "deepseek-ai/DeepSpec",
+    "koboldcpp": "LostRuins/koboldcpp", "Atlas": "Avarok-Cybersecurity/atlas",
+    "mistral.rs": "EricLBuehler/mistral.rs",
     "speculative-sampling": "jaymody/speculative-sampling",
 }
 

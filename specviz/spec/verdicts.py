@@ -90,6 +90,12 @@ VERDICTS = {v.name: v for v in (
             "each recorded log-probability against a fresh float64 recomputation of the target "
             "at batch size 1, penalised and tempered as the run was, beyond what rounding "
             "moves it"),
+    Verdict("decision-bug:counters",
+            "the tokens are right but the run's counters count tokens its output does not hold: "
+            "a round's whole accepted block counted before a stop trimmed it (the tokens per "
+            "round, the mean acceptance length, overcount)",
+            "each sequence's rounds' emitted tokens, as the run counted them, against its output's "
+            "tokens"),
     # A sampled run's, with per-request settings or audited (forensics/distribution.py).
     Verdict("decision-bug:settings",
             "a row was sampled with settings not its own: another request's temperature, "
@@ -99,11 +105,13 @@ VERDICTS = {v.name: v for v in (
             "beyond chance (Markov's bound, Bonferroni over sequences and settings)"),
     Verdict("decision-bug:stream",
             "a row drew random numbers that are not its own stream's: noise never written, "
-            "shared with other rows, or shifted by draws the schedule consumed; its tokens then "
-            "depend on its batch",
+            "shared with other rows, shifted by draws the schedule consumed, or one number used "
+            "for two decisions (a draft drawn with the draw that decides it); its tokens then "
+            "depend on its batch, or lean toward its drafts",
             "every recorded draw of a sampled run, audited or with per-request settings, "
             "re-derived from the row's own stream (its seed, or the run's seed and its sequence) "
-            "at its token"),
+            "at its token; audited with a draft model, each decided draft against the inverse CDF "
+            "of the draft model's fresh q at each of the round's draws at its token"),
     # The acceptance judge's (forensics/acceptance.py): lossless, the output right
     # and the drafts wasted.
     Verdict("draft-bug:first-token",
@@ -149,6 +157,12 @@ VERDICTS = {v.name: v for v in (
     Verdict("sampler-bug:decisions",
             "accept/reject decisions do not follow the sampler's own recorded p, q and draw",
             "every decision re-derived from its record"),
+    Verdict("sampler-bug:proposal",
+            "a draft was not drawn from the q its decision reads: the decision divided by "
+            "another distribution (the draft model's unprocessed logits, another precision)",
+            "each decided draft's recorded q, and the draft itself at its row's own draft draw, "
+            "against a fresh batch-size-1 pass of the draft model under the run's draft settings, "
+            "beyond the draft's rounding"),
     Verdict("sampler-bug:rule",
             "every state and decision held, yet the tokens are not the target's "
             "distribution: the sampling rule itself",

@@ -235,6 +235,21 @@ class Decisions(Strict):
     stream_first: Many[Many[int]] = []
 
 
+class Proposals(Strict):
+    """Audited sampled runs with a draft model (forensics/proposals.py): each decided draft of a
+    chain round against a fresh batch-size-1 pass of the draft model under the run's draft
+    settings. A draft must be its row's own draw from the q its decision reads."""
+
+    checked: int  # drafts checked: each round's accepted ones and the first it refused
+    q_off: int  # of them, those whose recorded q is not the fresh q, beyond rounding
+    draw_off: int  # those that are not the fresh q's inverse CDF at the row's draft draw
+    first: Many[Many[int]] = []  # [round, seq, slot] of the first drafts off (at most 20)
+    tolerance: float  # the draft's rounding in logits: 2 x this / T in log q and in the CDF
+    # where drafts are not their own draws: another decision's draws at the same token that every
+    # draft is ("the acceptance's"): one number used for two decisions (None: none is)
+    drawn_with: str | None = None
+
+
 class ContextBand(Strict):
     """A run's drafts in the rounds that began with a context length in [start, end) tokens (the
     prompt and the output before the round): a drafter that loses its way past a context length (a

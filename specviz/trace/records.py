@@ -67,6 +67,9 @@ class RowRecord(Strict):
     emitted: Many[int]
     sources: Many[Source]
     finished: bool
+    # the tokens the run's own counters took as this round's (what its tokens per round and mean
+    # acceptance length sum); None: its emitted tokens (a trace written before it was recorded)
+    counted: int | None = None
     pad_before: int
     pad_after: int | None  # None: the row finished and left the batch
     content_before: int

@@ -18,7 +18,7 @@ from specviz.spec.run import RunSpec
 from specviz.spec.strict import Many, Map, SpecError, Strict, describe_validation_error
 from specviz.spec.untrusted import parse_file, shown
 from specviz.trace.evidence import (Acceptance, Decisions, Determinism, Distribution, Fidelity,
-                                    Rejections, SampledJudgement)
+                                    Proposals, Rejections, SampledJudgement)
 from specviz.trace.migrations import MIGRATIONS, SCHEMA_VERSION
 from specviz.trace.records import (EngineInfo, PromptRecord, RoundRecord, RowRecord, SequenceRecord,
                                    check_sequence)
@@ -68,6 +68,7 @@ class Trace(Strict):
     # greedy runs with rounds (ours, or an engine's as it reported them): did a round refuse a
     # draft the target chose?
     rejections: Rejections | None = None
+    proposals: Proposals | None = None  # audited sampled runs with a draft model
 
     @model_validator(mode="after")
     def _consistent(self) -> Trace:
