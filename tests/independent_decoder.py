@@ -8,7 +8,8 @@ was fed at, K/V a rollback threw away) is kept per sequence and replayed on ever
 bug lasts as it does in a cached engine.
 
 `bug` plants a bug from the field by hand (or several at once: a tuple), named after specviz's fault
-of the same mechanism (BUGS; SAMPLING_BUGS, of its sampler; LOSSLESS_BUGS, which keep the output);
+of the same mechanism (BUGS; SAMPLING_BUGS, of its sampler; LOSSLESS_BUGS, which keep the output;
+OUTSIDE_BUGS, of no fault);
 None is the correct engine, whose greedy outputs are those of the target decoding alone. It can
 report its rounds as an engine would (each round's drafts and how many it accepted).
 """
@@ -25,6 +26,9 @@ BUGS = ("draft-bonus", "bonus-from-another-row", "verify-positions-not-advanced"
 SAMPLING_BUGS = ("residual-from-draft", "temperature-draft-only")
 # bugs that keep every greedy output right: a round keeps one draft fewer than the target chose
 LOSSLESS_BUGS = ("accept-count-one-short",)
+# an accept rule of no fault of the catalogue: a round keeps its drafts up to the last one the
+# target chose, past a mismatch (the refused drafts before it kept too)
+OUTSIDE_BUGS = ("keep-to-last-match",)
 # the bugs that erase committed K/V (the tokens are kept)
 ERASING = ("min-crop", "rollback-by-draft-list")
 
@@ -108,7 +112,8 @@ def decode(target, draft, prompts: list[list[int]], *, k: int, max_new_tokens: i
     lookup over n in `ngram`, (min, max)). `rounds`, a list: each prompt's rounds are appended to
     it, as {"drafts": [...], "accepted": n}."""
     bugs = frozenset((bug,) if isinstance(bug, str) else bug or ())
-    if bugs - set(BUGS + SAMPLING_BUGS + LOSSLESS_BUGS) or len(bugs & set(ERASING)) > 1:
+    if (bugs - set(BUGS + SAMPLING_BUGS + LOSSLESS_BUGS + OUTSIDE_BUGS)
+            or len(bugs & set(ERASING)) > 1):
         raise ValueError(f"unknown bugs, or two that erase the cache: {sorted(bugs)}")
     lo, hi = (ngram, ngram) if isinstance(ngram, int) else ngram
     vocab = min(m.get_output_embeddings().weight.shape[0] for m in (target, draft) if m is not None)
@@ -166,6 +171,9 @@ def _round(target, draft, live: list[_Seq], first: bool, k: int, budget: int, dr
                 a += 1
             if "accept-count-one-short" in bugs:
                 a = max(a - 1, 0)  # the bug: the last draft the target chose is refused
+            if "keep-to-last-match" in bugs:  # the bug: up to the last draft the target chose
+                a = max([i + 1 for i in range(room[r]) if drafts[r][i] == int(z[r, i].argmax())],
+                        default=0)
             own.append(int(z[r, a].argmax()))
         else:
             # the bug: the draft's alone

@@ -99,19 +99,54 @@ def test_each_planted_bug_of_an_independent_engine_is_named_by_its_mechanism(bug
     printed = capsys.readouterr().out
     forked = [s for s in trace.sequences if s.first_divergence is not None]
     assert forked, f"{bug} forks no row here"
+    # A bonus from the draft keeps a draft the target rejected: its departing tokens are the draft
+    # model's own choices, which any accept rule that keeps refused drafts writes (the test below).
+    keeps_drafts = bug == "draft-bonus"
     for s in forked:
         a = s.attribution
         assert a is not None, (bug, s.seq, s.forensics.verdict)
+        assert ("cannot tell which accept rule kept them" in a.explanation) == keeps_drafts
+        # (said as established only where the fork is judged a bug: without a control, a fork that
+        # only the engine's rounding could explain is not)
+        assert not a.rejected_draft_kept
         named = [h for h in a.hypotheses if h.named]
-        # Named; beside it only what these tokens cannot tell from it (a preset holding it; a fault
-        # whose replay writes the very same tokens here), said in the report.
-        best = next(h for h in named if bug in expand(h.faults))
+        # Named (or, for drafts kept, the first to write them all, and said in the finding); beside
+        # it only what these tokens cannot tell from it (a preset holding it; a fault whose replay
+        # writes the very same tokens here), said in the report.
+        best = (a.hypotheses[0] if keeps_drafts
+                else next(h for h in named if bug in expand(h.faults)))
+        assert bug in expand(best.faults) and (not named) == keeps_drafts
         assert (best.explained == a.tokens
                 and best.beyond == len(a.departing) >= a.threshold > a.correct.beyond == 0)
         assert all(h.replay_ids == best.replay_ids for h in named), (bug, s.seq, a.explanation)
         assert best.round is not None and best.replay_ids[a.fork] == s.engine.ids[a.fork]
-        assert bug in a.explanation and not a.facts
-    assert "named " + bug in printed
+        assert bug in a.explanation
+    assert ("cannot tell which accept rule kept them" if keeps_drafts
+            else "named " + bug) in printed
+
+
+def test_a_kept_rejected_draft_is_said_and_no_rule_that_keeps_drafts_is_named_for_it(
+        tiny, prompts, tmp_path):
+    """The converse of a wrong rejection, seen from outside: an accept rule of no fault keeps its
+    drafts up to the last one the target chose, past a mismatch. Its forks are the draft model's
+    own choices where the target chose otherwise. The finding says that rejected drafts were kept
+    and that the tokens cannot tell which accept rule kept them; no mechanism of the catalogue is
+    named for it, though some write its tokens (a bonus from the draft, dsd-like, a rule on the
+    untempered softmaxes)."""
+    settings = {"k": K, "batch_size": BATCH, "drafter": "model"}
+    path, control = tmp_path / "engine.jsonl", tmp_path / "control.jsonl"
+    write_outputs(path, prompts, _engine(tiny, prompts, "keep-to-last-match", "model"), settings)
+    # its control: the same engine's correct rule, whose rounding bounds the engine's
+    write_outputs(control, prompts, _engine(tiny, prompts, None, "model"), settings)
+    trace = _check(tmp_path, path, (TINY_TARGET, TINY_DRAFT), "--control", str(control))
+    forked = [s for s in trace.sequences if s.first_divergence is not None]
+    assert forked, "the rule forks no row here"
+    for s in forked:
+        a = s.attribution
+        assert s.forensics.verdict == "engine-bug" and a.rejected_draft_kept, a.explanation
+        assert "kept drafts the target rejected: decisions it got wrong" in a.explanation
+        assert "cannot tell which accept rule kept them" in a.explanation
+        assert not any(h.named for h in a.hypotheses), a.explanation
 
 
 @pytest.mark.parametrize("two",
@@ -157,6 +192,7 @@ def test_the_correct_independent_engine_is_attributed_to_nothing_even_where_its_
     for seq in seqs:
         a = trace.sequences[seq].attribution
         assert not any(h.named for h in a.hypotheses), a.explanation
+        assert not a.rejected_draft_kept  # rounding's forks are never said to keep drafts
 
 
 def test_an_engine_that_stopped_early_has_nothing_to_attribute(tiny, prompts, tmp_path):
@@ -198,13 +234,14 @@ def test_a_bug_outside_the_catalogue_is_named_by_none_and_its_state_fact_is_give
 
 def test_the_page_shows_the_hypotheses_aligned_from_the_fork_and_the_json_keeps_them(tiny, prompts,
         tmp_path, capsys):
-    outputs = _engine(tiny, prompts, "draft-bonus", "model")
+    outputs = _engine(tiny, prompts, "verify-positions-not-advanced", "model")
     path = tmp_path / "engine.jsonl"
     write_outputs(path, prompts, outputs, {"k": K, "batch_size": BATCH, "drafter": "model"})
     trace = _check(tmp_path, path)
     s = next(s for s in trace.sequences if s.attribution)
     page = forensics_html(trace, Focus(s.seq, None))
-    assert 'class="sv-attribution" data-named="true"' in page and "best: draft-bonus" in page
+    assert ('class="sv-attribution" data-named="true"' in page
+            and "best: verify-positions-not-advanced" in page)
     # the aligned lines, the hypothesis's round and slot
     assert page.count("<tr>") >= 4 and "round" in page
     assert Trace.from_json(trace.to_json()).sequences[s.seq].attribution == s.attribution

@@ -23,7 +23,8 @@ def attribution_html(trace: Trace, s: SequenceRecord) -> str:
     best = a.hypotheses[0] if a.hypotheses else None
     out = [f'<div class="sv-attribution" data-named="{str(named).lower()}">',
            '<h4>Which bug is this?</h4>'
-           f'<p class="sv-verdict sv-{"bug" if named else "unexplained"}">'
+           # drafts kept that the target rejected: a wrong decision, whichever rule made it
+           f'<p class="sv-verdict sv-{"bug" if named or a.rejected_draft_kept else "unexplained"}">'
            f"{html.escape(a.explanation)}</p>"]
     lines = [("engine", s.engine.ids), ("reference", s.reference_ids or [])]
     if best is not None:

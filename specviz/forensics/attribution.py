@@ -12,7 +12,15 @@ departing()). A mechanism is named only when its replay writes at least EVIDENCE
 the correct engine replayed the same way does (all the others where the engine wrote fewer, never
 fewer than MIN_EVIDENCE), and no other writes more. docs/engines.md measures the threshold on vLLM's
 and llama.cpp's controls. Where none is named, the finding says so and gives what fresh float64
-passes at batch size 1 establish about the fork token."""
+passes at batch size 1 establish about the fork token.
+
+Where every departing token is the draft model's own choice on the engine's prefix (an engine that
+drafts with the check's draft model), the tokens establish one thing: drafts the target rejected
+were kept, where the fork is judged a bug and not rounding. Every accept rule that keeps refused
+drafts writes them, and the catalogue's draft-keeping mechanisms (a bonus from the draft, a rule on
+the wrong distributions) are only some of those rules. So no mechanism is named there: the finding
+says what the tokens establish, that they cannot tell which rule kept the drafts, and which of the
+catalogue's rules write them."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -22,6 +30,7 @@ from specviz.forensics.enginenoise import truth_model
 from specviz.forensics.recompute import fresh_logits
 from specviz.models.pairs import ModelPair
 from specviz.spec.casebook import mechanism
+from specviz.spec.drafters import DRAFTERS
 from specviz.spec.verdicts import verdict
 from specviz.trace.evidence import Attribution, Hypothesis
 from specviz.trace.findings import Findings
@@ -115,35 +124,47 @@ def _judged(trace: Trace, seq: int, best: dict[tuple[str, ...], Hypothesis],
     ranked = sorted(best.values(),
                     key=lambda h: (-h.beyond, -h.explained, len(h.companions), len(h.faults)))
     top = ranked[0].beyond if ranked else 0
-    for h in ranked:
-        h.named = h.beyond == top and h.beyond - correct.beyond >= threshold
-    named = [h for h in ranked if h.named]
-    facts = [] if named else _facts(trace, seq, pair, prompt_ids[seq])
+    out = s.engine.ids
+    # the draft model's own choice at each of the engine's tokens, on the engine's prefix
+    drafted = fresh_logits(pair.draft, prompt_ids[seq] + out[:-1], len(out),
+                           pair.vocab_size).argmax(-1).tolist()
     departed = [fork + j for j, d in enumerate(departing(s)) if d]
+    # Every departing token the draft's: where the engine drafts with the check's draft model, and
+    # not past the reference's stop (every token departs there, the target's own choices too).
+    drafter = DRAFTERS.get(trace.manifest.engine.settings.get("drafter"))
+    drafts = (drafter is not None and drafter.draft_model and bool(departed)
+              and fork < len(s.reference_ids or []) and all(out[i] == drafted[i] for i in departed))
+    for h in ranked:
+        h.named = not drafts and h.beyond == top and h.beyond - correct.beyond >= threshold
+    named = [h for h in ranked if h.named]
+    facts = [] if named else _facts(trace, seq, pair, prompt_ids[seq], drafted[fork])
+    judged_bug = verdict(s.forensics.verdict).bug
+    # the fork judged a bug: its departures are not rounding's, so the drafts were rejected ones
     a = Attribution(fork=fork, tokens=tokens, departing=departed, threshold=threshold,
                     correct=correct, hypotheses=ranked, skipped=skipped, replays=replays,
-                    seconds=seconds, explanation="", facts=facts)
-    a.explanation = _explanation(a, named, verdict(s.forensics.verdict).bug)
+                    seconds=seconds, explanation="", facts=facts,
+                    rejected_draft_kept=drafts and judged_bug)
+    a.explanation = (_drafts_kept(a, judged_bug) if drafts
+                     else _explanation(a, named, judged_bug))
     return a
 
 
-def _facts(trace: Trace, seq: int, pair: ModelPair, prompt: list[int]) -> list[str]:
+def _facts(trace: Trace, seq: int, pair: ModelPair, prompt: list[int], drafted: int) -> list[str]:
     """What fresh passes at batch size 1 (the target in float64 where it has a float64 copy, the
     draft in its own dtype) establish about a fork no hypothesis explains: which context, or which
-    model or row, the engine's fork token is the choice of."""
+    model or row, the engine's fork token is the choice of (`drafted`: the draft model's own
+    choice on the engine's prefix)."""
     s = trace.sequences[seq]
     out, f = s.engine.ids, s.first_divergence
     token = out[f]
     model, truth = truth_model(pair)
     found = []
-    def choice(m, context: list[int]) -> int:
-        return int(fresh_logits(m, context, 1, pair.vocab_size)[0].argmax())
-
-    if f > 0 and choice(model, prompt + out[: f - 1]) == token:
+    if f > 0 and int(fresh_logits(model, prompt + out[: f - 1], 1,
+                                  pair.vocab_size)[0].argmax()) == token:
         found.append(f"The fork token {token} is the target's choice ({truth}) over a context "
                      f"missing the token before it ({out[f - 1]}): as if the last accepted token "
                      "had not been fed.")
-    if choice(pair.draft, prompt + out[:f]) == token:
+    if drafted == token:
         found.append(f"The fork token {token} is the draft model's own choice on the same "
                      "prefix: a draft written where the target's token belongs.")
     others = [o.seq for o in trace.sequences if o.seq != seq and o.reference_ids
@@ -155,6 +176,25 @@ def _facts(trace: Trace, seq: int, pair: ModelPair, prompt: list[int]) -> list[s
     return found or [f"The fork token {token} is not the target's choice over the context missing "
                      "the token before it, nor the draft model's, nor another prompt's at the same "
                      "index."]
+
+
+def _drafts_kept(a: Attribution, judged_bug: bool) -> str:
+    """A fork whose departing tokens are all the draft model's own choices, in words: what they
+    establish (drafts kept that the target rejected, where the fork was judged a bug), and which of
+    the catalogue's mechanisms write them all."""
+    mine = (f"each of the {len(a.departing)} tokens from the fork on that the target itself would "
+            "not write on the engine's prefix is the draft model's own choice there")
+    kept = ("The engine kept drafts the target rejected: decisions it got wrong" if judged_bug
+            else "If they are not rounding (the verdict above says what would decide it), the "
+                 "engine kept drafts the target rejected")
+    fits = [h for h in a.hypotheses
+            if h.beyond == len(a.departing) and h.beyond - a.correct.beyond >= a.threshold]
+    which = (f"Of the catalogue's mechanisms, {', '.join('+'.join(h.faults) for h in fits)} "
+             f"write{'s' * (len(fits) == 1)} them all, as would any accept rule that keeps the "
+             "same drafts" if fits else "No mechanism of the catalogue writes them all")
+    return (f"What the tokens establish: {mine}. {kept}. They cannot tell which accept rule kept "
+            f"them. {which} (the correct engine, replayed the same way, writes "
+            f"{a.correct.beyond} of them).")
 
 
 def _explanation(a: Attribution, named: list[Hypothesis], judged_bug: bool) -> str:

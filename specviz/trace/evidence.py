@@ -377,6 +377,11 @@ class Attribution(Strict):
     skipped: Map[str, str] = {}
     # what fresh float64 passes establish about the fork, where nothing is named
     facts: Many[str] = []
+    # Every departing token is the draft model's own choice on the engine's prefix, at a fork judged
+    # a bug: drafts the target rejected were kept. (Where every departing token is the draft's, no
+    # mechanism is named: any accept rule that keeps refused drafts writes them; the explanation
+    # says which of the catalogue's do.)
+    rejected_draft_kept: bool = False
     replays: int  # replays run
     seconds: float
     explanation: str
