@@ -6,6 +6,7 @@ import pytest
 from test_mutants import MUTANTS, plant
 
 from specviz.app import tokens, views
+from specviz.app.summary import distribution_md
 from specviz.app.panel import forensics_html
 from specviz.run.runner import run
 from specviz.spec.faults import FAULTS, of_kind
@@ -113,6 +114,9 @@ def test_a_draft_not_drawn_from_its_q_is_named_where_the_distribution_passes(tin
     assert trace.decisions.mismatches == 0
     assert trace.proposals.q_off > 0, trace.proposals
     assert metrics.sampled_verdict(trace)[0] == "sampler-bug:proposal"
+    # the page's distribution panel says it beside the decision audit
+    panel = distribution_md(trace)
+    assert "sampler-bug:proposal" in panel and f"**{trace.proposals.q_off} carry another q" in panel
 
 
 def test_the_page_opens_a_sampled_run_on_its_corrupt_state(tiny):
