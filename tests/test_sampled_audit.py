@@ -116,7 +116,8 @@ def test_a_draft_not_drawn_from_its_q_is_named_where_the_distribution_passes(tin
     assert metrics.sampled_verdict(trace)[0] == "sampler-bug:proposal"
     # the page's distribution panel says it beside the decision audit
     panel = distribution_md(trace)
-    assert "sampler-bug:proposal" in panel and f"**{trace.proposals.q_off} carry another q" in panel
+    assert f"Proposal audit: {trace.proposals.checked} decided drafts" in panel
+    assert f"**{trace.proposals.q_off} carry another q" in panel
 
 
 def test_the_page_opens_a_sampled_run_on_its_corrupt_state(tiny):
