@@ -107,8 +107,8 @@ def test_a_correct_sampler_audits_clean(method, tiny):
 def test_a_draft_not_drawn_from_its_q_is_named_where_the_distribution_passes(tiny):
     """transformers #47932: q handed over from the draft model's unprocessed logits. Each decision
     follows its record, and the distribution is not rejected, but a draft's recorded q is not the
-    draft model's own. (DeepSpec #31's drafts drawn in bfloat16, whose q is right and whose draws are
-    not, is the casebook's: tests/test_casebook.py, on the embedded pair.)"""
+    draft model's own. (DeepSpec #31's drafts drawn in bfloat16, whose q is right and whose draws
+    are not, is the casebook's: tests/test_casebook.py, on the embedded pair.)"""
     trace = _sampled(faults=("draft-probs-unprocessed",))
     assert all(s.forensics is None for s in trace.sequences)
     assert trace.decisions.mismatches == 0
