@@ -208,13 +208,14 @@ def distribution_md(trace: Trace | None) -> str:
             audit += "all follow their draw."
         lines.append(audit)
     if (drafts := trace.proposals) is not None:
+        if drafts.q_off or drafts.draw_off:
+            found = f"**{drafts.q_off} carry another q, {drafts.draw_off} are not their own draw**"
+            if drafts.drawn_with:
+                found += f" (every one is {md(drafts.drawn_with)} draw)"
+        else:
+            found = "each is its own draw from the q its decision read"
         lines.append(f"Proposal audit: {drafts.checked} decided drafts against the draft model's "
-                     "own q, fresh at batch size 1: "
-                     + (f"**{drafts.q_off} carry another q, {drafts.draw_off} are not their own "
-                        "draw**" + (f" (every one is {md(drafts.drawn_with)} draw)"
-                                    if drafts.drawn_with else "")
-                        if drafts.q_off or drafts.draw_off
-                        else "each is its own draw from the q its decision read") + ".")
+                     f"own q, fresh at batch size 1: {found}.")
     if (a := trace.distribution.attribution) is not None:
         lines.append(f"**Which rule wrote these tokens?** {md(a.explanation)}")
         lines.append("| acceptance rule | log-likelihood ratio over the correct rule | named |\n"
