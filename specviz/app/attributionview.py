@@ -23,8 +23,7 @@ def attribution_html(trace: Trace, s: SequenceRecord) -> str:
     best = a.hypotheses[0] if a.hypotheses else None
     out = [f'<div class="sv-attribution" data-named="{str(named).lower()}">',
            '<h4>Which bug is this?</h4>'
-           # drafts kept that the target rejected: a wrong decision, whichever rule made it
-           f'<p class="sv-verdict sv-{"bug" if named or a.rejected_draft_kept else "unexplained"}">'
+           f'<p class="sv-verdict sv-{_kind(named, a.rejected_draft_kept)}">'
            f"{html.escape(a.explanation)}</p>"]
     lines = [("engine", s.engine.ids), ("reference", s.reference_ids or [])]
     if best is not None:
@@ -44,6 +43,12 @@ def attribution_html(trace: Trace, s: SequenceRecord) -> str:
                    + "</ul></details>")
     out.append("</div>")
     return "".join(out)
+
+
+def _kind(named: bool, kept: bool) -> str:
+    """The finding's class on the page: a decision bug (drafts kept that the target rejected), a
+    mechanism named, or nothing decided."""
+    return "decision-bug" if kept else "bug" if named else "unexplained"
 
 
 def _aligned(trace: Trace, a: Attribution, lines: list[tuple[str, list[int]]],
