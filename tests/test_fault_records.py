@@ -138,6 +138,9 @@ KINDS_BEFORE = {  # kind -> its faults, as the old table FAULTS said
     # (the first since)
     "streams": ["draft-draw-shared-with-verify", "stream-advanced-for-zero-draft"],
     "rejecting": ["accept-count-one-short"],  # (since: forensics/rejections.py names it)
+    # (since: structured output, decoding/grammar.py)
+    "grammar": ["grammar-unmasked-past-reasoning-end", "grammar-advanced-over-rejected",
+                "grammar-mask-after-terminated"],
 }
 VERDICTS_BEFORE = {  # the old VERDICT_OF, and the two cases' own verdicts (spec/casebook.py)
     "sync-bug:positions": ["positions-from-slots", "verify-positions-not-advanced",
@@ -161,6 +164,7 @@ VERDICTS_BEFORE = {  # the old VERDICT_OF, and the two cases' own verdicts (spec
     "sampler-bug:rule": ["target-probs-mutated", "processors-on-bonus-only"],
     "sampler-bug:proposal": ["draft-probs-unprocessed", "draft-drawn-in-bfloat16"],  # (since)
     "decision-bug:reject": ["accept-count-one-short"],  # (since)
+    "decision-bug:grammar": KINDS_BEFORE["grammar"],  # (since)
 }
 ACCEPTANCE_BEFORE = {  # the old ACCEPTANCE_OF
     "draft-positions-off-by-one": "draft-bug:positions",
@@ -188,10 +192,13 @@ def test_the_derived_groups_are_what_the_old_tables_said():
                                       "draft-window-as-full")
     assert needing("hidden") == ("head-hidden-off-by-one", "head-keeps-own-guesses")
     assert needing("recurrent") == tuple(KINDS_BEFORE["recurrent"])
-    changes = ("breaking", "ragged", "greedy", "recurrent", "window", "stop", "penalty", "tree")
+    changes = ("breaking", "ragged", "greedy", "recurrent", "window", "stop", "penalty", "tree",
+               "grammar")
     assert {n for n, f in FAULTS.items() if f.changes_tokens} == set(of_kind(*changes))
     assert needing("penalty", ["dsd-like", "penalty-history-last-token"]) == (
         "penalty-history-last-token",)
+    assert needing("grammar") == tuple(KINDS_BEFORE["grammar"])
+    assert needing("reasoning") == ("grammar-unmasked-past-reasoning-end",)
     assert expand(["dsd-like"]) == ("no-mask", "draft-bonus", "growing-padding")
 
 

@@ -75,6 +75,12 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="a stop string: an output ends at the token whose text completes it, that "
                         "token kept, as at an end-of-sequence token (repeat it for more; check: "
                         "the engine's own stop strings)")
+    g.add_argument("--json-schema", type=json_schema, metavar="JSON|@FILE",
+                   help="structured output: every answer follows this JSON schema (its text, or "
+                        "@ and a file holding it), its grammar masking the target's logits")
+    g.add_argument("--reasoning-end", metavar="TOKEN",
+                   help="with --json-schema: the token that ends a reasoning model's thinking "
+                        "(its </think>); the grammar starts after it")
     add_field(g, "dtype", choices=DTYPES)
     add_field(g, "device", choices=DEVICES)
     add_field(g, "seed",
@@ -169,6 +175,16 @@ def prompts_from_args(args) -> list[str]:
     return sorted(prompts, key=len) if args.sort_by_length else prompts
 
 
+def json_schema(value: str) -> str:
+    """--json-schema's value: the schema's text, or the text of the file after an @."""
+    if not value.startswith("@"):
+        return value
+    try:
+        return Path(value[1:]).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise argparse.ArgumentTypeError(f"cannot read the JSON schema's file: {e}") from e
+
+
 def spec_of(args, **overrides) -> RunSpec:
     target, draft = PAIR_PRESETS[args.pair]
     fields = dict(
@@ -183,6 +199,7 @@ def spec_of(args, **overrides) -> RunSpec:
         draft_top_k=args.draft_top_k, draft_top_p=args.draft_top_p, drafter=args.drafter[0],
         repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
         logprobs=args.logprobs, rows=tuple(args.row), stop=tuple(args.stop),
+        json_schema=args.json_schema, reasoning_end=args.reasoning_end,
     )
     fields.update(overrides)
     options = {f: getattr(args, f) for f in DRAFTER_OPTIONS if getattr(args, f) is not None}

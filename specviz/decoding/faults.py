@@ -12,6 +12,7 @@ import torch
 
 from specviz.decoding import trees
 from specviz.decoding.batch import positions as mask_positions
+from specviz.decoding.grammar import Matcher
 from specviz.decoding.sampling import (ACCEPT, DRAFT, Row, Sampler, Samplers, Streams,
                                        inverse_cdf)
 from specviz.decoding.trees import Tree
@@ -50,6 +51,19 @@ class Policy:
             return pos
         return torch.cat([pos[:, :q_start],
                           pos[:, q_start:q_start + 1].expand_as(pos[:, q_start:])], 1)
+
+    def grammar_masks(self, matcher: Matcher, path: list[int]) -> list[torch.Tensor | None]:
+        """The grammar's mask at each slot along a row's drafts (grammar.py): the correct engine
+        decides at each slot whether the row still thinks, and stops at the grammar's end."""
+        return matcher.masks(path, self.has("grammar-unmasked-past-reasoning-end"),
+                             self.has("grammar-mask-after-terminated"))
+
+    def grammar_advance(self, matcher: Matcher, kept: list[int]) -> list[int]:
+        """The tokens a row's grammar advances over, after the round kept `kept`: those; the fault
+        keeps the drafts its masks walked, rejected ones too, and goes on from there."""
+        if not self.has("grammar-advanced-over-rejected"):
+            return kept
+        return matcher.walked + kept[len(matcher.walked):]
 
     def bonus_rows(self, rows: int, device) -> torch.Tensor:
         """(B,) whose target choice each row's non-draft token is: its own."""

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from specviz.decoding import kvcache
 from specviz.decoding.batch import forward, left_pad
+from specviz.decoding.grammar import dense, masked
 from specviz.decoding.penalties import history, logprobs
 from specviz.decoding.result import DecodeResult, Progress, SequenceOutput, top2_margin
 from specviz.decoding.sampling import GREEDY, TARGET, Sampling, inverse_cdf
@@ -46,8 +47,8 @@ def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int,
     Not `generate`: transformers 5 fills every field a GenerationConfig leaves unset from the
     checkpoint's own generation_config (repetition penalty, suppressed tokens, ...), and it takes
     the argmax of float32 copies of the logits. Here nothing alters the logits but the run's own
-    penalties (penalties.py), the argmax runs on the model's own dtype, and only over the pair's
-    shared vocabulary, as the engine's does (an output head may be padded beyond it).
+    penalties (penalties.py) and grammar (grammar.py), the argmax runs on the model's own dtype,
+    and only over the pair's shared vocabulary, as the engine's does (an output head may be padded beyond it).
     tests/test_reference.py checks this loop against `generate` for a model without such defaults.
     """
     outputs, start = [], time.perf_counter()
@@ -56,6 +57,10 @@ def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int,
         out = SequenceOutput([]) if known is None else known[seq]
         given = len(out.ids)
         cache, x = kvcache.new(pair.target), torch.tensor([ids + out.ids], device=pair.device)
+        grammar = sampling.grammar and sampling.grammar.matcher(pair.tokenizer, pair.eos_ids,
+                                                                 pair.vocab_size)
+        if grammar:
+            grammar.advance(out.ids)
         while len(out.ids) < max_new_tokens and not stops.ended(out.ids):
             # positions given: some models' own default ignores the cache (Bamba's)
             at = kvcache.length(cache)
@@ -68,6 +73,8 @@ def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int,
                 logits = sampling.penalties.along(
                     logits.to(torch.promote_types(logits.dtype, torch.float32))[None],
                     ids, out.ids)[0]
+            if grammar:
+                logits = masked(logits, dense(grammar.mask(), pair.vocab_size))
             logits = logits.double()  # exact for every model dtype: the argmax is the model's
             at = torch.tensor([[seq, len(out.ids)]], device=pair.device)
             out.ids.append(int(choose_tokens(logits[None], sampling, at[:, 0], at[:, 1])))
@@ -75,6 +82,8 @@ def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int,
             out.logprobs.append(float(logprobs(logits[None],
                                                torch.tensor(out.ids[-1:], device=pair.device),
                                                sampling.target.temperature)))
+            if grammar:
+                grammar.advance(out.ids[-1:])
             x = torch.tensor([out.ids[-1:]], device=pair.device)
         outputs.append(out)
         if progress:
@@ -142,6 +151,8 @@ def batched_reference(pair: ModelPair, prompts: list[list[int]], batch_size: int
     outputs, start = [SequenceOutput([]) for _ in prompts], time.perf_counter()
     stops = Stops.of(pair, sampling.stop)
     waiting, batch = deque(range(len(prompts))), None
+    grammars = {i: sampling.grammar.matcher(pair.tokenizer, pair.eos_ids, pair.vocab_size)
+                for i in range(len(prompts))} if sampling.grammar else {}
 
     def step(rows: _Rows) -> None:
         """One token for every row, from the slots its cache does not hold yet; the finished
@@ -157,6 +168,9 @@ def batched_reference(pair: ModelPair, prompts: list[list[int]], batch_size: int
                 logits, *history(rows.tokens, rows.valid, said, pair.vocab_size),
                 said.new_zeros(len(said), 0))
         logits = logits[:, -1]
+        if grammars:
+            logits = masked(logits, torch.stack([dense(grammars[i].mask(), pair.vocab_size)
+                                                 for i in rows.seqs]))
         seqs = torch.tensor(rows.seqs, device=pair.device)
         nxt = choose_tokens(
             logits, sampling, seqs,
@@ -166,6 +180,8 @@ def batched_reference(pair: ModelPair, prompts: list[list[int]], batch_size: int
             outputs[i].ids.append(t)
             outputs[i].margins.append(m)
             outputs[i].logprobs.append(lp)
+            if grammars:
+                grammars[i].advance([t])
         if watch:
             watch.end(rows.seqs, outputs)
         if progress:

@@ -30,6 +30,7 @@ import torch
 
 from specviz.decoding import kvcache, recording
 from specviz.decoding.faults import Policy
+from specviz.decoding.grammar import FREE, GrammarFailed, dense, masked
 from specviz.decoding.modelstate import ModelState
 from specviz.decoding.passes import run_model
 from specviz.decoding.penalties import history, logprobs
@@ -96,6 +97,9 @@ def speculate(d: Decoding, b: Batch, k: int, gen: dict[int, SequenceOutput], clo
     to `gen`. A token tree's walk (treestep.py) takes the place of the chain's acceptance."""
     if d.watch:
         d.watch.start()
+    if d.sampling.grammar:
+        for i in b.seqs:
+            d.matcher(i, gen[i].ids)
     drafted = draft(d, b, k, gen)
     t_draft = clock.lap()
     verified = verify(d, b, drafted.tokens, drafted.have, drafted.tree)
@@ -162,7 +166,40 @@ def verify(d: Decoding, b: Batch, drafts: torch.Tensor, have: torch.Tensor,
         prompt, output = history(b.tokens, b.valid, have, logits.shape[-1])
         output, drafts = d.policy.penalty_history(output, _ends(d.ends, b.seqs, output), drafts)
         logits = d.sampling.penalties.apply(logits, prompt, output, drafts)
+    if d.sampling.grammar:
+        logits = masked(logits, _grammar_masks(d, b.seqs, drafts, tree))
     return Verified(tok, val, stl, pos, logits, logits.argmax(-1), hidden)
+
+
+def _grammar_masks(d: Decoding, seqs: list[int], drafts: torch.Tensor,
+                   tree: Tree | None) -> torch.Tensor:
+    """(B, n+1, V) the tokens each row's grammar allows at each verify slot: after the row's kept
+    tokens and the drafts before the slot (a tree's node: after its ancestors and itself). A row
+    whose grammar fails is aborted, as an engine aborts the request."""
+    rows = []
+    for r, (i, row) in enumerate(zip(seqs, drafts.tolist())):
+        m = d.grammars[i]
+        try:
+            if tree is None:
+                rows.append(d.policy.grammar_masks(m, row))
+            else:
+                rows.append([m.mask()] + [d.policy.grammar_masks(m, [row[j] for j in path])[-1]
+                                          for path in _paths(tree, r)])
+        except GrammarFailed:
+            d.aborted.add(i)
+            rows.append([FREE] * (len(row) + 1))
+    return torch.stack([torch.stack([dense(x, d.pair.vocab_size) for x in row]) for row in rows])
+
+
+def _paths(tree: Tree, r: int) -> list[list[int]]:
+    """Each node of row r's tree, as the nodes from the root's child down to it."""
+    parents, out = tree.parents[r].tolist(), []
+    for node in range(len(parents)):
+        path = [node]
+        while parents[path[0]] >= 0:
+            path.insert(0, parents[path[0]])
+        out.append(path)
+    return out
 
 
 def _ends(ends: dict[int, list[int]], seqs: list[int], like: torch.Tensor) -> torch.Tensor:
@@ -267,12 +304,18 @@ def commit(d: Decoding, b: Batch, drafted: Drafted, acc: Accepted,
     if d.stops.strings:
         said = [gen[i].ids for i in b.seqs]
         n_keep, finished = _stop_strings(d, emitted, n_keep, finished, said)
+    if d.aborted:  # the request is dropped with what it had before the round
+        gone = torch.tensor([i in d.aborted for i in b.seqs], device=D.device)
+        n_keep, finished = n_keep.masked_fill(gone, 0), finished | gone
     target = logprobs(acc.verified.logits, emitted, d.sampling.target.temperature)
     lps = d.policy.logprobs(target, acc.drafts.confidence[:, :k], a)
     for i, row, lp, m in zip(b.seqs, emitted.tolist(), lps.tolist(), n_keep.tolist()):
         gen[i].ids.extend(row[:m])
         gen[i].logprobs.extend(lp[:m])
-        d.ends.setdefault(i, []).append(row[m - 1])
+        if m:
+            d.ends.setdefault(i, []).append(row[m - 1])
+        if d.sampling.grammar:
+            d.grammars[i].advance(d.policy.grammar_advance(d.grammars[i], row[:m]))
     slots = _slots_after(d.policy, b, a, pick, emitted, n_keep)
     return Committed(pick, emitted, n_keep, finished, *slots)
 

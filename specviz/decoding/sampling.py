@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from specviz.decoding.grammar import Grammar, grammar_of
 from specviz.decoding.penalties import Penalties, penalties_of
 
 # What a draw is for: its own stream, so that no two decisions ever share a number.
@@ -154,7 +155,7 @@ class Sampling:
     """How a run samples: the target's settings, the draft's, and the seed of every row's stream; or
     each request's own settings, `rows`, given to the prompt list cyclically (sequence i gets rows[i
     % len(rows)]); and the penalties on the target's logits; and the run's stop
-    strings (stops.py)."""
+    strings (stops.py); and each request's grammar (grammar.py)."""
 
     target: Sampler = Sampler()
     draft: Sampler = Sampler()
@@ -165,6 +166,7 @@ class Sampling:
     # on the target's logits, before it chooses (greedy or sampled)
     penalties: Penalties = Penalties()
     stop: tuple[str, ...] = ()
+    grammar: Grammar | None = None  # structured output (grammar.py): masks the target's logits
 
     @property
     def greedy(self) -> bool:
@@ -207,13 +209,13 @@ def sampling_of(spec, first_seq: int = 0) -> Sampling:
                  for r in spec.rows)
     return Sampling(Sampler(spec.temperature, spec.top_k, spec.top_p),
                     Sampler(*spec.draft_sampling()), spec.seed,
-                    first_seq, rows, penalties_of(spec), tuple(spec.stop))
+                    first_seq, rows, penalties_of(spec), tuple(spec.stop), grammar_of(spec))
 
 
 def greedy_of(spec) -> Sampling:
-    """The greedy reference's settings for the run `spec`: the argmax, under its penalties,
-    to its stops."""
-    return Sampling(penalties=penalties_of(spec), stop=tuple(spec.stop))
+    """The greedy reference's settings for the run `spec`: the argmax, under its penalties and its
+    grammar, to its stops."""
+    return Sampling(penalties=penalties_of(spec), stop=tuple(spec.stop), grammar=grammar_of(spec))
 
 
 def _signed(x: int) -> int:

@@ -15,6 +15,7 @@ from functools import cached_property
 import torch
 
 from specviz.decoding.faults import Policy
+from specviz.decoding.grammar import Matcher
 from specviz.decoding.modelstate import ModelState
 from specviz.decoding.proposal import Drafter, Proposal
 from specviz.decoding.sampling import GREEDY, Sampling, Streams
@@ -28,7 +29,7 @@ class Decoding:
     """What stays the same over a decode's rounds: the pair, the policy (the correct engine, or its
     faults), the drafter, how it samples, the token budget, whether rounds are recorded, and the
     watch (watch.py) that hears when each round starts and ends; and, per sequence, the draws a
-    faulty engine's stream skipped (Policy.skips)."""
+    faulty engine's stream skipped (Policy.skips), and its grammar's state (grammar.py)."""
 
     pair: ModelPair
     policy: Policy
@@ -40,10 +41,21 @@ class Decoding:
     # each sequence's last token of each round (a faulty penalty history keeps only these)
     ends: dict[int, list[int]] = field(default_factory=dict)
     skipped: dict[int, int] = field(default_factory=dict)
+    # under a grammar: each sequence's matcher, and the sequences aborted when it failed
+    grammars: dict[int, Matcher] = field(default_factory=dict)
+    aborted: set[int] = field(default_factory=set)
 
     @cached_property
     def stops(self) -> Stops:
         return Stops.of(self.pair, self.sampling.stop)
+
+    def matcher(self, seq: int, said: list[int]) -> Matcher:
+        """Sequence `seq`'s grammar state, after its output so far (`said`: the first time)."""
+        if seq not in self.grammars:
+            self.grammars[seq] = self.sampling.grammar.matcher(
+                self.pair.tokenizer, self.pair.eos_ids, self.pair.vocab_size)
+            self.grammars[seq].advance(said)
+        return self.grammars[seq]
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,8 @@ def candidates(r: Replaying) -> tuple[dict[tuple[str, ...], RunSpec], dict[str, 
     fits, skipped = {}, {}
     # what the engine's target and the check settle; the replay's spec validates the rest
     has = {"recurrent": is_recurrent(r.pair.target), "window": bool(sliding_windows(r.pair.target)),
-           "penalty": r.spec.repetition_penalty != 1 or r.spec.presence_penalty != 0}
+           "penalty": r.spec.repetition_penalty != 1 or r.spec.presence_penalty != 0,
+           "grammar": r.spec.json_schema is not None, "reasoning": r.spec.reasoning_end is not None}
     for fault in (*(name for name, f in FAULTS.items() if f.changes_tokens), *FAULT_PRESETS):
         why = FAULTS[fault].unfit_reason(has) if fault in FAULTS else None  # a preset: spec says
         if why is None:

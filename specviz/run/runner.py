@@ -18,6 +18,7 @@ from specviz.forensics import distribution, yardstick, yardstick_cache
 from specviz.forensics.acceptance import judge_acceptance, judge_head_acceptance
 from specviz.forensics.logprobs import judge_logprobs
 from specviz.forensics.counters import judge_counters
+from specviz.forensics.grammar import judge_grammar
 from specviz.forensics.proposals import judge_proposals
 from specviz.forensics.rejections import judge_rejections, run_rounds
 from specviz.forensics.sampledrun import analyse_sampled, judge_sampled_run
@@ -292,10 +293,13 @@ def explain(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], result:
             flag_batching_noise(trace, batched).record(trace)
     if spec.logprobs and ref is not None:
         judge_logprobs(trace, pair, yardsticks and yardsticks.target).record(trace)
+    if spec.json_schema is not None:
+        judge_grammar(trace, pair.tokenizer, pair.eos_ids).record(trace)
     if trace.rows:  # the drafts, the decisions and the counters: lossless bugs show only there
         judge_counters(trace).record(trace)
-        # (a penalised choice is not the fresh pass's argmax: the verify pass's own is asked alone)
-        fresh = None if spec.changed(PENALTY_FIELDS) else pair.target
+        # (a penalised or masked choice is not the fresh pass's argmax: the verify pass's own is
+        # asked alone)
+        fresh = None if spec.changed(PENALTY_FIELDS) or spec.json_schema else pair.target
         Findings(run={"acceptance": _judge_drafts(trace, spec, pair),
                       "rejections": judge_rejections(trace, run_rounds(trace), fresh,
                                                      pair.vocab_size, "the run's")}).record(trace)

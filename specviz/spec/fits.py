@@ -22,6 +22,8 @@ NEEDS = {
     "penalty": "the check sets no repetition or presence penalty",
     "logprobs": "the run records no log-probabilities",
     "stop": "the model never stops",  # an end-of-sequence token, or a stop string
+    "grammar": "the run sets no grammar (a JSON schema)",
+    "reasoning": "the run sets no reasoning end",
 }
 
 
@@ -48,6 +50,8 @@ FAULT_KINDS = {k.name: k for k in (
     # accepted inside a block of drafts.
     FaultKind("stop", True, ("stop",)),
     FaultKind("penalty", True, ("penalty",)),  # a repetition or presence penalty set
+    # Breaking a structured output's grammar (decoding/grammar.py): its masks, or its state.
+    FaultKind("grammar", True, ("grammar",)),
     # Breaking where a row accepts a token tree's branch other than its first (decoding/trees.py).
     FaultKind("tree", True, ("tree",)),
     FaultKind("wasteful", False),

@@ -32,6 +32,7 @@ class Method:
     logprobs: bool = True  # records each token's log-probability
     stop_strings: bool = True  # ends an output at a stop string (decoding/stops.py)
     trees: bool = False  # verifies a drafter's token trees (decoding/trees.py), not only chains
+    grammar: bool = True  # masks the target's logits with a JSON schema's grammar (grammar.py)
 
     @property
     def speculative(self) -> bool:
@@ -69,7 +70,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            drafters=tuple(n for n, d in DRAFTERS.items() if d.in_transformers),
            samples=False, max_batch_size=1,
            # transformers has no presence penalty, and matches stop strings its own way
-           penalties=("repetition",), logprobs=False, stop_strings=False),
+           penalties=("repetition",), logprobs=False, stop_strings=False, grammar=False),
     Method("eqspec", "static batches realigned every round (unpad, append, repad)",
            passes=lambda spec: _rounds(spec, spec.batch_size), drafters=tuple(DRAFTERS),
            faults=True, trees=True),

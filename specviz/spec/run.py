@@ -13,6 +13,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTER_OPTIONS, DRAFTERS, reading
 from specviz.spec.faults import expand, needing
+from specviz.spec.grammar import compile_schema
 from specviz.spec.methods import METHODS
 from specviz.spec.strict import SpecError, Strict, cut
 
@@ -173,6 +174,10 @@ class RunSpec(Strict):
     # Stop strings: an output ends at the token whose text completes one (decoding/stops.py), as at
     # its EOS.
     stop: tuple[str, ...] = Field((), max_length=MAX_STOPS)
+    # Structured output (decoding/grammar.py): every request's answer follows this JSON schema; a
+    # reasoning model's thinking, up to its reasoning end (one token, its </think>), is free.
+    json_schema: str | None = None
+    reasoning_end: str | None = Field(None, min_length=1, max_length=MAX_STOP_CHARS)
 
     @field_validator("target", "draft")
     @classmethod
@@ -299,6 +304,27 @@ class RunSpec(Strict):
         if needing("sampled", self.faults):
             raise ValueError("sampling faults need a temperature above 0"
                              + (" in some request" if self.rows else ""))
+        return self
+
+    @model_validator(mode="after")
+    def _grammar(self) -> RunSpec:
+        if self.json_schema is None and self.reasoning_end is not None:
+            raise ValueError("a reasoning end says where a grammar starts: set a JSON schema too")
+        for need, value, what in (("grammar", self.json_schema, "a JSON schema"),
+                                  ("reasoning", self.reasoning_end, "a reasoning end")):
+            if value is None and (found := needing(need, self.faults)):
+                raise ValueError(f"{', '.join(found)} needs {what}")
+        if self.json_schema is not None:
+            compile_schema(self.json_schema)
+        if self.json_schema is not None and not self.greedy:
+            raise ValueError("a grammar runs at temperature 0: the distribution judge scores the "
+                             "target unmasked")
+        if self.json_schema is not None and self.method == ENGINE:
+            raise ValueError("an engine check sends no grammar: structured output is judged in "
+                             "specviz's own methods")
+        if self.json_schema is not None and not METHODS[self.method].grammar:
+            raise ValueError(f"{self.method} takes no grammar; "
+                             + ", ".join(n for n, m in METHODS.items() if m.grammar) + " do")
         return self
 
     @model_validator(mode="after")

@@ -96,6 +96,13 @@ VERDICTS = {v.name: v for v in (
             "round, the mean acceptance length, overcount)",
             "each sequence's rounds' emitted tokens, as the run counted them, against its output's "
             "tokens"),
+    Verdict("decision-bug:grammar",
+            "the output broke its structured output's grammar: a token the grammar forbids "
+            "there (the mask was another state's, a rejected draft kept in it, or none), or an "
+            "end before the answer was whole (the request aborted)",
+            "the output's tokens fed from its start to a fresh matcher of the run's JSON schema "
+            "(free up to its reasoning end): the first token it refuses, or an unfinished "
+            "grammar at an output's end with budget left and no stop string"),
     # A sampled run's, with per-request settings or audited (forensics/distribution.py).
     Verdict("decision-bug:settings",
             "a row was sampled with settings not its own: another request's temperature, "

@@ -236,6 +236,9 @@ class SequenceRecord(Strict):
     # sampled runs: each token's randomized PIT under the target, recomputed at batch size 1
     # (distribution.py); None where the target gives it 0
     pit: Many[float | None] | None = None
+    # structured output: per token, how many tokens the run's grammar allowed there, replayed fresh
+    # (forensics/grammar.py): -1 while the request thinks, 1 forced, 0 from where it broke
+    grammar_allowed: Many[int] | None = None
     forensics: Forensics | None = None
     # engine checks: the mechanism behind a fork not put down to rounding
     attribution: Attribution | None = None
@@ -249,6 +252,8 @@ def check_sequence(s: SequenceRecord) -> None:
         raise ValueError(f"sequence {s.seq}: one PIT value per token id is needed")
     if s.logprobs is not None and len(s.logprobs) != len(s.output_ids):
         raise ValueError(f"sequence {s.seq}: one log-probability per token id is needed")
+    if s.grammar_allowed is not None and len(s.grammar_allowed) != len(s.output_ids):
+        raise ValueError(f"sequence {s.seq}: one grammar count per token id is needed")
     if (len(s.output_pieces) != len(s.output_ids)
             or (s.reference_pieces is None) != (s.reference_ids is None)
             or s.reference_ids is not None and len(s.reference_pieces) != len(s.reference_ids)):
