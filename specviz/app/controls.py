@@ -98,7 +98,8 @@ def run_controls_of(settings: Settings) -> dict:
                                     "pairs of temperature (unset: 1), top_k, top_p, seed (unset: "
                                     "the run's stream), e.g. temperature=0.8,top_p=0.95,seed=7; "
                                     "they replace temperature, top-k and top-p")
-    with gr.Accordion("penalties, log-probabilities and stop strings", open=False):
+    with gr.Accordion("penalties, log-probabilities, stop strings and structured output",
+                      open=False):
         with gr.Row():
             c["repetition_penalty"] = gr.Number(value=DEFAULTS["repetition_penalty"], minimum=1,
                                                 maximum=MAX_REPETITION_PENALTY,
@@ -113,6 +114,13 @@ def run_controls_of(settings: Settings) -> dict:
                                elem_id="sv-stop",
                                info="one a line: an output ends at the token that completes one, "
                                     "that token kept")
+        c["json_schema"] = gr.Code(value=DEFAULTS["json_schema"], language="json", lines=4,
+                                   label="structured output: a JSON schema every answer follows "
+                                         "(empty: off; docs/structured.md)")
+        c["reasoning_end"] = gr.Textbox(value=DEFAULTS["reasoning_end"], max_lines=1,
+                                        label="reasoning end",
+                                        info="with a schema: the token ending a reasoning model's "
+                                             "thinking (its </think>); the grammar starts after it")
     with gr.Accordion("seed and exspec", open=False):
         c["seed"] = gr.Number(value=DEFAULTS["seed"], precision=0, label="seed")
         c["window"] = gr.Number(value=DEFAULTS["window"], precision=0,

@@ -48,7 +48,8 @@ def controls_of(s: RunSpec) -> dict:
             "ngram_max": s.ngram_max, "rows": rows_as_text(s.rows),
             "repetition_penalty": s.repetition_penalty, "presence_penalty": s.presence_penalty,
             "logprobs": s.logprobs, "stop": "\n".join(s.stop), "chat_template": s.chat_template,
-            "tree_width": s.tree_width}
+            "tree_width": s.tree_width, "json_schema": s.json_schema or "",
+            "reasoning_end": s.reasoning_end or ""}
 
 
 # The controls a spec fills, at RunSpec's defaults (on the default prompt set), in the API's order;
@@ -130,6 +131,8 @@ def spec_from_controls(**controls) -> RunSpec:
         logprobs=bool(c["logprobs"]),
         stop=tuple(s for s in (c["stop"] or "").replace("\r\n", "\n").split("\n") if s),
         chat_template=bool(c["chat_template"]),
+        json_schema=(c["json_schema"] or "").strip() or None,
+        reasoning_end=c["reasoning_end"] or None,
         # The option controls that the drafter reads (spec/drafters.py): the rest stay at defaults.
         **{f: int(c[f]) for f in DRAFTERS[drafter].options})
 

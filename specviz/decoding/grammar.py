@@ -88,10 +88,10 @@ class Matcher:
 
     def masks(self, path: list[int], per_block_thinking: bool = False,
               past_end: bool = False) -> list[torch.Tensor | None]:
-        """The mask of each slot along `path` (len(path) + 1: before it, after its first token, ...);
-        the state is left as it was, and `walked` holds the tokens of `path` the walk went past.
-        Faulty engines: `per_block_thinking` decides whether the row thinks once, at the path's
-        start; `past_end` walks on past the grammar's end, and asks a matcher that took an
+        """The mask of each slot along `path` (len(path) + 1: before it, after its first token,
+        ...); the state is left as it was, and `walked` holds the tokens of `path` the walk went
+        past. Faulty engines: `per_block_thinking` decides whether the row thinks once, at the
+        path's start; `past_end` walks on past the grammar's end, and asks a matcher that took an
         end-of-sequence token for the next mask (GrammarFailed)."""
         thinking, consumed, out = self.thinking, 0, []
         self.walked = []

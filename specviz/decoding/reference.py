@@ -48,7 +48,8 @@ def reference(pair: ModelPair, prompts: list[list[int]], max_new_tokens: int,
     checkpoint's own generation_config (repetition penalty, suppressed tokens, ...), and it takes
     the argmax of float32 copies of the logits. Here nothing alters the logits but the run's own
     penalties (penalties.py) and grammar (grammar.py), the argmax runs on the model's own dtype,
-    and only over the pair's shared vocabulary, as the engine's does (an output head may be padded beyond it).
+    and only over the pair's shared vocabulary, as the engine's does (an output head may be padded
+    beyond it).
     tests/test_reference.py checks this loop against `generate` for a model without such defaults.
     """
     outputs, start = [], time.perf_counter()

@@ -47,13 +47,12 @@ def judge_grammar(trace: Trace, tokenizer, eos_ids: tuple[int, ...]) -> Findings
         at = broke if broke is not None else len(s.output_ids) if ended_early else None
         if at is None or _named_before(s.forensics, at):
             continue
-        fork = min(at, max(len(s.output_ids) - 1, 0))
-        if s.forensics is not None and s.forensics.verdict == CHOSEN_ELSEWHERE:
-            fork = s.forensics.fork
+        elsewhere = s.forensics is not None and s.forensics.verdict == CHOSEN_ELSEWHERE
+        fork = s.forensics.fork if elsewhere else min(at, max(len(s.output_ids) - 1, 0))
         found.of(s.seq)["forensics"] = RunForensics(
             verdict="decision-bug:grammar", fork=fork,
             output_token=s.output_ids[fork] if s.output_ids else None,
-            explanation=_explain(s, at, broke is None, fork))
+            explanation=_explain(s, at, broke is None, fork if elsewhere else None))
     return found
 
 
@@ -92,7 +91,7 @@ def _stopped(pieces: list[str | None], stops: tuple[str, ...]) -> bool:
     return any(text.endswith(s) for s in stops)
 
 
-def _explain(s, at: int, ended: bool, fork: int) -> str:
+def _explain(s, at: int, ended: bool, elsewhere: int | None) -> str:
     if ended:
         said = (f"The output ends after {at} tokens with its grammar unfinished: no stop, and "
                 "budget left. The request stopped where its grammar does not let it (an engine "
@@ -102,7 +101,7 @@ def _explain(s, at: int, ended: bool, fork: int) -> str:
                 "fresh matcher, fed the output from its start, refuses it. The grammar's mask at "
                 "that token was not its state's: another state's (a rejected draft kept in it), "
                 "or none (a slot left unconstrained).")
-    if fork < at:
-        said = (f"At token {fork} the engine kept a token the grammar allows but the target's "
+    if elsewhere is not None:
+        said = (f"At token {elsewhere} the engine kept a token the grammar allows but the target's "
                 "pass, judged unmasked, did not choose: it chose under another mask. " + said)
     return said

@@ -16,8 +16,11 @@ def compile_schema(schema: str) -> str:
     reason."""
     if len(schema) > MAX_SCHEMA_CHARS:
         raise ValueError(f"a JSON schema may have at most {MAX_SCHEMA_CHARS} characters")
-    grammar = llguidance.LLMatcher.grammar_from_json_schema(
-        schema, defaults={"whitespace_flexible": False})
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(
+            schema, defaults={"whitespace_flexible": False})
+    except ValueError as e:  # not JSON at all
+        raise ValueError(f"the JSON schema does not compile: {str(e)[:300]}") from None
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
         raise ValueError("the JSON schema does not compile: " + "; ".join(messages)[:300])

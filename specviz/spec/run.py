@@ -174,9 +174,8 @@ class RunSpec(Strict):
     # Stop strings: an output ends at the token whose text completes one (decoding/stops.py), as at
     # its EOS.
     stop: tuple[str, ...] = Field((), max_length=MAX_STOPS)
-    # Structured output (decoding/grammar.py): every request's answer follows this JSON schema; a
-    # reasoning model's thinking, up to its reasoning end (one token, its </think>), is free.
-    json_schema: str | None = None
+    # Structured output (decoding/grammar.py): a JSON schema every answer follows, free up to a
+    json_schema: str | None = None  # reasoning end (one token, a reasoning model's </think>)
     reasoning_end: str | None = Field(None, min_length=1, max_length=MAX_STOP_CHARS)
 
     @field_validator("target", "draft")
@@ -314,15 +313,13 @@ class RunSpec(Strict):
                                   ("reasoning", self.reasoning_end, "a reasoning end")):
             if value is None and (found := needing(need, self.faults)):
                 raise ValueError(f"{', '.join(found)} needs {what}")
-        if self.json_schema is not None:
-            compile_schema(self.json_schema)
-        if self.json_schema is not None and not self.greedy:
+        if self.json_schema is None:
+            return self
+        compile_schema(self.json_schema)
+        if not self.greedy:
             raise ValueError("a grammar runs at temperature 0: the distribution judge scores the "
                              "target unmasked")
-        if self.json_schema is not None and self.method == ENGINE:
-            raise ValueError("an engine check sends no grammar: structured output is judged in "
-                             "specviz's own methods")
-        if self.json_schema is not None and not METHODS[self.method].grammar:
+        if self.method == ENGINE or not METHODS[self.method].grammar:
             raise ValueError(f"{self.method} takes no grammar; "
                              + ", ".join(n for n, m in METHODS.items() if m.grammar) + " do")
         return self
