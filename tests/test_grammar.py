@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+from specviz.app.tokens import timeline_html
+from specviz.app.views import Focus
 from specviz.run.runner import run
 from specviz.spec.run import RunSpec
 from specviz.spec.strict import SpecError
@@ -84,6 +86,10 @@ def test_a_mask_left_free_past_a_reasoning_end_mid_block_is_named():
     assert named and all(s.forensics.verdict == "decision-bug:grammar" for s in named)
     for s in named:
         assert s.grammar_allowed[s.forensics.fork] == 0 and "forbids" in s.forensics.explanation
+        # the page's timeline marks the token the grammar forbids, and the thinking before it
+        page = timeline_html(trace, Focus(s.seq, None))
+        assert page.count("FORBIDDEN here") == 1 and "sv-g-free" in page
+        assert f'sv-g-broken" data-index="{s.forensics.fork}"' in page
 
 
 def test_a_grammar_advanced_over_rejected_drafts_is_named():

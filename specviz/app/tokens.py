@@ -10,7 +10,7 @@ from specviz.app.treeview import tree_words
 from specviz.app.views import (PICK_TEXT, SOURCE_TEXT, Focus, chip_text, fork_round, no_drafts,
                                no_rounds, reads, round_widths, rows_by_seq, says, token_text)
 from specviz.trace import metrics, text
-from specviz.trace.records import RowRecord, SequenceRecord
+from specviz.trace.records import THINKING, RowRecord, SequenceRecord
 from specviz.trace.schema import Trace
 
 
@@ -37,6 +37,8 @@ def timeline_html(trace: Trace, focus: Focus) -> str:
     for r in rows:
         out.append(_round_html(trace, seq, r, i, widths[r.round], r.round == focus.round))
         i += len(r.emitted)
+    if seq.grammar_allowed is not None and seq.output_ids:
+        out.append(grammar_legend(seq))
     out.append("</div>")
     return "".join(out)
 
@@ -195,10 +197,37 @@ def _chip(s: SequenceRecord, i: int, cls: str, tip: str) -> str:
                     "sampler emits it)")
         else:
             tip += f" · PIT {s.pit[i]:.3f} under the target"
+    if s.grammar_allowed is not None:
+        state, said = grammar_state(s, i)
+        cls, tip = cls + f" sv-g-{state}", tip + f" · grammar: {said}"
     piece = s.output_pieces[i]
     cls += " sv-part" if piece is None else ""
     return ('<span class="sv-tok '
             f'{cls}" data-index="{i}" title="{html.escape(tip)}">{chip_text(piece)}</span>')
+
+
+def grammar_state(s: SequenceRecord, i: int) -> tuple[str, str]:
+    """Output token i's place in its run's grammar (forensics/grammar.py), as a class and in
+    words."""
+    n = s.grammar_allowed[i]
+    if n == THINKING:
+        return "free", "free (the request is thinking)"
+    if n == 0:
+        first = i == 0 or s.grammar_allowed[i - 1] != 0
+        return "broken", ("FORBIDDEN here: the grammar refuses this token" if first
+                          else "broken earlier in the output")
+    return ("forced", "forced (the only token it allowed)") if n == 1 else (
+        "open", f"{n} tokens allowed")
+
+
+def grammar_legend(s: SequenceRecord) -> str:
+    """The key to the grammar's marks, under a timeline whose run has a grammar."""
+    marks = [("free", "free: thinking"), ("forced", "forced by the grammar"),
+             ("open", "allowed among others"), ("broken", "forbidden by the grammar")]
+    shown = {grammar_state(s, i)[0] for i in range(len(s.output_ids))}
+    return ('<div class="sv-glegend">structured output: ' + " ".join(
+        f'<span class="sv-tok sv-g-{m}">{text}</span>' for m, text in marks if m in shown)
+        + "</div>")
 
 
 def grid_html(trace: Trace, focus: Focus) -> str:

@@ -140,8 +140,11 @@ def dense(mask: torch.Tensor | None, vocab: int) -> torch.Tensor:
 
 
 def masked(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """`logits` with every token the grammar forbids at -inf: neither chosen nor drawn."""
-    return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
+    """`logits` with every token the grammar forbids at the dtype's lowest value: never chosen, of
+    probability 0, and every margin and log-probability still a number a trace can hold (JSON has
+    no infinity)."""
+    lowest = torch.finfo(logits.dtype).min
+    return logits.masked_fill(~allowed.to(logits.device), lowest)
 
 
 class GrammarFailed(RuntimeError):

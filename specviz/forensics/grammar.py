@@ -9,7 +9,7 @@ allow only what it accepts, so the engine's mask at that token was not its state
 state's, or none), or the request ended without its answer.
 
 Each token's count of allowed tokens goes on its sequence (`grammar_allowed`), for the page's
-timeline: FREE_SLOT while the request thinks, 1 where the grammar forced the token, 0 from where it
+timeline: THINKING while the request thinks, 1 where the grammar forced the token, 0 from where it
 broke.
 """
 from __future__ import annotations
@@ -21,9 +21,9 @@ from specviz.spec.grammar import compile_schema
 from specviz.spec.verdicts import VERDICTS
 from specviz.trace.evidence import RunForensics
 from specviz.trace.findings import Findings
+from specviz.trace.records import THINKING
 from specviz.trace.schema import Trace
 
-FREE_SLOT = -1  # a token of the request's thinking: no grammar yet
 # the white-box verdict on a kept token that is not the target pass's own argmax
 CHOSEN_ELSEWHERE = "sync-bug:bonus"
 
@@ -41,7 +41,7 @@ def judge_grammar(trace: Trace, tokenizer, eos_ids: tuple[int, ...]) -> Findings
                                  s.output_ids)
         found.of(s.seq)["grammar_allowed"] = allowed
         ended_early = (broke is None and len(s.output_ids) < spec.max_new_tokens
-                       and allowed and allowed[-1] != FREE_SLOT
+                       and allowed and allowed[-1] != THINKING
                        and not _stopped(s.output_pieces, spec.stop) and not _complete(
                            llguidance.LLMatcher(vocab, grammar, log_level=0), end, s.output_ids))
         at = broke if broke is not None else len(s.output_ids) if ended_early else None
@@ -64,12 +64,12 @@ def _named_before(forensics, at: int) -> bool:
 
 
 def _replay(m: llguidance.LLMatcher, end: int | None, ids: list[int]):
-    """Per token, how many tokens the grammar allowed there (FREE_SLOT while thinking, 0 from the
+    """Per token, how many tokens the grammar allowed there (THINKING while thinking, 0 from the
     first token it refused), and that token's index (None: none refused)."""
     thinking, out, broke = end is not None, [], None
     for i, t in enumerate(ids):
         if thinking:
-            out.append(FREE_SLOT)
+            out.append(THINKING)
             thinking = t != end
         elif broke is not None:
             out.append(0)

@@ -209,6 +209,9 @@ class ReferenceProof(Strict):
     stop: str | None = None
 
 
+THINKING = -1  # a grammar_allowed entry: a token of the request's thinking, before its grammar
+
+
 class SequenceRecord(Strict):
     seq: int
     output_ids: Many[int]
@@ -237,7 +240,7 @@ class SequenceRecord(Strict):
     # (distribution.py); None where the target gives it 0
     pit: Many[float | None] | None = None
     # structured output: per token, how many tokens the run's grammar allowed there, replayed fresh
-    # (forensics/grammar.py): -1 while the request thinks, 1 forced, 0 from where it broke
+    # (forensics/grammar.py): THINKING while the request thinks, 1 forced, 0 from where it broke
     grammar_allowed: Many[int] | None = None
     forensics: Forensics | None = None
     # engine checks: the mechanism behind a fork not put down to rounding
