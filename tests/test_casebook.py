@@ -29,7 +29,10 @@ ON_THE_EMBEDDED_PAIR = {"stop-at-last-token": dict(prompts=PROMPTS[:1], max_new_
                         "cap-before-stop": dict(prompts=PROMPTS[:1]),
                         "counted-before-stop-trim": dict(prompts=PROMPTS[:1], max_new_tokens=16),
                         "penalty-history-last-token": dict(prompts=PROMPTS[3:], max_new_tokens=20),
-                        "draft-drawn-in-bfloat16": {}}
+                        "draft-drawn-in-bfloat16": {},
+                        # a random model writes no JSON of its own, nor the thinking's end
+                        "grammar-unmasked-past-reasoning-end": {},
+                        "grammar-advanced-over-rejected": {}, "grammar-mask-after-terminated": {}}
 
 
 def _replica(case) -> RunSpec:

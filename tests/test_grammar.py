@@ -11,25 +11,18 @@ import pytest
 from specviz.app.tokens import timeline_html
 from specviz.app.views import Focus
 from specviz.run.runner import run
+from specviz.spec.casebook import BY_FAULT, PERSON_SCHEMA
 from specviz.spec.run import RunSpec
 from specviz.spec.strict import SpecError
 
-SCHEMA = json.dumps({
-    "type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
-    "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"},
-                   "city": {"type": "string", "maxLength": 20}}})
-ASKED = ("Describe a person as JSON.", "Give me a JSON object for a user profile.",
-         "Write JSON about Alice, 30, from Paris.", "Output a JSON record of a famous scientist.")
+SCHEMA = PERSON_SCHEMA
+ASKED = BY_FAULT["grammar-advanced-over-rejected"].run["prompts"]
 # a reasoning model's thinking, its end a newline: the embedded model writes one before its JSON
-THINKING = ("Briefly explain who Ana is (41, Lima), then output her record as JSON.",
-            "Introduce Kai, age 7, from Oslo, in a sentence, then as JSON.",
-            "Say hello to Mia (19, Kyiv), then write her profile in JSON.",
-            "Write one sentence about Bob, a 30-year-old from Rome. Then give his data as JSON.")
-# prompt lookup drafts the chat template's end-of-turn after the quoted JSON's closing brace
-QUOTED = ('Repeat this JSON exactly: {"name":"Bob","age":30,"city":"Rome"}',
-          'Return this record unchanged: {"name":"Ana","age":41,"city":"Lima"}',
-          'Echo the JSON {"name":"Kai","age":7,"city":"Oslo"}',
-          'Copy: {"name":"Mia","age":19,"city":"Kyiv"}')
+THINKING = BY_FAULT["grammar-unmasked-past-reasoning-end"].run["prompts"]
+# prompt lookup drafts the chat template's end-of-turn after the quoted JSON's closing brace; the
+# first prompt's answer is whole before the round that aborts it
+QUOTED = (('Repeat this JSON exactly: {"name":"Bob","age":30,"city":"Rome"}',)
+          + BY_FAULT["grammar-mask-after-terminated"].run["prompts"][:3])
 
 
 def traced(prompts=ASKED, **fields):

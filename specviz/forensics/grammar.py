@@ -14,6 +14,8 @@ broke.
 """
 from __future__ import annotations
 
+from collections import defaultdict
+
 import llguidance
 import llguidance.hf
 
@@ -31,7 +33,9 @@ CHOSEN_ELSEWHERE = "sync-bug:bonus"
 def judge_grammar(trace: Trace, tokenizer, eos_ids: tuple[int, ...]) -> Findings:
     """Each sequence's tokens against its grammar; `forensics` where the output breaks it and no
     other judge named a bug at an earlier token."""
-    spec, found = trace.manifest.spec, Findings()
+    spec, found, rows = trace.manifest.spec, Findings(), defaultdict(list)
+    for r in sorted(trace.rows, key=lambda r: r.round):
+        rows[r.seq].append(r)
     vocab = llguidance.hf.from_tokenizer(tokenizer, eos_token=list(eos_ids))
     grammar = compile_schema(spec.json_schema)
     end = (None if spec.reasoning_end is None
@@ -48,12 +52,25 @@ def judge_grammar(trace: Trace, tokenizer, eos_ids: tuple[int, ...]) -> Findings
         if at is None or _named_before(s.forensics, at):
             continue
         elsewhere = s.forensics is not None and s.forensics.verdict == CHOSEN_ELSEWHERE
-        fork = s.forensics.fork if elsewhere else min(at, max(len(s.output_ids) - 1, 0))
+        fork = s.forensics.fork if elsewhere else at  # an unfinished end: where the output stops
+        emitted = _emitting_row(rows.get(s.seq, []), fork)
         found.of(s.seq)["forensics"] = RunForensics(
-            verdict="decision-bug:grammar", fork=fork,
-            output_token=s.output_ids[fork] if s.output_ids else None,
+            verdict="decision-bug:grammar", fork=fork, round=emitted and emitted.round,
+            row=emitted and emitted.row,
+            output_token=s.output_ids[fork] if fork < len(s.output_ids) else None,
             explanation=_explain(s, at, broke is None, fork if elsewhere else None))
     return found
+
+
+def _emitting_row(rows: list, index: int):
+    """The round's row that emitted output token `index`, or the last, past the output's end (None:
+    a run without rounds)."""
+    seen = 0
+    for r in rows:
+        seen += len(r.emitted)
+        if index < seen:
+            return r
+    return rows[-1] if rows else None
 
 
 def _named_before(forensics, at: int) -> bool:

@@ -10,6 +10,7 @@ assets/traces/case-<fault>.json. Plain data: no torch.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from specviz.spec.faults import FAULTS, FAULT_PRESETS
@@ -78,6 +79,27 @@ _HYBRID = dict(target="specviz:tiny-hybrid", draft="specviz:tiny-hybrid-draft")
 CAP_RUN = dict(max_new_tokens=9)
 # PROMPTS reach its window inside the run
 _WINDOW = dict(target=TINY_WINDOW, draft=TINY_WINDOW_DRAFT)
+# Structured output (decoding/grammar.py): a person's record, compact JSON.
+PERSON_SCHEMA = json.dumps({
+    "type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
+    "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"},
+                   "city": {"type": "string", "maxLength": 20}}})
+_JSON = dict(json_schema=PERSON_SCHEMA, k=5, max_new_tokens=48,
+             prompts=("Describe a person as JSON.", "Give me a JSON object for a user profile.",
+                      "Write JSON about Alice, 30, from Paris.",
+                      "Output a JSON record of a famous scientist."))
+# A reasoning model's thinking, its end a newline: the embedded model writes one before its JSON.
+_THINKING = {**_JSON, "reasoning_end": "\n", "max_new_tokens": 64, "prompts": (
+    "Briefly explain who Ana is (41, Lima), then output her record as JSON.",
+    "Introduce Kai, age 7, from Oslo, in a sentence, then as JSON.",
+    "Say hello to Mia (19, Kyiv), then write her profile in JSON.",
+    "Write one sentence about Bob, a 30-year-old from Rome. Then give his data as JSON.")}
+# Prompt lookup drafts the chat template's end-of-turn after a quoted JSON's closing brace.
+_QUOTED = {**_JSON, "drafter": "lookup", "max_new_tokens": 40, "prompts": (
+    'Return this record unchanged: {"name":"Ana","age":41,"city":"Lima"}',
+    'Echo the JSON {"name":"Kai","age":7,"city":"Oslo"}',
+    'Copy: {"name":"Mia","age":19,"city":"Kyiv"}',
+    'Print the record {"name":"Lea","age":52,"city":"Nice"}')}
 
 CASES = (
     Case("verify-positions-not-advanced",
@@ -289,6 +311,28 @@ CASES = (
          # distribution test's row pairs show (on four different prompts it found them consistent);
          # audited, each draw is re-derived from its row's own stream, which names it.
          dict(temperature=0.8, prompts=(PROMPTS[0],) * len(PROMPTS), audit=4)),
+    Case("grammar-unmasked-past-reasoning-end",
+         "grammar-invalid answers from a reasoning model under MTP or EAGLE with a JSON schema",
+         "Whether a row still thought was decided once per block, at its start.\n"
+         "The slots after a mid-block end of thinking kept the unconstrained mask.",
+         "a reasoning model: the replica's thinking ends at a newline, which the embedded model "
+         "writes before its JSON, as a reasoning model writes </think>.",
+         _THINKING),
+    Case("grammar-advanced-over-rejected",
+         "structured outputs that break their schema, or 'grammar rejected tokens' errors",
+         "The grammar advanced over every draft its verify masks walked, rejected ones too.\n"
+         "Its later masks were a state the output never reached.",
+         "the reasoning boundary of vLLM PR #44297: the replica's grammar runs from the first "
+         "token.",
+         _JSON),
+    Case("grammar-mask-after-terminated",
+         "requests aborted when a draft ends the answer inside a block",
+         "An end-of-sequence draft terminated the matcher mid-block, and the next slot asked it "
+         "for a mask.\n"
+         "The matcher failed and the request was aborted with the tokens it had.",
+         "xgrammar: llguidance allows only the end after a grammar ends; the replica fails as "
+         "xgrammar's check does.",
+         _QUOTED),
 )
 BY_FAULT = {c.fault: c for c in CASES}
 
