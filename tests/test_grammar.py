@@ -78,11 +78,13 @@ def test_a_mask_left_free_past_a_reasoning_end_mid_block_is_named():
     named = [s for s in trace.sequences if s.forensics is not None]
     assert named and all(s.forensics.verdict == "decision-bug:grammar" for s in named)
     for s in named:
-        assert s.grammar_allowed[s.forensics.fork] == 0 and "forbids" in s.forensics.explanation
+        broke = s.grammar_allowed.index(0)  # the first token the grammar forbids
+        assert s.forensics.fork == min(s.first_divergence, broke) and s.equivalent is False
+        assert f"Token {broke} " in s.forensics.explanation and "forbids" in s.forensics.explanation
         # the page's timeline marks the token the grammar forbids, and the thinking before it
         page = timeline_html(trace, Focus(s.seq, None))
         assert page.count("FORBIDDEN here") == 1 and "sv-g-free" in page
-        assert f'sv-g-broken" data-index="{s.forensics.fork}"' in page
+        assert f'sv-g-broken" data-index="{broke}"' in page
 
 
 def test_a_grammar_advanced_over_rejected_drafts_is_named():

@@ -32,7 +32,7 @@ CASEBOOK_INTRO = ("Speculative-decoding bugs that hit real engines, each replaye
 
 def replica(case: Case) -> str:
     """The run that replays `case`, in words: its pair, its drafter where it is not the draft model,
-    greedy or sampled."""
+    greedy or sampled, and its grammar."""
     s = RunSpec.build(**case.spec_fields())
     preset = next((name for name, ids in PAIR_PRESETS.items() if ids == (s.target, s.draft)), None)
     pair = (f"the {preset} pair" if preset
@@ -42,7 +42,8 @@ def replica(case: Case) -> str:
         pair,
         *([] if (kind := DRAFTERS[s.drafter]).draft_model else [f"drafts by {kind.noun}"]),
         "greedy" if s.greedy else f"temperature {s.temperature:g}" if s.temperature
-        else "each request its own sampling settings"])
+        else "each request its own sampling settings",
+        *(["under a JSON schema"] if s.json_schema else [])])
 
 
 def expected(case: Case) -> tuple[str, str]:

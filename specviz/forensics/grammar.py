@@ -51,14 +51,18 @@ def judge_grammar(trace: Trace, tokenizer, eos_ids: tuple[int, ...]) -> Findings
         at = broke if broke is not None else len(s.output_ids) if ended_early else None
         if at is None or _named_before(s.forensics, at):
             continue
-        elsewhere = s.forensics is not None and s.forensics.verdict == CHOSEN_ELSEWHERE
-        fork = s.forensics.fork if elsewhere else at  # an unfinished end: where the output stops
+        # an earlier departure from the reference is this bug's first token; an unfinished end's
+        # fork is where the output stops
+        departs = s.first_divergence is not None and s.first_divergence < at
+        fork = s.first_divergence if departs else at
         emitted = _emitting_row(rows.get(s.seq, []), fork)
         found.of(s.seq)["forensics"] = RunForensics(
             verdict="decision-bug:grammar", fork=fork, round=emitted and emitted.round,
             row=emitted and emitted.row,
             output_token=s.output_ids[fork] if fork < len(s.output_ids) else None,
-            explanation=_explain(s, at, broke is None, fork if elsewhere else None))
+            reference_token=(s.reference_ids[fork] if s.reference_ids is not None
+                             and fork < len(s.reference_ids) else None),
+            explanation=_explain(s, at, broke is None, fork if departs else None))
     return found
 
 
@@ -74,15 +78,18 @@ def _emitting_row(rows: list, index: int):
 
 
 def _named_before(forensics, at: int) -> bool:
-    """Another judge named a bug at a token before `at`. A token the target's pass did not choose
-    is not one under a grammar: that pass is judged unmasked, and the engine chose under a mask."""
+    """Another judge named a bug at a token before `at`. A kept token that is not the target pass's
+    own choice is not one under a grammar: that pass is judged unmasked, the engine chose under a
+    mask."""
     return (forensics is not None and forensics.fork < at and VERDICTS[forensics.verdict].bug
             and forensics.verdict != CHOSEN_ELSEWHERE)
 
 
 def _replay(m: llguidance.LLMatcher, end: int | None, ids: list[int]):
     """Per token, how many tokens the grammar allowed there (THINKING while thinking, 0 from the
-    first token it refused), and that token's index (None: none refused)."""
+    first token it refused), and that token's index (None: none refused). A token is allowed where
+    the grammar's mask holds it: the matcher would also consume another tokenization of the same
+    text (`{` then `"` for the one token `{"`), which no masked engine can write."""
     thinking, out, broke = end is not None, [], None
     for i, t in enumerate(ids):
         if thinking:
@@ -91,8 +98,9 @@ def _replay(m: llguidance.LLMatcher, end: int | None, ids: list[int]):
         elif broke is not None:
             out.append(0)
         else:
-            out.append(sum(bin(b).count("1") for b in m.compute_bitmask()))
-            if not m.consume_token(t):
+            mask = m.compute_bitmask()
+            out.append(sum(bin(b).count("1") for b in mask))
+            if t // 8 >= len(mask) or not mask[t // 8] >> (t % 8) & 1 or not m.consume_token(t):
                 broke, out[-1] = i, 0
     return out, broke
 
@@ -108,7 +116,7 @@ def _stopped(pieces: list[str | None], stops: tuple[str, ...]) -> bool:
     return any(text.endswith(s) for s in stops)
 
 
-def _explain(s, at: int, ended: bool, elsewhere: int | None) -> str:
+def _explain(s, at: int, ended: bool, departs: int | None) -> str:
     if ended:
         said = (f"The output ends after {at} tokens with its grammar unfinished: no stop, and "
                 "budget left. The request stopped where its grammar does not let it (an engine "
@@ -118,7 +126,8 @@ def _explain(s, at: int, ended: bool, elsewhere: int | None) -> str:
                 "fresh matcher, fed the output from its start, refuses it. The grammar's mask at "
                 "that token was not its state's: another state's (a rejected draft kept in it), "
                 "or none (a slot left unconstrained).")
-    if elsewhere is not None:
-        said = (f"At token {elsewhere} the engine kept a token the grammar allows but the target's "
-                "pass, judged unmasked, did not choose: it chose under another mask. " + said)
+    if departs is not None:
+        said = (f"At token {departs} the output departs from the reference: the engine kept a "
+                "token the grammar allows there, but not the one the target chooses under the "
+                "grammar's mask: it chose under another mask, or none. " + said)
     return said
