@@ -121,18 +121,17 @@ def decode(target, draft, prompts: list[list[int]], *, k: int, max_new_tokens: i
     outputs = []
     for start in range(0, len(prompts), batch_size):
         seqs = [_Seq(list(p), pos=list(range(len(p)))) for p in prompts[start:start + batch_size]]
-        live, first = list(seqs), True
+        live = list(seqs)
         while live:
-            live = _round(target, draft, live, first, k, max_new_tokens, drafter, lo, hi,
-                          temperature, gen, eos, bugs, vocab)
-            first = False  # the first round is the batch's prefill: nothing is cached before it
+            live = _round(target, draft, live, k, max_new_tokens, drafter, lo, hi, temperature,
+                          gen, eos, bugs, vocab)
         outputs += [s.out for s in seqs]
         if rounds is not None:
             rounds += [s.rounds for s in seqs]
     return outputs
 
 
-def _round(target, draft, live: list[_Seq], first: bool, k: int, budget: int, drafter: str, lo: int,
+def _round(target, draft, live: list[_Seq], k: int, budget: int, drafter: str, lo: int,
            hi: int, temperature: float, gen: torch.Generator, eos: set[int], bugs: frozenset[str],
            vocab: int) -> list[_Seq]:
     """One round of drafting, verifying and accepting for every live row; returns the rows
@@ -155,8 +154,9 @@ def _round(target, draft, live: list[_Seq], first: bool, k: int, budget: int, dr
     room = [min(max(0, min(kk, budget - 1 - h)), c) for h, c in zip(have, counts)]
 
     # verify: each row's sequence and its drafts in one pass
-    # every window slot at the window's first position
-    shifted = "verify-positions-not-advanced" in bugs and not first
+    # every window slot at the window's first position (the first round's too: an engine that
+    # prefills the prompt apart verifies every window so)
+    shifted = "verify-positions-not-advanced" in bugs
     z = _logits(target, [s.ids + d[:kk] for s, d in zip(live, drafts)],
                 [s.pos + ([s.pos[-1]] * kk if shifted else list(range(len(s.ids), len(s.ids) + kk)))
                  for s in live],

@@ -11,6 +11,7 @@ import copy
 
 import pytest
 import torch
+from cached_decoder import decode_one
 from independent_decoder import BUGS, SAMPLING_BUGS, decode, write_outputs
 
 from specviz.app.panel import forensics_html
@@ -330,3 +331,27 @@ def test_a_sampling_engine_s_acceptance_rule_is_named_by_the_likelihood_of_its_t
     assert "attribution: " in printed and (f"named {bug}" in printed) == bool(bug)
     if bug is None:  # the correct sampler: no rule comes near the threshold
         assert all(not h.possible or h.log_ratio < a.threshold / 2 for h in a.hypotheses)
+
+
+def test_a_casebook_mechanism_written_apart_in_a_cached_engine_is_named_on_its_forks(tiny, prompts,
+                                                                                      tmp_path):
+    """oMLX PR #2363's bug written into another engine (tests/cached_decoder.py: batch size 1, k 5,
+    a KV cache, its prompt prefilled apart) is named on most of its forks; the same engine
+    without it forks nowhere. The replica once exempted its first round, verified with the
+    prefill, and was named on 2 of 12 such forks."""
+    def outputs(bug):
+        return [decode_one(tiny.target, tiny.draft, p, 5, BUDGET, set(tiny.eos_ids), bug)
+                for p in prompts]
+    settings = {"k": 5, "batch_size": 1, "drafter": "model"}
+    for bug in (False, True):
+        path = tmp_path / f"cached-{bug}.jsonl"
+        write_outputs(path, prompts, outputs(bug), settings)
+        trace = _check(tmp_path, path, (TINY_TARGET, TINY_DRAFT), "--k", "5")
+        forked = [s for s in trace.sequences if s.first_divergence is not None]
+        if not bug:
+            assert not forked
+            continue
+        mechanism = ["verify-positions-not-advanced"]
+        named = [s for s in forked if any(h.named and list(h.faults) == mechanism
+                                          for h in s.attribution.hypotheses)]
+        assert len(forked) >= 3 and len(named) > len(forked) / 2, (len(named), len(forked))

@@ -44,13 +44,14 @@ class Policy:
             return mask_positions(valid | stale)
         return torch.arange(valid.shape[1], device=valid.device).expand_as(valid)
 
-    def window_positions(self, pos: torch.Tensor, q_start: int) -> torch.Tensor:
-        """The target's position ids for a pass over slots q_start.. (a verify window over a cache
-        when q_start > 0): the layout's; the fault repeats the window's first for all of it."""
-        if not self.has("verify-positions-not-advanced") or q_start == 0:
+    def window_positions(self, pos: torch.Tensor, window: int) -> torch.Tensor:
+        """The target's position ids for a pass whose last `window` slots are a verify window (the
+        last committed token and the drafts; in the first round, after the prompt it prefills):
+        the layout's; the fault repeats the window's first for all of it, from the first round on,
+        as an engine that prefills the prompt apart verifies every window."""
+        if not self.has("verify-positions-not-advanced") or window <= 1:
             return pos
-        return torch.cat([pos[:, :q_start],
-                          pos[:, q_start:q_start + 1].expand_as(pos[:, q_start:])], 1)
+        return torch.cat([pos[:, :-window], pos[:, -window:-window + 1].expand(-1, window)], 1)
 
     def grammar_masks(self, matcher: Matcher, path: list[int]) -> list[torch.Tensor | None]:
         """The grammar's mask at each slot along a row's drafts (grammar.py): the correct engine

@@ -37,7 +37,7 @@ def run_model(pair: ModelPair, policy: Policy, role: str, tok, val, stl, q_start
     elif role == "draft":
         model, pos = pair.draft, policy.draft_positions(pos, q_start)
     elif role == "target":
-        model, pos = pair.target, policy.window_positions(pos, q_start)
+        model, pos = pair.target, policy.window_positions(pos, kw.get("keep", 1))
     else:
         raise ValueError(f"no model plays {role!r}")
     seen = policy.seen(val, stl, narrowest_window(model))
