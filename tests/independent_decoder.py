@@ -25,6 +25,7 @@ BUGS = ("draft-bonus", "bonus-from-another-row", "verify-positions-not-advanced"
 # bugs of its sampler (temperature > 0)
 SAMPLING_BUGS = ("residual-from-draft", "temperature-draft-only")
 # bugs that keep every greedy output right: a round keeps one draft fewer than the target chose
+# (sampled: one fewer than its draws kept)
 LOSSLESS_BUGS = ("accept-count-one-short",)
 # an accept rule of no fault of the catalogue: a round keeps its drafts up to the last one the
 # target chose, past a mismatch (the refused drafts before it kept too)
@@ -187,6 +188,8 @@ def _round(target, draft, live: list[_Seq], k: int, budget: int, drafter: str, l
                         < p[a, d]):
                     break
                 a += 1
+            if "accept-count-one-short" in bugs:
+                a = max(a - 1, 0)  # the bug: the last draft kept is refused
             if a == room[r]:  # the bonus
                 dist = p[a]
             else:  # the residual; the bug draws from the draft's q instead

@@ -177,3 +177,32 @@ def test_counters_alone_cannot_tell_the_decisions_from_the_drafts(decoded, tmp_p
     a = judged.acceptance
     assert a.verdict == "draft-bug:acceptance", a.explanation
     assert "counters cannot tell which" in a.explanation
+
+
+@pytest.mark.parametrize("bug", [None, FAULT], ids=["correct", FAULT])
+def test_a_sampling_engines_counts_alone_show_its_decisions(bug, tiny, tmp_path, capsys):
+    """At temperature 1 an engine reports its rounds' drafts and counts, not its draws: together,
+    its decided drafts must be kept as often as min(1, p/q) keeps them. A round count one short is
+    named; the correct sampler is not."""
+    prompts = tiny.encode(list(TEXTS), chat_template=False)
+    rounds = []
+    outputs = decode(tiny.target, tiny.draft, prompts, k=K, max_new_tokens=BUDGET,
+                     batch_size=BATCH, temperature=1.0, seed=3, eos_ids=tuple(tiny.eos_ids),
+                     bug=bug, rounds=rounds)
+    path = tmp_path / "sampled.jsonl"
+    write_outputs(path, prompts, outputs, {"drafter": "model", "k": K}, rounds)
+    trace = tmp_path / "check.json"
+    assert cli(["check", "--outputs", str(path), "--target", str(TINY_TARGET), "--draft",
+                str(TINY_DRAFT), "--dtype", "float64", "--device", "cpu", "--k", str(K),
+                "--temperature", "1", "--no-chat-template", "--trace", str(trace)]) == 0
+    r = Trace.from_json(trace.read_text()).rejections
+    assert r.source == "the engine's" and r.judged == sum(len(x) - 1 for x in rounds)
+    assert r.accepted == sum(x["accepted"] for y in rounds for x in y[:-1])
+    printed = capsys.readouterr().out
+    if bug is None:
+        assert r.verdict is None and r.tail >= 1e-3, r.explanation
+        assert "decisions: as many drafts kept as the rule keeps" in printed
+    else:
+        assert r.verdict == "decision-bug:reject" and r.tail < 1e-3, r.explanation
+        assert r.expected > 1.3 * r.accepted
+        assert "decisions: decision-bug:reject" in printed

@@ -120,9 +120,10 @@ def print_acceptance(trace) -> None:
     where they judged them."""
     if trace.acceptance:
         print(f"drafts: {trace.acceptance.verdict or OWN_DRAFTS}. {trace.acceptance.explanation}")
-    if trace.rejections:
-        print(f"decisions: {trace.rejections.verdict or 'the target refused every draft refused'}"
-              f". {trace.rejections.explanation}")
+    if r := trace.rejections:
+        sound = ("the target refused every draft refused" if r.tail is None
+                 else "as many drafts kept as the rule keeps")
+        print(f"decisions: {r.verdict or sound}. {r.explanation}")
 
 
 def print_yardsticks(trace) -> None:

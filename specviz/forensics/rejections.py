@@ -14,13 +14,15 @@ does not choose is its fork, judged apart).
 A sequence's last round is not judged: a stop or the length cap trims it. A token tree's round
 refused a draft the target chose where the token it wrote at the first depth it did not accept is
 one of the tree's children there. Sampled runs are judged by their recorded draws instead
-(sampledrun.py)."""
+(sampledrun.py); an engine seen from outside that samples reports no draws, only its rounds' counts,
+and those are judged together (judge_sampled_rejections)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
+from specviz.decoding.sampling import Sampling
 from specviz.forensics.recompute import fresh_logits
 from specviz.trace.evidence import Rejections
 from specviz.trace.schema import Trace
@@ -126,6 +128,73 @@ def judge_rejections(trace: Trace, rounds: dict[int, list[Round]], target, vocab
         f"{first.accepted}. The decisions were wrong, not the drafts: the output is unharmed and "
         f"the drafts are lost. {cost}")
     return ev
+
+
+# the chance, under a correct accept rule, of accepting as few drafts as a sampled engine did, below
+# which its decisions are named (one test a check: no correction)
+SAMPLED_ALPHA = 1e-3
+
+
+@torch.inference_mode()
+def judge_sampled_rejections(trace: Trace, rounds: dict[int, list[Round]], pair,
+                             sampling: Sampling) -> Rejections | None:
+    """A sampled engine's rounds, from their counts alone: each decided draft (each accepted one,
+    and the first refused) is kept by speculative sampling with chance min(1, p/q), p the target's
+    and q the draft model's distribution on the committed tokens, fresh at batch size 1 under the
+    check's settings (`sampling`). The drafts accepted are a sum of those
+    chances' Bernoulli trials; far fewer than they allow (their exact lower tail below
+    SAMPLED_ALPHA) is `decision-bug:reject`. None where no round can be judged, or where a draft
+    is not one the draft model can draw (not its drafts: the chances do not apply)."""
+    chances, kept, judged = [], [], 0
+    for s in trace.sequences:
+        mine = rounds.get(s.seq, [])[:-1]
+        if not mine:
+            continue
+        ids = trace.prompts[s.seq].ids + s.output_ids
+        n = len(s.output_ids)
+        settings = sampling.row(s.seq)
+        p = settings.target.probs(fresh_logits(pair.target, ids[:-1], n, pair.vocab_size))
+        q = settings.draft.probs(fresh_logits(pair.draft, ids[:-1], n, pair.vocab_size))
+        t0 = 0
+        for r in mine:
+            judged += 1
+            for j, d in enumerate(r.tokens[:r.accepted + 1]):
+                if t0 + j >= n or q[t0 + j, d] <= 0:
+                    return None
+                chances.append(min(1.0, float(p[t0 + j, d] / q[t0 + j, d])))
+                kept.append(j < r.accepted)
+            t0 += r.emitted
+    if not judged:
+        return None
+    accepted, expected = sum(kept), sum(chances)
+    tail = _lower_tail(chances, accepted)
+    ev = Rejections(judged=judged, wrong=0, accepted=accepted, kept=round(expected), verdict=None,
+                    source="the engine's", explanation="", expected=expected, tail=tail)
+    said = (f"The engine's {judged} rounds judged (every sequence's but its last) accepted "
+            f"{accepted} of their {len(kept)} decided drafts; speculative sampling's rule, "
+            f"min(1, p/q) under the target's and the draft model's fresh distributions, keeps "
+            f"{expected:.1f} of them on average, and as few as {accepted} with chance {tail:.2g}.")
+    if tail >= SAMPLED_ALPHA:
+        ev.explanation = said + " Its decisions are consistent with the rule."
+        return ev
+    ev.verdict = "decision-bug:reject"
+    ev.explanation = (said + f" Below {SAMPLED_ALPHA:g}: the rounds refused drafts the rule "
+                      "keeps. The draws are not reported, so no single round is named; the "
+                      "drafts were the draft model's, and the decisions lost them.")
+    return ev
+
+
+def _lower_tail(chances: list[float], x: int) -> float:
+    """P(X <= x) for X the number of successes of independent trials with these chances (exact:
+    the Poisson-binomial distribution, one trial at a time)."""
+    dist = torch.zeros(x + 2, dtype=torch.float64)
+    dist[0] = 1.0
+    for c in chances:  # only the counts up to x + 1 matter; the rest pile into the last
+        moved = dist * c
+        dist = dist * (1 - c)
+        dist[1:] += moved[:-1]
+        dist[-1] += moved[-1]
+    return float(dist[:x + 1].sum().clamp(max=1.0))
 
 
 def _fresh_choices(trace: Trace, seqs: set[int], target, vocab: int) -> dict[int, list[int]]:

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from specviz.decoding.recording import build_trace
 from specviz.decoding.reference import reference
 from specviz.decoding.result import DecodeResult, Progress, SequenceOutput
-from specviz.decoding.sampling import greedy_of
+from specviz.decoding.sampling import greedy_of, sampling_of
 from specviz.decoding.stops import Stops
 from specviz.engines import jsonl, python, server
 from specviz.engines.base import EngineRun
@@ -36,7 +36,8 @@ from specviz.engines.jsonl import OutputLine
 from specviz.forensics import distribution, enginenoise, proof, repeats, rules
 from specviz.forensics.acceptance import judge_engine_acceptance
 from specviz.forensics.blackbox import force_outputs, judge_engine
-from specviz.forensics.rejections import engine_rounds, judge_rejections, run_rounds
+from specviz.forensics.rejections import (engine_rounds, judge_rejections,
+                                         judge_sampled_rejections, run_rounds)
 from specviz.forensics.sampledrun import judge_sampled_run
 from specviz.models.pairs import ModelPair
 from specviz.run import attribution
@@ -324,6 +325,9 @@ def check_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], e
     if attribute and drafter and drafter.draft_model:
         rule = rules.judge_rules(trace, pair, prompt_ids, int(engine.settings.get("k") or spec.k))
         Findings(run={"distribution.attribution": rule}).record(trace)
+    if drafter and drafter.draft_model:  # its rounds' counts, where it reports them
+        decided = judge_sampled_rejections(trace, engine_rounds(trace), pair, sampling_of(spec))
+        Findings(run={"rejections": decided}).record(trace)
     return judge_sampled_run(trace).record(trace)
 
 

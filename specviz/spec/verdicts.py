@@ -66,11 +66,13 @@ VERDICTS = {v.name: v for v in (
     Verdict("decision-bug:reject",
             "a round refused a draft that the target chose, and wrote that same token in its "
             "place: the output is right and the drafts from there on are lost (the accept rule, "
-            "or the count it returned)",
+            "or the count it returned); sampled, rounds that kept far fewer drafts than the rule "
+            "keeps",
             "each greedy round's first refused draft against the token the round wrote there, the "
             "verify pass's own argmax where recorded, and a fresh batch-size-1 pass of the target "
             "where the run is unpenalised; the rounds specviz ran, or an engine's as it reported "
-            "them"),
+            "them; a sampled engine's rounds: its decided drafts' count against the chances "
+            "min(1, p/q) of the fresh target and draft model (an exact lower tail below 0.001)"),
     Verdict("decision-bug:stop",
             "the output ran on past a stop (an end-of-sequence token, or the token completing "
             "a stop string, accepted inside a block of drafts), or stopped where the model does "

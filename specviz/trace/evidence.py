@@ -293,9 +293,10 @@ class Acceptance(Strict):
 
 
 class Rejections(Strict):
-    """Greedy rounds' decisions (forensics/rejections.py): did a round refuse a draft that the
+    """Rounds' decisions (forensics/rejections.py): did a greedy round refuse a draft that the
     target chose? Such a round writes, at the slot it refused, the very token it refused: the
-    output stays right and the drafts are lost."""
+    output stays right and the drafts are lost. A sampled engine's rounds: did they accept far
+    fewer drafts than speculative sampling's rule keeps?"""
 
     judged: int  # rounds judged: every round but a sequence's last (a stop or the cap trims it)
     wrong: int  # of them, rounds that refused a draft the target chose
@@ -308,6 +309,10 @@ class Rejections(Strict):
     explanation: str
     # whose rounds: "the run's" (specviz's own), or "the engine's" (as it reported them)
     source: str
+    # a sampled engine's rounds, judged by their counts (judge_sampled_rejections): the drafts a
+    # correct rule accepts on average, and the chance it accepts as few as the engine did
+    expected: float | None = None
+    tail: float | None = None
 
 
 class Repeat(Strict):
