@@ -2,11 +2,12 @@
 
 Each output is replayed, token by token, through a fresh llguidance matcher of the run's JSON schema
 (none of the engine's grammar state: a new one per sequence, from its first token), free up to its
-reasoning end where the run sets one. Where the matcher refuses a token, the grammar forbade it
-there; where an output ends with its grammar unfinished, with budget left and no stop string, it
+reasoning end where the run sets one. Where its mask lacks a token, the grammar forbade it there;
+where an output ends with its grammar unfinished, with budget left and no stop string, it
 stopped where the grammar does not let it. Either is `decision-bug:grammar`: a grammar's masks
 allow only what it accepts, so the engine's mask at that token was not its state's (another
-state's, or none), or the request ended without its answer.
+state's, or none), or the request ended without its answer. Where the output departed from the
+reference before it broke its grammar, that departure is the verdict's fork.
 
 Each token's count of allowed tokens goes on its sequence (`grammar_allowed`), for the page's
 timeline: THINKING while the request thinks, 1 where the grammar forced the token, 0 from where it
@@ -19,6 +20,7 @@ from collections import defaultdict
 import llguidance
 import llguidance.hf
 
+from specviz.decoding.grammar import one_token
 from specviz.spec.grammar import compile_schema
 from specviz.spec.verdicts import VERDICTS
 from specviz.trace.evidence import RunForensics
@@ -38,8 +40,7 @@ def judge_grammar(trace: Trace, tokenizer, eos_ids: tuple[int, ...]) -> Findings
         rows[r.seq].append(r)
     vocab = llguidance.hf.from_tokenizer(tokenizer, eos_token=list(eos_ids))
     grammar = compile_schema(spec.json_schema)
-    end = (None if spec.reasoning_end is None
-           else tokenizer.encode(spec.reasoning_end, add_special_tokens=False)[0])
+    end = None if spec.reasoning_end is None else one_token(tokenizer, spec.reasoning_end)
     for s in trace.sequences:
         allowed, broke = _replay(llguidance.LLMatcher(vocab, grammar, log_level=0), end,
                                  s.output_ids)
