@@ -95,11 +95,9 @@ def main() -> None:
             equal = sum(a == b for a, b in zip(outputs, reference))
             config = f"bs {bs}" + (f", k {args.k}" if method == "eqspec" else "")
             speed_up = f"{rates[-1] / rates[0]:.2f}x" if len(rates) == 2 else "1.00x"
-            lines.append(f"| {method} | {config} | {name} | {equal}/{len(ids)} | {rates[-1]:.1f} "
-                         f"| {speed_up} |")
-            print(lines[-1], flush=True)
-    if args.out:
-        args.out.write_text("\n".join(lines) + "\n")
+            options.add_row(lines, f"| {method} | {config} | {name} | {equal}/{len(ids)} | "
+                                   f"{rates[-1]:.1f} | {speed_up} |")
+    options.write_out(args, lines)
 
 
 if __name__ == "__main__":

@@ -40,3 +40,15 @@ def prompt_set(pair, args: argparse.Namespace) -> tuple[list[str], list[list[int
     """The prompts of --prompt-set, and their token ids in `pair`'s chat template."""
     prompts = builtin_set(args.prompt_set)
     return prompts, pair.encode(prompts)
+
+
+def add_row(lines: list[str], row: str) -> None:
+    """A table row, kept for --out and printed as soon as it is measured."""
+    lines.append(row)
+    print(row, flush=True)
+
+
+def write_out(args: argparse.Namespace, lines: list[str]) -> None:
+    """The results as Markdown to --out, where given."""
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")

@@ -12,8 +12,8 @@ from specviz.decoding.decoders import Job, decode_job
 from specviz.decoding.reference import reference
 from specviz.models.pairs import load_pair
 from specviz.run.runner import run
-from specviz.spec.run import (TINY_DRAFT, TINY_TARGET, RowSampling, RunSpec, rows_as_text,
-                              rows_from_text)
+from specviz.spec.rows import RowSampling, rows_as_text, rows_from_text
+from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
 from specviz.spec.strict import SpecError
 from specviz.trace import metrics
 from specviz.trace.share import Link

@@ -131,6 +131,11 @@ def run_controls_of(settings: Settings) -> dict:
                              info="check every row's state against a fresh recomputation each "
                                   "round, fork or not (about one extra batch-size-1 pass of each "
                                   "model per row and round)")
+    c["batch_invariant"] = gr.Checkbox(value=DEFAULTS["batch_invariant"],
+                                       label="batch-invariant (zero tolerance)",
+                                       info="a row's logits the same bits in any batch, so any "
+                                            "difference from a fresh recomputation is a bug; about "
+                                            "1.5 to 4 times slower (docs/batch_invariant.md)")
     return c
 
 

@@ -17,7 +17,8 @@ from specviz.app import serving
 from specviz.spec.defaults import default_of
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.prompts import DEFAULT_SET, builtin_sets, parse_prompts
-from specviz.spec.run import PAIR_PRESETS, RunSpec, rows_as_text, rows_from_text
+from specviz.spec.rows import rows_as_text, rows_from_text
+from specviz.spec.run import PAIR_PRESETS, RunSpec
 from specviz.spec.strict import SpecError
 
 CUSTOM = "custom (type ids below)"
@@ -49,7 +50,7 @@ def controls_of(s: RunSpec) -> dict:
             "repetition_penalty": s.repetition_penalty, "presence_penalty": s.presence_penalty,
             "logprobs": s.logprobs, "stop": "\n".join(s.stop), "chat_template": s.chat_template,
             "tree_width": s.tree_width, "json_schema": s.json_schema or "",
-            "reasoning_end": s.reasoning_end or ""}
+            "reasoning_end": s.reasoning_end or "", "batch_invariant": s.batch_invariant}
 
 
 # The controls a spec fills, at RunSpec's defaults (on the default prompt set), in the API's order;
@@ -132,7 +133,7 @@ def spec_from_controls(**controls) -> RunSpec:
         stop=tuple(s for s in (c["stop"] or "").replace("\r\n", "\n").split("\n") if s),
         chat_template=bool(c["chat_template"]),
         json_schema=(c["json_schema"] or "").strip() or None,
-        reasoning_end=c["reasoning_end"] or None,
+        reasoning_end=c["reasoning_end"] or None, batch_invariant=bool(c["batch_invariant"]),
         # The option controls that the drafter reads (spec/drafters.py): the rest stay at defaults.
         **{f: int(c[f]) for f in DRAFTERS[drafter].options})
 

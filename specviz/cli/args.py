@@ -12,8 +12,8 @@ from specviz.spec.drafters import DRAFTER_OPTIONS, DRAFTERS, reading
 from specviz.spec.faults import FAULT_PRESETS, FAULTS
 from specviz.spec.methods import METHODS
 from specviz.spec.prompts import DEFAULT_SET, builtin_set, builtin_sets, read_prompts
-from specviz.spec.run import (DEVICES, DTYPES, MAX_BATCH_SIZE, PAIR_PRESETS, RowSampling, RunSpec,
-                              row_fields)
+from specviz.spec.rows import RowSampling, row_fields
+from specviz.spec.run import DEVICES, DTYPES, MAX_BATCH_SIZE, PAIR_PRESETS, RunSpec
 from specviz.spec.strict import SpecError
 from specviz.trace.sweep import NO_FAULTS
 
@@ -113,6 +113,10 @@ def add_common(p: argparse.ArgumentParser) -> None:
                         "round, or ROWS sampled rows a round: finds corruption before (or without) "
                         "a fork; about one extra batch-size-1 pass of the target and one of the "
                         "draft per audited row and round")
+    g.add_argument("--batch-invariant", action="store_true",
+                   help="compute every row's logits batch-invariantly (the same bits in any "
+                        "batch), and judge forks and audits at zero tolerance; float32 and "
+                        "bfloat16, about 1.5 to 4 times slower (docs/batch_invariant.md)")
     g = p.add_argument_group("sampling (temperature 0: greedy)")
     add_field(g, "temperature")
     add_field(g, "top_k", help="0: off")
@@ -200,6 +204,7 @@ def spec_of(args, **overrides) -> RunSpec:
         repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
         logprobs=args.logprobs, rows=tuple(args.row), stop=tuple(args.stop),
         json_schema=args.json_schema, reasoning_end=args.reasoning_end,
+        batch_invariant=args.batch_invariant,
     )
     fields.update(overrides)
     options = {f: getattr(args, f) for f in DRAFTER_OPTIONS if getattr(args, f) is not None}

@@ -1,5 +1,6 @@
-"""The only module that touches transformers' cache internals: the KV cache of attention layers, and
-the state of recurrent layers (Gated DeltaNet, Mamba, short convolutions) in a hybrid model.
+"""With models/recurrent.py (a recurrent layer's state read and set), the only module that touches
+transformers' cache internals: the KV cache of attention layers, and the state of recurrent layers
+(Gated DeltaNet, Mamba, short convolutions) in a hybrid model.
 
 transformers 5.x `DynamicCache` keeps one layer object per decoder layer. An attention layer holds
 `keys` and `values` of shape (batch, kv_heads, slots, head_dim): slot j of a row holds the K/V of
@@ -36,20 +37,17 @@ from transformers import DynamicCache
 from transformers.cache_utils import (DynamicLayer, DynamicSlidingWindowLayer,
                                       LinearAttentionCacheLayerMixin)
 
-from specviz.models.architecture import recurrent_mixers
-
-# ("conv" or "recurrent", index within the layer) -> (rows, ...)
-State = dict[tuple[str, int], torch.Tensor]
-KINDS = ("conv", "recurrent")
+from specviz.models.recurrent import (State, Wrapped, holds_state, put_states, states,
+                                     where_rows)
 
 
 def new(model) -> DynamicCache:
     """An empty cache for `model`; its recurrent layers, if any, are made ready to keep
     per-position states."""
-    _run_stepwise(model)
+    STEPWISE.swap(model)
     cache = DynamicCache(config=model.config)
     cache.layers = [DynamicLayer()
-                    if isinstance(lay, DynamicSlidingWindowLayer) and not _recurrent(lay) else lay
+                    if isinstance(lay, DynamicSlidingWindowLayer) and not holds_state(lay) else lay
                     for lay in cache.layers]
     return cache
 
@@ -64,36 +62,9 @@ def _kv(layer) -> bool:
         and layer.keys.numel() > 0
 
 
-def _recurrent(layer) -> bool:
-    return isinstance(layer, LinearAttentionCacheLayerMixin)
-
-
 def recurrent(cache: DynamicCache | None) -> bool:
     """Some layer of `cache` carries a recurrent state."""
-    return any(_recurrent(lay) for lay in _layers(cache))
-
-
-def states(layer) -> State:
-    """A recurrent layer's states as they are now (references; the layer updates them in place)."""
-    if not _recurrent(layer):
-        return {}
-    out = {}
-    for i in range(layer.number_of_states):
-        for kind in KINDS:
-            if getattr(layer, f"is_{kind}_states_initialized")[i]:
-                out[(kind, i)] = getattr(layer, f"{kind}_states")[i]
-    return out
-
-
-def _put(layer, new: State) -> None:
-    """Set a recurrent layer's states (the prefill is then behind it)."""
-    for (kind, i), t in new.items():
-        getattr(layer, f"{kind}_states")[i] = t
-        getattr(layer, f"is_{kind}_states_initialized")[i] = True
-        layer.has_previous_state[i] = True
-        if kind == "conv":
-            layer.conv_kernel_size[i] = t.shape[-1]
-        layer.device, layer.dtype = t.device, t.dtype
+    return any(holds_state(lay) for lay in _layers(cache))
 
 
 def length(cache: DynamicCache | None) -> int:
@@ -141,7 +112,7 @@ def select_rows(cache: DynamicCache | None, rows: torch.Tensor) -> None:
 
 def _select_states(cache: DynamicCache, rows: torch.Tensor) -> None:
     for lay in cache.layers:
-        _put(lay, {key: t[_on(t, rows)] for key, t in states(lay).items()})
+        put_states(lay, {key: t[_on(t, rows)] for key, t in states(lay).items()})
     journal = _JOURNALS.get(cache)
     if journal is not None:
         journal.stale = {i: {key: t[_on(t, rows)] for key, t in s.items()}
@@ -165,7 +136,7 @@ def layers_states(cache: DynamicCache | None) -> list[State]:
     """Every recurrent layer's states as they are now: copies, since a forward pass writes them
     in place."""
     return [{key: t.clone() for key, t in states(lay).items()} for lay in _layers(cache)
-            if _recurrent(lay)]
+            if holds_state(lay)]
 
 
 def row_kv(cache: DynamicCache, layer: int, row: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,9 +156,9 @@ def _rebuilt_cache(cache: DynamicCache, part) -> DynamicCache:
         if isinstance(lay, DynamicLayer):
             new.keys, new.values = kv if kv is not None else (None, None)
             new.is_initialized = kv is not None
-        if _recurrent(lay):
+        if holds_state(lay):
             LinearAttentionCacheLayerMixin.__init__(new, number_of_states=lay.number_of_states)
-            _put(new, state)
+            put_states(new, state)
         out.layers.append(new)
     return out
 
@@ -230,8 +201,8 @@ def assembled(model, kv: list[tuple[torch.Tensor, torch.Tensor]],
         if isinstance(lay, DynamicLayer):
             lay.keys, lay.values = next(kv)
             lay.is_initialized, lay.device, lay.dtype = True, lay.keys.device, lay.keys.dtype
-        if _recurrent(lay):
-            _put(lay, next(state))
+        if holds_state(lay):
+            put_states(lay, next(state))
     return cache
 
 
@@ -291,7 +262,7 @@ def roll_back(cache: DynamicCache | None, index: torch.Tensor,
             stacked = torch.stack([s.get(key, torch.zeros_like(like)) for s in kept_states])
             at = conv_index if key[0] == "conv" and conv_index is not None else index
             chosen[key] = stacked[_on(stacked, at), _on(stacked, rows)]
-        _put(cache.layers[i], chosen)
+        put_states(cache.layers[i], chosen)
         journal.stale[i] = kept_states[0]
     journal.kept = {}
 
@@ -305,22 +276,7 @@ def read_stale(cache: DynamicCache | None, rows: torch.Tensor) -> None:
     for i, stale in journal.stale.items():
         lay = cache.layers[i]
         now = states(lay)
-        _put(lay, {key: torch.where(_on(t, rows).view(-1, *[1] * (t.dim() - 1)), stale[key], t)
-                   for key, t in now.items()})
-
-
-def _run_stepwise(model) -> None:
-    """Make each recurrent mixer of `model` keep per-position states when its cache asks
-    (`keeping`). Its class is swapped for a subclass, as models/kernels.py swaps linear layers:
-    copies of the model keep it."""
-    for mixer in recurrent_mixers(model):
-        cls = type(mixer)
-        if cls not in _STEPWISE.values():
-            mixer.__class__ = _STEPWISE.setdefault(cls, type(f"Stepwise{cls.__name__}", (cls,),
-                                                             {"forward": _stepwise_forward(cls)}))
-
-
-_STEPWISE: dict[type, type] = {}
+        put_states(lay, {key: where_rows(rows, stale[key], t) for key, t in now.items()})
 
 
 def _stepwise_forward(cls: type):
@@ -354,3 +310,7 @@ def _unpadded(cls: type, mixer, hidden_states, cache, mask, kwargs):
                           **kwargs)
         return torch.cat([out.new_zeros(1, lead, out.shape[-1]), out], 1)
     return cls.forward(mixer, hidden_states, cache=cache, attention_mask=mask, **kwargs)
+
+
+# Each recurrent mixer keeps per-position states when its cache asks (`keeping`).
+STEPWISE = Wrapped("Stepwise", _stepwise_forward)

@@ -65,7 +65,8 @@ def judge_engine(trace: Trace, forcing: enginenoise.TeacherForcing, truth: str,
         if s.equivalent is False:
             reference = functools.partial(_forced_reference, s, forcing, trace.prompts[s.seq].ids,
                                           scored)
-            mine["forensics"] = _judge_sequence(s, scored["engine", s.seq], reference, ys, stops)
+            mine["forensics"] = _judge_sequence(s, scored["engine", s.seq], reference, ys, stops,
+                                                trace.manifest.spec.batch_invariant)
     found.run["manifest.fidelity"] = [f for role in ("engine", "control")
                                       if (f := _fidelity(trace, scored, role, ys.engine))]
     return found
@@ -148,10 +149,11 @@ def _forced_reference(s: SequenceRecord, forcing: enginenoise.TeacherForcing, pr
 
 def _judge_sequence(s: SequenceRecord, forced: enginenoise.Forced,
                     reference: Callable[[], enginenoise.Forced],
-                    ys: Yardsticks, stops: Stops) -> EngineForensics:
+                    ys: Yardsticks, stops: Stops, invariant: bool) -> EngineForensics:
     """A divergent sequence's verdict, from its output teacher-forced and its reference's
     (`reference()`, forced only where the reference goes past the fork). Up to the fork the two
-    share a prefix, so at the fork both were read off the same logits."""
+    share a prefix, so at the fork both were read off the same logits. `invariant`: the engine
+    declared a batch-invariant mode, so speculation may not change its output by a bit."""
     f = s.first_divergence
     out, ref = s.output_ids, s.reference_ids
     noise = ys.engine
@@ -192,9 +194,37 @@ def _judge_sequence(s: SequenceRecord, forced: enginenoise.Forced,
                              "check, not speculation." if control else
                              "A stop check that looks only at the last token of each accepted "
                              "block does this."))
-    else:
+    elif not (invariant and _breaks_invariance(ev, s)):
         _engine_verdict(ev, s, forced.gaps, noise)
+        if invariant:
+            ev.explanation += (" The engine declared a batch-invariant mode, and its run without "
+                               "speculation writes the same tokens: speculation changed nothing."
+                               if s.control is not None and not s.control.error else
+                               " The engine declared a batch-invariant mode, but without its run "
+                               "without speculation (--control-*) it cannot be judged at zero "
+                               "tolerance.")
     return ev
+
+
+def _breaks_invariance(ev: EngineForensics, s: SequenceRecord) -> bool:
+    """An engine that declared batch-invariant computation, judged at zero tolerance against its
+    own run without speculation: any token apart is an engine bug, whatever the margins. False
+    where it has no control run, or writes what its control writes."""
+    if s.control is None or s.control.error:
+        return False
+    apart = first_difference(s.control.ids, s.output_ids)
+    if apart is None:
+        return False
+    mine, theirs = (x[apart] if apart < len(x) else "its end"
+                    for x in (s.output_ids, s.control.ids))
+    ev.verdict, ev.tolerance, ev.alpha = "engine-bug", 0.0, None
+    ev.yardstick = "declared batch-invariant: zero tolerance against its own control run"
+    ev.explanation = (f"The engine declared batch-invariant computation, so a request's logits are "
+                      "the same bits however it is batched and verified, and speculation cannot "
+                      f"change its output at all. At token {apart} it wrote {mine} where its own "
+                      f"run without speculation wrote {theirs}: speculation changed the output, "
+                      "which no rounding allows in this mode.")
+    return True
 
 
 def _engine_verdict(ev: EngineForensics, s: SequenceRecord, gaps: list[float],

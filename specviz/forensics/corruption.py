@@ -46,10 +46,12 @@ def corrupt(ev: RunForensics, rounding: Rounding, invariant: str | None, logits:
     was right and the pass rebuilt from them still departs, else `sync-bug:` the input
     that was wrong."""
     component = _component(ev, rounding)
-    beyond = (f"{logits} differ from a fresh batch-size-1 recomputation of the row by "
-              f"{ev.state_diff:.3g}, {ev.state_diff / rounding.tolerance:.3g} times what rounding "
-              f"in {rounding.dtype} allows ({rounding.tolerance:.3g}; two correct computations "
-              f"differ by more with probability {rounding.alpha:.2g})")
+    beyond = f"{logits} differ from a fresh batch-size-1 recomputation of the row by " + (
+        f"{ev.state_diff:.3g}, where batch-invariant {rounding.dtype} allows no difference at all"
+        if rounding.batch_invariant else
+        f"{ev.state_diff:.3g}, {ev.state_diff / rounding.tolerance:.3g} times what rounding in "
+        f"{rounding.dtype} allows ({rounding.tolerance:.3g}; two correct computations differ by "
+        f"more with probability {rounding.alpha:.2g})")
     if component == "kernel":
         ev.verdict = "kernel-bug"
         ev.explanation = (f"{beyond}, though its first token, positions and mask were right. "

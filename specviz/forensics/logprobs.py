@@ -34,7 +34,7 @@ def judge_logprobs(trace: Trace, pair: ModelPair, rounding: Rounding | None) -> 
         return found
     sampling = sampling_of(trace.manifest.spec)
     temperature = sampling.target.temperature
-    bound = 2 * rounding.tolerance / (temperature or 1.0)
+    bound = 2 * rounding.from_float64() / (temperature or 1.0)
     for s in trace.sequences:
         if s.logprobs is None or s.forensics is not None or not s.output_ids:
             continue
@@ -49,7 +49,8 @@ def judge_logprobs(trace: Trace, pair: ModelPair, rounding: Rounding | None) -> 
             verdict="decision-bug:logprobs", fork=i, round=rec and rec.round, row=rec and rec.row,
             output_token=s.output_ids[i], logprob=s.logprobs[i],
             logprob_float64=float(truth[i]), tolerance=bound, alpha=rounding.alpha,
-            yardstick=rounding.describe(),
+            yardstick=rounding.model_copy(update={"batch_invariant": False,
+                                                  "tolerance": rounding.from_float64()}).describe(),
             explanation=(f"The tokens are right, but token {i}'s recorded log-probability "
                          f"{s.logprobs[i]:.6g} is not the target's: a fresh float64 recomputation "
                          f"at batch size 1 gives {float(truth[i]):.6g}, {float(off[i]):.3g} apart "

@@ -144,7 +144,8 @@ def _penalty_bug(ev: RunForensics, rounding: Rounding | None, arbiter, history: 
     lifted = penalised.clone()
     lifted[t] = raw[t]
     gap = float(penalised[ref] - penalised[t])
-    if int(penalised.argmax()) != ref or int(lifted.argmax()) != t or gap <= rounding.tolerance:
+    flips = rounding.from_float64()
+    if int(penalised.argmax()) != ref or int(lifted.argmax()) != t or gap <= flips:
         return False
     held_at = [i for i, x in enumerate(history) if x == t]
     places = ", ".join(map(str, held_at[:8])) + ("…" if len(held_at) > 8 else "")
@@ -154,7 +155,7 @@ def _penalty_bug(ev: RunForensics, rounding: Rounding | None, arbiter, history: 
                       "held. The target's float64 logits there, penalised by the row's whole "
                       f"history, choose the reference's token {ref} over the engine's {t} by "
                       f"{gap:.3g}, beyond what rounding in {rounding.dtype} flips "
-                      f"({rounding.tolerance:.3g}); with the penalty on token {t} lifted they "
+                      f"({flips:.3g}); with the penalty on token {t} lifted they "
                       f"choose {t}. The history holds token {t} {len(held_at)} time(s), at "
                       f"positions {places} of its prompt and output: the engine penalised "
                       "without tokens the row already holds.")
@@ -242,6 +243,13 @@ def _near_tie(ev: RunForensics, rounding: Rounding | None) -> None:
         ev.explanation = (f"The output forked at {at}, but {NO_YARDSTICK}: neither the row's state "
                           "nor the fork can be judged against it. Run a target small enough to "
                           "copy to float64 to judge this fork.")
+    elif rounding.batch_invariant:
+        ev.explanation = (f"At {at} the row's logits are the same bits as a fresh batch-size-1 "
+                          "recomputation of its tokens (batch-invariant mode), so rounding cannot "
+                          "have tipped the fork, and the pass chose the engine's token: the "
+                          "reference, which should have computed the same bits, chose otherwise. "
+                          "Its own path is the suspect; the missing evidence is a recomputation "
+                          "of the reference's pass at this token.")
     elif rounding.anomaly:
         ev.explanation = (f"The output forked at {at}, but the yardstick itself is suspect: "
                           f"{rounding.anomaly}.")

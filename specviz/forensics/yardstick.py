@@ -230,3 +230,10 @@ def rounding(samples: Samples, dtype: torch.dtype, slots: int,
                     slots=slots, tolerance=tolerance, alpha=stated, relative=relative,
                     float64_tolerance=float64_tolerance, expected=expected, anomaly=anomaly,
                     algorithms=algorithms)
+
+
+def zero_tolerance(rounding: Rounding | None) -> Rounding | None:
+    """`rounding` for a batch-invariant run: a row's logits are the same bits however it was
+    batched, so any difference between two computations of them is no rounding (tolerance 0)."""
+    return rounding and rounding.model_copy(update={
+        "tolerance": 0.0, "batch_invariant": True, "rounding": rounding.tolerance})

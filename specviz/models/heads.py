@@ -36,6 +36,7 @@ from transformers.modeling_layers import MtpModel
 from specviz.models.architecture import (attention_layers_only, in_float64, is_recurrent,
                                          throughout_float64)
 from specviz.models.checkpoints import cache_dir
+from specviz.models.invariant import is_invariant, make_invariant
 from specviz.spec.run import EMBEDDED_TARGET, TINY_TARGET
 from specviz.spec.strict import SpecError
 
@@ -203,8 +204,10 @@ class MtpHead(Head):
 
 def _settle(head: torch.nn.Module, target) -> None:
     """`head` on the target's device and in its dtype, for inference; in float64 throughout where
-    the target is."""
+    the target is, batch-invariant where it is."""
     head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+    if is_invariant(target):
+        make_invariant(head)
     if target.dtype == torch.float64:  # as the target computes: no norm narrowed to float32
         in_float64(head.body)
         for part in head.children():

@@ -13,7 +13,7 @@ import torch
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig,
                           LlamaForCausalLM, MistralConfig, MistralForCausalLM)
 
-from specviz.models import kernels
+from specviz.models import invariant, kernels
 from specviz.models.architecture import in_float64, unsupported
 from specviz.models.checkpoints import (GGUF_FILE, GGUF_PACKAGE, embedded_target_dir,
                                         embedded_tokenizer_dir)
@@ -256,6 +256,7 @@ def load_pair(
     device: str = "auto",
     trust_remote_code: bool = False,
     placement: Placement = ONE_DEVICE,
+    batch_invariant: bool = False,
 ) -> ModelPair:
     """The pair, loaded once per process however it is asked for: by keyword or position, device
     auto or the device auto picks (a second copy of a pair would hold its weights, its float64 copy
@@ -264,7 +265,7 @@ def load_pair(
         raise SpecError("spreading a target over GPUs (device map auto, max memory) needs a Hub or "
                         "local target and device auto or cuda; the built-in pairs fit one device")
     return _cached_pair(target, draft, target_revision, draft_revision, dtype,
-                        str(resolve_device(device)), trust_remote_code, placement)
+                        str(resolve_device(device)), trust_remote_code, placement, batch_invariant)
 
 
 def _itself(target) -> tuple:
@@ -276,7 +277,7 @@ def _itself(target) -> tuple:
 @functools.lru_cache(maxsize=MAX_PAIRS)
 def _cached_pair(target: str, draft: str, target_revision: str | None, draft_revision: str | None,
                  dtype: str, device: str, trust_remote_code: bool,
-                 placement: Placement) -> ModelPair:
+                 placement: Placement, batch_invariant: bool) -> ModelPair:
     torch_dtype = TORCH_DTYPES[dtype]
     dev = torch.device(device)
     info = {"target": target, "draft": draft, "target_revision": target_revision,
@@ -317,15 +318,32 @@ def _cached_pair(target: str, draft: str, target_revision: str | None, draft_rev
     tgt, drf = tgt.eval(), drf.to(dev).eval()
     if torch_dtype == torch.float64:
         tgt, drf = in_float64(tgt), in_float64(drf)
+    vocab = min(tgt.get_output_embeddings().weight.shape[0],
+                drf.get_output_embeddings().weight.shape[0], len(tokenizer))
     linear_kernels = kernels.name_for(torch_dtype) if dev.type == "cpu" else None
     if linear_kernels and kernels.pack_linears(tgt) and kernels.pack_linears(drf):
         info["linear_kernels"] = linear_kernels
-    vocab = min(tgt.get_output_embeddings().weight.shape[0],
-                drf.get_output_embeddings().weight.shape[0], len(tokenizer))
+    if batch_invariant:
+        _make_invariant(tgt, drf, vocab)
+        info["batch_invariant"] = invariant.WHAT
     for role, model in (("target", tgt), ("draft", drf)):
         if found := check_verify_path(model, vocab, role):
             info[f"{role}_verify_path"] = found
     return ModelPair(tgt, drf, tokenizer, eos_ids_of(tgt, tokenizer), vocab, dev, torch_dtype, info)
+
+
+def _make_invariant(target, draft, vocab: int) -> None:
+    """Both models batch-invariant (models/invariant.py), each self-tested: a SpecError says what
+    departed where this build's kernels do not keep a row's bits."""
+    for role, model in (("target", target), ("draft", draft)):
+        try:
+            found = invariant.departure(invariant.make_invariant(model), vocab)
+        except NotImplementedError as e:
+            found = str(e)
+        if found:
+            raise SpecError(f"batch-invariant mode cannot hold the {role} on this build: {found}. "
+                            "Run it without --batch-invariant (its forks are then judged against "
+                            "the rounding yardstick)")
 
 
 def unload_pairs() -> None:
@@ -338,5 +356,5 @@ def pair_for(spec: RunSpec, trust_remote_code: bool = False,
              placement: Placement = ONE_DEVICE) -> ModelPair:
     return load_pair(
         spec.target, spec.draft, spec.target_revision, spec.draft_revision, spec.dtype, spec.device,
-        trust_remote_code, placement,
+        trust_remote_code, placement, spec.batch_invariant,
     )

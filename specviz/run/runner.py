@@ -29,7 +29,7 @@ from specviz.models.pairs import ONE_DEVICE, ModelPair, Placement, pair_for
 from specviz.run.settings import Settings
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.prompts import builtin_set
-from specviz.spec.run import MAX_PROMPT_TOKENS, PENALTY_FIELDS, RunSpec
+from specviz.spec.run import ENGINE, MAX_PROMPT_TOKENS, PENALTY_FIELDS, RunSpec
 from specviz.spec.strict import SpecError
 from specviz.spec.verdicts import state_bug
 from specviz.trace.evidence import Acceptance
@@ -215,7 +215,7 @@ def yardsticks_for(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]],
         samples = _ROUNDING.get(pair, (role, tuple(map(tuple, sequences))), lambda: calibration + (
             yardstick_cache.recall(model, role, "the reference's continuations", sequences,
                                    pair.vocab_size, calibration.seen)))
-        return yardstick.rounding(samples, pair.dtype, spec.k + 1)
+        return _in_mode(spec, yardstick.rounding(samples, pair.dtype, spec.k + 1))
 
     target = measured("target")
     if target is None:
@@ -257,7 +257,15 @@ def _judge_drafts(trace: Trace, spec: RunSpec, pair: ModelPair) -> Acceptance | 
 
 def _calibrated(spec: RunSpec, pair: ModelPair, role: str) -> Rounding | None:
     """A model's rounding from the built-in prompts alone (None without a float64 copy)."""
-    return yardstick.rounding(_calibration(pair, role), pair.dtype, spec.k + 1)
+    return _in_mode(spec, yardstick.rounding(_calibration(pair, role), pair.dtype, spec.k + 1))
+
+
+def _in_mode(spec: RunSpec, rounding: Rounding | None) -> Rounding | None:
+    """The yardstick the run's verdicts take: zero tolerance in batch-invariant mode. (An engine
+    check's is transformers' rounding still: a declared engine is held to its own control,
+    forensics/blackbox.py.)"""
+    own = spec.batch_invariant and spec.method != ENGINE
+    return yardstick.zero_tolerance(rounding) if own else rounding
 
 
 def calibrated_tolerance(spec: RunSpec, pair: ModelPair) -> float | None:

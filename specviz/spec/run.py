@@ -15,7 +15,8 @@ from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTER_OPTIONS, DRAFTERS, re
 from specviz.spec.faults import expand, needing
 from specviz.spec.grammar import compile_schema
 from specviz.spec.methods import METHODS
-from specviz.spec.strict import SpecError, Strict, cut
+from specviz.spec.rows import MAX_TEMPERATURE, RowSampling
+from specviz.spec.strict import Strict
 
 # the method of an engine check's trace: outputs from outside, judged against the reference
 ENGINE = "engine"
@@ -53,7 +54,6 @@ PAIR_PRESETS = {
 }
 BUILT_IN_PAIRS = {target: draft for target, draft in PAIR_PRESETS.values()
                   if target.startswith("specviz:")}
-MAX_TEMPERATURE = 10.0
 SAMPLING_FIELDS = ("top_k", "top_p", "draft_temperature", "draft_top_k", "draft_top_p")
 MAX_NGRAM = 16
 MAX_TREE_WIDTH = 8
@@ -63,64 +63,10 @@ PENALTY_FIELDS = ("repetition_penalty", "presence_penalty")
 # Left out of the canonical form at their defaults, so that the keys of runs made before them stay
 # what they were.
 OMITTED_AT_DEFAULT = (*SAMPLING_FIELDS, "drafter", *DRAFTER_OPTIONS, *PENALTY_FIELDS, "logprobs",
-                      "rows", "stop")
+                      "rows", "stop", "batch_invariant")
 MAX_STOPS, MAX_STOP_CHARS = 4, 32  # stop strings a run may set, and the length of each
 # what a request's own settings (RowSampling) replace
 TARGET_FIELDS = ("temperature", "top_k", "top_p")
-# a request that sets no temperature samples at the serving engines' default (vLLM, OpenAI)
-UNSET_TEMPERATURE = 1.0
-
-
-class RowSampling(Strict):
-    """One request's own sampling settings, as a serving engine takes them per request: its
-    temperature (0: greedy; None: unset, the engines' default 1.0), top-k (0: off), top-p (1: off)
-    and seed (None: unseeded, it draws from the run's stream for its sequence; set: from its own
-    seed's stream, whatever its sequence)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE)
-    top_k: int = Field(0, ge=0, le=2**20)
-    top_p: float = Field(1.0, gt=0, le=1)
-    seed: int | None = Field(None, ge=0, le=2**31 - 1)
-
-    @model_validator(mode="after")
-    def _greedy(self) -> RowSampling:
-        if self.temperature == 0 and (self.top_k or self.top_p < 1):
-            raise ValueError("a greedy request (temperature 0) takes no top-k or top-p")
-        return self
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    def target(self) -> tuple[float, int, float]:
-        """The temperature (an unset one the default), top-k and top-p the target samples this
-        request with."""
-        return (UNSET_TEMPERATURE if self.temperature is None else self.temperature, self.top_k,
-                self.top_p)
-
-
-def row_fields(text: str) -> dict[str, str]:
-    """One request's settings as typed: comma-separated key=value pairs of RowSampling's fields
-    (RowSampling validates the values)."""
-    pairs = [x.strip().partition("=") for x in text.split(",") if x.strip()]
-    bad = [k for k, eq, _ in pairs if not eq or k.strip() not in RowSampling.model_fields]
-    if bad or not pairs:
-        raise SpecError("a request's settings are key=value pairs of "
-                        f"{', '.join(RowSampling.model_fields)}; got {cut(text, 80)!r}")
-    return {k.strip(): v.strip() for k, _, v in pairs}
-
-
-def rows_from_text(text: str) -> tuple[dict[str, str], ...]:
-    """Per-request settings typed one request a line (blank lines skipped)."""
-    return tuple(row_fields(line) for line in (text or "").splitlines() if line.strip())
-
-
-def rows_as_text(rows: tuple[RowSampling, ...]) -> str:
-    """What rows_from_text reads back: each request's fields that are set, one request a line."""
-    return "\n".join(",".join(f"{k}={v}" for k, v in r.model_dump(exclude_none=True).items())
-                     for r in rows)
 
 
 class RunSpec(Strict):
@@ -177,6 +123,9 @@ class RunSpec(Strict):
     # Structured output (decoding/grammar.py): a JSON schema every answer follows, free up to a
     json_schema: str | None = None  # reasoning end (one token, a reasoning model's </think>)
     reasoning_end: str | None = Field(None, min_length=1, max_length=MAX_STOP_CHARS)
+    # A row's logits the same bits in any batch (models/invariant.py): forks are judged at zero
+    # tolerance.
+    batch_invariant: bool = False
 
     @field_validator("target", "draft")
     @classmethod
@@ -322,6 +271,13 @@ class RunSpec(Strict):
         if self.method == ENGINE or not METHODS[self.method].grammar:
             raise ValueError(f"{self.method} takes no grammar; "
                              + ", ".join(n for n, m in METHODS.items() if m.grammar) + " do")
+        return self
+
+    @model_validator(mode="after")
+    def _invariant(self) -> RunSpec:
+        if self.batch_invariant and self.dtype == "float64":
+            raise ValueError("batch-invariant mode is for float32, bfloat16 and float16: float64 "
+                             "is the truth rounding is measured from")
         return self
 
     @model_validator(mode="after")

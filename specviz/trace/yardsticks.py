@@ -36,6 +36,15 @@ class Rounding(Strict):
     # A hybrid: how far its decode (recurrent) algorithm departs from its fresh (chunked) one, both
     # in float64.
     algorithms: float | None = None
+    # The run was batch-invariant (models/invariant.py): a row's logits are the same bits in any
+    # batch, so `tolerance` is 0, and `rounding` is what rounding alone would allow.
+    batch_invariant: bool = False
+    rounding: float | None = None
+
+    def from_float64(self) -> float:
+        """The tolerance of a computation in the run's dtype against float64 truth: rounding's,
+        which no batch-invariant mode takes away."""
+        return self.rounding if self.batch_invariant else self.tolerance
 
     def place(self, difference: float) -> float:
         """Where a difference between two computations falls on the yardstick: the share of measured
@@ -45,6 +54,10 @@ class Rounding(Strict):
 
     def describe(self) -> str:
         """The yardstick in words, for a verdict or a summary."""
+        if self.batch_invariant:
+            return (f"batch-invariant {self.dtype}: zero tolerance, since a row's logits are the "
+                    "same bits in any batch (rounding alone would allow "
+                    f"{self.rounding:.3g} logits)")
         rate = ("no false-alarm rate stated" if self.alpha is None
                 else f"false-alarm rate {self.alpha:.2g}")
         return (f"rounding of the target in {self.dtype}: tolerance {self.tolerance:.3g} logits, "
