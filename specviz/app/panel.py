@@ -170,7 +170,9 @@ def _run_evidence(trace: Trace, f: RunForensics) -> list[tuple[str, object]]:
     return [
         ("emitted in round / batch row", f"{f.round} / {f.row}" if f.round is not None else None),
         ("rounding tolerance (two correct computations differ by more with probability α)",
-         None if rounding is None else rounding.describe() if rounding.batch_invariant
+         None if rounding is None
+         else f"0 in batch-invariant {rounding.dtype} (rounding alone: {rounding.rounding:.3g})"
+         if rounding.batch_invariant
          else f"{rounding.tolerance:.3g} logits in {rounding.dtype}, α = "
          + ("not stated" if rounding.alpha is None else f"{rounding.alpha:.2g}")),
         ("rounding yardstick suspect", rounding.anomaly if rounding else None),
