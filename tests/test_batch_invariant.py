@@ -45,8 +45,9 @@ def bamba(tmp_path_factory):
 
 
 def _spec(models: dict, dtype: str, **settings) -> RunSpec:
-    return RunSpec.build(**models, dtype=dtype, device="cpu", prompts=QUICK, batch_size=4, k=4,
-                         max_new_tokens=12, audit=4, batch_invariant=True, **settings)
+    fields = dict(dtype=dtype, device="cpu", prompts=QUICK, batch_size=4, k=4, max_new_tokens=8,
+                  audit=4, batch_invariant=True)
+    return RunSpec.build(**models, **{**fields, **settings})
 
 
 @pytest.mark.parametrize("pair, dtype, method, drafter, width", CASES)
@@ -61,8 +62,10 @@ def test_every_verify_pass_is_the_bits_of_a_fresh_batch_size_1_pass(pair, dtype,
     if drafter == MODEL:  # the draft's passes too
         drafts = [r.audit_draft for r in trace.rows if r.audit_draft is not None]
         assert drafts and set(drafts) == {0.0}, drafts
-    if drafter != LOOKUP:  # every draft is the one its model (or head) makes alone, fresh
-        assert trace.acceptance.compared > 0 and trace.acceptance.differ == 0
+    if drafter != LOOKUP:  # every draft is what its model (or head) makes alone, fresh, to the
+        # bit: any other token is an exact tie (bfloat16 has them), broken otherwise by a tree
+        assert trace.acceptance.compared > 0 and trace.acceptance.beyond == 0
+        assert trace.acceptance.differ == 0 or trace.acceptance.tolerance == 0
     assert all(s.equivalent for s in trace.sequences)
     assert all(s.audit_round is None for s in trace.sequences)
 
@@ -92,10 +95,14 @@ def test_a_model_the_mode_cannot_hold_is_refused_at_load_with_what_departed(monk
     assert "in a padded batch of five" in str(e.value)
 
 
+MUTANT_TOKENS = 12  # long enough for bfloat16 to show the subtle mutants in some row
+
+
 @pytest.fixture(scope="module")
 def clean():
     """The correct invariant runs, by dtype, on the tiny pair."""
-    return {dtype: run(_spec(PAIRS["tiny"], dtype)) for dtype in ("float32", "bfloat16")}
+    return {dtype: run(_spec(PAIRS["tiny"], dtype, max_new_tokens=MUTANT_TOKENS))
+            for dtype in ("float32", "bfloat16")}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -107,7 +114,7 @@ def test_every_kernel_mutant_is_named_at_its_first_differing_bit(bug, dtype, cle
     bfloat16's coarser rounding absorbs the subtle ones on some rows for a while."""
     monkeypatch.setattr(runner, "_ROUNDING", runner.PerPair(4))
     with planted(monkeypatch, bug):
-        trace = run(_spec(PAIRS["tiny"], dtype))
+        trace = run(_spec(PAIRS["tiny"], dtype, max_new_tokens=MUTANT_TOKENS))
     assert trace.manifest.yardstick == clean[dtype].manifest.yardstick
     first = min(r.round for r in trace.rows if r.audit)
     for s in trace.sequences:
