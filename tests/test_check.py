@@ -569,3 +569,33 @@ def test_the_engine_tolerance_holds_its_false_alarm_rate_per_output_not_per_toke
                                + 3 * (enginenoise.ALPHA / len(noise)) ** 0.5), flagged  # 3 sd
     per_token = float((noise > stats.norm.isf(enginenoise.ALPHA) * sigma).any(-1).double().mean())
     assert per_token > 0.3, per_token
+
+
+def _scored_line(prompt, seq, planted: float) -> dict:
+    """An output cut into rounds seen from outside (3 tokens a round after the first), each
+    reporting the score after it: the sum of its log-probabilities, plus `planted` from round 2."""
+    n = len(seq.output_ids)
+    chunks = [1] + [3] * ((n - 1) // 3) + ([(n - 1) % 3] if (n - 1) % 3 else [])
+    rounds, end = [], 0
+    for i, c in enumerate(chunks):
+        end += c
+        rounds.append({"drafts": [], "accepted": c - 1 if i else 0, "shown": i == 0,
+                       "score": -0.25 * end + (planted if i >= 2 else 0.0)})
+    return {"prompt_ids": prompt.ids, "output_ids": seq.output_ids, "logprobs": [-0.25] * n,
+            "rounds": rounds, "score": rounds[-1]["score"]}
+
+
+def test_a_score_is_judged_against_the_log_probabilities_beside_it(tmp_path, tiny):
+    live = _check(tmp_path, "--engine", "test_check:correct")
+    for planted in (0.0, 0.5):
+        path = tmp_path / "scored.jsonl"
+        path.write_text("\n".join(json.dumps(_scored_line(p, s, planted))
+                                  for p, s in zip(live.prompts, live.sequences)))
+        filed = _check(tmp_path, "--outputs", str(path))
+        for s in filed.sequences:
+            assert s.equivalent
+            if planted and len(s.engine.rounds) > 2:  # round 2 starts at token 1 + 3
+                assert (s.forensics.verdict, s.forensics.fork) == ("decision-bug:score", 4)
+                assert s.forensics.score - s.forensics.score_expected == pytest.approx(planted)
+            else:
+                assert s.forensics is None

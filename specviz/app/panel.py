@@ -211,7 +211,14 @@ def _run_evidence(trace: Trace, f: RunForensics) -> list[tuple[str, object]]:
 
 
 def _engine_evidence(trace: Trace, f: EngineForensics) -> list[tuple[str, object]]:
-    """The black-box judge's (forensics/blackbox.py)."""
+    """The black-box judge's (forensics/blackbox.py), or the score judge's (forensics/scores.py)."""
+    if f.score is not None:
+        return [
+            ("score reported after the round / its log-probabilities summed",
+             f"{f.score:.6g} / {f.score_expected:.6g}"),
+            ("adding them in float32 moves the sum by at most", _num(f.tolerance)),
+            ("the round begins at token", f.fork),
+        ]
     return [
         ("rank of the engine's token under the target", f.engine_rank),
         ("the engine's own log-probability of it", _num(f.engine_logprob)),

@@ -9,6 +9,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 from scipy import stats
 
+from specviz.app import engineviews
 from specviz.app.views import Focus, no_rounds, rows_by_seq
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.verdicts import OWN_DRAFTS
@@ -148,6 +149,8 @@ def draft_slots(trace: Trace) -> go.Figure:
     where the rounds began at more than one band of context length, the same by context length: a
     drafter that loses its way past a length shows as a cliff there."""
     a = trace.acceptance
+    if a is None and engineviews.reports_rounds(trace):
+        return _engine_slots(trace)
     if a is None:
         return empty("The drafts are judged on greedy runs with a draft model: each round's drafts "
                      "against a fresh pass<br>of the draft model on the committed tokens. This "
@@ -181,6 +184,21 @@ def draft_slots(trace: Trace) -> go.Figure:
         "title": {"text": "acceptance per draft slot, of the rounds that reached it: "
                           + "; ".join(verdicts)},
         "legend": {"orientation": "h", "y": -0.25}})
+
+
+def _engine_slots(trace: Trace) -> go.Figure:
+    """Per draft slot, the share of an engine's reported rounds that accepted a draft there."""
+    shares, rounds = engineviews.per_slot(trace)
+    return figure([{"type": "bar", "x": list(range(len(shares))), "y": shares,
+                    "name": "the engine's rounds", "marker": {"color": COLOURS[0]},
+                    "hovertemplate": "draft slot %{x}<br>accepted in %{y:.0%} of rounds"
+                                     "<extra></extra>"}], {
+        "yaxis": {"title": {"text": "rounds accepting it"}, "tickformat": ".0%",
+                  "range": [0, 1.05]},
+        "xaxis": {"title": {"text": "draft slot"}, "dtick": 1}, "height": 300,
+        "margin": {"t": 40, "b": 30, "l": 50, "r": 10},
+        "title": {"text": f"acceptance per draft slot over the engine's {rounds} rounds, as it "
+                          "reported them"}})
 
 
 def pit_histograms(trace: Trace | None) -> go.Figure:

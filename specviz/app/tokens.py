@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 
+from specviz.app import engineviews
 from specviz.app.summary import sampling_text
 from specviz.app.treeview import tree_words
 from specviz.app.views import (PICK_TEXT, SOURCE_TEXT, Focus, chip_text, fork_round, no_drafts,
@@ -19,12 +20,16 @@ def timeline_html(trace: Trace, focus: Focus) -> str:
     seq = trace.sequences[focus.seq]
     rows = rows_by_seq(trace).get(focus.seq, [])
     out = [f'<div class="sv-timeline" data-seq="{focus.seq}">']
-    # an engine check: each token against the target's own choice
+    # an engine check: each token against the target's own choice, in its rounds where reported
     if not rows and seq.gaps is not None:
-        out.append('<div class="sv-round">')
-        for i, tok in enumerate(seq.output_ids):
-            out.append(_engine_chip(trace, seq, i, tok))
-        out.append("</div>")
+        seen = engineviews.seen_rounds(trace, focus.seq) or [None]
+        for x in seen:
+            start, end = (x.start, x.end) if x else (0, len(seq.output_ids))
+            tip = (f' title="round {x.n} · {html.escape(engineviews.describe(trace, x))}"'
+                   if x else "")
+            out.append(f'<div class="sv-round" data-seq="{focus.seq}"{tip}>')
+            out += [_engine_chip(trace, seq, i, seq.output_ids[i]) for i in range(start, end)]
+            out.append("</div>")
     elif not rows:  # a non-speculative method: tokens only
         out.append('<div class="sv-round">')
         drawn = " · sampled from the target's p" if metrics.sampled(trace) else " · from the target"
@@ -235,6 +240,8 @@ def grid_html(trace: Trace, focus: Focus) -> str:
     (its own k, which prompt lookup and the token budget make differ between rows), or
     a "no drafts" cell."""
     by_seq = rows_by_seq(trace)
+    if not by_seq and engineviews.reports_rounds(trace):
+        return engineviews.grid_html(trace, focus.seq)
     if not by_seq:
         return f'<p class="sv-empty">{no_rounds(trace)}</p>'
     width = max(len(v) for v in by_seq.values())

@@ -63,9 +63,13 @@ def round_widths(trace: Trace) -> dict[int, int]:
 
 def no_rounds(trace: Trace) -> str:
     """Why a trace holds no rounds to draw."""
+    if trace.manifest.engine is not None and any(s.engine and s.engine.rounds
+                                                 for s in trace.sequences):
+        return ("An engine's rounds are seen from outside: how many tokens each emitted (the grid "
+                "and the timeline), never its caches, positions or timings.")
     if trace.manifest.engine is not None:
-        return ("No rounds: an engine is judged from its tokens alone; its rounds are not seen "
-                "from outside.")
+        return ("No rounds: this engine reported none, and is judged from its tokens alone (an "
+                "outputs file's `rounds` give every round view).")
     return "No rounds: this method does not speculate."
 
 

@@ -7,6 +7,7 @@ import json
 from specviz.cli.args import placement_of, spec_of
 from specviz.cli.commands import (print_acceptance, print_distribution, print_yardsticks,
                                   progress_bars, write_text)
+from specviz.engines import openvino
 from specviz.engines.dialects import LlamaCpp, OpenAI
 from specviz.models.pairs import pair_for
 from specviz.run import launch
@@ -17,21 +18,25 @@ from specviz.trace import metrics
 
 
 def cmd_check(args) -> int:
-    from specviz.run import check
+    from specviz.run import check, openvino_check
 
     # under `accelerate launch`, every process judges a share and the main one reports
     reports = launch.is_main()
-    if sum(map(bool, (args.server, args.outputs, args.engine))) != 1:
-        raise SpecError("give the engine as one of --server URL, --outputs FILE or --engine "
-                        "module:function")
+    if sum(map(bool, (args.server, args.outputs, args.engine, args.openvino))) != 1:
+        raise SpecError("give the engine as one of --server URL, --outputs FILE, --engine "
+                        "module:function or --openvino MODE")
+    if args.control_openvino and not args.openvino:
+        raise SpecError("--control-openvino is OpenVINO's run without speculation: give "
+                        "--openvino MODE")
     spec = spec_of(args, method=ENGINE, k=args.k)
     pair = pair_for(spec, args.trust_remote_code, placement_of(args))
-    if args.determinism and not args.server:
-        raise SpecError("--determinism asks a server again: give the engine as --server URL")
-    if args.stop and (args.server or args.control_server):
-        raise SpecError("stop strings are not sent to servers (how each engine's token ids end at "
-                        "one is not checked yet): check a file of the server's outputs made with "
-                        "them, --outputs FILE --stop")
+    if args.determinism and not (args.server or args.openvino):
+        raise SpecError("--determinism asks the engine again: give it as --server URL or "
+                        "--openvino MODE")
+    if args.stop and (args.server or args.control_server or args.openvino):
+        raise SpecError("stop strings are not sent to servers or OpenVINO (how each engine's "
+                        "token ids end at one is not checked yet): check a file of the engine's "
+                        "outputs made with them, --outputs FILE --stop")
     # the budget of an outputs file is its longest output
     with progress_bars(lambda phase: None) as progress:
         judging = check.Judging(args.decode_reference, progress, args.checkpoint, args.attribute)
@@ -45,6 +50,11 @@ def cmd_check(args) -> int:
             trace = check.from_servers(spec, pair, (args.server, args.served_model), control,
                                        args.concurrency, args.timeout, determinism=args.determinism,
                                        judging=judging, drafter=args.engine_drafter)
+        elif args.openvino:
+            setting = openvino.Setting(args.openvino, args.openvino_precision,
+                                       args.prefix_caching, spec.k)
+            trace = openvino_check.from_openvino(spec, pair, setting, args.control_openvino,
+                                                 args.determinism, judging)
         else:
             trace = check.from_callables(spec, pair, args.engine, args.control_engine, judging,
                                          args.engine_drafter)
@@ -107,6 +117,10 @@ def _reproducer(trace, s) -> str:
     """The smallest request that shows a bug's fork: the prompt's ids, greedy, up
     to the fork token."""
     e, f = trace.manifest.engine, s.forensics
+    if f.verdict == "decision-bug:score":  # the tokens are right: the score is the bug
+        return (f"prompt ids {trace.prompts[s.seq].ids}, greedy, {len(s.output_ids)} tokens: the "
+                f"score it reports should be the sum of its tokens' log-probabilities, "
+                f"{f.score_expected:.6g} up to token {f.fork}'s round, and is {f.score:.6g}")
     budget = f.fork + 1
     should = ("nothing (the reference has stopped)" if f.reference_token is None
               else f.reference_token)
@@ -128,6 +142,8 @@ def _print_engine_facts(trace) -> None:
     if offered:
         print(f"engine drafts, per request: {accepted} of {offered} draft tokens accepted "
               f"({accepted / offered:.0%})")
+    if rounds := metrics.engine_rounds_seen(trace):
+        print(f"engine rounds: {rounds}")
     counters = engine.settings.get("spec_decode") or {}
     if counters.get("draft_tokens"):
         drafts = counters.get("drafts") or 0

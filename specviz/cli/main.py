@@ -11,6 +11,7 @@ from specviz.cli.commands import (cmd_bench, cmd_run, cmd_schema, cmd_shrink, cm
                                   cmd_verify)
 from specviz.cli.enginecheck import cmd_check
 from specviz.decoding import determinism
+from specviz.engines import openvino
 from specviz.forensics import yardstick_cache
 from specviz.spec.defaults import default_of
 from specviz.spec.drafters import DRAFTERS
@@ -83,6 +84,9 @@ def _add_check(sub) -> None:
                    help="a JSONL file of its outputs (docs/engines.md; `specviz schema --outputs`)")
     g.add_argument("--engine",
                    help="a Python callable module:function that takes prompt ids and settings")
+    g.add_argument("--openvino", choices=openvino.MODES,
+                   help="OpenVINO GenAI (`make openvino`) on the check's pair, every prompt in "
+                        "one batch: none, ngram (prompt lookup) or draft (the pair's draft)")
     g = p.add_argument_group("a control run: the same engine without speculation (it measures the "
                              "engine's rounding)")
     g.add_argument("--control-server", help="its server's base URL")
@@ -90,16 +94,25 @@ def _add_check(sub) -> None:
     g.add_argument("--control", type=Path,
                    help="its outputs file (the same prompts, in the same order)")
     g.add_argument("--control-engine", help="its callable module:function")
+    g.add_argument("--control-openvino", action="store_true",
+                   help="with --openvino: its own run without speculation")
     g = p.add_argument_group("server options")
     g.add_argument("--served-model",
                    help="the model name the server serves (default: the server's only model)")
     g.add_argument("--concurrency", type=int, default=8,
                    help="requests in flight, so the server batches them")
     g.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for one answer")
+    g = p.add_argument_group("OpenVINO options")
+    g.add_argument("--openvino-precision", choices=list(openvino.PRECISIONS), default="f32",
+                   help="f32: compute and KV cache in float32; cpu-default: the CPU plugin's "
+                        "own (bf16 and a u8 KV cache where the CPU has bfloat16)")
+    g.add_argument("--prefix-caching", action="store_true",
+                   help="OpenVINO's prefix caching on")
+    g = p.add_argument_group("repeats")
     g.add_argument("--determinism", action="store_true",
-                   help="ask every prompt twice more (the same requests again, then in reverse "
-                        "order: other slots and batch company) and report every prompt answered "
-                        "otherwise, with its fork")
+                   help="a server or OpenVINO: ask every prompt twice more (the same requests "
+                        "again, then in reverse order: other slots and batch company) and report "
+                        "every prompt answered otherwise, with its fork")
     add_field(p, "k", help="the engine's draft length, if it speculates (a verify pass's k + 1 "
                            "positions size the tolerance)")
     p.add_argument("--engine-drafter", choices=list(DRAFTERS),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.strict import Many, SpecError
-from specviz.trace.records import EngineInfo, EngineOutput
+from specviz.trace.records import EngineInfo, EngineOutput, EngineRound
 
 
 class EngineRun(EngineInfo):
@@ -31,3 +31,11 @@ def declare_drafter(settings: dict, drafter: str | None, said_by: str) -> dict:
         raise SpecError(f"{said_by} says the engine drafts with {own!r}, but it is declared to "
                         f"draft with {drafter!r}: drop one of the two or make them agree")
     return {**settings, "drafter": drafter}
+
+
+def round_counters(rounds: list[EngineRound]) -> tuple[int | None, int]:
+    """The drafts offered and accepted over an output's rounds; the drafts offered are unknown
+    (None) where a round does not show them."""
+    shown = all(r.shown for r in rounds)
+    return (sum(len(r.drafts) for r in rounds) if shown else None,
+            sum(r.accepted for r in rounds))

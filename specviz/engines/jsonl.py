@@ -16,8 +16,11 @@ approximate). Optional: `logprobs` (the engine's log-probability of each output 
 prompt and accepted, where it counts them), and `rounds`: the output ids cut into the engine's
 rounds, each as {"drafts": [ids offered], "accepted": n} (a round emits its accepted drafts and one
 token of the target's; the first token, written by the prefill, is a round with no drafts; the
-counters follow from them where absent). An engine's rounds let specviz judge its decisions
-(forensics/rejections.py).
+counters follow from them where absent; a round seen from outside, whose drafts are not shown, is
+{"drafts": [], "accepted": n, "shown": false}). An engine's rounds let specviz judge its decisions
+(forensics/rejections.py). `score`: the sequence's cumulative log-probability as the engine reports
+it (and a round's `score`, after that round), judged against its tokens' log-probabilities
+(forensics/scores.py).
 
 Files as users have them: fields this format does not name are ignored and listed
 (`EngineInfo.ignored`), not refused. A line may also be a server's raw answer: `{"request": {...},
@@ -31,7 +34,7 @@ import json
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from specviz.engines.base import EngineRun, declare_drafter
+from specviz.engines.base import EngineRun, declare_drafter, round_counters
 from specviz.engines.dialects import read_choice, read_llamacpp
 from specviz.spec.run import MAX_PROMPTS
 from specviz.spec.strict import SpecError, describe_validation_error
@@ -66,6 +69,7 @@ class OutputLine(BaseModel):
     drafts: int | None = None
     accepted: int | None = None
     rounds: list[EngineRound] | None = None
+    score: float | None = None
     error: str | None = None
 
     @model_validator(mode="after")
@@ -186,13 +190,12 @@ def from_lines(header: Header | None, lines: list[OutputLine], tokenizer, name: 
                else line.output_ids)
         drafts, accepted = line.drafts, line.accepted
         if line.rounds and drafts is None and accepted is None:  # its counters, from its rounds
-            drafts = sum(len(r.drafts) for r in line.rounds)
-            accepted = sum(r.accepted for r in line.rounds)
+            drafts, accepted = round_counters(line.rounds)
         try:
             outputs.append(EngineOutput(
                 ids=ids, logprobs=line.logprobs, top_logprobs=line.top_logprobs,
                 approximate=approximate, finish_reason=line.finish_reason, drafts=drafts,
-                accepted=accepted, rounds=line.rounds))
+                accepted=accepted, rounds=line.rounds, score=line.score))
         except ValidationError as e:
             raise SpecError(f"{name}, prompt {n}: {describe_validation_error(e)}") from None
     info = header or Header(name=name)

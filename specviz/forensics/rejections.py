@@ -74,10 +74,11 @@ def run_rounds(trace: Trace) -> dict[int, list[Round]]:
 
 def engine_rounds(trace: Trace) -> dict[int, list[Round]]:
     """An engine's rounds per sequence, as its outputs reported them (chains; an output given as
-    text, re-tokenized, has no rounds to judge)."""
+    text, re-tokenized, or rounds seen from outside, without their drafts, have none to judge)."""
     rounds: dict[int, list[Round]] = {}
     for s in trace.sequences:
-        if s.engine and s.engine.rounds and not s.engine.approximate:
+        if (s.engine and s.engine.rounds and not s.engine.approximate
+                and all(r.shown for r in s.engine.rounds)):
             rounds[s.seq] = [Round(n, s.seq, r.drafts, _chain(len(r.drafts)), r.accepted,
                                    r.accepted + 1) for n, r in enumerate(s.engine.rounds)]
     return rounds

@@ -39,6 +39,7 @@ from specviz.forensics.blackbox import force_outputs, judge_engine
 from specviz.forensics.rejections import (engine_rounds, judge_rejections,
                                          judge_sampled_rejections, run_rounds)
 from specviz.forensics.sampledrun import judge_sampled_run
+from specviz.forensics.scores import judge_scores
 from specviz.models.pairs import ModelPair
 from specviz.run import attribution
 from specviz.run.checkpoint import Checkpoint
@@ -131,8 +132,15 @@ def from_servers(spec: RunSpec, pair: ModelPair, engine: tuple[str, str | None],
         return first, again, ask(*control) if control else None
 
     first, again, control_run = on_main(answers)  # under a launch, the server is asked once
-    trace = check(spec, pair, ids, first, control_run, judging, batch=concurrency)
-    if trace and determinism:
+    return record_repeats(check(spec, pair, ids, first, control_run, judging, batch=concurrency),
+                          first, again)
+
+
+def record_repeats(trace: Trace | None, first: EngineRun,
+                   again: dict[str, EngineRun]) -> Trace | None:
+    """`trace` with what the engine answered otherwise when asked `again` (repeats.py), where it
+    was asked again."""
+    if trace and again:
         asked = repeats.compare(first.outputs, {name: run.outputs for name, run in again.items()})
         Findings(run={"manifest.determinism": asked}).record(trace)
     return trace
@@ -192,6 +200,7 @@ def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: E
             # re-tokenized text: the same text is the same answer
             Findings({s.seq: {"equivalent": True, "first_divergence": None}}).record(trace)
     judge_engine(trace, forcing, truth, scored, Stops.of(pair, spec.stop)).record(trace)
+    judge_scores(trace, scored).record(trace)  # where it reports its sequences' scores
     # its rounds, where it reports them: its decisions
     rounds = run_rounds(trace) if trace.rows else engine_rounds(trace)
     decided = judge_rejections(trace, rounds, model, pair.vocab_size, "the engine's")

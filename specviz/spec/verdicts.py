@@ -92,6 +92,13 @@ VERDICTS = {v.name: v for v in (
             "each recorded log-probability against a fresh float64 recomputation of the target "
             "at batch size 1, penalised and tempered as the run was, beyond what rounding "
             "moves it"),
+    Verdict("decision-bug:score",
+            "the tokens and their log-probabilities are right but the sequence's reported score "
+            "(its cumulative log-probability) is not their sum: a round's rejected drafts left in "
+            "it, or its accepted ones counted twice",
+            "the score the engine reports after each round against the sum of its own reported "
+            "log-probabilities of the tokens so far, beyond what adding them in float32 moves it; "
+            "the target's float64 sum beside them"),
     Verdict("decision-bug:counters",
             "the tokens are right but the run's counters count tokens its output does not hold: "
             "a round's whole accepted block counted before a stop trimmed it (the tokens per "

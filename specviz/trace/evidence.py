@@ -128,6 +128,10 @@ class EngineForensics(Judgement):
     # mean negative log-likelihood, under the reference, of the output after the fork
     nll: float | None = None
     reference_nll: float | None = None  # the same for the reference's own continuation
+    # decision-bug:score: the sequence's score as the engine reported it after the fork's round,
+    # and the sum of its own log-probabilities of the tokens up to there
+    score: float | None = None
+    score_expected: float | None = None
 
 
 def _judge_of(data) -> str:

@@ -222,6 +222,21 @@ def engine_drafts(trace: Trace) -> tuple[int, int]:
     return sum(o.accepted or 0 for o in answers), sum(o.drafts or 0 for o in answers)
 
 
+def engine_rounds_seen(trace: Trace) -> str | None:
+    """An engine's rounds as reported per request, in a sentence: how many, the drafts they
+    accepted, the tokens a round emitted (None where it reports none)."""
+    answers = [s.engine for s in trace.sequences if s.engine and s.engine.rounds]
+    if not answers:
+        return None
+    rounds = [r for o in answers for r in o.rounds[1:]]  # (the first: the prefill's token)
+    tokens = sum(len(o.ids) for o in answers) - len(answers)
+    unseen = any(not r.shown for r in rounds)
+    return (f"{len(rounds)} rounds over {len(answers)} requests"
+            + (", seen from outside (the drafts not shown)" if unseen else "")
+            + f": {sum(r.accepted for r in rounds)} drafts accepted, "
+            + f"{tokens / max(len(rounds), 1):.2f} tokens a round after the first token")
+
+
 def reference_proofs(trace: Trace) -> str | None:
     """How the references of a check were obtained, in a sentence (None: every one decoded
     from its prompt)."""

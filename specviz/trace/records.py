@@ -127,14 +127,23 @@ class EngineRound(Strict):
     of them it accepted. It then wrote one token of its own (the correction, or the bonus): a round
     emits accepted + 1 tokens, the last round as many as the output has left (a stop or the length
     cap trims it; an engine that leaves its stop out of the ids, none). The first token, written by
-    the prefill with no drafts, is a round of its own: {"drafts": [], "accepted": 0}."""
+    the prefill with no drafts, is a round of its own: {"drafts": [], "accepted": 0}.
+
+    Seen from outside (OpenVINO GenAI's steps, each adding a round's tokens to a request), a round
+    shows how many tokens it emitted but not the drafts it offered: `shown` is false, `drafts` is
+    empty, and accepted is what it emitted less one."""
 
     drafts: Many[int]
     accepted: int = Field(ge=0)
+    shown: bool = True  # the drafts' ids are reported (false: only how many were accepted)
+    # the sequence's cumulative log-probability after this round, as the engine reports it
+    score: float | None = None
 
     @model_validator(mode="after")
     def _within(self) -> EngineRound:
-        if self.accepted > len(self.drafts):
+        if not self.shown and self.drafts:
+            raise ValueError("a round whose drafts are not shown lists none")
+        if self.shown and self.accepted > len(self.drafts):
             raise ValueError(f"a round accepted {self.accepted} of {len(self.drafts)} drafts")
         return self
 
@@ -155,6 +164,8 @@ class EngineOutput(Strict):
     accepted: int | None = None  # of those, the ones it accepted
     # its rounds, where it reports them (an outputs file's `rounds`): the output, cut into rounds
     rounds: Many[EngineRound] | None = None
+    # the sequence's cumulative log-probability, where the engine reports one (OpenVINO's score)
+    score: float | None = None
     # the output is kept but suspect (e.g. fewer tokens than asked, no stop reason)
     warning: str | None = None
     # this prompt failed (the server stopped answering, timed out, ...): the rest is kept
@@ -172,7 +183,7 @@ class EngineOutput(Strict):
             t0 = 0
             for n, r in enumerate(self.rounds):
                 kept = self.ids[t0: t0 + r.accepted]  # (the last round's, trimmed)
-                if r.drafts[: len(kept)] != kept:
+                if r.shown and r.drafts[: len(kept)] != kept:
                     raise ValueError(f"round {n}'s accepted drafts are not the output's tokens "
                                      "there")
                 t0 += r.accepted + 1
