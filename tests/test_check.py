@@ -229,7 +229,7 @@ def test_the_page_shows_an_engine_check(tmp_path, tiny):
     focus, _ = views.resolve(trace)
     s = trace.sequences[focus.seq]
     chips = tokens.timeline_html(trace, focus)
-    assert "its rounds are not seen from outside" in tokens.grid_html(trace, focus)
+    assert "this engine reported none" in tokens.grid_html(trace, focus)
     own, surprise = chips.count("sv-own"), chips.count("sv-surprise")
     assert own + surprise == len(s.output_ids)
     # the tokens the target would not write

@@ -4,7 +4,8 @@ Python and judged like any engine.
 OpenVINO GenAI lives in its own virtual environment, .venv-openvino (`make openvino`): its exporter
 (optimum-intel) pins another transformers than specviz. A model runs there as OpenVINO IR, exported
 once per model folder by `optimum-cli export openvino` in float32 weights and cached under
-$SPECVIZ_CACHE/openvino (35 s a model here). openvino_worker.py runs a batch there: every request
+$SPECVIZ_CACHE/openvino (25 s a model here; `python -m specviz.engines.openvino` exports the
+embedded pair and prints its two folders). openvino_worker.py runs a batch there: every request
 added to one pipeline and stepped to its end, so that each step's tokens are one round of the
 request's speculation, seen from outside (the drafts themselves are not shown).
 
@@ -162,3 +163,7 @@ def _output(answer: dict) -> EngineOutput:
     drafts, accepted = round_counters(rounds)
     return EngineOutput(ids=answer["ids"], logprobs=answer["logprobs"], rounds=rounds,
                         score=answer["score"], drafts=drafts, accepted=accepted)
+
+
+if __name__ == "__main__":  # the embedded pair exported (once), its two IR folders printed
+    print(exported(embedded_target_dir()), exported(embedded_draft_dir()))
