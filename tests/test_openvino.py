@@ -108,6 +108,17 @@ def test_the_score_under_speculation_is_flagged_and_the_plain_run_is_not(greedy)
     assert verdicts(plain) == {} and all(s.equivalent for s in plain.sequences)
 
 
+def test_with_prefix_caching_every_pass_gives_the_reference(embedded):
+    """Three passes on one pipeline with its prefix cache on: the later ones find the prompts'
+    blocks cached (every chat prompt shares the system prompt, and each its own whole prompt)."""
+    trace = from_openvino(spec(prompts=(*builtin_set("quick"), COPY)), embedded,
+                          openvino.Setting("draft", prefix_caching=True), control=False,
+                          determinism=True)
+    assert trace.manifest.engine.settings["prefix_caching"] is True
+    assert all(s.equivalent for s in trace.sequences)
+    assert trace.manifest.determinism.differing == []
+
+
 def test_the_cpu_defaults_fork_as_numerics_never_a_bug(embedded):
     """bf16 compute and a u8 KV cache where the CPU has bfloat16: its forks are put down to
     OpenVINO's own rounding, measured by its control at the same precision."""
