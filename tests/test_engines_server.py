@@ -52,6 +52,25 @@ def test_vllm_gives_the_reference_ids_in_every_mode(vllm, embedded, chat):
             f"accepted_tokens_per_pos_{i}" for i in range(K)]
 
 
+@pytest.mark.parametrize("vllm", ["draft"], indirect=True)
+def test_vllm_streamed_chunks_are_its_rounds(vllm, embedded, chat):
+    """Streamed, each chunk is one engine step of the request: the prefill's token, then its
+    accepted drafts and one token of its own. There are as many rounds as vLLM's own /metrics
+    counted drafts over the same requests: no chunk merged two rounds."""
+    ids, ref = chat
+    run = from_server(vllm.url, vllm.served_model, ids, NEW_TOKENS, concurrency=8,
+                      tokenizer=embedded.tokenizer, stream=True, k=K)
+    for i, (out, want) in enumerate(zip(run.outputs, ref.outputs)):
+        assert out.ids == want.ids and out.rounds is not None, (i, out.warning)
+        assert [r.shown for r in out.rounds] == [True] + [False] * (len(out.rounds) - 1)
+        assert len(out.logprobs) == len(out.ids)
+    accepted = sum(out.accepted for out in run.outputs)
+    counted = run.settings["spec_decode"]
+    assert sum(len(out.rounds) - 1 for out in run.outputs) == counted["drafts"]
+    # (its counters also count the drafts a stop or the budget trimmed off a final round)
+    assert 0 < accepted <= counted["accepted_tokens"]
+
+
 # ------------------------------------------------------------- a fake server, for the failure modes
 
 

@@ -25,6 +25,8 @@ def cmd_check(args) -> int:
     if sum(map(bool, (args.server, args.outputs, args.engine, args.openvino))) != 1:
         raise SpecError("give the engine as one of --server URL, --outputs FILE, --engine "
                         "module:function or --openvino MODE")
+    if args.stream and not args.server:
+        raise SpecError("--stream reads a server's streamed answers: give --server URL")
     if args.control_openvino and not args.openvino:
         raise SpecError("--control-openvino is OpenVINO's run without speculation: give "
                         "--openvino MODE")
@@ -49,7 +51,8 @@ def cmd_check(args) -> int:
                        if args.control_server else None)
             trace = check.from_servers(spec, pair, (args.server, args.served_model), control,
                                        args.concurrency, args.timeout, determinism=args.determinism,
-                                       judging=judging, drafter=args.engine_drafter)
+                                       judging=judging, drafter=args.engine_drafter,
+                                       stream=args.stream)
         elif args.openvino:
             setting = openvino.Setting(args.openvino, args.openvino_precision,
                                        args.prefix_caching, spec.k)

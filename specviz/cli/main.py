@@ -102,6 +102,9 @@ def _add_check(sub) -> None:
     g.add_argument("--concurrency", type=int, default=8,
                    help="requests in flight, so the server batches them")
     g.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for one answer")
+    g.add_argument("--stream", action="store_true",
+                   help="stream each answer (OpenAI-compatible servers): its chunks, one per "
+                        "engine step, are the request's rounds, seen from outside")
     g = p.add_argument_group("OpenVINO options")
     g.add_argument("--openvino-precision", choices=list(openvino.PRECISIONS), default="f32",
                    help="f32: compute and KV cache in float32; cpu-default: the CPU plugin's "

@@ -39,3 +39,18 @@ def round_counters(rounds: list[EngineRound]) -> tuple[int | None, int]:
     shown = all(r.shown for r in rounds)
     return (sum(len(r.drafts) for r in rounds) if shown else None,
             sum(r.accepted for r in rounds))
+
+
+def rounds_seen(chunks: list[int], k: int | None,
+                scores: list[float | None] | None = None) -> list[EngineRound] | None:
+    """An output's rounds seen from outside: the tokens each engine step added to the request
+    (`chunks`, empty ones left out), the first the prefill's token, each later one its accepted
+    drafts and the target's own token (`scores`: the sequence's score after each, where reported).
+    None where a chunk holds more than one round could (the first more than one token, another
+    more than k + 1): steps merged before they were read, as a streaming server does for a client
+    that reads behind."""
+    steps = [(n, score) for n, score in zip(chunks, scores or [None] * len(chunks)) if n]
+    if not steps or steps[0][0] != 1 or (k is not None and any(n > k + 1 for n, _ in steps)):
+        return None
+    return [EngineRound(drafts=[], accepted=n - 1, shown=i == 0, score=score)
+            for i, (n, score) in enumerate(steps)]

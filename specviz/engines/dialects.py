@@ -3,7 +3,8 @@
 - OpenAI-compatible `/v1/completions` (vLLM, SGLang, ...): the prompt as token ids, and vLLM's
   extras for the generated ids (`return_token_ids`) and each token's top alternatives keyed by id
   (`return_tokens_as_token_ids`). A server that ignores them returns text only: re-tokenized with
-  the pair's tokenizer, the ids are marked approximate.
+  the pair's tokenizer, the ids are marked approximate. Streamed, the answer comes in chunks, one
+  per engine step that added tokens to the request: its rounds, seen from outside.
 - llama.cpp's native `/completion` (its OpenAI endpoint returns text only): the prompt as token ids
   (no BOS is added to an id array), the ids back with `return_tokens`, the top alternatives with
   `n_probs`, no prompt cache (a cached prefix is computed by another batch shape), and per request
@@ -59,11 +60,12 @@ class OpenAI(Dialect):
     path = "/v1/completions"
 
     def __init__(self, model: str, max_new_tokens: int, temperature: float, top_p: float,
-                 top_k: int, top_logprobs: int):
+                 top_k: int, top_logprobs: int, stream: bool = False):
         self.sampling = sampling_request(temperature, top_p, top_k)
+        self.stream = stream
         self.base = {"model": model, "max_tokens": max_new_tokens, **self.sampling,
                      "logprobs": top_logprobs or None, "return_token_ids": True,
-                     "return_tokens_as_token_ids": True}
+                     "return_tokens_as_token_ids": True, **({"stream": True} if stream else {})}
 
     @staticmethod
     def read(body: dict, prompt: list[int] | None, max_new_tokens: int,
@@ -115,6 +117,23 @@ def read_choice(choice: dict, prompt: list[int] | None, max_new_tokens: int,
     differs = (len(seen) if seen is not None and prompt is not None and list(seen) != list(prompt)
                else None)
     return _checked(out, prompt, differs, max_new_tokens, cut=finish != "stop")
+
+
+def joined_chunks(chunks: list[dict]) -> tuple[dict, list[int]]:
+    """A streamed completion's chunks (server-sent events, each a completion with one choice) as
+    one choice, and the number of token ids each chunk added (0: a chunk with none)."""
+    choices = [c["choices"][0] for c in chunks if c.get("choices")]
+    joined: dict = {"token_ids": [], "text": "", "finish_reason": None}
+    logprobs = {"token_logprobs": [], "top_logprobs": []}
+    for c in choices:
+        joined["token_ids"] += c.get("token_ids") or []
+        joined["text"] += c.get("text") or ""
+        joined["finish_reason"] = c.get("finish_reason") or joined["finish_reason"]
+        joined.setdefault("prompt_token_ids", c.get("prompt_token_ids"))
+        for field in logprobs:
+            logprobs[field] += (c.get("logprobs") or {}).get(field) or []
+    joined["logprobs"] = logprobs if any(logprobs.values()) else None
+    return joined, [len(c.get("token_ids") or []) for c in choices]
 
 
 def read_llamacpp(body: dict, prompt: list[int] | None, max_new_tokens: int) -> EngineOutput:

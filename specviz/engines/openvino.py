@@ -30,12 +30,12 @@ from pathlib import Path
 
 from huggingface_hub import snapshot_download
 
-from specviz.engines.base import EngineRun, round_counters
+from specviz.engines.base import EngineRun, round_counters, rounds_seen
 from specviz.models.checkpoints import (atomic_save, cache_dir, embedded_draft_dir,
                                         embedded_target_dir)
 from specviz.spec.run import EMBEDDED_DRAFT, EMBEDDED_TARGET
 from specviz.spec.strict import SpecError
-from specviz.trace.records import EngineOutput, EngineRound
+from specviz.trace.records import EngineOutput
 
 MODES = ("none", "ngram", "draft")
 PRECISIONS = {"f32": {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"},
@@ -152,18 +152,16 @@ def run(setting: Setting, target: Path, draft: Path | None, prompts: list[list[i
                 **({"sampling": sampling} if sampling else {})}
     return [EngineRun(name="openvino-genai", version=answer["version"], source="openvino",
                       seconds=r["seconds"], settings=settings,
-                      outputs=[_output(o) for o in r["outputs"]]) for r in answer["runs"]]
+                      outputs=[_output(o, setting.k) for o in r["outputs"]])
+            for r in answer["runs"]]
 
 
-def _output(answer: dict) -> EngineOutput:
-    """One request's answer: its step chunks as rounds, the first the prefill's token (no drafts),
-    each later one its accepted drafts and the target's token (the drafts unseen)."""
-    rounds = [EngineRound(drafts=[], accepted=max(n - 1, 0), shown=i == 0, score=score)
-              for i, (n, score) in enumerate(zip(answer["chunks"], answer["scores"]))]
-    drafts, accepted = round_counters(rounds)
+def _output(answer: dict, k: int) -> EngineOutput:
+    """One request's answer, its steps as its rounds."""
+    rounds = rounds_seen(answer["chunks"], k, answer["scores"])
+    drafts, accepted = round_counters(rounds) if rounds else (None, None)
     return EngineOutput(ids=answer["ids"], logprobs=answer["logprobs"], rounds=rounds,
                         score=answer["score"], drafts=drafts, accepted=accepted)
-
 
 if __name__ == "__main__":  # the embedded pair exported (once), its two IR folders printed
     print(exported(embedded_target_dir()), exported(embedded_draft_dir()))

@@ -14,14 +14,15 @@ the run.
 """
 from __future__ import annotations
 
+import json
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from specviz.engines.base import EngineRun, declare_drafter
-from specviz.engines.dialects import LlamaCpp, OpenAI
+from specviz.engines.base import EngineRun, declare_drafter, round_counters, rounds_seen
+from specviz.engines.dialects import LlamaCpp, OpenAI, joined_chunks, read_choice
 from specviz.spec.strict import SpecError
 from specviz.trace.records import EngineOutput
 
@@ -44,7 +45,8 @@ def from_server(url: str, served_model: str | None, prompt_ids: list[list[int]],
                 top_logprobs: int = 5, tokenizer=None,
                 launch: dict | None = None, temperature: float = 0.0, top_p: float = 1.0,
                 top_k: int = 0, seed: int = 0, order: list[int] | None = None,
-                drafter: str | None = None) -> EngineRun:
+                drafter: str | None = None, stream: bool = False,
+                k: int | None = None) -> EngineRun:
     """Completions of `prompt_ids` from the server at `url` (given with or without /v1): greedy, or
     sampled at `temperature` > 0 with `top_p`, `top_k` (0: off) and prompt i's request seeded
     request_seed(seed, i).
@@ -54,22 +56,30 @@ def from_server(url: str, served_model: str | None, prompt_ids: list[list[int]],
     one they are errors. `launch` is how the server was started, where the caller knows it: recorded
     as given. `order`: the order the prompts are sent in (each still answered as prompt i, with its
     own seed); default, as given. `drafter`: what the caller knows the server drafts with
-    (spec/drafters.DRAFTERS), recorded in its settings; a server does not say.
+    (spec/drafters.DRAFTERS), recorded in its settings; a server does not say. `stream`: an
+    OpenAI-compatible server streams each answer, and its chunks are the request's rounds, seen
+    from outside (`k`: the engine's draft length; a chunk longer than a round can be drops them).
     """
     base = url.rstrip("/").removesuffix("/v1")
     with httpx.Client(base_url=base, timeout=timeout) as client:
         card = _model_card(client, base, served_model)
         llama = card.get("owned_by") == "llamacpp"
-        dialect = (LlamaCpp if llama else OpenAI)(card["id"], max_new_tokens, temperature, top_p,
-                                                  top_k, top_logprobs)
+        if llama and stream:
+            raise SpecError("llama.cpp reports each request's drafts in its timings; its stream "
+                            "is not read: check it without --stream")
+        dialect = (LlamaCpp(card["id"], max_new_tokens, temperature, top_p, top_k, top_logprobs)
+                   if llama else OpenAI(card["id"], max_new_tokens, temperature, top_p, top_k,
+                                        top_logprobs, stream))
         name, version = _describe(client, card, llama)
         before = _spec_counters(client)
 
         def complete(i: int) -> tuple[EngineOutput, str | None]:
             ids = prompt_ids[i]
+            asked = dialect.request(ids, request_seed(seed, i) if temperature else None)
+            if stream:
+                return _streamed(client, base, dialect, asked, ids, k, tokenizer, timeout)
             try:
-                r = client.post(dialect.path, json=dialect.request(
-                    ids, request_seed(seed, i) if temperature else None))
+                r = client.post(dialect.path, json=asked)
             except httpx.TimeoutException:
                 return EngineOutput(error=f"no answer from {base} within {timeout:g} s"), None
             except httpx.TransportError as e:
@@ -106,6 +116,44 @@ def from_server(url: str, served_model: str | None, prompt_ids: list[list[int]],
     return EngineRun(name=name, version=version, source="server",
                      settings=declare_drafter(settings, drafter, base),
                      outputs=[out for out, _ in answers], seconds=seconds)
+
+
+def _streamed(client: httpx.Client, base: str, dialect: OpenAI, asked: dict, ids: list[int],
+              k: int | None, tokenizer, timeout: float) -> tuple[EngineOutput, str | None]:
+    """One streamed completion: its server-sent chunks joined into one answer, cut into the rounds
+    they show."""
+    chunks = []
+    try:
+        with client.stream("POST", dialect.path, json=asked) as r:
+            if r.status_code != 200:
+                r.read()
+                return (EngineOutput(error=f"{base} answered HTTP {r.status_code}: "
+                                           f"{r.text[:300]}"), None)
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    chunks.append(json.loads(line[len("data: "):]))
+    except httpx.TimeoutException:
+        return EngineOutput(error=f"no answer from {base} within {timeout:g} s"), None
+    except httpx.TransportError as e:
+        return EngineOutput(error=f"{base} stopped answering: {e!r}"), None
+    except ValueError:
+        return EngineOutput(error=f"{base} streamed a chunk that is not JSON"), None
+    joined, sizes = joined_chunks(chunks)
+    try:
+        out = read_choice(joined, ids, dialect.base["max_tokens"], tokenizer)
+    except (KeyError, TypeError, AttributeError):
+        return EngineOutput(error=f"{base} streamed no completion"), None
+    if not out.approximate and not out.error:
+        out.rounds = rounds_seen(sizes, k)
+        if out.rounds is None:
+            out.warning = " ".join(filter(None, (
+                out.warning, "its streamed chunks hold more than one round could (the server "
+                             "merged steps the client read late): its rounds are not kept")))
+        else:
+            out.accepted = round_counters(out.rounds)[1]
+    fingerprint = next((c.get("system_fingerprint") for c in chunks if c.get("system_fingerprint")),
+                       None)
+    return out, fingerprint
 
 
 def _describe(client: httpx.Client, card: dict, llama: bool) -> tuple[str, str | None]:

@@ -111,21 +111,22 @@ def from_servers(spec: RunSpec, pair: ModelPair, engine: tuple[str, str | None],
                  control: tuple[str, str | None] | None,
                  concurrency: int, timeout: float, limits: Settings | None = None,
                  determinism: bool = False, judging: Judging = Judging(),
-                 drafter: str | None = None) -> Trace | None:
+                 drafter: str | None = None, stream: bool = False) -> Trace | None:
     """Check an engine behind a server (OpenAI-compatible or llama.cpp: (url, served model)), and
     its control run's server. `determinism`: ask the engine every prompt twice more (repeats.py) and
     record what differs. `drafter`: what the engine drafts with (spec/drafters.DRAFTERS; a server
-    does not say)."""
+    does not say). `stream`: its answers streamed, their chunks its rounds (server.py)."""
     ids = encode(spec, pair, limits)
 
     def ask(url: str, model: str | None, order: list[int] | None = None,
-            drafter: str | None = None) -> EngineRun:
+            drafter: str | None = None, stream: bool = False) -> EngineRun:
         return server.from_server(url, model, ids, spec.max_new_tokens, concurrency=concurrency,
                                   timeout=timeout, tokenizer=pair.tokenizer, order=order,
-                                  drafter=drafter, **sampling_settings(spec))
+                                  drafter=drafter, stream=stream, k=spec.k,
+                                  **sampling_settings(spec))
 
     def answers() -> tuple[EngineRun, dict[str, EngineRun], EngineRun | None]:
-        first = ask(*engine, drafter=drafter)
+        first = ask(*engine, drafter=drafter, stream=stream)
         again = ({"again": ask(*engine),
                   "reordered": ask(*engine, order=list(reversed(range(len(ids)))))}
                  if determinism else {})
