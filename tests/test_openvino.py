@@ -127,6 +127,10 @@ def test_the_cpu_defaults_fork_as_numerics_never_a_bug(embedded):
     settings = trace.manifest.engine.settings
     forks = {seq: v for seq, v in verdicts(trace).items() if v != SCORE}
     assert set(forks.values()) <= {"numerics"}
+    for seq in forks:  # placed in the round its steps show
+        f = trace.sequences[seq].forensics
+        assert f.fork_round is not None and f"round {f.fork_round} wrote" in f.explanation or (
+            f.fork_round == 0 and "prefill wrote" in f.explanation)
     if settings["cpu_defaults"]["INFERENCE_PRECISION_HINT"] == "bf16":
         assert forks, "bf16 forks from the float32 reference somewhere on the whole set"
     else:  # a CPU without bfloat16 computes in float32 by default

@@ -227,6 +227,8 @@ def _engine_evidence(trace: Trace, f: EngineForensics) -> list[tuple[str, object
         ("largest gap the engine's rounding explains", None if f.tolerance is None else
          f"{_num(f.tolerance)} at false-alarm rate {_num(f.alpha)}"),
         ("first token beyond it, at or after the fork", f.first_bad),
+        ("the engine's round that wrote it (as it reported them)", None
+         if f.fork_round is None else f"{f.fork_round} ({f.fork_written_as})"),
         ("the same engine without speculation departs at",
          None if trace.manifest.control is None else
          "never" if f.control_fork is None else f.control_fork),

@@ -128,6 +128,10 @@ class EngineForensics(Judgement):
     # mean negative log-likelihood, under the reference, of the output after the fork
     nll: float | None = None
     reference_nll: float | None = None  # the same for the reference's own continuation
+    # where the engine reported its rounds: the round that wrote the fork token (0: the prefill's),
+    # and how: one of its accepted drafts, or its own token after them
+    fork_round: int | None = None
+    fork_written_as: Literal["accepted draft", "own token"] | None = None
     # decision-bug:score: the sequence's score as the engine reported it after the fork's round,
     # and the sum of its own log-probabilities of the tokens up to there
     score: float | None = None
