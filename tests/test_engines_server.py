@@ -16,6 +16,7 @@ from specviz.engines.vllm import MODES
 from specviz.run.runner import reference_for
 from specviz.spec.prompts import builtin_set
 from specviz.spec.strict import SpecError
+from specviz.trace.records import EngineOutput
 
 NEW_TOKENS = 48
 K = 5
@@ -69,6 +70,60 @@ def test_vllm_streamed_chunks_are_its_rounds(vllm, embedded, chat):
     assert sum(len(out.rounds) - 1 for out in run.outputs) == counted["drafts"]
     # (its counters also count the drafts a stop or the budget trimmed off a final round)
     assert 0 < accepted <= counted["accepted_tokens"]
+
+
+STOPS = (", ", ".\n")
+
+
+@pytest.mark.parametrize("vllm", ["draft"], indirect=True)
+def test_vllm_with_stop_strings_is_judged_from_its_ids_cut_at_the_stop(vllm, embedded):
+    """The check's stop strings sent to vLLM: its ids end at the token completing one, even where
+    it completes inside an accepted block, and equal the reference decoded to the same stops."""
+    from specviz.run import check
+    from specviz.spec.run import RunSpec
+
+    spec = RunSpec.build(method="engine", prompts=builtin_set("chat"), max_new_tokens=NEW_TOKENS,
+                         stop=STOPS, device="cpu", k=K)
+    trace = check.from_servers(spec, embedded, (vllm.url, vllm.served_model), None, 8, 300.0,
+                               judging=check.Judging(attribute=False), stream=True)
+    stopped = [s for s in trace.sequences if s.engine.finish_reason == "stop"
+               and s.output_ids[-1] not in embedded.eos_ids]
+    assert stopped, "a stop string ends some output"
+    for s in trace.sequences:
+        assert s.equivalent and s.engine.warning is None, (s.seq, s.engine.warning)
+    # a stop inside an accepted block: its last round, as streamed, kept drafts
+    assert any(s.engine.rounds and s.engine.rounds[-1].accepted for s in stopped)
+
+
+def test_ids_past_a_stop_are_cut_off_and_flagged_never_judged(embedded):
+    """An answer that stopped at a stop string but returns the ids of the rest of its accepted
+    block (vLLM PR #47616): cut at the stop, with a warning naming the ids; one that ran on to its
+    budget past a stop is left whole, for the judges (a missed stop)."""
+    from specviz.decoding.stops import Stops
+    from specviz.run.stopped import past_stops_cut
+
+    ids = embedded.tokenizer("Paris, the capital, is large", add_special_tokens=False)["input_ids"]
+    stop = next(n for n in range(1, len(ids) + 1)
+                if ", " in embedded.tokenizer.decode(ids[:n]))
+    outputs = [EngineOutput(ids=ids, finish_reason="stop", logprobs=[-0.5] * len(ids)),
+               EngineOutput(ids=ids, finish_reason="length")]
+    run = EngineRun(name="fake", source="server", outputs=outputs)
+    cut = past_stops_cut(run, Stops.of(embedded, (", ",))).outputs
+    assert cut[0].ids == ids[:stop] and len(cut[0].logprobs) == stop
+    assert f"past its stop at token {stop - 1}" in cut[0].warning
+    assert cut[1] == outputs[1]
+
+
+def test_stop_strings_are_sent_to_an_openai_compatible_server():
+    seen = []
+
+    def answer(body):
+        seen.append(body)
+        return completion([5, 6], finish="stop", prompt=body["prompt"])
+
+    with fake_server(answer) as url:
+        from_server(url, "fake", PROMPTS[:1], 4, stop=(", ", "!"))
+    assert seen[0]["stop"] == [", ", "!"]
 
 
 # ------------------------------------------------------------- a fake server, for the failure modes

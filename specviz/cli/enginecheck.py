@@ -35,10 +35,10 @@ def cmd_check(args) -> int:
     if args.determinism and not (args.server or args.openvino):
         raise SpecError("--determinism asks the engine again: give it as --server URL or "
                         "--openvino MODE")
-    if args.stop and (args.server or args.control_server or args.openvino):
-        raise SpecError("stop strings are not sent to servers or OpenVINO (how each engine's "
-                        "token ids end at one is not checked yet): check a file of the engine's "
-                        "outputs made with them, --outputs FILE --stop")
+    if args.stop and args.openvino:
+        raise SpecError("stop strings are not sent to OpenVINO (how its token ids end at one is "
+                        "not checked yet): check a file of its outputs made with them, --outputs "
+                        "FILE --stop")
     # the budget of an outputs file is its longest output
     with progress_bars(lambda phase: None) as progress:
         judging = check.Judging(args.decode_reference, progress, args.checkpoint, args.attribute)

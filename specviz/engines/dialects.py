@@ -60,12 +60,13 @@ class OpenAI(Dialect):
     path = "/v1/completions"
 
     def __init__(self, model: str, max_new_tokens: int, temperature: float, top_p: float,
-                 top_k: int, top_logprobs: int, stream: bool = False):
+                 top_k: int, top_logprobs: int, stream: bool = False, stop: tuple[str, ...] = ()):
         self.sampling = sampling_request(temperature, top_p, top_k)
         self.stream = stream
         self.base = {"model": model, "max_tokens": max_new_tokens, **self.sampling,
                      "logprobs": top_logprobs or None, "return_token_ids": True,
-                     "return_tokens_as_token_ids": True, **({"stream": True} if stream else {})}
+                     "return_tokens_as_token_ids": True, **({"stream": True} if stream else {}),
+                     **({"stop": list(stop)} if stop else {})}
 
     @staticmethod
     def read(body: dict, prompt: list[int] | None, max_new_tokens: int,

@@ -47,6 +47,7 @@ from specviz.run.launch import (gather_from_ranks, is_main, my_share, on_main, r
                                 wait_for_everyone, world_size)
 from specviz.run.runner import Phases, calibrated_tolerance, checked, encode, phase, yardsticks_for
 from specviz.run.settings import Settings
+from specviz.run.stopped import past_stops_cut
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.run import RunSpec
 from specviz.spec.strict import SpecError, describe_validation_error
@@ -120,10 +121,11 @@ def from_servers(spec: RunSpec, pair: ModelPair, engine: tuple[str, str | None],
 
     def ask(url: str, model: str | None, order: list[int] | None = None,
             drafter: str | None = None, stream: bool = False) -> EngineRun:
-        return server.from_server(url, model, ids, spec.max_new_tokens, concurrency=concurrency,
-                                  timeout=timeout, tokenizer=pair.tokenizer, order=order,
-                                  drafter=drafter, stream=stream, k=spec.k,
-                                  **sampling_settings(spec))
+        asked = server.from_server(url, model, ids, spec.max_new_tokens, concurrency=concurrency,
+                                   timeout=timeout, tokenizer=pair.tokenizer, order=order,
+                                   drafter=drafter, stream=stream, k=spec.k, stop=spec.stop,
+                                   **sampling_settings(spec))
+        return past_stops_cut(asked, Stops.of(pair, spec.stop))
 
     def answers() -> tuple[EngineRun, dict[str, EngineRun], EngineRun | None]:
         first = ask(*engine, drafter=drafter, stream=stream)
