@@ -122,7 +122,7 @@ def exported(folder: Path) -> Path:
 
 def run(setting: Setting, target: Path, draft: Path | None, prompts: list[list[int]],
         max_new_tokens: int, eos_ids: list[int], sampling: dict | None = None,
-        orders: list[list[int]] | None = None, threads: int | None = None) -> list[EngineRun]:
+        orders: list[list[int]] | None = None) -> list[EngineRun]:
     """`prompts` answered by one OpenVINO pipeline (the IR folders `target` and, for the draft
     mode, `draft`), once per order of `orders` (default: once, in order), each a batch of every
     prompt. `sampling`: temperature, top_p, top_k and seed (None: greedy)."""
@@ -137,8 +137,6 @@ def run(setting: Setting, target: Path, draft: Path | None, prompts: list[list[i
            "max_num_batched_tokens": max(256, sum(map(len, prompts)) + len(prompts)),
            "sampling": sampling}
     env = {**os.environ, **ENV}
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
     # -I: isolated, so the worker's own folder (this one, with openvino.py) is not on its path
     done = subprocess.run([str(openvino_python()), "-I", str(WORKER)], input=json.dumps(job),
                           capture_output=True, text=True, env=env)
