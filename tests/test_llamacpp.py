@@ -34,7 +34,7 @@ SPECULATIVE = ("draft", "draft = target", "ngram-simple")
 @pytest.fixture(scope="module")
 def llama(embedded, tmp_path_factory):
     """Every configuration's run on the same prompts, one server at a time: (spec, prompt ids, name
-    -> run)."""
+    -> run, the draft configuration's run with stop strings)."""
     logs = tmp_path_factory.mktemp("llama")
     spec = RunSpec.build(prompts=PROMPTS, method="engine", max_new_tokens=NEW_TOKENS, device="cpu",
                          k=K)
@@ -47,7 +47,26 @@ def llama(embedded, tmp_path_factory):
                                      tokenizer=embedded.tokenizer, launch=server.launch,
                                      drafter="model" if name in DRAFTS_WITH_THE_PAIRS_DRAFT
                                      else None)
-    return spec, ids, runs
+            if mode == "draft":
+                stopped = from_server(server.url, None, ids, NEW_TOKENS, concurrency=slots,
+                                      tokenizer=embedded.tokenizer, stop=STOPS)
+    return spec, ids, runs, stopped
+
+
+STOPS = (", ", ".\n")
+
+
+def test_with_stop_strings_its_ids_end_at_the_token_that_completes_one(llama, embedded):
+    """Sent stop strings, llama.cpp (speculating with the draft) ends its ids at the token whose
+    text completes one, that token kept, as vLLM's do and specviz reads them."""
+    from specviz.decoding.stops import Stops
+
+    stops = Stops.of(embedded, STOPS)
+    at_stop = [out for out in llama[3].outputs
+               if out.finish_reason == "stop" and out.ids[-1] not in embedded.eos_ids]
+    assert at_stop, "a stop string ends some output"
+    for out in at_stop:
+        assert stops.end(out.ids) == len(out.ids), out.ids
 
 
 def test_llama_cpp_is_asked_in_its_own_dialect_and_answers_with_ids(llama, embedded):
@@ -81,7 +100,7 @@ def test_llama_cpp_is_asked_in_its_own_dialect_and_answers_with_ids(llama, embed
 def judged(llama, embedded):
     """Each 4-slot configuration checked with its plain run as the control (plain, 4 slots: the
     1-slot run), its forks not attributed: name -> trace."""
-    spec, ids, runs = llama
+    spec, ids, runs, _ = llama
     # the forks are attributed on purpose in test_no_fork_of_a_correct_configuration_is_attributed
     no_replays = check.Judging(attribute=False)
     control = {"plain, 4 slots": "plain, 1 slot"} | {name: "plain, 4 slots" for name in SPECULATIVE}
@@ -94,7 +113,7 @@ def test_every_configuration_against_its_plain_run_and_the_reference(llama, judg
     control: a correct engine's forks are its own numerics (or unexplained, saying why), never an
     engine-bug; and the one declared to draft with the check's draft model drafts its own proposals
     by its counters."""
-    _, ids, runs = llama
+    _, ids, runs, _ = llama
     plain, traces = runs["plain, 4 slots"], judged
     # proved or decoded: the bs-1 reference
     ref = [s.reference_ids for s in traces["plain, 4 slots"].sequences]
@@ -140,7 +159,7 @@ def test_no_fork_of_a_correct_configuration_is_attributed(llama, judged, embedde
     """Every fork of llama.cpp with the draft model (its quantized kernels' rounding), attributed
     on purpose, in batches of its 4 slots: no mechanism of the catalogue is named. (ngram-simple's
     forks are the same kernels' rounding; attributing them too cost CI another 100 s.)"""
-    spec, ids, _ = llama
+    spec, ids, _, _ = llama
     declared = {"draft": {"drafter": "model", "k": K}}
     for name, settings in declared.items():
         trace = judged[name].model_copy(deep=True)  # attribution is recorded into it
@@ -161,7 +180,7 @@ def test_a_file_of_raw_llama_cpp_answers_is_read_and_judged(llama, embedded, tmp
     """A user's dump of requests and responses (sent one at a time: other batch shapes than the live
     run's, so other outputs in places), with a field specviz does not read: every answer read, none
     an engine-bug."""
-    spec, ids, _ = llama
+    spec, ids, _, _ = llama
     ask = LlamaCpp("", NEW_TOKENS, 0.0, 1.0, 0, 5)
     with llama_server("ngram", tmp_path / "ngram.log", slots=4, k=K,
                       threads=ENGINE_THREADS) as server:

@@ -165,7 +165,8 @@ def test_the_command_line_checks_openvino(tmp_path, capsys):
     assert "engine rounds:" in printed and "seen from outside" in printed
     assert json.loads(out.read_text())["engine"]["settings"]["mode"] == "ngram"
     for bad, why in ((["--control-openvino", "--server", "http://127.0.0.1:9"], "--openvino MODE"),
-                     (["--openvino", "draft", "--stop", "."], "stop strings")):
+                     (["--openvino", "draft", "--stream"], "--stream reads a server's"),
+                     (["--openvino", "draft", "--stop", "."], "stop strings are not sent")):
         assert main(["check", *bad, "--prompt", COPY, "--max-new-tokens", "4"]) == 2
         assert why in capsys.readouterr().err
 

@@ -81,12 +81,13 @@ class LlamaCpp(Dialect):
     path = "/completion"
 
     def __init__(self, model: str, max_new_tokens: int, temperature: float, top_p: float,
-                 top_k: int, top_logprobs: int):
+                 top_k: int, top_logprobs: int, stop: tuple[str, ...] = ()):
         self.sampling = ({"temperature": 0} if temperature == 0 else
                          {"temperature": temperature, "top_p": top_p, "top_k": top_k,
                           **LLAMA_NEUTRAL})
         self.base = {"n_predict": max_new_tokens, **self.sampling, "return_tokens": True,
-                     "n_probs": top_logprobs, "cache_prompt": False}
+                     "n_probs": top_logprobs, "cache_prompt": False,
+                     **({"stop": list(stop)} if stop else {})}
 
     @staticmethod
     def read(body: dict, prompt: list[int] | None, max_new_tokens: int,

@@ -59,7 +59,7 @@ def from_server(url: str, served_model: str | None, prompt_ids: list[list[int]],
     (spec/drafters.DRAFTERS), recorded in its settings; a server does not say. `stream`: an
     OpenAI-compatible server streams each answer, and its chunks are the request's rounds, seen
     from outside (`k`: the engine's draft length; a chunk longer than a round can be drops them).
-    `stop`: stop strings, sent to an OpenAI-compatible server (its ids end at the token that
+    `stop`: stop strings, sent to the server (vLLM's and llama.cpp's ids end at the token that
     completes one: run/stopped.py reads them so).
     """
     base = url.rstrip("/").removesuffix("/v1")
@@ -67,12 +67,11 @@ def from_server(url: str, served_model: str | None, prompt_ids: list[list[int]],
         card = _model_card(client, base, served_model)
         llama = card.get("owned_by") == "llamacpp"
         if llama and stream:
-            raise SpecError("llama.cpp reports each request's drafts in its timings; its stream "
-                            "is not read: check it without --stream")
-        if llama and stop:
-            raise SpecError("how llama.cpp's token ids end at a stop string is not checked yet: "
-                            "check a file of its outputs made with them, --outputs FILE --stop")
-        dialect = (LlamaCpp(card["id"], max_new_tokens, temperature, top_p, top_k, top_logprobs)
+            raise SpecError("llama.cpp streams its tokens one at a time, whatever a step accepted: "
+                            "its rounds are not seen in its stream (its answers count their "
+                            "drafts). Check it without --stream")
+        dialect = (LlamaCpp(card["id"], max_new_tokens, temperature, top_p, top_k, top_logprobs,
+                            stop)
                    if llama else OpenAI(card["id"], max_new_tokens, temperature, top_p, top_k,
                                         top_logprobs, stream, stop))
         name, version = _describe(client, card, llama)
