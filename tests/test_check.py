@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from specviz.app.panel import forensics_html
+from specviz.app.runview import render
 from specviz.cli import main as cli
 from specviz.decoding.eqspec import eqspec
 from specviz.decoding.reference import batched_reference
@@ -597,5 +598,9 @@ def test_a_score_is_judged_against_the_log_probabilities_beside_it(tmp_path, tin
             if planted and len(s.engine.rounds) > 2:  # round 2 starts at token 1 + 3
                 assert (s.forensics.verdict, s.forensics.fork) == ("decision-bug:score", 4)
                 assert s.forensics.score - s.forensics.score_expected == pytest.approx(planted)
+                # the page marks the token it points at, in the round that reported it
+                shown = render(filed, s.seq)
+                assert "WHERE ITS VERDICT POINTS: decision-bug:score" in shown["timeline"]
+                assert "score reported after the round" in shown["forensics"]
             else:
                 assert s.forensics is None

@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 
+from specviz.app.runview import render
 from specviz.cli.main import main
 from specviz.engines import openvino
 from specviz.run.openvino_check import from_openvino
@@ -131,6 +132,8 @@ def test_the_cpu_defaults_fork_as_numerics_never_a_bug(embedded):
         f = trace.sequences[seq].forensics
         assert f.fork_round is not None and f"round {f.fork_round} wrote" in f.explanation or (
             f.fork_round == 0 and "prefill wrote" in f.explanation)
+    for s in trace.sequences:  # every view of every sequence draws (its rounds, its verdict)
+        assert f'data-seq="{s.seq}"' in render(trace, s.seq)["grid"]
     if settings["cpu_defaults"]["INFERENCE_PRECISION_HINT"] == "bf16":
         assert forks, "bf16 forks from the float32 reference somewhere on the whole set"
     else:  # a CPU without bfloat16 computes in float32 by default

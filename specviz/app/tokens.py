@@ -190,11 +190,12 @@ def _chip(s: SequenceRecord, i: int, cls: str, tip: str) -> str:
                 else " · FIRST DIVERGENCE: the reference had ended")
     elif fork is not None and i > fork:
         cls += " sv-after"
-    # a sampled run's corrupt state
+    # a sampled run's corrupt state; an engine's right tokens with a wrong report (its score)
     elif fork is None and s.forensics is not None and i == s.forensics.fork:
         cls += " sv-fork"
         tip += (f" · FIRST TOKEN DRAWN FROM A CORRUPT STATE (round {s.forensics.round}): "
-                f"{s.forensics.verdict}")
+                if s.forensics.judge == "run" else " · WHERE ITS VERDICT POINTS: "
+                ) + s.forensics.verdict
     if s.pit is not None and i < len(s.pit):
         if s.pit[i] is None:
             cls += " sv-impossible"
