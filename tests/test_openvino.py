@@ -6,6 +6,7 @@ import json
 import subprocess
 
 import pytest
+from conftest import ENGINE_THREADS
 
 from specviz.app.runview import render
 from specviz.cli.main import main
@@ -27,6 +28,12 @@ def spec(prompt_set: str = "quick", **over) -> RunSpec:
     return RunSpec.build(**{**fields, **over})
 
 
+def openvino_check(*args, **kwargs) -> Trace:
+    """OpenVINO on as many threads as the suite gives an engine (conftest.ENGINE_THREADS): its
+    threads spin at barriers, and wait long for a core the other test worker holds."""
+    return from_openvino(*args, threads=ENGINE_THREADS, **kwargs)
+
+
 def verdicts(trace: Trace) -> dict[int, str]:
     return {s.seq: s.forensics.verdict for s in trace.sequences if s.forensics}
 
@@ -36,7 +43,7 @@ def greedy(embedded):
     """The quick set and a copying prompt, in float32: the draft and prompt-lookup modes with
     their control, and the pipeline without speculation."""
     prompts = (*builtin_set("quick"), COPY)
-    return {mode: from_openvino(spec(prompts=prompts), embedded, openvino.Setting(mode),
+    return {mode: openvino_check(spec(prompts=prompts), embedded, openvino.Setting(mode),
                                 control=mode != "none")
             for mode in openvino.MODES}
 
@@ -45,7 +52,8 @@ def greedy(embedded):
 def test_float32_speculation_gives_the_reference(greedy, mode):
     trace = greedy[mode]
     assert trace.manifest.engine.name == "openvino-genai"
-    assert trace.manifest.engine.settings["properties"] == openvino.PRECISIONS["f32"]
+    properties = trace.manifest.engine.settings["properties"]
+    assert properties.items() >= openvino.PRECISIONS["f32"].items()
     for s in trace.sequences:
         assert s.engine.error is None and s.equivalent, (mode, s.seq)
         # its control, the same pipeline without speculation, too
@@ -112,7 +120,7 @@ def test_the_score_under_speculation_is_flagged_and_the_plain_run_is_not(greedy)
 def test_with_prefix_caching_every_pass_gives_the_reference(embedded):
     """Three passes on one pipeline with its prefix cache on: the later ones find the prompts'
     blocks cached (every chat prompt shares the system prompt, and each its own whole prompt)."""
-    trace = from_openvino(spec(prompts=(*builtin_set("quick"), COPY)), embedded,
+    trace = openvino_check(spec(prompts=(*builtin_set("quick"), COPY)), embedded,
                           openvino.Setting("draft", prefix_caching=True), control=False,
                           determinism=True)
     assert trace.manifest.engine.settings["prefix_caching"] is True
@@ -123,6 +131,7 @@ def test_with_prefix_caching_every_pass_gives_the_reference(embedded):
 def test_the_cpu_defaults_fork_as_numerics_never_a_bug(embedded):
     """bf16 compute and a u8 KV cache where the CPU has bfloat16: its forks are put down to
     OpenVINO's own rounding, measured by its control at the same precision."""
+    # (on its own threads: on one, its CPU plugin dies of SIGFPE with these defaults)
     trace = from_openvino(spec(prompt_set="all"), embedded,
                           openvino.Setting("draft", "cpu-default"), control=True)
     settings = trace.manifest.engine.settings
@@ -145,7 +154,7 @@ def test_seeded_sampling_repeats_only_without_speculation(embedded, mode):
     """The same seeded requests on the same pipeline, again and in reverse order: without
     speculation OpenVINO answers alike; with a draft it does not, and its tokens are not the
     target's distribution (the target verifies at temperature 1: named by the rules judge)."""
-    trace = from_openvino(spec(prompt_set="all", temperature=0.9, seed=5), embedded,
+    trace = openvino_check(spec(prompt_set="all", temperature=0.9, seed=5), embedded,
                           openvino.Setting(mode), control=False, determinism=True)
     asked = trace.manifest.determinism
     assert asked.prompts == len(trace.sequences)

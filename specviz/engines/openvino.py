@@ -122,15 +122,19 @@ def exported(folder: Path) -> Path:
 
 def run(setting: Setting, target: Path, draft: Path | None, prompts: list[list[int]],
         max_new_tokens: int, eos_ids: list[int], sampling: dict | None = None,
-        orders: list[list[int]] | None = None) -> list[EngineRun]:
+        orders: list[list[int]] | None = None, threads: int | None = None) -> list[EngineRun]:
     """`prompts` answered by one OpenVINO pipeline (the IR folders `target` and, for the draft
     mode, `draft`), once per order of `orders` (default: once, in order), each a batch of every
-    prompt. `sampling`: temperature, top_p, top_k and seed (None: greedy)."""
+    prompt. `sampling`: temperature, top_p, top_k and seed (None: greedy). `threads`: the CPU
+    threads it computes on, unpinned (None: OpenVINO's own choice, every core, pinned)."""
     if setting.mode == "draft" and draft is None:
         raise SpecError("OpenVINO's draft mode needs a draft model")
     orders = orders or [list(range(len(prompts)))]
     job = {"target": str(target), "draft": str(draft) if draft else None, "mode": setting.mode,
-           "properties": PRECISIONS[setting.precision], "prefix_caching": setting.prefix_caching,
+           "properties": {**PRECISIONS[setting.precision],
+                          **({"INFERENCE_NUM_THREADS": threads, "ENABLE_CPU_PINNING": False}
+                             if threads else {})},
+           "prefix_caching": setting.prefix_caching,
            "k": setting.k, "ngram": NGRAM, "max_new_tokens": max_new_tokens,
            "eos_ids": list(eos_ids), "prompts": prompts, "orders": orders,
            # a whole prompt in one step, every request's prefill at once
@@ -140,10 +144,13 @@ def run(setting: Setting, target: Path, draft: Path | None, prompts: list[list[i
     # -I: isolated, so the worker's own folder (this one, with openvino.py) is not on its path
     done = subprocess.run([str(openvino_python()), "-I", str(WORKER)], input=json.dumps(job),
                           capture_output=True, text=True, env=env)
+    if done.returncode < 0:  # (its CPU plugin dies of SIGFPE with its CPU defaults on 1 thread)
+        raise SpecError(f"OpenVINO GenAI crashed (signal {-done.returncode}) with the properties "
+                        f"{job['properties']}: {done.stderr.strip()[-400:]}")
     if done.returncode:
         raise SpecError(f"OpenVINO GenAI failed: {done.stderr.strip()[-600:]}")
     answer = json.loads(done.stdout)
-    settings = {**asdict(setting), "ngram": NGRAM, "properties": PRECISIONS[setting.precision],
+    settings = {**asdict(setting), "ngram": NGRAM, "properties": job["properties"],
                 "cpu_defaults": answer["cpu_defaults"], "openvino": answer["openvino"],
                 "batch_size": len(prompts), "load_seconds": answer["load_seconds"],
                 **({"drafter": "model"} if setting.mode == "draft" else {}),

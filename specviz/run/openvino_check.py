@@ -13,10 +13,11 @@ from specviz.trace.schema import Trace
 
 
 def from_openvino(spec: RunSpec, pair: ModelPair, setting: openvino.Setting, control: bool,
-                  determinism: bool = False, judging: Judging = Judging()) -> Trace | None:
+                  determinism: bool = False, judging: Judging = Judging(),
+                  threads: int | None = None) -> Trace | None:
     """Check OpenVINO in `setting` on `spec`'s prompts, every prompt in one batch. `control`: run
     it without speculation too. `determinism`: the same requests again, then in reverse order, on
-    the same pipeline."""
+    the same pipeline. `threads`: the CPU threads OpenVINO computes on (openvino.run)."""
     ids = encode(spec, pair)
     order = list(range(len(ids)))
     orders = [order, order, order[::-1]] if determinism else [order]
@@ -26,7 +27,7 @@ def from_openvino(spec: RunSpec, pair: ModelPair, setting: openvino.Setting, con
         draft = (openvino.exported(openvino.model_folder(spec.draft, spec.draft_revision))
                  if setting.mode == "draft" else None)
         asked = dict(prompts=ids, max_new_tokens=spec.max_new_tokens, eos_ids=list(pair.eos_ids),
-                     sampling=sampling_settings(spec) or None)
+                     sampling=sampling_settings(spec) or None, threads=threads)
         runs = openvino.run(setting, target, draft, orders=orders, **asked)
         return runs, (openvino.run(setting.control(), target, None, **asked)[0] if control
                       else None)
