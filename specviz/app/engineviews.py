@@ -25,13 +25,10 @@ class Seen:
 
 def seen_rounds(trace: Trace, seq: int) -> list[Seen]:
     """The sequence's rounds as its engine reported them (empty where it reported none)."""
-    s = trace.sequences[seq]
-    out, start = [], 0
-    for n, r in enumerate(s.engine.rounds if s.engine and s.engine.rounds else []):
-        end = min(start + r.accepted + 1, len(s.output_ids))
-        out.append(Seen(n, r, start, end))
-        start = end
-    return out
+    out = trace.sequences[seq].engine
+    if out is None:
+        return []
+    return [Seen(n, r, *span) for n, (r, span) in enumerate(zip(out.rounds or [], out.spans()))]
 
 
 def reports_rounds(trace: Trace) -> bool:

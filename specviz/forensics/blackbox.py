@@ -211,9 +211,8 @@ def _place_in_rounds(ev: EngineForensics, s: SequenceRecord) -> None:
     """Where the engine reported its rounds: which wrote the fork token, and whether as one of its
     accepted drafts (the drafter proposed it too, and the verify pass kept it) or as its own token
     (the verify pass's choice after the drafts it kept), said in the explanation."""
-    start = 0
-    for n, r in enumerate(s.engine.rounds or []):
-        if ev.fork < start + r.accepted + 1:
+    for n, (r, (start, end)) in enumerate(zip(s.engine.rounds or [], s.engine.spans())):
+        if ev.fork < end:
             ev.fork_round = n
             ev.fork_written_as = "accepted draft" if ev.fork - start < r.accepted else "own token"
             how = (f"as accepted draft {ev.fork - start + 1} of {r.accepted}: the drafter "
@@ -224,7 +223,6 @@ def _place_in_rounds(ev: EngineForensics, s: SequenceRecord) -> None:
             ev.explanation += (" The engine's prefill wrote the fork token, its first." if n == 0
                                else f" The engine's round {n} wrote the fork token {how}.")
             return
-        start += r.accepted + 1
 
 
 def _breaks_invariance(ev: EngineForensics, s: SequenceRecord) -> bool:

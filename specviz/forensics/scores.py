@@ -13,8 +13,6 @@ engine reported log-probabilities as well as its score, are judged.
 """
 from __future__ import annotations
 
-import itertools
-
 from specviz.forensics.enginenoise import Forced
 from specviz.trace.evidence import EngineForensics
 from specviz.trace.findings import Findings
@@ -50,9 +48,7 @@ def _checkpoints(out: EngineOutput) -> list[tuple[int | None, int, float]]:
     reported a score there, else the sequence's final score alone."""
     rounds = out.rounds or []
     if rounds and all(r.score is not None for r in rounds):
-        ends = itertools.accumulate(r.accepted + 1 for r in rounds)
-        return [(n, min(end, len(out.ids)), r.score)
-                for n, (end, r) in enumerate(zip(ends, rounds))]
+        return [(n, end, r.score) for n, (r, (_, end)) in enumerate(zip(rounds, out.spans()))]
     return [(None, len(out.ids), out.score)]
 
 

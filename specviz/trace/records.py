@@ -171,6 +171,16 @@ class EngineOutput(Strict):
     # this prompt failed (the server stopped answering, timed out, ...): the rest is kept
     error: str | None = None
 
+    def spans(self) -> list[tuple[int, int]]:
+        """Each reported round's output tokens [start, end): its accepted drafts and its own token,
+        the last round's as many as the output has left (empty without rounds)."""
+        out, start = [], 0
+        for r in self.rounds or []:
+            end = min(start + r.accepted + 1, len(self.ids))
+            out.append((start, end))
+            start = end
+        return out
+
     @model_validator(mode="after")
     def _rounds_cut_the_output(self) -> EngineOutput:
         if self.rounds:
