@@ -146,6 +146,7 @@ def _evidence_rows(trace: Trace, f: RunForensics | EngineForensics) -> list[tupl
     """The verdict's evidence, in the order its judge weighed it."""
     common = [
         ("first token drawn in the corrupt round" if metrics.sampled(trace)
+         else "the first token of the round it points at" if getattr(f, "score", None) is not None
          else "first divergent token", f.fork),
         ("engine's token" if f.judge == "engine" else "speculative token",
          _tok(trace, f.output_token)),
@@ -217,7 +218,6 @@ def _engine_evidence(trace: Trace, f: EngineForensics) -> list[tuple[str, object
             ("score reported after the round / its log-probabilities summed",
              f"{f.score:.6g} / {f.score_expected:.6g}"),
             ("adding them in float32 moves the sum by at most", _num(f.tolerance)),
-            ("the round begins at token", f.fork),
         ]
     return [
         ("rank of the engine's token under the target", f.engine_rank),
