@@ -8,6 +8,7 @@ from pathlib import Path
 import mtp_checkpoints
 import pytest
 import torch
+from eagle3_heads import write_eagle3_head
 
 import specviz
 from specviz.decoding.batch import left_pad
@@ -30,9 +31,12 @@ def test_every_declared_drafter_is_built_and_keeps_the_state_it_declares(tiny, t
     tokens, valid = left_pad([[5, 6, 7], [8, 9]], torch.device("cpu"))
     with_mtp = load_pair(*[mtp_checkpoints.save(tmp_path, "mellum")] * 2, dtype="float64",
                          device="cpu")
+    # the tiny target's tokens are its fit: a head drafts something
+    head = write_eagle3_head(tmp_path / "eagle3", tiny.target, [list(range(5, 30))], None)
     for name, cls in BUILT.items():
         assert cls.kind is DRAFTERS[name]
-        spec = RunSpec.build(prompts=("a",), drafter=name)
+        spec = RunSpec.build(prompts=("a",), drafter=name, **(
+            {"head": str(head)} if "head" in DRAFTERS[name].options else {}))
         pair = with_mtp if name == "mtp" else tiny  # the tiny pair ships no MTP layer
         b = lay_out(pair, Policy(()), cls.of(spec, pair), [0, 1], tokens, valid)
         assert (b.draft.cache is not None) == DRAFTERS[name].cache
@@ -53,16 +57,17 @@ def test_no_layer_branches_on_a_drafters_name():
 
 
 class HearingLookup(PromptLookup):
-    """Prompt lookup that asks to hear the target's hidden states, and keeps what it heard."""
+    """Prompt lookup that asks to hear the target's last hidden states, and keeps what it heard."""
 
     kind = replace(DRAFTERS["lookup"], hears=("hidden",))
+    heard = (-1,)
 
     def __init__(self, pair):
         super().__init__(pair, 1, 3)
-        self.heard = []
+        self.kept = []
 
     def observe(self, b, verified, accepted) -> None:
-        self.heard.append((verified.tokens.clone(), verified.valid.clone(),
+        self.kept.append((verified.tokens.clone(), verified.valid.clone(),
                            verified.hidden.clone()))
 
 
@@ -79,9 +84,9 @@ def test_a_drafter_that_hears_the_verify_gets_the_targets_own_hidden_states(tiny
     kw = dict(window=4, max_wait=2) if decoder is exspec else {}
     out = decoder(tiny, prompts, 3, 4, 12, drafter=drafter, **kw)
     assert [o.ids for o in out.outputs] == [o.ids for o in reference(tiny, prompts, 12).outputs]
-    assert len(drafter.heard) == len(out.rounds)
+    assert len(drafter.kept) == len(out.rounds)
     checked = 0
-    for tokens, valid, hidden in drafter.heard[::3]:
+    for tokens, valid, hidden in drafter.kept[::3]:
         # the slots the pass fed: the prompt at first, then the last token and drafts
         fed = valid[:, -hidden.shape[1]:]
         for row in range(tokens.shape[0]):

@@ -50,7 +50,8 @@ def controls_of(s: RunSpec) -> dict:
             "repetition_penalty": s.repetition_penalty, "presence_penalty": s.presence_penalty,
             "logprobs": s.logprobs, "stop": "\n".join(s.stop), "chat_template": s.chat_template,
             "tree_width": s.tree_width, "json_schema": s.json_schema or "",
-            "reasoning_end": s.reasoning_end or "", "batch_invariant": s.batch_invariant}
+            "reasoning_end": s.reasoning_end or "", "batch_invariant": s.batch_invariant,
+            "head": s.head or ""}
 
 
 # The controls a spec fills, at RunSpec's defaults (on the default prompt set), in the API's order;
@@ -135,7 +136,13 @@ def spec_from_controls(**controls) -> RunSpec:
         json_schema=(c["json_schema"] or "").strip() or None,
         reasoning_end=c["reasoning_end"] or None, batch_invariant=bool(c["batch_invariant"]),
         # The option controls that the drafter reads (spec/drafters.py): the rest stay at defaults.
-        **{f: int(c[f]) for f in DRAFTERS[drafter].options})
+        **{f: _drafter_option(f, c[f]) for f in DRAFTERS[drafter].options})
+
+
+def _drafter_option(field: str, value):
+    """A drafter option's control value as the spec takes it: a head's folder as typed (None when
+    blank), else a count."""
+    return (str(value or "").strip() or None) if field == "head" else int(value)
 
 
 def _real(value, blank: float | None = None) -> float | None:

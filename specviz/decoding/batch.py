@@ -11,6 +11,7 @@ import torch
 
 from specviz.models.architecture import (RECURRENT, declares_layer_types, is_recurrent,
                                          sliding_windows)
+from specviz.models.head import heard_states
 
 
 def left_pad(seqs: list[list[int]], device: torch.device,
@@ -94,13 +95,14 @@ def attention_masks(model, valid: torch.Tensor, q_start: int,
 
 def forward(model, tokens: torch.Tensor, valid: torch.Tensor, q_start: int, cache, vocab: int,
             pos: torch.Tensor | None = None, seen: torch.Tensor | None = None, keep: int = 0,
-            hidden: bool = False, among: tuple[torch.Tensor, torch.Tensor] | None = None,
+            hidden: tuple[int, ...] = (), among: tuple[torch.Tensor, torch.Tensor] | None = None,
             windowed: bool = True):
     """Run `model` on slots q_start.. of the layout (earlier slots are in `cache`).
 
     Returns logits (float32, or float64 for a float64 model) sliced to the shared vocabulary: (B, q,
-    vocab), or (B, keep, vocab) for the last `keep` slots only; with `hidden`, (logits, the last
-    layer's hidden states at every slot fed, (B, q, H)). `pos` and `seen` override the positions and
+    vocab), or (B, keep, vocab) for the last `keep` slots only; with `hidden` (indices into
+    transformers' `hidden_states`), (logits, those hidden states at every slot fed, concatenated,
+    (B, q, n·H)). `pos` and `seen` override the positions and
     the slots the mask lets through, both derived from `valid` by default (a fault policy may swap
     them; a correct engine never does). `among`: a token tree's mask (attention_bias).
     `windowed`: attention_masks'.
@@ -123,4 +125,4 @@ def forward(model, tokens: torch.Tensor, valid: torch.Tensor, q_start: int, cach
     logits = logits if logits.dtype == torch.float64 else logits.float()
     if not hidden:
         return logits
-    return logits, out.hidden_states[-1].to(tokens.device)
+    return logits, heard_states(out.hidden_states, hidden).to(tokens.device)

@@ -36,6 +36,7 @@ class ModelDrafter:
 
     kind = DRAFTERS["model"]
     behind = 2
+    heard = ()
 
     def __init__(self, pair: ModelPair, width: int = 1):
         self.pair, self.width = pair, _tree_width(pair, width)
@@ -155,19 +156,19 @@ class HeadDrafter:
     target's hidden states (the at most k-1 accepted drafts it holds and the two it does not; a
     fixed count, so that the batch's rows stay in step), then drafts. A fresh batch's first round
     offers nothing: the target has computed no hidden state yet, and its verify pass is the prefill.
-    Which head: its `kind`."""
+    Which head: its `kind`, and for a published one its folder (`source`)."""
 
     kind: DrafterKind
     behind = 2
 
-    def __init__(self, pair: ModelPair, k: int, width: int = 1):
+    def __init__(self, pair: ModelPair, k: int, width: int = 1, source: str | None = None):
         self.pair, self.head, self.k = (
-            pair, head_for(self.kind.name, pair.target, pair.info["target"]), k)
-        self.width = _tree_width(pair, width)
+            pair, head_for(self.kind.name, pair.target, pair.info["target"], source), k)
+        self.width, self.heard = _tree_width(pair, width), self.head.heard
 
     @classmethod
     def of(cls, spec, pair: ModelPair) -> HeadDrafter:
-        return cls(pair, spec.k, spec.tree_width)
+        return cls(pair, spec.k, spec.tree_width, spec.head)
 
     def new_state(self, valid: torch.Tensor, positions: torch.Tensor) -> ModelState:
         return ModelState.fresh(kvcache.new(self.head.body), valid, positions, self.behind)
@@ -176,7 +177,7 @@ class HeadDrafter:
         n = b.tokens.shape[1] - self.behind
         if n > 0:
             run_head(self.pair, self.head, policy, b.tokens[:, :n], b.valid[:, :n], b.stale[:, :n],
-                     policy.head_features(_features(b))[:, :n], 0, b.draft.cache, keep=1)
+                     self._features(policy, b)[:, :n], 0, b.draft.cache, keep=1)
 
     def propose(self, policy: Policy, b, k: int, sampling: Sampling, stream: Streams,
                 have: torch.Tensor) -> Proposal:
@@ -186,7 +187,7 @@ class HeadDrafter:
         start = min(max(0, S - policy.head_refeed(self.k, self.behind)),
                     kvcache.length(state.cache))
         kvcache.crop(state.cache, start)
-        features = policy.head_features(_features(b))[:, start:]
+        features = self._features(policy, b)[:, start:]
 
         def drafting_pass(j: int, tok, val, stl, q_start: int):
             nonlocal features
@@ -203,6 +204,11 @@ class HeadDrafter:
     def observe(self, b, verified, accepted) -> None:
         pass  # it reads the hidden states the target's state keeps
 
+    def _features(self, policy: Policy, b) -> torch.Tensor:
+        """(B, S, H) what the head drafts from at each slot of batch `b`, out of the target's
+        hidden states (_features)."""
+        return self.head.from_target(policy.head_features(_features(b)))
+
 
 class EagleDrafter(HeadDrafter):
     """Drafts with an EAGLE-style head of specviz's (models/heads.py)."""
@@ -211,6 +217,15 @@ class EagleDrafter(HeadDrafter):
 
     def assisted(self, k: int) -> dict:
         raise SpecError("transformers' assisted generation runs no EAGLE-style head of specviz's")
+
+
+class Eagle3Drafter(HeadDrafter):
+    """Drafts with a published EAGLE-3 head (models/eagle3.py), from its folder."""
+
+    kind = DRAFTERS["eagle3"]
+
+    def assisted(self, k: int) -> dict:
+        raise SpecError("transformers' assisted generation runs no EAGLE-3 head")
 
 
 class MtpDrafter(HeadDrafter):
@@ -251,6 +266,7 @@ class PromptLookup:
     per n over the batch."""
 
     kind = DRAFTERS["lookup"]
+    heard = ()
 
     def __init__(self, pair: ModelPair, min_n: int, max_n: int, width: int = 1):
         self.vocab_size = pair.vocab_size
@@ -339,4 +355,5 @@ class PromptLookup:
 
 
 # one for every declared drafter (a test holds it)
-BUILT = {d.kind.name: d for d in (ModelDrafter, PromptLookup, EagleDrafter, MtpDrafter)}
+BUILT = {d.kind.name: d for d in (ModelDrafter, PromptLookup, EagleDrafter, Eagle3Drafter,
+                                  MtpDrafter)}

@@ -18,16 +18,16 @@ from specviz.models.pairs import ModelPair
 class Pass(NamedTuple):
     logits: torch.Tensor  # (B, q or keep, vocab)
     positions: torch.Tensor  # (B, S) the position ids the policy derived for every slot
-    # (B, q, H) the last layer's hidden states at every slot fed, where asked for
+    # (B, q, n·H) the hidden states asked for at every slot fed (a head's; a head's own last)
     hidden: torch.Tensor | None
 
 
 def run_model(pair: ModelPair, policy: Policy, role: str, tok, val, stl, q_start, cache,
-              hidden: bool = False, tree: Tree | None = None, **kw) -> Pass:
+              hidden: tuple[int, ...] = (), tree: Tree | None = None, **kw) -> Pass:
     """The pair's `role` model over slots q_start.. Roles: "target", "draft" (a drafting pass),
-    "draft prefill" (the draft cache's first fill). `hidden`: return its last hidden states too.
-    `tree`: the last slots are a tree's nodes (trees.py), placed and masked as the policy
-    places them."""
+    "draft prefill" (the draft cache's first fill). `hidden`: return those of its hidden states
+    too (batch.forward). `tree`: the last slots are a tree's nodes (trees.py), placed and masked
+    as the policy places them."""
     pos = policy.positions(val, stl)
     among = None
     if tree is not None:

@@ -51,6 +51,9 @@ class Drafter(Protocol):
     `CandidateGenerator`): it reads a `Proposal`."""
 
     kind: DrafterKind  # its declaration (spec/drafters.py)
+    # the target's hidden states it is fed, as indices into transformers' `hidden_states` (a
+    # head's; none for the others)
+    heard: tuple[int, ...]
 
     def new_state(self, valid: torch.Tensor, positions: torch.Tensor) -> ModelState:
         """Its state for a freshly laid-out batch, empty until its first pass (a cache of None: it

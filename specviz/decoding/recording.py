@@ -22,12 +22,13 @@ from specviz.decoding.batch import positions
 from specviz.decoding.result import DecodeResult, SequenceOutput
 from specviz.decoding.stages import Accepted, Batch, Committed, Decoding, Drafted, Step
 from specviz.models.architecture import narrowest_window
+from specviz.models.heads import head_of
 from specviz.models.pairs import ModelPair
 from specviz.spec.run import RunSpec
 from specviz.trace import text
 from specviz.trace.records import (PickFrom, PromptRecord, RoundRecord, RowRecord, SequenceRecord,
                                    TreeRecord, first_difference)
-from specviz.trace.schema import Manifest, Trace
+from specviz.trace.schema import HeadFacts, Manifest, Trace
 from specviz.trace.yardsticks import Yardsticks
 
 TOP = 8  # target logits kept per verified slot (for forensics, not saved in the trace)
@@ -281,9 +282,12 @@ def build_trace(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], res
             first_divergence=fork, equivalent=None if ref is None else fork is None,
             completion_seconds=out.finished_at,
         ))
+    head = head_of(spec, pair)
+    facts = head.facts([i for s in sequences for i in s.output_ids]) if head else None
     manifest = Manifest(
         spec=spec,
         pair={k: (None if v is None else str(v)) for k, v in pair.info.items()},
+        head=facts and HeadFacts(**facts),
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         decode_seconds=result.seconds,
         reference_seconds=reference.seconds if reference else None,

@@ -85,9 +85,8 @@ def prefill(pair: ModelPair, policy: Policy, drafter: Drafter, seqs: list[int], 
     """A laid-out batch with both caches filled: the target's slots 0..S-2, and the drafter's."""
     b = lay_out(pair, policy, drafter, seqs, tokens, valid)
     n = b.target.length(tokens.shape[1])
-    hears = "hidden" in drafter.kind.hears
     b.target.hidden = run_model(pair, policy, "target", tokens[:, :n], valid[:, :n], b.stale[:, :n],
-                                0, b.target.cache, keep=1, hidden=hears).hidden
+                                0, b.target.cache, keep=1, hidden=drafter.heard).hidden
     drafter.prefill(policy, b)
     return b
 
@@ -158,10 +157,10 @@ def verify(d: Decoding, b: Batch, drafts: torch.Tensor, have: torch.Tensor,
     val = torch.cat([b.valid, torch.ones_like(drafts, dtype=torch.bool)], 1)
     stl = torch.cat([b.stale, torch.zeros_like(drafts, dtype=torch.bool)], 1)
     start = S - 1 if kvcache.length(b.target.cache) else 0
-    hears = "hidden" in d.drafter.kind.hears
     with kvcache.keeping(b.target.cache, k + 1):  # a recurrent state after the last and each draft
         logits, pos, hidden = run_model(d.pair, d.policy, "target", tok, val, stl, start,
-                                        b.target.cache, keep=k + 1, hidden=hears, tree=tree)
+                                        b.target.cache, keep=k + 1, hidden=d.drafter.heard,
+                                        tree=tree)
     if d.sampling.penalties:
         prompt, output = history(b.tokens, b.valid, have, logits.shape[-1])
         output, drafts = d.policy.penalty_history(output, _ends(d.ends, b.seqs, output), drafts)

@@ -25,6 +25,7 @@ import torch
 
 from specviz.forensics.recompute import fresh_logits
 from specviz.models.architecture import narrowest_window
+from specviz.models.head import heard_states
 from specviz.trace.evidence import Acceptance, ContextBand, Rejections
 from specviz.trace.schema import Trace
 
@@ -76,9 +77,10 @@ def judge_acceptance(trace: Trace, draft, vocab: int,
 def judge_head_acceptance(trace: Trace, target, head, vocab: int,
                           tolerance: Callable[[], float | None]) -> Acceptance:
     """A draft head's drafts (models/heads.py), against the head replayed from scratch: each
-    sequence's hidden states from one fresh pass of the target (batch size 1, no cache), then for
-    each round the head over the committed tokens, fed the target's hidden state at each slot
-    before, and for each later draft its own output, over the whole sequence again (no cache).
+    sequence's hidden states (those the head hears) from one fresh pass of the target (batch size
+    1, no cache), then for each round the head over the committed tokens, fed the target's hidden
+    state at each slot before, and for each later draft its own output, over the whole sequence
+    again (no cache).
     `tolerance()`: the run's draft rounding tolerance."""
     hidden: dict[int, torch.Tensor] = {}
 
@@ -88,7 +90,7 @@ def judge_head_acceptance(trace: Trace, target, head, vocab: int,
             if seq not in hidden:
                 out = target(input_ids=torch.tensor([ids], device=target.device),
                              output_hidden_states=True)
-                hidden[seq] = out.hidden_states[-1][0]
+                hidden[seq] = head.from_target(heard_states(out.hidden_states, head.heard)[0])
             h, at = hidden[seq], len(trace.prompts[seq].ids) + t0
             fed = torch.cat([torch.zeros_like(h[: 1 + shift]), h[: at - 1 - shift]])[:at]
             rows = []

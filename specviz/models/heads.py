@@ -33,10 +33,11 @@ import torch
 from safetensors.torch import load_file
 from transformers.modeling_layers import MtpModel
 
-from specviz.models.architecture import (attention_layers_only, in_float64, is_recurrent,
-                                         throughout_float64)
+from specviz.models.architecture import attention_layers_only, is_recurrent
 from specviz.models.checkpoints import cache_dir
-from specviz.models.invariant import is_invariant, make_invariant
+from specviz.models.eagle3 import Eagle3Head
+from specviz.models.head import Head, settle
+from specviz.spec.drafters import DRAFTERS
 from specviz.spec.run import EMBEDDED_TARGET, TINY_TARGET
 from specviz.spec.strict import SpecError
 
@@ -69,17 +70,6 @@ class Recipe:
 TRAINED = {EMBEDDED_TARGET: Recipe()}  # heads trained on this machine, loaded from its cache
 
 
-class Head(torch.nn.Module):
-    """What every head has: a `body`, `inputs(tokens, features)` and `logits(hidden)` (above)."""
-
-    def fresh(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """(T, H) the body's last hidden states over one whole sequence from scratch (no cache):
-        `tokens` (T,), each slot fed `features` (T, H)."""
-        return self.body(inputs_embeds=self.inputs(tokens[None], features[None]), use_cache=False,
-                         position_ids=torch.arange(len(tokens),
-                                                   device=tokens.device)[None]).last_hidden_state[0]
-
-
 class EagleHead(Head):
     made = weakref.WeakKeyDictionary()  # target -> its head, made once
 
@@ -101,7 +91,7 @@ class EagleHead(Head):
         with torch.no_grad():
             self.fc.weight.copy_(torch.cat([torch.eye(H), share * torch.eye(H)], 1))
         self.body = body
-        _settle(self, target)
+        settle(self, target)
         # read, not owned: a tuple keeps it out of this module's parameters
         self._target = (target,)
 
@@ -173,7 +163,7 @@ class MtpHead(Head):
             mtp.shared_post_norm if mtp.use_shared_post_norm else torch.nn.Identity())
         self.body, self.mix = body, MtpInputs(layer)
         self._mtp = (mtp,)  # read, not owned: its embedding and output head are the target's own
-        _settle(self, target)
+        settle(self, target)
 
     @classmethod
     def of(cls, target, name: str) -> MtpHead:
@@ -202,22 +192,20 @@ class MtpHead(Head):
         return self._mtp[0]._project_to_logits(hidden)
 
 
-def _settle(head: torch.nn.Module, target) -> None:
-    """`head` on the target's device and in its dtype, for inference; in float64 throughout where
-    the target is, batch-invariant where it is."""
-    head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
-    if is_invariant(target):
-        make_invariant(head)
-    if target.dtype == torch.float64:  # as the target computes: no norm narrowed to float32
-        in_float64(head.body)
-        for part in head.children():
-            throughout_float64(part)
+# drafter (spec/drafters.py) -> its head over (target, the target's id, a published head's folder)
+HEADS = {"eagle": lambda target, name, _: EagleHead.of(target, name),
+         "mtp": lambda target, name, _: MtpHead.of(target, name),
+         "eagle3": lambda target, _, folder: Eagle3Head.of(target, folder)}
 
 
-# drafter (spec/drafters.py) -> the head it drafts with
-HEADS = {"eagle": EagleHead, "mtp": MtpHead}
+def head_of(spec, pair):
+    """The head run `spec` drafts with over `pair` (None: it drafts with no head)."""
+    if "hidden" not in DRAFTERS[spec.drafter].hears:
+        return None
+    return head_for(spec.drafter, pair.target, spec.target, spec.head)
 
 
-def head_for(drafter: str, target, name: str):
-    """The head drafter `drafter` drafts with over `target`, whose id is `name`."""
-    return HEADS[drafter].of(target, name)
+def head_for(drafter: str, target, name: str, source: str | None = None):
+    """The head drafter `drafter` drafts with over `target`, whose id is `name`: its own, or
+    the published one in folder `source`."""
+    return HEADS[drafter](target, name, source)

@@ -24,7 +24,7 @@ from specviz.forensics.rejections import judge_rejections, run_rounds
 from specviz.forensics.sampledrun import analyse_sampled, judge_sampled_run
 from specviz.forensics.watch import Watch
 from specviz.forensics.whitebox import analyse, flag_batching_noise
-from specviz.models.heads import head_for
+from specviz.models.heads import head_of
 from specviz.models.pairs import ONE_DEVICE, ModelPair, Placement, pair_for
 from specviz.run.settings import Settings
 from specviz.spec.drafters import DRAFTERS
@@ -250,8 +250,8 @@ def _judge_drafts(trace: Trace, spec: RunSpec, pair: ModelPair) -> Acceptance | 
     if kind.draft_model:
         return judge_acceptance(trace, pair.draft, pair.vocab_size, tolerance)
     if "hidden" in kind.hears:
-        head = head_for(spec.drafter, pair.target, spec.target)
-        return judge_head_acceptance(trace, pair.target, head, pair.vocab_size, tolerance)
+        return judge_head_acceptance(trace, pair.target, head_of(spec, pair), pair.vocab_size,
+                                     tolerance)
     return None
 
 

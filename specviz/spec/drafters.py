@@ -87,6 +87,16 @@ DRAFTERS: dict[str, DrafterKind] = {d.name: d for d in (
         draft_model=False, cache=True, passes_per_draft=1, options=("tree_width",),
         hears=("hidden",), in_transformers=False, empty=_no_hidden_state_yet),
     DrafterKind(
+        "eagle3",
+        "a published EAGLE-3 head, from its folder (the layout vLLM and SGLang load): one layer "
+        "over several of the target's layers' hidden states (its config's aux layers, else the "
+        "engines' default 2, L/2, L-3) and the next token's embedding, one pass per draft, over "
+        "its own draft vocabulary (d2t)",
+        "an EAGLE-3 head",
+        draft_model=False, cache=True, passes_per_draft=1, options=("head", "tree_width"),
+        setting=lambda spec: f"from {spec.head}",
+        hears=("hidden",), in_transformers=False, empty=_no_hidden_state_yet),
+    DrafterKind(
         "mtp",
         "the target's own multi-token-prediction (MTP) layer, which its checkpoint ships "
         "(DeepSeek-V3, GLM-4.5, Mellum, Ling's hybrids), loaded by transformers' MtpModel: fed the "

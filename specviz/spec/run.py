@@ -57,6 +57,7 @@ BUILT_IN_PAIRS = {target: draft for target, draft in PAIR_PRESETS.values()
 SAMPLING_FIELDS = ("top_k", "top_p", "draft_temperature", "draft_top_k", "draft_top_p")
 MAX_NGRAM = 16
 MAX_TREE_WIDTH = 8
+MAX_HEAD_PATH = 512  # characters of a head's folder
 MAX_REPETITION_PENALTY = 10.0
 MAX_PRESENCE_PENALTY = 2.0  # OpenAI's bound
 PENALTY_FIELDS = ("repetition_penalty", "presence_penalty")
@@ -85,6 +86,8 @@ class RunSpec(Strict):
     drafter: Literal[tuple(DRAFTERS)] = DEFAULT_DRAFTER
     ngram_min: int = Field(1, ge=1, le=MAX_NGRAM)  # prompt lookup: the shortest n-gram matched
     ngram_max: int = Field(3, ge=1, le=MAX_NGRAM)  # and the longest (tried first)
+    # the eagle3 drafter's head: the folder of its config.json and safetensors
+    head: str | None = Field(None, min_length=1, max_length=MAX_HEAD_PATH)
     # candidates per position (decoding/trees.py); 1: a chain
     tree_width: int = Field(1, ge=1, le=MAX_TREE_WIDTH)
     # fault or preset names (decoding/faults.py), for speculative methods
@@ -198,6 +201,9 @@ class RunSpec(Strict):
             raise ValueError(f"{', '.join(found)} break a draft head's inputs: {kind.noun} hears "
                              "no hidden state; choose drafter "
                              + " or ".join(n for n, d in DRAFTERS.items() if "hidden" in d.hears))
+        if "head" in kind.options and not self.head:
+            raise ValueError(f"the {self.drafter} drafter drafts with {kind.noun}: give its "
+                             "folder (head)")
         if self.tree_width > 1:
             self._trees()
         elif found := needing("tree", self.faults):

@@ -28,9 +28,32 @@ MAX_TRACE_BYTES = 64 * 2**20
 FINGERPRINT = "[0-9a-f]{16}"  # also a file name (serving.save): nothing else may pass
 
 
+class HeadFacts(Strict):
+    """What a published head (the eagle3 drafter's) drafted from: the target layers it heard, and
+    whether its config named them or the engines' default stood in; its draft vocabulary."""
+    aux_layers: Many[int]
+    fell_back: bool  # its config names no aux layers: the engines' default (2, L/2, L-3)
+    draft_vocab: int = Field(ge=1)
+    vocab: int = Field(ge=1)  # the target's
+    # the share of the tokens this run wrote that the draft vocabulary holds (None: none written)
+    coverage: float | None = Field(None, ge=0, le=1)
+    variants: Many[str] = []  # the published variants it turns on (norm_before_fc...)
+
+    def describe(self) -> str:
+        layers = ", ".join(map(str, self.aux_layers))
+        said = ("the engines' default: its config names none" if self.fell_back
+                else "named by its config")
+        held = ("" if self.coverage is None
+                else f", holding {self.coverage:.1%} of the tokens written")
+        return (f"EAGLE-3 head: aux layers {layers} ({said}); draft vocabulary {self.draft_vocab} "
+                f"of {self.vocab} ids{held}"
+                + (f"; variants {', '.join(self.variants)}" if self.variants else ""))
+
+
 class Manifest(Strict):
     spec: RunSpec
     pair: Map[str, str | None]
+    head: HeadFacts | None = None  # runs drafting with a published head
     versions: Map[str, str]
     device: str
     device_name: str

@@ -1,0 +1,237 @@
+"""An EAGLE-3 head as published: the checkpoint layout vLLM and SGLang load (SpecForge's, the EAGLE
+authors'), read from its own folder (config.json and safetensors) as vLLM 0.32 reads it
+(model_executor/models/llama_eagle3.py).
+
+- It hears several of the target's layers (its aux hidden states): the residual stream after each
+  of `eagle_aux_hidden_state_layer_ids` decoder layers (transformers' `hidden_states[i]`), read
+  from the config's top level or its `eagle_config`, else the engines' default (2, L/2, L-3) for a
+  target of L layers: the fallback vLLM PR #50170 found silent. `fc` maps them, concatenated, to
+  one hidden state, once per target slot.
+- Its one decoder layer reads 2H: the token's embedding (`input_layernorm`) beside the hidden state
+  (`hidden_norm`), whose residual it continues. It feeds itself its output before the final norm.
+- Its output head covers a draft vocabulary: draft id i is target id i + d2t[i] (offsets, not
+  ids); the other target ids get the lowest logit its dtype holds (vLLM's -inf, kept finite).
+- Variants the engines accept: `norm_before_fc`, `fc_norm`, `norm_output`, `norm_before_residual`.
+  A head without aux states (`use_aux_hidden_state` false) or with more than one layer is refused.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
+from safetensors.torch import load_file
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaModel,
+                                                      LlamaRMSNorm)
+
+from specviz.models.head import Head, settle
+from specviz.spec.strict import SpecError
+
+VARIANTS = ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")
+
+
+def default_aux_layers(layers: int) -> tuple[int, ...]:
+    """The aux layers vLLM and SGLang read when a head's config names none."""
+    return (2, layers // 2, layers - 3)
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    """What the head's config.json says, checked against its target."""
+    aux_layers: tuple[int, ...]
+    fell_back: bool  # its config names no aux layers: the engines' default
+    draft_vocab: int
+    variants: tuple[str, ...]  # those of VARIANTS it turns on
+
+    @classmethod
+    def read(cls, raw: dict, target_layers: int, where: str) -> Eagle3Config:
+        nested = raw.get("eagle_config") or {}
+        if not nested.get("use_aux_hidden_state", True):
+            raise SpecError(f"the EAGLE-3 head at {where} hears no aux hidden states "
+                            "(eagle_config.use_aux_hidden_state false): that variant is not built")
+        if raw.get("num_hidden_layers", 1) != 1:
+            raise SpecError(f"the EAGLE-3 head at {where} has {raw['num_hidden_layers']} layers; "
+                            "specviz reads one-layer heads, as published")
+        named = raw.get("eagle_aux_hidden_state_layer_ids") or nested.get(
+            "eagle_aux_hidden_state_layer_ids")
+        aux = tuple(named) if named else default_aux_layers(target_layers)
+        if not all(0 <= i < target_layers for i in aux):
+            raise SpecError(f"the EAGLE-3 head at {where} hears layers {list(aux)}, but its "
+                            f"target has {target_layers} (ids 0 to {target_layers - 1})")
+        on = tuple(v for v in VARIANTS if nested.get(v, raw.get(v, False)))
+        return cls(aux, not named, raw.get("draft_vocab_size") or raw["vocab_size"], on)
+
+
+class _Eagle3Layer(LlamaDecoderLayer):
+    """The head's decoder layer: fed [embedding, hidden state] (2H), it attends over both
+    normalised and continues the hidden state's residual."""
+
+    def __init__(self, config: LlamaConfig, norm_before_residual: bool):
+        super().__init__(config, 0)
+        H, attn = config.hidden_size, self.self_attn
+        for name in ("q_proj", "k_proj", "v_proj"):
+            old = getattr(attn, name)
+            setattr(attn, name, torch.nn.Linear(2 * H, old.out_features, bias=old.bias is not None))
+        self.hidden_norm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
+        self.norm_before_residual = norm_before_residual
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None,
+                use_cache=False, position_embeddings=None, **kwargs):
+        embedded, hidden = hidden_states.chunk(2, -1)
+        normed = self.hidden_norm(hidden)
+        residual = normed if self.norm_before_residual else hidden
+        mixed = torch.cat([self.input_layernorm(embedded), normed], -1)
+        attended, _ = self.self_attn(hidden_states=mixed, attention_mask=attention_mask,
+                                     position_ids=position_ids, cache=cache, use_cache=use_cache,
+                                     position_embeddings=position_embeddings, **kwargs)
+        hidden = residual + attended
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class Eagle3Head(Head):
+    """A published EAGLE-3 head over `target`."""
+
+    made = weakref.WeakKeyDictionary()  # target -> {folder: its head}, loaded once
+
+    def __init__(self, target, raw: dict, weights: dict[str, torch.Tensor], where: str):
+        super().__init__()
+        text = target.config.get_text_config()
+        self.config = Eagle3Config.read(raw, text.num_hidden_layers, where)
+        self.heard = self.config.aux_layers  # the target's hidden_states it is fed
+        config = LlamaConfig(**{k: v for k, v in raw.items() if k != "architectures"})
+        config.num_hidden_layers, config.vocab_size = 1, text.vocab_size
+        H, Ht = config.hidden_size, getattr(config, "target_hidden_size", None) or text.hidden_size
+        if Ht != text.hidden_size:
+            raise SpecError(f"the EAGLE-3 head at {where} was made for a target of hidden size "
+                            f"{Ht}; this target's is {text.hidden_size}")
+        with torch.random.fork_rng():
+            body = LlamaModel(config)
+        body.embed_tokens = None  # fed embeddings (its own, else the target's)
+        body.layers[0] = _Eagle3Layer(config, "norm_before_residual" in self.config.variants)
+        self.norm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
+        # it feeds itself its output before the norm, unless norm_output
+        body.norm = self.norm if "norm_output" in self.config.variants else torch.nn.Identity()
+        self.body = body
+        n, fc_in = len(self.heard), len(self.heard) * Ht
+        self.fc = torch.nn.Linear(fc_in, H, bias=False)
+        self.input_norm = (LlamaRMSNorm(fc_in, eps=config.rms_norm_eps)
+                           if "norm_before_fc" in self.config.variants else None)
+        self.fc_norm = (torch.nn.ModuleList(LlamaRMSNorm(Ht, eps=config.rms_norm_eps)
+                                            for _ in range(n))
+                        if "fc_norm" in self.config.variants else None)
+        self.lm_head = torch.nn.Linear(H, self.config.draft_vocab, bias=False)
+        self.own_embedding = "embed_tokens.weight" in weights
+        if self.own_embedding:
+            self.embed_tokens = torch.nn.Embedding(text.vocab_size, H)
+        d2t = weights.pop("d2t", torch.zeros(self.config.draft_vocab, dtype=torch.long))
+        self.register_buffer("to_target", torch.arange(len(d2t)) + d2t.long())
+        if int(self.to_target.min()) < 0 or int(self.to_target.max()) >= text.vocab_size:
+            raise SpecError(f"the EAGLE-3 head at {where} maps its draft vocabulary outside the "
+                            f"target's {text.vocab_size} ids: is its d2t ids, not offsets?")
+        self._load(weights, where)
+        self._target = (target,)  # read, not owned
+
+    def _load(self, weights: dict[str, torch.Tensor], where: str) -> None:
+        weights.pop("t2d", None)  # the engines ignore it: d2t says it all
+        renamed = {(k.replace("midlayer.", "body.layers.0.") if k.startswith("midlayer.")
+                    else k.replace("layers.0.", "body.layers.0.") if k.startswith("layers.0.")
+                    else k): w for k, w in weights.items()}
+        try:
+            missing, unexpected = self.load_state_dict(renamed, strict=False)
+        except RuntimeError as e:
+            raise SpecError(f"the EAGLE-3 head at {where} does not fit its config: {e}") from None
+        # computed, not shipped: the body's rotary buffers, the vocabulary map (from d2t)
+        missing = [m for m in missing if "rotary" not in m and m != "to_target"]
+        if missing or unexpected:
+            raise SpecError(f"the EAGLE-3 head at {where} does not have the published layout: "
+                            f"missing {missing[:4]}, unexpected {unexpected[:4]}")
+
+    @classmethod
+    def of(cls, target, source: str | None) -> Eagle3Head:
+        """The head in folder `source` over `target`, loaded once."""
+        if not source:
+            raise SpecError("the eagle3 drafter drafts with a published EAGLE-3 head: give its "
+                            "folder (head)")
+        heads = cls.made.setdefault(target, {})
+        if source not in heads:
+            folder = _folder(source)
+            raw, weights = _read_folder(folder)
+            heads[source] = settle(cls(target, raw, weights, str(folder)), target)
+        return heads[source]
+
+    def from_target(self, features: torch.Tensor) -> torch.Tensor:
+        """(…, H) the hidden state the head drafts from, out of the target's aux states
+        concatenated (…, n·H)."""
+        if self.input_norm is not None:
+            features = self.input_norm(features)
+        if self.fc_norm is not None:
+            chunks = features.chunk(len(self.fc_norm), -1)
+            features = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], -1)
+        return self.fc(features)
+
+    def facts(self, written: list[int]) -> dict:
+        held = torch.zeros(self._target[0].config.get_text_config().vocab_size, dtype=torch.bool)
+        held[self.to_target.cpu()] = True
+        c = self.config
+        return {"aux_layers": list(c.aux_layers), "fell_back": c.fell_back,
+                "draft_vocab": c.draft_vocab, "vocab": len(held), "variants": list(c.variants),
+                "coverage": float(held[written].float().mean()) if written else None}
+
+    def inputs(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        embed = self.embed_tokens if self.own_embedding else self._target[0].get_input_embeddings()
+        return torch.cat([embed(tokens), features], -1)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Over the target's vocabulary: the draft vocabulary's at their target ids."""
+        normed = hidden if "norm_output" in self.config.variants else self.norm(hidden)
+        drafted = self.lm_head(normed)
+        full = drafted.new_full((*drafted.shape[:-1], self._target[0].config.get_text_config()
+                                 .vocab_size), torch.finfo(drafted.dtype).min)
+        full[..., self.to_target] = drafted
+        return full
+
+
+def _folder(source: str) -> Path:
+    """The head's folder: `source` on this machine, else a Hub id's download (its config and
+    safetensors only)."""
+    path = Path(source).expanduser()
+    if path.exists():
+        return path
+    try:
+        validate_repo_id(source)
+    except HFValidationError:
+        return path  # not a Hub id: _read_folder says nothing is there
+    try:
+        return Path(snapshot_download(source, allow_patterns=["config.json", "*.safetensors"]))
+    except Exception as e:  # offline, unknown, gated: the Hub's own words
+        raise SpecError(f"no EAGLE-3 head at {source!r} on this machine, and the Hub did not "
+                        f"give it: {e}") from None
+
+
+def _read_folder(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(its config, its weights) of a head's folder, or a SpecError that says what is wrong."""
+    if not (folder / "config.json").is_file():
+        raise SpecError(f"no EAGLE-3 head at {folder}: give the folder of its config.json and "
+                        "safetensors (download a Hub head with `hf download ID --local-dir DIR`)")
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise SpecError(f"the EAGLE-3 head's config.json at {folder} is unreadable: {e}") from None
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        pickled = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")]
+        raise SpecError(f"the EAGLE-3 head at {folder} ships no safetensors"
+                        + (f" ({', '.join(pickled)} are pickles, which specviz never loads: "
+                           "convert them to safetensors first)" if pickled else ""))
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        weights.update(load_file(f))
+    weights = {k.removeprefix("model."): w for k, w in weights.items()}
+    return copy.copy(raw), weights

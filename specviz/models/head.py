@@ -1,0 +1,48 @@
+"""What every draft head has (models/heads.py's, models/eagle3.py's published EAGLE-3): a shallow
+decoder `body` (a transformers decoder model fed embeddings, with its own cache), `inputs(tokens,
+features)` that mix each slot's token with the hidden state it is fed, `logits(hidden)` over the
+target's vocabulary, `heard` (the target's hidden states it is fed: indices into transformers'
+`hidden_states`) and `from_target(features)` (those states, as the head takes them)."""
+from __future__ import annotations
+
+import torch
+
+from specviz.models.architecture import in_float64, throughout_float64
+from specviz.models.invariant import is_invariant, make_invariant
+
+
+class Head(torch.nn.Module):
+    heard: tuple[int, ...] = (-1,)  # the target's last hidden state
+
+    def from_target(self, features: torch.Tensor) -> torch.Tensor:
+        return features
+
+    def facts(self, written: list[int]) -> dict | None:
+        """What a run should record of it, having written the token ids `written` (None: nothing
+        beyond the run's settings)."""
+        return None
+
+    def fresh(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """(T, H) the body's last hidden states over one whole sequence from scratch (no cache):
+        `tokens` (T,), each slot fed `features` (T, H) as from_target gives them."""
+        return self.body(inputs_embeds=self.inputs(tokens[None], features[None]), use_cache=False,
+                         position_ids=torch.arange(len(tokens),
+                                                   device=tokens.device)[None]).last_hidden_state[0]
+
+
+def heard_states(hidden_states: tuple[torch.Tensor, ...], heard: tuple[int, ...]) -> torch.Tensor:
+    """The target's hidden states a head hears, concatenated: (…, len(heard)·H)."""
+    return torch.cat([hidden_states[i] for i in heard], -1)
+
+
+def settle(head: torch.nn.Module, target) -> torch.nn.Module:
+    """`head` on the target's device and in its dtype, for inference; in float64 throughout where
+    the target is, batch-invariant where it is."""
+    head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+    if is_invariant(target):
+        make_invariant(head)
+    if target.dtype == torch.float64:  # as the target computes: no norm narrowed to float32
+        in_float64(head.body)
+        for part in head.children():
+            throughout_float64(part)
+    return head
