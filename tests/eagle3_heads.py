@@ -15,7 +15,8 @@ def write_eagle3_head(folder: Path, target, fit: list[list[int]], aux: list[int]
                       seed: int = 0, **config) -> Path:
     """A one-layer head over `target` (a transformers Llama whose last layer is damped) that
     drafts the target's choices on the token sequences `fit` (in sample), among their tokens and
-    the lowest ids (its draft vocabulary). It reads aux layer aux[0] alone through `fc`; its
+    the lowest ids (its draft vocabulary). `fc` reads its last aux layer alone (the engines
+    concatenate the aux states in layer order); its
     attention writes nothing (o_proj 0), and its MLP is fitted, by least squares, to step that
     layer's state from each slot to the next. Its norm and output rows are the target's.
     `aux` None: the config names no aux layers (the engines fall back to 2, L/2, L-3). More
@@ -23,20 +24,21 @@ def write_eagle3_head(folder: Path, target, fit: list[list[int]], aux: list[int]
     c = target.config
     H, heads, kv = c.hidden_size, c.num_attention_heads, c.num_key_value_heads
     head_dim, inter, eps = H // heads, 1024, c.rms_norm_eps
-    n, first = (len(aux), aux[0]) if aux else (3, 2)
+    layers = sorted(set(aux or [2, c.num_hidden_layers // 2, c.num_hidden_layers - 3]))
+    n, reads = len(layers), layers[-1]
     gen = torch.Generator().manual_seed(seed)
 
     def rand(*shape, scale=0.02):
         return torch.randn(*shape, generator=gen, dtype=torch.float64) * scale
 
     fc = torch.zeros(H, n * H)
-    fc[:, :H] = torch.eye(H)  # the first aux layer's state, as it is
+    fc[:, (n - 1) * H:] = torch.eye(H)  # the last aux layer's state, as it is
     gate, up = rand(inter, H, scale=H ** -0.5), rand(inter, H, scale=H ** -0.5)
     before, after = [], []
     with torch.no_grad():
         for ids in fit:
             out = target(input_ids=torch.tensor([ids]), output_hidden_states=True)
-            h = out.hidden_states[first][0].double()
+            h = out.hidden_states[reads][0].double()
             before.append(h[:-1])
             after.append(h[1:])
     h0, h1 = torch.cat(before), torch.cat(after)
@@ -97,7 +99,7 @@ def drafts_from_scratch(folder: Path, target, ids: list[int], k: int) -> list[in
          for k, v in load_file(folder / "model.safetensors").items()}
     assert not w["midlayer.self_attn.o_proj.weight"].any()
     L, eps = target.config.num_hidden_layers, raw["rms_norm_eps"]
-    aux = raw.get("eagle_aux_hidden_state_layer_ids") or [2, L // 2, L - 3]
+    aux = sorted(set(raw.get("eagle_aux_hidden_state_layer_ids") or [2, L // 2, L - 3]))
 
     def norm(x, weight):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight

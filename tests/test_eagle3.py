@@ -94,16 +94,16 @@ def test_every_rounds_drafts_are_the_heads_files_own_from_scratch(tiny, heads, m
     a = trace.acceptance  # the acceptance judge's own replay hears the same aux layers
     assert a.verdict is None and a.beyond == 0 and a.compared >= checked, a.explanation
     head = trace.manifest.head
-    assert (head.aux_layers, head.fell_back) == ([2, 1, 0], False)
+    assert (head.aux_layers, head.fell_back) == ([0, 1, 2], False)  # in layer order
     assert 0.5 < head.coverage < 1  # out of its sample, the target writes tokens it cannot draft
-    assert "aux layers 2, 1, 0 (named by its config)" in head.describe()
+    assert "aux layers 0, 1, 2 (named by its config)" in head.describe()
     assert md(head.describe()) in headline(trace)
 
 
 def test_a_config_naming_no_aux_layers_falls_back_as_the_engines_do_and_says_so(tiny, heads):
     trace = run(_spec(heads["default"], prompts=PROMPTS[:3]))
     head = trace.manifest.head
-    assert (head.aux_layers, head.fell_back) == ([2, 1, 0], True)  # 2, L/2, L-3 for 3 layers
+    assert (head.aux_layers, head.fell_back) == ([0, 1, 2], True)  # 2, L/2, L-3 for 3 layers
     assert "the engines' default: its config names none" in head.describe()
     assert metrics.equivalence(trace)["exact"] == 1
 
@@ -157,7 +157,7 @@ def test_what_a_head_cannot_be_is_refused_with_the_reason(tiny, heads, tmp_path)
             ("ids", lambda raw, w: w.update(d2t=w["d2t"] + torch.arange(len(w["d2t"]))),
              "outside the target's 49152 ids: is its d2t ids, not offsets"),
             ("far", lambda raw, w: raw.update(eagle_aux_hidden_state_layer_ids=[2, 1, 7]),
-             r"hears layers \[2, 1, 7\], but its target has 3"),
+             r"hears layers \[1, 2, 7\], but its target has 3"),
             ("deep", lambda raw, w: raw.update(num_hidden_layers=2), "has 2 layers")]:
         folder = tmp_path / name
         folder.mkdir()

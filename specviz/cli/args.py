@@ -212,7 +212,7 @@ def spec_of(args, **overrides) -> RunSpec:
     fields.update(overrides)
     options = {f: getattr(args, f) for f in DRAFTER_OPTIONS if getattr(args, f) is not None}
     for f in options:
-        if not set(reading(f)) & set(args.drafter):
+        if not set(reading(f)) & {*args.drafter, fields["drafter"]}:
             raise SpecError(f"--{f.replace('_', '-')} sets the {' or '.join(reading(f))} drafter; "
                             f"add --drafter {reading(f)[0]}")
     # the runs of other drafters in a sweep leave them out

@@ -11,6 +11,7 @@ from specviz.engines import openvino
 from specviz.engines.dialects import LlamaCpp, OpenAI
 from specviz.models.pairs import pair_for
 from specviz.run import launch
+from specviz.spec.drafters import DRAFTERS
 from specviz.spec.run import ENGINE
 from specviz.spec.strict import SpecError
 from specviz.spec.verdicts import verdict
@@ -31,10 +32,18 @@ def cmd_check(args) -> int:
         raise SpecError("stop strings are not sent to OpenVINO: it ends its ids at a stop string "
                         "its own way, not yet read (docs/engines.md); check a file of its outputs "
                         "made with them, --outputs FILE --stop")
+    published = bool(args.engine_drafter) and "head" in DRAFTERS[args.engine_drafter].options
+    if bool(args.head) != published:
+        raise SpecError(f"--engine-drafter {args.engine_drafter} drafts with a published head: "
+                        "give its folder, --head DIR" if published else
+                        "--head is the engine's published head: declare it with --engine-drafter "
+                        + " or ".join(n for n, d in DRAFTERS.items() if "head" in d.options))
     if args.control_openvino and not args.openvino:
         raise SpecError("--control-openvino is OpenVINO's run without speculation: give "
                         "--openvino MODE")
-    spec = spec_of(args, method=ENGINE, k=args.k)
+    # a published head the engine drafts with: the check's, from its files
+    spec = spec_of(args, method=ENGINE, k=args.k,
+                   **({"drafter": args.engine_drafter} if args.head else {}))
     pair = pair_for(spec, args.trust_remote_code, placement_of(args))
     if args.determinism and not (args.server or args.openvino):
         raise SpecError("--determinism asks the engine again: give it as --server URL or "

@@ -8,7 +8,8 @@ stops it and its child processes on exit. Modes:
 
 - none:  no speculation;
 - ngram: prompt-lookup speculation, n-grams of 2 to 4 tokens (or as asked), k tokens a draft;
-- draft: draft-model speculation with the embedded draft's folder, k tokens a draft.
+- draft: draft-model speculation with the embedded draft's folder, k tokens a draft;
+- eagle3 (HEAD_MODES): a published EAGLE-3 head's folder (models/eagle3.py), k tokens a draft.
 
 Greedy or sampled decoding is the request's business (temperature 0, or the
 check's temperature, top-p, top-k and a seed per request: see server.py).
@@ -30,6 +31,7 @@ from specviz.models.checkpoints import embedded_draft_dir, embedded_target_dir
 from specviz.spec.strict import SpecError
 
 MODES = ("none", "ngram", "draft")
+HEAD_MODES = ("eagle3",)  # modes that draft with a head's folder
 SERVED_MODEL = "smollm2"
 DEFAULT_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
 
@@ -52,7 +54,12 @@ def vllm_python() -> Path:
     return path
 
 
-def speculative_config(mode: str, k: int, ngram: tuple[int, int] = (2, 4)) -> dict | None:
+def speculative_config(mode: str, k: int, ngram: tuple[int, int] = (2, 4),
+                       head: Path | None = None) -> dict | None:
+    if mode in HEAD_MODES:
+        if head is None:
+            raise SpecError(f"vLLM's {mode} mode drafts with a head: give its folder")
+        return {"method": mode, "model": str(head), "num_speculative_tokens": k}
     if mode == "none":
         return None
     if mode == "ngram":
@@ -61,14 +68,14 @@ def speculative_config(mode: str, k: int, ngram: tuple[int, int] = (2, 4)) -> di
     if mode == "draft":
         return {"method": "draft_model", "model": str(embedded_draft_dir()),
                 "num_speculative_tokens": k}
-    raise SpecError(f"unknown vLLM mode {mode!r}; choose from {', '.join(MODES)}")
+    raise SpecError(f"unknown vLLM mode {mode!r}; choose from {', '.join(MODES + HEAD_MODES)}")
 
 
 @contextlib.contextmanager
 def vllm_server(mode: str, log: Path, k: int = 5, max_num_seqs: int = 8, threads: int = 2,
                 startup_timeout: float = 600.0, dtype: str = "float32",
                 extra_env: dict[str, str] | None = None, ngram: tuple[int, int] = (2, 4),
-                eager: bool = False) -> Iterator[VllmServer]:
+                eager: bool = False, head: Path | None = None) -> Iterator[VllmServer]:
     """Serve the embedded target with vLLM in `mode` until the block ends; its output goes to `log`.
     `ngram`: the shortest and longest n-gram the ngram mode matches. `eager`: vLLM's eager mode,
     without the graph compile that takes most of a start (76 s of it here, every time: vLLM 0.32
@@ -76,8 +83,9 @@ def vllm_server(mode: str, log: Path, k: int = 5, max_num_seqs: int = 8, threads
     differently: in bfloat16, 13 of 19 outputs differ from the compiled mode's.
 
     `threads`: the CPUs its workers are bound to (the first ones this process may use). `extra_env`:
-    more environment variables for the server (recorded in its launch, like the others)."""
-    spec = speculative_config(mode, k, ngram)
+    more environment variables for the server (recorded in its launch, like the others). `head`:
+    the head's folder, in a mode of HEAD_MODES."""
+    spec = speculative_config(mode, k, ngram, head)
     port = free_port()
     args = ["--model", str(embedded_target_dir()), "--served-model-name", SERVED_MODEL, "--dtype",
             dtype, "--max-model-len", "2048", "--max-num-seqs", str(max_num_seqs), "--seed", "0",

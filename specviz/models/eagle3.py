@@ -5,8 +5,8 @@ authors'), read from its own folder (config.json and safetensors) as vLLM 0.32 r
 - It hears several of the target's layers (its aux hidden states): the residual stream after each
   of `eagle_aux_hidden_state_layer_ids` decoder layers (transformers' `hidden_states[i]`), read
   from the config's top level or its `eagle_config`, else the engines' default (2, L/2, L-3) for a
-  target of L layers: the fallback vLLM PR #50170 found silent. `fc` maps them, concatenated, to
-  one hidden state, once per target slot.
+  target of L layers: the fallback vLLM PR #50170 found silent. `fc` maps them, concatenated in
+  layer order (vLLM sorts the ids), to one hidden state, once per target slot.
 - Its one decoder layer reads 2H: the token's embedding (`input_layernorm`) beside the hidden state
   (`hidden_norm`), whose residual it continues. It feeds itself its output before the final norm.
 - Its output head covers a draft vocabulary: draft id i is target id i + d2t[i] (offsets, not
@@ -61,7 +61,8 @@ class Eagle3Config:
                             "specviz reads one-layer heads, as published")
         named = raw.get("eagle_aux_hidden_state_layer_ids") or nested.get(
             "eagle_aux_hidden_state_layer_ids")
-        aux = tuple(named) if named else default_aux_layers(target_layers)
+        # the engines collect them as the target's layers pass, in order, once each
+        aux = tuple(sorted(set(named or default_aux_layers(target_layers))))
         if not all(0 <= i < target_layers for i in aux):
             raise SpecError(f"the EAGLE-3 head at {where} hears layers {list(aux)}, but its "
                             f"target has {target_layers} (ids 0 to {target_layers - 1})")
@@ -165,6 +166,24 @@ class Eagle3Head(Head):
             raw, weights = _read_folder(folder)
             heads[source] = settle(cls(target, raw, weights, str(folder)), target)
         return heads[source]
+
+    def mistaken(self) -> dict[str, Eagle3Head]:
+        """The field's ways of feeding this head wrongly, each as the head so fed: its aux states
+        one layer early (vLLM PR #43671) and, where its config names others, the engines' default
+        layers (vLLM PR #50170's silent fallback)."""
+        layers = self._target[0].config.get_text_config().num_hidden_layers
+        ways = {"its aux states one layer early (vLLM PR #43671)":
+                tuple(max(i - 1, 0) for i in self.heard)}
+        default = tuple(sorted(set(default_aux_layers(layers))))
+        if default != self.heard:
+            ways["the engines' default aux layers 2, L/2, L-3, as if its config named none "
+                 "(vLLM PR #50170)"] = default
+        out = {}
+        for name, heard in ways.items():
+            fed = copy.copy(self)  # the same weights, other layers heard
+            fed.heard = heard
+            out[name] = fed
+        return out
 
     def from_target(self, features: torch.Tensor) -> torch.Tensor:
         """(…, H) the hidden state the head drafts from, out of the target's aux states

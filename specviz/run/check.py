@@ -34,13 +34,14 @@ from specviz.engines import jsonl, python, server
 from specviz.engines.base import EngineRun
 from specviz.engines.jsonl import OutputLine
 from specviz.forensics import distribution, enginenoise, proof, repeats, rules
-from specviz.forensics.acceptance import judge_engine_acceptance
+from specviz.forensics.acceptance import head_drafts, judge_engine_acceptance, model_drafts
 from specviz.forensics.blackbox import force_outputs, judge_engine
 from specviz.forensics.rejections import (engine_rounds, judge_rejections,
                                          judge_sampled_rejections, run_rounds)
 from specviz.forensics.sampledrun import judge_sampled_run
 from specviz.forensics.scores import judge_scores
 from specviz.models.pairs import ModelPair
+from specviz.models.heads import head_for
 from specviz.run import attribution
 from specviz.run.checkpoint import Checkpoint
 from specviz.run.launch import (gather_from_ranks, is_main, my_share, on_main, rank,
@@ -207,10 +208,10 @@ def check(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], engine: E
     # its rounds, where it reports them: its decisions
     rounds = run_rounds(trace) if trace.rows else engine_rounds(trace)
     decided = judge_rejections(trace, rounds, model, pair.vocab_size, "the engine's")
-    drafter = DRAFTERS.get(engine.settings.get("drafter"))
-    # it says it drafts with the check's draft model: its counters
-    drafts = (judge_engine_acceptance(trace, pair.draft, pair.vocab_size, spec.k, decided)
-              if drafter and drafter.draft_model else None)
+    drafts_at = _drafter_replay(trace, spec, pair, engine.settings.get("drafter"))
+    # it says it drafts with the check's draft model, or head: its counters
+    drafts = (judge_engine_acceptance(trace, drafts_at[0], drafts_at[1], spec.k, decided,
+                                      drafts_at[2]) if drafts_at else None)
     Findings(run={"acceptance": drafts, "rejections": decided}).record(trace)
     if judging.attribute:
         replaying = attribution.Replaying(spec, pair, prompt_ids, engine.settings,
@@ -341,6 +342,21 @@ def check_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], e
         decided = judge_sampled_rejections(trace, engine_rounds(trace), pair, sampling_of(spec))
         Findings(run={"rejections": decided}).record(trace)
     return judge_sampled_run(trace).record(trace)
+
+
+def _drafter_replay(trace: Trace, spec: RunSpec, pair: ModelPair, drafter: str | None):
+    """(its own drafts on the engine's outputs, whose they are in words, the wrong ways of feeding
+    it replayed alike) for the drafter an engine declares: the check's draft model, or a published
+    head (None: another, or none declared)."""
+    kind = DRAFTERS.get(drafter)
+    if kind and kind.draft_model:
+        return model_drafts(trace, pair.draft, pair.vocab_size), "the draft model's", None
+    if kind and "head" in kind.options:  # a published head, from its files
+        head = head_for(kind.name, pair.target, spec.target, spec.head)
+        return (head_drafts(trace, pair.target, head, pair.vocab_size), f"{kind.noun}'s",
+                {name: head_drafts(trace, pair.target, fed, pair.vocab_size)
+                 for name, fed in head.mistaken().items()})
+    return None
 
 
 def sampled_summary(trace: Trace) -> dict:

@@ -298,6 +298,9 @@ class Acceptance(Strict):
     # position (`per_position`; else empty).
     counters: bool = False
     offered_fresh: int | None = None  # counters: the drafts those replayed rounds offer
+    # counters of a published head short beyond chance: the known ways of feeding it wrongly
+    # (forensics/acceptance.py) whose replays accept as the engine did; empty: none does
+    matches: Many[str] = []
 
 
 class Rejections(Strict):
