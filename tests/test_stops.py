@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specviz.cli import main as cli
-from specviz.forensics.acceptance import judge_engine_acceptance
+from specviz.forensics.acceptance import judge_engine_acceptance, model_drafts
 from specviz.models.checkpoints import embedded_target_dir
 from specviz.spec.run import EMBEDDED_TARGET
 from specviz.spec.verdicts import verdict
@@ -144,7 +144,8 @@ def test_a_servers_totals_over_the_run_judge_its_drafts_where_it_counts_none_per
         **{f"accepted_tokens_per_pos_{i}": sum(n > i for n in accepts) for i in range(K)}}
     for s in served.sequences:
         s.engine.drafts = s.engine.accepted = None
-    a = judge_engine_acceptance(served, model, embedded.vocab_size, K)
+    a = judge_engine_acceptance(served, model_drafts(served, model, embedded.vocab_size),
+                                "the draft model's", K)
     assert a.counters and a.verdict == expected and "/metrics" in a.explanation, a.explanation
     per_request = trace.acceptance
     assert (a.compared, a.accepted, a.accepted_fresh, a.offered_fresh) == (
