@@ -168,3 +168,19 @@ def test_what_a_head_cannot_be_is_refused_with_the_reason(tiny, heads, tmp_path)
         save_file(weights, folder / "model.safetensors")
         with pytest.raises(SpecError, match=refusal):
             run(_spec(folder, prompts=PROMPTS[:1]))
+
+
+def test_the_page_and_its_share_link_carry_the_head(heads):
+    from specviz.app import form
+    from specviz.app import runview as ui
+    from specviz.trace import share
+
+    spec = form.spec_from_controls(drafter="eagle3", head=f"  {heads['named']} ")
+    assert (spec.drafter, spec.head) == ("eagle3", str(heads["named"]))
+    opened = ui.open_link(share.encode_link(share.Link(spec)))
+    values = {n: opened[n] for n in form.DEFAULTS}
+    assert values["head"] == str(heads["named"]) and form.spec_from_controls(**values) == spec
+    # another drafter leaves the (hidden) box unread
+    assert form.spec_from_controls(drafter="model", head="ignored").head is None
+    with pytest.raises(SpecError, match="give its folder"):
+        form.spec_from_controls(drafter="eagle3")
