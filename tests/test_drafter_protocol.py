@@ -8,7 +8,7 @@ from pathlib import Path
 import mtp_checkpoints
 import pytest
 import torch
-from eagle3_heads import write_eagle3_head
+from published_heads import write_eagle3_head
 
 import specviz
 from specviz.decoding.batch import left_pad

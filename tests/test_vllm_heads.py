@@ -1,16 +1,17 @@
-"""vLLM speculating with a published EAGLE-3 head, judged from outside (`check --engine-drafter
-eagle3 --head DIR`): one head over the embedded target, written in the published layout by
-tests/eagle3_heads.py and served to vLLM as it is, and as the field's bugs would feed it (its aux
-states one layer early, vLLM PR #43671; the engines' default layers, as if its config named none,
-vLLM PR #50170). Its outputs are judged against vLLM's own run without speculation; its
-acceptance, per draft position from /metrics, against the head's own proposals replayed by
-specviz on the engine's committed tokens. Each server starts once, here."""
+"""vLLM speculating with published heads, judged from outside (`check --engine-drafter eagle3
+--head DIR`): an EAGLE-3 head over the embedded target, written in the published layout by
+tests/published_heads.py and served to vLLM as it is, and as the field's bugs would feed it (its
+aux states one layer early, vLLM PR #43671; the engines' default layers, as if its config named
+none, vLLM PR #50170); and an EAGLE-1 head, in vLLM's `eagle` mode. Their outputs are judged
+against vLLM's own run without speculation; their acceptance, per draft position from /metrics,
+against the head's own proposals replayed by specviz on the engine's committed tokens. Each
+server starts once, here."""
 import json
 import shutil
 
 import pytest
 from conftest import ENGINE_THREADS
-from eagle3_heads import write_eagle3_head
+from published_heads import write_eagle1_head, write_eagle3_head
 
 from specviz.decoding.reference import reference
 from specviz.engines.vllm import vllm_server
@@ -45,22 +46,25 @@ def runs(embedded, tmp_path_factory):
     fit = [p + o.ids for p, o in zip(ids, reference(embedded, ids, NEW).outputs)]
     head = write_eagle3_head(root / "head", embedded.target, fit, AUX)
     served = {
+        "eagle1": write_eagle1_head(root / "eagle1", embedded.target, fit),
         "right": head,
         "early": _served_as(head, root / "early", lambda raw: raw.update(
             eagle_aux_hidden_state_layer_ids=[i - 1 for i in AUX])),
         "fallback": _served_as(head, root / "fallback", lambda raw: raw.pop(
             "eagle_aux_hidden_state_layer_ids"))}
-    spec = RunSpec.build(prompts=PROMPTS, method=ENGINE, k=K, max_new_tokens=NEW,
-                         drafter="eagle3", head=str(head))
     traces = {}
     with vllm_server("none", root / "control.log", eager=True,
                      threads=ENGINE_THREADS) as control:
         for name, folder in served.items():
-            with vllm_server("eagle3", root / f"{name}.log", k=K, eager=True,
-                             threads=ENGINE_THREADS, head=folder) as server:
+            # the EAGLE-1 head is judged by itself; the others by the head as it was written
+            drafter, judged = ("eagle1", folder) if name == "eagle1" else ("eagle3", head)
+            spec = RunSpec.build(prompts=PROMPTS, method=ENGINE, k=K, max_new_tokens=NEW,
+                                 drafter=drafter, head=str(judged))
+            with vllm_server("eagle" if name == "eagle1" else "eagle3", root / f"{name}.log",
+                             k=K, eager=True, threads=ENGINE_THREADS, head=folder) as server:
                 traces[name] = check.from_servers(
                     spec, embedded, (server.url, server.served_model),
-                    (control.url, control.served_model), 8, 300.0, drafter="eagle3")
+                    (control.url, control.served_model), 8, 300.0, drafter=drafter)
                 # what was measured, for docs/engines.md (pytest -s)
                 print(f"{name}: {traces[name].acceptance.explanation}")
     return traces
@@ -75,17 +79,21 @@ def test_vllm_with_a_published_head_is_lossless_against_its_own_control(runs):
     assert metrics.equivalence(runs["right"])["exact"] == 1
 
 
-def test_vllms_acceptance_per_position_is_the_heads_own_replayed(runs):
+@pytest.mark.parametrize("served", ["right", "eagle1"])
+def test_vllms_acceptance_per_position_is_the_heads_own_replayed(runs, served):
     """Evidence from a loader not ours: vLLM's reading of the files drafts as specviz's does,
     position by position, on the same committed tokens."""
-    a = runs["right"].acceptance
+    a = runs[served].acceptance
     assert a.counters and a.verdict is None, a.explanation
     assert a.accepted > 0.2 * a.compared, a.explanation  # a head worth its name, in sample
     assert len(a.per_position) == K
     for engine, replay in zip(a.per_position, a.per_position_fresh):
         assert abs(engine - replay) <= 0.1, a.explanation
+
+
+def test_the_check_records_which_layers_the_eagle3_head_heard(runs):
     head = runs["right"].manifest.head
-    assert (head.aux_layers, head.fell_back) == (AUX, False)
+    assert (head.aux_layers, head.fell_back, head.coverage) == (AUX, False, 1.0)
 
 
 @pytest.mark.parametrize(("served", "named"), [("early", EARLY), ("fallback", DEFAULT)])

@@ -56,7 +56,7 @@ def run_controls_of(settings: Settings) -> dict:
                                     info="candidates per position, verified as one token tree "
                                          "(1: a chain)",
                                     visible="tree_width" in options, elem_id="sv-tree-width")
-        c["head"] = gr.Textbox(DEFAULTS["head"], label="EAGLE-3 head folder",
+        c["head"] = gr.Textbox(DEFAULTS["head"], label="published head's folder",
                                info="its config.json and safetensors, as published",
                                visible="head" in options, elem_id="sv-head")
     with_faults = " and ".join(n for n, m in METHODS.items() if m.faults)

@@ -102,7 +102,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="lookup: the longest n-gram matched, tried first "
                         f"(default {default_of('ngram_max')})")
     g.add_argument("--head", metavar="FOLDER",
-                   help="eagle3: the published EAGLE-3 head's folder (its config.json and "
+                   help="eagle1, eagle3: the published head's folder (its config.json and "
                         "safetensors)")
     g.add_argument("--tree-width", type=int,
                    help="candidates per position, verified as one token tree (eqspec and exspec; "

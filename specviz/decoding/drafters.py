@@ -219,6 +219,15 @@ class EagleDrafter(HeadDrafter):
         raise SpecError("transformers' assisted generation runs no EAGLE-style head of specviz's")
 
 
+class Eagle1Drafter(HeadDrafter):
+    """Drafts with a published EAGLE-1 head (models/eagle1.py), from its folder."""
+
+    kind = DRAFTERS["eagle1"]
+
+    def assisted(self, k: int) -> dict:
+        raise SpecError("transformers' assisted generation runs no EAGLE-1 head")
+
+
 class Eagle3Drafter(HeadDrafter):
     """Drafts with a published EAGLE-3 head (models/eagle3.py), from its folder."""
 
@@ -355,5 +364,5 @@ class PromptLookup:
 
 
 # one for every declared drafter (a test holds it)
-BUILT = {d.kind.name: d for d in (ModelDrafter, PromptLookup, EagleDrafter, Eagle3Drafter,
-                                  MtpDrafter)}
+BUILT = {d.kind.name: d for d in (ModelDrafter, PromptLookup, EagleDrafter, Eagle1Drafter,
+                                  Eagle3Drafter, MtpDrafter)}

@@ -9,7 +9,8 @@ stops it and its child processes on exit. Modes:
 - none:  no speculation;
 - ngram: prompt-lookup speculation, n-grams of 2 to 4 tokens (or as asked), k tokens a draft;
 - draft: draft-model speculation with the embedded draft's folder, k tokens a draft;
-- eagle3 (HEAD_MODES): a published EAGLE-3 head's folder (models/eagle3.py), k tokens a draft.
+- eagle, eagle3 (HEAD_MODES): a published EAGLE-1 or EAGLE-3 head's folder (models/eagle1.py,
+  eagle3.py), k tokens a draft.
 
 Greedy or sampled decoding is the request's business (temperature 0, or the
 check's temperature, top-p, top-k and a seed per request: see server.py).
@@ -31,7 +32,7 @@ from specviz.models.checkpoints import embedded_draft_dir, embedded_target_dir
 from specviz.spec.strict import SpecError
 
 MODES = ("none", "ngram", "draft")
-HEAD_MODES = ("eagle3",)  # modes that draft with a head's folder
+HEAD_MODES = ("eagle", "eagle3")  # modes that draft with a published head's folder
 SERVED_MODEL = "smollm2"
 DEFAULT_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
 

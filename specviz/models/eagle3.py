@@ -17,21 +17,16 @@ authors'), read from its own folder (config.json and safetensors) as vLLM 0.32 r
 from __future__ import annotations
 
 import copy
-import json
 import weakref
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
-from huggingface_hub import snapshot_download
-from huggingface_hub.errors import HFValidationError
-from huggingface_hub.utils import validate_repo_id
-from safetensors.torch import load_file
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaModel,
                                                       LlamaRMSNorm)
 
 from specviz.models.head import Head, settle
+from specviz.models.headfiles import head_files, load_weights
 from specviz.spec.strict import SpecError
 
 VARIANTS = ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")
@@ -144,15 +139,8 @@ class Eagle3Head(Head):
         renamed = {(k.replace("midlayer.", "body.layers.0.") if k.startswith("midlayer.")
                     else k.replace("layers.0.", "body.layers.0.") if k.startswith("layers.0.")
                     else k): w for k, w in weights.items()}
-        try:
-            missing, unexpected = self.load_state_dict(renamed, strict=False)
-        except RuntimeError as e:
-            raise SpecError(f"the EAGLE-3 head at {where} does not fit its config: {e}") from None
-        # computed, not shipped: the body's rotary buffers, the vocabulary map (from d2t)
-        missing = [m for m in missing if "rotary" not in m and m != "to_target"]
-        if missing or unexpected:
-            raise SpecError(f"the EAGLE-3 head at {where} does not have the published layout: "
-                            f"missing {missing[:4]}, unexpected {unexpected[:4]}")
+        # computed, not shipped: the vocabulary map (from d2t)
+        load_weights(self, renamed, f"the EAGLE-3 head at {where}", computed=("to_target",))
 
     @classmethod
     def of(cls, target, source: str | None) -> Eagle3Head:
@@ -162,8 +150,7 @@ class Eagle3Head(Head):
                             "folder (head)")
         heads = cls.made.setdefault(target, {})
         if source not in heads:
-            folder = _folder(source)
-            raw, weights = _read_folder(folder)
+            folder, raw, weights = head_files(source, "EAGLE-3")
             heads[source] = settle(cls(target, raw, weights, str(folder)), target)
         return heads[source]
 
@@ -215,42 +202,3 @@ class Eagle3Head(Head):
                                  .vocab_size), torch.finfo(drafted.dtype).min)
         full[..., self.to_target] = drafted
         return full
-
-
-def _folder(source: str) -> Path:
-    """The head's folder: `source` on this machine, else a Hub id's download (its config and
-    safetensors only)."""
-    path = Path(source).expanduser()
-    if path.exists():
-        return path
-    try:
-        validate_repo_id(source)
-    except HFValidationError:
-        return path  # not a Hub id: _read_folder says nothing is there
-    try:
-        return Path(snapshot_download(source, allow_patterns=["config.json", "*.safetensors"]))
-    except Exception as e:  # offline, unknown, gated: the Hub's own words
-        raise SpecError(f"no EAGLE-3 head at {source!r} on this machine, and the Hub did not "
-                        f"give it: {e}") from None
-
-
-def _read_folder(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(its config, its weights) of a head's folder, or a SpecError that says what is wrong."""
-    if not (folder / "config.json").is_file():
-        raise SpecError(f"no EAGLE-3 head at {folder}: give the folder of its config.json and "
-                        "safetensors (download a Hub head with `hf download ID --local-dir DIR`)")
-    try:
-        raw = json.loads((folder / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise SpecError(f"the EAGLE-3 head's config.json at {folder} is unreadable: {e}") from None
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        pickled = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")]
-        raise SpecError(f"the EAGLE-3 head at {folder} ships no safetensors"
-                        + (f" ({', '.join(pickled)} are pickles, which specviz never loads: "
-                           "convert them to safetensors first)" if pickled else ""))
-    weights: dict[str, torch.Tensor] = {}
-    for f in files:
-        weights.update(load_file(f))
-    weights = {k.removeprefix("model."): w for k, w in weights.items()}
-    return copy.copy(raw), weights

@@ -17,6 +17,10 @@ class Head(torch.nn.Module):
     def from_target(self, features: torch.Tensor) -> torch.Tensor:
         return features
 
+    def mistaken(self) -> dict[str, Head]:
+        """The field's known ways of feeding it wrongly, each as the head so fed (none known)."""
+        return {}
+
     def facts(self, written: list[int]) -> dict | None:
         """What a run should record of it, having written the token ids `written` (None: nothing
         beyond the run's settings)."""

@@ -35,6 +35,7 @@ from transformers.modeling_layers import MtpModel
 
 from specviz.models.architecture import attention_layers_only, is_recurrent
 from specviz.models.checkpoints import cache_dir
+from specviz.models.eagle1 import Eagle1Head
 from specviz.models.eagle3 import Eagle3Head
 from specviz.models.head import Head, settle
 from specviz.spec.drafters import DRAFTERS
@@ -195,6 +196,7 @@ class MtpHead(Head):
 # drafter (spec/drafters.py) -> its head over (target, the target's id, a published head's folder)
 HEADS = {"eagle": lambda target, name, _: EagleHead.of(target, name),
          "mtp": lambda target, name, _: MtpHead.of(target, name),
+         "eagle1": lambda target, _, folder: Eagle1Head.of(target, folder),
          "eagle3": lambda target, _, folder: Eagle3Head.of(target, folder)}
 
 

@@ -118,7 +118,7 @@ class Settings:
                                       ("draft", spec.draft, spec.draft_revision)):
             self._check_model(role, model, revision)
         if spec.head:  # a model's files too, loaded on this server
-            self._check_model("EAGLE-3 head", spec.head, None)
+            self._check_model("published head", spec.head, None)
         built_in = spec.target in BUILT_IN and spec.draft in BUILT_IN
         if not built_in and WIDTH[spec.dtype] > WIDTH[self.max_dtype]:
             raise SpecError(f"dtype {spec.dtype} is wider than this server's limit of "

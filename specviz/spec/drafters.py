@@ -57,6 +57,10 @@ class DrafterKind:
         return self.passes_per_draft * k
 
 
+def _from_folder(spec) -> str:
+    return f"from {spec.head}"
+
+
 def _no_hidden_state_yet(spec) -> str:
     return ("had no hidden state of the target to draft from yet: the target's first pass over a "
             "batch computes them")
@@ -87,6 +91,15 @@ DRAFTERS: dict[str, DrafterKind] = {d.name: d for d in (
         draft_model=False, cache=True, passes_per_draft=1, options=("tree_width",),
         hears=("hidden",), in_transformers=False, empty=_no_hidden_state_yet),
     DrafterKind(
+        "eagle1",
+        "a published EAGLE-1 head, from its folder (the layout vLLM loads for its eagle method): "
+        "decoder layers over the target's last hidden state mixed with the next token's "
+        "embedding, read by the target's output head, one pass per draft",
+        "an EAGLE-1 head",
+        draft_model=False, cache=True, passes_per_draft=1, options=("head", "tree_width"),
+        setting=_from_folder, hears=("hidden",), in_transformers=False,
+        empty=_no_hidden_state_yet),
+    DrafterKind(
         "eagle3",
         "a published EAGLE-3 head, from its folder (the layout vLLM and SGLang load): one layer "
         "over several of the target's layers' hidden states (its config's aux layers, else the "
@@ -94,7 +107,7 @@ DRAFTERS: dict[str, DrafterKind] = {d.name: d for d in (
         "its own draft vocabulary (d2t)",
         "an EAGLE-3 head",
         draft_model=False, cache=True, passes_per_draft=1, options=("head", "tree_width"),
-        setting=lambda spec: f"from {spec.head}",
+        setting=_from_folder,
         hears=("hidden",), in_transformers=False, empty=_no_hidden_state_yet),
     DrafterKind(
         "mtp",

@@ -86,7 +86,7 @@ class RunSpec(Strict):
     drafter: Literal[tuple(DRAFTERS)] = DEFAULT_DRAFTER
     ngram_min: int = Field(1, ge=1, le=MAX_NGRAM)  # prompt lookup: the shortest n-gram matched
     ngram_max: int = Field(3, ge=1, le=MAX_NGRAM)  # and the longest (tried first)
-    # the eagle3 drafter's head: the folder of its config.json and safetensors
+    # a published head (eagle1, eagle3 drafters): the folder of its config.json and safetensors
     head: str | None = Field(None, min_length=1, max_length=MAX_HEAD_PATH)
     # candidates per position (decoding/trees.py); 1: a chain
     tree_width: int = Field(1, ge=1, le=MAX_TREE_WIDTH)

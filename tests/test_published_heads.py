@@ -1,18 +1,19 @@
-"""A published EAGLE-3 head as the drafter (models/eagle3.py, the `eagle3` drafter): heads written
-in the layout vLLM and SGLang load by tests/eagle3_heads.py, whose code shares nothing with
-specviz's loader. Every output is the batch-size-1 reference's; every round's drafts are the ones
-the head's files give from scratch; the aux layers it heard, and whether its config named them, are
-recorded; what the engines would refuse, or read wrongly, is refused with the reason."""
+"""Published EAGLE-3 and EAGLE-1 heads as drafters (models/eagle3.py and eagle1.py, the `eagle3`
+and `eagle1` drafters): heads written in the layouts vLLM and SGLang load by
+tests/published_heads.py, whose code shares nothing with specviz's loader. Every output is the
+batch-size-1 reference's; every round's drafts are the ones the head's files give from scratch;
+the aux layers an EAGLE-3 head heard, and whether its config named them, are recorded; what the
+engines would refuse, or read wrongly, is refused with the reason."""
 import json
 
 import pytest
 import torch
-from eagle3_heads import drafts_from_scratch, write_eagle3_head
+from published_heads import drafts_from_scratch, write_eagle1_head, write_eagle3_head
 from safetensors.torch import load_file, save_file
 
 from specviz.app.summary import headline
 from specviz.app.views import md
-from specviz.decoding.drafters import Eagle3Drafter
+from specviz.decoding.drafters import Eagle1Drafter, Eagle3Drafter
 from specviz.decoding.eqspec import eqspec
 from specviz.decoding.exspec import exspec
 from specviz.decoding.reference import reference
@@ -43,23 +44,27 @@ def heads(tiny, tmp_path_factory):
     return {"named": write_eagle3_head(root / "named", tiny.target, fit, [2, 1, 0]),
             "default": write_eagle3_head(root / "default", tiny.target, fit, None),
             "norm-before-fc": write_eagle3_head(root / "nbfc", tiny.target, fit, [2, 1, 0],
-                                                norm_before_fc=True)}
+                                                norm_before_fc=True),
+            "eagle1": write_eagle1_head(root / "eagle1", tiny.target, fit)}
 
 
-def _spec(folder, **kw) -> RunSpec:
+def _spec(folder, drafter="eagle3", **kw) -> RunSpec:
     fields = dict(target=TINY_TARGET, draft=TINY_DRAFT, prompts=PROMPTS[:6], method="eqspec",
-                  drafter="eagle3", head=str(folder), batch_size=3, k=K, max_new_tokens=NEW,
+                  drafter=drafter, head=str(folder), batch_size=3, k=K, max_new_tokens=NEW,
                   dtype="float64", device="cpu") | kw
     return RunSpec.build(**fields)
 
 
 @pytest.mark.parametrize("width", [1, 2])
 @pytest.mark.parametrize("decoder", [eqspec, exspec])
-def test_a_published_head_drafts_to_the_reference_exactly(tiny, heads, decoder, width):
+@pytest.mark.parametrize(("drafter", "head"), [(Eagle3Drafter, "named"),
+                                               (Eagle1Drafter, "eagle1")])
+def test_a_published_head_drafts_to_the_reference_exactly(tiny, heads, drafter, head, decoder,
+                                                          width):
     prompts = tiny.encode(PROMPTS)
     kw = dict(window=6, max_wait=4) if decoder is exspec else {}
-    out = decoder(tiny, prompts, 3, K, NEW, drafter=Eagle3Drafter(tiny, K, width,
-                                                                   str(heads["named"])), **kw)
+    out = decoder(tiny, prompts, 3, K, NEW, drafter=drafter(tiny, K, width, str(heads[head])),
+                  **kw)
     assert [o.ids for o in out.outputs] == [o.ids for o in reference(tiny, prompts, NEW).outputs]
     accepted = torch.cat([r.ints["accepted"] for r in out.rounds])
     # ragged: rows took every draft, some, and none, so every way of re-feeding the head ran
@@ -75,9 +80,11 @@ def test_a_published_head_in_float32_decodes_to_the_float32_reference(heads):
     assert sum(int(r.ints["accepted"].sum()) for r in out.rounds) > 0
 
 
-@pytest.mark.parametrize("method", ["eqspec", "exspec"])
-def test_every_rounds_drafts_are_the_heads_files_own_from_scratch(tiny, heads, method):
-    spec = _spec(heads["named"], method=method)
+@pytest.mark.parametrize(("drafter", "head", "method"), [
+    ("eagle3", "named", "eqspec"), ("eagle3", "named", "exspec"), ("eagle1", "eagle1", "eqspec")])
+def test_every_rounds_drafts_are_the_heads_files_own_from_scratch(tiny, heads, drafter, head,
+                                                                   method):
+    spec = _spec(heads[head], drafter, method=method)
     trace = run(spec)
     prompt_ids, checked = tiny.encode(spec.prompts), 0
     for seq in trace.sequences:
@@ -85,7 +92,7 @@ def test_every_rounds_drafts_are_the_heads_files_own_from_scratch(tiny, heads, m
         for r in sorted((r for r in trace.rows if r.seq == seq.seq), key=lambda r: r.round):
             if r.draft_tokens:
                 ids = prompt_ids[seq.seq] + seq.output_ids[:have]
-                fresh = drafts_from_scratch(heads["named"], tiny.target, ids, len(r.draft_tokens))
+                fresh = drafts_from_scratch(heads[head], tiny.target, ids, len(r.draft_tokens))
                 assert r.draft_tokens == fresh, (seq.seq, r.round)
                 checked += 1
             have += len(r.emitted)
@@ -93,11 +100,14 @@ def test_every_rounds_drafts_are_the_heads_files_own_from_scratch(tiny, heads, m
     assert metrics.equivalence(trace)["exact"] == 1
     a = trace.acceptance  # the acceptance judge's own replay hears the same aux layers
     assert a.verdict is None and a.beyond == 0 and a.compared >= checked, a.explanation
-    head = trace.manifest.head
-    assert (head.aux_layers, head.fell_back) == ([0, 1, 2], False)  # in layer order
-    assert 0.5 < head.coverage < 1  # out of its sample, the target writes tokens it cannot draft
-    assert "aux layers 0, 1, 2 (named by its config)" in head.describe()
-    assert md(head.describe()) in headline(trace)
+    facts = trace.manifest.head
+    if drafter == "eagle1":  # it hears the target's last state: nothing to say beyond the run's
+        assert facts is None
+        return
+    assert (facts.aux_layers, facts.fell_back) == ([0, 1, 2], False)  # in layer order
+    assert 0.5 < facts.coverage < 1  # out of its sample, the target writes tokens it cannot draft
+    assert "aux layers 0, 1, 2 (named by its config)" in facts.describe()
+    assert md(facts.describe()) in headline(trace)
 
 
 def test_a_config_naming_no_aux_layers_falls_back_as_the_engines_do_and_says_so(tiny, heads):
@@ -144,7 +154,7 @@ def test_what_a_head_cannot_be_is_refused_with_the_reason(tiny, heads, tmp_path)
         run(_spec(tmp_path / "nowhere", prompts=PROMPTS[:1]))
     # a page loads a head's files as it loads a model's: never a local path when public
     public = Settings.from_env({"SPECVIZ_PUBLIC": "1", "SPECVIZ_ALLOWED_MODELS": "*"})
-    with pytest.raises(SpecError, match="EAGLE-3 head model .* is a local path; this server is "
+    with pytest.raises(SpecError, match="published head model .* is a local path; this server is "
                                         "public"):
         public.check(_spec(heads["named"]))
     pickled = tmp_path / "pickled"

@@ -1,0 +1,68 @@
+"""An EAGLE-1 head as published: the layout vLLM loads for its `eagle` method, read from its own
+folder as vLLM 0.32 reads it (model_executor/models/llama_eagle.py).
+
+It hears the target's last hidden state (after its final norm, as the target returns it). `fc`
+(2H to H, no bias) mixes the token's embedding with it; its decoder layers follow, the first
+without an input norm, and neither a final norm nor an output head: the target's output head
+reads the last layer's output directly, which the head also feeds itself for the next draft. A
+head without `embed_tokens` shares the target's embedding.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaModel
+
+from specviz.models.head import Head, settle
+from specviz.models.headfiles import head_files, load_weights
+from specviz.spec.strict import SpecError
+
+
+class Eagle1Head(Head):
+    """A published EAGLE-1 head over `target`."""
+
+    made = weakref.WeakKeyDictionary()  # target -> {folder: its head}, loaded once
+
+    def __init__(self, target, raw: dict, weights: dict[str, torch.Tensor], where: str):
+        super().__init__()
+        text = target.config.get_text_config()
+        config = LlamaConfig(**{k: v for k, v in raw.items() if k != "architectures"})
+        config.vocab_size = text.vocab_size
+        if config.hidden_size != text.hidden_size:
+            raise SpecError(f"the EAGLE-1 head at {where} is {config.hidden_size} wide; its "
+                            f"target's hidden state is {text.hidden_size}")
+        H = config.hidden_size
+        with torch.random.fork_rng():
+            body = LlamaModel(config)
+        body.embed_tokens = None  # fed embeddings (its own, else the target's)
+        body.layers[0].input_layernorm = torch.nn.Identity()
+        body.norm = torch.nn.Identity()
+        self.body = body
+        self.fc = torch.nn.Linear(2 * H, H, bias=False)
+        self.own_embedding = "embed_tokens.weight" in weights
+        if self.own_embedding:
+            self.embed_tokens = torch.nn.Embedding(text.vocab_size, H)
+        load_weights(self, {(f"body.{k}" if k.startswith("layers.") else k): w
+                            for k, w in weights.items()}, f"the EAGLE-1 head at {where}")
+        self._target = (target,)  # read, not owned
+
+    @classmethod
+    def of(cls, target, source: str | None) -> Eagle1Head:
+        """The head in folder `source` over `target`, loaded once."""
+        if not source:
+            raise SpecError("the eagle1 drafter drafts with a published EAGLE-1 head: give its "
+                            "folder (head)")
+        heads = cls.made.setdefault(target, {})
+        if source not in heads:
+            folder, raw, weights = head_files(source, "EAGLE-1")
+            heads[source] = settle(cls(target, raw, weights, str(folder)), target)
+        return heads[source]
+
+    def inputs(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        embed = self.embed_tokens if self.own_embedding else self._target[0].get_input_embeddings()
+        return self.fc(torch.cat([embed(tokens), features], -1))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._target[0].get_output_embeddings()(hidden)
