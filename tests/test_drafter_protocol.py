@@ -8,7 +8,7 @@ from pathlib import Path
 import mtp_checkpoints
 import pytest
 import torch
-from published_heads import write_eagle3_head
+from published_heads import write_eagle1_head, write_eagle3_head
 
 import specviz
 from specviz.decoding.batch import left_pad
@@ -31,12 +31,14 @@ def test_every_declared_drafter_is_built_and_keeps_the_state_it_declares(tiny, t
     tokens, valid = left_pad([[5, 6, 7], [8, 9]], torch.device("cpu"))
     with_mtp = load_pair(*[mtp_checkpoints.save(tmp_path, "mellum")] * 2, dtype="float64",
                          device="cpu")
-    # the tiny target's tokens are its fit: a head drafts something
-    head = write_eagle3_head(tmp_path / "eagle3", tiny.target, [list(range(5, 30))], None)
+    # published heads, fitted on a few of the tiny target's tokens
+    fit = [list(range(5, 30))]
+    heads = {"eagle1": write_eagle1_head(tmp_path / "eagle1", tiny.target, fit),
+             "eagle3": write_eagle3_head(tmp_path / "eagle3", tiny.target, fit, None)}
     for name, cls in BUILT.items():
         assert cls.kind is DRAFTERS[name]
         spec = RunSpec.build(prompts=("a",), drafter=name, **(
-            {"head": str(head)} if "head" in DRAFTERS[name].options else {}))
+            {"head": str(heads[name])} if "head" in DRAFTERS[name].options else {}))
         pair = with_mtp if name == "mtp" else tiny  # the tiny pair ships no MTP layer
         b = lay_out(pair, Policy(()), cls.of(spec, pair), [0, 1], tokens, valid)
         assert (b.draft.cache is not None) == DRAFTERS[name].cache
