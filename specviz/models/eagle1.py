@@ -9,21 +9,20 @@ head without `embed_tokens` shares the target's embedding.
 """
 from __future__ import annotations
 
-import weakref
 
 import torch
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaModel
 
-from specviz.models.head import Head, settle
-from specviz.models.headfiles import head_files, load_weights
+from specviz.models.head import PublishedHead
+from specviz.models.headfiles import load_weights
 from specviz.spec.strict import SpecError
 
 
-class Eagle1Head(Head):
+class Eagle1Head(PublishedHead):
     """A published EAGLE-1 head over `target`."""
 
-    made = weakref.WeakKeyDictionary()  # target -> {folder: its head}, loaded once
+    layout, drafter = "EAGLE-1", "eagle1"
 
     def __init__(self, target, raw: dict, weights: dict[str, torch.Tensor], where: str):
         super().__init__()
@@ -47,18 +46,6 @@ class Eagle1Head(Head):
         load_weights(self, {(f"body.{k}" if k.startswith("layers.") else k): w
                             for k, w in weights.items()}, f"the EAGLE-1 head at {where}")
         self._target = (target,)  # read, not owned
-
-    @classmethod
-    def of(cls, target, source: str | None) -> Eagle1Head:
-        """The head in folder `source` over `target`, loaded once."""
-        if not source:
-            raise SpecError("the eagle1 drafter drafts with a published EAGLE-1 head: give its "
-                            "folder (head)")
-        heads = cls.made.setdefault(target, {})
-        if source not in heads:
-            folder, raw, weights = head_files(source, "EAGLE-1")
-            heads[source] = settle(cls(target, raw, weights, str(folder)), target)
-        return heads[source]
 
     def inputs(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         embed = self.embed_tokens if self.own_embedding else self._target[0].get_input_embeddings()

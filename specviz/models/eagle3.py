@@ -17,7 +17,6 @@ authors'), read from its own folder (config.json and safetensors) as vLLM 0.32 r
 from __future__ import annotations
 
 import copy
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -25,8 +24,8 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaModel,
                                                       LlamaRMSNorm)
 
-from specviz.models.head import Head, settle
-from specviz.models.headfiles import head_files, load_weights
+from specviz.models.head import PublishedHead
+from specviz.models.headfiles import load_weights
 from specviz.spec.strict import SpecError
 
 VARIANTS = ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")
@@ -91,10 +90,10 @@ class _Eagle3Layer(LlamaDecoderLayer):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
-class Eagle3Head(Head):
+class Eagle3Head(PublishedHead):
     """A published EAGLE-3 head over `target`."""
 
-    made = weakref.WeakKeyDictionary()  # target -> {folder: its head}, loaded once
+    layout, drafter = "EAGLE-3", "eagle3"
 
     def __init__(self, target, raw: dict, weights: dict[str, torch.Tensor], where: str):
         super().__init__()
@@ -141,18 +140,6 @@ class Eagle3Head(Head):
                     else k): w for k, w in weights.items()}
         # computed, not shipped: the vocabulary map (from d2t)
         load_weights(self, renamed, f"the EAGLE-3 head at {where}", computed=("to_target",))
-
-    @classmethod
-    def of(cls, target, source: str | None) -> Eagle3Head:
-        """The head in folder `source` over `target`, loaded once."""
-        if not source:
-            raise SpecError("the eagle3 drafter drafts with a published EAGLE-3 head: give its "
-                            "folder (head)")
-        heads = cls.made.setdefault(target, {})
-        if source not in heads:
-            folder, raw, weights = head_files(source, "EAGLE-3")
-            heads[source] = settle(cls(target, raw, weights, str(folder)), target)
-        return heads[source]
 
     def mistaken(self) -> dict[str, Eagle3Head]:
         """The field's ways of feeding this head wrongly, each as the head so fed: its aux states

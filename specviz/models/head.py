@@ -5,10 +5,14 @@ target's vocabulary, `heard` (the target's hidden states it is fed: indices into
 `hidden_states`) and `from_target(features)` (those states, as the head takes them)."""
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from specviz.models.architecture import in_float64, throughout_float64
+from specviz.models.headfiles import head_files
 from specviz.models.invariant import is_invariant, make_invariant
+from specviz.spec.strict import SpecError
 
 
 class Head(torch.nn.Module):
@@ -32,6 +36,30 @@ class Head(torch.nn.Module):
         return self.body(inputs_embeds=self.inputs(tokens[None], features[None]), use_cache=False,
                          position_ids=torch.arange(len(tokens),
                                                    device=tokens.device)[None]).last_hidden_state[0]
+
+
+class PublishedHead(Head):
+    """A head as published (models/eagle1.py, eagle3.py), built from its folder's files by
+    `cls(target, config, weights, where)`, once per target and folder. `layout`: its kind in
+    words ("EAGLE-3"); `drafter`: the drafter that drafts with it."""
+
+    layout: str
+    drafter: str
+
+    @classmethod
+    def of(cls, target, source: str | None) -> PublishedHead:
+        if not source:
+            raise SpecError(f"the {cls.drafter} drafter drafts with a published {cls.layout} "
+                            "head: give its folder (head)")
+        heads = _PUBLISHED.setdefault(target, {})
+        if (cls, source) not in heads:
+            folder, raw, weights = head_files(source, cls.layout)
+            heads[cls, source] = settle(cls(target, raw, weights, str(folder)), target)
+        return heads[cls, source]
+
+
+# target -> {(class, folder): its published head}, each loaded once
+_PUBLISHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def heard_states(hidden_states: tuple[torch.Tensor, ...], heard: tuple[int, ...]) -> torch.Tensor:
