@@ -472,11 +472,14 @@ def test_the_method_registry_drives_the_method_drafter_and_fault_controls():
                 and faults.get("value", "kept") == ("kept" if m.faults else []))
         assert drafter["interactive"] == k["interactive"] == m.speculative
         assert drafter.get("value", "kept") == ("kept" if "lookup" in m.drafters else "model")
-    info, low, high, width = ui.drafter_shows("lookup")
-    assert (info["info"] == DRAFTERS["lookup"].summary and low["visible"] and high["visible"]
-            and width["visible"])
-    model = dict(zip(DRAFTER_OPTIONS, ui.drafter_shows("model")[1:]))
-    assert [f for f, x in model.items() if x["visible"]] == ["tree_width"]
+    def shown(drafter: str) -> set[str]:
+        info, *options = ui.drafter_shows(drafter)
+        assert info["info"] == DRAFTERS[drafter].summary
+        return {f for f, x in zip(DRAFTER_OPTIONS, options, strict=True) if x["visible"]}
+
+    assert shown("lookup") == {"ngram_min", "ngram_max", "tree_width"}
+    assert shown("model") == {"tree_width"}
+    assert shown("eagle3") == shown("eagle1") == {"head", "tree_width"}
 
 
 def test_the_prompt_lookup_example_fills_the_drafter_and_other_examples_reset_it(client):
