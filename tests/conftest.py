@@ -1,4 +1,6 @@
 import contextlib
+import ctypes
+import ctypes.util
 import gc
 import os
 
@@ -35,11 +37,13 @@ MEMORY_LIMIT = 6 * 2**30
 @pytest.fixture(autouse=True, scope="module")
 def _bounded_memory():
     """After each test file: a worker past its share of memory lets go of the pairs it loaded, and
-    so of all that was computed from them (the next file to ask for one loads it again)."""
+    so of all that was computed from them (the next file to ask for one loads it again), and hands
+    the freed heap back to the system (glibc keeps it otherwise: the worker's size stays)."""
     yield
     if psutil.Process().memory_info().rss > MEMORY_LIMIT:
         unload_pairs()
         gc.collect()
+        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -153,10 +157,11 @@ class VllmServers:
         self.up, self.stack, self.server = None, None, None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def vllm_servers(tmp_path_factory):
     """Without `make vllm` (which `make test` runs) the first test to ask fails, saying so: these
-    tests are part of the suite."""
+    tests are part of the suite. The server stops with its file: an idle one holds about 3 GiB,
+    which the other worker's files need (the CI machine ran out of memory with one left up)."""
     vllm_python()
     servers = VllmServers(tmp_path_factory.mktemp("vllm"))
     yield servers
@@ -174,7 +179,7 @@ class Served:
         return getattr(self.servers.serve(self.mode), name)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def vllm(request, vllm_servers):
     """A real vLLM server on the embedded target in float32, in the mode its test asks for (indirect
     parametrization: none, ngram or draft; see specviz/engines/vllm.py). pytest runs the tests of
