@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specviz.cli import main as cli
-from specviz.forensics.acceptance import judge_engine_acceptance, model_drafts
+from specviz.forensics.engineacceptance import judge_engine_acceptance, model_drafts
 from specviz.models.checkpoints import embedded_target_dir
 from specviz.spec.run import EMBEDDED_TARGET
 from specviz.spec.verdicts import verdict

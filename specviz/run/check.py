@@ -34,7 +34,7 @@ from specviz.engines import jsonl, python, server
 from specviz.engines.base import EngineRun
 from specviz.engines.jsonl import OutputLine
 from specviz.forensics import distribution, enginenoise, proof, repeats, rules
-from specviz.forensics.acceptance import head_drafts, judge_engine_acceptance, model_drafts
+from specviz.forensics.engineacceptance import head_drafts, judge_engine_acceptance, model_drafts
 from specviz.forensics.blackbox import force_outputs, judge_engine
 from specviz.forensics.rejections import (engine_rounds, judge_rejections,
                                          judge_sampled_rejections, run_rounds)

@@ -292,15 +292,12 @@ class Acceptance(Strict):
     by_context: Many[ContextBand] = []
     verdict: VerdictName | None  # None: the drafter's own drafts; else a draft-bug, or unexplained
     explanation: str
-    # An engine seen from outside has no rounds, only its own counters (drafts offered and accepted
-    # per prompt, or a server's /metrics totals over the run): then `compared` counts the drafts it
-    # offered, and the fresh pass replays rounds of k on its output. Only /metrics count per draft
-    # position (`per_position`; else empty).
+    # An engine seen from outside has only its counters (per prompt, or /metrics over the run):
+    # `compared` counts the drafts it offered, replayed in rounds of k on its output. Only /metrics
+    # count per draft position (`per_position`; else empty).
     counters: bool = False
     offered_fresh: int | None = None  # counters: the drafts those replayed rounds offer
-    # counters of a published head short beyond chance: the known ways of feeding it wrongly
-    # (forensics/acceptance.py) whose replays accept as the engine did; empty: none does
-    matches: Many[str] = []
+    matches: Many[str] = []  # a short head's wrong feedings replayed as the engine accepted
 
 
 class Rejections(Strict):
