@@ -177,7 +177,7 @@ class HeadDrafter:
         n = b.tokens.shape[1] - self.behind
         if n > 0:
             run_head(self.pair, self.head, policy, b.tokens[:, :n], b.valid[:, :n], b.stale[:, :n],
-                     self._features(policy, b)[:, :n], 0, b.draft.cache, keep=1)
+                     self._features(policy, b, slice(0, n)), 0, b.draft.cache, keep=1)
 
     def propose(self, policy: Policy, b, k: int, sampling: Sampling, stream: Streams,
                 have: torch.Tensor) -> Proposal:
@@ -187,7 +187,7 @@ class HeadDrafter:
         start = min(max(0, S - policy.head_refeed(self.k, self.behind)),
                     kvcache.length(state.cache))
         kvcache.crop(state.cache, start)
-        features = self._features(policy, b)[:, start:]
+        features = self._features(policy, b, slice(start, None))
 
         def drafting_pass(j: int, tok, val, stl, q_start: int):
             nonlocal features
@@ -204,10 +204,10 @@ class HeadDrafter:
     def observe(self, b, verified, accepted) -> None:
         pass  # it reads the hidden states the target's state keeps
 
-    def _features(self, policy: Policy, b) -> torch.Tensor:
-        """(B, S, H) what the head drafts from at each slot of batch `b`, out of the target's
-        hidden states (_features)."""
-        return self.head.from_target(policy.head_features(_features(b)))
+    def _features(self, policy: Policy, b, slots: slice) -> torch.Tensor:
+        """(B, slots, H) what the head drafts from at those slots of batch `b`, out of the
+        target's hidden states (_features): mapped for the head only where it is fed."""
+        return self.head.from_target(policy.head_features(_features(b))[:, slots])
 
 
 class EagleDrafter(HeadDrafter):

@@ -40,16 +40,14 @@ class Eagle1Head(PublishedHead):
         body.norm = torch.nn.Identity()
         self.body = body
         self.fc = torch.nn.Linear(2 * H, H, bias=False)
-        self.own_embedding = "embed_tokens.weight" in weights
-        if self.own_embedding:
+        if "embed_tokens.weight" in weights:  # else the target's is shared
             self.embed_tokens = torch.nn.Embedding(text.vocab_size, H)
         load_weights(self, {(f"body.{k}" if k.startswith("layers.") else k): w
                             for k, w in weights.items()}, f"the EAGLE-1 head at {where}")
         self._target = (target,)  # read, not owned
 
     def inputs(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        embed = self.embed_tokens if self.own_embedding else self._target[0].get_input_embeddings()
-        return self.fc(torch.cat([embed(tokens), features], -1))
+        return self.fc(torch.cat([self.embedded(tokens), features], -1))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._target[0].get_output_embeddings()(hidden)

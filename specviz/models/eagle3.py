@@ -122,8 +122,7 @@ class Eagle3Head(PublishedHead):
                                             for _ in range(n))
                         if "fc_norm" in self.config.variants else None)
         self.lm_head = torch.nn.Linear(H, self.config.draft_vocab, bias=False)
-        self.own_embedding = "embed_tokens.weight" in weights
-        if self.own_embedding:
+        if "embed_tokens.weight" in weights:  # else the target's is shared
             self.embed_tokens = torch.nn.Embedding(text.vocab_size, H)
         d2t = weights.pop("d2t", torch.zeros(self.config.draft_vocab, dtype=torch.long))
         self.register_buffer("to_target", torch.arange(len(d2t)) + d2t.long())
@@ -178,8 +177,7 @@ class Eagle3Head(PublishedHead):
                 "coverage": float(held[written].float().mean()) if written else None}
 
     def inputs(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        embed = self.embed_tokens if self.own_embedding else self._target[0].get_input_embeddings()
-        return torch.cat([embed(tokens), features], -1)
+        return torch.cat([self.embedded(tokens), features], -1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Over the target's vocabulary: the draft vocabulary's at their target ids."""

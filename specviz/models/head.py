@@ -46,6 +46,11 @@ class PublishedHead(Head):
     layout: str
     drafter: str
 
+    def embedded(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The tokens' embedding: its own where it ships `embed_tokens`, else the target's."""
+        own = getattr(self, "embed_tokens", None)
+        return (self._target[0].get_input_embeddings() if own is None else own)(tokens)
+
     @classmethod
     def of(cls, target, source: str | None) -> PublishedHead:
         if not source:
