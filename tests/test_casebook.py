@@ -13,6 +13,7 @@ from specviz.run.runner import run
 from specviz.spec.casebook import BY_FAULT, CASES, PROMPTS
 from specviz.spec.faults import FAULTS
 from specviz.spec.run import EMBEDDED_DRAFT, EMBEDDED_TARGET, TINY_DRAFT, TINY_TARGET, RunSpec
+from specviz.spec.strict import SpecError
 from specviz.spec.verdicts import VERDICTS
 from specviz.trace import metrics
 from specviz.trace.sweep import Sweep
@@ -32,7 +33,9 @@ ON_THE_EMBEDDED_PAIR = {"stop-at-last-token": dict(prompts=PROMPTS[:1], max_new_
                         "draft-drawn-in-bfloat16": {},
                         # a random model writes no JSON of its own, nor the thinking's end
                         "grammar-unmasked-past-reasoning-end": {},
-                        "grammar-advanced-over-rejected": {}, "grammar-mask-after-terminated": {}}
+                        "grammar-advanced-over-rejected": {}, "grammar-mask-after-terminated": {},
+                        # the tiny target's three layers are the engines' default aux layers
+                        "head-aux-fallback": {}}
 
 
 def _replica(case) -> RunSpec:
@@ -63,8 +66,8 @@ def test_every_case_shows_and_is_named_by_its_mechanism(case):
         assert a.verdict == case.expected and a.accepted < a.accepted_fresh, a.explanation
         # In a sweep its run is no plain "equivalent": its cell and its bar say the drafts
         # were wasted.
-        sweep = Sweep(base=spec, methods=(spec.method,), fault_sets=(spec.faults,),
-                      batch_sizes=(spec.batch_size,), ks=(spec.k,))
+        sweep = Sweep(base=spec, methods=(spec.method,), drafters=(spec.drafter,),
+                      fault_sets=(spec.faults,), batch_sizes=(spec.batch_size,), ks=(spec.k,))
         report = sweep_report(sweep, [trace])
         assert report.rows[0].drafts_verdict == case.expected
         assert "sv-flag" in heatmap_html(report) and case.expected in heatmap_html(report)
@@ -118,3 +121,28 @@ def test_a_correct_run_counts_only_the_tokens_its_output_holds():
 def test_a_greedy_rule_is_refused_when_sampling():
     with pytest.raises(ValueError, match="needs temperature 0"):
         RunSpec.build(prompts=("Hi",), temperature=0.8, faults=("accept-on-raw-softmax",))
+
+
+def test_the_fitted_head_drafts_its_targets_text_and_a_correct_run_is_never_flagged():
+    """specviz's fitted EAGLE-3 head (the head cases' drafter), fed right, in float64: the run is
+    the reference's, its drafts are the head's own, and it drafts the target's text on the cases'
+    prompts."""
+    case = BY_FAULT["head-aux-one-early"]
+    fields = {**_replica(case).model_dump(), "faults": (), "dtype": "float64"}
+    for method in ("eqspec", "exspec"):
+        trace = run(RunSpec.build(**{**fields, "method": method}))
+        assert metrics.equivalence(trace)["exact"] == 1
+        a = trace.acceptance
+        assert a.verdict is None and a.accepted == a.accepted_fresh, a.explanation
+        offered = sum(len(r.draft_tokens) for r in trace.rows)
+        assert a.accepted >= 0.8 * offered, (a.accepted, offered)
+
+
+def test_a_head_fault_acts_only_on_a_published_eagle3_head_and_says_where_it_cannot():
+    with pytest.raises(ValueError, match="choose drafter eagle3"):
+        RunSpec.build(prompts=("Hi",), faults=("head-vocab-as-ids",))
+    # the tiny target has three layers: its fitted head hears two, the engines' default three
+    spec = _replica(BY_FAULT["head-aux-fallback"]).model_copy(
+        update={"target": TINY_TARGET, "draft": TINY_DRAFT})
+    with pytest.raises(SpecError, match="changes nothing: its config names no aux layers"):
+        run(spec)

@@ -125,7 +125,10 @@ KINDS_BEFORE = {  # kind -> its faults, as the old table FAULTS said
     "counters": ["counted-before-stop-trim"],  # (since)
     "lossless": ["draft-positions-off-by-one", "drafts-to-another-row", "draft-misses-target-token",
                  "head-hidden-off-by-one", "head-keeps-own-guesses",
-                 "draft-window-as-full"],  # (the last since)
+                 "draft-window-as-full",  # (since)
+                 # (since: published EAGLE-3 heads fed wrongly)
+                 "head-aux-one-early", "head-aux-fallback", "head-features-norm-flipped",
+                 "head-vocab-as-ids", "head-vocab-map-dropped"],
     "tree": ["tree-siblings-visible", "tree-positions-by-index", "tree-rejected-branch-kept",
              "tree-bonus-by-index"],
     "sampling": ["residual-from-draft", "residual-unclamped", "residual-unnormalised",
@@ -173,6 +176,10 @@ ACCEPTANCE_BEFORE = {  # the old ACCEPTANCE_OF
     "head-hidden-off-by-one": "draft-bug:hidden",
     "head-keeps-own-guesses": "draft-bug:cache",
     "draft-window-as-full": "draft-bug:window",  # (since)
+    # (since: published EAGLE-3 heads fed wrongly)
+    **dict.fromkeys(("head-aux-one-early", "head-aux-fallback", "head-features-norm-flipped"),
+                    "draft-bug:features"),
+    **dict.fromkeys(("head-vocab-as-ids", "head-vocab-map-dropped"), "draft-bug:vocabulary"),
 }
 
 

@@ -33,7 +33,7 @@ from specviz.trace.schema import MAX_TRACE_BYTES, Trace
 
 TRACES: OrderedDict[str, Trace] = OrderedDict()  # by spec key: a replayed link is served from here
 # a sweep's runs (SPECVIZ_MAX_SWEEP_RUNS) stay, so its cells and its link open at once
-MAX_TRACES = 48
+MAX_TRACES = 64
 CANCELLED: set[str] = set()  # sessions whose running decode should stop
 LOCK = threading.Lock()  # every decode, shrink and check holds it: one at a time in this process
 # Finished traces our own engine made (`make traces`), served without decoding: the first page opens

@@ -156,19 +156,22 @@ class HeadDrafter:
     target's hidden states (the at most k-1 accepted drafts it holds and the two it does not; a
     fixed count, so that the batch's rows stay in step), then drafts. A fresh batch's first round
     offers nothing: the target has computed no hidden state yet, and its verify pass is the prefill.
-    Which head: its `kind`, and for a published one its folder (`source`)."""
+    Which head: its `kind`, and for a published one its folder (`source`); fed as `policy` feeds
+    it (a head fault feeds it wrongly throughout the run)."""
 
     kind: DrafterKind
     behind = 2
 
-    def __init__(self, pair: ModelPair, k: int, width: int = 1, source: str | None = None):
-        self.pair, self.head, self.k = (
-            pair, head_for(self.kind.name, pair.target, pair.info["target"], source), k)
+    def __init__(self, pair: ModelPair, k: int, width: int = 1, source: str | None = None,
+                 policy: Policy = Policy()):
+        self.pair, self.k = pair, k
+        self.head = policy.fed_head(head_for(self.kind.name, pair.target, pair.info["target"],
+                                             source))
         self.width, self.heard = _tree_width(pair, width), self.head.heard
 
     @classmethod
     def of(cls, spec, pair: ModelPair) -> HeadDrafter:
-        return cls(pair, spec.k, spec.tree_width, spec.head)
+        return cls(pair, spec.k, spec.tree_width, spec.head, Policy(spec.faults))
 
     def new_state(self, valid: torch.Tensor, positions: torch.Tensor) -> ModelState:
         return ModelState.fresh(kvcache.new(self.head.body), valid, positions, self.behind)

@@ -1,9 +1,7 @@
 """The faults as the engine meets them: each fault (spec/faults.py) swaps one decision of the
-correct engine, faithful to what the paper found in published batch implementations.
-
-The engine asks a `Policy` at each decision point; with no faults the policy
-is the correct engine. Faults compose: any set can be asked for.
-"""
+correct engine, faithful to what the paper found in published batch implementations. The engine
+asks a `Policy` at each decision point; with no faults the policy is the correct engine. Faults
+compose: any set can be asked for."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -16,7 +14,7 @@ from specviz.decoding.grammar import Matcher
 from specviz.decoding.sampling import (ACCEPT, DRAFT, Row, Sampler, Samplers, Streams,
                                        inverse_cdf)
 from specviz.decoding.trees import Tree
-from specviz.spec.faults import expand
+from specviz.spec.faults import FAULTS, expand, needing
 
 
 @dataclass(frozen=True)
@@ -93,6 +91,12 @@ class Policy:
         if not self.has("head-hidden-off-by-one"):
             return features
         return torch.cat([torch.zeros_like(features[:, :1]), features[:, :-1]], 1)
+
+    def fed_head(self, head):
+        """The draft head as the engine feeds it (a head fault: models/eagle3.py's `misfed`)."""
+        for fault in needing("eagle3", self.faults):
+            head = head.misfed(FAULTS[fault].misfeeds)
+        return head
 
     def head_refeed(self, k: int, behind: int) -> int:
         """The last slots a draft head re-feeds from the target's hidden states each round: the at

@@ -25,7 +25,9 @@ import torch
 
 from specviz.forensics.recompute import fresh_logits
 from specviz.models.architecture import narrowest_window
+from specviz.models.eagle3 import MISFEEDINGS
 from specviz.models.head import heard_states
+from specviz.spec.faults import misfeeding
 from specviz.trace.evidence import Acceptance, ContextBand
 from specviz.trace.schema import Trace
 
@@ -83,7 +85,8 @@ def judge_head_acceptance(trace: Trace, target, head, vocab: int,
     `tolerance()`: the run's draft rounding tolerance."""
     replay = head_replay(trace, target, head, vocab)
     return _judge_rounds(trace, replay(0), "the head", tolerance,
-                         lambda beyond, starts: _head_side(beyond, starts, replay(1)))
+                         lambda beyond, starts: _head_side(trace, target, head, vocab, beyond,
+                                                           starts, replay(1)))
 
 
 def head_replay(trace: Trace, target, head, vocab: int) -> Callable[[int], Proposals]:
@@ -204,21 +207,28 @@ def _judge_rounds(trace: Trace, proposals: Proposals, whose: str,
     return ev
 
 
-def _head_side(beyond: list[_Slot], starts: dict[tuple[int, int], int],
-               shifted: Proposals) -> tuple[str, str]:
-    """The side of a head that went wrong: the hidden states one slot off give its drafts, or its
-    own state."""
-    explained = 0
-    for d in beyond:
-        t0 = starts[d.round, d.seq]
-        choice, _ = shifted(d.seq, t0, d.slot + 1)
-        explained += d.draft == choice[d.slot]
+def _head_side(trace: Trace, target, head, vocab: int, beyond: list[_Slot],
+               starts: dict[tuple[int, int], int], shifted: Proposals) -> tuple[str, str]:
+    """The side of a head that went wrong: the hidden states one slot off give its drafts, or the
+    head fed one of the field's wrong ways (a published head's `mistaken`: its fault's verdict),
+    else its own state."""
+    def explains(proposals: Proposals) -> int:
+        return sum(d.draft == proposals(d.seq, starts[d.round, d.seq], d.slot + 1)[0][d.slot]
+                   for d in beyond)
+
+    explained = explains(shifted)
     if explained >= EXPLAINED * len(beyond):
         return "draft-bug:hidden", (
             "The head replayed from the target's hidden states one slot earlier proposes "
             f"{explained} of them: it was fed each slot's hidden state off by one.")
-    return "draft-bug:cache", ("The target's hidden states one slot off do not give them: the "
-                               "head's own state (its cache, or what it was fed) was wrong.")
+    for way, fed in head.mistaken().items():
+        explained = explains(head_replay(trace, target, fed, vocab)(0))
+        if explained >= EXPLAINED * len(beyond):
+            return misfeeding(way).acceptance, (
+                f"The head replayed fed {MISFEEDINGS[way]} proposes {explained} of them.")
+    return "draft-bug:cache", ("Neither the target's hidden states one slot off nor a known "
+                               "wrong way of feeding the head gives them: the head's own state "
+                               "(its cache, or what it was fed) was wrong.")
 
 
 def _band(context: int) -> int:

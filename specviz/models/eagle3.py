@@ -24,11 +24,34 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaModel,
                                                       LlamaRMSNorm)
 
+from specviz.models.architecture import throughout_float64
 from specviz.models.head import PublishedHead
 from specviz.models.headfiles import load_weights
 from specviz.spec.strict import SpecError
 
 VARIANTS = ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")
+
+
+# The field's wrong ways of feeding a published EAGLE-3 head, in words (the faults that replay them
+# name them: spec/faults.toml's `misfeeds`); `Eagle3Head.mistaken` builds each.
+MISFEEDINGS = {
+    "aux-one-early": "its aux states one layer early (vLLM PR #43671)",
+    "aux-fallback": "the engines' default aux layers 2, L/2, L-3, as if its config named "
+                         "none (vLLM PR #50170)",
+    "norm-before-fc-flipped": "its features normed before fc where it asks for no norm, or "
+                                  "not normed where it does (SGLang PR #32334)",
+    "d2t-as-ids": "its d2t read as target ids, not offsets (verl-SpeCo PR #67)",
+    "d2t-dropped": "its d2t dropped: draft id i read as target id i "
+                              "(Automodel PR #2447)",
+}
+
+
+def _unit_norm(width: int, eps: float, like: torch.Tensor) -> LlamaRMSNorm:
+    """An RMS norm of unit weight on `like`'s device and dtype, where a head that asks for none is
+    normed anyway."""
+    norm = LlamaRMSNorm(width, eps=eps).to(device=like.device, dtype=like.dtype)
+    norm.requires_grad_(False)
+    return throughout_float64(norm) if like.dtype == torch.float64 else norm
 
 
 def default_aux_layers(layers: int) -> tuple[int, ...]:
@@ -141,22 +164,44 @@ class Eagle3Head(PublishedHead):
         load_weights(self, renamed, f"the EAGLE-3 head at {where}", computed=("to_target",))
 
     def mistaken(self) -> dict[str, Eagle3Head]:
-        """The field's ways of feeding this head wrongly, each as the head so fed: its aux states
-        one layer early (vLLM PR #43671) and, where its config names others, the engines' default
-        layers (vLLM PR #50170's silent fallback)."""
+        """The field's ways of feeding this head wrongly (MISFEEDINGS), each as the head so fed,
+        by name (MISFEEDINGS): its aux states one layer early; where its config names others, the
+        engines' default layers (as many); its features' norm before `fc` flipped; its d2t read
+        as ids; and, where it maps a draft vocabulary, that map dropped."""
         layers = self._target[0].config.get_text_config().num_hidden_layers
-        ways = {"its aux states one layer early (vLLM PR #43671)":
-                tuple(max(i - 1, 0) for i in self.heard)}
+        out = {"aux-one-early": self._fed(heard=tuple(max(i - 1, 0) for i in self.heard))}
         default = tuple(sorted(set(default_aux_layers(layers))))
-        if default != self.heard:
-            ways["the engines' default aux layers 2, L/2, L-3, as if its config named none "
-                 "(vLLM PR #50170)"] = default
-        out = {}
-        for name, heard in ways.items():
-            fed = copy.copy(self)  # the same weights, other layers heard
-            fed.heard = heard
-            out[name] = fed
+        if default != self.heard and len(default) == len(self.heard):
+            out["aux-fallback"] = self._fed(heard=default)
+        flipped = (None if self.input_norm is not None else
+                   _unit_norm(self.fc.in_features, self.norm.variance_epsilon,
+                              self.fc.weight))
+        out["norm-before-fc-flipped"] = self._fed(input_norm=flipped)
+        offsets = self.to_target - torch.arange(len(self.to_target), device=self.to_target.device)
+        vocab = self._target[0].config.get_text_config().vocab_size
+        out["d2t-as-ids"] = self._fed(to_target=offsets.clamp(0, vocab - 1))
+        if bool(offsets.any()):
+            out["d2t-dropped"] = self._fed(to_target=offsets.new_tensor(
+                range(len(offsets))))
         return out
+
+    def misfed(self, way: str) -> Eagle3Head:
+        """The head fed wrong way `way`; a SpecError where that changes nothing."""
+        ways = self.mistaken()
+        if way not in ways:
+            raise SpecError(f"feeding the EAGLE-3 head {MISFEEDINGS[way]} changes nothing: "
+                            + ("its config names no aux layers, the engines' default "
+                               "ones, or not as many" if way == "aux-fallback"
+                               else "it maps no draft vocabulary (its d2t is all 0)"))
+        return ways[way]
+
+    def _fed(self, **changed) -> Eagle3Head:
+        """The same head, these parts swapped (the weights shared; this head untouched)."""
+        fed = copy.copy(self)
+        fed._modules, fed._buffers = dict(self._modules), dict(self._buffers)
+        for name, value in changed.items():
+            setattr(fed, name, value)
+        return fed
 
     def from_target(self, features: torch.Tensor) -> torch.Tensor:
         """(…, H) the hidden state the head drafts from, out of the target's aux states

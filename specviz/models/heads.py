@@ -37,6 +37,7 @@ from specviz.models.architecture import attention_layers_only, is_recurrent
 from specviz.models.checkpoints import cache_dir
 from specviz.models.eagle1 import Eagle1Head
 from specviz.models.eagle3 import Eagle3Head
+from specviz.models.fittedhead import head_folder
 from specviz.models.head import Head, settle
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.run import EMBEDDED_TARGET, TINY_TARGET
@@ -197,7 +198,8 @@ class MtpHead(Head):
 HEADS = {"eagle": lambda target, name, _: EagleHead.of(target, name),
          "mtp": lambda target, name, _: MtpHead.of(target, name),
          "eagle1": lambda target, _, folder: Eagle1Head.of(target, folder),
-         "eagle3": lambda target, _, folder: Eagle3Head.of(target, folder)}
+         "eagle3": lambda target, name, folder: Eagle3Head.of(
+             target, folder and head_folder(folder, target, name))}
 
 
 def head_of(spec, pair):

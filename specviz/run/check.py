@@ -40,6 +40,7 @@ from specviz.forensics.rejections import (engine_rounds, judge_rejections,
                                          judge_sampled_rejections, run_rounds)
 from specviz.forensics.sampledrun import judge_sampled_run
 from specviz.forensics.scores import judge_scores
+from specviz.models.eagle3 import MISFEEDINGS
 from specviz.models.pairs import ModelPair
 from specviz.models.heads import head_for
 from specviz.run import attribution
@@ -354,8 +355,8 @@ def _drafter_replay(trace: Trace, spec: RunSpec, pair: ModelPair, drafter: str |
     if kind and "head" in kind.options:  # a published head, from its files
         head = head_for(kind.name, pair.target, spec.target, spec.head)
         return (head_drafts(trace, pair.target, head, pair.vocab_size), f"{kind.noun}'s",
-                {name: head_drafts(trace, pair.target, fed, pair.vocab_size)
-                 for name, fed in head.mistaken().items()})
+                {MISFEEDINGS[way]: head_drafts(trace, pair.target, fed, pair.vocab_size)
+                 for way, fed in head.mistaken().items()})
     return None
 
 

@@ -39,7 +39,7 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
 from specviz.spec import run as _spec
-from specviz.spec.run import BUILT_IN_PAIRS, DEVICES, PAIR_PRESETS, RunSpec
+from specviz.spec.run import BUILT_IN_PAIRS, DEVICES, FITTED_HEAD, PAIR_PRESETS, RunSpec
 from specviz.spec.strict import SpecError
 
 ANY = "*"
@@ -71,7 +71,8 @@ class Settings:
     # the total.
     max_prompt_tokens: int = 2048
     max_total_prompt_tokens: int = 16_384
-    max_sweep_runs: int = 36  # runs one sweep of the page may make (each within the limits above)
+    # runs one sweep of the page may make (each within the limits above): the casebook's fit
+    max_sweep_runs: int = 48
     # float64 doubles a Hub model's memory; the built-in pairs are exempt
     max_dtype: str = "float32"
     # cpu would hold a GPU server's queue at CPU speed
@@ -117,7 +118,7 @@ class Settings:
         for role, model, revision in (("target", spec.target, spec.target_revision),
                                       ("draft", spec.draft, spec.draft_revision)):
             self._check_model(role, model, revision)
-        if spec.head:  # a model's files too, loaded on this server
+        if spec.head and spec.head != FITTED_HEAD:  # a model's files too, loaded on this server
             self._check_model("published head", spec.head, None)
         built_in = spec.target in BUILT_IN and spec.draft in BUILT_IN
         if not built_in and WIDTH[spec.dtype] > WIDTH[self.max_dtype]:

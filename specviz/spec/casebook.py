@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 
 from specviz.spec.faults import FAULTS, FAULT_PRESETS
-from specviz.spec.run import EMBEDDED_TARGET, TINY_WINDOW, TINY_WINDOW_DRAFT
+from specviz.spec.run import EMBEDDED_TARGET, FITTED_HEAD, TINY_WINDOW, TINY_WINDOW_DRAFT
 from specviz.spec.threads import Thread
 
 # The replica's run, beside the fault: greedy, float32, eqspec, on prompts one of which ("What is
@@ -74,6 +74,9 @@ _REQUESTS = dict(rows=({"temperature": 0}, {"temperature": 0.8, "top_p": 0.95},
                           "Explain how a bicycle works.", "Tell me about the history of tea."),
                  max_new_tokens=48)
 _HYBRID = dict(target="specviz:tiny-hybrid", draft="specviz:tiny-hybrid-draft")
+# specviz's fitted EAGLE-3 head of the run's target (models/fittedhead.py): it drafts the target's
+# own text on these prompts, so what a wrong feeding costs shows
+_FITTED = dict(drafter="eagle3", head=FITTED_HEAD)
 # The first prompt's answer ends with its end-of-sequence token (token 7) inside the block that
 # reaches a cap of 9 tokens: the stop and the cap fall in one accepted block.
 CAP_RUN = dict(max_new_tokens=9)
@@ -232,6 +235,36 @@ CASES = (
          "The row-to-draft mapping went stale when the batch was reordered.",
          "ragged draft widths packed as rectangles (−1 placeholders): the rows are simply rotated.",
          _SELF_DRAFT),
+    Case("head-hidden-off-by-one", "an EAGLE head lost a quarter of its acceptance; output right",
+         "The head was fed, at each slot, the target's hidden state two slots back.\n"
+         "EAGLE's first input token was not dropped: every input shifted by one.",
+         "EAGLE-1's own head: specviz's fitted EAGLE-3 head of the run's target shows the same "
+         "shift.", _FITTED),
+    Case("head-aux-one-early", "an EAGLE-3 head's acceptance fell from 45% to 10%; output right",
+         "The head was fed each aux hidden state from one layer earlier than its config named.\n"
+         "The engine captured layer k's input where the head was trained on it one layer on.",
+         "MiniMax-M2 and its head: specviz's fitted EAGLE-3 head of the run's target shows the "
+         "same shift.", _FITTED),
+    Case("head-aux-fallback", "EAGLE-3 acceptance 1.2% against 58.9%, and nothing said why",
+         "The head was fed the engines' default aux layers (2, L/2, L-3), not its config's.\n"
+         "Its config's aux layer ids were not read (absent, or nested), and no error said so.",
+         "the config's spelling: the replica reads the ids and feeds the default anyway (on the "
+         "embedded pair: the tiny one's 3 layers leave no other choice of three).", _FITTED),
+    Case("head-features-norm-flipped", "GPT-OSS EAGLE-3 heads drafted poorly in SGLang",
+         "The head's features were normed before fc where it asked for no norm (or the "
+         "reverse).\n"
+         "It drafted from hidden states of another scale than it was trained on.",
+         "GPT-OSS's layer boundaries, the PR's other half: the aux faults replay those.",
+         _FITTED),
+    Case("head-vocab-as-ids", "an exported EAGLE-3 head drafted nonsense in the engine",
+         "The head's draft vocabulary map was read as target ids, not offsets.\n"
+         "Each draft id went to the target id its offset names: almost none was accepted.",
+         "the PR's direction (ids written where offsets are read): reading offsets as ids "
+         "misplaces the same drafts.", _FITTED),
+    Case("head-vocab-map-dropped", "an EAGLE-3 head's acceptance collapsed after export",
+         "The head's draft vocabulary map was dropped: draft id i became target id i.\n"
+         "Only the lowest ids, where the map is the identity, were still drafted right.",
+         "the side file the map was kept in: the replica drops the map at load.", _FITTED),
     Case("settings-from-first-row",
          "rows sampled with another request's temperature, top-k and top-p",
          "The fused verify read the first row's temperature, top-k and top-p and gave them "

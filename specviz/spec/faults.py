@@ -32,6 +32,8 @@ class Fault:
     acceptance: str | None = None  # what the acceptance judge names its drafts (a lossless fault)
     also_needs: tuple[str, ...] = ()  # needs beyond its kind's: the drafter whose passes it breaks
     threads: tuple[Thread, ...] = ()  # the field's issues and pull requests it replays
+    # a published head's wrong way of being fed that it is (models/eagle3.py's `mistaken`)
+    misfeeds: str | None = None
 
     @property
     def needs(self) -> tuple[str, ...]:
@@ -71,6 +73,11 @@ FAULT_PRESETS = {
 def of_kind(*kinds: str) -> tuple[str, ...]:
     """The faults of `kinds`, in catalogue order."""
     return tuple(name for name, f in FAULTS.items() if f.kind in kinds)
+
+
+def misfeeding(way: str) -> Fault:
+    """The fault that feeds a published head wrong way `way`."""
+    return next(f for f in FAULTS.values() if f.misfeeds == way)
 
 
 def needing(need: str, names: tuple[str, ...] | list[str] | None = None) -> tuple[str, ...]:

@@ -58,6 +58,8 @@ SAMPLING_FIELDS = ("top_k", "top_p", "draft_temperature", "draft_top_k", "draft_
 MAX_NGRAM = 16
 MAX_TREE_WIDTH = 8
 MAX_HEAD_PATH = 512  # characters of a head's folder
+# the EAGLE-3 head specviz fits for a built-in target (models/fittedhead.py), named as a folder
+FITTED_HEAD = "specviz:fitted-eagle3"
 MAX_REPETITION_PENALTY = 10.0
 MAX_PRESENCE_PENALTY = 2.0  # OpenAI's bound
 PENALTY_FIELDS = ("repetition_penalty", "presence_penalty")
@@ -201,6 +203,9 @@ class RunSpec(Strict):
             raise ValueError(f"{', '.join(found)} break a draft head's inputs: {kind.noun} hears "
                              "no hidden state; choose drafter "
                              + " or ".join(n for n, d in DRAFTERS.items() if "hidden" in d.hears))
+        if self.drafter != "eagle3" and (found := needing("eagle3", self.faults)):
+            raise ValueError(f"{', '.join(found)} misfeed a published EAGLE-3 head: choose "
+                             "drafter eagle3")
         if "head" in kind.options and not self.head:
             raise ValueError(f"the {self.drafter} drafter drafts with {kind.noun}: give its "
                              "folder (head)")

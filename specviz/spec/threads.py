@@ -17,6 +17,8 @@ REPOS = {  # the short names threads are cited by -> GitHub repository
     "koboldcpp": "LostRuins/koboldcpp", "Atlas": "Avarok-Cybersecurity/atlas",
     "mistral.rs": "EricLBuehler/mistral.rs",
     "speculative-sampling": "jaymody/speculative-sampling",
+    "verl-SpeCo": "verl-project/verl-SpeCo", "Automodel": "NVIDIA-NeMo/Automodel",
+    "vllm-rbln": "RBLN-SW/vllm-rbln",
 }
 
 

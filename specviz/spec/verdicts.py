@@ -151,6 +151,16 @@ VERDICTS = {v.name: v for v in (
             "a draft head was fed the target's hidden states of other slots (one off)",
             "each round's drafts against the head replayed from a fresh pass of the target, beyond "
             "rounding; replayed from the hidden states one slot earlier, it gives them"),
+    Verdict("draft-bug:features",
+            "a published head was fed the wrong features: aux layers other than its config's, or "
+            "its norm before fc flipped",
+            "each round's drafts against the head replayed from a fresh pass of the target, beyond "
+            "rounding; the head replayed so fed gives them"),
+    Verdict("draft-bug:vocabulary",
+            "a published head's draft ids were mapped to the wrong target ids (its d2t read as "
+            "ids, or dropped)",
+            "each round's drafts against the head replayed from a fresh pass of the target, beyond "
+            "rounding; the head replayed with its map so read gives them"),
     Verdict("draft-bug:cache", "the drafter's own state (its cache, or what it was fed) was wrong",
             "each round's drafts against a fresh pass of the draft model, beyond its rounding, and "
             "no simpler hypothesis gives them"),
