@@ -268,8 +268,8 @@ def test_the_check_tab_judges_the_acceptance_of_an_engine_said_to_draft_with_the
     client = Client(app_url, verbose=False)
     checked = {**CHECKED, "outputs": handle_file(str(path)), "determinism": False, "temperature": 0,
                "top_p": 1, "seed": 0}
-    for said in (False, True):
-        _, trace_file = client.predict(**checked, same_draft=said, api_name="/check_engine")
+    for said in ("", "model"):
+        _, trace_file = client.predict(**checked, engine_drafter=said, api_name="/check_engine")
         acceptance = Trace.from_json(Path(trace_file).read_text()).acceptance
         if said:
             assert (acceptance.counters

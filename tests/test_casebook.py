@@ -139,7 +139,7 @@ def test_the_fitted_head_drafts_its_targets_text_and_a_correct_run_is_never_flag
 
 
 def test_a_head_fault_acts_only_on_a_published_eagle3_head_and_says_where_it_cannot():
-    with pytest.raises(ValueError, match="choose drafter eagle3"):
+    with pytest.raises(ValueError, match="misfeed a published head: choose drafter eagle1 or"):
         RunSpec.build(prompts=("Hi",), faults=("head-vocab-as-ids",))
     # the tiny target has three layers: its fitted head hears two, the engines' default three
     spec = _replica(BY_FAULT["head-aux-fallback"]).model_copy(

@@ -8,13 +8,14 @@ import gradio as gr
 
 from specviz.app.form import CUSTOM, DEFAULTS, ENGINE_DEFAULTS, TEMPERATURE_MAX, TOP_P_MIN
 from specviz.run.settings import Settings
-from specviz.spec.drafters import DRAFTERS
+from specviz.spec.drafters import DRAFTERS, JUDGED_DRAFTERS
 from specviz.spec.faults import FAULTS
 from specviz.spec.faults import FAULT_PRESETS
 from specviz.spec.methods import METHODS
 from specviz.spec.prompts import builtin_sets
-from specviz.spec.run import (DTYPES, MAX_NGRAM, MAX_PRESENCE_PENALTY, MAX_REPETITION_PENALTY,
-                              MAX_TEMPERATURE, MAX_TREE_WIDTH, PAIR_PRESETS)
+from specviz.spec.run import (DTYPES, FITTED_HEAD, MAX_NGRAM, MAX_PRESENCE_PENALTY,
+                              MAX_REPETITION_PENALTY, MAX_TEMPERATURE, MAX_TREE_WIDTH,
+                              PAIR_PRESETS)
 
 # Pixels of a file box: Gradio's drop zone ("Drop File Here - or - Click to Upload") is cut below
 # about 120.
@@ -57,7 +58,8 @@ def run_controls_of(settings: Settings) -> dict:
                                          "(1: a chain)",
                                     visible="tree_width" in options, elem_id="sv-tree-width")
         c["head"] = gr.Textbox(DEFAULTS["head"], label="published head's folder",
-                               info="its config.json and safetensors, as published",
+                               info="its config.json and safetensors, as published; "
+                                    f"{FITTED_HEAD}: specviz's fitted one of a built-in target",
                                visible="head" in options, elem_id="sv-head")
     with_faults = " and ".join(n for n, m in METHODS.items() if m.faults)
     c["faults"] = gr.Dropdown([*FAULTS, *FAULT_PRESETS], value=DEFAULTS["faults"], multiselect=True,
@@ -191,9 +193,16 @@ def engine_controls(settings: Settings) -> dict:
                                label="its top-p (1: off)")
         e["seed"] = gr.Number(value=d["seed"], precision=0, minimum=0,
                               label="seed (a server gets one a prompt from it)")
-    e["same_draft"] = gr.Checkbox(d["same_draft"],
-                                  label="the engine drafts with this pair's draft model",
-                                  info="its acceptance is then judged against the draft's own "
-                                       "replay: per request from the file's drafts and accepted "
-                                       "counts, or from a server's counters")
+    # what the engine drafts with, where the user says: its acceptance is judged on that replay
+    with gr.Row():
+        e["engine_drafter"] = gr.Dropdown(
+            [("not said", ""), *((d.noun, n) for n, d in JUDGED_DRAFTERS.items())],
+            value=d["engine_drafter"], label="the engine drafts with",
+            info="its acceptance is then judged against that drafter's own replay on its "
+                 "outputs: per request from the file's drafts and accepted counts, or from a "
+                 "server's counters (per draft position too)", elem_id="sv-engine-drafter")
+        e["engine_head"] = gr.Textbox(d["engine_head"], label="the engine's published head",
+                                      info="the folder it serves (config.json and safetensors), "
+                                           f"or {FITTED_HEAD}", visible=False,
+                                      elem_id="sv-engine-head")
     return e

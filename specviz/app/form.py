@@ -67,7 +67,7 @@ ENGINE_DEFAULTS = {"pair": DEFAULTS["pair"], "target": "", "dtype": DEFAULTS["dt
                    "control_server": "", "prompt_set": DEFAULT_SET,
                    "max_new_tokens": DEFAULTS["max_new_tokens"], "determinism": False,
                    "temperature": DEFAULTS["temperature"], "top_p": DEFAULTS["top_p"],
-                   "seed": DEFAULTS["seed"], "same_draft": False}
+                   "seed": DEFAULTS["seed"], "engine_drafter": "", "engine_head": ""}
 
 
 def by_name(defaults: Mapping[str, object]) -> Callable[[Callable], Callable]:

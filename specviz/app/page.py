@@ -19,9 +19,10 @@ from specviz.app.controls import engine_controls, run_controls_of
 from specviz.app.form import DEFAULTS, ENGINE_DEFAULTS, INPUTS
 from specviz.app.glossary import glossary as glossary_text
 from specviz.app.pagetext import CLICKS, FULL_URL, GRID_HELP, LEGEND, PAGE_INTRO, UPDATE_URL
-from specviz.app.runview import (EXAMPLES, VIEW_NAMES, check_engine, drafter_shows, method_allows,
-                                 open_link, open_trace, pick, pick_row, render, render_replayed,
-                                 replay, run_controls, shrink_focused)
+from specviz.app.runview import (EXAMPLES, VIEW_NAMES, check_engine, drafter_shows,
+                                 engine_head_shows, method_allows, open_link, open_trace, pick,
+                                 pick_row, render, render_replayed, replay, run_controls,
+                                 shrink_focused)
 from specviz.run.settings import Settings
 from specviz.spec.drafters import DRAFTER_OPTIONS
 from specviz.trace.schema import MAX_TRACE_BYTES
@@ -236,6 +237,9 @@ class Page:
         c["method"].change(method_allows, [c["method"], c["drafter"]],
                            [c["method"], c["faults"], c["drafter"], c["k"]],
                            api_visibility="private", queue=False, show_progress="hidden")
+        self.e["engine_drafter"].change(engine_head_shows, [self.e["engine_drafter"]],
+                                        [self.e["engine_head"]], api_visibility="private",
+                                        queue=False, show_progress="hidden")
         c["drafter"].change(drafter_shows, [c["drafter"]],
                             [c["drafter"], *(c[f] for f in DRAFTER_OPTIONS)],
                             api_visibility="private", queue=False, show_progress="hidden")

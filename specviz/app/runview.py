@@ -14,7 +14,7 @@ from specviz.app.form import (CUSTOM, ENGINE_DEFAULTS, INPUTS, by_name, controls
                               spec_from_controls)
 from specviz.app.glossary import glossary as glossary_text
 from specviz.run.settings import Settings
-from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTER_OPTIONS, DRAFTERS
+from specviz.spec.drafters import DEFAULT_DRAFTER, DRAFTER_OPTIONS, DRAFTERS, JUDGED_DRAFTERS
 from specviz.spec.methods import METHODS
 from specviz.spec.prompts import builtin_sets
 from specviz.spec.run import ENGINE, PAIR_PRESETS, RunSpec
@@ -111,8 +111,9 @@ def run_controls(settings: Settings, progress=gr.Progress(), request: gr.Request
 def check_engine(settings: Settings, progress=gr.Progress(), **controls):
     """The check tab (ENGINE_DEFAULTS' controls): an outputs file (and a control file), or, where
     the operator allows it, a server (asked every prompt twice more with `determinism`); greedy, or
-    sampled at `temperature` and `top_p` (each prompt's request seeded from `seed`). `same_draft`:
-    the engine drafts with the pair's draft model (its acceptance is judged)."""
+    sampled at `temperature` and `top_p` (each prompt's request seeded from `seed`).
+    `engine_drafter`: what the engine drafts with (its acceptance is judged), a published head from
+    its folder `engine_head`."""
     c = filled(ENGINE_DEFAULTS, controls)
     outputs, control = c["outputs"], c["control"]
     server, control_server = (c["server"] or "").strip(), (c["control_server"] or "").strip()
@@ -137,8 +138,18 @@ def check_engine(settings: Settings, progress=gr.Progress(), **controls):
             servers_allowed = settings.engine_servers and not settings.public
             raise SpecError("upload the engine's outputs file"
                             + (", or give a server URL" if servers_allowed else ""))
+        drafter = c["engine_drafter"] or None
+        if drafter and drafter not in JUDGED_DRAFTERS:
+            raise SpecError(f"the engine's drafter is one of {', '.join(JUDGED_DRAFTERS)}, "
+                            f"not {drafter!r}")
+        published = bool(drafter) and "head" in DRAFTERS[drafter].options
+        head = (c["engine_head"] or "").strip() if published else ""
+        if published and not head:
+            raise SpecError(f"the engine drafts with {DRAFTERS[drafter].noun}: give the folder "
+                            "it serves")
         # A blank box (an API client's None) is the control's default.
         spec = RunSpec.build(
+            **({"drafter": drafter, "head": head} if head else {}),
             target=target, draft=draft, method=ENGINE, dtype=c["dtype"],
             prompts=tuple(builtin_sets()[c["prompt_set"] or ENGINE_DEFAULTS["prompt_set"]]),
             max_new_tokens=int(c["max_new_tokens"] or ENGINE_DEFAULTS["max_new_tokens"]),
@@ -147,12 +158,13 @@ def check_engine(settings: Settings, progress=gr.Progress(), **controls):
             seed=int(c["seed"] or ENGINE_DEFAULTS["seed"]))
         if files is None:
             settings.check(spec)
+        elif head:  # loaded on this server
+            settings.check_head(head)
         progress(0, desc="the outputs teacher-forced through the target, then the reference where "
                          "they do not prove it")
         served = (c["served_model"] or "").strip() or None
         servers = None if files else ((server, served),
                                       (control_server, served) if control_server else None)
-        drafter = next(n for n, d in DRAFTERS.items() if d.draft_model) if c["same_draft"] else None
         trace = serving.check_engine_trace(spec, settings, files, servers,
                                            bool(c["determinism"]) and files is None,
                                            progress, drafter)
@@ -317,6 +329,11 @@ def method_allows(method: str, drafter: str):
             gr.update(interactive=m.speculative) if drafter in takes
             else gr.update(interactive=m.speculative, value=takes[0]),
             gr.update(interactive=m.speculative))
+
+
+def engine_head_shows(drafter: str):
+    """The Check tab's head box, where the engine's drafter is a published head."""
+    return gr.update(visible=drafter in DRAFTERS and "head" in DRAFTERS[drafter].options)
 
 
 def drafter_shows(drafter: str):

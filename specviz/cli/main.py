@@ -14,7 +14,7 @@ from specviz.decoding import determinism
 from specviz.engines import openvino
 from specviz.forensics import yardstick_cache
 from specviz.spec.defaults import default_of
-from specviz.spec.drafters import DRAFTERS
+from specviz.spec.drafters import JUDGED_DRAFTERS
 from specviz.spec.methods import METHODS
 from specviz.spec.strict import SpecError
 from specviz.trace.sweep import NO_FAULTS
@@ -118,11 +118,12 @@ def _add_check(sub) -> None:
                         "every prompt answered otherwise, with its fork")
     add_field(p, "k", help="the engine's draft length, if it speculates (a verify pass's k + 1 "
                            "positions size the tolerance)")
-    p.add_argument("--engine-drafter", choices=list(DRAFTERS),
-                   help="what the engine drafts with: `model`, the check's --draft model, has its "
-                        "acceptance judged from the engine's counters (per request, or a server's "
-                        "/metrics over the run) against that model's own proposals; an outputs "
-                        "file's header may say it instead")
+    p.add_argument("--engine-drafter", choices=list(JUDGED_DRAFTERS),
+                   help="what the engine drafts with, whose acceptance is then judged from the "
+                        "engine's counters (per request, or a server's /metrics over the run) "
+                        "against that drafter's own proposals: `model`, the check's --draft "
+                        "model; `eagle3` or `eagle1`, the published head of --head DIR; an "
+                        "outputs file's header may say it instead")
     p.add_argument("--decode-reference", action="store_true",
                    help="decode the reference token by token for every prompt, instead of proving "
                         "it from the outputs by teacher forcing and decoding only from a fork or "

@@ -94,7 +94,7 @@ class Policy:
 
     def fed_head(self, head):
         """The draft head as the engine feeds it (a head fault: models/eagle3.py's `misfed`)."""
-        for fault in needing("eagle3", self.faults):
+        for fault in needing("published-head", self.faults):
             head = head.misfed(FAULTS[fault].misfeeds)
         return head
 

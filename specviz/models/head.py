@@ -25,6 +25,11 @@ class Head(torch.nn.Module):
         """The field's known ways of feeding it wrongly, each as the head so fed (none known)."""
         return {}
 
+    def misfed(self, way: str) -> Head:
+        """The head fed wrong way `way` (a name of models/eagle3.py's MISFEEDINGS)."""
+        raise SpecError(f"a {type(self).__name__} is not fed wrong way {way!r}: its faults "
+                        "misfeed a published EAGLE-3 head")
+
     def facts(self, written: list[int]) -> dict | None:
         """What a run should record of it, having written the token ids `written` (None: nothing
         beyond the run's settings)."""

@@ -347,17 +347,17 @@ def check_sampled(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], e
 
 def _drafter_replay(trace: Trace, spec: RunSpec, pair: ModelPair, drafter: str | None):
     """(its own drafts on the engine's outputs, whose they are in words, the wrong ways of feeding
-    it replayed alike) for the drafter an engine declares: the check's draft model, or a published
-    head (None: another, or none declared)."""
+    it replayed alike) for the drafter an engine declares: the check's draft model, a published
+    head from its files, or the target's own MTP layer (None: another, or none declared)."""
     kind = DRAFTERS.get(drafter)
-    if kind and kind.draft_model:
+    if not kind or not kind.engines_run:
+        return None
+    if kind.draft_model:
         return model_drafts(trace, pair.draft, pair.vocab_size), "the draft model's", None
-    if kind and "head" in kind.options:  # a published head, from its files
-        head = head_for(kind.name, pair.target, spec.target, spec.head)
-        return (head_drafts(trace, pair.target, head, pair.vocab_size), f"{kind.noun}'s",
-                {MISFEEDINGS[way]: head_drafts(trace, pair.target, fed, pair.vocab_size)
-                 for way, fed in head.mistaken().items()})
-    return None
+    head = head_for(kind.name, pair.target, spec.target, spec.head)
+    return (head_drafts(trace, pair.target, head, pair.vocab_size), f"{kind.noun}'s",
+            {MISFEEDINGS[way]: head_drafts(trace, pair.target, fed, pair.vocab_size)
+             for way, fed in head.mistaken().items()})
 
 
 def sampled_summary(trace: Trace) -> dict:

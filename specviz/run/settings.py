@@ -118,8 +118,8 @@ class Settings:
         for role, model, revision in (("target", spec.target, spec.target_revision),
                                       ("draft", spec.draft, spec.draft_revision)):
             self._check_model(role, model, revision)
-        if spec.head and spec.head != FITTED_HEAD:  # a model's files too, loaded on this server
-            self._check_model("published head", spec.head, None)
+        if spec.head:
+            self.check_head(spec.head)
         built_in = spec.target in BUILT_IN and spec.draft in BUILT_IN
         if not built_in and WIDTH[spec.dtype] > WIDTH[self.max_dtype]:
             raise SpecError(f"dtype {spec.dtype} is wider than this server's limit of "
@@ -150,6 +150,12 @@ class Settings:
             except SpecError as e:
                 raise SpecError(f"run {i + 1} of the sweep ({spec.method}, batch size "
                                 f"{spec.batch_size}, k {spec.k}): {e}") from None
+
+    def check_head(self, head: str) -> None:
+        """Refuse a published head's folder this server does not load (a model's files too); the
+        fitted head of a built-in target is made here."""
+        if head != FITTED_HEAD:
+            self._check_model("published head", head, None)
 
     def _check_model(self, role: str, model: str, revision: str | None) -> None:
         if self.public and is_local_path(model):

@@ -37,6 +37,9 @@ class DrafterKind:
     hears: tuple[str, ...] = ()
     # transformers' assisted generation drafts as it does (the hf-assisted cross-check)
     in_transformers: bool = True
+    # engines draft with it as specviz reads it (a draft model, a published head's files, the
+    # target's MTP layer): an engine check may declare it, and its drafts are replayed
+    engines_run: bool = False
 
     @property
     def trees(self) -> bool:
@@ -72,7 +75,7 @@ DRAFTERS: dict[str, DrafterKind] = {d.name: d for d in (
         "the draft model, one forward pass per draft; in a tree, the likeliest other tokens of "
         "each draft's distribution beside it",
         "the draft model", draft_model=True, cache=True, passes_per_draft=1,
-        options=("tree_width",)),
+        options=("tree_width",), engines_run=True),
     DrafterKind(
         "lookup",
         "prompt lookup: the tokens that followed the last n-gram's earliest earlier occurrence; "
@@ -98,7 +101,7 @@ DRAFTERS: dict[str, DrafterKind] = {d.name: d for d in (
         "an EAGLE-1 head",
         draft_model=False, cache=True, passes_per_draft=1, options=("head", "tree_width"),
         setting=_from_folder, hears=("hidden",), in_transformers=False,
-        empty=_no_hidden_state_yet),
+        empty=_no_hidden_state_yet, engines_run=True),
     DrafterKind(
         "eagle3",
         "a published EAGLE-3 head, from its folder (the layout vLLM and SGLang load): one layer "
@@ -107,8 +110,8 @@ DRAFTERS: dict[str, DrafterKind] = {d.name: d for d in (
         "its own draft vocabulary (d2t)",
         "an EAGLE-3 head",
         draft_model=False, cache=True, passes_per_draft=1, options=("head", "tree_width"),
-        setting=_from_folder,
-        hears=("hidden",), in_transformers=False, empty=_no_hidden_state_yet),
+        setting=_from_folder, hears=("hidden",), in_transformers=False,
+        empty=_no_hidden_state_yet, engines_run=True),
     DrafterKind(
         "mtp",
         "the target's own multi-token-prediction (MTP) layer, which its checkpoint ships "
@@ -116,9 +119,12 @@ DRAFTERS: dict[str, DrafterKind] = {d.name: d for d in (
         "target's last hidden state and the next token, one pass per draft, then its own output",
         "the model's MTP layer",
         draft_model=False, cache=True, passes_per_draft=1, options=("tree_width",),
-        hears=("hidden",), empty=_no_hidden_state_yet),
+        hears=("hidden",), empty=_no_hidden_state_yet, engines_run=True),
 )}
 DEFAULT_DRAFTER = "model"
+# what an engine may say it drafts with, whose own drafts the engine acceptance judge replays on its
+# outputs
+JUDGED_DRAFTERS = {n: d for n, d in DRAFTERS.items() if d.engines_run}
 DRAFTER_OPTIONS = tuple(dict.fromkeys(f for d in DRAFTERS.values() for f in d.options))
 
 

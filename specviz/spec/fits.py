@@ -16,7 +16,7 @@ NEEDS = {
     "tree": "the run drafts chains (tree_width 1)",
     "draft-model": "the drafter runs no draft model",  # spec/drafters.py's `draft_model`
     "hidden": "the drafter hears no hidden state",  # "hidden" in a drafter's `hears`
-    "eagle3": "the drafter drafts with no published EAGLE-3 head",
+    "published-head": "the drafter drafts with no published head",  # "head" in its options
     "recurrent": "the target keeps no recurrent state",
     "window": "the target has no sliding window",
     "draft-window": "the draft model has no sliding window",

@@ -203,9 +203,9 @@ class RunSpec(Strict):
             raise ValueError(f"{', '.join(found)} break a draft head's inputs: {kind.noun} hears "
                              "no hidden state; choose drafter "
                              + " or ".join(n for n, d in DRAFTERS.items() if "hidden" in d.hears))
-        if self.drafter != "eagle3" and (found := needing("eagle3", self.faults)):
-            raise ValueError(f"{', '.join(found)} misfeed a published EAGLE-3 head: choose "
-                             "drafter eagle3")
+        if "head" not in kind.options and (found := needing("published-head", self.faults)):
+            raise ValueError(f"{', '.join(found)} misfeed a published head: choose drafter "
+                             + " or ".join(n for n, d in DRAFTERS.items() if "head" in d.options))
         if "head" in kind.options and not self.head:
             raise ValueError(f"the {self.drafter} drafter drafts with {kind.noun}: give its "
                              "folder (head)")
