@@ -40,6 +40,13 @@ FAMILIES = {
                                         num_experts_per_tok=2, n_group=1,
                                         topk_group=1), "layers", (0, 60),
                     "multi-head latent attention, experts"),
+    # the same layout at 2 layers, its MTP layer at model.layers.2: where vLLM reads it (and
+    # specviz), which transformers alone does not
+    "deepseek-v3-small": ("deepseek_v3", dict(**MLA, num_hidden_layers=2, first_k_dense_replace=1,
+                                              moe_intermediate_size=32, n_routed_experts=4,
+                                              num_experts_per_tok=2, n_group=1,
+                                              topk_group=1), "layers", (0, 1),
+                          "DeepSeek-V3's layout in a smaller model"),
     "bailing-hybrid": ("bailing_hybrid",
                        dict(BAILING, num_hidden_layers=4, num_nextn_predict_layers=1,
                             mtp_layer_types=["full_attention"], mtp_mlp_layer_types=["sparse"]),

@@ -52,7 +52,8 @@ def test_an_mtp_layer_drafts_to_the_reference_exactly(checkpoints, decoder, batc
 
 
 @pytest.mark.parametrize("family,dtype", [("mellum", "float32"), ("bailing-hybrid", "float64"),
-                                          ("deepseek-v3", "float64")])
+                                          ("deepseek-v3", "float64"),
+                                          ("deepseek-v3-small", "float64")])
 @pytest.mark.parametrize("decoder", [eqspec, exspec])
 def test_every_family_and_dtype_decodes_as_the_model_alone(checkpoints, family, dtype, decoder):
     pair = _pair(checkpoints, family, dtype)

@@ -175,6 +175,7 @@ class MtpHead(Head):
                             "can load (its config has no num_mtp_layers): draft with the draft "
                             "model, prompt lookup or an EAGLE-style head")
         if target not in cls.made:
+            _stored_after_the_decoder(target)
             try:
                 mtp = MtpModel.from_pretrained(target, device_map={"": target.device})
             except (OSError, ValueError, RuntimeError) as e:
@@ -192,6 +193,17 @@ class MtpHead(Head):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._mtp[0]._project_to_logits(hidden)
+
+
+def _stored_after_the_decoder(target) -> None:
+    """`target`'s checkpoint's MTP layers are read where vLLM reads them too: right after the
+    decoder's own (model.layers.{L}, for a decoder of L layers). transformers names the released
+    models' places alone (DeepSeek-V3's model.layers.61), which a smaller checkpoint of the same
+    layout does not use."""
+    text = target.config.get_text_config()
+    after = [rf"model\.layers\.{text.num_hidden_layers + i}\." for i in range(text.num_mtp_layers)]
+    known = list(target._keys_to_ignore_on_load_unexpected or [])
+    target._keys_to_ignore_on_load_unexpected = known + [p for p in after if p not in known]
 
 
 # drafter (spec/drafters.py) -> its head over (target, the target's id, a published head's folder)
