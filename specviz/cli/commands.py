@@ -306,15 +306,18 @@ def cmd_schema(args) -> int:
 
 
 def cmd_train_head(args) -> int:
+    from specviz.run import eagle3_training
     from specviz.run.head_training import CONTINUING, train_head
     from specviz.spec.prompts import builtin_set
 
-    recipe = TRAINED[EMBEDDED_TARGET]
+    recipe = eagle3_training.RECIPE if args.eagle3 else TRAINED[EMBEDDED_TARGET]
     units = {CONTINUING: len(builtin_set(recipe.prompts)) * recipe.new_tokens
              * (1 + recipe.sampled)}
     pair = load_pair(*PAIR_PRESETS["embedded"], dtype="float32", device=args.device)
+    train = eagle3_training.train_eagle3_head if args.eagle3 else train_head
     with progress_bars(lambda phase: units.get(phase, recipe.steps)) as progress:
-        path, losses = train_head(pair, EMBEDDED_TARGET, progress)
-    print(f"trained the embedded pair's EAGLE-style head in {recipe.steps} steps: loss per token "
-          f"{losses[0]:.3f} at the first, {losses[-1]:.3f} at the last; cached at {path}")
+        path, losses = train(pair, EMBEDDED_TARGET, progress)
+    print(f"trained the embedded pair's {'EAGLE-3' if args.eagle3 else 'EAGLE-style'} head in "
+          f"{recipe.steps} steps: loss per token {losses[0]:.3f} at the first, "
+          f"{losses[-1]:.3f} at the last; cached at {path}")
     return 0

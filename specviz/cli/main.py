@@ -187,6 +187,9 @@ def _add_train_head(sub) -> None:
     p = sub.add_parser("train-head",
                        help="train the embedded pair's EAGLE-style head on this machine, once, and "
                             "cache it (about 15 minutes on 2 CPU cores)")
+    p.add_argument("--eagle3", action="store_true",
+                   help="train its EAGLE-3 head instead, in the published layout "
+                        "(--drafter eagle3 --head specviz:trained-eagle3; a folder vLLM serves)")
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=cmd_train_head)
 

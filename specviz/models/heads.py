@@ -37,7 +37,7 @@ from specviz.models.architecture import attention_layers_only, is_recurrent
 from specviz.models.checkpoints import cache_dir
 from specviz.models.eagle1 import Eagle1Head
 from specviz.models.eagle3 import Eagle3Head
-from specviz.models.fittedhead import head_folder
+from specviz.models.builtinheads import head_folder
 from specviz.models.head import Head, settle
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.run import EMBEDDED_TARGET, TINY_TARGET

@@ -23,21 +23,24 @@ from safetensors.torch import save_file
 from specviz.decoding.reference import batched_reference
 from specviz.decoding.sampling import Sampler, Sampling
 from specviz.models.checkpoints import atomic_save
+from specviz.models.head import heard_states
 from specviz.models.heads import SHAPES, TRAINED, EagleHead, Recipe
 from specviz.models.pairs import ModelPair
 from specviz.spec.prompts import builtin_set
 
 TrainingProgress = Callable[[str, int], None]  # (phase, n more done)
 CONTINUING, TRAINING = "the target's continuations", "training"  # in tokens, in steps
-# token ids, the target's argmax, its last hidden state
+# token ids, the target's argmax, the hidden states a head hears (its last, by default)
 Example = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def examples(pair: ModelPair, prompts: list[str], recipe: Recipe,
-             progress: TrainingProgress | None = None) -> list[Example]:
+             progress: TrainingProgress | None = None,
+             heard: tuple[int, ...] = (-1,)) -> list[Example]:
     """Every prompt followed by each of the target's continuations (greedy, then sampled): its ids,
     and at each slot the target's argmax (what the head must predict, whichever token the
-    continuation took) and last hidden state."""
+    continuation took) and the hidden states a head hears (`heard`, concatenated: the last one by
+    default)."""
     ids, found = pair.encode(prompts), []
     for copy in range(1 + recipe.sampled):
         sampler = Sampler(recipe.temperature if copy else 0.0)
@@ -49,7 +52,7 @@ def examples(pair: ModelPair, prompts: list[str], recipe: Recipe,
                 seq = torch.tensor([prompt + out.ids], device=pair.device)
                 o = pair.target(input_ids=seq, output_hidden_states=True)
                 found.append((seq[0], o.logits[0, :, : pair.vocab_size].argmax(-1),
-                              o.hidden_states[-1][0]))
+                              heard_states(o.hidden_states, heard)[0]))
     return found
 
 

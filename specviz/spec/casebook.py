@@ -74,7 +74,7 @@ _REQUESTS = dict(rows=({"temperature": 0}, {"temperature": 0.8, "top_p": 0.95},
                           "Explain how a bicycle works.", "Tell me about the history of tea."),
                  max_new_tokens=48)
 _HYBRID = dict(target="specviz:tiny-hybrid", draft="specviz:tiny-hybrid-draft")
-# specviz's fitted EAGLE-3 head of the run's target (models/fittedhead.py): it drafts the target's
+# specviz's fitted EAGLE-3 head of the run's target (models/builtinheads.py): it drafts the target's
 # own text on these prompts, so what a wrong feeding costs shows
 _FITTED = dict(drafter="eagle3", head=FITTED_HEAD)
 # The first prompt's answer ends with its end-of-sequence token (token 7) inside the block that

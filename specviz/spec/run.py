@@ -58,8 +58,10 @@ SAMPLING_FIELDS = ("top_k", "top_p", "draft_temperature", "draft_top_k", "draft_
 MAX_NGRAM = 16
 MAX_TREE_WIDTH = 8
 MAX_HEAD_PATH = 512  # characters of a head's folder
-# the EAGLE-3 head specviz fits for a built-in target (models/fittedhead.py), named as a folder
+# the EAGLE-3 heads specviz makes for a built-in target (models/builtinheads.py), named as a folder:
+# fitted in seconds, and trained on this machine (specviz train-head --eagle3)
 FITTED_HEAD = "specviz:fitted-eagle3"
+TRAINED_HEAD = "specviz:trained-eagle3"
 MAX_REPETITION_PENALTY = 10.0
 MAX_PRESENCE_PENALTY = 2.0  # OpenAI's bound
 PENALTY_FIELDS = ("repetition_penalty", "presence_penalty")

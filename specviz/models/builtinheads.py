@@ -1,17 +1,21 @@
-"""The EAGLE-3 head specviz makes for its built-in targets (`FITTED_HEAD`), written in the published
-layout (the folder vLLM and SGLang load): fitted in seconds by least squares, not trained, so that
-a published head's faults can be replayed on any machine without a download.
+"""The EAGLE-3 heads specviz makes for its built-in targets, written in the published layout (the
+folder vLLM and SGLang load), named as a head's folder:
 
-It hears three of the target's layers, named in its config: 1, L/2 and L-1 (not the engines'
-default 2, L/2, L-3, so that falling back to those shows). Its text: the target's own greedy
-continuations of the page's default prompts and the field casebook's. `fc` passes the last layer's
-state as it is; its attention writes nothing (o_proj 0); its MLP is fitted to step that state from
-each slot of the text to the next, and its output rows (after the target's final norm) to give the
-target's logits from the state so reached. So it drafts the target's own text on those prompts,
-and poorly elsewhere: a head to show what feeding it wrongly costs, not one to speed a run up. Its
-draft vocabulary is the ids of that text, the byte tokens and the end-of-sequence tokens, mapped by
-d2t offsets. It is made once per target and cached beside the embedded pair's converted
-weights."""
+- `FITTED_HEAD`, fitted in seconds by least squares, not trained, so that a published head's faults
+  can be replayed on any machine without a download;
+- `TRAINED_HEAD`, the embedded target's, trained on this machine by EAGLE-3's recipe, small
+  (run/eagle3_training.py, `specviz train-head --eagle3`), from the fit below on its own text.
+
+The fit. The head hears three of the target's layers, named in its config. `fc` passes the last of
+them as it is; its attention writes nothing (o_proj 0); its MLP is fitted to step that state from
+each slot of a text to the next, and its output rows (after the target's final norm) to give the
+target's logits from the state so reached. So it drafts the target's own text where it was fitted,
+and poorly elsewhere. Its draft vocabulary is the ids of that text, the byte tokens and the
+end-of-sequence tokens, mapped by d2t offsets. The fitted head hears layers 1, L/2 and L-1 (not the
+engines' default 2, L/2, L-3, so that falling back to those shows) and is fitted on the target's
+greedy continuations of the page's default prompts and the field casebook's: a head to show what
+feeding it wrongly costs, not one to speed a run up. Each is made once per target and cached beside
+the embedded pair's converted weights."""
 from __future__ import annotations
 
 import copy
@@ -25,7 +29,7 @@ from transformers import AutoTokenizer
 from specviz.models.checkpoints import atomic_save, cache_dir, embedded_tokenizer_dir
 from specviz.spec.casebook import PROMPTS
 from specviz.spec.prompts import DEFAULT_SET, builtin_set
-from specviz.spec.run import EMBEDDED_TARGET, FITTED_HEAD, TINY_TARGET
+from specviz.spec.run import EMBEDDED_TARGET, FITTED_HEAD, TINY_TARGET, TRAINED_HEAD
 from specviz.spec.strict import SpecError
 
 FITTED_FOR = (EMBEDDED_TARGET, TINY_TARGET)  # Llama targets with the embedded tokenizer
@@ -35,9 +39,31 @@ SEED = 0  # of the gate and up projections, and of the attention it does not use
 VERSION = 1  # of the recipe: a new one makes a new folder
 
 
+# where the embedded target's trained head is cached; a new recipe (run/eagle3_training.py) makes a
+# new folder
+TRAINED_VERSION = 1
+
+
 def head_folder(source: str, target, name: str) -> str:
-    """The folder a head's `source` names for target `name`: itself, or the fitted head's."""
-    return str(fitted_head(target, name)) if source == FITTED_HEAD else source
+    """The folder a head's `source` names for target `name`: itself, or a built-in head's."""
+    if source == FITTED_HEAD:
+        return str(fitted_head(target, name))
+    if source == TRAINED_HEAD:
+        folder = trained_folder(name)
+        if not (folder / "config.json").is_file():
+            raise SpecError(f"{name}'s EAGLE-3 head is not trained on this machine yet: run "
+                            "`specviz train-head --eagle3` once (about 15 minutes on 2 CPU "
+                            f"cores; it caches the head at {folder})")
+        return str(folder)
+    return source
+
+
+def trained_folder(name: str) -> Path:
+    """Where target `name`'s trained EAGLE-3 head is cached."""
+    if name != EMBEDDED_TARGET:
+        raise SpecError(f"specviz trains an EAGLE-3 head for {EMBEDDED_TARGET} only, not {name}: "
+                        "give a published head's folder")
+    return cache_dir() / f"{name.split(':')[-1]}-trained-eagle3-v{TRAINED_VERSION}"
 
 
 def fitted_head(target, name: str) -> Path:
@@ -50,7 +76,11 @@ def fitted_head(target, name: str) -> Path:
     folder = cache_dir() / f"{name.split(':')[-1]}-fitted-eagle3-v{VERSION}"
     if not (folder / "config.json").is_file():
         model = target if target.dtype == torch.float32 else copy.deepcopy(target).float()
-        atomic_save(folder, lambda tmp: _write(tmp, model))
+        texts = _continuations(model)
+        L = model.config.get_text_config().num_hidden_layers
+        atomic_save(folder, lambda tmp: write_head(tmp, *fitted(model, texts, sorted(
+            {1, L // 2, L - 1}), f"fitted by models/builtinheads.py, version {VERSION}: not "
+                                 "trained")))
     return folder
 
 
@@ -70,13 +100,14 @@ def _continuations(target) -> list[list[int]]:
     return out
 
 
-def _write(folder: Path, target) -> None:
+def fitted(target, texts: list[list[int]], aux: list[int],
+           made: str) -> tuple[dict[str, torch.Tensor], dict]:
+    """(weights, config) of a head over `target` (float32) hearing layers `aux`, fitted on the
+    token ids `texts` (module docstring); `made`: how, said in its config."""
     c = target.config.get_text_config()
-    H, L, V, eps = c.hidden_size, c.num_hidden_layers, c.vocab_size, c.rms_norm_eps
+    H, V, eps = c.hidden_size, c.vocab_size, c.rms_norm_eps
     heads, kv = c.num_attention_heads, c.num_key_value_heads
     d = getattr(c, "head_dim", None) or H // heads
-    aux = sorted({1, L // 2, L - 1})
-    texts = _continuations(target)
     gen = torch.Generator().manual_seed(SEED)
 
     def rand(*shape, scale: float) -> torch.Tensor:
@@ -114,8 +145,6 @@ def _write(folder: Path, target) -> None:
             "self_attn.o_proj.weight": torch.zeros(H, heads * d),
             "mlp.gate_proj.weight": gate, "mlp.up_proj.weight": up, "mlp.down_proj.weight": down.T,
         }.items()}}
-    save_file({k: (v.detach().float().cpu() if v.is_floating_point() else v).contiguous()
-               for k, v in weights.items()}, folder / "model.safetensors")
     config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
               "num_hidden_layers": 1, "hidden_size": H, "intermediate_size": WIDTH,
               "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": d,
@@ -124,8 +153,14 @@ def _write(folder: Path, target) -> None:
               "rope_parameters": c.rope_parameters,
               "max_position_embeddings": c.max_position_embeddings,
               "tie_word_embeddings": False, "torch_dtype": "float32",
-              "eagle_aux_hidden_state_layer_ids": aux,
-              "specviz": f"fitted by models/fittedhead.py, version {VERSION}: not trained"}
+              "eagle_aux_hidden_state_layer_ids": list(aux), "specviz": made}
+    return weights, config
+
+
+def write_head(folder: Path, weights: dict[str, torch.Tensor], config: dict) -> None:
+    """A head's files as published: model.safetensors (float32) and config.json."""
+    save_file({k: (v.detach().float().cpu() if v.is_floating_point() else v.cpu()).contiguous()
+               for k, v in weights.items()}, folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps(config, indent=1))
 
 
