@@ -27,7 +27,8 @@ from specviz.models.checkpoints import atomic_save
 from specviz.models.eagle3 import Eagle3Head, default_aux_layers
 from specviz.models.heads import Recipe
 from specviz.models.pairs import ModelPair
-from specviz.run.head_training import TRAINING, Example, TrainingProgress, examples
+from specviz.run.head_training import (Example, TrainingProgress, examples, one_on,
+                                       optimize)
 from specviz.spec.prompts import builtin_set
 
 RECIPE = Recipe(steps=200, tokens_per_step=1024, learning_rate=1e-4, new_tokens=128, sampled=1)
@@ -80,42 +81,17 @@ def train(head: Eagle3Head, data: list[Example], vocab_size: int, recipe: Recipe
           progress: TrainingProgress | None = None) -> list[float]:
     """Train `head` in place on `data` (over a target of `vocab_size` ids); the loss per token of
     every step, averaged over its unrolled passes."""
-    vocab = head.to_target
     label_of = torch.full((vocab_size,), IGNORED)  # target id -> draft id
-    label_of[vocab] = torch.arange(len(vocab))
-    generator = torch.Generator().manual_seed(recipe.seed)
-    head.train().requires_grad_(True)
-    optimizer = torch.optim.AdamW(head.parameters(), lr=recipe.learning_rate, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, recipe.learning_rate,
-                                                   total_steps=recipe.steps, pct_start=0.1)
-    losses, order = [], []
-    for _ in range(recipe.steps):
-        optimizer.zero_grad()
-        tokens = total = 0
-        while tokens < recipe.tokens_per_step:
-            if not order:
-                order = torch.randperm(len(data), generator=generator).tolist()
-            ids, argmax, heard = data[order.pop()]
-            labels = label_of[argmax]
-            fed = _one_on(head.from_target(heard))  # the target's states, each a slot on
-            loss = argmax.new_zeros((), dtype=torch.float32)
-            for _ in range(UNROLLED):
-                out = head.fresh(ids, fed)
-                drafted = head.lm_head(head.norm(out))  # over the draft vocabulary
-                loss = loss + torch.nn.functional.cross_entropy(
-                    drafted.float(), labels, ignore_index=IGNORED, reduction="sum")
-                fed = _one_on(out)  # what it guessed, as its next draft is fed
-            (loss / (UNROLLED * recipe.tokens_per_step)).backward()
-            tokens, total = tokens + len(ids), total + loss.item() / UNROLLED
-        optimizer.step()
-        schedule.step()
-        losses.append(total / tokens)
-        if progress:
-            progress(TRAINING, 1)
-    head.eval().requires_grad_(False)
-    return losses
+    label_of[head.to_target] = torch.arange(len(head.to_target))
 
-
-def _one_on(states: torch.Tensor) -> torch.Tensor:
-    """(T, H) each slot fed the state of the slot before (the first, zeros)."""
-    return torch.cat([torch.zeros_like(states[:1]), states[:-1]])
+    def loss(example: Example) -> torch.Tensor:
+        ids, argmax, heard = example
+        fed, total = one_on(head.from_target(heard)), 0.0  # the target's states, a slot on
+        for _ in range(UNROLLED):
+            out = head.fresh(ids, fed)
+            drafted = head.lm_head(head.norm(out))  # over the draft vocabulary
+            total = total + torch.nn.functional.cross_entropy(
+                drafted.float(), label_of[argmax], ignore_index=IGNORED, reduction="sum")
+            fed = one_on(out)  # what it guessed, as its next draft is fed
+        return total / UNROLLED
+    return optimize(head, data, loss, recipe, progress)

@@ -60,28 +60,37 @@ def train(head: EagleHead, data: list[Example], vocab: int, recipe: Recipe,
           progress: TrainingProgress | None = None) -> list[float]:
     """Train `head` in place on `data` over the pair's shared `vocab`; the mean loss per token of
     every step."""
+    def loss(example: Example) -> torch.Tensor:
+        ids, argmax, hidden = example
+        out = head.fresh(ids, one_on(hidden))  # each slot fed the hidden state at the slot before
+        return (torch.nn.functional.cross_entropy(head.logits(out)[:, :vocab].float(), argmax,
+                                                  reduction="sum")
+                + torch.nn.functional.smooth_l1_loss(out, hidden, reduction="sum")
+                / hidden.shape[-1])
+    return optimize(head, data, loss, recipe, progress)
+
+
+def optimize(head: torch.nn.Module, data: list[Example], loss: Callable[[Example], torch.Tensor],
+             recipe: Recipe, progress: TrainingProgress | None = None) -> list[float]:
+    """Train `head` in place by `recipe` (AdamW, one cycle): each step, examples in a seeded order
+    until it has `tokens_per_step` tokens, each its `loss` summed over its tokens; the loss per
+    token of every step."""
     generator = torch.Generator().manual_seed(recipe.seed)
     head.train().requires_grad_(True)
     optimizer = torch.optim.AdamW(head.parameters(), lr=recipe.learning_rate, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, recipe.learning_rate,
                                                    total_steps=recipe.steps, pct_start=0.1)
     losses, order = [], []
-    for step in range(recipe.steps):
+    for _ in range(recipe.steps):
         optimizer.zero_grad()
         tokens = total = 0
         while tokens < recipe.tokens_per_step:
             if not order:
                 order = torch.randperm(len(data), generator=generator).tolist()
-            ids, argmax, hidden = data[order.pop()]
-            # the hidden state at the slot before
-            fed = torch.cat([torch.zeros_like(hidden[:1]), hidden[:-1]])
-            out = head.fresh(ids, fed)
-            loss = (torch.nn.functional.cross_entropy(head.logits(out)[:, :vocab].float(), argmax,
-                                                      reduction="sum")
-                    + torch.nn.functional.smooth_l1_loss(out, hidden, reduction="sum")
-                    / hidden.shape[-1])
-            (loss / recipe.tokens_per_step).backward()
-            tokens, total = tokens + len(ids), total + loss.item()
+            example = data[order.pop()]
+            summed = loss(example)
+            (summed / recipe.tokens_per_step).backward()
+            tokens, total = tokens + len(example[0]), total + summed.item()
         optimizer.step()
         schedule.step()
         losses.append(total / tokens)
@@ -89,6 +98,11 @@ def train(head: EagleHead, data: list[Example], vocab: int, recipe: Recipe,
             progress(TRAINING, 1)
     head.eval().requires_grad_(False)
     return losses
+
+
+def one_on(states: torch.Tensor) -> torch.Tensor:
+    """(T, H) each slot fed the state of the slot before (the first, zeros)."""
+    return torch.cat([torch.zeros_like(states[:1]), states[:-1]])
 
 
 def train_head(pair: ModelPair, name: str,

@@ -69,6 +69,10 @@ def _no_hidden_state_yet(spec) -> str:
             "batch computes them")
 
 
+# what every published head's drafter is: a head from its folder, which engines run as well
+_PUBLISHED_HEAD = dict(draft_model=False, cache=True, passes_per_draft=1,
+                       options=("head", "tree_width"), setting=_from_folder, hears=("hidden",),
+                       in_transformers=False, empty=_no_hidden_state_yet, engines_run=True)
 DRAFTERS: dict[str, DrafterKind] = {d.name: d for d in (
     DrafterKind(
         "model",
@@ -99,9 +103,7 @@ DRAFTERS: dict[str, DrafterKind] = {d.name: d for d in (
         "decoder layers over the target's last hidden state mixed with the next token's "
         "embedding, read by the target's output head, one pass per draft",
         "an EAGLE-1 head",
-        draft_model=False, cache=True, passes_per_draft=1, options=("head", "tree_width"),
-        setting=_from_folder, hears=("hidden",), in_transformers=False,
-        empty=_no_hidden_state_yet, engines_run=True),
+        **_PUBLISHED_HEAD),
     DrafterKind(
         "eagle3",
         "a published EAGLE-3 head, from its folder (the layout vLLM and SGLang load): one layer "
@@ -109,9 +111,7 @@ DRAFTERS: dict[str, DrafterKind] = {d.name: d for d in (
         "engines' default 2, L/2, L-3) and the next token's embedding, one pass per draft, over "
         "its own draft vocabulary (d2t)",
         "an EAGLE-3 head",
-        draft_model=False, cache=True, passes_per_draft=1, options=("head", "tree_width"),
-        setting=_from_folder, hears=("hidden",), in_transformers=False,
-        empty=_no_hidden_state_yet, engines_run=True),
+        **_PUBLISHED_HEAD),
     DrafterKind(
         "mtp",
         "the target's own multi-token-prediction (MTP) layer, which its checkpoint ships "
