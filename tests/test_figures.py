@@ -105,6 +105,13 @@ def test_the_lanes_stack_without_overlapping_whatever_their_number(traces):
         assert [a.y for a in fig.layout.annotations] == [hi for _, hi in domains]
 
 
+def test_the_drafts_figure_sets_a_heads_drafts_beside_the_heads_own(traces):
+    """Whose own proposals the run's drafts are set beside: the drafter's, a head's here."""
+    fig = plots.draft_slots(traces["case-head-aux-one-early"])
+    assert [t.name for t in fig.data] == ["the run's drafts", "an EAGLE-3 head's own"]
+    assert "draft-bug:features" in fig.layout.title.text
+
+
 def test_the_drafts_figure_shows_acceptance_by_context_length_and_the_decisions(traces):
     """A windowed drafter run as full attention (its bundled case): the drafts per slot, and beside
     them per band of context length, the run's beside the draft model's own; a run that refused

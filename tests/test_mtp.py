@@ -3,6 +3,8 @@ loaded by transformers' `MtpModel`), on tiny checkpoints that ship one (mtp_chec
 output is the batch-size-1 reference's, every draft is the one transformers' own MTP layer writes
 from a fresh pass, transformers' own MTP generation agrees, and a head's bug is named
 by its side."""
+import json
+
 import pytest
 import torch
 from mtp_checkpoints import FAMILIES, save
@@ -13,10 +15,11 @@ from specviz.decoding.eqspec import eqspec
 from specviz.decoding.exspec import exspec
 from specviz.decoding.reference import reference
 from specviz.models.pairs import load_pair
+from specviz.run import check
 from specviz.run.runner import run
 from specviz.spec.faults import FAULTS
 from specviz.spec.prompts import builtin_set
-from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
+from specviz.spec.run import ENGINE, TINY_DRAFT, TINY_TARGET, RunSpec
 from specviz.spec.strict import SpecError
 from specviz.trace import metrics
 
@@ -134,3 +137,44 @@ def test_a_model_without_mtp_layers_is_refused_with_the_reason(tiny):
                          device="cpu")
     with pytest.raises(SpecError, match="ships no multi-token-prediction"):
         run(spec)
+
+
+def _engine_file(pair, mtp: MtpModel, prompts: list[list[int]], late: bool) -> bytes:
+    """The outputs file of an engine outside specviz that speculates with transformers' own MTP
+    layer, k drafts a round, and counts its drafts and accepted ones per request. Its output is
+    the target's own greedy text (transformers' `generate`); `late`: it drafts without the token
+    the target wrote last (vllm-metal PR #721), a lossless bug."""
+    lines = [{"engine": {"name": "mtp-engine", "settings": {"k": K, "drafter": "mtp"}}}]
+    for ids in prompts:
+        out = pair.target.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False,
+                                   attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                   pad_token_id=0)[0, len(ids):].tolist()
+        drafts = accepted = at = 0
+        while at < len(out):
+            m = min(K, len(out) - at)
+            prefix = ids + out[:at]
+            proposed = _transformers_drafts(pair, mtp, prefix[:-1] if late else prefix, m)
+            a = next((j for j in range(m) if proposed[j] != out[at + j]), m)
+            drafts, accepted, at = drafts + m, accepted + a, at + a + 1
+        lines.append({"prompt_ids": ids, "output_ids": out, "drafts": drafts,
+                      "accepted": accepted})
+    return "\n".join(json.dumps(line) for line in lines).encode()
+
+
+def test_an_engine_drafting_with_the_models_mtp_layer_is_judged_by_its_counters(checkpoints):
+    """An engine that says it drafts with the model's MTP layer (`check --engine-drafter mtp`):
+    its counters are set beside specviz's replay of the layer on its outputs; a correct one is
+    not short, one that drafts without the target's last token is."""
+    pair = _pair(checkpoints, "mellum")
+    mtp = MtpModel.from_pretrained(pair.target).double()
+    prompts = builtin_set("all")[:3]
+    spec = RunSpec.build(target=checkpoints["mellum"], draft=checkpoints["mellum"],
+                         prompts=tuple(prompts), method=ENGINE, k=K, max_new_tokens=NEW,
+                         dtype="float64", device="cpu", drafter="mtp")
+    judged = {late: check.from_files(spec, pair, (_engine_file(pair, mtp, pair.encode(prompts),
+                                                               late), "mtp.jsonl"),
+                                     drafter="mtp").acceptance
+              for late in (False, True)}
+    assert judged[False].counters and judged[False].verdict is None, judged[False].explanation
+    assert judged[True].verdict == "draft-bug:acceptance", judged[True].explanation
+    assert judged[True].accepted < judged[False].accepted

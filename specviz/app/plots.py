@@ -144,19 +144,21 @@ def phase_timings(trace: Trace) -> go.Figure:
 
 
 def draft_slots(trace: Trace) -> go.Figure:
-    """Per draft slot, the run's acceptance beside what the draft model's own proposals would have
-    had (the acceptance judge's): a lossless draft bug shows as the gap between them. Beside it,
-    where the rounds began at more than one band of context length, the same by context length: a
-    drafter that loses its way past a length shows as a cliff there."""
+    """Per draft slot, the run's (or an engine's) acceptance beside what its drafter's own proposals
+    would have had (the acceptance judges'): a lossless draft bug shows as the gap between them.
+    Beside it, where the rounds began at more than one band of context length, the same by context
+    length: a drafter that loses its way past a length shows as a cliff there."""
     a = trace.acceptance
     if a is None and engineviews.reports_rounds(trace):
         return _engine_slots(trace)
     if a is None:
-        return empty("The drafts are judged on greedy runs with a draft model: each round's drafts "
-                     "against a fresh pass<br>of the draft model on the committed tokens. This "
-                     "run has no such judgement.")
+        return empty("The drafts are judged on greedy runs with a draft model or a head: each "
+                     "round's drafts against the drafter's own,<br>replayed fresh on the committed "
+                     "tokens. This run has no such judgement.")
     x = list(range(len(a.per_position)))
-    series = (("the run's drafts", COLOURS[0]), ("the draft model's own", COLOURS[2]))
+    whose = DRAFTERS[trace.manifest.spec.drafter].noun
+    series = (("the engine's drafts" if trace.manifest.engine else "the run's drafts", COLOURS[0]),
+              (f"{whose}'s own", COLOURS[2]))
     data = [{"type": "bar", "x": x, "y": ys, "name": name, "marker": {"color": colour},
              "hovertemplate": f"draft slot %{{x}}<br>{name}: %{{y:.0%}}<extra></extra>"}
             for ys, (name, colour) in zip((a.per_position, a.per_position_fresh), series)]

@@ -149,7 +149,7 @@ def check_engine(settings: Settings, progress=gr.Progress(), **controls):
                             "it serves")
         # A blank box (an API client's None) is the control's default.
         spec = RunSpec.build(
-            **({"drafter": drafter, "head": head} if head else {}),
+            **({"drafter": drafter} if drafter else {}), **({"head": head} if head else {}),
             target=target, draft=draft, method=ENGINE, dtype=c["dtype"],
             prompts=tuple(builtin_sets()[c["prompt_set"] or ENGINE_DEFAULTS["prompt_set"]]),
             max_new_tokens=int(c["max_new_tokens"] or ENGINE_DEFAULTS["max_new_tokens"]),

@@ -41,9 +41,9 @@ def cmd_check(args) -> int:
     if args.control_openvino and not args.openvino:
         raise SpecError("--control-openvino is OpenVINO's run without speculation: give "
                         "--openvino MODE")
-    # a published head the engine drafts with: the check's, from its files
+    # what the engine drafts with, recorded with the check (a published head: from its files)
     spec = spec_of(args, method=ENGINE, k=args.k,
-                   **({"drafter": args.engine_drafter} if args.head else {}))
+                   **({"drafter": args.engine_drafter} if args.engine_drafter else {}))
     pair = pair_for(spec, args.trust_remote_code, placement_of(args))
     if args.determinism and not (args.server or args.openvino):
         raise SpecError("--determinism asks the engine again: give it as --server URL or "

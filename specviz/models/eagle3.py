@@ -13,6 +13,8 @@ authors'), read from its own folder (config.json and safetensors) as vLLM 0.32 r
   ids); the other target ids get the lowest logit its dtype holds (vLLM's -inf, kept finite).
 - Variants the engines accept: `norm_before_fc`, `fc_norm`, `norm_output`, `norm_before_residual`.
   A head without aux states (`use_aux_hidden_state` false) or with more than one layer is refused.
+- The field's wrong ways of feeding it (MISFEEDINGS) are built as heads too (`mistaken`): the head
+  faults feed it so, and the acceptance judges replay each to name the one a run's drafts follow.
 """
 from __future__ import annotations
 
@@ -36,13 +38,12 @@ VARIANTS = ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")
 # name them: spec/faults.toml's `misfeeds`); `Eagle3Head.mistaken` builds each.
 MISFEEDINGS = {
     "aux-one-early": "its aux states one layer early (vLLM PR #43671)",
-    "aux-fallback": "the engines' default aux layers 2, L/2, L-3, as if its config named "
-                         "none (vLLM PR #50170)",
-    "norm-before-fc-flipped": "its features normed before fc where it asks for no norm, or "
-                                  "not normed where it does (SGLang PR #32334)",
+    "aux-fallback": "the engines' default aux layers 2, L/2, L-3, as if its config named none "
+                    "(vLLM PR #50170)",
+    "norm-before-fc-flipped": "its features normed before fc where it asks for no norm, or not "
+                              "normed where it does (SGLang PR #32334)",
     "d2t-as-ids": "its d2t read as target ids, not offsets (verl-SpeCo PR #67)",
-    "d2t-dropped": "its d2t dropped: draft id i read as target id i "
-                              "(Automodel PR #2447)",
+    "d2t-dropped": "its d2t dropped: draft id i read as target id i (Automodel PR #2447)",
 }
 
 
@@ -164,8 +165,8 @@ class Eagle3Head(PublishedHead):
         load_weights(self, renamed, f"the EAGLE-3 head at {where}", computed=("to_target",))
 
     def mistaken(self) -> dict[str, Eagle3Head]:
-        """The field's ways of feeding this head wrongly (MISFEEDINGS), each as the head so fed,
-        by name (MISFEEDINGS): its aux states one layer early; where its config names others, the
+        """The field's ways of feeding this head wrongly, each as the head so fed, by name
+        (MISFEEDINGS): its aux states one layer early; where its config names others, the
         engines' default layers (as many); its features' norm before `fc` flipped; its d2t read
         as ids; and, where it maps a draft vocabulary, that map dropped."""
         layers = self._target[0].config.get_text_config().num_hidden_layers
