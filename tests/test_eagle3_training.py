@@ -4,14 +4,17 @@ vLLM would read them), it drafts to the batch-size-1 reference exactly, and its 
 own."""
 import dataclasses
 
-from specviz.models.builtinheads import write_head
+import pytest
+
+from specviz.models.builtinheads import head_folder, write_head
 from specviz.models.eagle3 import default_aux_layers
 from specviz.models.pairs import load_pair
 from specviz.run.eagle3_training import RECIPE, published, started, train
 from specviz.run.head_training import examples
 from specviz.run.runner import run
 from specviz.spec.prompts import builtin_set
-from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
+from specviz.spec.run import EMBEDDED_TARGET, TINY_DRAFT, TINY_TARGET, TRAINED_HEAD, RunSpec
+from specviz.spec.strict import SpecError
 from specviz.trace import metrics
 
 SMALL = dataclasses.replace(RECIPE, steps=8, tokens_per_step=256, new_tokens=24, sampled=0,
@@ -33,3 +36,11 @@ def test_a_head_trained_so_learns_and_is_read_back_as_published(tmp_path):
     assert metrics.equivalence(trace)["exact"] == 1
     assert trace.acceptance.verdict is None, trace.acceptance.explanation
     assert list(trace.manifest.head.aux_layers) == aux and not trace.manifest.head.fell_back
+
+
+def test_the_trained_head_is_refused_until_this_machine_has_trained_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))
+    with pytest.raises(SpecError, match="run `specviz train-head --eagle3` once"):
+        head_folder(TRAINED_HEAD, None, EMBEDDED_TARGET)
+    with pytest.raises(SpecError, match="trains an EAGLE-3 head for specviz:smollm2-135m only"):
+        head_folder(TRAINED_HEAD, None, TINY_TARGET)
