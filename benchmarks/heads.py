@@ -16,13 +16,14 @@ import tempfile
 from pathlib import Path
 
 from specviz.decoding.recording import build_trace
-from specviz.forensics.acceptance import rates_of, shown_rates
+from specviz.forensics.acceptance import shown_rates
 from specviz.models.builtinheads import head_folder
 from specviz.models.pairs import load_pair
 from specviz.run.runner import decode
 from specviz.spec.casebook import PROMPTS as CASEBOOK
 from specviz.spec.prompts import DEFAULT_SET, builtin_set
 from specviz.spec.run import ENGINE, FITTED_HEAD, PAIR_PRESETS, TRAINED_HEAD, RunSpec
+from specviz.trace import metrics
 
 import options
 
@@ -54,18 +55,13 @@ def main() -> None:
                                  batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                                  tree_width=width, **fields)
             result = decode(spec, pair, ids)
-            rows = build_trace(spec, pair, ids, result).rows
-            reached, taken = [0] * args.k, [0] * args.k
-            for r in rows:
-                for j in range(len(r.draft_tokens)):
-                    reached[j] += j <= r.accepted
-                    taken[j] += j < r.accepted
+            trace = build_trace(spec, pair, ids, result)
+            # a position no round reached: nan
+            positions = [None if p != p else p for p in metrics.per_position_acceptance(trace)]
             equal = [o.ids for o in result.outputs] == [o.ids for o in reference.outputs]
-            options.add_row(lines, f"| {name} | {width} | "
-                                   f"{shown_rates(rates_of(taken, reached))} | "
-                                   f"{sum(r.accepted for r in rows) / len(rows):.2f} | "
-                                   f"{sum(len(r.emitted) for r in rows) / len(rows):.2f} | "
-                                   f"{equal} |")
+            options.add_row(lines, f"| {name} | {width} | {shown_rates(positions)} | "
+                                   f"{sum(r.accepted for r in trace.rows) / len(trace.rows):.2f}"
+                                   f" | {metrics.tokens_per_round(trace):.2f} | {equal} |")
     if args.vllm:
         options.add_row(lines, "")
         options.add_row(lines, _served_to_vllm(pair, prompts, args))

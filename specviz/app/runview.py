@@ -142,11 +142,9 @@ def check_engine(settings: Settings, progress=gr.Progress(), **controls):
         if drafter and drafter not in JUDGED_DRAFTERS:
             raise SpecError(f"the engine's drafter is one of {', '.join(JUDGED_DRAFTERS)}, "
                             f"not {drafter!r}")
+        # a head's folder, read for a head's drafter only (RunSpec asks for it there)
         published = bool(drafter) and "head" in DRAFTERS[drafter].options
         head = (c["engine_head"] or "").strip() if published else ""
-        if published and not head:
-            raise SpecError(f"the engine drafts with {DRAFTERS[drafter].noun}: give the folder "
-                            "it serves")
         # A blank box (an API client's None) is the control's default.
         spec = RunSpec.build(
             **({"drafter": drafter} if drafter else {}), **({"head": head} if head else {}),

@@ -52,6 +52,8 @@ class _Slot:
 # (seq, t0, m) -> the drafter's own m drafts for the round whose first draft proposes output token
 # t0 (the committed tokens before each as its earlier drafts), and their logits (m, vocab)
 Proposals = Callable[[int, int, int], tuple[list[int], torch.Tensor]]
+# (seq, the layers heard) -> the target's states there from one fresh pass of the sequence
+TargetStates = dict[tuple[int, tuple[int, ...]], torch.Tensor]
 
 
 @torch.inference_mode()
@@ -83,26 +85,32 @@ def judge_head_acceptance(trace: Trace, target, head, vocab: int,
     state at each slot before, and for each later draft its own output, over the whole sequence
     again (no cache).
     `tolerance()`: the run's draft rounding tolerance."""
-    replay = head_replay(trace, target, head, vocab)
+    states: TargetStates = {}
+    replay = head_replay(trace, target, head, vocab, states)
     return _judge_rounds(trace, replay(0), "the head", tolerance,
                          lambda beyond, starts: _head_side(trace, target, head, vocab, beyond,
-                                                           starts, replay(1)))
+                                                           starts, replay(1), states))
 
 
-def head_replay(trace: Trace, target, head, vocab: int) -> Callable[[int], Proposals]:
+def head_replay(trace: Trace, target, head, vocab: int,
+                states: TargetStates | None = None) -> Callable[[int], Proposals]:
     """(shift) -> a draft head's own proposals from scratch on the trace's committed tokens: the
     hidden states it hears from one fresh pass of the target per sequence (batch size 1, no
-    cache), each slot fed the state `shift` + 1 slots before, then the head over the whole
-    sequence again for each draft, fed its own output after the first."""
+    cache; kept in `states`, which replays of heads that hear the same layers share), each slot
+    fed the state `shift` + 1 slots before, then the head over the whole sequence again for each
+    draft, fed its own output after the first."""
+    states = {} if states is None else states
     hidden: dict[int, torch.Tensor] = {}
 
     def replay(shift: int) -> Proposals:
         def proposals(seq: int, t0: int, m: int) -> tuple[list[int], torch.Tensor]:
             ids = trace.prompts[seq].ids + trace.sequences[seq].output_ids
-            if seq not in hidden:
+            if (seq, head.heard) not in states:
                 out = target(input_ids=torch.tensor([ids], device=target.device),
                              output_hidden_states=True)
-                hidden[seq] = head.from_target(heard_states(out.hidden_states, head.heard)[0])
+                states[seq, head.heard] = heard_states(out.hidden_states, head.heard)[0]
+            if seq not in hidden:
+                hidden[seq] = head.from_target(states[seq, head.heard])
             h, at = hidden[seq], len(trace.prompts[seq].ids) + t0
             fed = torch.cat([torch.zeros_like(h[: 1 + shift]), h[: at - 1 - shift]])[:at]
             rows = []
@@ -208,7 +216,8 @@ def _judge_rounds(trace: Trace, proposals: Proposals, whose: str,
 
 
 def _head_side(trace: Trace, target, head, vocab: int, beyond: list[_Slot],
-               starts: dict[tuple[int, int], int], shifted: Proposals) -> tuple[str, str]:
+               starts: dict[tuple[int, int], int], shifted: Proposals,
+               states: TargetStates) -> tuple[str, str]:
     """The side of a head that went wrong: the hidden states one slot off give its drafts, or the
     head fed one of the field's wrong ways (a published head's `mistaken`: its fault's verdict),
     else its own state."""
@@ -222,10 +231,10 @@ def _head_side(trace: Trace, target, head, vocab: int, beyond: list[_Slot],
             "The head replayed from the target's hidden states one slot earlier proposes "
             f"{explained} of them: it was fed each slot's hidden state off by one.")
     for way, fed in head.mistaken().items():
-        explained = explains(head_replay(trace, target, fed, vocab)(0))
+        explained = explains(head_replay(trace, target, fed, vocab, states)(0))
         if explained >= EXPLAINED * len(beyond):
             return misfeeding(way).acceptance, (
-                f"The head replayed fed {MISFEEDINGS[way]} proposes {explained} of them.")
+                f"The head replayed with {MISFEEDINGS[way]} proposes {explained} of them.")
     return "draft-bug:cache", ("Neither the target's hidden states one slot off nor a known "
                                "wrong way of feeding the head gives them: the head's own state "
                                "(its cache, or what it was fed) was wrong.")

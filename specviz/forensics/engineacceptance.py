@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 import torch
 
-from specviz.forensics.acceptance import SIGMAS, head_replay, rates_of, shown_rates
+from specviz.forensics.acceptance import (SIGMAS, TargetStates, head_replay, rates_of,
+                                          shown_rates)
 from specviz.forensics.recompute import fresh_logits
 from specviz.trace.evidence import Acceptance, Rejections
 from specviz.trace.schema import Trace
@@ -33,9 +34,11 @@ def model_drafts(trace: Trace, draft, vocab: int) -> DraftsAt:
     return drafts
 
 
-def head_drafts(trace: Trace, target, head, vocab: int) -> DraftsAt:
-    """A draft head's own greedy chains on each output's committed tokens (head_replay)."""
-    proposals = head_replay(trace, target, head, vocab)(0)
+def head_drafts(trace: Trace, target, head, vocab: int,
+                states: TargetStates | None = None) -> DraftsAt:
+    """A draft head's own greedy chains on each output's committed tokens (head_replay; `states`,
+    the target's, shared with other heads' replays)."""
+    proposals = head_replay(trace, target, head, vocab, states)(0)
     return lambda seq, i, m: proposals(seq, i, m)[0]
 
 

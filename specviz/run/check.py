@@ -354,9 +354,9 @@ def _drafter_replay(trace: Trace, spec: RunSpec, pair: ModelPair, drafter: str |
         return None
     if kind.draft_model:
         return model_drafts(trace, pair.draft, pair.vocab_size), "the draft model's", None
-    head = head_for(kind.name, pair.target, spec.target, spec.head)
-    return (head_drafts(trace, pair.target, head, pair.vocab_size), f"{kind.noun}'s",
-            {MISFEEDINGS[way]: head_drafts(trace, pair.target, fed, pair.vocab_size)
+    head, states = head_for(kind.name, pair.target, spec.target, spec.head), {}
+    return (head_drafts(trace, pair.target, head, pair.vocab_size, states), f"{kind.noun}'s",
+            {MISFEEDINGS[way]: head_drafts(trace, pair.target, fed, pair.vocab_size, states)
              for way, fed in head.mistaken().items()})
 
 
