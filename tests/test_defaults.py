@@ -81,7 +81,8 @@ def test_the_page_starts_at_runspecs_defaults():
         "draft_top_k": None, "draft_top_p": None, "drafter": "model", "ngram_min": 1,
         "ngram_max": 3, "rows": "", "repetition_penalty": 1.0, "presence_penalty": 0.0,
         "logprobs": False, "stop": "", "chat_template": True, "tree_width": 1,
-        "json_schema": "", "reasoning_end": "", "batch_invariant": False, "head": ""}
+        "json_schema": "", "reasoning_end": "", "batch_invariant": False, "head": "",
+        "kv_block_size": 0, "prefix_caching": False}
     assert INPUTS["prompt_file"] is None
     assert (DEFAULTS["pair"], DEFAULTS["prompt_set"]) == (DEFAULT_PAIR, DEFAULT_SET)
     for field in ("dtype", "max_new_tokens", "temperature", "top_p", "seed"):

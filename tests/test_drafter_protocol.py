@@ -16,6 +16,7 @@ from specviz.decoding.drafters import BUILT, PromptLookup
 from specviz.decoding.eqspec import eqspec
 from specviz.decoding.exspec import exspec
 from specviz.decoding.faults import Policy
+from specviz.decoding.paging import Memory
 from specviz.decoding.reference import reference
 from specviz.decoding.round import lay_out
 from specviz.models.pairs import load_pair
@@ -40,7 +41,7 @@ def test_every_declared_drafter_is_built_and_keeps_the_state_it_declares(tiny, t
         spec = RunSpec.build(prompts=("a",), drafter=name, **(
             {"head": str(heads[name])} if "head" in DRAFTERS[name].options else {}))
         pair = with_mtp if name == "mtp" else tiny  # the tiny pair ships no MTP layer
-        b = lay_out(pair, Policy(()), cls.of(spec, pair), [0, 1], tokens, valid)
+        b = lay_out(pair, Policy(()), cls.of(spec, pair), Memory(), [0, 1], tokens, valid)
         assert (b.draft.cache is not None) == DRAFTERS[name].cache
         assert b.draft.length(tokens.shape[1]) == (tokens.shape[1] - 2 if DRAFTERS[name].cache
                                                    else 0)

@@ -13,6 +13,7 @@ from specviz.decoding.drafters import PromptLookup
 from specviz.decoding.eqspec import eqspec
 from specviz.decoding.exspec import exspec
 from specviz.decoding.faults import Policy
+from specviz.decoding.paging import Memory
 from specviz.decoding.reference import reference
 from specviz.decoding.round import lay_out
 from specviz.decoding.sampling import GREEDY
@@ -32,8 +33,8 @@ CORRECT = Policy(())
 def _propose(pair, histories: list[list[int]], k: int, min_n: int, max_n: int):
     """PromptLookup's proposals for these rows, laid out as a padded batch: (tokens, counts)
     per row."""
-    b = lay_out(pair, CORRECT, PromptLookup(pair, min_n, max_n), list(range(len(histories))),
-                *left_pad(histories, torch.device("cpu")))
+    b = lay_out(pair, CORRECT, PromptLookup(pair, min_n, max_n), Memory(),
+                list(range(len(histories))), *left_pad(histories, torch.device("cpu")))
     have = torch.zeros(len(histories), dtype=torch.long)
     prop = PromptLookup(pair, min_n, max_n).propose(CORRECT, b, k, GREEDY, have, have)
     return [row[:n] for row, n in zip(prop.tokens.tolist(), prop.counts.tolist())]

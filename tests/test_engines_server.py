@@ -77,6 +77,22 @@ def test_vllm_streamed_chunks_are_its_rounds(vllm, embedded, chat):
     assert 0 < sum(out.accepted for out in seen) <= counted["accepted_tokens"]
 
 
+@pytest.mark.parametrize("vllm", ["draft"], indirect=True)
+def test_vllm_with_prefix_caching_hits_shared_prefixes_and_gives_the_reference(vllm, embedded):
+    """vLLM's prefix caching (its default here) on prompts that share a long prefix, sent in two
+    waves so that the second hits what the first left: its own counters say it hit, and every
+    output is the reference's."""
+    passage = max(builtin_set("all"), key=len)[:1500]
+    ids = embedded.encode([f"{passage}\n\n{c}" for c in builtin_set("chat")[:4]])
+    ref = reference_for(embedded, ids, 16)
+    first = from_server(vllm.url, vllm.served_model, ids[:1], 16, tokenizer=embedded.tokenizer)
+    rest = from_server(vllm.url, vllm.served_model, ids[1:], 16, concurrency=3,
+                       tokenizer=embedded.tokenizer)
+    assert [o.ids for o in first.outputs + rest.outputs] == [o.ids for o in ref.outputs]
+    cached = rest.settings["prefix_cache"]
+    assert 0 < cached["hits"] <= cached["queries"], cached
+
+
 STOPS = (", ", ".\n")
 
 

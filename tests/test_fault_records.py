@@ -144,6 +144,8 @@ KINDS_BEFORE = {  # kind -> its faults, as the old table FAULTS said
     # (since: structured output, decoding/grammar.py)
     "grammar": ["grammar-unmasked-past-reasoning-end", "grammar-advanced-over-rejected",
                 "grammar-mask-after-terminated"],
+    # (since: paged KV, decoding/paging.py)
+    "paged": ["slots-assumed-contiguous"], "prefix": ["lookahead-into-shared-block"],
 }
 VERDICTS_BEFORE = {  # the old VERDICT_OF, and the two cases' own verdicts (spec/casebook.py)
     "sync-bug:positions": ["positions-from-slots", "verify-positions-not-advanced",
@@ -151,7 +153,8 @@ VERDICTS_BEFORE = {  # the old VERDICT_OF, and the two cases' own verdicts (spec
     "sync-bug:mask": ["no-mask", "tree-siblings-visible", "window-kept-on-verify"],
     "sync-bug:bonus": ["draft-bonus", "bonus-from-another-row", "tree-bonus-by-index"],
     "sync-bug:kv": ["no-kv-shift", "min-crop", "rollback-by-draft-list",
-                    "window-full-keeps-rejected", "tree-rejected-branch-kept"],
+                    "window-full-keeps-rejected", "tree-rejected-branch-kept",
+                    *KINDS_BEFORE["paged"], *KINDS_BEFORE["prefix"]],  # (the last two since)
     "sync-bug:recurrent": ["state-not-rolled-back", "state-after-zero-draft",
                            "conv-state-off-by-one", "state-kept-when-all-rejected",
                            "state-from-another-rows-count"],
@@ -200,7 +203,7 @@ def test_the_derived_groups_are_what_the_old_tables_said():
     assert needing("hidden") == ("head-hidden-off-by-one", "head-keeps-own-guesses")
     assert needing("recurrent") == tuple(KINDS_BEFORE["recurrent"])
     changes = ("breaking", "ragged", "greedy", "recurrent", "window", "stop", "penalty", "tree",
-               "grammar")
+               "grammar", "paged", "prefix")
     assert {n for n, f in FAULTS.items() if f.changes_tokens} == set(of_kind(*changes))
     assert needing("penalty", ["dsd-like", "penalty-history-last-token"]) == (
         "penalty-history-last-token",)

@@ -105,6 +105,22 @@ def test_the_lanes_stack_without_overlapping_whatever_their_number(traces):
         assert [a.y for a in fig.layout.annotations] == [hi for _, hi in domains]
 
 
+def test_a_paged_runs_lanes_end_with_the_focused_rows_block_map(traces):
+    """The prefix-cache case: the forked row's block table over the rounds, the blocks it shares
+    with the prefix cache marked, and the fork's slot crossed in its own table entry."""
+    trace = traces["case-lookahead-into-shared-block"]
+    focus = views.resolve(trace)[0]
+    fig = plots.kv_lanes(trace, focus)
+    heatmap, fork = fig.data[-2:]
+    assert heatmap.type == "heatmap" and fork.name == "the fork's slot"
+    assert any("(shared)" in cell for column in heatmap.text for cell in column)
+    s, size = trace.sequences[focus.seq], trace.manifest.paging.block_size
+    assert list(fork.y) == [(len(trace.prompts[s.seq].ids) + s.forensics.fork) // size]
+    assert fig.layout.annotations[-1].text.startswith(f"seq {focus.seq}'s block table")
+    # a contiguous run has no such lane
+    assert all(t.type != "heatmap" for t in plots.kv_lanes(traces["lookup"], focus).data)
+
+
 def test_the_drafts_figure_sets_a_heads_drafts_beside_the_heads_own(traces):
     """Whose own proposals the run's drafts are set beside: the drafter's, a head's here."""
     fig = plots.draft_slots(traces["case-head-aux-one-early"])

@@ -15,6 +15,7 @@ from specviz.decoding.drafters import EagleDrafter, ModelDrafter, PromptLookup
 from specviz.decoding.eqspec import eqspec
 from specviz.decoding.exspec import exspec
 from specviz.decoding.faults import Policy
+from specviz.decoding.paging import Memory
 from specviz.decoding.reference import reference
 from specviz.decoding.round import prefill, verify
 from specviz.decoding.sampling import GREEDY
@@ -116,7 +117,8 @@ def test_every_nodes_logits_are_a_fresh_pass_over_its_own_ancestors(tiny):
     ids = _ids(tiny, 3)
     drafter, policy = ModelDrafter(tiny, 3), Policy(())
     d = Decoding(tiny, policy, drafter, NEW)
-    b = prefill(tiny, policy, drafter, [0, 1, 2], *left_pad(ids, tiny.device, min_width=3))
+    b = prefill(tiny, policy, drafter, Memory(), [0, 1, 2],
+                *left_pad(ids, tiny.device, min_width=3))
     have = torch.zeros(3, dtype=torch.long)
     prop = drafter.propose(policy, b, 4, GREEDY, GREEDY.streams([0, 1, 2]), have)
     tree = Tree.of(prop.parents)

@@ -132,6 +132,15 @@ def run_controls_of(settings: Settings) -> dict:
                                 label="exspec window (0: 2 × batch size)")
         c["max_wait"] = gr.Number(value=DEFAULTS["max_wait"], precision=0,
                                   label="exspec max wait (rounds)")
+    with gr.Accordion("KV layout", open=False):
+        c["kv_block_size"] = gr.Number(value=DEFAULTS["kv_block_size"], precision=0, minimum=0,
+                                       label="KV block size (0: each row contiguous)",
+                                       info="page eqspec's and exspec's caches in blocks of this "
+                                            "many tokens, as serving engines do")
+        c["prefix_caching"] = gr.Checkbox(value=DEFAULTS["prefix_caching"],
+                                          label="prefix caching",
+                                          info="share prompts' full blocks across requests "
+                                               "(copy-on-write); needs a block size")
     c["audit"] = gr.Checkbox(value=DEFAULTS["audit"], label="audit every round",
                              info="check every row's state against a fresh recomputation each "
                                   "round, fork or not (about one extra batch-size-1 pass of each "

@@ -51,7 +51,8 @@ def controls_of(s: RunSpec) -> dict:
             "logprobs": s.logprobs, "stop": "\n".join(s.stop), "chat_template": s.chat_template,
             "tree_width": s.tree_width, "json_schema": s.json_schema or "",
             "reasoning_end": s.reasoning_end or "", "batch_invariant": s.batch_invariant,
-            "head": s.head or ""}
+            "head": s.head or "", "kv_block_size": s.kv_block_size,
+            "prefix_caching": s.prefix_caching}
 
 
 # The controls a spec fills, at RunSpec's defaults (on the default prompt set), in the API's order;
@@ -135,6 +136,7 @@ def spec_from_controls(**controls) -> RunSpec:
         chat_template=bool(c["chat_template"]),
         json_schema=(c["json_schema"] or "").strip() or None,
         reasoning_end=c["reasoning_end"] or None, batch_invariant=bool(c["batch_invariant"]),
+        kv_block_size=int(c["kv_block_size"] or 0), prefix_caching=bool(c["prefix_caching"]),
         # The option controls that the drafter reads (spec/drafters.py): the rest stay at defaults.
         **{f: _drafter_option(f, c[f]) for f in DRAFTERS[drafter].options})
 

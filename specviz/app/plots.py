@@ -78,7 +78,8 @@ def empty(message: str) -> go.Figure:
 
 def kv_lanes(trace: Trace, focus: Focus) -> go.Figure:
     """Per row of the focused sequence's batch: padding, content, target and draft KV, delta, and
-    the drafts each row was offered, over the rounds.
+    the drafts each row was offered, over the rounds; a paged run's last lane, the focused row's
+    block map.
 
     A static batch (eqspec) shows all its rows; exspec shows the sequences that shared
     the focused round.
@@ -94,7 +95,8 @@ def kv_lanes(trace: Trace, focus: Focus) -> go.Figure:
         seqs = next(rd.seqs for rd in trace.rounds if rd.round == here.round)
     # One shared x axis and a y axis per lane, stacked top to bottom.
     shown = lanes(trace)
-    n = len(shown)
+    paged = [r for r in mine if r.block_table is not None]
+    n = len(shown) + bool(paged)
     layout = {"height": 150 * n, "margin": {"t": 30, "b": 30, "l": 40, "r": 10},
               "hovermode": "closest", "legend": {"orientation": "h", "y": -0.06},
               "xaxis": {"title": {"text": "round (start of)"}, "anchor": f"y{n}"},
@@ -121,7 +123,39 @@ def kv_lanes(trace: Trace, focus: Focus) -> go.Figure:
                 "marker": {"size": 5 if focused else 3, "color": colour},
                 "hovertemplate": f"seq {seq} · round %{{x}}<br>{title} %{{y}}<extra></extra>",
             })
+    if paged:
+        _block_map(trace, focus, paged, n, stacked(n, 0.04)[-1], data, layout)
     return figure(data, layout)
+
+
+def _block_map(trace: Trace, focus: Focus, rows, n: int, domain, data: list, layout: dict) -> None:
+    """The focused row's block table in the target's pool over the rounds, as the last lane: a cell
+    per table entry and round, shared blocks marked; the fork's slot crossed."""
+    depth = max(len(r.block_table.blocks) for r in rows)
+    z = [[None] * len(rows) for _ in range(depth)]
+    text = [[""] * len(rows) for _ in range(depth)]
+    for c, r in enumerate(rows):
+        for b, (block, shared) in enumerate(zip(r.block_table.blocks, r.block_table.shared)):
+            z[b][c], text[b][c] = int(shared), f"block {block}" + (" (shared)" if shared else "")
+    axis, title = f"y{n}", f"seq {focus.seq}'s block table (entry; orange: shared)"
+    layout[f"yaxis{n}"] = {"domain": domain, "anchor": "x", "autorange": "reversed"}
+    layout["annotations"].append({"text": title, "xref": "paper", "yref": "paper", "x": 0,
+                                  "xanchor": "left", "y": domain[1], "yanchor": "bottom",
+                                  "showarrow": False})
+    x = [r.round for r in rows]
+    data.append({"type": "heatmap", "x": x, "y": list(range(depth)), "z": z, "text": text,
+                 "xaxis": "x", "yaxis": axis, "zmin": 0, "zmax": 1, "showscale": False,
+                 "colorscale": [[0, OK], [1, "#f58518"]], "xgap": 1, "ygap": 1,
+                 "hovertemplate": "round %{x} · entry %{y}<br>%{text}<extra></extra>"})
+    s, size = trace.sequences[focus.seq], trace.manifest.paging.block_size
+    f = s.forensics
+    if f is not None and f.round is not None:
+        at = len(trace.prompts[s.seq].ids) + f.fork
+        data.append({"type": "scatter", "mode": "markers", "xaxis": "x", "yaxis": axis,
+                     "x": [f.round], "y": [at // size], "name": "the fork's slot",
+                     "marker": {"symbol": "x", "size": 12, "color": WARN},
+                     "hovertemplate": f"the fork: position {at}, slot {at % size} of table entry "
+                                      f"{at // size}<extra></extra>"})
 
 
 def phase_timings(trace: Trace) -> go.Figure:

@@ -31,8 +31,9 @@ def headline(trace: Trace, note: str = "", timing: str | None = None) -> str:
         acceptance = metrics.acceptance_rate(trace)
         parts.append(("no drafts offered" if acceptance is None else f"acceptance {acceptance:.2f}")
                      + f", {metrics.tokens_per_round(trace):.2f} tokens/round")
-    if m.head:
-        parts.append(md(m.head.describe()))
+    for facts in (m.head, m.paging):
+        if facts:
+            parts.append(md(facts.describe()))
     if (g := metrics.group_rate(trace)) is not None:
         parts.append(f"group rate {g:.0%}")
     eq = metrics.equivalence(trace)

@@ -21,7 +21,8 @@ CHECK_TEXT = {
     "rectangular": "I1 rectangular: pad + content = batch width",
     "positions": "I2 positions follow the mask (cumsum(mask) − 1)",
     "mask": "mask: exactly the real slots are visible",
-    "kv": "I3 target KV: one entry per real token, at its own position",
+    "kv": "I3 target KV: one entry per real token, at its own position (paged: its block table "
+          "maps each position to a slot holding that token)",
     "draft_kv": "I3 draft KV: the same for the draft's cache",
     "bonus": "I4 the non-draft token is the target's own (its argmax; when sampling, its draw)",
     "recurrent": "I5 recurrent state: holds exactly the row's committed tokens (all but the last; "

@@ -120,6 +120,13 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="compute every row's logits batch-invariantly (the same bits in any "
                         "batch), and judge forks and audits at zero tolerance; float32 and "
                         "bfloat16, about 1.5 to 4 times slower (docs/batch_invariant.md)")
+    add_field(g, "kv_block_size", metavar="TOKENS",
+              help="page the engine's caches in blocks of TOKENS from a pool, as serving engines "
+                   "do (0: each row contiguous)")
+    g.add_argument("--prefix-caching", action="store_true",
+                   help="share prompts' full blocks across requests (copy-on-write): in "
+                        "specviz's engine with --kv-block-size; an OpenVINO check turns on "
+                        "OpenVINO's own")
     g = p.add_argument_group("sampling (temperature 0: greedy)")
     add_field(g, "temperature")
     add_field(g, "top_k", help="0: off")
@@ -207,7 +214,8 @@ def spec_of(args, **overrides) -> RunSpec:
         repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
         logprobs=args.logprobs, rows=tuple(args.row), stop=tuple(args.stop),
         json_schema=args.json_schema, reasoning_end=args.reasoning_end,
-        batch_invariant=args.batch_invariant,
+        batch_invariant=args.batch_invariant, kv_block_size=args.kv_block_size,
+        prefix_caching=args.prefix_caching,
     )
     fields.update(overrides)
     options = {f: getattr(args, f) for f in DRAFTER_OPTIONS if getattr(args, f) is not None}

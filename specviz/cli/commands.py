@@ -103,8 +103,9 @@ def _print_summary(trace) -> None:
                  f"{metrics.tokens_per_round(trace):.2f} tokens per round, {len(trace.rounds)} "
                  "rounds")
     print(line)
-    if m.head:
-        print(m.head.describe())
+    for facts in (m.head, m.paging):
+        if facts:
+            print(facts.describe())
     if metrics.group_rate(trace) is not None:
         pct = metrics.completion_percentiles(trace)
         print(f"group rate {metrics.group_rate(trace):.0%}; completion P50/P90/P99 "

@@ -64,7 +64,7 @@ def cmd_check(args) -> int:
                                        stream=args.stream)
         elif args.openvino:
             setting = openvino.Setting(args.openvino, args.openvino_precision,
-                                       args.prefix_caching, spec.k)
+                                       spec.prefix_caching, spec.k)
             trace = openvino_check.from_openvino(spec, pair, setting, args.control_openvino,
                                                  args.determinism, judging)
         else:

@@ -109,8 +109,6 @@ def _add_check(sub) -> None:
     g.add_argument("--openvino-precision", choices=list(openvino.PRECISIONS), default="f32",
                    help="f32: compute and KV cache in float32; cpu-default: the CPU plugin's "
                         "own (bf16 and a u8 KV cache where the CPU has bfloat16)")
-    g.add_argument("--prefix-caching", action="store_true",
-                   help="OpenVINO's prefix caching on")
     g = p.add_argument_group("repeats")
     g.add_argument("--determinism", action="store_true",
                    help="a server or OpenVINO: ask every prompt twice more (the same requests "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from specviz.decoding import kvcache
 from specviz.models.architecture import (RECURRENT, declares_layer_types, is_recurrent,
                                          sliding_windows)
 from specviz.models.head import heard_states
@@ -109,6 +110,7 @@ def forward(model, tokens: torch.Tensor, valid: torch.Tensor, q_start: int, cach
     """
     if pos is None:
         pos = positions(valid)[:, q_start:]
+    kvcache.feeding(cache, tokens, valid, q_start)
     out = model(
         input_ids=tokens[:, q_start:],
         attention_mask=attention_masks(model, valid if seen is None else seen, q_start, among,

@@ -12,6 +12,7 @@ from specviz.decoding.assisted import hf_assisted
 from specviz.decoding.drafters import drafter_for
 from specviz.decoding.eqspec import eqspec
 from specviz.decoding.exspec import exspec
+from specviz.decoding.paging import KVLayout
 from specviz.decoding.reference import batched_reference, reference
 from specviz.decoding.result import DecodeResult, Progress
 from specviz.decoding.sampling import sampling_of
@@ -36,6 +37,10 @@ class Job:
     progress: Progress | None = None
     watch: object | None = None
     first_seq: int = 0
+
+
+def kv_layout(s: RunSpec) -> KVLayout:
+    return KVLayout(s.kv_block_size, s.prefix_caching)
 
 
 def _decode_reference(job: Job) -> DecodeResult:
@@ -65,7 +70,7 @@ def _eqspec(job: Job) -> DecodeResult:
     return eqspec(job.pair, job.prompt_ids, s.batch_size, s.k, s.max_new_tokens,
                   faults=expand(s.faults), record=job.record, progress=job.progress,
                   watch=job.watch, sampling=sampling_of(s, job.first_seq),
-                  drafter=drafter_for(s, job.pair))
+                  drafter=drafter_for(s, job.pair), kv=kv_layout(s))
 
 
 def _exspec(job: Job) -> DecodeResult:
@@ -73,7 +78,8 @@ def _exspec(job: Job) -> DecodeResult:
     return exspec(job.pair, job.prompt_ids, s.batch_size, s.k, s.max_new_tokens,
                   window=s.window or 2 * s.batch_size,
                   max_wait=s.max_wait, record=job.record, progress=job.progress, watch=job.watch,
-                  sampling=sampling_of(s, job.first_seq), drafter=drafter_for(s, job.pair))
+                  sampling=sampling_of(s, job.first_seq), drafter=drafter_for(s, job.pair),
+                  kv=kv_layout(s))
 
 
 DECODERS: dict[str, Callable[[Job], DecodeResult]] = {

@@ -45,8 +45,9 @@ class ModelDrafter:
     def of(cls, spec, pair: ModelPair) -> ModelDrafter:
         return cls(pair, spec.tree_width)
 
-    def new_state(self, valid: torch.Tensor, positions: torch.Tensor) -> ModelState:
-        return ModelState.fresh(kvcache.new(self.pair.draft), valid, positions, self.behind)
+    def new_state(self, valid: torch.Tensor, positions: torch.Tensor, pages) -> ModelState:
+        return ModelState.fresh(kvcache.new(self.pair.draft, pages()), valid, positions,
+                                self.behind)
 
     def prefill(self, policy: Policy, b) -> None:
         n = b.tokens.shape[1] - self.behind
@@ -173,8 +174,9 @@ class HeadDrafter:
     def of(cls, spec, pair: ModelPair) -> HeadDrafter:
         return cls(pair, spec.k, spec.tree_width, spec.head, Policy(spec.faults))
 
-    def new_state(self, valid: torch.Tensor, positions: torch.Tensor) -> ModelState:
-        return ModelState.fresh(kvcache.new(self.head.body), valid, positions, self.behind)
+    def new_state(self, valid: torch.Tensor, positions: torch.Tensor, pages) -> ModelState:
+        return ModelState.fresh(kvcache.new(self.head.body, pages()), valid, positions,
+                                self.behind)
 
     def prefill(self, policy: Policy, b) -> None:
         n = b.tokens.shape[1] - self.behind
@@ -288,7 +290,7 @@ class PromptLookup:
     def of(cls, spec, pair: ModelPair) -> PromptLookup:
         return cls(pair, spec.ngram_min, spec.ngram_max, spec.tree_width)
 
-    def new_state(self, valid: torch.Tensor, positions: torch.Tensor) -> ModelState:
+    def new_state(self, valid: torch.Tensor, positions: torch.Tensor, pages) -> ModelState:
         # no cache: the slots it would hold (a draft model's) are recorded empty, and never checked
         return ModelState.fresh(None, valid, positions, ModelDrafter.behind)
 

@@ -15,6 +15,7 @@ import torch
 from specviz.decoding.batch import left_pad, right_pad
 from specviz.decoding.drafters import ModelDrafter
 from specviz.decoding.faults import Policy
+from specviz.decoding.paging import CONTIGUOUS, KVLayout, Memory, Slips
 from specviz.decoding.proposal import Drafter
 from specviz.decoding.recording import RoundData, record_round
 from specviz.decoding.result import DecodeResult, Progress, SequenceOutput, chunks
@@ -27,9 +28,12 @@ from specviz.models.pairs import ModelPair
 @torch.inference_mode()
 def eqspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, max_new_tokens: int,
            faults: tuple[str, ...] = (), record: bool = True, progress: Progress | None = None,
-           watch=None, sampling: Sampling = GREEDY, drafter: Drafter | None = None) -> DecodeResult:
-    """`drafter`: what proposes the drafts (drafters.py); the pair's draft model by default."""
+           watch=None, sampling: Sampling = GREEDY, drafter: Drafter | None = None,
+           kv: KVLayout = CONTIGUOUS) -> DecodeResult:
+    """`drafter`: what proposes the drafts (drafters.py); the pair's draft model by default. `kv`:
+    how the caches are laid out (paging.py)."""
     policy = Policy(tuple(faults))
+    memory = Memory(kv, Slips.of(policy.faults))
     drafter = drafter or ModelDrafter(pair)
     d = Decoding(pair, policy, drafter, max_new_tokens, sampling, record, watch)
     layout = right_pad if policy.pads_right else left_pad
@@ -39,7 +43,7 @@ def eqspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
     for index, chunk in enumerate(chunks(len(prompts), batch_size)):
         seqs = list(chunk)
         gen = {i: SequenceOutput([]) for i in seqs}
-        b = lay_out(pair, policy, drafter, seqs,
+        b = lay_out(pair, policy, drafter, memory, seqs,
                     *layout([prompts[i] for i in seqs], pair.device, min_width=2))
         while b is not None:
             clock = Clock(pair.device)
@@ -57,7 +61,7 @@ def eqspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
                 rounds.append(rd)
         for i in seqs:
             outputs[i] = gen[i]
-    return DecodeResult(outputs, time.perf_counter() - start, rounds)
+    return DecodeResult(outputs, time.perf_counter() - start, rounds, paging=memory.stats())
 
 
 def _realign(b: Batch, step, policy: Policy) -> tuple[Batch | None, bool, dict]:

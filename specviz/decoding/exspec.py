@@ -22,6 +22,7 @@ import torch
 from specviz.decoding.batch import left_pad
 from specviz.decoding.drafters import ModelDrafter
 from specviz.decoding.faults import Policy
+from specviz.decoding.paging import CONTIGUOUS, KVLayout, Memory
 from specviz.decoding.modelstate import ModelState
 from specviz.decoding.proposal import Drafter
 from specviz.decoding.recording import RoundData, record_round
@@ -49,19 +50,19 @@ class SeqState:
         return self.tokens.shape[1]
 
 
-def _admit(pair: ModelPair, drafter: Drafter, seqs: list[int],
+def _admit(pair: ModelPair, drafter: Drafter, memory: Memory, seqs: list[int],
            prompts: list[list[int]]) -> list[SeqState]:
     """Prefill the newly admitted sequences in one batch, then give each its own slots: its real
     tokens, and at least 3 slots in all, so that its draft cache is never empty (pads
     are masked)."""
-    b = prefill(pair, CORRECT, drafter, seqs,
+    b = prefill(pair, CORRECT, drafter, memory, seqs,
                 *left_pad([prompts[i] for i in seqs], pair.device, min_width=3))
     S = b.tokens.shape[1]
     starts = [min(S - len(prompts[i]), S - 3) for i in seqs]
     spans = [(lo, S) for lo in starts]
+    targets, drafts = b.target.split(spans, b.valid), b.draft.split(spans, b.valid)
     return [SeqState(seq, b.tokens[r: r + 1, lo:], b.valid[r: r + 1, lo:], target, draft)
-            for r, (seq, lo, target, draft)
-            in enumerate(zip(seqs, starts, b.target.split(spans), b.draft.split(spans)))]
+            for r, (seq, lo, target, draft) in enumerate(zip(seqs, starts, targets, drafts))]
 
 
 def choose_batch(active: list[SeqState], batch_size: int,
@@ -104,9 +105,11 @@ def _merged_batch(rows: list[SeqState]) -> Batch:
 def exspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, max_new_tokens: int,
            window: int, max_wait: int, sort_by_length: bool = True, record: bool = True,
            progress: Progress | None = None, watch=None, sampling: Sampling = GREEDY,
-           drafter: Drafter | None = None) -> DecodeResult:
-    """`drafter`: what proposes the drafts (drafters.py); the pair's draft model by default."""
+           drafter: Drafter | None = None, kv: KVLayout = CONTIGUOUS) -> DecodeResult:
+    """`drafter`: what proposes the drafts (drafters.py); the pair's draft model by default. `kv`:
+    how the caches are laid out (paging.py)."""
     drafter = drafter or ModelDrafter(pair)
+    memory = Memory(kv)
     d = Decoding(pair, CORRECT, drafter, max_new_tokens, sampling, record, watch)
     order = sorted(range(len(prompts)),
                    key=lambda i: len(prompts[i])) if sort_by_length else range(len(prompts))
@@ -118,7 +121,7 @@ def exspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
     while pool or active:
         admitted = [pool.popleft() for _ in range(min(len(pool), window - len(active)))]
         if admitted:
-            active += _admit(pair, drafter, admitted, prompts)
+            active += _admit(pair, drafter, memory, admitted, prompts)
         clock = Clock(pair.device)
         rows, group = choose_batch(active, batch_size, max_wait)
         waits = [s.waited for s in rows]
@@ -138,7 +141,8 @@ def exspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
                               group=group, waits=waits)
             rd.timings["trace"] = clock.lap()
             rounds.append(rd)
-    return DecodeResult([gen[i] for i in range(len(prompts))], time.perf_counter() - start, rounds)
+    return DecodeResult([gen[i] for i in range(len(prompts))], time.perf_counter() - start, rounds,
+                        paging=memory.stats())
 
 
 def _split_back(rows: list[SeqState], b: Batch, step, active: list[SeqState], gen: dict,
@@ -151,9 +155,11 @@ def _split_back(rows: list[SeqState], b: Batch, step, active: list[SeqState], ge
     spans = [(min(int(first[r]), S + int(step.accepted[r]) - 2), S + int(step.accepted[r]) + 1)
              for r in range(len(rows))]
     done = step.finished.tolist()
-    for r, (s, target, draft) in enumerate(zip(rows, step.target.split(spans),
-                                               step.draft.split(spans))):
+    for r, (s, target, draft) in enumerate(zip(rows, step.target.split(spans, step.out_val),
+                                               step.draft.split(spans, step.out_val))):
         if done[r]:
+            target.let_go()
+            draft.let_go()
             active.remove(s)
             gen[s.seq].finished_at = time.perf_counter() - start
             continue

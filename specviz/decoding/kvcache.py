@@ -1,6 +1,7 @@
-"""With models/recurrent.py (a recurrent layer's state read and set), the only module that touches
-transformers' cache internals: the KV cache of attention layers, and the state of recurrent layers
-(Gated DeltaNet, Mamba, short convolutions) in a hybrid model.
+"""With models/recurrent.py (a recurrent layer's state read and set) and pagedlayer.py (a paged
+attention layer), the only module that touches transformers' cache internals: the KV cache of
+attention layers, and the state of recurrent layers (Gated DeltaNet, Mamba, short convolutions) in a
+hybrid model.
 
 transformers 5.x `DynamicCache` keeps one layer object per decoder layer. An attention layer holds
 `keys` and `values` of shape (batch, kv_heads, slots, head_dim): slot j of a row holds the K/V of
@@ -24,6 +25,11 @@ zeros, which only pad slots read).
 
 `None` is the cache of a drafter that keeps none (prompt lookup): every operation on it does
 nothing, so the decoders move "both caches" alike.
+
+A paged cache (`new` given a batch's `Pages`, paging.py) keeps its attention layers' K/V in a
+block pool instead: a pass maps the slots it feeds first (`feeding`), writes there, and reads every
+row's slots through the map; a rearrangement moves the map, not the K/V. Its recurrent layers are
+as above.
 """
 from __future__ import annotations
 
@@ -37,19 +43,32 @@ from transformers import DynamicCache
 from transformers.cache_utils import (DynamicLayer, DynamicSlidingWindowLayer,
                                       LinearAttentionCacheLayerMixin)
 
+from specviz.decoding.pagedlayer import PagedCache, PagedLayer, paged
+from specviz.decoding.paging import Pages
+
 from specviz.models.recurrent import (State, Wrapped, holds_state, put_states, states,
                                      where_rows)
 
 
-def new(model) -> DynamicCache:
-    """An empty cache for `model`; its recurrent layers, if any, are made ready to keep
-    per-position states."""
+def new(model, pages: Pages | None = None) -> DynamicCache:
+    """An empty cache for `model` (paged over `pages` where given); its recurrent layers, if any,
+    are made ready to keep per-position states."""
     STEPWISE.swap(model)
     cache = DynamicCache(config=model.config)
     cache.layers = [DynamicLayer()
                     if isinstance(lay, DynamicSlidingWindowLayer) and not holds_state(lay) else lay
                     for lay in cache.layers]
-    return cache
+    return cache if pages is None else paged(cache, pages)
+
+
+def _pages(cache) -> Pages | None:
+    return cache.pages if isinstance(cache, PagedCache) else None
+
+
+def feeding(cache, tokens: torch.Tensor, valid: torch.Tensor, q_start: int) -> None:
+    """Before a pass over slots q_start.. of the layout: a paged cache maps them to slots."""
+    if _pages(cache) is not None:
+        cache.pages.feed(tokens, valid, q_start)
 
 
 def _layers(cache: DynamicCache | None) -> list:
@@ -68,22 +87,31 @@ def recurrent(cache: DynamicCache | None) -> bool:
 
 
 def length(cache: DynamicCache | None) -> int:
+    if _pages(cache) is not None:
+        return cache.pages.width
     return 0 if cache is None else cache.get_seq_length()
 
 
-def crop(cache: DynamicCache | None, slots: int) -> None:
-    """Keep the first `slots` slots of every row (a recurrent state has none: it stays)."""
+def crop(cache: DynamicCache | None, slots: int, valid: torch.Tensor | None = None) -> None:
+    """Keep the first `slots` slots of every row (a recurrent state has none: it stays). `valid`:
+    the real ones among them, where known (a paged cache gives back the blocks past them)."""
+    if _pages(cache) is not None:
+        cache.pages.realign(torch.arange(len(cache.pages.requests)), None, valid, slots)
+        return
     for lay in _layers(cache):
         if _kv(lay) and lay.keys.shape[-2] > slots:
             lay.keys, lay.values = lay.keys[..., :slots, :], lay.values[..., :slots, :]
 
 
-def gather(cache: DynamicCache | None, rows: torch.Tensor, src: torch.Tensor) -> None:
+def gather(cache: DynamicCache | None, rows: torch.Tensor, src: torch.Tensor,
+           valid: torch.Tensor | None = None) -> None:
     """Rebuild the cache in one indexing op per layer: new row r, slot j takes old row rows[r], slot
     src[r, j]; a recurrent state follows its row. Per-row shifts, crops, dropped rows and compaction
-    are all special cases."""
+    are all special cases. A paged cache moves its map instead (`valid`: as crop's)."""
     if cache is None:
         return
+    if _pages(cache) is not None:
+        cache.pages.realign(rows, src, valid)
     for lay in cache.layers:
         if _kv(lay):
             r, s = _on(lay.keys, rows[:, None]), _on(lay.keys, src)
@@ -94,7 +122,9 @@ def gather(cache: DynamicCache | None, rows: torch.Tensor, src: torch.Tensor) ->
 
 def zero_slots(cache: DynamicCache | None, lost: torch.Tensor) -> None:
     """Zero the K/V of the (row, slot) pairs marked in `lost` (B, slots): the
-    `min-crop` fault's entries that were cropped away."""
+    `min-crop` fault's entries that were cropped away (a paged cache's read nothing)."""
+    if _pages(cache) is not None:
+        cache.pages.drop(lost)
     for lay in _layers(cache):
         if _kv(lay):
             m = _on(lay.keys, lost[:, None, :, None])
@@ -104,6 +134,8 @@ def zero_slots(cache: DynamicCache | None, lost: torch.Tensor) -> None:
 def select_rows(cache: DynamicCache | None, rows: torch.Tensor) -> None:
     if cache is None:
         return
+    if _pages(cache) is not None:
+        cache.pages.realign(rows, None, None)
     for lay in cache.layers:
         if _kv(lay):
             lay.keys, lay.values = lay.keys[_on(lay.keys, rows)], lay.values[_on(lay.keys, rows)]
@@ -128,7 +160,11 @@ def _on(like: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 def layers_kv(cache: DynamicCache | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Every attention layer's (keys, values) as they are now: references, not copies. Each forward
     pass replaces these tensors (torch.cat) instead of writing into them, so they keep the state of
-    this moment."""
+    this moment. A paged cache's are read out through its map as it was before the pass under
+    way (copies, for the pool is written in place): the tap asks as a pass starts."""
+    if _pages(cache) is not None:
+        return [cache.pages.read(lay.index, cache.pages.before)
+                for lay in cache.layers if isinstance(lay, PagedLayer) and lay.is_initialized]
     return [(lay.keys, lay.values) for lay in _layers(cache) if _kv(lay)]
 
 
@@ -142,16 +178,23 @@ def layers_states(cache: DynamicCache | None) -> list[State]:
 def row_kv(cache: DynamicCache, layer: int, row: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(keys, values) of one row in one layer: (kv_heads, slots, head_dim)."""
     lay = cache.layers[layer]
+    if isinstance(lay, PagedLayer):
+        keys, values = cache.pages.read(layer)
+        return keys[row], values[row]
     return lay.keys[row], lay.values[row]
 
 
-def _rebuilt_cache(cache: DynamicCache, part) -> DynamicCache:
+def _rebuilt_cache(cache: DynamicCache, part, pages: Pages | None = None) -> DynamicCache:
     """A cache of `cache`'s layer kinds, each layer's tensors `part(index, layer)`: (keys, values)
-    or None, and a recurrent layer's states."""
+    or None, and a recurrent layer's states; a paged one's layers over `pages`."""
     out = copy.copy(cache)
     out.layers = []
+    if pages is not None:
+        out.pages = pages
     for i, lay in enumerate(cache.layers):
         new = copy.copy(lay)
+        if isinstance(lay, PagedLayer):
+            new.pages = pages
         kv, state = part(i, lay)
         if isinstance(lay, DynamicLayer):
             new.keys, new.values = kv if kv is not None else (None, None)
@@ -163,15 +206,36 @@ def _rebuilt_cache(cache: DynamicCache, part) -> DynamicCache:
     return out
 
 
-def split(cache: DynamicCache | None, spans: list[tuple[int, int]]) -> list[DynamicCache | None]:
+def split(cache: DynamicCache | None, spans: list[tuple[int, int]],
+          valid: torch.Tensor | None = None) -> list[DynamicCache | None]:
     """One single-row cache per batch row, row i keeping slots spans[i] = (start, end) and its
-    states (cross-batch scheduling keeps these). Views, not copies."""
+    states (cross-batch scheduling keeps these). Views, not copies. `valid`: the real slots
+    (a paged cache needs them: it gives back the blocks past each row's last)."""
     if cache is None:
         return [None] * len(spans)
+    pages = (cache.pages.split(spans, valid) if _pages(cache) is not None
+             else [None] * len(spans))
     return [_rebuilt_cache(cache, lambda _, lay, i=i, lo=lo, hi=hi: (
         (lay.keys[i: i + 1, :, lo:hi], lay.values[i: i + 1, :, lo:hi]) if _kv(lay) else None,
-        {key: t[i: i + 1] for key, t in states(lay).items()}))
-            for i, (lo, hi) in enumerate(spans)]
+        {key: t[i: i + 1] for key, t in states(lay).items()}), part_pages)
+            for i, ((lo, hi), part_pages) in enumerate(zip(spans, pages))]
+
+
+def audit_pages(cache, tokens: torch.Tensor,
+                valid: torch.Tensor) -> tuple[torch.Tensor, list[dict]] | None:
+    """A paged cache's own checks against the layout (paging.Pages.audit); None: not paged."""
+    return cache.pages.audit(tokens, valid) if _pages(cache) is not None else None
+
+
+def block_tables(cache) -> list[tuple[list[int], list[bool]]] | None:
+    """A paged cache's rows' block tables, each block's sharing beside it; None: not paged."""
+    return cache.pages.block_tables() if _pages(cache) is not None else None
+
+
+def let_go(cache: DynamicCache | None) -> None:
+    """A cache whose rows left: a paged one gives its blocks back to the pool."""
+    if _pages(cache) is not None:
+        cache.pages.realign(torch.arange(0), None, None)
 
 
 def merge(caches: list[DynamicCache | None]) -> DynamicCache | None:
@@ -189,7 +253,8 @@ def merge(caches: list[DynamicCache | None]) -> DynamicCache | None:
             kv = (torch.cat([torch.nn.functional.pad(la.keys, p) for la, p in zip(layers, pad)]),
                   torch.cat([torch.nn.functional.pad(la.values, p) for la, p in zip(layers, pad)]))
         return kv, {key: torch.cat([states(la)[key] for la in layers]) for key in states(lay)}
-    return _rebuilt_cache(caches[0], part)
+    pages = (Pages.merge([c.pages for c in caches]) if _pages(caches[0]) is not None else None)
+    return _rebuilt_cache(caches[0], part, pages)
 
 
 def assembled(model, kv: list[tuple[torch.Tensor, torch.Tensor]],

@@ -49,14 +49,14 @@ class ModelState:
         slots = valid.shape[1] - self.behind
         hidden = self.hidden
         if src is not None:
-            kvcache.gather(self.cache, rows, src[:, :slots])
+            kvcache.gather(self.cache, rows, src[:, :slots], valid[:, :slots])
             written = self.written[rows[:, None], src[:, :slots]]
             if hidden is not None:
                 hidden = hidden[rows[:, None], src[:, :slots]]
         else:
             if len(rows) < len(self.held):
                 kvcache.select_rows(self.cache, rows)
-            kvcache.crop(self.cache, slots)
+            kvcache.crop(self.cache, slots, valid[:, :slots])
             written = self.written[rows, :slots]
             if hidden is not None:
                 hidden = hidden[rows, :slots]
@@ -66,15 +66,19 @@ class ModelState:
         return ModelState(self.cache, written.masked_fill(~valid[:, :slots], -1), self.held[rows],
                           self.held_first[rows], self.behind, hidden)
 
-    def split(self, spans: list[tuple[int, int]]) -> list[ModelState]:
+    def split(self, spans: list[tuple[int, int]], valid: torch.Tensor) -> list[ModelState]:
         """One single-row state per batch row, row i keeping the layout's slots
-        spans[i] = (start, end)."""
+        spans[i] = (start, end) (`valid`: the layout's real slots)."""
         slots = [(lo, hi - self.behind) for lo, hi in spans]
-        caches = kvcache.split(self.cache, slots)
+        caches = kvcache.split(self.cache, slots, valid)
         return [ModelState(cache, self.written[i: i + 1, lo:hi], self.held[i: i + 1],
                            self.held_first[i: i + 1], self.behind,
                            None if self.hidden is None else self.hidden[i: i + 1, lo:hi])
                 for i, (cache, (lo, hi)) in enumerate(zip(caches, slots))]
+
+    def let_go(self) -> None:
+        """Its row left: a paged cache gives its blocks back."""
+        kvcache.let_go(self.cache)
 
     @staticmethod
     def merge(states: list[ModelState], valid: torch.Tensor) -> ModelState:

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import torch
 
-from specviz.decoding import trees
+from specviz.decoding import kvcache, trees
 from specviz.decoding.batch import attention_masks, forward
 from specviz.decoding.faults import Policy
 from specviz.decoding.trees import Tree
@@ -57,6 +57,7 @@ def run_head(pair: ModelPair, head, policy: Policy, tok, val, stl, features: tor
     positions, and its own last hidden states (what it feeds itself next)."""
     pos = policy.draft_positions(policy.positions(val, stl), q_start)
     seen = policy.seen(val, stl, narrowest_window(head.body))
+    kvcache.feeding(cache, tok, val, q_start)
     out = head.body(inputs_embeds=head.inputs(tok[:, q_start:], features),
                     position_ids=pos[:, q_start:],
                     attention_mask=attention_masks(head.body, seen, q_start), cache=cache,

@@ -55,9 +55,10 @@ class Drafter(Protocol):
     # head's; none for the others)
     heard: tuple[int, ...]
 
-    def new_state(self, valid: torch.Tensor, positions: torch.Tensor) -> ModelState:
+    def new_state(self, valid: torch.Tensor, positions: torch.Tensor, pages) -> ModelState:
         """Its state for a freshly laid-out batch, empty until its first pass (a cache of None: it
-        keeps none)."""
+        keeps none). `pages()`: the batch's pages in the drafter's pool, where its cache is paged
+        (None: contiguous)."""
 
     def prefill(self, policy: Policy, b) -> None:
         """Fill its state (b.draft) with a laid-out batch's slots, once the target has filled

@@ -12,7 +12,7 @@ import hashlib
 import json
 import platform
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 
 import torch
@@ -26,9 +26,9 @@ from specviz.models.heads import head_of
 from specviz.models.pairs import ModelPair
 from specviz.spec.run import RunSpec
 from specviz.trace import text
-from specviz.trace.records import (PickFrom, PromptRecord, RoundRecord, RowRecord, SequenceRecord,
-                                   TreeRecord, first_difference)
-from specviz.trace.schema import HeadFacts, Manifest, Trace
+from specviz.trace.records import (BlockFinding, BlockTable, PickFrom, PromptRecord, RoundRecord,
+                                   RowRecord, SequenceRecord, TreeRecord, first_difference)
+from specviz.trace.schema import HeadFacts, Manifest, Paging, Trace
 from specviz.trace.yardsticks import Yardsticks
 
 TOP = 8  # target logits kept per verified slot (for forensics, not saved in the trace)
@@ -48,6 +48,8 @@ class RoundData:
     realigned: bool  # whether the caches had to be gathered (else only cropped or stacked)
     group: bool | None = None  # exspec: a same-length group (no realignment at all)
     waits: list[int] | None = None  # exspec: rounds each row had been passed over
+    blocks: list[dict] = field(default_factory=list)  # a paged run's failed paged checks
+    tables: list | None = None  # a paged run: each row's block table in the target's pool
 
 
 def round_fields(d: Decoding, b: Batch, drafted: Drafted, acc: Accepted, kept: Committed,
@@ -67,6 +69,8 @@ def round_fields(d: Decoding, b: Batch, drafted: Drafted, acc: Accepted, kept: C
                                    "positions": own.get("positions", chain_positions),
                                    "mask": (seen == v.valid).all(1) & own.get("mask", True),
                                    "bonus": kept.pick[:, 0] == acc.own}}
+    fields["blocks"] = _paged_checks(b, fields["checks"])
+    fields["tables"] = kvcache.block_tables(b.target.cache)
     fields["ints"] = {
         "draft_tokens": prop.tokens[:, :k], "target_tokens": v.argmax, "emitted": kept.emitted,
         "accepted": acc.accepted, "n_emitted": kept.n_keep, "finished": kept.finished.long(),
@@ -111,6 +115,19 @@ def state_before(b: Batch, draft_empty: bool) -> dict:
             "state": {who: m.held for who, m in models.items()}}
 
 
+def _paged_checks(b: Batch, checks: dict[str, torch.Tensor]) -> list[dict]:
+    """A paged cache's own checks, once the round's passes have written it (kvcache.audit_pages):
+    a row whose table maps a position to a slot holding another token fails I3 (kv, draft_kv);
+    every failed check, naming its block."""
+    found = []
+    for who, check in (("target", "kv"), ("draft", "draft_kv")):
+        audit = kvcache.audit_pages(getattr(b, who).cache, b.tokens, b.valid)
+        if audit is not None:
+            checks[check] = checks[check] & audit[0].to(checks[check].device)
+            found += [{**f, "model": who} for f in audit[1]]
+    return found
+
+
 def _kv_in_step(written: torch.Tensor, valid: torch.Tensor, slots: int) -> torch.Tensor:
     """I3 per row: every real token in the first `slots` slots has K/V computed
     at its own position (by the mask), and the cache holds exactly those slots."""
@@ -139,7 +156,8 @@ def record_round(step: Step, seqs: list[int], batch_index: int, after: dict[str,
         delta=torch.where(left, 0, after["pad"] - f["pad"]),
     )
     return RoundData(batch_index, list(seqs), step.k, _to_host(ints), _to_host(f["floats"]),
-                     _to_host(f["checks"]), timings, realigned, **extra)
+                     _to_host(f["checks"]), timings, realigned, blocks=f["blocks"],
+                     tables=f["tables"], **extra)
 
 
 def _to_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -201,7 +219,8 @@ def _row_records(rounds: list[RoundData], audit: dict) -> tuple[list[RoundRecord
     round_recs, row_recs = [], []
     for r, rd in enumerate(rounds):
         round_recs.append(RoundRecord(round=r, batch=rd.batch, seqs=rd.seqs, realigned=rd.realigned,
-                                      timings=rd.timings, group=rd.group, waits=rd.waits))
+                                      timings=rd.timings, group=rd.group, waits=rd.waits,
+                                      blocks=[BlockFinding(**f) for f in rd.blocks]))
         ints = {n: t.tolist() for n, t in rd.ints.items()}
         floats = {n: t.tolist() for n, t in rd.floats.items()}
         checks = {n: t.tolist() for n, t in rd.checks.items()}
@@ -229,6 +248,8 @@ def _row_records(rounds: list[RoundData], audit: dict) -> tuple[list[RoundRecord
                 checks={n: bool(v[row]) for n, v in checks.items()},
                 **dict(zip(("audit", "audit_draft"), audit.get((r, seq), ()))),
                 **_drawn(ints, floats, row, k), **_tree(ints, row, a),
+                block_table=rd.tables and BlockTable(blocks=rd.tables[row][0],
+                                                     shared=rd.tables[row][1]),
             ))
     return round_recs, row_recs
 
@@ -288,6 +309,7 @@ def build_trace(spec: RunSpec, pair: ModelPair, prompt_ids: list[list[int]], res
         spec=spec,
         pair={k: (None if v is None else str(v)) for k, v in pair.info.items()},
         head=facts and HeadFacts(**facts),
+        paging=result.paging and Paging(**result.paging),
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         decode_seconds=result.seconds,
         reference_seconds=reference.seconds if reference else None,

@@ -33,6 +33,8 @@ class DecodeResult:
     # divergence, and (round, seq) -> (target, draft) logit differences of audited rows.
     forks: dict = field(default_factory=dict)
     audit: dict = field(default_factory=dict)
+    # a paged layout's pools (paging.Memory.stats): blocks, prefix-cache lookups and hits, copies
+    paging: dict | None = None
 
     @property
     def new_tokens(self) -> int:

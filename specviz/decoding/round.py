@@ -32,6 +32,7 @@ from specviz.decoding import kvcache, recording
 from specviz.decoding.faults import Policy
 from specviz.decoding.grammar import FREE, GrammarFailed, dense, masked
 from specviz.decoding.modelstate import ModelState
+from specviz.decoding.paging import Memory
 from specviz.decoding.passes import run_model
 from specviz.decoding.penalties import history, logprobs
 from specviz.decoding.proposal import Drafter
@@ -71,19 +72,22 @@ class Clock:
             self.paused += dt
 
 
-def lay_out(pair: ModelPair, policy: Policy, drafter: Drafter, seqs: list[int], tokens,
-            valid) -> Batch:
-    """A freshly laid-out batch with empty caches: the first round's passes fill them."""
+def lay_out(pair: ModelPair, policy: Policy, drafter: Drafter, memory: Memory, seqs: list[int],
+            tokens, valid) -> Batch:
+    """A freshly laid-out batch with empty caches (laid out in `memory`): the first round's passes
+    fill them."""
     stale = torch.zeros_like(valid)
     pos = policy.positions(valid, stale)
-    target = ModelState.fresh(kvcache.new(pair.target), valid, pos, 1)
-    return Batch(seqs, tokens, valid, stale, target, drafter.new_state(valid, pos))
+    target = ModelState.fresh(kvcache.new(pair.target, memory.pages(seqs, "target")), valid, pos,
+                              1)
+    return Batch(seqs, tokens, valid, stale, target,
+                 drafter.new_state(valid, pos, lambda: memory.pages(seqs, "draft")))
 
 
-def prefill(pair: ModelPair, policy: Policy, drafter: Drafter, seqs: list[int], tokens,
-            valid) -> Batch:
+def prefill(pair: ModelPair, policy: Policy, drafter: Drafter, memory: Memory, seqs: list[int],
+            tokens, valid) -> Batch:
     """A laid-out batch with both caches filled: the target's slots 0..S-2, and the drafter's."""
-    b = lay_out(pair, policy, drafter, seqs, tokens, valid)
+    b = lay_out(pair, policy, drafter, memory, seqs, tokens, valid)
     n = b.target.length(tokens.shape[1])
     b.target.hidden = run_model(pair, policy, "target", tokens[:, :n], valid[:, :n], b.stale[:, :n],
                                 0, b.target.cache, keep=1, hidden=drafter.heard).hidden

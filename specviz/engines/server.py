@@ -30,6 +30,9 @@ from specviz.trace.records import EngineOutput
 # them alike).
 SPEC_COUNTER = re.compile(r"^(?:vllm|llamacpp):spec_decode_num_(\w+?)_total(?:\{([^}]*)\})? (\S+)$",
                           re.MULTILINE)
+# vLLM's prefix cache counters, in tokens: `vllm:prefix_cache_hits_total{...} 96.0`, and queries.
+PREFIX_COUNTER = re.compile(r"^vllm:prefix_cache_(queries|hits)_total(?:\{[^}]*\})? (\S+)$",
+                            re.MULTILINE)
 # a request's seed: the run's seed x this + the prompt's index (at most spec.MAX_PROMPTS)
 SEEDS_PER_RUN = 4096
 
@@ -75,7 +78,7 @@ def from_server(url: str, served_model: str | None, prompt_ids: list[list[int]],
                    if llama else OpenAI(card["id"], max_new_tokens, temperature, top_p, top_k,
                                         top_logprobs, stream, stop))
         name, version = _describe(client, card, llama)
-        before = _spec_counters(client)
+        before = _counters(client)
 
         def complete(i: int) -> tuple[EngineOutput, str | None]:
             ids = prompt_ids[i]
@@ -105,13 +108,15 @@ def from_server(url: str, served_model: str | None, prompt_ids: list[list[int]],
             answered = dict(zip(sent, pool.map(complete, sent)))
         answers = [answered[i] for i in range(len(prompt_ids))]
         seconds = time.perf_counter() - start
-        after = _spec_counters(client)
+        after = _counters(client)
     settings = {"served_model": card["id"], "model_root": card.get("root"),
                 "max_model_len": card.get("max_model_len"),
                 "system_fingerprint": next((fp for _, fp in answers if fp), None),
                 "api": dialect.name}
-    if before is not None and after:
-        settings["spec_decode"] = {name: after[name] - before.get(name, 0) for name in after}
+    for group, counted in (after or {}).items():  # what these requests added to each
+        if before is not None and counted:
+            settings[group] = {name: counted[name] - before[group].get(name, 0)
+                               for name in counted}
     if temperature:
         settings["sampling"] = {**dialect.sampling, "seed": seed,
                                 "request_seed": f"seed x {SEEDS_PER_RUN} + prompt index"}
@@ -201,19 +206,22 @@ def _model_card(client: httpx.Client, base: str, served_model: str | None) -> di
                     + (f" (not {served_model!r})" if served_model else ""))
 
 
-def _spec_counters(client: httpx.Client) -> dict[str, float] | None:
-    """vLLM's speculative-decoding counters from /metrics, summed over engines: drafts,
-    draft_tokens, accepted_tokens and accepted_tokens_per_pos_<i>. Empty without speculation; None
-    without /metrics."""
+def _counters(client: httpx.Client) -> dict[str, dict[str, float]] | None:
+    """The server's counters from /metrics, summed over engines: `spec_decode` (drafts,
+    draft_tokens, accepted_tokens and accepted_tokens_per_pos_<i>; empty without speculation) and
+    vLLM's `prefix_cache` (queries and hits, in tokens; empty without). None without /metrics."""
     try:
         r = client.get("/metrics")
     except httpx.HTTPError:
         return None
     if r.status_code != 200:
         return None
-    counters: dict[str, float] = {}
+    spec: dict[str, float] = {}
     for name, labels, value in SPEC_COUNTER.findall(r.text):
         pos = re.search(r'position="(\d+)"', labels or "")
         key = f"{name}_{pos[1]}" if pos else name
-        counters[key] = counters.get(key, 0.0) + float(value)
-    return counters
+        spec[key] = spec.get(key, 0.0) + float(value)
+    prefix: dict[str, float] = {}
+    for name, value in PREFIX_COUNTER.findall(r.text):
+        prefix[name] = prefix.get(name, 0.0) + float(value)
+    return {"spec_decode": spec, "prefix_cache": prefix}

@@ -88,7 +88,8 @@ def vllm_server(mode: str, log: Path, k: int = 5, max_num_seqs: int = 8, threads
                 startup_timeout: float = 600.0, dtype: str = "float32",
                 extra_env: dict[str, str] | None = None, ngram: tuple[int, int] = (2, 4),
                 eager: bool = False, head: Path | None = None, model: Path | None = None,
-                attention: str | None = None) -> Iterator[VllmServer]:
+                attention: str | None = None, prefix_caching: bool | None = None
+                ) -> Iterator[VllmServer]:
     """Serve the embedded target with vLLM in `mode` until the block ends; its output goes to `log`.
     `ngram`: the shortest and longest n-gram the ngram mode matches. `eager`: vLLM's eager mode,
     without the graph compile that takes most of a start (76 s of it here, every time: vLLM 0.32
@@ -99,7 +100,8 @@ def vllm_server(mode: str, log: Path, k: int = 5, max_num_seqs: int = 8, threads
     more environment variables for the server (recorded in its launch, like the others). `head`:
     the head's folder, in a mode of HEAD_MODES. `model`: the target's folder (the embedded one by
     default); `attention`: the attention backend of its target and drafter (vLLM's choice by
-    default)."""
+    default). `prefix_caching`: vLLM's own on or off (None: vLLM's default, on for the models that
+    support it)."""
     spec = speculative_config(mode, k, ngram, head)
     if spec and attention:  # the drafter does not inherit the target's backend
         spec["attention_backend"] = attention
@@ -108,6 +110,8 @@ def vllm_server(mode: str, log: Path, k: int = 5, max_num_seqs: int = 8, threads
             "--dtype",
             dtype, "--max-model-len", "2048", "--max-num-seqs", str(max_num_seqs), "--seed", "0",
             "--host", "127.0.0.1", "--port", str(port)]
+    if prefix_caching is not None:
+        args.append("--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching")
     if spec:
         args += ["--speculative-config", json.dumps(spec)]
     if eager:

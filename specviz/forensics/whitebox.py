@@ -108,8 +108,21 @@ def analyse(trace: Trace, result: DecodeResult, pair: ModelPair | None) -> Findi
             if (z := arbiter()) is not None:
                 ev.margin_float64 = float(z[0][ev.reference_token] - z[0][ev.output_token])
             _near_tie(ev, rounding)
+        ev.explanation += _paged_check_sentence(trace, s.seq, ev.round)
         mine["forensics"] = ev
     return found
+
+
+def _paged_check_sentence(trace: Trace, seq: int, until_round: int | None) -> str:
+    """The first of the paged cache's own checks that failed for `seq`'s row by `until_round` (None:
+    any), in a sentence naming the block: it corroborates, and names what the evidence cannot."""
+    found = [(f.model != "target", rd.round, f) for rd in trace.rounds for f in rd.blocks
+             if f.seq == seq and (until_round is None or rd.round <= until_round)]
+    if not found:
+        return ""
+    _, at, finding = min(found, key=lambda x: x[:2])
+    return (f" The paged cache's own check found, by round {at}, that "
+            f"{finding.describe(trace.vocab)}.")
 
 
 def rows_of(trace: Trace) -> dict[int, list[RowRecord]]:

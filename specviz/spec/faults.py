@@ -34,6 +34,8 @@ class Fault:
     threads: tuple[Thread, ...] = ()  # the field's issues and pull requests it replays
     # a published head's wrong way of being fed that it is (models/eagle3.py's `mistaken`)
     misfeeds: str | None = None
+    # where a paged cache writes elsewhere than its block table says (decoding/paging.py's Slips)
+    slips: str | None = None
 
     @property
     def needs(self) -> tuple[str, ...]:

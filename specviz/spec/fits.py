@@ -25,6 +25,8 @@ NEEDS = {
     "stop": "the model never stops",  # an end-of-sequence token, or a stop string
     "grammar": "the run sets no grammar (a JSON schema)",
     "reasoning": "the run sets no reasoning end",
+    "paged": "the run keeps its caches contiguous (no KV block size)",
+    "prefix-cached": "the run caches no prefix (prefix caching off)",
 }
 
 
@@ -55,6 +57,10 @@ FAULT_KINDS = {k.name: k for k in (
     FaultKind("grammar", True, ("grammar",)),
     # Breaking where a row accepts a token tree's branch other than its first (decoding/trees.py).
     FaultKind("tree", True, ("tree",)),
+    # Breaking on a paged cache (a KV block size), once a pass writes across a block boundary.
+    FaultKind("paged", True, ("paged",)),
+    # Breaking under prefix caching, where a request hits blocks an earlier batch's request left.
+    FaultKind("prefix", True, ("paged", "prefix-cached")),
     FaultKind("wasteful", False),
     # Greedy runs only: the output stays right and drafts the target chose are refused (the
     # rejections judge, forensics/rejections.py, names the decisions).

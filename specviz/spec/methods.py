@@ -33,6 +33,7 @@ class Method:
     stop_strings: bool = True  # ends an output at a stop string (decoding/stops.py)
     trees: bool = False  # verifies a drafter's token trees (decoding/trees.py), not only chains
     grammar: bool = True  # masks the target's logits with a JSON schema's grammar (grammar.py)
+    paged: bool = False  # lays its caches out in blocks when asked (decoding/paging.py)
 
     @property
     def speculative(self) -> bool:
@@ -73,10 +74,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            penalties=("repetition",), logprobs=False, stop_strings=False, grammar=False),
     Method("eqspec", "static batches realigned every round (unpad, append, repad)",
            passes=lambda spec: _rounds(spec, spec.batch_size), drafters=tuple(DRAFTERS),
-           faults=True, trees=True),
+           faults=True, trees=True, paged=True),
     Method("exspec", "a window of sequences, same-length groups batched without realignment",
            passes=lambda spec: _rounds(spec, spec.batch_size), drafters=tuple(DRAFTERS),
-           refills=True, trees=True),
+           refills=True, trees=True, paged=True),
 )}
 
 

@@ -58,6 +58,7 @@ SAMPLING_FIELDS = ("top_k", "top_p", "draft_temperature", "draft_top_k", "draft_
 MAX_NGRAM = 16
 MAX_TREE_WIDTH = 8
 MAX_HEAD_PATH = 512  # characters of a head's folder
+MAX_KV_BLOCK_SIZE = 256  # tokens a paged cache's block holds at most
 # the EAGLE-3 heads specviz makes for a built-in target (models/builtinheads.py), named as a folder:
 # fitted in seconds, and trained on this machine (specviz train-head --eagle3)
 FITTED_HEAD = "specviz:fitted-eagle3"
@@ -68,7 +69,7 @@ PENALTY_FIELDS = ("repetition_penalty", "presence_penalty")
 # Left out of the canonical form at their defaults, so that the keys of runs made before them stay
 # what they were.
 OMITTED_AT_DEFAULT = (*SAMPLING_FIELDS, "drafter", *DRAFTER_OPTIONS, *PENALTY_FIELDS, "logprobs",
-                      "rows", "stop", "batch_invariant")
+                      "rows", "stop", "batch_invariant", "kv_block_size", "prefix_caching")
 MAX_STOPS, MAX_STOP_CHARS = 4, 32  # stop strings a run may set, and the length of each
 # what a request's own settings (RowSampling) replace
 TARGET_FIELDS = ("temperature", "top_k", "top_p")
@@ -133,6 +134,10 @@ class RunSpec(Strict):
     # A row's logits the same bits in any batch (models/invariant.py): forks are judged at zero
     # tolerance.
     batch_invariant: bool = False
+    # How the engine lays out its caches (decoding/paging.py): 0 keeps each row's K/V contiguous;
+    # a block size pages them in a pool, and prefix caching shares prompts' full blocks.
+    kv_block_size: int = Field(0, ge=0, le=MAX_KV_BLOCK_SIZE)
+    prefix_caching: bool = False
 
     @field_validator("target", "draft")
     @classmethod
@@ -291,6 +296,20 @@ class RunSpec(Strict):
         if self.batch_invariant and self.dtype == "float64":
             raise ValueError("batch-invariant mode is for float32, bfloat16 and float16: float64 "
                              "is the truth rounding is measured from")
+        return self
+
+    @model_validator(mode="after")
+    def _paged(self) -> RunSpec:
+        if self.prefix_caching and not self.kv_block_size and self.method != ENGINE:
+            raise ValueError("prefix caching shares a paged cache's blocks: set a kv block size")
+        paged = [n for n, m in METHODS.items() if m.paged]
+        if self.kv_block_size and self.method not in paged:
+            raise ValueError(f"{self.method} keeps its cache contiguous; "
+                             f"{' and '.join(paged)} page it")
+        for need, value, what in (("paged", self.kv_block_size, "a KV block size (a paged cache)"),
+                                  ("prefix-cached", self.prefix_caching, "prefix caching on")):
+            if not value and (found := needing(need, self.faults)):
+                raise ValueError(f"{', '.join(found)} needs {what}")
         return self
 
     @model_validator(mode="after")

@@ -18,7 +18,7 @@ REPOS = {  # the short names threads are cited by -> GitHub repository
     "mistral.rs": "EricLBuehler/mistral.rs",
     "speculative-sampling": "jaymody/speculative-sampling",
     "verl-SpeCo": "verl-project/verl-SpeCo", "Automodel": "NVIDIA-NeMo/Automodel",
-    "vllm-rbln": "RBLN-SW/vllm-rbln",
+    "vllm-rbln": "RBLN-SW/vllm-rbln", "TGI": "huggingface/text-generation-inference",
 }
 
 

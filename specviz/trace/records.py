@@ -11,7 +11,6 @@ from specviz.trace.evidence import Attribution, Forensics
 
 Source = Literal["draft", "correction", "bonus"]
 PickFrom = Literal["target", "residual", "draft"]
-CHECKS = ("rectangular", "positions", "mask", "kv", "draft_kv", "bonus", "recurrent")
 
 
 class TreeRecord(Strict):
@@ -49,6 +48,20 @@ class TreeRecord(Strict):
         """The candidate each of a row's first `slots` drafts was: its path's nodes, then the first
         child the target refused (a first candidate)."""
         return ([self.candidate(n)[0] for n in self.path] + [1])[:slots]
+
+
+class BlockTable(Strict):
+    """A row's block table in the target's pool as the round's passes left it (a paged run):
+    position i lives in blocks[i // block size], its drafts' blocks included."""
+
+    blocks: Many[int]
+    shared: Many[bool]  # each one shared with another row, or kept by the prefix cache
+
+    @model_validator(mode="after")
+    def _paired(self) -> BlockTable:
+        if len(self.shared) != len(self.blocks):
+            raise ValueError("a block table says for each of its blocks whether it is shared")
+        return self
 
 
 class RowRecord(Strict):
@@ -103,6 +116,41 @@ class RowRecord(Strict):
     # the distribution the non-draft token was drawn from, as the engine did it
     pick_from: PickFrom | None = None
     tree: TreeRecord | None = None  # a round that verified token trees: this row's
+    block_table: BlockTable | None = None  # a paged run: this row's
+
+
+class BlockFinding(Strict):
+    """A paged cache's own check that failed (decoding/paging.py), naming its block: a row's
+    position mapped to a slot holding another token, a pass writing a block not in its row's table
+    or one its row shares, or a prefix-cache hit on a block holding other tokens than its key's."""
+
+    check: Literal["holds-another-token", "foreign-block-written", "shared-block-written",
+                   "hit-on-other-tokens"]
+    model: Literal["target", "draft"]  # whose pool
+    seq: int  # the request whose row found it, or whose pass wrote
+    block: int = Field(ge=0)
+    position: int | None = None  # the row's position it is about (None: a hit's whole block)
+    writer: int  # the request that last wrote the slot (-1: none ever did)
+    holds: int  # the token the slot holds (-1: none)
+    wants: int  # the token the row, the pass or the key has there
+
+    def describe(self, vocab: dict[int, str]) -> str:
+        def token(t: int) -> str:
+            return f"id {t}" + (f" {vocab[t]!r}" if t in vocab else "")
+
+        held = ("nothing ever written" if self.holds < 0
+                else f"{token(self.holds)} written by request {self.writer}")
+        where = f"block {self.block} of the {self.model}'s pool"
+        if self.check == "holds-another-token":
+            return (f"request {self.seq}'s block table maps its position {self.position} to "
+                    f"{where}, which holds {held}, not its {token(self.wants)}")
+        if self.check != "hit-on-other-tokens":
+            whose = ("not in its block table" if self.check == "foreign-block-written"
+                     else "which it shares with other requests or the prefix cache")
+            return (f"request {self.seq}'s pass wrote its position {self.position} "
+                    f"({token(self.wants)}) into {where}, {whose} (it held {held})")
+        return (f"request {self.seq} hit the prefix cache on {where}, which holds {held} where "
+                f"the key has {token(self.wants)}")
 
 
 class RoundRecord(Strict):
@@ -114,6 +162,8 @@ class RoundRecord(Strict):
     timings: Map[str, float]
     group: bool | None = None  # exspec: a same-length group, needing no realignment
     waits: Many[int] | None = None  # exspec: rounds each row had been passed over
+    # a paged run: its paged checks that failed by the round's start (the engine's own)
+    blocks: Many[BlockFinding] = []
 
 
 class PromptRecord(Strict):

@@ -50,10 +50,39 @@ class HeadFacts(Strict):
                 + (f"; variants {', '.join(self.variants)}" if self.variants else ""))
 
 
+class PoolRecord(Strict):
+    """One model's block pool over a paged run (decoding/paging.py), counted in blocks."""
+    model: Literal["target", "draft"]  # the target's, or the drafter's (a draft model or head)
+    blocks: int = Field(ge=0)  # handed out at the most
+    lookups: int = Field(ge=0)  # fresh rows' full prompt blocks looked up in the prefix cache
+    hits: int = Field(ge=0)  # of those, found
+    copies: int = Field(ge=0)  # copied before a write (copy-on-write)
+    moved: int = Field(ge=0)  # slots a realignment copied into place (a tree's accepted path)
+    evicted: int = Field(ge=0)  # registered blocks whose room a miss took
+
+    def describe(self) -> str:
+        hits = (f", prefix cache {self.hits} of {self.lookups} blocks hit" if self.lookups
+                else "")
+        return f"{self.model}: {self.blocks} blocks{hits}, {self.copies} copied on write"
+
+
+class Paging(Strict):
+    """How a paged run laid out its caches, and what its pools did."""
+    block_size: int = Field(ge=1)
+    prefix_caching: bool
+    pools: Many[PoolRecord]
+
+    def describe(self) -> str:
+        return (f"paged KV, blocks of {self.block_size} tokens"
+                + (" with prefix caching" if self.prefix_caching else "") + ": "
+                + "; ".join(p.describe() for p in self.pools))
+
+
 class Manifest(Strict):
     spec: RunSpec
     pair: Map[str, str | None]
     head: HeadFacts | None = None  # runs drafting with a published head
+    paging: Paging | None = None  # runs whose caches were paged
     versions: Map[str, str]
     device: str
     device_name: str
