@@ -82,7 +82,7 @@ def test_the_page_starts_at_runspecs_defaults():
         "ngram_max": 3, "rows": "", "repetition_penalty": 1.0, "presence_penalty": 0.0,
         "logprobs": False, "stop": "", "chat_template": True, "tree_width": 1,
         "json_schema": "", "reasoning_end": "", "batch_invariant": False, "head": "",
-        "kv_block_size": 0, "prefix_caching": False}
+        "kv_block_size": 0, "prefix_caching": False, "kv_blocks": 0}
     assert INPUTS["prompt_file"] is None
     assert (DEFAULTS["pair"], DEFAULTS["prompt_set"]) == (DEFAULT_PAIR, DEFAULT_SET)
     for field in ("dtype", "max_new_tokens", "temperature", "top_p", "seed"):

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from hybrids import save_pair
-from published_heads import write_eagle3_head
 from specviz.decoding.drafters import drafter_for
 from specviz.decoding.eqspec import eqspec
 from specviz.decoding.exspec import exspec
@@ -18,7 +17,7 @@ from specviz.run.runner import run
 from specviz.spec.casebook import BY_FAULT
 from specviz.spec.faults import of_kind
 from specviz.spec.prompts import builtin_set
-from specviz.spec.run import TINY_DRAFT, TINY_TARGET, RunSpec
+from specviz.spec.run import FITTED_HEAD, TINY_DRAFT, TINY_TARGET, RunSpec
 from specviz.spec.strict import SpecError
 from specviz.trace.share import Link, decode_link, encode_link
 
@@ -46,9 +45,10 @@ def truth(tiny, prompts):
 
 
 @pytest.fixture(scope="module")
-def head(tiny, prompts, tmp_path_factory):
-    return write_eagle3_head(tmp_path_factory.mktemp("head") / "eagle3", tiny.target,
-                             prompts[:3], None)
+def head():
+    """specviz's fitted EAGLE-3 head of the tiny target: it drafts the target's own text, so its
+    cache holds accepted drafts computed from its own guesses."""
+    return FITTED_HEAD
 
 
 def _spec(**fields) -> RunSpec:
@@ -65,7 +65,7 @@ def _hits(result) -> int:
                                                                     "head"])
 def test_paged_decoding_with_prefix_caching_equals_the_reference(tiny, prompts, truth, head,
                                                                   method, drafting):
-    fields = {**drafting, **({"head": str(head)} if drafting.get("drafter") == "eagle3" else {})}
+    fields = {**drafting, **({"head": head} if drafting.get("drafter") == "eagle3" else {})}
     drafter = drafter_for(_spec(**fields), tiny)
     if method == "eqspec":
         got = eqspec(tiny, prompts, 4, 4, NEW, drafter=drafter, kv=PAGED)
@@ -73,9 +73,11 @@ def test_paged_decoding_with_prefix_caching_equals_the_reference(tiny, prompts, 
         got = exspec(tiny, prompts, 4, 4, NEW, window=8, max_wait=4, drafter=drafter, kv=PAGED)
     assert [o.ids for o in got.outputs] == truth
     assert _hits(got) > 0, got.paging
-    # no alarm: every check holds, no paged check names a block
+    # no alarm: every check holds, no paged check names a block; and a correct engine never
+    # writes a shared block (a head's drafts from its own guesses are never registered)
     assert all(ok.all() for rd in got.rounds for ok in rd.checks.values())
     assert not any(rd.blocks for rd in got.rounds)
+    assert all(p["copies"] == 0 for p in got.paging["pools"]), got.paging
 
 
 @pytest.mark.parametrize("block_size", [1, 3, 16])
@@ -167,7 +169,7 @@ def _fed(memory: Memory, rows: list[list[int]], model: str = "target"):
     width = max(map(len, rows))
     tokens = torch.tensor([[0] * (width - len(r)) + r for r in rows])
     valid = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows])
-    pages = memory.pages(list(range(len(rows))), model)
+    pages = memory.pages(list(range(len(rows))), model, tokens, valid)
     pages.feed(tokens, valid, 0)
     kv = tokens[:, None, :, None].double().expand(-1, 1, -1, 2)
     pages.write(0, kv, kv)
@@ -198,21 +200,23 @@ def test_rejected_drafts_blocks_go_back_to_the_pool_and_are_never_cached():
     assert _read(pages)[0][:3] == [5, 6, 7]
 
 
-def test_a_later_request_hits_the_prefix_and_copies_before_writing_into_it():
+def test_a_later_request_hits_the_prefix_and_a_writer_copies_a_shared_block_first():
     memory = Memory(KVLayout(2, prefix_caching=True))
     first, valid = _fed(memory, [[5, 6, 7, 8, 9]])
     first.realign(torch.tensor([0]), None, valid)  # committed: [5, 6] and [7, 8] registered
     pool = memory.pools["target"]
     second, _ = _fed(memory, [[5, 6, 7, 8, 1]])
     assert pool.stats.hits == 2 and second.tables[0][:2] == first.tables[0][:2]
-    # a write into the shared second block copies it for the writer alone
-    shared = second.tables[0][1]
-    second.realign(torch.tensor([0]), None, None, 3)  # the last slot cropped, to be fed again
-    second.feed(torch.tensor([[5, 6, 7, 4]]), torch.ones(1, 4, dtype=torch.bool), 3)
+    assert second.hits == [4] and pool.stats.copies == 0  # the hit positions are read, not written
+    # the first row re-feeds position 3 (as a head re-feeds its last slots): the block it would
+    # write is shared, so it writes a copy of its own
+    shared = first.tables[0][1]
+    first.realign(torch.tensor([0]), None, None, 3)
+    first.feed(torch.tensor([[5, 6, 7, 4]]), torch.ones(1, 4, dtype=torch.bool), 3)
     kv = torch.full((1, 1, 1, 2), 4.0, dtype=torch.float64)
-    second.write(0, kv, kv)
-    assert second.tables[0][1] != shared and pool.stats.copies == 1
-    assert _read(second)[0] == [5, 6, 7, 4] and _read(first)[0] == [5, 6, 7, 8, 9]
+    first.write(0, kv, kv)
+    assert first.tables[0][1] != shared and pool.stats.copies == 1
+    assert _read(first)[0] == [5, 6, 7, 4] and _read(second)[0] == [5, 6, 7, 8, 1]
 
 
 def test_a_full_pool_evicts_the_least_recently_let_go_cached_block():
@@ -222,7 +226,7 @@ def test_a_full_pool_evicts_the_least_recently_let_go_cached_block():
     pool = memory.pools["target"]
     pages.realign(torch.arange(0), None, None)  # the request left: its blocks stay cached, idle
     assert len(pool.idle) == 2 and len(pool.cached) == 2
-    pool.capacity = pool.blocks
+    pool.capacity = pool.blocks  # (a run's --kv-blocks)
     _fed(memory, [[1, 2]])  # a miss takes the oldest idle block's room
     assert pool.stats.evicted == 1 and len(pool.cached) == 1
     with pytest.raises(SpecError, match="blocks are all held"):

@@ -141,6 +141,9 @@ def run_controls_of(settings: Settings) -> dict:
                                           label="prefix caching",
                                           info="share prompts' full blocks across requests "
                                                "(copy-on-write); needs a block size")
+        c["kv_blocks"] = gr.Number(value=DEFAULTS["kv_blocks"], precision=0, minimum=0,
+                                   label="KV blocks per pool (0: as many as needed)",
+                                   info="a miss then evicts the prefix cache's idle blocks")
     c["audit"] = gr.Checkbox(value=DEFAULTS["audit"], label="audit every round",
                              info="check every row's state against a fresh recomputation each "
                                   "round, fork or not (about one extra batch-size-1 pass of each "

@@ -52,7 +52,7 @@ def controls_of(s: RunSpec) -> dict:
             "tree_width": s.tree_width, "json_schema": s.json_schema or "",
             "reasoning_end": s.reasoning_end or "", "batch_invariant": s.batch_invariant,
             "head": s.head or "", "kv_block_size": s.kv_block_size,
-            "prefix_caching": s.prefix_caching}
+            "prefix_caching": s.prefix_caching, "kv_blocks": s.kv_blocks}
 
 
 # The controls a spec fills, at RunSpec's defaults (on the default prompt set), in the API's order;
@@ -137,6 +137,7 @@ def spec_from_controls(**controls) -> RunSpec:
         json_schema=(c["json_schema"] or "").strip() or None,
         reasoning_end=c["reasoning_end"] or None, batch_invariant=bool(c["batch_invariant"]),
         kv_block_size=int(c["kv_block_size"] or 0), prefix_caching=bool(c["prefix_caching"]),
+        kv_blocks=int(c["kv_blocks"] or 0),
         # The option controls that the drafter reads (spec/drafters.py): the rest stay at defaults.
         **{f: _drafter_option(f, c[f]) for f in DRAFTERS[drafter].options})
 

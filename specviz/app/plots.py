@@ -137,7 +137,9 @@ def _block_map(trace: Trace, focus: Focus, rows, n: int, domain, data: list, lay
     for c, r in enumerate(rows):
         for b, (block, shared) in enumerate(zip(r.block_table.blocks, r.block_table.shared)):
             z[b][c], text[b][c] = int(shared), f"block {block}" + (" (shared)" if shared else "")
-    axis, title = f"y{n}", f"seq {focus.seq}'s block table (entry; orange: shared)"
+    axis = f"y{n}"
+    title = (f"seq {focus.seq}'s block table by entry (orange: shared with another request or "
+             "kept by the prefix cache)")
     layout[f"yaxis{n}"] = {"domain": domain, "anchor": "x", "autorange": "reversed"}
     layout["annotations"].append({"text": title, "xref": "paper", "yref": "paper", "x": 0,
                                   "xanchor": "left", "y": domain[1], "yanchor": "bottom",

@@ -123,6 +123,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
     add_field(g, "kv_block_size", metavar="TOKENS",
               help="page the engine's caches in blocks of TOKENS from a pool, as serving engines "
                    "do (0: each row contiguous)")
+    add_field(g, "kv_blocks", metavar="BLOCKS",
+              help="with --kv-block-size: blocks each pool holds at most, a miss evicting the "
+                   "prefix cache's idle ones (0: as many as the run needs)")
     g.add_argument("--prefix-caching", action="store_true",
                    help="share prompts' full blocks across requests (copy-on-write): in "
                         "specviz's engine with --kv-block-size; an OpenVINO check turns on "
@@ -215,7 +218,7 @@ def spec_of(args, **overrides) -> RunSpec:
         logprobs=args.logprobs, rows=tuple(args.row), stop=tuple(args.stop),
         json_schema=args.json_schema, reasoning_end=args.reasoning_end,
         batch_invariant=args.batch_invariant, kv_block_size=args.kv_block_size,
-        prefix_caching=args.prefix_caching,
+        prefix_caching=args.prefix_caching, kv_blocks=args.kv_blocks,
     )
     fields.update(overrides)
     options = {f: getattr(args, f) for f in DRAFTER_OPTIONS if getattr(args, f) is not None}

@@ -40,7 +40,7 @@ class Job:
 
 
 def kv_layout(s: RunSpec) -> KVLayout:
-    return KVLayout(s.kv_block_size, s.prefix_caching)
+    return KVLayout(s.kv_block_size, s.prefix_caching, s.kv_blocks or None)
 
 
 def _decode_reference(job: Job) -> DecodeResult:

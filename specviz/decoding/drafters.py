@@ -175,8 +175,9 @@ class HeadDrafter:
         return cls(pair, spec.k, spec.tree_width, spec.head, Policy(spec.faults))
 
     def new_state(self, valid: torch.Tensor, positions: torch.Tensor, pages) -> ModelState:
-        return ModelState.fresh(kvcache.new(self.head.body, pages()), valid, positions,
-                                self.behind)
+        # the accepted drafts its cache holds, from its own guesses, are computed again next round
+        return ModelState.fresh(kvcache.new(self.head.body, pages(unsettled=self.k - 1)), valid,
+                                positions, self.behind)
 
     def prefill(self, policy: Policy, b) -> None:
         n = b.tokens.shape[1] - self.behind

@@ -33,7 +33,7 @@ def eqspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
     """`drafter`: what proposes the drafts (drafters.py); the pair's draft model by default. `kv`:
     how the caches are laid out (paging.py)."""
     policy = Policy(tuple(faults))
-    memory = Memory(kv, Slips.of(policy.faults))
+    memory = Memory(kv, Slips.of(policy.faults), checked=record)
     drafter = drafter or ModelDrafter(pair)
     d = Decoding(pair, policy, drafter, max_new_tokens, sampling, record, watch)
     layout = right_pad if policy.pads_right else left_pad
@@ -76,7 +76,9 @@ def _realign(b: Batch, step, policy: Policy) -> tuple[Batch | None, bool, dict]:
     after = {name: torch.full((B,), -1, device=dev)
              for name in ("pad", "content", "target_kv", "draft_kv")}
     after["target_state"], after["draft_state"] = step.target.held, step.draft.held
-    if not len(keep):
+    if not len(keep):  # the batch is done: a paged cache gives its blocks back
+        step.target.let_go()
+        step.draft.let_go()
         return None, False, after
     src, valid, stale, width = _relayout(step.out_val[keep], step.out_stale[keep], policy, S,
                                          step.n_keep[keep])

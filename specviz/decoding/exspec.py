@@ -109,7 +109,7 @@ def exspec(pair: ModelPair, prompts: list[list[int]], batch_size: int, k: int, m
     """`drafter`: what proposes the drafts (drafters.py); the pair's draft model by default. `kv`:
     how the caches are laid out (paging.py)."""
     drafter = drafter or ModelDrafter(pair)
-    memory = Memory(kv)
+    memory = Memory(kv, checked=record)
     d = Decoding(pair, CORRECT, drafter, max_new_tokens, sampling, record, watch)
     order = sorted(range(len(prompts)),
                    key=lambda i: len(prompts[i])) if sort_by_length else range(len(prompts))

@@ -36,6 +36,7 @@ class KVLayout:
 
     block_size: int = 0
     prefix_caching: bool = False
+    blocks: int | None = None  # each pool's at most (None: it grows)
 
     @property
     def paged(self) -> bool:
@@ -76,12 +77,17 @@ class Pages:
     # slots the cache held before it
     writes: tuple[torch.Tensor, torch.Tensor] | None = None
     chains: list[list[bytes]] = field(default_factory=list)  # each row's full blocks' digests
+    hits: list[int] = field(default_factory=list)  # each row's positions the prefix cache gave
+    # the cache's last slots its model recomputes next round (a head re-feeds its accepted drafts,
+    # computed from its own guesses): never registered until they are
+    unsettled: int = 0
     before: int = 0
 
     def __post_init__(self):
         B = len(self.requests)
         self.tables = self.tables or [[] for _ in range(B)]
         self.chains = self.chains or [[] for _ in range(B)]
+        self.hits = self.hits or [0] * B
         if self.slot_map is None:
             self.slot_map = torch.empty(B, 0, dtype=torch.long)
         self.before = self.width
@@ -110,10 +116,16 @@ class Pages:
             self.pool.stats.copies += 1
         return self.tables[r][b]
 
+    def take_prefixes(self, tokens: torch.Tensor, valid: torch.Tensor) -> None:
+        """A fresh batch's rows, laid out with their prompts (`tokens`, `valid`): each takes the
+        prefix cache's blocks its prompt starts with, which its passes never write."""
+        for r, (row_tokens, row_valid) in enumerate(zip(tokens.tolist(), valid.tolist())):
+            self._take_prefix(r, [t for t, ok in zip(row_tokens, row_valid) if ok])
+
     def feed(self, tokens: torch.Tensor, valid: torch.Tensor, q_start: int) -> None:
         """Map the slots q_start.. of the layout a pass feeds (each row's cache holds the slots
-        before): each real token to its position's slot, allocating blocks as rows grow. A fresh
-        row first takes the prefix cache's blocks for its prompt (not written again)."""
+        before): each real token to its position's slot, allocating blocks as rows grow; the
+        positions the prefix cache gave are read, never written."""
         if q_start != self.width:
             raise ValueError(f"a pass from slot {q_start} on a paged cache of {self.width}")
         size = self.pool.size
@@ -125,7 +137,7 @@ class Pages:
             if not bool(fed[r].any()):
                 continue
             ids = [t for t, ok in zip(row_tokens, row_valid) if ok]
-            hit = self._take_prefix(r, ids) if q_start == 0 else 0
+            hit = self.hits[r]
             at = index[r][fed[r]]
             first, last = int(at[0]), int(at[-1])
             while len(self.tables[r]) * size <= last:
@@ -134,20 +146,23 @@ class Pages:
                 self._writable(r, b)
             table = torch.tensor(self.tables[r])
             mapped[r, fed[r]] = table[at // size] * size + at % size
-            dest = torch.where(at >= hit, self._slipped(r, at, mapped[r, fed[r]], hit), -1)
+            dest = torch.where(at >= hit, self._slipped(r, at, mapped[r, fed[r]], hit, q_start),
+                               -1)
             written[r, fed[r]] = dest
             own = dest >= 0
             self._check_writes(r, at[own], dest[own], [ids[i] for i in at[own].tolist()])
         self.writes, self.before = (written, written >= 0), self.width
         self.slot_map = torch.cat([self.slot_map, mapped], 1)
 
-    def _slipped(self, r: int, at: torch.Tensor, mapped: torch.Tensor, hit: int) -> torch.Tensor:
-        """Where the engine writes row r's positions `at` (their table's slots `mapped`)."""
+    def _slipped(self, r: int, at: torch.Tensor, mapped: torch.Tensor, hit: int,
+                 q_start: int) -> torch.Tensor:
+        """Where the engine writes row r's positions `at` (their table's slots `mapped`) in a pass
+        from slot `q_start`."""
         size, fresh = self.pool.size, at >= hit
         if self.slips.contiguous_slots and bool(fresh.any()):
             i = int(fresh.long().argmax())
             return mapped[i] + (at - at[i])
-        if self.slips.lookahead_in_shared and hit:
+        if self.slips.lookahead_in_shared and hit and q_start == 0:  # the row's first pass
             return torch.where(fresh, self.tables[r][hit // size - 1] * size + at % size, mapped)
         return mapped
 
@@ -161,18 +176,17 @@ class Pages:
             block = s // size
             check = ("foreign-block-written" if block not in self.tables[r]
                      else "shared-block-written" if self.pool.shared(block) else None)
-            if check:
+            if check and self.pool.checked:
                 self.pool.events.append(dict(check=check, seq=request, block=block, position=i,
                                              writer=self.pool.writers[s],
                                              holds=self.pool.tokens[s], wants=t))
                 break
         self.pool.wrote(slots.tolist(), ids, request)
 
-    def _take_prefix(self, r: int, ids: list[int]) -> int:
-        """A fresh row's prompt's leading full blocks, from the prefix cache: the tokens they
-        hold."""
+    def _take_prefix(self, r: int, ids: list[int]) -> None:
+        """A fresh row's prompt's leading full blocks, from the prefix cache."""
         if self.tables[r] or not self.pool.prefix_caching:
-            return 0
+            return
         size, parent = self.pool.size, ROOT
         for b in range(len(ids) // size):
             block, digest = self.pool.find(parent, ids[b * size: (b + 1) * size],
@@ -183,7 +197,7 @@ class Pages:
             self.tables[r].append(block)
             self.chains[r].append(digest)
             parent = digest
-        return len(self.tables[r]) * size
+        self.hits[r] = len(self.tables[r]) * size
 
     def realign(self, rows: torch.Tensor, src: torch.Tensor | None, valid: torch.Tensor | None,
                 slots: int | None = None) -> None:
@@ -200,6 +214,7 @@ class Pages:
         self.slot_map = old[:, :slots] if src is None else old.gather(1, src.cpu())
         self.tables = [self.tables[r] for r in rows_list]
         self.chains = [self.chains[r] for r in rows_list]
+        self.hits = [self.hits[r] for r in rows_list]
         self.requests = [self.requests[r] for r in rows_list]
         self.before = self.width
         if valid is not None:  # (a cache not filled yet is narrower than its slots)
@@ -214,13 +229,12 @@ class Pages:
         self.tables[r] = []
 
     def _settle(self, r: int, valid: torch.Tensor) -> None:
+        """Row r keeps the `valid` slots of its cache: each at its position's slot (copied there
+        from where the map moved it), the blocks past them given back (after the copies, which
+        may read them), its full settled blocks registered."""
         size = self.pool.size
         places = valid.nonzero().flatten()
         n = len(places)
-        blocks = -(-n // size)
-        for block in self.tables[r][blocks:]:
-            self.pool.release(block)
-        del self.tables[r][blocks:]
         want = self._slots(r, n)
         have = self.slot_map[r, places]
         moved = (have != want).nonzero().flatten()
@@ -231,7 +245,14 @@ class Pages:
             self.pool.copy(have[moved].clamp(min=0), want[moved])
             self.pool.stats.moved += len(moved)
         self.slot_map[r, places] = want
-        while len(self.chains[r]) < n // size:
+        given = self.hits[r] // size  # (a cache that lags its prompt keeps the blocks it hit)
+        blocks = max(-(-n // size), given)
+        for block in self.tables[r][blocks:]:
+            self.pool.release(block)
+        del self.tables[r][blocks:]
+        settled = max(max(0, n - self.unsettled) // size, given)
+        del self.chains[r][settled:]
+        while len(self.chains[r]) < settled:
             b = len(self.chains[r])
             parent = self.chains[r][-1] if self.chains[r] else ROOT
             ids = [self.pool.tokens[s] for s in want[b * size: (b + 1) * size].tolist()]
@@ -293,7 +314,8 @@ class Pages:
         parts = []
         for i, (lo, hi) in enumerate(spans):
             part = Pages(self.pool, [self.requests[i]], self.slips, [self.tables[i]],
-                         self.slot_map[i: i + 1, lo:hi], None, [self.chains[i]])
+                         self.slot_map[i: i + 1, lo:hi], None, [self.chains[i]],
+                         [self.hits[i]], self.unsettled)
             part.realign(torch.zeros(1, dtype=torch.long), None, valid[i: i + 1, lo:hi])
             parts.append(part)
         return parts
@@ -305,25 +327,35 @@ class Pages:
         return Pages(parts[0].pool, [r for p in parts for r in p.requests], parts[0].slips,
                      [t for p in parts for t in p.tables],
                      torch.cat([torch.nn.functional.pad(p.slot_map, (width - p.width, 0), value=-1)
-                                for p in parts]), None, [c for p in parts for c in p.chains])
+                                for p in parts]), None, [c for p in parts for c in p.chains],
+                     [h for p in parts for h in p.hits], parts[0].unsettled)
 
 
 class Memory:
     """A decode's K/V layout and, when paged, each model's block pool (kept across its batches,
     so that a later batch hits what an earlier one left in the prefix cache)."""
 
-    def __init__(self, layout: KVLayout = CONTIGUOUS, slips: Slips = Slips()):
-        self.layout, self.slips = layout, slips
+    def __init__(self, layout: KVLayout = CONTIGUOUS, slips: Slips = Slips(),
+                 checked: bool = True):
+        """`checked`: the paged checks' events kept for the rounds' audits (a decode that records
+        no round keeps none)."""
+        self.layout, self.slips, self.checked = layout, slips, checked
         self.pools: dict[str, BlockPool] = {}
 
-    def pages(self, requests: list[int], role: str) -> Pages | None:
-        """The pages of a fresh batch of `requests` in the pool of the model playing `role` (target
-        or draft); None where the layout is contiguous."""
+    def pages(self, requests: list[int], role: str, tokens: torch.Tensor, valid: torch.Tensor,
+              unsettled: int = 0) -> Pages | None:
+        """The pages of a fresh batch of `requests`, laid out with their prompts (`tokens`,
+        `valid`), in the pool of the model playing `role` (target or draft), each row holding the
+        prefix cache's blocks its prompt starts with; None where the layout is contiguous.
+        `unsettled`: as Pages'."""
         if not self.layout.paged:
             return None
         if role not in self.pools:
-            self.pools[role] = BlockPool(self.layout.block_size, self.layout.prefix_caching)
-        return Pages(self.pools[role], list(requests), self.slips)
+            self.pools[role] = BlockPool(self.layout.block_size, self.layout.prefix_caching,
+                                         self.layout.blocks, self.checked)
+        pages = Pages(self.pools[role], list(requests), self.slips, unsettled=unsettled)
+        pages.take_prefixes(tokens, valid)
+        return pages
 
     def stats(self) -> dict | None:
         """Per pool: the blocks it handed out, and its prefix cache's counts (None: contiguous)."""

@@ -57,8 +57,8 @@ class Drafter(Protocol):
 
     def new_state(self, valid: torch.Tensor, positions: torch.Tensor, pages) -> ModelState:
         """Its state for a freshly laid-out batch, empty until its first pass (a cache of None: it
-        keeps none). `pages()`: the batch's pages in the drafter's pool, where its cache is paged
-        (None: contiguous)."""
+        keeps none). `pages(unsettled=0)`: the batch's pages in the drafter's pool, where its cache
+        is paged (None: contiguous; `unsettled`: paging.Pages')."""
 
     def prefill(self, policy: Policy, b) -> None:
         """Fill its state (b.draft) with a laid-out batch's slots, once the target has filled

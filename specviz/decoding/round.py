@@ -78,10 +78,10 @@ def lay_out(pair: ModelPair, policy: Policy, drafter: Drafter, memory: Memory, s
     fill them."""
     stale = torch.zeros_like(valid)
     pos = policy.positions(valid, stale)
-    target = ModelState.fresh(kvcache.new(pair.target, memory.pages(seqs, "target")), valid, pos,
-                              1)
-    return Batch(seqs, tokens, valid, stale, target,
-                 drafter.new_state(valid, pos, lambda: memory.pages(seqs, "draft")))
+    target = ModelState.fresh(
+        kvcache.new(pair.target, memory.pages(seqs, "target", tokens, valid)), valid, pos, 1)
+    return Batch(seqs, tokens, valid, stale, target, drafter.new_state(
+        valid, pos, lambda unsettled=0: memory.pages(seqs, "draft", tokens, valid, unsettled)))
 
 
 def prefill(pair: ModelPair, policy: Policy, drafter: Drafter, memory: Memory, seqs: list[int],

@@ -59,6 +59,7 @@ MAX_NGRAM = 16
 MAX_TREE_WIDTH = 8
 MAX_HEAD_PATH = 512  # characters of a head's folder
 MAX_KV_BLOCK_SIZE = 256  # tokens a paged cache's block holds at most
+MAX_KV_BLOCKS = 1 << 20
 # the EAGLE-3 heads specviz makes for a built-in target (models/builtinheads.py), named as a folder:
 # fitted in seconds, and trained on this machine (specviz train-head --eagle3)
 FITTED_HEAD = "specviz:fitted-eagle3"
@@ -69,7 +70,8 @@ PENALTY_FIELDS = ("repetition_penalty", "presence_penalty")
 # Left out of the canonical form at their defaults, so that the keys of runs made before them stay
 # what they were.
 OMITTED_AT_DEFAULT = (*SAMPLING_FIELDS, "drafter", *DRAFTER_OPTIONS, *PENALTY_FIELDS, "logprobs",
-                      "rows", "stop", "batch_invariant", "kv_block_size", "prefix_caching")
+                      "rows", "stop", "batch_invariant", "kv_block_size", "prefix_caching",
+                      "kv_blocks")
 MAX_STOPS, MAX_STOP_CHARS = 4, 32  # stop strings a run may set, and the length of each
 # what a request's own settings (RowSampling) replace
 TARGET_FIELDS = ("temperature", "top_k", "top_p")
@@ -138,6 +140,9 @@ class RunSpec(Strict):
     # a block size pages them in a pool, and prefix caching shares prompts' full blocks.
     kv_block_size: int = Field(0, ge=0, le=MAX_KV_BLOCK_SIZE)
     prefix_caching: bool = False
+    # blocks each paged pool holds at most, evicting the prefix cache's idle ones (0: as many as
+    # the run needs)
+    kv_blocks: int = Field(0, ge=0, le=MAX_KV_BLOCKS)
 
     @field_validator("target", "draft")
     @classmethod
@@ -302,6 +307,8 @@ class RunSpec(Strict):
     def _paged(self) -> RunSpec:
         if self.prefix_caching and not self.kv_block_size and self.method != ENGINE:
             raise ValueError("prefix caching shares a paged cache's blocks: set a kv block size")
+        if self.kv_blocks and not self.kv_block_size:
+            raise ValueError("kv blocks bound a paged cache's pool: set a kv block size")
         paged = [n for n, m in METHODS.items() if m.paged]
         if self.kv_block_size and self.method not in paged:
             raise ValueError(f"{self.method} keeps its cache contiguous; "
