@@ -21,13 +21,14 @@ from specviz.spec.run import RunSpec
 MUTANTS = {
     # cache-layout arithmetic: when rows move, each cache takes each slot from one slot too far left
     "layout-off-by-one": (modelstate.ModelState, "rearranged",
-                          "kvcache.gather(self.cache, rows, src[:, :slots])",
-                          "kvcache.gather(self.cache, rows, (src[:, :slots] - 1).clamp(min=0))", (),
-                          "eqspec"),
+                          "kvcache.gather(self.cache, rows, src[:, :slots], valid[:, :slots])",
+                          "kvcache.gather(self.cache, rows, (src[:, :slots] - 1).clamp(min=0), "
+                          "valid[:, :slots])", (), "eqspec"),
     # interference between rows: a realignment gathers each row's cache from another row
     "rows-interfere": (modelstate.ModelState, "rearranged",
-                       "kvcache.gather(self.cache, rows, src[:, :slots])",
-                       "kvcache.gather(self.cache, rows.flip(0), src[:, :slots])", (), "eqspec"),
+                       "kvcache.gather(self.cache, rows, src[:, :slots], valid[:, :slots])",
+                       "kvcache.gather(self.cache, rows.flip(0), src[:, :slots], "
+                       "valid[:, :slots])", (), "eqspec"),
     # stale state after a row finishes: the rows after it keep last round's tokens and caches
     "stale-after-finish": (exspec, "_split_back",
                            "gen[s.seq].finished_at = time.perf_counter() - start\n"

@@ -80,11 +80,9 @@ _FITTED = dict(drafter="eagle3", head=FITTED_HEAD)
 # The first prompt's answer ends with its end-of-sequence token (token 7) inside the block that
 # reaches a cap of 9 tokens: the stop and the cap fall in one accepted block.
 CAP_RUN = dict(max_new_tokens=9)
-# Paged caches (decoding/paging.py): small blocks, so that every verify crosses into a new one; and
-# prefix caching over two batches, so that the second's requests hit the chat template's blocks the
-# first's left.
-_PAGED = dict(kv_block_size=4)
-_PREFIX = dict(kv_block_size=8, prefix_caching=True, batch_size=2)
+# Paged (decoding/paging.py): blocks small enough that a verify crosses into a new one; prefix
+# caching over two batches, the second's requests hitting the chat template's blocks.
+_PAGED, _PREFIX = dict(kv_block_size=4), dict(kv_block_size=8, prefix_caching=True, batch_size=2)
 # PROMPTS reach its window inside the run
 _WINDOW = dict(target=TINY_WINDOW, draft=TINY_WINDOW_DRAFT)
 # Structured output (decoding/grammar.py): a person's record, compact JSON.
@@ -372,17 +370,14 @@ CASES = (
          "xgrammar's check does.",
          _QUOTED),
     Case("slots-assumed-contiguous", "wrong output with speculation and prefix caching both on",
-         "A pass wrote its K/V at the slot ids after its first, as if the row's blocks were "
-         "consecutive.\n"
-         "Its block table mapped them elsewhere: it read slots never written, and overwrote "
-         "other rows'.",
+         "A pass wrote its K/V at the slot ids after its first, as if its blocks were in a row.\n"
+         "Its table mapped them elsewhere: it read slots never written, and overwrote others'.",
          "the radix cache that scattered the slots, and the device asserts: here the blocks rows "
          "take as they grow interleave on their own.", _PAGED),
     Case("lookahead-into-shared-block",
          "generation length falling for requests under prefix caching and concurrency",
          "A request that hit the prefix cache got no block past its hit ones for its first pass.\n"
-         "It wrote there into the last hit block, shared: its sharers and later hits read "
-         "its K/V.",
+         "It wrote there into the last hit block, shared: its sharers and later hits read its K/V.",
          "DFlash's drafter and its lookahead positions: here the target's own prefill writes past "
          "the hit blocks.", _PREFIX),
 )
