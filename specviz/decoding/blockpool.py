@@ -125,8 +125,8 @@ class BlockPool:
         self.stats.lookups += 1
         block = self.cached.get(digest)
         self.stats.hits += block is not None
-        if self.checked and block is not None and self.held_tokens(block) != tokens:
-            held = self.held_tokens(block)
+        held = self.held_tokens(block) if self.checked and block is not None else tokens
+        if held != tokens:
             j = next(i for i, (a, b) in enumerate(zip(held, tokens)) if a != b)
             self.events.append(dict(check="hit-on-other-tokens", seq=request, block=block,
                                     position=None, writer=self.writers[block * self.size + j],

@@ -178,9 +178,6 @@ def layers_states(cache: DynamicCache | None) -> list[State]:
 def row_kv(cache: DynamicCache, layer: int, row: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(keys, values) of one row in one layer: (kv_heads, slots, head_dim)."""
     lay = cache.layers[layer]
-    if isinstance(lay, PagedLayer):
-        keys, values = cache.pages.read(layer)
-        return keys[row], values[row]
     return lay.keys[row], lay.values[row]
 
 
