@@ -65,19 +65,22 @@ def _own_yardsticks(tmp_path_factory, monkeypatch):
     monkeypatch.setattr(yardstick_cache, "directory", lambda: folder)
 
 
-@pytest.fixture(scope="session")
+# The pairs' fixtures are per test file: a worker that lets go of its pairs after a file
+# (`_bounded_memory`) must hold no other reference to them, or the next file loads a second copy
+# (the embedded pair and its float64 copy pin about 4 GiB) and every later file reloads.
+@pytest.fixture(scope="module")
 def tiny():
     """The tiny random pair in float64: equality with the reference is exact, always."""
     return load_pair(TINY_TARGET, TINY_DRAFT, dtype="float64", device="cpu")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def embedded():
     """The embedded SmolLM2-135M-Instruct pair in float32."""
     return load_pair(dtype="float32", device="cpu")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def mixed_prompts(tiny):
     """Prompt ids of very different lengths: a 1-token prompt, short chats, a ~330-token passage."""
     ids = tiny.encode(builtin_set("all"))
@@ -101,7 +104,7 @@ def app_url():
 
 
 @pytest.fixture(scope="session")
-def hostile(tiny):
+def hostile():
     """A real tiny-pair trace with sync-bug divergences (so every view has content), and a
     script-carrying payload in every string field its schema accepts one in (tests/hostile.py)."""
     from hostile import hostile_trace
@@ -123,7 +126,7 @@ FLAGS_PROMPT = "Name the country of each flag in one word: " + "🇫🇷🇯🇵
 
 
 @pytest.fixture(scope="session")
-def cjk_emoji(embedded):
+def cjk_emoji():
     """The embedded pair on a CJK, an emoji and a flags prompt, with bsp-like faults so that they
     fork: its tokenizer splits many of these characters over 2–4 tokens."""
     from specviz.run.runner import run
