@@ -67,7 +67,7 @@ chromium:
 
 # Two workers, each test file whole on one (its servers and module fixtures start once), one torch thread each.
 test: install vllm openvino llama chromium
-	$(PY) -m pytest -q --durations=25 -n 2 --dist loadfile
+	$(PY) -m pytest -q --durations=60 -n 2 --dist loadfile
 
 bench: install
 	$(VENV)/bin/specviz bench --prompt-set all

@@ -190,13 +190,15 @@ def vllm(request, vllm_servers):
     return Served(vllm_servers, request.param)
 
 
-def attribute_every_fork(trace, spec, pair, ids, settings: dict, batch: int, label: str):
-    """A correct engine's forks, every one attributed on purpose (its rounding's too): none may be
-    named. Prints what was measured, the threshold's false-attribution count on this engine,
-    for docs/engines.md."""
+def attribute_every_fork(trace, spec, pair, ids, settings: dict, batch: int, label: str,
+                         rows: int | None = None):
+    """A correct engine's forks, every one attributed on purpose (its rounding's too; with `rows`,
+    those among its first `rows` sequences): none may be named. Prints what was measured, the
+    threshold's false-attribution count on this engine, for docs/engines.md."""
     from specviz.run import attribution
 
-    seqs = attribution.forks_to_attribute(trace, every_fork=True)
+    seqs = [s for s in attribution.forks_to_attribute(trace, every_fork=True)
+            if rows is None or s < rows]
     replaying = attribution.Replaying(spec, pair, ids, settings, batch)
     attribution.attribute(trace, replaying, seqs).record(trace)
     found = [trace.sequences[seq].attribution for seq in seqs]

@@ -28,12 +28,13 @@ QUICK = tuple(builtin_set("quick"))
 PAIRS = {"embedded": {}, "tiny": dict(target=TINY_TARGET, draft=TINY_DRAFT),
          "tiny-hybrid": dict(target=TINY_HYBRID, draft=TINY_HYBRID_DRAFT)}
 MODEL, LOOKUP, HEAD = "model", "lookup", "eagle"
-# (pair, dtype, method, drafter, tree width): each pair, drafter, chains and trees in both dtypes
-# (a hybrid's verify takes chains only)
-CASES = [("embedded", "float32", "exspec", LOOKUP, 2), ("embedded", "bfloat16", "eqspec", MODEL, 1),
+# (pair, dtype, method, drafter, tree width): each drafter, chains and trees in both dtypes, on
+# every pair (a hybrid's verify takes chains only); the embedded pair in float32 only (its
+# bfloat16 run cost CI 70 s, on the kernels the others run)
+CASES = [("embedded", "float32", "exspec", LOOKUP, 2),
          ("tiny", "float32", "eqspec", HEAD, 1), ("tiny", "bfloat16", "exspec", HEAD, 2),
          ("tiny-hybrid", "float32", "eqspec", MODEL, 1),
-         ("tiny-hybrid", "bfloat16", "exspec", LOOKUP, 1),
+         ("tiny-hybrid", "bfloat16", "exspec", MODEL, 1),
          ("bamba", "float32", "exspec", MODEL, 1), ("bamba", "bfloat16", "eqspec", LOOKUP, 1)]
 
 

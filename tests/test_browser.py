@@ -104,9 +104,9 @@ def test_a_fresh_page_shows_a_real_fork_at_once_then_a_click_and_its_share_link(
     fresh.goto(page.url)
     expect(fresh.locator("#sv-status")).to_contain_text("matched the shared run exactly",
                                                         timeout=DECODE_MS)
-    cell = fresh.locator("#sv-grid td.sv-cell.sv-sel")
-    expect(cell).to_have_attribute("data-round", round_)
-    assert cell.get_attribute("data-seq") == seq
+    # The views are drawn after the status says so (on a busy machine, seconds after).
+    cell = fresh.locator(f'#sv-grid td.sv-cell.sv-sel[data-seq="{seq}"]')
+    expect(cell).to_have_attribute("data-round", round_, timeout=60_000)
     expect(fresh.locator("#sv-timeline .sv-tok.sv-fork")).to_have_count(1)
     assert fresh.inner_text("#sv-forensics") == after
     expect(fresh.locator("#sv-lanes .main-svg").first).to_be_visible(timeout=60_000)
@@ -536,9 +536,9 @@ def _replays_in(new_page, link: str, case, seq: str, round_: str) -> None:
     status = fresh.locator("#sv-status")
     expect(status).to_contain_text("matched the shared run exactly", timeout=DECODE_MS)
     expect(status).to_contain_text("bundled with specviz")
-    cell = fresh.locator("#sv-grid td.sv-cell.sv-fork.sv-sel")
-    expect(cell).to_have_attribute("data-round", round_)
-    assert cell.get_attribute("data-seq") == seq
+    # The views are drawn after the status says so (on a busy machine, seconds after).
+    cell = fresh.locator(f'#sv-grid td.sv-cell.sv-fork.sv-sel[data-seq="{seq}"]')
+    expect(cell).to_have_attribute("data-round", round_, timeout=60_000)
     expect(fresh.locator("#sv-forensics")).to_contain_text(case.expected)
 
     # The Sweep tab runs the whole casebook as one sweep: a cell for each case (each run

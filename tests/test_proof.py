@@ -53,10 +53,15 @@ def _assert_agree(decoded: Trace, proved: Trace) -> None:
         assert p.reference_proof.proved + p.reference_proof.decoded == len(p.reference_ids)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("faults",
-        [(), *((f,) for f in SYNC_FAULTS), *((p,) for p in FAULT_PRESETS)], ids=str)
-def test_a_proved_reference_is_the_decoded_one_with_the_same_verdicts(dtype, faults):
+# Every fault in float32; in bfloat16 (whose near-ties the proof decodes, tested below) the
+# presets, which combine six of the single faults (each single one there cost CI 20 s more).
+CASES = [*((f, "float32") for f in [(), *((f,) for f in SYNC_FAULTS)]),
+         *(((p,), dtype) for p in FAULT_PRESETS for dtype in ("float32", "bfloat16")),
+         ((), "bfloat16")]
+
+
+@pytest.mark.parametrize("faults, dtype", CASES, ids=str)
+def test_a_proved_reference_is_the_decoded_one_with_the_same_verdicts(faults, dtype):
     pair = load_pair(TINY_TARGET, TINY_DRAFT, dtype=dtype, device="cpu")
     ids = pair.encode(PROMPTS)
     engine = _engine("eqspec",
