@@ -24,6 +24,8 @@ from specviz.models.checkpoints import embedded_tokenizer_dir
 ATTN = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128)
 MLA = dict(num_attention_heads=4, num_key_value_heads=4, intermediate_size=128, kv_lora_rank=16,
            q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16)
+VLLM_MLA = dict(MLA, kv_lora_rank=512, q_lora_rank=64, qk_rope_head_dim=64, qk_nope_head_dim=64,
+                v_head_dim=64)
 _, BAILING, _ = HYBRIDS["bailing-hybrid"]
 # name -> (model_type, config fields, layout, the target layers the MTP layer copies (its attention
 # and norms, its MLP), what it is)
@@ -47,6 +49,15 @@ FAMILIES = {
                                               num_experts_per_tok=2, n_group=1,
                                               topk_group=1), "layers", (0, 1),
                           "DeepSeek-V3's layout in a smaller model"),
+    # the same at the only latent-attention sizes vLLM's CPU_MLA computes, with its own output
+    # head (vLLM's DeepSeek-V3 ties none) and the routing fields vLLM reads (transformers computes
+    # them always)
+    "deepseek-v3-vllm": ("deepseek_v3", dict(**VLLM_MLA, num_hidden_layers=2,
+                                             first_k_dense_replace=1, moe_intermediate_size=32,
+                                             n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+                                             topk_group=1, topk_method="noaux_tc",
+                                             scoring_func="sigmoid", tie_word_embeddings=False),
+                         "layers", (0, 1), "DeepSeek-V3's layout, as vLLM's CPU build serves it"),
     "bailing-hybrid": ("bailing_hybrid",
                        dict(BAILING, num_hidden_layers=4, num_nextn_predict_layers=1,
                             mtp_layer_types=["full_attention"], mtp_mlp_layer_types=["sparse"]),
@@ -62,10 +73,10 @@ def save(path, family: str) -> str:
     model_type, fields, layout, copied, _ = FAMILIES[family]
     tok = AutoTokenizer.from_pretrained(embedded_tokenizer_dir())
     config = AutoConfig.for_model(model_type, vocab_size=len(tok), hidden_size=64,
-                                  initializer_range=0.2, tie_word_embeddings=True,
-                                  bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                                  pad_token_id=tok.pad_token_id,
-                                  **{"num_nextn_predict_layers": 1, **fields})
+                                  initializer_range=0.2, bos_token_id=tok.bos_token_id,
+                                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                                  **{"num_nextn_predict_layers": 1, "tie_word_embeddings": True,
+                                     **fields})
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, experts_implementation="eager")
     with torch.no_grad():

@@ -88,8 +88,8 @@ def vllm_server(mode: str, log: Path, k: int = 5, max_num_seqs: int = 8, threads
                 startup_timeout: float = 600.0, dtype: str = "float32",
                 extra_env: dict[str, str] | None = None, ngram: tuple[int, int] = (2, 4),
                 eager: bool = False, head: Path | None = None, model: Path | None = None,
-                attention: str | None = None, prefix_caching: bool | None = None
-                ) -> Iterator[VllmServer]:
+                attention: str | None = None, prefix_caching: bool | None = None,
+                native_rope: bool = False) -> Iterator[VllmServer]:
     """Serve the embedded target with vLLM in `mode` until the block ends; its output goes to `log`.
     `ngram`: the shortest and longest n-gram the ngram mode matches. `eager`: vLLM's eager mode,
     without the graph compile that takes most of a start (76 s of it here, every time: vLLM 0.32
@@ -101,7 +101,9 @@ def vllm_server(mode: str, log: Path, k: int = 5, max_num_seqs: int = 8, threads
     the head's folder, in a mode of HEAD_MODES. `model`: the target's folder (the embedded one by
     default); `attention`: the attention backend of its target and drafter (vLLM's choice by
     default). `prefix_caching`: vLLM's own on or off (None: vLLM's default, on for the models that
-    support it)."""
+    support it). `native_rope`: vLLM's PyTorch rotary embedding instead of its CPU kernel, which
+    eager mode runs and which misreads multi-head latent attention's strided query and key views
+    (docs/engines.md, DeepSeek-V3)."""
     spec = speculative_config(mode, k, ngram, head)
     if spec and attention:  # the drafter does not inherit the target's backend
         spec["attention_backend"] = attention
@@ -118,6 +120,8 @@ def vllm_server(mode: str, log: Path, k: int = 5, max_num_seqs: int = 8, threads
         args.append("--enforce-eager")
     if attention:
         args += ["--attention-backend", attention]
+    if native_rope:
+        args += ["--compilation-config", json.dumps({"custom_ops": ["all", "-rotary_embedding"]})]
     cpus = sorted(os.sched_getaffinity(0))[:threads]
     env = {
         "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: plenty for 8 sequences of 2,048 tokens
