@@ -4,7 +4,11 @@ model is, with the embedded pair's tokenizer, in the two layouts transformers' `
 - "layers": the MTP layer stored after the decoder's own, `model.layers.{N}.` with `enorm`, `hnorm`,
   `eh_proj` and `shared_head.norm` (DeepSeek-V3, GLM-4.5, Ling's hybrids);
 - "mtp": under `mtp.`, with `fc`, `pre_fc_norm_embedding`, `pre_fc_norm_hidden` and `norm`
-  (Qwen3-Next's and Qwen3.5's layout, which Mellum shares).
+  (Qwen3-Next's and Qwen3.5's layout, which Mellum shares);
+
+and MiMo's, which transformers does not read (specviz does, models/mimo.py): "mimo", under
+`model.mtp_layers.{i}.`, with `token_layernorm`, `hidden_layernorm`, `input_proj` (the hidden
+state first) and `final_layernorm`. `mimo_of` writes the embedded target as a MiMo model.
 
 The MTP layer is a copy of one of the target's attention layers, its final norm, and a projection
 that passes the token's embedding and a small share of the hidden state, so that it drafts from
@@ -14,12 +18,16 @@ built-in prompts, Mellum, Ling's hybrid and DeepSeek-V3).
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 from hybrids import FAMILIES as HYBRIDS
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from specviz.models.checkpoints import embedded_tokenizer_dir
+from specviz.models.mimo import ARCHITECTURE as MIMO
 
 ATTN = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128)
 MLA = dict(num_attention_heads=4, num_key_value_heads=4, intermediate_size=128, kv_lora_rank=16,
@@ -58,6 +66,9 @@ FAMILIES = {
                                              topk_group=1, topk_method="noaux_tc",
                                              scoring_func="sigmoid", tie_word_embeddings=False),
                          "layers", (0, 1), "DeepSeek-V3's layout, as vLLM's CPU build serves it"),
+    # MiMo: a Qwen2 model (attention with biases) whose MTP layer transformers does not read
+    "mimo": ("qwen2", dict(ATTN, num_hidden_layers=2), "mimo", (0, 0),
+             "MiMo's layout (model.mtp_layers), read as vLLM reads it"),
     "bailing-hybrid": ("bailing_hybrid",
                        dict(BAILING, num_hidden_layers=4, num_nextn_predict_layers=1,
                             mtp_layer_types=["full_attention"], mtp_mlp_layer_types=["sparse"]),
@@ -95,6 +106,9 @@ def save(path, family: str) -> str:
     save_file({**stored,
                **_mtp_layer(stored, layout, copied, config.num_hidden_layers, config.hidden_size)},
               f"{path}/model.safetensors", metadata={"format": "pt"})
+    if layout == "mimo":  # (saving names the class transformers loaded; vLLM reads this one)
+        raw = json.loads(Path(path, "config.json").read_text())
+        Path(path, "config.json").write_text(json.dumps({**raw, "architectures": [MIMO]}))
     return str(path)
 
 
@@ -111,6 +125,12 @@ def _mtp_layer(stored: dict, layout: str, copied: tuple[int, int], layers: int, 
     embedding = next(w for name, w in stored.items() if "embed" in name)
     scale = torch.full((H,), float(embedding.pow(2).mean(-1).sqrt().mean()))
     mix = torch.cat([torch.eye(H), SHARE * torch.eye(H)], 1)
+    if layout == "mimo":  # the hidden state first (vLLM's mimo_mtp.py)
+        at = "model.mtp_layers.0."
+        return {**{at + n: w.clone() for n, w in block.items()},
+                at + "token_layernorm.weight": scale, at + "hidden_layernorm.weight": scale.clone(),
+                at + "input_proj.weight": torch.cat([SHARE * torch.eye(H), torch.eye(H)], 1),
+                at + "final_layernorm.weight": stored["model.norm.weight"].clone()}
     if layout == "layers":
         at = f"model.layers.{layers}."
         return {**{at + n: w.clone() for n, w in block.items()}, at + "enorm.weight": scale,
@@ -120,3 +140,32 @@ def _mtp_layer(stored: dict, layout: str, copied: tuple[int, int], layers: int, 
             "mtp.pre_fc_norm_embedding.weight": scale,
             "mtp.pre_fc_norm_hidden.weight": scale.clone(),
             "mtp.norm.weight": stored["model.norm.weight"].clone()}
+
+
+def mimo_of(path, target: Path) -> str:
+    """The Llama checkpoint in folder `target` (the embedded SmolLM2) as a MiMo model, saved in
+    `path`: the Qwen2 model that computes what it computes (zero attention biases, its norms' eps,
+    its rope, its output head stored untied, as vLLM's MiMo layer reads one), and an MTP layer
+    that copies its first layer."""
+    raw = json.loads((target / "config.json").read_text())
+    stored = load_file(target / "model.safetensors")
+    H, layers = raw["hidden_size"], raw["num_hidden_layers"]
+    kv = raw["num_key_value_heads"] * raw["head_dim"]
+    biases = {f"model.layers.{i}.self_attn.{p}_proj.bias": torch.zeros(n)
+              for i in range(layers) for p, n in (("q", H), ("k", kv), ("v", kv))}
+    weights = {**stored, **biases,
+               "lm_head.weight": stored["model.embed_tokens.weight"].clone()}
+    weights.update(_mtp_layer(weights, "mimo", (0, 0), layers, H))
+    Path(path).mkdir(parents=True)
+    save_file(weights, f"{path}/model.safetensors", metadata={"format": "pt"})
+    keep = ("bos_token_id", "eos_token_id", "pad_token_id", "hidden_size", "intermediate_size",
+            "max_position_embeddings", "num_attention_heads", "num_hidden_layers",
+            "num_key_value_heads", "rms_norm_eps", "rope_parameters", "vocab_size", "hidden_act")
+    config = AutoConfig.for_model("qwen2", **{k: raw[k] for k in keep},
+                                  tie_word_embeddings=False, num_nextn_predict_layers=1)
+    config.save_pretrained(path)
+    raw = json.loads(Path(path, "config.json").read_text())
+    Path(path, "config.json").write_text(json.dumps({**raw, "architectures": [MIMO]}))
+    AutoTokenizer.from_pretrained(target).save_pretrained(path)
+    return str(path)
+

@@ -4,10 +4,12 @@ output is the batch-size-1 reference's, every draft is the one transformers' own
 from a fresh pass, transformers' own MTP generation agrees, and a head's bug is named
 by its side."""
 import json
+import shutil
 
 import pytest
 import torch
 from mtp_checkpoints import FAMILIES, save
+from safetensors.torch import load_file, save_file
 from transformers.modeling_layers import MtpModel
 
 from specviz.decoding.drafters import MtpDrafter
@@ -56,7 +58,8 @@ def test_an_mtp_layer_drafts_to_the_reference_exactly(checkpoints, decoder, batc
 
 @pytest.mark.parametrize("family,dtype", [("mellum", "float32"), ("bailing-hybrid", "float64"),
                                           ("deepseek-v3", "float64"),
-                                          ("deepseek-v3-small", "float64")])
+                                          ("deepseek-v3-small", "float64"),
+                                          ("mimo", "float64")])
 @pytest.mark.parametrize("decoder", [eqspec, exspec])
 def test_every_family_and_dtype_decodes_as_the_model_alone(checkpoints, family, dtype, decoder):
     pair = _pair(checkpoints, family, dtype)
@@ -136,6 +139,16 @@ def test_a_model_without_mtp_layers_is_refused_with_the_reason(tiny):
     spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, prompts=("Hello",), drafter="mtp",
                          device="cpu")
     with pytest.raises(SpecError, match="ships no multi-token-prediction"):
+        run(spec)
+
+
+def test_a_mimo_model_without_mtp_layers_is_refused_with_the_reason(checkpoints, tmp_path):
+    shutil.copytree(checkpoints["mimo"], tmp_path / "mimo")
+    weights = tmp_path / "mimo" / "model.safetensors"
+    save_file({k: w for k, w in load_file(weights).items() if ".mtp_layers." not in k}, weights,
+              metadata={"format": "pt"})
+    spec = _spec(str(tmp_path / "mimo"), prompts=("Hello",), max_new_tokens=4)
+    with pytest.raises(SpecError, match="a MiMo model without MTP layers"):
         run(spec)
 
 

@@ -1,7 +1,9 @@
-"""vLLM's `mtp` mode, drafting with the MTP layer a DeepSeek-V3 checkpoint ships (a tiny one,
-tests/mtp_checkpoints.py, at the latent-attention sizes vLLM's CPU_MLA computes), judged from
-outside by `check --engine-drafter mtp`: against transformers' reading of the same files, and its
-acceptance against specviz's replay of the MTP layer on the engine's committed tokens.
+"""vLLM's `mtp` mode, drafting with the MTP layer a checkpoint ships, judged from outside by `check
+--engine-drafter mtp`: against transformers' reading of the same files, and its acceptance against
+specviz's replay of the MTP layer on the engine's committed tokens. Two layouts
+(tests/mtp_checkpoints.py): a tiny DeepSeek-V3 at the latent-attention sizes vLLM's CPU_MLA
+computes, and the embedded target as a MiMo model, with an MTP layer copied from its first layer
+(which transformers does not read: specviz reads it as vLLM does, models/mimo.py).
 
 vLLM's eager mode runs its CPU rotary-embedding kernel, which misreads latent attention's strided
 query and key views (docs/engines.md): served so, the engine computes another function than the
@@ -9,9 +11,10 @@ model, with or without speculation, and specviz must not put that down to roundi
 vLLM's PyTorch rope, it is the reference. One server at a time (each holds about 3 GiB)."""
 import pytest
 from conftest import ENGINE_THREADS
-from mtp_checkpoints import save
+from mtp_checkpoints import mimo_of, save
 
 from specviz.engines.vllm import vllm_python, vllm_server
+from specviz.models.checkpoints import embedded_target_dir
 from specviz.models.pairs import load_pair
 from specviz.run import check
 from specviz.spec.prompts import builtin_set
@@ -22,17 +25,22 @@ K, NEW = 3, 24
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The mtp mode's check with vLLM's PyTorch rope ("native") and with its CPU kernel."""
+    """The mtp mode's check: the DeepSeek-V3 with vLLM's PyTorch rope ("native") and with its CPU
+    kernel ("kernel"), and the embedded target as a MiMo model ("mimo")."""
     vllm_python()  # without `make vllm`, this says so
     root = tmp_path_factory.mktemp("vllm-mtp")
-    model = save(root / "model", "deepseek-v3-vllm")
-    pair = load_pair(model, model, dtype="float32", device="cpu")
-    spec = RunSpec.build(target=model, draft=model, prompts=tuple(builtin_set("quick")),
-                         method=ENGINE, k=K, max_new_tokens=NEW, dtype="float32", device="cpu")
+    models = {"deepseek-v3": save(root / "deepseek-v3", "deepseek-v3-vllm"),
+              "mimo": mimo_of(root / "mimo", embedded_target_dir())}
+    served = {"native": ("deepseek-v3", dict(attention="CPU_MLA", native_rope=True)),
+              "kernel": ("deepseek-v3", dict(attention="CPU_MLA")), "mimo": ("mimo", {})}
     traces = {}
-    for name, native in (("native", True), ("kernel", False)):
-        with vllm_server("mtp", root / f"{name}.log", k=K, eager=True, model=root / "model",
-                         attention="CPU_MLA", threads=ENGINE_THREADS, native_rope=native) as server:
+    for name, (model, settings) in served.items():
+        pair = load_pair(models[model], models[model], dtype="float32", device="cpu")
+        spec = RunSpec.build(target=models[model], draft=models[model], method=ENGINE, k=K,
+                             prompts=tuple(builtin_set("quick")), max_new_tokens=NEW,
+                             dtype="float32", device="cpu")
+        with vllm_server("mtp", root / f"{name}.log", k=K, eager=True, model=root / model,
+                         threads=ENGINE_THREADS, **settings) as server:
             traces[name] = check.from_servers(spec, pair, (server.url, server.served_model), None,
                                               8, 300.0, drafter="mtp")
     return traces
@@ -64,3 +72,16 @@ def test_vllms_rope_kernel_on_latent_attention_is_never_put_down_to_rounding(run
     for f in forks:
         assert f.verdict == "unexplained", f.explanation
         assert "Missing evidence" in f.explanation or "missing" in f.explanation, f.explanation
+
+
+def test_vllm_drafting_with_a_mimo_models_mtp_layer_is_the_embedded_targets_reference(runs):
+    """The embedded target as a MiMo model (the Qwen2 model that computes SmolLM2's function), in
+    vLLM's mtp mode: every output is the reference, and its acceptance, of a layer copied from the
+    target's first (vLLM and specviz each read it their own way), is not short of specviz's
+    replay."""
+    trace = runs["mimo"]
+    assert all(s.equivalent for s in trace.sequences), [s.first_divergence
+                                                        for s in trace.sequences]
+    a = trace.acceptance
+    assert a.counters and a.compared > 0 and a.verdict is None, a.explanation
+

@@ -115,8 +115,9 @@ DRAFTERS: dict[str, DrafterKind] = {d.name: d for d in (
     DrafterKind(
         "mtp",
         "the target's own multi-token-prediction (MTP) layer, which its checkpoint ships "
-        "(DeepSeek-V3, GLM-4.5, Mellum, Ling's hybrids), loaded by transformers' MtpModel: fed the "
-        "target's last hidden state and the next token, one pass per draft, then its own output",
+        "(DeepSeek-V3, GLM-4.5, Mellum, Ling's hybrids, loaded by transformers' MtpModel; MiMo, "
+        "read as vLLM reads it): fed the target's last hidden state and the next token, one pass "
+        "per draft, then its own output",
         "the model's MTP layer",
         draft_model=False, cache=True, passes_per_draft=1, options=("tree_width",),
         hears=("hidden",), empty=_no_hidden_state_yet, engines_run=True),
