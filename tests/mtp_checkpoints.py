@@ -106,10 +106,16 @@ def save(path, family: str) -> str:
     save_file({**stored,
                **_mtp_layer(stored, layout, copied, config.num_hidden_layers, config.hidden_size)},
               f"{path}/model.safetensors", metadata={"format": "pt"})
-    if layout == "mimo":  # (saving names the class transformers loaded; vLLM reads this one)
-        raw = json.loads(Path(path, "config.json").read_text())
-        Path(path, "config.json").write_text(json.dumps({**raw, "architectures": [MIMO]}))
+    if layout == "mimo":
+        _named_mimo(path)
     return str(path)
+
+
+def _named_mimo(path) -> None:
+    """The config in `path` names MiMo's class, which vLLM reads (saving named the class
+    transformers loaded)."""
+    raw = json.loads(Path(path, "config.json").read_text())
+    Path(path, "config.json").write_text(json.dumps({**raw, "architectures": [MIMO]}))
 
 
 def _mtp_layer(stored: dict, layout: str, copied: tuple[int, int], layers: int, H: int) -> dict:
@@ -164,8 +170,6 @@ def mimo_of(path, target: Path) -> str:
     config = AutoConfig.for_model("qwen2", **{k: raw[k] for k in keep},
                                   tie_word_embeddings=False, num_nextn_predict_layers=1)
     config.save_pretrained(path)
-    raw = json.loads(Path(path, "config.json").read_text())
-    Path(path, "config.json").write_text(json.dumps({**raw, "architectures": [MIMO]}))
+    _named_mimo(path)
     AutoTokenizer.from_pretrained(target).save_pretrained(path)
     return str(path)
-

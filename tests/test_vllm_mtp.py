@@ -84,4 +84,3 @@ def test_vllm_drafting_with_a_mimo_models_mtp_layer_is_the_embedded_targets_refe
                                                         for s in trace.sequences]
     a = trace.acceptance
     assert a.counters and a.compared > 0 and a.verdict is None, a.explanation
-

@@ -5,6 +5,7 @@ target's vocabulary, `heard` (the target's hidden states it is fed: indices into
 `hidden_states`) and `from_target(features)` (those states, as the head takes them)."""
 from __future__ import annotations
 
+import copy
 import weakref
 
 import torch
@@ -75,6 +76,21 @@ _PUBLISHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def heard_states(hidden_states: tuple[torch.Tensor, ...], heard: tuple[int, ...]) -> torch.Tensor:
     """The target's hidden states a head hears, concatenated: (…, len(heard)·H)."""
     return torch.cat([hidden_states[i] for i in heard], -1)
+
+
+def one_layer_body(target, config):
+    """A decoder of `target`'s kind with one layer, by `config` (copied; its per-layer types cut to
+    the first), fed embeddings (no embedding of its own), built without disturbing the caller's
+    RNG: an MTP head's body, its layer then replaced or loaded."""
+    config = copy.deepcopy(config)
+    config.num_hidden_layers = 1
+    for field in ("layer_types", "mlp_layer_types"):
+        if getattr(config, field, None) is not None:
+            setattr(config, field, getattr(config, field)[:1])
+    with torch.random.fork_rng():
+        body = type(target.get_decoder())(config)
+    body.embed_tokens = None
+    return body
 
 
 def settle(head: torch.nn.Module, target) -> torch.nn.Module:

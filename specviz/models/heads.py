@@ -39,7 +39,7 @@ from specviz.models.checkpoints import cache_dir
 from specviz.models.eagle1 import Eagle1Head
 from specviz.models.eagle3 import Eagle3Head
 from specviz.models.builtinheads import head_folder
-from specviz.models.head import Head, settle
+from specviz.models.head import Head, one_layer_body, settle
 from specviz.models.mimo import MimoHead, is_mimo
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.run import EMBEDDED_TARGET, TINY_TARGET
@@ -154,14 +154,7 @@ class MtpHead(Head):
 
     def __init__(self, target, mtp: MtpModel):
         super().__init__()
-        layer, config = mtp.layers[0], copy.deepcopy(mtp.config)
-        config.num_hidden_layers = 1
-        for field in ("layer_types", "mlp_layer_types"):
-            if getattr(config, field, None) is not None:
-                setattr(config, field, getattr(config, field)[:1])
-        with torch.random.fork_rng():
-            body = type(target.get_decoder())(config)
-        body.embed_tokens = None  # it is fed the mix of the token's embedding and the hidden state
+        layer, body = mtp.layers[0], one_layer_body(target, mtp.config)
         body.layers[0] = layer.mtp_block
         body.norm = layer.post_norm if layer.use_post_norm else (
             mtp.shared_post_norm if mtp.use_shared_post_norm else torch.nn.Identity())

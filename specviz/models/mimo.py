@@ -5,12 +5,11 @@ leaves its `model.mtp_layers.{i}.` aside, which its `MtpModel` does not read. Th
 the target's own decoder layers, read by the target's own output head."""
 from __future__ import annotations
 
-import copy
 import weakref
 
 import torch
 
-from specviz.models.head import Head, settle
+from specviz.models.head import Head, one_layer_body, settle
 from specviz.models.headfiles import head_files, load_weights
 from specviz.spec.strict import SpecError
 
@@ -30,17 +29,12 @@ class MimoHead(Head):
 
     def __init__(self, target, weights: dict[str, torch.Tensor], which: str):
         super().__init__()
-        decoder, config = target.get_decoder(), copy.deepcopy(target.config.get_text_config())
-        config.num_hidden_layers = 1
-        if getattr(config, "layer_types", None) is not None:
-            config.layer_types = config.layer_types[:1]
-        with torch.random.fork_rng():
-            self.body = type(decoder)(config)
-            H, norm = config.hidden_size, type(decoder.norm)
-            self.token_norm = norm(H, eps=config.rms_norm_eps)
-            self.hidden_norm = norm(H, eps=config.rms_norm_eps)
+        config = target.config.get_text_config()
+        self.body = one_layer_body(target, config)
+        H, norm, eps = config.hidden_size, type(target.get_decoder().norm), config.rms_norm_eps
+        with torch.random.fork_rng():  # (all loaded below)
+            self.token_norm, self.hidden_norm = norm(H, eps=eps), norm(H, eps=eps)
             self.input_proj = torch.nn.Linear(2 * H, H, bias=False)
-        self.body.embed_tokens = None  # it is fed the mix of the token's embedding and the state
         load_weights(self, {_named(k[len(LAYER):]): w for k, w in weights.items()}, which)
         self._target = (target,)  # read, not owned: its embedding and output head
         settle(self, target)
