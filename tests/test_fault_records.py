@@ -145,7 +145,9 @@ KINDS_BEFORE = {  # kind -> its faults, as the old table FAULTS said
     "grammar": ["grammar-unmasked-past-reasoning-end", "grammar-advanced-over-rejected",
                 "grammar-mask-after-terminated"],
     # (since: paged KV, decoding/paging.py)
-    "paged": ["slots-assumed-contiguous"], "prefix": ["lookahead-into-shared-block"],
+    "paged": ["slots-assumed-contiguous"],
+    "prefix": ["lookahead-into-shared-block",
+               "state-saved-over-drafts"],  # (the second since: boundarystates.py)
 }
 VERDICTS_BEFORE = {  # the old VERDICT_OF, and the two cases' own verdicts (spec/casebook.py)
     "sync-bug:positions": ["positions-from-slots", "verify-positions-not-advanced",
@@ -154,10 +156,10 @@ VERDICTS_BEFORE = {  # the old VERDICT_OF, and the two cases' own verdicts (spec
     "sync-bug:bonus": ["draft-bonus", "bonus-from-another-row", "tree-bonus-by-index"],
     "sync-bug:kv": ["no-kv-shift", "min-crop", "rollback-by-draft-list",
                     "window-full-keeps-rejected", "tree-rejected-branch-kept",
-                    *KINDS_BEFORE["paged"], *KINDS_BEFORE["prefix"]],  # (the last two since)
+                    *KINDS_BEFORE["paged"], KINDS_BEFORE["prefix"][0]],  # (the last two since)
     "sync-bug:recurrent": ["state-not-rolled-back", "state-after-zero-draft",
                            "conv-state-off-by-one", "state-kept-when-all-rejected",
-                           "state-from-another-rows-count"],
+                           "state-from-another-rows-count", KINDS_BEFORE["prefix"][1]],
     "decision-bug:accept": ["accept-on-raw-softmax"],
     "decision-bug:stop": ["stop-at-last-token", "cap-before-stop"],
     "decision-bug:penalty": ["penalty-history-last-token"],
@@ -201,7 +203,8 @@ def test_the_derived_groups_are_what_the_old_tables_said():
     assert needing("draft-model") == ("draft-positions-off-by-one", "draft-misses-target-token",
                                       "draft-window-as-full")
     assert needing("hidden") == ("head-hidden-off-by-one", "head-keeps-own-guesses")
-    assert needing("recurrent") == tuple(KINDS_BEFORE["recurrent"])
+    # (since: the prefix cache's recurrent states)
+    assert needing("recurrent") == (*KINDS_BEFORE["recurrent"], "state-saved-over-drafts")
     changes = ("breaking", "ragged", "greedy", "recurrent", "window", "stop", "penalty", "tree",
                "grammar", "paged", "prefix")
     assert {n for n, f in FAULTS.items() if f.changes_tokens} == set(of_kind(*changes))

@@ -15,7 +15,7 @@ from specviz.decoding.reference import reference
 from specviz.models.pairs import load_pair
 from specviz.run.runner import run
 from specviz.spec.casebook import BY_FAULT
-from specviz.spec.faults import of_kind
+from specviz.spec.faults import FAULTS, of_kind
 from specviz.spec.prompts import builtin_set
 from specviz.spec.run import FITTED_HEAD, TINY_DRAFT, TINY_TARGET, RunSpec
 from specviz.spec.strict import SpecError
@@ -108,6 +108,11 @@ def test_a_hybrid_pages_its_attention_and_keeps_its_recurrent_state(tmp_path_fac
     else:
         got = exspec(pair, ids, 2, 3, 10, window=4, max_wait=4, kv=PAGED)
     assert [o.ids for o in got.outputs] == truth and _hits(got) > 0
+    # every model's blocks kept its recurrent states, and the later requests started from them
+    for pool in got.paging["pools"]:
+        assert pool["states_saved"] > 0 and pool["states_restored"] > 0, got.paging
+    assert all(ok.all() for rd in got.rounds for ok in rd.checks.values())
+    assert not any(rd.blocks for rd in got.rounds)
 
 
 def test_a_paged_runs_trace_says_what_its_pools_did(tiny):
@@ -148,14 +153,17 @@ def test_a_layout_a_method_cannot_take_is_refused_with_the_reason(fields, says):
 
 @pytest.mark.parametrize("fault", [*of_kind("paged"), *of_kind("prefix")])
 def test_a_paged_fault_is_named_by_its_block_and_the_request_that_wrote_it(fault):
-    spec = RunSpec.build(**{**BY_FAULT[fault].spec_fields(), "target": TINY_TARGET,
-                            "draft": TINY_DRAFT})
+    """On the tiny pair, or the case's own where the fault needs a hybrid."""
+    fields = BY_FAULT[fault].spec_fields()
+    if "recurrent" not in FAULTS[fault].needs:
+        fields |= dict(target=TINY_TARGET, draft=TINY_DRAFT)
+    spec = RunSpec.build(**fields)
     trace = run(spec)
     forked = [s.forensics for s in trace.sequences if s.forensics]
-    assert forked and {f.verdict for f in forked} == {"sync-bug:kv"}
+    assert forked and {f.verdict for f in forked} == {FAULTS[fault].verdict}
     named = [f.explanation for f in forked if "The paged cache's own check found" in f.explanation]
     assert named and all(re.search(r"block \d+ of the (target|draft)'s pool", e) for e in named)
-    assert any("written by request" in e for e in named), named
+    assert any(re.search(r"(written by|states) request \d+", e) for e in named), named
     # without the fault, the same paged run raises no alarm
     clean = run(spec.model_copy(update={"faults": ()}))
     assert all(s.equivalent for s in clean.sequences) and not any(rd.blocks for rd in clean.rounds)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 
 from specviz.app.views import token_text, visible_text
-from specviz.spec.casebook import mechanism, threads
+from specviz.spec.faults import mechanism, threads
 from specviz.trace.evidence import Attribution, Hypothesis
 from specviz.trace.records import SequenceRecord
 from specviz.trace.schema import Trace

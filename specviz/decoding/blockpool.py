@@ -5,6 +5,10 @@ pool's own records of what each slot holds and which request wrote it, that the 
 
 Block 0 is never handed out: a slot outside every row's sequence (padding) reads its zeros. A
 registered block no row holds stays until a miss needs its room (least recently let go first).
+
+A hybrid's pool also keeps, with each registered block, its model's recurrent states after the
+block's last token (`Saved`, boundarystates.py takes them), as the engines do so that a hit skips
+the states' compute: what the state was fed, and by which request, are kept beside it.
 """
 from __future__ import annotations
 
@@ -25,12 +29,23 @@ def _digest(parent: bytes, tokens: list[int]) -> bytes:
 
 
 @dataclass
+class Saved:
+    """A row's recurrent states after one position: per recurrent layer, its states (one row), the
+    tokens it was fed, and the request whose pass computed it."""
+    states: dict[int, dict]
+    tokens: list[int]
+    writer: int
+
+
+@dataclass
 class PoolStats:
     lookups: int = 0  # full prompt blocks a fresh row looked up in the prefix cache
     hits: int = 0  # of those, found
     copies: int = 0  # blocks copied before a write (copy-on-write)
     moved: int = 0  # slots copied into place by a realignment (a tree's accepted path)
     evicted: int = 0  # registered blocks whose room a miss took
+    states_saved: int = 0  # a hybrid's: registered blocks given the recurrent states after them
+    states_restored: int = 0  # fresh rows whose recurrent states a hit's block gave
 
     def as_dict(self) -> dict:
         return dict(vars(self))
@@ -53,6 +68,9 @@ class BlockPool:
         self.cached: dict[bytes, int] = {}
         self.idle: OrderedDict[int, None] = OrderedDict()  # registered blocks no row holds
         self.storage: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.saved: dict[int, Saved] = {}  # a hybrid's: registered block -> the states after it
+        # a hybrid's: (request, position) -> the states after it, until its block is registered
+        self.pending: dict[tuple[int, int], Saved] = {}
         self.stats = PoolStats()
         # the paged checks that failed as they happened (a write, a hit), not yet recorded
         self.events: list[dict] = []
@@ -81,6 +99,7 @@ class BlockPool:
         elif self.idle:
             block, _ = self.idle.popitem(last=False)
             del self.cached[self.digest_of.pop(block)]
+            self.saved.pop(block, None)
             self.stats.evicted += 1
         else:
             raise SpecError(f"the KV pool's {self.capacity} blocks are all held: a larger pool or "
@@ -102,6 +121,11 @@ class BlockPool:
             else:
                 self.free.append(block)
 
+    def forget(self, request: int) -> None:
+        """A request left: the recurrent states its passes kept for blocks never registered go."""
+        for key in [key for key in self.pending if key[0] == request]:
+            del self.pending[key]
+
     def shared(self, block: int) -> bool:
         """Another row holds it too, or the prefix cache keeps it: writing must copy it first."""
         return self.refs[block] > 1 or block in self.digest_of
@@ -109,12 +133,18 @@ class BlockPool:
     def held_tokens(self, block: int) -> list[int]:
         return self.tokens[block * self.size: (block + 1) * self.size]
 
-    def register(self, block: int, parent: bytes, tokens: list[int]) -> bytes:
+    def register(self, block: int, parent: bytes, tokens: list[int],
+                 after: tuple[int, int]) -> bytes:
         """`block`, full of these committed tokens after the chain `parent`, in the prefix cache
-        (unless an equal block is already); the chain's digest through it."""
+        (unless an equal block is already); the chain's digest through it. `after`: the (request,
+        position) whose pending recurrent states (a hybrid's, if any) are the block's."""
         digest = _digest(parent, tokens)
         if self.prefix_caching and digest not in self.cached and block not in self.digest_of:
             self.cached[digest], self.digest_of[block] = block, digest
+            if after in self.pending:
+                self.saved[block] = self.pending[after]
+                self.stats.states_saved += 1
+        self.pending.pop(after, None)
         return digest
 
     def find(self, parent: bytes, tokens: list[int], request: int) -> tuple[int | None, bytes]:

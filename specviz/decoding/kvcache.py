@@ -58,7 +58,11 @@ def new(model, pages: Pages | None = None) -> DynamicCache:
     cache.layers = [DynamicLayer()
                     if isinstance(lay, DynamicSlidingWindowLayer) and not holds_state(lay) else lay
                     for lay in cache.layers]
-    return cache if pages is None else paged(cache, pages)
+    if pages is None:
+        return cache
+    if recurrent(cache):  # its states kept at block boundaries too
+        pages.start_states()
+    return paged(cache, pages)
 
 
 def _pages(cache) -> Pages | None:
@@ -84,6 +88,16 @@ def _kv(layer) -> bool:
 def recurrent(cache: DynamicCache | None) -> bool:
     """Some layer of `cache` carries a recurrent state."""
     return any(holds_state(lay) for lay in _layers(cache))
+
+
+def held_by(cache: DynamicCache | None, held: torch.Tensor) -> torch.Tensor:
+    """`held` (B,: the row's tokens its recurrent states hold), -1 where a prefix-cache hit set
+    them to states fed other tokens (boundarystates.py)."""
+    pages = _pages(cache)
+    if pages is None or not pages.misfed:
+        return held
+    return held.masked_fill(torch.tensor([q in pages.misfed for q in pages.requests],
+                                         device=held.device), -1)
 
 
 def length(cache: DynamicCache | None) -> int:
@@ -344,18 +358,25 @@ def read_stale(cache: DynamicCache | None, rows: torch.Tensor) -> None:
 def _stepwise_forward(cls: type):
     def forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):
         journal = _JOURNALS.get(cache) if cache is not None else None
-        n = min(journal.keep, hidden_states.shape[1]) if journal else 0
-        if not n:
+        T = hidden_states.shape[1]
+        n = min(journal.keep, T) if journal else 0
+        pages = _pages(cache)
+        plan = pages.plan if pages is not None else None
+        # the kept positions one at a time, what came before them in one call; cut after the
+        # slots where a paged hybrid keeps or sets its states (boundarystates.py)
+        cuts = plan.cuts(T, n) if plan else {}
+        if not n and not cuts:
             return _unpadded(cls, self, hidden_states, cache, attention_mask, kwargs)
-        # what came before the kept positions, in one call
-        parts = [hidden_states.shape[1] - n + 1] + [1] * (n - 1)
-        outs, at = [], 0
-        for size in parts:
-            mask = None if attention_mask is None else attention_mask[:, at: at + size]
-            outs.append(_unpadded(cls, self, hidden_states[:, at: at + size], cache, mask, kwargs))
-            journal.kept.setdefault(self.layer_idx, []).append(
-                {key: t.clone() for key, t in states(cache.layers[self.layer_idx]).items()})
-            at += size
+        outs, at, layer = [], 0, cache.layers[self.layer_idx]
+        for end in sorted(set(range(T - n + 1, T + 1)) | set(cuts) | {T}):
+            mask = None if attention_mask is None else attention_mask[:, at: end]
+            outs.append(_unpadded(cls, self, hidden_states[:, at: end], cache, mask, kwargs))
+            if end in cuts:  # (before the journal: a state set there is the row's from then)
+                plan.after(pages.pool, self.layer_idx, cuts[end], layer)
+            if end > T - n:
+                journal.kept.setdefault(self.layer_idx, []).append(
+                    {key: t.clone() for key, t in states(layer).items()})
+            at = end
         return torch.cat(outs, 1)
     return forward
 

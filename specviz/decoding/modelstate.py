@@ -33,7 +33,7 @@ class ModelState:
     def fresh(cls, cache, valid: torch.Tensor, positions: torch.Tensor, behind: int) -> ModelState:
         """The state a laid-out batch's first passes compute, into `cache` (empty until then)."""
         slots = valid.shape[1] - behind
-        held = valid.sum(1) - behind
+        held = kvcache.held_by(cache, valid.sum(1) - behind)  # (a prefix hit's states, if any)
         return cls(cache, torch.where(valid, positions, -1)[:, :slots], held, held, behind)
 
     def length(self, width):

@@ -13,7 +13,8 @@ Prefix caching: a block full of a row's committed tokens is registered under the
 of every full block up to it; a fresh row whose prompt starts with registered blocks takes them as
 they are (a hit: counted, never written again: its pass still computes the whole prompt, so a hit
 saves memory, not time), and a row about to write into a block another row holds, or the prefix
-cache keeps, copies it first (copy-on-write).
+cache keeps, copies it first (copy-on-write). A hybrid's blocks carry its recurrent states too, and
+a hit starts from them (boundarystates.py).
 
 The paged checks (`audit`, and the pool's events): each row's table maps each of its positions to
 a slot holding that token; a pass writes only blocks its row holds alone; a prefix-cache hit finds
@@ -22,11 +23,12 @@ says; the checks name the block, and the request that wrote it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from specviz.decoding.blockpool import ROOT, BlockPool
+from specviz.decoding import boundarystates
+from specviz.decoding.blockpool import ROOT, BlockPool, Saved
 from specviz.spec.faults import FAULTS
 
 
@@ -56,6 +58,9 @@ class Slips:
     # a prefix-hit row's first pass writes past its hit blocks into the last of them, shared
     # (vLLM PR #42971)
     lookahead_in_shared: bool = False
+    # a hybrid's block completed by a verify pass keeps the states after the pass's last token,
+    # over the drafts it rejects (vLLM PR #57128)
+    state_over_drafts: bool = False
 
     @classmethod
     def of(cls, faults: tuple[str, ...]) -> Slips:
@@ -82,6 +87,13 @@ class Pages:
     # computed from its own guesses): never registered until they are
     unsettled: int = 0
     before: int = 0
+    # a hybrid's (boundarystates.py): the states a fresh row's hit gives, by request, until its
+    # pass feeds the hit's last token; the latest pass's plan of its states at block boundaries
+    recurrent: bool = False
+    prompts: list[list[int]] = field(default_factory=list)  # a fresh batch's rows' prompts
+    restores: dict[int, Saved] = field(default_factory=dict)
+    misfed: set[int] = field(default_factory=set)  # requests given states fed other tokens
+    plan: boundarystates.Plan | None = None
 
     def __post_init__(self):
         B = len(self.requests)
@@ -119,8 +131,19 @@ class Pages:
     def take_prefixes(self, tokens: torch.Tensor, valid: torch.Tensor) -> None:
         """A fresh batch's rows, laid out with their prompts (`tokens`, `valid`): each takes the
         prefix cache's blocks its prompt starts with, which its passes never write."""
-        for r, (row_tokens, row_valid) in enumerate(zip(tokens.tolist(), valid.tolist())):
-            self._take_prefix(r, [t for t, ok in zip(row_tokens, row_valid) if ok])
+        self.prompts = [[t for t, ok in zip(row_tokens, row_valid) if ok]
+                        for row_tokens, row_valid in zip(tokens.tolist(), valid.tolist())]
+        for r, ids in enumerate(self.prompts):
+            self._take_prefix(r, ids)
+
+    def start_states(self) -> None:
+        """A hybrid's fresh rows (its model keeps recurrent states): each keeps its hit up to the
+        last block whose states the pool keeps, and starts from them (boundarystates.py)."""
+        self.recurrent = True
+        for r, ids in enumerate(self.prompts):
+            if self.tables[r]:
+                boundarystates.hit_states(self, r, ids)
+                self.hits[r] = len(self.tables[r]) * self.pool.size
 
     def feed(self, tokens: torch.Tensor, valid: torch.Tensor, q_start: int) -> None:
         """Map the slots q_start.. of the layout a pass feeds (each row's cache holds the slots
@@ -151,6 +174,8 @@ class Pages:
             written[r, fed[r]] = dest
             own = dest >= 0
             self._check_writes(r, at[own], dest[own], [ids[i] for i in at[own].tolist()])
+        if self.recurrent and self.pool.prefix_caching:
+            self.plan = boundarystates.plan(self, index, fed, tokens, valid)
         self.writes, self.before = (written, written >= 0), self.width
         self.slot_map = torch.cat([self.slot_map, mapped], 1)
 
@@ -227,6 +252,7 @@ class Pages:
         for block in self.tables[r]:
             self.pool.release(block)
         self.tables[r] = []
+        self.pool.forget(self.requests[r])
 
     def _settle(self, r: int, valid: torch.Tensor) -> None:
         """Row r keeps the `valid` slots of its cache: each at its position's slot (copied there
@@ -256,7 +282,8 @@ class Pages:
             b = len(self.chains[r])
             parent = self.chains[r][-1] if self.chains[r] else ROOT
             ids = [self.pool.tokens[s] for s in want[b * size: (b + 1) * size].tolist()]
-            self.chains[r].append(self.pool.register(self.tables[r][b], parent, ids))
+            self.chains[r].append(self.pool.register(self.tables[r][b], parent, ids,
+                                                     (self.requests[r], (b + 1) * size - 1)))
 
     def block_tables(self) -> list[tuple[list[int], list[bool]]]:
         """Each row's block table, and which of its blocks are shared."""
@@ -315,7 +342,8 @@ class Pages:
         for i, (lo, hi) in enumerate(spans):
             part = Pages(self.pool, [self.requests[i]], self.slips, [self.tables[i]],
                          self.slot_map[i: i + 1, lo:hi], None, [self.chains[i]],
-                         [self.hits[i]], self.unsettled)
+                         [self.hits[i]], self.unsettled, recurrent=self.recurrent,
+                         restores=self.restores, misfed=self.misfed)
             part.realign(torch.zeros(1, dtype=torch.long), None, valid[i: i + 1, lo:hi])
             parts.append(part)
         return parts
@@ -328,7 +356,10 @@ class Pages:
                      [t for p in parts for t in p.tables],
                      torch.cat([torch.nn.functional.pad(p.slot_map, (width - p.width, 0), value=-1)
                                 for p in parts]), None, [c for p in parts for c in p.chains],
-                     [h for p in parts for h in p.hits], parts[0].unsettled)
+                     [h for p in parts for h in p.hits], parts[0].unsettled,
+                     recurrent=parts[0].recurrent,
+                     restores={q: s for p in parts for q, s in p.restores.items()},
+                     misfed=set().union(*(p.misfed for p in parts)))
 
 
 class Memory:
@@ -353,7 +384,9 @@ class Memory:
         if role not in self.pools:
             self.pools[role] = BlockPool(self.layout.block_size, self.layout.prefix_caching,
                                          self.layout.blocks, self.checked)
-        pages = Pages(self.pools[role], list(requests), self.slips, unsettled=unsettled)
+        # (the slip of vLLM PR #57128 is its target's: the drafter's pool keeps its states right)
+        slips = self.slips if role == "target" else replace(self.slips, state_over_drafts=False)
+        pages = Pages(self.pools[role], list(requests), slips, unsettled=unsettled)
         pages.take_prefixes(tokens, valid)
         return pages
 

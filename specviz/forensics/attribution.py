@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from specviz.forensics.enginenoise import truth_model
 from specviz.forensics.recompute import fresh_logits
 from specviz.models.pairs import ModelPair
-from specviz.spec.casebook import mechanism
+from specviz.spec.faults import mechanism
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.verdicts import verdict
 from specviz.trace.evidence import Attribution, Hypothesis

@@ -27,7 +27,7 @@ import torch
 from specviz.decoding.sampling import Sampler, sampling_of
 from specviz.forensics.recompute import fresh_logits
 from specviz.models.pairs import ModelPair
-from specviz.spec.casebook import mechanism
+from specviz.spec.faults import mechanism
 from specviz.trace.evidence import RuleAttribution, RuleHypothesis
 from specviz.trace.schema import Trace
 

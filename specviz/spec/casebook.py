@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from specviz.spec.faults import FAULTS, FAULT_PRESETS
+from specviz.spec.faults import FAULTS
 from specviz.spec.run import EMBEDDED_TARGET, FITTED_HEAD, TINY_WINDOW, TINY_WINDOW_DRAFT
 from specviz.spec.threads import Thread
 
@@ -83,6 +83,9 @@ CAP_RUN = dict(max_new_tokens=9)
 # Paged (decoding/paging.py): blocks small enough that a verify crosses into a new one; prefix
 # caching over two batches, the second's requests hitting the chat template's blocks.
 _PAGED, _PREFIX = dict(kv_block_size=4), dict(kv_block_size=8, prefix_caching=True, batch_size=2)
+# A hybrid's requests asked again (a retry) in a later batch; in blocks of 2, each prompt ends on
+# a block boundary: its last block is completed by its first verify pass.
+_RETRIED = {**_HYBRID, **_PREFIX, "kv_block_size": 2, "prompts": (PROMPTS[3], PROMPTS[1]) * 2}
 # PROMPTS reach its window inside the run
 _WINDOW = dict(target=TINY_WINDOW, draft=TINY_WINDOW_DRAFT)
 # Structured output (decoding/grammar.py): a person's record, compact JSON.
@@ -380,21 +383,13 @@ CASES = (
          "It wrote there into the last hit block, shared: its sharers and later hits read its K/V.",
          "DFlash's drafter and its lookahead positions: here the target's own prefill writes past "
          "the hit blocks.", _PREFIX),
+    Case("state-saved-over-drafts",
+         "a hybrid under prefix caching and speculation returned garbage or only EOS, now and then",
+         "A block completed by a verify pass kept the recurrent states after the pass's drafts.\n"
+         "A later request that hit the block started from states fed drafts it had rejected.",
+         "vLLM's Mamba block alignment and its EAGLE block drop: the replica's blocks are 2 "
+         "tokens, and a request asked again hits the block its prompt's last token ends.",
+         _RETRIED),
 )
 BY_FAULT = {c.fault: c for c in CASES}
 
-
-def mechanism(faults: tuple[str, ...] | list[str]) -> str:
-    """A hypothesis about an engine's fork in words (run/attribution.py): each fault's description,
-    its threads in it; () is the correct engine."""
-    if not faults:
-        return "the correct engine"
-    unknown = "not in this version of the catalogue"
-    return "; ".join(f"{f}: the preset {' + '.join(FAULT_PRESETS[f])}" if f in FAULT_PRESETS
-                     else f"{f}: {FAULTS[f].description if f in FAULTS else unknown}"
-                     for f in faults)
-
-
-def threads(faults: tuple[str, ...] | list[str]) -> list[Thread]:
-    """The field's threads a hypothesis's faults cite."""
-    return [t for f in faults if f in FAULTS for t in FAULTS[f].threads]

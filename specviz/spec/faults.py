@@ -101,3 +101,19 @@ def expand(names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
             known = ', '.join([*FAULTS, *FAULT_PRESETS])
             raise ValueError(f"unknown fault {n!r}; choose from {known}")
     return tuple(f for f in FAULTS if f in out)
+
+
+def mechanism(faults: tuple[str, ...] | list[str]) -> str:
+    """A hypothesis about an engine's fork in words (run/attribution.py): each fault's description,
+    its threads in it; () is the correct engine."""
+    if not faults:
+        return "the correct engine"
+    unknown = "not in this version of the catalogue"
+    return "; ".join(f"{f}: the preset {' + '.join(FAULT_PRESETS[f])}" if f in FAULT_PRESETS
+                     else f"{f}: {FAULTS[f].description if f in FAULTS else unknown}"
+                     for f in faults)
+
+
+def threads(faults: tuple[str, ...] | list[str]) -> list[Thread]:
+    """The field's threads a hypothesis's faults cite."""
+    return [t for f in faults if f in FAULTS for t in FAULTS[f].threads]

@@ -122,10 +122,12 @@ class RowRecord(Strict):
 class BlockFinding(Strict):
     """A paged cache's own check that failed (decoding/paging.py), naming its block: a row's
     position mapped to a slot holding another token, a pass writing a block not in its row's table
-    or one its row shares, or a prefix-cache hit on a block holding other tokens than its key's."""
+    or one its row shares, a prefix-cache hit on a block holding other tokens than its key's, or
+    on a block whose recurrent states were fed other tokens than its chain's
+    (decoding/boundarystates.py)."""
 
     check: Literal["holds-another-token", "foreign-block-written", "shared-block-written",
-                   "hit-on-other-tokens"]
+                   "hit-on-other-tokens", "state-holds-other-tokens"]
     model: Literal["target", "draft"]  # whose pool
     seq: int  # the request whose row found it, or whose pass wrote
     block: int = Field(ge=0)
@@ -144,6 +146,12 @@ class BlockFinding(Strict):
         if self.check == "holds-another-token":
             return (f"request {self.seq}'s block table maps its position {self.position} to "
                     f"{where}, which holds {held}, not its {token(self.wants)}")
+        if self.check == "state-holds-other-tokens":
+            fed = (f"{token(self.holds)} past the block's last token" if self.wants < 0
+                   else f"{token(self.holds)} where the chain has {token(self.wants)}")
+            return (f"request {self.seq} hit the prefix cache on {where}, and took the recurrent "
+                    f"states request {self.writer}'s pass kept there, which were fed, at position "
+                    f"{self.position}, {fed}")
         if self.check != "hit-on-other-tokens":
             whose = ("not in its block table" if self.check == "foreign-block-written"
                      else "which it shares with other requests or the prefix cache")

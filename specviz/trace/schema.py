@@ -59,11 +59,17 @@ class PoolRecord(Strict):
     copies: int = Field(ge=0)  # copied before a write (copy-on-write)
     moved: int = Field(ge=0)  # slots a realignment copied into place (a tree's accepted path)
     evicted: int = Field(ge=0)  # registered blocks whose room a miss took
+    # a hybrid's: registered blocks given its recurrent states after them, and fresh rows whose
+    # states a hit's block gave (decoding/boundarystates.py)
+    states_saved: int = Field(default=0, ge=0)
+    states_restored: int = Field(default=0, ge=0)
 
     def describe(self) -> str:
         hits = (f", prefix cache {self.hits} of {self.lookups} blocks hit" if self.lookups
                 else "")
-        return f"{self.model}: {self.blocks} blocks{hits}, {self.copies} copied on write"
+        states = (f", recurrent states kept with {self.states_saved} blocks and started from "
+                  f"by {self.states_restored} requests" if self.states_saved else "")
+        return f"{self.model}: {self.blocks} blocks{hits}{states}, {self.copies} copied on write"
 
 
 class Paging(Strict):
