@@ -4,9 +4,10 @@ model is, with the embedded pair's tokenizer, in the two layouts transformers' `
 - "layers": the MTP layer stored after the decoder's own, `model.layers.{N}.` with `enorm`, `hnorm`,
   `eh_proj` and `shared_head.norm` (DeepSeek-V3, GLM-4.5, Ling's hybrids);
 - "mtp": under `mtp.`, with `fc`, `pre_fc_norm_embedding`, `pre_fc_norm_hidden` and `norm`
-  (Qwen3-Next's and Qwen3.5's layout, which Mellum shares);
+  (Qwen3-Next's and Qwen3.5's layout, which Mellum shares: transformers reads Mellum's, specviz
+  Qwen3.5's, models/mtplayouts.py);
 
-and MiMo's, which transformers does not read (specviz does, models/mimo.py): "mimo", under
+and MiMo's, which transformers does not read (specviz does, models/mtplayouts.py): "mimo", under
 `model.mtp_layers.{i}.`, with `token_layernorm`, `hidden_layernorm`, `input_proj` (the hidden
 state first) and `final_layernorm`. `mimo_of` writes the embedded target as a MiMo model.
 
@@ -27,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from specviz.models.checkpoints import embedded_tokenizer_dir
-from specviz.models.mimo import ARCHITECTURE as MIMO
+from specviz.models.mtplayouts import ARCHITECTURE as MIMO
 
 ATTN = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128)
 MLA = dict(num_attention_heads=4, num_key_value_heads=4, intermediate_size=128, kv_lora_rank=16,
@@ -35,6 +36,7 @@ MLA = dict(num_attention_heads=4, num_key_value_heads=4, intermediate_size=128, 
 VLLM_MLA = dict(MLA, kv_lora_rank=512, q_lora_rank=64, qk_rope_head_dim=64, qk_nope_head_dim=64,
                 v_head_dim=64)
 _, BAILING, _ = HYBRIDS["bailing-hybrid"]
+_, QWEN35, _ = HYBRIDS["qwen3.5"]  # linear attention, full attention, linear, full
 # name -> (model_type, config fields, layout, the target layers the MTP layer copies (its attention
 # and norms, its MLP), what it is)
 FAMILIES = {
@@ -66,6 +68,9 @@ FAMILIES = {
                                              topk_group=1, topk_method="noaux_tc",
                                              scoring_func="sigmoid", tie_word_embeddings=False),
                          "layers", (0, 1), "DeepSeek-V3's layout, as vLLM's CPU build serves it"),
+    # Qwen3.5: a hybrid whose MTP layer (full attention, under `mtp.`) transformers does not read
+    "qwen3.5": ("qwen3_5_text", dict(QWEN35, num_hidden_layers=4, mtp_num_hidden_layers=1), "mtp",
+                (1, 1), "Qwen3.5's own: Gated DeltaNet, its MTP layer full attention"),
     # MiMo: a Qwen2 model (attention with biases) whose MTP layer transformers does not read
     "mimo": ("qwen2", dict(ATTN, num_hidden_layers=2), "mimo", (0, 0),
              "MiMo's layout (model.mtp_layers), read as vLLM reads it"),
@@ -97,14 +102,17 @@ def save(path, family: str) -> str:
                 continue
             layer, mlp = int(parts[parts.index("layers") + 1]), "mlp" in parts
             if layer != copied[mlp] and name.endswith(("o_proj.weight", "dense.weight",
-                                                       "down_proj.weight", "down_proj")):
+                                                       "down_proj.weight", "down_proj",
+                                                       "out_proj.weight")):
                 weight.mul_(DAMPED)
     model.save_pretrained(path)
     tok.save_pretrained(path)
     # the checkpoint's own names and layouts, to copy from
     stored = load_file(f"{path}/model.safetensors")
-    save_file({**stored,
-               **_mtp_layer(stored, layout, copied, config.num_hidden_layers, config.hidden_size)},
+    # (a norm whose weights start at zero scales by 1 + weight: Qwen3.5's)
+    centred = not bool(model.get_decoder().norm.weight.any())
+    save_file({**stored, **_mtp_layer(stored, layout, copied, config.num_hidden_layers,
+                                      config.hidden_size, float(centred))},
               f"{path}/model.safetensors", metadata={"format": "pt"})
     if layout == "mimo":
         _named_mimo(path)
@@ -118,7 +126,8 @@ def _named_mimo(path) -> None:
     Path(path, "config.json").write_text(json.dumps({**raw, "architectures": [MIMO]}))
 
 
-def _mtp_layer(stored: dict, layout: str, copied: tuple[int, int], layers: int, H: int) -> dict:
+def _mtp_layer(stored: dict, layout: str, copied: tuple[int, int], layers: int, H: int,
+               centred: float = 0.0) -> dict:
     block = {}
     for name, w in stored.items():
         for layer, part in zip(copied, ("attention", "mlp")):
@@ -129,7 +138,7 @@ def _mtp_layer(stored: dict, layout: str, copied: tuple[int, int], layers: int, 
     # the norms give the embedding its own scale back (the layer's residual stream is an embedding,
     # as in the target)
     embedding = next(w for name, w in stored.items() if "embed" in name)
-    scale = torch.full((H,), float(embedding.pow(2).mean(-1).sqrt().mean()))
+    scale = torch.full((H,), float(embedding.pow(2).mean(-1).sqrt().mean()) - centred)
     mix = torch.cat([torch.eye(H), SHARE * torch.eye(H)], 1)
     if layout == "mimo":  # the hidden state first (vLLM's mimo_mtp.py)
         at = "model.mtp_layers.0."

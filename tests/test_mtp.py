@@ -21,7 +21,7 @@ from specviz.run import check
 from specviz.run.runner import run
 from specviz.spec.faults import FAULTS
 from specviz.spec.prompts import builtin_set
-from specviz.spec.run import ENGINE, TINY_DRAFT, TINY_TARGET, RunSpec
+from specviz.spec.run import ENGINE, TINY_DRAFT, TINY_HYBRID, TINY_TARGET, RunSpec
 from specviz.spec.strict import SpecError
 from specviz.trace import metrics
 
@@ -59,7 +59,8 @@ def test_an_mtp_layer_drafts_to_the_reference_exactly(checkpoints, decoder, batc
 @pytest.mark.parametrize("family,dtype", [("mellum", "float32"), ("bailing-hybrid", "float64"),
                                           ("deepseek-v3", "float64"),
                                           ("deepseek-v3-small", "float64"),
-                                          ("mimo", "float64")])
+                                          ("mimo", "float64"), ("qwen3.5", "float64"),
+                                          ("qwen3.5", "float32")])
 @pytest.mark.parametrize("decoder", [eqspec, exspec])
 def test_every_family_and_dtype_decodes_as_the_model_alone(checkpoints, family, dtype, decoder):
     pair = _pair(checkpoints, family, dtype)
@@ -139,6 +140,14 @@ def test_a_model_without_mtp_layers_is_refused_with_the_reason(tiny):
     spec = RunSpec.build(target=TINY_TARGET, draft=TINY_DRAFT, prompts=("Hello",), drafter="mtp",
                          device="cpu")
     with pytest.raises(SpecError, match="ships no multi-token-prediction"):
+        run(spec)
+
+
+def test_a_qwen35_model_without_mtp_layers_is_refused_with_the_reason():
+    """The tiny hybrid is a Qwen3.5 model that ships no `mtp.` weights."""
+    spec = RunSpec.build(target=TINY_HYBRID, draft=TINY_HYBRID, prompts=("Hello",), drafter="mtp",
+                         device="cpu")
+    with pytest.raises(SpecError, match=r"a Qwen3\.5 model without MTP layers \(no mtp\.\*"):
         run(spec)
 
 

@@ -3,7 +3,7 @@
 specviz's replay of the MTP layer on the engine's committed tokens. Two layouts
 (tests/mtp_checkpoints.py): a tiny DeepSeek-V3 at the latent-attention sizes vLLM's CPU_MLA
 computes, and the embedded target as a MiMo model, with an MTP layer copied from its first layer
-(which transformers does not read: specviz reads it as vLLM does, models/mimo.py).
+(which transformers does not read: specviz reads it as vLLM does, models/mtplayouts.py).
 
 vLLM's eager mode runs its CPU rotary-embedding kernel, which misreads latent attention's strided
 query and key views (docs/engines.md): served so, the engine computes another function than the

@@ -78,15 +78,17 @@ def heard_states(hidden_states: tuple[torch.Tensor, ...], heard: tuple[int, ...]
     return torch.cat([hidden_states[i] for i in heard], -1)
 
 
-def one_layer_body(target, config):
+def one_layer_body(target, config, layer_type: str | None = None):
     """A decoder of `target`'s kind with one layer, by `config` (copied; its per-layer types cut to
-    the first), fed embeddings (no embedding of its own), built without disturbing the caller's
-    RNG: an MTP head's body, its layer then replaced or loaded."""
+    the first, or its layer of `layer_type`), fed embeddings (no embedding of its own), built
+    without disturbing the caller's RNG: an MTP head's body, its layer then replaced or loaded."""
     config = copy.deepcopy(config)
     config.num_hidden_layers = 1
     for field in ("layer_types", "mlp_layer_types"):
         if getattr(config, field, None) is not None:
             setattr(config, field, getattr(config, field)[:1])
+    if layer_type is not None:
+        config.layer_types = [layer_type]
     with torch.random.fork_rng():
         body = type(target.get_decoder())(config)
     body.embed_tokens = None

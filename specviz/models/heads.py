@@ -17,9 +17,10 @@ k 4); it shows how a head's state is kept. The embedded pair's is one layer trai
 by EAGLE's recipe (`Recipe`, run/head_training.py), cached once.
 
 An MTP head is the multi-token-prediction layer a checkpoint ships beside its model (DeepSeek-V3,
-GLM-4.5, Mellum, Ling's hybrids...; MiMo's, models/mimo.py), loaded by transformers' own `MtpModel`
-and run as transformers runs it: the token's embedding and the hidden state, each normalised,
-projected together, then the layer's decoder block and its norm. A checkpoint with several MTP
+GLM-4.5, Mellum, Ling's hybrids...), loaded by transformers' own `MtpModel` and run as transformers
+runs it: the token's embedding and the hidden state, each normalised, projected together, then the
+layer's decoder block and its norm (MiMo's, Qwen3.5's and Qwen3-Next's, which transformers does
+not read: models/mtplayouts.py). A checkpoint with several MTP
 layers drafts with its first, fed its own output for every later draft (as vLLM does once k passes
 the layers it has).
 """
@@ -40,7 +41,7 @@ from specviz.models.eagle1 import Eagle1Head
 from specviz.models.eagle3 import Eagle3Head
 from specviz.models.builtinheads import head_folder
 from specviz.models.head import Head, one_layer_body, settle
-from specviz.models.mimo import MimoHead, is_mimo
+from specviz.models.mtplayouts import LayoutHead, layout_of
 from specviz.spec.drafters import DRAFTERS
 from specviz.spec.run import EMBEDDED_TARGET, TINY_TARGET
 from specviz.spec.strict import SpecError
@@ -163,11 +164,11 @@ class MtpHead(Head):
         settle(self, target)
 
     @classmethod
-    def of(cls, target, name: str) -> MtpHead | MimoHead:
-        """The first MTP layer `target`'s checkpoint `name` ships, loaded once (MiMo's, which
-        transformers does not read, as vLLM reads it)."""
-        if is_mimo(target):
-            return MimoHead.of(target, name)
+    def of(cls, target, name: str) -> MtpHead | LayoutHead:
+        """The first MTP layer `target`'s checkpoint `name` ships, loaded once (MiMo's, Qwen3.5's
+        and Qwen3-Next's, which transformers does not read, as vLLM reads them)."""
+        if layout_of(target) is not None:
+            return LayoutHead.of(target, name)
         if not getattr(target.config.get_text_config(), "num_mtp_layers", None):
             raise SpecError(f"{name} ships no multi-token-prediction (MTP) layer that transformers "
                             "can load (its config has no num_mtp_layers): draft with the draft "
