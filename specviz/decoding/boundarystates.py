@@ -50,31 +50,36 @@ class Plan:
     over_drafts: bool = False
     made: dict = field(default_factory=dict)  # (T, kept) -> its cuts, which every layer shares
 
-    def cuts(self, T: int, kept: int) -> dict[int, list]:
+    def cuts(self, T: int, kept: int) -> dict[int, Cut]:
         """Slot end -> what to do there, in a call of T slots whose last `kept` are a verify
         window (its drafts; the slip's keeps in it move to the row's last slot); the same for
         each recurrent layer of the pass."""
         if (T, kept) in self.made:
             return self.made[T, kept]
-        out = self.made[T, kept] = {end: list(puts) for end, puts in self.put.items()}
+        out = self.made[T, kept] = {end: Cut([], list(puts)) for end, puts in self.put.items()}
         for keep in self.keeps:
             slipped = self.over_drafts and keep.end > T - kept
             end, tokens = (keep.last, keep.to_last) if slipped else (keep.end, keep.tokens)
-            out.setdefault(end, []).append((keep, Saved({}, tokens, keep.request)))
+            out.setdefault(end, Cut([], [])).keeps.append(
+                (keep, Saved({}, tokens, keep.request)))
         return out
 
-    @staticmethod
-    def after(pool, layer_idx: int, acts: list, layer) -> None:
-        """Recurrent layer `layer_idx` (its cache layer `layer`) has fed a cut's slots: the states
-        kept there taken, the states set there put."""
-        for act in acts:
-            if isinstance(act[0], Keep):
-                keep, saved = act
-                saved.states[layer_idx] = {key: t[keep.row].clone()
-                                           for key, t in states(layer).items()}
-                pool.pending[keep.request, keep.position] = saved
-                continue
-            row, saved = act
+
+@dataclass
+class Cut:
+    """What a pass's recurrent layers do after one of its slots: keep rows' states (each into its
+    Saved, pending in the pool), and set rows' states to a block's (row, Saved)."""
+
+    keeps: list[tuple[Keep, Saved]]
+    puts: list[tuple[int, Saved]]
+
+    def after(self, pool, layer_idx: int, layer) -> None:
+        """Recurrent layer `layer_idx` (its cache layer `layer`) has fed the slots up to here."""
+        for keep, saved in self.keeps:
+            saved.states[layer_idx] = {key: t[keep.row].clone()
+                                       for key, t in states(layer).items()}
+            pool.pending[keep.request, keep.position] = saved
+        for row, saved in self.puts:
             new = {key: t.clone() for key, t in states(layer).items()}
             for key, t in saved.states[layer_idx].items():
                 new[key][row] = t.to(new[key].dtype)

@@ -372,7 +372,7 @@ def _stepwise_forward(cls: type):
             mask = None if attention_mask is None else attention_mask[:, at: end]
             outs.append(_unpadded(cls, self, hidden_states[:, at: end], cache, mask, kwargs))
             if end in cuts:  # (before the journal: a state set there is the row's from then)
-                plan.after(pages.pool, self.layer_idx, cuts[end], layer)
+                cuts[end].after(pages.pool, self.layer_idx, layer)
             if end > T - n:
                 journal.kept.setdefault(self.layer_idx, []).append(
                     {key: t.clone() for key, t in states(layer).items()})
